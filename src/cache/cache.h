@@ -1,0 +1,99 @@
+// Cache: one CacheLayer per model layer, built from the config's `layer_types` through the
+// layer registry (each container registers its own names; no central switch), plus lifecycle
+// operations over all layers at once. Honours num_kv_shared_layers: the last N layers own no
+// storage and read the span their source layer (the last earlier layer of the same type, as in
+// Gemma-3n) returned at this step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cache/cache_layer.h"
+#include "core/dtype.h"
+
+namespace kvcache {
+
+struct CacheConfig {
+  // transformers' cache_implementation: "dynamic", "static" (more containers register later).
+  std::string implementation = "dynamic";
+  // One entry per model layer: "full_attention", "sliding_attention", "chunked_attention", ...
+  std::vector<std::string> layer_types;
+  int64_t sliding_window = 0;        // W: keys a query sees, itself included (sliding layers)
+  int64_t attention_chunk_size = 0;  // chunk length (chunked layers)
+  int64_t max_cache_len = 0;         // capacity in tokens (static containers)
+  int64_t max_batch_size = 0;        // static containers: rows preallocated (0: from first update)
+  int num_kv_shared_layers = 0;      // the last N layers store nothing
+  std::optional<DType> kv_dtype;     // storage dtype; unset: the dtype of the first update
+};
+
+// Builds one layer of the given cache implementation and layer type.
+using LayerFactory =
+    std::function<std::unique_ptr<CacheLayer>(const CacheConfig& config, int layer_index)>;
+
+class LayerRegistry {
+ public:
+  // Registers (implementation, layer_type); a duplicate registration aborts (a bug).
+  static void add(const std::string& implementation, const std::string& layer_type,
+                  LayerFactory factory);
+  // Throws Error naming the known implementations / layer types when there is no entry.
+  static std::unique_ptr<CacheLayer> create(const std::string& implementation,
+                                            const std::string& layer_type,
+                                            const CacheConfig& config, int layer_index);
+  static bool contains(const std::string& implementation, const std::string& layer_type);
+  // "implementation/layer_type" for every entry, sorted.
+  static std::vector<std::string> names();
+};
+
+// Static registration from a container's own .cc file:
+//   KVCACHE_REGISTER_LAYER(dynamic_full, "dynamic", "full_attention", make_dynamic_layer);
+#define KVCACHE_REGISTER_LAYER(ident, implementation, layer_type, factory)     \
+  static const bool kvcache_registered_##ident = [] {                          \
+    ::kvcache::LayerRegistry::add(implementation, layer_type, factory);        \
+    return true;                                                               \
+  }()
+
+class Cache {
+ public:
+  // Builds every layer; throws Error for unknown layer types or invalid options, naming the
+  // layer index and the type.
+  explicit Cache(const CacheConfig& config);
+
+  int num_layers() const;
+  const CacheConfig& config() const { return config_; }
+
+  // Model code's one call per non-shared layer. For a shared layer, call shared_kv() instead.
+  KVSpan update(int layer, const TensorView& k, const TensorView& v);
+  bool is_shared(int layer) const;
+  int source_layer(int layer) const;  // itself for non-shared layers
+  // The span the source layer returned at its latest update (valid until its next update).
+  KVSpan shared_kv(int layer) const;
+
+  MaskSizes mask_sizes(int layer, int64_t query_len) const;
+  int64_t seq_length(int layer = 0) const;
+  int64_t max_length(int layer = 0) const;
+
+  void crop(int64_t n);
+  void reset();
+  void reorder(std::span<const int64_t> beam_idx);
+  void repeat_interleave(int64_t r);
+  void select(std::span<const int64_t> indices);
+  void offload(int layer);
+  void prefetch(int layer);
+
+  size_t bytes() const;  // sum over the layers that own storage
+  CacheLayer& layer(int layer);
+  const CacheLayer& layer(int layer) const;
+
+ private:
+  CacheConfig config_;
+  std::vector<std::unique_ptr<CacheLayer>> layers_;  // nullptr for shared layers
+  std::vector<int> source_;                          // source_[i] == i unless shared
+  std::vector<KVSpan> last_span_;                    // latest span per owning layer
+};
+
+}  // namespace kvcache

@@ -1,0 +1,69 @@
+// The per-layer cache protocol: the one call model code makes per attention layer.
+//
+//   KVSpan kv = layer.update(k_new, v_new);   // after RoPE, before the attention kernel
+//
+// Everything else (what is stored, how, for how long) lives behind it, so swapping the
+// container never touches model code. Mirrors transformers v5's CacheLayerMixin
+// (cache_utils.py:27-110 in 5.16.1, per the KV cache notes) with C++ ownership rules:
+// the span returned by update() is a set of non-owning views into the layer's storage (or a
+// workspace it owns), valid until the next mutating call on the same layer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/kv_span.h"
+#include "core/tensor.h"
+
+namespace kvcache {
+
+// What the attention mask must cover for the next update of `query_len` tokens: the span
+// update() will return has kv_length keys, the first at absolute position kv_offset.
+// Call it BEFORE update(), as transformers' get_mask_sizes is called while building masks.
+struct MaskSizes {
+  int64_t kv_length = 0;
+  int64_t kv_offset = 0;
+};
+
+class CacheLayer {
+ public:
+  virtual ~CacheLayer() = default;
+
+  // Appends k, v ([B, H_kv, S_new, D], any float dtype; converted to the storage dtype) and
+  // returns every key/value the new queries may see. The first call initialises the layer
+  // lazily from the tensors' batch, heads, head dims (and dtype, unless configured).
+  // Throws Error on shape mismatch or when a fixed capacity would be exceeded.
+  virtual KVSpan update(const TensorView& k, const TensorView& v) = 0;
+
+  virtual MaskSizes mask_sizes(int64_t query_len) const = 0;
+  // Tokens seen so far (positions written), not tokens kept.
+  virtual int64_t seq_length() const = 0;
+  // Fixed capacity in tokens, or -1 where there is none (dynamic) or it does not apply.
+  virtual int64_t max_length() const = 0;
+  virtual bool is_initialized() const = 0;
+
+  // n < 0: drop the last |n| tokens; n >= 0: keep the first n (no-op when n >= seq_length()).
+  virtual void crop(int64_t n) = 0;
+  // Forget the content, keep the memory (multi-turn reuse without reallocation).
+  virtual void reset() = 0;
+  // Batch row i becomes old row beam_idx[i] (beam search). Size must equal the batch.
+  virtual void reorder(std::span<const int64_t> beam_idx) = 0;
+  // Each batch row repeated r times consecutively (batch grows r-fold).
+  virtual void repeat_interleave(int64_t r) = 0;
+  // Keep only the listed batch rows, in the listed order (batch shrinks).
+  virtual void select(std::span<const int64_t> indices) = 0;
+
+  // Tiering hooks: no-ops unless the container moves memory between tiers.
+  virtual void offload() {}
+  virtual void prefetch() {}
+
+  // Exact resident bytes of everything this layer owns (storage, workspaces, metadata arrays).
+  virtual size_t bytes() const = 0;
+  // The registry name of this container, e.g. "dynamic/full_attention".
+  virtual std::string_view name() const = 0;
+};
+
+}  // namespace kvcache
