@@ -32,8 +32,7 @@ asan: deps
 		ctest --output-on-failure -j $(JOBS)
 
 bench: build
-	@./$(BUILD_DIR)/bench/bench_attention
-	@./$(BUILD_DIR)/bench/bench_cache
+	@for b in $(BUILD_DIR)/bench/*; do echo "== $$b"; $$b; done
 
 format:
 	@find src tests bench -name '*.h' -o -name '*.cc' | xargs clang-format -i
