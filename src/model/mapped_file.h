@@ -1,0 +1,49 @@
+// MappedFile: a read-only memory map of a whole file (RAII). Model loaders hand out views that
+// point into the mapping instead of copying weights, so a MappedFile must outlive every
+// TensorView taken from it. Moving is allowed; copying is not (one owner unmaps).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace kvcache {
+
+class MappedFile {
+ public:
+  MappedFile() = default;
+  // Opens and maps `path` read-only (MAP_PRIVATE, PROT_READ). Throws Error(kIo) naming the file
+  // and the OS reason when it cannot be opened, stat'ed or mapped. An empty file gives size 0
+  // and data() == nullptr (nothing to map); format readers then report it as truncated.
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  bool is_open() const { return !path_.empty(); }
+  std::string_view bytes() const {
+    return {reinterpret_cast<const char*>(data_), size_};
+  }
+
+  // Bounds-checked access for format readers: throws Error(kFormat) "<path>: truncated: <what>
+  // needs bytes [offset, offset+n) but the file has <size>" when the range does not fit.
+  const std::byte* at(uint64_t offset, uint64_t n, std::string_view what) const;
+
+  // Hint that the whole file will be read soon (MADV_WILLNEED); best effort, never throws.
+  void prefetch() const;
+
+ private:
+  void release();
+
+  std::string path_;
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace kvcache
