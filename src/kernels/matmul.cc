@@ -1,0 +1,252 @@
+#include "kernels/matmul.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define KVCACHE_MATMUL_AVX2 1
+#endif
+
+namespace kvcache {
+
+namespace {
+
+// Below this many multiply-adds a parallel_for costs more (wake-up, join) than it saves.
+constexpr int64_t kMinParallelMacs = 1 << 15;
+
+#ifdef KVCACHE_MATMUL_AVX2
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  lo = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, lo);
+  lo = _mm_add_ss(lo, sh);
+  return _mm_cvtss_f32(lo);
+}
+
+inline __m256 load_bf16x8(const bf16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load_f16x8(const f16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 load_i8x8(const int8_t* p) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+
+// Four independent accumulators hide the FMA latency (4 cycles, 2 ports).
+template <typename Load, typename T>
+float dot_simd(const T* w, const float* x, int64_t k, Load load) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= k; j += 32) {
+    a0 = _mm256_fmadd_ps(load(w + j), _mm256_loadu_ps(x + j), a0);
+    a1 = _mm256_fmadd_ps(load(w + j + 8), _mm256_loadu_ps(x + j + 8), a1);
+    a2 = _mm256_fmadd_ps(load(w + j + 16), _mm256_loadu_ps(x + j + 16), a2);
+    a3 = _mm256_fmadd_ps(load(w + j + 24), _mm256_loadu_ps(x + j + 24), a3);
+  }
+  for (; j + 8 <= k; j += 8) a0 = _mm256_fmadd_ps(load(w + j), _mm256_loadu_ps(x + j), a0);
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return s;
+}
+#endif
+
+float dot_f32(const float* w, const float* x, int64_t k) {
+  int64_t j = 0;
+  float s = 0.0f;
+#ifdef KVCACHE_MATMUL_AVX2
+  s = dot_simd(w, x, k, [](const float* p) { return _mm256_loadu_ps(p); });
+  j = k / 8 * 8;
+#endif
+  for (; j < k; ++j) s += w[j] * x[j];
+  return s;
+}
+
+float dot_f16(const f16_t* w, const float* x, int64_t k) {
+  int64_t j = 0;
+  float s = 0.0f;
+#ifdef KVCACHE_MATMUL_AVX2
+  s = dot_simd(w, x, k, load_f16x8);
+  j = k / 8 * 8;
+#endif
+  for (; j < k; ++j) s += f16_to_f32(w[j]) * x[j];
+  return s;
+}
+
+float dot_bf16(const bf16_t* w, const float* x, int64_t k) {
+  int64_t j = 0;
+  float s = 0.0f;
+#ifdef KVCACHE_MATMUL_AVX2
+  s = dot_simd(w, x, k, load_bf16x8);
+  j = k / 8 * 8;
+#endif
+  for (; j < k; ++j) s += bf16_to_f32(w[j]) * x[j];
+  return s;
+}
+
+// Per block: the int8 dot in f32 lanes, then scaled by the block's d. Exact int8 -> f32, so the
+// only difference from the reference is the summation order.
+float dot_q8_0(const BlockQ8_0* w, const float* x, int64_t k) {
+  const int64_t nb = k / 32;
+#ifdef KVCACHE_MATMUL_AVX2
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* q = w[b].qs;
+    const float* xb = x + b * 32;
+    __m256 s0 = _mm256_mul_ps(load_i8x8(q), _mm256_loadu_ps(xb));
+    __m256 s1 = _mm256_mul_ps(load_i8x8(q + 8), _mm256_loadu_ps(xb + 8));
+    s0 = _mm256_fmadd_ps(load_i8x8(q + 16), _mm256_loadu_ps(xb + 16), s0);
+    s1 = _mm256_fmadd_ps(load_i8x8(q + 24), _mm256_loadu_ps(xb + 24), s1);
+    const __m256 d = _mm256_set1_ps(f16_to_f32(w[b].d));
+    if (b & 1) {
+      acc1 = _mm256_fmadd_ps(d, _mm256_add_ps(s0, s1), acc1);
+    } else {
+      acc0 = _mm256_fmadd_ps(d, _mm256_add_ps(s0, s1), acc0);
+    }
+  }
+  return hsum(_mm256_add_ps(acc0, acc1));
+#else
+  float s = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    float sb = 0.0f;
+    for (int i = 0; i < 32; ++i) sb += static_cast<float>(w[b].qs[i]) * x[b * 32 + i];
+    s += f16_to_f32(w[b].d) * sb;
+  }
+  return s;
+#endif
+}
+
+size_t row_bytes(DType t, int64_t k) { return dtype_bytes(t, k); }
+
+void validate(const MatmulParams& p) {
+  KV_CHECK(p.x != nullptr && p.w != nullptr && p.y != nullptr, "matmul: null pointer");
+  KV_CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0, "matmul: negative size");
+  KV_CHECK(p.ldx >= p.k && p.ldy >= p.n, "matmul: row stride smaller than the row");
+  if (p.w_dtype == DType::kQ8_0) KV_CHECK(p.k % 32 == 0, "matmul: q8_0 needs k % 32 == 0");
+}
+
+int g_blas_threads = -1;
+
+}  // namespace
+
+float dot_row(const void* w_row, DType t, const float* x, int64_t k) {
+  switch (t) {
+    case DType::kF32: return dot_f32(static_cast<const float*>(w_row), x, k);
+    case DType::kF16: return dot_f16(static_cast<const f16_t*>(w_row), x, k);
+    case DType::kBF16: return dot_bf16(static_cast<const bf16_t*>(w_row), x, k);
+    case DType::kQ8_0: return dot_q8_0(static_cast<const BlockQ8_0*>(w_row), x, k);
+  }
+  KV_CHECK(false, "dot_row: unknown dtype");
+  return 0.0f;
+}
+
+void dequantize_row(const void* src, DType t, float* dst, int64_t k) {
+  switch (t) {
+    case DType::kF32: std::memcpy(dst, src, static_cast<size_t>(k) * sizeof(float)); return;
+    case DType::kF16: f16_to_f32_n(static_cast<const f16_t*>(src), dst, static_cast<size_t>(k)); return;
+    case DType::kBF16: bf16_to_f32_n(static_cast<const bf16_t*>(src), dst, static_cast<size_t>(k)); return;
+    case DType::kQ8_0: {
+      KV_CHECK(k % 32 == 0, "q8_0 row length must be a multiple of 32");
+      const auto* b = static_cast<const BlockQ8_0*>(src);
+      for (int64_t i = 0; i < k / 32; ++i) {
+        const float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < 32; ++j) dst[i * 32 + j] = d * static_cast<float>(b[i].qs[j]);
+      }
+      return;
+    }
+  }
+  KV_CHECK(false, "dequantize_row: unknown dtype");
+}
+
+void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t k) {
+  KV_CHECK(k % 32 == 0, "q8_0 row length must be a multiple of 32");
+  for (int64_t i = 0; i < k / 32; ++i) {
+    const float* x = src + i * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    dst[i].d = f32_to_f16(d);
+    for (int j = 0; j < 32; ++j) dst[i].qs[j] = static_cast<int8_t>(std::lround(x[j] * id));
+  }
+}
+
+void set_blas_threads(int n_threads) {
+  if (n_threads > 0 && n_threads != g_blas_threads) {
+    openblas_set_num_threads(n_threads);
+    g_blas_threads = n_threads;
+  }
+}
+
+void matmul_reference(const MatmulParams& p) {
+  validate(p);
+  const size_t rb = row_bytes(p.w_dtype, p.k);
+  std::vector<float> wrow(static_cast<size_t>(p.k));
+  for (int64_t r = 0; r < p.n; ++r) {
+    dequantize_row(static_cast<const std::byte*>(p.w) + static_cast<size_t>(r) * rb, p.w_dtype,
+                   wrow.data(), p.k);
+    for (int64_t i = 0; i < p.m; ++i) {
+      const float* x = p.x + i * p.ldx;
+      float acc = 0.0f;
+      for (int64_t j = 0; j < p.k; ++j) acc += wrow[static_cast<size_t>(j)] * x[j];
+      if (p.bias != nullptr) acc += p.bias[r];
+      p.y[i * p.ldy + r] = acc;
+    }
+  }
+}
+
+void matmul(const MatmulParams& p) {
+  validate(p);
+  if (p.m == 0 || p.n == 0) return;
+  ThreadPool& pool = p.pool != nullptr ? *p.pool : default_pool();
+  if (p.allow_blas && p.w_dtype == DType::kF32 && p.m >= kBlasMinRows) {
+    set_blas_threads(pool.n_threads());
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.m),
+                static_cast<int>(p.n), static_cast<int>(p.k), 1.0f, p.x, static_cast<int>(p.ldx),
+                static_cast<const float*>(p.w), static_cast<int>(p.k), 0.0f, p.y,
+                static_cast<int>(p.ldy));
+    if (p.bias != nullptr) {
+      for (int64_t i = 0; i < p.m; ++i)
+        for (int64_t r = 0; r < p.n; ++r) p.y[i * p.ldy + r] += p.bias[r];
+    }
+    return;
+  }
+  const size_t rb = row_bytes(p.w_dtype, p.k);
+  const auto* w = static_cast<const std::byte*>(p.w);
+  // Each task owns a contiguous block of W rows and reads it once for all M rows of x.
+  auto run_rows = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const void* wr = w + static_cast<size_t>(r) * rb;
+      const float b = p.bias != nullptr ? p.bias[r] : 0.0f;
+      for (int64_t i = 0; i < p.m; ++i) p.y[i * p.ldy + r] = dot_row(wr, p.w_dtype, p.x + i * p.ldx, p.k) + b;
+    }
+  };
+  const int64_t macs = p.m * p.n * p.k;
+  const int nt = pool.n_threads();
+  if (nt <= 1 || macs < kMinParallelMacs) {
+    run_rows(0, p.n);
+    return;
+  }
+  // ~4 tasks per thread balance uneven cores; at least 16 rows each keep W streaming.
+  const int64_t rows_per_task = std::max<int64_t>(16, (p.n + 4 * nt - 1) / (4 * nt));
+  const int64_t n_tasks = (p.n + rows_per_task - 1) / rows_per_task;
+  pool.parallel_for(n_tasks, [&](int64_t t) {
+    const int64_t r0 = t * rows_per_task;
+    run_rows(r0, std::min(p.n, r0 + rows_per_task));
+  });
+}
+
+}  // namespace kvcache

@@ -1,0 +1,58 @@
+// Matmul / GEMV over model weights: y[M, N] = x[M, K] · W[N, K]^T (+ bias), the layout of
+// llama2.c, GGUF and HF Linear weights (one output feature per row of W). x and y are f32;
+// W is f32, f16, bf16 or q8_0 and is only read (it usually points into a memory-mapped file).
+// Decode (M = 1) is bound by reading W once: rows are split across the thread pool and each
+// row is a SIMD dot product. Prefill (M > 1) with f32 weights goes to OpenBLAS sgemm, which is
+// compute-bound and wins from M >= kBlasMinRows; other dtypes reuse each W row for all M rows.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace kvcache {
+
+class ThreadPool;
+
+struct MatmulParams {
+  const float* x = nullptr;  // [M, K] f32, row stride ldx (>= K)
+  int64_t ldx = 0;
+  const void* w = nullptr;   // [N, K] in w_dtype, rows contiguous (row bytes = dtype_bytes(K))
+  DType w_dtype = DType::kF32;
+  const float* bias = nullptr;  // [N] or nullptr (Qwen2's QKV bias)
+  float* y = nullptr;           // [M, N] f32, row stride ldy (>= N); must not alias x
+  int64_t ldy = 0;
+  int64_t m = 0, n = 0, k = 0;  // q8_0 needs k % 32 == 0
+  ThreadPool* pool = nullptr;   // nullptr: default_pool()
+  bool allow_blas = true;       // false: always the own kernels (tests, exactness studies)
+};
+
+// Rows of x from which f32 weights are multiplied by OpenBLAS sgemm instead of our GEMV.
+inline constexpr int64_t kBlasMinRows = 4;
+
+// Tolerance of matmul() against matmul_reference(): |y - y_ref| <= 1e-5 * sum_j |x_j w_j| + 1e-6
+// per output for f32/f16/bf16/q8_0 (only the summation order differs; same dequantized values).
+void matmul(const MatmulParams& p);
+
+// Plain reference: for each output, `acc += w[j] * x[j]` sequentially in float, no FMA, no
+// threads — llama2.c's matmul, bit for bit, for f32 weights.
+void matmul_reference(const MatmulParams& p);
+
+// Dot product of one W row (k elements of dtype t) with f32 x, SIMD where available.
+float dot_row(const void* w_row, DType t, const float* x, int64_t k);
+
+// One row of k elements of dtype t to f32 (embedding lookups, tests).
+void dequantize_row(const void* src, DType t, float* dst, int64_t k);
+
+// llama.cpp's q8_0: per block of 32, d = max|x| / 127 stored as f16, q = round(x / d).
+struct BlockQ8_0 {
+  f16_t d;
+  int8_t qs[32];
+};
+static_assert(sizeof(BlockQ8_0) == 34, "q8_0 block must be 34 bytes");
+void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t k);  // k % 32 == 0
+
+// Sets OpenBLAS's thread count (it keeps its own pool); called when the CLI's -t changes.
+void set_blas_threads(int n_threads);
+
+}  // namespace kvcache

@@ -1,0 +1,16 @@
+// Softmax helpers for samplers and reference code (the attention kernels keep their own
+// online softmax). Float throughout, max-subtracted, as llama2.c's softmax.
+#pragma once
+
+#include <cstdint>
+
+namespace kvcache {
+
+// x[i] = exp(x[i] - max) / sum, in place. n >= 1.
+void softmax_inplace(float* x, int64_t n);
+// log(sum(exp(x))) computed stably; n >= 1.
+float log_sum_exp(const float* x, int64_t n);
+// Index of the largest value; the first one on ties (llama2.c's argmax). n >= 1.
+int64_t argmax(const float* x, int64_t n);
+
+}  // namespace kvcache

@@ -1,0 +1,168 @@
+#include "kernels/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+namespace kvcache {
+namespace {
+
+struct Case {
+  int64_t m, n, k;
+};
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Weights of `t` built from f32 values; returns the raw bytes.
+std::vector<std::byte> make_weights(const std::vector<float>& w, DType t, int64_t n, int64_t k) {
+  std::vector<std::byte> out(dtype_bytes(t, n * k));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* src = w.data() + r * k;
+    std::byte* dst = out.data() + static_cast<size_t>(r) * dtype_bytes(t, k);
+    switch (t) {
+      case DType::kF32: std::memcpy(dst, src, static_cast<size_t>(k) * 4); break;
+      case DType::kF16: f32_to_f16_n(src, reinterpret_cast<f16_t*>(dst), static_cast<size_t>(k)); break;
+      case DType::kBF16: f32_to_bf16_n(src, reinterpret_cast<bf16_t*>(dst), static_cast<size_t>(k)); break;
+      case DType::kQ8_0: quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k); break;
+    }
+  }
+  return out;
+}
+
+// Tolerance stated in matmul.h: 1e-5 * sum_j |x_j w_j| + 1e-6 per output.
+void expect_close(const MatmulParams& p, const std::vector<float>& y, const std::vector<float>& ref,
+                  const std::vector<float>& x) {
+  std::vector<float> wrow(static_cast<size_t>(p.k));
+  const size_t rb = dtype_bytes(p.w_dtype, p.k);
+  for (int64_t r = 0; r < p.n; ++r) {
+    dequantize_row(static_cast<const std::byte*>(p.w) + r * rb, p.w_dtype, wrow.data(), p.k);
+    for (int64_t i = 0; i < p.m; ++i) {
+      double mag = 0;
+      for (int64_t j = 0; j < p.k; ++j) mag += std::fabs(wrow[j] * x[i * p.ldx + j]);
+      const size_t at = static_cast<size_t>(i * p.ldy + r);
+      ASSERT_NEAR(y[at], ref[at], 1e-5 * mag + 1e-6) << "row " << i << " col " << r;
+    }
+  }
+}
+
+class MatmulTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(MatmulTest, MatchesReferenceOnOddSizes) {
+  const DType t = GetParam();
+  ThreadPool pool(3);
+  const Case cases[] = {{1, 37, 96}, {1, 301, 160}, {2, 61, 32}, {3, 129, 64}, {5, 77, 224}, {9, 200, 96}};
+  uint32_t seed = 1;
+  for (const Case& c : cases) {
+    const int64_t ldx = c.k + 3, ldy = c.n + 5;  // strided rows
+    std::vector<float> x = randn(static_cast<size_t>(c.m * ldx), seed++);
+    const std::vector<float> wf = randn(static_cast<size_t>(c.n * c.k), seed++);
+    const std::vector<float> bias = randn(static_cast<size_t>(c.n), seed++);
+    const std::vector<std::byte> w = make_weights(wf, t, c.n, c.k);
+    MatmulParams p;
+    p.x = x.data();
+    p.ldx = ldx;
+    p.w = w.data();
+    p.w_dtype = t;
+    p.bias = (c.m % 2 == 1) ? bias.data() : nullptr;
+    p.ldy = ldy;
+    p.m = c.m;
+    p.n = c.n;
+    p.k = c.k;
+    p.pool = &pool;
+    std::vector<float> ref(static_cast<size_t>(c.m * ldy), -7.0f);
+    std::vector<float> y(ref.size(), -7.0f);
+    p.y = ref.data();
+    matmul_reference(p);
+    p.y = y.data();
+    matmul(p);
+    expect_close(p, y, ref, x);
+    for (int64_t i = 0; i < c.m; ++i)  // padding between rows untouched
+      for (int64_t r = c.n; r < ldy; ++r) EXPECT_EQ(y[i * ldy + r], -7.0f);
+    // Threads only split rows: one thread gives the same bits (BLAS excepted).
+    if (!(t == DType::kF32 && c.m >= kBlasMinRows)) {
+      ThreadPool one(1);
+      std::vector<float> y1(ref.size(), -7.0f);
+      p.y = y1.data();
+      p.pool = &one;
+      matmul(p);
+      EXPECT_EQ(y1, y);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllWeightTypes, MatmulTest,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(Matmul, OwnKernelAndBlasAgreeForPrefill) {
+  const int64_t m = 7, n = 45, k = 83;
+  std::vector<float> x = randn(m * k, 11), w = randn(n * k, 12);
+  MatmulParams p;
+  p.x = x.data();
+  p.ldx = k;
+  p.w = w.data();
+  p.ldy = n;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  std::vector<float> a(m * n), b(m * n);
+  p.y = a.data();
+  matmul(p);
+  p.allow_blas = false;
+  p.y = b.data();
+  matmul(p);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4) << i;
+}
+
+TEST(Matmul, ReferenceIsSequentialFloat) {
+  // llama2.c's order: acc += w[j] * x[j], j ascending, in float. 1 + 1e-8 rounds back to 1 at
+  // every step, so the sequential sum is exactly 1 while an exact sum would be 1 + 3e-8.
+  std::vector<float> x = {1.0f, 1e-8f, 1e-8f, 1e-8f};
+  std::vector<float> w = {1.0f, 1.0f, 1.0f, 1.0f};
+  float y = 0;
+  MatmulParams p;
+  p.x = x.data();
+  p.ldx = 4;
+  p.w = w.data();
+  p.y = &y;
+  p.ldy = 1;
+  p.m = 1;
+  p.n = 1;
+  p.k = 4;
+  matmul_reference(p);
+  EXPECT_EQ(y, 1.0f);
+}
+
+TEST(QuantQ8_0, RoundTripWithinHalfAStep) {
+  const int64_t k = 96;
+  const std::vector<float> x = randn(k, 5);
+  std::vector<BlockQ8_0> q(k / 32);
+  quantize_row_q8_0(x.data(), q.data(), k);
+  std::vector<float> back(k);
+  dequantize_row(q.data(), DType::kQ8_0, back.data(), k);
+  for (int64_t b = 0; b < k / 32; ++b) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const float d = f16_to_f32(q[b].d);
+    EXPECT_NEAR(d, amax / 127.0f, amax / 127.0f * 1e-3);  // f16 scale
+    for (int j = 0; j < 32; ++j) EXPECT_NEAR(back[b * 32 + j], x[b * 32 + j], 0.5f * d + 1e-3f * amax);
+  }
+  std::vector<float> zeros(32, 0.0f);
+  quantize_row_q8_0(zeros.data(), q.data(), 32);
+  EXPECT_EQ(f16_to_f32(q[0].d), 0.0f);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(q[0].qs[j], 0);
+}
+
+}  // namespace
+}  // namespace kvcache

@@ -1,0 +1,80 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "kernels/norm.h"
+#include "kernels/softmax.h"
+
+namespace kvcache {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+TEST(RmsNorm, MatchesDoubleOnOddRowsInPlaceToo) {
+  const int64_t rows = 3, dim = 37, ld = 41;
+  const std::vector<float> x = randn(rows * ld, 1), w = randn(dim, 2);
+  std::vector<float> y(rows * dim);
+  RmsNormParams p;
+  p.x = x.data();
+  p.weight = w.data();
+  p.y = y.data();
+  p.rows = rows;
+  p.dim = dim;
+  p.ld_x = ld;
+  p.eps = 1e-5f;
+  rms_norm(p);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < dim; ++j) ss += double(x[r * ld + j]) * x[r * ld + j];
+    const double s = 1.0 / std::sqrt(ss / dim + 1e-5);
+    for (int64_t j = 0; j < dim; ++j)  // tolerance: a few float ulps of the sum
+      EXPECT_NEAR(y[r * dim + j], w[j] * s * x[r * ld + j], 1e-5 * std::fabs(w[j] * s * x[r * ld + j]) + 1e-7);
+  }
+  std::vector<float> inplace(x.begin(), x.begin() + dim);
+  p.x = inplace.data();
+  p.y = inplace.data();
+  p.rows = 1;
+  p.ld_x = 0;
+  rms_norm(p);
+  for (int64_t j = 0; j < dim; ++j) EXPECT_EQ(inplace[j], y[j]);
+}
+
+TEST(SwiGlu, MatchesDouble) {
+  const int64_t n = 53;
+  const std::vector<float> g = randn(n, 3), u = randn(n, 4);
+  std::vector<float> out(n);
+  swiglu(g.data(), u.data(), out.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double want = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+    EXPECT_NEAR(out[i], want, 1e-6 * std::fabs(want) + 1e-7);
+  }
+  swiglu(g.data(), u.data(), const_cast<float*>(g.data()), n);  // in place over gate
+  EXPECT_EQ(std::vector<float>(g.begin(), g.end()), out);
+}
+
+TEST(Softmax, NormalisedStableAndArgmaxFirstTie) {
+  std::vector<float> x = {1000.0f, 1001.0f, 999.0f, 1001.0f, -1e30f};
+  EXPECT_EQ(argmax(x.data(), 5), 1);
+  const float lse = log_sum_exp(x.data(), 5);
+  softmax_inplace(x.data(), 5);
+  double sum = 0;
+  for (float v : x) sum += v;
+  EXPECT_NEAR(sum, 1.0, 1e-6);
+  EXPECT_FLOAT_EQ(x[1], x[3]);
+  EXPECT_EQ(x[4], 0.0f);
+  const double z = 2.0 + std::exp(-1.0) + std::exp(-2.0);  // sum of exp(x - max)
+  EXPECT_NEAR(x[0], std::exp(-1.0) / z, 1e-6);
+  EXPECT_NEAR(lse, 1001.0 + std::log(z), 1e-4);  // float ulp at 1001 is 6e-5
+}
+
+}  // namespace
+}  // namespace kvcache
