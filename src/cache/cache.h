@@ -73,23 +73,33 @@ class Cache {
   // The span the source layer returned at its latest update (valid until its next update).
   KVSpan shared_kv(int layer) const;
 
+  // For a shared layer: its source's (the kernel reads the source's span). Call before the
+  // step's updates, like transformers builds masks before the forward.
   MaskSizes mask_sizes(int layer, int64_t query_len) const;
   int64_t seq_length(int layer = 0) const;
   int64_t max_length(int layer = 0) const;
 
+  // Lifecycle over every owning layer; each also forgets the spans shared_kv() would return
+  // (they may point at moved data). A failing layer throws; earlier layers have then been
+  // changed already: validate arguments (e.g. crop lengths) against one layer first if that
+  // matters.
   void crop(int64_t n);
   void reset();
   void reorder(std::span<const int64_t> beam_idx);
   void repeat_interleave(int64_t r);
   void select(std::span<const int64_t> indices);
+  void activate_past_recording();  // see CacheLayer::activate_past_recording
   void offload(int layer);
   void prefetch(int layer);
 
   size_t bytes() const;  // sum over the layers that own storage
+  // The layer object; Error for a shared layer (it owns none: see source_layer()).
   CacheLayer& layer(int layer);
   const CacheLayer& layer(int layer) const;
 
  private:
+  void invalidate_spans();
+
   CacheConfig config_;
   std::vector<std::unique_ptr<CacheLayer>> layers_;  // nullptr for shared layers
   std::vector<int> source_;                          // source_[i] == i unless shared

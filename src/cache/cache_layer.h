@@ -28,6 +28,16 @@ struct MaskSizes {
   int64_t kv_offset = 0;
 };
 
+// Bytes a container moved on its own (reallocation, compaction, row gathers, workspace
+// fills) as opposed to the unavoidable write of the new tokens. Tests bound these; the CLI
+// shows them. Containers that never move data report zeros.
+struct CopyStats {
+  size_t bytes_copied = 0;     // K+V bytes moved
+  int64_t reallocations = 0;   // storage replaced by a larger one
+  int64_t compactions = 0;     // live window moved to the front of the storage
+  int64_t workspace_uses = 0;  // updates whose returned span was assembled in a workspace
+};
+
 class CacheLayer {
  public:
   virtual ~CacheLayer() = default;
@@ -56,12 +66,18 @@ class CacheLayer {
   // Keep only the listed batch rows, in the listed order (batch shrinks).
   virtual void select(std::span<const int64_t> indices) = 0;
 
+  // Keep every token from now on, even those a window would evict, so that a later crop()
+  // may go back (speculative decoding, transformers' activate_past_recording). Does not
+  // change what update() returns. No-op for containers that keep everything anyway.
+  virtual void activate_past_recording() {}
+
   // Tiering hooks: no-ops unless the container moves memory between tiers.
   virtual void offload() {}
   virtual void prefetch() {}
 
   // Exact resident bytes of everything this layer owns (storage, workspaces, metadata arrays).
   virtual size_t bytes() const = 0;
+  virtual CopyStats stats() const { return {}; }
   // The registry name of this container, e.g. "dynamic/full_attention".
   virtual std::string_view name() const = 0;
 };

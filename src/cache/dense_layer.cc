@@ -1,0 +1,187 @@
+#include "cache/dense_layer.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace kvcache {
+
+DenseLayerParams dense_params(const CacheConfig& config, int layer_index, std::string name,
+                              bool fixed_storage) {
+  DenseLayerParams p;
+  p.name = std::move(name);
+  p.layer_index = layer_index;
+  p.kv_dtype = config.kv_dtype;
+  p.max_batch_size = config.max_batch_size;
+  p.fixed_storage = fixed_storage;
+  if (p.kv_dtype && !dtype_is_float(*p.kv_dtype)) {
+    throw Error(ErrorKind::kUnsupported,
+                "layer " + std::to_string(layer_index) + " (" + p.name + "): kv_dtype " +
+                    dtype_name(*p.kv_dtype) +
+                    " is a block type; dense containers store f32, f16 or bf16 (quantized "
+                    "storage needs a quantized container)");
+  }
+  if (p.max_batch_size < 0) {
+    throw Error(ErrorKind::kInvalidArgument, "max_batch_size must be >= 0, got " +
+                                                 std::to_string(p.max_batch_size));
+  }
+  return p;
+}
+
+std::string DenseLayer::where() const {
+  return "layer " + std::to_string(params_.layer_index) + " (" + params_.name + ")";
+}
+
+int64_t DenseLayer::check_update(const TensorView& k, const TensorView& v) const {
+  auto fail = [&](const std::string& what) {
+    throw Error(ErrorKind::kInvalidArgument, where() + ": update(k, v): " + what);
+  };
+  if (k.ndim() != 4 || v.ndim() != 4) {
+    fail("k and v must be 4-D [B, H_kv, S, D]; got k " + k.shape().str() + ", v " +
+         v.shape().str());
+  }
+  if (k.dim(0) != v.dim(0) || k.dim(1) != v.dim(1) || k.dim(2) != v.dim(2)) {
+    fail("k " + k.shape().str() + " and v " + v.shape().str() +
+         " must agree on batch, heads and tokens");
+  }
+  if (k.dim(0) < 1 || k.dim(1) < 1 || k.dim(3) < 1 || v.dim(3) < 1) {
+    fail("empty batch, heads or head dim: k " + k.shape().str() + ", v " + v.shape().str());
+  }
+  if (!dtype_is_float(k.dtype()) || !dtype_is_float(v.dtype())) {
+    fail(std::string("k and v must be f32, f16 or bf16; got ") + dtype_name(k.dtype()) + ", " +
+         dtype_name(v.dtype()));
+  }
+  if (buf_.allocated()) {
+    const SequenceBufferShape& s = buf_.shape();
+    if (k.dim(1) != s.heads || k.dim(3) != s.head_dim_k || v.dim(3) != s.head_dim_v) {
+      fail("k " + k.shape().str() + ", v " + v.shape().str() + " do not match the cache's " +
+           std::to_string(s.heads) + " KV heads and head dims " + std::to_string(s.head_dim_k) +
+           "/" + std::to_string(s.head_dim_v) + " set by the first update");
+    }
+    if (buf_.size() > 0 && k.dim(0) != s.batch) {
+      fail("batch " + std::to_string(k.dim(0)) + " but the cache holds " +
+           std::to_string(s.batch) + " rows; use reorder/select/repeat_interleave, or reset()");
+    }
+  }
+  return k.dim(2);
+}
+
+void DenseLayer::prepare_rows(const TensorView& k, const TensorView& v, int64_t capacity) {
+  const int64_t batch = k.dim(0);
+  if (!buf_.allocated()) {
+    int64_t rows = batch;
+    if (params_.max_batch_size > 0) {
+      if (batch > params_.max_batch_size) {
+        throw Error(ErrorKind::kOutOfRange,
+                    where() + ": batch " + std::to_string(batch) + " exceeds max_batch_size " +
+                        std::to_string(params_.max_batch_size) +
+                        "; raise --max-batch-size or split the batch");
+      }
+      if (params_.fixed_storage) rows = params_.max_batch_size;
+    }
+    SequenceBufferShape s;
+    s.batch = batch;
+    s.heads = k.dim(1);
+    s.head_dim_k = k.dim(3);
+    s.head_dim_v = v.dim(3);
+    s.dtype = params_.kv_dtype.value_or(k.dtype());
+    buf_.allocate(s, rows, capacity);
+    return;
+  }
+  if (batch == buf_.batch()) return;
+  // Empty (check_update refuses a batch change otherwise): adopt the new batch.
+  if (batch > buf_.batch_capacity()) {
+    if (params_.fixed_storage) {
+      throw Error(ErrorKind::kOutOfRange,
+                  where() + ": batch " + std::to_string(batch) + " exceeds the " +
+                      std::to_string(buf_.batch_capacity()) +
+                      " preallocated rows; raise --max-batch-size");
+    }
+    buf_.reallocate(batch, buf_.capacity());
+  }
+  buf_.set_batch(batch);
+}
+
+void DenseLayer::workspace(int64_t tokens, TensorView* k, TensorView* v) {
+  const SequenceBufferShape& s = buf_.shape();
+  // Reuse while large enough for this batch and length; regrow otherwise.
+  if (ws_k_.dim(0) < s.batch || ws_k_.dim(2) < tokens || ws_k_.dtype() != s.dtype) {
+    ws_k_ = Tensor();
+    ws_v_ = Tensor();
+    ws_k_ = Tensor::empty(s.dtype, {s.batch, s.heads, tokens, s.head_dim_k});
+    ws_v_ = Tensor::empty(s.dtype, {s.batch, s.heads, tokens, s.head_dim_v});
+  }
+  const int64_t cap = ws_k_.dim(2);
+  *k = TensorView(ws_k_.data(), s.dtype, {s.batch, s.heads, tokens, s.head_dim_k},
+                  Dims{s.heads * cap * s.head_dim_k, cap * s.head_dim_k, s.head_dim_k, 1});
+  *v = TensorView(ws_v_.data(), s.dtype, {s.batch, s.heads, tokens, s.head_dim_v},
+                  Dims{s.heads * cap * s.head_dim_v, cap * s.head_dim_v, s.head_dim_v, 1});
+}
+
+int64_t DenseLayer::crop_length(int64_t n, int64_t seq_length) const {
+  if (n >= 0) return std::min(n, seq_length);
+  if (-n > seq_length) {
+    throw Error(ErrorKind::kInvalidArgument,
+                where() + ": crop(" + std::to_string(n) + ") would drop " + std::to_string(-n) +
+                    " tokens but the layer has seen only " + std::to_string(seq_length));
+  }
+  return seq_length + n;
+}
+
+size_t DenseLayer::bytes() const { return buf_.bytes() + ws_k_.size_bytes() + ws_v_.size_bytes(); }
+
+void DenseLayer::gather(std::span<const int64_t> rows, const char* op) {
+  const auto batch = buf_.batch();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= batch) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  where() + ": " + op + ": index " + std::to_string(rows[i]) + " at position " +
+                      std::to_string(i) + " is outside the batch [0, " + std::to_string(batch) +
+                      ")");
+    }
+  }
+  if (static_cast<int64_t>(rows.size()) > buf_.batch_capacity() && params_.fixed_storage) {
+    throw Error(ErrorKind::kOutOfRange,
+                where() + ": " + op + " needs " + std::to_string(rows.size()) + " rows but " +
+                    std::to_string(buf_.batch_capacity()) +
+                    " are preallocated; raise --max-batch-size");
+  }
+  buf_.gather_rows(rows);
+  after_rows_changed();
+}
+
+void DenseLayer::reorder(std::span<const int64_t> beam_idx) {
+  if (!buf_.allocated()) return;
+  if (static_cast<int64_t>(beam_idx.size()) != buf_.batch()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                where() + ": reorder: beam_idx has " + std::to_string(beam_idx.size()) +
+                    " entries but the batch has " + std::to_string(buf_.batch()) + " rows");
+  }
+  gather(beam_idx, "reorder");
+}
+
+void DenseLayer::repeat_interleave(int64_t r) {
+  if (r < 1) {
+    throw Error(ErrorKind::kInvalidArgument,
+                where() + ": repeat_interleave: repeats must be >= 1, got " + std::to_string(r));
+  }
+  if (!buf_.allocated() || r == 1) return;
+  std::vector<int64_t> rows;
+  rows.reserve(static_cast<size_t>(buf_.batch() * r));
+  for (int64_t b = 0; b < buf_.batch(); ++b)
+    for (int64_t i = 0; i < r; ++i) rows.push_back(b);
+  gather(rows, "repeat_interleave");
+}
+
+void DenseLayer::select(std::span<const int64_t> indices) {
+  if (!buf_.allocated()) return;
+  if (indices.empty()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                where() + ": select: no rows listed; a cache needs at least one row (use reset())");
+  }
+  gather(indices, "select");
+}
+
+}  // namespace kvcache

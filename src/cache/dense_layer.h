@@ -1,0 +1,75 @@
+// DenseLayer: what the dense containers (dynamic, static, sliding, chunked) share on top of a
+// SequenceBuffer: lazy initialisation, validation of update() inputs with messages that name
+// the layer, the batch-row operations, bytes() and statistics. Subclasses own the sequence
+// policy (grow, refuse, slide) and the position bookkeeping.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "cache/cache.h"
+#include "cache/cache_layer.h"
+#include "cache/sequence_buffer.h"
+#include "core/tensor.h"
+
+namespace kvcache {
+
+struct DenseLayerParams {
+  std::string name;               // registry name, "dynamic/full_attention"
+  int layer_index = -1;           // model layer, for error messages
+  std::optional<DType> kv_dtype;  // storage dtype; unset: the first update's dtype
+  int64_t max_batch_size = 0;     // fixed-storage containers: rows to preallocate (0: first batch)
+  bool fixed_storage = false;     // never reallocate: the storage pointer is stable (static)
+};
+
+DenseLayerParams dense_params(const CacheConfig& config, int layer_index, std::string name,
+                              bool fixed_storage);
+
+class DenseLayer : public CacheLayer {
+ public:
+  bool is_initialized() const override { return buf_.allocated(); }
+  void reorder(std::span<const int64_t> beam_idx) override;
+  void repeat_interleave(int64_t r) override;
+  void select(std::span<const int64_t> indices) override;
+  // Storage plus workspace, in bytes (each rounded to nothing: Tensor sizes are exact).
+  size_t bytes() const override;
+  std::string_view name() const override { return params_.name; }
+  CopyStats stats() const override { return buf_.stats(); }
+
+  const SequenceBuffer& buffer() const { return buf_; }
+  // Tokens physically held (<= seq_length() for windows).
+  int64_t stored_tokens() const { return buf_.size(); }
+
+ protected:
+  explicit DenseLayer(DenseLayerParams params) : params_(std::move(params)) {}
+
+  // Checks k and v ([B, H_kv, n, D], float, matching each other and the storage once
+  // initialised); returns n. Throws Error naming the layer.
+  int64_t check_update(const TensorView& k, const TensorView& v) const;
+  // First update: allocates `capacity` slots (rows: max_batch_size or k's batch). Later
+  // updates on an empty layer may change the batch (within the row capacity, or by
+  // reallocating when the storage is not fixed).
+  void prepare_rows(const TensorView& k, const TensorView& v, int64_t capacity);
+  // The length crop(n) asks for, given `seq_length` tokens seen: n < 0 drops the last |n|
+  // (Error if |n| > seq_length), n >= 0 keeps the first min(n, seq_length).
+  int64_t crop_length(int64_t n, int64_t seq_length) const;
+  // "layer 3 (static/full_attention)"
+  std::string where() const;
+  // Grows the workspace to hold `tokens` slots for the current rows and returns views
+  // [batch, H_kv, tokens, D] over it.
+  void workspace(int64_t tokens, TensorView* k, TensorView* v);
+  // Subclasses' position bookkeeping after a row gather (nothing by default).
+  virtual void after_rows_changed() {}
+
+  DenseLayerParams params_;
+  SequenceBuffer buf_;
+  Tensor ws_k_;  // [B, H_kv, ws_tokens, D_k]: spans that do not fit the storage (windows)
+  Tensor ws_v_;  // [B, H_kv, ws_tokens, D_v]
+
+ private:
+  void gather(std::span<const int64_t> rows, const char* op);
+};
+
+}  // namespace kvcache

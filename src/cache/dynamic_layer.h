@@ -1,0 +1,30 @@
+// DynamicLayer ("dynamic" / "full_attention"): keeps every token, grows its storage
+// geometrically. transformers' DynamicLayer runs torch.cat on every update, copying the whole
+// cache each step: O(S^2) bytes over S steps (KV cache notes, "Dynamic"). Here the storage
+// doubles when full, so appending S tokens one at a time moves fewer than 2*S tokens in
+// reallocations (each doubling copies what is live, and those sizes sum to < final capacity),
+// and update() returns strided views into the storage: no per-step copy of the history.
+#pragma once
+
+#include "cache/dense_layer.h"
+
+namespace kvcache {
+
+class DynamicLayer final : public DenseLayer {
+ public:
+  // First allocation: max(first update's tokens, kMinCapacity) slots.
+  static constexpr int64_t kMinCapacity = 16;
+
+  explicit DynamicLayer(DenseLayerParams params) : DenseLayer(std::move(params)) {}
+
+  // Returns [B, H_kv, seq_length(), D] views of everything stored, kv_offset 0.
+  KVSpan update(const TensorView& k, const TensorView& v) override;
+  // {seq_length() + query_len, 0}: a full-attention kernel sees every earlier key.
+  MaskSizes mask_sizes(int64_t query_len) const override;
+  int64_t seq_length() const override { return buf_.end(); }
+  int64_t max_length() const override { return -1; }
+  void crop(int64_t n) override;
+  void reset() override;
+};
+
+}  // namespace kvcache

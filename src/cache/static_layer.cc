@@ -1,0 +1,63 @@
+#include "cache/static_layer.h"
+
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+
+namespace kvcache {
+
+StaticLayer::StaticLayer(DenseLayerParams params, int64_t max_cache_len)
+    : DenseLayer(std::move(params)), max_cache_len_(max_cache_len) {
+  KV_CHECK(params_.fixed_storage, "a static layer has fixed storage");
+  if (max_cache_len <= 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                where() + ": the static cache needs max_cache_len > 0 (got " +
+                    std::to_string(max_cache_len) + "); pass --max-cache-len");
+  }
+}
+
+KVSpan StaticLayer::update(const TensorView& k, const TensorView& v) {
+  const int64_t n = check_update(k, v);
+  const int64_t pos = seq_length();
+  if (pos + n > max_cache_len_) {  // checked before any mutation: the cache stays intact
+    throw Error(ErrorKind::kOutOfRange,
+                where() + ": cannot write " + std::to_string(n) + " tokens at position " +
+                    std::to_string(pos) + ": the static cache holds " +
+                    std::to_string(max_cache_len_) + " tokens (max_cache_len); raise " +
+                    "--max-cache-len to at least " + std::to_string(pos + n) +
+                    " or use the dynamic cache");
+  }
+  prepare_rows(k, v, max_cache_len_);
+  buf_.append(k, v);
+  KVSpan span;
+  span.k = buf_.k_slots(0, buf_.end());
+  span.v = buf_.v_slots(0, buf_.end());
+  span.kv_offset = 0;
+  return span;
+}
+
+MaskSizes StaticLayer::mask_sizes(int64_t query_len) const {
+  return {seq_length() + query_len, 0};
+}
+
+void StaticLayer::crop(int64_t n) {
+  const int64_t keep = crop_length(n, seq_length());
+  if (buf_.allocated()) buf_.set_window(0, keep);
+}
+
+void StaticLayer::reset() {
+  if (buf_.allocated()) buf_.set_window(0, 0);
+}
+
+namespace {
+std::unique_ptr<CacheLayer> make_static_full(const CacheConfig& config, int layer_index) {
+  return std::make_unique<StaticLayer>(
+      dense_params(config, layer_index, "static/full_attention", /*fixed_storage=*/true),
+      config.max_cache_len);
+}
+}  // namespace
+
+KVCACHE_REGISTER_LAYER(static_full, "static", "full_attention", make_static_full);
+
+}  // namespace kvcache
