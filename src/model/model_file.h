@@ -1,0 +1,146 @@
+// The format-neutral view of a model on disk: a ModelConfig (hyper-parameters) plus named weight
+// tensors that point into memory-mapped files (no copy at load). Loaders (GGUF, safetensors +
+// config.json, llama2.c) each fill one ModelFile; the runtime reads only this interface.
+// A ModelFile owns its mappings (and any converted buffers); its TensorViews die with it.
+//
+// Canonical tensor names are llama.cpp's GGUF names, whatever the file format:
+//   token_embd.weight        [vocab, dim]
+//   blk.N.attn_norm.weight   [dim]
+//   blk.N.attn_q.weight      [n_heads * head_dim, dim]      (+ blk.N.attn_q.bias [n_heads*head_dim])
+//   blk.N.attn_k.weight      [n_kv_heads * head_dim, dim]   (+ .bias when qkv_bias, Qwen2)
+//   blk.N.attn_v.weight      [n_kv_heads * head_dim, dim]   (+ .bias when qkv_bias)
+//   blk.N.attn_output.weight [dim, n_heads * head_dim]
+//   blk.N.ffn_norm.weight    [dim]
+//   blk.N.ffn_gate.weight    [hidden_dim, dim]   (w1; SwiGLU: down(silu(gate x) * up x))
+//   blk.N.ffn_up.weight      [hidden_dim, dim]   (w3)
+//   blk.N.ffn_down.weight    [dim, hidden_dim]   (w2)
+//   output_norm.weight       [dim]
+//   output.weight            [vocab, dim]        (absent when tie_word_embeddings: use token_embd)
+//
+// Layout convention of weight matrices: TensorView shapes are row-major [out_features,
+// in_features] with in_features contiguous — the order HF/PyTorch print (`[out, in]`). GGUF
+// lists dims fastest-first (ne[0] = in_features), so the GGUF loader reverses ne into the view's
+// shape; the bytes are identical. A row of a q8_0 matrix is in_features/32 blocks of 34 bytes.
+// y = W x is therefore y[o] = sum_i W[o][i] * x[i] for every format.
+//
+// RoPE convention (the one thing formats disagree on): ModelConfig::rope_interleaved tells the
+// runtime which dimension pairs RoPE rotates inside each head of Q and K:
+//   true  -> pairs (2i, 2i+1)                      llama2.c; GGUF `llama` (llama.cpp's converter
+//            permutes HF q_proj/k_proj rows so that "normal" RoPE applies; ggml's ROPE_TYPE_NORM)
+//   false -> pairs (i, i + head_dim/2), rotate_half  HF safetensors; GGUF `qwen2` (ROPE_TYPE_NEOX)
+// Both use frequency theta^(-2i/head_dim) for pair i. We expose the flag instead of permuting
+// rows at load, so weights stay zero-copy.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kvcache {
+
+enum class RopeScalingType { kNone, kLinear, kLlama3 };
+const char* rope_scaling_name(RopeScalingType t);
+
+// HF `rope_scaling` / GGUF `{arch}.rope.scaling.*`. linear: positions divided by `factor`.
+// llama3: per-frequency smoothing between low_freq_factor and high_freq_factor wavelengths
+// relative to original_max_position_embeddings (Llama 3.1's rope_type "llama3").
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int64_t original_max_position_embeddings = 0;  // 0: not given
+};
+
+struct ModelConfig {
+  std::string architecture = "llama";  // the block structure: llama family (llama/mistral/qwen2)
+  int64_t dim = 0;                     // hidden size (embedding length)
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;     // query heads
+  int64_t n_kv_heads = 0;  // key/value heads (GQA when < n_heads)
+  int64_t head_dim = 0;    // usually dim / n_heads; HF `head_dim` / GGUF key_length may differ
+  int64_t hidden_dim = 0;  // FFN intermediate size
+  int64_t vocab_size = 0;
+  int64_t max_seq_len = 0;  // context length the model was trained for
+  float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
+  // Per-pair frequency divisors, [head_dim / 2]; empty means all 1. The runtime computes
+  //   freq_i = rope_theta^(-2i/head_dim) / rope_freq_factors[i]   (ggml_rope_ext's freq_factors)
+  // and needs nothing else: loaders fold every supported scaling into this vector — linear
+  // (all entries = factor, HF's inv_freq / factor), llama3 (per-wavelength factors, as
+  // llama.cpp's converter writes them into the GGUF tensor rope_freqs.weight). `rope_scaling`
+  // above records where they came from.
+  std::vector<float> rope_freq_factors;
+  bool rope_interleaved = true;  // see the header comment: pairs (2i,2i+1) vs (i, i+D/2)
+  float rms_eps = 1e-5f;
+  bool tie_word_embeddings = false;  // no output.weight: the LM head is token_embd
+  int64_t sliding_window = 0;        // 0: none; else the window of "sliding_attention" layers
+  bool qkv_bias = false;             // Qwen2: attn_q/k/v carry biases
+  std::vector<std::string> layer_types;  // per layer "full_attention" / "sliding_attention"
+  int32_t bos_id = -1;                   // -1: unknown
+  int32_t eos_id = -1;
+
+  // Checks positivity and divisibility (n_heads % n_kv_heads, layer_types size, ...); throws
+  // Error(kFormat) prefixed with `source` (the file) naming the bad field.
+  void validate(const std::string& source) const;
+  // Fills layer_types from sliding_window when empty (all full, or all sliding when a window
+  // is set — Mistral's convention) and head_dim from dim / n_heads when 0.
+  void fill_defaults();
+  std::string summary() const;  // one line for logs: "llama dim=64 layers=5 heads=8/4 ..."
+};
+
+class ModelFile {
+ public:
+  ModelFile(std::string path, std::string format) : path_(std::move(path)), format_(std::move(format)) {}
+  ModelFile(const ModelFile&) = delete;
+  ModelFile& operator=(const ModelFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::string& format() const { return format_; }  // "gguf", "safetensors", "llama2c"
+  const ModelConfig& config() const { return config_; }
+  ModelConfig& mutable_config() { return config_; }
+
+  // Canonical-name lookup. find() returns nullptr when absent; tensor() throws Error(kFormat)
+  // "<path>: missing tensor '<name>'".
+  const TensorView* find(const std::string& name) const;
+  const TensorView& tensor(const std::string& name) const;
+  // tensor() plus a shape check: Error(kFormat) "<path>: tensor '<name>' has shape [..] but the
+  // config implies [..]".
+  const TensorView& tensor(const std::string& name, const Shape& expected) const;
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  // Bytes of all weights (as stored).
+  size_t weight_bytes() const;
+
+  // --- for loaders ---
+  // Registers a view; throws Error(kFormat) on a duplicate name.
+  void add_tensor(const std::string& name, const TensorView& view);
+  // Keeps `owner` (a MappedFile, a Tensor, a parsed GGUF...) alive as long as this ModelFile.
+  void keep_alive(std::shared_ptr<const void> owner) { owners_.push_back(std::move(owner)); }
+
+  // Checks that every tensor the llama block needs exists with the shape config() implies
+  // (biases only when qkv_bias, output.weight only when not tied) and dtypes are f32/f16/bf16/
+  // q8_0 (norms and biases: float types). Throws Error(kFormat) naming the file and tensor.
+  void validate_llama_weights() const;
+
+ private:
+  std::string path_;
+  std::string format_;
+  ModelConfig config_;
+  std::map<std::string, TensorView> tensors_;
+  std::vector<std::shared_ptr<const void>> owners_;
+};
+
+// Name of a per-layer tensor: layer_tensor(3, "attn_q.weight") == "blk.3.attn_q.weight".
+std::string layer_tensor(int64_t layer, const char* suffix);
+
+// Opens a GGUF file or a Hugging Face folder (config.json + model.safetensors or
+// model.safetensors.index.json) or a single .safetensors file with config.json beside it.
+// Other files throw Error(kFormat) naming the path and the formats accepted (llama2.c
+// checkpoints are opened by the runtime's loader). Does not call validate_llama_weights().
+std::unique_ptr<ModelFile> open_model_file(const std::string& path);
+
+}  // namespace kvcache

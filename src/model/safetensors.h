@@ -1,0 +1,53 @@
+// Hugging Face safetensors (+ config.json) reader and writer.
+// Format (https://huggingface.co/docs/safetensors): uint64 little-endian header length N, then N
+// bytes of JSON {"name": {"dtype": "F16", "shape": [out, in], "data_offsets": [begin, end]},
+// "__metadata__": {...}} with offsets relative to the byte after the header, then the data.
+// A model is one model.safetensors or shards listed by model.safetensors.index.json
+// ({"weight_map": {"name": "model-00001-of-00002.safetensors"}}). HF names are mapped to the
+// canonical GGUF names of model_file.h; Q/K rows stay in HF's order (rope_interleaved = false).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/mapped_file.h"
+#include "model/model_file.h"
+
+namespace kvcache {
+
+// One parsed .safetensors file: its mapping and views of its tensors (by the names stored).
+class SafetensorsFile {
+ public:
+  // Throws Error(kFormat) "<path>: <problem>" for a bad header length, JSON, dtype (F32, F16,
+  // BF16 are supported; others are refused naming the tensor), shape/offset mismatch, overlap or
+  // out-of-bounds data.
+  static std::shared_ptr<const SafetensorsFile> open(const std::string& path);
+  const std::string& path() const { return file_.path(); }
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  explicit SafetensorsFile(MappedFile f) : file_(std::move(f)) {}
+  MappedFile file_;
+  std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes one .safetensors file from named contiguous f32/f16/bf16 views (tests, converters).
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// Maps one HF tensor name to its canonical name ("model.layers.3.self_attn.q_proj.weight" ->
+// "blk.3.attn_q.weight"); returns "" for names the llama block does not use (e.g.
+// rotary_emb.inv_freq).
+std::string hf_to_canonical_name(const std::string& hf_name);
+
+// Loads a HF model: `path` is a folder with config.json and model.safetensors or
+// model.safetensors.index.json, or a .safetensors file with config.json in its folder.
+// Validates the llama weights against the config.
+std::unique_ptr<ModelFile> load_hf_model(const std::string& path);
+
+}  // namespace kvcache

@@ -1,0 +1,45 @@
+// Tokenizer: text <-> token ids, the interface every vocabulary implements (GGUF `llama`
+// SentencePiece BPE, GGUF `gpt2` byte-level BPE, HF tokenizer.json BPE, llama2.c tokenizer.bin).
+// encode() never adds BOS/EOS and treats special-token text ("<s>", "<|endoftext|>") as plain
+// text — the caller adds BOS itself — matching llama.cpp's test vectors (add_special=false,
+// parse_special=false). Tokenizers are immutable after construction and thread-safe to use.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvcache {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // UTF-8 text -> ids. Invalid UTF-8 bytes are encoded as themselves (byte fallback / byte-level).
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // The bytes of one token as it appears in text: SentencePiece's U+2581 becomes ' ', byte
+  // tokens <0xNN> become the raw byte, GPT-2 byte-level characters map back to their bytes.
+  // Control tokens (BOS/EOS, ...) decode to "". A piece may be an incomplete UTF-8 sequence;
+  // concatenating pieces restores the text. Throws Error(kInvalidArgument) for an id out of range.
+  virtual std::string decode(int32_t id) const = 0;
+  // The vocabulary entry as stored (no byte mapping), for debugging and tests.
+  virtual const std::string& token_text(int32_t id) const = 0;
+
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;  // -1 when the vocabulary has none
+  virtual int32_t eos_id() const = 0;
+  virtual const char* kind() const = 0;  // "llama", "gpt2", "hf-bpe", "llama2c"
+
+  // Concatenated decode() of ids.
+  std::string decode(const std::vector<int32_t>& ids) const;
+};
+
+// Loads a tokenizer from a file: any GGUF (its tokenizer.ggml.* metadata; vocabulary-only files
+// included), a Hugging Face tokenizer.json, or a folder holding tokenizer.json. Throws
+// Error(kFormat/kUnsupported) naming the file and what is missing or unsupported.
+// (llama2.c tokenizer.bin files are loaded by the runtime's llama2c tokenizer.)
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+}  // namespace kvcache
