@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/mask.h"
 
 namespace kvcache {
 
-// User mask: true where query position q_pos may see key position kv_pos (absolute positions).
-using MaskFn = std::function<bool(int64_t b, int64_t h, int64_t q_pos, int64_t kv_pos)>;
+// MaskFn (user mask over absolute positions) lives in kernels/mask.h with the built-in masks.
 // User score transform applied to the scaled (and softcapped) logit before the softmax.
 using ScoreFn = std::function<float(float score, int64_t b, int64_t h, int64_t q_pos,
                                     int64_t kv_pos)>;
@@ -32,6 +32,19 @@ struct AttentionOptions {
                                  // i.e. kv_offset + S_kv - S_q
   const MaskFn* mask = nullptr;    // extra mask ANDed with the above (flex; eager honours it)
   const ScoreFn* score = nullptr;  // score_mod (flex; eager honours it)
+  // Packed sequences: [B, doc_len] document id per absolute position (positions the call
+  // covers must lie in [0, doc_len)); a query sees only keys of its own document.
+  const int32_t* doc_ids = nullptr;
+  int64_t doc_len = 0;
+  // Padding: keys of batch row b are valid in [kv_valid_begin[b], kv_valid_end[b]), absolute
+  // positions ([B] each, either may be null). From per-row lengths L_b of a right-padded
+  // cache: begin = nullptr, end[b] = kv_offset + L_b.
+  const int64_t* kv_valid_begin = nullptr;
+  const int64_t* kv_valid_end = nullptr;
+  // fused/flex: keys per split-KV partition (flash-decoding; rounded up to the 64-key tile).
+  // 0: automatic (split only when batch x kv-heads x query tiles leaves threads idle),
+  // -1: never split (then a decode row is bit-identical to the same row of a prefill).
+  int64_t kv_split = 0;
   // eager only: if set, receives the probabilities as f32 [B, H_q, S_q, S_kv].
   Tensor* weights_out = nullptr;
 };
@@ -44,6 +57,20 @@ struct AttentionOptions {
 using AttentionFn = void (*)(const TensorView& q, const TensorView& k, const TensorView& v,
                              const TensorView& out, const AttentionOptions& options);
 
+// The built-in part of the options as a MaskSpec (plus options.mask as its user function).
+MaskSpec attention_mask_spec(const AttentionOptions& options);
+
+// Checks shapes, dtypes and strides of one call; throws Error(kInvalidArgument/kUnsupported)
+// saying which argument is wrong. Every kernel calls it first.
+void validate_attention_args(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const AttentionOptions& options);
+
+// Registered kernels:
+//   "eager"        materialises mask and scores per (b, h); the only one filling weights_out.
+//   "fused"        online softmax over K/V tiles, GQA groups share each K/V tile, split-KV
+//                  decode, AVX2/FMA/F16C when built for it. Honours mask/score if given.
+//   "flex"         the fused kernel driven by options.mask / options.score (same code path).
+//   "fused_scalar" the fused kernel's portable scalar fallback (tests, non-AVX2 builds).
 // Throws Error listing the registered names when `name` is unknown.
 AttentionFn get_attention_kernel(std::string_view name);
 std::vector<std::string> attention_kernel_names();

@@ -1,0 +1,659 @@
+// The "fused" / "flex" attention kernel: online softmax over 64-key tiles of K/V read in place
+// (FlashAttention-2's recurrence, Dao 2023: running max m, denominator l, unnormalised
+// accumulator acc, rescaled by exp(m_old - m_new) when the max grows), never an S x S buffer.
+//
+// Work decomposition. A task is (batch b, kv head hk, query tile, kv split). Its rows are the
+// G = H_q / H_kv query heads of the group times the tile's query positions, so every K/V tile
+// is loaded once per group and reused by all G heads (GQA without repeat_kv). Decode has one
+// query position, so B x H_kv tasks may leave threads idle; the key range is then split into
+// partitions whose partial (m, l, acc) states are merged afterwards (flash-decoding, Dao et
+// al. 2023). Tiles are classified per row from the mask's key intervals: empty tiles are
+// skipped, full tiles are not masked, only partial tiles pay for the mask.
+//
+// Determinism: the score of a (row, key) pair, the softmax update and the P.V accumulation use
+// the same arithmetic order whatever the row/key blocking, and tiles are aligned to absolute
+// key indices, so a decode row equals the prefill's row bit for bit when no split is made.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/attention_internal.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KVCACHE_ATTN_AVX2 1
+#include <immintrin.h>
+#else
+#define KVCACHE_ATTN_AVX2 0
+#endif
+
+namespace kvcache::detail {
+namespace {
+
+constexpr int64_t kTk = 64;           // keys per tile (a 64-key f16 tile of D=128 is 16 KiB)
+constexpr int64_t kRowsPerTask = 64;  // target rows (heads x positions) per task
+constexpr int64_t kMinSplit = 512;    // smallest automatic split-KV partition, in keys
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
+
+template <DType KD>
+struct Elem;
+template <>
+struct Elem<DType::kF32> {
+  using T = float;
+  static float get(T x) { return x; }
+};
+template <>
+struct Elem<DType::kF16> {
+  using T = f16_t;
+  static float get(T x) { return f16_to_f32(x); }
+};
+template <>
+struct Elem<DType::kBF16> {
+  using T = bf16_t;
+  static float get(T x) { return bf16_to_f32(x); }
+};
+
+// Everything a task needs, resolved once per call.
+struct Plan {
+  TensorView q, k, v, out;
+  int64_t B = 0, Hq = 0, Hkv = 0, G = 0, Sq = 0, Skv = 0, Dk = 0, Dv = 0;
+  float scale = 1, softcap = 0;
+  const float* sinks = nullptr;    // [H_q] or null
+  const ScoreFn* score = nullptr;  // or null
+  MaskSpec spec;
+  bool mask_free = false;  // every pair visible: no classification, no masking
+  int64_t q_offset = 0, kv_offset = 0;
+  int64_t tq = 1, n_qt = 1, n_split = 1, split_len = 0;
+  int64_t max_rows = 0;     // G * tq
+  float* partial = nullptr;  // [tasks, max_rows, D_v + 2]: acc, m, l per row (n_split > 1)
+};
+
+// Per-thread scratch, grown on demand and reused across calls (no allocation in steady state).
+struct Workspace {
+  std::vector<float> qs;    // [R, D_k] scaled queries
+  std::vector<float> acc;   // [R, D_v]
+  std::vector<float> s;     // [R, kTk] logits, then probabilities
+  std::vector<float> m, l;  // [R]
+  std::vector<int64_t> lo, hi;  // [n_q] visible key interval per query position, kv index space
+  std::vector<RowKind> kind;    // [R] this tile
+  std::vector<uint8_t> fn_vis;  // [R, kTk] user mask values of partial rows
+  void ensure(int64_t R, int64_t nq, int64_t Dk, int64_t Dv) {
+    auto grow = [](auto& vec, int64_t n) {
+      if (static_cast<int64_t>(vec.size()) < n) vec.resize(static_cast<size_t>(n));
+    };
+    grow(qs, R * Dk);
+    grow(acc, R * Dv);
+    grow(s, R * kTk);
+    grow(m, R);
+    grow(l, R);
+    grow(lo, nq);
+    grow(hi, nq);
+    grow(kind, R);
+    grow(fn_vis, R * kTk);
+  }
+};
+
+Workspace& workspace() {
+  thread_local Workspace ws;
+  return ws;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar building blocks (the portable fallback, and the reference for the SIMD ones).
+template <DType KD>
+struct ScalarOps {
+  using T = typename Elem<KD>::T;
+  // s[r * kTk + j] = qs_r . k_j for rows [0, R), keys [0, n)
+  static void scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb, int64_t kstride,
+                     int64_t n, float* s) {
+    for (int64_t j = 0; j < n; ++j) {
+      const T* kr = reinterpret_cast<const T*>(kb + j * kstride);
+      for (int64_t r = 0; r < R; ++r) {
+        const float* qr = qs + r * Dk;
+        float acc = 0;
+        for (int64_t d = 0; d < Dk; ++d) acc = std::fma(qr[d], Elem<KD>::get(kr[d]), acc);
+        s[r * kTk + j] = acc;
+      }
+    }
+  }
+  // Turns logits s[0, n) into exp(s - m_new) in place; returns the row's new state.
+  static bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
+    float mt = kNegInf;
+    for (int64_t j = 0; j < n; ++j) mt = std::max(mt, s[j]);
+    if (mt == kNegInf) {
+      std::fill(s, s + n, 0.0f);
+      return false;
+    }
+    const float m_new = std::max(m, mt);
+    const float alpha = std::exp(m - m_new);
+    float sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = std::exp(s[j] - m_new);
+      sum += s[j];
+    }
+    l = l * alpha + sum;
+    if (alpha != 1.0f)
+      for (int64_t d = 0; d < Dv; ++d) acc[d] *= alpha;
+    m = m_new;
+    return true;
+  }
+  // acc[r] += sum_j p[r, j] v_j
+  static void pv(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
+                 int64_t Dv, float* acc) {
+    for (int64_t j = 0; j < n; ++j) {
+      const T* vr = reinterpret_cast<const T*>(vb + j * vstride);
+      for (int64_t r = 0; r < R; ++r) {
+        const float pj = p[r * kTk + j];
+        float* a = acc + r * Dv;
+        for (int64_t d = 0; d < Dv; ++d) a[d] = std::fma(pj, Elem<KD>::get(vr[d]), a[d]);
+      }
+    }
+  }
+};
+
+#if KVCACHE_ATTN_AVX2
+// ---------------------------------------------------------------------------------------------
+// AVX2 + FMA + F16C building blocks.
+template <DType KD>
+inline __m256 load8(const typename Elem<KD>::T* p) {
+  if constexpr (KD == DType::kF32) {
+    return _mm256_loadu_ps(p);
+  } else if constexpr (KD == DType::kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {  // bf16: the upper half of an f32
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+}
+
+// Sum of the 8 lanes as ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)), the same tree as hsum8.
+inline float hsum1(__m256 x) {
+  const __m256 t = _mm256_hadd_ps(x, x);
+  const __m256 u = _mm256_hadd_ps(t, t);
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+}
+// Lane i of the result is the sum of a[i]'s lanes, with hsum1's tree.
+inline __m256 hsum8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// exp(x) for x <= 0 (softmax arguments): Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and
+// the degree-7 Taylor polynomial of e^r (truncation < 1e-8 relative), scaled by 2^n through the
+// exponent bits. Lanes below -87.3 (including -inf) give exactly 0.
+inline __m256 exp256(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 valid = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3f)), lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), valid);
+}
+
+template <DType KD>
+struct SimdOps {
+  using T = typename Elem<KD>::T;
+
+  // NR rows x NK keys of dot products, accumulators held in registers.
+  template <int NR, int NK>
+  static void score_block(const float* qs, int64_t Dk, const T* const* kr, float* s) {
+    __m256 acc[NR * NK];
+    for (int i = 0; i < NR * NK; ++i) acc[i] = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= Dk; d += 8) {
+      __m256 kv[NK];
+      for (int c = 0; c < NK; ++c) kv[c] = load8<KD>(kr[c] + d);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 qv = _mm256_loadu_ps(qs + r * Dk + d);
+        for (int c = 0; c < NK; ++c) acc[r * NK + c] = _mm256_fmadd_ps(qv, kv[c], acc[r * NK + c]);
+      }
+    }
+    float res[NR * NK];
+    if constexpr (NR * NK == 8) {
+      _mm256_storeu_ps(res, hsum8(acc));
+    } else {
+      for (int i = 0; i < NR * NK; ++i) res[i] = hsum1(acc[i]);
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < NK; ++c) {
+        float x = res[r * NK + c];
+        for (int64_t dd = d; dd < Dk; ++dd)
+          x = std::fma(qs[r * Dk + dd], Elem<KD>::get(kr[c][dd]), x);
+        s[r * kTk + c] = x;
+      }
+  }
+
+  template <int NR>
+  static void score_rows(const float* qs, int64_t Dk, const std::byte* kb, int64_t kstride,
+                         int64_t n, float* s) {
+    int64_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+      const T* kr[2] = {reinterpret_cast<const T*>(kb + j * kstride),
+                        reinterpret_cast<const T*>(kb + (j + 1) * kstride)};
+      score_block<NR, 2>(qs, Dk, kr, s + j);
+    }
+    if (j < n) {
+      const T* kr[1] = {reinterpret_cast<const T*>(kb + j * kstride)};
+      score_block<NR, 1>(qs, Dk, kr, s + j);
+    }
+  }
+
+  static void scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb, int64_t kstride,
+                     int64_t n, float* s) {
+    int64_t r = 0;
+    for (; r + 4 <= R; r += 4) score_rows<4>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk);
+    switch (R - r) {
+      case 3: score_rows<3>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk); break;
+      case 2: score_rows<2>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk); break;
+      case 1: score_rows<1>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk); break;
+      default: break;
+    }
+  }
+
+  // The row buffer has kTk columns; lanes [n, round8(n)) are set to -inf so that every
+  // operation runs on whole vectors (exp gives exactly 0 there).
+  static bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
+    const int64_t n8 = (n + 7) & ~int64_t{7};
+    for (int64_t j = n; j < n8; ++j) s[j] = kNegInf;
+    __m256 vmax = _mm256_set1_ps(kNegInf);
+    for (int64_t j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float mt = _mm_cvtss_f32(m4);
+    if (mt == kNegInf) {
+      std::fill(s, s + n8, 0.0f);
+      return false;
+    }
+    const float m_new = std::max(m, mt);
+    const float alpha = std::exp(m - m_new);
+    const __m256 vm = _mm256_set1_ps(m_new);
+    __m256 vsum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n8; j += 8) {
+      const __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+      _mm256_storeu_ps(s + j, p);
+      vsum = _mm256_add_ps(vsum, p);
+    }
+    l = l * alpha + hsum1(vsum);
+    if (alpha != 1.0f) {
+      const __m256 va = _mm256_set1_ps(alpha);
+      int64_t d = 0;
+      for (; d + 8 <= Dv; d += 8) _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), va));
+      for (; d < Dv; ++d) acc[d] *= alpha;
+    }
+    m = m_new;
+    return true;
+  }
+
+  // NR rows: acc[r, d] += sum_j p[r, j] v_j[d], 16 output columns per pass held in registers.
+  template <int NR>
+  static void pv_rows(const float* p, const std::byte* vb, int64_t vstride, int64_t n, int64_t Dv,
+                      float* acc) {
+    int64_t d = 0;
+    for (; d + 16 <= Dv; d += 16) {
+      __m256 a[NR][2];
+      for (int r = 0; r < NR; ++r) {
+        a[r][0] = _mm256_loadu_ps(acc + r * Dv + d);
+        a[r][1] = _mm256_loadu_ps(acc + r * Dv + d + 8);
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const T* vr = reinterpret_cast<const T*>(vb + j * vstride) + d;
+        const __m256 v0 = load8<KD>(vr), v1 = load8<KD>(vr + 8);
+        for (int r = 0; r < NR; ++r) {
+          const __m256 pj = _mm256_broadcast_ss(p + r * kTk + j);
+          a[r][0] = _mm256_fmadd_ps(pj, v0, a[r][0]);
+          a[r][1] = _mm256_fmadd_ps(pj, v1, a[r][1]);
+        }
+      }
+      for (int r = 0; r < NR; ++r) {
+        _mm256_storeu_ps(acc + r * Dv + d, a[r][0]);
+        _mm256_storeu_ps(acc + r * Dv + d + 8, a[r][1]);
+      }
+    }
+    if (d + 8 <= Dv) {
+      __m256 a[NR];
+      for (int r = 0; r < NR; ++r) a[r] = _mm256_loadu_ps(acc + r * Dv + d);
+      for (int64_t j = 0; j < n; ++j) {
+        const __m256 v0 = load8<KD>(reinterpret_cast<const T*>(vb + j * vstride) + d);
+        for (int r = 0; r < NR; ++r)
+          a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * kTk + j), v0, a[r]);
+      }
+      for (int r = 0; r < NR; ++r) _mm256_storeu_ps(acc + r * Dv + d, a[r]);
+      d += 8;
+    }
+    for (; d < Dv; ++d)
+      for (int64_t j = 0; j < n; ++j) {
+        const float x = Elem<KD>::get(reinterpret_cast<const T*>(vb + j * vstride)[d]);
+        for (int r = 0; r < NR; ++r) acc[r * Dv + d] = std::fma(p[r * kTk + j], x, acc[r * Dv + d]);
+      }
+  }
+
+  static void pv(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
+                 int64_t Dv, float* acc) {
+    int64_t r = 0;
+    for (; r + 4 <= R; r += 4) pv_rows<4>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv);
+    switch (R - r) {
+      case 3: pv_rows<3>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv); break;
+      case 2: pv_rows<2>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv); break;
+      case 1: pv_rows<1>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv); break;
+      default: break;
+    }
+  }
+};
+#endif  // KVCACHE_ATTN_AVX2
+
+// out = acc / l, with the sink logit joining the denominator only (GPT-OSS's s_aux).
+void finalize_row(float m, float l, const float* acc, const float* sink, int64_t Dv, float* out) {
+  float f;
+  if (sink) {
+    const float mx = std::max(m, *sink);
+    const float den = l * std::exp(m - mx) + std::exp(*sink - mx);
+    f = std::exp(m - mx) / den;  // m = -inf (nothing seen): 0
+  } else {
+    f = l > 0 ? 1.0f / l : 0.0f;
+  }
+  for (int64_t d = 0; d < Dv; ++d) out[d] = acc[d] * f;
+}
+
+template <typename Ops>
+void run_task(const Plan& P, int64_t task) {
+  int64_t t = task;
+  const int64_t sp = t % P.n_split;
+  t /= P.n_split;
+  const int64_t qt = t % P.n_qt;
+  t /= P.n_qt;
+  const int64_t hk = t % P.Hkv, b = t / P.Hkv;
+  const int64_t q0 = qt * P.tq, nq = std::min(P.Sq, q0 + P.tq) - q0, R = P.G * nq;
+  const int64_t j_begin = sp * P.split_len, j_end = std::min(P.Skv, j_begin + P.split_len);
+  const int64_t Dk = P.Dk, Dv = P.Dv;
+
+  Workspace& ws = workspace();
+  ws.ensure(R, nq, Dk, Dv);
+  float* qs = ws.qs.data();
+  float* acc = ws.acc.data();
+  float* s = ws.s.data();
+  // Row r = g * nq + i: query head hk * G + g at query index q0 + i.
+  for (int64_t r = 0; r < R; ++r) {
+    const float* qr = P.q.ptr_as<const float>(b, hk * P.G + r / nq, q0 + r % nq);
+    for (int64_t d = 0; d < Dk; ++d) qs[r * Dk + d] = qr[d] * P.scale;
+    ws.m[static_cast<size_t>(r)] = kNegInf;
+    ws.l[static_cast<size_t>(r)] = 0;
+  }
+  std::fill(acc, acc + R * Dv, 0.0f);
+
+  // Visible key interval of each query position (kv index space) and their union.
+  int64_t jlo = j_end, jhi = j_begin;
+  for (int64_t i = 0; i < nq; ++i) {
+    int64_t lo = 0, hi = P.Skv;
+    if (!P.mask_free) {
+      const KeyRange kr = key_range(P.spec, b, P.q_offset + q0 + i);
+      lo = std::clamp(kr.lo - P.kv_offset, int64_t{0}, P.Skv);
+      hi = std::clamp(kr.hi - P.kv_offset, int64_t{0}, P.Skv);
+    }
+    ws.lo[static_cast<size_t>(i)] = lo;
+    ws.hi[static_cast<size_t>(i)] = hi;
+    if (lo < hi) {
+      jlo = std::min(jlo, lo);
+      jhi = std::max(jhi, hi);
+    }
+  }
+  jlo = std::max(jlo, j_begin);
+  jhi = std::min(jhi, j_end);
+
+  const std::byte* kbase = static_cast<const std::byte*>(P.k.ptr(b, hk));
+  const std::byte* vbase = static_cast<const std::byte*>(P.v.ptr(b, hk));
+  const int64_t kstride = P.k.byte_offset(0, 0, 1), vstride = P.v.byte_offset(0, 0, 1);
+  const MaskSpec& spec = P.spec;
+  RowKind* kind = ws.kind.data();
+
+  // Tiles aligned to multiples of kTk in absolute key index (j_begin is such a multiple).
+  for (int64_t t0 = jlo < jhi ? jlo - jlo % kTk : jhi; t0 < jhi; t0 += kTk) {
+    const int64_t t1 = std::min(t0 + kTk, j_end), n = t1 - t0;
+    // ---- classify each row for this tile ----
+    bool any = false;
+    if (P.mask_free) {
+      std::fill(kind, kind + R, RowKind::kFull);
+      any = true;
+    } else {
+      int32_t dmin = 0, dmax = -1;
+      if (spec.doc_ids) {
+        dmin = std::numeric_limits<int32_t>::max();
+        dmax = std::numeric_limits<int32_t>::min();
+        for (int64_t j = t0; j < t1; ++j) {
+          const int32_t d = doc_id(spec, b, P.kv_offset + j);
+          dmin = std::min(dmin, d);
+          dmax = std::max(dmax, d);
+        }
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t lo = std::max(ws.lo[static_cast<size_t>(i)], t0);
+        const int64_t hi = std::min(ws.hi[static_cast<size_t>(i)], t1);
+        RowKind k = lo >= hi ? RowKind::kEmpty
+                    : (lo == t0 && hi == t1) ? RowKind::kFull
+                                             : RowKind::kPartial;
+        if (k != RowKind::kEmpty && spec.doc_ids) {
+          const int32_t dq = doc_id(spec, b, P.q_offset + q0 + i);
+          if (dq < dmin || dq > dmax) k = RowKind::kEmpty;
+          else if (dmin != dmax) k = RowKind::kPartial;
+        }
+        for (int64_t g = 0; g < P.G; ++g) kind[g * nq + i] = k;
+      }
+      if (spec.fn) {  // user mask: evaluate where the built-ins leave keys visible
+        for (int64_t r = 0; r < R; ++r) {
+          if (kind[r] == RowKind::kEmpty) continue;
+          const int64_t i = r % nq, h = hk * P.G + r / nq, qp = P.q_offset + q0 + i;
+          const int64_t lo = std::max(ws.lo[static_cast<size_t>(i)], t0);
+          const int64_t hi = std::min(ws.hi[static_cast<size_t>(i)], t1);
+          uint8_t* vis = &ws.fn_vis[static_cast<size_t>(r * kTk)];
+          int64_t count = 0;
+          for (int64_t j = t0; j < t1; ++j) {
+            const int64_t kp = P.kv_offset + j;
+            const bool v = j >= lo && j < hi && builtin_visible(spec, b, qp, kp) &&
+                           (*spec.fn)(b, h, qp, kp);
+            vis[j - t0] = v;
+            count += v;
+          }
+          kind[r] = count == 0 ? RowKind::kEmpty
+                    : count == n ? RowKind::kFull
+                                 : RowKind::kPartial;
+        }
+      }
+      for (int64_t r = 0; r < R && !any; ++r) any = kind[r] != RowKind::kEmpty;
+    }
+    if (!any) continue;
+
+    // ---- logits ----
+    Ops::scores(qs, R, Dk, kbase + t0 * kstride, kstride, n, s);
+    for (int64_t r = 0; r < R; ++r) {
+      float* sr = s + r * kTk;
+      if (kind[r] == RowKind::kEmpty) {
+        std::fill(sr, sr + n, kNegInf);
+        continue;
+      }
+      if (P.softcap > 0)
+        for (int64_t j = 0; j < n; ++j) sr[j] = P.softcap * std::tanh(sr[j] / P.softcap);
+      const int64_t i = r % nq, qp = P.q_offset + q0 + i;
+      if (P.score) {
+        const int64_t h = hk * P.G + r / nq;
+        for (int64_t j = 0; j < n; ++j) sr[j] = (*P.score)(sr[j], b, h, qp, P.kv_offset + t0 + j);
+      }
+      if (kind[r] == RowKind::kPartial) {
+        const int64_t lo = ws.lo[static_cast<size_t>(i)], hi = ws.hi[static_cast<size_t>(i)];
+        const int32_t dq = spec.doc_ids ? doc_id(spec, b, qp) : 0;
+        const uint8_t* vis = &ws.fn_vis[static_cast<size_t>(r * kTk)];
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t jj = t0 + j;
+          bool v = jj >= lo && jj < hi;
+          if (v && spec.doc_ids) v = doc_id(spec, b, P.kv_offset + jj) == dq;
+          if (v && spec.fn) v = vis[j] != 0;
+          if (!v) sr[j] = kNegInf;
+        }
+      }
+    }
+    // ---- online softmax and P.V ----
+    for (int64_t r = 0; r < R; ++r)
+      Ops::softmax_update(s + r * kTk, n, ws.m[static_cast<size_t>(r)],
+                          ws.l[static_cast<size_t>(r)], acc + r * Dv, Dv);
+    Ops::pv(s, R, vbase + t0 * vstride, vstride, n, Dv, acc);
+  }
+
+  // ---- write the result, or this partition's partial state ----
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t h = hk * P.G + r / nq, i = q0 + r % nq;
+    const float m = ws.m[static_cast<size_t>(r)], l = ws.l[static_cast<size_t>(r)];
+    if (P.n_split == 1) {
+      finalize_row(m, l, acc + r * Dv, P.sinks ? P.sinks + h : nullptr, Dv,
+                   P.out.ptr_as<float>(b, h, i));
+    } else {
+      float* dst = P.partial + (task * P.max_rows + r) * (Dv + 2);
+      std::memcpy(dst, acc + r * Dv, static_cast<size_t>(Dv) * sizeof(float));
+      dst[Dv] = m;
+      dst[Dv + 1] = l;
+    }
+  }
+}
+
+// Merges the n_split partial states of one (b, hk, query tile) and writes the rows.
+void merge_task(const Plan& P, int64_t t, std::vector<float>& tmp) {
+  const int64_t qt = t % P.n_qt, hk = (t / P.n_qt) % P.Hkv, b = t / (P.n_qt * P.Hkv);
+  const int64_t q0 = qt * P.tq, nq = std::min(P.Sq, q0 + P.tq) - q0, R = P.G * nq;
+  const int64_t Dv = P.Dv, rec = Dv + 2;
+  tmp.resize(static_cast<size_t>(Dv));
+  for (int64_t r = 0; r < R; ++r) {
+    const float* first = P.partial + (t * P.n_split * P.max_rows + r) * rec;
+    float M = kNegInf;
+    for (int64_t sp = 0; sp < P.n_split; ++sp) M = std::max(M, first[sp * P.max_rows * rec + Dv]);
+    float L = 0;
+    std::fill(tmp.begin(), tmp.end(), 0.0f);
+    if (M != kNegInf) {
+      for (int64_t sp = 0; sp < P.n_split; ++sp) {
+        const float* part = first + sp * P.max_rows * rec;
+        if (part[Dv] == kNegInf) continue;
+        const float w = std::exp(part[Dv] - M);
+        L += part[Dv + 1] * w;
+        for (int64_t d = 0; d < Dv; ++d) tmp[static_cast<size_t>(d)] += part[d] * w;
+      }
+    }
+    const int64_t h = hk * P.G + r / nq;
+    finalize_row(M, L, tmp.data(), P.sinks ? P.sinks + h : nullptr, Dv,
+                 P.out.ptr_as<float>(b, h, q0 + r % nq));
+  }
+}
+
+template <template <DType> class Ops>
+void run_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                   const TensorView& out, const AttentionOptions& o) {
+  validate_attention_args(q, k, v, out, o);
+  Plan P;
+  P.q = q;
+  P.k = k;
+  P.v = v;
+  P.out = out;
+  P.B = q.dim(0);
+  P.Hq = q.dim(1);
+  P.Sq = q.dim(2);
+  P.Dk = q.dim(3);
+  P.Hkv = k.dim(1);
+  P.Skv = k.dim(2);
+  P.Dv = v.dim(3);
+  P.G = P.Hq / P.Hkv;
+  if (P.B == 0 || P.Hq == 0 || P.Sq == 0 || P.Dv == 0) return;
+  P.scale = o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(P.Dk));
+  P.softcap = o.softcap;
+  P.sinks = o.sinks;
+  P.score = o.score;
+  P.spec = attention_mask_spec(o);
+  const MaskGeometry geo = make_geometry(P.B, P.Hq, P.Sq, P.Skv, o.q_offset, o.kv_offset);
+  P.q_offset = geo.q_offset;
+  P.kv_offset = geo.kv_offset;
+  // Use 3 of the mask module, when it is cheap to decide (built-in intervals only).
+  P.mask_free = !P.spec.fn && !P.spec.doc_ids && mask_is_all_visible(P.spec, geo);
+
+  P.tq = std::min(P.Sq, std::max<int64_t>(1, kRowsPerTask / P.G));
+  P.n_qt = (P.Sq + P.tq - 1) / P.tq;
+  P.max_rows = P.G * P.tq;
+  ThreadPool& pool = default_pool();
+  const int64_t base_tasks = P.B * P.Hkv * P.n_qt;
+  int64_t split = o.kv_split;
+  if (split == 0) {
+    // Split only when the tasks cannot keep every thread busy (decode, small batch): aim at
+    // about 4 tasks per thread, partitions of at least kMinSplit keys.
+    const int64_t want = (4 * pool.n_threads() + base_tasks - 1) / base_tasks;
+    const int64_t n = std::min(want, P.Skv / kMinSplit);
+    split = n > 1 ? (P.Skv + n - 1) / n : -1;
+  }
+  if (split < 0 || split >= P.Skv) {
+    P.n_split = 1;
+    P.split_len = std::max<int64_t>(P.Skv, 1);
+  } else {
+    P.split_len = (split + kTk - 1) / kTk * kTk;
+    P.n_split = (P.Skv + P.split_len - 1) / P.split_len;
+  }
+  if (P.n_split == 1) P.split_len = std::max<int64_t>(P.Skv, 1);
+
+  thread_local std::vector<float> partial;  // reused by the calling thread across calls
+  if (P.n_split > 1) {
+    partial.resize(static_cast<size_t>(base_tasks * P.n_split * P.max_rows * (P.Dv + 2)));
+    P.partial = partial.data();
+  }
+
+  auto launch = [&](auto task_fn) {
+    pool.parallel_for(base_tasks * P.n_split, [&](int64_t t) { task_fn(P, t); });
+  };
+  switch (k.dtype()) {
+    case DType::kF32: launch(run_task<Ops<DType::kF32>>); break;
+    case DType::kF16: launch(run_task<Ops<DType::kF16>>); break;
+    case DType::kBF16: launch(run_task<Ops<DType::kBF16>>); break;
+    default: KV_CHECK(false, "dtype validated above");
+  }
+  if (P.n_split > 1) {
+    pool.parallel_for(base_tasks, [&](int64_t t) {
+      thread_local std::vector<float> tmp;
+      merge_task(P, t, tmp);
+    });
+  }
+}
+
+}  // namespace
+
+void fused_attention_scalar(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const AttentionOptions& o) {
+  run_attention<ScalarOps>(q, k, v, out, o);
+}
+
+void fused_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& out, const AttentionOptions& o) {
+#if KVCACHE_ATTN_AVX2
+  run_attention<SimdOps>(q, k, v, out, o);
+#else
+  run_attention<ScalarOps>(q, k, v, out, o);
+#endif
+}
+
+// flex = the fused kernel; mask_mod / score_mod arrive through options.mask / options.score and
+// are evaluated per tile (empty tiles skipped, full tiles unmasked) by run_task.
+void flex_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView& out, const AttentionOptions& o) {
+  fused_attention(q, k, v, out, o);
+}
+
+}  // namespace kvcache::detail

@@ -1,0 +1,29 @@
+// Internal to the kernels layer: the kernel entry points the registry in attention.cc exposes,
+// and small helpers shared by them. Not part of the public API.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/attention.h"
+
+namespace kvcache::detail {
+
+void fused_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& out, const AttentionOptions& options);
+void flex_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView& out, const AttentionOptions& options);
+void fused_attention_scalar(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const AttentionOptions& options);
+
+// f32 dot product with 8 interleaved partial sums (vectorisable without -ffast-math).
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace kvcache::detail
