@@ -1,0 +1,191 @@
+#include "model/tokenizer_llama2c.h"
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "core/error.h"
+
+namespace kvcache {
+
+namespace {
+
+// run.c parses byte pieces with sscanf("<0x%02hhX>"): "<0x" and one or two hex digits.
+int parse_byte_piece(std::string_view s) {
+  if (s.size() < 4 || s.substr(0, 3) != "<0x") return -1;
+  int v = 0, digits = 0;
+  for (size_t i = 3; i < s.size() && digits < 2; ++i, ++digits) {
+    const char c = s[i];
+    int d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+    else break;
+    v = v * 16 + d;
+  }
+  return digits > 0 ? v : -1;
+}
+
+}  // namespace
+
+Llama2cTokenizer::Llama2cTokenizer(const std::string& path, int32_t vocab_size) : path_(path) {
+  if (vocab_size <= 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                path + ": vocabulary size " + std::to_string(vocab_size) + " must be positive");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorKind::kIo, path + ": cannot open the tokenizer file");
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t off = 0;
+  auto read = [&](void* dst, size_t n, const std::string& what) {
+    if (bytes.size() - off < n) {
+      throw Error(ErrorKind::kFormat,
+                  path + ": truncated llama2.c tokenizer: " + what + " needs bytes [" +
+                      std::to_string(off) + ", " + std::to_string(off + n) + ") but the file has " +
+                      std::to_string(bytes.size()) + " (does the tokenizer match the model's " +
+                      std::to_string(vocab_size) + "-token vocabulary?)");
+    }
+    std::memcpy(dst, bytes.data() + off, n);
+    off += n;
+  };
+  int32_t max_len = 0;
+  read(&max_len, 4, "the header");
+  if (max_len <= 0 || max_len > (1 << 16)) {
+    throw Error(ErrorKind::kFormat, path + ": not a llama2.c tokenizer: max_token_length " +
+                                        std::to_string(max_len) + " is out of range");
+  }
+  pieces_.resize(static_cast<size_t>(vocab_size));
+  scores_.resize(static_cast<size_t>(vocab_size));
+  for (int32_t i = 0; i < vocab_size; ++i) {
+    const std::string what = "token " + std::to_string(i);
+    read(&scores_[static_cast<size_t>(i)], 4, what + "'s score");
+    int32_t len = 0;
+    read(&len, 4, what + "'s length");
+    if (len < 0 || len > max_len) {
+      throw Error(ErrorKind::kFormat, path + ": " + what + " has length " + std::to_string(len) +
+                                          ", outside [0, max_token_length=" +
+                                          std::to_string(max_len) + "]");
+    }
+    std::string piece(static_cast<size_t>(len), '\0');
+    read(piece.data(), static_cast<size_t>(len), what + "'s bytes");
+    // run.c stores pieces as C strings: anything after an embedded NUL is invisible to it.
+    piece.resize(std::strlen(piece.c_str()));
+    pieces_[static_cast<size_t>(i)] = std::move(piece);
+  }
+  // Index after all strings are in place (string_views point into pieces_).
+  for (int32_t i = 0; i < vocab_size; ++i) index_.emplace(pieces_[static_cast<size_t>(i)], i);
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    const int32_t id = lookup(name);
+    byte_ids_[b] = id >= 0 ? id : (3 + b < vocab_size ? 3 + b : -1);
+  }
+  space_id_ = lookup(" ");
+}
+
+int32_t Llama2cTokenizer::lookup(std::string_view piece) const {
+  const auto it = index_.find(piece);
+  return it == index_.end() ? -1 : it->second;
+}
+
+const std::string& Llama2cTokenizer::checked(int32_t id) const {
+  if (id < 0 || id >= vocab_size()) {
+    throw Error(ErrorKind::kInvalidArgument, "token id " + std::to_string(id) +
+                                                 " is outside the vocabulary [0, " +
+                                                 std::to_string(vocab_size()) + ")");
+  }
+  return pieces_[static_cast<size_t>(id)];
+}
+
+const std::string& Llama2cTokenizer::token_text(int32_t id) const { return checked(id); }
+float Llama2cTokenizer::score(int32_t id) const {
+  checked(id);
+  return scores_[static_cast<size_t>(id)];
+}
+
+std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() + 1);
+  // add_dummy_prefix: a " " piece before non-empty text (SentencePiece's default).
+  if (!text.empty() && space_id_ >= 0) ids.push_back(space_id_);
+  // Split into UTF-8 code points (at most 4 bytes; stray continuation bytes stand alone), look
+  // each up whole, else fall back to one token per byte. Mirrors run.c's state machine.
+  std::string cp;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if ((c & 0xC0) != 0x80) cp.clear();
+    cp.push_back(static_cast<char>(c));
+    const bool next_is_cont =
+        i + 1 < text.size() && (static_cast<unsigned char>(text[i + 1]) & 0xC0) == 0x80;
+    if (next_is_cont && cp.size() < 4) continue;
+    const int32_t id = lookup(cp);
+    if (id >= 0) {
+      ids.push_back(id);
+    } else {
+      for (const char b : cp) {
+        const int32_t bid = byte_ids_[static_cast<unsigned char>(b)];
+        if (bid < 0) {
+          throw Error(ErrorKind::kUnsupported,
+                      path_ + ": the vocabulary has no byte-fallback token for byte " +
+                          std::to_string(static_cast<unsigned char>(b)));
+        }
+        ids.push_back(bid);
+      }
+    }
+    cp.clear();
+  }
+  // Greedy merges: the adjacent pair whose concatenation is in the vocabulary with the highest
+  // score (strictly greater wins, so the leftmost on ties), until no pair merges. O(n^2) per
+  // prompt, as run.c; prompts are short and this keeps its tie-breaking exactly.
+  std::string merged;
+  for (;;) {
+    float best_score = -1e10f;
+    int32_t best_id = -1;
+    size_t best_idx = 0;
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      merged = pieces_[static_cast<size_t>(ids[i])];
+      merged += pieces_[static_cast<size_t>(ids[i + 1])];
+      const int32_t id = lookup(merged);
+      if (id >= 0 && scores_[static_cast<size_t>(id)] > best_score) {
+        best_score = scores_[static_cast<size_t>(id)];
+        best_id = id;
+        best_idx = i;
+      }
+    }
+    if (best_id < 0) break;
+    ids[best_idx] = best_id;
+    ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
+  }
+  return ids;
+}
+
+std::string Llama2cTokenizer::decode(int32_t id) const {
+  const std::string& piece = checked(id);
+  if (id == bos_id() || id == eos_id()) return "";
+  const int b = parse_byte_piece(piece);
+  if (b >= 0) return std::string(1, static_cast<char>(b));
+  return piece;
+}
+
+std::string Llama2cTokenizer::decode_for_print(int32_t prev_id, int32_t id) const {
+  std::string_view piece = checked(id);
+  if (prev_id == bos_id() && !piece.empty() && piece[0] == ' ') piece.remove_prefix(1);
+  std::string out;
+  const int b = parse_byte_piece(piece);
+  if (b >= 0) {
+    out.assign(1, static_cast<char>(b));
+  } else {
+    out.assign(piece);
+  }
+  // safe_printf: single bytes must be printable ASCII or whitespace (C locale isprint/isspace).
+  if (out.size() == 1) {
+    const auto c = static_cast<unsigned char>(out[0]);
+    const bool printable = c >= 0x20 && c <= 0x7E;
+    const bool space = c == ' ' || (c >= '\t' && c <= '\r');
+    if (!printable && !space) out.clear();
+  }
+  return out;
+}
+
+}  // namespace kvcache

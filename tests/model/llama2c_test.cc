@@ -1,0 +1,268 @@
+// llama2.c checkpoint loader and tokenizer: the real stories260K files and synthetic ones,
+// good and broken.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/llama2c.h"
+#include "model/mapped_file.h"
+#include "model/tokenizer_llama2c.h"
+
+namespace kvcache {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string stories_dir() { return std::string(KVCACHE_SHARED_DIR) + "/models/stories260K"; }
+bool have_stories() { return fs::exists(stories_dir() + "/stories260K.bin") && fs::exists(stories_dir() + "/tok512.bin"); }
+#define REQUIRE_STORIES() \
+  if (!have_stories()) GTEST_SKIP() << "stories260K not found under " KVCACHE_SHARED_DIR "; skipping"
+
+// A scratch folder removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() /
+           ("kvcache_llama2c_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A synthetic llama2.c checkpoint: header + `floats` random values.
+std::string checkpoint_bytes(std::array<int32_t, 7> h, size_t floats) {
+  std::string s(28 + floats * 4, '\0');
+  std::memcpy(s.data(), h.data(), 28);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 0.1f);
+  for (size_t i = 0; i < floats; ++i) {
+    const float f = d(rng);
+    std::memcpy(s.data() + 28 + i * 4, &f, 4);
+  }
+  return s;
+}
+// Floats a checkpoint of this header holds (llama2.c's memory_map_weights order).
+size_t checkpoint_floats(int dim, int hidden, int layers, int heads, int kv_heads, int vocab, int seq) {
+  const size_t hd = static_cast<size_t>(dim / heads), kv = static_cast<size_t>(kv_heads) * hd;
+  const size_t v = static_cast<size_t>(vocab < 0 ? -vocab : vocab);
+  size_t n = v * dim + layers * (2 * dim + dim * dim * 2 + 2 * dim * kv + 3 * dim * hidden) + dim + seq * hd;
+  if (vocab < 0) n += v * dim;
+  return n;
+}
+
+void expect_error(const std::string& path, const std::string& needle) {
+  try {
+    load_llama2c(path);
+    ADD_FAILURE() << "no error for " << path;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find(needle), std::string::npos) << "want \"" << needle << "\" in: " << msg;
+  }
+}
+
+TEST(Llama2cLoader, Stories260KConfigAndZeroCopyViews) {
+  REQUIRE_STORIES();
+  const std::string path = stories_dir() + "/stories260K.bin";
+  EXPECT_TRUE(is_llama2c_checkpoint(path));
+  auto m = load_llama2c(path);
+  const ModelConfig& c = m->config();
+  EXPECT_EQ(m->format(), "llama2c");
+  EXPECT_EQ(c.dim, 64);
+  EXPECT_EQ(c.hidden_dim, 172);
+  EXPECT_EQ(c.n_layers, 5);
+  EXPECT_EQ(c.n_heads, 8);
+  EXPECT_EQ(c.n_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.max_seq_len, 512);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_TRUE(c.rope_interleaved);
+  EXPECT_EQ(m->find("output.weight"), nullptr);
+  EXPECT_EQ(c.layer_types, std::vector<std::string>(5, "full_attention"));
+  // The views read the file's bytes in place: token_embd right after the header; w1 of layer 0
+  // where llama2.c's pointer arithmetic puts it.
+  const std::string raw = read_bytes(path);
+  const TensorView& emb = m->tensor("token_embd.weight");
+  EXPECT_EQ(std::memcmp(emb.data(), raw.data() + 28, 512 * 64 * 4), 0);
+  const size_t w1_off = 28 + 4 * (512 * 64 + 5 * 64 + 5 * 64 * 64 + 2 * 5 * 64 * 32 + 5 * 64 * 64 + 5 * 64);
+  EXPECT_EQ(std::memcmp(m->tensor("blk.0.ffn_gate.weight").data(), raw.data() + w1_off, 4 * 172 * 64), 0);
+  const size_t w2_l1 = w1_off + 4 * (5 * 172 * 64 + 172 * 64);
+  EXPECT_EQ(std::memcmp(m->tensor("blk.1.ffn_down.weight").data(), raw.data() + w2_l1, 4 * 64 * 172), 0);
+  EXPECT_EQ(m->tensor("blk.3.attn_k.weight").shape(), (Shape{32, 64}));
+}
+
+TEST(Llama2cLoader, UnsharedClassifierWithNegativeVocab) {
+  TempDir dir;
+  const std::string path = dir.file("unshared.bin");
+  const size_t n = checkpoint_floats(16, 24, 2, 4, 2, -40, 8);
+  write_bytes(path, checkpoint_bytes({16, 24, 2, 4, 2, -40, 8}, n));
+  auto m = load_llama2c(path);
+  EXPECT_FALSE(m->config().tie_word_embeddings);
+  EXPECT_EQ(m->config().vocab_size, 40);
+  const TensorView& out = m->tensor("output.weight");
+  EXPECT_EQ(out.shape(), (Shape{40, 16}));
+  EXPECT_NE(out.data(), m->tensor("token_embd.weight").data());
+  // wcls is the last array of the file.
+  const std::string raw = read_bytes(path);
+  EXPECT_EQ(std::memcmp(out.data(), raw.data() + raw.size() - 40 * 16 * 4, 40 * 16 * 4), 0);
+}
+
+TEST(Llama2cLoader, BadFilesNameTheFileAndTheProblem) {
+  TempDir dir;
+  const std::array<int32_t, 7> good = {16, 24, 2, 4, 2, 40, 8};
+  const size_t n = checkpoint_floats(16, 24, 2, 4, 2, 40, 8);
+  const std::string bytes = checkpoint_bytes(good, n);
+
+  write_bytes(dir.file("ok.bin"), bytes);
+  EXPECT_NO_THROW(load_llama2c(dir.file("ok.bin")));
+
+  write_bytes(dir.file("empty.bin"), "");
+  expect_error(dir.file("empty.bin"), "header");
+  write_bytes(dir.file("short_header.bin"), bytes.substr(0, 20));
+  expect_error(dir.file("short_header.bin"), "header");
+  write_bytes(dir.file("truncated.bin"), bytes.substr(0, bytes.size() - 100));
+  expect_error(dir.file("truncated.bin"), "truncated");
+  expect_error(dir.file("truncated.bin"), "freq_cis_real");  // the tensor cut short
+  write_bytes(dir.file("cut_early.bin"), bytes.substr(0, 28 + 4 * 40 * 16 + 12));
+  expect_error(dir.file("cut_early.bin"), "attn_norm.weight");
+  write_bytes(dir.file("oversized.bin"), bytes + std::string(64, '\0'));
+  expect_error(dir.file("oversized.bin"), "oversized");
+  expect_error(dir.file("missing.bin"), "missing.bin");
+
+  auto with_header = [&](std::array<int32_t, 7> h) {
+    std::string b = bytes;
+    std::memcpy(b.data(), h.data(), 28);
+    return b;
+  };
+  write_bytes(dir.file("zero_heads.bin"), with_header({16, 24, 2, 0, 2, 40, 8}));
+  expect_error(dir.file("zero_heads.bin"), "n_heads");
+  write_bytes(dir.file("gqa.bin"), with_header({16, 24, 2, 4, 3, 40, 8}));
+  expect_error(dir.file("gqa.bin"), "n_kv_heads");
+  write_bytes(dir.file("dim.bin"), with_header({18, 24, 2, 4, 2, 40, 8}));
+  expect_error(dir.file("dim.bin"), "multiple of n_heads");
+  write_bytes(dir.file("huge.bin"), with_header({16, 24, 2, 4, 2, 40, 2000000000}));
+  expect_error(dir.file("huge.bin"), "seq_len");
+  write_bytes(dir.file("text.bin"), std::string(4096, 'x'));
+  expect_error(dir.file("text.bin"), "not a valid llama2.c checkpoint");
+  EXPECT_FALSE(is_llama2c_checkpoint(dir.file("text.bin")));
+  EXPECT_FALSE(is_llama2c_checkpoint(dir.file("missing.bin")));
+  EXPECT_TRUE(is_llama2c_checkpoint(dir.file("ok.bin")));
+}
+
+// ---- tokenizer ----
+
+TEST(Llama2cTokenizer, Stories260KPromptsAsLlama2c) {
+  REQUIRE_STORIES();
+  const Llama2cTokenizer tok(stories_dir() + "/tok512.bin", 512);
+  EXPECT_EQ(tok.encode("Once upon a time"), (std::vector<int32_t>{403, 407, 261, 378}));
+  EXPECT_TRUE(tok.encode("").empty());
+  EXPECT_EQ(tok.bos_id(), 1);
+  EXPECT_EQ(tok.eos_id(), 2);
+  // run.c drops the leading space of the first piece after BOS, and prints <0x0A> as '\n'.
+  EXPECT_EQ(tok.decode_for_print(1, 403), "Once");
+  EXPECT_EQ(tok.decode_for_print(378, 403), " Once");
+  EXPECT_EQ(tok.decode_for_print(432, 13), "\n");
+  EXPECT_EQ(tok.decode(13), "\n");
+  EXPECT_EQ(tok.decode(1), "");
+  EXPECT_EQ(tok.decode(403), " Once");
+  // Plain ASCII round-trips (with the space prefix encode adds).
+  const std::string text = "Lily saw a big, red ball.\nShe was happy!";
+  std::string back;
+  for (int32_t id : tok.encode(text)) back += tok.decode(id);
+  EXPECT_EQ(back, " " + text);
+  // Not in the vocabulary: UTF-8 bytes fall back to <0xNN> tokens (3 + byte in llama2.c).
+  EXPECT_EQ(tok.encode("\xC3\xA9"), (std::vector<int32_t>{tok.encode(" ")[0], 485}));  // é is a piece
+  const std::vector<int32_t> ids = tok.encode("\xE4\xB8\xAD");  // U+4E2D is not
+  ASSERT_EQ(ids.size(), 4u);
+  EXPECT_EQ(ids[1], 3 + 0xE4);
+  EXPECT_EQ(ids[2], 3 + 0xB8);
+  EXPECT_EQ(ids[3], 3 + 0xAD);
+  // safe_printf prints no lone non-ASCII or control byte.
+  EXPECT_EQ(tok.decode_for_print(5, 3 + 0xC3), "");
+  EXPECT_EQ(tok.decode_for_print(5, 3 + 0x07), "");
+  EXPECT_THROW(tok.decode(512), Error);
+}
+
+// A hand-made vocabulary: <unk> <s> </s>, 256 byte tokens, then scored pieces.
+std::string tokenizer_bytes(const std::vector<std::pair<std::string, float>>& extra, int32_t max_len = 8) {
+  std::vector<std::pair<std::string, float>> v = {{"<unk>", 0}, {"\n<s>\n", 0}, {"\n</s>\n", 0}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    v.emplace_back(name, 0.0f);
+  }
+  v.insert(v.end(), extra.begin(), extra.end());
+  std::string s(4, '\0');
+  std::memcpy(s.data(), &max_len, 4);
+  for (const auto& [piece, score] : v) {
+    const auto len = static_cast<int32_t>(piece.size());
+    s.append(reinterpret_cast<const char*>(&score), 4);
+    s.append(reinterpret_cast<const char*>(&len), 4);
+    s += piece;
+  }
+  return s;
+}
+
+TEST(Llama2cTokenizer, MergesHighestScoreFirstLeftmostOnTies) {
+  TempDir dir;
+  const std::vector<std::pair<std::string, float>> extra = {
+      {" ", -1}, {"a", -2}, {"b", -3}, {"ab", -10}, {"ba", -5}, {"aba", -4}, {" aba", -20}, {"bb", -10}};
+  const int32_t base = 259;  // ids of `extra` start here
+  write_bytes(dir.file("tok.bin"), tokenizer_bytes(extra));
+  const Llama2cTokenizer tok(dir.file("tok.bin"), base + static_cast<int32_t>(extra.size()));
+  // " aba": pairs " a"(absent) "ab"(-10) "ba"(-5) -> ba first; then a+ba = "aba"(-4); then " "+"aba" (-20).
+  EXPECT_EQ(tok.encode("aba"), (std::vector<int32_t>{base + 6}));
+  // "abb": "ab"(-10) vs "bb"(-10): equal scores, the leftmost pair merges.
+  EXPECT_EQ(tok.encode("abb"), (std::vector<int32_t>{base, base + 3, base + 2}));
+  // Unknown character -> byte fallback via the <0xNN> pieces.
+  EXPECT_EQ(tok.encode("c"), (std::vector<int32_t>{base, 3 + 'c'}));
+}
+
+TEST(Llama2cTokenizer, BadFilesNameTheFileAndTheProblem) {
+  TempDir dir;
+  const std::string bytes = tokenizer_bytes({{" ", -1}});
+  write_bytes(dir.file("tok.bin"), bytes);
+  EXPECT_NO_THROW(Llama2cTokenizer(dir.file("tok.bin"), 260));
+  auto expect = [&](const std::string& path, int32_t vocab, const std::string& needle) {
+    try {
+      Llama2cTokenizer t(path, vocab);
+      ADD_FAILURE() << "no error for " << path;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect(dir.file("tok.bin"), 300, "truncated");  // vocabulary larger than the file
+  write_bytes(dir.file("cut.bin"), bytes.substr(0, bytes.size() - 3));
+  expect(dir.file("cut.bin"), 260, "token 259");
+  write_bytes(dir.file("empty.bin"), "");
+  expect(dir.file("empty.bin"), 260, "truncated");
+  std::string bad_len = bytes;
+  const int32_t huge = 1000;
+  std::memcpy(bad_len.data() + 4 + 4, &huge, 4);  // token 0's length
+  write_bytes(dir.file("bad_len.bin"), bad_len);
+  expect(dir.file("bad_len.bin"), 260, "length");
+  expect(dir.file("nope.bin"), 260, "cannot open");
+}
+
+}  // namespace
+}  // namespace kvcache
