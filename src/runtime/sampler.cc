@@ -1,0 +1,110 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/softmax.h"
+
+namespace kvcache {
+
+Pcg32::Pcg32(uint64_t seed, uint64_t stream) : inc_((stream << 1u) | 1u) {
+  next_u32();
+  state_ += seed;
+  next_u32();
+}
+
+uint32_t Pcg32::next_u32() {
+  const uint64_t old = state_;
+  state_ = old * 6364136223846793005ull + inc_;
+  const auto xorshifted = static_cast<uint32_t>(((old >> 18u) ^ old) >> 27u);
+  const auto rot = static_cast<uint32_t>(old >> 59u);
+  return (xorshifted >> rot) | (xorshifted << ((32u - rot) & 31u));
+}
+
+float Pcg32::next_f32() { return static_cast<float>(next_u32() >> 8) * (1.0f / 16777216.0f); }
+
+Sampler::Sampler(const SamplerParams& params, int64_t vocab_size)
+    : params_(params), vocab_(vocab_size), rng_(params.seed) {
+  if (vocab_size <= 0) throw Error(ErrorKind::kInvalidArgument, "sampler: vocabulary size must be positive");
+  if (params.top_p <= 0.0f) throw Error(ErrorKind::kInvalidArgument, "sampler: --top-p must be in (0, 1]");
+  if (params.min_p < 0.0f || params.min_p > 1.0f) {
+    throw Error(ErrorKind::kInvalidArgument, "sampler: --min-p must be in [0, 1]");
+  }
+  if (params.repeat_penalty <= 0.0f) {
+    throw Error(ErrorKind::kInvalidArgument, "sampler: --repeat-penalty must be positive");
+  }
+  work_.resize(static_cast<size_t>(vocab_size));
+  cand_.reserve(static_cast<size_t>(vocab_size));
+  seen_.assign(static_cast<size_t>(vocab_size), 0);
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  KV_CHECK(static_cast<int64_t>(logits.size()) == vocab_, "sampler: logits size != vocabulary");
+  std::copy(logits.begin(), logits.end(), work_.begin());
+  if (params_.repeat_penalty != 1.0f && !history.empty()) {
+    const size_t n = params_.repeat_last_n < 0
+                         ? history.size()
+                         : std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
+    const auto recent = history.subspan(history.size() - n);
+    for (int32_t id : recent) {  // each distinct id once
+      if (id < 0 || id >= vocab_ || seen_[static_cast<size_t>(id)]) continue;
+      seen_[static_cast<size_t>(id)] = 1;
+      float& l = work_[static_cast<size_t>(id)];
+      l = l > 0.0f ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+    }
+    for (int32_t id : recent)
+      if (id >= 0 && id < vocab_) seen_[static_cast<size_t>(id)] = 0;
+  }
+  if (params_.temperature <= 0.0f) return static_cast<int32_t>(argmax(work_.data(), vocab_));
+
+  // Candidates sorted by logit, descending (ties: lower id first, for determinism).
+  cand_.clear();
+  for (int64_t i = 0; i < vocab_; ++i) cand_.emplace_back(work_[static_cast<size_t>(i)], static_cast<int32_t>(i));
+  auto desc = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  size_t keep = cand_.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
+    keep = static_cast<size_t>(params_.top_k);
+    std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep), cand_.end(), desc);
+    cand_.resize(keep);
+  } else {
+    std::sort(cand_.begin(), cand_.end(), desc);
+  }
+  // Untempered probabilities of the survivors for top-p and min-p.
+  const float mx = cand_[0].first;
+  double sum = 0.0;
+  for (const auto& c : cand_) sum += std::exp(static_cast<double>(c.first - mx));
+  if (params_.top_p < 1.0f) {
+    double cum = 0.0;
+    size_t n = 0;
+    while (n < cand_.size()) {
+      cum += std::exp(static_cast<double>(cand_[n].first - mx)) / sum;
+      ++n;
+      if (cum >= params_.top_p) break;
+    }
+    cand_.resize(n);
+  }
+  if (params_.min_p > 0.0f) {
+    // p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p)
+    const float cut = mx + std::log(params_.min_p);
+    size_t n = 1;
+    while (n < cand_.size() && cand_[n].first >= cut) ++n;
+    cand_.resize(n);
+  }
+  // Temperature, then one draw from the renormalised survivors.
+  double total = 0.0;
+  for (auto& c : cand_) {
+    const double p = std::exp(static_cast<double>(c.first - mx) / params_.temperature);
+    c.first = static_cast<float>(p);
+    total += p;
+  }
+  const double coin = static_cast<double>(rng_.next_f32()) * total;
+  double cdf = 0.0;
+  for (const auto& c : cand_) {
+    cdf += c.first;
+    if (coin < cdf) return c.second;
+  }
+  return cand_.back().second;  // rounding left the coin past the end
+}
+
+}  // namespace kvcache

@@ -1,0 +1,55 @@
+// Token sampler: greedy, temperature, top-k, top-p, min-p and repetition penalty, seeded and
+// deterministic (same seed + same logits -> same ids on every machine). The chain follows
+// llama.cpp's default order: repetition penalty -> top-k -> top-p -> min-p (filters on the
+// untempered distribution) -> temperature -> draw. temperature <= 0 is greedy (argmax after
+// the penalty; the first index wins ties, as llama2.c). Owns its workspaces (no allocation
+// per token); one Sampler per sequence.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace kvcache {
+
+struct SamplerParams {
+  float temperature = 0.0f;     // <= 0: greedy
+  int32_t top_k = 0;            // <= 0: off
+  float top_p = 1.0f;           // >= 1: off; keep the smallest prefix with mass >= top_p
+  float min_p = 0.0f;           // <= 0: off; keep p >= min_p * p_max
+  float repeat_penalty = 1.0f;  // 1: off; CTRL-style: logit > 0 ? logit / r : logit * r
+  int32_t repeat_last_n = 64;   // how many recent tokens the penalty looks at (-1: all)
+  uint64_t seed = 0;
+};
+
+// PCG32 (O'Neill 2014, XSH-RR output, 64-bit LCG state): small, fast, and fully specified, so
+// a seed gives the same stream everywhere.
+class Pcg32 {
+ public:
+  explicit Pcg32(uint64_t seed, uint64_t stream = 0x5851f42d4c957f2dull);
+  uint32_t next_u32();
+  float next_f32();  // uniform in [0, 1), 24 random bits
+
+ private:
+  uint64_t state_ = 0, inc_ = 0;
+};
+
+class Sampler {
+ public:
+  Sampler(const SamplerParams& params, int64_t vocab_size);
+
+  // logits: [vocab]; history: ids seen so far (prompt and generated) for the penalty.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  const SamplerParams& params() const { return params_; }
+
+ private:
+  SamplerParams params_;
+  int64_t vocab_;
+  Pcg32 rng_;
+  std::vector<float> work_;                      // [vocab] penalised logits
+  std::vector<std::pair<float, int32_t>> cand_;  // [vocab] (logit or prob, id)
+  std::vector<uint8_t> seen_;                    // [vocab] penalty bookkeeping
+};
+
+}  // namespace kvcache

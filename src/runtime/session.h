@@ -1,0 +1,63 @@
+// Session: one sequence running through a LlamaModel with a KV cache built from the model's
+// layer types (`--cache` picks the container family, transformers' cache_implementation
+// names). Owns the Cache and the forward workspaces; tracks the position. Prefill feeds many
+// tokens per forward (chunked), decode one; both return next-token logits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "cache/cache.h"
+#include "core/dtype.h"
+#include "model/llama.h"
+
+namespace kvcache {
+
+struct SessionConfig {
+  std::string cache = "dynamic";  // "dynamic", "static", ... (whatever the registry offers)
+  int64_t max_cache_len = 0;      // static containers; 0: the model's context length
+  std::optional<DType> kv_dtype;  // unset: f32 (the activations' dtype)
+  std::string kernel = "fused";   // attention kernel name
+  int64_t prefill_chunk = 512;    // tokens per forward during prefill
+  // > 0: force every layer to "sliding_attention" with this window (tests/demos showing that
+  // a window covering the whole sequence changes nothing).
+  int64_t sliding_window_override = 0;
+};
+
+class Session {
+ public:
+  Session(const LlamaModel& model, const SessionConfig& config);
+
+  // Feeds ids at the current position; returns the next-token logits after the last one
+  // ([vocab], valid until the next call). ids must be non-empty.
+  std::span<const float> prefill(std::span<const int32_t> ids);
+  std::span<const float> decode(int32_t id) { return prefill({&id, 1}); }
+  // Feeds ids in one forward and returns the logits of every position: [ids.size(), vocab].
+  std::span<const float> forward_all(std::span<const int32_t> ids);
+
+  int64_t position() const { return pos_; }
+  void reset();  // forget the sequence, keep the memory
+  Cache& cache() { return *cache_; }
+  size_t kv_bytes() const { return cache_->bytes(); }
+  const LlamaModel& model() const { return model_; }
+  const SessionConfig& config() const { return config_; }
+
+ private:
+  const LlamaModel& model_;
+  SessionConfig config_;
+  std::unique_ptr<Cache> cache_;
+  LlamaForward forward_;
+  int64_t pos_ = 0;
+};
+
+// The cache config a session builds for `model` (exposed for tools and tests).
+CacheConfig make_cache_config(const ModelConfig& model, const SessionConfig& config);
+
+// Logits of the last position after running `ids` from position 0 with no cache at all: the
+// oracle of --verify and of the tests. `fwd` provides the workspaces.
+std::span<const float> recompute_last_logits(LlamaForward& fwd, std::span<const int32_t> ids);
+
+}  // namespace kvcache

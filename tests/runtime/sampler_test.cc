@@ -1,0 +1,142 @@
+#include "runtime/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+
+namespace kvcache {
+namespace {
+
+std::vector<float> logits_of(const std::vector<double>& probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(static_cast<float>(std::log(p)));
+  return l;
+}
+
+TEST(Pcg32, MatchesThePublishedReferenceStream) {
+  // pcg32-demo (pcg-c-basic) with pcg32_srandom(42, 54): the first six outputs.
+  Pcg32 rng(42, 54);
+  const uint32_t want[] = {0xa15c02b7, 0x7b47f409, 0xba1d3330, 0x83d2f293, 0xbfa4784b, 0xcbed606e};
+  for (uint32_t w : want) EXPECT_EQ(rng.next_u32(), w);
+  Pcg32 f(1);
+  for (int i = 0; i < 1000; ++i) {
+    const float x = f.next_f32();
+    ASSERT_GE(x, 0.0f);
+    ASSERT_LT(x, 1.0f);
+  }
+}
+
+TEST(Sampler, GreedyIsArgmaxFirstOnTies) {
+  Sampler s(SamplerParams{}, 5);
+  const std::vector<float> l = {0.1f, 2.0f, -1.0f, 2.0f, 0.0f};
+  EXPECT_EQ(s.sample(l, {}), 1);
+}
+
+TEST(Sampler, SeededAndDeterministic) {
+  SamplerParams p;
+  p.temperature = 1.0f;
+  p.seed = 1234;
+  const std::vector<float> l = logits_of({0.3, 0.25, 0.2, 0.15, 0.1});
+  Sampler a(p, 5), b(p, 5);
+  p.seed = 99;
+  Sampler c(p, 5);
+  std::vector<int32_t> ra, rb, rc;
+  for (int i = 0; i < 64; ++i) {
+    ra.push_back(a.sample(l, {}));
+    rb.push_back(b.sample(l, {}));
+    rc.push_back(c.sample(l, {}));
+  }
+  EXPECT_EQ(ra, rb);
+  EXPECT_NE(ra, rc);
+}
+
+TEST(Sampler, TemperatureOneFollowsTheSoftmax) {
+  SamplerParams p;
+  p.temperature = 1.0f;
+  p.seed = 7;
+  const std::vector<double> probs = {0.5, 0.3, 0.15, 0.05};
+  Sampler s(p, 4);
+  const std::vector<float> l = logits_of(probs);
+  const int n = 20000;
+  std::vector<int> count(4, 0);
+  for (int i = 0; i < n; ++i) ++count[static_cast<size_t>(s.sample(l, {}))];
+  for (size_t i = 0; i < 4; ++i) {
+    const double sigma = std::sqrt(n * probs[i] * (1 - probs[i]));
+    EXPECT_NEAR(count[i], n * probs[i], 4 * sigma) << i;  // 4 sigma: fails by chance < 1e-4
+  }
+}
+
+TEST(Sampler, LowTemperatureSharpens) {
+  SamplerParams p;
+  p.temperature = 0.02f;
+  Sampler s(p, 4);
+  const std::vector<float> l = logits_of({0.4, 0.35, 0.15, 0.1});
+  int top = 0;
+  for (int i = 0; i < 500; ++i) top += s.sample(l, {}) == 0;
+  EXPECT_GT(top, 490);  // (0.35/0.4)^(1/0.02) = 0.0013: the runner-up is rare
+}
+
+TEST(Sampler, TopKTopPMinPRestrictTheSupport) {
+  const std::vector<float> l = logits_of({0.05, 0.5, 0.15, 0.3});  // order: 1, 3, 2, 0
+  auto support = [&](SamplerParams p) {
+    p.temperature = 1.0f;
+    p.seed = 3;
+    Sampler s(p, 4);
+    std::set<int32_t> seen;
+    for (int i = 0; i < 2000; ++i) seen.insert(s.sample(l, {}));
+    return seen;
+  };
+  SamplerParams k;
+  k.top_k = 2;
+  EXPECT_EQ(support(k), (std::set<int32_t>{1, 3}));
+  k.top_k = 1;
+  EXPECT_EQ(support(k), (std::set<int32_t>{1}));
+  SamplerParams tp;
+  tp.top_p = 0.7f;  // 0.5 < 0.7 <= 0.8: two tokens
+  EXPECT_EQ(support(tp), (std::set<int32_t>{1, 3}));
+  tp.top_p = 0.9f;  // 0.8 < 0.9 <= 0.95: three
+  EXPECT_EQ(support(tp), (std::set<int32_t>{1, 2, 3}));
+  SamplerParams mp;
+  mp.min_p = 0.5f;  // keep p >= 0.25
+  EXPECT_EQ(support(mp), (std::set<int32_t>{1, 3}));
+  mp.min_p = 0.2f;  // keep p >= 0.1
+  EXPECT_EQ(support(mp), (std::set<int32_t>{1, 2, 3}));
+  EXPECT_EQ(support(SamplerParams{}), (std::set<int32_t>{0, 1, 2, 3}));
+}
+
+TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegative) {
+  SamplerParams p;
+  p.repeat_penalty = 2.0f;
+  p.repeat_last_n = 2;
+  Sampler s(p, 3);
+  // token 0: 3.0 -> 1.5 < 2.0, so greedy moves to token 1 once 0 is in the window.
+  const std::vector<float> l = {3.0f, 2.0f, -1.0f};
+  const std::vector<int32_t> hist = {0, 0};
+  EXPECT_EQ(s.sample(l, hist), 1);
+  EXPECT_EQ(s.sample(l, {}), 0);
+  const std::vector<int32_t> old = {0, 2, 2};  // 0 left the last-2 window
+  EXPECT_EQ(s.sample(l, old), 0);
+  // A negative logit gets more negative: with 1 and 0 penalised, 2 (-1 -> -2) stays last.
+  const std::vector<float> neg = {1.1f, 1.0f, -1.0f};
+  const std::vector<int32_t> h2 = {2, 0};
+  EXPECT_EQ(s.sample(neg, h2), 1);  // 0: 1.1 -> 0.55 < 1.0
+}
+
+TEST(Sampler, RejectsNonsenseParameters) {
+  SamplerParams p;
+  p.top_p = 0.0f;
+  EXPECT_THROW(Sampler(p, 4), Error);
+  p = SamplerParams{};
+  p.min_p = 2.0f;
+  EXPECT_THROW(Sampler(p, 4), Error);
+  p = SamplerParams{};
+  p.repeat_penalty = 0.0f;
+  EXPECT_THROW(Sampler(p, 4), Error);
+}
+
+}  // namespace
+}  // namespace kvcache
