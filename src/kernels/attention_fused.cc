@@ -40,6 +40,14 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
 
+// What the score loop prefetches: this tile's V rows, and K rows one tile ahead.
+struct Prefetch {
+  const std::byte* v = nullptr;  // V row 0 of the current tile
+  int64_t vstride = 0, v_row_bytes = 0;
+  int64_t k_rows = 0;  // K rows that exist from the current tile's first row on
+  int64_t k_row_bytes = 0;
+};
+
 template <DType KD>
 struct Elem;
 template <>
@@ -110,7 +118,7 @@ struct ScalarOps {
   using T = typename Elem<KD>::T;
   // s[r * kTk + j] = qs_r . k_j for rows [0, R), keys [0, n)
   static void scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb, int64_t kstride,
-                     int64_t n, float* s) {
+                     int64_t n, float* s, const Prefetch&) {
     for (int64_t j = 0; j < n; ++j) {
       const T* kr = reinterpret_cast<const T*>(kb + j * kstride);
       for (int64_t r = 0; r < R; ++r) {
@@ -242,11 +250,25 @@ struct SimdOps {
       }
   }
 
+  // Prefetches the bytes [0, row_bytes) of row j (stride `stride`) of a stream into L1.
+  static void prefetch_row(const std::byte* base, int64_t stride, int64_t j, int64_t row_bytes) {
+    const char* p = reinterpret_cast<const char*>(base + j * stride);
+    for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+  }
+
   template <int NR>
   static void score_rows(const float* qs, int64_t Dk, const std::byte* kb, int64_t kstride,
-                         int64_t n, float* s) {
+                         int64_t n, float* s, const Prefetch* pf) {
     int64_t j = 0;
     for (; j + 2 <= n; j += 2) {
+      if (pf) {
+        // Spread over the score loop: V rows of this tile (read by pv() next, column block by
+        // column block, which the hardware prefetcher follows poorly) and K rows one tile on.
+        for (int64_t jj = j; jj < j + 2; ++jj) {
+          prefetch_row(pf->v, pf->vstride, jj, pf->v_row_bytes);
+          if (jj + kTk < pf->k_rows) prefetch_row(kb, kstride, jj + kTk, pf->k_row_bytes);
+        }
+      }
       const T* kr[2] = {reinterpret_cast<const T*>(kb + j * kstride),
                         reinterpret_cast<const T*>(kb + (j + 1) * kstride)};
       score_block<NR, 2>(qs, Dk, kr, s + j);
@@ -258,13 +280,15 @@ struct SimdOps {
   }
 
   static void scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb, int64_t kstride,
-                     int64_t n, float* s) {
+                     int64_t n, float* s, const Prefetch& pf) {
     int64_t r = 0;
-    for (; r + 4 <= R; r += 4) score_rows<4>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk);
+    const Prefetch* p = &pf;  // prefetch during the first row block only
+    for (; r + 4 <= R; r += 4, p = nullptr)
+      score_rows<4>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
     switch (R - r) {
-      case 3: score_rows<3>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk); break;
-      case 2: score_rows<2>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk); break;
-      case 1: score_rows<1>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk); break;
+      case 3: score_rows<3>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p); break;
+      case 2: score_rows<2>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p); break;
+      case 1: score_rows<1>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p); break;
       default: break;
     }
   }
@@ -422,6 +446,7 @@ void run_task(const Plan& P, int64_t task) {
   const std::byte* kbase = static_cast<const std::byte*>(P.k.ptr(b, hk));
   const std::byte* vbase = static_cast<const std::byte*>(P.v.ptr(b, hk));
   const int64_t kstride = P.k.byte_offset(0, 0, 1), vstride = P.v.byte_offset(0, 0, 1);
+  const int64_t k_row_bytes = P.k.byte_offset(0, 0, 0, Dk), v_row_bytes = P.v.byte_offset(0, 0, 0, Dv);
   const MaskSpec& spec = P.spec;
   RowKind* kind = ws.kind.data();
 
@@ -482,7 +507,13 @@ void run_task(const Plan& P, int64_t task) {
     if (!any) continue;
 
     // ---- logits ----
-    Ops::scores(qs, R, Dk, kbase + t0 * kstride, kstride, n, s);
+    Prefetch pf;
+    pf.v = vbase + t0 * vstride;
+    pf.vstride = vstride;
+    pf.v_row_bytes = v_row_bytes;
+    pf.k_rows = jhi - t0;
+    pf.k_row_bytes = k_row_bytes;
+    Ops::scores(qs, R, Dk, kbase + t0 * kstride, kstride, n, s, pf);
     for (int64_t r = 0; r < R; ++r) {
       float* sr = s + r * kTk;
       if (kind[r] == RowKind::kEmpty) {

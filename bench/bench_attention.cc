@@ -1,0 +1,174 @@
+// Attention benchmarks: the machine's read bandwidth (STREAM-like sum over 1 GiB), decode
+// attention as GB/s of K/V read (its limit is that bandwidth), and prefill attention in GFLOP/s.
+// Threads: KVCACHE_THREADS if set, else 2 (the setting). Times are wall-clock
+// (UseRealTime), so bytes_per_second in --benchmark_format=json is K/V bytes per second.
+//
+//   build/bench/bench_attention --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/attention.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace kvcache {
+namespace {
+
+// ---- read bandwidth: every thread sums its share of a 1 GiB buffer ----
+// n must be a multiple of 32 and p 32-byte aligned (the caller's chunks are).
+float sum_floats(const float* p, int64_t n) {
+#if defined(__AVX2__)
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+  }
+  alignas(32) float t[8];
+  _mm256_store_ps(t, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+#else
+  float s[8] = {};
+  for (int64_t i = 0; i < n; ++i) s[i % 8] += p[i];
+  return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+#endif
+}
+
+void BM_ReadBandwidth(benchmark::State& state) {
+  constexpr int64_t kBytes = int64_t{1} << 30;
+  constexpr int64_t kChunks = 64;  // 16 MiB per task, handed out dynamically
+  const int64_t n = kBytes / static_cast<int64_t>(sizeof(float)), per = n / kChunks;
+  static Tensor buf;  // allocated and touched once, kept across calls
+  if (buf.numel() != n) {
+    buf = Tensor::empty(DType::kF32, {n});
+    for (int64_t i = 0; i < n; ++i) buf.data_as<float>()[i] = static_cast<float>(i & 7);
+  }
+  const float* p = buf.data_as<float>();
+  std::vector<float> partial(kChunks);
+  ThreadPool& pool = default_pool();
+  for (auto _ : state) {
+    pool.parallel_for(kChunks, [&](int64_t t) {
+      partial[static_cast<size_t>(t)] = sum_floats(p + t * per, per);
+    });
+    benchmark::DoNotOptimize(partial.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * kBytes);
+  state.counters["threads"] = pool.n_threads();
+}
+
+// Uniform values in [-2, 2) from a 32-bit LCG: setup must be cheap, since Google Benchmark calls
+// a benchmark function several times while it sizes the iteration count.
+void fill_random(const TensorView& t, uint32_t seed) {
+  std::vector<float> row(static_cast<size_t>(t.numel()));
+  uint32_t x = seed * 2654435761u + 1;
+  for (float& f : row) {
+    x = x * 1664525u + 1013904223u;
+    f = static_cast<float>(x >> 8) * (4.0f / 16777216.0f) - 2.0f;
+  }
+  convert_n(row.data(), DType::kF32, t.data(), t.dtype(), row.size());
+}
+
+// ---- decode: B = 1, 32 query heads over 8 KV heads, D = 128, q_len = 1 ----
+struct DecodeInputs {
+  DType dtype = DType::kF32;
+  int64_t kv_len = -1;
+  Tensor k, v, qbuf, obuf;  // k/v [1, H_kv, S, D] as a cache keeps them; q/out [1, 1, H_q, D]
+};
+
+void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len) {
+  constexpr int64_t kHq = 32, kHkv = 8, kD = 128;
+  static DecodeInputs in;  // kept across the calls of one benchmark (rebuilt when it changes)
+  if (in.dtype != kv_dtype || in.kv_len != kv_len) {
+    in = DecodeInputs();
+    in.dtype = kv_dtype;
+    in.kv_len = kv_len;
+    in.k = Tensor::empty(kv_dtype, {1, kHkv, kv_len, kD});
+    in.v = Tensor::empty(kv_dtype, {1, kHkv, kv_len, kD});
+    in.qbuf = Tensor::empty(DType::kF32, {1, 1, kHq, kD});
+    in.obuf = Tensor::empty(DType::kF32, {1, 1, kHq, kD});
+    fill_random(in.k.view(), 1);
+    fill_random(in.v.view(), 2);
+    fill_random(in.qbuf.view(), 3);
+  }
+  // q/out: [B, S, H, D] buffers seen as [B, H, S, D] views, as the model runtime passes them.
+  const TensorView q(in.qbuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
+  const TensorView out(in.obuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
+  AttentionOptions o;  // causal, bottom-right: decode needs no mask
+  const AttentionFn fused = get_attention_kernel("fused");
+  for (auto _ : state) {
+    fused(q, in.k.view(), in.v.view(), out, o);
+    benchmark::ClobberMemory();
+  }
+  const int64_t kv_bytes = static_cast<int64_t>(in.k.size_bytes() + in.v.size_bytes());
+  state.SetBytesProcessed(state.iterations() * kv_bytes);
+  state.counters["kv_MiB"] = static_cast<double>(kv_bytes) / (1 << 20);
+}
+
+// ---- prefill: q_len = kv_len = 2048, causal, 8 query heads over 2 KV heads, D = 128 ----
+// FLOPs counted for the visible (causal) pairs only: 4 * H_q * D * S (S + 1) / 2.
+void BM_PrefillAttention(benchmark::State& state, const char* kernel) {
+  constexpr int64_t kS = 2048, kHq = 8, kHkv = 2, kD = 128;
+  Tensor qbuf = Tensor::empty(DType::kF32, {1, kS, kHq, kD});
+  Tensor obuf = Tensor::empty(DType::kF32, {1, kS, kHq, kD});
+  Tensor k = Tensor::empty(DType::kF32, {1, kHkv, kS, kD});
+  Tensor v = Tensor::empty(DType::kF32, {1, kHkv, kS, kD});
+  fill_random(qbuf.view(), 1);
+  fill_random(k.view(), 2);
+  fill_random(v.view(), 3);
+  const Dims st{kS * kHq * kD, kD, kHq * kD, 1};
+  const TensorView q(qbuf.data(), DType::kF32, {1, kHq, kS, kD}, st);
+  const TensorView out(obuf.data(), DType::kF32, {1, kHq, kS, kD}, st);
+  AttentionOptions o;
+  const AttentionFn fn = get_attention_kernel(kernel);
+  for (auto _ : state) {
+    fn(q, k.view(), v.view(), out, o);
+    benchmark::ClobberMemory();
+  }
+  const double flops = 4.0 * kHq * kD * (static_cast<double>(kS) * (kS + 1) / 2);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops * static_cast<double>(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
+}
+
+void register_all() {
+  benchmark::RegisterBenchmark("BM_ReadBandwidth", BM_ReadBandwidth)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond)
+      ->MinTime(1.0);
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int64_t len : {1024, 4096, 16384, 65536}) {
+      const std::string name =
+          std::string("BM_DecodeAttention/") + dtype_name(t) + "/" + std::to_string(len);
+      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, t, len)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.5);
+    }
+  for (const char* kernel : {"fused", "eager"})
+    benchmark::RegisterBenchmark((std::string("BM_PrefillAttention/") + kernel).c_str(),
+                                 BM_PrefillAttention, kernel)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(2);
+}
+
+}  // namespace
+}  // namespace kvcache
+
+int main(int argc, char** argv) {
+  if (!std::getenv("KVCACHE_THREADS")) kvcache::set_default_threads(2);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  kvcache::register_all();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
