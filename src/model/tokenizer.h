@@ -42,4 +42,13 @@ class Tokenizer {
 // (llama2.c tokenizer.bin files are loaded by the runtime's llama2c tokenizer.)
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
+class GgufFile;
+// The tokenizer stored in a GGUF's tokenizer.ggml.* metadata: model "llama" (SentencePiece BPE)
+// or "gpt2" (byte-level BPE; pre-tokenizer "gpt-2", or "llama-bpe"/"llama3" for Llama 3).
+std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& gguf);
+// A Hugging Face tokenizer.json with model type BPE and a ByteLevel pre-tokenizer (GPT-2's regex,
+// or a Split on Llama 3's regex followed by ByteLevel). BOS/EOS come from tokenizer_config.json
+// beside it when present.
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& tokenizer_json_path);
+
 }  // namespace kvcache

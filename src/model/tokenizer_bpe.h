@@ -1,0 +1,53 @@
+// Byte-level BPE tokenizer (GPT-2 family): GGUF tokenizer.ggml.model = "gpt2" and Hugging Face
+// tokenizer.json models of type BPE with a ByteLevel pre-tokenizer. Text is split by the
+// pre-tokenizer regex (GPT-2's or Llama 3's), each piece's bytes are mapped to GPT-2's printable
+// byte alphabet, and adjacent symbols are merged lowest merge rank first (ties: leftmost), as in
+// llama.cpp's llm_tokenizer_bpe_session.
+#pragma once
+
+#include <unordered_map>
+
+#include "model/tokenizer.h"
+#include "model/vocabulary.h"
+
+namespace kvcache {
+
+enum class BpePreTokenizer { kGpt2, kLlama3 };
+
+struct BpeParams {
+  BpePreTokenizer pre = BpePreTokenizer::kGpt2;
+  // Merges in rank order, each a pair of token texts (GGUF "a b", tokenizer.json "a b" / [a, b]).
+  std::vector<std::pair<std::string, std::string>> merges;
+  // Llama 3 style: a pre-token that is already a vocabulary token is emitted whole.
+  bool ignore_merges = false;
+  const char* kind = "gpt2";
+};
+
+class BpeTokenizer : public Tokenizer {
+ public:
+  BpeTokenizer(Vocabulary vocab, BpeParams params);
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(int32_t id) const override;
+  using Tokenizer::decode;
+  const std::string& token_text(int32_t id) const override;
+  int32_t vocab_size() const override { return vocab_.size(); }
+  int32_t bos_id() const override { return vocab_.bos; }
+  int32_t eos_id() const override { return vocab_.eos; }
+  const char* kind() const override { return params_.kind; }
+
+ private:
+  struct PairHash {
+    size_t operator()(const std::pair<std::string, std::string>& p) const {
+      return std::hash<std::string>{}(p.first) * 31u ^ std::hash<std::string>{}(p.second);
+    }
+  };
+  int rank(const std::string& a, const std::string& b) const;
+  void encode_word(const std::string& word, std::vector<int32_t>& out) const;
+
+  Vocabulary vocab_;
+  BpeParams params_;
+  std::unordered_map<std::pair<std::string, std::string>, int, PairHash> ranks_;
+};
+
+}  // namespace kvcache

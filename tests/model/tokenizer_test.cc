@@ -1,0 +1,222 @@
+#include "model/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "model/gguf.h"
+#include "model/tokenizer_bpe.h"
+#include "model/tokenizer_spm.h"
+#include "model/unicode.h"
+#include "model_test_util.h"
+
+namespace kvcache {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kVocabDir = std::string(KVCACHE_SHARED_DIR) + "/vocab";
+
+struct Case {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+// llama.cpp's test-tokenizer-0 layout (see ../shared/vocab/README.md).
+std::vector<Case> read_cases(const std::string& vocab) {
+  const std::string inp = testing::read_bytes(kVocabDir + "/" + vocab + ".inp");
+  const std::string outp = testing::read_bytes(kVocabDir + "/" + vocab + ".out");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> texts;
+  size_t begin = 0;
+  for (size_t hit; (hit = inp.find(sep, begin)) != std::string::npos; begin = hit + sep.size()) {
+    texts.push_back(inp.substr(begin, hit - begin));
+  }
+  if (begin < inp.size()) texts.push_back(inp.substr(begin));
+  std::vector<Case> cases;
+  std::istringstream lines(outp);
+  std::string line;
+  for (size_t i = 0; std::getline(lines, line); ++i) {
+    Case c;
+    c.text = i < texts.size() ? texts[i] : "<missing>";
+    std::istringstream ids(line);
+    for (int32_t id; ids >> id;) c.ids.push_back(id);
+    cases.push_back(std::move(c));
+  }
+  EXPECT_EQ(texts.size(), cases.size()) << vocab << ": .inp and .out disagree on the number of cases";
+  return cases;
+}
+
+std::string ids_str(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids) {
+    if (!s.empty()) s += ' ';
+    s += std::to_string(id);
+  }
+  return s;
+}
+
+void check_vectors(const std::string& vocab, const char* kind) {
+  const std::string path = kVocabDir + "/" + vocab;
+  if (!fs::exists(path)) GTEST_SKIP() << path << " is absent (../shared not present): vocabulary test vectors skipped";
+  auto tok = load_tokenizer(path);
+  EXPECT_STREQ(tok->kind(), kind);
+  const auto cases = read_cases(vocab);
+  ASSERT_GT(cases.size(), 30u);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto got = tok->encode(cases[i].text);
+    EXPECT_EQ(ids_str(got), ids_str(cases[i].ids)) << vocab << " case " << i << ": \"" << cases[i].text << "\"";
+    // Decoding the ids restores the text, up to the SentencePiece space prefix.
+    std::string dec = tok->decode(got);
+    if (std::string(kind) == "llama" && !cases[i].text.empty()) {
+      ASSERT_FALSE(dec.empty());
+      EXPECT_EQ(dec[0], ' ');
+      dec.erase(0, 1);
+    }
+    EXPECT_EQ(dec, cases[i].text) << vocab << " case " << i;
+  }
+}
+
+TEST(TokenizerVectors, LlamaSpmMatchesLlamaCpp) { check_vectors("ggml-vocab-llama-spm.gguf", "llama"); }
+TEST(TokenizerVectors, Gpt2MatchesLlamaCpp) { check_vectors("ggml-vocab-gpt-2.gguf", "gpt2"); }
+
+TEST(TokenizerVectors, SpmDetails) {
+  const std::string path = kVocabDir + "/ggml-vocab-llama-spm.gguf";
+  if (!fs::exists(path)) GTEST_SKIP() << path << " is absent";
+  auto tok = load_tokenizer(path);
+  EXPECT_EQ(tok->vocab_size(), 32000);
+  EXPECT_EQ(tok->bos_id(), 1);
+  EXPECT_EQ(tok->eos_id(), 2);
+  EXPECT_EQ(tok->decode(1), "");      // control
+  EXPECT_EQ(tok->decode(3 + 0x41), "A");  // <0x41>
+  // A character outside the vocabulary falls back to its UTF-8 bytes: U+10FFFF (private use).
+  const auto ids = tok->encode("\xF4\x8F\xBF\xBF");
+  ASSERT_EQ(ids.size(), 5u);  // "▁" + 4 byte tokens
+  EXPECT_EQ(ids[1], 3 + 0xF4);
+  EXPECT_EQ(ids[4], 3 + 0xBF);
+  // Invalid UTF-8 is encoded byte by byte and decodes back to the same bytes.
+  const std::string junk = "a\xFF\xC3";
+  std::string expected = " ";
+  expected += junk;
+  EXPECT_EQ(tok->decode(tok->encode(junk)), expected);
+  // Special-token text is plain text.
+  const auto s = tok->encode("<s>");
+  EXPECT_EQ(std::count(s.begin(), s.end(), 1), 0);
+  EXPECT_THROW(tok->decode(32000), Error);
+  EXPECT_THROW(tok->decode(-1), Error);
+}
+
+TEST(Unicode, ClassesAndSplitters) {
+  EXPECT_EQ(unicode_class('a'), UnicodeClass::kLetter);
+  EXPECT_EQ(unicode_class('7'), UnicodeClass::kNumber);
+  EXPECT_EQ(unicode_class(0x00BD), UnicodeClass::kNumber);   // ½ (No)
+  EXPECT_EQ(unicode_class(0x4E2D), UnicodeClass::kLetter);   // 中
+  EXPECT_EQ(unicode_class(0x0301), UnicodeClass::kMark);
+  EXPECT_EQ(unicode_class(0x1F600), UnicodeClass::kSymbol);  // 😀
+  EXPECT_EQ(unicode_class(0x0378), UnicodeClass::kUndefined);
+  EXPECT_EQ(unicode_class(0x110000), UnicodeClass::kUndefined);
+  EXPECT_TRUE(unicode_is_whitespace(0x3000));
+  EXPECT_FALSE(unicode_is_whitespace(0x200B));
+  EXPECT_EQ(pretokenize_gpt2("Hello world's  3.14!!\n\n x"),
+            (std::vector<std::string>{"Hello", " world", "'s", " ", " 3", ".", "14", "!!", "\n\n", " x"}));
+  EXPECT_EQ(pretokenize_llama3("I'M 12345 hi!\r\n  x"),
+            (std::vector<std::string>{"I", "'M", " ", "123", "45", " hi", "!\r\n", " ", " x"}));
+  EXPECT_EQ(utf8_to_codepoints("\xE2\x96"), (std::vector<uint32_t>{0xFFFD, 0xFFFD}));
+  for (int b = 0; b < 256; ++b) EXPECT_EQ(unicode_to_byte(byte_to_unicode(static_cast<uint8_t>(b))), b);
+  EXPECT_EQ(byte_to_unicode(' '), 0x120u);  // 'Ġ'
+}
+
+// A tokenizer.json written from the GPT-2 GGUF vocabulary must tokenize exactly like it.
+TEST(HfTokenizer, Gpt2TokenizerJsonReproducesTheGgufVectors) {
+  const std::string path = kVocabDir + "/ggml-vocab-gpt-2.gguf";
+  if (!fs::exists(path)) GTEST_SKIP() << path << " is absent";
+  auto g = GgufFile::open(path);
+  const auto& tokens = g->get_array("tokenizer.ggml.tokens", GgufType::kString).strs;
+  const auto& types = g->get_array("tokenizer.ggml.token_type", GgufType::kInt32).ints;
+  nlohmann::json vocab = nlohmann::json::object(), added = nlohmann::json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (types[i] == 3) added.push_back({{"id", i}, {"content", tokens[i]}, {"special", true}});
+    else vocab[tokens[i]] = i;
+  }
+  nlohmann::json merges = nlohmann::json::array();
+  bool as_pairs = false;
+  for (const auto& m : g->get_array("tokenizer.ggml.merges", GgufType::kString).strs) {
+    const size_t sp = m.find(' ', 1);
+    if (as_pairs) merges.push_back({m.substr(0, sp), m.substr(sp + 1)});
+    else merges.push_back(m);
+    as_pairs = !as_pairs;  // both spellings of a merge in one file
+  }
+  const nlohmann::json tj = {
+      {"version", "1.0"},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+  };
+  const std::string dir = testing::temp_path("hf_tok");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json") << tj.dump();
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"bos_token": "<|endoftext|>", "eos_token": {"content": "<|endoftext|>"}})";
+  auto hf = load_tokenizer(dir);
+  auto ref = load_tokenizer(path);
+  EXPECT_STREQ(hf->kind(), "hf-bpe");
+  EXPECT_EQ(hf->eos_id(), 50256);
+  EXPECT_EQ(hf->vocab_size(), ref->vocab_size());
+  for (const Case& c : read_cases("ggml-vocab-gpt-2.gguf")) {
+    EXPECT_EQ(ids_str(hf->encode(c.text)), ids_str(c.ids)) << c.text;
+  }
+  // Unsupported shapes are refused, not approximated.
+  nlohmann::json bad = tj;
+  bad["normalizer"] = {{"type", "NFC"}};
+  std::ofstream(dir + "/tokenizer.json") << bad.dump();
+  EXPECT_THROW(load_tokenizer(dir), Error);
+  fs::remove_all(dir);
+}
+
+TEST(Tokenizer, GgufWithoutTokenizerIsAnError) {
+  GgufWriter w;
+  w.set("general.architecture", GgufValue::str("llama"));
+  const std::string p = testing::temp_path("notok.gguf");
+  w.write(p);
+  try {
+    load_tokenizer(p);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.ggml.model"), std::string::npos);
+  }
+  fs::remove(p);
+}
+
+// A tiny hand-made SentencePiece vocabulary: merges follow scores, not order.
+TEST(Tokenizer, SpmMergesByScore) {
+  Vocabulary v;
+  v.tokens = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", "c", "ab", "bc", "\xE2\x96\x81" "a", "abc"};
+  v.scores = {0, 0, 0, -1, -2, -2, -2, -5, -1, -3, -4};
+  v.types = {TokenType::kUnknown, TokenType::kControl, TokenType::kControl};
+  v.types.resize(v.tokens.size(), TokenType::kNormal);
+  SpmTokenizer t(std::move(v), true);
+  // "▁abc": bigrams ▁a(-3), ab(-5), bc(-1): bc first, then ▁a; "abc" never forms (a is gone).
+  EXPECT_EQ(t.encode("abc"), (std::vector<int32_t>{9, 8}));
+  EXPECT_TRUE(t.encode("").empty());
+}
+
+TEST(Tokenizer, SpmMergesAgainAfterAMerge) {
+  Vocabulary v;
+  v.tokens = {"<unk>", "<s>", "</s>", "a", "b", "c", "ab", "bc", "abc"};
+  v.unk = 0;
+  v.scores = {0, 0, 0, -2, -2, -2, -5, -1, -4};
+  v.types = {TokenType::kUnknown, TokenType::kControl, TokenType::kControl};
+  v.types.resize(v.tokens.size(), TokenType::kNormal);
+  SpmTokenizer t(std::move(v), false);
+  // No prefix: bc first (-1), then a + bc = "abc" (-4) becomes possible and wins over nothing.
+  EXPECT_EQ(t.encode("abc"), (std::vector<int32_t>{8}));
+  // "abd": "d" is no token and there is no byte fallback: <unk>.
+  EXPECT_EQ(t.encode("abd"), (std::vector<int32_t>{6, 0}));
+}
+
+}  // namespace
+}  // namespace kvcache
