@@ -1,26 +1,24 @@
-// The kvcache command-line tool: subcommands over the library. Errors from bad input reach
-// here as kvcache::Error and end the process with exit code 2 and a one-line message.
+// The kvcache command-line tool: subcommands over the library (see commands.h for the
+// pattern). Errors from bad input reach here as kvcache::Error and end the process with exit
+// code 2 and a one-line message on stderr.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 
 #include "core/error.h"
+#include "tools/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvcache: a KV cache engine for LLM inference, and the runtime that proves it"};
   app.set_version_flag("--version", std::string("kvcache ") + KVCACHE_VERSION);
   app.require_subcommand(1);
 
-  auto* run = app.add_subcommand("run", "Demo: exercise every cache container, print a table");
-  (void)run;
+  kvcache::tools::register_run(app);
 
   try {
-    app.parse(argc, argv);
+    app.parse(argc, argv);  // runs the chosen subcommand's callback
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
-  }
-  try {
-    std::puts("kvcache run: containers land with issue 2");
   } catch (const kvcache::Error& e) {
     std::fprintf(stderr, "kvcache: %s: %s\n", kvcache::error_kind_name(e.kind()), e.what());
     return 2;

@@ -1,0 +1,181 @@
+#include "cache/window_layer.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+
+namespace kvcache {
+
+WindowLayer::WindowLayer(DenseLayerParams params, const WindowLayerParams& window)
+    : DenseLayer(std::move(params)), window_(window) {
+  if (window_.window < 1) {
+    const bool sliding = window_.kind == WindowKind::kSliding;
+    throw Error(ErrorKind::kInvalidArgument,
+                where() + ": " + (sliding ? "sliding_window" : "attention_chunk_size") +
+                    " must be >= 1 for a " + (sliding ? "sliding_attention" : "chunked_attention") +
+                    " layer, got " + std::to_string(window_.window) +
+                    " (set it from the model config)");
+  }
+  if (window_.max_cache_len < 0) {
+    throw Error(ErrorKind::kInvalidArgument, where() + ": max_cache_len must be >= 0");
+  }
+  keep_ = window_.window - 1;
+}
+
+int64_t WindowLayer::window_start(int64_t pos) const {
+  if (window_.kind == WindowKind::kSliding) return std::max<int64_t>(pos - window_.window + 1, 0);
+  return pos / window_.window * window_.window;
+}
+
+int64_t WindowLayer::capacity_limit() const {
+  const int64_t two_w = 2 * window_.window;
+  if (params_.fixed_storage && window_.max_cache_len > 0) return std::min(two_w, window_.max_cache_len);
+  return two_w;
+}
+
+int64_t WindowLayer::max_length() const {
+  if (!params_.fixed_storage) return -1;
+  return window_.max_cache_len > 0 ? std::min(window_.window, window_.max_cache_len)
+                                   : window_.window;
+}
+
+MaskSizes WindowLayer::mask_sizes(int64_t query_len) const {
+  const int64_t start = window_start(seq_length_);
+  return {seq_length_ + query_len - start, start};
+}
+
+KVSpan WindowLayer::update(const TensorView& k, const TensorView& v) {
+  const int64_t n = check_update(k, v);
+  const int64_t start = window_start(seq_length_);
+  const int64_t first = first_stored_position();
+  KV_CHECK(first <= start, "a window layer lost keys its next queries need");
+  const bool fixed = params_.fixed_storage;
+  const int64_t capacity = buf_.allocated() ? buf_.capacity() : capacity_limit();
+
+  // Everything that can fail is checked before the first mutation.
+  // held: tokens the storage must hold once this update is done.
+  const int64_t visible = seq_length_ - start + n;  // the span this step returns
+  // Without recording: exactly what the next step's queries may see (<= keep_).
+  const int64_t held =
+      recording_ ? buf_.size() + n : seq_length_ + n - window_start(seq_length_ + n);
+  if (fixed && held > capacity) {
+    throw Error(ErrorKind::kOutOfRange,
+                where() + ": cannot write " + std::to_string(n) + " tokens at position " +
+                    std::to_string(seq_length_) + ": the layer must then hold " +
+                    std::to_string(held) + " tokens" +
+                    (recording_ ? " (past recording is on)" : "") + " but its static storage has " +
+                    std::to_string(capacity) + " slots (min(2*window, max_cache_len)); raise " +
+                    "--max-cache-len or use the dynamic cache");
+  }
+  const int64_t initial =
+      fixed ? capacity
+            : (recording_ ? std::max(visible, kMinCapacity)
+                          : std::min(std::max(visible, kMinCapacity), capacity_limit()));
+  prepare_rows(k, v, initial);
+
+  // Tokens before `start` are seen by no query any more (unless recorded): drop them.
+  if (!recording_) buf_.set_window(buf_.begin() + (start - first), buf_.end());
+  const int64_t needed = buf_.size() + n;  // recording: everything held plus the new tokens
+
+  KVSpan span;
+  span.kv_offset = start;
+  if (buf_.end() + n > buf_.capacity()) {
+    // Out of room at the end. A dynamic layer below its limit grows (which also moves the
+    // live tokens to slot 0); at the limit, or static, the live tokens move to slot 0 if that
+    // makes room. Growing first matters: a capacity just above `keep` would otherwise
+    // compact (move W-1 tokens) at every decode step.
+    const bool can_grow = !fixed && (recording_ || buf_.capacity() < capacity_limit());
+    if (can_grow) {
+      const int64_t grown = std::max(2 * buf_.capacity(), needed);
+      buf_.reallocate(buf_.batch_capacity(),
+                      recording_ ? grown : std::min(grown, capacity_limit()));
+    } else if (needed <= buf_.capacity()) {
+      buf_.compact();
+    }
+  }
+
+  if (buf_.end() + n <= buf_.capacity()) {
+    buf_.append(k, v);
+    const int64_t from = buf_.end() - visible;  // slot of position `start`
+    span.k = buf_.k_slots(from, buf_.end());
+    span.v = buf_.v_slots(from, buf_.end());
+    seq_length_ += n;
+  } else {
+    // The step does not fit the storage (not recording: recording either fits, grows, or
+    // was refused above). Assemble kept + new in the workspace, then store the last `held`.
+    KV_CHECK(!recording_, "a recording window layer must fit its storage");
+    TensorView wk, wv;
+    workspace(needed, &wk, &wv);
+    const int64_t kept = buf_.size();
+    CopyStats& st = buf_.mutable_stats();
+    st.bytes_copied += copy_view(buf_.k_slots(buf_.begin(), buf_.end()), wk.slice(2, 0, kept));
+    st.bytes_copied += copy_view(buf_.v_slots(buf_.begin(), buf_.end()), wv.slice(2, 0, kept));
+    copy_view(k, wk.slice(2, kept, needed));
+    copy_view(v, wv.slice(2, kept, needed));
+    st.workspace_uses += 1;
+    buf_.set_window(0, 0);
+    if (held > buf_.capacity()) {  // dynamic only (static checked above); nothing live to copy
+      buf_.reallocate(buf_.batch_capacity(), std::min(std::max(2 * buf_.capacity(), held), capacity_limit()));
+    }
+    st.bytes_copied += copy_view(wk.slice(2, needed - held, needed), buf_.k_slots(0, held));
+    st.bytes_copied += copy_view(wv.slice(2, needed - held, needed), buf_.v_slots(0, held));
+    buf_.set_window(0, held);
+    span.k = wk;
+    span.v = wv;
+    seq_length_ += n;
+    return span;
+  }
+  // Keep only what a later step may see; the returned span stays valid (no data moved).
+  if (!recording_) buf_.set_window(buf_.end() - held, buf_.end());
+  return span;
+}
+
+void WindowLayer::crop(int64_t n) {
+  const int64_t length = crop_length(n, seq_length_);
+  if (length == seq_length_) return;
+  const int64_t first = first_stored_position();
+  const int64_t needed_from = window_start(length);
+  if (needed_from < first) {
+    throw Error(ErrorKind::kOutOfRange,
+                where() + ": cannot crop to " + std::to_string(length) + " tokens: a query at " +
+                    "position " + std::to_string(length) + " needs keys from position " +
+                    std::to_string(needed_from) + " but the window holds only positions [" +
+                    std::to_string(first) + ", " + std::to_string(seq_length_) +
+                    "); call activate_past_recording() before generating tokens you may " +
+                    "drop (e.g. speculative drafts)");
+  }
+  buf_.set_window(buf_.begin(), buf_.begin() + (length - first));
+  seq_length_ = length;
+}
+
+void WindowLayer::reset() {
+  if (buf_.allocated()) buf_.set_window(0, 0);
+  seq_length_ = 0;
+}
+
+namespace {
+template <WindowKind kKind, bool kFixed>
+std::unique_ptr<CacheLayer> make_window(const CacheConfig& config, int layer_index) {
+  const bool sliding = kKind == WindowKind::kSliding;
+  std::string name = std::string(kFixed ? "static/" : "dynamic/") +
+                     (sliding ? "sliding_attention" : "chunked_attention");
+  WindowLayerParams w;
+  w.kind = kKind;
+  w.window = sliding ? config.sliding_window : config.attention_chunk_size;
+  w.max_cache_len = kFixed ? config.max_cache_len : 0;
+  return std::make_unique<WindowLayer>(dense_params(config, layer_index, std::move(name), kFixed), w);
+}
+}  // namespace
+
+KVCACHE_REGISTER_LAYER(dynamic_sliding, "dynamic", "sliding_attention",
+                       (make_window<WindowKind::kSliding, false>));
+KVCACHE_REGISTER_LAYER(static_sliding, "static", "sliding_attention",
+                       (make_window<WindowKind::kSliding, true>));
+KVCACHE_REGISTER_LAYER(dynamic_chunked, "dynamic", "chunked_attention",
+                       (make_window<WindowKind::kChunked, false>));
+KVCACHE_REGISTER_LAYER(static_chunked, "static", "chunked_attention",
+                       (make_window<WindowKind::kChunked, true>));
+
+}  // namespace kvcache

@@ -1,0 +1,86 @@
+// WindowLayer: the sliding-window ("sliding_attention") and chunked ("chunked_attention")
+// containers, with dynamic or static storage. A query sees only a bounded stretch of recent
+// keys, so between steps the layer keeps only what the next queries may see — the last W-1
+// tokens for a window of W, the current chunk's tokens (at most C-1) for chunks of C — and
+// forgets the rest, yet update() returns everything the step's queries may see (the kept
+// tokens plus the new ones, chronological, one contiguous strided view) — eviction is
+// invisible to the kernel, as in transformers' DynamicSlidingWindowLayer (KV cache notes,
+// "滑窗与分块": keep W-1 because the new token is the W-th key of its own window).
+//
+// Which keys a step sees. For queries at positions [p, p+q) (p = seq_length() before the
+// update) the earliest visible key is
+//   sliding (W):  start(p) = max(p - W + 1, 0)   (kv_pos > q_pos - W, transformers semantics)
+//   chunked (C):  start(p) = floor(p / C) * C    (kv_pos and q_pos in the same chunk of C)
+// update() returns keys [start(p), p+q) with kv_offset = start(p), and mask_sizes(q) returns
+// {p + q - start(p), start(p)}. For sliding layers that is exactly transformers'
+// DynamicSlidingWindowLayer.get_mask_sizes (kv_offset = max(p-W+1, 0), kv_length = W-1+q once
+// p >= W, else p+q). For chunked layers transformers reuses the sliding layer and leaves the
+// chunk boundary to the mask; here the span itself starts at the chunk, so the kernel reads
+// no key that every query would mask out.
+//
+// Storage: a SequenceBuffer whose live window [begin, end) slides right as tokens arrive.
+// When the end reaches the capacity the kept tokens move to slot 0 (compaction); with a
+// capacity of about 2W each token is moved O(1) times (once per ~W appends, W-1 tokens move).
+// A step whose kept + new tokens exceed the capacity (a prefill longer than the buffer) is
+// assembled in a workspace the layer owns (counted in bytes(), reused by later long steps);
+// only the last `keep` tokens then go into the storage.
+//   dynamic: capacity grows geometrically from 16 slots up to 2W; max_length() = -1.
+//   static:  capacity fixed at the first update to min(2W, max_cache_len) (2W when
+//            max_cache_len is 0); the storage pointer never changes (the workspace may);
+//            max_length() = min(W, max_cache_len) like transformers' StaticSlidingWindowLayer.
+//            The static layer rolls forever (no error at max_cache_len) unless the window
+//            itself does not fit: max_cache_len < W-1 and more than max_cache_len tokens.
+// Both return identical spans and mask sizes for identical updates (tested).
+//
+// crop(n) must leave the next step's queries every key they may see: cropping to length L
+// needs positions [start(L), L) held. Once the window has dropped them, crop throws unless
+// activate_past_recording() was called before those tokens were evicted: from then on the
+// layer keeps everything it holds (dynamic: grows; static: up to its capacity, then an
+// error), like transformers' record_past, while update() still returns just the window.
+#pragma once
+
+#include "cache/dense_layer.h"
+
+namespace kvcache {
+
+enum class WindowKind { kSliding, kChunked };
+
+struct WindowLayerParams {
+  WindowKind kind = WindowKind::kSliding;
+  int64_t window = 0;         // W (sliding) or C (chunked), >= 1
+  int64_t max_cache_len = 0;  // static: caps the capacity and max_length(); 0: unset
+};
+
+class WindowLayer final : public DenseLayer {
+ public:
+  static constexpr int64_t kMinCapacity = 16;  // dynamic: first allocation at least this
+
+  WindowLayer(DenseLayerParams params, const WindowLayerParams& window);
+
+  KVSpan update(const TensorView& k, const TensorView& v) override;
+  MaskSizes mask_sizes(int64_t query_len) const override;
+  int64_t seq_length() const override { return seq_length_; }
+  int64_t max_length() const override;
+  void crop(int64_t n) override;
+  // Content forgotten, memory (storage and workspace) kept, past recording left as it was.
+  void reset() override;
+  void activate_past_recording() override { recording_ = true; }
+  bool past_recording() const { return recording_; }
+
+  // First absolute position a query at `pos` (or any later query) may see.
+  int64_t window_start(int64_t pos) const;
+  // Most tokens kept between steps without past recording: W-1 or C-1.
+  int64_t keep() const { return keep_; }
+  // Absolute position of the first stored token.
+  int64_t first_stored_position() const { return seq_length_ - buf_.size(); }
+
+ private:
+  int64_t capacity_limit() const;  // dynamic: growth stops here (unless recording); static: fixed
+
+  WindowLayerParams window_;
+  int64_t keep_ = 0;
+  int64_t seq_length_ = 0;  // positions written (cumulative)
+  bool recording_ = false;
+};
+
+}  // namespace kvcache

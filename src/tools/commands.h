@@ -1,0 +1,13 @@
+// The kvcache CLI's subcommands. Each src/tools/cmd_<name>.cc defines one
+// `void register_<name>(CLI::App&)` that adds its subcommand, its options and a callback doing
+// the work; main.cc only calls the register functions. Callbacks throw kvcache::Error for bad
+// input; main turns that into a message on stderr and exit code 2.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace kvcache::tools {
+
+void register_run(CLI::App& app);  // cmd_run.cc: demo of the cache containers
+
+}  // namespace kvcache::tools
