@@ -1,0 +1,500 @@
+#include "model/kv_plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "model/gguf.h"
+
+namespace kvcache {
+
+using nlohmann::json;
+
+const char* plan_layer_kind_name(PlanLayerKind k) {
+  switch (k) {
+    case PlanLayerKind::kAttention: return "attention";
+    case PlanLayerKind::kWindowed: return "windowed";
+    case PlanLayerKind::kMla: return "mla";
+    case PlanLayerKind::kCompressed: return "compressed";
+    case PlanLayerKind::kLinear: return "linear";
+    case PlanLayerKind::kHybrid: return "hybrid";
+    case PlanLayerKind::kEmpty: return "empty";
+    case PlanLayerKind::kShared: return "shared";
+    case PlanLayerKind::kUnknown: return "unknown";
+  }
+  return "unknown";
+}
+
+namespace {
+
+[[noreturn]] void format_error(const std::string& source, const std::string& what) {
+  throw Error(ErrorKind::kFormat, source + ": " + what);
+}
+
+// Integer field that may be absent or null.
+std::optional<int64_t> opt_int(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (it->is_number_integer() || it->is_number_unsigned()) return it->get<int64_t>();
+  if (it->is_number_float()) return static_cast<int64_t>(it->get<double>());
+  return std::nullopt;
+}
+
+int64_t req_int(const json& j, const char* key, const std::string& source) {
+  auto v = opt_int(j, key);
+  if (!v || *v <= 0) {
+    format_error(source, std::string("config field '") + key +
+                             "' is missing or not a positive integer; the planner needs it");
+  }
+  return *v;
+}
+
+std::string opt_str(const json& j, const char* key) {
+  auto it = j.find(key);
+  return (it != j.end() && it->is_string()) ? it->get<std::string>() : std::string();
+}
+
+}  // namespace
+
+PlanModel plan_model_from_hf_json(const std::string& json_text, const std::string& source) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& e) {
+    format_error(source, std::string("not valid JSON (") + e.what() + ")");
+  }
+  if (!root.is_object()) format_error(source, "a config must be a JSON object");
+  // Multimodal configs (Gemma-3n, ...) keep the decoder in text_config.
+  const json& j = root.contains("text_config") && root["text_config"].is_object()
+                      ? root["text_config"]
+                      : root;
+  PlanModel m;
+  m.source = source;
+  m.name = opt_str(root, "_name_or_path");
+  const std::string model_type = opt_str(j, "model_type").empty() ? opt_str(root, "model_type")
+                                                                   : opt_str(j, "model_type");
+  if (m.name.empty()) m.name = model_type.empty() ? "model" : model_type;
+
+  const int64_t n_layers = req_int(j, "num_hidden_layers", source);
+  const int64_t n_heads = req_int(j, "num_attention_heads", source);
+  const int64_t n_kv = opt_int(j, "num_key_value_heads").value_or(n_heads);
+  const int64_t hidden = opt_int(j, "hidden_size").value_or(0);
+  int64_t head_dim = opt_int(j, "head_dim").value_or(0);
+  if (head_dim <= 0) {
+    if (hidden <= 0) format_error(source, "neither 'head_dim' nor 'hidden_size' is given");
+    head_dim = hidden / n_heads;
+  }
+  m.max_context = opt_int(j, "max_position_embeddings").value_or(0);
+  const int64_t sliding_window = opt_int(j, "sliding_window").value_or(0);
+  const int64_t chunk = opt_int(j, "attention_chunk_size").value_or(0);
+
+  // ---- layer types: explicit, or derived as each family's transformers config does ----
+  std::vector<std::string> types;
+  if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
+    for (const auto& t : *it) {
+      if (!t.is_string()) format_error(source, "'layer_types' must be a list of strings");
+      types.push_back(t.get<std::string>());
+    }
+    if (static_cast<int64_t>(types.size()) != n_layers) {
+      format_error(source, "'layer_types' has " + std::to_string(types.size()) +
+                               " entries but num_hidden_layers is " + std::to_string(n_layers));
+    }
+  } else {
+    const auto interval = opt_int(j, "full_attention_interval");
+    for (int64_t i = 0; i < n_layers; ++i) {
+      std::string t = "full_attention";
+      if (model_type == "gemma2" && sliding_window > 0) {
+        // Gemma2Config: "sliding_attention" if bool((i + 1) % 2) else "full_attention".
+        t = ((i + 1) % 2) ? "sliding_attention" : "full_attention";
+      } else if ((model_type == "gemma3" || model_type == "gemma3_text") && sliding_window > 0) {
+        const int64_t p = opt_int(j, "sliding_window_pattern").value_or(6);
+        t = ((i + 1) % p) ? "sliding_attention" : "full_attention";
+      } else if (interval && *interval > 0) {
+        // Qwen3-Next / Qwen3.5: one full-attention layer every `full_attention_interval`.
+        t = ((i + 1) % *interval == 0) ? "full_attention" : "linear_attention";
+      } else if (sliding_window > 0) {
+        auto use = j.find("use_sliding_window");
+        const bool off = (use != j.end() && use->is_boolean() && !use->get<bool>()) ||
+                         (use == j.end() && model_type.rfind("qwen", 0) == 0);
+        if (!off) t = "sliding_attention";  // Mistral: every layer slides
+      }
+      types.push_back(t);
+    }
+  }
+
+  const bool mla = opt_int(j, "kv_lora_rank").has_value();
+  const bool k_eq_v = model_type == "deepseek_v4";  // V4: `self.values = self.keys` (notes)
+  std::map<std::string, int64_t> rates;
+  if (auto it = j.find("compress_rates"); it != j.end() && it->is_object()) {
+    for (auto& [k, v] : it->items())
+      if (v.is_number()) rates[k] = v.get<int64_t>();
+  }
+  // Linear-attention state (Gated DeltaNet style): H_v·d_k·d_v + (k−1)·d_qkv.
+  int64_t state_elems = 0;
+  {
+    const auto hv = opt_int(j, "linear_num_value_heads");
+    const auto hk = opt_int(j, "linear_num_key_heads");
+    const auto dk = opt_int(j, "linear_key_head_dim");
+    const auto dv = opt_int(j, "linear_value_head_dim");
+    const auto kc = opt_int(j, "linear_conv_kernel_dim");
+    if (hv && hk && dk && dv && kc) {
+      const int64_t d_qkv = 2 * *hk * *dk + *hv * *dv;
+      state_elems = *hv * *dk * *dv + (*kc - 1) * d_qkv;
+    }
+  }
+  const int64_t n_shared = opt_int(j, "num_kv_shared_layers").value_or(0);
+
+  bool noted_state = false;
+  for (int64_t i = 0; i < n_layers; ++i) {
+    const std::string& t = types[static_cast<size_t>(i)];
+    PlanLayer L;
+    L.type = t;
+    L.kv_heads = n_kv;
+    L.k_dim = head_dim;
+    L.v_dim = k_eq_v ? 0 : head_dim;
+    if (i >= n_layers - n_shared) {
+      L.kind = PlanLayerKind::kShared;
+    } else if (rates.count(t)) {
+      L.kind = PlanLayerKind::kCompressed;
+      L.compress_rate = std::max<int64_t>(1, rates[t]);
+      L.v_dim = 0;  // compressed entries are K==V (notes, CSA/HCA)
+    } else if (t == "full_attention" || t == "sliding_attention" || t == "chunked_attention" ||
+               t == "deepseek_sparse_attention" || t == "qwen_sparse_attention") {
+      L.kind = PlanLayerKind::kAttention;
+      if (t == "sliding_attention" || t == "chunked_attention") {
+        const int64_t w = t == "sliding_attention" ? sliding_window : chunk;
+        if (w > 0) {
+          L.kind = PlanLayerKind::kWindowed;
+          L.window = w;
+        } else {
+          m.notes.push_back("layer " + std::to_string(i) + " is " + t +
+                            " but the config gives no window size: counted as full attention");
+        }
+      }
+      if (mla) {
+        L.kind = L.kind == PlanLayerKind::kWindowed ? L.kind : PlanLayerKind::kMla;
+        L.kv_heads = 1;
+        L.k_dim = *opt_int(j, "kv_lora_rank") + opt_int(j, "qk_rope_head_dim").value_or(0);
+        L.v_dim = 0;
+      }
+    } else if (t == "linear_attention" || t == "conv" || t == "hybrid" ||
+               t == "hybrid_sliding") {
+      L.kind = (t == "hybrid" || t == "hybrid_sliding") ? PlanLayerKind::kHybrid
+                                                         : PlanLayerKind::kLinear;
+      L.state_elems = state_elems;
+      if (t == "hybrid_sliding") L.window = sliding_window;
+      if (state_elems == 0 && !noted_state) {
+        noted_state = true;
+        m.notes.push_back("linear-attention state size unknown (needs linear_num_value_heads, "
+                          "linear_num_key_heads, linear_key_head_dim, linear_value_head_dim, "
+                          "linear_conv_kernel_dim): counted as 0");
+      }
+    } else if (t == "moe" || t == "mlp") {
+      L.kind = PlanLayerKind::kEmpty;
+    } else {
+      L.kind = PlanLayerKind::kUnknown;
+      m.notes.push_back("layer " + std::to_string(i) + " has unknown type '" + t +
+                        "': listed, counted as 0 bytes");
+    }
+    m.layers.push_back(L);
+  }
+  if (mla) {
+    m.mha_equivalent_elems_per_token =
+        n_heads * (opt_int(j, "qk_nope_head_dim").value_or(0) +
+                   opt_int(j, "qk_rope_head_dim").value_or(0) +
+                   opt_int(j, "v_head_dim").value_or(head_dim));
+  }
+
+  // Parameters: given by our presets, or computed for the dense llama block.
+  if (auto p = opt_int(root, "kvcache_params")) {
+    m.params = *p;
+  } else {
+    const bool moe = j.contains("num_experts") || j.contains("n_routed_experts") ||
+                     j.contains("num_local_experts");
+    const auto ff = opt_int(j, "intermediate_size");
+    const auto vocab = opt_int(j, "vocab_size");
+    if (!moe && !mla && ff && vocab && hidden > 0 && state_elems == 0 && rates.empty()) {
+      const bool tied = j.value("tie_word_embeddings", false);
+      const int64_t attn = hidden * n_heads * head_dim * 2 + hidden * n_kv * head_dim * 2;
+      const int64_t per_layer = attn + 3 * hidden * *ff + 2 * hidden;
+      m.params = *vocab * hidden * (tied ? 1 : 2) + n_layers * per_layer + hidden;
+    }
+  }
+  return m;
+}
+
+PlanModel plan_model_from_config(const ModelConfig& c, const std::string& name) {
+  json j;
+  j["model_type"] = c.architecture;
+  j["num_hidden_layers"] = c.n_layers;
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_dim > 0 ? c.head_dim : c.dim / c.n_heads;
+  j["hidden_size"] = c.dim;
+  j["intermediate_size"] = c.hidden_dim;
+  j["vocab_size"] = c.vocab_size;
+  j["max_position_embeddings"] = c.max_seq_len;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
+  if (!c.layer_types.empty()) j["layer_types"] = c.layer_types;
+  PlanModel m = plan_model_from_hf_json(j.dump(), name);
+  m.name = name;
+  return m;
+}
+
+PlanModel plan_model_from_gguf(const std::string& path) {
+  auto g = GgufFile::open(path);
+  const std::string arch = g->get_string("general.architecture");
+  auto key = [&](const char* k) { return arch + "." + k; };
+  json j;
+  j["model_type"] = arch;
+  j["num_hidden_layers"] = g->get_int(key("block_count"));
+  const int64_t heads = g->get_int(key("attention.head_count"));
+  j["num_attention_heads"] = heads;
+  j["num_key_value_heads"] = g->get_int_or(key("attention.head_count_kv"), heads);
+  const int64_t dim = g->get_int(key("embedding_length"));
+  j["hidden_size"] = dim;
+  j["head_dim"] = g->get_int_or(key("attention.key_length"), dim / heads);
+  j["max_position_embeddings"] = g->get_int_or(key("context_length"), 0);
+  if (int64_t w = g->get_int_or(key("attention.sliding_window"), 0); w > 0)
+    j["sliding_window"] = w;
+  PlanModel m = plan_model_from_hf_json(j.dump(), path);
+  m.name = g->get_string_or("general.name", arch);
+  uint64_t bytes = 0;
+  for (const auto& t : g->tensor_infos()) bytes += t.size_bytes;
+  if (bytes > 0) m.weight_bytes_exact = bytes;
+  return m;
+}
+
+PlanModel plan_model_from_path(const std::string& path) {
+  std::string p = path;
+  {
+    std::ifstream probe(p + "/config.json");
+    if (probe) p += "/config.json";
+  }
+  std::ifstream in(p, std::ios::binary);
+  if (!in) {
+    throw Error(ErrorKind::kIo, path + ": cannot open (expected a config.json, a folder holding "
+                                       "one, or a GGUF file)");
+  }
+  char magic[4] = {};
+  in.read(magic, 4);
+  if (in.gcount() == 4 && std::string(magic, 4) == "GGUF") return plan_model_from_gguf(p);
+  in.seekg(0);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return plan_model_from_hf_json(ss.str(), p);
+}
+
+double KvFormat::row_bytes(int64_t n) const {
+  if (n <= 0) return 0;
+  double bytes = static_cast<double>(n) * static_cast<double>(elem_bits) / 8.0;
+  if (group > 0) bytes += static_cast<double>((n + group - 1) / group * group_overhead_bytes);
+  return bytes;
+}
+
+KvFormat parse_kv_format(const std::string& name, int64_t group) {
+  if (group <= 0) {
+    throw Error(ErrorKind::kInvalidArgument, "--kv-group must be a positive number of elements");
+  }
+  KvFormat f;
+  f.name = name;
+  if (name == "f32") {
+    f.elem_bits = 32;
+  } else if (name == "f16" || name == "bf16") {
+    f.elem_bits = 16;
+  } else if (name == "f8") {
+    f.elem_bits = 8;
+  } else if (name == "q8" || name == "q4" || name == "q2") {
+    // KIVI-style groups: an f16 scale and an f16 zero point per group of `group` elements.
+    f.elem_bits = name == "q8" ? 8 : name == "q4" ? 4 : 2;
+    f.group = group;
+    f.group_overhead_bytes = 4;
+  } else {
+    throw Error(ErrorKind::kInvalidArgument,
+                "unknown KV dtype '" + name + "': expected f32, f16, bf16, f8, q8, q4 or q2");
+  }
+  return f;
+}
+
+namespace {
+
+// Bytes per stored token of one layer (K and V, or the K==V entry), before compression rates.
+double layer_token_bytes(const PlanLayer& L, const KvFormat& f) {
+  const double kv = static_cast<double>(L.kv_heads) *
+                    (f.row_bytes(L.k_dim) + (L.v_dim > 0 ? f.row_bytes(L.v_dim) : 0.0));
+  switch (L.kind) {
+    case PlanLayerKind::kAttention:
+    case PlanLayerKind::kWindowed:
+    case PlanLayerKind::kMla:
+    case PlanLayerKind::kHybrid:
+    case PlanLayerKind::kCompressed: return kv;
+    default: return 0;
+  }
+}
+
+// Constant state bytes: recurrent states are kept in float (f16/bf16 size for quantized KV).
+double layer_state_bytes(const PlanLayer& L, const KvFormat& f) {
+  if (L.kind != PlanLayerKind::kLinear && L.kind != PlanLayerKind::kHybrid) return 0;
+  const double b = f.group > 0 ? 2.0 : static_cast<double>(f.elem_bits) / 8.0;
+  return static_cast<double>(L.state_elems) * b;
+}
+
+int64_t round_up(int64_t n, int64_t m) { return m <= 1 ? n : (n + m - 1) / m * m; }
+
+// Tokens (entries, for compressed layers) one request keeps at `context`.
+int64_t stored_tokens(const PlanLayer& L, int64_t context, int64_t block) {
+  switch (L.kind) {
+    case PlanLayerKind::kAttention:
+    case PlanLayerKind::kMla:
+    case PlanLayerKind::kHybrid:
+      return round_up(L.window > 0 ? std::min(context, L.window - 1) : context, block);
+    case PlanLayerKind::kWindowed: return round_up(std::min(context, L.window - 1), block);
+    case PlanLayerKind::kCompressed:
+      // Emitted entries plus the tokens still waiting in the compression buffer.
+      return context / L.compress_rate + context % L.compress_rate;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+double plan_request_bytes(const PlanModel& model, const PlanOptions& o, int64_t context) {
+  double total = 0;
+  for (const PlanLayer& L : model.layers) {
+    total += layer_token_bytes(L, o.format) *
+                 static_cast<double>(stored_tokens(L, context, o.block_tokens)) +
+             layer_state_bytes(L, o.format);
+  }
+  return total;
+}
+
+PlanResult compute_plan(const PlanModel& model, const PlanOptions& o) {
+  if (o.context < 0 || o.batch < 1 || o.block_tokens < 1) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "plan needs --context >= 0, --batch >= 1 and --block >= 1");
+  }
+  PlanResult r;
+  std::map<std::string, size_t> index;
+  for (const PlanLayer& L : model.layers) {
+    auto [it, inserted] = index.emplace(L.type + "/" + plan_layer_kind_name(L.kind), r.rows.size());
+    if (inserted) {
+      PlanRow row;
+      row.type = L.type;
+      row.kind = L.kind;
+      row.stored_tokens = stored_tokens(L, o.context, o.block_tokens);
+      r.rows.push_back(row);
+    }
+    PlanRow& row = r.rows[it->second];
+    row.count += 1;
+    const double per_token = layer_token_bytes(L, o.format) /
+                             static_cast<double>(L.kind == PlanLayerKind::kCompressed
+                                                     ? L.compress_rate
+                                                     : 1);
+    row.bytes_per_token += per_token;
+    row.state_bytes += layer_state_bytes(L, o.format);
+    row.total_bytes += static_cast<double>(o.batch) *
+                       (layer_token_bytes(L, o.format) *
+                            static_cast<double>(stored_tokens(L, o.context, o.block_tokens)) +
+                        layer_state_bytes(L, o.format));
+    r.kv_bytes_per_token += per_token;
+    r.uncompressed_bytes_per_token += layer_token_bytes(L, o.format);
+    r.state_bytes_per_request += layer_state_bytes(L, o.format);
+  }
+  for (const PlanRow& row : r.rows) r.kv_bytes_total += row.total_bytes;
+  bool any_compressed = false;
+  for (const PlanLayer& L : model.layers) any_compressed |= L.kind == PlanLayerKind::kCompressed;
+  if (!any_compressed) r.uncompressed_bytes_per_token = 0;
+  if (model.mha_equivalent_elems_per_token > 0) {
+    int64_t mla_layers = 0;
+    for (const PlanLayer& L : model.layers) mla_layers += L.kind == PlanLayerKind::kMla;
+    r.mha_equivalent_bytes_per_token =
+        static_cast<double>(mla_layers) * o.format.row_bytes(model.mha_equivalent_elems_per_token);
+  }
+  if (model.weight_bytes_exact) {
+    r.weight_bytes = static_cast<double>(*model.weight_bytes_exact);
+  } else if (model.params) {
+    r.weight_bytes = static_cast<double>(*model.params) * o.weight_bytes_per_param;
+  }
+  if (o.budget_bytes) {
+    const double free = static_cast<double>(*o.budget_bytes) - r.weight_bytes.value_or(0.0);
+    const double per_request = plan_request_bytes(model, o, o.context);
+    if (free <= 0) {
+      r.max_requests = 0;
+      r.max_context = 0;
+    } else {
+      r.max_requests = per_request > 0 ? static_cast<int64_t>(std::floor(free / per_request))
+                                       : int64_t{-1};
+      auto fits = [&](int64_t s) {
+        return static_cast<double>(o.batch) * plan_request_bytes(model, o, s) <= free;
+      };
+      constexpr int64_t kHuge = int64_t{1} << 40;
+      if (fits(kHuge)) {
+        r.max_context = -1;  // memory stops growing (windows, states) before the budget
+      } else if (!fits(0)) {
+        r.max_context = 0;
+      } else {
+        int64_t lo = 0, hi = kHuge;  // fits(lo), !fits(hi)
+        while (hi - lo > 1) {
+          const int64_t mid = lo + (hi - lo) / 2;
+          (fits(mid) ? lo : hi) = mid;
+        }
+        r.max_context = lo;
+      }
+    }
+  }
+  return r;
+}
+
+uint64_t parse_byte_size(const std::string& text) {
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  std::string unit = text.substr(pos);
+  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char c) { return std::isspace(c); }),
+             unit.end());
+  std::string lower = unit;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},           {"b", 1},          {"kb", 1e3},   {"mb", 1e6},   {"gb", 1e9},
+      {"tb", 1e12},      {"kib", 1024.0},   {"mib", 1048576.0},           {"gib", 1073741824.0},
+      {"tib", 1099511627776.0}, {"k", 1024.0}, {"m", 1048576.0}, {"g", 1073741824.0}};
+  auto it = kUnits.find(lower);
+  if (pos == 0 || it == kUnits.end() || !(value >= 0)) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "cannot read the size '" + text +
+                    "': write a number with an optional unit, e.g. 24GiB, 13.4GB, 512MiB");
+  }
+  return static_cast<uint64_t>(std::llround(value * it->second));
+}
+
+std::string format_bytes(double bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  double v = bytes;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  if (u == 0) {
+    std::snprintf(buf, sizeof buf, "%.0f B", v);
+  } else if (std::fabs(v - std::round(v)) < 1e-9) {
+    std::snprintf(buf, sizeof buf, "%.0f %s", v, kUnits[u]);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[u]);
+  }
+  return buf;
+}
+
+}  // namespace kvcache

@@ -1,0 +1,176 @@
+// `kvcache plan`: the KV cache notes' figures, reproduced from the embedded presets.
+#include "model/kv_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace kvcache {
+namespace {
+
+PlanResult plan(const std::string& preset, int64_t context, const std::string& dtype = "f16",
+                int64_t batch = 1) {
+  PlanOptions o;
+  o.context = context;
+  o.batch = batch;
+  o.format = parse_kv_format(dtype);
+  return compute_plan(plan_preset(preset), o);
+}
+
+double row_total(const PlanResult& r, PlanLayerKind kind) {
+  double t = 0;
+  for (const auto& row : r.rows)
+    if (row.kind == kind) t += row.total_bytes;
+  return t;
+}
+
+TEST(KvPlan, Llama2_7B) {
+  const PlanResult r = plan("llama2-7b", 4096);
+  EXPECT_EQ(r.kv_bytes_per_token, 512.0 * 1024);                 // 512 KiB/token
+  EXPECT_EQ(r.kv_bytes_total, 2.0 * 1024 * 1024 * 1024);         // 2.0 GiB at 4,096
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_EQ(r.rows[0].count, 32);
+  ASSERT_TRUE(r.weight_bytes.has_value());
+  EXPECT_EQ(*r.weight_bytes, 6738415616.0 * 2);  // the published 6.74B parameters in bf16
+}
+
+TEST(KvPlan, Llama2_70B) { EXPECT_EQ(plan("llama2-70b", 4096).kv_bytes_per_token, 320.0 * 1024); }
+
+TEST(KvPlan, DeepSeekV3MlaHasNoFactorTwo) {
+  const PlanResult r = plan("deepseek-v3", 4096);
+  EXPECT_EQ(r.kv_bytes_per_token, (512.0 + 64) * 61 * 2);         // 70,272 B ~ 70 KB
+  EXPECT_EQ(r.mha_equivalent_bytes_per_token, 128.0 * 320 * 61 * 2);  // 4,997,120 B ~ 4.9 MB
+}
+
+TEST(KvPlan, Qwen35MoeAttentionLayersAndStateApart) {
+  const PlanResult r = plan("qwen3.5-moe", 262144);
+  EXPECT_EQ(r.kv_bytes_per_token, 20.0 * 1024);  // 10 layers x 2 heads x 256 x 2 x 2 B
+  const double attention = row_total(r, PlanLayerKind::kAttention);
+  EXPECT_EQ(attention, 5.0 * 1024 * 1024 * 1024);  // 5.0 GiB (5.4 GB) at 256K
+  // 30 Gated DeltaNet layers: 32*128*128 + (4-1)*(2*16*128 + 32*128) elements of 2 B each.
+  EXPECT_EQ(r.state_bytes_per_request, 30.0 * (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128)) * 2);
+  EXPECT_EQ(r.kv_bytes_total, attention + r.state_bytes_per_request);
+}
+
+TEST(KvPlan, DeepSeekV4FlashCompressedExact) {
+  const PlanResult r = plan("deepseek-v4-flash", 4096);
+  // 1024 * (2 + 21/4 + 20/128) = 7,584 B exactly (the notes round the sum and print 7.5 KB).
+  EXPECT_EQ(r.kv_bytes_per_token, 7584.0);
+  EXPECT_EQ(r.uncompressed_bytes_per_token, 44032.0);  // 43 x 1024
+}
+
+TEST(KvPlan, BudgetConcurrencyExampleFromTheNotes) {
+  PlanOptions o;
+  o.context = 4096;
+  o.format = parse_kv_format("f16");
+  o.budget_bytes = parse_byte_size("24GiB");
+  const PlanResult r = compute_plan(plan_preset("llama2-7b"), o);
+  EXPECT_EQ(*r.max_requests, 5);  // 24 GB card, 13.4 GB of weights, 2 GiB per request
+  // Longest single request: (24 GiB - weights) / 512 KiB.
+  EXPECT_EQ(*r.max_context,
+            static_cast<int64_t>((24.0 * 1073741824 - 6738415616.0 * 2) / 524288));
+}
+
+TEST(KvPlan, SlidingWindowsCapAndSharedLayersStoreNothing) {
+  const PlanResult mistral = plan("mistral-7b", 32768);
+  EXPECT_EQ(mistral.kv_bytes_per_token, 2.0 * 32 * 8 * 128 * 2);  // counted like full
+  EXPECT_EQ(mistral.kv_bytes_total, 2.0 * 32 * 8 * 128 * 2 * 4095);  // capped at W-1
+  const PlanResult g = plan("gemma3n", 8192);
+  int64_t shared = 0;
+  for (const auto& row : g.rows)
+    if (row.kind == PlanLayerKind::kShared) shared += row.count;
+  EXPECT_EQ(shared, 15);
+  EXPECT_EQ(g.kv_bytes_per_token, 20.0 * 2 * 2 * 256 * 2);  // 20 layers own a cache
+  // 16 sliding layers keep 511 tokens, 4 full layers keep 8192.
+  EXPECT_EQ(g.kv_bytes_total, 2.0 * 2 * 256 * 2 * (16 * 511 + 4 * 8192));
+  const PlanResult oss = plan("gpt-oss-120b", 131072);
+  EXPECT_EQ(oss.kv_bytes_total, 2.0 * 8 * 64 * 2 * (18 * 127 + 18 * 131072));
+}
+
+TEST(KvPlan, QuantizedFormatsAndBlocks) {
+  // q4 with groups of 64: 0.5 B/elem + 4 B per group -> 64 + 8 = 72 B per 128-element row.
+  const PlanResult q4 = plan("llama2-7b", 4096, "q4");
+  EXPECT_EQ(q4.kv_bytes_per_token, 32.0 * 2 * 32 * 72);
+  EXPECT_LE(q4.kv_bytes_per_token / plan("llama2-7b", 4096).kv_bytes_per_token, 0.30);
+  const PlanResult q2 = plan("llama2-7b", 4096, "q2");
+  EXPECT_LE(q2.kv_bytes_per_token / plan("llama2-7b", 4096).kv_bytes_per_token, 0.20);
+  PlanOptions o;
+  o.context = 1000;
+  o.block_tokens = 16;
+  const PlanResult paged = compute_plan(plan_preset("llama2-7b"), o);
+  EXPECT_EQ(paged.kv_bytes_total, 512.0 * 1024 * 1008);  // 1000 rounded up to 63 blocks
+  EXPECT_THROW(parse_kv_format("q3"), Error);
+}
+
+TEST(KvPlan, ConfigJsonUnknownFieldsAndTypes) {
+  const std::string cfg = R"({"model_type":"newthing","num_hidden_layers":4,
+    "num_attention_heads":8,"num_key_value_heads":2,"hidden_size":512,"some_new_field":[1,2],
+    "layer_types":["full_attention","mystery_attention","moe","full_attention"]})";
+  const PlanModel m = plan_model_from_hf_json(cfg, "config.json");
+  ASSERT_EQ(m.layers.size(), 4u);
+  EXPECT_EQ(m.layers[1].kind, PlanLayerKind::kUnknown);
+  EXPECT_EQ(m.layers[2].kind, PlanLayerKind::kEmpty);
+  EXPECT_FALSE(m.notes.empty());
+  PlanOptions o;
+  o.context = 10;
+  EXPECT_EQ(compute_plan(m, o).kv_bytes_per_token, 2.0 * 2 * 2 * 64 * 2);
+  EXPECT_THROW(plan_model_from_hf_json("{not json", "bad.json"), Error);
+  EXPECT_THROW(plan_model_from_hf_json(R"({"num_attention_heads":8})", "c.json"), Error);
+  try {
+    plan_model_from_hf_json(R"({"num_hidden_layers":2,"num_attention_heads":8,"hidden_size":64,
+      "layer_types":["full_attention"]})", "c.json");
+    FAIL() << "a layer_types list of the wrong length must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("c.json"), std::string::npos);
+  }
+}
+
+TEST(KvPlan, JsonCarriesTheInterfaceFields) {
+  PlanOptions o;
+  o.context = 4096;
+  const PlanModel m = plan_preset("llama2-7b");
+  const auto j = nlohmann::json::parse(plan_json(m, o, compute_plan(m, o)));
+  EXPECT_EQ(j["kv_bytes_per_token"].get<int64_t>(), 524288);
+  EXPECT_EQ(j["kv_bytes_total"].get<int64_t>(), 2147483648);
+  ASSERT_EQ(j["layers"].size(), 1u);
+  EXPECT_EQ(j["layers"][0]["type"], "full_attention");
+  EXPECT_EQ(j["layers"][0]["count"], 32);
+  EXPECT_EQ(j["layers"][0]["bytes_per_token"].get<int64_t>(), 524288);
+}
+
+TEST(KvPlan, SvgIsAPlot) {
+  PlanOptions o;
+  o.format = parse_kv_format("q4");
+  o.budget_bytes = parse_byte_size("24GiB");
+  const std::string svg = plan_svg(plan_preset("llama2-7b"), o);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("polyline"), std::string::npos);
+  EXPECT_NE(svg.find("f16 (reference)"), std::string::npos);
+  EXPECT_NE(svg.find("budget after weights"), std::string::npos);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+}
+
+TEST(KvPlan, ByteSizes) {
+  EXPECT_EQ(parse_byte_size("24GiB"), 24ull << 30);
+  EXPECT_EQ(parse_byte_size("13.4GB"), 13400000000ull);
+  EXPECT_EQ(parse_byte_size("512 MiB"), 512ull << 20);
+  EXPECT_EQ(parse_byte_size("100"), 100ull);
+  EXPECT_THROW(parse_byte_size("lots"), Error);
+  EXPECT_THROW(parse_byte_size("5 parsecs"), Error);
+  EXPECT_EQ(format_bytes(2147483648.0), "2 GiB");
+  EXPECT_EQ(format_bytes(7584), "7.41 KiB");
+}
+
+TEST(KvPlan, EveryPresetPlans) {
+  for (const std::string& name : plan_preset_names()) {
+    const PlanResult r = plan(name, 8192);
+    EXPECT_GT(r.kv_bytes_per_token, 0) << name;
+    EXPECT_GT(r.kv_bytes_total, 0) << name;
+  }
+  EXPECT_THROW(plan_preset("llama9-1t"), Error);
+}
+
+}  // namespace
+}  // namespace kvcache
