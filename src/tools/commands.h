@@ -8,6 +8,8 @@
 
 namespace kvcache::tools {
 
-void register_run(CLI::App& app);  // cmd_run.cc: demo of the cache containers
+void register_run(CLI::App& app);       // cmd_run.cc: demo of the cache containers
+void register_generate(CLI::App& app);  // cmd_generate.cc: text generation on a model
+void register_logits(CLI::App& app);    // cmd_logits.cc: dump every position's logits
 
 }  // namespace kvcache::tools

@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   kvcache::tools::register_run(app);
+  kvcache::tools::register_generate(app);
+  kvcache::tools::register_logits(app);
 
   try {
     app.parse(argc, argv);  // runs the chosen subcommand's callback

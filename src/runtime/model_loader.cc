@@ -1,0 +1,79 @@
+#include "runtime/model_loader.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "model/llama2c.h"
+#include "model/model_file.h"
+#include "model/tokenizer_llama2c.h"
+
+namespace kvcache {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool starts_with_gguf_magic(const std::string& path) {
+  char magic[4] = {};
+  std::ifstream f(path, std::ios::binary);
+  f.read(magic, 4);
+  return f && std::string_view(magic, 4) == "GGUF";
+}
+
+std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, const ModelFile& file) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(ErrorKind::kIo, path + ": tokenizer file not found");
+  if (starts_with_gguf_magic(path) || path.ends_with(".json") || fs::is_directory(path, ec)) {
+    throw Error(ErrorKind::kUnsupported,
+                path + ": GGUF and tokenizer.json vocabularies are not wired into generation yet; "
+                       "use --prompt-ids");
+  }
+  return std::make_unique<Llama2cTokenizer>(path, static_cast<int32_t>(file.config().vocab_size));
+}
+
+}  // namespace
+
+LoadedModel load_model(const std::string& path, const LoadOptions& options) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(ErrorKind::kIo, path + ": no such file or directory");
+  std::unique_ptr<ModelFile> file;
+  // GGUF (magic), safetensors and HF folders go to the model layer's loader; anything else
+  // must be a llama2.c checkpoint (it has no magic), whose header checks then name the problem.
+  if (fs::is_directory(path, ec) || starts_with_gguf_magic(path) || path.ends_with(".safetensors")) {
+    file = open_model_file(path);
+  } else {
+    file = load_llama2c(path);
+  }
+
+  LoadedModel out;
+  std::string tok_path = options.tokenizer_path;
+  if (tok_path.empty() && file->format() == "llama2c") {
+    const fs::path dir = fs::path(path).parent_path();
+    for (const char* name : {"tokenizer.bin", "tok512.bin"}) {
+      if (fs::exists(dir / name, ec)) {
+        tok_path = (dir / name).string();
+        break;
+      }
+    }
+  }
+  if (!tok_path.empty()) out.tokenizer = open_tokenizer(tok_path, *file);
+  if (out.tokenizer == nullptr && options.require_tokenizer) {
+    throw Error(ErrorKind::kInvalidArgument,
+                path + ": no tokenizer found (looked for tokenizer.bin / tok512.bin beside a llama2.c "
+                       "checkpoint); pass --tokenizer FILE, or give token ids with --prompt-ids");
+  }
+  out.tokenizer_path = tok_path;
+  const ModelConfig& c = file->config();
+  if (file->format() == "llama2c") {
+    out.stop_ids = {1};
+  } else if (c.eos_id >= 0) {
+    out.stop_ids = {c.eos_id};
+  }
+  out.add_bos = file->format() == "llama2c" || c.bos_id >= 0;
+  out.model = std::make_unique<LlamaModel>(std::move(file));
+  return out;
+}
+
+}  // namespace kvcache

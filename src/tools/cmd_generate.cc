@@ -1,0 +1,169 @@
+// `kvcache generate`: text generation on a real model through any cache container.
+// stdout carries only text — the prompt followed by the generated text and one final newline,
+// as llama2.c's `run` prints it (or the generated ids with --output ids); every statistic goes
+// to stderr, so stdout can be compared byte for byte.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/tokenizer_llama2c.h"
+#include "runtime/generate.h"
+#include "runtime/model_loader.h"
+#include "tools/commands.h"
+#include "tools/model_options.h"
+
+namespace kvcache::tools {
+namespace {
+
+struct GenerateOptions {
+  ModelOptions model;
+  std::string prompt;
+  std::string prompt_ids;
+  bool has_prompt = false;
+  int64_t n = 256;
+  SamplerParams sampler{0.8f, 40, 0.95f, 0.05f, 1.0f, 64, 42};  // llama.cpp's defaults, seed 42
+  bool ignore_eos = false;
+  std::string output = "text";
+  bool verify = false;
+  double verify_tol = 0.0;
+};
+
+// Text of token `id` following `prev` as the stream shows it: llama2.c's decode + safe_printf
+// for its tokenizer; otherwise the token's bytes, minus the SentencePiece space after BOS.
+std::string piece(const Tokenizer& tok, int32_t prev, int32_t id) {
+  if (const auto* l2c = dynamic_cast<const Llama2cTokenizer*>(&tok)) return l2c->decode_for_print(prev, id);
+  std::string s = tok.decode(id);
+  if (prev == tok.bos_id() && std::string_view(tok.kind()) == "llama" && !s.empty() && s[0] == ' ') s.erase(0, 1);
+  return s;
+}
+
+void run_generate(const GenerateOptions& o) {
+  if (o.output != "text" && o.output != "ids") {
+    throw Error(ErrorKind::kInvalidArgument, "--output must be 'text' or 'ids', got '" + o.output + "'");
+  }
+  if (o.has_prompt && !o.prompt_ids.empty()) {
+    throw Error(ErrorKind::kInvalidArgument, "give either --prompt or --prompt-ids, not both");
+  }
+  LoadOptions lo;
+  lo.tokenizer_path = o.model.tokenizer;
+  lo.require_tokenizer = o.prompt_ids.empty() || o.output == "text";
+  LoadedModel lm = load_model(o.model.model, lo);
+  const LlamaModel& model = *lm.model;
+  const SessionConfig sc = session_config(o.model, model);
+
+  std::vector<int32_t> prompt;
+  if (!o.prompt_ids.empty()) {
+    prompt = parse_ids(o.prompt_ids);
+    if (prompt.empty()) throw Error(ErrorKind::kInvalidArgument, "--prompt-ids holds no ids");
+  } else {
+    if (lm.add_bos) prompt.push_back(lm.tokenizer->bos_id() >= 0 ? lm.tokenizer->bos_id() : 1);
+    const std::vector<int32_t> text_ids = lm.tokenizer->encode(o.prompt);
+    prompt.insert(prompt.end(), text_ids.begin(), text_ids.end());
+    if (prompt.empty()) throw Error(ErrorKind::kInvalidArgument, "the prompt encodes to no tokens");
+  }
+  for (int32_t id : prompt) {
+    if (id >= model.config().vocab_size) {
+      throw Error(ErrorKind::kInvalidArgument, "prompt token id " + std::to_string(id) +
+                                                   " is outside the vocabulary [0, " +
+                                                   std::to_string(model.config().vocab_size) + ")");
+    }
+  }
+  GenerateParams gp;
+  gp.max_new_tokens = o.n;
+  gp.sampler = o.sampler;
+  gp.stop_ids = lm.stop_ids;
+  gp.ignore_eos = o.ignore_eos;
+  gp.verify = o.verify;
+  gp.verify_tolerance = o.verify_tol;
+  // Positions fed = prompt + new - 1 (the last sampled token is not fed): keep them within
+  // the trained context, as llama2.c clamps its steps to seq_len.
+  const int64_t ctx = model.config().max_seq_len;
+  const int64_t room = ctx - static_cast<int64_t>(prompt.size()) + 1;
+  if (room <= 0) {
+    throw Error(ErrorKind::kInvalidArgument, "the prompt has " + std::to_string(prompt.size()) +
+                                                 " tokens; the model's context is " + std::to_string(ctx));
+  }
+  if (gp.max_new_tokens > room) {
+    std::fprintf(stderr, "kvcache: -n %lld exceeds the context (%lld positions); generating %lld\n",
+                 static_cast<long long>(gp.max_new_tokens), static_cast<long long>(ctx), static_cast<long long>(room));
+    gp.max_new_tokens = room;
+  }
+
+  Session session(model, sc);
+  const bool text = o.output == "text";
+  int32_t prev = -1;
+  if (text) {
+    const Tokenizer& tok = *lm.tokenizer;
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      if (!(i == 0 && prompt[i] == tok.bos_id())) std::fputs(piece(tok, prev, prompt[i]).c_str(), stdout);
+      prev = prompt[i];
+    }
+    std::fflush(stdout);
+  }
+  std::vector<int32_t> generated;
+  const GenerateStats st = generate(
+      session, prompt, gp,
+      [&](int32_t id) {
+        if (!text) return;
+        std::fputs(piece(*lm.tokenizer, prev, id).c_str(), stdout);
+        std::fflush(stdout);
+        prev = id;
+      },
+      &generated);
+  if (!text) {
+    std::string line;
+    for (int32_t id : generated) line += (line.empty() ? "" : " ") + std::to_string(id);
+    std::fputs(line.c_str(), stdout);
+  }
+  std::fputs("\n", stdout);
+  std::fflush(stdout);
+
+  std::fprintf(stderr,
+               "%s\nprompt tokens: %lld | new tokens: %lld%s | prefill: %.1f tok/s | decode: %.1f tok/s | "
+               "cache: %s (%s, kv %s) | KV bytes: %zu\n",
+               model.config().summary().c_str(), static_cast<long long>(st.prompt_tokens),
+               static_cast<long long>(st.new_tokens), st.stopped ? " (stopped at end token)" : "",
+               st.prefill_tps(), st.decode_tps(), sc.cache.c_str(), sc.kernel.c_str(),
+               dtype_name(sc.kv_dtype.value_or(DType::kF32)), st.kv_bytes);
+  if (o.verify) {
+    std::fprintf(stderr, "verify: max relative logit difference vs no-cache recompute: %.3g (tolerance %.3g)%s\n",
+                 st.verify_max_rel_diff, st.verify_tolerance, st.verify_failures ? " FAILED" : " ok");
+    if (st.verify_failures > 0) {
+      std::fflush(stderr);
+      std::exit(3);
+    }
+  }
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text with a model through a KV cache container");
+  add_model_options(cmd, o->model);
+  cmd->add_option("--prompt,-p", o->prompt, "Prompt text (BOS is prepended)")->each([o](const std::string&) { o->has_prompt = true; });
+  cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids, e.g. \"1 403 407\" (no BOS added)");
+  cmd->add_option("-n,--n-predict", o->n, "New tokens to generate (the prompt not counted)");
+  cmd->add_option("--temp", o->sampler.temperature, "Temperature; 0 = greedy");
+  cmd->add_option("--top-k", o->sampler.top_k, "Top-k (0 = off)");
+  cmd->add_option("--top-p", o->sampler.top_p, "Top-p (1 = off)");
+  cmd->add_option("--min-p", o->sampler.min_p, "Min-p (0 = off)");
+  cmd->add_option("--repeat-penalty", o->sampler.repeat_penalty, "Repetition penalty (1 = off)");
+  cmd->add_option("--repeat-last-n", o->sampler.repeat_last_n, "Tokens the penalty looks back at");
+  cmd->add_option("--seed", o->sampler.seed, "Sampler seed (PCG32)");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "Generate all N tokens, past end tokens");
+  cmd->add_option("--output", o->output, "text (default) or ids");
+  cmd->add_flag("--verify", o->verify,
+                "After each step compare logits with a no-cache recompute; exit 3 past the tolerance");
+  cmd->add_option("--verify-tol", o->verify_tol,
+                  "Relative tolerance of --verify (default: 1e-4 for f32 KV, 1e-2 f16, 5e-2 bf16)");
+  cmd->callback([o] { run_generate(*o); });
+}
+
+}  // namespace kvcache::tools

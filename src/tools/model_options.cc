@@ -1,0 +1,65 @@
+#include "tools/model_options.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/matmul.h"
+
+namespace kvcache::tools {
+
+void add_model_options(CLI::App* cmd, ModelOptions& o) {
+  cmd->add_option("--model,-m", o.model, "Model: llama2.c .bin, GGUF file, or Hugging Face folder")->required();
+  cmd->add_option("--tokenizer", o.tokenizer,
+                  "Tokenizer file (default: tokenizer.bin / tok512.bin beside a llama2.c checkpoint)");
+  cmd->add_option("--cache", o.cache, "Cache implementation (transformers' names): dynamic, static, ...");
+  cmd->add_option("--max-cache-len", o.max_cache_len, "Capacity of static caches in tokens (default: context length)");
+  cmd->add_option("--kernel", o.kernel, "Attention kernel: eager or fused");
+  cmd->add_option("--kv-dtype", o.kv_dtype, "KV storage dtype: f32, f16, bf16 (default: f32 for f32 weights, else f16)");
+  cmd->add_option("-t,--threads", o.threads, "Threads (default: all cores)");
+  cmd->add_option("--chunk", o.chunk, "Prefill chunk in tokens");
+}
+
+SessionConfig session_config(const ModelOptions& o, const LlamaModel& model) {
+  if (o.threads < 0) throw Error(ErrorKind::kInvalidArgument, "-t must be >= 0");
+  if (o.threads > 0) set_default_threads(o.threads);
+  set_blas_threads(default_pool().n_threads());
+  SessionConfig sc;
+  sc.cache = o.cache;
+  sc.max_cache_len = o.max_cache_len;
+  sc.kernel = o.kernel;
+  sc.prefill_chunk = o.chunk;
+  if (!o.kv_dtype.empty()) {
+    sc.kv_dtype = parse_dtype(o.kv_dtype);
+    if (!dtype_is_float(*sc.kv_dtype)) {
+      throw Error(ErrorKind::kUnsupported, "--kv-dtype " + o.kv_dtype + ": dense caches store f32, f16 or bf16");
+    }
+  } else {
+    sc.kv_dtype = model.tok_embeddings().dtype() == DType::kF32 ? DType::kF32 : DType::kF16;
+  }
+  return sc;
+}
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  const char* p = text.c_str();
+  while (*p != '\0') {
+    if (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') {
+      ++p;
+      continue;
+    }
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(p, &end, 10);
+    if (end == p || errno != 0 || v < 0 || v > INT32_MAX || (*end != '\0' && *end != ' ' && *end != ',' && *end != '\t' && *end != '\n')) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "--prompt-ids: '" + text + "' is not a list of non-negative token ids (at: '" + std::string(p) + "')");
+    }
+    ids.push_back(static_cast<int32_t>(v));
+    p = end;
+  }
+  return ids;
+}
+
+}  // namespace kvcache::tools

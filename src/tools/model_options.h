@@ -1,0 +1,34 @@
+// Options shared by the subcommands that run a model (generate, logits, bench): parsing of
+// --prompt-ids and of the cache/kernel/dtype choices into a SessionConfig.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/model_loader.h"
+#include "runtime/session.h"
+
+namespace kvcache::tools {
+
+struct ModelOptions {
+  std::string model;
+  std::string tokenizer;
+  std::string cache = "dynamic";
+  int64_t max_cache_len = 0;
+  std::string kernel = "fused";
+  std::string kv_dtype;  // empty: f32 for f32 checkpoints, f16 otherwise
+  int threads = 0;
+  int64_t chunk = 512;
+};
+
+// Adds --model, --tokenizer, --cache, --max-cache-len, --kernel, --kv-dtype, -t, --chunk.
+void add_model_options(CLI::App* cmd, ModelOptions& o);
+// Applies -t (thread pool and BLAS) and builds the session config for `model`.
+SessionConfig session_config(const ModelOptions& o, const LlamaModel& model);
+// "1 403 407" (spaces or commas) -> ids; throws Error naming the bad entry.
+std::vector<int32_t> parse_ids(const std::string& text);
+
+}  // namespace kvcache::tools

@@ -1,0 +1,155 @@
+// The `kvcache` binary on stories260K: stdout byte for byte as llama2.c's run, ids, logits
+// files, --verify, and bad inputs ending with exit code 2 and a message naming the problem.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kShared = KVCACHE_SHARED_DIR;
+const std::string kModel = kShared + "/models/stories260K/stories260K.bin";
+const std::string kGolden = kShared + "/golden/stories260K";
+
+bool have_stories() { return fs::exists(kModel) && fs::exists(kGolden + "/once_upon_a_time.txt"); }
+#define REQUIRE_STORIES() \
+  if (!have_stories()) GTEST_SKIP() << "stories260K / golden outputs not under " KVCACHE_SHARED_DIR "; skipping"
+
+// build/tests/test_tools -> build/kvcache
+std::string cli() { return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "kvcache").string(); }
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    dir = fs::temp_directory_path() /
+          ("kvcache_cli_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir);
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  std::string file(const std::string& n) const { return (dir / n).string(); }
+  Result run(const std::string& args) const {
+    const std::string out = file("stdout"), err = file("stderr");
+    const int st = std::system((cli() + " " + args + " >" + out + " 2>" + err).c_str());
+    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
+  }
+};
+
+std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+TEST(CliGenerate, StdoutIsByteIdenticalToLlama2c) {
+  REQUIRE_STORIES();
+  Scratch s;
+  // llama2.c's -n 256 counted positions: 256 - 5 + 1 new tokens after a 5-token prompt.
+  for (const char* cache : {"dynamic", "static"}) {
+    Result r = s.run("generate --model " + quote(kModel) + " --prompt 'Once upon a time' -n 252 --temp 0 --cache " + cache);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, slurp(kGolden + "/once_upon_a_time.txt")) << cache;
+    EXPECT_NE(r.err.find("prompt tokens: 5"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("decode:"), std::string::npos);
+    EXPECT_NE(r.err.find("KV bytes:"), std::string::npos);
+  }
+  Result e = s.run("generate --model " + quote(kModel) + " -n 256 --temp 0 --kernel eager");
+  EXPECT_EQ(e.code, 0) << e.err;
+  EXPECT_EQ(e.out, slurp(kGolden + "/empty.txt"));
+}
+
+TEST(CliGenerate, IdsOutputAndVerify) {
+  REQUIRE_STORIES();
+  Scratch s;
+  Result r = s.run("generate --model " + quote(kModel) +
+                   " --prompt-ids '1 403 407 261 378' -n 252 --temp 0 --output ids");
+  EXPECT_EQ(r.code, 0) << r.err;
+  const std::string golden = slurp(kGolden + "/once_upon_a_time.ids");
+  const size_t at = golden.find("\ngenerated_ids: ");
+  ASSERT_NE(at, std::string::npos);
+  std::string want = golden.substr(at + 16);
+  want = want.substr(0, want.find('\n')) + "\n";
+  EXPECT_EQ(r.out, want);
+  Result v = s.run("generate --model " + quote(kModel) + " -n 48 --temp 0 --output ids --verify --cache static");
+  EXPECT_EQ(v.code, 0) << v.err;
+  EXPECT_NE(v.err.find("verify: max relative logit difference"), std::string::npos) << v.err;
+  EXPECT_NE(v.err.find(" ok"), std::string::npos) << v.err;
+  // An f16 cache is not bit-exact: a tolerance below its rounding makes --verify fail (exit 3).
+  Result f = s.run("generate --model " + quote(kModel) + " -n 8 --temp 0 --output ids --verify --kv-dtype f16 --verify-tol 1e-9");
+  EXPECT_EQ(f.code, 3) << f.err;
+  EXPECT_NE(f.err.find("FAILED"), std::string::npos) << f.err;
+  // Sampling is seeded: the same seed repeats itself, another seed does not.
+  const std::string samp = "generate --model " + quote(kModel) + " -n 40 --temp 1 --top-p 0.9 --output ids --seed ";
+  Result a = s.run(samp + "7"), b = s.run(samp + "7"), c = s.run(samp + "8");
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+}
+
+TEST(CliLogits, WritesEveryPositionAsFloat32) {
+  REQUIRE_STORIES();
+  Scratch s;
+  const std::string ids = "'1 403 407 261 378 432 383 286'";  // the golden sequence's first 8
+  const std::string want = slurp(kGolden + "/logits_once_upon_a_time.f32");
+  for (const std::string extra : {"", " --cache static"}) {
+    Result r = s.run("logits --model " + quote(kModel) + " --prompt-ids " + ids + " -o " + s.file("l.f32") + extra);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string got = slurp(s.file("l.f32"));
+    ASSERT_EQ(got.size(), want.size());
+    std::vector<float> a(got.size() / 4), b(want.size() / 4);
+    std::memcpy(a.data(), got.data(), got.size());
+    std::memcpy(b.data(), want.data(), want.size());
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4) << i << extra;
+  }
+}
+
+TEST(CliBadInput, ExitCode2AndAMessageNamingTheProblem) {
+  REQUIRE_STORIES();
+  Scratch s;
+  const std::string raw = slurp(kModel);
+  std::ofstream(s.file("cut.bin"), std::ios::binary).write(raw.data(), 5000);
+  std::ofstream(s.file("junk.bin"), std::ios::binary) << std::string(300, 'x');
+  fs::copy_file(kShared + "/models/stories260K/tok512.bin", s.file("tok512.bin"));
+  const std::string tok = slurp(s.file("tok512.bin"));
+  std::ofstream(s.file("tok_cut.bin"), std::ios::binary).write(tok.data(), 100);
+  struct Case {
+    std::string args, needle;
+  };
+  const Case cases[] = {
+      {"generate --model " + s.file("cut.bin") + " -n 4", "truncated"},
+      {"generate --model " + s.file("junk.bin") + " -n 4", "not a valid llama2.c checkpoint"},
+      {"generate --model " + s.file("missing.bin") + " -n 4", "no such file"},
+      {"generate --model " + quote(kModel) + " --tokenizer " + s.file("tok_cut.bin") + " -n 4", "tok_cut.bin"},
+      {"generate --model " + quote(kModel) + " --prompt-ids '1 x 3' -n 4 --output ids", "--prompt-ids"},
+      {"generate --model " + quote(kModel) + " --prompt-ids '1 9999' -n 4 --output ids", "outside the vocabulary"},
+      {"generate --model " + quote(kModel) + " --cache nosuch -n 4", "nosuch"},
+      {"generate --model " + quote(kModel) + " --kernel nosuch -n 4", "nosuch"},
+      {"generate --model " + quote(kModel) + " --kv-dtype q8_0 -n 4", "kv-dtype"},
+      {"generate --model " + quote(kModel) + " --cache static --max-cache-len 4 --prompt 'Once upon a time' -n 8",
+       "max_cache_len"},
+      {"logits --model " + quote(kModel) + " --prompt-ids '1 2' -o /nonexistent/dir/x.f32", "/nonexistent/dir/x.f32"},
+  };
+  for (const Case& c : cases) {
+    Result r = s.run(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << "\nstderr: " << r.err;
+    EXPECT_EQ(r.err.find("internal invariant"), std::string::npos) << r.err;
+  }
+}
+
+}  // namespace
