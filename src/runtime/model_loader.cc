@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "model/gguf.h"
 #include "model/llama2c.h"
 #include "model/model_file.h"
 #include "model/tokenizer_llama2c.h"
@@ -26,9 +27,7 @@ std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, const ModelFi
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(ErrorKind::kIo, path + ": tokenizer file not found");
   if (starts_with_gguf_magic(path) || path.ends_with(".json") || fs::is_directory(path, ec)) {
-    throw Error(ErrorKind::kUnsupported,
-                path + ": GGUF and tokenizer.json vocabularies are not wired into generation yet; "
-                       "use --prompt-ids");
+    return load_tokenizer(path);
   }
   return std::make_unique<Llama2cTokenizer>(path, static_cast<int32_t>(file.config().vocab_size));
 }
@@ -58,11 +57,23 @@ LoadedModel load_model(const std::string& path, const LoadOptions& options) {
       }
     }
   }
+  if (tok_path.empty() && file->format() == "gguf") {
+    // The vocabulary usually travels inside the GGUF; a weights-only GGUF has none.
+    if (GgufFile::open(path)->find("tokenizer.ggml.model") != nullptr) tok_path = path;
+  } else if (tok_path.empty() && fs::is_directory(path, ec) && fs::exists(fs::path(path) / "tokenizer.json", ec)) {
+    tok_path = (fs::path(path) / "tokenizer.json").string();
+  }
   if (!tok_path.empty()) out.tokenizer = open_tokenizer(tok_path, *file);
+  if (out.tokenizer != nullptr && out.tokenizer->vocab_size() > file->config().vocab_size) {
+    throw Error(ErrorKind::kFormat, tok_path + ": the tokenizer has " + std::to_string(out.tokenizer->vocab_size()) +
+                                        " tokens but the model's vocabulary is " +
+                                        std::to_string(file->config().vocab_size));
+  }
   if (out.tokenizer == nullptr && options.require_tokenizer) {
     throw Error(ErrorKind::kInvalidArgument,
-                path + ": no tokenizer found (looked for tokenizer.bin / tok512.bin beside a llama2.c "
-                       "checkpoint); pass --tokenizer FILE, or give token ids with --prompt-ids");
+                path + ": no tokenizer found (tokenizer.bin / tok512.bin beside a llama2.c checkpoint, "
+                       "tokenizer.ggml.* in a GGUF, tokenizer.json in a folder); pass --tokenizer FILE, or "
+                       "give token ids with --prompt-ids and --output ids");
   }
   out.tokenizer_path = tok_path;
   const ModelConfig& c = file->config();

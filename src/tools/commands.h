@@ -11,5 +11,6 @@ namespace kvcache::tools {
 void register_run(CLI::App& app);       // cmd_run.cc: demo of the cache containers
 void register_generate(CLI::App& app);  // cmd_generate.cc: text generation on a model
 void register_logits(CLI::App& app);    // cmd_logits.cc: dump every position's logits
+void register_convert(CLI::App& app);   // cmd_convert.cc: llama2.c -> GGUF
 
 }  // namespace kvcache::tools

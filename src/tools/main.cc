@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   kvcache::tools::register_run(app);
   kvcache::tools::register_generate(app);
   kvcache::tools::register_logits(app);
+  kvcache::tools::register_convert(app);
 
   try {
     app.parse(argc, argv);  // runs the chosen subcommand's callback

@@ -118,6 +118,22 @@ TEST(CliLogits, WritesEveryPositionAsFloat32) {
   }
 }
 
+TEST(CliConvert, GgufCopyGeneratesTheSameText) {
+  REQUIRE_STORIES();
+  Scratch s;
+  Result c = s.run("convert --model " + quote(kModel) + " -o " + s.file("st.gguf"));
+  ASSERT_EQ(c.code, 0) << c.err;
+  Result r = s.run("generate --model " + s.file("st.gguf") + " --prompt 'Once upon a time' -n 252 --temp 0");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, slurp(kGolden + "/once_upon_a_time.txt"));
+  // A truncated GGUF is a clean error too.
+  const std::string g = slurp(s.file("st.gguf"));
+  std::ofstream(s.file("cut.gguf"), std::ios::binary).write(g.data(), static_cast<std::streamsize>(g.size() / 2));
+  Result bad = s.run("generate --model " + s.file("cut.gguf") + " -n 4");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("cut.gguf"), std::string::npos) << bad.err;
+}
+
 TEST(CliBadInput, ExitCode2AndAMessageNamingTheProblem) {
   REQUIRE_STORIES();
   Scratch s;
