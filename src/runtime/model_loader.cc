@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "model/dummy.h"
 #include "model/gguf.h"
 #include "model/llama2c.h"
 #include "model/model_file.h"
@@ -34,7 +35,19 @@ std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, const ModelFi
 
 }  // namespace
 
-LoadedModel load_model(const std::string& path, const LoadOptions& options) {
+LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
+  std::string path = spec;
+  if (spec.starts_with("dummy:")) {
+    DummyModelOptions d;
+    d.preset = spec.substr(6);
+    if (const size_t colon = d.preset.find(':'); colon != std::string::npos) {
+      d.weight_dtype = parse_dtype(d.preset.substr(colon + 1));
+      d.preset.resize(colon);
+    }
+    d.vocab_gguf = options.dummy_vocab;
+    d.cache_dir = options.dummy_cache_dir;
+    path = build_dummy_gguf(d);
+  }
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(ErrorKind::kIo, path + ": no such file or directory");
   std::unique_ptr<ModelFile> file;

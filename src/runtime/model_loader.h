@@ -25,9 +25,15 @@ struct LoadedModel {
 struct LoadOptions {
   std::string tokenizer_path;  // empty: look beside the model (tokenizer.bin, tok512.bin)
   bool require_tokenizer = false;  // throw when none is found
+  // For --model dummy:NAME[:DTYPE]: the SentencePiece vocabulary GGUF to embed (empty: none)
+  // and where the generated GGUF is kept (empty: the user's cache folder).
+  std::string dummy_vocab;
+  std::string dummy_cache_dir;
 };
 
-// Throws Error naming the file and the problem (format, size, missing tensor, ...).
+// `path` may also be "dummy:NAME[:DTYPE]" (model/dummy.h: a seeded random-weight GGUF, f16
+// unless DTYPE says f32/bf16/q8_0). Throws Error naming the file and the problem (format,
+// size, missing tensor, ...).
 LoadedModel load_model(const std::string& path, const LoadOptions& options = {});
 
 }  // namespace kvcache

@@ -50,8 +50,7 @@ void run_generate(const GenerateOptions& o) {
   if (o.has_prompt && !o.prompt_ids.empty()) {
     throw Error(ErrorKind::kInvalidArgument, "give either --prompt or --prompt-ids, not both");
   }
-  LoadOptions lo;
-  lo.tokenizer_path = o.model.tokenizer;
+  LoadOptions lo = load_options(o.model);
   lo.require_tokenizer = o.prompt_ids.empty() || o.output == "text";
   LoadedModel lm = load_model(o.model.model, lo);
   const LlamaModel& model = *lm.model;

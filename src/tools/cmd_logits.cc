@@ -27,7 +27,7 @@ struct LogitsOptions {
 void run_logits(LogitsOptions& o) {
   const std::vector<int32_t> ids = parse_ids(o.prompt_ids);
   if (ids.empty()) throw Error(ErrorKind::kInvalidArgument, "--prompt-ids holds no ids");
-  LoadedModel lm = load_model(o.model.model);
+  LoadedModel lm = load_model(o.model.model, load_options(o.model));
   const LlamaModel& model = *lm.model;
   SessionConfig sc = session_config(o.model, model);
   const auto vocab = static_cast<size_t>(model.config().vocab_size);

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -10,7 +11,7 @@
 namespace kvcache::tools {
 
 void add_model_options(CLI::App* cmd, ModelOptions& o) {
-  cmd->add_option("--model,-m", o.model, "Model: llama2.c .bin, GGUF file, or Hugging Face folder")->required();
+  cmd->add_option("--model,-m", o.model, "Model: llama2.c .bin, GGUF file, Hugging Face folder, or dummy:tiny / dummy:llama-125m[:f16|f32|bf16|q8_0]")->required();
   cmd->add_option("--tokenizer", o.tokenizer,
                   "Tokenizer file (default: tokenizer.bin / tok512.bin beside a llama2.c checkpoint)");
   cmd->add_option("--cache", o.cache, "Cache implementation (transformers' names): dynamic, static, ...");
@@ -19,6 +20,15 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--kv-dtype", o.kv_dtype, "KV storage dtype: f32, f16, bf16 (default: f32 for f32 weights, else f16)");
   cmd->add_option("-t,--threads", o.threads, "Threads (default: all cores)");
   cmd->add_option("--chunk", o.chunk, "Prefill chunk in tokens");
+}
+
+LoadOptions load_options(const ModelOptions& o) {
+  LoadOptions lo;
+  lo.tokenizer_path = o.tokenizer;
+  const std::string spm = std::string(KVCACHE_SHARED_DIR) + "/vocab/ggml-vocab-llama-spm.gguf";
+  std::error_code ec;
+  if (std::filesystem::exists(spm, ec)) lo.dummy_vocab = spm;
+  return lo;
 }
 
 SessionConfig session_config(const ModelOptions& o, const LlamaModel& model) {

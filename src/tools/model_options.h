@@ -26,6 +26,9 @@ struct ModelOptions {
 
 // Adds --model, --tokenizer, --cache, --max-cache-len, --kernel, --kv-dtype, -t, --chunk.
 void add_model_options(CLI::App* cmd, ModelOptions& o);
+// --tokenizer, plus for dummy:NAME models the SentencePiece vocabulary of ../shared/vocab
+// when it exists (so text prompts work on dummy models).
+LoadOptions load_options(const ModelOptions& o);
 // Applies -t (thread pool and BLAS) and builds the session config for `model`.
 SessionConfig session_config(const ModelOptions& o, const LlamaModel& model);
 // "1 403 407" (spaces or commas) -> ids; throws Error naming the bad entry.

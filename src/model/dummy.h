@@ -1,0 +1,35 @@
+// Dummy models, like vLLM's `--load-format dummy`: a preset architecture with seeded random
+// weights, written as a real GGUF and then loaded through the real GGUF loader — so benchmarks
+// and demos exercise exactly the code a downloaded model would, without downloading one.
+// Presets: "tiny" (tests: dim 64, 2 layers) and "llama-125m" (dim 768, 12 layers, 12 query
+// heads over 4 KV heads, FFN 2048, vocab 32000). When a SentencePiece vocabulary GGUF is given
+// (../shared/vocab/ggml-vocab-llama-spm.gguf), its tokenizer.ggml.* metadata is embedded so
+// text prompts work.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/model_file.h"
+
+namespace kvcache {
+
+struct DummyModelOptions {
+  std::string preset = "tiny";
+  DType weight_dtype = DType::kF16;  // matrices; norms stay f32
+  uint64_t seed = 0;
+  std::string vocab_gguf;  // optional GGUF whose tokenizer.ggml.* keys are copied
+  std::string cache_dir;   // where the GGUF goes; empty: $KVCACHE_CACHE_DIR, $XDG_CACHE_HOME/kvcache, ~/.cache/kvcache
+};
+
+std::vector<std::string> dummy_preset_names();
+// The preset's config; throws Error naming the known presets.
+ModelConfig dummy_preset(const std::string& name);
+
+// Writes (or reuses, when an identical one exists) the dummy GGUF and returns its path.
+// "dummy:NAME[:DTYPE]" parsing is the caller's (runtime's load_model).
+std::string build_dummy_gguf(const DummyModelOptions& options);
+
+}  // namespace kvcache
