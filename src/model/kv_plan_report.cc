@@ -1,6 +1,7 @@
 // Renderings of a KV plan: an aligned table for people, JSON for scripts, SVG for the picture
 // of KV memory against context length.
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -78,13 +79,19 @@ std::string plan_table(const PlanModel& m, const PlanOptions& o, const PlanResul
       << format_bytes(r.kv_bytes_total) << ") for " << o.batch << " x "
       << with_commas(static_cast<double>(o.context)) << " tokens\n";
   if (r.weight_bytes) {
-    out << "weights:        " << format_bytes(*r.weight_bytes) << " ("
+    char gb[32];
+    std::snprintf(gb, sizeof gb, "%.2f GB", *r.weight_bytes / 1e9);
+    out << "weights:        " << format_bytes(*r.weight_bytes) << " = " << gb << " ("
         << (m.weight_bytes_exact ? "as stored" : "parameters x " +
                                                      std::to_string(static_cast<int>(o.weight_bytes_per_param)) +
                                                      " B")
         << ")\n";
   }
-  if (o.budget_bytes) {
+  if (o.budget_bytes && r.weight_bytes && *r.weight_bytes >= static_cast<double>(*o.budget_bytes)) {
+    out << "budget " << format_bytes(static_cast<double>(*o.budget_bytes))
+        << ": the weights alone (" << format_bytes(*r.weight_bytes)
+        << ") do not fit; no room for any KV cache\n";
+  } else if (o.budget_bytes) {
     out << "budget " << format_bytes(static_cast<double>(*o.budget_bytes)) << ": ";
     if (!r.weight_bytes) out << "(weights unknown, not subtracted) ";
     out << *r.max_requests << " requests of " << with_commas(static_cast<double>(o.context))
@@ -106,7 +113,7 @@ std::string plan_table(const PlanModel& m, const PlanOptions& o, const PlanResul
 }
 
 std::string plan_json(const PlanModel& m, const PlanOptions& o, const PlanResult& r) {
-  nlohmann::json j;
+  nlohmann::ordered_json j;
   j["model"] = m.name;
   j["source"] = m.source;
   j["kv_dtype"] = o.format.name;
@@ -121,7 +128,7 @@ std::string plan_json(const PlanModel& m, const PlanOptions& o, const PlanResult
     j["mha_equivalent_bytes_per_token"] = number(r.mha_equivalent_bytes_per_token);
   if (r.uncompressed_bytes_per_token > 0)
     j["uncompressed_bytes_per_token"] = number(r.uncompressed_bytes_per_token);
-  j["layers"] = nlohmann::json::array();
+  j["layers"] = nlohmann::ordered_json::array();
   for (const PlanRow& row : r.rows) {
     j["layers"].push_back({{"type", row.type},
                            {"kind", plan_layer_kind_name(row.kind)},
@@ -131,7 +138,8 @@ std::string plan_json(const PlanModel& m, const PlanOptions& o, const PlanResult
                            {"state_bytes", number(row.state_bytes)},
                            {"total_bytes", number(row.total_bytes)}});
   }
-  j["weight_bytes"] = r.weight_bytes ? nlohmann::json(number(*r.weight_bytes)) : nlohmann::json();
+  j["weight_bytes"] =
+      r.weight_bytes ? nlohmann::ordered_json(number(*r.weight_bytes)) : nlohmann::ordered_json();
   if (m.max_context > 0) j["model_max_context"] = m.max_context;
   if (o.budget_bytes) {
     j["budget_bytes"] = *o.budget_bytes;

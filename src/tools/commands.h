@@ -12,5 +12,6 @@ void register_run(CLI::App& app);       // cmd_run.cc: demo of the cache contain
 void register_generate(CLI::App& app);  // cmd_generate.cc: text generation on a model
 void register_logits(CLI::App& app);    // cmd_logits.cc: dump every position's logits
 void register_convert(CLI::App& app);   // cmd_convert.cc: llama2.c -> GGUF
+void register_plan(CLI::App& app);      // cmd_plan.cc: the KV memory bill of a model
 
 }  // namespace kvcache::tools

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   kvcache::tools::register_generate(app);
   kvcache::tools::register_logits(app);
   kvcache::tools::register_convert(app);
+  kvcache::tools::register_plan(app);
 
   try {
     app.parse(argc, argv);  // runs the chosen subcommand's callback

@@ -1,0 +1,103 @@
+// `kvcache plan`: the KV memory bill of a model from its own config (config.json, a GGUF file,
+// or an embedded preset), before anything is allocated. Table by default, -o json for scripts,
+// --svg FILE for a plot of KV memory against context length.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "model/kv_plan.h"
+#include "tools/commands.h"
+
+namespace kvcache::tools {
+namespace {
+
+struct PlanArgs {
+  std::string config;
+  std::string preset;
+  int64_t context = 4096;
+  int64_t batch = 1;
+  std::string kv_dtype = "f16";
+  int64_t kv_group = 64;
+  int64_t block = 1;
+  std::string budget;
+  std::string weight_dtype = "bf16";
+  std::string output = "table";
+  std::string svg;
+  bool list = false;
+};
+
+void run_plan(const PlanArgs& a) {
+  if (a.list) {
+    for (const std::string& n : plan_preset_names()) std::printf("%s\n", n.c_str());
+    return;
+  }
+  if (a.config.empty() == a.preset.empty()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "plan needs exactly one of --config FILE (config.json, a model folder or a GGUF "
+                "file) and --preset NAME (see --list-presets)");
+  }
+  const PlanModel model = a.preset.empty() ? plan_model_from_path(a.config) : plan_preset(a.preset);
+  PlanOptions o;
+  o.context = a.context;
+  o.batch = a.batch;
+  o.format = parse_kv_format(a.kv_dtype, a.kv_group);
+  o.block_tokens = a.block;
+  if (a.weight_dtype == "f32") {
+    o.weight_bytes_per_param = 4;
+  } else if (a.weight_dtype == "f16" || a.weight_dtype == "bf16") {
+    o.weight_bytes_per_param = 2;
+  } else if (a.weight_dtype == "q8_0") {
+    o.weight_bytes_per_param = 34.0 / 32.0;
+  } else {
+    throw Error(ErrorKind::kInvalidArgument, "unknown --weight-dtype '" + a.weight_dtype +
+                                                 "': expected f32, f16, bf16 or q8_0");
+  }
+  if (!a.budget.empty()) o.budget_bytes = parse_byte_size(a.budget);
+  const PlanResult r = compute_plan(model, o);
+  if (a.output == "json") {
+    std::fputs(plan_json(model, o, r).c_str(), stdout);
+  } else if (a.output == "table") {
+    std::fputs(plan_table(model, o, r).c_str(), stdout);
+  } else {
+    throw Error(ErrorKind::kInvalidArgument,
+                "unknown output format '" + a.output + "': expected table or json");
+  }
+  if (!a.svg.empty()) {
+    std::ofstream out(a.svg, std::ios::binary);
+    out << plan_svg(model, o);
+    if (!out) throw Error(ErrorKind::kIo, a.svg + ": cannot write the SVG plot");
+    std::fprintf(stderr, "plot written to %s\n", a.svg.c_str());
+  }
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app) {
+  auto args = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "The KV memory bill of a model from its config: per layer type, totals, budget");
+  cmd->add_option("--config", args->config, "config.json, a Hugging Face folder, or a GGUF file");
+  cmd->add_option("--preset", args->preset, "an embedded model config (see --list-presets)");
+  cmd->add_flag("--list-presets", args->list, "print the preset names and exit");
+  cmd->add_option("--context", args->context, "tokens per request")->capture_default_str();
+  cmd->add_option("--batch", args->batch, "concurrent requests")->capture_default_str();
+  cmd->add_option("--kv-dtype", args->kv_dtype, "f32, f16, bf16, f8, q8, q4, q2")
+      ->capture_default_str();
+  cmd->add_option("--kv-group", args->kv_group, "elements per scale group for q8/q4/q2")
+      ->capture_default_str();
+  cmd->add_option("--block", args->block, "paged block size in tokens (rounds kept tokens up)")
+      ->capture_default_str();
+  cmd->add_option("--budget", args->budget, "memory budget, e.g. 24GiB: how many requests fit, "
+                                            "and the longest context for --batch requests");
+  cmd->add_option("--weight-dtype", args->weight_dtype,
+                  "bytes per parameter when weights come from a parameter count")
+      ->capture_default_str();
+  cmd->add_option("-o,--output", args->output, "table or json")->capture_default_str();
+  cmd->add_option("--svg", args->svg, "write a log-log plot of KV bytes against context here");
+  cmd->callback([args] { run_plan(*args); });
+}
+
+}  // namespace kvcache::tools
