@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -19,7 +20,9 @@ struct CliResult {
 
 inline CliResult run_cli(const std::string& args, const std::string& stdin_text = "") {
   static int counter = 0;
-  const std::string base = ::testing::TempDir() + "kvcache_cli_" + std::to_string(++counter);
+  // pid in the name: ctest runs test cases of one binary as parallel processes.
+  const std::string base = ::testing::TempDir() + "kvcache_cli_" + std::to_string(getpid()) +
+                           "_" + std::to_string(++counter);
   const std::string in_path = base + ".in", out_path = base + ".out", err_path = base + ".err";
   std::ofstream(in_path, std::ios::binary) << stdin_text;
   const std::string cmd = std::string("'") + KVCACHE_CLI + "' " + args + " <'" + in_path +
