@@ -22,9 +22,9 @@ constexpr int64_t kHeads = 8, kHeadDim = 128;
 void set_counters(benchmark::State& state, int64_t steps) {
   state.SetItemsProcessed(state.iterations() * steps);
   // Seconds per appended token (shown with an SI prefix, e.g. "8.5us").
-  state.counters["per_token"] = benchmark::Counter(
-      static_cast<double>(steps),
-      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["per_token"] =
+      benchmark::Counter(static_cast<double>(steps), benchmark::Counter::kIsIterationInvariantRate |
+                                                         benchmark::Counter::kInvert);
 }
 
 void BM_DynamicAppend(benchmark::State& state) {
@@ -77,10 +77,12 @@ void BM_CatEveryStep(benchmark::State& state) {
     for (int64_t s = 0; s < steps; ++s) {
       Tensor nk = Tensor::empty(DType::kF16, {1, kHeads, s + 1, kHeadDim});
       Tensor nv = Tensor::empty(DType::kF16, {1, kHeads, s + 1, kHeadDim});
-      for (const auto& [dst, old, add] : {std::tuple{&nk, &k, &k_new}, std::tuple{&nv, &v, &v_new}}) {
+      for (const auto& [dst, old, add] :
+           {std::tuple{&nk, &k, &k_new}, std::tuple{&nv, &v, &v_new}}) {
         auto* d = dst->data_as<std::byte>();
         for (int64_t h = 0; h < kHeads; ++h) {
-          if (s > 0) std::memcpy(d + h * (s + 1) * tok, old->data_as<std::byte>() + h * s * tok, s * tok);
+          if (s > 0)
+            std::memcpy(d + h * (s + 1) * tok, old->data_as<std::byte>() + h * s * tok, s * tok);
           std::memcpy(d + (h * (s + 1) + s) * tok, add->data_as<std::byte>() + h * tok, tok);
         }
       }

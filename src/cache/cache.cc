@@ -46,10 +46,10 @@ std::unique_ptr<CacheLayer> LayerRegistry::create(const std::string& implementat
                                                   const CacheConfig& config, int layer_index) {
   const auto it = registry().find({implementation, layer_type});
   if (it == registry().end()) {
-    throw Error(ErrorKind::kUnsupported,
-                "layer " + std::to_string(layer_index) + ": no cache container for layer type '" +
-                    layer_type + "' with cache implementation '" + implementation +
-                    "'; registered: " + join(names()));
+    throw Error(ErrorKind::kUnsupported, "layer " + std::to_string(layer_index) +
+                                             ": no cache container for layer type '" + layer_type +
+                                             "' with cache implementation '" + implementation +
+                                             "'; registered: " + join(names()));
   }
   return it->second(config, layer_index);
 }
@@ -73,7 +73,8 @@ Cache::Cache(const CacheConfig& config) : config_(config) {
   for (int i = 0; i < n; ++i) {
     const std::string& type = config.layer_types[static_cast<size_t>(i)];
     if (i < first_shared) {
-      layers_[static_cast<size_t>(i)] = LayerRegistry::create(config.implementation, type, config, i);
+      layers_[static_cast<size_t>(i)] =
+          LayerRegistry::create(config.implementation, type, config, i);
       source_[static_cast<size_t>(i)] = i;
       continue;
     }
@@ -87,21 +88,23 @@ Cache::Cache(const CacheConfig& config) : config_(config) {
     }
     if (src < 0) {
       throw Error(ErrorKind::kInvalidArgument,
-                  "layer " + std::to_string(i) + " is KV-shared (num_kv_shared_layers = " +
-                      std::to_string(shared) + ") but no earlier non-shared layer has its type '" +
-                      type + "' to read from");
+                  "layer " + std::to_string(i) +
+                      " is KV-shared (num_kv_shared_layers = " + std::to_string(shared) +
+                      ") but no earlier non-shared layer has its type '" + type + "' to read from");
     }
     source_[static_cast<size_t>(i)] = src;
   }
 }
 
-int Cache::num_layers() const { return static_cast<int>(layers_.size()); }
+int Cache::num_layers() const {
+  return static_cast<int>(layers_.size());
+}
 
 namespace {
 void check_layer_index(int layer, int n) {
   if (layer < 0 || layer >= n) {
-    throw Error(ErrorKind::kInvalidArgument, "layer index " + std::to_string(layer) +
-                                                 " outside [0, " + std::to_string(n) + ")");
+    throw Error(ErrorKind::kInvalidArgument,
+                "layer index " + std::to_string(layer) + " outside [0, " + std::to_string(n) + ")");
   }
 }
 }  // namespace
@@ -123,7 +126,8 @@ CacheLayer& Cache::layer(int layer) {
 const CacheLayer& Cache::layer(int layer) const {
   if (is_shared(layer)) {
     throw Error(ErrorKind::kInvalidArgument,
-                "layer " + std::to_string(layer) + " is KV-shared and owns no cache; it reads layer " +
+                "layer " + std::to_string(layer) +
+                    " is KV-shared and owns no cache; it reads layer " +
                     std::to_string(source_layer(layer)) + " (use source_layer())");
   }
   return *layers_[static_cast<size_t>(layer)];
@@ -131,10 +135,12 @@ const CacheLayer& Cache::layer(int layer) const {
 
 KVSpan Cache::update(int layer, const TensorView& k, const TensorView& v) {
   if (is_shared(layer)) {
-    throw Error(ErrorKind::kInvalidArgument,
-                "layer " + std::to_string(layer) + " is KV-shared: it stores nothing; call "
-                "shared_kv(" + std::to_string(layer) + ") to read layer " +
-                    std::to_string(source_layer(layer)) + "'s keys and values");
+    throw Error(ErrorKind::kInvalidArgument, "layer " + std::to_string(layer) +
+                                                 " is KV-shared: it stores nothing; call "
+                                                 "shared_kv(" +
+                                                 std::to_string(layer) + ") to read layer " +
+                                                 std::to_string(source_layer(layer)) +
+                                                 "'s keys and values");
   }
   KVSpan span = layers_[static_cast<size_t>(layer)]->update(k, v);
   last_span_[static_cast<size_t>(layer)] = span;
@@ -148,7 +154,8 @@ KVSpan Cache::shared_kv(int layer) const {
     throw Error(ErrorKind::kInvalidArgument,
                 "layer " + std::to_string(layer) + " reads layer " + std::to_string(src) +
                     ", which has not been updated since the cache was built or last changed "
-                    "(crop/reset/reorder/...); run layer " + std::to_string(src) + " first");
+                    "(crop/reset/reorder/...); run layer " +
+                    std::to_string(src) + " first");
   }
   return span;
 }
@@ -165,7 +172,9 @@ int64_t Cache::max_length(int layer) const {
   return layers_[static_cast<size_t>(source_layer(layer))]->max_length();
 }
 
-void Cache::invalidate_spans() { std::fill(last_span_.begin(), last_span_.end(), KVSpan{}); }
+void Cache::invalidate_spans() {
+  std::fill(last_span_.begin(), last_span_.end(), KVSpan{});
+}
 
 void Cache::crop(int64_t n) {
   invalidate_spans();
@@ -202,8 +211,12 @@ void Cache::activate_past_recording() {
     if (l) l->activate_past_recording();
 }
 
-void Cache::offload(int layer) { this->layer(source_layer(layer)).offload(); }
-void Cache::prefetch(int layer) { this->layer(source_layer(layer)).prefetch(); }
+void Cache::offload(int layer) {
+  this->layer(source_layer(layer)).offload();
+}
+void Cache::prefetch(int layer) {
+  this->layer(source_layer(layer)).prefetch();
+}
 
 size_t Cache::bytes() const {
   size_t total = 0;

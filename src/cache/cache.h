@@ -51,10 +51,10 @@ class LayerRegistry {
 
 // Static registration from a container's own .cc file:
 //   KVCACHE_REGISTER_LAYER(dynamic_full, "dynamic", "full_attention", make_dynamic_layer);
-#define KVCACHE_REGISTER_LAYER(ident, implementation, layer_type, factory)     \
-  static const bool kvcache_registered_##ident = [] {                          \
-    ::kvcache::LayerRegistry::add(implementation, layer_type, factory);        \
-    return true;                                                               \
+#define KVCACHE_REGISTER_LAYER(ident, implementation, layer_type, factory) \
+  static const bool kvcache_registered_##ident = [] {                      \
+    ::kvcache::LayerRegistry::add(implementation, layer_type, factory);    \
+    return true;                                                           \
   }()
 
 class Cache {

@@ -24,8 +24,8 @@ DenseLayerParams dense_params(const CacheConfig& config, int layer_index, std::s
                     "storage needs a quantized container)");
   }
   if (p.max_batch_size < 0) {
-    throw Error(ErrorKind::kInvalidArgument, "max_batch_size must be >= 0, got " +
-                                                 std::to_string(p.max_batch_size));
+    throw Error(ErrorKind::kInvalidArgument,
+                "max_batch_size must be >= 0, got " + std::to_string(p.max_batch_size));
   }
   return p;
 }
@@ -61,8 +61,8 @@ int64_t DenseLayer::check_update(const TensorView& k, const TensorView& v) const
            "/" + std::to_string(s.head_dim_v) + " set by the first update");
     }
     if (buf_.size() > 0 && k.dim(0) != s.batch) {
-      fail("batch " + std::to_string(k.dim(0)) + " but the cache holds " +
-           std::to_string(s.batch) + " rows; use reorder/select/repeat_interleave, or reset()");
+      fail("batch " + std::to_string(k.dim(0)) + " but the cache holds " + std::to_string(s.batch) +
+           " rows; use reorder/select/repeat_interleave, or reset()");
     }
   }
   return k.dim(2);
@@ -74,10 +74,10 @@ void DenseLayer::prepare_rows(const TensorView& k, const TensorView& v, int64_t 
     int64_t rows = batch;
     if (params_.max_batch_size > 0) {
       if (batch > params_.max_batch_size) {
-        throw Error(ErrorKind::kOutOfRange,
-                    where() + ": batch " + std::to_string(batch) + " exceeds max_batch_size " +
-                        std::to_string(params_.max_batch_size) +
-                        "; raise --max-batch-size or split the batch");
+        throw Error(ErrorKind::kOutOfRange, where() + ": batch " + std::to_string(batch) +
+                                                " exceeds max_batch_size " +
+                                                std::to_string(params_.max_batch_size) +
+                                                "; raise --max-batch-size or split the batch");
       }
       if (params_.fixed_storage) rows = params_.max_batch_size;
     }
@@ -94,10 +94,10 @@ void DenseLayer::prepare_rows(const TensorView& k, const TensorView& v, int64_t 
   // Empty (check_update refuses a batch change otherwise): adopt the new batch.
   if (batch > buf_.batch_capacity()) {
     if (params_.fixed_storage) {
-      throw Error(ErrorKind::kOutOfRange,
-                  where() + ": batch " + std::to_string(batch) + " exceeds the " +
-                      std::to_string(buf_.batch_capacity()) +
-                      " preallocated rows; raise --max-batch-size");
+      throw Error(ErrorKind::kOutOfRange, where() + ": batch " + std::to_string(batch) +
+                                              " exceeds the " +
+                                              std::to_string(buf_.batch_capacity()) +
+                                              " preallocated rows; raise --max-batch-size");
     }
     buf_.reallocate(batch, buf_.capacity());
   }
@@ -130,7 +130,9 @@ int64_t DenseLayer::crop_length(int64_t n, int64_t seq_length) const {
   return seq_length + n;
 }
 
-size_t DenseLayer::bytes() const { return buf_.bytes() + ws_k_.size_bytes() + ws_v_.size_bytes(); }
+size_t DenseLayer::bytes() const {
+  return buf_.bytes() + ws_k_.size_bytes() + ws_v_.size_bytes();
+}
 
 void DenseLayer::gather(std::span<const int64_t> rows, const char* op) {
   const auto batch = buf_.batch();
@@ -143,10 +145,10 @@ void DenseLayer::gather(std::span<const int64_t> rows, const char* op) {
     }
   }
   if (static_cast<int64_t>(rows.size()) > buf_.batch_capacity() && params_.fixed_storage) {
-    throw Error(ErrorKind::kOutOfRange,
-                where() + ": " + op + " needs " + std::to_string(rows.size()) + " rows but " +
-                    std::to_string(buf_.batch_capacity()) +
-                    " are preallocated; raise --max-batch-size");
+    throw Error(ErrorKind::kOutOfRange, where() + ": " + op + " needs " +
+                                            std::to_string(rows.size()) + " rows but " +
+                                            std::to_string(buf_.batch_capacity()) +
+                                            " are preallocated; raise --max-batch-size");
   }
   buf_.gather_rows(rows);
   after_rows_changed();

@@ -11,7 +11,8 @@ KVSpan DynamicLayer::update(const TensorView& k, const TensorView& v) {
   const int64_t n = check_update(k, v);
   prepare_rows(k, v, std::max(n, kMinCapacity));
   const int64_t end = buf_.end();  // begin is always 0: full attention never drops the head
-  if (end + n > buf_.capacity()) buf_.reallocate(buf_.batch_capacity(), std::max(2 * buf_.capacity(), end + n));
+  if (end + n > buf_.capacity())
+    buf_.reallocate(buf_.batch_capacity(), std::max(2 * buf_.capacity(), end + n));
   buf_.append(k, v);
   KVSpan span;
   span.k = buf_.k_slots(0, buf_.end());

@@ -69,7 +69,8 @@ size_t SequenceBuffer::compact() {
   size_t moved = 0;
   // Each (row, head) holds its tokens contiguously, so one memmove per pair; the source and
   // destination overlap when n > begin_.
-  for (const auto& [t, d] : {std::pair{&k_, shape_.head_dim_k}, std::pair{&v_, shape_.head_dim_v}}) {
+  for (const auto& [t, d] :
+       {std::pair{&k_, shape_.head_dim_k}, std::pair{&v_, shape_.head_dim_v}}) {
     const TensorView dst = slots(*t, d, 0, n);
     const TensorView src = slots(*t, d, begin_, end_);
     const size_t run = dtype_bytes(shape_.dtype, n * d);
@@ -88,8 +89,10 @@ size_t SequenceBuffer::compact() {
 
 void SequenceBuffer::reallocate(int64_t batch_capacity, int64_t capacity) {
   KV_CHECK(capacity >= size() && batch_capacity >= shape_.batch, "reallocate would lose tokens");
-  Tensor nk = Tensor::empty(shape_.dtype, {batch_capacity, shape_.heads, capacity, shape_.head_dim_k});
-  Tensor nv = Tensor::empty(shape_.dtype, {batch_capacity, shape_.heads, capacity, shape_.head_dim_v});
+  Tensor nk =
+      Tensor::empty(shape_.dtype, {batch_capacity, shape_.heads, capacity, shape_.head_dim_k});
+  Tensor nv =
+      Tensor::empty(shape_.dtype, {batch_capacity, shape_.heads, capacity, shape_.head_dim_v});
   SequenceBuffer next;
   next.k_ = std::move(nk);
   next.v_ = std::move(nv);

@@ -31,7 +31,8 @@ int64_t WindowLayer::window_start(int64_t pos) const {
 
 int64_t WindowLayer::capacity_limit() const {
   const int64_t two_w = 2 * window_.window;
-  if (params_.fixed_storage && window_.max_cache_len > 0) return std::min(two_w, window_.max_cache_len);
+  if (params_.fixed_storage && window_.max_cache_len > 0)
+    return std::min(two_w, window_.max_cache_len);
   return two_w;
 }
 
@@ -117,7 +118,8 @@ KVSpan WindowLayer::update(const TensorView& k, const TensorView& v) {
     st.workspace_uses += 1;
     buf_.set_window(0, 0);
     if (held > buf_.capacity()) {  // dynamic only (static checked above); nothing live to copy
-      buf_.reallocate(buf_.batch_capacity(), std::min(std::max(2 * buf_.capacity(), held), capacity_limit()));
+      buf_.reallocate(buf_.batch_capacity(),
+                      std::min(std::max(2 * buf_.capacity(), held), capacity_limit()));
     }
     st.bytes_copied += copy_view(wk.slice(2, needed - held, needed), buf_.k_slots(0, held));
     st.bytes_copied += copy_view(wv.slice(2, needed - held, needed), buf_.v_slots(0, held));
@@ -165,7 +167,8 @@ std::unique_ptr<CacheLayer> make_window(const CacheConfig& config, int layer_ind
   w.kind = kKind;
   w.window = sliding ? config.sliding_window : config.attention_chunk_size;
   w.max_cache_len = kFixed ? config.max_cache_len : 0;
-  return std::make_unique<WindowLayer>(dense_params(config, layer_index, std::move(name), kFixed), w);
+  return std::make_unique<WindowLayer>(dense_params(config, layer_index, std::move(name), kFixed),
+                                       w);
 }
 }  // namespace
 

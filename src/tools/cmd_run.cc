@@ -99,18 +99,19 @@ void run_demo(const RunOptions& o) {
   const size_t token_bytes = dtype_bytes(*config.kv_dtype, 2 * o.kv_heads * o.head_dim);
 
   fmt::print("kvcache run: the cache containers on random K/V (no model yet)\n");
-  fmt::print("  one layer: batch {}, {} KV heads x head dim {}, {} storage -> {} B per token "
-             "(K+V, all rows)\n",
-             o.batch, o.kv_heads, o.head_dim, o.dtype, token_bytes * static_cast<size_t>(o.batch));
-  fmt::print("  stream: prefill {} tokens, then decode {} one at a time ({} tokens); "
-             "sliding window W={}, chunk C={}, static max_cache_len={}\n\n",
-             o.prefill, o.decode, total, o.window, o.chunk, config.max_cache_len);
+  fmt::print(
+      "  one layer: batch {}, {} KV heads x head dim {}, {} storage -> {} B per token "
+      "(K+V, all rows)\n",
+      o.batch, o.kv_heads, o.head_dim, o.dtype, token_bytes * static_cast<size_t>(o.batch));
+  fmt::print(
+      "  stream: prefill {} tokens, then decode {} one at a time ({} tokens); "
+      "sliding window W={}, chunk C={}, static max_cache_len={}\n\n",
+      o.prefill, o.decode, total, o.window, o.chunk, config.max_cache_len);
 
   // Reference: the plain dynamic cache keeps everything.
   auto reference = LayerRegistry::create("dynamic", "full_attention", config, 0);
-  const KVSpan ref = feed(o, stream, [&](const TensorView& k, const TensorView& v) {
-    return reference->update(k, v);
-  });
+  const KVSpan ref = feed(
+      o, stream, [&](const TensorView& k, const TensorView& v) { return reference->update(k, v); });
 
   fmt::print("{:<26} {:>7} {:>7} {:>11} {:>10} {:>11}  {}\n", "container", "tokens", "stored",
              "bytes", "bytes/tok", "moved", "last step vs dynamic/full_attention");
@@ -118,9 +119,8 @@ void run_demo(const RunOptions& o) {
   for (const std::string& name : LayerRegistry::names()) {
     const auto slash = name.find('/');
     auto layer = LayerRegistry::create(name.substr(0, slash), name.substr(slash + 1), config, 0);
-    const KVSpan span = feed(o, stream, [&](const TensorView& k, const TensorView& v) {
-      return layer->update(k, v);
-    });
+    const KVSpan span = feed(
+        o, stream, [&](const TensorView& k, const TensorView& v) { return layer->update(k, v); });
     const int64_t n = span.k.dim(2);
     const bool ok = span.kv_offset + n == total &&
                     same_bits(span.k, ref.k.slice(2, span.kv_offset, total)) &&
@@ -130,12 +130,14 @@ void run_demo(const RunOptions& o) {
     const int64_t stored = dense ? dense->stored_tokens() : -1;
     fmt::print("{:<26} {:>7} {:>7} {:>11} {:>10} {:>11}  {} (keys [{}, {}))\n", name,
                layer->seq_length(), stored, human_bytes(layer->bytes()),
-               layer->bytes() / static_cast<size_t>(total), human_bytes(layer->stats().bytes_copied),
-               ok ? "equal" : "DIFFERENT", span.kv_offset, span.kv_offset + n);
+               layer->bytes() / static_cast<size_t>(total),
+               human_bytes(layer->stats().bytes_copied), ok ? "equal" : "DIFFERENT", span.kv_offset,
+               span.kv_offset + n);
   }
-  fmt::print("\n  tokens: positions seen; stored: tokens kept for later steps; bytes: resident "
-             "(capacity + workspace);\n  moved: bytes the container copied on its own "
-             "(growth, compaction, workspace), beyond writing the new tokens.\n\n");
+  fmt::print(
+      "\n  tokens: positions seen; stored: tokens kept for later steps; bytes: resident "
+      "(capacity + workspace);\n  moved: bytes the container copied on its own "
+      "(growth, compaction, workspace), beyond writing the new tokens.\n\n");
 
   // A whole model: Gemma-3n-like mix with the last two layers reading earlier layers' KV.
   CacheConfig model = config;
@@ -143,10 +145,11 @@ void run_demo(const RunOptions& o) {
                        "sliding_attention", "sliding_attention", "full_attention",
                        "sliding_attention", "full_attention"};
   model.num_kv_shared_layers = 2;
-  fmt::print("model cache: 8 layers (sliding x5, full x3, pattern s s f s s f s f), last 2 "
-             "KV-shared\n");
-  fmt::print("{:<14} {:>7} {:>12} {:>10}   {}\n", "implementation", "owning", "bytes",
-             "bytes/tok", "vs. 8 dynamic full layers");
+  fmt::print(
+      "model cache: 8 layers (sliding x5, full x3, pattern s s f s s f s f), last 2 "
+      "KV-shared\n");
+  fmt::print("{:<14} {:>7} {:>12} {:>10}   {}\n", "implementation", "owning", "bytes", "bytes/tok",
+             "vs. 8 dynamic full layers");
   const size_t all_full = 8 * token_bytes * static_cast<size_t>(o.batch * total);
   for (const char* impl : {"dynamic", "static"}) {
     model.implementation = impl;
@@ -159,8 +162,8 @@ void run_demo(const RunOptions& o) {
         if (!cache.is_shared(l)) s = cache.update(l, k, v);
       return s;
     });
-    fmt::print("{:<14} {:>7} {:>12} {:>10}   {:.1f}% ({} if every layer kept every token)\n",
-               impl, owning, human_bytes(cache.bytes()), cache.bytes() / static_cast<size_t>(total),
+    fmt::print("{:<14} {:>7} {:>12} {:>10}   {:.1f}% ({} if every layer kept every token)\n", impl,
+               owning, human_bytes(cache.bytes()), cache.bytes() / static_cast<size_t>(total),
                100.0 * static_cast<double>(cache.bytes()) / static_cast<double>(all_full),
                human_bytes(all_full));
   }
@@ -178,13 +181,17 @@ void register_run(CLI::App& app) {
   auto opts = std::make_shared<RunOptions>();
   CLI::App* cmd = app.add_subcommand(
       "run", "Demo: feed every cache container the same random K/V and print what each keeps");
-  cmd->add_option("--prefill", opts->prefill, "tokens in the first (prefill) update")->capture_default_str();
-  cmd->add_option("--decode", opts->decode, "single-token updates after the prefill")->capture_default_str();
+  cmd->add_option("--prefill", opts->prefill, "tokens in the first (prefill) update")
+      ->capture_default_str();
+  cmd->add_option("--decode", opts->decode, "single-token updates after the prefill")
+      ->capture_default_str();
   cmd->add_option("--batch", opts->batch, "sequences (batch rows)")->capture_default_str();
   cmd->add_option("--kv-heads", opts->kv_heads, "KV heads per layer")->capture_default_str();
   cmd->add_option("--head-dim", opts->head_dim, "head dimension")->capture_default_str();
-  cmd->add_option("--window", opts->window, "sliding window W (sliding layers)")->capture_default_str();
-  cmd->add_option("--chunk", opts->chunk, "attention chunk size C (chunked layers)")->capture_default_str();
+  cmd->add_option("--window", opts->window, "sliding window W (sliding layers)")
+      ->capture_default_str();
+  cmd->add_option("--chunk", opts->chunk, "attention chunk size C (chunked layers)")
+      ->capture_default_str();
   cmd->add_option("--dtype", opts->dtype, "storage dtype: f32, f16, bf16")->capture_default_str();
   cmd->add_option("--seed", opts->seed, "random seed of the K/V stream")->capture_default_str();
   cmd->callback([opts] { run_demo(*opts); });

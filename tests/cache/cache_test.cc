@@ -93,7 +93,8 @@ TEST(Cache, SharedLayersReadTheirSourceAndOwnNothing) {
   Tensor k1 = random_tensor(DType::kF16, {2, 5, 1, 7}, rng);
   const KVSpan s0 = cache.update(0, k1.view(), k1.view());
   EXPECT_EQ(s0.k.shape(), Shape({2, 5, 4, 7}));
-  EXPECT_TRUE(views_equal(s0.k.slice(2, 0, 3).slice(0, 0, 1), ks[0].view().slice(0, 1, 2).slice(2, 0, 3)));
+  EXPECT_TRUE(
+      views_equal(s0.k.slice(2, 0, 3).slice(0, 0, 1), ks[0].view().slice(0, 1, 2).slice(2, 0, 3)));
   cache.reset();
   for (int i = 0; i < 5; ++i) EXPECT_EQ(cache.seq_length(i), 0);
   EXPECT_EQ(cache.bytes(), size_t{3 * (3 * 5 * 16 * (7 + 7) * 2)});

@@ -27,10 +27,11 @@ inline Tensor random_tensor(DType dt, const Shape& shape, std::mt19937& rng) {
 // Bitwise equality of two views of the same shape and dtype, element by element.
 inline ::testing::AssertionResult views_equal(const TensorView& a, const TensorView& b) {
   if (!(a.shape() == b.shape()))
-    return ::testing::AssertionFailure() << "shapes " << a.shape().str() << " vs " << b.shape().str();
+    return ::testing::AssertionFailure()
+           << "shapes " << a.shape().str() << " vs " << b.shape().str();
   if (a.dtype() != b.dtype())
-    return ::testing::AssertionFailure() << "dtypes " << dtype_name(a.dtype()) << " vs "
-                                         << dtype_name(b.dtype());
+    return ::testing::AssertionFailure()
+           << "dtypes " << dtype_name(a.dtype()) << " vs " << dtype_name(b.dtype());
   const size_t es = dtype_elem_size(a.dtype());
   for (int64_t i0 = 0; i0 < a.dim(0); ++i0)
     for (int64_t i1 = 0; i1 < a.dim(1); ++i1)
@@ -70,7 +71,8 @@ class History {
     return t;
   }
   Tensor gather_rows(const Tensor& t, const std::vector<int64_t>& rows) const {
-    Tensor out = Tensor::empty(dtype_, {static_cast<int64_t>(rows.size()), t.dim(1), t.dim(2), t.dim(3)});
+    Tensor out =
+        Tensor::empty(dtype_, {static_cast<int64_t>(rows.size()), t.dim(1), t.dim(2), t.dim(3)});
     for (size_t i = 0; i < rows.size(); ++i)
       copy_view(t.view().slice(0, rows[i], rows[i] + 1),
                 out.view().slice(0, static_cast<int64_t>(i), static_cast<int64_t>(i) + 1));

@@ -28,7 +28,9 @@ std::unique_ptr<CacheLayer> make(const std::string& impl, CacheConfig cfg = {}) 
   return LayerRegistry::create(impl, "full_attention", cfg, 0);
 }
 
-const DenseLayer& dense(const CacheLayer& l) { return dynamic_cast<const DenseLayer&>(l); }
+const DenseLayer& dense(const CacheLayer& l) {
+  return dynamic_cast<const DenseLayer&>(l);
+}
 
 class FullAttention : public ::testing::TestWithParam<std::string> {};
 
@@ -181,9 +183,11 @@ TEST_P(FullAttention, ConvertsInputToStorageDtype) {
     for (int64_t h = 0; h < H; ++h)
       for (int64_t s = 0; s < 3; ++s) {
         for (int64_t d = 0; d < DK; ++d)
-          ASSERT_EQ(*span.k.ptr_as<f16_t>(b, h, s, d), f32_to_f16(*k.view().ptr_as<float>(b, h, s, d)));
+          ASSERT_EQ(*span.k.ptr_as<f16_t>(b, h, s, d),
+                    f32_to_f16(*k.view().ptr_as<float>(b, h, s, d)));
         for (int64_t d = 0; d < DV; ++d)
-          ASSERT_EQ(*span.v.ptr_as<f16_t>(b, h, s, d), f32_to_f16(*v.view().ptr_as<float>(b, h, s, d)));
+          ASSERT_EQ(*span.v.ptr_as<f16_t>(b, h, s, d),
+                    f32_to_f16(*v.view().ptr_as<float>(b, h, s, d)));
       }
   // Strided input (a slice along the sequence) is accepted too.
   Tensor k2 = random_tensor(DType::kF32, {B, H, 5, DK}, rng);

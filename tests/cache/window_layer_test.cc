@@ -24,9 +24,8 @@ using testing::views_equal;
 
 constexpr int64_t B = 3, H = 5, DK = 7, DV = 9;
 
-std::unique_ptr<WindowLayer> make(const std::string& impl, const std::string& type,
-                                  int64_t window, int64_t max_cache_len = 0,
-                                  int64_t max_batch_size = 0) {
+std::unique_ptr<WindowLayer> make(const std::string& impl, const std::string& type, int64_t window,
+                                  int64_t max_cache_len = 0, int64_t max_batch_size = 0) {
   CacheConfig cfg;
   cfg.max_batch_size = max_batch_size;
   cfg.implementation = impl;
@@ -133,14 +132,14 @@ TEST_P(Sliding, CropIsRefusedPastTheWindowUnlessRecording) {
   EXPECT_THROW(layer->crop(9), Error);
   EXPECT_THROW(layer->crop(-11), Error);
   EXPECT_EQ(layer->seq_length(), 10);
-  layer->crop(10);  // no-op
-  layer->crop(25);  // no-op
+  layer->crop(10);             // no-op
+  layer->crop(25);             // no-op
   step(*layer, hist, 1, rng);  // still consistent
 
   // With past recording the layer keeps what it has from now on and can go back.
   layer->activate_past_recording();
   for (int i = 0; i < 6; ++i) step(*layer, hist, 1, rng);  // 17 tokens
-  EXPECT_EQ(layer->stored_tokens(), 5 + 6);                 // positions [6, 17)
+  EXPECT_EQ(layer->stored_tokens(), 5 + 6);                // positions [6, 17)
   layer->crop(-4);  // to 13: needs positions [8, 13), held since 6
   hist.crop(13);
   EXPECT_EQ(layer->seq_length(), 13);
