@@ -134,7 +134,7 @@ void BM_PrefillAttention(benchmark::State& state, const char* kernel) {
     benchmark::ClobberMemory();
   }
   const double flops = 4.0 * kHq * kD * (static_cast<double>(kS) * (kS + 1) / 2);
-  state.counters["GFLOP/s"] = benchmark::Counter(
+  state.counters["GFLOP"] = benchmark::Counter(
       flops * static_cast<double>(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
 }
 

@@ -99,16 +99,16 @@ void eager_attention(const TensorView& q, const TensorView& k, const TensorView&
     const int64_t b = task / Hq, h = task % Hq, hk = h / group;
     std::vector<float> kf(static_cast<size_t>(Skv * Dk)), vf(static_cast<size_t>(Skv * Dv));
     for (int64_t j = 0; j < Skv; ++j) {
-      convert_n(k.ptr(b, hk, j), k.dtype(), &kf[static_cast<size_t>(j * Dk)], DType::kF32,
+      convert_n(k.ptr(b, hk, j), k.dtype(), kf.data() + (j * Dk), DType::kF32,
                 static_cast<size_t>(Dk));
-      convert_n(v.ptr(b, hk, j), v.dtype(), &vf[static_cast<size_t>(j * Dv)], DType::kF32,
+      convert_n(v.ptr(b, hk, j), v.dtype(), vf.data() + (j * Dv), DType::kF32,
                 static_cast<size_t>(Dv));
     }
     // The materialised [S_q, S_kv] score matrix of this head.
     std::vector<float> scores(static_cast<size_t>(Sq * Skv));
     for (int64_t i = 0; i < Sq; ++i) {
       const float* qr = q.ptr_as<const float>(b, h, i);
-      float* s = &scores[static_cast<size_t>(i * Skv)];
+      float* s = scores.data() + (i * Skv);
       const float* mrow =
           mask_planes ? mask.data_as<float>() +
                             ((b * mask_planes + (mask_planes > 1 ? h : 0)) * Sq + i) * Skv
@@ -116,7 +116,7 @@ void eager_attention(const TensorView& q, const TensorView& k, const TensorView&
       const int64_t qp = geo.q_offset + i;
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < Skv; ++j) {
-        float x = detail::dot_f32(qr, &kf[static_cast<size_t>(j * Dk)], Dk) * scale;
+        float x = detail::dot_f32(qr, kf.data() + (j * Dk), Dk) * scale;
         if (o.softcap > 0) x = o.softcap * std::tanh(x / o.softcap);
         if (o.score) x = (*o.score)(x, b, h, qp, o.kv_offset + j);
         if (mrow) x += mrow[j];
@@ -140,7 +140,7 @@ void eager_attention(const TensorView& q, const TensorView& k, const TensorView&
       for (int64_t j = 0; j < Skv; ++j) {
         s[j] *= inv;
         if (s[j] == 0.0f) continue;
-        const float* vr = &vf[static_cast<size_t>(j * Dv)];
+        const float* vr = vf.data() + (j * Dv);
         for (int64_t d = 0; d < Dv; ++d) orow[d] += s[j] * vr[d];
       }
     }

@@ -488,7 +488,7 @@ void run_task(const Plan& P, int64_t task) {
           const int64_t i = r % nq, h = hk * P.G + r / nq, qp = P.q_offset + q0 + i;
           const int64_t lo = std::max(ws.lo[static_cast<size_t>(i)], t0);
           const int64_t hi = std::min(ws.hi[static_cast<size_t>(i)], t1);
-          uint8_t* vis = &ws.fn_vis[static_cast<size_t>(r * kTk)];
+          uint8_t* vis = ws.fn_vis.data() + (r * kTk);
           int64_t count = 0;
           for (int64_t j = t0; j < t1; ++j) {
             const int64_t kp = P.kv_offset + j;
@@ -530,7 +530,7 @@ void run_task(const Plan& P, int64_t task) {
       if (kind[r] == RowKind::kPartial) {
         const int64_t lo = ws.lo[static_cast<size_t>(i)], hi = ws.hi[static_cast<size_t>(i)];
         const int32_t dq = spec.doc_ids ? doc_id(spec, b, qp) : 0;
-        const uint8_t* vis = &ws.fn_vis[static_cast<size_t>(r * kTk)];
+        const uint8_t* vis = ws.fn_vis.data() + (r * kTk);
         for (int64_t j = 0; j < n; ++j) {
           const int64_t jj = t0 + j;
           bool v = jj >= lo && jj < hi;
@@ -627,8 +627,9 @@ void run_attention(const TensorView& q, const TensorView& k, const TensorView& v
   int64_t split = o.kv_split;
   if (split == 0) {
     // Split only when the tasks cannot keep every thread busy (decode, small batch): aim at
-    // about 4 tasks per thread, partitions of at least kMinSplit keys.
-    const int64_t want = (4 * pool.n_threads() + base_tasks - 1) / base_tasks;
+    // about 8 tasks per thread, partitions of at least kMinSplit keys. More tasks than threads
+    // keeps the dynamic hand-out balanced when a thread is slowed (shared machine, SMT).
+    const int64_t want = (8 * pool.n_threads() + base_tasks - 1) / base_tasks;
     const int64_t n = std::min(want, P.Skv / kMinSplit);
     split = n > 1 ? (P.Skv + n - 1) / n : -1;
   }

@@ -9,12 +9,12 @@
 namespace kvcache {
 namespace {
 
-double load(const TensorView& t, int64_t b, int64_t h, int64_t s, int64_t d) {
-  const void* p = t.ptr(b, h, s, d);
-  switch (t.dtype()) {
-    case DType::kF32: return *static_cast<const float*>(p);
-    case DType::kF16: return f16_to_f32(*static_cast<const f16_t*>(p));
-    case DType::kBF16: return bf16_to_f32(*static_cast<const bf16_t*>(p));
+// Element d of a K/V row, widened exactly to double.
+double load(const void* row, DType t, int64_t d) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(row)[d];
+    case DType::kF16: return f16_to_f32(static_cast<const f16_t*>(row)[d]);
+    case DType::kBF16: return bf16_to_f32(static_cast<const bf16_t*>(row)[d]);
     default: break;
   }
   throw Error(ErrorKind::kUnsupported, "attention_reference: K/V dtype must be f32, f16 or bf16");
@@ -63,9 +63,11 @@ ReferenceResult attention_reference(const TensorView& q, const TensorView& k, co
           const int64_t kp = o.kv_offset + j;
           vis[static_cast<size_t>(j)] = visible(o, b, h, qp, kp);
           if (!vis[static_cast<size_t>(j)]) continue;
+          const float* qr = q.ptr_as<const float>(b, h, i);
+          const void* kr = k.ptr(b, hk, j);
           double dot = 0;
           for (int64_t d = 0; d < Dk; ++d)
-            dot += static_cast<double>(*q.ptr_as<const float>(b, h, i, d)) * load(k, b, hk, j, d);
+            dot += static_cast<double>(qr[d]) * load(kr, k.dtype(), d);
           double x = dot * scale;
           if (o.softcap > 0) x = o.softcap * std::tanh(x / o.softcap);
           if (o.score) x = (*o.score)(static_cast<float>(x), b, h, qp, kp);
@@ -79,13 +81,14 @@ ReferenceResult attention_reference(const TensorView& q, const TensorView& k, co
         double den = has_sink ? std::exp(sink - mx) : 0.0;
         for (int64_t j = 0; j < Skv; ++j)
           if (vis[static_cast<size_t>(j)]) den += std::exp(s[static_cast<size_t>(j)] - mx);
-        double* orow = &r.out[static_cast<size_t>(((b * Hq + h) * Sq + i) * Dv)];
-        double* prow = &r.probs[static_cast<size_t>(((b * Hq + h) * Sq + i) * Skv)];
+        double* orow = r.out.data() + (((b * Hq + h) * Sq + i) * Dv);
+        double* prow = r.probs.data() + (((b * Hq + h) * Sq + i) * Skv);
         for (int64_t j = 0; j < Skv; ++j) {
           if (!vis[static_cast<size_t>(j)]) continue;
           const double p = std::exp(s[static_cast<size_t>(j)] - mx) / den;
           prow[j] = p;
-          for (int64_t d = 0; d < Dv; ++d) orow[d] += p * load(v, b, hk, j, d);
+          const void* vr = v.ptr(b, hk, j);
+          for (int64_t d = 0; d < Dv; ++d) orow[d] += p * load(vr, v.dtype(), d);
         }
       }
     }
