@@ -54,6 +54,7 @@ struct AttentionOptions {
 // v:   [B, H_kv, S_kv, D_v] same dtype as k
 // out: [B, H_q, S_q, D_v]  f32, any strides with unit innermost stride
 // A query row that sees no key (fully masked, no sink) produces zeros.
+// Kernels parallelise on default_pool(); do not call them from inside a task of that pool.
 using AttentionFn = void (*)(const TensorView& q, const TensorView& k, const TensorView& v,
                              const TensorView& out, const AttentionOptions& options);
 

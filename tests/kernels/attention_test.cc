@@ -295,8 +295,8 @@ TEST(Attention, DecodeEqualsLastRowOfPrefill) {
       if (S == 1000 && kind > 1) continue;  // the long case for plain causal and window only
       Case c;
       c.B = S == 1000 ? 1 : 2;
-      c.Hq = S == 1000 ? 4 : 8;
-      c.Hkv = 2;
+      c.Hq = S == 1000 ? 2 : 8;
+      c.Hkv = S == 1000 ? 1 : 2;
       c.Sq = S;
       c.Skv = S;
       c.D = 64;
