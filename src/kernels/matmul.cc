@@ -212,16 +212,33 @@ void matmul(const MatmulParams& p) {
   validate(p);
   if (p.m == 0 || p.n == 0) return;
   ThreadPool& pool = p.pool != nullptr ? *p.pool : default_pool();
+  const int nt = pool.n_threads();
+  const int64_t macs = p.m * p.n * p.k;
   if (p.allow_blas && p.w_dtype == DType::kF32 && p.m >= kBlasMinRows) {
-    set_blas_threads(pool.n_threads());
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.m),
-                static_cast<int>(p.n), static_cast<int>(p.k), 1.0f, p.x, static_cast<int>(p.ldx),
-                static_cast<const float*>(p.w), static_cast<int>(p.k), 0.0f, p.y,
-                static_cast<int>(p.ldy));
-    if (p.bias != nullptr) {
-      for (int64_t i = 0; i < p.m; ++i)
-        for (int64_t r = 0; r < p.n; ++r) p.y[i * p.ldy + r] += p.bias[r];
+    // OpenBLAS runs single-threaded and our pool splits W's rows: one set of threads only
+    // (OpenBLAS's own pool busy-waits and fights ours for the cores).
+    set_blas_threads(1);
+    auto gemm = [&](int64_t r0, int64_t r1) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.m), static_cast<int>(r1 - r0),
+                  static_cast<int>(p.k), 1.0f, p.x, static_cast<int>(p.ldx),
+                  static_cast<const float*>(p.w) + r0 * p.k, static_cast<int>(p.k), 0.0f, p.y + r0,
+                  static_cast<int>(p.ldy));
+      if (p.bias != nullptr) {
+        for (int64_t i = 0; i < p.m; ++i)
+          for (int64_t r = r0; r < r1; ++r) p.y[i * p.ldy + r] += p.bias[r];
+      }
+    };
+    if (nt <= 1 || macs < 8 * kMinParallelMacs) {
+      gemm(0, p.n);
+      return;
     }
+    // Blocks of >= 64 rows keep sgemm's packing worthwhile; ~2 blocks per thread balance.
+    const int64_t rows_per_task = std::max<int64_t>(64, (p.n + 2 * nt - 1) / (2 * nt) / 16 * 16 + 16);
+    const int64_t n_tasks = (p.n + rows_per_task - 1) / rows_per_task;
+    pool.parallel_for(n_tasks, [&](int64_t t) {
+      const int64_t r0 = t * rows_per_task;
+      gemm(r0, std::min(p.n, r0 + rows_per_task));
+    });
     return;
   }
   const size_t rb = row_bytes(p.w_dtype, p.k);
@@ -234,8 +251,6 @@ void matmul(const MatmulParams& p) {
       for (int64_t i = 0; i < p.m; ++i) p.y[i * p.ldy + r] = dot_row(wr, p.w_dtype, p.x + i * p.ldx, p.k) + b;
     }
   };
-  const int64_t macs = p.m * p.n * p.k;
-  const int nt = pool.n_threads();
   if (nt <= 1 || macs < kMinParallelMacs) {
     run_rows(0, p.n);
     return;

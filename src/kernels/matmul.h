@@ -52,7 +52,8 @@ struct BlockQ8_0 {
 static_assert(sizeof(BlockQ8_0) == 34, "q8_0 block must be 34 bytes");
 void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t k);  // k % 32 == 0
 
-// Sets OpenBLAS's thread count (it keeps its own pool); called when the CLI's -t changes.
+// Sets OpenBLAS's own thread count. matmul() keeps it at 1 and parallelises sgemm calls over
+// our pool instead; exposed for callers using BLAS directly.
 void set_blas_threads(int n_threads);
 
 }  // namespace kvcache

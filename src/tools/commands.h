@@ -13,5 +13,6 @@ void register_generate(CLI::App& app);  // cmd_generate.cc: text generation on a
 void register_logits(CLI::App& app);    // cmd_logits.cc: dump every position's logits
 void register_convert(CLI::App& app);   // cmd_convert.cc: llama2.c -> GGUF
 void register_plan(CLI::App& app);      // cmd_plan.cc: the KV memory bill of a model
+void register_bench(CLI::App& app);     // cmd_bench.cc: llama-bench style speed tests
 
 }  // namespace kvcache::tools

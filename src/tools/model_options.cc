@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "kernels/matmul.h"
 
 namespace kvcache::tools {
 
@@ -34,7 +33,6 @@ LoadOptions load_options(const ModelOptions& o) {
 SessionConfig session_config(const ModelOptions& o, const LlamaModel& model) {
   if (o.threads < 0) throw Error(ErrorKind::kInvalidArgument, "-t must be >= 0");
   if (o.threads > 0) set_default_threads(o.threads);
-  set_blas_threads(default_pool().n_threads());
   SessionConfig sc;
   sc.cache = o.cache;
   sc.max_cache_len = o.max_cache_len;

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -132,6 +134,28 @@ TEST(CliConvert, GgufCopyGeneratesTheSameText) {
   Result bad = s.run("generate --model " + s.file("cut.gguf") + " -n 4");
   EXPECT_EQ(bad.code, 2) << bad.err;
   EXPECT_NE(bad.err.find("cut.gguf"), std::string::npos) << bad.err;
+}
+
+TEST(CliBench, JsonHasLlamaBenchFields) {
+  REQUIRE_STORIES();
+  Scratch s;
+  Result r = s.run("bench --model " + quote(kModel) + " -p 8 -n 4 -d 0,16 -r 2 --cache dynamic,static -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), 8u);  // 2 caches x 2 depths x (pp, tg)
+  for (const auto& t : j) {
+    for (const char* key : {"n_prompt", "n_gen", "n_depth", "n_threads", "avg_ts", "stddev_ts", "cache", "kv_bytes"})
+      EXPECT_TRUE(t.contains(key)) << key;
+    EXPECT_GT(t["avg_ts"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(j[0]["cache"], "dynamic");
+  EXPECT_EQ(j[7]["cache"], "static");
+  EXPECT_EQ(j[3]["n_depth"], 16);
+  Result t = s.run("bench --model " + quote(kModel) + " -p 8 -n 4 -r 1");
+  EXPECT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("| pp8 |"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("| tg4 |"), std::string::npos) << t.out;
 }
 
 TEST(CliBadInput, ExitCode2AndAMessageNamingTheProblem) {

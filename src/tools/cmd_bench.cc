@@ -1,0 +1,103 @@
+// `kvcache bench`: llama-bench's measurements (pp/tg tokens per second at given depths) on any
+// model and cache container, as a markdown table or llama-bench-style JSON (-o json).
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/bench.h"
+#include "runtime/model_loader.h"
+#include "tools/commands.h"
+#include "tools/model_options.h"
+
+namespace kvcache::tools {
+namespace {
+
+struct BenchOptions {
+  ModelOptions model;
+  std::vector<std::string> caches = {"dynamic"};
+  BenchParams params;
+  std::string output = "table";
+};
+
+std::string mib(size_t n) { return fmt::format("{:.2f} MiB", static_cast<double>(n) / (1 << 20)); }
+
+void run_bench_cmd(BenchOptions& o) {
+  if (o.output != "table" && o.output != "json") {
+    throw Error(ErrorKind::kInvalidArgument, "-o must be 'table' or 'json', got '" + o.output + "'");
+  }
+  LoadedModel lm = load_model(o.model.model, load_options(o.model));
+  const LlamaModel& model = *lm.model;
+  size_t n_params = 0;
+  for (const auto& [name, t] : model.file().tensors()) n_params += static_cast<size_t>(t.numel());
+  const std::string wdtype = dtype_name(model.layers()[0].w_up.dtype());
+  std::vector<BenchResult> all;
+  for (const std::string& cache : o.caches) {
+    ModelOptions mo = o.model;
+    mo.cache = cache;
+    const SessionConfig sc = session_config(mo, model);
+    std::vector<BenchResult> r = run_bench(model, sc, o.params);
+    if (o.output == "table") {
+      if (all.empty()) {
+        std::printf("| model | size | params | weights | cache | kv | threads | test | t/s | KV bytes |\n");
+        std::printf("| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |\n");
+      }
+      for (const BenchResult& b : r) {
+        std::printf("| %s | %s | %.2f M | %s | %s | %s | %d | %s | %.2f ± %.2f | %zu |\n", o.model.model.c_str(),
+                    mib(model.weight_bytes()).c_str(), static_cast<double>(n_params) / 1e6, wdtype.c_str(),
+                    b.cache.c_str(), b.kv_dtype.c_str(), b.n_threads, b.name().c_str(), b.avg_ts, b.stddev_ts,
+                    b.kv_bytes);
+        std::fflush(stdout);
+      }
+    }
+    all.insert(all.end(), r.begin(), r.end());
+  }
+  if (o.output == "json") {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const BenchResult& b : all) {
+      arr.push_back({{"model_filename", o.model.model},
+                     {"model_type", model.config().summary()},
+                     {"model_size", model.weight_bytes()},
+                     {"model_n_params", n_params},
+                     {"type_weights", wdtype},
+                     {"type_kv", b.kv_dtype},
+                     {"attention_kernel", b.kernel},
+                     {"n_threads", b.n_threads},
+                     {"n_prompt", b.n_prompt},
+                     {"n_gen", b.n_gen},
+                     {"n_depth", b.n_depth},
+                     {"avg_ns", b.avg_ns},
+                     {"stddev_ns", b.stddev_ns},
+                     {"avg_ts", b.avg_ts},
+                     {"stddev_ts", b.stddev_ts},
+                     {"samples_ns", b.samples_ns},
+                     {"samples_ts", b.samples_ts},
+                     {"cache", b.cache},
+                     {"kv_bytes", b.kv_bytes}});
+    }
+    std::printf("%s\n", arr.dump(2).c_str());
+  }
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand("bench", "Prompt processing / token generation speed (llama-bench style)");
+  add_model_options(cmd, o->model);
+  cmd->remove_option(cmd->get_option("--cache"));
+  cmd->add_option("--cache", o->caches, "Cache implementations to compare, comma-separated")->delimiter(',');
+  cmd->add_option("-p,--n-prompt", o->params.n_prompt, "Prompt lengths (pp tests), comma-separated")->delimiter(',');
+  cmd->add_option("-n,--n-gen", o->params.n_gen, "Generation lengths (tg tests), comma-separated")->delimiter(',');
+  cmd->add_option("-d,--n-depth", o->params.depths, "Tokens already in the cache, comma-separated")->delimiter(',');
+  cmd->add_option("-r,--repetitions", o->params.repetitions, "Repetitions per test");
+  cmd->add_option("-o,--output", o->output, "table or json");
+  cmd->callback([o] { run_bench_cmd(*o); });
+}
+
+}  // namespace kvcache::tools
