@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "tools/commands.h"
+#include "tools/model_table.h"
 
 namespace kvcache::tools {
 namespace {
@@ -194,7 +195,16 @@ void register_run(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--dtype", opts->dtype, "storage dtype: f32, f16, bf16")->capture_default_str();
   cmd->add_option("--seed", opts->seed, "random seed of the K/V stream")->capture_default_str();
-  cmd->callback([opts] { run_demo(*opts); });
+  // The model table (runtime/container_report.h) comes first: the default dummy model, or
+  // --model FILE; --model none skips it.
+  auto model = std::make_shared<ModelTableOptions>();
+  model->model = "dummy:tiny";
+  cmd->add_option("--model", model->model, "model for the per-container table (file, folder, dummy:NAME, none)")
+      ->capture_default_str();
+  cmd->callback([opts, model] {
+    if (model->model != "none") print_model_table(*model);
+    run_demo(*opts);
+  });
 }
 
 }  // namespace kvcache::tools
