@@ -109,10 +109,10 @@ void eager_attention(const TensorView& q, const TensorView& k, const TensorView&
     for (int64_t i = 0; i < Sq; ++i) {
       const float* qr = q.ptr_as<const float>(b, h, i);
       float* s = scores.data() + (i * Skv);
-      const float* mrow =
-          mask_planes ? mask.data_as<float>() +
-                            ((b * mask_planes + (mask_planes > 1 ? h : 0)) * Sq + i) * Skv
-                      : nullptr;
+      const float* mrow = mask_planes
+                              ? mask.data_as<float>() +
+                                    ((b * mask_planes + (mask_planes > 1 ? h : 0)) * Sq + i) * Skv
+                              : nullptr;
       const int64_t qp = geo.q_offset + i;
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < Skv; ++j) {
@@ -144,8 +144,7 @@ void eager_attention(const TensorView& q, const TensorView& k, const TensorView&
         for (int64_t d = 0; d < Dv; ++d) orow[d] += s[j] * vr[d];
       }
     }
-    if (weights)
-      std::copy(scores.begin(), scores.end(), weights + (b * Hq + h) * Sq * Skv);
+    if (weights) std::copy(scores.begin(), scores.end(), weights + (b * Hq + h) * Sq * Skv);
   });
 }
 

@@ -40,12 +40,10 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
 
-// What the score loop prefetches: this tile's V rows, and K rows one tile ahead.
+// What the score loop prefetches: this tile's V rows.
 struct Prefetch {
   const std::byte* v = nullptr;  // V row 0 of the current tile
   int64_t vstride = 0, v_row_bytes = 0;
-  int64_t k_rows = 0;  // K rows that exist from the current tile's first row on
-  int64_t k_row_bytes = 0;
 };
 
 template <DType KD>
@@ -77,16 +75,16 @@ struct Plan {
   bool mask_free = false;  // every pair visible: no classification, no masking
   int64_t q_offset = 0, kv_offset = 0;
   int64_t tq = 1, n_qt = 1, n_split = 1, split_len = 0;
-  int64_t max_rows = 0;     // G * tq
+  int64_t max_rows = 0;      // G * tq
   float* partial = nullptr;  // [tasks, max_rows, D_v + 2]: acc, m, l per row (n_split > 1)
 };
 
 // Per-thread scratch, grown on demand and reused across calls (no allocation in steady state).
 struct Workspace {
-  std::vector<float> qs;    // [R, D_k] scaled queries
-  std::vector<float> acc;   // [R, D_v]
-  std::vector<float> s;     // [R, kTk] logits, then probabilities
-  std::vector<float> m, l;  // [R]
+  std::vector<float> qs;        // [R, D_k] scaled queries
+  std::vector<float> acc;       // [R, D_v]
+  std::vector<float> s;         // [R, kTk] logits, then probabilities
+  std::vector<float> m, l;      // [R]
   std::vector<int64_t> lo, hi;  // [n_q] visible key interval per query position, kv index space
   std::vector<RowKind> kind;    // [R] this tile
   std::vector<uint8_t> fn_vis;  // [R, kTk] user mask values of partial rows
@@ -212,8 +210,8 @@ inline __m256 exp256(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), valid);
 }
 
@@ -231,7 +229,10 @@ struct SimdOps {
       __m256 kv[NK];
       for (int c = 0; c < NK; ++c) kv[c] = load8<KD>(kr[c] + d);
       for (int r = 0; r < NR; ++r) {
-        const __m256 qv = _mm256_loadu_ps(qs + r * Dk + d);
+        __m256 qv = _mm256_loadu_ps(qs + r * Dk + d);
+        // Keep q in a register: GCC otherwise folds the load into each of the NK FMAs, and
+        // the loop becomes bound by load ports instead of FMA ports.
+        if constexpr (NK > 1) asm("" : "+x"(qv));
         for (int c = 0; c < NK; ++c) acc[r * NK + c] = _mm256_fmadd_ps(qv, kv[c], acc[r * NK + c]);
       }
     }
@@ -262,12 +263,12 @@ struct SimdOps {
     int64_t j = 0;
     for (; j + 2 <= n; j += 2) {
       if (pf) {
-        // Spread over the score loop: V rows of this tile (read by pv() next, column block by
-        // column block, which the hardware prefetcher follows poorly) and K rows one tile on.
-        for (int64_t jj = j; jj < j + 2; ++jj) {
-          prefetch_row(pf->v, pf->vstride, jj, pf->v_row_bytes);
-          if (jj + kTk < pf->k_rows) prefetch_row(kb, kstride, jj + kTk, pf->k_row_bytes);
-        }
+        // Spread over the score loop: the V rows of this tile, which pv() reads next column
+        // block by column block (a pattern the hardware prefetcher follows poorly). K rows are
+        // read in order and left to the hardware prefetcher: prefetching them too measured no
+        // better (decode, f16, 16K-64K keys) and costs load-queue slots.
+        prefetch_row(pf->v, pf->vstride, j, pf->v_row_bytes);
+        prefetch_row(pf->v, pf->vstride, j + 1, pf->v_row_bytes);
       }
       const T* kr[2] = {reinterpret_cast<const T*>(kb + j * kstride),
                         reinterpret_cast<const T*>(kb + (j + 1) * kstride)};
@@ -286,10 +287,17 @@ struct SimdOps {
     for (; r + 4 <= R; r += 4, p = nullptr)
       score_rows<4>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
     switch (R - r) {
-      case 3: score_rows<3>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p); break;
-      case 2: score_rows<2>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p); break;
-      case 1: score_rows<1>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p); break;
-      default: break;
+      case 3:
+        score_rows<3>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
+        break;
+      case 2:
+        score_rows<2>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
+        break;
+      case 1:
+        score_rows<1>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
+        break;
+      default:
+        break;
     }
   }
 
@@ -321,7 +329,8 @@ struct SimdOps {
     if (alpha != 1.0f) {
       const __m256 va = _mm256_set1_ps(alpha);
       int64_t d = 0;
-      for (; d + 8 <= Dv; d += 8) _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), va));
+      for (; d + 8 <= Dv; d += 8)
+        _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), va));
       for (; d < Dv; ++d) acc[d] *= alpha;
     }
     m = m_new;
@@ -376,10 +385,17 @@ struct SimdOps {
     int64_t r = 0;
     for (; r + 4 <= R; r += 4) pv_rows<4>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv);
     switch (R - r) {
-      case 3: pv_rows<3>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv); break;
-      case 2: pv_rows<2>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv); break;
-      case 1: pv_rows<1>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv); break;
-      default: break;
+      case 3:
+        pv_rows<3>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv);
+        break;
+      case 2:
+        pv_rows<2>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv);
+        break;
+      case 1:
+        pv_rows<1>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv);
+        break;
+      default:
+        break;
     }
   }
 };
@@ -446,7 +462,7 @@ void run_task(const Plan& P, int64_t task) {
   const std::byte* kbase = static_cast<const std::byte*>(P.k.ptr(b, hk));
   const std::byte* vbase = static_cast<const std::byte*>(P.v.ptr(b, hk));
   const int64_t kstride = P.k.byte_offset(0, 0, 1), vstride = P.v.byte_offset(0, 0, 1);
-  const int64_t k_row_bytes = P.k.byte_offset(0, 0, 0, Dk), v_row_bytes = P.v.byte_offset(0, 0, 0, Dv);
+  const int64_t v_row_bytes = P.v.byte_offset(0, 0, 0, Dv);
   const MaskSpec& spec = P.spec;
   RowKind* kind = ws.kind.data();
 
@@ -472,13 +488,15 @@ void run_task(const Plan& P, int64_t task) {
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t lo = std::max(ws.lo[static_cast<size_t>(i)], t0);
         const int64_t hi = std::min(ws.hi[static_cast<size_t>(i)], t1);
-        RowKind k = lo >= hi ? RowKind::kEmpty
+        RowKind k = lo >= hi                 ? RowKind::kEmpty
                     : (lo == t0 && hi == t1) ? RowKind::kFull
                                              : RowKind::kPartial;
         if (k != RowKind::kEmpty && spec.doc_ids) {
           const int32_t dq = doc_id(spec, b, P.q_offset + q0 + i);
-          if (dq < dmin || dq > dmax) k = RowKind::kEmpty;
-          else if (dmin != dmax) k = RowKind::kPartial;
+          if (dq < dmin || dq > dmax)
+            k = RowKind::kEmpty;
+          else if (dmin != dmax)
+            k = RowKind::kPartial;
         }
         for (int64_t g = 0; g < P.G; ++g) kind[g * nq + i] = k;
       }
@@ -492,14 +510,12 @@ void run_task(const Plan& P, int64_t task) {
           int64_t count = 0;
           for (int64_t j = t0; j < t1; ++j) {
             const int64_t kp = P.kv_offset + j;
-            const bool v = j >= lo && j < hi && builtin_visible(spec, b, qp, kp) &&
-                           (*spec.fn)(b, h, qp, kp);
+            const bool v =
+                j >= lo && j < hi && builtin_visible(spec, b, qp, kp) && (*spec.fn)(b, h, qp, kp);
             vis[j - t0] = v;
             count += v;
           }
-          kind[r] = count == 0 ? RowKind::kEmpty
-                    : count == n ? RowKind::kFull
-                                 : RowKind::kPartial;
+          kind[r] = count == 0 ? RowKind::kEmpty : count == n ? RowKind::kFull : RowKind::kPartial;
         }
       }
       for (int64_t r = 0; r < R && !any; ++r) any = kind[r] != RowKind::kEmpty;
@@ -511,8 +527,6 @@ void run_task(const Plan& P, int64_t task) {
     pf.v = vbase + t0 * vstride;
     pf.vstride = vstride;
     pf.v_row_bytes = v_row_bytes;
-    pf.k_rows = jhi - t0;
-    pf.k_row_bytes = k_row_bytes;
     Ops::scores(qs, R, Dk, kbase + t0 * kstride, kstride, n, s, pf);
     for (int64_t r = 0; r < R; ++r) {
       float* sr = s + r * kTk;
@@ -652,10 +666,17 @@ void run_attention(const TensorView& q, const TensorView& k, const TensorView& v
     pool.parallel_for(base_tasks * P.n_split, [&](int64_t t) { task_fn(P, t); });
   };
   switch (k.dtype()) {
-    case DType::kF32: launch(run_task<Ops<DType::kF32>>); break;
-    case DType::kF16: launch(run_task<Ops<DType::kF16>>); break;
-    case DType::kBF16: launch(run_task<Ops<DType::kBF16>>); break;
-    default: KV_CHECK(false, "dtype validated above");
+    case DType::kF32:
+      launch(run_task<Ops<DType::kF32>>);
+      break;
+    case DType::kF16:
+      launch(run_task<Ops<DType::kF16>>);
+      break;
+    case DType::kBF16:
+      launch(run_task<Ops<DType::kBF16>>);
+      break;
+    default:
+      KV_CHECK(false, "dtype validated above");
   }
   if (P.n_split > 1) {
     pool.parallel_for(base_tasks, [&](int64_t t) {

@@ -12,10 +12,14 @@ namespace {
 // Element d of a K/V row, widened exactly to double.
 double load(const void* row, DType t, int64_t d) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(row)[d];
-    case DType::kF16: return f16_to_f32(static_cast<const f16_t*>(row)[d]);
-    case DType::kBF16: return bf16_to_f32(static_cast<const bf16_t*>(row)[d]);
-    default: break;
+    case DType::kF32:
+      return static_cast<const float*>(row)[d];
+    case DType::kF16:
+      return f16_to_f32(static_cast<const f16_t*>(row)[d]);
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const bf16_t*>(row)[d]);
+    default:
+      break;
   }
   throw Error(ErrorKind::kUnsupported, "attention_reference: K/V dtype must be f32, f16 or bf16");
 }

@@ -92,8 +92,8 @@ Tensor materialize_additive_mask(const MaskSpec& s, const MaskGeometry& g) {
   return m;
 }
 
-TileClass classify_tile(const MaskSpec& s, int64_t b, int64_t h, int64_t q0, int64_t q1,
-                        int64_t k0, int64_t k1) {
+TileClass classify_tile(const MaskSpec& s, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0,
+                        int64_t k1) {
   if (q0 >= q1 || k0 >= k1) return TileClass::kEmpty;
   bool any = false, all = true;
   for (int64_t q = q0; q < q1; ++q) {

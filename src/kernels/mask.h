@@ -19,9 +19,9 @@ namespace kvcache {
 using MaskFn = std::function<bool(int64_t b, int64_t h, int64_t q_pos, int64_t kv_pos)>;
 
 // ---- mask functions and combinators (transformers' masking_utils vocabulary) ----
-MaskFn causal_mask();                                  // kv <= q
-MaskFn sliding_window_overlay(int64_t window);         // kv > q - window (W keys, q included)
-MaskFn chunked_overlay(int64_t chunk_size);            // floor(kv / C) == floor(q / C)
+MaskFn causal_mask();                           // kv <= q
+MaskFn sliding_window_overlay(int64_t window);  // kv > q - window (W keys, q included)
+MaskFn chunked_overlay(int64_t chunk_size);     // floor(kv / C) == floor(q / C)
 // Packed sequences: doc_ids is [B, len] row-major, the document id of each absolute position;
 // a query sees only keys of its own document. Positions outside [0, len) are invisible.
 MaskFn packed_sequence_mask(const int32_t* doc_ids, int64_t len);
@@ -106,8 +106,8 @@ enum class TileClass : uint8_t { kEmpty, kPartial, kFull };
 // Queries [q0, q1) x keys [k0, k1), absolute positions, for one (b, h). Exact: kEmpty means no
 // pair is visible, kFull means every pair is (cost O(q1 - q0) for built-ins, plus one
 // evaluation per pair when documents or a user function are present).
-TileClass classify_tile(const MaskSpec& s, int64_t b, int64_t h, int64_t q0, int64_t q1,
-                        int64_t k0, int64_t k1);
+TileClass classify_tile(const MaskSpec& s, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0,
+                        int64_t k1);
 
 // ---- use 3: no mask needed ----
 // True when every (b, h, q, kv) in the rectangle is visible, e.g. decode (q_len = 1) with a

@@ -11,6 +11,8 @@
 //     (inputs N(0, 1), u = 2^-11 (f16) / 2^-8 (bf16); measured worst: 8e-4 / 9e-3)
 //   - decode (q_len = 1) vs the last row of the prefill: bit-identical for eager and for fused
 //     without split-KV; err <= 2e-6 with split-KV (the merge reorders sums).
+#include "kernels/attention.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,7 +23,6 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "kernels/attention.h"
 #include "kernels/attention_reference.h"
 
 namespace kvcache {
@@ -43,8 +44,8 @@ struct Case {
     o << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Sq" << Sq << " Skv" << Skv << " D" << D
       << " Dv" << (Dv ? Dv : D) << " " << dtype_name(kv) << (causal ? " causal" : "")
       << (sinks ? " sinks" : "") << (docs ? " docs" : "") << (padding ? " padding" : "")
-      << (bshd ? " bshd" : "") << " softcap" << softcap << " window" << window << " chunk"
-      << chunk << " kv_offset" << kv_offset;
+      << (bshd ? " bshd" : "") << " softcap" << softcap << " window" << window << " chunk" << chunk
+      << " kv_offset" << kv_offset;
     return o.str();
   }
 };
@@ -191,15 +192,54 @@ std::vector<Case> reference_cases() {
   add([](Case&) {});
   add([](Case& c) { c.causal = false; });
   add([](Case& c) { c.sinks = true; });
-  add([](Case& c) { c.softcap = 5.0f; c.D = 80; });
-  add([](Case& c) { c.window = 33; c.kv_offset = 20; c.Sq = 40; });
-  add([](Case& c) { c.chunk = 50; c.kv_offset = 7; c.Sq = 7; });
-  add([](Case& c) { c.docs = true; c.bshd = true; });
-  add([](Case& c) { c.padding = true; c.sinks = true; });
-  add([](Case& c) { c.docs = true; c.padding = true; c.window = 40; c.Hq = 8; c.Hkv = 1; });
-  add([](Case& c) { c.kv = DType::kF16; c.window = 64; c.sinks = true; c.Dv = 48; });
-  add([](Case& c) { c.kv = DType::kBF16; c.chunk = 32; c.softcap = 3.0f; c.D = 128; });
-  add([](Case& c) { c.kv = DType::kF16; c.docs = true; c.D = 256; c.Hq = 2; c.Hkv = 1; });
+  add([](Case& c) {
+    c.softcap = 5.0f;
+    c.D = 80;
+  });
+  add([](Case& c) {
+    c.window = 33;
+    c.kv_offset = 20;
+    c.Sq = 40;
+  });
+  add([](Case& c) {
+    c.chunk = 50;
+    c.kv_offset = 7;
+    c.Sq = 7;
+  });
+  add([](Case& c) {
+    c.docs = true;
+    c.bshd = true;
+  });
+  add([](Case& c) {
+    c.padding = true;
+    c.sinks = true;
+  });
+  add([](Case& c) {
+    c.docs = true;
+    c.padding = true;
+    c.window = 40;
+    c.Hq = 8;
+    c.Hkv = 1;
+  });
+  add([](Case& c) {
+    c.kv = DType::kF16;
+    c.window = 64;
+    c.sinks = true;
+    c.Dv = 48;
+  });
+  add([](Case& c) {
+    c.kv = DType::kBF16;
+    c.chunk = 32;
+    c.softcap = 3.0f;
+    c.D = 128;
+  });
+  add([](Case& c) {
+    c.kv = DType::kF16;
+    c.docs = true;
+    c.D = 256;
+    c.Hq = 2;
+    c.Hkv = 1;
+  });
   // Decode (q_len = 1) of every kind.
   for (int i = 0; i < 6; ++i) {
     Case c;
