@@ -96,6 +96,7 @@ void register_plan(CLI::App& app) {
                   "bytes per parameter when weights come from a parameter count")
       ->capture_default_str();
   cmd->add_option("-o,--output", args->output, "table or json")->capture_default_str();
+  cmd->add_flag_callback("--json", [args] { args->output = "json"; }, "same as -o json");
   cmd->add_option("--svg", args->svg, "write a log-log plot of KV bytes against context here");
   cmd->callback([args] { run_plan(*args); });
 }

@@ -22,6 +22,13 @@ TEST(CliPlan, JsonInterface) {
   EXPECT_EQ(j["layers"][0]["count"], 80);
 }
 
+TEST(CliPlan, JsonFlagAndBudget) {
+  const auto r = run_cli("plan --preset llama2-7b --context 4096 --budget 24GiB --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["max_requests"].get<int64_t>(), 5);  // the notes' 24 GB card example
+}
+
 TEST(CliPlan, ConfigFileAndSvg) {
   const std::string cfg = ::testing::TempDir() + "plan_config.json";
   std::ofstream(cfg) << R"({"model_type":"mistral","num_hidden_layers":2,"num_attention_heads":4,
