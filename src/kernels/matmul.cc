@@ -243,6 +243,35 @@ void matmul(const MatmulParams& p) {
   }
   const size_t rb = row_bytes(p.w_dtype, p.k);
   const auto* w = static_cast<const std::byte*>(p.w);
+  if (p.allow_blas && p.m >= kBlasMinRows) {
+    // Prefill over f16/bf16/q8_0 weights: dequantise a block of W rows once into a per-thread
+    // f32 scratch and let sgemm do the M x block product (compute-bound), instead of
+    // converting every W row M times in dot products.
+    set_blas_threads(1);
+    constexpr int64_t kBlockRows = 64;
+    const int64_t n_tasks = (p.n + kBlockRows - 1) / kBlockRows;
+    auto block = [&](int64_t t) {
+      thread_local std::vector<float> scratch;  // grows once per thread, reused across calls
+      const int64_t r0 = t * kBlockRows, r1 = std::min(p.n, r0 + kBlockRows);
+      const size_t need = static_cast<size_t>((r1 - r0) * p.k);
+      if (scratch.size() < need) scratch.resize(need);
+      for (int64_t r = r0; r < r1; ++r)
+        dequantize_row(w + static_cast<size_t>(r) * rb, p.w_dtype, scratch.data() + (r - r0) * p.k, p.k);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.m), static_cast<int>(r1 - r0),
+                  static_cast<int>(p.k), 1.0f, p.x, static_cast<int>(p.ldx), scratch.data(), static_cast<int>(p.k),
+                  0.0f, p.y + r0, static_cast<int>(p.ldy));
+      if (p.bias != nullptr) {
+        for (int64_t i = 0; i < p.m; ++i)
+          for (int64_t r = r0; r < r1; ++r) p.y[i * p.ldy + r] += p.bias[r];
+      }
+    };
+    if (nt <= 1 || macs < kMinParallelMacs) {
+      for (int64_t t = 0; t < n_tasks; ++t) block(t);
+    } else {
+      pool.parallel_for(n_tasks, block);
+    }
+    return;
+  }
   // Each task owns a contiguous block of W rows and reads it once for all M rows of x.
   auto run_rows = [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {

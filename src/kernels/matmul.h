@@ -3,7 +3,8 @@
 // W is f32, f16, bf16 or q8_0 and is only read (it usually points into a memory-mapped file).
 // Decode (M = 1) is bound by reading W once: rows are split across the thread pool and each
 // row is a SIMD dot product. Prefill (M > 1) with f32 weights goes to OpenBLAS sgemm, which is
-// compute-bound and wins from M >= kBlasMinRows; other dtypes reuse each W row for all M rows.
+// compute-bound and wins from M >= kBlasMinRows; other dtypes are dequantised per block of 64
+// W rows into a per-thread f32 scratch and multiplied by sgemm too.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,7 @@ struct MatmulParams {
   bool allow_blas = true;       // false: always the own kernels (tests, exactness studies)
 };
 
-// Rows of x from which f32 weights are multiplied by OpenBLAS sgemm instead of our GEMV.
+// Rows of x from which weights are multiplied by OpenBLAS sgemm instead of our GEMV.
 inline constexpr int64_t kBlasMinRows = 4;
 
 // Tolerance of matmul() against matmul_reference(): |y - y_ref| <= 1e-5 * sum_j |x_j w_j| + 1e-6
