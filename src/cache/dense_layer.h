@@ -33,7 +33,7 @@ class DenseLayer : public CacheLayer {
   void reorder(std::span<const int64_t> beam_idx) override;
   void repeat_interleave(int64_t r) override;
   void select(std::span<const int64_t> indices) override;
-  // Storage plus workspace, in bytes (each rounded to nothing: Tensor sizes are exact).
+  // Storage plus workspace: the tensors' size_bytes() (the allocator pads each to 64 B).
   size_t bytes() const override;
   std::string_view name() const override { return params_.name; }
   CopyStats stats() const override { return buf_.stats(); }
