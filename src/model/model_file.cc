@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "model/gguf.h"
+#include "model/llama2c.h"
 #include "model/safetensors.h"
 
 namespace kvcache {
@@ -165,9 +166,10 @@ std::unique_ptr<ModelFile> open_model_file(const std::string& path) {
   }
   if (std::string_view(magic, 4) == "GGUF") return load_gguf_model(path);
   if (path.size() > 12 && path.ends_with(".safetensors")) return load_hf_model(path);
+  if (is_llama2c_checkpoint(path)) return load_llama2c(path);
   throw Error(ErrorKind::kFormat,
-              path + ": unrecognised model file: expected a GGUF file, a Hugging Face folder "
-                     "(config.json + *.safetensors) or a .safetensors file with config.json beside it");
+              path + ": unrecognised model file: expected a GGUF file, a llama2.c checkpoint, a Hugging "
+                     "Face folder (config.json + *.safetensors) or a .safetensors file with config.json beside it");
 }
 
 }  // namespace kvcache

@@ -137,10 +137,11 @@ class ModelFile {
 // Name of a per-layer tensor: layer_tensor(3, "attn_q.weight") == "blk.3.attn_q.weight".
 std::string layer_tensor(int64_t layer, const char* suffix);
 
-// Opens a GGUF file or a Hugging Face folder (config.json + model.safetensors or
+// Opens any supported model: a GGUF file, a llama2.c checkpoint (recognised by its header and
+// exact size), a Hugging Face folder (config.json + model.safetensors or
 // model.safetensors.index.json) or a single .safetensors file with config.json beside it.
-// Other files throw Error(kFormat) naming the path and the formats accepted (llama2.c
-// checkpoints are opened by the runtime's loader). Does not call validate_llama_weights().
+// Other files throw Error(kFormat) naming the path and the formats accepted. The loaders check
+// the llama weights (names, shapes, dtypes) against the config.
 std::unique_ptr<ModelFile> open_model_file(const std::string& path);
 
 }  // namespace kvcache

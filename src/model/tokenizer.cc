@@ -1,10 +1,14 @@
 #include "model/tokenizer.h"
 
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 
 #include "core/error.h"
 #include "model/gguf.h"
+#include "model/llama2c.h"
+#include "model/tokenizer_llama2c.h"
 #include "model/tokenizer_bpe.h"
 #include "model/tokenizer_spm.h"
 
@@ -80,24 +84,84 @@ std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& g) {
   throw Error(ErrorKind::kUnsupported, g.path() + ": tokenizer model '" + model + "' is not supported (llama, gpt2)");
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
-  namespace fs = std::filesystem;
+namespace {
+
+namespace fs = std::filesystem;
+
+bool has_gguf_magic(const std::string& path) {
+  char magic[4] = {};
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(ErrorKind::kIo, path + ": cannot open");
+  f.read(magic, 4);
+  return f && std::string_view(magic, 4) == "GGUF";
+}
+
+// Entries of a llama2.c tokenizer file: int32 max_token_length, then (f32 score, int32 length,
+// bytes) records up to the end of the file. Returns 0 when the bytes do not parse that way.
+int32_t count_llama2c_entries(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  const std::string b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (b.size() < 4) return 0;
+  size_t off = 4;
+  int32_t n = 0;
+  while (off < b.size()) {
+    int32_t len = 0;
+    if (b.size() - off < 8) return 0;
+    std::memcpy(&len, b.data() + off + 4, 4);
+    if (len < 0 || static_cast<size_t>(len) > b.size() - off - 8) return 0;
+    off += 8 + static_cast<size_t>(len);
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string find_tokenizer_for_model(const std::string& model_path) {
+  std::error_code ec;
+  if (fs::is_directory(model_path, ec)) {
+    const fs::path json = fs::path(model_path) / "tokenizer.json";
+    return fs::exists(json, ec) ? json.string() : "";
+  }
+  if (!fs::exists(model_path, ec)) return "";
+  const fs::path dir = fs::path(model_path).parent_path();
+  if (has_gguf_magic(model_path)) {
+    return GgufFile::open(model_path)->find("tokenizer.ggml.model") ? model_path : "";
+  }
+  if (model_path.ends_with(".safetensors")) {
+    return fs::exists(dir / "tokenizer.json", ec) ? (dir / "tokenizer.json").string() : "";
+  }
+  if (is_llama2c_checkpoint(model_path)) {
+    for (const char* name : {"tokenizer.bin", "tok512.bin"}) {
+      if (fs::exists(dir / name, ec)) return (dir / name).string();
+    }
+  }
+  return "";
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int32_t llama2c_vocab_size) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     const fs::path json = fs::path(path) / "tokenizer.json";
     if (fs::exists(json, ec)) return load_hf_tokenizer(json.string());
-    // A HF folder converted to GGUF is not expected here; say what we looked for.
     throw Error(ErrorKind::kIo, path + ": no tokenizer.json in this folder");
   }
-  char magic[4] = {};
-  {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw Error(ErrorKind::kIo, path + ": cannot open");
-    f.read(magic, 4);
-  }
-  if (std::string_view(magic, 4) == "GGUF") return tokenizer_from_gguf(*GgufFile::open(path));
+  if (!fs::exists(path, ec)) throw Error(ErrorKind::kIo, path + ": no such file");
+  if (has_gguf_magic(path)) return tokenizer_from_gguf(*GgufFile::open(path));
   if (path.ends_with(".json")) return load_hf_tokenizer(path);
-  throw Error(ErrorKind::kFormat, path + ": not a tokenizer file this loader knows (a GGUF, a tokenizer.json, or a folder with tokenizer.json)");
+  if (is_llama2c_checkpoint(path)) {
+    const std::string tok = find_tokenizer_for_model(path);
+    if (tok.empty()) {
+      throw Error(ErrorKind::kIo, path + ": a llama2.c checkpoint without tokenizer.bin or tok512.bin beside it");
+    }
+    return std::make_unique<Llama2cTokenizer>(tok, static_cast<int32_t>(load_llama2c(path)->config().vocab_size));
+  }
+  const int32_t n = llama2c_vocab_size > 0 ? llama2c_vocab_size : count_llama2c_entries(path);
+  if (n <= 0) {
+    throw Error(ErrorKind::kFormat, path + ": not a tokenizer this loader knows (GGUF, tokenizer.json, a folder "
+                                           "with tokenizer.json, a llama2.c checkpoint or tokenizer.bin)");
+  }
+  return std::make_unique<Llama2cTokenizer>(path, n);
 }
 
 }  // namespace kvcache

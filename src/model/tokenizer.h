@@ -36,11 +36,19 @@ class Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const;
 };
 
-// Loads a tokenizer from a file: any GGUF (its tokenizer.ggml.* metadata; vocabulary-only files
-// included), a Hugging Face tokenizer.json, or a folder holding tokenizer.json. Throws
-// Error(kFormat/kUnsupported) naming the file and what is missing or unsupported.
-// (llama2.c tokenizer.bin files are loaded by the runtime's llama2c tokenizer.)
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+// Loads a tokenizer from `path`, whatever its format:
+//  - a GGUF (its tokenizer.ggml.* metadata; vocabulary-only files included);
+//  - a Hugging Face tokenizer.json, or a folder holding one;
+//  - a llama2.c checkpoint: the tokenizer.bin or tok512.bin beside it, sized by its header;
+//  - a llama2.c tokenizer file (tokenizer.bin): `llama2c_vocab_size` entries, or when 0 as many
+//    as the file holds (the format does not store the count).
+// Throws Error(kIo/kFormat/kUnsupported) naming the file and what is missing or unsupported.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int32_t llama2c_vocab_size = 0);
+
+// The tokenizer file that goes with a model path, or "" when there is none: the GGUF itself when
+// it carries tokenizer.ggml.model, tokenizer.json in a HF folder (or beside a .safetensors file),
+// tokenizer.bin / tok512.bin beside a llama2.c checkpoint. Pass the result to load_tokenizer.
+std::string find_tokenizer_for_model(const std::string& model_path);
 
 class GgufFile;
 // The tokenizer stored in a GGUF's tokenizer.ggml.* metadata: model "llama" (SentencePiece BPE)

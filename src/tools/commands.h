@@ -14,5 +14,6 @@ void register_logits(CLI::App& app);    // cmd_logits.cc: dump every position's 
 void register_convert(CLI::App& app);   // cmd_convert.cc: llama2.c -> GGUF
 void register_plan(CLI::App& app);      // cmd_plan.cc: the KV memory bill of a model
 void register_bench(CLI::App& app);     // cmd_bench.cc: llama-bench style speed tests
+void register_tokenize(CLI::App& app);  // cmd_tokenize.cc: text on stdin -> token ids
 
 }  // namespace kvcache::tools

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   kvcache::tools::register_convert(app);
   kvcache::tools::register_plan(app);
   kvcache::tools::register_bench(app);
+  kvcache::tools::register_tokenize(app);
 
   try {
     app.parse(argc, argv);  // runs the chosen subcommand's callback

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "model/gguf.h"
+#include "model/model_file.h"
 #include "model/tokenizer_bpe.h"
 #include "model/tokenizer_spm.h"
 #include "model/unicode.h"
@@ -216,6 +217,32 @@ TEST(Tokenizer, SpmMergesAgainAfterAMerge) {
   EXPECT_EQ(t.encode("abc"), (std::vector<int32_t>{8}));
   // "abd": "d" is no token and there is no byte fallback: <unk>.
   EXPECT_EQ(t.encode("abd"), (std::vector<int32_t>{6, 0}));
+}
+
+}  // namespace
+}  // namespace kvcache
+
+namespace kvcache {
+namespace {
+
+TEST(Tokenizer, FindsAndLoadsEveryFormat) {
+  const std::string model = std::string(KVCACHE_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  if (!fs::exists(model)) GTEST_SKIP() << model << " is absent";
+  const std::string tok = find_tokenizer_for_model(model);
+  EXPECT_TRUE(tok.ends_with("tok512.bin")) << tok;
+  auto a = load_tokenizer(model);
+  auto b = load_tokenizer(tok);  // entry count read from the file itself
+  EXPECT_STREQ(a->kind(), "llama2c");
+  EXPECT_EQ(a->vocab_size(), 512);
+  EXPECT_EQ(b->vocab_size(), 512);
+  EXPECT_EQ(a->encode("Once upon a time"), b->encode("Once upon a time"));
+  auto m = open_model_file(model);
+  EXPECT_EQ(m->format(), "llama2c");
+  const std::string spm = kVocabDir + "/ggml-vocab-llama-spm.gguf";
+  if (fs::exists(spm)) {
+    EXPECT_EQ(find_tokenizer_for_model(spm), spm);
+  }
+  EXPECT_EQ(find_tokenizer_for_model(testing::temp_path("nothing_here")), "");
 }
 
 }  // namespace

@@ -1,0 +1,110 @@
+// `kvcache tokenize` end to end: stdin text -> ids on stdout, for GGUF vocabularies (llama.cpp's
+// test vectors), a llama2.c checkpoint and its tokenizer.bin; bad files end with exit code 2.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kShared = KVCACHE_SHARED_DIR;
+
+// build/tests/test_tools -> build/kvcache
+std::string cli() { return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "kvcache").string(); }
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+class CliTokenize : public ::testing::Test {
+ public:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("kvcache_tok_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  Result tokenize(const std::string& model, const std::string& text) const {
+    const std::string in = (dir_ / "stdin").string(), out = (dir_ / "stdout").string(), err = (dir_ / "stderr").string();
+    std::ofstream(in, std::ios::binary) << text;
+    const std::string cmd = cli() + " tokenize --model '" + model + "' <" + in + " >" + out + " 2>" + err;
+    const int st = std::system(cmd.c_str());
+    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
+  }
+  fs::path dir_;
+};
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+void check_vocab(const CliTokenize& t, const std::string& vocab, size_t stride,
+                 Result (CliTokenize::*run)(const std::string&, const std::string&) const) {
+  const std::string path = kShared + "/vocab/" + vocab;
+  const std::string inp = slurp(path + ".inp"), outp = slurp(path + ".out");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> texts;
+  size_t begin = 0;
+  for (size_t hit; (hit = inp.find(sep, begin)) != std::string::npos; begin = hit + sep.size()) {
+    texts.push_back(inp.substr(begin, hit - begin));
+  }
+  std::istringstream lines(outp);
+  std::string line;
+  for (size_t i = 0; std::getline(lines, line); ++i) {
+    if (i % stride != 0) continue;
+    ASSERT_LT(i, texts.size());
+    const Result r = (t.*run)(path, texts[i]);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, trim(line) + "\n") << vocab << " case " << i;
+  }
+}
+
+TEST_F(CliTokenize, GgufVocabulariesReproduceLlamaCppVectors) {
+  if (!fs::exists(kShared + "/vocab/ggml-vocab-llama-spm.gguf")) GTEST_SKIP() << "../shared/vocab is absent";
+  check_vocab(*this, "ggml-vocab-llama-spm.gguf", 1, &CliTokenize::tokenize);
+  check_vocab(*this, "ggml-vocab-gpt-2.gguf", 3, &CliTokenize::tokenize);
+}
+
+TEST_F(CliTokenize, Llama2cCheckpointAndTokenizerFile) {
+  const std::string model = kShared + "/models/stories260K/stories260K.bin";
+  if (!fs::exists(model)) GTEST_SKIP() << "stories260K is absent";
+  const Result a = tokenize(model, "Once upon a time");
+  const Result b = tokenize(kShared + "/models/stories260K/tok512.bin", "Once upon a time");
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+  // run.c's encode: " " prefix piece merged into "Once"; ids end with a newline.
+  EXPECT_FALSE(a.out.empty());
+  EXPECT_EQ(a.out.back(), '\n');
+  EXPECT_EQ(a.out.find(" 1 "), std::string::npos);  // no BOS
+}
+
+TEST_F(CliTokenize, BadFilesExitWithCode2AndNameTheFile) {
+  const std::string bad = (dir_ / "bad.gguf").string();
+  std::ofstream(bad, std::ios::binary) << std::string("GGUF\x07\x00\x00\x00", 8) << std::string(16, '\0');
+  const Result r = tokenize(bad, "x");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(bad), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("version 7"), std::string::npos) << r.err;
+  const Result m = tokenize((dir_ / "missing").string(), "x");
+  EXPECT_EQ(m.code, 2);
+  EXPECT_NE(m.err.find("missing"), std::string::npos) << m.err;
+}
+
+}  // namespace
