@@ -14,24 +14,7 @@ KVSpan DynamicLayer::update(const TensorView& k, const TensorView& v) {
   if (end + n > buf_.capacity())
     buf_.reallocate(buf_.batch_capacity(), std::max(2 * buf_.capacity(), end + n));
   buf_.append(k, v);
-  KVSpan span;
-  span.k = buf_.k_slots(0, buf_.end());
-  span.v = buf_.v_slots(0, buf_.end());
-  span.kv_offset = 0;
-  return span;
-}
-
-MaskSizes DynamicLayer::mask_sizes(int64_t query_len) const {
-  return {seq_length() + query_len, 0};
-}
-
-void DynamicLayer::crop(int64_t n) {
-  const int64_t keep = crop_length(n, seq_length());
-  if (buf_.allocated()) buf_.set_window(0, keep);
-}
-
-void DynamicLayer::reset() {
-  if (buf_.allocated()) buf_.set_window(0, 0);
+  return stored_span();
 }
 
 namespace {

@@ -6,25 +6,20 @@
 // and update() returns strided views into the storage: no per-step copy of the history.
 #pragma once
 
-#include "cache/dense_layer.h"
+#include "cache/full_attention_layer.h"
 
 namespace kvcache {
 
-class DynamicLayer final : public DenseLayer {
+class DynamicLayer final : public FullAttentionLayer {
  public:
   // First allocation: max(first update's tokens, kMinCapacity) slots.
   static constexpr int64_t kMinCapacity = 16;
 
-  explicit DynamicLayer(DenseLayerParams params) : DenseLayer(std::move(params)) {}
+  explicit DynamicLayer(DenseLayerParams params) : FullAttentionLayer(std::move(params)) {}
 
   // Returns [B, H_kv, seq_length(), D] views of everything stored, kv_offset 0.
   KVSpan update(const TensorView& k, const TensorView& v) override;
-  // {seq_length() + query_len, 0}: a full-attention kernel sees every earlier key.
-  MaskSizes mask_sizes(int64_t query_len) const override;
-  int64_t seq_length() const override { return buf_.end(); }
   int64_t max_length() const override { return -1; }
-  void crop(int64_t n) override;
-  void reset() override;
 };
 
 }  // namespace kvcache

@@ -8,7 +8,7 @@
 namespace kvcache {
 
 StaticLayer::StaticLayer(DenseLayerParams params, int64_t max_cache_len)
-    : DenseLayer(std::move(params)), max_cache_len_(max_cache_len) {
+    : FullAttentionLayer(std::move(params)), max_cache_len_(max_cache_len) {
   KV_CHECK(params_.fixed_storage, "a static layer has fixed storage");
   if (max_cache_len <= 0) {
     throw Error(ErrorKind::kInvalidArgument,
@@ -30,24 +30,7 @@ KVSpan StaticLayer::update(const TensorView& k, const TensorView& v) {
   }
   prepare_rows(k, v, max_cache_len_);
   buf_.append(k, v);
-  KVSpan span;
-  span.k = buf_.k_slots(0, buf_.end());
-  span.v = buf_.v_slots(0, buf_.end());
-  span.kv_offset = 0;
-  return span;
-}
-
-MaskSizes StaticLayer::mask_sizes(int64_t query_len) const {
-  return {seq_length() + query_len, 0};
-}
-
-void StaticLayer::crop(int64_t n) {
-  const int64_t keep = crop_length(n, seq_length());
-  if (buf_.allocated()) buf_.set_window(0, keep);
-}
-
-void StaticLayer::reset() {
-  if (buf_.allocated()) buf_.set_window(0, 0);
+  return stored_span();
 }
 
 namespace {

@@ -12,21 +12,17 @@
 // Writing past max_cache_len throws Error(kOutOfRange) and leaves the cache unchanged.
 #pragma once
 
-#include "cache/dense_layer.h"
+#include "cache/full_attention_layer.h"
 
 namespace kvcache {
 
-class StaticLayer final : public DenseLayer {
+class StaticLayer final : public FullAttentionLayer {
  public:
   // params.fixed_storage must be true; max_cache_len > 0 (checked, Error otherwise).
   StaticLayer(DenseLayerParams params, int64_t max_cache_len);
 
   KVSpan update(const TensorView& k, const TensorView& v) override;
-  MaskSizes mask_sizes(int64_t query_len) const override;
-  int64_t seq_length() const override { return buf_.end(); }
   int64_t max_length() const override { return max_cache_len_; }
-  void crop(int64_t n) override;
-  void reset() override;
 
  private:
   int64_t max_cache_len_;
