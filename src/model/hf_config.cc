@@ -76,7 +76,8 @@ std::vector<float> llama3_rope_freq_factors(float rope_theta, int64_t head_dim, 
   return out;
 }
 
-ModelConfig parse_hf_config(const std::string& text, const std::string& source) {
+namespace {
+ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string& source) {
   json j;
   try {
     j = json::parse(text);
@@ -182,6 +183,17 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& source) 
   c.fill_defaults();
   c.validate(source);
   return c;
+}
+}  // namespace
+
+// A field of the wrong JSON type (a number where a string belongs, ...) is bad input like any
+// other: reported as Error(kFormat) naming the file, never as a raw library exception.
+ModelConfig parse_hf_config(const std::string& text, const std::string& source) {
+  try {
+    return parse_hf_config_unchecked(text, source);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kFormat, source + ": a field has the wrong JSON type (" + e.what() + ")");
+  }
 }
 
 ModelConfig load_hf_config(const std::string& path) {

@@ -61,7 +61,8 @@ std::string opt_str(const json& j, const char* key) {
 
 }  // namespace
 
-PlanModel plan_model_from_hf_json(const std::string& json_text, const std::string& source) {
+namespace {
+PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text, const std::string& source) {
   json root;
   try {
     root = json::parse(json_text);
@@ -226,6 +227,17 @@ PlanModel plan_model_from_hf_json(const std::string& json_text, const std::strin
     }
   }
   return m;
+}
+}  // namespace
+
+// A field of the wrong JSON type (a number where a string belongs, ...) is bad input like any
+// other: reported as Error(kFormat) naming the file, never as a raw library exception.
+PlanModel plan_model_from_hf_json(const std::string& json_text, const std::string& source) {
+  try {
+    return plan_model_from_hf_json_unchecked(json_text, source);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kFormat, source + ": a field has the wrong JSON type (" + e.what() + ")");
+  }
 }
 
 PlanModel plan_model_from_config(const ModelConfig& c, const std::string& name) {

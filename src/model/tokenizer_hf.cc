@@ -83,7 +83,8 @@ std::string token_content(const json& j) {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
+namespace {
+std::unique_ptr<Tokenizer> load_hf_tokenizer_unchecked(const std::string& path) {
   const json j = read_json(path);
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) bad(path, "no \"model\" object: not a tokenizer.json");
   const json& model = j["model"];
@@ -145,6 +146,17 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
     if (c.contains("eos_token")) v.eos = v.find(token_content(c["eos_token"]));
   }
   return std::make_unique<BpeTokenizer>(std::move(v), std::move(p));
+}
+}  // namespace
+
+// A field of the wrong JSON type (a number where a string belongs, ...) is bad input like any
+// other: reported as Error(kFormat) naming the file, never as a raw library exception.
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
+  try {
+    return load_hf_tokenizer_unchecked(path);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kFormat, path + ": a field has the wrong JSON type (" + e.what() + ")");
+  }
 }
 
 }  // namespace kvcache
