@@ -1,4 +1,4 @@
-// Pointwise activations of the feed-forward block. SwiGLU (Llama's FFN gate):
+// Pointwise activations of the feed-forward block (Llama SwiGLU, Gemma GeGLU, GPT-OSS's clamp). SwiGLU (Llama's FFN gate):
 // out = silu(gate) * up with silu(g) = g * (1 / (1 + exp(-g))), in float, as llama2.c.
 #pragma once
 
@@ -8,5 +8,12 @@ namespace kvcache {
 
 // gate, up, out: [n] f32; out may alias gate or up.
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
+// GeGLU with the tanh approximation (transformers' gelu_pytorch_tanh, Gemma's FFN):
+// out = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up, in float.
+void geglu_tanh(const float* gate, const float* up, float* out, int64_t n);
+// GPT-OSS experts' clamped SwiGLU on interleaved gate/up pairs (GptOssExperts.forward):
+// g = min(gate_up[2i], limit), u = clamp(gate_up[2i+1], -limit, limit),
+// out[i] = (u + 1) * g * sigmoid(alpha * g). gate_up: [2n], out: [n].
+void swiglu_oss(const float* gate_up, float* out, int64_t n, float alpha, float limit);
 
 }  // namespace kvcache

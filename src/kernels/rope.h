@@ -40,6 +40,9 @@ struct RopeParams {
   const float* inv_freq = nullptr;     // [rot_dim / 2]
   int64_t rot_dim = 0;                 // <= head_dim, even; dims past rot_dim pass through
   RopeStyle style = RopeStyle::kInterleaved;
+  // YaRN's attention factor: cos and sin are multiplied by it (transformers' attention_scaling
+  // of the rotary embedding); 1 for every other rope type, where the product is exact.
+  float attention_factor = 1.0f;
 };
 
 // cos/sin computed once per token and shared by every head. Bit-identical to rope_reference.

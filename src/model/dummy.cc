@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <filesystem>
 #include <unistd.h>
 
@@ -10,6 +12,9 @@
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
 #include "model/gguf.h"
+#include "model/hf_config.h"
+#include "model/safetensors.h"
+#include "model/weight_spec.h"
 
 namespace kvcache {
 
@@ -55,11 +60,62 @@ std::string default_cache_dir() {
   return (fs::temp_directory_path() / "kvcache").string();
 }
 
+// Presets of the other families are config.json texts (real transformers field names), parsed
+// by the same parse_hf_config a downloaded model goes through. Small windows and strong
+// softcaps so that every structure changes the logits at test lengths.
+const char* hf_preset_json(const std::string& name) {
+  if (name == "gemma2-tiny") {
+    // Gemma2ForCausalLM: alternating sliding (even layers) / full, both softcaps, tied.
+    return R"({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+      "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 16, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 256,
+      "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "query_pre_attn_scalar": 24,
+      "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0, "sliding_window": 8,
+      "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
+      "bos_token_id": 2, "eos_token_id": 1})";
+  }
+  if (name == "gptoss-tiny") {
+    // GptOssForCausalLM: sinks, q/k/v/o biases, sliding window 8 on even layers, MoE 2 of 4
+    // experts, yarn RoPE.
+    return R"({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+      "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 16, "intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+      "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "sliding_window": 8,
+      "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                          "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 64},
+      "tie_word_embeddings": false, "bos_token_id": 2, "eos_token_id": 1})";
+  }
+  if (name == "mla-tiny") {
+    // DeepseekV3ForCausalLM: MLA with q_lora, D_k = 16 + 8 = 24 != D_v = 12, one dense layer
+    // then MoE (8 experts in 2 groups, top-2 of the best group, one shared expert), yarn.
+    return R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+      "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
+      "intermediate_size": 96, "moe_intermediate_size": 16, "n_routed_experts": 8, "n_shared_experts": 1,
+      "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+      "norm_topk_prob": true, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+      "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12,
+      "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+      "rope_scaling": {"type": "yarn", "factor": 4.0, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+                       "mscale_all_dim": 1.0, "original_max_position_embeddings": 64},
+      "tie_word_embeddings": false, "bos_token_id": 2, "eos_token_id": 1})";
+  }
+  return nullptr;
+}
+
 }  // namespace
 
-std::vector<std::string> dummy_preset_names() { return {"tiny", "llama-125m"}; }
+std::vector<std::string> dummy_preset_names() { return {"tiny", "llama-125m", "gemma2-tiny", "gptoss-tiny", "mla-tiny"}; }
+
+bool dummy_preset_is_hf(const std::string& name) { return hf_preset_json(name) != nullptr; }
+
+std::string dummy_preset_config_json(const std::string& name) {
+  const char* j = hf_preset_json(name);
+  if (j == nullptr) throw Error(ErrorKind::kInvalidArgument, "dummy preset '" + name + "' is not a config.json preset");
+  return j;
+}
 
 ModelConfig dummy_preset(const std::string& name) {
+  if (const char* j = hf_preset_json(name)) return parse_hf_config(j, "dummy:" + name);
   ModelConfig c;
   c.architecture = "llama";
   if (name == "tiny") {
@@ -69,7 +125,9 @@ ModelConfig dummy_preset(const std::string& name) {
     c.dim = 768, c.n_layers = 12, c.n_heads = 12, c.n_kv_heads = 4, c.hidden_dim = 2048;
     c.vocab_size = 32000, c.max_seq_len = 32768;
   } else {
-    throw Error(ErrorKind::kInvalidArgument, "unknown dummy model preset '" + name + "'; known: tiny, llama-125m");
+    std::string known;
+    for (const auto& n : dummy_preset_names()) known += (known.empty() ? "" : ", ") + n;
+    throw Error(ErrorKind::kInvalidArgument, "unknown dummy model preset '" + name + "'; known: " + known);
   }
   c.rope_theta = 10000.0f;
   c.rope_interleaved = true;
@@ -79,6 +137,69 @@ ModelConfig dummy_preset(const std::string& name) {
   c.eos_id = 2;
   c.fill_defaults();
   return c;
+}
+
+std::string build_dummy_hf(const DummyModelOptions& o) {
+  const ModelConfig c = dummy_preset(o.preset);
+  const DType wt = o.weight_dtype;
+  if (wt != DType::kF32 && wt != DType::kF16 && wt != DType::kBF16) {
+    throw Error(ErrorKind::kUnsupported, "dummy:" + o.preset + ": safetensors weights are f32, f16 or bf16");
+  }
+  const std::string dir = o.cache_dir.empty() ? default_cache_dir() : o.cache_dir;
+  const std::string path = dir + "/dummy-" + o.preset + "-" + dtype_name(wt) + "-s" + std::to_string(o.seed);
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / "model.safetensors", ec)) return path;  // deterministic: reuse
+  fs::create_directories(dir, ec);
+  std::vector<Tensor> owned;
+  std::vector<std::pair<std::string, TensorView>> views;
+  uint64_t tensor_id = 0;
+  for (const WeightSpec& w : hf_weight_specs(c)) {
+    const int64_t cols = w.shape.dims[w.shape.ndim - 1];
+    const int64_t rows = w.shape.numel() / cols;
+    const uint64_t seed = splitmix64(o.seed * 1000003ull + ++tensor_id);
+    Tensor t;
+    if (w.role == WeightRole::kMatrix) {
+      // Embeddings O(1); projections small enough that the residual stream stays O(1).
+      const bool embed = w.name == "model.embed_tokens.weight";
+      const bool qk = w.name.find("q_proj") != std::string::npos || w.name.find("k_proj") != std::string::npos ||
+                      w.name.find("q_b_proj") != std::string::npos || w.name.find("kv_") != std::string::npos;
+      t = random_matrix(rows, cols, wt, seed, embed ? 1.0f : qk ? 0.08f : 0.05f);
+    } else {
+      // Norm weights near their identity (Gemma stores w with (1 + w): near 0), biases and
+      // sinks of moderate size so they matter.
+      const bool gemma_norm = w.role == WeightRole::kNorm && c.norm_add_one;
+      const float stddev = w.role == WeightRole::kNorm ? 0.1f : w.name.ends_with("sinks") ? 1.0f : 0.05f;
+      t = random_matrix(rows, cols, DType::kF32, seed, stddev);
+      if (w.role == WeightRole::kNorm && !gemma_norm) {
+        for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] += 1.0f;
+      }
+    }
+    Tensor shaped = Tensor::empty(t.dtype(), w.shape);
+    std::memcpy(shaped.data(), t.data(), t.size_bytes());
+    owned.push_back(std::move(shaped));
+    views.emplace_back(w.name, owned.back().view());
+  }
+  // Write into a private folder, then rename: concurrent builders never see a partial model.
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  fs::create_directories(tmp, ec);
+  write_safetensors(tmp + "/model.safetensors", views);
+  {
+    std::ofstream f(tmp + "/config.json", std::ios::binary | std::ios::trunc);
+    f << hf_preset_json(o.preset) << "\n";
+    if (!f) throw Error(ErrorKind::kIo, tmp + "/config.json: write failed");
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove_all(tmp, ec);
+    if (!fs::exists(fs::path(path) / "model.safetensors", ec)) {
+      throw Error(ErrorKind::kIo, path + ": cannot move the dummy model into place");
+    }
+  }
+  return path;
+}
+
+std::string build_dummy_model(const DummyModelOptions& o) {
+  return dummy_preset_is_hf(o.preset) ? build_dummy_hf(o) : build_dummy_gguf(o);
 }
 
 std::string build_dummy_gguf(const DummyModelOptions& o) {

@@ -1,5 +1,6 @@
 #include "model/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -76,6 +77,44 @@ std::vector<float> llama3_rope_freq_factors(float rope_theta, int64_t head_dim, 
   return out;
 }
 
+double yarn_get_mscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+YarnResult yarn_rope(float rope_theta, int64_t dim, const YarnParams& y) {
+  // transformers modeling_rope_utils._compute_yarn_parameters, in double then rounded to float:
+  // inv_freq = inv_extrapolation * e + inv_interpolation * (1 - e) with e = 1 - ramp, i.e. a
+  // per-pair divisor 1 / (e + (1 - e) / factor).
+  YarnResult r;
+  const double base = rope_theta;
+  const double orig = static_cast<double>(y.original_max_position_embeddings);
+  if (y.attention_factor > 0.0) {
+    r.attention_factor = y.attention_factor;
+  } else if (y.mscale != 0.0 && y.mscale_all_dim != 0.0) {
+    r.attention_factor = yarn_get_mscale(y.factor, y.mscale) / yarn_get_mscale(y.factor, y.mscale_all_dim);
+  } else {
+    r.attention_factor = yarn_get_mscale(y.factor, 1.0);
+  }
+  auto correction_dim = [&](double rotations) {
+    return (static_cast<double>(dim) * std::log(orig / (rotations * 2.0 * std::numbers::pi))) / (2.0 * std::log(base));
+  };
+  double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
+  if (y.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  r.freq_factors.resize(static_cast<size_t>(dim / 2));
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    const double e = 1.0 - ramp;  // inv_freq_extrapolation_factor
+    r.freq_factors[static_cast<size_t>(i)] = static_cast<float>(1.0 / (e + (1.0 - e) / y.factor));
+  }
+  return r;
+}
+
 namespace {
 ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string& source) {
   json j;
@@ -97,42 +136,144 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     c.architecture = "mistral";
   } else if (arch == "Qwen2ForCausalLM" || (arch.empty() && model_type == "qwen2")) {
     c.architecture = "qwen2";
+  } else if (arch == "Gemma2ForCausalLM" || (arch.empty() && model_type == "gemma2")) {
+    c.architecture = "gemma2";
+  } else if (arch == "GptOssForCausalLM" || (arch.empty() && model_type == "gpt_oss")) {
+    c.architecture = "gpt_oss";
+  } else if (arch == "DeepseekV3ForCausalLM" || (arch.empty() && model_type == "deepseek_v3")) {
+    c.architecture = "deepseek_v3";
+  } else if (arch == "DeepseekV2ForCausalLM" || (arch.empty() && model_type == "deepseek_v2")) {
+    c.architecture = "deepseek_v2";
   } else {
     throw Error(ErrorKind::kUnsupported,
                 source + ": architecture '" + (arch.empty() ? model_type : arch) +
-                    "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+                    "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                    "Gemma2ForCausalLM, GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
   }
+  const bool gemma2 = c.architecture == "gemma2", gpt_oss = c.architecture == "gpt_oss";
+  const bool deepseek = c.architecture == "deepseek_v2" || c.architecture == "deepseek_v3";
   c.dim = get_int(j, "hidden_size", source);
   c.n_layers = get_int(j, "num_hidden_layers", source);
   c.n_heads = get_int(j, "num_attention_heads", source);
   c.n_kv_heads = get_int_or(j, "num_key_value_heads", c.n_heads, source);
-  c.head_dim = get_int_or(j, "head_dim", c.n_heads > 0 ? c.dim / c.n_heads : 0, source);
+  // Family defaults are those of each transformers configuration_*.py (Gemma2Config: head_dim
+  // 256, tied embeddings; GptOssConfig: head_dim 64, attention_bias true).
+  const int64_t default_head_dim = gemma2 ? 256 : gpt_oss ? 64 : (c.n_heads > 0 ? c.dim / c.n_heads : 0);
+  c.head_dim = get_int_or(j, "head_dim", default_head_dim, source);
   c.hidden_dim = get_int(j, "intermediate_size", source);
   c.vocab_size = get_int(j, "vocab_size", source);
   c.max_seq_len = get_int_or(j, "max_position_embeddings", 2048, source);
   c.rms_eps = static_cast<float>(get_num_or(j, "rms_norm_eps", 1e-6, source));
-  c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", false, source);
+  c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", gemma2, source);
   c.rope_interleaved = false;  // HF checkpoints keep q/k rows in rotate_half order
   c.bos_id = token_id(j, "bos_token_id", source);
   c.eos_id = token_id(j, "eos_token_id", source);
+  const bool attention_bias = get_bool_or(j, "attention_bias", gpt_oss, source);
   if (c.architecture == "qwen2") {
     c.qkv_bias = true;
-  } else if (get_bool_or(j, "attention_bias", false, source)) {
-    throw Error(ErrorKind::kUnsupported, source + ": attention_bias (bias on q/k/v/o projections) is supported only for Qwen2");
+  } else if (gemma2 || gpt_oss) {
+    c.qkv_bias = attention_bias;
+    c.attn_out_bias = attention_bias;
+  } else if (attention_bias) {
+    throw Error(ErrorKind::kUnsupported, source + ": attention_bias = true (bias on q/k/v/o projections) is not supported for " + c.architecture);
   }
   if (get_bool_or(j, "mlp_bias", false, source)) throw Error(ErrorKind::kUnsupported, source + ": mlp_bias is not supported");
-  if (auto it = j.find("hidden_act"); it != j.end() && it->is_string() && *it != "silu") {
-    throw Error(ErrorKind::kUnsupported, source + ": hidden_act '" + it->get<std::string>() + "' is not supported (silu)");
+  // Gemma calls the field hidden_activation (older configs: hidden_act); GPT-OSS experts use
+  // their own clamped SwiGLU whatever hidden_act says.
+  std::string act = gemma2 ? "gelu_pytorch_tanh" : "silu";
+  for (const char* key : {"hidden_activation", "hidden_act"}) {
+    if (auto it = j.find(key); it != j.end() && it->is_string()) {
+      act = it->get<std::string>();
+      break;
+    }
+  }
+  if (act == "gelu_pytorch_tanh" && !gpt_oss) {
+    c.ffn_act = FfnActivation::kGeluTanh;
+  } else if (act != "silu" && !gpt_oss) {
+    throw Error(ErrorKind::kUnsupported, source + ": hidden_act '" + act + "' is not supported (silu, gelu_pytorch_tanh)");
+  }
+  if (gemma2) {
+    // models/gemma2/modeling_gemma2.py: Gemma2RMSNorm (1 + w), embeddings x sqrt(hidden_size),
+    // scaling = query_pre_attn_scalar ** -0.5, tanh softcaps on attention logits and logits,
+    // and the four norms per layer.
+    c.norm_add_one = true;
+    c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
+    c.sandwich_norms = true;
+    c.query_scale = static_cast<float>(std::pow(get_num_or(j, "query_pre_attn_scalar", 256.0, source), -0.5));
+    c.attn_softcap = static_cast<float>(get_num_or(j, "attn_logit_softcapping", 50.0, source));
+    c.final_softcap = static_cast<float>(get_num_or(j, "final_logit_softcapping", 30.0, source));
+    // An explicit null disables a softcap (get_num_or maps null to the default).
+    if (auto it = j.find("attn_logit_softcapping"); it != j.end() && it->is_null()) c.attn_softcap = 0.0f;
+    if (auto it = j.find("final_logit_softcapping"); it != j.end() && it->is_null()) c.final_softcap = 0.0f;
+  }
+  if (gpt_oss) {
+    // models/gpt_oss/modeling_gpt_oss.py: sinks per head, MoE of every layer.
+    c.attn_sinks = true;
+    MoeConfig& m = c.moe;
+    m.router = MoeRouter::kGptOss;
+    m.n_experts = get_int_or(j, "num_local_experts", 128, source);
+    m.n_experts_used = get_int_or(j, "num_experts_per_tok", 4, source);
+    m.expert_hidden_dim = c.hidden_dim;
+    m.swiglu_alpha = static_cast<float>(get_num_or(j, "swiglu_alpha", 1.702, source));
+    m.swiglu_limit = static_cast<float>(get_num_or(j, "swiglu_limit", 7.0, source));
+  }
+  if (deepseek) {
+    // models/deepseek_v3/modeling_deepseek_v3.py (and deepseek_v2): MLA attention, MoE after
+    // first_k_dense_replace dense layers.
+    MlaConfig& a = c.mla;
+    a.kv_lora_rank = get_int(j, "kv_lora_rank", source);
+    a.q_lora_rank = get_int_or(j, "q_lora_rank", 0, source);
+    a.qk_nope_head_dim = get_int(j, "qk_nope_head_dim", source);
+    a.qk_rope_head_dim = get_int(j, "qk_rope_head_dim", source);
+    a.v_head_dim = get_int(j, "v_head_dim", source);
+    a.rope_interleave = c.architecture == "deepseek_v2" || get_bool_or(j, "rope_interleave", true, source);
+    c.head_dim = a.qk_nope_head_dim + a.qk_rope_head_dim;
+    c.n_kv_heads = c.n_heads;  // MLA configs repeat the head count; the cache ignores it
+    c.query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+    MoeConfig& m = c.moe;
+    m.n_experts = get_int_or(j, "n_routed_experts", 0, source);
+    if (m.n_experts > 0) {
+      m.n_experts_used = get_int(j, "num_experts_per_tok", source);
+      m.expert_hidden_dim = get_int(j, "moe_intermediate_size", source);
+      m.n_shared_experts = get_int_or(j, "n_shared_experts", 0, source);
+      m.first_dense_layers = get_int_or(j, "first_k_dense_replace", 0, source);
+      m.norm_topk_prob = get_bool_or(j, "norm_topk_prob", c.architecture == "deepseek_v3", source);
+      m.routed_scaling_factor = static_cast<float>(get_num_or(j, "routed_scaling_factor", 1.0, source));
+      if (get_int_or(j, "moe_layer_freq", 1, source) != 1) {
+        throw Error(ErrorKind::kUnsupported, source + ": moe_layer_freq other than 1 is not supported");
+      }
+      if (c.architecture == "deepseek_v3") {
+        m.router = MoeRouter::kDeepseekV3;
+        m.n_group = get_int_or(j, "n_group", 1, source);
+        m.topk_group = get_int_or(j, "topk_group", 1, source);
+        const std::string scoring = j.value("scoring_func", std::string("sigmoid"));
+        if (scoring != "sigmoid") throw Error(ErrorKind::kUnsupported, source + ": scoring_func '" + scoring + "' is not supported for deepseek_v3 (sigmoid)");
+      } else {
+        m.router = MoeRouter::kSoftmaxGreedy;
+        const std::string method = j.value("topk_method", std::string("greedy"));
+        if (method != "greedy") {
+          throw Error(ErrorKind::kUnsupported, source + ": topk_method '" + method + "' is not supported for deepseek_v2 (greedy)");
+        }
+      }
+    }
   }
 
   // RoPE: transformers v5 nests theta and scaling in rope_parameters; v4 has rope_theta and
   // rope_scaling at the top level.
   const json* rope = nullptr;
   if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object()) rope = &*it;
-  c.rope_theta = static_cast<float>(rope ? get_num_or(*rope, "rope_theta", get_num_or(j, "rope_theta", 10000.0, source), source)
-                                         : get_num_or(j, "rope_theta", 10000.0, source));
+  const double default_theta = gpt_oss ? 150000.0 : 10000.0;  // GptOssConfig.default_theta
+  c.rope_theta = static_cast<float>(rope ? get_num_or(*rope, "rope_theta", get_num_or(j, "rope_theta", default_theta, source), source)
+                                         : get_num_or(j, "rope_theta", default_theta, source));
   if (!rope) {
     if (auto it = j.find("rope_scaling"); it != j.end() && it->is_object()) rope = &*it;
+  }
+  json gpt_oss_default_rope;
+  if (gpt_oss && (rope == nullptr || !rope->contains("rope_type"))) {
+    // GptOssConfig.__post_init__ fills this in when the config has no rope_parameters.
+    gpt_oss_default_rope = {{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                            {"truncate", false}, {"original_max_position_embeddings", 4096}};
+    rope = &gpt_oss_default_rope;
   }
   if (rope) {
     std::string type = rope->value("rope_type", rope->value("type", std::string("default")));
@@ -143,7 +284,7 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
       s.type = RopeScalingType::kLinear;
       s.factor = static_cast<float>(get_num_or(*rope, "factor", 1.0, source));
       if (!(s.factor > 0.0f)) bad(source, "rope_scaling.factor must be positive");
-      c.rope_freq_factors.assign(static_cast<size_t>(c.head_dim / 2), s.factor);
+      c.rope_freq_factors.assign(static_cast<size_t>(c.rope_dim() / 2), s.factor);
     } else if (type == "llama3") {
       s.type = RopeScalingType::kLlama3;
       s.factor = static_cast<float>(get_num_or(*rope, "factor", 8.0, source));
@@ -154,14 +295,38 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
         bad(source, "rope_scaling llama3 needs factor > 0, high_freq_factor > low_freq_factor, original_max_position_embeddings > 0");
       }
       c.rope_freq_factors = llama3_rope_freq_factors(c.rope_theta, c.head_dim, s);
+    } else if (type == "yarn") {
+      s.type = RopeScalingType::kYarn;
+      YarnParams y;
+      y.factor = get_num_or(*rope, "factor", 1.0, source);
+      y.beta_fast = get_num_or(*rope, "beta_fast", 32.0, source);
+      y.beta_slow = get_num_or(*rope, "beta_slow", 1.0, source);
+      y.mscale = get_num_or(*rope, "mscale", 0.0, source);
+      y.mscale_all_dim = get_num_or(*rope, "mscale_all_dim", 0.0, source);
+      y.attention_factor = get_num_or(*rope, "attention_factor", 0.0, source);
+      y.truncate = get_bool_or(*rope, "truncate", true, source);
+      y.original_max_position_embeddings = get_int_or(*rope, "original_max_position_embeddings", c.max_seq_len, source);
+      if (!(y.factor > 0.0) || y.original_max_position_embeddings <= 0) bad(source, "rope_scaling yarn needs factor > 0 and original_max_position_embeddings > 0");
+      s.factor = static_cast<float>(y.factor);
+      s.original_max_position_embeddings = y.original_max_position_embeddings;
+      const YarnResult r = yarn_rope(c.rope_theta, c.rope_dim(), y);
+      c.rope_freq_factors = r.freq_factors;
+      c.rope_attention_factor = static_cast<float>(r.attention_factor);
+      // DeepseekV3Attention: softmax scale times mscale^2 when mscale_all_dim is set.
+      if (deepseek && y.mscale_all_dim != 0.0) {
+        const double m = yarn_get_mscale(y.factor, y.mscale_all_dim);
+        c.query_scale = static_cast<float>(static_cast<double>(c.query_scale) * m * m);
+      }
     } else {
-      throw Error(ErrorKind::kUnsupported, source + ": rope_scaling type '" + type + "' is not supported (linear, llama3)");
+      throw Error(ErrorKind::kUnsupported, source + ": rope_scaling type '" + type + "' is not supported (linear, llama3, yarn)");
     }
   }
 
   // Sliding window and per-layer types.
   if (c.architecture == "mistral") {
     c.sliding_window = get_int_or(j, "sliding_window", 0, source);
+  } else if (gemma2 || gpt_oss) {
+    c.sliding_window = get_int_or(j, "sliding_window", gemma2 ? 4096 : 128, source);
   } else if (c.architecture == "qwen2") {
     if (get_bool_or(j, "use_sliding_window", false, source)) c.sliding_window = get_int_or(j, "sliding_window", 0, source);
   }
@@ -170,12 +335,23 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
       if (!t.is_string()) bad(source, "layer_types must be a list of strings");
       c.layer_types.push_back(t.get<std::string>());
     }
+  } else if ((gemma2 || gpt_oss) && c.sliding_window > 0) {
+    // Gemma2Config / GptOssConfig without layer_types: even layers slide, odd layers are full
+    // ("sliding_attention" if bool((i + 1) % 2)).
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      c.layer_types.push_back((l + 1) % 2 != 0 ? "sliding_attention" : "full_attention");
+    }
   } else if (c.architecture == "qwen2" && c.sliding_window > 0) {
     // transformers' Qwen2Config: layers from max_window_layers on use the window.
     const int64_t max_window_layers = get_int_or(j, "max_window_layers", 28, source);
     for (int64_t l = 0; l < c.n_layers; ++l) {
       c.layer_types.push_back(l >= max_window_layers ? "sliding_attention" : "full_attention");
     }
+  }
+  c.attention_chunk_size = get_int_or(j, "attention_chunk_size", 0, source);
+  if (const int64_t shared = get_int_or(j, "num_kv_shared_layers", 0, source); shared != 0) {
+    throw Error(ErrorKind::kUnsupported, source + ": num_kv_shared_layers = " + std::to_string(shared) +
+                                             " (Gemma-3n cross-layer KV sharing) is not supported for " + c.architecture);
   }
   bool any_sliding = false;
   for (const auto& t : c.layer_types) any_sliding |= t == "sliding_attention";

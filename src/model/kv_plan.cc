@@ -253,7 +253,16 @@ PlanModel plan_model_from_config(const ModelConfig& c, const std::string& name) 
   j["max_position_embeddings"] = c.max_seq_len;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
+  if (c.attention_chunk_size > 0) j["attention_chunk_size"] = c.attention_chunk_size;
   if (!c.layer_types.empty()) j["layer_types"] = c.layer_types;
+  if (c.num_kv_shared_layers > 0) j["num_kv_shared_layers"] = c.num_kv_shared_layers;
+  if (c.mla.enabled()) {
+    j["kv_lora_rank"] = c.mla.kv_lora_rank;
+    j["qk_rope_head_dim"] = c.mla.qk_rope_head_dim;
+    j["qk_nope_head_dim"] = c.mla.qk_nope_head_dim;
+    j["v_head_dim"] = c.mla.v_head_dim;
+  }
+  if (c.moe.n_experts > 0) j["num_local_experts"] = c.moe.n_experts;  // no dense parameter count
   PlanModel m = plan_model_from_hf_json(j.dump(), name);
   m.name = name;
   return m;

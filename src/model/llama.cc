@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <numeric>
 
 #include "cache/cache.h"
 #include "core/error.h"
 #include "kernels/activation.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
+#include "model/weight_spec.h"
 
 namespace kvcache {
 
@@ -20,13 +23,109 @@ const float* LlamaModel::as_f32(const TensorView& t) {
   return converted_.back().data_as<const float>();
 }
 
+const float* LlamaModel::norm_weight(const TensorView& t) {
+  if (!file_->config().norm_add_one) return as_f32(t);
+  // Gemma2RMSNorm: output * (1.0 + weight.float()), the sum taken in float.
+  Tensor c = Tensor::empty(DType::kF32, {t.numel()});
+  convert_n(t.data(), t.dtype(), c.data(), DType::kF32, static_cast<size_t>(t.numel()));
+  float* w = c.data_as<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) w[i] = 1.0f + w[i];
+  converted_.push_back(std::move(c));
+  return converted_.back().data_as<const float>();
+}
+
+void LlamaModel::load_llama_layer(int64_t l, Layer& L) {
+  const ModelConfig& c = file_->config();
+  auto get = [&](const char* suffix) { return file_->tensor(layer_tensor(l, suffix)); };
+  L.attn_norm = as_f32(get("attn_norm.weight"));
+  L.wq = get("attn_q.weight");
+  L.wk = get("attn_k.weight");
+  L.wv = get("attn_v.weight");
+  L.wo = get("attn_output.weight");
+  if (c.qkv_bias) {
+    L.bq = as_f32(get("attn_q.bias"));
+    L.bk = as_f32(get("attn_k.bias"));
+    L.bv = as_f32(get("attn_v.bias"));
+  }
+  L.ffn_norm = as_f32(get("ffn_norm.weight"));
+  L.w_gate = get("ffn_gate.weight");
+  L.w_up = get("ffn_up.weight");
+  L.w_down = get("ffn_down.weight");
+}
+
+void LlamaModel::load_hf_layer(int64_t l, Layer& L) {
+  // Names and shapes were checked by validate_weights() (model/weight_spec.cc).
+  const ModelConfig& c = file_->config();
+  auto get = [&](const std::string& suffix) { return file_->tensor(hf_layer_tensor(l, suffix)); };
+  L.attn_norm = norm_weight(get("input_layernorm.weight"));
+  if (c.mla.enabled()) {
+    if (c.mla.q_lora_rank > 0) {
+      L.wq_a = get("self_attn.q_a_proj.weight");
+      L.q_a_norm = as_f32(get("self_attn.q_a_layernorm.weight"));
+      L.wq_b = get("self_attn.q_b_proj.weight");
+    } else {
+      L.wq = get("self_attn.q_proj.weight");
+    }
+    L.wkv_a = get("self_attn.kv_a_proj_with_mqa.weight");
+    L.kv_a_norm = as_f32(get("self_attn.kv_a_layernorm.weight"));
+    L.wkv_b = get("self_attn.kv_b_proj.weight");
+  } else {
+    L.wq = get("self_attn.q_proj.weight");
+    L.wk = get("self_attn.k_proj.weight");
+    L.wv = get("self_attn.v_proj.weight");
+    if (c.qkv_bias) {
+      L.bq = as_f32(get("self_attn.q_proj.bias"));
+      L.bk = as_f32(get("self_attn.k_proj.bias"));
+      L.bv = as_f32(get("self_attn.v_proj.bias"));
+    }
+    if (c.attn_sinks) L.sinks = as_f32(get("self_attn.sinks"));
+  }
+  L.wo = get("self_attn.o_proj.weight");
+  if (c.attn_out_bias) L.bo = as_f32(get("self_attn.o_proj.bias"));
+  if (c.sandwich_norms) {
+    L.post_attn_norm = norm_weight(get("post_attention_layernorm.weight"));
+    L.ffn_norm = norm_weight(get("pre_feedforward_layernorm.weight"));
+    L.post_ffn_norm = norm_weight(get("post_feedforward_layernorm.weight"));
+  } else {
+    L.ffn_norm = norm_weight(get("post_attention_layernorm.weight"));
+  }
+  const MoeConfig& m = c.moe;
+  L.moe = m.is_moe_layer(l);
+  if (!L.moe) {
+    L.w_gate = get("mlp.gate_proj.weight");
+    L.w_up = get("mlp.up_proj.weight");
+    L.w_down = get("mlp.down_proj.weight");
+  } else if (m.router == MoeRouter::kGptOss) {
+    L.router = get("mlp.router.weight");
+    L.router_bias = as_f32(get("mlp.router.bias"));
+    L.gate_up = get("mlp.experts.gate_up_proj");
+    L.gate_up_bias = as_f32(get("mlp.experts.gate_up_proj_bias"));
+    L.down = get("mlp.experts.down_proj");
+    L.down_bias = as_f32(get("mlp.experts.down_proj_bias"));
+  } else {
+    L.router = get("mlp.gate.weight");
+    if (m.router == MoeRouter::kDeepseekV3) L.score_bias = as_f32(get("mlp.gate.e_score_correction_bias"));
+    for (int64_t e = 0; e < m.n_experts; ++e) {
+      const std::string p = "mlp.experts." + std::to_string(e) + ".";
+      L.experts.push_back({get(p + "gate_proj.weight"), get(p + "up_proj.weight"), get(p + "down_proj.weight")});
+    }
+    if (m.n_shared_experts > 0) {
+      L.shared_expert = true;
+      L.w_gate = get("mlp.shared_experts.gate_proj.weight");
+      L.w_up = get("mlp.shared_experts.up_proj.weight");
+      L.w_down = get("mlp.shared_experts.down_proj.weight");
+    }
+  }
+}
+
 LlamaModel::LlamaModel(std::unique_ptr<ModelFile> file) : file_(std::move(file)) {
   KV_CHECK(file_ != nullptr, "LlamaModel needs a model file");
-  file_->validate_llama_weights();
+  file_->validate_weights();
   const ModelConfig& c = file_->config();
-  tok_embeddings_ = file_->tensor("token_embd.weight");
-  output_ = c.tie_word_embeddings ? tok_embeddings_ : file_->tensor("output.weight");
-  output_norm_ = as_f32(file_->tensor("output_norm.weight"));
+  const bool canonical = c.is_llama_family();
+  tok_embeddings_ = file_->tensor(canonical ? "token_embd.weight" : "model.embed_tokens.weight");
+  output_ = c.tie_word_embeddings ? tok_embeddings_ : file_->tensor(canonical ? "output.weight" : "lm_head.weight");
+  output_norm_ = canonical ? as_f32(file_->tensor("output_norm.weight")) : norm_weight(file_->tensor("model.norm.weight"));
   for (const TensorView* t : {&tok_embeddings_, &output_}) {
     if (t->dtype() == DType::kQ8_0 && c.dim % 32 != 0) {
       throw Error(ErrorKind::kFormat, file_->path() + ": q8_0 matrices need dim % 32 == 0");
@@ -35,32 +134,39 @@ LlamaModel::LlamaModel(std::unique_ptr<ModelFile> file) : file_(std::move(file))
   layers_.resize(static_cast<size_t>(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     Layer& L = layers_[static_cast<size_t>(l)];
-    auto get = [&](const char* suffix) { return file_->tensor(layer_tensor(l, suffix)); };
-    L.attn_norm = as_f32(get("attn_norm.weight"));
-    L.wq = get("attn_q.weight");
-    L.wk = get("attn_k.weight");
-    L.wv = get("attn_v.weight");
-    L.wo = get("attn_output.weight");
-    if (c.qkv_bias) {
-      L.bq = as_f32(get("attn_q.bias"));
-      L.bk = as_f32(get("attn_k.bias"));
-      L.bv = as_f32(get("attn_v.bias"));
+    if (canonical) {
+      load_llama_layer(l, L);
+    } else {
+      load_hf_layer(l, L);
     }
-    L.ffn_norm = as_f32(get("ffn_norm.weight"));
-    L.w_gate = get("ffn_gate.weight");
-    L.w_up = get("ffn_up.weight");
-    L.w_down = get("ffn_down.weight");
-    L.sliding = c.layer_types[static_cast<size_t>(l)] == "sliding_attention";
-    for (const TensorView* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
-      if (t->dtype() == DType::kQ8_0 && t->dim(1) % 32 != 0) {
+    const std::string& type = c.layer_types[static_cast<size_t>(l)];
+    L.sliding = type == "sliding_attention";
+    if (L.sliding) {
+      L.span = AttentionSpan::kSliding;
+      L.window = c.sliding_window;
+    } else if (type == "chunked_attention") {
+      L.span = AttentionSpan::kChunked;
+      L.window = c.attention_chunk_size;
+    }
+    for (const TensorView* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.wq_a, &L.wq_b,
+                                &L.wkv_a, &L.wkv_b, &L.router}) {
+      if (t->ndim() == 2 && t->dtype() == DType::kQ8_0 && t->dim(1) % 32 != 0) {
         throw Error(ErrorKind::kFormat, file_->path() + ": layer " + std::to_string(l) +
                                             ": q8_0 matrix with a row length not a multiple of 32");
       }
     }
   }
-  inv_freq_ = ::kvcache::rope_inv_freq(c.head_dim, c.rope_theta,
+  inv_freq_ = ::kvcache::rope_inv_freq(c.rope_dim(), c.rope_theta,
                             c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
-  rope_style_ = c.rope_interleaved ? RopeStyle::kInterleaved : RopeStyle::kHalf;
+  // MLA's rotated part: DeepSeek-V2 (view_as_complex on pairs) and V3 with rope_interleave
+  // rotate pairs (2i, 2i+1). V3 first permutes them to halves (apply_rotary_pos_emb_interleave)
+  // and leaves q_rot/k_rot in that permuted order — the same permutation on both sides, so the
+  // scores equal those of interleaved RoPE applied in place, which is what we do.
+  if (c.mla.enabled()) {
+    rope_style_ = c.mla.rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalf;
+  } else {
+    rope_style_ = c.rope_interleaved ? RopeStyle::kInterleaved : RopeStyle::kHalf;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -73,30 +179,51 @@ LlamaForward::LlamaForward(const LlamaModel& model, std::string_view kernel, int
 void LlamaForward::reserve(int64_t rows) {
   if (rows <= rows_) return;
   const ModelConfig& c = model_.config();
-  const int64_t qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
+  const int64_t qd = c.n_heads * c.qk_head_dim(), kvd = c.n_kv_heads * c.head_dim;
+  const int64_t od = c.n_heads * c.v_head_dim();
+  const int64_t hidden = std::max({c.hidden_dim, c.moe.expert_hidden_dim * std::max<int64_t>(1, c.moe.n_shared_experts)});
   x_ = Tensor::empty(DType::kF32, {rows, c.dim});
-  xb_ = Tensor::empty(DType::kF32, {rows, std::max(c.dim, qd)});
+  xb_ = Tensor::empty(DType::kF32, {rows, std::max({c.dim, qd, od})});
   q_ = Tensor::empty(DType::kF32, {rows, qd});
-  k_ = Tensor::empty(DType::kF32, {rows, kvd});
-  v_ = Tensor::empty(DType::kF32, {rows, kvd});
-  att_ = Tensor::empty(DType::kF32, {rows, qd});
-  hb_ = Tensor::empty(DType::kF32, {rows, c.hidden_dim});
-  hb2_ = Tensor::empty(DType::kF32, {rows, c.hidden_dim});
+  if (!c.mla.enabled()) {
+    k_ = Tensor::empty(DType::kF32, {rows, kvd});
+    v_ = Tensor::empty(DType::kF32, {rows, kvd});
+  } else {
+    ckv_ = Tensor::empty(DType::kF32, {rows, c.mla.kv_lora_rank + c.mla.qk_rope_head_dim});
+    if (c.mla.q_lora_rank > 0) qa_ = Tensor::empty(DType::kF32, {rows, c.mla.q_lora_rank});
+  }
+  att_ = Tensor::empty(DType::kF32, {rows, std::max({qd, od, c.dim})});  // MoE reuses it as [rows, dim]
+  hb_ = Tensor::empty(DType::kF32, {rows, hidden});
+  hb2_ = Tensor::empty(DType::kF32, {rows, hidden});
   logits_ = Tensor::empty(DType::kF32, {rows, c.vocab_size});
+  if (c.moe.n_experts > 0) {
+    // router logits [E] + order [E] + expert output [dim] + gate_up [2I] + one weight row
+    const int64_t I = c.moe.expert_hidden_dim;
+    moe_scratch_ = Tensor::empty(DType::kF32, {2 * c.moe.n_experts + c.dim + 2 * I + std::max(c.dim, 2 * I)});
+  }
   rows_ = rows;
 }
 
 size_t LlamaForward::workspace_bytes() const {
-  return x_.size_bytes() + xb_.size_bytes() + q_.size_bytes() + k_.size_bytes() + v_.size_bytes() +
-         att_.size_bytes() + hb_.size_bytes() + hb2_.size_bytes() + logits_.size_bytes();
+  size_t n = 0;
+  for (const Tensor* t : {&x_, &xb_, &q_, &k_, &v_, &att_, &hb_, &hb2_, &logits_, &ckv_, &qa_, &lat32_, &kvb_,
+                          &kfull_, &moe_scratch_}) {
+    n += t->size_bytes();
+  }
+  return n;
+}
+
+float* LlamaForward::grow(Tensor& t, int64_t n) {
+  if (t.numel() < n) t = Tensor::empty(DType::kF32, {std::max(n, 2 * t.numel())});
+  return t.data_as<float>();
 }
 
 namespace {
 
-void linear(const float* x, int64_t rows, const TensorView& w, const float* bias, float* y) {
+void linear(const float* x, int64_t rows, const TensorView& w, const float* bias, float* y, int64_t ldx = 0) {
   MatmulParams p;
   p.x = x;
-  p.ldx = w.dim(1);
+  p.ldx = ldx > 0 ? ldx : w.dim(1);
   p.w = w.data();
   p.w_dtype = w.dtype();
   p.bias = bias;
@@ -112,7 +239,322 @@ void add_inplace(float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
+// y[out] = x[in] @ W[in, out] (+ bias): GPT-OSS experts store weights input-major. Each W row
+// is widened into `row` ([out] scratch) and accumulated, so any weight dtype works.
+void linear_in_out(const float* x, int64_t in, const std::byte* w, DType t, int64_t out, const float* bias,
+                   float* y, float* row) {
+  const size_t row_bytes = dtype_bytes(t, out);
+  if (bias) {
+    std::memcpy(y, bias, static_cast<size_t>(out) * sizeof(float));
+  } else {
+    std::fill(y, y + out, 0.0f);
+  }
+  for (int64_t i = 0; i < in; ++i) {
+    dequantize_row(w + static_cast<size_t>(i) * row_bytes, t, row, out);
+    const float xi = x[i];
+    for (int64_t j = 0; j < out; ++j) y[j] += xi * row[j];
+  }
+}
+
+void softcap_inplace(float* a, int64_t n, float cap) {
+  // Gemma2ForCausalLM: logits / cap -> tanh -> * cap.
+  for (int64_t i = 0; i < n; ++i) a[i] = std::tanh(a[i] / cap) * cap;
+}
+
 }  // namespace
+
+KVSpan LlamaForward::update_or_share(const Step& st, int64_t l, const TensorView& k, const TensorView& v) {
+  KVSpan span;
+  if (st.cache == nullptr) {
+    span.k = k;
+    span.v = v;
+    span.kv_offset = 0;
+  } else if (st.cache->is_shared(static_cast<int>(l))) {
+    span = st.cache->shared_kv(static_cast<int>(l));
+  } else {
+    span = st.cache->update(static_cast<int>(l), k, v);
+  }
+  return span;
+}
+
+void LlamaForward::attention_gqa(const Step& st, int64_t l) {
+  const ModelConfig& c = model_.config();
+  const LlamaModel::Layer& L = model_.layers()[static_cast<size_t>(l)];
+  const int64_t B = st.B, S = st.S, R = st.R, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim;
+  const int64_t qd = H * D, kvd = Hkv * D;
+  float* xb = xb_.data_as<float>();
+  float* q = q_.data_as<float>();
+  float* k = k_.data_as<float>();
+  float* v = v_.data_as<float>();
+  float* att = att_.data_as<float>();
+  linear(xb, R, L.wq, L.bq, q);
+  linear(xb, R, L.wk, L.bk, k);
+  linear(xb, R, L.wv, L.bv, v);
+  // RoPE on the new keys only, before they enter the cache: cached keys are never re-rotated.
+  RopeParams rope;
+  rope.n_tokens = S;
+  rope.head_dim = D;
+  rope.pos0 = st.pos0;
+  rope.inv_freq = model_.rope_inv_freq().data();
+  rope.rot_dim = D;
+  rope.style = model_.rope_style();
+  rope.attention_factor = c.rope_attention_factor;
+  for (int64_t b = 0; b < B; ++b) {
+    rope.x = q + b * S * qd;
+    rope.n_heads = H;
+    rope_apply(rope);
+    rope.x = k + b * S * kvd;
+    rope.n_heads = Hkv;
+    rope_apply(rope);
+  }
+  // Views over the row-major [B*S, heads*D] buffers as [B, heads, S, D]: no transposes.
+  const TensorView q_view(q, DType::kF32, {B, H, S, D}, {S * qd, D, qd, 1});
+  const TensorView k_view(k, DType::kF32, {B, Hkv, S, D}, {S * kvd, D, kvd, 1});
+  const TensorView v_view(v, DType::kF32, {B, Hkv, S, D}, {S * kvd, D, kvd, 1});
+  const TensorView out_view(att, DType::kF32, {B, H, S, D}, {S * qd, D, qd, 1});
+  const KVSpan span = update_or_share(st, l, k_view, v_view);
+
+  AttentionOptions opts;
+  opts.scale = c.query_scale > 0 ? c.query_scale : 1.0f / std::sqrt(static_cast<float>(D));
+  opts.causal = true;
+  opts.q_offset = st.pos0;
+  opts.kv_offset = span.kv_offset;
+  opts.sliding_window = L.span == LlamaModel::AttentionSpan::kSliding ? L.window : 0;
+  opts.chunk_size = L.span == LlamaModel::AttentionSpan::kChunked ? L.window : 0;
+  opts.softcap = c.attn_softcap;
+  opts.sinks = L.sinks;
+  attention_(q_view, span.k, span.v, out_view, opts);
+  linear(att, R, L.wo, L.bo, xb);
+}
+
+void LlamaForward::attention_mla(const Step& st, int64_t l) {
+  const ModelConfig& c = model_.config();
+  const MlaConfig& m = c.mla;
+  const LlamaModel::Layer& L = model_.layers()[static_cast<size_t>(l)];
+  const int64_t B = st.B, S = st.S, R = st.R, H = c.n_heads;
+  const int64_t dc = m.kv_lora_rank, dr = m.qk_rope_head_dim, dn = m.qk_nope_head_dim, dv = m.v_head_dim;
+  const int64_t dqk = dn + dr, qd = H * dqk, ckd = dc + dr, kvbd = dn + dv;
+  float* xb = xb_.data_as<float>();
+  float* q = q_.data_as<float>();
+  float* ckv = ckv_.data_as<float>();
+  float* att = att_.data_as<float>();
+  // DeepseekV3RMSNorm(q_lora_rank) and (kv_lora_rank) are built with the default eps 1e-6,
+  // not config.rms_norm_eps.
+  constexpr float kLoraNormEps = 1e-6f;
+  if (m.q_lora_rank > 0) {
+    float* qa = qa_.data_as<float>();
+    linear(xb, R, L.wq_a, nullptr, qa);
+    RmsNormParams n;
+    n.x = qa;
+    n.y = qa;
+    n.rows = R;
+    n.dim = m.q_lora_rank;
+    n.eps = kLoraNormEps;
+    n.weight = L.q_a_norm;
+    rms_norm(n);
+    linear(qa, R, L.wq_b, nullptr, q);
+  } else {
+    linear(xb, R, L.wq, nullptr, q);
+  }
+  linear(xb, R, L.wkv_a, nullptr, ckv);  // [R, d_c + d_r]: latent | k_rot
+  RmsNormParams n;
+  n.x = ckv;
+  n.y = ckv;
+  n.rows = R;
+  n.dim = dc;
+  n.ld_x = ckd;
+  n.ld_y = ckd;
+  n.eps = kLoraNormEps;
+  n.weight = L.kv_a_norm;
+  rms_norm(n);
+  RopeParams rope;
+  rope.n_tokens = S;
+  rope.pos0 = st.pos0;
+  rope.inv_freq = model_.rope_inv_freq().data();
+  rope.rot_dim = dr;
+  rope.style = model_.rope_style();
+  rope.attention_factor = c.rope_attention_factor;
+  for (int64_t b = 0; b < B; ++b) {
+    rope.x = q + b * S * qd + dn;  // the rotated part of each head: dims [d_kn, d_kn + d_r)
+    rope.n_heads = H;
+    rope.head_dim = dqk;
+    rope.ld_token = qd;
+    rope_apply(rope);
+    rope.x = ckv + b * S * ckd + dc;  // k_rot: one head
+    rope.n_heads = 1;
+    rope.head_dim = dr;
+    rope.ld_token = ckd;
+    rope_apply(rope);
+  }
+  // The cache's two one-head slots: K <- latent [B, 1, S, d_c], V <- k_rot [B, 1, S, d_r].
+  const TensorView lat_view(ckv, DType::kF32, {B, 1, S, dc}, {S * ckd, S * ckd, ckd, 1});
+  const TensorView rot_view(ckv + dc, DType::kF32, {B, 1, S, dr}, {S * ckd, S * ckd, ckd, 1});
+  const KVSpan span = update_or_share(st, l, lat_view, rot_view);
+  const int64_t Skv = span.k.dim(2);
+
+  // Expansion after update, per batch row: kv_b(latent) -> k_nope | v per head; k_rot shared.
+  float* lat32 = grow(lat32_, Skv * dc);
+  float* kvb = grow(kvb_, Skv * H * kvbd);
+  float* kfull = grow(kfull_, Skv * qd);
+  AttentionOptions opts;
+  opts.scale = c.query_scale > 0 ? c.query_scale : 1.0f / std::sqrt(static_cast<float>(dqk));
+  opts.causal = true;
+  opts.q_offset = st.pos0;
+  opts.kv_offset = span.kv_offset;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < Skv; ++j) {
+      convert_n(span.k.ptr(b, 0, j), span.k.dtype(), lat32 + j * dc, DType::kF32, static_cast<size_t>(dc));
+    }
+    linear(lat32, Skv, L.wkv_b, nullptr, kvb);  // [S_kv, H * (d_kn + d_v)]
+    for (int64_t j = 0; j < Skv; ++j) {
+      float* kj = kfull + j * qd;
+      for (int64_t h = 0; h < H; ++h) {
+        std::memcpy(kj + h * dqk, kvb + j * H * kvbd + h * kvbd, static_cast<size_t>(dn) * sizeof(float));
+      }
+      convert_n(span.v.ptr(b, 0, j), span.v.dtype(), kj + dn, DType::kF32, static_cast<size_t>(dr));
+      for (int64_t h = 1; h < H; ++h) {
+        std::memcpy(kj + h * dqk + dn, kj + dn, static_cast<size_t>(dr) * sizeof(float));
+      }
+    }
+    const TensorView q_view(q + b * S * qd, DType::kF32, {1, H, S, dqk}, {S * qd, dqk, qd, 1});
+    const TensorView k_view(kfull, DType::kF32, {1, H, Skv, dqk}, {Skv * qd, dqk, qd, 1});
+    const TensorView v_view(kvb + dn, DType::kF32, {1, H, Skv, dv}, {Skv * H * kvbd, kvbd, H * kvbd, 1});
+    const TensorView out_view(att + b * S * H * dv, DType::kF32, {1, H, S, dv}, {S * H * dv, dv, H * dv, 1});
+    attention_(q_view, k_view, v_view, out_view, opts);
+  }
+  linear(att, R, L.wo, nullptr, xb);
+}
+
+void LlamaForward::ffn_dense(const Step&, const LlamaModel::Layer&, const TensorView& gate, const TensorView& up,
+                             const TensorView& down, int64_t rows, const float* in, float* out) {
+  const int64_t hidden = gate.dim(0);
+  float* hb = hb_.data_as<float>();
+  float* hb2 = hb2_.data_as<float>();
+  linear(in, rows, gate, nullptr, hb);
+  linear(in, rows, up, nullptr, hb2);
+  if (model_.config().ffn_act == FfnActivation::kGeluTanh) {
+    geglu_tanh(hb, hb2, hb, rows * hidden);
+  } else {
+    swiglu(hb, hb2, hb, rows * hidden);
+  }
+  linear(hb, rows, down, nullptr, out);
+}
+
+void LlamaForward::ffn_moe(const Step& st, const LlamaModel::Layer& L) {
+  const ModelConfig& c = model_.config();
+  const MoeConfig& m = c.moe;
+  const int64_t dim = c.dim, E = m.n_experts, K = m.n_experts_used, I = m.expert_hidden_dim;
+  float* xb = xb_.data_as<float>();
+  float* acc = att_.data_as<float>();  // [R, dim] routed output (att_ is free: attention is done)
+  float* scratch = moe_scratch_.data_as<float>();
+  float* logits = scratch;            // [E]
+  float* eout = scratch + 2 * E;      // [dim]
+  float* gu = eout + dim;             // [2I]
+  float* row = gu + 2 * I;            // [max(dim, 2I)]
+  // Routing bookkeeping, sized once per forward call (not per token).
+  std::vector<int64_t> idx(static_cast<size_t>(E)), gi(static_cast<size_t>(m.n_group));
+  std::vector<float> choice(static_cast<size_t>(E)), scores(static_cast<size_t>(E)), gscore(static_cast<size_t>(m.n_group));
+  std::vector<char> keep(static_cast<size_t>(m.n_group));
+  std::vector<std::pair<int64_t, float>> picked(static_cast<size_t>(K));
+  for (int64_t r = 0; r < st.R; ++r) {
+    const float* xr = xb + r * dim;
+    float* out = acc + r * dim;
+    std::fill(out, out + dim, 0.0f);
+    linear(xr, 1, L.router, L.router_bias, logits);
+    // Top-k by a choice score, ties to the lower expert id.
+    auto top_k = [&](const float* by, int64_t k) {
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) {
+        return by[a] > by[b] || (by[a] == by[b] && a < b);
+      });
+    };
+    if (m.router == MoeRouter::kGptOss) {
+      // GptOssTopKRouter: topk of the logits, softmax over the k values.
+      top_k(logits, K);
+      const float mx = logits[idx[0]];
+      float den = 0.0f;
+      for (int64_t i = 0; i < K; ++i) {
+        picked[static_cast<size_t>(i)] = {idx[static_cast<size_t>(i)], std::exp(logits[idx[static_cast<size_t>(i)]] - mx)};
+        den += picked[static_cast<size_t>(i)].second;
+      }
+      for (auto& p : picked) p.second /= den;
+    } else {
+      if (m.router == MoeRouter::kDeepseekV3) {
+        // DeepseekV3TopkRouter: sigmoid scores; the choice adds e_score_correction_bias, keeps
+        // the topk_group groups with the largest sum of their top-2 choices, zeroes the rest.
+        for (int64_t e = 0; e < E; ++e) {
+          scores[static_cast<size_t>(e)] = 1.0f / (1.0f + std::exp(-logits[e]));
+          choice[static_cast<size_t>(e)] = scores[static_cast<size_t>(e)] + L.score_bias[e];
+        }
+        const int64_t G = m.n_group, per = E / G;
+        if (G > 1) {
+          for (int64_t g = 0; g < G; ++g) {  // sum of the group's two best choices
+            float b1 = -std::numeric_limits<float>::infinity(), b2 = b1;
+            for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+              const float v = choice[static_cast<size_t>(e)];
+              if (v > b1) {
+                b2 = b1;
+                b1 = v;
+              } else if (v > b2) {
+                b2 = v;
+              }
+            }
+            gscore[static_cast<size_t>(g)] = b1 + (per > 1 ? b2 : 0.0f);
+          }
+          std::iota(gi.begin(), gi.end(), 0);
+          std::partial_sort(gi.begin(), gi.begin() + m.topk_group, gi.end(), [&](int64_t a, int64_t b) {
+            return gscore[static_cast<size_t>(a)] > gscore[static_cast<size_t>(b)] ||
+                   (gscore[static_cast<size_t>(a)] == gscore[static_cast<size_t>(b)] && a < b);
+          });
+          std::fill(keep.begin(), keep.end(), 0);
+          for (int64_t i = 0; i < m.topk_group; ++i) keep[static_cast<size_t>(gi[static_cast<size_t>(i)])] = true;
+          for (int64_t e = 0; e < E; ++e) {
+            if (!keep[static_cast<size_t>(e / per)]) choice[static_cast<size_t>(e)] = 0.0f;  // masked_fill(.., 0.0)
+          }
+        }
+      } else {
+        // DeepSeek-V2 greedy: softmax scores, chosen by themselves.
+        const float mx = *std::max_element(logits, logits + E);
+        float den = 0.0f;
+        for (int64_t e = 0; e < E; ++e) den += scores[static_cast<size_t>(e)] = std::exp(logits[e] - mx);
+        for (int64_t e = 0; e < E; ++e) choice[static_cast<size_t>(e)] = scores[static_cast<size_t>(e)] /= den;
+      }
+      top_k(choice.data(), K);
+      float sum = 0.0f;
+      for (int64_t i = 0; i < K; ++i) {
+        const int64_t e = idx[static_cast<size_t>(i)];
+        picked[static_cast<size_t>(i)] = {e, scores[static_cast<size_t>(e)]};
+        sum += scores[static_cast<size_t>(e)];
+      }
+      for (auto& p : picked) {
+        if (m.norm_topk_prob) p.second /= (sum + 1e-20f);
+        p.second *= m.routed_scaling_factor;
+      }
+    }
+    for (const auto& [e, w] : picked) {
+      if (m.router == MoeRouter::kGptOss) {
+        const size_t gu_bytes = dtype_bytes(L.gate_up.dtype(), dim * 2 * I);
+        const size_t dn_bytes = dtype_bytes(L.down.dtype(), I * dim);
+        linear_in_out(xr, dim, static_cast<const std::byte*>(L.gate_up.data()) + static_cast<size_t>(e) * gu_bytes,
+                      L.gate_up.dtype(), 2 * I, L.gate_up_bias + e * 2 * I, gu, row);
+        swiglu_oss(gu, gu, I, m.swiglu_alpha, m.swiglu_limit);  // in place: out[i] reads [2i, 2i+1] first
+        linear_in_out(gu, I, static_cast<const std::byte*>(L.down.data()) + static_cast<size_t>(e) * dn_bytes,
+                      L.down.dtype(), dim, L.down_bias + e * dim, eout, row);
+      } else {
+        const LlamaModel::Expert& ex = L.experts[static_cast<size_t>(e)];
+        ffn_dense(st, L, ex.w_gate, ex.w_up, ex.w_down, 1, xr, eout);
+      }
+      for (int64_t d = 0; d < dim; ++d) out[d] += w * eout[d];
+    }
+  }
+  if (L.shared_expert) {
+    // DeepseekV3MoE: routed output + shared_experts(input), the shared MLP over all rows at once.
+    ffn_dense(st, L, L.w_gate, L.w_up, L.w_down, st.R, xb, xb);
+    add_inplace(xb, acc, st.R * dim);
+  } else {
+    std::memcpy(xb, acc, static_cast<size_t>(st.R * dim) * sizeof(float));
+  }
+}
 
 std::span<const float> LlamaForward::forward(const ForwardParams& p) {
   const ModelConfig& c = model_.config();
@@ -131,19 +573,12 @@ std::span<const float> LlamaForward::forward(const ForwardParams& p) {
                                                    std::to_string(c.vocab_size) + ")");
     }
   }
-  const int64_t B = p.batch, S = p.n_tokens, R = B * S;
-  const int64_t dim = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim;
-  const int64_t qd = H * D, kvd = Hkv * D, hidden = c.hidden_dim;
+  const Step st{p.batch, p.n_tokens, p.batch * p.n_tokens, p.pos0, p.cache};
+  const int64_t B = st.B, S = st.S, R = st.R, dim = c.dim;
   reserve(R);
 
   float* x = x_.data_as<float>();
   float* xb = xb_.data_as<float>();
-  float* q = q_.data_as<float>();
-  float* k = k_.data_as<float>();
-  float* v = v_.data_as<float>();
-  float* att = att_.data_as<float>();
-  float* hb = hb_.data_as<float>();
-  float* hb2 = hb2_.data_as<float>();
 
   const TensorView& emb = model_.tok_embeddings();
   const size_t emb_row = dtype_bytes(emb.dtype(), dim);
@@ -151,17 +586,10 @@ std::span<const float> LlamaForward::forward(const ForwardParams& p) {
     dequantize_row(static_cast<const std::byte*>(emb.data()) + static_cast<size_t>(p.tokens[r]) * emb_row,
                    emb.dtype(), x + r * dim, dim);
   }
-
-  // Views over the row-major [B*S, heads*D] buffers as [B, heads, S, D]: no transposes.
-  const TensorView q_view(q, DType::kF32, {B, H, S, D}, {S * qd, D, qd, 1});
-  const TensorView k_view(k, DType::kF32, {B, Hkv, S, D}, {S * kvd, D, kvd, 1});
-  const TensorView v_view(v, DType::kF32, {B, Hkv, S, D}, {S * kvd, D, kvd, 1});
-  const TensorView out_view(att, DType::kF32, {B, H, S, D}, {S * qd, D, qd, 1});
-
-  AttentionOptions opts;
-  opts.scale = 1.0f / std::sqrt(static_cast<float>(D));
-  opts.causal = true;
-  opts.q_offset = p.pos0;
+  if (c.embed_scale != 1.0f) {
+    // Gemma2Model: hidden_states * normalizer, normalizer = hidden_size ** 0.5 in the dtype.
+    for (int64_t i = 0; i < R * dim; ++i) x[i] *= c.embed_scale;
+  }
 
   RmsNormParams norm;
   norm.x = x;
@@ -169,53 +597,35 @@ std::span<const float> LlamaForward::forward(const ForwardParams& p) {
   norm.rows = R;
   norm.dim = dim;
   norm.eps = c.rms_eps;
-
-  RopeParams rope;
-  rope.n_tokens = S;
-  rope.head_dim = D;
-  rope.pos0 = p.pos0;
-  rope.inv_freq = model_.rope_inv_freq().data();
-  rope.rot_dim = D;
-  rope.style = model_.rope_style();
+  RmsNormParams post = norm;  // Gemma-2's norms on a branch output, in place in xb
+  post.x = xb;
 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LlamaModel::Layer& L = model_.layers()[static_cast<size_t>(l)];
     norm.weight = L.attn_norm;
     rms_norm(norm);
-    linear(xb, R, L.wq, L.bq, q);
-    linear(xb, R, L.wk, L.bk, k);
-    linear(xb, R, L.wv, L.bv, v);
-    // RoPE on the new keys only, before they enter the cache: cached keys are never re-rotated.
-    for (int64_t b = 0; b < B; ++b) {
-      rope.x = q + b * S * qd;
-      rope.n_heads = H;
-      rope_apply(rope);
-      rope.x = k + b * S * kvd;
-      rope.n_heads = Hkv;
-      rope_apply(rope);
-    }
-    KVSpan span;
-    if (p.cache == nullptr) {
-      span.k = k_view;
-      span.v = v_view;
-      span.kv_offset = 0;
-    } else if (p.cache->is_shared(static_cast<int>(l))) {
-      span = p.cache->shared_kv(static_cast<int>(l));
+    if (c.mla.enabled()) {
+      attention_mla(st, l);
     } else {
-      span = p.cache->update(static_cast<int>(l), k_view, v_view);
+      attention_gqa(st, l);
     }
-    opts.kv_offset = span.kv_offset;
-    opts.sliding_window = L.sliding ? c.sliding_window : 0;
-    attention_(q_view, span.k, span.v, out_view, opts);
-    linear(att, R, L.wo, nullptr, xb);
+    if (L.post_attn_norm) {
+      post.weight = L.post_attn_norm;
+      rms_norm(post);
+    }
     add_inplace(x, xb, R * dim);
 
     norm.weight = L.ffn_norm;
     rms_norm(norm);
-    linear(xb, R, L.w_gate, nullptr, hb);
-    linear(xb, R, L.w_up, nullptr, hb2);
-    swiglu(hb, hb2, hb, R * hidden);
-    linear(hb, R, L.w_down, nullptr, xb);
+    if (L.moe) {
+      ffn_moe(st, L);
+    } else {
+      ffn_dense(st, L, L.w_gate, L.w_up, L.w_down, R, xb, xb);
+    }
+    if (L.post_ffn_norm) {
+      post.weight = L.post_ffn_norm;
+      rms_norm(post);
+    }
     add_inplace(x, xb, R * dim);
   }
 
@@ -233,6 +643,7 @@ std::span<const float> LlamaForward::forward(const ForwardParams& p) {
   rms_norm(norm);
   float* logits = logits_.data_as<float>();
   linear(xb, out_rows, model_.output(), nullptr, logits);
+  if (c.final_softcap > 0) softcap_inplace(logits, out_rows * c.vocab_size, c.final_softcap);
   return {logits, static_cast<size_t>(out_rows * c.vocab_size)};
 }
 

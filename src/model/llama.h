@@ -1,9 +1,40 @@
-// The Llama-family forward pass (Llama, Mistral's sliding window, Qwen2's QKV bias) over any
-// ModelFile (llama2.c, GGUF, safetensors), with the KV cache behind its one protocol call:
+// The decoder forward pass over any ModelFile (llama2.c, GGUF, safetensors), with the KV cache
+// behind its one protocol call. One block serves every family; a per-layer plan built from the
+// config at load picks the variant of each step (no copy of the forward per family):
 //
-//   embed -> per layer: RMSNorm -> Q,K,V -> RoPE(Q, K) -> cache.update(layer, K, V)
-//         -> attention kernel (by name) -> O -> residual -> RMSNorm -> SwiGLU FFN -> residual
-//   -> final RMSNorm -> LM head (the embedding table when tied)
+//   embed (x embed_scale) -> per layer:
+//     norm -> attention -> [post-attention norm] -> residual
+//     norm -> FFN (dense SwiGLU/GeGLU, or MoE) -> [post-FFN norm] -> residual
+//   -> final norm -> LM head (the embedding table when tied) -> [final softcap]
+//
+// attention, GQA (Llama, Mistral, Qwen2, Gemma-2, GPT-OSS):
+//   Q,K,V (+bias) -> RoPE(Q, K) -> cache.update(layer, K, V) -> kernel(scale, window or
+//   chunk of the layer type, softcap, sinks) -> O (+bias)
+// attention, MLA (DeepSeek-V2/V3): the cache stores c_kv = norm(kv_a(x)[:d_c]) and
+//   k_rot = RoPE(kv_a(x)[d_c:]) as two one-head tensors (K slot: [B, 1, S, d_c], V slot:
+//   [B, 1, S, d_r]) — L·(d_c + d_r) elements per token, no factor 2. The per-head keys and
+//   values are expanded AFTER update, inside the attention step: kv_b(c_kv) gives k_nope [H, d_kn]
+//   and v [H, d_v] per cached token, k = [k_nope, k_rot] (k_rot shared by all heads), then the
+//   kernel runs with D_k = d_kn + d_r and D_v = d_v. Why not absorb kv_b into the query and
+//   output projections (attention over the latent directly, MQA with D_k = d_c + d_r): that
+//   form changes the arithmetic (q·W_kb·c instead of q·(W_kb·c)) so it cannot be checked
+//   against transformers' eager code at 1e-5 term by term, and it needs a kernel that reads
+//   K as two spans (latent | rope); expansion is exact and uses the kernels as they are. The
+//   price is recomputing kv_b over the whole visible history every step — O(S·d_c·H·(d_kn+d_v))
+//   per layer — which absorption would remove for long decodes.
+//
+// Norms: RMSNorm (x * rsqrt(mean(x^2) + eps)) * w, Gemma's variant multiplies by (1 + w),
+// precomputed at load. Families and the transformers files followed:
+//   llama/mistral/qwen2  models/llama/modeling_llama.py (and mistral, qwen2)
+//   gemma2               models/gemma2/modeling_gemma2.py: (1+w) norms, sqrt(dim) embedding
+//                        scale, query_pre_attn_scalar^-0.5, tanh softcaps (attention logits and
+//                        final logits), sandwich norms, GeGLU(tanh), even layers slide
+//   gpt_oss              models/gpt_oss/modeling_gpt_oss.py: q/k/v/o biases, sinks in the
+//                        softmax denominator, MoE (top-k logits -> softmax, clamped SwiGLU)
+//   deepseek_v2/v3       models/deepseek_v3/modeling_deepseek_v3.py (and deepseek_v2): MLA with
+//                        q_lora optional, kv_a_layernorm/q_a_layernorm at eps 1e-6, RoPE on the
+//                        rotated part only, softmax scale (qk_head_dim^-0.5 * mscale^2 with
+//                        yarn), first_k_dense_replace dense layers then MoE with shared experts
 //
 // LlamaModel is immutable after construction (weights borrowed from its ModelFile, shared by
 // any number of LlamaForward). LlamaForward owns the activation workspaces of one sequence
@@ -17,6 +48,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/kv_span.h"
 #include "core/tensor.h"
 #include "kernels/attention.h"
 #include "kernels/rope.h"
@@ -33,16 +65,51 @@ class LlamaModel {
   // f32 copies (tiny), matrices stay where they are (mapped).
   explicit LlamaModel(std::unique_ptr<ModelFile> file);
 
+  // What a layer's attention sees: the layer type of the config.
+  enum class AttentionSpan { kFull, kSliding, kChunked };
+
+  struct Expert {              // one DeepSeek routed expert (a SwiGLU MLP)
+    TensorView w_gate, w_up;   // [I, dim]
+    TensorView w_down;         // [dim, I]
+  };
+
   struct Layer {
     const float* attn_norm;      // [dim]
-    TensorView wq, wk, wv;       // [H*D, dim], [Hkv*D, dim], [Hkv*D, dim]
+    // GQA attention
+    TensorView wq, wk, wv;       // [H*D, dim], [Hkv*D, dim], [Hkv*D, dim]; MLA: wq only
     const float* bq = nullptr;   // [H*D] (qkv_bias) or nullptr
     const float* bk = nullptr;   // [Hkv*D]
     const float* bv = nullptr;   // [Hkv*D]
-    TensorView wo;               // [dim, H*D]
-    const float* ffn_norm;       // [dim]
+    TensorView wo;               // [dim, H*D_v]
+    const float* bo = nullptr;   // [dim] (attention_bias) or nullptr
+    const float* sinks = nullptr;  // [H] GPT-OSS sink logits or nullptr
+    // MLA (DeepSeek). wq is q_proj ([H*D_qk, dim]) when there is no q_lora.
+    TensorView wq_a;                      // [q_lora, dim] or empty
+    const float* q_a_norm = nullptr;      // [q_lora]
+    TensorView wq_b;                      // [H*D_qk, q_lora]
+    TensorView wkv_a;                     // [d_c + d_r, dim]
+    const float* kv_a_norm = nullptr;     // [d_c]
+    TensorView wkv_b;                     // [H*(d_kn + d_v), d_c]
+    // norms around the blocks
+    const float* post_attn_norm = nullptr;  // [dim] Gemma-2: on the attention output
+    const float* ffn_norm;                  // [dim] before the FFN
+    const float* post_ffn_norm = nullptr;   // [dim] Gemma-2: on the FFN output
+    // dense FFN (also DeepSeek's shared experts when moe)
     TensorView w_gate, w_up;     // [hidden, dim]
     TensorView w_down;           // [dim, hidden]
+    // MoE
+    bool moe = false;
+    TensorView router;                     // [E, dim]
+    const float* router_bias = nullptr;    // [E] GPT-OSS router bias
+    const float* score_bias = nullptr;     // [E] DeepSeek-V3 e_score_correction_bias
+    TensorView gate_up;                    // GPT-OSS [E, dim, 2I] (in, out layout)
+    const float* gate_up_bias = nullptr;   // [E, 2I]
+    TensorView down;                       // GPT-OSS [E, I, dim]
+    const float* down_bias = nullptr;      // [E, dim]
+    std::vector<Expert> experts;           // DeepSeek routed experts
+    bool shared_expert = false;            // DeepSeek: w_gate/w_up/w_down hold the shared experts
+    AttentionSpan span = AttentionSpan::kFull;
+    int64_t window = 0;          // sliding window W or chunk size C of the layer (0: full)
     bool sliding = false;        // layer type "sliding_attention"
   };
 
@@ -52,12 +119,15 @@ class LlamaModel {
   const TensorView& tok_embeddings() const { return tok_embeddings_; }  // [vocab, dim]
   const TensorView& output() const { return output_; }  // [vocab, dim] (== tok_embeddings if tied)
   const float* output_norm() const { return output_norm_; }             // [dim]
-  const std::vector<float>& rope_inv_freq() const { return inv_freq_; }  // [head_dim / 2]
+  const std::vector<float>& rope_inv_freq() const { return inv_freq_; }  // [rope_dim / 2]
   RopeStyle rope_style() const { return rope_style_; }
   size_t weight_bytes() const { return file_->weight_bytes(); }
 
  private:
   const float* as_f32(const TensorView& t);
+  const float* norm_weight(const TensorView& t);  // as_f32, plus 1 for Gemma's (1 + w)
+  void load_llama_layer(int64_t l, Layer& L);
+  void load_hf_layer(int64_t l, Layer& L);
 
   std::unique_ptr<ModelFile> file_;
   std::vector<Layer> layers_;
@@ -100,7 +170,22 @@ class LlamaForward {
   size_t workspace_bytes() const;
 
  private:
+  struct Step {  // the batch geometry of one forward call
+    int64_t B, S, R, pos0;
+    Cache* cache;
+  };
   void reserve(int64_t rows);
+  // Attention of layer l on the normed input xb_; writes the o_proj output into xb_.
+  void attention_gqa(const Step& st, int64_t l);
+  void attention_mla(const Step& st, int64_t l);
+  // FFN of layer l on the normed input xb_; writes the output into xb_.
+  void ffn_dense(const Step& st, const LlamaModel::Layer& L, const TensorView& gate, const TensorView& up,
+                 const TensorView& down, int64_t rows, const float* in, float* out);
+  void ffn_moe(const Step& st, const LlamaModel::Layer& L);
+  KVSpan update_or_share(const Step& st, int64_t l, const TensorView& k, const TensorView& v);
+  // Grows a workspace to at least n floats (geometric; MLA's expansion buffers follow the
+  // visible history, which grows by one token per decode step).
+  static float* grow(Tensor& t, int64_t n);
 
   const LlamaModel& model_;
   AttentionFn attention_;
@@ -111,8 +196,14 @@ class LlamaForward {
   Tensor q_;       // [rows, H*D]
   Tensor k_, v_;   // [rows, Hkv*D]
   Tensor att_;     // [rows, H*D] attention output
-  Tensor hb_, hb2_;  // [rows, hidden]
+  Tensor hb_, hb2_;  // [rows, max(hidden, expert FFN sizes)]
   Tensor logits_;  // [rows, vocab]
+  // MLA: [rows, d_c + d_r] compressed kv, [rows, q_lora] q latent; per-step expansion of the
+  // visible history: latent in f32 [S_kv, d_c], kv_b output [S_kv, H*(d_kn+d_v)], full keys
+  // [S_kv, H, D_qk] (k_nope | shared k_rot).
+  Tensor ckv_, qa_, lat32_, kvb_, kfull_;
+  // MoE: router logits [E] scratch, expert output [dim] and GPT-OSS gate_up [2I], weight row.
+  Tensor moe_scratch_;
 };
 
 }  // namespace kvcache

@@ -7,6 +7,7 @@
 #include "model/gguf.h"
 #include "model/llama2c.h"
 #include "model/safetensors.h"
+#include "model/weight_spec.h"
 
 namespace kvcache {
 
@@ -15,6 +16,7 @@ const char* rope_scaling_name(RopeScalingType t) {
     case RopeScalingType::kNone: return "none";
     case RopeScalingType::kLinear: return "linear";
     case RopeScalingType::kLlama3: return "llama3";
+    case RopeScalingType::kYarn: return "yarn";
   }
   return "?";
 }
@@ -58,17 +60,49 @@ void ModelConfig::validate(const std::string& source) const {
     bad(source, "model config: layer_types has " + std::to_string(layer_types.size()) + " entries for " +
                     std::to_string(n_layers) + " layers");
   }
-  for (const auto& t : layer_types) {
-    if (t != "full_attention" && t != "sliding_attention") {
-      bad(source, "model config: unsupported layer type '" + t + "' (full_attention, sliding_attention)");
+  for (size_t i = 0; i < layer_types.size(); ++i) {
+    const std::string& t = layer_types[i];
+    if (t != "full_attention" && t != "sliding_attention" && t != "chunked_attention") {
+      bad(source, "model config: layer_types[" + std::to_string(i) + "] is '" + t +
+                      "', a layer type this engine does not run (full_attention, sliding_attention, "
+                      "chunked_attention)");
     }
     if (t == "sliding_attention" && sliding_window <= 0) {
       bad(source, "model config: sliding_attention layers need a positive sliding_window");
     }
+    if (t == "chunked_attention" && attention_chunk_size <= 0) {
+      bad(source, "model config: chunked_attention layers need a positive attention_chunk_size");
+    }
+    if (mla.enabled() && t != "full_attention") {
+      bad(source, "model config: layer_types[" + std::to_string(i) + "] is '" + t +
+                      "'; MLA (kv_lora_rank) layers run only full_attention here");
+    }
   }
-  if (!rope_freq_factors.empty() && static_cast<int64_t>(rope_freq_factors.size()) != head_dim / 2) {
+  if (num_kv_shared_layers < 0 || num_kv_shared_layers >= n_layers) {
+    bad(source, "model config: num_kv_shared_layers " + std::to_string(num_kv_shared_layers) +
+                    " must be in [0, num_hidden_layers)");
+  }
+  if (!rope_freq_factors.empty() && static_cast<int64_t>(rope_freq_factors.size()) != rope_dim() / 2) {
     bad(source, "model config: rope_freq_factors has " + std::to_string(rope_freq_factors.size()) +
-                    " entries, expected head_dim/2 = " + std::to_string(head_dim / 2));
+                    " entries, expected rope_dim/2 = " + std::to_string(rope_dim() / 2));
+  }
+  if (!(embed_scale > 0.0f) || query_scale < 0.0f || attn_softcap < 0.0f || final_softcap < 0.0f) {
+    bad(source, "model config: embedding scale must be positive and query scale / softcaps >= 0");
+  }
+  if (moe.n_experts > 0) {
+    positive(moe.n_experts_used, "num_experts_per_tok");
+    positive(moe.expert_hidden_dim, "moe intermediate size");
+    if (moe.n_experts_used > moe.n_experts) bad(source, "model config: num_experts_per_tok exceeds the number of experts");
+    if (moe.n_group <= 0 || moe.n_experts % moe.n_group != 0 || moe.topk_group <= 0 || moe.topk_group > moe.n_group) {
+      bad(source, "model config: n_group must divide the routed experts and 0 < topk_group <= n_group");
+    }
+  }
+  if (mla.enabled()) {
+    positive(mla.qk_nope_head_dim, "qk_nope_head_dim");
+    positive(mla.qk_rope_head_dim, "qk_rope_head_dim");
+    positive(mla.v_head_dim, "v_head_dim");
+    if (mla.qk_rope_head_dim % 2 != 0) bad(source, "model config: qk_rope_head_dim must be even (RoPE pairs)");
+    if (head_dim != qk_head_dim()) bad(source, "model config: MLA head_dim must equal qk_nope_head_dim + qk_rope_head_dim");
   }
 }
 
@@ -84,6 +118,16 @@ std::string ModelConfig::summary() const {
   }
   if (sliding_window > 0) s += " sliding_window=" + std::to_string(sliding_window);
   if (qkv_bias) s += " qkv_bias";
+  if (attention_chunk_size > 0) s += " chunk=" + std::to_string(attention_chunk_size);
+  if (attn_softcap > 0) s += " attn_softcap=" + std::to_string(attn_softcap);
+  if (final_softcap > 0) s += " final_softcap=" + std::to_string(final_softcap);
+  if (attn_sinks) s += " sinks";
+  if (num_kv_shared_layers > 0) s += " kv_shared=" + std::to_string(num_kv_shared_layers);
+  if (moe.n_experts > 0) s += " experts=" + std::to_string(moe.n_experts_used) + "/" + std::to_string(moe.n_experts);
+  if (mla.enabled()) {
+    s += " mla(d_c=" + std::to_string(mla.kv_lora_rank) + " d_r=" + std::to_string(mla.qk_rope_head_dim) +
+         " d_kn=" + std::to_string(mla.qk_nope_head_dim) + " d_v=" + std::to_string(mla.v_head_dim) + ")";
+  }
   if (tie_word_embeddings) s += " tied";
   return s;
 }
@@ -121,9 +165,30 @@ void ModelFile::add_tensor(const std::string& name, const TensorView& view) {
   if (!tensors_.emplace(name, view).second) bad(path_, "tensor '" + name + "' appears twice");
 }
 
+void ModelFile::validate_weights() const {
+  if (config_.is_llama_family()) {
+    validate_llama_weights();
+    return;
+  }
+  config_.validate(path_);
+  for (const WeightSpec& w : hf_weight_specs(config_)) {
+    const TensorView& t = tensor(w.name, w.shape);
+    if (!w.matrix && !dtype_is_float(t.dtype())) {
+      bad(path_, "tensor '" + w.name + "' has type " + dtype_name(t.dtype()) + "; norms, biases and sinks must be f32/f16/bf16");
+    }
+    if (w.matrix && t.dtype() == DType::kQ8_0 && t.shape().dims[t.ndim() - 1] % 32 != 0) {
+      bad(path_, "tensor '" + w.name + "' is q8_0 with a row length not a multiple of 32");
+    }
+    if (!t.is_contiguous()) bad(path_, "tensor '" + w.name + "' is not contiguous");
+  }
+}
+
 void ModelFile::validate_llama_weights() const {
   const ModelConfig& c = config_;
   c.validate(path_);
+  if (!c.is_llama_family()) {
+    bad(path_, "architecture '" + c.architecture + "' is not a llama-family block (use validate_weights)");
+  }
   auto check = [&](const std::string& name, const Shape& shape, bool matrix) {
     const TensorView& t = tensor(name, shape);
     if (!matrix && !dtype_is_float(t.dtype())) {

@@ -3,7 +3,8 @@
 // config.json, llama2.c) each fill one ModelFile; the runtime reads only this interface.
 // A ModelFile owns its mappings (and any converted buffers); its TensorViews die with it.
 //
-// Canonical tensor names are llama.cpp's GGUF names, whatever the file format:
+// Canonical tensor names of the llama family (llama/mistral/qwen2) are llama.cpp's GGUF names,
+// whatever the file format (other families keep their transformers names: model/weight_spec.h):
 //   token_embd.weight        [vocab, dim]
 //   blk.N.attn_norm.weight   [dim]
 //   blk.N.attn_q.weight      [n_heads * head_dim, dim]      (+ blk.N.attn_q.bias [n_heads*head_dim])
@@ -42,7 +43,7 @@
 
 namespace kvcache {
 
-enum class RopeScalingType { kNone, kLinear, kLlama3 };
+enum class RopeScalingType { kNone, kLinear, kLlama3, kYarn };
 const char* rope_scaling_name(RopeScalingType t);
 
 // HF `rope_scaling` / GGUF `{arch}.rope.scaling.*`. linear: positions divided by `factor`.
@@ -56,8 +57,52 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 0;  // 0: not given
 };
 
+enum class FfnActivation {
+  kSilu,      // SwiGLU: down(silu(gate x) * up x)  (Llama, DeepSeek)
+  kGeluTanh,  // GeGLU with gelu_pytorch_tanh       (Gemma)
+};
+
+// Mixture of experts (feed-forward of MoE layers). Routers follow transformers:
+//   kGptOss:     top-k of router logits (with bias), softmax over the k kept logits;
+//                experts use the clamped SwiGLU (alpha, limit) with biases
+//                (models/gpt_oss/modeling_gpt_oss.py, GptOssTopKRouter / GptOssExperts)
+//   kDeepseekV3: sigmoid scores, + e_score_correction_bias for the choice only, group-limited
+//                top-k (n_group / topk_group), optional renormalisation, x routed_scaling_factor,
+//                plus shared experts (models/deepseek_v3/modeling_deepseek_v3.py)
+//   kSoftmaxGreedy: DeepSeek-V2's topk_method "greedy": softmax scores, top-k, optional
+//                renormalisation, x routed_scaling_factor, plus shared experts
+enum class MoeRouter { kGptOss, kDeepseekV3, kSoftmaxGreedy };
+struct MoeConfig {
+  int64_t n_experts = 0;         // routed experts; 0: no MoE
+  int64_t n_experts_used = 0;    // top-k per token
+  int64_t expert_hidden_dim = 0; // FFN size of one expert
+  int64_t n_shared_experts = 0;  // DeepSeek: always-on experts of n_shared * expert_hidden_dim
+  int64_t first_dense_layers = 0;  // DeepSeek first_k_dense_replace: layers before it are dense
+  MoeRouter router = MoeRouter::kGptOss;
+  int64_t n_group = 1, topk_group = 1;  // DeepSeek-V3 group-limited routing
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+  float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;  // GPT-OSS experts
+  bool is_moe_layer(int64_t layer) const { return n_experts > 0 && layer >= first_dense_layers; }
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3). The cache stores, per token, the normalised
+// latent c_kv [kv_lora_rank] and the rotated key k_rot [qk_rope_head_dim] as one "head" each
+// (see model/llama.h for where they are expanded).
+struct MlaConfig {
+  int64_t kv_lora_rank = 0;      // d_c; 0: no MLA
+  int64_t q_lora_rank = 0;       // 0: q_proj directly, else q_a_proj -> norm -> q_b_proj
+  int64_t qk_nope_head_dim = 0;  // d_kn
+  int64_t qk_rope_head_dim = 0;  // d_r
+  int64_t v_head_dim = 0;        // d_v
+  bool rope_interleave = true;   // V3 rope_interleave / V2: pairs (2i, 2i+1) of the rotated part
+  bool enabled() const { return kv_lora_rank > 0; }
+};
+
 struct ModelConfig {
-  std::string architecture = "llama";  // the block structure: llama family (llama/mistral/qwen2)
+  // The block structure: llama family (llama/mistral/qwen2), gemma2, gpt_oss, deepseek_v2,
+  // deepseek_v3 (is_llama_family() tells the GGUF-canonical-name families apart).
+  std::string architecture = "llama";
   int64_t dim = 0;                     // hidden size (embedding length)
   int64_t n_layers = 0;
   int64_t n_heads = 0;     // query heads
@@ -80,9 +125,30 @@ struct ModelConfig {
   bool tie_word_embeddings = false;  // no output.weight: the LM head is token_embd
   int64_t sliding_window = 0;        // 0: none; else the window of "sliding_attention" layers
   bool qkv_bias = false;             // Qwen2: attn_q/k/v carry biases
-  std::vector<std::string> layer_types;  // per layer "full_attention" / "sliding_attention"
+  // Per layer "full_attention", "sliding_attention" (window sliding_window) or
+  // "chunked_attention" (chunks of attention_chunk_size, Llama-4's layer type).
+  std::vector<std::string> layer_types;
+  int64_t attention_chunk_size = 0;  // 0: none
   int32_t bos_id = -1;                   // -1: unknown
   int32_t eos_id = -1;
+
+  // --- Families beyond Llama (gemma2, gpt_oss, deepseek_v2/v3). The defaults are Llama's, so
+  // a llama/mistral/qwen2 config leaves all of this untouched. See model/llama.h for the block.
+  bool norm_add_one = false;     // Gemma: RMSNorm scales by (1 + w) instead of w
+  float embed_scale = 1.0f;      // Gemma: embeddings multiplied by sqrt(hidden_size)
+  bool sandwich_norms = false;   // Gemma-2: post-attention, pre- and post-feedforward norms
+  FfnActivation ffn_act = FfnActivation::kSilu;
+  float query_scale = 0.0f;      // attention logit scale; 0: 1/sqrt(query-key head dim)
+  float attn_softcap = 0.0f;     // Gemma-2 attn_logit_softcapping; 0: none
+  float final_softcap = 0.0f;    // Gemma-2 final_logit_softcapping on the logits; 0: none
+  bool attn_out_bias = false;    // o_proj has a bias (attention_bias = true: GPT-OSS)
+  bool attn_sinks = false;       // GPT-OSS: one learned sink logit per query head
+  int64_t num_kv_shared_layers = 0;  // the last N layers read an earlier layer's cache
+  // YaRN (rope_type "yarn": GPT-OSS, DeepSeek-V3): cos/sin multiplied by this attention factor
+  // (transformers' _compute_yarn_parameters); the frequencies go to rope_freq_factors.
+  float rope_attention_factor = 1.0f;
+  MoeConfig moe;  // n_experts == 0: every FFN is dense
+  MlaConfig mla;  // kv_lora_rank == 0: plain multi-head / grouped-query attention
 
   // Checks positivity and divisibility (n_heads % n_kv_heads, layer_types size, ...); throws
   // Error(kFormat) prefixed with `source` (the file) naming the bad field.
@@ -91,6 +157,14 @@ struct ModelConfig {
   // is set — Mistral's convention) and head_dim from dim / n_heads when 0.
   void fill_defaults();
   std::string summary() const;  // one line for logs: "llama dim=64 layers=5 heads=8/4 ..."
+  bool is_llama_family() const {
+    return architecture == "llama" || architecture == "mistral" || architecture == "qwen2";
+  }
+  // Query/key head dim (MLA: qk_nope + qk_rope) and value head dim.
+  int64_t qk_head_dim() const { return mla.enabled() ? mla.qk_nope_head_dim + mla.qk_rope_head_dim : head_dim; }
+  int64_t v_head_dim() const { return mla.enabled() ? mla.v_head_dim : head_dim; }
+  // Dims RoPE rotates per head (MLA: only the qk_rope part).
+  int64_t rope_dim() const { return mla.enabled() ? mla.qk_rope_head_dim : head_dim; }
 };
 
 class ModelFile {
@@ -125,6 +199,9 @@ class ModelFile {
   // (biases only when qkv_bias, output.weight only when not tied) and dtypes are f32/f16/bf16/
   // q8_0 (norms and biases: float types). Throws Error(kFormat) naming the file and tensor.
   void validate_llama_weights() const;
+  // The check for any architecture: llama-family files as above; the other families by their
+  // Hugging Face tensor names and shapes (model/weight_spec.h).
+  void validate_weights() const;
 
  private:
   std::string path_;

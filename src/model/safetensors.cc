@@ -215,20 +215,24 @@ std::unique_ptr<ModelFile> load_hf_model(const std::string& path) {
     throw Error(ErrorKind::kIo, path + ": no model.safetensors or model.safetensors.index.json in this folder");
   }
 
+  // Llama-family names become the canonical GGUF names; other families keep theirs.
+  const bool canonical = mf->config().is_llama_family();
   for (const std::string& shard : shards) {
     std::shared_ptr<const SafetensorsFile> sf = SafetensorsFile::open(shard);
     for (const auto& [name, view] : sf->tensors()) {
-      const std::string canon = hf_to_canonical_name(name);
+      const std::string canon = canonical ? hf_to_canonical_name(name) : std::string();
       // A tied model may still carry lm_head; the canonical set keeps the weight anyway.
       mf->add_tensor(canon.empty() ? name : canon, view);
     }
     mf->keep_alive(sf);
   }
   ModelConfig& c = mf->mutable_config();
-  if (!c.tie_word_embeddings && !mf->find("output.weight") && mf->find("token_embd.weight")) {
+  const char* lm_head = canonical ? "output.weight" : "lm_head.weight";
+  const char* embed = canonical ? "token_embd.weight" : "model.embed_tokens.weight";
+  if (!c.tie_word_embeddings && !mf->find(lm_head) && mf->find(embed)) {
     bad(path, "config.json says tie_word_embeddings=false but there is no lm_head.weight");
   }
-  mf->validate_llama_weights();
+  mf->validate_weights();
   return mf;
 }
 

@@ -46,7 +46,7 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
     }
     d.vocab_gguf = options.dummy_vocab;
     d.cache_dir = options.dummy_cache_dir;
-    path = build_dummy_gguf(d);
+    path = build_dummy_model(d);
   }
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(ErrorKind::kIo, path + ": no such file or directory");

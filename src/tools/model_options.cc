@@ -10,7 +10,7 @@
 namespace kvcache::tools {
 
 void add_model_options(CLI::App* cmd, ModelOptions& o) {
-  cmd->add_option("--model,-m", o.model, "Model: llama2.c .bin, GGUF file, Hugging Face folder, or dummy:tiny / dummy:llama-125m[:f16|f32|bf16|q8_0]")->required();
+  cmd->add_option("--model,-m", o.model, "Model: llama2.c .bin, GGUF file, Hugging Face folder, or dummy:PRESET[:f16|f32|bf16|q8_0] (tiny, llama-125m, gemma2-tiny, gptoss-tiny, mla-tiny)")->required();
   cmd->add_option("--tokenizer", o.tokenizer,
                   "Tokenizer file (default: tokenizer.bin / tok512.bin beside a llama2.c checkpoint)");
   cmd->add_option("--cache", o.cache, "Cache implementation (transformers' names): dynamic, static, ...");

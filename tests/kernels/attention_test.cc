@@ -233,6 +233,19 @@ std::vector<Case> reference_cases() {
     c.softcap = 3.0f;
     c.D = 128;
   });
+  add([](Case& c) {  // MLA after expansion (DeepSeek-V3): D_k = 128 + 64 = 192, D_v = 128
+    c.D = 192;
+    c.Dv = 128;
+    c.Hq = 4;
+    c.Hkv = 4;
+  });
+  add([](Case& c) {  // the same with f16 storage, a window and sinks
+    c.kv = DType::kF16;
+    c.D = 192;
+    c.Dv = 128;
+    c.window = 17;
+    c.sinks = true;
+  });
   add([](Case& c) {
     c.kv = DType::kF16;
     c.docs = true;

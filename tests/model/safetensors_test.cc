@@ -195,8 +195,8 @@ TEST(HfConfig, ErrorsNameTheFileAndField) {
   expect_error([&] { parse_hf_config(config_json(c, "GPT2LMHeadModel", ""), "cfg.json"); }, {"cfg.json", "GPT2LMHeadModel"});
   expect_error([&] { parse_hf_config("{\"architectures\": [\"LlamaForCausalLM\"]}", "cfg.json"); }, {"cfg.json", "hidden_size"});
   expect_error([&] {
-    parse_hf_config(config_json(c, "LlamaForCausalLM", ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}"), "cfg.json");
-  }, {"cfg.json", "yarn"});
+    parse_hf_config(config_json(c, "LlamaForCausalLM", ", \"rope_scaling\": {\"type\": \"longrope\", \"factor\": 4}"), "cfg.json");
+  }, {"cfg.json", "longrope"});
   ModelConfig bad = c;
   bad.n_kv_heads = 3;
   expect_error([&] { parse_hf_config(config_json(bad, "LlamaForCausalLM", ""), "cfg.json"); }, {"cfg.json", "n_kv_heads 3"});

@@ -1,0 +1,96 @@
+#include "model/weight_spec.h"
+
+#include "core/error.h"
+
+namespace kvcache {
+
+std::string hf_layer_tensor(int64_t layer, const std::string& suffix) {
+  return "model.layers." + std::to_string(layer) + "." + suffix;
+}
+
+std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
+  if (c.is_llama_family()) {
+    throw Error(ErrorKind::kUnsupported,
+                "hf_weight_specs: " + c.architecture + " files use the canonical llama names");
+  }
+  std::vector<WeightSpec> out;
+  auto matrix = [&](const std::string& name, Shape s) { out.push_back({name, s, true, WeightRole::kMatrix}); };
+  auto norm = [&](const std::string& name, int64_t n) { out.push_back({name, Shape{n}, false, WeightRole::kNorm}); };
+  auto bias = [&](const std::string& name, Shape s) { out.push_back({name, s, false, WeightRole::kBias}); };
+  const int64_t dim = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim;
+  matrix("model.embed_tokens.weight", {c.vocab_size, dim});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    auto L = [&](const std::string& suffix) { return hf_layer_tensor(l, suffix); };
+    norm(L("input_layernorm.weight"), dim);
+    if (c.mla.enabled()) {
+      // models/deepseek_v3/modeling_deepseek_v3.py, DeepseekV3Attention.__init__
+      const MlaConfig& m = c.mla;
+      const int64_t qk = c.qk_head_dim();
+      if (m.q_lora_rank > 0) {
+        matrix(L("self_attn.q_a_proj.weight"), {m.q_lora_rank, dim});
+        norm(L("self_attn.q_a_layernorm.weight"), m.q_lora_rank);
+        matrix(L("self_attn.q_b_proj.weight"), {H * qk, m.q_lora_rank});
+      } else {
+        matrix(L("self_attn.q_proj.weight"), {H * qk, dim});
+      }
+      matrix(L("self_attn.kv_a_proj_with_mqa.weight"), {m.kv_lora_rank + m.qk_rope_head_dim, dim});
+      norm(L("self_attn.kv_a_layernorm.weight"), m.kv_lora_rank);
+      matrix(L("self_attn.kv_b_proj.weight"), {H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
+      matrix(L("self_attn.o_proj.weight"), {dim, H * m.v_head_dim});
+    } else {
+      matrix(L("self_attn.q_proj.weight"), {H * D, dim});
+      matrix(L("self_attn.k_proj.weight"), {Hkv * D, dim});
+      matrix(L("self_attn.v_proj.weight"), {Hkv * D, dim});
+      matrix(L("self_attn.o_proj.weight"), {dim, H * D});
+      if (c.qkv_bias) {
+        bias(L("self_attn.q_proj.bias"), {H * D});
+        bias(L("self_attn.k_proj.bias"), {Hkv * D});
+        bias(L("self_attn.v_proj.bias"), {Hkv * D});
+      }
+      if (c.attn_out_bias) bias(L("self_attn.o_proj.bias"), {dim});
+      if (c.attn_sinks) bias(L("self_attn.sinks"), {H});
+    }
+    norm(L("post_attention_layernorm.weight"), dim);
+    if (c.sandwich_norms) {
+      norm(L("pre_feedforward_layernorm.weight"), dim);
+      norm(L("post_feedforward_layernorm.weight"), dim);
+    }
+    const MoeConfig& moe = c.moe;
+    if (!moe.is_moe_layer(l)) {
+      matrix(L("mlp.gate_proj.weight"), {c.hidden_dim, dim});
+      matrix(L("mlp.up_proj.weight"), {c.hidden_dim, dim});
+      matrix(L("mlp.down_proj.weight"), {dim, c.hidden_dim});
+    } else if (moe.router == MoeRouter::kGptOss) {
+      // models/gpt_oss/modeling_gpt_oss.py: GptOssTopKRouter, GptOssExperts ([E, in, out]).
+      const int64_t E = moe.n_experts, I = moe.expert_hidden_dim;
+      matrix(L("mlp.router.weight"), {E, dim});
+      bias(L("mlp.router.bias"), {E});
+      matrix(L("mlp.experts.gate_up_proj"), {E, dim, 2 * I});
+      bias(L("mlp.experts.gate_up_proj_bias"), {E, 2 * I});
+      matrix(L("mlp.experts.down_proj"), {E, I, dim});
+      bias(L("mlp.experts.down_proj_bias"), {E, dim});
+    } else {
+      // models/deepseek_v3/modeling_deepseek_v3.py: DeepseekV3MoE (gate, experts, shared_experts).
+      const int64_t E = moe.n_experts, I = moe.expert_hidden_dim;
+      matrix(L("mlp.gate.weight"), {E, dim});
+      if (moe.router == MoeRouter::kDeepseekV3) bias(L("mlp.gate.e_score_correction_bias"), {E});
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string p = "mlp.experts." + std::to_string(e) + ".";
+        matrix(L(p + "gate_proj.weight"), {I, dim});
+        matrix(L(p + "up_proj.weight"), {I, dim});
+        matrix(L(p + "down_proj.weight"), {dim, I});
+      }
+      if (moe.n_shared_experts > 0) {
+        const int64_t Is = I * moe.n_shared_experts;
+        matrix(L("mlp.shared_experts.gate_proj.weight"), {Is, dim});
+        matrix(L("mlp.shared_experts.up_proj.weight"), {Is, dim});
+        matrix(L("mlp.shared_experts.down_proj.weight"), {dim, Is});
+      }
+    }
+  }
+  norm("model.norm.weight", dim);
+  if (!c.tie_word_embeddings) matrix("lm_head.weight", {c.vocab_size, dim});
+  return out;
+}
+
+}  // namespace kvcache

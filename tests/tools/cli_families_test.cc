@@ -1,0 +1,119 @@
+// The CLI on the non-llama families: `kvcache logits` and `generate --prompt-ids ... --output
+// ids --verify` on a Hugging Face folder written by the test (config.json + model.safetensors
+// with transformers names), and `generate --model dummy:<family>-tiny --verify`.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "model/dummy.h"
+#include "model/llama.h"
+#include "model/model_file.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string cli() { return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "kvcache").string(); }
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    dir = fs::temp_directory_path() / ("kvcache_clifam_" + std::to_string(::getpid()) + "_" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir);
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  std::string file(const std::string& n) const { return (dir / n).string(); }
+  Result run(const std::string& args) const {
+    const std::string out = file("stdout"), err = file("stderr");
+    // Dummy presets are generated into the scratch folder, not the user's cache.
+    const std::string cmd = "KVCACHE_CACHE_DIR='" + file("cache") + "' '" + cli() + "' " + args + " >'" + out +
+                            "' 2>'" + err + "'";
+    const int st = std::system(cmd.c_str());
+    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
+  }
+};
+
+class CliFamilies : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CliFamilies, LogitsAndGenerateOnAHuggingFaceFolder) {
+  Scratch s;
+  kvcache::DummyModelOptions o;
+  o.preset = GetParam();
+  o.weight_dtype = kvcache::DType::kF32;
+  o.seed = 5;
+  o.cache_dir = s.file("hf");
+  const std::string folder = kvcache::build_dummy_model(o);
+  ASSERT_TRUE(fs::exists(fs::path(folder) / "config.json"));
+  ASSERT_TRUE(fs::exists(fs::path(folder) / "model.safetensors"));
+
+  const std::vector<int32_t> ids = {2, 17, 301, 44, 5, 99, 123, 7, 250, 8, 61, 3};
+  std::string ids_arg;
+  for (int32_t id : ids) {
+    if (!ids_arg.empty()) ids_arg.push_back(' ');
+    ids_arg.append(std::to_string(id));
+  }
+  // In-process no-cache forward of the same folder: what the CLI must write.
+  const kvcache::LlamaModel model(kvcache::open_model_file(folder));
+  kvcache::LlamaForward fwd(model, "eager", 16);
+  kvcache::ForwardParams p;
+  p.tokens = ids.data();
+  p.n_tokens = static_cast<int64_t>(ids.size());
+  p.logits = kvcache::LogitsMode::kAll;
+  const std::span<const float> want = fwd.forward(p);
+  for (const std::string extra : {"", " --cache static", " --cache dynamic"}) {
+    Result r = s.run("logits --model '" + folder + "' --prompt-ids '" + ids_arg + "' -o '" + s.file("l.f32") + "'" + extra);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string got = slurp(s.file("l.f32"));
+    ASSERT_EQ(got.size(), want.size() * sizeof(float)) << extra;
+    std::vector<float> a(want.size());
+    std::memcpy(a.data(), got.data(), got.size());
+    float scale = 0;
+    for (float v : want) scale = std::max(scale, std::fabs(v));
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], want[i], 1e-5f * scale) << i << extra;
+  }
+  Result g = s.run("generate --model '" + folder + "' --prompt-ids '" + ids_arg +
+                   "' -n 12 --temp 0 --output ids --verify --kv-dtype f32");
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_NE(g.err.find("ok"), std::string::npos) << g.err;
+  int count = 0;
+  for (char ch : g.out) count += ch == ' ' || ch == '\n';
+  EXPECT_GE(count, static_cast<int>(ids.size())) << g.out;
+}
+
+TEST_P(CliFamilies, DummyPresetVerifies) {
+  Scratch s;
+  Result g = s.run("generate --model dummy:" + GetParam() + " --prompt-ids '2 5 9 14 20 27 35 44 54' -n 10 --temp 0 "
+                   "--output ids --verify --kv-dtype f32");
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_NE(g.err.find("ok"), std::string::npos) << g.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, CliFamilies, ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+}  // namespace
