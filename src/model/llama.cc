@@ -156,6 +156,29 @@ LlamaModel::LlamaModel(std::unique_ptr<ModelFile> file) : file_(std::move(file))
       }
     }
   }
+  // KV sharing: layers from L - num_kv_shared_layers on read the last earlier non-shared layer
+  // of their own type (models/gemma3n/modeling_gemma3n.py, Gemma3nTextAttention.__init__).
+  const int64_t first_shared = c.n_layers - c.num_kv_shared_layers;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    Layer& L = layers_[static_cast<size_t>(l)];
+    L.kv_source = l;
+    if (l < first_shared) continue;
+    L.kv_shared = true;
+    L.kv_source = -1;
+    for (int64_t j = first_shared - 1; j >= 0; --j) {
+      if (c.layer_types[static_cast<size_t>(j)] == c.layer_types[static_cast<size_t>(l)]) {
+        L.kv_source = j;
+        break;
+      }
+    }
+    if (L.kv_source < 0 || c.mla.enabled()) {
+      throw Error(ErrorKind::kFormat, file_->path() + ": layer " + std::to_string(l) + " shares KV (num_kv_shared_layers = " +
+                                          std::to_string(c.num_kv_shared_layers) +
+                                          ") but no earlier non-shared " + (c.mla.enabled() ? "GQA " : "") +
+                                          "layer of type '" + c.layer_types[static_cast<size_t>(l)] + "' exists");
+    }
+    layers_[static_cast<size_t>(L.kv_source)].kv_source_of_shared = true;
+  }
   inv_freq_ = ::kvcache::rope_inv_freq(c.rope_dim(), c.rope_theta,
                             c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
   // MLA's rotated part: DeepSeek-V2 (view_as_complex on pairs) and V3 with rope_interleave
@@ -210,6 +233,8 @@ size_t LlamaForward::workspace_bytes() const {
                           &kfull_, &moe_scratch_}) {
     n += t->size_bytes();
   }
+  for (const auto* ts : {&src_k_, &src_v_})
+    for (const Tensor& t : *ts) n += t.size_bytes();
   return n;
 }
 
@@ -265,7 +290,7 @@ void softcap_inplace(float* a, int64_t n, float cap) {
 
 KVSpan LlamaForward::update_or_share(const Step& st, int64_t l, const TensorView& k, const TensorView& v) {
   KVSpan span;
-  if (st.cache == nullptr) {
+  if (st.cache == nullptr) {  // shared layers get their source's K/V from attention_gqa
     span.k = k;
     span.v = v;
     span.kv_offset = 0;
@@ -288,8 +313,10 @@ void LlamaForward::attention_gqa(const Step& st, int64_t l) {
   float* v = v_.data_as<float>();
   float* att = att_.data_as<float>();
   linear(xb, R, L.wq, L.bq, q);
-  linear(xb, R, L.wk, L.bk, k);
-  linear(xb, R, L.wv, L.bv, v);
+  if (!L.kv_shared) {
+    linear(xb, R, L.wk, L.bk, k);
+    linear(xb, R, L.wv, L.bv, v);
+  }
   // RoPE on the new keys only, before they enter the cache: cached keys are never re-rotated.
   RopeParams rope;
   rope.n_tokens = S;
@@ -303,15 +330,37 @@ void LlamaForward::attention_gqa(const Step& st, int64_t l) {
     rope.x = q + b * S * qd;
     rope.n_heads = H;
     rope_apply(rope);
+    if (L.kv_shared) continue;
     rope.x = k + b * S * kvd;
     rope.n_heads = Hkv;
     rope_apply(rope);
+  }
+  if (st.cache == nullptr && L.kv_source_of_shared) {
+    // No cache: keep this layer's K/V for the shared layers that read it later in this call.
+    const auto src = static_cast<size_t>(l);
+    src_k_.resize(model_.layers().size());
+    src_v_.resize(model_.layers().size());
+    float* sk = grow(src_k_[src], R * kvd);
+    float* sv = grow(src_v_[src], R * kvd);
+    std::memcpy(sk, k, static_cast<size_t>(R * kvd) * sizeof(float));
+    std::memcpy(sv, v, static_cast<size_t>(R * kvd) * sizeof(float));
+  }
+  if (st.cache == nullptr && L.kv_shared) {
+    const auto src = static_cast<size_t>(L.kv_source);
+    k = src_k_[src].data_as<float>();
+    v = src_v_[src].data_as<float>();
   }
   // Views over the row-major [B*S, heads*D] buffers as [B, heads, S, D]: no transposes.
   const TensorView q_view(q, DType::kF32, {B, H, S, D}, {S * qd, D, qd, 1});
   const TensorView k_view(k, DType::kF32, {B, Hkv, S, D}, {S * kvd, D, kvd, 1});
   const TensorView v_view(v, DType::kF32, {B, Hkv, S, D}, {S * kvd, D, kvd, 1});
   const TensorView out_view(att, DType::kF32, {B, H, S, D}, {S * qd, D, qd, 1});
+  if (st.cache != nullptr && st.cache->source_layer(static_cast<int>(l)) != L.kv_source) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "layer " + std::to_string(l) + ": the cache shares KV from layer " +
+                    std::to_string(st.cache->source_layer(static_cast<int>(l))) + " but the model reads layer " +
+                    std::to_string(L.kv_source) + " (build the cache with the model's num_kv_shared_layers)");
+  }
   const KVSpan span = update_or_share(st, l, k_view, v_view);
 
   AttentionOptions opts;
@@ -390,6 +439,11 @@ void LlamaForward::attention_mla(const Step& st, int64_t l) {
   const TensorView lat_view(ckv, DType::kF32, {B, 1, S, dc}, {S * ckd, S * ckd, ckd, 1});
   const TensorView rot_view(ckv + dc, DType::kF32, {B, 1, S, dr}, {S * ckd, S * ckd, ckd, 1});
   const KVSpan span = update_or_share(st, l, lat_view, rot_view);
+  if (span.kind != KVSpanKind::kDense) {
+    throw Error(ErrorKind::kUnsupported, "layer " + std::to_string(l) +
+                                             ": MLA expands the cached latent from a dense span; this cache returned a "
+                                             "paged one (use a dense container for MLA models)");
+  }
   const int64_t Skv = span.k.dim(2);
 
   // Expansion after update, per batch row: kv_b(latent) -> k_nope | v per head; k_rot shared.

@@ -111,6 +111,13 @@ class LlamaModel {
     AttentionSpan span = AttentionSpan::kFull;
     int64_t window = 0;          // sliding window W or chunk size C of the layer (0: full)
     bool sliding = false;        // layer type "sliding_attention"
+    // Cross-layer KV sharing (num_kv_shared_layers, Gemma-3n): a shared layer projects only
+    // its queries and attends over the K/V of kv_source — the last non-shared layer of the
+    // same type (Gemma3nTextAttention.kv_shared_layer_index; the Cache applies the same rule).
+    // kv_source == own index for every other layer.
+    int64_t kv_source = 0;
+    bool kv_shared = false;
+    bool kv_source_of_shared = false;  // some shared layer reads this layer's K/V
   };
 
   const ModelConfig& config() const { return file_->config(); }
@@ -204,6 +211,10 @@ class LlamaForward {
   Tensor ckv_, qa_, lat32_, kvb_, kfull_;
   // MoE: router logits [E] scratch, expert output [dim] and GPT-OSS gate_up [2I], weight row.
   Tensor moe_scratch_;
+  // No-cache forward of a KV-sharing model: the post-RoPE K/V of each source layer, [rows,
+  // Hkv*D] per layer (empty for layers no one reads), so shared layers see what a cache
+  // would hand them.
+  std::vector<Tensor> src_k_, src_v_;
 };
 
 }  // namespace kvcache

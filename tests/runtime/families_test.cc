@@ -156,6 +156,55 @@ INSTANTIATE_TEST_SUITE_P(Presets, Families, ::testing::Values("gemma2-tiny", "gp
                            return n;
                          });
 
+// Cross-layer KV sharing (num_kv_shared_layers, Gemma-3n's rule) on the Gemma-2 block: the
+// last two of four layers read layers 0 (sliding) and 1 (full) and store nothing.
+TEST(KvSharing, SharedLayersReadTheirSourceAndStoreNothing) {
+  DummyModelOptions o;
+  o.preset = "gemma2-tiny";
+  o.weight_dtype = DType::kF32;
+  o.seed = 3;
+  o.cache_dir = temp_dir();
+  std::unique_ptr<ModelFile> file = open_model_file(build_dummy_model(o));
+  file->mutable_config().num_kv_shared_layers = 2;
+  const LlamaModel model(std::move(file));
+  const ModelConfig& c = model.config();
+  EXPECT_EQ(model.layers()[2].kv_source, 0);
+  EXPECT_EQ(model.layers()[3].kv_source, 1);
+  const std::vector<int32_t> ids = prompt(19, static_cast<int32_t>(c.vocab_size));
+  const std::vector<float> ref = testing::FamilyReference(model.file()).logits(ids);
+  LlamaForward fwd(model, "fused", 32);
+  ForwardParams p;
+  p.tokens = ids.data();
+  p.n_tokens = static_cast<int64_t>(ids.size());
+  p.logits = LogitsMode::kAll;
+  EXPECT_LE(rel_diff(fwd.forward(p), ref), 1e-5);
+  const std::vector<float> last(ref.end() - c.vocab_size, ref.end());
+  for (const char* cache : {"dynamic", "static"}) {
+    SessionConfig sc;
+    sc.cache = cache;
+    sc.max_cache_len = 64;
+    sc.prefill_chunk = 4;
+    Session s(model, sc);
+    EXPECT_TRUE(s.cache().is_shared(2) && s.cache().is_shared(3));
+    s.prefill({ids.data(), 11});
+    std::span<const float> l;
+    for (size_t i = 11; i < ids.size(); ++i) l = s.decode(ids[i]);
+    EXPECT_LE(rel_diff(l, last), 1e-5) << cache;
+  }
+  // 2·(L − L_s)·H_kv·d_h·b per token.
+  const int64_t S = c.sliding_window - 1;
+  SessionConfig sc;
+  sc.cache = "static";
+  sc.max_cache_len = S;
+  Session s(model, sc);
+  s.prefill(prompt(S, static_cast<int32_t>(c.vocab_size)));
+  EXPECT_EQ(s.kv_bytes(), static_cast<size_t>(2 * (c.n_layers - 2) * c.n_kv_heads * c.head_dim * 4 * S));
+  PlanOptions po;
+  po.format = parse_kv_format("f32");
+  EXPECT_EQ(compute_plan(plan_model_from_config(c, "shared"), po).kv_bytes_per_token,
+            static_cast<double>(2 * (c.n_layers - 2) * c.n_kv_heads * c.head_dim * 4));
+}
+
 TEST(FamilyConfig, TransformersDefaults) {
   // Gemma2Config without layer_types: even layers slide; query_pre_attn_scalar ** -0.5.
   const ModelConfig g = parse_hf_config(R"({"architectures": ["Gemma2ForCausalLM"], "hidden_size": 32,

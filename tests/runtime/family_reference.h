@@ -173,6 +173,20 @@ class FamilyReference {
       for (int64_t hh = 0; hh < H; ++hh) rope_half(&q[idx(t, hh * D, H * D)], t, D);
       for (int64_t hh = 0; hh < Hkv; ++hh) rope_half(&k[idx(t, hh * D, Hkv * D)], t, D);
     }
+    // KV sharing (Gemma3nTextAttention): the last num_kv_shared_layers layers use the K/V of
+    // the last earlier non-shared layer of their type instead of their own.
+    const int64_t first_shared = c_.n_layers - c_.num_kv_shared_layers;
+    if (l >= first_shared) {
+      int64_t src = first_shared - 1;
+      while (c_.layer_types[static_cast<size_t>(src)] != c_.layer_types[static_cast<size_t>(l)]) --src;
+      k = kept_k_[static_cast<size_t>(src)];
+      v = kept_v_[static_cast<size_t>(src)];
+    } else {
+      kept_k_.resize(static_cast<size_t>(c_.n_layers));
+      kept_v_.resize(static_cast<size_t>(c_.n_layers));
+      kept_k_[static_cast<size_t>(l)] = k;
+      kept_v_[static_cast<size_t>(l)] = v;
+    }
     // Gemma2Attention: query_pre_attn_scalar ** -0.5; others head_dim ** -0.5.
     const double scale = c_.query_scale > 0 ? c_.query_scale : 1.0 / std::sqrt(static_cast<double>(D));
     std::vector<float> att;
@@ -318,6 +332,7 @@ class FamilyReference {
 
   const ModelFile& f_;
   const ModelConfig& c_;
+  mutable std::vector<std::vector<float>> kept_k_, kept_v_;  // post-RoPE K/V per layer
 };
 
 }  // namespace kvcache::testing
