@@ -85,6 +85,23 @@ const char* hf_preset_json(const std::string& name) {
                           "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 64},
       "tie_word_embeddings": false, "bos_token_id": 2, "eos_token_id": 1})";
   }
+  if (name == "gemma3n-tiny") {
+    // Gemma3nForCausalLM (text): 6 layers, the last 2 KV-shared (layer 4 reads 3, 5 reads 2),
+    // full attention every third layer, AltUp x4, Laurel, per-layer inputs, activation
+    // sparsity on the first two layers, per-layer FFN sizes, dual RoPE theta.
+    return R"({"architectures": ["Gemma3nForCausalLM"], "model_type": "gemma3n_text",
+      "hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 16, "intermediate_size": [96, 96, 128, 128, 96, 96], "vocab_size": 512,
+      "vocab_size_per_layer_input": 384, "hidden_size_per_layer_input": 8, "laurel_rank": 8,
+      "altup_num_inputs": 4, "altup_active_idx": 0, "altup_coef_clip": 120.0, "altup_correct_scale": true,
+      "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0, 0.0, 0.0], "num_kv_shared_layers": 2,
+      "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                      "sliding_attention", "sliding_attention", "full_attention"],
+      "sliding_window": 8, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+      "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "final_logit_softcapping": 3.0,
+      "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
+      "bos_token_id": 2, "eos_token_id": 1})";
+  }
   if (name == "mla-tiny") {
     // DeepseekV3ForCausalLM: MLA with q_lora, D_k = 16 + 8 = 24 != D_v = 12, one dense layer
     // then MoE (8 experts in 2 groups, top-2 of the best group, one shared expert), yarn.
@@ -104,7 +121,9 @@ const char* hf_preset_json(const std::string& name) {
 
 }  // namespace
 
-std::vector<std::string> dummy_preset_names() { return {"tiny", "llama-125m", "gemma2-tiny", "gptoss-tiny", "mla-tiny"}; }
+std::vector<std::string> dummy_preset_names() {
+  return {"tiny", "llama-125m", "gemma2-tiny", "gptoss-tiny", "mla-tiny", "gemma3n-tiny"};
+}
 
 bool dummy_preset_is_hf(const std::string& name) { return hf_preset_json(name) != nullptr; }
 

@@ -129,6 +129,17 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     arch = (*it)[0].get<std::string>();
   }
   std::string model_type = j.value("model_type", std::string());
+  if (arch == "Gemma3nForConditionalGeneration" || (arch.empty() && model_type == "gemma3n")) {
+    // The released checkpoints are multimodal; the text decoder's config is text_config and
+    // its tensors live under model.language_model (the loader maps them to model.).
+    auto it = j.find("text_config");
+    if (it == j.end() || !it->is_object()) bad(source, "Gemma3nForConditionalGeneration needs a text_config object");
+    json t = *it;
+    for (const char* k : {"bos_token_id", "eos_token_id"})
+      if (!t.contains(k) && j.contains(k)) t[k] = j[k];
+    j = t;
+    arch = "Gemma3nForCausalLM";
+  }
   ModelConfig c;
   if (arch == "LlamaForCausalLM" || (arch.empty() && model_type == "llama")) {
     c.architecture = "llama";
@@ -140,6 +151,8 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     c.architecture = "gemma2";
   } else if (arch == "GptOssForCausalLM" || (arch.empty() && model_type == "gpt_oss")) {
     c.architecture = "gpt_oss";
+  } else if (arch == "Gemma3nForCausalLM" || (arch.empty() && model_type == "gemma3n_text")) {
+    c.architecture = "gemma3n";
   } else if (arch == "DeepseekV3ForCausalLM" || (arch.empty() && model_type == "deepseek_v3")) {
     c.architecture = "deepseek_v3";
   } else if (arch == "DeepseekV2ForCausalLM" || (arch.empty() && model_type == "deepseek_v2")) {
@@ -148,8 +161,10 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     throw Error(ErrorKind::kUnsupported,
                 source + ": architecture '" + (arch.empty() ? model_type : arch) +
                     "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                    "Gemma2ForCausalLM, GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
+                    "Gemma2ForCausalLM, Gemma3nForCausalLM, Gemma3nForConditionalGeneration (text), GptOssForCausalLM, "
+                    "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
   }
+  const bool gemma3n = c.architecture == "gemma3n";
   const bool gemma2 = c.architecture == "gemma2", gpt_oss = c.architecture == "gpt_oss";
   const bool deepseek = c.architecture == "deepseek_v2" || c.architecture == "deepseek_v3";
   c.dim = get_int(j, "hidden_size", source);
@@ -158,20 +173,30 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
   c.n_kv_heads = get_int_or(j, "num_key_value_heads", c.n_heads, source);
   // Family defaults are those of each transformers configuration_*.py (Gemma2Config: head_dim
   // 256, tied embeddings; GptOssConfig: head_dim 64, attention_bias true).
-  const int64_t default_head_dim = gemma2 ? 256 : gpt_oss ? 64 : (c.n_heads > 0 ? c.dim / c.n_heads : 0);
+  const int64_t default_head_dim = gemma2 || gemma3n ? 256 : gpt_oss ? 64 : (c.n_heads > 0 ? c.dim / c.n_heads : 0);
   c.head_dim = get_int_or(j, "head_dim", default_head_dim, source);
-  c.hidden_dim = get_int(j, "intermediate_size", source);
+  if (auto it = j.find("intermediate_size"); gemma3n && it != j.end() && it->is_array()) {
+    // Gemma3nTextConfig: one FFN size per layer (or one for all).
+    for (const auto& v : *it) {
+      if (!v.is_number_integer()) bad(source, "intermediate_size entries must be integers");
+      c.gemma3n.intermediate_sizes.push_back(v.get<int64_t>());
+    }
+    if (c.gemma3n.intermediate_sizes.empty()) bad(source, "intermediate_size is an empty list");
+    c.hidden_dim = *std::max_element(c.gemma3n.intermediate_sizes.begin(), c.gemma3n.intermediate_sizes.end());
+  } else {
+    c.hidden_dim = get_int(j, "intermediate_size", source);
+  }
   c.vocab_size = get_int(j, "vocab_size", source);
   c.max_seq_len = get_int_or(j, "max_position_embeddings", 2048, source);
   c.rms_eps = static_cast<float>(get_num_or(j, "rms_norm_eps", 1e-6, source));
-  c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", gemma2, source);
+  c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", gemma2 || gemma3n, source);
   c.rope_interleaved = false;  // HF checkpoints keep q/k rows in rotate_half order
   c.bos_id = token_id(j, "bos_token_id", source);
   c.eos_id = token_id(j, "eos_token_id", source);
   const bool attention_bias = get_bool_or(j, "attention_bias", gpt_oss, source);
   if (c.architecture == "qwen2") {
     c.qkv_bias = true;
-  } else if (gemma2 || gpt_oss) {
+  } else if (gemma2 || gemma3n || gpt_oss) {
     c.qkv_bias = attention_bias;
     c.attn_out_bias = attention_bias;
   } else if (attention_bias) {
@@ -180,7 +205,7 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
   if (get_bool_or(j, "mlp_bias", false, source)) throw Error(ErrorKind::kUnsupported, source + ": mlp_bias is not supported");
   // Gemma calls the field hidden_activation (older configs: hidden_act); GPT-OSS experts use
   // their own clamped SwiGLU whatever hidden_act says.
-  std::string act = gemma2 ? "gelu_pytorch_tanh" : "silu";
+  std::string act = gemma2 || gemma3n ? "gelu_pytorch_tanh" : "silu";
   for (const char* key : {"hidden_activation", "hidden_act"}) {
     if (auto it = j.find(key); it != j.end() && it->is_string()) {
       act = it->get<std::string>();
@@ -205,6 +230,56 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     // An explicit null disables a softcap (get_num_or maps null to the default).
     if (auto it = j.find("attn_logit_softcapping"); it != j.end() && it->is_null()) c.attn_softcap = 0.0f;
     if (auto it = j.find("final_logit_softcapping"); it != j.end() && it->is_null()) c.final_softcap = 0.0f;
+  }
+  if (gemma3n) {
+    // models/gemma3n/modeling_gemma3n.py: Gemma3nRMSNorm multiplies by w (not 1 + w), the
+    // embedding by sqrt(hidden_size), attention scaling 1.0 with q/k/v norms, sandwich norms,
+    // final logit softcap, AltUp / Laurel / per-layer inputs (Gemma3nConfig).
+    c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
+    c.sandwich_norms = true;
+    c.qkv_norm = true;
+    c.query_scale = 1.0f;
+    c.final_softcap = static_cast<float>(get_num_or(j, "final_logit_softcapping", 30.0, source));
+    if (auto it = j.find("final_logit_softcapping"); it != j.end() && it->is_null()) c.final_softcap = 0.0f;
+    if (auto it = j.find("attn_logit_softcapping"); it != j.end() && !it->is_null()) {
+      throw Error(ErrorKind::kUnsupported, source + ": attn_logit_softcapping is not used by Gemma-3n; refusing a config that sets it");
+    }
+    Gemma3nConfig& g = c.gemma3n;
+    g.altup_num_inputs = get_int_or(j, "altup_num_inputs", 4, source);
+    g.altup_active_idx = get_int_or(j, "altup_active_idx", 0, source);
+    g.altup_coef_clip = static_cast<float>(get_num_or(j, "altup_coef_clip", 120.0, source));
+    g.altup_correct_scale = get_bool_or(j, "altup_correct_scale", true, source);
+    g.laurel_rank = get_int_or(j, "laurel_rank", 64, source);
+    g.hidden_size_per_layer_input = get_int_or(j, "hidden_size_per_layer_input", 256, source);
+    g.vocab_size_per_layer_input = get_int_or(j, "vocab_size_per_layer_input", 262144, source);
+    if (g.altup_active_idx != 0) {
+      throw Error(ErrorKind::kUnsupported, source + ": altup_active_idx = " + std::to_string(g.altup_active_idx) + " is not supported (0)");
+    }
+    if (g.altup_num_inputs < 1 || g.laurel_rank <= 0 || g.hidden_size_per_layer_input <= 0 || g.vocab_size_per_layer_input <= 0) {
+      bad(source, "altup_num_inputs, laurel_rank, hidden_size_per_layer_input and vocab_size_per_layer_input must be positive");
+    }
+    if (g.intermediate_sizes.empty()) g.intermediate_sizes.assign(static_cast<size_t>(c.n_layers), c.hidden_dim);
+    if (static_cast<int64_t>(g.intermediate_sizes.size()) != c.n_layers) {
+      bad(source, "intermediate_size has " + std::to_string(g.intermediate_sizes.size()) + " entries for " +
+                      std::to_string(c.n_layers) + " layers");
+    }
+    if (auto it = j.find("activation_sparsity_pattern"); it != j.end() && it->is_array()) {
+      for (const auto& v : *it) {
+        if (!v.is_number()) bad(source, "activation_sparsity_pattern entries must be numbers");
+        g.activation_sparsity.push_back(v.get<float>());
+      }
+    } else {
+      // Gemma3nTextConfig: 0.95 on the first 10 layers when there are more than 10.
+      const int64_t sparse = c.n_layers > 10 ? 10 : 0;
+      for (int64_t l = 0; l < c.n_layers; ++l) g.activation_sparsity.push_back(l < sparse ? 0.95f : 0.0f);
+    }
+    if (static_cast<int64_t>(g.activation_sparsity.size()) != c.n_layers) {
+      bad(source, "activation_sparsity_pattern has " + std::to_string(g.activation_sparsity.size()) + " entries for " +
+                      std::to_string(c.n_layers) + " layers");
+    }
+    for (float sp : g.activation_sparsity) {
+      if (!(sp >= 0.0f && sp < 1.0f)) bad(source, "activation_sparsity_pattern values must be in [0, 1)");
+    }
   }
   if (gpt_oss) {
     // models/gpt_oss/modeling_gpt_oss.py: sinks per head, MoE of every layer.
@@ -262,11 +337,28 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
   // rope_scaling at the top level.
   const json* rope = nullptr;
   if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object()) rope = &*it;
-  const double default_theta = gpt_oss ? 150000.0 : 10000.0;  // GptOssConfig.default_theta
+  const double default_theta = gpt_oss ? 150000.0 : gemma3n ? 1000000.0 : 10000.0;  // GptOssConfig.default_theta
   c.rope_theta = static_cast<float>(rope ? get_num_or(*rope, "rope_theta", get_num_or(j, "rope_theta", default_theta, source), source)
                                          : get_num_or(j, "rope_theta", default_theta, source));
   if (!rope) {
     if (auto it = j.find("rope_scaling"); it != j.end() && it->is_object()) rope = &*it;
+  }
+  if (gemma3n) {
+    // Sliding layers rotate with rope_local_base_freq (v4) / rope_parameters.sliding_attention
+    // (v5); full layers with rope_theta / rope_parameters.full_attention. Only default RoPE.
+    c.rope_local_theta = static_cast<float>(get_num_or(j, "rope_local_base_freq", 10000.0, source));
+    if (rope && rope->contains("full_attention")) {
+      const json& full = (*rope)["full_attention"];
+      const json& local = rope->contains("sliding_attention") ? (*rope)["sliding_attention"] : full;
+      for (const json* r : {&full, &local}) {
+        if (!r->is_object() || r->value("rope_type", std::string("default")) != "default") {
+          throw Error(ErrorKind::kUnsupported, source + ": Gemma-3n rope_parameters other than rope_type 'default' are not supported");
+        }
+      }
+      c.rope_theta = static_cast<float>(get_num_or(full, "rope_theta", 1000000.0, source));
+      c.rope_local_theta = static_cast<float>(get_num_or(local, "rope_theta", 10000.0, source));
+      rope = nullptr;
+    }
   }
   json gpt_oss_default_rope;
   if (gpt_oss && (rope == nullptr || !rope->contains("rope_type"))) {
@@ -325,8 +417,8 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
   // Sliding window and per-layer types.
   if (c.architecture == "mistral") {
     c.sliding_window = get_int_or(j, "sliding_window", 0, source);
-  } else if (gemma2 || gpt_oss) {
-    c.sliding_window = get_int_or(j, "sliding_window", gemma2 ? 4096 : 128, source);
+  } else if (gemma2 || gpt_oss || gemma3n) {
+    c.sliding_window = get_int_or(j, "sliding_window", gemma2 ? 4096 : gemma3n ? 512 : 128, source);
   } else if (c.architecture == "qwen2") {
     if (get_bool_or(j, "use_sliding_window", false, source)) c.sliding_window = get_int_or(j, "sliding_window", 0, source);
   }
@@ -334,6 +426,11 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     for (const auto& t : *it) {
       if (!t.is_string()) bad(source, "layer_types must be a list of strings");
       c.layer_types.push_back(t.get<std::string>());
+    }
+  } else if (gemma3n) {
+    // Gemma3nTextConfig: every fifth layer is full.
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      c.layer_types.push_back((l + 1) % 5 == 0 ? "full_attention" : "sliding_attention");
     }
   } else if ((gemma2 || gpt_oss) && c.sliding_window > 0) {
     // Gemma2Config / GptOssConfig without layer_types: even layers slide, odd layers are full
@@ -349,7 +446,9 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     }
   }
   c.attention_chunk_size = get_int_or(j, "attention_chunk_size", 0, source);
-  if (const int64_t shared = get_int_or(j, "num_kv_shared_layers", 0, source); shared != 0) {
+  if (gemma3n) {
+    c.num_kv_shared_layers = get_int_or(j, "num_kv_shared_layers", 0, source);
+  } else if (const int64_t shared = get_int_or(j, "num_kv_shared_layers", 0, source); shared != 0) {
     throw Error(ErrorKind::kUnsupported, source + ": num_kv_shared_layers = " + std::to_string(shared) +
                                              " (Gemma-3n cross-layer KV sharing) is not supported for " + c.architecture);
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numbers>
 #include <numeric>
 
 #include "cache/cache.h"
@@ -82,6 +83,46 @@ void LlamaModel::load_hf_layer(int64_t l, Layer& L) {
   }
   L.wo = get("self_attn.o_proj.weight");
   if (c.attn_out_bias) L.bo = as_f32(get("self_attn.o_proj.bias"));
+  if (c.qkv_norm) {
+    L.q_norm = as_f32(get("self_attn.q_norm.weight"));
+    L.k_norm = as_f32(get("self_attn.k_norm.weight"));
+  }
+  const Gemma3nConfig& g = c.gemma3n;
+  if (g.enabled()) {
+    L.altup_router = get("altup.modality_router.weight");
+    L.altup_router_norm = as_f32(get("altup.router_norm.weight"));
+    L.altup_prediction = as_f32(get("altup.prediction_coefs.weight"));
+    // Gemma3nTextAltUp.correct clamps correction_coefs to +-altup_coef_clip (also at inference).
+    const TensorView cc = get("altup.correction_coefs.weight");
+    Tensor clipped = Tensor::empty(DType::kF32, {cc.numel()});
+    convert_n(cc.data(), cc.dtype(), clipped.data(), DType::kF32, static_cast<size_t>(cc.numel()));
+    if (g.altup_coef_clip > 0) {
+      for (int64_t i = 0; i < cc.numel(); ++i) {
+        float& w = clipped.data_as<float>()[i];
+        w = std::clamp(w, -g.altup_coef_clip, g.altup_coef_clip);
+      }
+    }
+    converted_.push_back(std::move(clipped));
+    L.altup_correction = converted_.back().data_as<const float>();
+    L.altup_out_scale = as_f32(get("altup.correct_output_scale"));
+    L.laurel_left = get("laurel.linear_left.weight");
+    L.laurel_right = get("laurel.linear_right.weight");
+    L.laurel_norm = as_f32(get("laurel.post_laurel_norm.weight"));
+    L.ple_gate = get("per_layer_input_gate.weight");
+    L.ple_proj = get("per_layer_projection.weight");
+    L.ple_norm = as_f32(get("post_per_layer_input_norm.weight"));
+    const float sparsity = g.activation_sparsity[static_cast<size_t>(l)];
+    if (sparsity > 0.0f) {
+      // Gemma3nTextMLP._gaussian_topk: std_multiplier = Normal(0, 1).icdf(sparsity), in float.
+      double z = 0.0;  // Newton on Phi(z) = p (Phi is smooth and increasing)
+      for (int it = 0; it < 60; ++it) {
+        const double cdf = 0.5 * std::erfc(-z / std::sqrt(2.0));
+        const double pdf = std::exp(-0.5 * z * z) / std::sqrt(2.0 * std::numbers::pi);
+        z -= (cdf - static_cast<double>(sparsity)) / pdf;
+      }
+      L.sparsity_z = static_cast<float>(z);
+    }
+  }
   if (c.sandwich_norms) {
     L.post_attn_norm = norm_weight(get("post_attention_layernorm.weight"));
     L.ffn_norm = norm_weight(get("pre_feedforward_layernorm.weight"));
@@ -181,6 +222,22 @@ LlamaModel::LlamaModel(std::unique_ptr<ModelFile> file) : file_(std::move(file))
   }
   inv_freq_ = ::kvcache::rope_inv_freq(c.rope_dim(), c.rope_theta,
                             c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+  if (c.rope_local_theta > 0.0f) inv_freq_local_ = ::kvcache::rope_inv_freq(c.rope_dim(), c.rope_local_theta, nullptr);
+  ones_.assign(static_cast<size_t>(c.head_dim), 1.0f);
+  for (Layer& L : layers_) {
+    const bool local = L.span == AttentionSpan::kSliding && !inv_freq_local_.empty();
+    L.rope_inv_freq = local ? inv_freq_local_.data() : inv_freq_.data();
+    L.ffn_hidden = L.w_gate.ndim() == 2 ? L.w_gate.dim(0) : 0;
+  }
+  if (c.gemma3n.enabled()) {
+    g3n_.embed_per_layer = file_->tensor("model.embed_tokens_per_layer.weight");
+    g3n_.per_layer_projection = file_->tensor("model.per_layer_model_projection.weight");
+    g3n_.per_layer_norm = as_f32(file_->tensor("model.per_layer_projection_norm.weight"));
+    for (int64_t i = 0; i + 1 < c.gemma3n.altup_num_inputs; ++i) {
+      g3n_.altup_proj.push_back(file_->tensor("model.altup_projections." + std::to_string(i) + ".weight"));
+      g3n_.altup_unembed.push_back(file_->tensor("model.altup_unembed_projections." + std::to_string(i) + ".weight"));
+    }
+  }
   // MLA's rotated part: DeepSeek-V2 (view_as_complex on pairs) and V3 with rope_interleave
   // rotate pairs (2i, 2i+1). V3 first permutes them to halves (apply_rotary_pos_emb_interleave)
   // and leaves q_rot/k_rot in that permuted order — the same permutation on both sides, so the
@@ -219,6 +276,15 @@ void LlamaForward::reserve(int64_t rows) {
   hb_ = Tensor::empty(DType::kF32, {rows, hidden});
   hb2_ = Tensor::empty(DType::kF32, {rows, hidden});
   logits_ = Tensor::empty(DType::kF32, {rows, c.vocab_size});
+  if (c.gemma3n.enabled()) {
+    const Gemma3nConfig& g = c.gemma3n;
+    const int64_t A = g.altup_num_inputs, P = g.hidden_size_per_layer_input;
+    streams_ = Tensor::empty(DType::kF32, {A, rows, c.dim});
+    preds_ = Tensor::empty(DType::kF32, {A, rows, c.dim});
+    ple_ = Tensor::empty(DType::kF32, {rows, c.n_layers * P});
+    g1_ = Tensor::empty(DType::kF32, {rows, std::max({c.dim, g.laurel_rank, P})});
+    g2_ = Tensor::empty(DType::kF32, {rows, std::max({c.dim, g.laurel_rank, P})});
+  }
   if (c.moe.n_experts > 0) {
     // router logits [E] + order [E] + expert output [dim] + gate_up [2I] + one weight row
     const int64_t I = c.moe.expert_hidden_dim;
@@ -230,7 +296,7 @@ void LlamaForward::reserve(int64_t rows) {
 size_t LlamaForward::workspace_bytes() const {
   size_t n = 0;
   for (const Tensor* t : {&x_, &xb_, &q_, &k_, &v_, &att_, &hb_, &hb2_, &logits_, &ckv_, &qa_, &lat32_, &kvb_,
-                          &kfull_, &moe_scratch_}) {
+                          &kfull_, &moe_scratch_, &streams_, &preds_, &ple_, &g1_, &g2_}) {
     n += t->size_bytes();
   }
   for (const auto* ts : {&src_k_, &src_v_})
@@ -317,12 +383,32 @@ void LlamaForward::attention_gqa(const Step& st, int64_t l) {
     linear(xb, R, L.wk, L.bk, k);
     linear(xb, R, L.wv, L.bv, v);
   }
+  if (L.q_norm != nullptr) {
+    // Gemma3nTextAttention: q_norm, k_norm (weighted) and v_norm (unweighted) over each head,
+    // before RoPE.
+    RmsNormParams n;
+    n.dim = D;
+    n.eps = c.rms_eps;
+    n.x = n.y = q;
+    n.rows = R * H;
+    n.weight = L.q_norm;
+    rms_norm(n);
+    if (!L.kv_shared) {
+      n.rows = R * Hkv;
+      n.x = n.y = k;
+      n.weight = L.k_norm;
+      rms_norm(n);
+      n.x = n.y = v;
+      n.weight = model_.unit_norm_weight();
+      rms_norm(n);
+    }
+  }
   // RoPE on the new keys only, before they enter the cache: cached keys are never re-rotated.
   RopeParams rope;
   rope.n_tokens = S;
   rope.head_dim = D;
   rope.pos0 = st.pos0;
-  rope.inv_freq = model_.rope_inv_freq().data();
+  rope.inv_freq = L.rope_inv_freq;
   rope.rot_dim = D;
   rope.style = model_.rope_style();
   rope.attention_factor = c.rope_attention_factor;
@@ -479,12 +565,26 @@ void LlamaForward::attention_mla(const Step& st, int64_t l) {
   linear(att, R, L.wo, nullptr, xb);
 }
 
-void LlamaForward::ffn_dense(const Step&, const LlamaModel::Layer&, const TensorView& gate, const TensorView& up,
+void LlamaForward::ffn_dense(const Step&, const LlamaModel::Layer& L, const TensorView& gate, const TensorView& up,
                              const TensorView& down, int64_t rows, const float* in, float* out) {
   const int64_t hidden = gate.dim(0);
   float* hb = hb_.data_as<float>();
   float* hb2 = hb2_.data_as<float>();
   linear(in, rows, gate, nullptr, hb);
+  if (L.sparsity_z > 0.0f && gate.data() == L.w_gate.data()) {
+    // Gemma3nTextMLP._gaussian_topk: relu(gate - (mean + std * z)), std without Bessel's
+    // correction, per row.
+    for (int64_t r = 0; r < rows; ++r) {
+      float* g = hb + r * hidden;
+      float mean = 0.0f;
+      for (int64_t i = 0; i < hidden; ++i) mean += g[i];
+      mean /= static_cast<float>(hidden);
+      float var = 0.0f;
+      for (int64_t i = 0; i < hidden; ++i) var += (g[i] - mean) * (g[i] - mean);
+      const float cutoff = mean + std::sqrt(var / static_cast<float>(hidden)) * L.sparsity_z;
+      for (int64_t i = 0; i < hidden; ++i) g[i] = std::max(g[i] - cutoff, 0.0f);
+    }
+  }
   linear(in, rows, up, nullptr, hb2);
   if (model_.config().ffn_act == FfnActivation::kGeluTanh) {
     geglu_tanh(hb, hb2, hb, rows * hidden);
@@ -610,6 +710,181 @@ void LlamaForward::ffn_moe(const Step& st, const LlamaModel::Layer& L) {
   }
 }
 
+namespace {
+
+// mean(x^2) of a row (AltUp's magnitudes).
+float mean_sq(const float* x, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += x[i] * x[i];
+  return s / static_cast<float>(n);
+}
+
+// AltUp's rescale of a projected stream row to a target RMS: x * target / sqrt(max(mean(x^2), 1e-5)).
+void rescale_row(float* x, int64_t n, float target) {
+  const float mag = std::sqrt(std::max(mean_sq(x, n), 1e-5f));
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * target / mag;
+}
+
+}  // namespace
+
+void LlamaForward::gemma3n_layers(const Step& st, const int32_t* tokens) {
+  // models/gemma3n/modeling_gemma3n.py: Gemma3nTextModel.forward, Gemma3nTextDecoderLayer,
+  // Gemma3nTextAltUp, Gemma3nTextLaurelBlock, project_per_layer_inputs.
+  const ModelConfig& c = model_.config();
+  const Gemma3nConfig& g = c.gemma3n;
+  const LlamaModel::Gemma3nWeights& W = model_.gemma3n();
+  const int64_t R = st.R, dim = c.dim, A = g.altup_num_inputs, P = g.hidden_size_per_layer_input;
+  const int64_t NL = c.n_layers, plane = R * dim;
+  float* x = x_.data_as<float>();
+  float* xb = xb_.data_as<float>();
+  float* streams = streams_.data_as<float>();  // [A, R, dim]
+  float* preds = preds_.data_as<float>();      // [A, R, dim]
+  float* ple = ple_.data_as<float>();          // [R, L*P]
+  float* g1 = g1_.data_as<float>();
+  float* g2 = g2_.data_as<float>();
+  auto stream = [&](float* base, int64_t i) { return base + i * plane; };
+  RmsNormParams norm;
+  norm.eps = c.rms_eps;
+
+  // Per-layer inputs: norm(W_pl · e · dim^-0.5) + E_pl[token] · sqrt(P), times 2^-0.5.
+  linear(x, R, W.per_layer_projection, nullptr, ple);
+  const float proj_scale = static_cast<float>(std::pow(static_cast<double>(dim), -0.5));
+  for (int64_t i = 0; i < R * NL * P; ++i) ple[i] *= proj_scale;
+  norm.x = norm.y = ple;
+  norm.rows = R * NL;
+  norm.dim = P;
+  norm.weight = W.per_layer_norm;
+  rms_norm(norm);
+  const float pl_scale = static_cast<float>(std::sqrt(static_cast<double>(P)));
+  const float input_scale = 1.0f / std::sqrt(2.0f);  // torch.rsqrt(torch.tensor(2.0))
+  const size_t pl_row = dtype_bytes(W.embed_per_layer.dtype(), NL * P);
+  for (int64_t r = 0; r < R; ++r) {
+    // Gemma3nModel maps ids outside the per-layer vocabulary to 0.
+    const int32_t t = tokens[r] < g.vocab_size_per_layer_input ? tokens[r] : 0;
+    const std::byte* src = static_cast<const std::byte*>(W.embed_per_layer.data()) + static_cast<size_t>(t) * pl_row;
+    for (int64_t l = 0; l < NL; ++l) {
+      float* dst = ple + r * NL * P + l * P;
+      dequantize_row(src + dtype_bytes(W.embed_per_layer.dtype(), l * P), W.embed_per_layer.dtype(), g2, P);
+      for (int64_t i = 0; i < P; ++i) dst[i] = (dst[i] + g2[i] * pl_scale) * input_scale;
+    }
+  }
+
+  // AltUp streams: copy 0 is the embedding, the others its projections rescaled to its RMS.
+  std::memcpy(streams, x, static_cast<size_t>(plane) * sizeof(float));
+  for (int64_t i = 1; i < A; ++i) {
+    float* si = stream(streams, i);
+    linear(x, R, W.altup_proj[static_cast<size_t>(i - 1)], nullptr, si);
+    for (int64_t r = 0; r < R; ++r) rescale_row(si + r * dim, dim, std::sqrt(mean_sq(x + r * dim, dim)));
+  }
+
+  std::vector<float> coefs(static_cast<size_t>(A * A));  // per call, not per token
+  const float router_scale = 1.0f / static_cast<float>(dim);  // hidden_size ** -1.0
+  // tanh(modality_router(router_norm(v) * dim^-1)) for every row of v into out [R, A].
+  auto modalities = [&](const LlamaModel::Layer& L, const float* v, float* out) {
+    norm.x = v;
+    norm.y = g1;
+    norm.rows = R;
+    norm.dim = dim;
+    norm.weight = L.altup_router_norm;
+    rms_norm(norm);
+    for (int64_t i = 0; i < R * dim; ++i) g1[i] *= router_scale;
+    linear(g1, R, L.altup_router, nullptr, out);
+    for (int64_t i = 0; i < R * A; ++i) out[i] = std::tanh(out[i]);
+  };
+  std::vector<float> mods(static_cast<size_t>(R * A));  // per call
+
+  for (int64_t l = 0; l < NL; ++l) {
+    const LlamaModel::Layer& L = model_.layers()[static_cast<size_t>(l)];
+    // predict: pred_b = s_b + sum_a C[b][a] s_a, C = prediction_coefs(modalities(s_0)) as [A, A].
+    modalities(L, streams, mods.data());
+    for (int64_t r = 0; r < R; ++r) {
+      const float* m = mods.data() + r * A;
+      for (int64_t k = 0; k < A * A; ++k) {
+        float acc = 0.0f;
+        for (int64_t a = 0; a < A; ++a) acc += L.altup_prediction[k * A + a] * m[a];
+        coefs[static_cast<size_t>(k)] = acc;
+      }
+      for (int64_t b = 0; b < A; ++b) {
+        float* pb = stream(preds, b) + r * dim;
+        const float* sb = stream(streams, b) + r * dim;
+        for (int64_t d = 0; d < dim; ++d) {
+          float acc = 0.0f;
+          for (int64_t a = 0; a < A; ++a) acc += stream(streams, a)[r * dim + d] * coefs[static_cast<size_t>(b * A + a)];
+          pb[d] = acc + sb[d];
+        }
+      }
+    }
+    const float* active = preds;  // altup_active_idx == 0
+    norm.x = active;
+    norm.y = xb;
+    norm.rows = R;
+    norm.dim = dim;
+    norm.weight = L.attn_norm;
+    rms_norm(norm);
+    // Laurel: normed + norm(right(left(normed))), kept in g2.
+    linear(xb, R, L.laurel_left, nullptr, g1);
+    linear(g1, R, L.laurel_right, nullptr, g2);
+    norm.x = norm.y = g2;
+    norm.weight = L.laurel_norm;
+    rms_norm(norm);
+    add_inplace(g2, xb, R * dim);
+
+    attention_gqa(st, l);  // xb: normed input -> o_proj output
+    norm.x = norm.y = xb;
+    norm.weight = L.post_attn_norm;
+    rms_norm(norm);
+    const float sqrt2 = std::sqrt(2.0f);  // (attn_gated + laurel_output) / math.sqrt(2)
+    for (int64_t i = 0; i < R * dim; ++i) x[i] = ((active[i] + xb[i]) + g2[i]) / sqrt2;
+    norm.x = x;
+    norm.y = xb;
+    norm.weight = L.ffn_norm;
+    rms_norm(norm);
+    ffn_dense(st, L, L.w_gate, L.w_up, L.w_down, R, xb, xb);
+    norm.x = norm.y = xb;
+    norm.weight = L.post_ffn_norm;
+    rms_norm(norm);
+    add_inplace(x, xb, R * dim);  // x: the activated stream
+
+    // correct: s_i = pred_i + (x - pred_0) * (correction_coefs(modalities(x))[i] + 1).
+    modalities(L, x, mods.data());
+    for (int64_t r = 0; r < R; ++r) {
+      const float* m = mods.data() + r * A;
+      for (int64_t i = 0; i < A; ++i) {
+        float acc = 0.0f;
+        for (int64_t a = 0; a < A; ++a) acc += L.altup_correction[i * A + a] * m[a];
+        coefs[static_cast<size_t>(i)] = acc + 1.0f;
+      }
+      for (int64_t i = 0; i < A; ++i) {
+        float* si = stream(streams, i) + r * dim;
+        const float* pi = stream(preds, i) + r * dim;
+        for (int64_t d = 0; d < dim; ++d) si[d] = (x[r * dim + d] - active[r * dim + d]) * coefs[static_cast<size_t>(i)] + pi[d];
+      }
+    }
+    // Per-layer input: s_i += norm(proj(gelu(gate(s_0 * scale)) * ple_l)) for i >= 1.
+    for (int64_t i = 0; i < R * dim; ++i) g1[i] = g.altup_correct_scale ? streams[i] * L.altup_out_scale[i % dim] : streams[i];
+    linear(g1, R, L.ple_gate, nullptr, g2);  // [R, P]
+    for (int64_t r = 0; r < R; ++r) geglu_tanh(g2 + r * P, ple + r * NL * P + l * P, g2 + r * P, P);
+    linear(g2, R, L.ple_proj, nullptr, g1);  // [R, dim]
+    norm.x = norm.y = g1;
+    norm.dim = dim;
+    norm.weight = L.ple_norm;
+    rms_norm(norm);
+    for (int64_t i = 1; i < A; ++i) add_inplace(stream(streams, i), g1, R * dim);
+  }
+
+  // Unembed: streams 1.. projected back and rescaled to stream 0's RMS, then averaged.
+  for (int64_t i = 1; i < A; ++i) {
+    float* pi = stream(preds, i);
+    linear(stream(streams, i), R, W.altup_unembed[static_cast<size_t>(i - 1)], nullptr, pi);
+    for (int64_t r = 0; r < R; ++r) rescale_row(pi + r * dim, dim, std::sqrt(mean_sq(streams + r * dim, dim)));
+  }
+  for (int64_t e = 0; e < R * dim; ++e) {
+    float acc = streams[e];
+    for (int64_t i = 1; i < A; ++i) acc += stream(preds, i)[e];
+    x[e] = acc / static_cast<float>(A);
+  }
+}
+
 std::span<const float> LlamaForward::forward(const ForwardParams& p) {
   const ModelConfig& c = model_.config();
   if (p.tokens == nullptr || p.batch <= 0 || p.n_tokens <= 0) {
@@ -654,7 +929,7 @@ std::span<const float> LlamaForward::forward(const ForwardParams& p) {
   RmsNormParams post = norm;  // Gemma-2's norms on a branch output, in place in xb
   post.x = xb;
 
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  for (int64_t l = 0; l < c.n_layers && !c.gemma3n.enabled(); ++l) {
     const LlamaModel::Layer& L = model_.layers()[static_cast<size_t>(l)];
     norm.weight = L.attn_norm;
     rms_norm(norm);
@@ -682,6 +957,8 @@ std::span<const float> LlamaForward::forward(const ForwardParams& p) {
     }
     add_inplace(x, xb, R * dim);
   }
+
+  if (c.gemma3n.enabled()) gemma3n_layers(st, p.tokens);  // leaves the merged streams in x_
 
   if (p.logits == LogitsMode::kNone) return {};
   // Final norm on the rows whose logits are wanted, gathered into xb.

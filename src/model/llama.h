@@ -108,6 +108,21 @@ class LlamaModel {
     const float* down_bias = nullptr;      // [E, dim]
     std::vector<Expert> experts;           // DeepSeek routed experts
     bool shared_expert = false;            // DeepSeek: w_gate/w_up/w_down hold the shared experts
+    // Gemma-3n
+    const float* q_norm = nullptr;         // [D] per-head norm of queries (weighted)
+    const float* k_norm = nullptr;         // [D] per-head norm of keys (weighted); values: unweighted
+    const float* rope_inv_freq = nullptr;  // [rope_dim / 2] this layer's frequencies
+    int64_t ffn_hidden = 0;                // this layer's FFN size
+    float sparsity_z = 0.0f;               // > 0: keep gate values above mean + z * std
+    TensorView altup_router;               // [A, dim]
+    const float* altup_router_norm = nullptr;   // [dim]
+    const float* altup_prediction = nullptr;    // [A*A, A]
+    const float* altup_correction = nullptr;    // [A, A], clipped to +-altup_coef_clip
+    const float* altup_out_scale = nullptr;     // [dim] correct_output_scale
+    TensorView laurel_left, laurel_right;       // [rank, dim], [dim, rank]
+    const float* laurel_norm = nullptr;         // [dim]
+    TensorView ple_gate, ple_proj;              // [P, dim], [dim, P]
+    const float* ple_norm = nullptr;            // [dim] post_per_layer_input_norm
     AttentionSpan span = AttentionSpan::kFull;
     int64_t window = 0;          // sliding window W or chunk size C of the layer (0: full)
     bool sliding = false;        // layer type "sliding_attention"
@@ -128,6 +143,15 @@ class LlamaModel {
   const float* output_norm() const { return output_norm_; }             // [dim]
   const std::vector<float>& rope_inv_freq() const { return inv_freq_; }  // [rope_dim / 2]
   RopeStyle rope_style() const { return rope_style_; }
+  // Gemma-3n model-level tensors.
+  struct Gemma3nWeights {
+    TensorView embed_per_layer;        // [vocab_pl, L*P]
+    TensorView per_layer_projection;   // [L*P, dim]
+    const float* per_layer_norm = nullptr;  // [P]
+    std::vector<TensorView> altup_proj, altup_unembed;  // A-1 of [dim, dim]
+  };
+  const Gemma3nWeights& gemma3n() const { return g3n_; }
+  const float* unit_norm_weight() const { return ones_.data(); }  // [head_dim] of 1 (v_norm)
   size_t weight_bytes() const { return file_->weight_bytes(); }
 
  private:
@@ -141,6 +165,9 @@ class LlamaModel {
   TensorView tok_embeddings_, output_;
   const float* output_norm_ = nullptr;
   std::vector<float> inv_freq_;
+  std::vector<float> inv_freq_local_;  // Gemma-3n sliding layers (rope_local_theta)
+  std::vector<float> ones_;            // [head_dim] weight of the unweighted v_norm
+  Gemma3nWeights g3n_;
   RopeStyle rope_style_ = RopeStyle::kInterleaved;
   std::vector<Tensor> converted_;  // f32 copies of non-f32 norms/biases
 };
@@ -189,6 +216,8 @@ class LlamaForward {
   void ffn_dense(const Step& st, const LlamaModel::Layer& L, const TensorView& gate, const TensorView& up,
                  const TensorView& down, int64_t rows, const float* in, float* out);
   void ffn_moe(const Step& st, const LlamaModel::Layer& L);
+  // Gemma-3n's decoder (AltUp streams, Laurel, per-layer inputs) around the same steps.
+  void gemma3n_layers(const Step& st, const int32_t* tokens);
   KVSpan update_or_share(const Step& st, int64_t l, const TensorView& k, const TensorView& v);
   // Grows a workspace to at least n floats (geometric; MLA's expansion buffers follow the
   // visible history, which grows by one token per decode step).
@@ -215,6 +244,9 @@ class LlamaForward {
   // Hkv*D] per layer (empty for layers no one reads), so shared layers see what a cache
   // would hand them.
   std::vector<Tensor> src_k_, src_v_;
+  // Gemma-3n: AltUp streams and predictions [A, rows, dim], per-layer inputs [rows, L*P],
+  // branch scratch [rows, max(dim, rank, P)] x2.
+  Tensor streams_, preds_, ple_, g1_, g2_;
 };
 
 }  // namespace kvcache

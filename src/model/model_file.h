@@ -99,6 +99,24 @@ struct MlaConfig {
   bool enabled() const { return kv_lora_rank > 0; }
 };
 
+// Gemma-3n's text decoder around the shared attention/FFN steps (models/gemma3n/
+// modeling_gemma3n.py): AltUp keeps altup_num_inputs copies of the residual stream (layers
+// update copy 0 and a learned correction spreads the change), Laurel adds a low-rank residual,
+// and every layer receives a per-layer input (its own token embedding slice + a projection of
+// the main embedding). Activation sparsity keeps FFN gate values above mean + z(p)·std.
+struct Gemma3nConfig {
+  int64_t altup_num_inputs = 0;  // 0: not Gemma-3n
+  int64_t altup_active_idx = 0;
+  float altup_coef_clip = 0.0f;  // 0: none
+  bool altup_correct_scale = true;
+  int64_t laurel_rank = 0;
+  int64_t hidden_size_per_layer_input = 0;
+  int64_t vocab_size_per_layer_input = 0;
+  std::vector<float> activation_sparsity;  // [n_layers]
+  std::vector<int64_t> intermediate_sizes; // [n_layers]
+  bool enabled() const { return altup_num_inputs > 0; }
+};
+
 struct ModelConfig {
   // The block structure: llama family (llama/mistral/qwen2), gemma2, gpt_oss, deepseek_v2,
   // deepseek_v3 (is_llama_family() tells the GGUF-canonical-name families apart).
@@ -147,6 +165,9 @@ struct ModelConfig {
   // YaRN (rope_type "yarn": GPT-OSS, DeepSeek-V3): cos/sin multiplied by this attention factor
   // (transformers' _compute_yarn_parameters); the frequencies go to rope_freq_factors.
   float rope_attention_factor = 1.0f;
+  bool qkv_norm = false;         // Gemma-3n: q_norm/k_norm (weighted) and v_norm (unweighted) per head
+  float rope_local_theta = 0.0f; // Gemma-3n: theta of sliding layers (0: rope_theta everywhere)
+  Gemma3nConfig gemma3n;
   MoeConfig moe;  // n_experts == 0: every FFN is dense
   MlaConfig mla;  // kv_lora_rank == 0: plain multi-head / grouped-query attention
 

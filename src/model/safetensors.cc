@@ -220,7 +220,11 @@ std::unique_ptr<ModelFile> load_hf_model(const std::string& path) {
   for (const std::string& shard : shards) {
     std::shared_ptr<const SafetensorsFile> sf = SafetensorsFile::open(shard);
     for (const auto& [name, view] : sf->tensors()) {
-      const std::string canon = canonical ? hf_to_canonical_name(name) : std::string();
+      std::string canon = canonical ? hf_to_canonical_name(name) : std::string();
+      // Gemma3nForConditionalGeneration stores the text decoder under model.language_model.
+      // (transformers' _checkpoint_conversion_mapping); the vision/audio towers are kept as is.
+      static const std::string kLm = "model.language_model.";
+      if (!canonical && name.starts_with(kLm)) canon = "model." + name.substr(kLm.size());
       // A tied model may still carry lm_head; the canonical set keeps the weight anyway.
       mf->add_tensor(canon.empty() ? name : canon, view);
     }

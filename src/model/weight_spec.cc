@@ -19,9 +19,40 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
   auto bias = [&](const std::string& name, Shape s) { out.push_back({name, s, false, WeightRole::kBias}); };
   const int64_t dim = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim;
   matrix("model.embed_tokens.weight", {c.vocab_size, dim});
+  const Gemma3nConfig& g = c.gemma3n;
+  if (g.enabled()) {
+    // Gemma3nTextModel.__init__
+    const int64_t P = g.hidden_size_per_layer_input, A = g.altup_num_inputs;
+    matrix("model.embed_tokens_per_layer.weight", {g.vocab_size_per_layer_input, c.n_layers * P});
+    matrix("model.per_layer_model_projection.weight", {c.n_layers * P, dim});
+    norm("model.per_layer_projection_norm.weight", P);
+    for (int64_t i = 0; i + 1 < A; ++i) {
+      matrix("model.altup_projections." + std::to_string(i) + ".weight", {dim, dim});
+      matrix("model.altup_unembed_projections." + std::to_string(i) + ".weight", {dim, dim});
+    }
+  }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     auto L = [&](const std::string& suffix) { return hf_layer_tensor(l, suffix); };
     norm(L("input_layernorm.weight"), dim);
+    if (g.enabled()) {
+      // Gemma3nTextDecoderLayer: AltUp, Laurel, per-layer input gate/projection, q/k norms.
+      const int64_t A = g.altup_num_inputs, P = g.hidden_size_per_layer_input;
+      bias(L("altup.correct_output_scale"), {dim});
+      bias(L("altup.correction_coefs.weight"), {A, A});      // tiny: read as f32
+      bias(L("altup.prediction_coefs.weight"), {A * A, A});
+      matrix(L("altup.modality_router.weight"), {A, dim});
+      norm(L("altup.router_norm.weight"), dim);
+      matrix(L("laurel.linear_left.weight"), {g.laurel_rank, dim});
+      matrix(L("laurel.linear_right.weight"), {dim, g.laurel_rank});
+      norm(L("laurel.post_laurel_norm.weight"), dim);
+      matrix(L("per_layer_input_gate.weight"), {P, dim});
+      matrix(L("per_layer_projection.weight"), {dim, P});
+      norm(L("post_per_layer_input_norm.weight"), dim);
+    }
+    if (c.qkv_norm) {
+      norm(L("self_attn.q_norm.weight"), D);
+      norm(L("self_attn.k_norm.weight"), D);
+    }
     if (c.mla.enabled()) {
       // models/deepseek_v3/modeling_deepseek_v3.py, DeepseekV3Attention.__init__
       const MlaConfig& m = c.mla;
@@ -57,9 +88,10 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
     }
     const MoeConfig& moe = c.moe;
     if (!moe.is_moe_layer(l)) {
-      matrix(L("mlp.gate_proj.weight"), {c.hidden_dim, dim});
-      matrix(L("mlp.up_proj.weight"), {c.hidden_dim, dim});
-      matrix(L("mlp.down_proj.weight"), {dim, c.hidden_dim});
+      const int64_t I = g.intermediate_sizes.empty() ? c.hidden_dim : g.intermediate_sizes[static_cast<size_t>(l)];
+      matrix(L("mlp.gate_proj.weight"), {I, dim});
+      matrix(L("mlp.up_proj.weight"), {I, dim});
+      matrix(L("mlp.down_proj.weight"), {dim, I});
     } else if (moe.router == MoeRouter::kGptOss) {
       // models/gpt_oss/modeling_gpt_oss.py: GptOssTopKRouter, GptOssExperts ([E, in, out]).
       const int64_t E = moe.n_experts, I = moe.expert_hidden_dim;

@@ -110,13 +110,14 @@ TEST_P(Families, CachedDecodeEqualsNoCacheForward) {
   }
 }
 
-// Bytes per token from the notes: GQA 2·L·H_kv·d_h·b, MLA L·(d_c+d_r)·b; a sliding layer holds
+// Bytes per token from the notes: GQA 2·L·H_kv·d_h·b, shared layers 2·(L−L_s)·H_kv·d_h·b,
+// MLA L·(d_c+d_r)·b; a sliding layer holds
 // min(S, W−1) tokens. With a static cache of S <= W−1 slots every layer holds exactly S tokens,
 // so bytes() = S · (per-token figure) with no rounding; longer runs keep W−1 in sliding layers.
 TEST_P(Families, KvBytesEqualTheNotesFormulas) {
   const auto model = load_preset(GetParam());
   const ModelConfig& c = model->config();
-  const int64_t L = c.n_layers, b = 4;  // f32 storage
+  const int64_t L = c.n_layers - c.num_kv_shared_layers, b = 4;  // layers that store; f32 storage
   const double per_token = c.mla.enabled() ? static_cast<double>(L * (c.mla.kv_lora_rank + c.mla.qk_rope_head_dim) * b)
                                            : static_cast<double>(2 * L * c.n_kv_heads * c.head_dim * b);
   const int64_t S = c.sliding_window > 0 ? c.sliding_window - 1 : 7;
@@ -136,7 +137,7 @@ TEST_P(Families, KvBytesEqualTheNotesFormulas) {
     SessionConfig dc;
     Session d(*model, dc);
     d.prefill(prompt(30, static_cast<int32_t>(c.vocab_size)));
-    for (int64_t l = 0; l < L; ++l) {
+    for (int64_t l = 0; l < L; ++l) {  // shared layers own no container
       const auto* w = dynamic_cast<const WindowLayer*>(&d.cache().layer(static_cast<int>(l)));
       if (c.layer_types[static_cast<size_t>(l)] == "sliding_attention") {
         ASSERT_NE(w, nullptr);
@@ -148,7 +149,7 @@ TEST_P(Families, KvBytesEqualTheNotesFormulas) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, Families, ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny"),
+INSTANTIATE_TEST_SUITE_P(Presets, Families, ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny", "gemma3n-tiny"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)
@@ -238,6 +239,23 @@ TEST(FamilyConfig, TransformersDefaults) {
   EXPECT_EQ(d.qk_head_dim(), 24);
   EXPECT_EQ(d.v_head_dim(), 12);
   EXPECT_NEAR(d.rope_attention_factor, 1.0, 1e-9);  // mscale / mscale_all_dim
+  // Gemma3nTextConfig (inside a multimodal config): every fifth layer full, sparsity 0.95 on
+  // the first 10 of more than 10 layers, dual RoPE theta, KV sharing read.
+  const ModelConfig n = parse_hf_config(R"({"architectures": ["Gemma3nForConditionalGeneration"],
+      "text_config": {"hidden_size": 32, "num_hidden_layers": 12, "num_attention_heads": 2,
+      "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 64, "vocab_size": 10,
+      "num_kv_shared_layers": 4}})", "n.json");
+  EXPECT_EQ(n.architecture, "gemma3n");
+  EXPECT_EQ(n.layer_types[4], "full_attention");
+  EXPECT_EQ(n.layer_types[5], "sliding_attention");
+  EXPECT_EQ(n.sliding_window, 512);
+  EXPECT_FLOAT_EQ(n.gemma3n.activation_sparsity[9], 0.95f);
+  EXPECT_FLOAT_EQ(n.gemma3n.activation_sparsity[10], 0.0f);
+  EXPECT_FLOAT_EQ(n.rope_theta, 1e6f);
+  EXPECT_FLOAT_EQ(n.rope_local_theta, 1e4f);
+  EXPECT_FLOAT_EQ(n.query_scale, 1.0f);
+  EXPECT_FALSE(n.norm_add_one);
+  EXPECT_EQ(n.num_kv_shared_layers, 4);
 }
 
 TEST(FamilyConfig, RefusesWhatTheEngineDoesNotRun) {
@@ -259,6 +277,9 @@ TEST(FamilyConfig, RefusesWhatTheEngineDoesNotRun) {
             std::string::npos);
   EXPECT_NE(msg(R"({"architectures": ["LlamaForCausalLM"], )" + base +
                 R"(, "layer_types": ["chunked_attention", "full_attention"]})").find("attention_chunk_size"),
+            std::string::npos);
+  EXPECT_NE(msg(R"({"architectures": ["Gemma3nForCausalLM"], )" + base + R"(, "altup_active_idx": 1})")
+                .find("altup_active_idx"),
             std::string::npos);
   EXPECT_NE(msg(R"({"architectures": ["Gemma2ForCausalLM"], )" + base + R"(, "hidden_activation": "relu"})")
                 .find("hidden_act 'relu'"),

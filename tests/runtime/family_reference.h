@@ -21,6 +21,8 @@ class FamilyReference {
 
   // Logits of every position, [ids.size(), vocab].
   std::vector<float> logits(const std::vector<int32_t>& ids) const {
+    theta_ = c_.rope_theta;
+    if (c_.gemma3n.enabled()) return gemma3n(ids);
     const int64_t S = static_cast<int64_t>(ids.size()), dim = c_.dim;
     const std::vector<float> emb = get("model.embed_tokens.weight");
     std::vector<float> x(static_cast<size_t>(S * dim));
@@ -79,7 +81,7 @@ class FamilyReference {
   std::vector<float> norm(const std::vector<float>& x, int64_t S, int64_t n, const std::string& w_name, float eps,
                           int64_t ld = 0, int64_t off = 0, bool gemma_form = true) const {
     if (ld == 0) ld = n;
-    const std::vector<float> w = get(w_name);
+    const std::vector<float> w = w_name.empty() ? std::vector<float>(static_cast<size_t>(n), 1.0f) : get(w_name);
     const bool plus_one = gemma_form && c_.architecture == "gemma2";
     std::vector<float> y(static_cast<size_t>(S * n));
     for (int64_t t = 0; t < S; ++t) {
@@ -97,7 +99,7 @@ class FamilyReference {
   // cos/sin of position t for pair i of a rot_dim-wide rotary part (HF inv_freq with the
   // config's per-pair divisors, times yarn's attention factor).
   void cos_sin(int64_t t, int64_t i, int64_t rot_dim, double* cs, double* sn) const {
-    double inv = 1.0 / std::pow(static_cast<double>(c_.rope_theta), 2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
+    double inv = 1.0 / std::pow(static_cast<double>(theta_), 2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
     if (!c_.rope_freq_factors.empty()) inv /= c_.rope_freq_factors[static_cast<size_t>(i)];
     const double ang = static_cast<double>(t) * inv;
     *cs = std::cos(ang) * c_.rope_attention_factor;
@@ -166,9 +168,17 @@ class FamilyReference {
   std::vector<float> gqa(const std::vector<float>& h, int64_t S, int64_t l, const std::string& p) const {
     const int64_t H = c_.n_heads, Hkv = c_.n_kv_heads, D = c_.head_dim;
     const bool b = c_.qkv_bias;
+    // Gemma-3n: sliding layers rotate with rope_local_base_freq.
+    theta_ = c_.rope_local_theta > 0 && c_.layer_types[static_cast<size_t>(l)] == "sliding_attention" ? c_.rope_local_theta
+                                                                                                      : c_.rope_theta;
     std::vector<float> q = linear(h, S, p + "self_attn.q_proj.weight", b ? p + "self_attn.q_proj.bias" : "");
     std::vector<float> k = linear(h, S, p + "self_attn.k_proj.weight", b ? p + "self_attn.k_proj.bias" : "");
     std::vector<float> v = linear(h, S, p + "self_attn.v_proj.weight", b ? p + "self_attn.v_proj.bias" : "");
+    if (c_.qkv_norm) {  // Gemma3nTextAttention: q_norm, k_norm, v_norm (no scale) per head
+      q = norm(q, S * H, D, p + "self_attn.q_norm.weight", c_.rms_eps);
+      k = norm(k, S * Hkv, D, p + "self_attn.k_norm.weight", c_.rms_eps);
+      v = norm(v, S * Hkv, D, "", c_.rms_eps);
+    }
     for (int64_t t = 0; t < S; ++t) {
       for (int64_t hh = 0; hh < H; ++hh) rope_half(&q[idx(t, hh * D, H * D)], t, D);
       for (int64_t hh = 0; hh < Hkv; ++hh) rope_half(&k[idx(t, hh * D, Hkv * D)], t, D);
@@ -227,8 +237,26 @@ class FamilyReference {
     return linear(att, S, p + "self_attn.o_proj.weight");
   }
 
-  std::vector<float> mlp(const std::vector<float>& h, int64_t S, const std::string& p, int64_t I) const {
+  std::vector<float> mlp(const std::vector<float>& h, int64_t S, const std::string& p, int64_t I, double sparsity = 0) const {
     std::vector<float> g = linear(h, S, p + "gate_proj.weight");
+    if (sparsity > 0) {
+      // Gemma3nTextMLP._gaussian_topk with z = Phi^-1(sparsity) found by bisection.
+      double lo = -10, hi = 10;
+      for (int it = 0; it < 200; ++it) {
+        const double mid = 0.5 * (lo + hi);
+        (0.5 * std::erfc(-mid / std::sqrt(2.0)) < sparsity ? lo : hi) = mid;
+      }
+      const double z = 0.5 * (lo + hi);
+      const int64_t n = static_cast<int64_t>(g.size()) / S;
+      for (int64_t t = 0; t < S; ++t) {
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < n; ++i) mean += g[idx(t, i, n)];
+        mean /= static_cast<double>(n);
+        for (int64_t i = 0; i < n; ++i) var += (g[idx(t, i, n)] - mean) * (g[idx(t, i, n)] - mean);
+        const double cut = mean + std::sqrt(var / static_cast<double>(n)) * z;
+        for (int64_t i = 0; i < n; ++i) g[idx(t, i, n)] = static_cast<float>(std::max(g[idx(t, i, n)] - cut, 0.0));
+      }
+    }
     const std::vector<float> u = linear(h, S, p + "up_proj.weight");
     for (size_t i = 0; i < g.size(); ++i) {
       const double x = g[i];
@@ -330,8 +358,122 @@ class FamilyReference {
     return out;
   }
 
+  // Gemma3nTextModel.forward + Gemma3nTextDecoderLayer.forward, all in double-rounded float.
+  std::vector<float> gemma3n(const std::vector<int32_t>& ids) const {
+    const Gemma3nConfig& g = c_.gemma3n;
+    const int64_t S = static_cast<int64_t>(ids.size()), dim = c_.dim, A = g.altup_num_inputs;
+    const int64_t P = g.hidden_size_per_layer_input, NL = c_.n_layers;
+    const std::vector<float> emb = get("model.embed_tokens.weight"), emb_pl = get("model.embed_tokens_per_layer.weight");
+    std::vector<float> e(static_cast<size_t>(S * dim));
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t d = 0; d < dim; ++d) e[idx(t, d, dim)] = emb[idx(ids[static_cast<size_t>(t)], d, dim)] * std::sqrt(static_cast<float>(dim));
+    // per-layer inputs [S, NL, P]
+    std::vector<float> proj = linear(e, S, "model.per_layer_model_projection.weight");
+    for (float& v : proj) v *= static_cast<float>(std::pow(static_cast<double>(dim), -0.5));
+    proj = norm(proj, S * NL, P, "model.per_layer_projection_norm.weight", c_.rms_eps);
+    for (int64_t t = 0; t < S; ++t) {
+      const int32_t id = ids[static_cast<size_t>(t)] < g.vocab_size_per_layer_input ? ids[static_cast<size_t>(t)] : 0;
+      for (int64_t i = 0; i < NL * P; ++i) {
+        const double pl = emb_pl[idx(id, i, NL * P)] * std::sqrt(static_cast<double>(P));
+        proj[idx(t, i, NL * P)] = static_cast<float>((proj[idx(t, i, NL * P)] + pl) / std::sqrt(2.0));
+      }
+    }
+    auto rms = [&](const std::vector<float>& v, int64_t t) {
+      double s2 = 0;
+      for (int64_t d = 0; d < dim; ++d) s2 += static_cast<double>(v[idx(t, d, dim)]) * v[idx(t, d, dim)];
+      return s2 / static_cast<double>(dim);
+    };
+    auto rescale = [&](std::vector<float>& v, const std::vector<float>& target) {
+      for (int64_t t = 0; t < S; ++t) {
+        const double tm = std::sqrt(rms(target, t)), m = std::sqrt(std::max(rms(v, t), 1e-5));
+        for (int64_t d = 0; d < dim; ++d) v[idx(t, d, dim)] = static_cast<float>(v[idx(t, d, dim)] * tm / m);
+      }
+    };
+    std::vector<std::vector<float>> hs{e};
+    for (int64_t i = 1; i < A; ++i) {
+      hs.push_back(linear(e, S, "model.altup_projections." + std::to_string(i - 1) + ".weight"));
+      rescale(hs.back(), e);
+    }
+    for (int64_t l = 0; l < NL; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      auto modal = [&](const std::vector<float>& v) {
+        std::vector<float> n = norm(v, S, dim, p + "altup.router_norm.weight", c_.rms_eps);
+        for (float& x : n) x = static_cast<float>(x / static_cast<double>(dim));
+        std::vector<float> m = linear(n, S, p + "altup.modality_router.weight");
+        for (float& x : m) x = std::tanh(x);
+        return m;  // [S, A]
+      };
+      const std::vector<float> mp = modal(hs[0]);
+      const std::vector<float> pc = get(p + "altup.prediction_coefs.weight");  // [A*A, A]
+      std::vector<std::vector<float>> pred = hs;
+      for (int64_t t = 0; t < S; ++t)
+        for (int64_t b = 0; b < A; ++b)
+          for (int64_t d = 0; d < dim; ++d) {
+            double acc = hs[static_cast<size_t>(b)][idx(t, d, dim)];
+            for (int64_t a = 0; a < A; ++a) {
+              double coef = 0;
+              for (int64_t k = 0; k < A; ++k) coef += static_cast<double>(pc[idx(b * A + a, k, A)]) * mp[idx(t, k, A)];
+              acc += coef * hs[static_cast<size_t>(a)][idx(t, d, dim)];
+            }
+            pred[static_cast<size_t>(b)][idx(t, d, dim)] = static_cast<float>(acc);
+          }
+      const std::vector<float>& active = pred[0];
+      const std::vector<float> xn = norm(active, S, dim, p + "input_layernorm.weight", c_.rms_eps);
+      std::vector<float> laurel = norm(linear(linear(xn, S, p + "laurel.linear_left.weight"), S, p + "laurel.linear_right.weight"),
+                                       S, dim, p + "laurel.post_laurel_norm.weight", c_.rms_eps);
+      for (size_t i = 0; i < laurel.size(); ++i) laurel[i] += xn[i];
+      const std::vector<float> attn = norm(gqa(xn, S, l, p), S, dim, p + "post_attention_layernorm.weight", c_.rms_eps);
+      std::vector<float> x(static_cast<size_t>(S * dim));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((static_cast<double>(active[i]) + attn[i] + laurel[i]) / std::sqrt(2.0));
+      const std::vector<float> f = norm(mlp(norm(x, S, dim, p + "pre_feedforward_layernorm.weight", c_.rms_eps), S, p + "mlp.", 0,
+                                            g.activation_sparsity[static_cast<size_t>(l)]),
+                                        S, dim, p + "post_feedforward_layernorm.weight", c_.rms_eps);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += f[i];
+      const std::vector<float> mc = modal(x);
+      std::vector<float> cc = get(p + "altup.correction_coefs.weight");  // [A, A], clipped
+      for (float& w : cc) w = std::clamp(w, -g.altup_coef_clip, g.altup_coef_clip);
+      for (int64_t t = 0; t < S; ++t)
+        for (int64_t i = 0; i < A; ++i) {
+          double coef = 1.0;
+          for (int64_t k = 0; k < A; ++k) coef += static_cast<double>(cc[idx(i, k, A)]) * mc[idx(t, k, A)];
+          for (int64_t d = 0; d < dim; ++d)
+            hs[static_cast<size_t>(i)][idx(t, d, dim)] = static_cast<float>(
+                pred[static_cast<size_t>(i)][idx(t, d, dim)] + (static_cast<double>(x[idx(t, d, dim)]) - active[idx(t, d, dim)]) * coef);
+        }
+      std::vector<float> first = hs[0];
+      const std::vector<float> scale = get(p + "altup.correct_output_scale");
+      if (g.altup_correct_scale)
+        for (int64_t t = 0; t < S; ++t)
+          for (int64_t d = 0; d < dim; ++d) first[idx(t, d, dim)] *= scale[static_cast<size_t>(d)];
+      std::vector<float> gate = linear(first, S, p + "per_layer_input_gate.weight");  // [S, P]
+      for (int64_t t = 0; t < S; ++t)
+        for (int64_t i = 0; i < P; ++i) {
+          const double v = gate[idx(t, i, P)];
+          const double gl = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+          gate[idx(t, i, P)] = static_cast<float>(gl * proj[idx(t, l * P + i, NL * P)]);
+        }
+      const std::vector<float> pl = norm(linear(gate, S, p + "per_layer_projection.weight"), S, dim,
+                                         p + "post_per_layer_input_norm.weight", c_.rms_eps);
+      for (int64_t i = 1; i < A; ++i)
+        for (size_t k = 0; k < pl.size(); ++k) hs[static_cast<size_t>(i)][k] += pl[k];
+    }
+    std::vector<float> avg = hs[0];
+    for (int64_t i = 1; i < A; ++i) {
+      std::vector<float> u = linear(hs[static_cast<size_t>(i)], S, "model.altup_unembed_projections." + std::to_string(i - 1) + ".weight");
+      rescale(u, hs[0]);
+      for (size_t k = 0; k < u.size(); ++k) avg[k] += u[k];
+    }
+    for (float& v : avg) v = static_cast<float>(v / static_cast<double>(A));
+    const std::vector<float> h = norm(avg, S, dim, "model.norm.weight", c_.rms_eps);
+    std::vector<float> out = linear(h, S, c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+    if (c_.final_softcap > 0)
+      for (float& v : out) v = std::tanh(v / c_.final_softcap) * c_.final_softcap;
+    return out;
+  }
+
   const ModelFile& f_;
   const ModelConfig& c_;
+  mutable float theta_ = 0;                                  // RoPE theta of the current layer
   mutable std::vector<std::vector<float>> kept_k_, kept_v_;  // post-RoPE K/V per layer
 };
 

@@ -108,7 +108,7 @@ TEST_P(CliFamilies, DummyPresetVerifies) {
   EXPECT_NE(g.err.find("ok"), std::string::npos) << g.err;
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, CliFamilies, ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny"),
+INSTANTIATE_TEST_SUITE_P(Presets, CliFamilies, ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny", "gemma3n-tiny"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)
