@@ -1,69 +1,135 @@
 #include "core/thread_pool.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 
+#include "core/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KVCACHE_CPU_RELAX() _mm_pause()
+#else
+#define KVCACHE_CPU_RELAX() std::this_thread::yield()
+#endif
+
 namespace kvcache {
 
-ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = static_cast<int>(std::thread::hardware_concurrency());
-  if (n_threads <= 0) n_threads = 1;
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+namespace {
+
+// True on pool workers and on a caller while it runs tasks: a parallel_for issued from inside
+// a task runs serially instead of publishing a second loop (which would deadlock).
+thread_local bool tl_in_pool_task = false;
+
+constexpr uint64_t kIndexMask = 0xffffffffull;
+
+// Polls pred with a pause per iteration until it holds or spin_ns elapsed (the clock is read
+// every 64 polls: ~20 ns each through the vDSO). Returns pred's last value.
+template <typename Pred>
+bool spin_until(Pred pred, int64_t spin_ns) {
+  if (pred()) return true;
+  if (spin_ns <= 0) return false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      KVCACHE_CPU_RELAX();
+      if (pred()) return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return pred();
+  }
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads) : ThreadPool(ThreadPoolOptions{.n_threads = n_threads}) {}
+
+ThreadPool::ThreadPool(const ThreadPoolOptions& options) : options_(options) {
+  int n = options_.n_threads;
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  if (n <= 0) n = 1;
+  for (int i = 1; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_start_.notify_all();
+  stop_.store(true, std::memory_order_seq_cst);
+  epoch_.fetch_add(1, std::memory_order_seq_cst);
+  epoch_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::drain() {
-  for (;;) {
-    const int64_t t = next_.fetch_add(1, std::memory_order_relaxed);
-    if (t >= n_tasks_) break;
-    fn_(ctx_, t);
+int64_t ThreadPool::drain(uint32_t gen) {
+  const Job& job = jobs_[gen & 1];
+  // Acquire: if these loads see a later loop's writes (gen + 2), the claim below must see that
+  // the generation moved on and fail, so stale values are never used.
+  const TaskFn fn = job.fn.load(std::memory_order_acquire);
+  void* const ctx = job.ctx.load(std::memory_order_acquire);
+  const auto n = static_cast<uint64_t>(job.n_tasks.load(std::memory_order_acquire));
+  int64_t ran = 0;
+  uint64_t s = next_.load(std::memory_order_acquire);
+  while ((s >> 32) == gen && (s & kIndexMask) < n) {
+    if (next_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      fn(ctx, static_cast<int64_t>(s & kIndexMask));
+      ++ran;
+      s = next_.load(std::memory_order_acquire);
+    }
   }
+  return ran;
 }
 
 void ThreadPool::worker_loop() {
-  uint64_t seen = 0;
+  tl_in_pool_task = true;
+  uint32_t seen = 0;
   for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+    auto changed = [&] { return epoch_.load(std::memory_order_acquire) != seen; };
+    if (!spin_until(changed, options_.spin_ns)) {
+      // Announce the sleep before the last check: the caller reads sleepers_ after publishing
+      // (both seq_cst), so either it sees us and notifies, or we see its new epoch.
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      while (epoch_.load(std::memory_order_seq_cst) == seen) epoch_.wait(seen, std::memory_order_seq_cst);
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
     }
-    drain();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--busy_ == 0) cv_done_.notify_one();
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = epoch_.load(std::memory_order_acquire);
+    if (options_.on_worker_wake != nullptr) options_.on_worker_wake(options_.on_worker_wake_ctx);
+    const int64_t ran = drain(seen);
+    if (ran > 0) {
+      completed_.fetch_add(ran, std::memory_order_seq_cst);  // releases the tasks' writes
+      if (caller_sleeping_.load(std::memory_order_seq_cst)) completed_.notify_all();
     }
   }
 }
 
 void ThreadPool::run(int64_t n_tasks, TaskFn fn, void* ctx) {
   if (n_tasks <= 0) return;
-  if (workers_.empty() || n_tasks == 1) {
+  if (workers_.empty() || n_tasks == 1 || tl_in_pool_task) {
     for (int64_t t = 0; t < n_tasks; ++t) fn(ctx, t);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    fn_ = fn;
-    ctx_ = ctx;
-    n_tasks_ = n_tasks;
-    next_.store(0, std::memory_order_relaxed);
-    busy_ = static_cast<int>(workers_.size());
-    ++generation_;
+  KV_CHECK(n_tasks < (int64_t{1} << 31), "parallel_for: too many tasks for the 32-bit task index");
+  std::lock_guard<std::mutex> lock(run_mu_);
+  const uint32_t gen = ++generation_;
+  Job& job = jobs_[gen & 1];
+  job.fn.store(fn, std::memory_order_release);
+  job.ctx.store(ctx, std::memory_order_release);
+  job.n_tasks.store(n_tasks, std::memory_order_release);
+  completed_.store(0, std::memory_order_relaxed);
+  next_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);  // publishes the loop
+  epoch_.store(gen, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
+
+  tl_in_pool_task = true;
+  const int64_t ran = drain(gen);
+  tl_in_pool_task = false;
+  int64_t done = completed_.fetch_add(ran, std::memory_order_acq_rel) + ran;
+  // Wait for tasks other threads claimed (not for threads to wake): spin, then sleep.
+  auto finished = [&] { return (done = completed_.load(std::memory_order_acquire)) == n_tasks; };
+  if (!spin_until(finished, options_.spin_ns)) {
+    caller_sleeping_.store(true, std::memory_order_seq_cst);
+    while ((done = completed_.load(std::memory_order_seq_cst)) != n_tasks) {
+      completed_.wait(done, std::memory_order_seq_cst);
+    }
+    caller_sleeping_.store(false, std::memory_order_relaxed);
   }
-  cv_start_.notify_all();
-  drain();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_done_.wait(lock, [&] { return busy_ == 0; });
 }
 
 namespace {
