@@ -140,6 +140,43 @@ void validate(const MatmulParams& p) {
 
 int g_blas_threads = -1;
 
+// Rows [r0, r1) of y for every row of x: each W row is read once for all M rows of x.
+void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
+  const size_t rb = row_bytes(p.w_dtype, p.k);
+  const auto* w = static_cast<const std::byte*>(p.w);
+  for (int64_t r = r0; r < r1; ++r) {
+    const void* wr = w + static_cast<size_t>(r) * rb;
+    const float b = p.bias != nullptr ? p.bias[r] : 0.0f;
+    for (int64_t i = 0; i < p.m; ++i) p.y[i * p.ldy + r] = dot_row(wr, p.w_dtype, p.x + i * p.ldx, p.k) + b;
+  }
+}
+
+// The GEMV path of matmul / matmul_group: the products' rows cut into contiguous blocks, all
+// blocks of all products handed out by one parallel_for. ~8 blocks per thread keep the tail
+// short (a thread idles at most one block at the end of the loop, and a decode step runs ~50
+// loops) and balance a thread slowed by a neighbour; >= 16 rows per block keep W streaming.
+void gemv_group(std::span<const MatmulParams> group, ThreadPool& pool) {
+  const int nt = pool.n_threads();
+  int64_t macs = 0, total_rows = 0;
+  for (const MatmulParams& p : group) macs += p.m * p.n * p.k, total_rows += p.n;
+  if (nt <= 1 || macs < kMinParallelMacs) {
+    for (const MatmulParams& p : group) gemv_rows(p, 0, p.n);
+    return;
+  }
+  const int64_t rows_per_task = std::max<int64_t>(16, (total_rows + 8 * nt - 1) / (8 * nt));
+  int64_t first_task[kMaxMatmulGroup + 1] = {};  // task index where each product starts
+  for (size_t g = 0; g < group.size(); ++g) {
+    first_task[g + 1] = first_task[g] + (group[g].n + rows_per_task - 1) / rows_per_task;
+  }
+  pool.parallel_for(first_task[group.size()], [&](int64_t t) {
+    size_t g = 0;
+    while (t >= first_task[g + 1]) ++g;
+    const MatmulParams& p = group[g];
+    const int64_t r0 = (t - first_task[g]) * rows_per_task;
+    gemv_rows(p, r0, std::min(p.n, r0 + rows_per_task));
+  });
+}
+
 }  // namespace
 
 float dot_row(const void* w_row, DType t, const float* x, int64_t k) {
@@ -247,12 +284,17 @@ void matmul(const MatmulParams& p) {
     // Prefill over f16/bf16/q8_0 weights: dequantise a block of W rows once into a per-thread
     // f32 scratch and let sgemm do the M x block product (compute-bound), instead of
     // converting every W row M times in dot products.
+    // Blocks are large because sgemm packs all of x again on every call (M x K floats): with
+    // 64-row blocks that repacking cost ~30% of an FFN product at M = 512. One block per thread
+    // when it fits, else blocks of kMaxBlockRows (scratch <= kMaxBlockRows * K floats).
     set_blas_threads(1);
-    constexpr int64_t kBlockRows = 64;
-    const int64_t n_tasks = (p.n + kBlockRows - 1) / kBlockRows;
+    constexpr int64_t kMaxBlockRows = 512;
+    const int64_t per_thread = (p.n + nt - 1) / nt;
+    const int64_t block_rows = std::clamp<int64_t>((per_thread + 15) / 16 * 16, 64, kMaxBlockRows);
+    const int64_t n_tasks = (p.n + block_rows - 1) / block_rows;
     auto block = [&](int64_t t) {
       thread_local std::vector<float> scratch;  // grows once per thread, reused across calls
-      const int64_t r0 = t * kBlockRows, r1 = std::min(p.n, r0 + kBlockRows);
+      const int64_t r0 = t * block_rows, r1 = std::min(p.n, r0 + block_rows);
       const size_t need = static_cast<size_t>((r1 - r0) * p.k);
       if (scratch.size() < need) scratch.resize(need);
       for (int64_t r = r0; r < r1; ++r)
@@ -272,25 +314,23 @@ void matmul(const MatmulParams& p) {
     }
     return;
   }
-  // Each task owns a contiguous block of W rows and reads it once for all M rows of x.
-  auto run_rows = [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const void* wr = w + static_cast<size_t>(r) * rb;
-      const float b = p.bias != nullptr ? p.bias[r] : 0.0f;
-      for (int64_t i = 0; i < p.m; ++i) p.y[i * p.ldy + r] = dot_row(wr, p.w_dtype, p.x + i * p.ldx, p.k) + b;
-    }
-  };
-  if (nt <= 1 || macs < kMinParallelMacs) {
-    run_rows(0, p.n);
+  gemv_group({&p, 1}, pool);
+}
+
+void matmul_group(std::span<const MatmulParams> group) {
+  KV_CHECK(group.size() <= kMaxMatmulGroup, "matmul_group: too many products");
+  if (group.empty()) return;
+  bool gemv = true;
+  for (const MatmulParams& p : group) {
+    validate(p);
+    KV_CHECK(p.pool == group[0].pool, "matmul_group: products must share one pool");
+    if (p.allow_blas && p.m >= kBlasMinRows) gemv = false;
+  }
+  if (!gemv) {
+    for (const MatmulParams& p : group) matmul(p);
     return;
   }
-  // ~4 tasks per thread balance uneven cores; at least 16 rows each keep W streaming.
-  const int64_t rows_per_task = std::max<int64_t>(16, (p.n + 4 * nt - 1) / (4 * nt));
-  const int64_t n_tasks = (p.n + rows_per_task - 1) / rows_per_task;
-  pool.parallel_for(n_tasks, [&](int64_t t) {
-    const int64_t r0 = t * rows_per_task;
-    run_rows(r0, std::min(p.n, r0 + rows_per_task));
-  });
+  gemv_group(group, group[0].pool != nullptr ? *group[0].pool : default_pool());
 }
 
 }  // namespace kvcache

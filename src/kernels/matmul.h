@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/dtype.h"
 
@@ -34,6 +35,15 @@ inline constexpr int64_t kBlasMinRows = 4;
 // Tolerance of matmul() against matmul_reference(): |y - y_ref| <= 1e-5 * sum_j |x_j w_j| + 1e-6
 // per output for f32/f16/bf16/q8_0 (only the summation order differs; same dequantized values).
 void matmul(const MatmulParams& p);
+
+// Several products that read the same x rows (a layer's Q, K and V; gate and up), each with
+// matmul()'s contract and the same pool. On the GEMV path (m < kBlasMinRows, or !allow_blas)
+// their rows are handed to the pool as ONE parallel loop, so a decode step synchronises the
+// threads 4 times per layer instead of 7; larger m runs them one after the other (prefill is
+// compute-bound, a hand-off is noise there). Results are those of matmul() on each, bit for
+// bit (threads only split rows). At most kMaxMatmulGroup entries.
+inline constexpr size_t kMaxMatmulGroup = 4;
+void matmul_group(std::span<const MatmulParams> group);
 
 // Plain reference: for each output, `acc += w[j] * x[j]` sequentially in float, no FMA, no
 // threads — llama2.c's matmul, bit for bit, for f32 weights.

@@ -9,6 +9,7 @@
 
 #include "cache/cache.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "kernels/activation.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
@@ -311,7 +312,8 @@ float* LlamaForward::grow(Tensor& t, int64_t n) {
 
 namespace {
 
-void linear(const float* x, int64_t rows, const TensorView& w, const float* bias, float* y, int64_t ldx = 0) {
+MatmulParams linear_params(const float* x, int64_t rows, const TensorView& w, const float* bias, float* y,
+                           int64_t ldx = 0) {
   MatmulParams p;
   p.x = x;
   p.ldx = ldx > 0 ? ldx : w.dim(1);
@@ -323,7 +325,11 @@ void linear(const float* x, int64_t rows, const TensorView& w, const float* bias
   p.m = rows;
   p.n = w.dim(0);
   p.k = w.dim(1);
-  matmul(p);
+  return p;
+}
+
+void linear(const float* x, int64_t rows, const TensorView& w, const float* bias, float* y, int64_t ldx = 0) {
+  matmul(linear_params(x, rows, w, bias, y, ldx));
 }
 
 void add_inplace(float* a, const float* b, int64_t n) {
@@ -378,10 +384,13 @@ void LlamaForward::attention_gqa(const Step& st, int64_t l) {
   float* k = k_.data_as<float>();
   float* v = v_.data_as<float>();
   float* att = att_.data_as<float>();
-  linear(xb, R, L.wq, L.bq, q);
   if (!L.kv_shared) {
-    linear(xb, R, L.wk, L.bk, k);
-    linear(xb, R, L.wv, L.bv, v);
+    // Q, K and V read the same input: one pass over the thread pool for the three (decode).
+    const MatmulParams qkv[] = {linear_params(xb, R, L.wq, L.bq, q), linear_params(xb, R, L.wk, L.bk, k),
+                                linear_params(xb, R, L.wv, L.bv, v)};
+    matmul_group(qkv);
+  } else {
+    linear(xb, R, L.wq, L.bq, q);
   }
   if (L.q_norm != nullptr) {
     // Gemma3nTextAttention: q_norm, k_norm (weighted) and v_norm (unweighted) over each head,
@@ -570,7 +579,9 @@ void LlamaForward::ffn_dense(const Step&, const LlamaModel::Layer& L, const Tens
   const int64_t hidden = gate.dim(0);
   float* hb = hb_.data_as<float>();
   float* hb2 = hb2_.data_as<float>();
-  linear(in, rows, gate, nullptr, hb);
+  // gate and up read the same input: one pass over the thread pool for both (decode).
+  const MatmulParams gate_up[] = {linear_params(in, rows, gate, nullptr, hb), linear_params(in, rows, up, nullptr, hb2)};
+  matmul_group(gate_up);
   if (L.sparsity_z > 0.0f && gate.data() == L.w_gate.data()) {
     // Gemma3nTextMLP._gaussian_topk: relu(gate - (mean + std * z)), std without Bessel's
     // correction, per row.
@@ -585,11 +596,21 @@ void LlamaForward::ffn_dense(const Step&, const LlamaModel::Layer& L, const Tens
       for (int64_t i = 0; i < hidden; ++i) g[i] = std::max(g[i] - cutoff, 0.0f);
     }
   }
-  linear(in, rows, up, nullptr, hb2);
-  if (model_.config().ffn_act == FfnActivation::kGeluTanh) {
-    geglu_tanh(hb, hb2, hb, rows * hidden);
+  const bool gelu = model_.config().ffn_act == FfnActivation::kGeluTanh;
+  auto act = [&](int64_t r0, int64_t r1) {
+    float* g = hb + r0 * hidden;
+    const float* u = hb2 + r0 * hidden;
+    if (gelu) {
+      geglu_tanh(g, u, g, (r1 - r0) * hidden);
+    } else {
+      swiglu(g, u, g, (r1 - r0) * hidden);
+    }
+  };
+  if (rows >= 16) {
+    // Prefill: ~1M exp/tanh per layer at 512 tokens, worth splitting; bit-identical per element.
+    default_pool().parallel_for((rows + 7) / 8, [&](int64_t t) { act(t * 8, std::min(rows, t * 8 + 8)); });
   } else {
-    swiglu(hb, hb2, hb, rows * hidden);
+    act(0, rows);
   }
   linear(hb, rows, down, nullptr, out);
 }

@@ -166,3 +166,48 @@ TEST(QuantQ8_0, RoundTripWithinHalfAStep) {
 
 }  // namespace
 }  // namespace kvcache
+
+namespace kvcache {
+namespace {
+
+// matmul_group = matmul on each product, bit for bit, whether the group runs as one GEMV loop
+// (m < kBlasMinRows) or one product after the other (prefill).
+TEST(MatmulGroup, EqualsSeparateMatmulsForEveryDtype) {
+  ThreadPool pool(3);
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{6}}) {
+      const int64_t k = 96, ns[3] = {67, 16, 301};
+      std::vector<float> x = randn(static_cast<size_t>(m * k), 21);
+      std::vector<std::vector<std::byte>> ws;
+      std::vector<std::vector<float>> biases, ys, want;
+      MatmulParams ps[3];
+      for (int g = 0; g < 3; ++g) {
+        ws.push_back(make_weights(randn(static_cast<size_t>(ns[g] * k), 30 + g), t, ns[g], k));
+        biases.push_back(randn(static_cast<size_t>(ns[g]), 40 + g));
+        ys.emplace_back(static_cast<size_t>(m * ns[g]), -1.0f);
+        want.emplace_back(static_cast<size_t>(m * ns[g]), -2.0f);
+      }
+      for (int g = 0; g < 3; ++g) {
+        MatmulParams& p = ps[g];
+        p.x = x.data();
+        p.ldx = k;
+        p.w = ws[g].data();
+        p.w_dtype = t;
+        p.bias = g == 1 ? biases[g].data() : nullptr;
+        p.ldy = ns[g];
+        p.m = m;
+        p.n = ns[g];
+        p.k = k;
+        p.pool = &pool;
+        p.y = want[g].data();
+        matmul(p);
+        p.y = ys[g].data();
+      }
+      matmul_group(ps);
+      for (int g = 0; g < 3; ++g) EXPECT_EQ(ys[g], want[g]) << dtype_name(t) << " m=" << m << " product " << g;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvcache
