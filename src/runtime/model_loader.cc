@@ -1,8 +1,10 @@
 #include "runtime/model_loader.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include "core/error.h"
 #include "model/dummy.h"
@@ -34,6 +36,35 @@ std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, const ModelFi
 }
 
 }  // namespace
+
+uint64_t page_in_weights(const ModelFile& file,
+                         const std::function<void(uint64_t done_bytes, uint64_t total_bytes)>& on_progress) {
+  // Distinct byte ranges in address order, so the reads stream through each mapping once.
+  std::vector<std::pair<const std::byte*, size_t>> ranges;
+  for (const auto& [name, view] : file.tensors()) {
+    const size_t bytes = dtype_bytes(view.dtype(), view.numel());  // loaders give contiguous views
+    if (bytes > 0) ranges.emplace_back(static_cast<const std::byte*>(view.data()), bytes);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  ranges.erase(std::unique(ranges.begin(), ranges.end()), ranges.end());
+  uint64_t total = 0;
+  for (const auto& r : ranges) total += r.second;
+  constexpr size_t kPage = 4096;
+  uint64_t done = 0, next_report = kProgressChunkBytes;
+  for (const auto& [p, n] : ranges) {
+    for (size_t off = 0; off < n; off += kPage) {
+      (void)*reinterpret_cast<const volatile unsigned char*>(p + off);  // volatile: never elided
+      const uint64_t now = done + std::min<uint64_t>(off + kPage, n);
+      if (on_progress && now >= next_report) {
+        on_progress(now, total);
+        next_report = now + kProgressChunkBytes;
+      }
+    }
+    done += n;
+  }
+  if (on_progress) on_progress(total, total);
+  return total;
+}
 
 LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
   std::string path = spec;
@@ -96,6 +127,7 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
     out.stop_ids = {c.eos_id};
   }
   out.add_bos = file->format() == "llama2c" || c.bos_id >= 0;
+  if (options.on_progress && file->weight_bytes() > kProgressMinBytes) page_in_weights(*file, options.on_progress);
   out.model = std::make_unique<LlamaModel>(std::move(file));
   return out;
 }

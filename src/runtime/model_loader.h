@@ -3,6 +3,8 @@
 // format (BOS handling, end tokens). The CLI and the tests share this one entry point.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +31,21 @@ struct LoadOptions {
   // and where the generated GGUF is kept (empty: the user's cache folder).
   std::string dummy_vocab;
   std::string dummy_cache_dir;
+  // Model load progress. When set and the weights exceed kProgressMinBytes, load_model pages
+  // every weight in (one read per 4 KiB page, in address order) and calls this after each
+  // chunk of kProgressChunkBytes and once at the end (done == total). Without it, pages come
+  // in lazily at first use (the mmap default) and nothing is reported.
+  std::function<void(uint64_t done_bytes, uint64_t total_bytes)> on_progress;
 };
+
+inline constexpr uint64_t kProgressMinBytes = 100ull << 20;
+inline constexpr uint64_t kProgressChunkBytes = 8ull << 20;
+
+// Reads one byte of every page under every weight of `file` (so later first-touch page faults
+// do not land inside the timed forward pass), reporting progress as above. Returns the bytes
+// paged in (weights, shared tensors counted once).
+uint64_t page_in_weights(const ModelFile& file,
+                         const std::function<void(uint64_t done_bytes, uint64_t total_bytes)>& on_progress);
 
 // `path` may also be "dummy:NAME[:DTYPE]" (model/dummy.h: a seeded random-weight GGUF, f16
 // unless DTYPE says f32/bf16/q8_0). Throws Error naming the file and the problem (format,

@@ -31,7 +31,7 @@ void run_bench_cmd(BenchOptions& o) {
   if (o.output != "table" && o.output != "json") {
     throw Error(ErrorKind::kInvalidArgument, "-o must be 'table' or 'json', got '" + o.output + "'");
   }
-  LoadedModel lm = load_model(o.model.model, load_options(o.model));
+  LoadedModel lm = load_model(o.model.model, load_options(o.model, o.output == "json"));
   const LlamaModel& model = *lm.model;
   size_t n_params = 0;
   for (const auto& [name, t] : model.file().tensors()) n_params += static_cast<size_t>(t.numel());

@@ -1,6 +1,9 @@
 #include "tools/model_options.h"
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -19,11 +22,30 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--kv-dtype", o.kv_dtype, "KV storage dtype: f32, f16, bf16 (default: f32 for f32 weights, else f16)");
   cmd->add_option("-t,--threads", o.threads, "Threads (default: all cores)");
   cmd->add_option("--chunk", o.chunk, "Prefill chunk in tokens");
+  cmd->add_option("--progress", o.progress,
+                  "Model load progress on stderr for weights over 100 MB: auto (when stderr is a terminal), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
 }
 
-LoadOptions load_options(const ModelOptions& o) {
+LoadOptions load_options(const ModelOptions& o, bool machine_output) {
   LoadOptions lo;
   lo.tokenizer_path = o.tokenizer;
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  if (o.progress == "on" || (o.progress == "auto" && tty && !machine_output)) {
+    // A terminal gets one line rewritten in place; a file or pipe gets a line per quarter.
+    lo.on_progress = [name = o.model, tty, last_quarter = -1](uint64_t done, uint64_t total) mutable {
+      const double mib = 1.0 / (1 << 20);
+      const int pct = total > 0 ? static_cast<int>(100 * done / total) : 100;
+      if (tty) {
+        std::fprintf(stderr, "\rloading %s: %3d%% (%.0f / %.0f MiB)%s", name.c_str(), pct, done * mib, total * mib,
+                     done == total ? "\n" : "");
+      } else if (pct / 25 != last_quarter) {
+        last_quarter = pct / 25;
+        std::fprintf(stderr, "loading %s: %d%% (%.0f / %.0f MiB)\n", name.c_str(), pct, done * mib, total * mib);
+      }
+      std::fflush(stderr);
+    };
+  }
   const std::string spm = std::string(KVCACHE_SHARED_DIR) + "/vocab/ggml-vocab-llama-spm.gguf";
   std::error_code ec;
   if (std::filesystem::exists(spm, ec)) lo.dummy_vocab = spm;

@@ -22,13 +22,17 @@ struct ModelOptions {
   std::string kv_dtype;  // empty: f32 for f32 checkpoints, f16 otherwise
   int threads = 0;
   int64_t chunk = 512;
+  std::string progress = "auto";  // model load progress on stderr: auto (when a terminal), on, off
 };
 
-// Adds --model, --tokenizer, --cache, --max-cache-len, --kernel, --kv-dtype, -t, --chunk.
+// Adds --model, --tokenizer, --cache, --max-cache-len, --kernel, --kv-dtype, -t, --chunk,
+// --progress.
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 // --tokenizer, plus for dummy:NAME models the SentencePiece vocabulary of ../shared/vocab
-// when it exists (so text prompts work on dummy models).
-LoadOptions load_options(const ModelOptions& o);
+// when it exists (so text prompts work on dummy models), plus the load progress printer
+// (stderr; "auto" shows it only when stderr is a terminal and the command's output is not
+// JSON — machine_output — so scripts never see it unless they ask with --progress on).
+LoadOptions load_options(const ModelOptions& o, bool machine_output = false);
 // Applies -t (thread pool and BLAS) and builds the session config for `model`.
 SessionConfig session_config(const ModelOptions& o, const LlamaModel& model);
 // "1 403 407" (spaces or commas) -> ids; throws Error naming the bad entry.
