@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -98,6 +99,44 @@ TEST(GgufRoundTrip, ReducedPrecisionWeightsStayClose) {
     EXPECT_LE(d, tol) << dtype_name(dtype);
     std::printf("[%s weights] max relative logit difference vs f32 over 32 positions: %.3g\n", dtype_name(dtype), d);
   }
+}
+
+// llama2.c's run.c stops on BOS (1), which separates its training stories; a GGUF converted from
+// it is a SentencePiece `llama` model like any other and stops on EOS (2), as llama.cpp does.
+TEST(GgufRoundTrip, ConvertedModelStopsAtEosNotBos) {
+  KVCACHE_REQUIRE_STORIES();
+  Converted gguf(std::nullopt);
+  LoadedModel g = load_model(gguf.path);
+  LoadedModel l = load_model(stories_dir() + "/stories260K.bin");
+  EXPECT_EQ(l.stop_ids, std::vector<int32_t>{1});
+  EXPECT_EQ(g.stop_ids, std::vector<int32_t>{2});
+  EXPECT_EQ(g.model->config().eos_id, 2);
+  EXPECT_EQ(g.model->config().bos_id, 1);
+  ASSERT_NE(g.tokenizer, nullptr);
+  EXPECT_EQ(g.tokenizer->eos_id(), 2);
+  EXPECT_EQ(g.tokenizer->bos_id(), 1);
+
+  // The stop rule itself: the sampled stop id ends generation, is reported as the last id and
+  // is never fed; any other id (BOS included) is not a stop for this model.
+  const auto golden = read_golden_ids("once_upon_a_time");
+  const int32_t stop = golden.generated[6];
+  const size_t first = static_cast<size_t>(
+      std::find(golden.generated.begin(), golden.generated.end(), stop) - golden.generated.begin());
+  Session s(*g.model, SessionConfig{});
+  GenerateParams gp;
+  gp.max_new_tokens = 40;
+  gp.stop_ids = {stop};
+  std::vector<int32_t> ids;
+  const GenerateStats st = generate(s, golden.prompt, gp, nullptr, &ids);
+  EXPECT_TRUE(st.stopped);
+  EXPECT_EQ(ids, std::vector<int32_t>(golden.generated.begin(), golden.generated.begin() + first + 1));
+  EXPECT_EQ(s.position(), static_cast<int64_t>(golden.prompt.size() + first));  // the stop id was not fed
+  // --ignore-eos: all N tokens, the same greedy continuation.
+  Session s2(*g.model, SessionConfig{});
+  gp.ignore_eos = true;
+  ids.clear();
+  EXPECT_FALSE(generate(s2, golden.prompt, gp, nullptr, &ids).stopped);
+  EXPECT_EQ(ids, std::vector<int32_t>(golden.generated.begin(), golden.generated.begin() + 40));
 }
 
 }  // namespace
