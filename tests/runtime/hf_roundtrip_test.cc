@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -114,6 +115,7 @@ struct Case {
   bool qkv_bias;
   bool tied;
   double tol;  // max relative logit difference, HF path vs converted GGUF path
+  friend void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 };
 
 // f32: the permutation is exact and RoPE rotates the same value pairs, so only the order of
