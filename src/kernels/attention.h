@@ -42,8 +42,9 @@ struct AttentionOptions {
   const int64_t* kv_valid_begin = nullptr;
   const int64_t* kv_valid_end = nullptr;
   // fused/flex: keys per split-KV partition (flash-decoding; rounded up to the 64-key tile).
-  // 0: automatic (split only when batch x kv-heads x query tiles leaves threads idle),
-  // -1: never split (then a decode row is bit-identical to the same row of a prefill).
+  // 0: automatic (a sequence with one query tile and more than 1,024 keys is split into
+  // 1,024-key partitions; decided per sequence, so results never depend on the batch or the
+  // thread count), -1: never split (then a decode row is bit-identical to the same row of a prefill).
   int64_t kv_split = 0;
   // eager only: if set, receives the probabilities as f32 [B, H_q, S_q, S_kv].
   Tensor* weights_out = nullptr;

@@ -12,7 +12,9 @@
 //
 // Determinism: the score of a (row, key) pair, the softmax update and the P.V accumulation use
 // the same arithmetic order whatever the row/key blocking, and tiles are aligned to absolute
-// key indices, so a decode row equals the prefill's row bit for bit when no split is made.
+// key indices, so a decode row equals the prefill's row bit for bit when no split is made,
+// and a paged call equals the dense call on the same keys bit for bit (runs of rows within a
+// page change where keys come from, never the order of the arithmetic).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -35,7 +37,7 @@ namespace {
 
 constexpr int64_t kTk = 64;           // keys per tile (a 64-key f16 tile of D=128 is 16 KiB)
 constexpr int64_t kRowsPerTask = 64;  // target rows (heads x positions) per task
-constexpr int64_t kMinSplit = 512;    // smallest automatic split-KV partition, in keys
+constexpr int64_t kSplitKeys = 1024;  // automatic split-KV partition, in keys (decode)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
@@ -64,20 +66,52 @@ struct Elem<DType::kBF16> {
   static float get(T x) { return bf16_to_f32(x); }
 };
 
+// One sequence of the call. Dense calls have B identical sequences; paged calls are varlen.
+struct SeqPlan {
+  int64_t q_row0 = 0;                      // paged: first row of the sequence in q / out
+  int64_t Sq = 0, Skv = 0, q_offset = 0;   // q_offset: absolute position of query 0
+  int64_t n_qt = 0, n_split = 1, split_len = 0;
+  int64_t task0 = 0, group0 = 0;           // first task / (KV head, query tile) group
+};
+
 // Everything a task needs, resolved once per call.
 struct Plan {
-  TensorView q, k, v, out;
-  int64_t B = 0, Hq = 0, Hkv = 0, G = 0, Sq = 0, Skv = 0, Dk = 0, Dv = 0;
+  TensorView q, k, v, out;  // dense: [B, H, S, D] views; paged: q / out [total_q, H, D]
+  const PagedKV* paged = nullptr;  // non-null: K/V read through this page table
+  int64_t B = 0, Hq = 0, Hkv = 0, G = 0, Dk = 0, Dv = 0;
   float scale = 1, softcap = 0;
   const float* sinks = nullptr;    // [H_q] or null
   const ScoreFn* score = nullptr;  // or null
   MaskSpec spec;
   bool mask_free = false;  // every pair visible: no classification, no masking
-  int64_t q_offset = 0, kv_offset = 0;
-  int64_t tq = 1, n_qt = 1, n_split = 1, split_len = 0;
-  int64_t max_rows = 0;      // G * tq
-  float* partial = nullptr;  // [tasks, max_rows, D_v + 2]: acc, m, l per row (n_split > 1)
+  int64_t kv_offset = 0;
+  int64_t tq = 1;
+  int64_t max_rows = 0;  // G * tq
+  const SeqPlan* seqs = nullptr;  // [B]
+  int64_t n_tasks = 0, n_groups = 0;
+  float* partial = nullptr;  // [n_tasks, max_rows, D_v + 2]: acc, m, l per row (split tasks)
+
+  const float* q_row(const SeqPlan& sq, int64_t b, int64_t h, int64_t i) const {
+    return paged ? q.ptr_as<const float>(sq.q_row0 + i, h) : q.ptr_as<const float>(b, h, i);
+  }
+  float* out_row(const SeqPlan& sq, int64_t b, int64_t h, int64_t i) const {
+    return paged ? out.ptr_as<float>(sq.q_row0 + i, h) : out.ptr_as<float>(b, h, i);
+  }
 };
+
+// The sequence owning task (or group) index x, given each sequence's first index.
+template <typename Field>
+int64_t find_seq(const Plan& P, int64_t x, Field field) {
+  int64_t lo = 0, hi = P.B;  // last b with field(seqs[b]) <= x
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (field(P.seqs[mid]) <= x)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
 
 // Per-thread scratch, grown on demand and reused across calls (no allocation in steady state).
 struct Workspace {
@@ -416,14 +450,15 @@ void finalize_row(float m, float l, const float* acc, const float* sink, int64_t
 
 template <typename Ops>
 void run_task(const Plan& P, int64_t task) {
-  int64_t t = task;
-  const int64_t sp = t % P.n_split;
-  t /= P.n_split;
-  const int64_t qt = t % P.n_qt;
-  t /= P.n_qt;
-  const int64_t hk = t % P.Hkv, b = t / P.Hkv;
-  const int64_t q0 = qt * P.tq, nq = std::min(P.Sq, q0 + P.tq) - q0, R = P.G * nq;
-  const int64_t j_begin = sp * P.split_len, j_end = std::min(P.Skv, j_begin + P.split_len);
+  const int64_t b = find_seq(P, task, [](const SeqPlan& x) { return x.task0; });
+  const SeqPlan& SP = P.seqs[b];
+  int64_t t = task - SP.task0;
+  const int64_t sp = t % SP.n_split;
+  t /= SP.n_split;
+  const int64_t qt = t % SP.n_qt, hk = t / SP.n_qt;
+  const int64_t Skv = SP.Skv, q_offset = SP.q_offset;
+  const int64_t q0 = qt * P.tq, nq = std::min(SP.Sq, q0 + P.tq) - q0, R = P.G * nq;
+  const int64_t j_begin = sp * SP.split_len, j_end = std::min(Skv, j_begin + SP.split_len);
   const int64_t Dk = P.Dk, Dv = P.Dv;
 
   Workspace& ws = workspace();
@@ -433,7 +468,7 @@ void run_task(const Plan& P, int64_t task) {
   float* s = ws.s.data();
   // Row r = g * nq + i: query head hk * G + g at query index q0 + i.
   for (int64_t r = 0; r < R; ++r) {
-    const float* qr = P.q.ptr_as<const float>(b, hk * P.G + r / nq, q0 + r % nq);
+    const float* qr = P.q_row(SP, b, hk * P.G + r / nq, q0 + r % nq);
     for (int64_t d = 0; d < Dk; ++d) qs[r * Dk + d] = qr[d] * P.scale;
     ws.m[static_cast<size_t>(r)] = kNegInf;
     ws.l[static_cast<size_t>(r)] = 0;
@@ -443,11 +478,11 @@ void run_task(const Plan& P, int64_t task) {
   // Visible key interval of each query position (kv index space) and their union.
   int64_t jlo = j_end, jhi = j_begin;
   for (int64_t i = 0; i < nq; ++i) {
-    int64_t lo = 0, hi = P.Skv;
+    int64_t lo = 0, hi = Skv;
     if (!P.mask_free) {
-      const KeyRange kr = key_range(P.spec, b, P.q_offset + q0 + i);
-      lo = std::clamp(kr.lo - P.kv_offset, int64_t{0}, P.Skv);
-      hi = std::clamp(kr.hi - P.kv_offset, int64_t{0}, P.Skv);
+      const KeyRange kr = key_range(P.spec, b, q_offset + q0 + i);
+      lo = std::clamp(kr.lo - P.kv_offset, int64_t{0}, Skv);
+      hi = std::clamp(kr.hi - P.kv_offset, int64_t{0}, Skv);
     }
     ws.lo[static_cast<size_t>(i)] = lo;
     ws.hi[static_cast<size_t>(i)] = hi;
@@ -459,10 +494,33 @@ void run_task(const Plan& P, int64_t task) {
   jlo = std::max(jlo, j_begin);
   jhi = std::min(jhi, j_end);
 
-  const std::byte* kbase = static_cast<const std::byte*>(P.k.ptr(b, hk));
-  const std::byte* vbase = static_cast<const std::byte*>(P.v.ptr(b, hk));
-  const int64_t kstride = P.k.byte_offset(0, 0, 1), vstride = P.v.byte_offset(0, 0, 1);
-  const int64_t v_row_bytes = P.v.byte_offset(0, 0, 0, Dv);
+  // K/V rows of (b, hk): key j of a dense call at base + j * stride; a paged call finds the
+  // page of key j in the sequence's page table and the row in the page.
+  const TensorView& kt = P.paged ? P.paged->k_pages : P.k;
+  const TensorView& vt = P.paged ? P.paged->v_pages : P.v;
+  const int64_t kstride = kt.byte_offset(0, 0, 1), vstride = vt.byte_offset(0, 0, 1);
+  const int64_t v_row_bytes = vt.byte_offset(0, 0, 0, Dv);
+  const std::byte* kbase = P.paged ? nullptr : static_cast<const std::byte*>(P.k.ptr(b, hk));
+  const std::byte* vbase = P.paged ? nullptr : static_cast<const std::byte*>(P.v.ptr(b, hk));
+  const int32_t* table = P.paged ? P.paged->indices + P.paged->indptr[b] : nullptr;
+  const int64_t ps = P.paged ? P.paged->page_size : 0;
+  // Calls fn(j, n, k_rows, v_rows) for the runs of contiguous rows covering keys [t0, t1):
+  // one run for a dense call, one per page touched for a paged one. Runs split a tile's key
+  // columns, not its arithmetic: scores are per pair and P.V accumulates in key order, so a
+  // paged call computes what the dense call on the gathered K/V computes, bit for bit.
+  auto for_runs = [&](int64_t t0, int64_t t1, auto&& fn) {
+    if (!table) {
+      fn(t0, t1 - t0, kbase + t0 * kstride, vbase + t0 * vstride);
+      return;
+    }
+    for (int64_t j = t0; j < t1;) {
+      const int64_t pi = j / ps, off = j - pi * ps, n = std::min(t1 - j, ps - off);
+      const int64_t page = table[pi];
+      fn(j, n, static_cast<const std::byte*>(kt.ptr(page, hk, off)),
+         static_cast<const std::byte*>(vt.ptr(page, hk, off)));
+      j += n;
+    }
+  };
   const MaskSpec& spec = P.spec;
   RowKind* kind = ws.kind.data();
 
@@ -492,7 +550,7 @@ void run_task(const Plan& P, int64_t task) {
                     : (lo == t0 && hi == t1) ? RowKind::kFull
                                              : RowKind::kPartial;
         if (k != RowKind::kEmpty && spec.doc_ids) {
-          const int32_t dq = doc_id(spec, b, P.q_offset + q0 + i);
+          const int32_t dq = doc_id(spec, b, q_offset + q0 + i);
           if (dq < dmin || dq > dmax)
             k = RowKind::kEmpty;
           else if (dmin != dmax)
@@ -503,7 +561,7 @@ void run_task(const Plan& P, int64_t task) {
       if (spec.fn) {  // user mask: evaluate where the built-ins leave keys visible
         for (int64_t r = 0; r < R; ++r) {
           if (kind[r] == RowKind::kEmpty) continue;
-          const int64_t i = r % nq, h = hk * P.G + r / nq, qp = P.q_offset + q0 + i;
+          const int64_t i = r % nq, h = hk * P.G + r / nq, qp = q_offset + q0 + i;
           const int64_t lo = std::max(ws.lo[static_cast<size_t>(i)], t0);
           const int64_t hi = std::min(ws.hi[static_cast<size_t>(i)], t1);
           uint8_t* vis = ws.fn_vis.data() + (r * kTk);
@@ -523,11 +581,13 @@ void run_task(const Plan& P, int64_t task) {
     if (!any) continue;
 
     // ---- logits ----
-    Prefetch pf;
-    pf.v = vbase + t0 * vstride;
-    pf.vstride = vstride;
-    pf.v_row_bytes = v_row_bytes;
-    Ops::scores(qs, R, Dk, kbase + t0 * kstride, kstride, n, s, pf);
+    for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
+      Prefetch pf;
+      pf.v = vr;
+      pf.vstride = vstride;
+      pf.v_row_bytes = v_row_bytes;
+      Ops::scores(qs, R, Dk, kr, kstride, len, s + (j - t0), pf);
+    });
     for (int64_t r = 0; r < R; ++r) {
       float* sr = s + r * kTk;
       if (kind[r] == RowKind::kEmpty) {
@@ -536,7 +596,7 @@ void run_task(const Plan& P, int64_t task) {
       }
       if (P.softcap > 0)
         for (int64_t j = 0; j < n; ++j) sr[j] = P.softcap * std::tanh(sr[j] / P.softcap);
-      const int64_t i = r % nq, qp = P.q_offset + q0 + i;
+      const int64_t i = r % nq, qp = q_offset + q0 + i;
       if (P.score) {
         const int64_t h = hk * P.G + r / nq;
         for (int64_t j = 0; j < n; ++j) sr[j] = (*P.score)(sr[j], b, h, qp, P.kv_offset + t0 + j);
@@ -558,16 +618,17 @@ void run_task(const Plan& P, int64_t task) {
     for (int64_t r = 0; r < R; ++r)
       Ops::softmax_update(s + r * kTk, n, ws.m[static_cast<size_t>(r)],
                           ws.l[static_cast<size_t>(r)], acc + r * Dv, Dv);
-    Ops::pv(s, R, vbase + t0 * vstride, vstride, n, Dv, acc);
+    for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
+      Ops::pv(s + (j - t0), R, vr, vstride, len, Dv, acc);
+    });
   }
 
   // ---- write the result, or this partition's partial state ----
   for (int64_t r = 0; r < R; ++r) {
     const int64_t h = hk * P.G + r / nq, i = q0 + r % nq;
     const float m = ws.m[static_cast<size_t>(r)], l = ws.l[static_cast<size_t>(r)];
-    if (P.n_split == 1) {
-      finalize_row(m, l, acc + r * Dv, P.sinks ? P.sinks + h : nullptr, Dv,
-                   P.out.ptr_as<float>(b, h, i));
+    if (SP.n_split == 1) {
+      finalize_row(m, l, acc + r * Dv, P.sinks ? P.sinks + h : nullptr, Dv, P.out_row(SP, b, h, i));
     } else {
       float* dst = P.partial + (task * P.max_rows + r) * (Dv + 2);
       std::memcpy(dst, acc + r * Dv, static_cast<size_t>(Dv) * sizeof(float));
@@ -577,20 +638,24 @@ void run_task(const Plan& P, int64_t task) {
   }
 }
 
-// Merges the n_split partial states of one (b, hk, query tile) and writes the rows.
-void merge_task(const Plan& P, int64_t t, std::vector<float>& tmp) {
-  const int64_t qt = t % P.n_qt, hk = (t / P.n_qt) % P.Hkv, b = t / (P.n_qt * P.Hkv);
-  const int64_t q0 = qt * P.tq, nq = std::min(P.Sq, q0 + P.tq) - q0, R = P.G * nq;
-  const int64_t Dv = P.Dv, rec = Dv + 2;
+// Merges the n_split partial states of one group (b, hk, query tile) and writes its rows.
+void merge_group(const Plan& P, int64_t group, std::vector<float>& tmp) {
+  const int64_t b = find_seq(P, group, [](const SeqPlan& x) { return x.group0; });
+  const SeqPlan& SP = P.seqs[b];
+  if (SP.n_split == 1) return;  // run_task wrote the rows
+  const int64_t gl = group - SP.group0, qt = gl % SP.n_qt, hk = gl / SP.n_qt;
+  const int64_t q0 = qt * P.tq, nq = std::min(SP.Sq, q0 + P.tq) - q0, R = P.G * nq;
+  const int64_t Dv = P.Dv, rec = Dv + 2, task0 = SP.task0 + gl * SP.n_split;
   tmp.resize(static_cast<size_t>(Dv));
   for (int64_t r = 0; r < R; ++r) {
-    const float* first = P.partial + (t * P.n_split * P.max_rows + r) * rec;
+    const float* first = P.partial + (task0 * P.max_rows + r) * rec;
     float M = kNegInf;
-    for (int64_t sp = 0; sp < P.n_split; ++sp) M = std::max(M, first[sp * P.max_rows * rec + Dv]);
+    for (int64_t sp = 0; sp < SP.n_split; ++sp)
+      M = std::max(M, first[sp * P.max_rows * rec + Dv]);
     float L = 0;
     std::fill(tmp.begin(), tmp.end(), 0.0f);
     if (M != kNegInf) {
-      for (int64_t sp = 0; sp < P.n_split; ++sp) {
+      for (int64_t sp = 0; sp < SP.n_split; ++sp) {
         const float* part = first + sp * P.max_rows * rec;
         if (part[Dv] == kNegInf) continue;
         const float w = std::exp(part[Dv] - M);
@@ -600,8 +665,88 @@ void merge_task(const Plan& P, int64_t t, std::vector<float>& tmp) {
     }
     const int64_t h = hk * P.G + r / nq;
     finalize_row(M, L, tmp.data(), P.sinks ? P.sinks + h : nullptr, Dv,
-                 P.out.ptr_as<float>(b, h, q0 + r % nq));
+                 P.out_row(SP, b, h, q0 + r % nq));
   }
+}
+
+// Plans the tasks of sequences whose Sq / Skv / q_offset are set, then runs them. split is
+// AttentionOptions::kv_split (0 automatic, -1 never, > 0 keys per partition).
+template <template <DType> class Ops>
+void execute(Plan& P, std::vector<SeqPlan>& seqs, int64_t split_opt, DType kv_dtype) {
+  int64_t max_sq = 0;
+  for (const SeqPlan& x : seqs) max_sq = std::max(max_sq, x.Sq);
+  if (max_sq == 0 || P.Dv == 0) return;
+  P.tq = std::min(max_sq, std::max<int64_t>(1, kRowsPerTask / P.G));
+  P.max_rows = P.G * P.tq;
+  for (SeqPlan& x : seqs) x.n_qt = (x.Sq + P.tq - 1) / P.tq;
+  ThreadPool& pool = default_pool();
+  // Flash-decoding split: a sequence with a single query tile (decode, short verification
+  // steps) and a long cache has its keys cut into kSplitKeys partitions, so B x H_kv tasks
+  // never leave threads idle. The rule looks at the sequence only — not at the batch, the
+  // thread count or the machine — so a sequence's output does not depend on what it is batched
+  // with (batch invariance: continuous batching returns what a lone request would).
+  bool any_split = false;
+  for (SeqPlan& x : seqs) {
+    int64_t split = split_opt;
+    if (split == 0)
+      split = (x.Sq * P.G <= kRowsPerTask && x.Skv > kSplitKeys) ? kSplitKeys : -1;
+    if (split < 0 || split >= x.Skv) {
+      x.n_split = 1;
+      x.split_len = std::max<int64_t>(x.Skv, 1);
+    } else {
+      x.split_len = (split + kTk - 1) / kTk * kTk;  // partitions start on tile boundaries
+      x.n_split = (x.Skv + x.split_len - 1) / x.split_len;
+      if (x.n_split == 1) x.split_len = std::max<int64_t>(x.Skv, 1);
+    }
+    any_split |= x.n_split > 1;
+  }
+  int64_t tasks = 0, groups = 0;
+  for (SeqPlan& x : seqs) {
+    x.task0 = tasks;
+    x.group0 = groups;
+    groups += P.Hkv * x.n_qt;
+    tasks += P.Hkv * x.n_qt * x.n_split;
+  }
+  P.seqs = seqs.data();
+  P.n_tasks = tasks;
+  P.n_groups = groups;
+
+  thread_local std::vector<float> partial;  // reused by the calling thread across calls
+  if (any_split) {
+    partial.resize(static_cast<size_t>(P.n_tasks * P.max_rows * (P.Dv + 2)));
+    P.partial = partial.data();
+  }
+  auto launch = [&](auto task_fn) {
+    pool.parallel_for(P.n_tasks, [&](int64_t t) { task_fn(P, t); });
+  };
+  switch (kv_dtype) {
+    case DType::kF32:
+      launch(run_task<Ops<DType::kF32>>);
+      break;
+    case DType::kF16:
+      launch(run_task<Ops<DType::kF16>>);
+      break;
+    case DType::kBF16:
+      launch(run_task<Ops<DType::kBF16>>);
+      break;
+    default:
+      KV_CHECK(false, "dtype validated by the caller");
+  }
+  if (any_split) {
+    pool.parallel_for(P.n_groups, [&](int64_t g) {
+      thread_local std::vector<float> tmp;
+      merge_group(P, g, tmp);
+    });
+  }
+}
+
+void fill_common(Plan& P, const AttentionOptions& o) {
+  P.G = P.Hq / P.Hkv;
+  P.scale = o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(P.Dk));
+  P.softcap = o.softcap;
+  P.sinks = o.sinks;
+  P.score = o.score;
+  P.spec = attention_mask_spec(o);
 }
 
 template <template <DType> class Ops>
@@ -615,75 +760,57 @@ void run_attention(const TensorView& q, const TensorView& k, const TensorView& v
   P.out = out;
   P.B = q.dim(0);
   P.Hq = q.dim(1);
-  P.Sq = q.dim(2);
   P.Dk = q.dim(3);
   P.Hkv = k.dim(1);
-  P.Skv = k.dim(2);
   P.Dv = v.dim(3);
-  P.G = P.Hq / P.Hkv;
-  if (P.B == 0 || P.Hq == 0 || P.Sq == 0 || P.Dv == 0) return;
-  P.scale = o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(P.Dk));
-  P.softcap = o.softcap;
-  P.sinks = o.sinks;
-  P.score = o.score;
-  P.spec = attention_mask_spec(o);
-  const MaskGeometry geo = make_geometry(P.B, P.Hq, P.Sq, P.Skv, o.q_offset, o.kv_offset);
-  P.q_offset = geo.q_offset;
+  const int64_t Sq = q.dim(2), Skv = k.dim(2);
+  if (P.B == 0 || P.Hq == 0 || Sq == 0 || P.Dv == 0) return;
+  fill_common(P, o);
+  const MaskGeometry geo = make_geometry(P.B, P.Hq, Sq, Skv, o.q_offset, o.kv_offset);
   P.kv_offset = geo.kv_offset;
   // Use 3 of the mask module, when it is cheap to decide (built-in intervals only).
   P.mask_free = !P.spec.fn && !P.spec.doc_ids && mask_is_all_visible(P.spec, geo);
+  thread_local std::vector<SeqPlan> seqs;
+  seqs.assign(static_cast<size_t>(P.B), SeqPlan{});
+  for (SeqPlan& x : seqs) {
+    x.Sq = Sq;
+    x.Skv = Skv;
+    x.q_offset = geo.q_offset;
+  }
+  execute<Ops>(P, seqs, o.kv_split, k.dtype());
+}
 
-  P.tq = std::min(P.Sq, std::max<int64_t>(1, kRowsPerTask / P.G));
-  P.n_qt = (P.Sq + P.tq - 1) / P.tq;
-  P.max_rows = P.G * P.tq;
-  ThreadPool& pool = default_pool();
-  const int64_t base_tasks = P.B * P.Hkv * P.n_qt;
-  int64_t split = o.kv_split;
-  if (split == 0) {
-    // Split only when the tasks cannot keep every thread busy (decode, small batch): aim at
-    // about 8 tasks per thread, partitions of at least kMinSplit keys. More tasks than threads
-    // keeps the dynamic hand-out balanced when a thread is slowed (shared machine, SMT).
-    const int64_t want = (8 * pool.n_threads() + base_tasks - 1) / base_tasks;
-    const int64_t n = std::min(want, P.Skv / kMinSplit);
-    split = n > 1 ? (P.Skv + n - 1) / n : -1;
+template <template <DType> class Ops>
+void run_paged(const TensorView& q, const PagedKV& kv, const int32_t* cu_seqlens_q,
+               const TensorView& out, const AttentionOptions& o) {
+  Plan P;
+  P.q = q;
+  P.out = out;
+  P.paged = &kv;
+  P.B = kv.batch;
+  P.Hq = q.dim(1);
+  P.Dk = q.dim(2);
+  P.Hkv = kv.k_pages.dim(1);
+  P.Dv = out.dim(2);
+  if (P.B == 0 || P.Hq == 0) return;
+  fill_common(P, o);
+  P.kv_offset = o.kv_offset;
+  // Bottom-right aligned per sequence; a plain causal decode of every sequence needs no mask.
+  bool all_decode = true;
+  thread_local std::vector<SeqPlan> seqs;
+  seqs.assign(static_cast<size_t>(P.B), SeqPlan{});
+  for (int64_t b = 0; b < P.B; ++b) {
+    SeqPlan& x = seqs[static_cast<size_t>(b)];
+    x.q_row0 = cu_seqlens_q[b];
+    x.Sq = cu_seqlens_q[b + 1] - cu_seqlens_q[b];
+    x.Skv = kv.seq_len(b);
+    x.q_offset = o.kv_offset + x.Skv - x.Sq;
+    all_decode &= x.Sq <= 1;
   }
-  if (split < 0 || split >= P.Skv) {
-    P.n_split = 1;
-    P.split_len = std::max<int64_t>(P.Skv, 1);
-  } else {
-    P.split_len = (split + kTk - 1) / kTk * kTk;
-    P.n_split = (P.Skv + P.split_len - 1) / P.split_len;
-  }
-  if (P.n_split == 1) P.split_len = std::max<int64_t>(P.Skv, 1);
-
-  thread_local std::vector<float> partial;  // reused by the calling thread across calls
-  if (P.n_split > 1) {
-    partial.resize(static_cast<size_t>(base_tasks * P.n_split * P.max_rows * (P.Dv + 2)));
-    P.partial = partial.data();
-  }
-
-  auto launch = [&](auto task_fn) {
-    pool.parallel_for(base_tasks * P.n_split, [&](int64_t t) { task_fn(P, t); });
-  };
-  switch (k.dtype()) {
-    case DType::kF32:
-      launch(run_task<Ops<DType::kF32>>);
-      break;
-    case DType::kF16:
-      launch(run_task<Ops<DType::kF16>>);
-      break;
-    case DType::kBF16:
-      launch(run_task<Ops<DType::kBF16>>);
-      break;
-    default:
-      KV_CHECK(false, "dtype validated above");
-  }
-  if (P.n_split > 1) {
-    pool.parallel_for(base_tasks, [&](int64_t t) {
-      thread_local std::vector<float> tmp;
-      merge_task(P, t, tmp);
-    });
-  }
+  P.mask_free = all_decode && P.spec.causal && P.spec.sliding_window == 0 &&
+                P.spec.chunk_size == 0 && !P.spec.fn && !P.spec.doc_ids && !P.spec.kv_begin &&
+                !P.spec.kv_end;
+  execute<Ops>(P, seqs, o.kv_split, kv.k_pages.dtype());
 }
 
 }  // namespace
@@ -707,6 +834,21 @@ void fused_attention(const TensorView& q, const TensorView& k, const TensorView&
 void flex_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                     const TensorView& out, const AttentionOptions& o) {
   fused_attention(q, k, v, out, o);
+}
+
+void fused_paged_attention(const TensorView& q, const PagedKV& kv, const int32_t* cu_seqlens_q,
+                           const TensorView& out, const AttentionOptions& o) {
+#if KVCACHE_ATTN_AVX2
+  run_paged<SimdOps>(q, kv, cu_seqlens_q, out, o);
+#else
+  run_paged<ScalarOps>(q, kv, cu_seqlens_q, out, o);
+#endif
+}
+
+void fused_paged_attention_scalar(const TensorView& q, const PagedKV& kv,
+                                  const int32_t* cu_seqlens_q, const TensorView& out,
+                                  const AttentionOptions& o) {
+  run_paged<ScalarOps>(q, kv, cu_seqlens_q, out, o);
 }
 
 }  // namespace kvcache::detail

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/kv_span.h"
 #include "kernels/attention.h"
 
 namespace kvcache::detail {
@@ -14,6 +15,14 @@ void flex_attention(const TensorView& q, const TensorView& k, const TensorView& 
                     const TensorView& out, const AttentionOptions& options);
 void fused_attention_scalar(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const AttentionOptions& options);
+
+// The fused kernel reading K/V through a page table (varlen batch, see paged_attention.h; the
+// caller has validated the arguments). Bit-identical to fused_attention on the gathered K/V.
+void fused_paged_attention(const TensorView& q, const PagedKV& kv, const int32_t* cu_seqlens_q,
+                           const TensorView& out, const AttentionOptions& options);
+void fused_paged_attention_scalar(const TensorView& q, const PagedKV& kv,
+                                  const int32_t* cu_seqlens_q, const TensorView& out,
+                                  const AttentionOptions& options);
 
 // f32 dot product with 8 interleaved partial sums (vectorisable without -ffast-math).
 inline float dot_f32(const float* a, const float* b, int64_t n) {

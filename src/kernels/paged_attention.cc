@@ -154,10 +154,15 @@ void paged_attention(std::string_view kernel, const PagedAttentionArgs& args,
   validate_paged_attention_args(args, options);
   if (kernel == "eager") {
     paged_eager(args, options);
-    return;
+  } else if (kernel == "fused") {
+    detail::fused_paged_attention(args.q, args.kv, args.cu_seqlens_q, args.out, options);
+  } else if (kernel == "fused_scalar") {
+    detail::fused_paged_attention_scalar(args.q, args.kv, args.cu_seqlens_q, args.out, options);
+  } else {
+    throw Error(ErrorKind::kInvalidArgument, "paged_attention: unknown kernel '" +
+                                                 std::string(kernel) +
+                                                 "' (paged kernels: eager, fused, fused_scalar)");
   }
-  throw Error(ErrorKind::kInvalidArgument,
-              "paged_attention: unknown kernel '" + std::string(kernel) + "' (registered: eager)");
 }
 
 }  // namespace kvcache

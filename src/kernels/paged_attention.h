@@ -31,7 +31,10 @@ struct PagedAttentionArgs {
 
 // Kernels: "eager" — widens each (sequence, KV head) to f32 scratch through the page table and
 // runs the dense eager kernel's arithmetic in the same order, so it is bit-identical to "eager"
-// on the gathered contiguous K/V. Unknown names throw Error(kInvalidArgument).
+// on the gathered contiguous K/V. "fused" (and its portable twin "fused_scalar") — the dense
+// fused kernel's online softmax reading K/V rows in place, page by page (no gather, no widened
+// copy), split-KV for long decode rows; bit-identical to dense "fused" on the gathered K/V of
+// each sequence run alone. Unknown names throw Error(kInvalidArgument).
 void paged_attention(std::string_view kernel, const PagedAttentionArgs& args,
                      const AttentionOptions& options);
 

@@ -4,7 +4,10 @@
 // Tolerances:
 //   - paged "eager" vs dense "eager" on the gathered K/V: bit-identical (same operations in the
 //     same order: dot_f32, scale, softcap, max, exp, key-ordered sums, 1/den, key-ordered P.V).
-//   - paged "eager" vs attention_reference on the same (rounded) K/V: row error <= 1e-5.
+//   - paged "fused" / "fused_scalar" vs dense "fused" / "fused_scalar" on each sequence's
+//     gathered K/V run alone: bit-identical (pages only cut a tile into runs of rows; the split
+//     of long decode rows is decided per sequence, never from the batch).
+//   - every paged kernel vs attention_reference on the same (rounded) K/V: row error <= 1e-5.
 #include "kernels/paged_attention.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "kernels/attention_reference.h"
 
 namespace kvcache {
@@ -124,17 +128,17 @@ TensorView seq_view(const Paged& p, const Tensor& packed, int64_t b) {
                     {n * H * D, D, H * D, 1});
 }
 
-void check_case(const PCase& c, uint32_t seed) {
-  SCOPED_TRACE(c.str());
+void check_case(const PCase& c, uint32_t seed, const char* kernel = "eager") {
+  SCOPED_TRACE(c.str() + " kernel " + kernel);
   Paged p = make_paged(c, seed);
-  paged_attention("eager", p.args, p.opts);
+  paged_attention(kernel, p.args, p.opts);
   for (int64_t b = 0; b < c.B; ++b) {
     SCOPED_TRACE("sequence " + std::to_string(b));
     const Tensor k = gather(p, p.kpool, b), v = gather(p, p.vpool, b);
     const TensorView q = seq_view(p, p.qbuf, b), got = seq_view(p, p.obuf, b);
     const int64_t n = q.dim(2);
     Tensor dense = Tensor::zeros(DType::kF32, {1, c.Hq, n, c.D});
-    get_attention_kernel("eager")(q, k.view(), v.view(), dense.view(), p.opts);
+    get_attention_kernel(kernel)(q, k.view(), v.view(), dense.view(), p.opts);
     const ReferenceResult ref = attention_reference(q, k.view(), v.view(), p.opts);
     double worst = 0;
     int64_t mismatches = 0;
@@ -154,7 +158,8 @@ void check_case(const PCase& c, uint32_t seed) {
         else
           worst = std::max(worst, emax / rmax);
       }
-    EXPECT_EQ(mismatches, 0) << "paged eager must equal dense eager bit for bit";
+    EXPECT_EQ(mismatches, 0) << "paged " << kernel << " must equal dense " << kernel
+                             << " bit for bit";
     EXPECT_LE(worst, 1e-5) << "vs double reference";
   }
 }
@@ -207,6 +212,105 @@ TEST(PagedAttention, SingleTokenSequencesAndFullPages) {
   c.max_len = 30;
   c.max_q = 30;
   check_case(c, 8);
+}
+
+TEST(PagedAttention, FusedMatchesDenseDecode) {
+  uint32_t seed = 200;
+  for (const char* kernel : {"fused", "fused_scalar"})
+    for (int64_t page : {16, 7, 100})
+      for (auto [Hq, Hkv] : {std::pair<int64_t, int64_t>{2, 2}, {8, 2}, {8, 1}})
+        for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+          PCase c;
+          c.page = page;
+          c.Hq = Hq;
+          c.Hkv = Hkv;
+          c.D = page == 7 ? 80 : 128;
+          c.kv = dt;
+          c.B = 4;
+          check_case(c, seed++, kernel);
+        }
+}
+
+// Sequences longer than one split-KV partition (1,024 keys): split decode rows, merged.
+TEST(PagedAttention, FusedLongDecodeSplits) {
+  uint32_t seed = 300;
+  for (int64_t page : {16, 64, 129}) {
+    PCase c;
+    c.page = page;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.D = 64;
+    c.kv = DType::kF16;
+    c.B = 3;
+    c.max_len = 3000;
+    check_case(c, seed++, "fused");
+    c.sinks = true;
+    c.window = 700;
+    c.kv_offset = 11;
+    check_case(c, seed++, "fused");
+  }
+}
+
+TEST(PagedAttention, FusedMatchesDensePrefillWindowSinks) {
+  uint32_t seed = 400;
+  for (const char* kernel : {"fused", "fused_scalar"})
+    for (int64_t page : {16, 7})
+      for (int64_t window : {0, 37})
+        for (bool sinks : {false, true})
+          for (DType dt : {DType::kF32, DType::kBF16}) {
+            PCase c;
+            c.page = page;
+            c.Hq = 4;
+            c.Hkv = 2;
+            c.D = 80;
+            c.kv = dt;
+            c.B = 3;
+            c.max_len = 150;
+            c.max_q = 70;  // mixes decode-like and prefill sequences in one batch
+            c.window = window;
+            c.sinks = sinks;
+            c.kv_offset = window ? 5 : 0;
+            check_case(c, seed++, kernel);
+          }
+}
+
+// Batch and thread-count invariance: the output of a long decode row is the same bits whether
+// the kernel runs on 1 or 3 threads (the split-KV partitions are fixed per sequence).
+TEST(PagedAttention, FusedDecodeIndependentOfThreadCount) {
+  PCase c;
+  c.B = 2;
+  c.Hq = 4;
+  c.Hkv = 1;
+  c.max_len = 5000;
+  c.kv = DType::kF16;
+  Paged p = make_paged(c, 77);
+  std::vector<Tensor> outs;
+  const int before = default_pool().n_threads();
+  for (int threads : {1, 3}) {
+    set_default_threads(threads);
+    std::fill(p.obuf.data_as<float>(), p.obuf.data_as<float>() + p.obuf.numel(), 0.0f);
+    paged_attention("fused", p.args, p.opts);
+    outs.push_back(p.obuf.clone());
+  }
+  set_default_threads(before);
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size_bytes()), 0);
+}
+
+TEST(PagedAttention, FusedEdgeShapes) {
+  PCase c;
+  c.B = 5;
+  c.max_len = 1;
+  check_case(c, 17, "fused");
+  c.page = 1;
+  c.max_len = 30;
+  c.max_q = 30;
+  check_case(c, 18, "fused");
+  c.page = 16;
+  c.D = 256;
+  c.Hq = 3;
+  c.Hkv = 1;
+  c.max_len = 90;
+  check_case(c, 19, "fused");
 }
 
 TEST(PagedAttention, BadTablesThrow) {
