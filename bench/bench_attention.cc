@@ -4,6 +4,7 @@
 // (UseRealTime), so bytes_per_second in --benchmark_format=json is K/V bytes per second.
 //
 //   build/bench/bench_attention --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+//   BM_FlexPrefill/{fn,block_mask,block_mask_build}: a user mask called per pair vs read as bits.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -138,6 +139,46 @@ void BM_PrefillAttention(benchmark::State& state, const char* kernel) {
       flops * static_cast<double>(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
 }
 
+// ---- flex: a user mask_mod (packed documents of 256 tokens, causal) at prefill, 2048 x 2048 ----
+// "fn": the kernel calls the function for every pair in tiles the built-ins leave visible;
+// "block_mask": the function evaluated once into a BlockMask (outside the timed loop, as a
+// model builds it once per forward for all layers); "block_mask_build": the cost of building.
+void BM_FlexPrefill(benchmark::State& state, int mode) {
+  constexpr int64_t kS = 2048, kHq = 8, kHkv = 2, kD = 128, kDoc = 256;
+  Tensor qbuf = Tensor::empty(DType::kF32, {1, kS, kHq, kD});
+  Tensor obuf = Tensor::empty(DType::kF32, {1, kS, kHq, kD});
+  Tensor k = Tensor::empty(DType::kF32, {1, kHkv, kS, kD});
+  Tensor v = Tensor::empty(DType::kF32, {1, kHkv, kS, kD});
+  fill_random(qbuf.view(), 1);
+  fill_random(k.view(), 2);
+  fill_random(v.view(), 3);
+  const Dims st{kS * kHq * kD, kD, kHq * kD, 1};
+  const TensorView q(qbuf.data(), DType::kF32, {1, kHq, kS, kD}, st);
+  const TensorView out(obuf.data(), DType::kF32, {1, kHq, kS, kD}, st);
+  const MaskFn same_doc = [](int64_t, int64_t, int64_t qp, int64_t kp) {
+    return qp / kDoc == kp / kDoc;
+  };
+  const MaskGeometry geo = make_geometry(1, kHq, kS, kS, -1, 0);
+  AttentionOptions o;  // causal built in; the document rule is the user's
+  BlockMask bm;
+  if (mode == 1) {
+    bm = BlockMask::create(same_doc, geo, false);
+    o.block_mask = &bm;
+  } else {
+    o.mask = &same_doc;
+  }
+  const AttentionFn fn = get_attention_kernel("flex");
+  for (auto _ : state) {
+    if (mode == 2) {
+      BlockMask built = BlockMask::create(same_doc, geo, false);
+      benchmark::DoNotOptimize(built.tiles());
+    } else {
+      fn(q, k.view(), v.view(), out, o);
+    }
+    benchmark::ClobberMemory();
+  }
+}
+
 void register_all() {
   benchmark::RegisterBenchmark("BM_ReadBandwidth", BM_ReadBandwidth)
       ->UseRealTime()
@@ -158,6 +199,13 @@ void register_all() {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond)
         ->Iterations(2);
+  int mode = 0;
+  for (const char* name : {"fn", "block_mask", "block_mask_build"})
+    benchmark::RegisterBenchmark((std::string("BM_FlexPrefill/") + name).c_str(), BM_FlexPrefill,
+                                 mode++)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(3);
 }
 
 }  // namespace

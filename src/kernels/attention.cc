@@ -20,7 +20,7 @@ MaskSpec attention_mask_spec(const AttentionOptions& o) {
   s.doc_len = o.doc_len;
   s.kv_begin = o.kv_valid_begin;
   s.kv_end = o.kv_valid_end;
-  s.fn = o.mask;
+  s.fn = o.block_mask ? &o.block_mask->fn() : o.mask;
   return s;
 }
 
@@ -62,6 +62,22 @@ void validate_attention_args(const TensorView& q, const TensorView& k, const Ten
   require(o.sliding_window >= 0 && o.chunk_size >= 0, ia,
           "sliding_window and chunk_size must be >= 0");
   require(o.kv_offset >= 0 && o.q_offset >= -1, ia, "kv_offset must be >= 0, q_offset >= -1");
+  if (o.block_mask) {
+    require(!o.mask, ia, "set either mask or block_mask, not both");
+    require(static_cast<bool>(*o.block_mask), ia, "block_mask is empty (use BlockMask::create)");
+    const MaskGeometry& g = o.block_mask->geometry();
+    const int64_t q_off = o.q_offset >= 0 ? o.q_offset : o.kv_offset + k.dim(2) - Sq;
+    require(g.batch == B && g.q_len == Sq && g.kv_len == k.dim(2) && g.q_offset == q_off &&
+                g.kv_offset == o.kv_offset && (!o.block_mask->per_head() || g.heads == Hq),
+            ia,
+            "block_mask was built for batch " + std::to_string(g.batch) + ", heads " +
+                std::to_string(g.heads) + ", q_len " + std::to_string(g.q_len) + ", kv_len " +
+                std::to_string(g.kv_len) + ", q_offset " + std::to_string(g.q_offset) +
+                ", kv_offset " + std::to_string(g.kv_offset) + "; this call has " +
+                std::to_string(B) + ", " + std::to_string(Hq) + ", " + std::to_string(Sq) + ", " +
+                std::to_string(k.dim(2)) + ", " + std::to_string(q_off) + ", " +
+                std::to_string(o.kv_offset) + " (build one per call geometry)");
+  }
   if (o.doc_ids) {
     const int64_t q_off = o.q_offset >= 0 ? o.q_offset : o.kv_offset + k.dim(2) - Sq;
     require(q_off >= 0 && q_off + Sq <= o.doc_len && o.kv_offset + k.dim(2) <= o.doc_len, ia,

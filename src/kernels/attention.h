@@ -31,6 +31,9 @@ struct AttentionOptions {
   int64_t q_offset = -1;           // absolute position of q[:, :, 0]; -1: bottom-right aligned,
                                    // i.e. kv_offset + S_kv - S_q
   const MaskFn* mask = nullptr;    // extra mask ANDed with the above (flex; eager honours it)
+  // The same, evaluated once (kernels/mask.h BlockMask; its geometry must be this call's).
+  // fused/flex read its bits instead of calling a function; at most one of mask, block_mask.
+  const BlockMask* block_mask = nullptr;
   const ScoreFn* score = nullptr;  // score_mod (flex; eager honours it)
   // Packed sequences: [B, doc_len] document id per absolute position (positions the call
   // covers must lie in [0, doc_len)); a query sees only keys of its own document.

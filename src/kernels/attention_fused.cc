@@ -82,6 +82,7 @@ struct Plan {
   float scale = 1, softcap = 0;
   const float* sinks = nullptr;    // [H_q] or null
   const ScoreFn* score = nullptr;  // or null
+  const BlockMask* block_mask = nullptr;  // user mask as bits (then spec.fn is its fn())
   MaskSpec spec;
   bool mask_free = false;  // every pair visible: no classification, no masking
   int64_t kv_offset = 0;
@@ -161,6 +162,10 @@ struct ScalarOps {
       }
     }
   }
+  // s[j] = c * tanh(s[j] / c), Gemma-2's attention logit softcap.
+  static void softcap(float* s, int64_t n, float c) {
+    for (int64_t j = 0; j < n; ++j) s[j] = c * std::tanh(s[j] / c);
+  }
   // Turns logits s[0, n) into exp(s - m_new) in place; returns the row's new state.
   static bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
     float mt = kNegInf;
@@ -170,7 +175,7 @@ struct ScalarOps {
       return false;
     }
     const float m_new = std::max(m, mt);
-    const float alpha = std::exp(m - m_new);
+    const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);  // exp(0) = 1 exactly
     float sum = 0;
     for (int64_t j = 0; j < n; ++j) {
       s[j] = std::exp(s[j] - m_new);
@@ -253,12 +258,15 @@ template <DType KD>
 struct SimdOps {
   using T = typename Elem<KD>::T;
 
-  // NR rows x NK keys of dot products, accumulators held in registers.
-  template <int NR, int NK>
-  static void score_block(const float* qs, int64_t Dk, const T* const* kr, float* s) {
+  // NR rows x NK keys of dot products, accumulators held in registers. DC is the head dim when
+  // known at compile time (64, 128: unrolled loop, no tail), else 0 and dk is used.
+  template <int NR, int NK, int DC>
+  static void score_block(const float* qs, int64_t dk, const T* const* kr, float* s) {
+    const int64_t Dk = DC ? DC : dk;
     __m256 acc[NR * NK];
     for (int i = 0; i < NR * NK; ++i) acc[i] = _mm256_setzero_ps();
     int64_t d = 0;
+#pragma GCC unroll 4
     for (; d + 8 <= Dk; d += 8) {
       __m256 kv[NK];
       for (int c = 0; c < NK; ++c) kv[c] = load8<KD>(kr[c] + d);
@@ -270,19 +278,26 @@ struct SimdOps {
         for (int c = 0; c < NK; ++c) acc[r * NK + c] = _mm256_fmadd_ps(qv, kv[c], acc[r * NK + c]);
       }
     }
-    float res[NR * NK];
-    if constexpr (NR * NK == 8) {
-      _mm256_storeu_ps(res, hsum8(acc));
+    static_assert(DC % 8 == 0, "compile-time head dims are multiples of 8");
+    if constexpr (DC != 0 && NR * NK != 8) {  // no tail: straight to s
+      for (int r = 0; r < NR; ++r)
+        for (int c = 0; c < NK; ++c) s[r * kTk + c] = hsum1(acc[r * NK + c]);
     } else {
-      for (int i = 0; i < NR * NK; ++i) res[i] = hsum1(acc[i]);
-    }
-    for (int r = 0; r < NR; ++r)
-      for (int c = 0; c < NK; ++c) {
-        float x = res[r * NK + c];
-        for (int64_t dd = d; dd < Dk; ++dd)
-          x = std::fma(qs[r * Dk + dd], Elem<KD>::get(kr[c][dd]), x);
-        s[r * kTk + c] = x;
+      float res[NR * NK];
+      if constexpr (NR * NK == 8) {
+        _mm256_storeu_ps(res, hsum8(acc));
+      } else {
+        for (int i = 0; i < NR * NK; ++i) res[i] = hsum1(acc[i]);
       }
+      for (int r = 0; r < NR; ++r)
+        for (int c = 0; c < NK; ++c) {
+          float x = res[r * NK + c];
+          if constexpr (DC == 0)  // DC is 0, 64 or 128: a compile-time dim has no tail
+            for (int64_t dd = d; dd < Dk; ++dd)
+              x = std::fma(qs[r * Dk + dd], Elem<KD>::get(kr[c][dd]), x);
+          s[r * kTk + c] = x;
+        }
+    }
   }
 
   // Prefetches the bytes [0, row_bytes) of row j (stride `stride`) of a stream into L1.
@@ -291,47 +306,95 @@ struct SimdOps {
     for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
   }
 
-  template <int NR>
+  // Keys per score block for NR rows: as many independent accumulator chains as the 16 ymm
+  // registers hold (NR * NK accumulators + NK keys + 1 query). A block's chains are only
+  // Dk / 8 FMAs long, so more chains hide the FMA latency and the horizontal-sum epilogue
+  // (decode, G = 4: 3 keys measured ~10 % faster than 2 on Zen 3).
+  static constexpr int keys_per_block(int NR) { return NR >= 3 ? 3 : NR == 2 ? 4 : 6; }
+
+  template <int NR, int DC>
   static void score_rows(const float* qs, int64_t Dk, const std::byte* kb, int64_t kstride,
                          int64_t n, float* s, const Prefetch* pf) {
+    constexpr int NK = keys_per_block(NR);
     int64_t j = 0;
-    for (; j + 2 <= n; j += 2) {
-      if (pf) {
+    for (; j + NK <= n; j += NK) {
+      const T* kr[NK];
+      for (int c = 0; c < NK; ++c) {
         // Spread over the score loop: the V rows of this tile, which pv() reads next column
-        // block by column block (a pattern the hardware prefetcher follows poorly). K rows are
-        // read in order and left to the hardware prefetcher: prefetching them too measured no
-        // better (decode, f16, 16K-64K keys) and costs load-queue slots.
-        prefetch_row(pf->v, pf->vstride, j, pf->v_row_bytes);
-        prefetch_row(pf->v, pf->vstride, j + 1, pf->v_row_bytes);
+        // block by column block (a pattern the hardware prefetcher follows poorly). K rows
+        // are read in order and left to the hardware prefetcher: prefetching them too
+        // measured no better (decode, f16, 16K-64K keys) and costs load-queue slots.
+        if (pf) prefetch_row(pf->v, pf->vstride, j + c, pf->v_row_bytes);
+        kr[c] = reinterpret_cast<const T*>(kb + (j + c) * kstride);
       }
-      const T* kr[2] = {reinterpret_cast<const T*>(kb + j * kstride),
-                        reinterpret_cast<const T*>(kb + (j + 1) * kstride)};
-      score_block<NR, 2>(qs, Dk, kr, s + j);
+      score_block<NR, NK, DC>(qs, Dk, kr, s + j);
     }
-    if (j < n) {
+    for (; j < n; ++j) {
+      if (pf) prefetch_row(pf->v, pf->vstride, j, pf->v_row_bytes);
       const T* kr[1] = {reinterpret_cast<const T*>(kb + j * kstride)};
-      score_block<NR, 1>(qs, Dk, kr, s + j);
+      score_block<NR, 1, DC>(qs, Dk, kr, s + j);
+    }
+  }
+
+  template <int DC>
+  static void scores_d(const float* qs, int64_t R, int64_t Dk, const std::byte* kb,
+                       int64_t kstride, int64_t n, float* s, const Prefetch& pf) {
+    int64_t r = 0;
+    const Prefetch* p = &pf;  // prefetch during the first row block only
+    for (; r + 4 <= R; r += 4, p = nullptr)
+      score_rows<4, DC>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
+    switch (R - r) {
+      case 3:
+        score_rows<3, DC>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
+        break;
+      case 2:
+        score_rows<2, DC>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
+        break;
+      case 1:
+        score_rows<1, DC>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
+        break;
+      default:
+        break;
     }
   }
 
   static void scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb, int64_t kstride,
                      int64_t n, float* s, const Prefetch& pf) {
-    int64_t r = 0;
-    const Prefetch* p = &pf;  // prefetch during the first row block only
-    for (; r + 4 <= R; r += 4, p = nullptr)
-      score_rows<4>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
-    switch (R - r) {
-      case 3:
-        score_rows<3>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
+    switch (Dk) {  // the common head dims get a fully known loop
+      case 64:
+        scores_d<64>(qs, R, Dk, kb, kstride, n, s, pf);
         break;
-      case 2:
-        score_rows<2>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
-        break;
-      case 1:
-        score_rows<1>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
+      case 128:
+        scores_d<128>(qs, R, Dk, kb, kstride, n, s, pf);
         break;
       default:
-        break;
+        scores_d<0>(qs, R, Dk, kb, kstride, n, s, pf);
+    }
+  }
+
+  // s[j] = c * tanh(s[j] / c) on whole vectors (the row buffer has kTk columns). tanh|t| =
+  // (1 - e) / (1 + e) with e = exp(-2|t|); below |t| = 0.125 that difference cancels, so the
+  // odd Taylor series t - t^3/3 + 2t^5/15 - 17t^7/315 is used instead (next term < 2e-9 t).
+  // Error <= ~3e-7 relative to c * tanh: logits move by far less than the kernels' 1e-5 bound,
+  // and a libm tanh per logit would cost more than the dot product that produced it.
+  static void softcap(float* s, int64_t n, float c) {
+    const __m256 vc = _mm256_set1_ps(c), inv = _mm256_set1_ps(1.0f / c);
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    // Whole vectors up to round8(n) (the row has kTk columns): a logit gets the same formula
+    // wherever it sits in its tile, so a decode row still equals the prefill's row.
+    for (int64_t j = 0; j < n; j += 8) {
+      const __m256 t = _mm256_mul_ps(_mm256_loadu_ps(s + j), inv);
+      const __m256 a = _mm256_andnot_ps(sign, t);  // |t|
+      const __m256 e = exp256(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
+      const __m256 big = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+      const __m256 a2 = _mm256_mul_ps(a, a);
+      __m256 p = _mm256_set1_ps(-17.0f / 315);
+      p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(2.0f / 15));
+      p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-1.0f / 3));
+      p = _mm256_fmadd_ps(_mm256_mul_ps(p, a2), a, a);
+      const __m256 small = _mm256_cmp_ps(a, _mm256_set1_ps(0.125f), _CMP_LT_OQ);
+      const __m256 th = _mm256_blendv_ps(big, p, small);
+      _mm256_storeu_ps(s + j, _mm256_mul_ps(vc, _mm256_or_ps(th, _mm256_and_ps(t, sign))));
     }
   }
 
@@ -351,7 +414,7 @@ struct SimdOps {
       return false;
     }
     const float m_new = std::max(m, mt);
-    const float alpha = std::exp(m - m_new);
+    const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);  // exp(0) = 1 exactly
     const __m256 vm = _mm256_set1_ps(m_new);
     __m256 vsum = _mm256_setzero_ps();
     for (int64_t j = 0; j < n8; j += 8) {
@@ -558,7 +621,31 @@ void run_task(const Plan& P, int64_t task) {
         }
         for (int64_t g = 0; g < P.G; ++g) kind[g * nq + i] = k;
       }
-      if (spec.fn) {  // user mask: evaluate where the built-ins leave keys visible
+      if (P.block_mask) {  // user mask as bits: classify by word, never call a function
+        const BlockMask& bm = *P.block_mask;
+        const uint64_t all = n == kTk ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
+        for (int64_t r = 0; r < R; ++r) {
+          if (kind[r] == RowKind::kEmpty) continue;
+          const int64_t i = r % nq, h = hk * P.G + r / nq;
+          const uint64_t w = bm.word(b, h, q0 + i, t0 / kTk);
+          if (w == 0) {
+            kind[r] = RowKind::kEmpty;
+          } else if (w != all || kind[r] == RowKind::kPartial) {
+            const int64_t qp = q_offset + q0 + i;
+            const int64_t lo = std::max(ws.lo[static_cast<size_t>(i)], t0);
+            const int64_t hi = std::min(ws.hi[static_cast<size_t>(i)], t1);
+            uint8_t* vis = ws.fn_vis.data() + (r * kTk);
+            int64_t count = 0;
+            for (int64_t j = t0; j < t1; ++j) {
+              const bool v = ((w >> (j - t0)) & 1) && j >= lo && j < hi &&
+                             (!spec.doc_ids || builtin_visible(spec, b, qp, P.kv_offset + j));
+              vis[j - t0] = v;
+              count += v;
+            }
+            kind[r] = count == 0 ? RowKind::kEmpty : count == n ? RowKind::kFull : RowKind::kPartial;
+          }  // else: every key visible to the function and to the built-ins: stays full
+        }
+      } else if (spec.fn) {  // user mask: evaluate where the built-ins leave keys visible
         for (int64_t r = 0; r < R; ++r) {
           if (kind[r] == RowKind::kEmpty) continue;
           const int64_t i = r % nq, h = hk * P.G + r / nq, qp = q_offset + q0 + i;
@@ -594,8 +681,7 @@ void run_task(const Plan& P, int64_t task) {
         std::fill(sr, sr + n, kNegInf);
         continue;
       }
-      if (P.softcap > 0)
-        for (int64_t j = 0; j < n; ++j) sr[j] = P.softcap * std::tanh(sr[j] / P.softcap);
+      if (P.softcap > 0) Ops::softcap(sr, n, P.softcap);
       const int64_t i = r % nq, qp = q_offset + q0 + i;
       if (P.score) {
         const int64_t h = hk * P.G + r / nq;
@@ -746,6 +832,7 @@ void fill_common(Plan& P, const AttentionOptions& o) {
   P.softcap = o.softcap;
   P.sinks = o.sinks;
   P.score = o.score;
+  P.block_mask = o.block_mask;
   P.spec = attention_mask_spec(o);
 }
 

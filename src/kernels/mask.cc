@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace kvcache {
 
@@ -124,6 +125,52 @@ bool mask_is_all_visible(const MaskSpec& s, const MaskGeometry& g) {
                         g.kv_offset + g.kv_len) != TileClass::kFull)
         return false;
   return true;
+}
+
+BlockMask BlockMask::create(const MaskFn& fn, const MaskGeometry& g, bool per_head) {
+  if (!fn) throw Error(ErrorKind::kInvalidArgument, "BlockMask::create: empty mask function");
+  if (g.batch < 0 || g.q_len < 0 || g.kv_len < 0 || g.heads < 1)
+    throw Error(ErrorKind::kInvalidArgument,
+                "BlockMask::create: geometry needs batch, q_len, kv_len >= 0 and heads >= 1");
+  auto d = std::make_shared<Data>();
+  d->geo = g;
+  d->per_head = per_head;
+  d->planes = per_head ? g.heads : 1;
+  d->tiles = (g.kv_len + kTile - 1) / kTile;
+  d->words.assign(static_cast<size_t>(g.batch * d->planes * g.q_len * d->tiles), 0);
+  const int64_t rows = g.batch * d->planes * g.q_len;
+  uint64_t* words = d->words.data();
+  const int64_t tiles = d->tiles;
+  default_pool().parallel_for(rows, [&](int64_t row) {
+    const int64_t qi = row % g.q_len, plane = (row / g.q_len) % d->planes;
+    const int64_t b = row / (g.q_len * d->planes);
+    uint64_t* w = words + row * tiles;
+    for (int64_t j = 0; j < g.kv_len; ++j)
+      if (fn(b, plane, g.q_offset + qi, g.kv_offset + j)) w[j / kTile] |= uint64_t{1} << (j % kTile);
+  });
+  // Captures the data by address (the function lives inside it: a shared_ptr would be a cycle).
+  const Data* raw = d.get();
+  d->fn = [raw](int64_t b, int64_t h, int64_t q_pos, int64_t kv_pos) {
+    const int64_t qi = q_pos - raw->geo.q_offset, kj = kv_pos - raw->geo.kv_offset;
+    if (b < 0 || b >= raw->geo.batch || qi < 0 || qi >= raw->geo.q_len || kj < 0 ||
+        kj >= raw->geo.kv_len)
+      return false;
+    const int64_t plane = raw->per_head ? h : 0;
+    const uint64_t w = raw->words[static_cast<size_t>(
+        ((b * raw->planes + plane) * raw->geo.q_len + qi) * raw->tiles + kj / kTile)];
+    return ((w >> (kj % kTile)) & 1) != 0;
+  };
+  BlockMask m;
+  m.d_ = std::move(d);
+  return m;
+}
+
+double BlockMask::density() const {
+  if (!d_ || d_->words.empty()) return 0;
+  int64_t ones = 0;
+  for (uint64_t w : d_->words) ones += __builtin_popcountll(w);
+  return static_cast<double>(ones) /
+         static_cast<double>(d_->geo.batch * d_->planes * d_->geo.q_len * d_->geo.kv_len);
 }
 
 }  // namespace kvcache

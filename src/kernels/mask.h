@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
@@ -108,6 +109,52 @@ enum class TileClass : uint8_t { kEmpty, kPartial, kFull };
 // evaluation per pair when documents or a user function are present).
 TileClass classify_tile(const MaskSpec& s, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0,
                         int64_t k1);
+
+// ---- use 2b: a user mask evaluated once (flex attention's BlockMask) ----
+// mask_mod evaluated over one call geometry and kept as bits, 64 keys per word, so that the
+// fused/flex kernels classify tiles and mask partial ones by lookup and never call the
+// function (PyTorch's create_block_mask; here the word also carries the partial tiles' bits).
+// Build it once per forward and pass it to every layer through AttentionOptions::block_mask.
+// Memory: one bit per (batch, head plane, query, key) — S_q * S_kv / 8 bytes per plane.
+// Tiles are 64-key runs of the key index (key j in tile j / 64), as the fused kernel's.
+class BlockMask {
+ public:
+  static constexpr int64_t kTile = 64;
+  BlockMask() = default;
+  // per_head = false: fn must not depend on the head (evaluated with h = 0; one plane).
+  // Evaluated in parallel on default_pool() (fn must be thread-safe).
+  static BlockMask create(const MaskFn& fn, const MaskGeometry& g, bool per_head);
+
+  const MaskGeometry& geometry() const { return d_->geo; }
+  bool per_head() const { return d_->per_head; }
+  int64_t tiles() const { return d_->tiles; }
+  explicit operator bool() const { return d_ != nullptr; }
+  // Bits of query index qi (0-based in the call) over tile t: bit c = key index t * 64 + c.
+  uint64_t word(int64_t b, int64_t h, int64_t qi, int64_t t) const {
+    const int64_t plane = d_->per_head ? h : 0;
+    return d_->words[static_cast<size_t>(((b * d_->planes + plane) * d_->geo.q_len + qi) *
+                                             d_->tiles +
+                                         t)];
+  }
+  bool visible(int64_t b, int64_t h, int64_t qi, int64_t kj) const {
+    return (word(b, h, qi, kj / kTile) >> (kj % kTile)) & 1;
+  }
+  // The mask as a MaskFn over absolute positions (what eager and the reference consume);
+  // valid while this BlockMask or a copy of it lives.
+  const MaskFn& fn() const { return d_->fn; }
+  double density() const;  // fraction of visible (b, plane, q, k) pairs
+  size_t bytes() const { return d_ ? d_->words.size() * sizeof(uint64_t) : 0; }
+
+ private:
+  struct Data {
+    MaskGeometry geo;
+    bool per_head = false;
+    int64_t planes = 1, tiles = 0;
+    std::vector<uint64_t> words;  // [B, planes, S_q, tiles]
+    MaskFn fn;
+  };
+  std::shared_ptr<const Data> d_;  // shared: copies are cheap, fn() outlives moves
+};
 
 // ---- use 3: no mask needed ----
 // True when every (b, h, q, kv) in the rectangle is visible, e.g. decode (q_len = 1) with a

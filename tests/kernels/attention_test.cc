@@ -434,6 +434,68 @@ TEST(Attention, FlexUserFunctionsMatchBuiltins) {
   EXPECT_EQ(out_as_double(in->out), builtin);  // same arithmetic, same tiles skipped
 }
 
+// A BlockMask holds the function's values as bits: flex reading the bits computes exactly what
+// flex calling the function computes (same visibility, same arithmetic), for a head-dependent
+// mask over odd sizes, with built-in window and documents ANDed on top; eager honours it too.
+TEST(Attention, FlexBlockMaskEqualsMaskFunction) {
+  for (int variant = 0; variant < 3; ++variant) {
+    Case c;
+    c.B = 2;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.Sq = variant == 2 ? 1 : 97;
+    c.Skv = 200;
+    c.D = 80;
+    c.kv_offset = 3;
+    c.docs = variant == 1;
+    c.window = variant == 1 ? 90 : 0;
+    SCOPED_TRACE(c.str());
+    auto in = make_inputs(c, 40 + static_cast<uint32_t>(variant));
+    // Head-dependent stripes plus a per-row prefix that is always visible ("global tokens").
+    const MaskFn fn = [](int64_t b, int64_t h, int64_t q, int64_t kv) {
+      return kv < 5 + b || ((q + kv + h) % 3 != 0 && kv % 64 != 7);
+    };
+    const MaskGeometry g =
+        make_geometry(c.B, c.Hq, c.Sq, c.Skv, in->opts.q_offset, in->opts.kv_offset);
+    const BlockMask bm = BlockMask::create(fn, g, /*per_head=*/true);
+    EXPECT_GT(bm.density(), 0.3);
+    EXPECT_LT(bm.density(), 0.8);
+    EXPECT_EQ(bm.bytes(), static_cast<size_t>(c.B * c.Hq * c.Sq * 4) * sizeof(uint64_t));
+    AttentionOptions with_fn = in->opts, with_bits = in->opts;
+    with_fn.mask = &fn;
+    with_bits.block_mask = &bm;
+    for (const char* name : {"flex", "fused", "fused_scalar"}) {
+      get_attention_kernel(name)(in->q, in->k, in->v, in->out, with_fn);
+      const std::vector<double> a = out_as_double(in->out);
+      std::fill(in->obuf.data_as<float>(), in->obuf.data_as<float>() + in->obuf.numel(), NAN);
+      get_attention_kernel(name)(in->q, in->k, in->v, in->out, with_bits);
+      EXPECT_EQ(out_as_double(in->out), a) << name;
+    }
+    get_attention_kernel("eager")(in->q, in->k, in->v, in->out, with_bits);
+    const ReferenceResult ref = attention_reference(in->q, in->k, in->v, with_fn);
+    EXPECT_LE(row_error(in->out, ref.out), kF32Tol) << "eager with block_mask vs reference";
+  }
+}
+
+TEST(Attention, BlockMaskRejectsOtherGeometries) {
+  Case c;
+  c.Hq = 2;
+  c.Sq = 10;
+  c.Skv = 30;
+  auto in = make_inputs(c, 3);
+  const MaskFn fn = [](int64_t, int64_t, int64_t q, int64_t kv) { return kv <= q; };
+  const BlockMask bm = BlockMask::create(fn, make_geometry(1, 2, 10, 31, -1, 0), false);
+  AttentionOptions o = in->opts;
+  o.block_mask = &bm;
+  EXPECT_THROW(get_attention_kernel("flex")(in->q, in->k, in->v, in->out, o), Error);
+  const BlockMask ok = BlockMask::create(fn, make_geometry(1, 2, 10, 30, -1, 0), false);
+  o.block_mask = &ok;
+  EXPECT_NO_THROW(get_attention_kernel("flex")(in->q, in->k, in->v, in->out, o));
+  o.mask = &fn;  // both at once
+  EXPECT_THROW(get_attention_kernel("flex")(in->q, in->k, in->v, in->out, o), Error);
+  EXPECT_THROW(BlockMask::create(MaskFn(), make_geometry(1, 1, 1, 1, -1, 0), false), Error);
+}
+
 TEST(Attention, RowsThatSeeNothingAreZero) {
   Case c;
   c.B = 2;
