@@ -1,0 +1,352 @@
+#include "cache/block_pool.h"
+
+#include <blake2.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace kvcache {
+
+BlockKey block_key(const BlockKey& parent, int32_t group, std::span<const uint8_t> extra,
+                   std::span<const int32_t> tokens) {
+  // Fixed-width little-endian fields, so that the key is the same on every process and build.
+  blake2b_state st;
+  KV_CHECK(blake2b_init(&st, 16) == 0, "blake2b_init failed");
+  uint8_t head[16 + 4 + 8];
+  for (int i = 0; i < 8; ++i) {
+    head[i] = static_cast<uint8_t>(parent.hi >> (8 * i));
+    head[8 + i] = static_cast<uint8_t>(parent.lo >> (8 * i));
+  }
+  const auto g = static_cast<uint32_t>(group);
+  for (int i = 0; i < 4; ++i) head[16 + i] = static_cast<uint8_t>(g >> (8 * i));
+  // Lengths make the encoding prefix-free: (extra, tokens) pairs cannot collide by shifting.
+  const uint64_t n_extra = extra.size();
+  for (int i = 0; i < 8; ++i) head[20 + i] = static_cast<uint8_t>(n_extra >> (8 * i));
+  blake2b_update(&st, head, sizeof(head));
+  if (!extra.empty()) blake2b_update(&st, extra.data(), extra.size());
+  uint8_t buf[256];
+  size_t fill = 0;
+  for (const int32_t t : tokens) {
+    const auto u = static_cast<uint32_t>(t);
+    for (int i = 0; i < 4; ++i) buf[fill++] = static_cast<uint8_t>(u >> (8 * i));
+    if (fill == sizeof(buf)) {
+      blake2b_update(&st, buf, fill);
+      fill = 0;
+    }
+  }
+  if (fill > 0) blake2b_update(&st, buf, fill);
+  uint8_t out[16];
+  KV_CHECK(blake2b_final(&st, out, sizeof(out)) == 0, "blake2b_final failed");
+  BlockKey k;
+  for (int i = 0; i < 8; ++i) {
+    k.hi |= static_cast<uint64_t>(out[i]) << (8 * i);
+    k.lo |= static_cast<uint64_t>(out[8 + i]) << (8 * i);
+  }
+  return k;
+}
+
+size_t BlockPool::index_capacity(int32_t num_blocks) {
+  // At most num_blocks keys live at once: a load factor <= 1/2 keeps linear probes short.
+  return std::bit_ceil(static_cast<size_t>(std::max(num_blocks, 1)) * 2);
+}
+
+BlockPool::BlockPool(const BlockPoolConfig& config)
+    : block_tokens_(config.block_tokens), group_(config.group) {
+  if (config.num_blocks < 1 || config.block_tokens < 1) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "block pool: num_blocks (" + std::to_string(config.num_blocks) +
+                    ") and block_tokens (" + std::to_string(config.block_tokens) +
+                    ") must both be >= 1");
+  }
+  blocks_.resize(static_cast<size_t>(config.num_blocks));
+  tokens_.assign(static_cast<size_t>(config.num_blocks) * static_cast<size_t>(block_tokens_), 0);
+  index_.assign(index_capacity(config.num_blocks), -1);
+  for (int32_t id = 0; id < config.num_blocks; ++id) list_push_back(id);
+  n_free_ = config.num_blocks;
+}
+
+size_t BlockPool::check_id(int32_t id) const {
+  KV_CHECK(id >= 0 && id < num_blocks(), "block id " + std::to_string(id) + " out of range");
+  return static_cast<size_t>(id);
+}
+
+void BlockPool::list_push_front(int32_t id) {
+  Block& b = blocks_[static_cast<size_t>(id)];
+  b.prev = -1;
+  b.next = head_;
+  if (head_ >= 0) blocks_[static_cast<size_t>(head_)].prev = id;
+  head_ = id;
+  if (tail_ < 0) tail_ = id;
+  b.on_free_list = true;
+}
+
+void BlockPool::list_push_back(int32_t id) {
+  Block& b = blocks_[static_cast<size_t>(id)];
+  b.next = -1;
+  b.prev = tail_;
+  if (tail_ >= 0) blocks_[static_cast<size_t>(tail_)].next = id;
+  tail_ = id;
+  if (head_ < 0) head_ = id;
+  b.on_free_list = true;
+}
+
+void BlockPool::list_remove(int32_t id) {
+  Block& b = blocks_[static_cast<size_t>(id)];
+  KV_CHECK(b.on_free_list, "removing a block that is not on the free list");
+  if (b.prev >= 0) blocks_[static_cast<size_t>(b.prev)].next = b.next;
+  else head_ = b.next;
+  if (b.next >= 0) blocks_[static_cast<size_t>(b.next)].prev = b.prev;
+  else tail_ = b.prev;
+  b.prev = b.next = -1;
+  b.on_free_list = false;
+}
+
+size_t BlockPool::slot_of(const BlockKey& key) const {
+  // The key is a cryptographic digest: its low bits are already uniform.
+  return static_cast<size_t>(key.lo) & (index_.size() - 1);
+}
+
+void BlockPool::drop_key(int32_t id) {
+  Block& b = blocks_[static_cast<size_t>(id)];
+  KV_CHECK(b.keyed, "dropping the key of an unkeyed block");
+  const size_t mask = index_.size() - 1;
+  size_t i = slot_of(b.key);
+  while (index_[i] != id) {
+    KV_CHECK(index_[i] >= 0, "keyed block missing from the index");
+    i = (i + 1) & mask;
+  }
+  // Backward-shift deletion (linear probing without tombstones): pull later entries of the
+  // probe run into the hole when their home slot is not between the hole and them.
+  size_t hole = i;
+  for (size_t j = (i + 1) & mask; index_[j] >= 0; j = (j + 1) & mask) {
+    const size_t home = slot_of(blocks_[static_cast<size_t>(index_[j])].key);
+    const bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
+    if (movable) {
+      index_[hole] = index_[j];
+      hole = j;
+    }
+  }
+  index_[hole] = -1;
+  b.keyed = false;
+  b.key = {};
+}
+
+bool BlockPool::allocate(int32_t n, std::vector<int32_t>& out) {
+  if (n < 0 || n > num_available()) return false;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t id = head_;
+    Block& b = blocks_[static_cast<size_t>(id)];
+    list_remove(id);
+    if (b.keyed) {
+      drop_key(id);
+      --n_cached_;
+      ++counters_.evictions;
+    } else {
+      --n_free_;
+    }
+    b.ref = 1;
+    out.push_back(id);
+  }
+  counters_.allocations += n;
+  return true;
+}
+
+void BlockPool::retain(int32_t id) {
+  Block& b = blocks_[check_id(id)];
+  KV_CHECK(b.ref > 0, "retain on a block nobody holds (use acquire for index hits)");
+  ++b.ref;
+}
+
+void BlockPool::acquire(int32_t id) {
+  Block& b = blocks_[check_id(id)];
+  KV_CHECK(b.keyed, "acquire on a block that is not in the index");
+  if (b.ref == 0) {
+    list_remove(id);
+    --n_cached_;
+  }
+  ++b.ref;
+  ++counters_.hits;
+}
+
+void BlockPool::release(int32_t id) {
+  Block& b = blocks_[check_id(id)];
+  KV_CHECK(b.ref > 0, "release of block " + std::to_string(id) + " with no reference");
+  if (--b.ref > 0) return;
+  if (b.keyed) {
+    list_push_back(id);  // most recently released: evicted last
+    ++n_cached_;
+  } else {
+    list_push_front(id);  // nothing worth keeping: handed out first
+    ++n_free_;
+  }
+}
+
+void BlockPool::release_table(std::span<const int32_t> ids) {
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) release(*it);
+}
+
+bool BlockPool::commit(int32_t id, const BlockKey& key, std::span<const int32_t> tokens) {
+  Block& b = blocks_[check_id(id)];
+  KV_CHECK(b.ref > 0 && !b.keyed, "commit needs a used, unkeyed block");
+  KV_CHECK(static_cast<int32_t>(tokens.size()) == block_tokens_, "commit needs a full block");
+  const size_t mask = index_.size() - 1;
+  size_t i = slot_of(key);
+  for (; index_[i] >= 0; i = (i + 1) & mask) {
+    if (blocks_[static_cast<size_t>(index_[i])].key == key) return false;
+  }
+  index_[i] = id;
+  b.keyed = true;
+  b.key = key;
+  std::copy(tokens.begin(), tokens.end(),
+            tokens_.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(id) * block_tokens_));
+  return true;
+}
+
+int32_t BlockPool::lookup(const BlockKey& key, std::span<const int32_t> tokens) {
+  ++counters_.lookups;
+  const size_t mask = index_.size() - 1;
+  for (size_t i = slot_of(key); index_[i] >= 0; i = (i + 1) & mask) {
+    const int32_t id = index_[i];
+    if (blocks_[static_cast<size_t>(id)].key != key) continue;
+    const std::span<const int32_t> stored = this->tokens(id);
+    // Equal keys with different tokens would be a BLAKE2b collision: refuse the hit.
+    if (tokens.size() != stored.size() || !std::equal(tokens.begin(), tokens.end(), stored.begin()))
+      return -1;
+    return id;
+  }
+  return -1;
+}
+
+std::vector<int32_t> BlockPool::match_prefix(std::span<const int32_t> tokens,
+                                             std::span<const uint8_t> extra) {
+  std::vector<int32_t> ids;
+  BlockKey parent;
+  const size_t bt = static_cast<size_t>(block_tokens_);
+  for (size_t off = 0; off + bt <= tokens.size(); off += bt) {
+    const std::span<const int32_t> blk = tokens.subspan(off, bt);
+    parent = block_key(parent, group_, extra, blk);
+    const int32_t id = lookup(parent, blk);
+    if (id < 0) break;
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+std::span<const int32_t> BlockPool::tokens(int32_t id) const {
+  return {tokens_.data() + check_id(id) * static_cast<size_t>(block_tokens_),
+          static_cast<size_t>(block_tokens_)};
+}
+
+int32_t BlockPool::evict(int32_t n) {
+  int32_t done = 0;
+  // Keyed free blocks sit after the unkeyed ones, oldest first: walk from the head.
+  for (int32_t id = head_; id >= 0 && done < n;) {
+    const int32_t next = blocks_[static_cast<size_t>(id)].next;
+    if (blocks_[static_cast<size_t>(id)].keyed) {
+      drop_key(id);
+      list_remove(id);
+      list_push_front(id);
+      --n_cached_;
+      ++n_free_;
+      ++counters_.evictions;
+      ++done;
+    }
+    id = next;
+  }
+  return done;
+}
+
+void BlockPool::forget(int32_t id) {
+  const Block& b = blocks_[check_id(id)];
+  KV_CHECK(b.ref > 0, "forget on a block nobody holds");
+  if (b.keyed) drop_key(id);
+}
+
+void BlockPool::clear_index() {
+  for (int32_t id = 0; id < num_blocks(); ++id) {
+    Block& b = blocks_[static_cast<size_t>(id)];
+    if (!b.keyed) continue;
+    drop_key(id);
+    if (b.ref == 0) {
+      list_remove(id);
+      list_push_front(id);
+      --n_cached_;
+      ++n_free_;
+    }
+  }
+}
+
+BlockPoolStats BlockPool::stats() const {
+  BlockPoolStats s = counters_;
+  s.total = num_blocks();
+  s.free = n_free_;
+  s.cached = n_cached_;
+  s.used = num_blocks() - n_free_ - n_cached_;
+  return s;
+}
+
+std::string BlockPool::check_invariants() const {
+  int32_t used = 0, free = 0, cached = 0, keyed = 0;
+  for (int32_t id = 0; id < num_blocks(); ++id) {
+    const Block& b = blocks_[static_cast<size_t>(id)];
+    if (b.ref < 0) return "block " + std::to_string(id) + " has a negative ref count";
+    if ((b.ref == 0) != b.on_free_list)
+      return "block " + std::to_string(id) + ": ref " + std::to_string(b.ref) +
+             (b.on_free_list ? " but on" : " but not on") + " the free list";
+    if (b.ref > 0) ++used;
+    else if (b.keyed) ++cached;
+    else ++free;
+    if (b.keyed) {
+      ++keyed;
+      const size_t mask = index_.size() - 1;
+      size_t i = slot_of(b.key);
+      while (index_[i] >= 0 && index_[i] != id) i = (i + 1) & mask;
+      if (index_[i] != id)
+        return "keyed block " + std::to_string(id) + " is not reachable in the index";
+    }
+  }
+  if (used + free + cached != num_blocks()) return "free + used + cached != total";
+  if (free != n_free_ || cached != n_cached_)
+    return "counters: free " + std::to_string(n_free_) + " vs " + std::to_string(free) +
+           ", cached " + std::to_string(n_cached_) + " vs " + std::to_string(cached);
+  int32_t entries = 0;
+  for (const int32_t id : index_) {
+    if (id < 0) continue;
+    ++entries;
+    if (id >= num_blocks() || !blocks_[static_cast<size_t>(id)].keyed)
+      return "index entry " + std::to_string(id) + " is not a keyed block";
+  }
+  if (entries != keyed) return "index holds " + std::to_string(entries) + " entries for " +
+                                std::to_string(keyed) + " keyed blocks";
+  // Walk the free list: well linked, exactly the ref-0 blocks, unkeyed ones before keyed ones.
+  int32_t n = 0, prev = -1;
+  bool seen_keyed = false;
+  for (int32_t id = head_; id >= 0; id = blocks_[static_cast<size_t>(id)].next) {
+    if (++n > num_blocks()) return "free list has a cycle";
+    const Block& b = blocks_[static_cast<size_t>(id)];
+    if (b.prev != prev) return "free list: bad prev link at block " + std::to_string(id);
+    if (!b.on_free_list || b.ref != 0) return "free list holds a used block " + std::to_string(id);
+    if (b.keyed) seen_keyed = true;
+    else if (seen_keyed) return "free list: unkeyed block " + std::to_string(id) + " after a keyed one";
+    prev = id;
+  }
+  if (prev != tail_) return "free list: tail mismatch";
+  if (n != free + cached) return "free list length " + std::to_string(n) + " != free + cached";
+  return {};
+}
+
+size_t BlockPool::predict_bytes(const BlockPoolConfig& c) {
+  return static_cast<size_t>(c.num_blocks) * sizeof(Block) +
+         static_cast<size_t>(c.num_blocks) * static_cast<size_t>(c.block_tokens) * sizeof(int32_t) +
+         index_capacity(c.num_blocks) * sizeof(int32_t);
+}
+
+size_t BlockPool::bytes() const {
+  return blocks_.capacity() * sizeof(Block) + tokens_.capacity() * sizeof(int32_t) +
+         index_.capacity() * sizeof(int32_t);
+}
+
+}  // namespace kvcache

@@ -1,0 +1,143 @@
+// BlockPool: the bookkeeping of a paged KV cache's blocks — descriptors, reference counts, a
+// free list with lazy LRU eviction, and the prefix index (block key -> block). It owns no K/V
+// storage: block id b names page b in every layer tensor of its layer group (the store owns
+// those, see cache/paged_store.h). Everything is allocated once at construction; no operation
+// allocates afterwards.
+//
+// Block states (free + used + cached = total):
+//   free    ref 0, no key, on the free list (taken first);
+//   cached  ref 0, keyed, on the free list in release order (least recently released first):
+//           its content stays valid until the block is handed out again (lazy eviction), so a
+//           later request with the same prefix can take it back;
+//   used    ref > 0, off the free list; keyed once it is full and its tokens are known.
+// The free list is intrusive and doubly linked (O(1) removal from the middle when a prefix hit
+// revives a cached block), as vLLM's FreeKVCacheBlockQueue and TensorRT-LLM's eviction policy.
+//
+// Block key = BLAKE2b-128(parent key, layer group, extra keys, token ids of the full block):
+// stable across processes (unlike std::hash, cf. transformers' cache_manager.py:282-288 moving
+// to blake2b for TP) and collisions cannot be forced. A hit also compares the stored tokens.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kvcache {
+
+// 128-bit BLAKE2b digest. All-zero is the root (the parent of a sequence's first block).
+struct BlockKey {
+  uint64_t hi = 0, lo = 0;
+  friend bool operator==(const BlockKey&, const BlockKey&) = default;
+};
+
+// Key of a full block: hashes (parent, group, extra, tokens). `extra` carries what else makes
+// equal tokens produce different K/V (a tenant salt, adapter ids); empty for none.
+BlockKey block_key(const BlockKey& parent, int32_t group, std::span<const uint8_t> extra,
+                   std::span<const int32_t> tokens);
+
+struct BlockPoolConfig {
+  int32_t num_blocks = 0;    // total blocks (>= 1)
+  int32_t block_tokens = 0;  // tokens per block (>= 1)
+  int32_t group = 0;         // layer group id, folded into every key
+};
+
+struct BlockPoolStats {
+  int32_t total = 0, free = 0, used = 0, cached = 0;
+  int64_t allocations = 0;  // blocks handed out by allocate()
+  int64_t evictions = 0;    // cached blocks whose key was dropped to reuse them
+  int64_t hits = 0;         // blocks taken back from the index by acquire()
+  int64_t lookups = 0;      // lookup() calls (block granularity)
+};
+
+class BlockPool {
+ public:
+  explicit BlockPool(const BlockPoolConfig& config);
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  int32_t num_blocks() const { return static_cast<int32_t>(blocks_.size()); }
+  int32_t block_tokens() const { return block_tokens_; }
+  int32_t group() const { return group_; }
+  int32_t num_available() const { return n_free_ + n_cached_; }  // allocatable now
+
+  // Appends n fresh blocks (ref 1, no key) to `out`, taking free blocks first, then cached
+  // ones least recently released first (their keys are dropped: an eviction). Returns false
+  // and changes nothing when fewer than n blocks are available (the caller may wait, preempt,
+  // or evict elsewhere).
+  bool allocate(int32_t n, std::vector<int32_t>& out);
+
+  // One more reference to a used block (fork, a second table holding it).
+  void retain(int32_t id);
+  // Takes a reference on a block found by lookup(): a cached block leaves the free list.
+  void acquire(int32_t id);
+  // Drops one reference; at zero the block goes to the free list — keyed blocks at its LRU
+  // end (content kept), unkeyed ones where allocate() takes first.
+  void release(int32_t id);
+  // A finished table: released tail first, so its last (least shareable) blocks are evicted
+  // before its prefix.
+  void release_table(std::span<const int32_t> ids);
+
+  // Registers a full, used block under `key` with its tokens ([block_tokens]). Returns false
+  // (block left unkeyed) when another block already holds the key: the same content was
+  // computed twice, and the first copy stays the one the index serves.
+  bool commit(int32_t id, const BlockKey& key, std::span<const int32_t> tokens);
+  // The block holding `key` whose stored tokens equal `tokens`, or -1. No reference taken.
+  int32_t lookup(const BlockKey& key, std::span<const int32_t> tokens);
+  // Block ids holding tokens[0 .. k * block_tokens) for the largest such k (full blocks only),
+  // walking the key chain from the root. No reference taken.
+  std::vector<int32_t> match_prefix(std::span<const int32_t> tokens,
+                                    std::span<const uint8_t> extra = {});
+
+  // Drops the keys of up to n cached blocks, least recently released first (they become
+  // free). Returns how many were evicted.
+  int32_t evict(int32_t n);
+  // Drops the key of a used block about to be overwritten (e.g. after a crop made it partial).
+  void forget(int32_t id);
+  // Drops every key (the index forgets everything; used blocks keep their content).
+  void clear_index();
+
+  int32_t ref_count(int32_t id) const { return blocks_[check_id(id)].ref; }
+  bool is_keyed(int32_t id) const { return blocks_[check_id(id)].keyed; }
+  const BlockKey& key(int32_t id) const { return blocks_[check_id(id)].key; }
+  std::span<const int32_t> tokens(int32_t id) const;  // valid while keyed
+
+  BlockPoolStats stats() const;
+  // Empty when every invariant holds, else the first violation: counts add up, the free list
+  // is well linked and holds exactly the ref-0 blocks, every keyed block is indexed under its
+  // key and every index entry points at a keyed block with that key.
+  std::string check_invariants() const;
+  // Exact bytes of the descriptors, the token store and the index (all fixed at construction).
+  size_t bytes() const;
+  // The same for a pool of `config` without building it (the planner's prediction).
+  static size_t predict_bytes(const BlockPoolConfig& config);
+
+ private:
+  struct Block {
+    int32_t ref = 0;
+    int32_t prev = -1, next = -1;  // free list links (-1: none)
+    bool on_free_list = false;
+    bool keyed = false;
+    BlockKey key;
+  };
+
+  size_t check_id(int32_t id) const;
+  void list_push_front(int32_t id);
+  void list_push_back(int32_t id);
+  void list_remove(int32_t id);
+  void drop_key(int32_t id);
+  size_t slot_of(const BlockKey& key) const;
+  static size_t index_capacity(int32_t num_blocks);
+
+  int32_t block_tokens_ = 0;
+  int32_t group_ = 0;
+  std::vector<Block> blocks_;       // [num_blocks]
+  std::vector<int32_t> tokens_;     // [num_blocks, block_tokens] token ids of keyed blocks
+  std::vector<int32_t> index_;      // open addressing, linear probing: block id or -1
+  int32_t head_ = -1, tail_ = -1;   // free list: allocate() takes from head_
+  int32_t n_free_ = 0, n_cached_ = 0;
+  BlockPoolStats counters_;
+};
+
+}  // namespace kvcache
