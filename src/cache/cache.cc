@@ -150,7 +150,8 @@ KVSpan Cache::update(int layer, const TensorView& k, const TensorView& v) {
 KVSpan Cache::shared_kv(int layer) const {
   const int src = source_layer(layer);
   const KVSpan& span = last_span_[static_cast<size_t>(src)];
-  if (span.k.ndim() == 0) {  // default-constructed: no update since build or last change
+  // Default-constructed (no update since build or last change): a dense kind without views.
+  if (span.kind == KVSpanKind::kDense && span.k.ndim() == 0) {
     throw Error(ErrorKind::kInvalidArgument,
                 "layer " + std::to_string(layer) + " reads layer " + std::to_string(src) +
                     ", which has not been updated since the cache was built or last changed "

@@ -18,6 +18,8 @@
 
 namespace kvcache {
 
+class PagedKVStore;  // cache/paged_store.h
+
 struct CacheConfig {
   // transformers' cache_implementation: "dynamic", "static" (more containers register later).
   std::string implementation = "dynamic";
@@ -29,6 +31,11 @@ struct CacheConfig {
   int64_t max_batch_size = 0;        // static containers: rows preallocated (0: from first update)
   int num_kv_shared_layers = 0;      // the last N layers store nothing
   std::optional<DType> kv_dtype;     // storage dtype; unset: the dtype of the first update
+  // "paged": the store every layer writes into (built by the runtime from a memory plan).
+  // Unset: each paged layer builds a private store of `block_size`-token blocks sized for
+  // max_cache_len tokens per batch row (max_batch_size rows, at least 1).
+  std::shared_ptr<PagedKVStore> paged_store;
+  int64_t block_size = 16;
 };
 
 // Builds one layer of the given cache implementation and layer type.

@@ -1,0 +1,116 @@
+#include "cache/paged_layer.h"
+
+#include <vector>
+
+#include "cache/cache.h"
+#include "core/error.h"
+
+namespace kvcache {
+
+PagedLayer::PagedLayer(std::shared_ptr<PagedKVStore> store, int layer)
+    : store_(std::move(store)), layer_(layer) {
+  KV_CHECK(store_ != nullptr, "PagedLayer needs a store");
+  const auto& types = store_->config().layer_types;
+  if (layer < 0 || layer >= static_cast<int>(types.size()))
+    throw Error(ErrorKind::kInvalidArgument, "paged cache: layer " + std::to_string(layer) +
+                                                 " outside the store's " + std::to_string(types.size()) +
+                                                 " layers");
+  name_ = "paged/" + types[static_cast<size_t>(layer)];
+  store_->attach_layer(layer);
+}
+
+bool PagedLayer::is_leader() const { return store_->leader_layer() == layer_; }
+
+KVSpan PagedLayer::update(const TensorView& k, const TensorView& v) { return store_->write(layer_, k, v); }
+
+MaskSizes PagedLayer::mask_sizes(int64_t query_len) const { return {seq_length() + query_len, 0}; }
+
+int64_t PagedLayer::seq_length() const { return store_->layer_length(layer_); }
+
+bool PagedLayer::is_initialized() const { return store_->allocated(); }
+
+void PagedLayer::crop(int64_t n) {
+  if (is_leader()) store_->crop(n);
+}
+
+void PagedLayer::reset() {
+  if (is_leader()) store_->reset();
+}
+
+void PagedLayer::reorder(std::span<const int64_t> beam_idx) {
+  if (!is_leader()) return;
+  if (beam_idx.size() != store_->batch().size())
+    throw Error(ErrorKind::kInvalidArgument, "reorder: " + std::to_string(beam_idx.size()) +
+                                                 " indices for a batch of " +
+                                                 std::to_string(store_->batch().size()));
+  store_->remap(beam_idx);
+}
+
+void PagedLayer::repeat_interleave(int64_t r) {
+  if (!is_leader()) return;
+  if (r < 1) throw Error(ErrorKind::kInvalidArgument, "repeat_interleave: r must be >= 1");
+  std::vector<int64_t> rows;
+  for (int64_t b = 0; b < static_cast<int64_t>(store_->batch().size()); ++b)
+    for (int64_t i = 0; i < r; ++i) rows.push_back(b);
+  store_->remap(rows);
+}
+
+void PagedLayer::select(std::span<const int64_t> indices) {
+  if (is_leader()) store_->remap(indices);
+}
+
+size_t PagedLayer::bytes() const {
+  size_t own = store_->layer_page_bytes(layer_);
+  if (is_leader()) {
+    size_t pages = 0;
+    for (int l = 0; l < static_cast<int>(store_->config().layer_types.size()); ++l)
+      pages += store_->layer_page_bytes(l);
+    own += store_->bytes() - pages;
+  }
+  return own;
+}
+
+namespace {
+
+// The registry passes the config and the layer index; the layer type is the registration's
+// (config.layer_types may be empty when a layer is built on its own).
+std::unique_ptr<CacheLayer> make_paged_layer(const CacheConfig& config, int layer_index,
+                                             const std::string& layer_type) {
+  if (config.paged_store) {
+    const auto& types = config.paged_store->config().layer_types;
+    if (layer_index < 0 || layer_index >= static_cast<int>(types.size()) ||
+        types[static_cast<size_t>(layer_index)] != layer_type)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "paged cache: layer " + std::to_string(layer_index) +
+                      " of the cache config does not match the store's layer types");
+    return std::make_unique<PagedLayer>(config.paged_store, layer_index);
+  }
+  // A private store for this one layer (protocol use without a runtime-built store).
+  if (config.max_cache_len <= 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "paged cache: layer " + std::to_string(layer_index) +
+                    " has no store and no max_cache_len to size one; set max_cache_len or build a "
+                    "PagedKVStore (CacheConfig::paged_store)");
+  PagedStoreConfig sc;
+  sc.block_tokens = static_cast<int32_t>(config.block_size);
+  sc.layer_types = {layer_type};
+  sc.sliding_window = config.sliding_window;
+  sc.dtype = config.kv_dtype.value_or(DType::kF32);
+  sc.max_tokens = config.max_cache_len * std::max<int64_t>(1, config.max_batch_size);
+  return std::make_unique<PagedLayer>(std::make_shared<PagedKVStore>(sc), 0);
+}
+
+std::unique_ptr<CacheLayer> make_paged_full(const CacheConfig& config, int layer_index) {
+  return make_paged_layer(config, layer_index, "full_attention");
+}
+
+std::unique_ptr<CacheLayer> make_paged_sliding(const CacheConfig& config, int layer_index) {
+  return make_paged_layer(config, layer_index, "sliding_attention");
+}
+
+}  // namespace
+
+KVCACHE_REGISTER_LAYER(paged_full, "paged", "full_attention", make_paged_full);
+KVCACHE_REGISTER_LAYER(paged_sliding, "paged", "sliding_attention", make_paged_sliding);
+
+}  // namespace kvcache

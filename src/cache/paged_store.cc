@@ -1,0 +1,699 @@
+#include "cache/paged_store.h"
+
+#include <algorithm>
+#include <numeric>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace kvcache {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+[[noreturn]] void bad(const std::string& msg, ErrorKind kind = ErrorKind::kInvalidArgument) {
+  throw Error(kind, "paged cache: " + msg);
+}
+
+}  // namespace
+
+std::vector<PagedGroup> paged_groups(const std::vector<std::string>& layer_types,
+                                     int64_t sliding_window) {
+  std::vector<PagedGroup> groups;
+  int full = -1, sliding = -1;
+  for (size_t l = 0; l < layer_types.size(); ++l) {
+    const std::string& t = layer_types[l];
+    int* slot = nullptr;
+    PagedGroup proto;
+    if (t == "full_attention") {
+      slot = &full;
+    } else if (t == "sliding_attention") {
+      if (sliding_window <= 0)
+        bad("layer " + std::to_string(l) + " is sliding_attention but the sliding window is " +
+            std::to_string(sliding_window) + "; set a positive window");
+      slot = &sliding;
+      proto.kind = GroupKind::kSliding;
+      proto.window = sliding_window;
+    } else {
+      bad("layer " + std::to_string(l) + " has type '" + t +
+              "'; the paged cache serves full_attention and sliding_attention layers",
+          ErrorKind::kUnsupported);
+    }
+    if (*slot < 0) {
+      *slot = static_cast<int>(groups.size());
+      groups.push_back(proto);
+    }
+    groups[static_cast<size_t>(*slot)].layers.push_back(static_cast<int>(l));
+  }
+  return groups;
+}
+
+std::vector<int32_t> default_group_blocks(const PagedStoreConfig& c) {
+  std::vector<int32_t> blocks;
+  const int64_t full = std::max<int64_t>(1, ceil_div(c.max_tokens, c.block_tokens));
+  for (const PagedGroup& g : paged_groups(c.layer_types, c.sliding_window))
+    blocks.push_back(static_cast<int32_t>(g.kind == GroupKind::kSliding ? full + 1 : full));
+  return blocks;
+}
+
+size_t paged_block_bytes(const PagedStoreConfig& c, const PagedGroup& g) {
+  return g.layers.size() * 2 * static_cast<size_t>(c.kv_heads) *
+         static_cast<size_t>(c.block_tokens) * dtype_bytes(c.dtype, c.head_dim);
+}
+
+size_t predict_pool_bytes(const PagedStoreConfig& c) {
+  const std::vector<PagedGroup> groups = paged_groups(c.layer_types, c.sliding_window);
+  const std::vector<int32_t> blocks = c.group_blocks.empty() ? default_group_blocks(c) : c.group_blocks;
+  size_t total = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    total += static_cast<size_t>(blocks[g]) * paged_block_bytes(c, groups[g]);
+    total += BlockPool::predict_bytes({.num_blocks = blocks[g], .block_tokens = c.block_tokens,
+                                       .group = static_cast<int32_t>(g)});
+  }
+  return total;
+}
+
+Tensor gather_paged(const PagedKV& kv, bool values) {
+  const TensorView& pages = values ? kv.v_pages : kv.k_pages;
+  int64_t S = 0;
+  for (int64_t b = 0; b < kv.batch; ++b) S = std::max(S, kv.seq_len(b));
+  const int64_t H = pages.dim(1), D = pages.dim(3);
+  Tensor out = Tensor::zeros(pages.dtype(), {kv.batch, H, S, D});
+  const TensorView o = out.view();
+  const size_t row = dtype_bytes(pages.dtype(), D);
+  for (int64_t b = 0; b < kv.batch; ++b)
+    for (int64_t j = 0; j < kv.seq_len(b); ++j) {
+      const int32_t page = kv.indices[kv.indptr[b] + j / kv.page_size];
+      for (int64_t h = 0; h < H; ++h) std::memcpy(o.ptr(b, h, j), pages.ptr(page, h, j % kv.page_size), row);
+    }
+  return out;
+}
+
+PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
+  if (config_.block_tokens < 1) bad("--block-size must be >= 1, got " + std::to_string(config_.block_tokens));
+  if (!dtype_is_float(config_.dtype)) bad("pages store f32, f16 or bf16", ErrorKind::kUnsupported);
+  groups_ = paged_groups(config_.layer_types, config_.sliding_window);
+  if (groups_.empty()) bad("no layers");
+  if (config_.group_blocks.empty()) {
+    if (config_.max_tokens <= 0) bad("needs a block count per group or max_tokens");
+    config_.group_blocks = default_group_blocks(config_);
+  }
+  if (config_.group_blocks.size() != groups_.size())
+    bad(std::to_string(config_.group_blocks.size()) + " block counts for " +
+        std::to_string(groups_.size()) + " layer groups");
+  const size_t n_layers = config_.layer_types.size();
+  layer_group_.assign(n_layers, 0);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const int32_t nb = config_.group_blocks[g];
+    if (groups_[g].kind == GroupKind::kSliding && nb < 2)
+      bad("a sliding group needs at least 2 blocks (one is the null block)");
+    pools_.push_back(std::make_unique<BlockPool>(BlockPoolConfig{
+        .num_blocks = nb, .block_tokens = config_.block_tokens, .group = static_cast<int32_t>(g)}));
+    if (groups_[g].kind == GroupKind::kSliding) {
+      std::vector<int32_t> null_block;
+      KV_CHECK(pools_[g]->allocate(1, null_block) && null_block[0] == 0, "null block must be block 0");
+    }
+    for (const int l : groups_[g].layers) layer_group_[static_cast<size_t>(l)] = static_cast<int>(g);
+  }
+  k_pages_.resize(n_layers);
+  v_pages_.resize(n_layers);
+  step_wrote_.assign(n_layers, 0);
+  attached_.assign(n_layers, 0);
+  indptr_.resize(groups_.size());
+  indices_.resize(groups_.size());
+  last_len_.resize(groups_.size());
+  if (config_.kv_heads > 0 && config_.head_dim > 0) allocate_pages(config_.kv_heads, config_.head_dim);
+  build_tables();
+}
+
+void PagedKVStore::allocate_pages(int64_t kv_heads, int64_t head_dim) {
+  config_.kv_heads = kv_heads;
+  config_.head_dim = head_dim;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const Shape shape{config_.group_blocks[g], kv_heads, config_.block_tokens, head_dim};
+    for (const int l : groups_[g].layers) {
+      k_pages_[static_cast<size_t>(l)] = Tensor::empty(config_.dtype, shape);
+      v_pages_[static_cast<size_t>(l)] = Tensor::empty(config_.dtype, shape);
+      if (groups_[g].kind == GroupKind::kSliding) {  // the null page reads as zeros
+        const size_t page = dtype_bytes(config_.dtype, kv_heads * config_.block_tokens * head_dim);
+        std::memset(k_pages_[static_cast<size_t>(l)].data(), 0, page);
+        std::memset(v_pages_[static_cast<size_t>(l)].data(), 0, page);
+      }
+    }
+  }
+}
+
+void PagedKVStore::attach_layer(int layer) {
+  KV_CHECK(layer >= 0 && layer < static_cast<int>(attached_.size()), "layer outside the store");
+  if (!attached_[static_cast<size_t>(layer)]) ++n_attached_;
+  attached_[static_cast<size_t>(layer)] = 1;
+}
+
+int PagedKVStore::leader_layer() const {
+  for (size_t l = 0; l < attached_.size(); ++l)
+    if (attached_[l]) return static_cast<int>(l);
+  return -1;
+}
+
+PagedKVStore::Seq& PagedKVStore::seq_ref(SeqId seq) {
+  return const_cast<Seq&>(static_cast<const PagedKVStore&>(*this).seq_ref(seq));
+}
+
+const PagedKVStore::Seq& PagedKVStore::seq_ref(SeqId seq) const {
+  if (seq < 0 || seq >= static_cast<SeqId>(seqs_.size()) || !seqs_[static_cast<size_t>(seq)].live)
+    bad("sequence " + std::to_string(seq) + " does not exist");
+  return seqs_[static_cast<size_t>(seq)];
+}
+
+bool PagedKVStore::is_live(SeqId seq) const {
+  return seq >= 0 && seq < static_cast<SeqId>(seqs_.size()) && seqs_[static_cast<size_t>(seq)].live;
+}
+
+int64_t PagedKVStore::length(SeqId seq) const { return seq_ref(seq).len; }
+
+SeqId PagedKVStore::add_sequence(std::span<const uint8_t> salt) {
+  SeqId id = 0;
+  while (id < static_cast<SeqId>(seqs_.size()) && seqs_[static_cast<size_t>(id)].live) ++id;
+  if (id == static_cast<SeqId>(seqs_.size())) seqs_.emplace_back();
+  Seq& s = seqs_[static_cast<size_t>(id)];
+  s = Seq{};
+  s.live = true;
+  s.salt.assign(salt.begin(), salt.end());
+  s.tables.resize(groups_.size());
+  s.keys.resize(groups_.size());
+  return id;
+}
+
+void PagedKVStore::release_seq_blocks(Seq& s) {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    pools_[g]->release_table(s.tables[g]);
+    s.tables[g].clear();
+    s.keys[g].clear();
+  }
+}
+
+void PagedKVStore::free_sequence(SeqId seq) {
+  if (step_open_) bad("free_sequence during an unfinished step");
+  Seq& s = seq_ref(seq);
+  release_seq_blocks(s);
+  s = Seq{};
+  const auto it = std::find(batch_.begin(), batch_.end(), seq);
+  if (it != batch_.end()) {
+    batch_.erase(it);
+    build_tables();
+  }
+}
+
+void PagedKVStore::set_batch(std::span<const SeqId> seqs) {
+  if (step_open_) bad("set_batch during an unfinished step");
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seq_ref(seqs[i]);
+    for (size_t j = 0; j < i; ++j)
+      if (seqs[j] == seqs[i]) bad("sequence " + std::to_string(seqs[i]) + " appears twice in the batch");
+  }
+  batch_.assign(seqs.begin(), seqs.end());
+  build_tables();
+}
+
+int64_t PagedKVStore::first_visible(int g, int64_t pos) const {
+  const PagedGroup& grp = groups_[static_cast<size_t>(g)];
+  return grp.kind == GroupKind::kSliding ? std::max<int64_t>(0, pos - grp.window + 1) : 0;
+}
+
+void PagedKVStore::drop_out_of_window(int g, Seq& s, int64_t next_pos) {
+  if (groups_[static_cast<size_t>(g)].kind != GroupKind::kSliding) return;
+  const int64_t lo = first_visible(g, next_pos), bt = config_.block_tokens;
+  std::vector<int32_t>& table = s.tables[static_cast<size_t>(g)];
+  BlockPool& pool = *pools_[static_cast<size_t>(g)];
+  for (size_t i = 0; i < table.size() && static_cast<int64_t>(i + 1) * bt <= lo; ++i) {
+    if (table[i] == 0) continue;
+    pool.release(table[i]);
+    pool.retain(0);
+    table[i] = 0;
+  }
+}
+
+void PagedKVStore::build_tables() {
+  const int64_t bt = config_.block_tokens;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<int32_t>& indptr = indptr_[g];
+    std::vector<int32_t>& indices = indices_[g];
+    std::vector<int32_t>& last = last_len_[g];
+    indptr.assign(1, 0);
+    indices.clear();
+    last.clear();
+    for (const SeqId id : batch_) {
+      const Seq& s = seqs_[static_cast<size_t>(id)];
+      const std::vector<int32_t>& t = s.tables[g];
+      KV_CHECK(static_cast<int64_t>(t.size()) == ceil_div(s.len, bt), "table size != ceil(len / block)");
+      indices.insert(indices.end(), t.begin(), t.end());
+      indptr.push_back(static_cast<int32_t>(indices.size()));
+      last.push_back(s.len == 0 ? 0 : static_cast<int32_t>((s.len - 1) % bt + 1));
+    }
+  }
+}
+
+StepStatus PagedKVStore::plan_step(int64_t n_tokens, std::span<const int32_t> tokens) {
+  if (step_open_) bad("plan_step: the previous step has not been written by every layer");
+  if (batch_.empty()) bad("plan_step: the batch is empty (set_batch first)");
+  if (n_tokens <= 0) bad("plan_step: needs at least one token per sequence");
+  const auto B = static_cast<int64_t>(batch_.size());
+  if (!tokens.empty() && static_cast<int64_t>(tokens.size()) != B * n_tokens)
+    bad("plan_step: " + std::to_string(tokens.size()) + " token ids for a batch of " +
+        std::to_string(B) + " x " + std::to_string(n_tokens));
+  const int64_t bt = config_.block_tokens;
+  // Blocks out of every window are dropped first: no later query of the sequence can see them,
+  // so this is neutral even when the step is then refused.
+  for (const SeqId id : batch_)
+    for (int g = 0; g < num_groups(); ++g) drop_out_of_window(g, seqs_[static_cast<size_t>(id)], seqs_[static_cast<size_t>(id)].len);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    int64_t need = 0;
+    for (const SeqId id : batch_) {
+      const Seq& s = seqs_[static_cast<size_t>(id)];
+      need += ceil_div(s.len + n_tokens, bt) - static_cast<int64_t>(s.tables[g].size());
+    }
+    if (need > pools_[g]->num_available()) return StepStatus::kOutOfBlocks;
+  }
+  step_base_.resize(batch_.size());
+  for (size_t b = 0; b < batch_.size(); ++b) {
+    Seq& s = seqs_[static_cast<size_t>(batch_[b])];
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const int64_t need = ceil_div(s.len + n_tokens, bt) - static_cast<int64_t>(s.tables[g].size());
+      KV_CHECK(pools_[g]->allocate(static_cast<int32_t>(need), s.tables[g]), "blocks checked above");
+    }
+    if (tokens.empty()) {
+      s.tokens_known = false;
+      s.tokens.clear();
+    } else if (s.tokens_known) {
+      const auto row = tokens.subspan(b * static_cast<size_t>(n_tokens), static_cast<size_t>(n_tokens));
+      s.tokens.insert(s.tokens.end(), row.begin(), row.end());
+    }
+    step_base_[b] = s.len;
+    s.len += n_tokens;
+  }
+  step_tokens_ = n_tokens;
+  step_open_ = true;
+  step_writes_ = 0;
+  std::fill(step_wrote_.begin(), step_wrote_.end(), 0);
+  build_tables();
+  return StepStatus::kOk;
+}
+
+int64_t PagedKVStore::layer_length(int layer) const {
+  if (batch_.empty()) return 0;
+  const int64_t len = seqs_[static_cast<size_t>(batch_[0])].len;
+  return step_open_ && !step_wrote_[static_cast<size_t>(layer)] ? len - step_tokens_ : len;
+}
+
+KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) {
+  const std::string where = "layer " + std::to_string(layer) + ": ";
+  if (k.ndim() != 4 || v.ndim() != 4 || k.dim(0) != v.dim(0) || k.dim(1) != v.dim(1) ||
+      k.dim(2) != v.dim(2) || k.dim(3) != v.dim(3))
+    bad(where + "k and v must be [B, H_kv, S, D] of the same shape (D_k == D_v)");
+  if (!dtype_is_float(k.dtype()) || !dtype_is_float(v.dtype())) bad(where + "k and v must be float tensors");
+  if (!allocated()) {
+    if (config_.kv_heads > 0 && (k.dim(1) != config_.kv_heads || k.dim(3) != config_.head_dim))
+      bad(where + "k has " + std::to_string(k.dim(1)) + " heads of " + std::to_string(k.dim(3)) +
+          ", the store was configured for " + std::to_string(config_.kv_heads) + " of " +
+          std::to_string(config_.head_dim));
+    allocate_pages(k.dim(1), k.dim(3));
+  }
+  if (k.dim(1) != config_.kv_heads || k.dim(3) != config_.head_dim)
+    bad(where + "k has " + std::to_string(k.dim(1)) + " heads of " + std::to_string(k.dim(3)) +
+        ", the pages hold " + std::to_string(config_.kv_heads) + " of " + std::to_string(config_.head_dim));
+  if (batch_.empty() && !step_open_) {
+    // Protocol use without a runtime: the batch rows become fresh sequences (lazy init).
+    for (int64_t b = 0; b < k.dim(0); ++b) batch_.push_back(add_sequence());
+    build_tables();
+  }
+  if (k.dim(0) != static_cast<int64_t>(batch_.size()))
+    bad(where + "update of " + std::to_string(k.dim(0)) + " rows for a batch of " +
+        std::to_string(batch_.size()) + " sequences");
+  if (!step_open_ && plan_step(k.dim(2)) == StepStatus::kOutOfBlocks)
+    bad(where + "out of blocks for " + std::to_string(k.dim(2)) + " more tokens of " +
+            std::to_string(batch_.size()) + " sequences; raise the KV budget or free sequences",
+        ErrorKind::kOutOfRange);
+  if (k.dim(2) != step_tokens_)
+    bad(where + "update of " + std::to_string(k.dim(2)) + " tokens in a step planned for " +
+        std::to_string(step_tokens_));
+  if (step_wrote_[static_cast<size_t>(layer)]) bad(where + "updated twice in one step");
+
+  const int g = layer_group_[static_cast<size_t>(layer)];
+  const int64_t bt = config_.block_tokens, H = config_.kv_heads, D = config_.head_dim;
+  const TensorView kp = k_pages_[static_cast<size_t>(layer)].view();
+  const TensorView vp = v_pages_[static_cast<size_t>(layer)].view();
+  const size_t dn = static_cast<size_t>(D);
+  for (size_t b = 0; b < batch_.size(); ++b) {
+    const std::vector<int32_t>& table = seqs_[static_cast<size_t>(batch_[b])].tables[static_cast<size_t>(g)];
+    const auto bi = static_cast<int64_t>(b);
+    for (int64_t s = 0; s < step_tokens_; ++s) {
+      const int64_t pos = step_base_[b] + s;
+      const int32_t blk = table[static_cast<size_t>(pos / bt)];
+      const int64_t slot = pos % bt;
+      for (int64_t h = 0; h < H; ++h) {
+        convert_n(k.ptr(bi, h, s), k.dtype(), kp.ptr(blk, h, slot), config_.dtype, dn);
+        convert_n(v.ptr(bi, h, s), v.dtype(), vp.ptr(blk, h, slot), config_.dtype, dn);
+      }
+    }
+  }
+  step_wrote_[static_cast<size_t>(layer)] = 1;
+  if (!attached_[static_cast<size_t>(layer)]) attach_layer(layer);  // direct store use
+  if (++step_writes_ >= n_attached_) {
+    step_open_ = false;
+    // Key the blocks that became full, then let sliding groups drop what the next query
+    // cannot see (dropped blocks stay cached under their keys). The tables the returned span
+    // points at are rebuilt only at the next step, so this step's spans stay valid.
+    for (const SeqId id : batch_) {
+      Seq& s = seqs_[static_cast<size_t>(id)];
+      commit_full_blocks(s);
+      for (int gg = 0; gg < num_groups(); ++gg) drop_out_of_window(gg, s, s.len);
+    }
+  }
+
+  return peek_span(layer);
+}
+
+KVSpan PagedKVStore::peek_span(int layer) const {
+  KV_CHECK(allocated(), "peek_span before the pages exist");
+  const auto g = static_cast<size_t>(layer_group_[static_cast<size_t>(layer)]);
+  KVSpan span;
+  span.kind = KVSpanKind::kPaged;
+  span.kv_offset = 0;
+  PagedKV& p = span.paged;
+  p.k_pages = k_pages_[static_cast<size_t>(layer)].view();
+  p.v_pages = v_pages_[static_cast<size_t>(layer)].view();
+  p.batch = static_cast<int64_t>(batch_.size());
+  p.page_size = config_.block_tokens;
+  p.indptr = indptr_[g].data();
+  p.indices = indices_[g].data();
+  p.last_page_len = last_len_[g].data();
+  return span;
+}
+
+void PagedKVStore::commit_full_blocks(Seq& s) {
+  if (!s.tokens_known) return;
+  const int64_t bt = config_.block_tokens;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<BlockKey>& keys = s.keys[g];
+    BlockPool& pool = *pools_[g];
+    for (auto i = static_cast<int64_t>(keys.size()); (i + 1) * bt <= s.len; ++i) {
+      const std::span<const int32_t> tok(s.tokens.data() + i * bt, static_cast<size_t>(bt));
+      const BlockKey key = block_key(i == 0 ? BlockKey{} : keys.back(), static_cast<int32_t>(g), s.salt, tok);
+      const int32_t id = s.tables[g][static_cast<size_t>(i)];
+      if (!is_null(static_cast<int>(g), id)) {
+        if (pool.is_keyed(id)) KV_CHECK(pool.key(id) == key, "a shared block under a different key");
+        else pool.commit(id, key, tok);  // false: the same content is indexed elsewhere
+      }
+      keys.push_back(key);
+    }
+  }
+}
+
+int64_t PagedKVStore::match_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt) {
+  if (tokens.size() <= 1) return 0;
+  const int64_t bt = config_.block_tokens;
+  const int64_t nj = static_cast<int64_t>(tokens.size() - 1) / bt;  // full blocks, last token excluded
+  // ok[j]: every group can serve the first j blocks.
+  std::vector<uint8_t> ok(static_cast<size_t>(nj + 1), 1);
+  std::vector<uint8_t> present(static_cast<size_t>(nj));
+  for (int g = 0; g < num_groups(); ++g) {
+    BlockKey parent;
+    for (int64_t i = 0; i < nj; ++i) {
+      const std::span<const int32_t> tok = tokens.subspan(static_cast<size_t>(i * bt), static_cast<size_t>(bt));
+      parent = block_key(parent, g, salt, tok);
+      present[static_cast<size_t>(i)] = pools_[static_cast<size_t>(g)]->lookup(parent, tok) >= 0;
+    }
+    for (int64_t j = 1; j <= nj; ++j) {
+      // Blocks the next query (at position j * bt) can see must all be present.
+      const int64_t lo = first_visible(g, j * bt);
+      for (int64_t i = 0; i < j && ok[static_cast<size_t>(j)]; ++i)
+        if ((i + 1) * bt > lo && !present[static_cast<size_t>(i)]) ok[static_cast<size_t>(j)] = 0;
+    }
+  }
+  for (int64_t j = nj; j > 0; --j)
+    if (ok[static_cast<size_t>(j)]) return j * bt;
+  return 0;
+}
+
+int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens) {
+  if (step_open_) bad("attach_prefix during an unfinished step");
+  Seq& s = seq_ref(seq);
+  if (s.len != 0) bad("attach_prefix: sequence " + std::to_string(seq) + " is not empty");
+  const int64_t m = match_prefix(tokens, s.salt), bt = config_.block_tokens;
+  if (m == 0) return 0;
+  for (int g = 0; g < num_groups(); ++g) {
+    BlockPool& pool = *pools_[static_cast<size_t>(g)];
+    const int64_t lo = first_visible(g, m);
+    BlockKey parent;
+    for (int64_t i = 0; i < m / bt; ++i) {
+      const std::span<const int32_t> tok = tokens.subspan(static_cast<size_t>(i * bt), static_cast<size_t>(bt));
+      parent = block_key(parent, g, s.salt, tok);
+      s.keys[static_cast<size_t>(g)].push_back(parent);
+      if ((i + 1) * bt <= lo) {  // out of the window: the null block
+        pool.retain(0);
+        s.tables[static_cast<size_t>(g)].push_back(0);
+        continue;
+      }
+      const int32_t id = pool.lookup(parent, tok);
+      KV_CHECK(id >= 0, "match_prefix promised this block");
+      pool.acquire(id);
+      s.tables[static_cast<size_t>(g)].push_back(id);
+    }
+  }
+  s.tokens.assign(tokens.begin(), tokens.begin() + m);
+  s.len = m;
+  if (std::find(batch_.begin(), batch_.end(), seq) != batch_.end()) build_tables();
+  return m;
+}
+
+void PagedKVStore::copy_block(int g, int32_t src, int32_t dst, int64_t slots) {
+  const size_t n = dtype_bytes(config_.dtype, slots * config_.head_dim);
+  for (const int l : groups_[static_cast<size_t>(g)].layers) {
+    for (Tensor* pages : {&k_pages_[static_cast<size_t>(l)], &v_pages_[static_cast<size_t>(l)]}) {
+      if (!pages->defined() || pages->size_bytes() == 0) continue;
+      const TensorView p = pages->view();
+      for (int64_t h = 0; h < config_.kv_heads; ++h) std::memcpy(p.ptr(dst, h, 0), p.ptr(src, h, 0), n);
+    }
+  }
+}
+
+bool PagedKVStore::fork(SeqId seq, int n, std::vector<SeqId>& children) {
+  if (step_open_) bad("fork during an unfinished step");
+  if (n < 0) bad("fork: n must be >= 0");
+  const int64_t bt = config_.block_tokens;
+  const int64_t partial = seq_ref(seq).len % bt;
+  if (partial != 0)
+    for (const auto& pool : pools_)
+      if (pool->num_available() < n) return false;
+  for (int c = 0; c < n; ++c) {
+    const SeqId child = add_sequence(seq_ref(seq).salt);  // may reallocate seqs_
+    const Seq& s = seq_ref(seq);
+    Seq& d = seq_ref(child);
+    d.len = s.len;
+    d.tokens_known = s.tokens_known;
+    d.tokens = s.tokens;
+    d.keys = s.keys;
+    for (int g = 0; g < num_groups(); ++g) {
+      BlockPool& pool = *pools_[static_cast<size_t>(g)];
+      const std::vector<int32_t>& src = s.tables[static_cast<size_t>(g)];
+      std::vector<int32_t>& dst = d.tables[static_cast<size_t>(g)];
+      const size_t shared = partial == 0 ? src.size() : src.size() - 1;
+      for (size_t i = 0; i < shared; ++i) {
+        pool.retain(src[i]);
+        dst.push_back(src[i]);
+      }
+      if (partial != 0) {
+        KV_CHECK(pool.allocate(1, dst), "blocks checked above");
+        copy_block(g, src.back(), dst.back(), partial);
+      }
+    }
+    children.push_back(child);
+  }
+  return true;
+}
+
+void PagedKVStore::crop(int64_t n) {
+  if (step_open_) bad("crop during an unfinished step");
+  const int64_t bt = config_.block_tokens;
+  std::vector<int64_t> target(batch_.size());
+  std::vector<int64_t> copies(groups_.size(), 0);
+  for (size_t b = 0; b < batch_.size(); ++b) {  // validate everything first
+    const Seq& s = seqs_[static_cast<size_t>(batch_[b])];
+    target[b] = n < 0 ? std::max<int64_t>(0, s.len + n) : std::min(n, s.len);
+    if (target[b] == s.len) continue;
+    for (int g = 0; g < num_groups(); ++g) {
+      const std::vector<int32_t>& t = s.tables[static_cast<size_t>(g)];
+      for (int64_t i = first_visible(g, target[b]) / bt; i < ceil_div(target[b], bt); ++i)
+        if (is_null(g, t[static_cast<size_t>(i)]))
+          bad("crop to " + std::to_string(target[b]) + " tokens: the sliding window already dropped "
+              "the keys those positions need", ErrorKind::kOutOfRange);
+      if (target[b] % bt != 0 && pools_[static_cast<size_t>(g)]->ref_count(t[static_cast<size_t>(target[b] / bt)]) > 1)
+        ++copies[static_cast<size_t>(g)];
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (copies[g] > pools_[g]->num_available())
+      bad("crop: no free block to copy a shared block into", ErrorKind::kOutOfRange);
+  for (size_t b = 0; b < batch_.size(); ++b) {
+    Seq& s = seqs_[static_cast<size_t>(batch_[b])];
+    if (target[b] == s.len) continue;
+    const int64_t keep_blocks = ceil_div(target[b], bt);
+    for (int g = 0; g < num_groups(); ++g) {
+      BlockPool& pool = *pools_[static_cast<size_t>(g)];
+      std::vector<int32_t>& t = s.tables[static_cast<size_t>(g)];
+      pool.release_table(std::span<const int32_t>(t).subspan(static_cast<size_t>(keep_blocks)));
+      t.resize(static_cast<size_t>(keep_blocks));
+      if (target[b] % bt != 0) {  // the new last block is partial: written next, so private
+        const int32_t last = t.back();
+        if (pool.ref_count(last) > 1) {
+          std::vector<int32_t> fresh;
+          KV_CHECK(pool.allocate(1, fresh), "blocks checked above");
+          copy_block(g, last, fresh[0], target[b] % bt);
+          pool.release(last);
+          t.back() = fresh[0];
+        } else {
+          pool.forget(last);
+        }
+      }
+      std::vector<BlockKey>& keys = s.keys[static_cast<size_t>(g)];
+      keys.resize(std::min(keys.size(), static_cast<size_t>(target[b] / bt)));
+    }
+    if (s.tokens_known) s.tokens.resize(static_cast<size_t>(target[b]));
+    s.len = target[b];
+  }
+  build_tables();
+}
+
+void PagedKVStore::reset() {
+  for (Seq& s : seqs_)
+    if (s.live) {
+      release_seq_blocks(s);
+      s = Seq{};
+    }
+  batch_.clear();
+  step_open_ = false;
+  build_tables();
+}
+
+void PagedKVStore::remap(std::span<const int64_t> rows) {
+  if (step_open_) bad("reorder/select during an unfinished step");
+  const auto B = static_cast<int64_t>(batch_.size());
+  std::vector<int> uses(batch_.size(), 0);
+  for (const int64_t r : rows) {
+    if (r < 0 || r >= B) bad("row index " + std::to_string(r) + " outside the batch of " + std::to_string(B));
+    ++uses[static_cast<size_t>(r)];
+  }
+  const int64_t bt = config_.block_tokens;
+  int64_t copies = 0;
+  for (size_t r = 0; r < batch_.size(); ++r)
+    if (uses[r] > 1 && seqs_[static_cast<size_t>(batch_[r])].len % bt != 0) copies += uses[r] - 1;
+  for (const auto& pool : pools_)
+    if (copies > pool->num_available())
+      bad("out of blocks for the partial blocks of " + std::to_string(copies) + " copied rows",
+          ErrorKind::kOutOfRange);
+  const std::vector<SeqId> old = batch_;
+  std::vector<SeqId> next;
+  std::vector<uint8_t> taken(old.size(), 0);
+  for (const int64_t r : rows) {
+    const SeqId src = old[static_cast<size_t>(r)];
+    if (!taken[static_cast<size_t>(r)]) {
+      taken[static_cast<size_t>(r)] = 1;
+      next.push_back(src);
+    } else {
+      std::vector<SeqId> child;
+      KV_CHECK(fork(src, 1, child), "blocks checked above");
+      next.push_back(child[0]);
+    }
+  }
+  batch_ = next;
+  for (size_t r = 0; r < old.size(); ++r)
+    if (!taken[r]) {
+      Seq& s = seqs_[static_cast<size_t>(old[r])];
+      release_seq_blocks(s);
+      s = Seq{};
+    }
+  build_tables();
+}
+
+PagedGroupStats PagedKVStore::stats(int g) const {
+  PagedGroupStats st;
+  st.pool = pools_[static_cast<size_t>(g)]->stats();
+  PagedStoreConfig c = config_;
+  st.block_bytes = paged_block_bytes(c, groups_[static_cast<size_t>(g)]);
+  st.used_bytes = static_cast<size_t>(st.pool.used) * st.block_bytes;
+  const int64_t bt = config_.block_tokens;
+  for (const Seq& s : seqs_) {
+    if (!s.live) continue;
+    const std::vector<int32_t>& t = s.tables[static_cast<size_t>(g)];
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (is_null(g, t[i])) continue;
+      st.allocated_slots += bt;
+      st.live_tokens += std::min<int64_t>(bt, s.len - static_cast<int64_t>(i) * bt);
+    }
+  }
+  return st;
+}
+
+size_t PagedKVStore::used_bytes() const {
+  size_t total = 0;
+  for (int g = 0; g < num_groups(); ++g) total += stats(g).used_bytes;
+  return total;
+}
+
+size_t PagedKVStore::layer_page_bytes(int layer) const {
+  return k_pages_[static_cast<size_t>(layer)].size_bytes() + v_pages_[static_cast<size_t>(layer)].size_bytes();
+}
+
+size_t PagedKVStore::pool_bytes() const {
+  size_t total = 0;
+  for (size_t l = 0; l < k_pages_.size(); ++l) total += layer_page_bytes(static_cast<int>(l));
+  for (const auto& pool : pools_) total += pool->bytes();
+  return total;
+}
+
+size_t PagedKVStore::bytes() const {
+  size_t total = pool_bytes() + seqs_.capacity() * sizeof(Seq) + batch_.capacity() * sizeof(SeqId) +
+                 step_base_.capacity() * sizeof(int64_t);
+  for (const Seq& s : seqs_) {
+    total += s.tokens.capacity() * sizeof(int32_t) + s.salt.capacity();
+    for (const auto& t : s.tables) total += t.capacity() * sizeof(int32_t);
+    for (const auto& k : s.keys) total += k.capacity() * sizeof(BlockKey);
+  }
+  for (size_t g = 0; g < groups_.size(); ++g)
+    total += (indptr_[g].capacity() + indices_[g].capacity() + last_len_[g].capacity()) * sizeof(int32_t);
+  return total;
+}
+
+std::string PagedKVStore::check_invariants() const {
+  const int64_t bt = config_.block_tokens;
+  for (int g = 0; g < num_groups(); ++g) {
+    const BlockPool& pool = *pools_[static_cast<size_t>(g)];
+    std::string e = pool.check_invariants();
+    if (!e.empty()) return "group " + std::to_string(g) + ": " + e;
+    std::vector<int32_t> refs(static_cast<size_t>(pool.num_blocks()), 0);
+    if (groups_[static_cast<size_t>(g)].kind == GroupKind::kSliding) refs[0] = 1;  // the store's hold
+    for (size_t id = 0; id < seqs_.size(); ++id) {
+      const Seq& s = seqs_[id];
+      if (!s.live) continue;
+      const std::vector<int32_t>& t = s.tables[static_cast<size_t>(g)];
+      if (static_cast<int64_t>(t.size()) != ceil_div(s.len, bt))
+        return "sequence " + std::to_string(id) + ": " + std::to_string(t.size()) + " blocks for " +
+               std::to_string(s.len) + " tokens";
+      for (const int32_t b : t) {
+        if (b < 0 || b >= pool.num_blocks()) return "sequence " + std::to_string(id) + ": bad block id";
+        ++refs[static_cast<size_t>(b)];
+      }
+      if (s.tokens_known && static_cast<int64_t>(s.tokens.size()) != s.len)
+        return "sequence " + std::to_string(id) + ": token ids out of step with its length";
+    }
+    for (int32_t b = 0; b < pool.num_blocks(); ++b)
+      if (pool.ref_count(b) != refs[static_cast<size_t>(b)])
+        return "group " + std::to_string(g) + " block " + std::to_string(b) + ": ref count " +
+               std::to_string(pool.ref_count(b)) + " but " + std::to_string(refs[static_cast<size_t>(b)]) +
+               " table entries";
+  }
+  return {};
+}
+
+}  // namespace kvcache
