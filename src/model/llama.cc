@@ -13,6 +13,7 @@
 #include "kernels/activation.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
+#include "kernels/paged_attention.h"
 #include "model/weight_spec.h"
 
 namespace kvcache {
@@ -253,7 +254,7 @@ LlamaModel::LlamaModel(std::unique_ptr<ModelFile> file) : file_(std::move(file))
 // ---------------------------------------------------------------------------------------------
 
 LlamaForward::LlamaForward(const LlamaModel& model, std::string_view kernel, int64_t max_rows)
-    : model_(model), attention_(get_attention_kernel(kernel)) {
+    : model_(model), kernel_(kernel), attention_(get_attention_kernel(kernel)) {
   reserve(std::max<int64_t>(1, max_rows));
 }
 
@@ -292,6 +293,31 @@ void LlamaForward::reserve(int64_t rows) {
     moe_scratch_ = Tensor::empty(DType::kF32, {2 * c.moe.n_experts + c.dim + 2 * I + std::max(c.dim, 2 * I)});
   }
   rows_ = rows;
+}
+
+size_t LlamaForward::workspace_bytes_for(const ModelConfig& c, int64_t rows) {
+  // Mirrors reserve(): the fixed workspaces of `rows` rows (the lazily grown MLA expansion and
+  // no-cache KV-sharing buffers start empty and are not counted).
+  const int64_t qd = c.n_heads * c.qk_head_dim(), kvd = c.n_kv_heads * c.head_dim;
+  const int64_t od = c.n_heads * c.v_head_dim();
+  const int64_t hidden = std::max({c.hidden_dim, c.moe.expert_hidden_dim * std::max<int64_t>(1, c.moe.n_shared_experts)});
+  int64_t floats = rows * (c.dim + std::max({c.dim, qd, od}) + qd + std::max({qd, od, c.dim}) + 2 * hidden + c.vocab_size);
+  if (!c.mla.enabled()) {
+    floats += 2 * rows * kvd;
+  } else {
+    floats += rows * (c.mla.kv_lora_rank + c.mla.qk_rope_head_dim);
+    if (c.mla.q_lora_rank > 0) floats += rows * c.mla.q_lora_rank;
+  }
+  if (c.gemma3n.enabled()) {
+    const Gemma3nConfig& g = c.gemma3n;
+    const int64_t A = g.altup_num_inputs, P = g.hidden_size_per_layer_input;
+    floats += 2 * A * rows * c.dim + rows * c.n_layers * P + 2 * rows * std::max({c.dim, g.laurel_rank, P});
+  }
+  if (c.moe.n_experts > 0) {
+    const int64_t I = c.moe.expert_hidden_dim;
+    floats += 2 * c.moe.n_experts + c.dim + 2 * I + std::max(c.dim, 2 * I);
+  }
+  return static_cast<size_t>(floats) * sizeof(float);
 }
 
 size_t LlamaForward::workspace_bytes() const {
@@ -422,6 +448,7 @@ void LlamaForward::attention_gqa(const Step& st, int64_t l) {
   rope.style = model_.rope_style();
   rope.attention_factor = c.rope_attention_factor;
   for (int64_t b = 0; b < B; ++b) {
+    rope.pos0 = st.row_pos(b);
     rope.x = q + b * S * qd;
     rope.n_heads = H;
     rope_apply(rope);
@@ -467,8 +494,33 @@ void LlamaForward::attention_gqa(const Step& st, int64_t l) {
   opts.chunk_size = L.span == LlamaModel::AttentionSpan::kChunked ? L.window : 0;
   opts.softcap = c.attn_softcap;
   opts.sinks = L.sinks;
-  attention_(q_view, span.k, span.v, out_view, opts);
+  run_attention(st, span, q_view, out_view, opts);
   linear(att, R, L.wo, L.bo, xb);
+}
+
+void LlamaForward::run_attention(const Step& st, const KVSpan& span, const TensorView& q_view,
+                                 const TensorView& out_view, AttentionOptions opts) {
+  if (span.kind != KVSpanKind::kPaged) {
+    if (st.rows_differ)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "forward: batch rows at different positions need a paged cache (--cache paged)");
+    attention_(q_view, span.k, span.v, out_view, opts);
+    return;
+  }
+  // The [B, H, S, D] views over row-major [B*S, H*D] buffers are the packed varlen layout
+  // [total_q = B*S, H, D] paged_attention takes, sequence b owning rows [b*S, (b+1)*S).
+  const int64_t H = q_view.dim(1), D = q_view.dim(3), Dv = out_view.dim(3);
+  PagedAttentionArgs pa;
+  pa.q = TensorView(q_view.data(), DType::kF32, {st.R, H, D}, {q_view.stride(2), q_view.stride(1), 1});
+  pa.out = TensorView(out_view.data(), DType::kF32, {st.R, H, Dv}, {out_view.stride(2), out_view.stride(1), 1});
+  pa.kv = span.paged;
+  cu_seqlens_q_.resize(static_cast<size_t>(st.B + 1));
+  for (int64_t b = 0; b <= st.B; ++b) cu_seqlens_q_[static_cast<size_t>(b)] = static_cast<int32_t>(b * st.S);
+  pa.cu_seqlens_q = cu_seqlens_q_.data();
+  // Each sequence's queries sit at its own last positions (bottom-right), where row_pos0 put
+  // them: the paged kernels take no q_offset.
+  opts.q_offset = -1;
+  paged_attention(kernel_, pa, opts);
 }
 
 void LlamaForward::attention_mla(const Step& st, int64_t l) {
@@ -538,6 +590,10 @@ void LlamaForward::attention_mla(const Step& st, int64_t l) {
     throw Error(ErrorKind::kUnsupported, "layer " + std::to_string(l) +
                                              ": MLA expands the cached latent from a dense span; this cache returned a "
                                              "paged one (use a dense container for MLA models)");
+  }
+  if (st.rows_differ) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "forward: batch rows at different positions need a paged cache, which MLA layers cannot use");
   }
   const int64_t Skv = span.k.dim(2);
 
@@ -923,7 +979,17 @@ std::span<const float> LlamaForward::forward(const ForwardParams& p) {
                                                    std::to_string(c.vocab_size) + ")");
     }
   }
-  const Step st{p.batch, p.n_tokens, p.batch * p.n_tokens, p.pos0, p.cache};
+  Step st{p.batch, p.n_tokens, p.batch * p.n_tokens, p.pos0, p.cache};
+  if (p.row_pos0 != nullptr) {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      if (p.row_pos0[b] < 0) throw Error(ErrorKind::kInvalidArgument, "forward: negative row position");
+      st.rows_differ |= p.row_pos0[b] != p.row_pos0[0];
+    }
+    if (p.cache == nullptr && (st.rows_differ || p.row_pos0[0] != 0))
+      throw Error(ErrorKind::kInvalidArgument, "forward: without a cache every row starts at position 0");
+    st.row_pos0 = p.row_pos0;
+    st.pos0 = p.row_pos0[0];  // dense paths (all rows equal) read pos0
+  }
   const int64_t B = st.B, S = st.S, R = st.R, dim = c.dim;
   reserve(R);
 

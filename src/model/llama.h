@@ -183,6 +183,9 @@ struct ForwardParams {
   int64_t batch = 1;
   int64_t n_tokens = 0;             // S: a prefill chunk, or 1 for decode
   int64_t pos0 = 0;                 // absolute position of tokens[:, 0]
+  // [batch] absolute position of tokens[b, 0] when rows are at different positions (a varlen
+  // batch through a paged cache); nullptr: every row starts at pos0.
+  const int64_t* row_pos0 = nullptr;
   // The KV store. nullptr: no cache — the chunk attends only to its own keys (pos0 must be 0);
   // the "full recompute" oracle that --verify compares against.
   Cache* cache = nullptr;
@@ -202,12 +205,21 @@ class LlamaForward {
 
   const LlamaModel& model() const { return model_; }
   size_t workspace_bytes() const;
+  // What workspace_bytes() is after reserving `rows` rows for `config` (the memory planner's
+  // activation peak).
+  static size_t workspace_bytes_for(const ModelConfig& config, int64_t rows);
 
  private:
   struct Step {  // the batch geometry of one forward call
     int64_t B, S, R, pos0;
     Cache* cache;
+    const int64_t* row_pos0 = nullptr;  // [B] per-row start positions (varlen, paged) or null
+    bool rows_differ = false;           // row_pos0 not all equal: only paged spans can serve it
+    int64_t row_pos(int64_t b) const { return row_pos0 != nullptr ? row_pos0[b] : pos0; }
   };
+  // Attention of one layer: the dense kernel, or paged_attention for a kPaged span.
+  void run_attention(const Step& st, const KVSpan& span, const TensorView& q_view, const TensorView& out_view,
+                     AttentionOptions opts);
   void reserve(int64_t rows);
   // Attention of layer l on the normed input xb_; writes the o_proj output into xb_.
   void attention_gqa(const Step& st, int64_t l);
@@ -224,7 +236,9 @@ class LlamaForward {
   static float* grow(Tensor& t, int64_t n);
 
   const LlamaModel& model_;
-  AttentionFn attention_;
+  std::string kernel_;     // for paged spans: paged_attention(kernel_, ...)
+  AttentionFn attention_;  // for dense spans
+  std::vector<int32_t> cu_seqlens_q_;  // [batch + 1] query rows per sequence (paged spans)
   int64_t rows_ = 0;  // capacity in rows (batch * tokens)
   // Activations, row-major over rows = batch * tokens.
   Tensor x_;       // [rows, dim] residual stream

@@ -32,6 +32,37 @@ struct BenchResult {
   std::string name() const;  // "pp512", "tg128", "pp512 @ d4096"
 };
 
+// Time to first token with a shared prefix (`kvcache bench --prefix-reuse N:F`, paged caches):
+// cold, a fresh N-token prompt prefilled from nothing; cached, an N-token prompt whose first
+// F*N tokens a finished request left in the prefix index (its blocks released, keys kept), so
+// only the suffix past the last shared full block is prefilled. Both include the prefix lookup
+// and the last position's logits. Each repetition draws new random prompts.
+struct PrefixReuseParams {
+  int64_t n_prompt = 2000;
+  double shared_fraction = 0.9;
+  int repetitions = 3;
+  uint64_t seed = 1;
+};
+
+struct PrefixReuseResult {
+  std::string cache, kernel, kv_dtype;
+  int64_t n_prompt = 0;
+  int64_t n_shared = 0;   // tokens the two prompts have in common
+  int64_t n_cached = 0;   // tokens actually reused (whole blocks, last token excluded)
+  int64_t block_size = 0;
+  int n_threads = 0;
+  std::vector<double> cold_ms, cached_ms;
+  double ttft_cold_ms = 0, ttft_cached_ms = 0;  // averages
+  double speedup = 0;                           // ttft_cold_ms / ttft_cached_ms
+  // Last repetition: the cached run's logits against a cold prefill of the same prompt.
+  double max_abs_logit_diff = 0;
+  size_t kv_bytes = 0;
+};
+
+// Throws Error unless config.cache is "paged" and the prompt fits the model's context.
+PrefixReuseResult run_prefix_reuse_bench(const LlamaModel& model, const SessionConfig& config,
+                                         const PrefixReuseParams& params);
+
 // Runs every (test, depth) pair with `config` (static caches are sized to depth + test).
 // Throws Error when a test does not fit the model's context.
 std::vector<BenchResult> run_bench(const LlamaModel& model, const SessionConfig& config, const BenchParams& params);

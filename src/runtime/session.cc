@@ -3,10 +3,25 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/paged_plan.h"
 
 namespace kvcache {
 
-CacheConfig make_cache_config(const ModelConfig& model, const SessionConfig& config) {
+namespace {
+
+PagedPlanOptions paged_plan_options(const CacheConfig& cc, const SessionConfig& config) {
+  PagedPlanOptions po;
+  po.block_tokens = config.block_size;
+  po.kv_dtype = cc.kv_dtype.value_or(DType::kF32);
+  po.budget_bytes = config.kv_budget_bytes;
+  po.max_tokens_per_step = std::max<int64_t>(1, config.prefill_chunk);
+  po.max_cached_tokens = cc.max_cache_len;
+  po.layer_types = cc.layer_types;
+  po.sliding_window = cc.sliding_window;
+  return po;
+}
+
+CacheConfig base_cache_config(const ModelConfig& model, const SessionConfig& config) {
   CacheConfig cc;
   cc.implementation = config.cache;
   cc.layer_types = model.layer_types;
@@ -20,17 +35,55 @@ CacheConfig make_cache_config(const ModelConfig& model, const SessionConfig& con
   cc.max_cache_len = config.max_cache_len > 0 ? config.max_cache_len : model.max_seq_len;
   cc.max_batch_size = 1;
   cc.kv_dtype = config.kv_dtype.value_or(DType::kF32);
+  cc.block_size = config.block_size;
+  return cc;
+}
+
+// With a paged budget, the planner may shrink the step: prefill chunks follow it, so that the
+// activations stay within what was planned.
+SessionConfig effective_config(const ModelConfig& model, SessionConfig config) {
+  if (config.cache == "paged" && config.kv_budget_bytes > 0 && config.prefill_chunk > 0) {
+    const CacheConfig cc = base_cache_config(model, config);
+    config.prefill_chunk = plan_paged_memory(model, paged_plan_options(cc, config)).max_tokens_per_step;
+  }
+  return config;
+}
+
+}  // namespace
+
+CacheConfig make_cache_config(const ModelConfig& model, const SessionConfig& config) {
+  CacheConfig cc = base_cache_config(model, config);
+  if (config.cache == "paged") {
+    cc.paged_store = std::make_shared<PagedKVStore>(plan_paged_memory(model, paged_plan_options(cc, config)).store);
+  }
   return cc;
 }
 
 Session::Session(const LlamaModel& model, const SessionConfig& config)
     : model_(model),
-      config_(config),
-      cache_(std::make_unique<Cache>(make_cache_config(model.config(), config))),
-      forward_(model, config.kernel, std::max<int64_t>(1, config.prefill_chunk)) {
+      config_(effective_config(model.config(), config)),
+      forward_(model, config_.kernel, std::max<int64_t>(1, config_.prefill_chunk)) {
   if (config.prefill_chunk <= 0) {
     throw Error(ErrorKind::kInvalidArgument, "prefill chunk must be positive");
   }
+  CacheConfig cc = make_cache_config(model.config(), config_);
+  paged_ = cc.paged_store;
+  cache_ = std::make_unique<Cache>(cc);
+}
+
+void Session::ensure_sequence() {
+  if (!paged_ || (seq_ >= 0 && paged_->is_live(seq_))) return;
+  seq_ = paged_->add_sequence();
+  const SeqId batch[1] = {seq_};
+  paged_->set_batch(batch);
+}
+
+int64_t Session::reuse_prefix(std::span<const int32_t> prompt) {
+  if (!paged_ || pos_ != 0) return 0;
+  ensure_sequence();
+  const int64_t n = paged_->attach_prefix(seq_, prompt);
+  pos_ = n;
+  return n;
 }
 
 std::span<const float> Session::prefill(std::span<const int32_t> ids) {
@@ -38,6 +91,13 @@ std::span<const float> Session::prefill(std::span<const int32_t> ids) {
   std::span<const float> logits;
   for (size_t off = 0; off < ids.size(); off += static_cast<size_t>(config_.prefill_chunk)) {
     const size_t n = std::min(ids.size() - off, static_cast<size_t>(config_.prefill_chunk));
+    if (paged_) {  // plan the step with its token ids, so full blocks enter the prefix index
+      ensure_sequence();
+      if (paged_->plan_step(static_cast<int64_t>(n), ids.subspan(off, n)) == StepStatus::kOutOfBlocks)
+        throw Error(ErrorKind::kOutOfRange,
+                    "paged cache: out of blocks at position " + std::to_string(pos_) +
+                        "; raise --kv-budget / --max-cache-len");
+    }
     ForwardParams p;
     p.tokens = ids.data() + off;
     p.n_tokens = static_cast<int64_t>(n);
@@ -52,6 +112,11 @@ std::span<const float> Session::prefill(std::span<const int32_t> ids) {
 
 std::span<const float> Session::forward_all(std::span<const int32_t> ids) {
   if (ids.empty()) throw Error(ErrorKind::kInvalidArgument, "forward_all: no tokens");
+  if (paged_) {
+    ensure_sequence();
+    if (paged_->plan_step(static_cast<int64_t>(ids.size()), ids) == StepStatus::kOutOfBlocks)
+      throw Error(ErrorKind::kOutOfRange, "paged cache: out of blocks; raise --kv-budget / --max-cache-len");
+  }
   ForwardParams p;
   p.tokens = ids.data();
   p.n_tokens = static_cast<int64_t>(ids.size());

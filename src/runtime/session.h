@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cache/cache.h"
+#include "cache/paged_store.h"
 #include "core/dtype.h"
 #include "model/llama.h"
 
@@ -25,6 +26,10 @@ struct SessionConfig {
   // > 0: force every layer to "sliding_attention" with this window (tests/demos showing that
   // a window covering the whole sequence changes nothing).
   int64_t sliding_window_override = 0;
+  // "paged": tokens per block, and the byte budget the memory planner splits between the
+  // block pool and the forward's activations (0: blocks for max_cache_len tokens).
+  int64_t block_size = 16;
+  uint64_t kv_budget_bytes = 0;
 };
 
 class Session {
@@ -39,7 +44,15 @@ class Session {
   std::span<const float> forward_all(std::span<const int32_t> ids);
 
   int64_t position() const { return pos_; }
-  void reset();  // forget the sequence, keep the memory
+  // Forget the sequence, keep the memory. A paged cache releases its blocks tail first; full
+  // blocks stay in the prefix index until their memory is needed again.
+  void reset();
+  // Paged caches at position 0: takes the longest cached prefix of `prompt` (full blocks, at
+  // least the last token left to compute) and moves the position past it; returns its length.
+  // The caller then prefills prompt[returned ..]. Other caches: 0.
+  int64_t reuse_prefix(std::span<const int32_t> prompt);
+  // The paged store (nullptr for dense caches).
+  PagedKVStore* paged_store() const { return paged_.get(); }
   Cache& cache() { return *cache_; }
   size_t kv_bytes() const { return cache_->bytes(); }
   const LlamaModel& model() const { return model_; }
@@ -48,6 +61,10 @@ class Session {
  private:
   const LlamaModel& model_;
   SessionConfig config_;
+  void ensure_sequence();
+
+  std::shared_ptr<PagedKVStore> paged_;  // "paged": shared with every layer of cache_
+  SeqId seq_ = -1;                        // "paged": this session's sequence
   std::unique_ptr<Cache> cache_;
   LlamaForward forward_;
   int64_t pos_ = 0;

@@ -23,7 +23,65 @@ struct BenchOptions {
   std::vector<std::string> caches = {"dynamic"};
   BenchParams params;
   std::string output = "table";
+  std::string prefix_reuse;  // "N:F": the prefix-reuse TTFT test instead of pp/tg
 };
+
+PrefixReuseParams parse_prefix_reuse(const std::string& text, int repetitions) {
+  PrefixReuseParams p;
+  p.repetitions = repetitions;
+  const size_t colon = text.find(':');
+  try {
+    size_t used = 0;
+    p.n_prompt = std::stoll(text.substr(0, colon), &used);
+    if (used != (colon == std::string::npos ? text.size() : colon)) throw std::invalid_argument("n");
+    if (colon != std::string::npos) {
+      const std::string f = text.substr(colon + 1);
+      p.shared_fraction = std::stod(f, &used);
+      if (used != f.size()) throw std::invalid_argument("f");
+    }
+  } catch (const std::exception&) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "--prefix-reuse '" + text + "': expected TOKENS:FRACTION, e.g. 2000:0.9");
+  }
+  return p;
+}
+
+void run_prefix_reuse_cmd(BenchOptions& o, const LlamaModel& model) {
+  if (o.caches.size() != 1)
+    throw Error(ErrorKind::kInvalidArgument, "--prefix-reuse measures one cache: pass --cache paged");
+  ModelOptions mo = o.model;
+  mo.cache = o.caches[0];
+  const SessionConfig sc = session_config(mo, model);
+  const PrefixReuseResult r = run_prefix_reuse_bench(model, sc, parse_prefix_reuse(o.prefix_reuse, o.params.repetitions));
+  if (o.output == "json") {
+    const nlohmann::json j = {{"test", "prefix_reuse"},
+                              {"model_filename", o.model.model},
+                              {"model_type", model.config().summary()},
+                              {"cache", r.cache},
+                              {"attention_kernel", r.kernel},
+                              {"type_kv", r.kv_dtype},
+                              {"block_size", r.block_size},
+                              {"n_threads", r.n_threads},
+                              {"n_prompt", r.n_prompt},
+                              {"n_shared", r.n_shared},
+                              {"n_cached", r.n_cached},
+                              {"ttft_cold_ms", r.ttft_cold_ms},
+                              {"ttft_cached_ms", r.ttft_cached_ms},
+                              {"speedup", r.speedup},
+                              {"samples_cold_ms", r.cold_ms},
+                              {"samples_cached_ms", r.cached_ms},
+                              {"max_abs_logit_diff", r.max_abs_logit_diff},
+                              {"kv_bytes", r.kv_bytes}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("| model | cache | kernel | kv | block | prompt | cached | ttft cold ms | ttft cached ms | speedup | max logit diff |\n");
+    std::printf("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    std::printf("| %s | %s | %s | %s | %lld | %lld | %lld | %.2f | %.2f | %.2fx | %.3g |\n", o.model.model.c_str(),
+                r.cache.c_str(), r.kernel.c_str(), r.kv_dtype.c_str(), static_cast<long long>(r.block_size),
+                static_cast<long long>(r.n_prompt), static_cast<long long>(r.n_cached), r.ttft_cold_ms,
+                r.ttft_cached_ms, r.speedup, r.max_abs_logit_diff);
+  }
+}
 
 std::string mib(size_t n) { return fmt::format("{:.2f} MiB", static_cast<double>(n) / (1 << 20)); }
 
@@ -33,6 +91,10 @@ void run_bench_cmd(BenchOptions& o) {
   }
   LoadedModel lm = load_model(o.model.model, load_options(o.model, o.output == "json"));
   const LlamaModel& model = *lm.model;
+  if (!o.prefix_reuse.empty()) {
+    run_prefix_reuse_cmd(o, model);
+    return;
+  }
   size_t n_params = 0;
   for (const auto& [name, t] : model.file().tensors()) n_params += static_cast<size_t>(t.numel());
   const std::string wdtype = dtype_name(model.layers()[0].w_up.dtype());
@@ -97,6 +159,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-d,--n-depth", o->params.depths, "Tokens already in the cache, comma-separated")->delimiter(',');
   cmd->add_option("-r,--repetitions", o->params.repetitions, "Repetitions per test");
   cmd->add_option("-o,--output", o->output, "table or json");
+  cmd->add_option("--prefix-reuse", o->prefix_reuse,
+                  "TOKENS:FRACTION, e.g. 2000:0.9: time to first token cold vs with FRACTION of the prompt "
+                  "cached (--cache paged); replaces the pp/tg tests");
   cmd->callback([o] { run_bench_cmd(*o); });
 }
 

@@ -14,6 +14,7 @@
 
 #include "cache/cache.h"
 #include "cache/dense_layer.h"
+#include "cache/paged_layer.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "tools/commands.h"
@@ -122,18 +123,31 @@ void run_demo(const RunOptions& o) {
     auto layer = LayerRegistry::create(name.substr(0, slash), name.substr(slash + 1), config, 0);
     const KVSpan span = feed(
         o, stream, [&](const TensorView& k, const TensorView& v) { return layer->update(k, v); });
-    const int64_t n = span.k.dim(2);
-    const bool ok = span.kv_offset + n == total &&
-                    same_bits(span.k, ref.k.slice(2, span.kv_offset, total)) &&
-                    same_bits(span.v, ref.v.slice(2, span.kv_offset, total));
+    int64_t n = span.k.dim(2), first = span.kv_offset;
+    bool ok = false;
+    int64_t stored = -1;
+    if (span.kind == KVSpanKind::kPaged) {
+      // Pages read through the table; a sliding group keeps, between steps, what the next
+      // query may see (W - 1 keys).
+      const Tensor k = gather_paged(span.paged, false), v = gather_paged(span.paged, true);
+      n = k.view().dim(2);
+      first = name.find("sliding") != std::string::npos ? std::max<int64_t>(0, total - o.window + 1) : 0;
+      ok = n == total && same_bits(k.view().slice(2, first, total), ref.k.slice(2, first, total)) &&
+           same_bits(v.view().slice(2, first, total), ref.v.slice(2, first, total));
+      n = total - first;
+      stored = static_cast<const PagedLayer&>(*layer).store().stats(0).live_tokens;
+    } else {
+      ok = span.kv_offset + n == total && same_bits(span.k, ref.k.slice(2, span.kv_offset, total)) &&
+           same_bits(span.v, ref.v.slice(2, span.kv_offset, total));
+      const auto* dense = dynamic_cast<const DenseLayer*>(layer.get());
+      stored = dense ? dense->stored_tokens() : -1;
+    }
     mismatches += ok ? 0 : 1;
-    const auto* dense = dynamic_cast<const DenseLayer*>(layer.get());
-    const int64_t stored = dense ? dense->stored_tokens() : -1;
     fmt::print("{:<26} {:>7} {:>7} {:>11} {:>10} {:>11}  {} (keys [{}, {}))\n", name,
                layer->seq_length(), stored, human_bytes(layer->bytes()),
                layer->bytes() / static_cast<size_t>(total),
-               human_bytes(layer->stats().bytes_copied), ok ? "equal" : "DIFFERENT", span.kv_offset,
-               span.kv_offset + n);
+               human_bytes(layer->stats().bytes_copied), ok ? "equal" : "DIFFERENT", first,
+               first + n);
   }
   fmt::print(
       "\n  tokens: positions seen; stored: tokens kept for later steps; bytes: resident "

@@ -23,10 +23,12 @@ struct ModelOptions {
   int threads = 0;
   int64_t chunk = 512;
   std::string progress = "auto";  // model load progress on stderr: auto (when a terminal), on, off
+  int64_t block_size = 16;  // --cache paged: tokens per block
+  std::string kv_budget;    // --cache paged: bytes for pool + activations ("512MiB"); empty: none
 };
 
 // Adds --model, --tokenizer, --cache, --max-cache-len, --kernel, --kv-dtype, -t, --chunk,
-// --progress.
+// --progress, --block-size, --kv-budget.
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 // --tokenizer, plus for dummy:NAME models the SentencePiece vocabulary of ../shared/vocab
 // when it exists (so text prompts work on dummy models), plus the load progress printer

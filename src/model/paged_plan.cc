@@ -1,0 +1,67 @@
+#include "model/paged_plan.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/llama.h"
+
+namespace kvcache {
+
+PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptions& o) {
+  if (o.block_tokens < 1) throw Error(ErrorKind::kInvalidArgument, "--block-size must be >= 1");
+  if (o.max_tokens_per_step < 1)
+    throw Error(ErrorKind::kInvalidArgument, "paged plan: max tokens per step must be >= 1");
+  PagedMemoryPlan plan;
+  PagedStoreConfig& sc = plan.store;
+  sc.block_tokens = static_cast<int32_t>(o.block_tokens);
+  sc.layer_types = o.layer_types.empty() ? model.layer_types : o.layer_types;
+  sc.sliding_window = o.layer_types.empty() ? model.sliding_window : o.sliding_window;
+  sc.dtype = o.kv_dtype;
+  sc.kv_heads = model.n_kv_heads;
+  sc.head_dim = model.head_dim;
+  const std::vector<PagedGroup> groups = paged_groups(sc.layer_types, sc.sliding_window);
+  const int n_threads = o.n_threads > 0 ? o.n_threads : default_pool().n_threads();
+  const size_t scratch_per_token = static_cast<size_t>(n_threads) * static_cast<size_t>(2 * model.head_dim + 1) * sizeof(float);
+
+  plan.max_tokens_per_step = o.max_tokens_per_step;
+  if (o.budget_bytes == 0) {
+    if (o.max_cached_tokens <= 0)
+      throw Error(ErrorKind::kInvalidArgument, "paged plan: give a byte budget or a token capacity");
+    sc.max_tokens = o.max_cached_tokens;
+    sc.group_blocks = default_group_blocks(sc);
+  } else {
+    const auto act = [&](int64_t rows) { return LlamaForward::workspace_bytes_for(model, rows); };
+    while (plan.max_tokens_per_step > 1 && act(plan.max_tokens_per_step) > o.budget_bytes / 2)
+      plan.max_tokens_per_step /= 2;
+    const size_t activations = act(plan.max_tokens_per_step);
+    size_t per_block = scratch_per_token * static_cast<size_t>(o.block_tokens);
+    for (const PagedGroup& g : groups) per_block += paged_block_bytes(sc, g);
+    const size_t left = o.budget_bytes > activations ? o.budget_bytes - activations : 0;
+    // Every group gets the same block count (a sliding group's block 0 is its null block).
+    auto blocks = static_cast<int64_t>(left / per_block);
+    const auto fits = [&](int64_t n) {
+      sc.group_blocks.assign(groups.size(), static_cast<int32_t>(n));
+      return predict_pool_bytes(sc) + scratch_per_token * static_cast<size_t>(n * o.block_tokens) <= left;
+    };
+    while (blocks >= 2 && !fits(blocks)) --blocks;  // pool metadata: a few bytes per block
+    if (blocks < 2)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "paged plan: a budget of " + std::to_string(o.budget_bytes) +
+                      " bytes cannot hold one forward step (" + std::to_string(activations) +
+                      " bytes of activations) and two blocks of " + std::to_string(per_block) +
+                      " bytes; raise --kv-budget");
+    sc.group_blocks.assign(groups.size(), static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX)));
+  }
+  plan.activation_bytes = LlamaForward::workspace_bytes_for(model, plan.max_tokens_per_step);
+  plan.pool_bytes = predict_pool_bytes(sc);
+  for (size_t g = 0; g < groups.size(); ++g)
+    if (groups[g].kind == GroupKind::kFull)
+      plan.max_cached_tokens = static_cast<int64_t>(sc.group_blocks[g]) * o.block_tokens;
+  if (plan.max_cached_tokens == 0)  // only sliding layers: bounded by the window anyway
+    plan.max_cached_tokens = static_cast<int64_t>(sc.group_blocks[0] - 1) * o.block_tokens;
+  plan.attention_scratch_bytes = scratch_per_token * static_cast<size_t>(plan.max_cached_tokens);
+  return plan;
+}
+
+}  // namespace kvcache

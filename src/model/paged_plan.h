@@ -1,0 +1,51 @@
+// The paged cache's memory planner: from a byte budget and the model config, how many blocks
+// the pool gets and how many tokens one forward step may carry — predicted before anything is
+// allocated, so that serving never runs out of memory by surprise (transformers'
+// PagedAttentionMemoryHandler: activation_peak, then infer_max_batch_tokens_and_num_blocks,
+// per the KV cache notes' paged section). The prediction is exact: a store built from
+// plan.store has pool_bytes() == plan.pool_bytes, and a LlamaForward reserved for
+// plan.max_tokens_per_step rows has workspace_bytes() == plan.activation_bytes (tested).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cache/paged_store.h"
+#include "core/dtype.h"
+#include "model/model_file.h"
+
+namespace kvcache {
+
+struct PagedPlanOptions {
+  uint64_t budget_bytes = 0;          // 0: no budget, size for max_cached_tokens
+  int64_t block_tokens = 16;
+  DType kv_dtype = DType::kF16;
+  // Upper bound on tokens per forward (batch x chunk); with a budget it is halved until the
+  // activations take at most half of it.
+  int64_t max_tokens_per_step = 512;
+  int64_t max_cached_tokens = 0;      // without a budget: tokens the pool must hold (> 0)
+  // Empty: the model's layer types and window.
+  std::vector<std::string> layer_types;
+  int64_t sliding_window = 0;
+  int n_threads = 0;                  // attention scratch per thread; 0: the default pool's
+};
+
+struct PagedMemoryPlan {
+  PagedStoreConfig store;             // what to build (group_blocks, shapes, dtype)
+  int64_t max_tokens_per_step = 0;
+  size_t activation_bytes = 0;        // LlamaForward workspaces for max_tokens_per_step rows
+  // The eager paged kernel widens one sequence's keys and values to f32 per thread: at most
+  // n_threads x cached tokens x (2 D + 1) floats.
+  size_t attention_scratch_bytes = 0;
+  size_t pool_bytes = 0;              // pages + pool metadata of the store
+  int64_t max_cached_tokens = 0;      // tokens the full-attention group can hold
+  size_t total_bytes() const { return activation_bytes + attention_scratch_bytes + pool_bytes; }
+};
+
+// Throws Error(kInvalidArgument) when the budget cannot hold one step and two blocks, or the
+// options are inconsistent.
+PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptions& options);
+
+}  // namespace kvcache

@@ -1,0 +1,230 @@
+// The paged cache under the real forward pass: paged generation equals dense generation bit for
+// bit (same eager arithmetic) for a batch of sequences with different prompt lengths; a request
+// sharing a 2,000-token prefix prefills only its suffix and equals a cold run; the memory
+// planner's prediction is what gets allocated.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cache/paged_store.h"
+#include "core/error.h"
+#include "golden_util.h"
+#include "model/llama2c.h"
+#include "model/paged_plan.h"
+#include "runtime/model_loader.h"
+#include "runtime/session.h"
+
+namespace kvcache {
+namespace {
+
+std::vector<int32_t> ids_of(int64_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<int32_t>((seed >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return t;
+}
+
+int32_t argmax(std::span<const float> v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+bool bits_equal(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Three sequences of different prompt lengths: dense sessions one by one vs one paged cache
+// that prefills each sequence alone and then decodes all three as one varlen batch (B = 3:
+// below the sgemm threshold, so every projection row is the same GEMV as for B = 1).
+void expect_paged_equals_dense(const LlamaModel& model, const std::vector<int64_t>& prompt_lens, int decode_steps,
+                               const std::string& layer_override_note = "") {
+  const int64_t vocab = model.config().vocab_size;
+  const auto B = static_cast<int64_t>(prompt_lens.size());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t i = 0; i < B; ++i) prompts.push_back(ids_of(prompt_lens[static_cast<size_t>(i)], vocab, 11 + static_cast<uint64_t>(i)));
+
+  SessionConfig dense_cfg;
+  dense_cfg.cache = "dynamic";
+  dense_cfg.kernel = "eager";
+  SessionConfig paged_cfg = dense_cfg;
+  paged_cfg.cache = "paged";
+  paged_cfg.block_size = 4;  // odd lengths straddle blocks
+  paged_cfg.max_cache_len = 256;
+
+  // Dense reference: per sequence, the prefill logits then each greedy step's logits.
+  std::vector<std::vector<std::vector<float>>> ref(static_cast<size_t>(B));
+  std::vector<std::vector<int32_t>> next(static_cast<size_t>(B));
+  for (int64_t i = 0; i < B; ++i) {
+    Session s(model, dense_cfg);
+    auto l = s.prefill(prompts[static_cast<size_t>(i)]);
+    ref[static_cast<size_t>(i)].emplace_back(l.begin(), l.end());
+    for (int t = 0; t < decode_steps; ++t) {
+      const int32_t id = argmax(ref[static_cast<size_t>(i)].back());
+      next[static_cast<size_t>(i)].push_back(id);
+      l = s.decode(id);
+      ref[static_cast<size_t>(i)].emplace_back(l.begin(), l.end());
+    }
+  }
+
+  // Paged: one store for the three sequences.
+  CacheConfig cc = make_cache_config(model.config(), paged_cfg);
+  ASSERT_TRUE(cc.paged_store);
+  PagedKVStore& store = *cc.paged_store;
+  Cache cache(cc);
+  LlamaForward fwd(model, "eager", 64);
+  std::vector<SeqId> seqs;
+  for (int64_t i = 0; i < B; ++i) {
+    const SeqId id = store.add_sequence();
+    seqs.push_back(id);
+    const SeqId one[] = {id};
+    store.set_batch(one);
+    const auto& p = prompts[static_cast<size_t>(i)];
+    ASSERT_EQ(store.plan_step(static_cast<int64_t>(p.size()), p), StepStatus::kOk);
+    ForwardParams fp;
+    fp.tokens = p.data();
+    fp.n_tokens = static_cast<int64_t>(p.size());
+    fp.cache = &cache;
+    const auto l = fwd.forward(fp);
+    EXPECT_TRUE(bits_equal(l, ref[static_cast<size_t>(i)][0])) << "prefill of sequence " << i << layer_override_note;
+  }
+  store.set_batch(seqs);
+  std::vector<int64_t> pos(prompt_lens.begin(), prompt_lens.end());
+  for (int t = 0; t < decode_steps; ++t) {
+    std::vector<int32_t> ids;
+    for (int64_t i = 0; i < B; ++i) ids.push_back(next[static_cast<size_t>(i)][static_cast<size_t>(t)]);
+    ASSERT_EQ(store.plan_step(1, ids), StepStatus::kOk);
+    ForwardParams fp;
+    fp.tokens = ids.data();
+    fp.batch = B;
+    fp.n_tokens = 1;
+    fp.row_pos0 = pos.data();
+    fp.cache = &cache;
+    const auto l = fwd.forward(fp);
+    const auto V = static_cast<size_t>(vocab);
+    for (int64_t i = 0; i < B; ++i) {
+      EXPECT_TRUE(bits_equal(l.subspan(static_cast<size_t>(i) * V, V), ref[static_cast<size_t>(i)][static_cast<size_t>(t + 1)]))
+          << "decode step " << t << " of sequence " << i << layer_override_note;
+      ++pos[static_cast<size_t>(i)];
+    }
+  }
+  EXPECT_EQ(store.check_invariants(), "");
+  // Waste: at most one partial block per sequence and group.
+  for (int g = 0; g < store.num_groups(); ++g) {
+    const PagedGroupStats st = store.stats(g);
+    EXPECT_LT(st.allocated_slots - st.live_tokens, B * 4);
+  }
+}
+
+TEST(PagedRuntime, VarlenBatchEqualsDenseOnStories260K) {
+  KVCACHE_REQUIRE_STORIES();
+  const LlamaModel model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
+  expect_paged_equals_dense(model, {5, 11, 17}, 12);
+}
+
+TEST(PagedRuntime, VarlenBatchEqualsDenseOnDummyTiny) {
+  const LoadedModel m = load_model("dummy:tiny");
+  expect_paged_equals_dense(*m.model, {3, 10, 7}, 6);
+}
+
+TEST(PagedRuntime, VarlenBatchEqualsDenseOnDummyLlama125m) {
+  const LoadedModel m = load_model("dummy:llama-125m");
+  expect_paged_equals_dense(*m.model, {5, 9, 2}, 3);
+}
+
+TEST(PagedRuntime, RowsAtDifferentPositionsNeedAPagedCache) {
+  const LoadedModel m = load_model("dummy:tiny");
+  SessionConfig sc;
+  sc.kernel = "eager";
+  CacheConfig cc = make_cache_config(m.model->config(), sc);
+  cc.max_batch_size = 2;
+  Cache cache(cc);
+  LlamaForward fwd(*m.model, "eager");
+  const int32_t ids[] = {1, 2};
+  const int64_t pos[] = {0, 3};
+  ForwardParams fp;
+  fp.tokens = ids;
+  fp.batch = 2;
+  fp.n_tokens = 1;
+  fp.row_pos0 = pos;
+  fp.cache = &cache;
+  EXPECT_THROW(fwd.forward(fp), Error);
+}
+
+TEST(PagedRuntime, SharedPrefixOf2000TokensPrefillsOnlyTheSuffixAndEqualsAColdRun) {
+  const LoadedModel m = load_model("dummy:tiny");
+  const LlamaModel& model = *m.model;
+  SessionConfig sc;
+  sc.cache = "paged";
+  sc.kernel = "eager";
+  sc.max_cache_len = 4096;
+  // Chunks of 256: the cold run's last chunk is [1792, 2000), the very rows the cached run
+  // prefills in one go, so both compute them with the same matmul shapes (bit-exact).
+  sc.prefill_chunk = 256;
+  const int64_t vocab = model.config().vocab_size;
+  const std::vector<int32_t> prefix = ids_of(1800, vocab, 5);
+  std::vector<int32_t> a = prefix, b = prefix;
+  const std::vector<int32_t> ta = ids_of(200, vocab, 6), tb = ids_of(200, vocab, 7);
+  a.insert(a.end(), ta.begin(), ta.end());
+  b.insert(b.end(), tb.begin(), tb.end());
+
+  Session s(model, sc);
+  EXPECT_EQ(s.reuse_prefix(a), 0);  // nothing cached yet
+  s.prefill(a);
+  s.reset();  // the request finishes: blocks released, keys kept
+  const PagedKVStore& store = *s.paged_store();
+  EXPECT_EQ(store.stats(0).pool.cached, 2000 / 16);
+  const int64_t allocs_before = store.stats(0).pool.allocations;
+  const int64_t reused = s.reuse_prefix(b);
+  EXPECT_EQ(reused, 1792);  // 112 full blocks of the 1,800 shared tokens
+  EXPECT_EQ(s.position(), 1792);
+  const auto lb = s.prefill(std::span<const int32_t>(b).subspan(static_cast<size_t>(reused)));
+  const std::vector<float> cached(lb.begin(), lb.end());
+  // Only the suffix was computed: 208 tokens = 13 new blocks.
+  EXPECT_EQ(store.stats(0).pool.allocations - allocs_before, 13);
+  EXPECT_EQ(store.stats(0).pool.hits, 112);
+
+  Session cold(model, sc);
+  const auto lc = cold.prefill(b);
+  EXPECT_TRUE(bits_equal(cached, lc));
+  EXPECT_EQ(argmax(cached), argmax(lc));
+  EXPECT_EQ(store.check_invariants(), "");
+}
+
+TEST(PagedRuntime, PlannerPredictionIsWhatGetsAllocated) {
+  const LoadedModel m = load_model("dummy:tiny");
+  const ModelConfig& c = m.model->config();
+  for (const uint64_t budget : {uint64_t{3} << 20, uint64_t{40} << 20}) {
+    PagedPlanOptions po;
+    po.budget_bytes = budget;
+    po.block_tokens = 16;
+    po.kv_dtype = DType::kF16;
+    po.max_tokens_per_step = 512;
+    const PagedMemoryPlan plan = plan_paged_memory(c, po);
+    EXPECT_LE(plan.total_bytes(), budget);
+    EXPECT_GT(plan.max_cached_tokens, 0);
+    const PagedKVStore store(plan.store);
+    EXPECT_EQ(store.pool_bytes(), plan.pool_bytes);
+    EXPECT_EQ(plan.pool_bytes, predict_pool_bytes(plan.store));
+    const LlamaForward fwd(*m.model, "eager", plan.max_tokens_per_step);
+    EXPECT_EQ(fwd.workspace_bytes(), plan.activation_bytes);
+    // Through a session: --kv-budget sizes the pool the same way.
+    SessionConfig sc;
+    sc.cache = "paged";
+    sc.kv_dtype = DType::kF16;
+    sc.kv_budget_bytes = budget;
+    const Session s(*m.model, sc);
+    EXPECT_EQ(s.paged_store()->pool_bytes(), plan.pool_bytes);
+  }
+  // The smaller budget shrank the step (activations at most half of it).
+  PagedPlanOptions po;
+  po.budget_bytes = 3 << 20;
+  EXPECT_LT(plan_paged_memory(c, po).max_tokens_per_step, 512);
+  po.budget_bytes = 1000;
+  EXPECT_THROW(plan_paged_memory(c, po), Error);
+}
+
+}  // namespace
+}  // namespace kvcache
