@@ -1,5 +1,6 @@
 #include "cache/paged_layer.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "cache/cache.h"
@@ -19,15 +20,37 @@ PagedLayer::PagedLayer(std::shared_ptr<PagedKVStore> store, int layer)
   store_->attach_layer(layer);
 }
 
-bool PagedLayer::is_leader() const { return store_->leader_layer() == layer_; }
+PagedLayer::PagedLayer(const PagedStoreConfig& pending, int64_t tokens_per_row)
+    : pending_(pending), tokens_per_row_(tokens_per_row) {
+  KV_CHECK(pending.layer_types.size() == 1, "a private paged store holds one layer");
+  name_ = "paged/" + pending.layer_types[0];
+  (void)paged_groups(pending_.layer_types, pending_.sliding_window);  // bad type/window: throw now
+}
 
-KVSpan PagedLayer::update(const TensorView& k, const TensorView& v) { return store_->write(layer_, k, v); }
+PagedKVStore& PagedLayer::store() const {
+  if (!store_) throw Error(ErrorKind::kInvalidArgument, name_ + ": no store before the first update");
+  return *store_;
+}
+
+// Private stores: every lifecycle call before the first update has nothing to act on.
+bool PagedLayer::is_leader() const { return store_ && store_->leader_layer() == layer_; }
+
+KVSpan PagedLayer::update(const TensorView& k, const TensorView& v) {
+  if (!store_) {
+    if (k.ndim() != 4) throw Error(ErrorKind::kInvalidArgument, name_ + ": k must be [B, H_kv, S, D]");
+    PagedStoreConfig c = pending_;
+    c.max_tokens = tokens_per_row_ * std::max<int64_t>(1, k.dim(0));
+    store_ = std::make_shared<PagedKVStore>(c);
+    store_->attach_layer(0);
+  }
+  return store_->write(layer_, k, v);
+}
 
 MaskSizes PagedLayer::mask_sizes(int64_t query_len) const { return {seq_length() + query_len, 0}; }
 
-int64_t PagedLayer::seq_length() const { return store_->layer_length(layer_); }
+int64_t PagedLayer::seq_length() const { return store_ ? store_->layer_length(layer_) : 0; }
 
-bool PagedLayer::is_initialized() const { return store_->allocated(); }
+bool PagedLayer::is_initialized() const { return store_ && store_->allocated(); }
 
 void PagedLayer::crop(int64_t n) {
   if (is_leader()) store_->crop(n);
@@ -60,6 +83,7 @@ void PagedLayer::select(std::span<const int64_t> indices) {
 }
 
 size_t PagedLayer::bytes() const {
+  if (!store_) return 0;
   size_t own = store_->layer_page_bytes(layer_);
   if (is_leader()) {
     size_t pages = 0;
@@ -96,8 +120,11 @@ std::unique_ptr<CacheLayer> make_paged_layer(const CacheConfig& config, int laye
   sc.layer_types = {layer_type};
   sc.sliding_window = config.sliding_window;
   sc.dtype = config.kv_dtype.value_or(DType::kF32);
-  sc.max_tokens = config.max_cache_len * std::max<int64_t>(1, config.max_batch_size);
-  return std::make_unique<PagedLayer>(std::make_shared<PagedKVStore>(sc), 0);
+  if (config.max_batch_size > 0) {
+    sc.max_tokens = config.max_cache_len * config.max_batch_size;
+    return std::make_unique<PagedLayer>(std::make_shared<PagedKVStore>(sc), 0);
+  }
+  return std::make_unique<PagedLayer>(sc, config.max_cache_len);  // rows known at the first update
 }
 
 std::unique_ptr<CacheLayer> make_paged_full(const CacheConfig& config, int layer_index) {

@@ -22,6 +22,9 @@ class PagedLayer final : public CacheLayer {
  public:
   // layer: this layer's index in the store (the model layer index for a shared store).
   PagedLayer(std::shared_ptr<PagedKVStore> store, int layer);
+  // A private one-layer store built at the first update, sized for `tokens_per_row` tokens per
+  // batch row once the batch is known (protocol use without a runtime-built store).
+  PagedLayer(const PagedStoreConfig& pending, int64_t tokens_per_row);
 
   KVSpan update(const TensorView& k, const TensorView& v) override;
   // {seq_length() + query_len, 0}: sliding groups keep positions (null blocks), the kernel's
@@ -39,13 +42,15 @@ class PagedLayer final : public CacheLayer {
   size_t bytes() const override;
   std::string_view name() const override { return name_; }
 
-  PagedKVStore& store() const { return *store_; }
+  PagedKVStore& store() const;
   bool is_leader() const;
 
  private:
-  std::shared_ptr<PagedKVStore> store_;
+  std::shared_ptr<PagedKVStore> store_;  // null until the first update of a private store
   int layer_ = 0;
   std::string name_;
+  PagedStoreConfig pending_;
+  int64_t tokens_per_row_ = 0;
 };
 
 }  // namespace kvcache

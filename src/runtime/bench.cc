@@ -175,6 +175,14 @@ PrefixReuseResult run_prefix_reuse_bench(const LlamaModel& model, const SessionC
   r.ttft_cold_ms /= static_cast<double>(r.cold_ms.size());
   r.ttft_cached_ms /= static_cast<double>(r.cached_ms.size());
   r.speedup = r.ttft_cold_ms / r.ttft_cached_ms;
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t h = v.size() / 2;
+    return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+  };
+  r.ttft_cold_median_ms = median(r.cold_ms);
+  r.ttft_cached_median_ms = median(r.cached_ms);
+  r.speedup_median = r.ttft_cold_median_ms / r.ttft_cached_median_ms;
   return r;
 }
 

@@ -54,6 +54,8 @@ struct PrefixReuseResult {
   std::vector<double> cold_ms, cached_ms;
   double ttft_cold_ms = 0, ttft_cached_ms = 0;  // averages
   double speedup = 0;                           // ttft_cold_ms / ttft_cached_ms
+  // Medians: robust on a shared, loaded machine where one sample can be several times slower.
+  double ttft_cold_median_ms = 0, ttft_cached_median_ms = 0, speedup_median = 0;
   // Last repetition: the cached run's logits against a cold prefill of the same prompt.
   double max_abs_logit_diff = 0;
   size_t kv_bytes = 0;

@@ -1,0 +1,78 @@
+// `--cache paged` through the CLI: generate reproduces llama2.c's text, bench --prefix-reuse
+// reports the time to first token cold and cached as a JSON object, bad values exit with 2.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kShared = KVCACHE_SHARED_DIR;
+const std::string kModel = kShared + "/models/stories260K/stories260K.bin";
+const std::string kGolden = kShared + "/golden/stories260K";
+
+bool have_stories() { return fs::exists(kModel) && fs::exists(kGolden + "/once_upon_a_time.txt"); }
+#define REQUIRE_STORIES() \
+  if (!have_stories()) GTEST_SKIP() << "stories260K / golden outputs not under " KVCACHE_SHARED_DIR "; skipping"
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+using kvcache::testing_util::run_cli;
+
+TEST(CliPaged, GenerateEqualsLlama2cWithOddBlockSizes) {
+  REQUIRE_STORIES();
+  for (const char* block : {"16", "7"}) {
+    const auto r = run_cli("generate --model '" + kModel +
+                           "' --prompt 'Once upon a time' -n 252 --temp 0 --cache paged --kernel eager --block-size " + block);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, slurp(kGolden + "/once_upon_a_time.txt")) << "block size " << block;
+  }
+}
+
+TEST(CliPaged, BenchPrefixReuseReportsColdAndCachedTimeToFirstToken) {
+  REQUIRE_STORIES();
+  const auto r = run_cli("bench --model '" + kModel +
+                         "' --cache paged --kernel eager --prefix-reuse 300:0.9 -r 1 -o json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(j["test"], "prefix_reuse");
+  EXPECT_EQ(j["n_prompt"], 300);
+  EXPECT_EQ(j["n_shared"], 270);
+  EXPECT_EQ(j["n_cached"], 256);  // 16 full blocks of 16
+  EXPECT_GT(j["ttft_cold_ms"].get<double>(), 0.0);
+  EXPECT_GT(j["ttft_cached_ms"].get<double>(), 0.0);
+  EXPECT_LT(j["max_abs_logit_diff"].get<double>(), 1e-3);
+  const auto t = run_cli("bench --model '" + kModel + "' --cache paged --kernel eager --prefix-reuse 300:0.9 -r 1");
+  EXPECT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(t.out.find("ttft cold ms"), std::string::npos) << t.out;
+}
+
+TEST(CliPaged, BadValuesExitWith2AndSayWhy) {
+  REQUIRE_STORIES();
+  auto r = run_cli("bench --model '" + kModel + "' --cache dynamic --prefix-reuse 300:0.9 -r 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--cache paged"), std::string::npos) << r.err;
+  r = run_cli("bench --model '" + kModel + "' --cache paged --kernel eager --prefix-reuse 300x -r 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("TOKENS:FRACTION"), std::string::npos) << r.err;
+  r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --block-size 0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--block-size"), std::string::npos) << r.err;
+  r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --kv-budget 1000");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--kv-budget"), std::string::npos) << r.err;
+}
+
+}  // namespace
