@@ -56,6 +56,10 @@ struct PrefixReuseResult {
   double speedup = 0;                           // ttft_cold_ms / ttft_cached_ms
   // Medians: robust on a shared, loaded machine where one sample can be several times slower.
   double ttft_cold_median_ms = 0, ttft_cached_median_ms = 0, speedup_median = 0;
+  // Process CPU time (all threads) of the same intervals, averaged: the work done, which a
+  // loaded machine stretches far less than the wall clock.
+  std::vector<double> cold_cpu_ms, cached_cpu_ms;
+  double ttft_cold_cpu_ms = 0, ttft_cached_cpu_ms = 0, speedup_cpu = 0;
   // Last repetition: the cached run's logits against a cold prefill of the same prompt.
   double max_abs_logit_diff = 0;
   size_t kv_bytes = 0;
