@@ -338,6 +338,10 @@ float* LlamaForward::grow(Tensor& t, int64_t n) {
 
 namespace {
 
+// Set by LlamaForward::forward for the duration of one call (ForwardParams::batch_invariant);
+// thread-local so forwards on different threads do not interfere.
+thread_local bool t_batch_invariant = false;
+
 MatmulParams linear_params(const float* x, int64_t rows, const TensorView& w, const float* bias, float* y,
                            int64_t ldx = 0) {
   MatmulParams p;
@@ -351,6 +355,7 @@ MatmulParams linear_params(const float* x, int64_t rows, const TensorView& w, co
   p.m = rows;
   p.n = w.dim(0);
   p.k = w.dim(1);
+  p.allow_blas = !t_batch_invariant;
   return p;
 }
 
@@ -963,6 +968,11 @@ void LlamaForward::gemma3n_layers(const Step& st, const int32_t* tokens) {
 }
 
 std::span<const float> LlamaForward::forward(const ForwardParams& p) {
+  struct InvariantScope {
+    bool saved = t_batch_invariant;
+    explicit InvariantScope(bool on) { t_batch_invariant = on; }
+    ~InvariantScope() { t_batch_invariant = saved; }
+  } invariant_scope(p.batch_invariant);
   const ModelConfig& c = model_.config();
   if (p.tokens == nullptr || p.batch <= 0 || p.n_tokens <= 0) {
     throw Error(ErrorKind::kInvalidArgument, "forward: needs at least one token per batch row");

@@ -190,6 +190,10 @@ struct ForwardParams {
   // the "full recompute" oracle that --verify compares against.
   Cache* cache = nullptr;
   LogitsMode logits = LogitsMode::kLast;
+  // Linears use only the row-wise kernels (no BLAS): each row's result is then independent of
+  // how many rows the call carries, so a batched or re-chunked sequence is bit-identical to the
+  // sequence run alone (the serving engine's guarantee). Slower prefill.
+  bool batch_invariant = false;
 };
 
 class LlamaForward {
