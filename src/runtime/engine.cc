@@ -1,0 +1,541 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "model/paged_plan.h"
+
+namespace kvcache {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Bytes at the end of `s` that start an incomplete UTF-8 sequence (0..3): held back from a
+// stream so a client never sees half a character.
+size_t incomplete_utf8_tail(const std::string& s) {
+  const size_t n = s.size();
+  for (size_t back = 1; back <= std::min<size_t>(3, n); ++back) {
+    const auto c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
+    const size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return len > back ? back : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "none";
+}
+
+enum class SeqState { kPendingFork, kWaiting, kRunning, kFinished };
+
+struct Engine::Seq {
+  Request* req = nullptr;
+  int32_t index = 0;
+  SeqState state = SeqState::kWaiting;
+  SeqId sid = -1;                // store sequence while resident
+  std::vector<int32_t> tokens;   // prompt + generated (the last one not yet fed)
+  int64_t computed = 0;          // tokens whose K/V are in the cache
+  uint64_t admit_order = 0;      // larger: admitted later (preempted first)
+  std::unique_ptr<Sampler> sampler;
+  size_t sent = 0;               // bytes of out.text already streamed
+  SampleOutput* out = nullptr;
+  int64_t needs() const { return static_cast<int64_t>(tokens.size()) - computed; }
+};
+
+struct Engine::Request {
+  uint64_t id = 0;
+  RequestParams params;
+  StreamCallback callback;
+  Clock::time_point t_submit;
+  bool admitted = false, first_token = false, done = false, forked = false;
+  std::vector<std::unique_ptr<Seq>> seqs;  // [n]
+  RequestOutput output;
+};
+
+Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineConfig& config)
+    : model_(model), tokenizer_(tokenizer), config_(config) {
+  const ModelConfig& mc = model.config();
+  if (config_.max_running < 1 || config_.max_tokens_per_step < 1 || config_.block_tokens < 1)
+    throw Error(ErrorKind::kInvalidArgument, "engine: max_running, max_tokens_per_step and block_tokens must be >= 1");
+  PagedPlanOptions po;
+  po.budget_bytes = config_.kv_budget_bytes;
+  po.block_tokens = config_.block_tokens;
+  po.kv_dtype = config_.kv_dtype;
+  po.max_tokens_per_step = config_.max_tokens_per_step;
+  po.max_cached_tokens = config_.max_cached_tokens;
+  PagedMemoryPlan plan = plan_paged_memory(mc, po);
+  if (config_.num_blocks > 0) {
+    for (int32_t& b : plan.store.group_blocks) b = config_.num_blocks;
+    plan.max_cached_tokens = static_cast<int64_t>(config_.num_blocks) * config_.block_tokens;
+  }
+  config_.max_tokens_per_step = plan.max_tokens_per_step;
+  max_context_ = std::min<int64_t>(mc.max_seq_len, plan.max_cached_tokens);
+  store_ = std::make_shared<PagedKVStore>(plan.store);
+  for (int g = 0; g < store_->num_groups(); ++g)
+    if (store_->group(g).kind == GroupKind::kFull) {
+      full_group_ = g;
+      break;
+    }
+  CacheConfig cc;
+  cc.implementation = "paged";
+  cc.layer_types = mc.layer_types;
+  cc.sliding_window = mc.sliding_window;
+  cc.max_cache_len = max_context_;
+  cc.kv_dtype = config_.kv_dtype;
+  cc.paged_store = store_;
+  cc.block_size = config_.block_tokens;
+  cache_ = std::make_unique<Cache>(cc);
+  forward_ = std::make_unique<LlamaForward>(
+      model, config_.kernel, std::max<int64_t>(config_.max_tokens_per_step, config_.max_running));
+  update_metrics();
+}
+
+Engine::~Engine() = default;
+
+uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
+  const int64_t vocab = model_.config().vocab_size;
+  if (params.prompt.empty()) throw Error(ErrorKind::kInvalidArgument, "request: the prompt is empty");
+  for (int32_t id : params.prompt)
+    if (id < 0 || id >= vocab)
+      throw Error(ErrorKind::kInvalidArgument, "request: prompt token id " + std::to_string(id) +
+                                                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  if (params.max_tokens < 1) throw Error(ErrorKind::kInvalidArgument, "request: max_tokens must be >= 1");
+  if (params.n < 1 || params.n > config_.max_running)
+    throw Error(ErrorKind::kInvalidArgument,
+                "request: n must be in [1, " + std::to_string(config_.max_running) + "]");
+  if (static_cast<int64_t>(params.prompt.size()) + params.max_tokens > max_context_)
+    throw Error(ErrorKind::kInvalidArgument,
+                "request: prompt (" + std::to_string(params.prompt.size()) + " tokens) + max_tokens (" +
+                    std::to_string(params.max_tokens) + ") exceeds the context of " + std::to_string(max_context_) +
+                    " tokens; shorten the prompt or lower max_tokens");
+  if (!params.stop_strings.empty() && tokenizer_ == nullptr)
+    throw Error(ErrorKind::kInvalidArgument, "request: stop strings need a tokenizer");
+  for (const std::string& s : params.stop_strings)
+    if (s.empty()) throw Error(ErrorKind::kInvalidArgument, "request: empty stop string");
+
+  auto r = std::make_unique<Request>();
+  r->params = std::move(params);
+  r->callback = std::move(callback);
+  r->t_submit = Clock::now();
+  const int32_t n = r->params.n;
+  r->output.samples.resize(static_cast<size_t>(n));
+  r->output.stats.prompt_tokens = static_cast<int64_t>(r->params.prompt.size());
+  for (int32_t i = 0; i < n; ++i) {
+    auto s = std::make_unique<Seq>();
+    s->req = r.get();
+    s->index = i;
+    s->state = i == 0 ? SeqState::kWaiting : SeqState::kPendingFork;
+    s->tokens = r->params.prompt;
+    SamplerParams sp = r->params.sampler;
+    sp.seed += static_cast<uint64_t>(i);
+    s->sampler = std::make_unique<Sampler>(sp, model_.config().vocab_size);
+    s->out = &r->output.samples[static_cast<size_t>(i)];
+    r->seqs.push_back(std::move(s));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queued_ >= config_.max_waiting) return 0;
+  r->id = next_id_++;
+  r->output.id = r->id;
+  const uint64_t id = r->id;
+  inbox_.push_back(std::move(r));
+  ++queued_;
+  cv_.notify_all();
+  return id;
+}
+
+void Engine::cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancels_.push_back(id);
+  cv_.notify_all();
+}
+
+bool Engine::has_work() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !inbox_.empty() || !cancels_.empty() || !requests_.empty();
+}
+
+void Engine::wait_for_work(double seconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::duration<double>(seconds),
+               [&] { return !inbox_.empty() || !cancels_.empty() || !requests_.empty(); });
+}
+
+void Engine::notify() { cv_.notify_all(); }
+
+void Engine::drain_inbox() {
+  std::vector<std::unique_ptr<Request>> incoming;
+  std::vector<uint64_t> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  for (auto& r : incoming) {
+    waiting_.push_back(r->seqs[0].get());
+    requests_.push_back(std::move(r));
+  }
+  for (uint64_t id : cancels) {
+    for (auto& r : requests_) {
+      if (r->id != id || r->done) continue;
+      for (auto& s : r->seqs)
+        if (s->state != SeqState::kFinished) finish_seq(*s, FinishReason::kCancelled);
+    }
+  }
+}
+
+Engine::Seq* Engine::newest_running() {
+  Seq* best = nullptr;
+  for (Seq* s : running_)
+    if (best == nullptr || s->admit_order > best->admit_order) best = s;
+  return best;
+}
+
+void Engine::preempt(Seq& s) {
+  KV_CHECK(s.state == SeqState::kRunning, "preempt: not running");
+  store_->free_sequence(s.sid);
+  s.sid = -1;
+  s.computed = 0;
+  s.state = SeqState::kWaiting;
+  running_.erase(std::find(running_.begin(), running_.end(), &s));
+  waiting_.push_front(&s);
+  ++s.req->output.stats.preemptions;
+  ++counters_.preemptions;
+}
+
+bool Engine::run_chunk(Seq& s, int64_t n) {
+  const SeqId one[1] = {s.sid};
+  store_->set_batch(one);
+  const std::span<const int32_t> ids(s.tokens.data() + s.computed, static_cast<size_t>(n));
+  if (store_->plan_step(n, ids) == StepStatus::kOutOfBlocks) return false;
+  const bool last = s.computed + n == static_cast<int64_t>(s.tokens.size());
+  const int64_t pos[1] = {s.computed};
+  ForwardParams p;
+  p.tokens = ids.data();
+  p.batch = 1;
+  p.n_tokens = n;
+  p.pos0 = s.computed;
+  p.row_pos0 = pos;
+  p.cache = cache_.get();
+  p.logits = last ? LogitsMode::kLast : LogitsMode::kNone;
+  p.batch_invariant = config_.batch_invariant;
+  const std::span<const float> logits = forward_->forward(p);
+  s.computed += n;
+  counters_.computed_prompt_tokens += n;
+  if (last) after_logits(s, logits);
+  return true;
+}
+
+void Engine::run_decodes(int64_t& budget) {
+  step_seqs_.clear();
+  for (Seq* s : running_)
+    if (s->needs() == 1 && static_cast<int64_t>(step_seqs_.size()) < budget) step_seqs_.push_back(s);
+  while (!step_seqs_.empty()) {
+    batch_.clear();
+    step_tokens_.clear();
+    row_pos_.clear();
+    for (Seq* s : step_seqs_) {
+      batch_.push_back(s->sid);
+      step_tokens_.push_back(s->tokens.back());
+      row_pos_.push_back(s->computed);
+    }
+    store_->set_batch(batch_);
+    if (store_->plan_step(1, step_tokens_) == StepStatus::kOk) break;
+    Seq* victim = newest_running();
+    preempt(*victim);
+    step_seqs_.erase(std::remove(step_seqs_.begin(), step_seqs_.end(), victim), step_seqs_.end());
+  }
+  if (step_seqs_.empty()) return;
+  const auto B = static_cast<int64_t>(step_seqs_.size());
+  ForwardParams p;
+  p.tokens = step_tokens_.data();
+  p.batch = B;
+  p.n_tokens = 1;
+  p.pos0 = row_pos_[0];
+  p.row_pos0 = row_pos_.data();
+  p.cache = cache_.get();
+  p.logits = LogitsMode::kLast;
+  p.batch_invariant = config_.batch_invariant;
+  const std::span<const float> logits = forward_->forward(p);
+  const auto V = static_cast<size_t>(model_.config().vocab_size);
+  budget -= B;
+  for (size_t i = 0; i < step_seqs_.size(); ++i) {
+    step_seqs_[i]->computed += 1;
+    after_logits(*step_seqs_[i], logits.subspan(i * V, V));
+  }
+}
+
+void Engine::admit_and_prefill(int64_t& budget) {
+  // Running sequences still prefilling (or recomputing) continue first, oldest first.
+  step_seqs_.clear();
+  for (Seq* s : running_)
+    if (s->needs() > 1) step_seqs_.push_back(s);
+  for (Seq* s : step_seqs_) {
+    if (budget <= 0) return;
+    if (s->state != SeqState::kRunning) continue;  // preempted meanwhile
+    const int64_t n = std::min(s->needs(), budget);
+    bool ok = run_chunk(*s, n);
+    while (!ok) {
+      Seq* victim = newest_running();
+      preempt(*victim);
+      if (victim == s) break;
+      ok = run_chunk(*s, n);
+    }
+    if (ok) budget -= n;
+  }
+  // Then new (or preempted) sequences, while the budget and the blocks last.
+  while (budget > 0 && !waiting_.empty() && static_cast<int32_t>(running_.size()) < config_.max_running) {
+    Seq* s = waiting_.front();
+    Request& r = *s->req;
+    s->sid = store_->add_sequence();
+    s->computed = store_->attach_prefix(s->sid, s->tokens);
+    const int64_t n = std::min(s->needs(), budget);
+    waiting_.pop_front();
+    s->state = SeqState::kRunning;
+    s->admit_order = ++admit_counter_;
+    running_.push_back(s);
+    const int64_t matched = s->computed;
+    if (!run_chunk(*s, n)) {  // the uncached tail does not fit now: back to the queue
+      running_.pop_back();
+      store_->free_sequence(s->sid);
+      s->sid = -1;
+      s->computed = 0;
+      s->state = SeqState::kWaiting;
+      waiting_.push_front(s);
+      if (running_.empty()) {  // alone and still too big: it can never run
+        r.output.error = "the request needs more KV blocks than the cache has";
+        for (auto& q : r.seqs)
+          if (q->state != SeqState::kFinished) finish_seq(*q, FinishReason::kError);
+      }
+      return;
+    }
+    budget -= n;
+    if (!r.admitted) {
+      r.admitted = true;
+      const auto prompt = static_cast<int64_t>(r.params.prompt.size());
+      r.output.stats.cached_tokens = std::min(matched, prompt);
+      r.output.stats.queue_seconds = seconds_since(r.t_submit);
+      counters_.prompt_tokens += prompt;
+      counters_.cached_prompt_tokens += r.output.stats.cached_tokens;
+      std::lock_guard<std::mutex> lock(mu_);
+      --queued_;
+    }
+  }
+}
+
+void Engine::fork_samples(Seq& parent) {
+  Request& r = *parent.req;
+  r.forked = true;
+  const int n_children = r.params.n - 1;
+  std::vector<SeqId> children;
+  const bool forked = store_->fork(parent.sid, n_children, children);
+  for (int i = 1; i <= n_children; ++i) {
+    Seq& c = *r.seqs[static_cast<size_t>(i)];
+    if (c.state != SeqState::kPendingFork) continue;
+    c.tokens = parent.tokens;
+    if (forked) {  // shares the prompt's blocks; samples from the parent's logits below
+      c.sid = children[static_cast<size_t>(i - 1)];
+      c.computed = parent.computed;
+      c.state = SeqState::kRunning;
+      c.admit_order = ++admit_counter_;
+      running_.push_back(&c);
+    } else {  // no block for the copied tail: recompute later (the prompt's full blocks are cached)
+      c.state = SeqState::kWaiting;
+      waiting_.push_front(&c);
+    }
+  }
+}
+
+void Engine::after_logits(Seq& s, std::span<const float> logits) {
+  Request& r = *s.req;
+  if (r.params.n > 1 && !r.forked) {
+    fork_samples(s);
+    for (auto& c : r.seqs)
+      if (c.get() != &s && c->state == SeqState::kRunning && c->computed == s.computed &&
+          c->needs() == 0)
+        after_logits(*c, logits);
+  }
+  const int32_t tok = s.sampler->sample(logits, s.tokens);
+  if (!r.first_token) {
+    r.first_token = true;
+    r.output.stats.ttft_seconds = seconds_since(r.t_submit);
+  }
+  ++counters_.generation_tokens;
+  if (std::find(r.params.stop_ids.begin(), r.params.stop_ids.end(), tok) != r.params.stop_ids.end()) {
+    finish_seq(s, FinishReason::kStop);
+    return;
+  }
+  s.tokens.push_back(tok);
+  s.out->tokens.push_back(tok);
+  ++r.output.stats.completion_tokens;
+  emit_text(s, tok);
+  if (s.state == SeqState::kFinished) return;
+  if (static_cast<int64_t>(s.out->tokens.size()) >= r.params.max_tokens ||
+      static_cast<int64_t>(s.tokens.size()) >= max_context_)
+    finish_seq(s, FinishReason::kLength);
+}
+
+void Engine::emit_text(Seq& s, int32_t token) {
+  Request& r = *s.req;
+  StreamEvent ev;
+  ev.id = r.id;
+  ev.index = s.index;
+  ev.token = token;
+  if (tokenizer_ != nullptr) {
+    std::string piece = tokenizer_->decode(token);
+    const size_t n = s.tokens.size();
+    // SentencePiece: the space a word carries is dropped right after BOS (llama.cpp does too).
+    if (n >= 2 && s.tokens[n - 2] == tokenizer_->bos_id() && std::string_view(tokenizer_->kind()) == "llama" &&
+        !piece.empty() && piece[0] == ' ')
+      piece.erase(0, 1);
+    std::string& text = s.out->text;
+    text += piece;
+    size_t max_stop = 0;
+    for (const std::string& st : r.params.stop_strings) max_stop = std::max(max_stop, st.size());
+    // A new match ends past `sent` (earlier text was checked when it was streamed).
+    const size_t from = s.sent >= max_stop ? s.sent - max_stop + 1 : 0;
+    size_t cut = std::string::npos;
+    for (const std::string& st : r.params.stop_strings) cut = std::min(cut, text.find(st, from));
+    if (cut != std::string::npos) {
+      text.resize(cut);
+      finish_seq(s, FinishReason::kStop);  // streams text[sent, cut)
+      return;
+    }
+    // Hold back a suffix that may grow into a stop string, and incomplete UTF-8.
+    size_t hold = 0;
+    for (const std::string& st : r.params.stop_strings)
+      for (size_t k = std::min(st.size() - 1, text.size()); k > hold; --k)
+        if (text.compare(text.size() - k, k, st, 0, k) == 0) {
+          hold = k;
+          break;
+        }
+    hold = std::max(hold, incomplete_utf8_tail(text));
+    const size_t safe = std::max(s.sent, text.size() - hold);
+    ev.text = text.substr(s.sent, safe - s.sent);
+    s.sent = safe;
+  }
+  if (r.callback) r.callback(ev);
+}
+
+void Engine::finish_seq(Seq& s, FinishReason reason) {
+  Request& r = *s.req;
+  if (s.sid >= 0) {
+    store_->free_sequence(s.sid);  // frees at once; full blocks stay cached
+    s.sid = -1;
+  }
+  if (s.state == SeqState::kRunning) running_.erase(std::find(running_.begin(), running_.end(), &s));
+  if (s.state == SeqState::kWaiting) {
+    auto it = std::find(waiting_.begin(), waiting_.end(), &s);
+    if (it != waiting_.end()) waiting_.erase(it);
+  }
+  s.state = SeqState::kFinished;
+  s.out->reason = reason;
+  StreamEvent ev;
+  ev.id = r.id;
+  ev.index = s.index;
+  ev.finished = true;
+  ev.reason = reason;
+  if (s.sent < s.out->text.size()) ev.text = s.out->text.substr(s.sent);
+  s.sent = s.out->text.size();
+  if (r.callback) r.callback(ev);
+  finish_request_if_done(r);
+}
+
+void Engine::finish_request_if_done(Request& r) {
+  if (r.done) return;
+  for (auto& s : r.seqs)
+    if (s->state != SeqState::kFinished) return;
+  r.done = true;
+  r.output.stats.total_seconds = seconds_since(r.t_submit);
+  bool cancelled = false;
+  for (auto& s : r.seqs) cancelled |= s->out->reason == FinishReason::kCancelled;
+  if (cancelled) ++counters_.requests_cancelled;
+  ++counters_.requests_finished;
+  if (!r.admitted) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --queued_;
+  }
+  StreamEvent ev;
+  ev.id = r.id;
+  ev.finished = true;
+  ev.output = &r.output;
+  if (r.callback) r.callback(ev);
+}
+
+bool Engine::step() {
+  const Clock::time_point t0 = Clock::now();
+  drain_inbox();
+  const bool work = !running_.empty() || !waiting_.empty();
+  if (work) {
+    int64_t budget = config_.max_tokens_per_step;
+    run_decodes(budget);
+    admit_and_prefill(budget);
+    ++counters_.steps;
+  }
+  // Finished requests leave (their callbacks have run).
+  requests_.erase(std::remove_if(requests_.begin(), requests_.end(), [](const auto& r) { return r->done; }),
+                  requests_.end());
+  if (work) counters_.busy_seconds += seconds_since(t0);
+  update_metrics();
+  return work;
+}
+
+void Engine::run_until_idle() {
+  while (has_work()) step();
+}
+
+void Engine::update_metrics() {
+  const BlockPoolStats ps = store_->stats(full_group_).pool;
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics_ = counters_;
+  metrics_.running = static_cast<int64_t>(running_.size());
+  metrics_.waiting = static_cast<int64_t>(waiting_.size()) + static_cast<int64_t>(inbox_.size());
+  metrics_.blocks_total = ps.total;
+  metrics_.blocks_free = ps.free;
+  metrics_.blocks_used = ps.used;
+  metrics_.blocks_cached = ps.cached;
+}
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return metrics_;
+}
+
+std::string Engine::check_invariants() const {
+  std::string err = store_->check_invariants();
+  if (!err.empty()) return err;
+  for (const Seq* s : running_) {
+    if (s->sid < 0 || !store_->is_live(s->sid)) return "running sequence without a live store sequence";
+    if (store_->length(s->sid) != s->computed)
+      return "sequence length " + std::to_string(store_->length(s->sid)) + " != computed " +
+             std::to_string(s->computed);
+  }
+  for (const Seq* s : waiting_)
+    if (s->sid >= 0) return "waiting sequence still holds a store sequence";
+  if (running_.empty()) {
+    for (int g = 0; g < store_->num_groups(); ++g) {
+      const int32_t used = store_->stats(g).pool.used;
+      const int32_t null_blocks = store_->group(g).kind == GroupKind::kSliding ? 1 : 0;
+      if (used != null_blocks)
+        return "group " + std::to_string(g) + ": " + std::to_string(used) + " blocks used with no sequence resident";
+    }
+  }
+  return {};
+}
+
+}  // namespace kvcache

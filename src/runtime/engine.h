@@ -1,0 +1,196 @@
+// Engine: continuous batching over the paged KV cache. Requests flow waiting -> running ->
+// finished; each step() fills a token budget (decodes first, then chunked prefill), runs the
+// decode rows as one batched forward and each prefill chunk as its own forward, samples, and
+// reports tokens through per-request callbacks. The engine owns the PagedKVStore, the Cache
+// over it and the forward; one thread drives step(), any thread may submit() or cancel().
+//
+// Memory: blocks come from the paged planner (or EngineConfig::num_blocks). A new request is
+// admitted only when its uncached tail fits (attach_prefix counts the cached prefix for free);
+// when a running step runs out of blocks, the newest running sequence is preempted — its
+// blocks freed (full ones stay in the prefix index), its tokens kept, recomputed on
+// readmission (vLLM's recompute preemption).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <condition_variable>
+#include <string>
+#include <vector>
+
+#include "cache/cache.h"
+#include "cache/paged_store.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "runtime/sampler.h"
+
+namespace kvcache {
+
+struct EngineConfig {
+  std::string kernel = "eager";      // attention kernel for paged spans
+  int64_t block_tokens = 16;
+  DType kv_dtype = DType::kF32;
+  uint64_t kv_budget_bytes = 0;      // > 0: the planner splits it (blocks + activations)
+  int64_t max_cached_tokens = 16384; // without a budget: tokens the pool holds
+  int32_t num_blocks = 0;            // > 0: override the block count (tests forcing preemption)
+  int64_t max_tokens_per_step = 256; // token budget of one step (decodes + prefill chunks)
+  int32_t max_running = 64;          // sequences resident at once
+  int64_t max_waiting = 1024;        // submit() refuses beyond this many queued requests
+  // Linears never use BLAS, so every row's result is independent of the batch and of the
+  // chunking: batched, preempted and prefix-cached runs are bit-identical to a request run
+  // alone. Costs prefill speed (row-wise GEMV instead of sgemm); decode batches are unaffected
+  // (one read of W serves every row either way).
+  bool batch_invariant = true;
+};
+
+enum class FinishReason { kNone, kLength, kStop, kCancelled, kError };
+const char* finish_reason_name(FinishReason r);  // "length", "stop", "cancelled", "error"
+
+struct RequestParams {
+  std::vector<int32_t> prompt;        // token ids (BOS included by the caller)
+  int64_t max_tokens = 16;            // new tokens per sample
+  SamplerParams sampler;              // sample i uses seed + i
+  std::vector<int32_t> stop_ids;      // sampled -> stop (not emitted)
+  std::vector<std::string> stop_strings;  // needs a tokenizer; text is cut before the match
+  int32_t n = 1;                      // parallel samples (forked after the prompt)
+};
+
+// Per-request statistics, final when the request finishes.
+struct RequestStats {
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;     // prompt tokens taken from the prefix cache at first admission
+  int64_t completion_tokens = 0; // over all samples, stop tokens excluded
+  int64_t preemptions = 0;
+  double queue_seconds = 0;      // submit -> first admission
+  double ttft_seconds = 0;       // submit -> first token
+  double total_seconds = 0;      // submit -> finished
+};
+
+// One sample's outcome.
+struct SampleOutput {
+  std::vector<int32_t> tokens;   // generated ids, stop id excluded
+  std::string text;              // with a tokenizer: decoded, cut before a stop string
+  FinishReason reason = FinishReason::kNone;
+};
+
+struct RequestOutput {
+  uint64_t id = 0;
+  std::vector<SampleOutput> samples;  // [n]
+  RequestStats stats;
+  std::string error;                  // reason kError: why
+};
+
+// A streaming event, delivered on the engine thread. Per sample: zero or more token events
+// (token >= 0, text = the new text, possibly empty while a stop string may still match), then
+// one event with finished = true. After every sample finished, one event with `output` set.
+struct StreamEvent {
+  uint64_t id = 0;
+  int32_t index = 0;              // sample
+  int32_t token = -1;
+  std::string text;
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+  const RequestOutput* output = nullptr;  // request done (valid during the callback)
+};
+using StreamCallback = std::function<void(const StreamEvent&)>;
+
+struct EngineMetrics {
+  int64_t running = 0, waiting = 0;
+  int64_t blocks_total = 0, blocks_free = 0, blocks_used = 0, blocks_cached = 0;
+  int64_t prompt_tokens = 0;          // all prompts admitted (first admissions)
+  int64_t cached_prompt_tokens = 0;   // of which from the prefix cache
+  int64_t computed_prompt_tokens = 0; // prefill tokens actually run (recomputation included)
+  int64_t generation_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t requests_finished = 0, requests_cancelled = 0;
+  int64_t steps = 0;
+  double busy_seconds = 0;            // time spent inside step()
+  double prefix_hit_rate() const {
+    return prompt_tokens > 0 ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens) : 0.0;
+  }
+};
+
+class Engine {
+ public:
+  // tokenizer may be nullptr (then stop strings are refused and text stays empty).
+  Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineConfig& config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Thread-safe. Validates (Error kInvalidArgument: empty prompt, ids out of range, prompt +
+  // max_tokens beyond the cache, n < 1, stop strings without tokenizer) and queues. Returns
+  // the request id, or 0 when the queue is full (max_waiting).
+  uint64_t submit(RequestParams params, StreamCallback callback);
+  // Thread-safe: the request finishes with kCancelled at the next step; its blocks are freed.
+  void cancel(uint64_t id);
+
+  // One scheduling step on the calling thread. Returns false when there was nothing to do.
+  bool step();
+  // Steps until no request is waiting or running.
+  void run_until_idle();
+  bool has_work() const;
+  // Blocks until work arrives or `seconds` pass (the server's driver loop).
+  void wait_for_work(double seconds);
+  void notify();  // wakes wait_for_work (shutdown)
+
+  EngineMetrics metrics() const;  // thread-safe snapshot
+  // Empty when consistent: the store's invariants, and the used blocks are exactly those of
+  // the resident sequences. Call on the engine thread (or when idle).
+  std::string check_invariants() const;
+  const EngineConfig& config() const { return config_; }
+  int64_t max_context() const { return max_context_; }  // prompt + max_tokens limit
+  PagedKVStore& store() { return *store_; }
+
+ private:
+  struct Request;
+  struct Seq;
+
+  void drain_inbox();
+  void admit_and_prefill(int64_t& budget);
+  void run_decodes(int64_t& budget);
+  bool run_chunk(Seq& s, int64_t n);   // false: out of blocks
+  void after_logits(Seq& s, std::span<const float> logits);
+  void preempt(Seq& s);
+  Seq* newest_running();
+  void finish_seq(Seq& s, FinishReason reason);
+  void finish_request_if_done(Request& r);
+  void emit_text(Seq& s, int32_t token);
+  void fork_samples(Seq& parent);
+  void update_metrics();
+
+  const LlamaModel& model_;
+  const Tokenizer* tokenizer_;
+  EngineConfig config_;
+  std::shared_ptr<PagedKVStore> store_;
+  std::unique_ptr<Cache> cache_;
+  std::unique_ptr<LlamaForward> forward_;
+  int64_t max_context_ = 0;
+  int32_t full_group_ = 0;  // the group whose pool the metrics report
+
+  // Engine-thread state.
+  std::vector<std::unique_ptr<Request>> requests_;
+  std::deque<Seq*> waiting_;     // front first
+  std::vector<Seq*> running_;    // admission order (newest last)
+  uint64_t admit_counter_ = 0;
+  // Step scratch (reused, no allocation once grown).
+  std::vector<SeqId> batch_;
+  std::vector<int32_t> step_tokens_;
+  std::vector<int64_t> row_pos_;
+  std::vector<Seq*> step_seqs_;
+
+  // Shared with submitters.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Request>> inbox_;
+  std::vector<uint64_t> cancels_;
+  uint64_t next_id_ = 1;
+  int64_t queued_ = 0;  // inbox + waiting requests (bounded by max_waiting)
+  EngineMetrics metrics_;  // snapshot published by update_metrics()
+  // Engine-thread counters (copied into metrics_ under mu_ after each step).
+  EngineMetrics counters_;
+};
+
+}  // namespace kvcache

@@ -1,0 +1,231 @@
+// Continuous batching engine: batched, preempted, prefix-cached and cancelled runs against the
+// same requests run alone, on dummy:tiny (dummy:llama-125m is ~100x slower per token; the
+// suite must stay fast — bench/bench_serve and docs/benchmarks.md use llama-125m).
+#include "runtime/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "core/error.h"
+#include "runtime/model_loader.h"
+
+namespace kvcache {
+namespace {
+
+const LoadedModel& tiny_model() {
+  static const LoadedModel m = [] {
+    LoadOptions lo;
+    lo.dummy_cache_dir = ::testing::TempDir() + "kvcache_engine_test_" + std::to_string(getpid());
+    return load_model("dummy:tiny", lo);
+  }();
+  return m;
+}
+
+// Prompts sharing prefixes (so the prefix cache is exercised) of odd lengths.
+std::vector<std::vector<int32_t>> make_prompts(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> common(37);
+  for (int32_t& t : common) t = static_cast<int32_t>(rng() % 31000) + 3;
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p = {1};
+    if (i % 2 == 0) p.insert(p.end(), common.begin(), common.begin() + 5 + (i % 7) * 5);
+    const int tail = 1 + static_cast<int>(rng() % 23);
+    for (int j = 0; j < tail; ++j) p.push_back(static_cast<int32_t>(rng() % 31000) + 3);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+RequestParams greedy(const std::vector<int32_t>& prompt, int64_t max_tokens) {
+  RequestParams rp;
+  rp.prompt = prompt;
+  rp.max_tokens = max_tokens;
+  return rp;
+}
+
+// Runs every request through one engine at once; returns the tokens of sample 0 by request.
+struct RunResult {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<RequestOutput> outputs;
+};
+RunResult run_all(Engine& e, const std::vector<RequestParams>& reqs) {
+  RunResult res;
+  res.tokens.resize(reqs.size());
+  res.outputs.resize(reqs.size());
+  std::map<uint64_t, size_t> slot;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const uint64_t id = e.submit(reqs[i], [&res, &slot](const StreamEvent& ev) {
+      if (ev.output != nullptr) res.outputs[slot.at(ev.id)] = *ev.output;
+    });
+    EXPECT_NE(id, 0u);
+    slot[id] = i;
+  }
+  while (e.has_work()) {
+    e.step();
+    const std::string inv = e.check_invariants();
+    EXPECT_EQ(inv, "");
+    if (!inv.empty()) break;
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) res.tokens[i] = res.outputs[i].samples.at(0).tokens;
+  return res;
+}
+
+std::vector<int32_t> run_alone(const LlamaModel& model, const RequestParams& rp) {
+  EngineConfig c;
+  c.max_cached_tokens = 512;
+  c.max_tokens_per_step = 64;
+  Engine e(model, nullptr, c);
+  return run_all(e, {rp}).tokens[0];
+}
+
+TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAlone) {
+  const LlamaModel& model = *tiny_model().model;
+  const auto prompts = make_prompts(64, 7);
+  std::vector<RequestParams> reqs;
+  for (size_t i = 0; i < prompts.size(); ++i) reqs.push_back(greedy(prompts[i], 6 + static_cast<int64_t>(i % 9)));
+
+  EngineConfig c;
+  c.max_cached_tokens = 64 * 80;
+  c.max_tokens_per_step = 96;  // forces chunked prefill alongside running decodes
+  Engine batched(model, nullptr, c);
+  const RunResult got = run_all(batched, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(got.tokens[i], run_alone(model, reqs[i])) << "request " << i;
+    EXPECT_EQ(static_cast<int64_t>(got.tokens[i].size()), reqs[i].max_tokens);
+    EXPECT_EQ(got.outputs[i].samples[0].reason, FinishReason::kLength);
+  }
+  const EngineMetrics m = batched.metrics();
+  EXPECT_EQ(m.running, 0);
+  EXPECT_EQ(m.waiting, 0);
+  EXPECT_EQ(m.blocks_used, 0);
+  EXPECT_GT(m.blocks_cached, 0);
+  EXPECT_GT(m.cached_prompt_tokens, 0);  // the shared prefixes were reused
+  EXPECT_EQ(m.requests_finished, 64);
+}
+
+TEST(Engine, PreemptionUnderATinyBlockBudgetChangesNothing) {
+  const LlamaModel& model = *tiny_model().model;
+  const auto prompts = make_prompts(24, 11);
+  std::vector<RequestParams> reqs;
+  for (const auto& p : prompts) reqs.push_back(greedy(p, 12));
+
+  EngineConfig c;
+  c.block_tokens = 4;
+  c.num_blocks = 40;  // 160 token slots for 24 requests of up to ~60 tokens
+  c.max_tokens_per_step = 64;
+  Engine e(model, nullptr, c);
+  const RunResult got = run_all(e, reqs);
+  const EngineMetrics m = e.metrics();
+  EXPECT_GT(m.preemptions, 0);
+  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_EQ(got.tokens[i], run_alone(model, reqs[i])) << "request " << i;
+  EXPECT_EQ(e.check_invariants(), "");
+  EXPECT_EQ(m.blocks_used, 0);
+  EXPECT_EQ(m.blocks_free + m.blocks_cached, m.blocks_total);
+}
+
+TEST(Engine, CancellationFreesBlocksAndOthersAreUnaffected) {
+  const LlamaModel& model = *tiny_model().model;
+  const auto prompts = make_prompts(16, 5);
+  EngineConfig c;
+  c.block_tokens = 4;
+  c.num_blocks = 48;
+  c.max_tokens_per_step = 48;
+  Engine e(model, nullptr, c);
+  std::vector<uint64_t> ids(prompts.size());
+  std::vector<RequestOutput> outs(prompts.size());
+  std::map<uint64_t, size_t> slot;
+  std::vector<int> tokens_seen(prompts.size(), 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ids[i] = e.submit(greedy(prompts[i], 20), [&, i](const StreamEvent& ev) {
+      if (ev.token >= 0) ++tokens_seen[i];
+      if (ev.output != nullptr) outs[i] = *ev.output;
+    });
+    slot[ids[i]] = i;
+  }
+  for (int s = 0; s < 6; ++s) e.step();
+  for (size_t i = 0; i < prompts.size(); i += 3) e.cancel(ids[i]);
+  e.step();  // cancellations apply at the start of a step
+  for (size_t i = 0; i < prompts.size(); i += 3) EXPECT_EQ(outs[i].samples.at(0).reason, FinishReason::kCancelled);
+  EXPECT_EQ(e.check_invariants(), "");
+  e.run_until_idle();
+  EXPECT_EQ(e.check_invariants(), "");
+  const EngineMetrics m = e.metrics();
+  EXPECT_EQ(m.blocks_used, 0);
+  EXPECT_GT(m.preemptions, 0);
+  EXPECT_EQ(m.requests_cancelled, 6);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (i % 3 == 0) continue;
+    EXPECT_EQ(outs[i].samples[0].tokens, run_alone(model, greedy(prompts[i], 20))) << "request " << i;
+    EXPECT_EQ(tokens_seen[i], 20);
+  }
+}
+
+TEST(Engine, ParallelSamplesForkAndFollowTheirSeeds) {
+  const LlamaModel& model = *tiny_model().model;
+  RequestParams rp = greedy(make_prompts(1, 3)[0], 10);
+  rp.n = 3;
+  rp.sampler.temperature = 1.0f;
+  rp.sampler.top_k = 40;
+  rp.sampler.seed = 100;
+  EngineConfig c;
+  c.max_cached_tokens = 512;
+  Engine e(model, nullptr, c);
+  const RunResult got = run_all(e, {rp});
+  const RequestOutput& out = got.outputs[0];
+  ASSERT_EQ(out.samples.size(), 3u);
+  // Sample i equals a single-sample request seeded seed + i.
+  for (int i = 0; i < 3; ++i) {
+    RequestParams one = rp;
+    one.n = 1;
+    one.sampler.seed = 100 + static_cast<uint64_t>(i);
+    EXPECT_EQ(out.samples[static_cast<size_t>(i)].tokens, run_alone(model, one)) << "sample " << i;
+  }
+  EXPECT_NE(out.samples[0].tokens, out.samples[1].tokens);
+  EXPECT_EQ(e.check_invariants(), "");
+  EXPECT_EQ(e.metrics().blocks_used, 0);
+}
+
+TEST(Engine, StopIdsMaxTokensAndValidation) {
+  const LlamaModel& model = *tiny_model().model;
+  EngineConfig c;
+  c.max_cached_tokens = 256;
+  Engine e(model, nullptr, c);
+  const std::vector<int32_t> prompt = make_prompts(1, 9)[0];
+  const std::vector<int32_t> free_run = run_alone(model, greedy(prompt, 8));
+  RequestParams rp = greedy(prompt, 8);
+  rp.stop_ids = {free_run[3]};
+  const RunResult got = run_all(e, {rp});
+  const auto first = std::find(free_run.begin(), free_run.end(), free_run[3]);
+  EXPECT_EQ(got.tokens[0], std::vector<int32_t>(free_run.begin(), first));
+  EXPECT_EQ(got.outputs[0].samples[0].reason, FinishReason::kStop);
+
+  EXPECT_THROW(e.submit(greedy({}, 4), {}), Error);
+  EXPECT_THROW(e.submit(greedy({1, 999999}, 4), {}), Error);
+  EXPECT_THROW(e.submit(greedy(std::vector<int32_t>(250, 5), 10), {}), Error);  // beyond 256
+  RequestParams stop_text = greedy(prompt, 4);
+  stop_text.stop_strings = {"x"};
+  EXPECT_THROW(e.submit(stop_text, {}), Error);  // no tokenizer
+}
+
+TEST(Engine, BoundedQueueRefuses) {
+  const LlamaModel& model = *tiny_model().model;
+  EngineConfig c;
+  c.max_cached_tokens = 256;
+  c.max_waiting = 2;
+  Engine e(model, nullptr, c);
+  EXPECT_NE(e.submit(greedy({1, 5, 6}, 2), {}), 0u);
+  EXPECT_NE(e.submit(greedy({1, 5, 7}, 2), {}), 0u);
+  EXPECT_EQ(e.submit(greedy({1, 5, 8}, 2), {}), 0u);
+  e.run_until_idle();
+  EXPECT_NE(e.submit(greedy({1, 5, 8}, 2), {}), 0u);
+  e.run_until_idle();
+  EXPECT_EQ(e.metrics().requests_finished, 3);
+}
+
+}  // namespace
+}  // namespace kvcache
