@@ -15,5 +15,7 @@ void register_convert(CLI::App& app);   // cmd_convert.cc: llama2.c -> GGUF
 void register_plan(CLI::App& app);      // cmd_plan.cc: the KV memory bill of a model
 void register_bench(CLI::App& app);     // cmd_bench.cc: llama-bench style speed tests
 void register_tokenize(CLI::App& app);  // cmd_tokenize.cc: text on stdin -> token ids
+void register_serve(CLI::App& app);     // cmd_serve.cc: OpenAI-compatible HTTP server
+void register_batch(CLI::App& app);     // cmd_batch.cc: offline batch over JSON lines
 
 }  // namespace kvcache::tools

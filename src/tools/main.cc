@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   kvcache::tools::register_plan(app);
   kvcache::tools::register_bench(app);
   kvcache::tools::register_tokenize(app);
+  kvcache::tools::register_serve(app);
+  kvcache::tools::register_batch(app);
 
   try {
     app.parse(argc, argv);  // runs the chosen subcommand's callback

@@ -1,0 +1,234 @@
+#include "server/openai.h"
+
+#include <algorithm>
+
+namespace kvcache {
+
+using nlohmann::json;
+
+namespace {
+
+ApiError bad(const std::string& message) { return ApiError(400, "invalid_request_error", "", message); }
+
+// Typed optional fields: absent or null -> the default; any other type -> 400 naming the field.
+int64_t get_int(const json& b, const char* key, int64_t def) {
+  const auto it = b.find(key);
+  if (it == b.end() || it->is_null()) return def;
+  if (!it->is_number_integer()) throw bad(std::string("'") + key + "' must be an integer");
+  return it->get<int64_t>();
+}
+double get_number(const json& b, const char* key, double def) {
+  const auto it = b.find(key);
+  if (it == b.end() || it->is_null()) return def;
+  if (!it->is_number()) throw bad(std::string("'") + key + "' must be a number");
+  return it->get<double>();
+}
+bool get_bool(const json& b, const char* key, bool def) {
+  const auto it = b.find(key);
+  if (it == b.end() || it->is_null()) return def;
+  if (!it->is_boolean()) throw bad(std::string("'") + key + "' must be a boolean");
+  return it->get<bool>();
+}
+
+std::vector<int32_t> encode_text(const std::string& text, const ServedModel& m) {
+  if (m.tokenizer == nullptr) throw bad("this model has no tokenizer: send 'prompt' as an array of token ids");
+  std::vector<int32_t> ids;
+  if (m.add_bos && m.tokenizer->bos_id() >= 0) ids.push_back(m.tokenizer->bos_id());
+  const std::vector<int32_t> enc = m.tokenizer->encode(text);
+  ids.insert(ids.end(), enc.begin(), enc.end());
+  return ids;
+}
+
+std::vector<int32_t> parse_prompt(const json& b, const ServedModel& m) {
+  const auto it = b.find("prompt");
+  if (it == b.end() || it->is_null()) throw bad("'prompt' is required");
+  const json& p = *it;
+  if (p.is_string()) {
+    if (p.get<std::string>().empty()) throw bad("'prompt' is empty");
+    return encode_text(p.get<std::string>(), m);
+  }
+  if (p.is_array()) {
+    if (p.empty()) throw bad("'prompt' is empty");
+    if (p.size() == 1 && p[0].is_string()) {
+      if (p[0].get<std::string>().empty()) throw bad("'prompt' is empty");
+      return encode_text(p[0].get<std::string>(), m);
+    }
+    std::vector<int32_t> ids;
+    for (const json& e : p) {
+      if (!e.is_number_integer()) throw bad("'prompt' must be a string, or an array of token ids (one prompt per request)");
+      const auto v = e.get<int64_t>();
+      if (v < 0 || v > INT32_MAX) throw bad("'prompt' holds token id " + std::to_string(v) + " outside the vocabulary");
+      ids.push_back(static_cast<int32_t>(v));
+    }
+    return ids;
+  }
+  throw bad("'prompt' must be a string or an array of token ids");
+}
+
+std::vector<ChatMessage> parse_messages(const json& b) {
+  const auto it = b.find("messages");
+  if (it == b.end() || !it->is_array()) throw bad("'messages' must be an array of {role, content}");
+  if (it->empty()) throw bad("'messages' is empty");
+  std::vector<ChatMessage> out;
+  for (const json& m : *it) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw bad("each message needs a string 'role'");
+    ChatMessage cm;
+    cm.role = m["role"].get<std::string>();
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "developer")
+      throw bad("unknown message role '" + cm.role + "'");
+    if (cm.role == "developer") cm.role = "system";
+    const auto c = m.find("content");
+    if (c == m.end() || c->is_null()) {
+      cm.content.clear();
+    } else if (c->is_string()) {
+      cm.content = c->get<std::string>();
+    } else if (c->is_array()) {  // [{"type": "text", "text": ...}]
+      for (const json& part : *c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          throw bad("message content parts must be {\"type\": \"text\", \"text\": ...}");
+        cm.content += part["text"].get<std::string>();
+      }
+    } else {
+      throw bad("message 'content' must be a string or an array of text parts");
+    }
+    out.push_back(std::move(cm));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string to_json_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json error_body(const std::string& message, const std::string& type, const std::string& code) {
+  return json{{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", code.empty() ? json() : json(code)}}}};
+}
+
+ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& model) {
+  if (!body.is_object()) throw bad("the request body must be a JSON object");
+  ApiRequest r;
+  r.chat = chat;
+  if (const auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) throw bad("'model' must be a string");
+    if (it->get<std::string>() != model.name)
+      throw ApiError(404, "invalid_request_error", "model_not_found",
+                     "The model '" + it->get<std::string>() + "' does not exist; this server serves '" + model.name + "'");
+  }
+  RequestParams& p = r.params;
+  if (chat) {
+    if (model.tokenizer == nullptr) throw bad("chat completions need a tokenizer; this model has none");
+    p.prompt = encode_chat(model.chat_template, parse_messages(body), *model.tokenizer, *model.specials);
+    const std::vector<int32_t> extra = chat_stop_ids(model.chat_template, *model.specials);
+    p.stop_ids.insert(p.stop_ids.end(), extra.begin(), extra.end());
+  } else {
+    p.prompt = parse_prompt(body, model);
+  }
+  if (p.prompt.empty()) throw bad("the prompt encodes to no tokens");
+  int64_t max_tokens = get_int(body, "max_tokens", -1);
+  if (chat) max_tokens = get_int(body, "max_completion_tokens", max_tokens);
+  p.max_tokens = max_tokens >= 0 ? max_tokens : model.default_max_tokens;
+  if (p.max_tokens < 1) throw bad("'max_tokens' must be >= 1");
+  p.sampler.temperature = static_cast<float>(get_number(body, "temperature", 1.0));
+  if (p.sampler.temperature < 0 || p.sampler.temperature > 2) throw bad("'temperature' must be in [0, 2]");
+  p.sampler.top_p = static_cast<float>(get_number(body, "top_p", 1.0));
+  if (p.sampler.top_p <= 0 || p.sampler.top_p > 1) throw bad("'top_p' must be in (0, 1]");
+  p.sampler.top_k = static_cast<int32_t>(get_int(body, "top_k", 0));
+  p.sampler.min_p = static_cast<float>(get_number(body, "min_p", 0.0));
+  if (p.sampler.min_p < 0 || p.sampler.min_p > 1) throw bad("'min_p' must be in [0, 1]");
+  p.sampler.repeat_penalty = static_cast<float>(get_number(body, "repetition_penalty", 1.0));
+  if (p.sampler.repeat_penalty <= 0) throw bad("'repetition_penalty' must be > 0");
+  p.sampler.seed = static_cast<uint64_t>(get_int(body, "seed", 0));
+  const int64_t n = get_int(body, "n", 1);
+  if (n < 1 || n > 64) throw bad("'n' must be in [1, 64]");
+  p.n = static_cast<int32_t>(n);
+  r.stream = get_bool(body, "stream", false);
+  if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) throw bad("'stream_options' must be an object");
+    r.include_usage = get_bool(*it, "include_usage", false);
+  }
+  if (const auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      p.stop_strings.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const json& s : *it) {
+        if (!s.is_string()) throw bad("'stop' must be a string or an array of strings");
+        p.stop_strings.push_back(s.get<std::string>());
+      }
+    } else {
+      throw bad("'stop' must be a string or an array of strings");
+    }
+    for (const std::string& s : p.stop_strings)
+      if (s.empty()) throw bad("'stop' strings must not be empty");
+    if (!p.stop_strings.empty() && model.tokenizer == nullptr) throw bad("'stop' strings need a tokenizer");
+  }
+  if (const auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) throw bad("'stop_token_ids' must be an array of integers");
+    for (const json& s : *it) {
+      if (!s.is_number_integer()) throw bad("'stop_token_ids' must be an array of integers");
+      p.stop_ids.push_back(s.get<int32_t>());
+    }
+  }
+  if (!get_bool(body, "ignore_eos", false))
+    p.stop_ids.insert(p.stop_ids.end(), model.stop_ids.begin(), model.stop_ids.end());
+  return r;
+}
+
+std::string openai_finish_reason(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kError: return "error";
+    default: return "stop";
+  }
+}
+
+std::string response_id(const ApiRequest& req, uint64_t id) {
+  return (req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(id);
+}
+
+json usage_json(const RequestStats& s) {
+  return json{{"prompt_tokens", s.prompt_tokens},
+              {"completion_tokens", s.completion_tokens},
+              {"total_tokens", s.prompt_tokens + s.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", s.cached_tokens}}}};
+}
+
+json completion_response(const ApiRequest& req, const RequestOutput& out, const std::string& model, int64_t created) {
+  json choices = json::array();
+  for (size_t i = 0; i < out.samples.size(); ++i) {
+    const SampleOutput& s = out.samples[i];
+    json c{{"index", i}, {"finish_reason", openai_finish_reason(s.reason)}, {"logprobs", nullptr}};
+    if (req.chat) {
+      c["message"] = {{"role", "assistant"}, {"content", s.text}};
+    } else {
+      c["text"] = s.text;
+    }
+    choices.push_back(std::move(c));
+  }
+  return json{{"id", response_id(req, out.id)},
+              {"object", req.chat ? "chat.completion" : "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", std::move(choices)},
+              {"usage", usage_json(out.stats)}};
+}
+
+json stream_chunk(const ApiRequest& req, uint64_t id, const std::string& model, int64_t created, int32_t index,
+                  const std::string& text, const std::string& finish, bool first) {
+  json c{{"index", index}, {"finish_reason", finish.empty() ? json() : json(finish)}, {"logprobs", nullptr}};
+  if (req.chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || (first && finish.empty())) delta["content"] = text;
+    c["delta"] = std::move(delta);
+  } else {
+    c["text"] = text;
+  }
+  return json{{"id", response_id(req, id)},
+              {"object", req.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({std::move(c)})}};
+}
+
+}  // namespace kvcache

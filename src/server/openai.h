@@ -1,0 +1,69 @@
+// The OpenAI API's request and response JSON (completions and chat completions), kept apart
+// from HTTP so that `kvcache batch` and the server share one parser. Bad requests throw
+// ApiError carrying the HTTP status and OpenAI's error body fields.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/tokenizer.h"
+#include "runtime/engine.h"
+#include "server/chat_template.h"
+
+namespace kvcache {
+
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string type, std::string code, const std::string& message)
+      : std::runtime_error(message), status(status), type(std::move(type)), code(std::move(code)) {}
+  int status;
+  std::string type;  // "invalid_request_error", "authentication_error", ...
+  std::string code;  // "model_not_found", "invalid_api_key", ... or empty
+};
+
+// Serializes a response. Generated text may hold invalid UTF-8 (a model can emit any byte
+// token): it becomes U+FFFD instead of throwing.
+std::string to_json_text(const nlohmann::json& j);
+
+// {"error": {"message", "type", "param": null, "code"}}
+nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& code);
+
+// What the server knows of its model to turn requests into token ids.
+struct ServedModel {
+  std::string name;                  // the "model" id clients send and /v1/models lists
+  const Tokenizer* tokenizer = nullptr;  // nullptr: prompts must be token id arrays
+  bool add_bos = true;
+  std::vector<int32_t> stop_ids;     // the model's end tokens (always stop)
+  ChatTemplate chat_template = ChatTemplate::kChatML;
+  const SpecialTokens* specials = nullptr;  // with tokenizer
+  int64_t default_max_tokens = 16;   // OpenAI's completions default
+};
+
+struct ApiRequest {
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  RequestParams params;
+};
+
+// Parses a /v1/completions (chat = false) or /v1/chat/completions body. Throws ApiError 400
+// for missing or wrongly typed fields, an empty prompt, a text prompt without tokenizer; 404
+// for a "model" other than model.name. Fields the engine does not use are ignored.
+ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const ServedModel& model);
+
+// Response bodies. created: unix seconds.
+nlohmann::json usage_json(const RequestStats& stats);
+nlohmann::json completion_response(const ApiRequest& req, const RequestOutput& out, const std::string& model,
+                                   int64_t created);
+// One streamed chunk (choices[0] = sample `index`). finish: empty while streaming.
+nlohmann::json stream_chunk(const ApiRequest& req, uint64_t id, const std::string& model, int64_t created,
+                            int32_t index, const std::string& text, const std::string& finish, bool first);
+std::string response_id(const ApiRequest& req, uint64_t id);  // "cmpl-N" / "chatcmpl-N"
+// "length"/"stop" as OpenAI names them (cancelled and error map to "stop"/"error").
+std::string openai_finish_reason(FinishReason r);
+
+}  // namespace kvcache

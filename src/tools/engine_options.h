@@ -1,0 +1,27 @@
+// Options of the subcommands that run the continuous-batching engine (serve, batch): the model
+// options (model_options.h) plus the scheduler's, turned into an EngineConfig.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+
+#include "runtime/engine.h"
+#include "tools/model_options.h"
+
+namespace kvcache::tools {
+
+struct EngineOptions {
+  ModelOptions model;
+  int32_t max_running = 64;
+  int64_t max_waiting = 256;
+  bool fast_prefill = false;
+};
+
+// Adds the model options (the paged cache is implied: --cache is ignored) and --max-running,
+// --max-waiting, --fast-prefill. --chunk is the step's token budget.
+void add_engine_options(CLI::App* cmd, EngineOptions& o);
+// Applies -t and builds the engine config for `model`.
+EngineConfig engine_config(const EngineOptions& o, const LlamaModel& model);
+
+}  // namespace kvcache::tools

@@ -1,0 +1,259 @@
+// End to end: the OpenAI-compatible server on a free loopback port, driven by a plain socket
+// client (raw_http.h): SSE framing and [DONE], usage with cached tokens, OpenAI error bodies and
+// statuses, API keys, client disconnects cancelling, /metrics. dummy:tiny with the shared
+// SentencePiece vocabulary (skipped without it: text prompts need a tokenizer).
+#include "server/http_server.h"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "runtime/model_loader.h"
+#include "server/chat_template.h"
+#include "server/openai.h"
+#include "raw_http.h"
+
+namespace kvcache {
+namespace {
+
+using nlohmann::json;
+using testing_util::http;
+using testing_util::HttpReply;
+
+const LoadedModel* tiny_with_vocab() {
+  static const std::unique_ptr<LoadedModel> m = []() -> std::unique_ptr<LoadedModel> {
+    const std::string vocab = std::string(KVCACHE_SHARED_DIR) + "/vocab/ggml-vocab-llama-spm.gguf";
+    if (!std::filesystem::exists(vocab)) return nullptr;
+    LoadOptions lo;
+    lo.dummy_vocab = vocab;
+    lo.dummy_cache_dir = ::testing::TempDir() + "kvcache_server_test_" + std::to_string(getpid());
+    return std::make_unique<LoadedModel>(load_model("dummy:tiny", lo));
+  }();
+  return m.get();
+}
+
+// A server on a free port, serving on its own thread until destroyed.
+struct TestServer {
+  explicit TestServer(const LoadedModel& lm, const std::string& api_key = "", EngineConfig ec = {}) {
+    std::signal(SIGPIPE, SIG_IGN);  // a write to a closed client must fail, not kill the test
+    if (ec.max_cached_tokens == 16384) ec.max_cached_tokens = 1024;
+    engine = std::make_unique<Engine>(*lm.model, lm.tokenizer.get(), ec);
+    specials = std::make_unique<SpecialTokens>(*lm.tokenizer);
+    ServedModel sm;
+    sm.name = "dummy:tiny";
+    sm.tokenizer = lm.tokenizer.get();
+    sm.add_bos = lm.add_bos;
+    sm.stop_ids = lm.stop_ids;
+    sm.specials = specials.get();
+    sm.chat_template = ChatTemplate::kChatML;
+    HttpServerConfig hc;
+    hc.port = 0;
+    hc.api_key = api_key;
+    server = std::make_unique<HttpServer>(*engine, sm, hc);
+    server->bind();
+    port = server->port();
+    thread = std::thread([this] { server->run(); });
+  }
+  ~TestServer() { shutdown(); }
+  void shutdown() {
+    if (!thread.joinable()) return;
+    server->stop();
+    thread.join();
+  }
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<SpecialTokens> specials;
+  std::unique_ptr<HttpServer> server;
+  std::thread thread;
+  int port = 0;
+};
+
+// "data: ...\n\n" events of an SSE body; fails the test on any other framing.
+std::vector<std::string> sse_events(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    const size_t end = body.find("\n\n", pos);
+    EXPECT_NE(end, std::string::npos) << "unterminated event at " << pos;
+    if (end == std::string::npos) break;
+    const std::string ev = body.substr(pos, end - pos);
+    EXPECT_EQ(ev.rfind("data: ", 0), 0u) << "event without 'data: ': " << ev;
+    EXPECT_EQ(ev.find('\n'), std::string::npos) << "multi-line event: " << ev;
+    out.push_back(ev.substr(6));
+    pos = end + 2;
+  }
+  return out;
+}
+
+double metric(const std::string& text, const std::string& name) {
+  const size_t p = text.find("\n" + name + " ");
+  if (p == std::string::npos) return -1;
+  return std::stod(text.substr(p + name.size() + 2));
+}
+
+TEST(Server, StreamsAChatCompletionAsServerSentEventsEndingInDone) {
+  const LoadedModel* lm = tiny_with_vocab();
+  if (lm == nullptr) GTEST_SKIP() << "needs " KVCACHE_SHARED_DIR "/vocab/ggml-vocab-llama-spm.gguf";
+  TestServer ts(*lm);
+  EXPECT_EQ(http(ts.port, "GET", "/health").status, 200);
+  const HttpReply models = http(ts.port, "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200);
+  EXPECT_EQ(json::parse(models.body)["data"][0]["id"], "dummy:tiny");
+
+  const json req{{"model", "dummy:tiny"},
+                 {"messages", {{{"role", "system"}, {"content", "You are terse."}},
+                               {{"role", "user"}, {"content", "Tell me a story about a cat and a dog."}}}},
+                 {"max_tokens", 12},
+                 {"temperature", 0},
+                 {"stream", true},
+                 {"stream_options", {{"include_usage", true}}}};
+  const HttpReply r = http(ts.port, "POST", "/v1/chat/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.headers.find("Content-Type: text/event-stream"), std::string::npos) << r.headers;
+  EXPECT_NE(r.headers.find("Transfer-Encoding: chunked"), std::string::npos);
+  const std::vector<std::string> events = sse_events(r.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(r.body.substr(r.body.size() - 14), "data: [DONE]\n\n");
+  std::string streamed;
+  std::string finish;
+  json usage;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json c = json::parse(events[i]);
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    EXPECT_EQ(c["model"], "dummy:tiny");
+    EXPECT_EQ(c["id"], json::parse(events[0])["id"]);
+    if (c.contains("usage")) {
+      usage = c["usage"];
+      EXPECT_TRUE(c["choices"].empty());
+      continue;
+    }
+    const json& ch = c["choices"][0];
+    if (i == 0) {
+      EXPECT_EQ(ch["delta"]["role"], "assistant");
+    }
+    if (ch["delta"].contains("content")) streamed += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  EXPECT_TRUE(finish == "length" || finish == "stop") << finish;
+  ASSERT_TRUE(usage.is_object());
+  EXPECT_GT(usage["prompt_tokens"].get<int>(), 10);
+  EXPECT_LE(usage["completion_tokens"].get<int>(), 12);
+  EXPECT_TRUE(usage["prompt_tokens_details"].contains("cached_tokens"));
+
+  // The same request without streaming: the same text (greedy), and now the prompt's full
+  // blocks come from the prefix cache.
+  json once = req;
+  once["stream"] = false;
+  once.erase("stream_options");
+  const HttpReply r2 = http(ts.port, "POST", "/v1/chat/completions", once.dump());
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  const json body = json::parse(r2.body);
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], streamed);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], finish);
+  const int cached = body["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GE(cached, 16);
+  EXPECT_LT(cached, body["usage"]["prompt_tokens"].get<int>());
+
+  // Completions with a stop string: the text ends before it.
+  const HttpReply free_run = http(ts.port, "POST", "/v1/completions",
+                                  json{{"prompt", "Once upon a time"}, {"max_tokens", 10}, {"temperature", 0}}.dump());
+  ASSERT_EQ(free_run.status, 200);
+  const std::string text = json::parse(free_run.body)["choices"][0]["text"];
+  ASSERT_GE(text.size(), 4u);
+  const std::string stop = text.substr(text.size() / 2, 2);
+  const HttpReply cut = http(ts.port, "POST", "/v1/completions",
+                             json{{"prompt", "Once upon a time"}, {"max_tokens", 10}, {"temperature", 0}, {"stop", stop}}.dump());
+  ASSERT_EQ(cut.status, 200);
+  const json cj = json::parse(cut.body);
+  EXPECT_EQ(cj["choices"][0]["text"], text.substr(0, text.find(stop)));
+  EXPECT_EQ(cj["choices"][0]["finish_reason"], "stop");
+
+  const std::string m = http(ts.port, "GET", "/metrics").body;
+  EXPECT_EQ(metric(m, "kvcache_kv_blocks_used"), 0) << m;
+  EXPECT_GT(metric(m, "kvcache_kv_blocks_cached"), 0);
+  EXPECT_GT(metric(m, "kvcache_prefix_cache_hit_rate"), 0);
+  EXPECT_GE(metric(m, "kvcache_generation_tokens_total"), 12);
+  EXPECT_NE(m.find("# TYPE kvcache_preemptions_total counter"), std::string::npos);
+  ts.shutdown();
+  EXPECT_EQ(ts.engine->check_invariants(), "");
+}
+
+TEST(Server, BadRequestsGetOpenAIErrorsWithTheRightStatus) {
+  const LoadedModel* lm = tiny_with_vocab();
+  if (lm == nullptr) GTEST_SKIP() << "needs the shared SentencePiece vocabulary";
+  TestServer ts(*lm);
+  auto post = [&](const std::string& path, const std::string& body) { return http(ts.port, "POST", path, body); };
+  auto expect_error = [](const HttpReply& r, int status) {
+    EXPECT_EQ(r.status, status) << r.body;
+    const json b = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(b.is_object()) << r.body;
+    EXPECT_TRUE(b["error"]["message"].is_string());
+    EXPECT_TRUE(b["error"]["type"].is_string());
+  };
+  expect_error(post("/v1/completions", "{\"prompt\": \"hi\""), 400);                      // malformed
+  expect_error(post("/v1/completions", R"({"prompt": "hi", "max_tokens": "ten"})"), 400);  // wrong type
+  expect_error(post("/v1/completions", R"({"prompt": "hi", "stream": 1})"), 400);
+  expect_error(post("/v1/completions", R"({"prompt": ""})"), 400);                        // empty
+  expect_error(post("/v1/completions", R"({"max_tokens": 3})"), 400);                     // missing
+  expect_error(post("/v1/chat/completions", R"({"messages": []})"), 400);
+  expect_error(post("/v1/chat/completions", R"({"messages": [{"role": 3}]})"), 400);
+  std::string long_prompt;
+  for (int i = 0; i < 1200; ++i) long_prompt += "cat ";
+  expect_error(post("/v1/completions", json{{"prompt", long_prompt}}.dump()), 400);  // beyond the context
+  const HttpReply nf = post("/v1/completions", R"({"model": "gpt-9", "prompt": "hi"})");
+  expect_error(nf, 404);
+  EXPECT_EQ(json::parse(nf.body)["error"]["code"], "model_not_found");
+  expect_error(http(ts.port, "GET", "/v1/nothing"), 404);
+}
+
+TEST(Server, ApiKeyGuardsEveryRouteButHealth) {
+  const LoadedModel* lm = tiny_with_vocab();
+  if (lm == nullptr) GTEST_SKIP() << "needs the shared SentencePiece vocabulary";
+  TestServer ts(*lm, "sekret");
+  EXPECT_EQ(http(ts.port, "GET", "/health").status, 200);
+  EXPECT_EQ(http(ts.port, "GET", "/v1/models").status, 401);
+  EXPECT_EQ(http(ts.port, "GET", "/metrics", "", "Authorization: Bearer wrong\r\n").status, 401);
+  const HttpReply bad = http(ts.port, "POST", "/v1/completions", R"({"prompt": "hi"})");
+  EXPECT_EQ(bad.status, 401);
+  EXPECT_EQ(json::parse(bad.body)["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(http(ts.port, "GET", "/v1/models", "", "Authorization: Bearer sekret\r\n").status, 200);
+}
+
+TEST(Server, ClientDisconnectMidStreamCancelsAndFreesBlocks) {
+  const LoadedModel* lm = tiny_with_vocab();
+  if (lm == nullptr) GTEST_SKIP() << "needs the shared SentencePiece vocabulary";
+  TestServer ts(*lm);
+  const int fd = testing_util::connect_loopback(ts.port);
+  ASSERT_GE(fd, 0);
+  const std::string body = json{{"prompt", "The quick brown fox"}, {"max_tokens", 900}, {"stream", true},
+                                {"ignore_eos", true}}.dump();
+  ASSERT_TRUE(testing_util::send_all(fd, testing_util::request_text("POST", "/v1/completions", body, "")));
+  std::string got;
+  char buf[512];
+  while (got.find("data: {") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);  // gone mid-stream
+  double cancelled = 0;
+  std::string m;
+  for (int i = 0; i < 200 && cancelled < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    m = http(ts.port, "GET", "/metrics").body;
+    cancelled = metric(m, "kvcache_requests_cancelled_total");
+  }
+  EXPECT_EQ(cancelled, 1) << m;
+  EXPECT_EQ(metric(m, "kvcache_kv_blocks_used"), 0) << m;
+  EXPECT_LT(metric(m, "kvcache_generation_tokens_total"), 900);
+  ts.shutdown();
+  EXPECT_EQ(ts.engine->check_invariants(), "");
+}
+
+}  // namespace
+}  // namespace kvcache

@@ -1,0 +1,99 @@
+// `kvcache serve` and `kvcache batch` as processes: the ready line on stderr, a request over a
+// plain socket, SIGTERM -> clean exit 0; batch writes one JSON line per input line.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "../server/raw_http.h"
+#include "cli_util.h"
+
+namespace kvcache {
+namespace {
+
+using nlohmann::json;
+
+TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
+  int err_pipe[2];
+  ASSERT_EQ(::pipe(err_pipe), 0);
+  const std::string cache = ::testing::TempDir() + "kvcache_cli_serve_" + std::to_string(getpid());
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::dup2(err_pipe[1], 2);
+    ::close(err_pipe[0]);
+    ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+    ::execl(KVCACHE_CLI, KVCACHE_CLI, "serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len", "512",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(err_pipe[1]);
+  std::string err;
+  std::smatch m;
+  const std::regex ready("listening on http://127\\.0\\.0\\.1:([0-9]+)\n");
+  char buf[256];
+  while (!std::regex_search(err, m, ready)) {
+    const ssize_t n = ::read(err_pipe[0], buf, sizeof buf);
+    if (n <= 0) break;
+    err.append(buf, static_cast<size_t>(n));
+  }
+  ASSERT_TRUE(std::regex_search(err, m, ready)) << err;
+  const int port = std::stoi(m[1]);
+  EXPECT_EQ(testing_util::http(port, "GET", "/health").status, 200);
+  // Token-id prompts work with or without a vocabulary.
+  const testing_util::HttpReply r =
+      testing_util::http(port, "POST", "/v1/completions", R"({"prompt": [1, 450, 4996, 17354], "max_tokens": 5, "temperature": 0})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], 4);
+
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 200 && done == 0; ++i) {
+    done = ::waitpid(pid, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL() << "serve did not stop within 10 s of SIGTERM";
+  }
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  ::close(err_pipe[0]);
+}
+
+TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
+  const std::string in = ::testing::TempDir() + "kvcache_batch_" + std::to_string(getpid()) + ".jsonl";
+  std::ofstream(in) << R"({"id": "a", "prompt": [1, 450, 4996], "max_tokens": 4, "temperature": 0})" << "\n"
+                    << R"({"prompt": [1, 450, 4996], "max_tokens": 6, "temperature": 0, "n": 2})" << "\n"
+                    << R"({"prompt": [], "max_tokens": 2})" << "\n"
+                    << "not json\n";
+  const auto r = testing_util::run_cli("batch --model dummy:tiny --max-cache-len 256 --input '" + in + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<json> lines;
+  std::istringstream ss(r.out);
+  for (std::string l; std::getline(ss, l);) lines.push_back(json::parse(l));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0]["id"], "a");
+  EXPECT_EQ(lines[0]["choices"][0]["tokens"].size(), 4u);
+  EXPECT_EQ(lines[0]["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(lines[1]["choices"].size(), 2u);
+  // Greedy: the 4 tokens of request a are the start of request b's 6.
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(lines[1]["choices"][0]["tokens"][i], lines[0]["choices"][0]["tokens"][i]);
+  EXPECT_TRUE(lines[1]["stats"].contains("ttft_s"));
+  EXPECT_TRUE(lines[2].contains("error"));
+  EXPECT_TRUE(lines[3].contains("error"));
+  std::remove(in.c_str());
+}
+
+}  // namespace
+}  // namespace kvcache
