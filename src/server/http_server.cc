@@ -235,7 +235,8 @@ void HttpServer::install_routes() {
     auto first = std::make_shared<std::vector<bool>>(static_cast<size_t>(ar.params.n), true);
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, ch, ar, id, created, model_name, first, forget](size_t, httplib::DataSink& sink) {
+        [this, ch, ar, id, created, model_name, first, forget, has_text = model_.tokenizer != nullptr](
+            size_t, httplib::DataSink& sink) {
           std::deque<StreamEvent> batch;
           {
             std::unique_lock<std::mutex> lock(ch->mu);
@@ -260,7 +261,9 @@ void HttpServer::install_routes() {
               done = true;
               continue;
             }
-            if (ev.token >= 0 && ev.text.empty() && !(*first)[static_cast<size_t>(ev.index)]) continue;
+            // Text held back (a possible stop string, half a character) makes no chunk; without
+            // a tokenizer there is no text at all and every token gets its (empty) chunk.
+            if (ev.token >= 0 && ev.text.empty() && has_text && !(*first)[static_cast<size_t>(ev.index)]) continue;
             const std::string finish = ev.finished ? openai_finish_reason(ev.reason) : "";
             const bool is_first = (*first)[static_cast<size_t>(ev.index)];
             (*first)[static_cast<size_t>(ev.index)] = false;

@@ -1,0 +1,237 @@
+// Load generator for the OpenAI-compatible server: N concurrent streaming completions, each
+// over its own plain socket, timed on arrival of every server-sent event. Reports per
+// concurrency level: output tokens/s (all streams), decode tokens/s (tokens after the first over
+// the decode window), time to first token p50/p99 and inter-token latency p50/p99.
+// Not a Google Benchmark (a serving load is not a loop of identical iterations); it shares
+// bench/'s build rule and links Google Benchmark unused.
+//
+//   build/bench/bench_serve --model dummy:llama-125m --streams 1,16 --max-tokens 64
+//       (starts an in-process server on a free loopback port)
+//   build/bench/bench_serve --model dummy:llama-125m --fast ...   (BLAS linears: batch_invariant off)
+//   build/bench/bench_serve --port 8080 --streams 1,4,16   (an already running `kvcache serve`)
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "runtime/engine.h"
+#include "runtime/model_loader.h"
+#include "server/http_server.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+struct StreamTiming {
+  bool ok = false;
+  double t_first = 0, t_last = 0;  // seconds since the level's start
+  int64_t tokens = 0;              // completion_tokens from the usage chunk
+  std::vector<double> gaps;        // between successive token events
+};
+
+// One streaming request; times every "data: {" event as its bytes arrive.
+StreamTiming run_stream(int port, const std::string& body, Clock::time_point t0) {
+  StreamTiming st;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return st;
+  }
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                          "Content-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+    ::close(fd);
+    return st;
+  }
+  std::string all;
+  size_t scanned = 0;
+  double prev = -1;
+  char buf[8192];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+    const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+    all.append(buf, static_cast<size_t>(n));
+    for (;;) {  // each event is one write, hence one HTTP chunk: never split by chunk framing
+      const size_t p = all.find("data: ", scanned);
+      if (p == std::string::npos) break;
+      const size_t end = all.find("\n\n", p);
+      if (end == std::string::npos) break;
+      scanned = end + 2;
+      const json ev = json::parse(all.substr(p + 6, end - p - 6), nullptr, false);
+      if (!ev.is_object()) continue;  // [DONE]
+      if (ev.contains("usage") && ev["choices"].empty()) {
+        st.tokens = ev["usage"]["completion_tokens"];
+        continue;
+      }
+      const json& c0 = ev["choices"][0];
+      if (!c0["finish_reason"].is_null() && c0.value("text", "").empty()) continue;  // the closing chunk
+      if (prev < 0) {
+        st.t_first = t;
+      } else {
+        st.gaps.push_back(t - prev);
+      }
+      prev = t;
+      st.t_last = t;
+    }
+  }
+  ::close(fd);
+  st.ok = all.find("data: [DONE]") != std::string::npos;
+  return st;
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
+  return v[i];
+}
+
+struct Args {
+  std::string model;
+  int port = 0;
+  std::vector<int> streams = {1, 16};
+  int max_tokens = 64;
+  int prompt_tokens = 32;
+  int threads = 0;
+  int repeat = 1;
+  bool fast = false;  // EngineConfig::batch_invariant off (BLAS for every multi-row linear)
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_serve: %s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--model") a.model = next();
+    else if (k == "--port") a.port = std::stoi(next());
+    else if (k == "--max-tokens") a.max_tokens = std::stoi(next());
+    else if (k == "--prompt-tokens") a.prompt_tokens = std::stoi(next());
+    else if (k == "-t" || k == "--threads") a.threads = std::stoi(next());
+    else if (k == "--repeat") a.repeat = std::stoi(next());
+    else if (k == "--fast") a.fast = true;
+    else if (k == "--streams") {
+      a.streams.clear();
+      const std::string s = next();
+      for (size_t p = 0; p < s.size();) {
+        const size_t c = s.find(',', p);
+        a.streams.push_back(std::stoi(s.substr(p, c - p)));
+        p = c == std::string::npos ? s.size() : c + 1;
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_serve (--model M | --port P) [--streams 1,16] [--max-tokens 64] "
+                   "[--prompt-tokens 32] [-t threads] [--repeat R] [--fast]\n");
+      return 2;
+    }
+  }
+  std::signal(SIGPIPE, SIG_IGN);
+  if (a.threads > 0) kvcache::set_default_threads(a.threads);
+
+  std::unique_ptr<kvcache::LoadedModel> lm;
+  std::unique_ptr<kvcache::Engine> engine;
+  std::unique_ptr<kvcache::HttpServer> server;
+  std::thread server_thread;
+  int port = a.port;
+  int max_streams = 1;
+  for (int n : a.streams) max_streams = std::max(max_streams, n);
+  if (!a.model.empty()) {
+    kvcache::LoadOptions lo;  // the shared SentencePiece vocabulary gives dummy models text
+    const std::string vocab = std::string(KVCACHE_SHARED_DIR) + "/vocab/ggml-vocab-llama-spm.gguf";
+    if (access(vocab.c_str(), R_OK) == 0) lo.dummy_vocab = vocab;
+    lm = std::make_unique<kvcache::LoadedModel>(kvcache::load_model(a.model, lo));
+    kvcache::EngineConfig ec;
+    ec.kv_dtype = kvcache::DType::kF16;
+    ec.max_cached_tokens = static_cast<int64_t>(max_streams) * (a.prompt_tokens + a.max_tokens + 16) + 256;
+    ec.max_running = std::max(64, max_streams);
+    ec.batch_invariant = !a.fast;
+    engine = std::make_unique<kvcache::Engine>(*lm->model, lm->tokenizer.get(), ec);
+    kvcache::ServedModel sm;
+    sm.name = a.model;
+    sm.tokenizer = lm->tokenizer.get();
+    kvcache::HttpServerConfig hc;
+    hc.port = 0;
+    server = std::make_unique<kvcache::HttpServer>(*engine, sm, hc);
+    server->bind();
+    port = server->port();
+    server_thread = std::thread([&] { server->run(); });
+  }
+  if (port <= 0) {
+    std::fprintf(stderr, "bench_serve: give --model or --port\n");
+    return 2;
+  }
+
+  std::printf("%8s %6s %10s %12s %12s %10s %10s %10s %10s\n", "streams", "run", "tokens", "out_tok/s", "decode_tok/s",
+              "ttft_p50", "ttft_p99", "itl_p50", "itl_p99");
+  std::mt19937 rng(1234);
+  for (int rep = 0; rep < a.repeat; ++rep) {
+    for (int n : a.streams) {
+      // Distinct random prompts: no prefix hits, every stream prefills its own prompt.
+      std::vector<std::string> bodies;
+      for (int s = 0; s < n; ++s) {
+        json ids = json::array({1});
+        for (int t = 1; t < a.prompt_tokens; ++t) ids.push_back(static_cast<int>(rng() % 30000) + 3);
+        bodies.push_back(json{{"prompt", ids}, {"max_tokens", a.max_tokens}, {"temperature", 0}, {"ignore_eos", true},
+                              {"stream", true}, {"stream_options", {{"include_usage", true}}}}
+                             .dump());
+      }
+      std::vector<StreamTiming> res(static_cast<size_t>(n));
+      const Clock::time_point t0 = Clock::now();
+      std::vector<std::thread> clients;
+      for (int s = 0; s < n; ++s)
+        clients.emplace_back([&, s] { res[static_cast<size_t>(s)] = run_stream(port, bodies[static_cast<size_t>(s)], t0); });
+      for (std::thread& t : clients) t.join();
+      const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+      int64_t tokens = 0, decode_tokens = 0;
+      double first_end = 1e30, last_end = 0;
+      std::vector<double> ttft, itl;
+      bool ok = true;
+      for (const StreamTiming& st : res) {
+        ok &= st.ok;
+        tokens += st.tokens;
+        decode_tokens += std::max<int64_t>(0, st.tokens - 1);
+        ttft.push_back(st.t_first);
+        itl.insert(itl.end(), st.gaps.begin(), st.gaps.end());
+        first_end = std::min(first_end, st.t_first);
+        last_end = std::max(last_end, st.t_last);
+      }
+      // Decode window: from the first stream's first token to the last stream's last token.
+      const double decode_tps = last_end > first_end ? static_cast<double>(decode_tokens) / (last_end - first_end) : 0;
+      std::printf("%8d %6d %10lld %12.1f %12.1f %9.1fms %9.1fms %9.1fms %9.1fms%s\n", n, rep, static_cast<long long>(tokens),
+                  static_cast<double>(tokens) / wall, decode_tps, 1e3 * percentile(ttft, 0.5),
+                  1e3 * percentile(ttft, 0.99), 1e3 * percentile(itl, 0.5), 1e3 * percentile(itl, 0.99),
+                  ok ? "" : "  (some streams failed)");
+      std::fflush(stdout);
+    }
+  }
+  if (server) {
+    server->stop();
+    server_thread.join();
+  }
+  return 0;
+}
