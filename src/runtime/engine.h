@@ -29,7 +29,7 @@
 namespace kvcache {
 
 struct EngineConfig {
-  std::string kernel = "eager";      // attention kernel for paged spans
+  std::string kernel = "fused";      // attention kernel for paged spans (eager, fused)
   int64_t block_tokens = 16;
   DType kv_dtype = DType::kF32;
   uint64_t kv_budget_bytes = 0;      // > 0: the planner splits it (blocks + activations)

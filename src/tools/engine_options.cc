@@ -5,7 +5,7 @@
 namespace kvcache::tools {
 
 void add_engine_options(CLI::App* cmd, EngineOptions& o) {
-  o.model.kernel = "eager";  // the paged kernel every build has
+  o.model.kernel = "fused";  // reads pages in place; batch-invariant (per-sequence split-KV)
   o.model.chunk = 256;
   add_model_options(cmd, o.model);
   cmd->add_option("--max-running", o.max_running, "Sequences resident at once (default 64)");
