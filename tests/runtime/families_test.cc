@@ -127,10 +127,15 @@ TEST_P(Families, KvBytesEqualTheNotesFormulas) {
   Session s(*model, sc);
   s.prefill(prompt(S, static_cast<int32_t>(c.vocab_size)));
   EXPECT_EQ(static_cast<double>(s.kv_bytes()), per_token * static_cast<double>(S)) << GetParam();
-  // The planner's per-token figure for the same config agrees.
+  // The planner's per-token figure for the same config agrees, and so does `kvcache plan` on the
+  // preset's config.json text for the whole request.
   PlanOptions po;
   po.format = parse_kv_format("f32");
   EXPECT_EQ(compute_plan(plan_model_from_config(c, GetParam()), po).kv_bytes_per_token, per_token) << GetParam();
+  const PlanModel from_json = plan_model_from_hf_json(dummy_preset_config_json(GetParam()), GetParam());
+  EXPECT_EQ(compute_plan(from_json, po).kv_bytes_per_token, per_token) << GetParam();
+  po.context = S;
+  EXPECT_EQ(plan_request_bytes(from_json, po, S), static_cast<double>(s.kv_bytes())) << GetParam();
 
   // Past the window: sliding layers keep W−1 tokens, full layers everything.
   if (c.sliding_window > 0) {
@@ -204,6 +209,36 @@ TEST(KvSharing, SharedLayersReadTheirSourceAndStoreNothing) {
   po.format = parse_kv_format("f32");
   EXPECT_EQ(compute_plan(plan_model_from_config(c, "shared"), po).kv_bytes_per_token,
             static_cast<double>(2 * (c.n_layers - 2) * c.n_kv_heads * c.head_dim * 4));
+}
+
+// Llama-4's layer type: chunked_attention with attention_chunk_size, mixed with sliding and
+// full layers on the Gemma-2 block (set on the config: no transformers family mixes all three).
+TEST(MixedWindows, ChunkedSlidingAndFullLayersMatchTheReference) {
+  DummyModelOptions o;
+  o.preset = "gemma2-tiny";
+  o.weight_dtype = DType::kF32;
+  o.seed = 4;
+  o.cache_dir = temp_dir();
+  std::unique_ptr<ModelFile> file = open_model_file(build_dummy_model(o));
+  file->mutable_config().layer_types = {"chunked_attention", "full_attention", "sliding_attention", "chunked_attention"};
+  file->mutable_config().attention_chunk_size = 6;
+  const LlamaModel model(std::move(file));
+  const ModelConfig& c = model.config();
+  const std::vector<int32_t> ids = prompt(20, static_cast<int32_t>(c.vocab_size));
+  const std::vector<float> ref = testing::FamilyReference(model.file()).logits(ids);
+  for (const char* cache : {"dynamic", "static"}) {
+    SessionConfig sc;
+    sc.cache = cache;
+    sc.max_cache_len = 32;
+    sc.prefill_chunk = 7;
+    Session s(model, sc);
+    const std::span<const float> all = s.forward_all({ids.data(), 9});
+    EXPECT_LE(rel_diff(all, {ref.data(), all.size()}), 1e-5) << cache;
+    for (size_t i = 9; i < ids.size(); ++i) {
+      const auto l = s.decode(ids[i]);
+      EXPECT_LE(rel_diff(l, {ref.data() + i * static_cast<size_t>(c.vocab_size), l.size()}), 1e-5) << cache << " " << i;
+    }
+  }
 }
 
 TEST(FamilyConfig, TransformersDefaults) {
