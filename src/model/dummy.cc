@@ -102,6 +102,18 @@ const char* hf_preset_json(const std::string& name) {
       "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
       "bos_token_id": 2, "eos_token_id": 1})";
   }
+  if (name == "deepseek-v2-tiny") {
+    // DeepseekV2ForCausalLM: MLA without q_lora (q_proj), interleaved RoPE, softmax greedy
+    // routing without renormalisation (scaled), two shared experts.
+    return R"({"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+      "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
+      "intermediate_size": 96, "moe_intermediate_size": 16, "n_routed_experts": 6, "n_shared_experts": 2,
+      "num_experts_per_tok": 2, "first_k_dense_replace": 1, "norm_topk_prob": false,
+      "routed_scaling_factor": 2.0, "topk_method": "greedy", "scoring_func": "softmax", "q_lora_rank": null,
+      "kv_lora_rank": 24, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 16,
+      "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+      "tie_word_embeddings": false, "bos_token_id": 2, "eos_token_id": 1})";
+  }
   if (name == "mla-tiny") {
     // DeepseekV3ForCausalLM: MLA with q_lora, D_k = 16 + 8 = 24 != D_v = 12, one dense layer
     // then MoE (8 experts in 2 groups, top-2 of the best group, one shared expert), yarn.
@@ -122,7 +134,7 @@ const char* hf_preset_json(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> dummy_preset_names() {
-  return {"tiny", "llama-125m", "gemma2-tiny", "gptoss-tiny", "mla-tiny", "gemma3n-tiny"};
+  return {"tiny", "llama-125m", "gemma2-tiny", "gptoss-tiny", "mla-tiny", "deepseek-v2-tiny", "gemma3n-tiny"};
 }
 
 bool dummy_preset_is_hf(const std::string& name) { return hf_preset_json(name) != nullptr; }

@@ -325,6 +325,8 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
         if (scoring != "sigmoid") throw Error(ErrorKind::kUnsupported, source + ": scoring_func '" + scoring + "' is not supported for deepseek_v3 (sigmoid)");
       } else {
         m.router = MoeRouter::kSoftmaxGreedy;
+        const std::string scoring = j.value("scoring_func", std::string("softmax"));
+        if (scoring != "softmax") throw Error(ErrorKind::kUnsupported, source + ": scoring_func '" + scoring + "' is not supported for deepseek_v2 (softmax)");
         const std::string method = j.value("topk_method", std::string("greedy"));
         if (method != "greedy") {
           throw Error(ErrorKind::kUnsupported, source + ": topk_method '" + method + "' is not supported for deepseek_v2 (greedy)");

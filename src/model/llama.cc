@@ -763,8 +763,16 @@ void LlamaForward::ffn_moe(const Step& st, const LlamaModel::Layer& L) {
         sum += scores[static_cast<size_t>(e)];
       }
       for (auto& p : picked) {
-        if (m.norm_topk_prob) p.second /= (sum + 1e-20f);
-        p.second *= m.routed_scaling_factor;
+        if (m.router == MoeRouter::kDeepseekV3) {
+          // DeepseekV3TopkRouter: optional renormalisation, then always the scaling factor.
+          if (m.norm_topk_prob) p.second /= (sum + 1e-20f);
+          p.second *= m.routed_scaling_factor;
+        } else if (K > 1 && m.norm_topk_prob) {
+          // DeepSeek-V2's MoEGate: renormalised weights are NOT scaled; otherwise scaled.
+          p.second /= (sum + 1e-20f);
+        } else {
+          p.second *= m.routed_scaling_factor;
+        }
       }
     }
     for (const auto& [e, w] : picked) {

@@ -69,8 +69,9 @@ enum class FfnActivation {
 //   kDeepseekV3: sigmoid scores, + e_score_correction_bias for the choice only, group-limited
 //                top-k (n_group / topk_group), optional renormalisation, x routed_scaling_factor,
 //                plus shared experts (models/deepseek_v3/modeling_deepseek_v3.py)
-//   kSoftmaxGreedy: DeepSeek-V2's topk_method "greedy": softmax scores, top-k, optional
-//                renormalisation, x routed_scaling_factor, plus shared experts
+//   kSoftmaxGreedy: DeepSeek-V2's topk_method "greedy" (its MoEGate): softmax scores, top-k,
+//                then either renormalised (top_k > 1 and norm_topk_prob) or x routed_scaling_factor,
+//                plus shared experts
 enum class MoeRouter { kGptOss, kDeepseekV3, kSoftmaxGreedy };
 struct MoeConfig {
   int64_t n_experts = 0;         // routed experts; 0: no MoE

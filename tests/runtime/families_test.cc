@@ -154,7 +154,7 @@ TEST_P(Families, KvBytesEqualTheNotesFormulas) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, Families, ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny", "gemma3n-tiny"),
+INSTANTIATE_TEST_SUITE_P(Presets, Families, ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny", "deepseek-v2-tiny", "gemma3n-tiny"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)

@@ -317,7 +317,13 @@ class FamilyReference {
       } else {
         double sum = 0;
         for (int64_t i = 0; i < K; ++i) sum += w[static_cast<size_t>(i)] = score[static_cast<size_t>(order[static_cast<size_t>(i)])];
-        for (double& x : w) x = (m.norm_topk_prob ? x / (sum + 1e-20) : x) * m.routed_scaling_factor;
+        for (double& x : w) {
+          if (m.router == MoeRouter::kDeepseekV3) {  // DeepseekV3TopkRouter
+            x = (m.norm_topk_prob ? x / (sum + 1e-20) : x) * m.routed_scaling_factor;
+          } else {  // DeepSeek-V2 MoEGate: normalised weights are not scaled
+            x = K > 1 && m.norm_topk_prob ? x / (sum + 1e-20) : x * m.routed_scaling_factor;
+          }
+        }
       }
       const std::vector<float> ht(h.begin() + t * dim, h.begin() + (t + 1) * dim);
       for (int64_t i = 0; i < K; ++i) {
