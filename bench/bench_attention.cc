@@ -9,11 +9,14 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "cache/cache.h"
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
+#include "kernels/attention_quant.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -114,6 +117,68 @@ void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len)
   state.counters["kv_MiB"] = static_cast<double>(kv_bytes) / (1 << 20);
 }
 
+// ---- decode over a KIVI-quantized cache (same shapes as above): the "quantized" container
+// filled 64 tokens per update (f16 residual, G = 64, R = 128), read by quantized_attention.
+// SetBytesProcessed counts what the kernel reads: packed blocks (codes, scales, zeros) of every
+// KV head plus the residual rows.
+struct QuantDecodeInputs {
+  int bits = 0;
+  int64_t kv_len = -1;
+  std::unique_ptr<Cache> cache;
+  KVSpan span;
+  Tensor qbuf, obuf;
+  int64_t read_bytes = 0;
+};
+
+void BM_DecodeAttentionQuant(benchmark::State& state, int bits, int64_t kv_len) {
+  constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kChunk = 64;
+  static QuantDecodeInputs in;
+  if (in.bits != bits || in.kv_len != kv_len) {
+    in = QuantDecodeInputs();
+    in.bits = bits;
+    in.kv_len = kv_len;
+    CacheConfig cc;
+    cc.implementation = "quantized";
+    cc.layer_types = {"full_attention"};
+    cc.kv_dtype = DType::kF16;
+    cc.kv_bits = bits;
+    in.cache = std::make_unique<Cache>(cc);
+    Tensor k = Tensor::empty(DType::kF32, {1, kHkv, kChunk, kD});
+    Tensor v = Tensor::empty(DType::kF32, {1, kHkv, kChunk, kD});
+    for (int64_t t = 0; t < kv_len; t += kChunk) {
+      fill_random(k.view(), static_cast<uint32_t>(2 * t + 1));
+      fill_random(v.view(), static_cast<uint32_t>(2 * t + 2));
+      in.span = in.cache->update(0, k.view(), v.view());
+    }
+    in.qbuf = Tensor::empty(DType::kF32, {1, 1, kHq, kD});
+    in.obuf = Tensor::empty(DType::kF32, {1, 1, kHq, kD});
+    fill_random(in.qbuf.view(), 3);
+    const QuantKV& qk = in.span.quant;
+    in.read_bytes = qk.n_blocks * qk.heads * (qk.k_block_bytes + qk.v_block_bytes) +
+                    2 * qk.heads * qk.residual_len() * kD * 2;
+  }
+  const TensorView q(in.qbuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
+  const TensorView out(in.obuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
+  AttentionOptions o;
+  for (auto _ : state) {
+    quantized_attention(q, in.span.quant, out, o);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * in.read_bytes);
+  state.counters["kv_MiB"] = static_cast<double>(in.read_bytes) / (1 << 20);
+}
+
+void register_quantized() {
+  for (int bits : {8, 4, 2})
+    for (int64_t len : {1024, 4096, 16384, 65536}) {
+      const std::string name = "BM_DecodeAttention/q" + std::to_string(bits) + "/" + std::to_string(len);
+      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttentionQuant, bits, len)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.5);
+    }
+}
+
 // ---- prefill: q_len = kv_len = 2048, causal, 8 query heads over 2 KV heads, D = 128 ----
 // FLOPs counted for the visible (causal) pairs only: 4 * H_q * D * S (S + 1) / 2.
 void BM_PrefillAttention(benchmark::State& state, const char* kernel) {
@@ -193,6 +258,7 @@ void register_all() {
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.5);
     }
+  register_quantized();
   for (const char* kernel : {"fused", "eager"})
     benchmark::RegisterBenchmark((std::string("BM_PrefillAttention/") + kernel).c_str(),
                                  BM_PrefillAttention, kernel)

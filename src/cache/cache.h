@@ -36,6 +36,11 @@ struct CacheConfig {
   // max_cache_len tokens per batch row (max_batch_size rows, at least 1).
   std::shared_ptr<PagedKVStore> paged_store;
   int64_t block_size = 16;
+  // "quantized" containers (KIVI): code width, tokens per key group (values: channels per
+  // group, clamped to a divisor of the head dim), full-precision residual tokens.
+  int kv_bits = 4;
+  int64_t kv_group = 64;
+  int64_t kv_residual = 128;
 };
 
 // Builds one layer of the given cache implementation and layer type.

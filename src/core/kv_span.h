@@ -3,15 +3,16 @@
 // point into the cache's storage and are valid until the next mutating call on that layer.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/tensor.h"
 
 namespace kvcache {
 
-// What a kernel must read. Dense or paged; quantized spans join as new kinds, and each kernel
-// states which kinds it accepts.
-enum class KVSpanKind { kDense, kPaged };
+// What a kernel must read: dense views, pages through a table, or packed quantized blocks plus a
+// full-precision residual. Each kernel states which kinds it accepts.
+enum class KVSpanKind { kDense, kPaged, kQuantized };
 
 // Paged K/V read in place through a CSR page table (FlashInfer's layout, "page table" in its
 // BatchPrefill/BatchDecode wrappers). Sequence b owns pages indices[indptr[b] .. indptr[b+1]) in
@@ -31,6 +32,48 @@ struct PagedKV {
   }
 };
 
+// How the packed part of a quantized span is encoded (layouts in kernels/kv_quant.h).
+enum class KVQuantScheme : uint8_t {
+  // KIVI (Liu et al. 2024): keys per channel (a block quantizes `group` tokens of one channel),
+  // values per token (groups of QuantKV::v_group channels); asymmetric, 2/4/8 bits, f16 scale
+  // and f16 zero point per group.
+  kKivi,
+};
+
+// Quantized K/V read in place: `n_blocks` packed blocks of `group` tokens per (batch row, KV
+// head), oldest first, followed by the residual's tokens in full precision. Token t of the span
+// (t < n_blocks * group) lives in block t / group; the rest are residual rows. Non-owning: the
+// bytes and the residual belong to the cache layer that produced the span.
+struct QuantKV {
+  KVQuantScheme scheme = KVQuantScheme::kKivi;
+  int bits = 4;            // code width: 2, 4 or 8
+  int64_t group = 64;      // tokens per packed block (KIVI: the key group along tokens)
+  int64_t v_group = 64;    // value channels sharing a scale/zero (divides D_v)
+  int64_t batch = 0;       // B
+  int64_t heads = 0;       // H_kv
+  int64_t head_dim_k = 0;  // D_k
+  int64_t head_dim_v = 0;  // D_v
+  int64_t n_blocks = 0;    // packed blocks per (b, h)
+  // Block (b, h, i) of K starts at k_blocks + b * k_batch_stride + h * k_head_stride +
+  // i * k_block_bytes (bytes); likewise for V.
+  const std::byte* k_blocks = nullptr;
+  const std::byte* v_blocks = nullptr;
+  int64_t k_block_bytes = 0, v_block_bytes = 0;
+  int64_t k_head_stride = 0, v_head_stride = 0;
+  int64_t k_batch_stride = 0, v_batch_stride = 0;
+  TensorView k_residual;  // [B, H_kv, n_res, D_k] f32/f16/bf16, unit innermost stride
+  TensorView v_residual;  // [B, H_kv, n_res, D_v] same dtype
+  int64_t packed_len() const { return n_blocks * group; }
+  int64_t residual_len() const { return k_residual.ndim() == 4 ? k_residual.dim(2) : 0; }
+  int64_t seq_len() const { return packed_len() + residual_len(); }
+  const std::byte* k_block(int64_t b, int64_t h, int64_t i) const {
+    return k_blocks + b * k_batch_stride + h * k_head_stride + i * k_block_bytes;
+  }
+  const std::byte* v_block(int64_t b, int64_t h, int64_t i) const {
+    return v_blocks + b * v_batch_stride + h * v_head_stride + i * v_block_bytes;
+  }
+};
+
 struct KVSpan {
   KVSpanKind kind = KVSpanKind::kDense;
   TensorView k;  // [B, H_kv, S_kv, D_k], strided, in the layer's storage dtype
@@ -38,6 +81,7 @@ struct KVSpan {
   // Absolute position of k[:, :, 0] in the sequence (sliding/chunked layers drop the head).
   int64_t kv_offset = 0;
   PagedKV paged;  // kind == kPaged: the pages and table (k / v above are then empty)
+  QuantKV quant;  // kind == kQuantized: packed blocks + residual (k / v above are then empty)
 };
 
 }  // namespace kvcache

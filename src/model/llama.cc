@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/activation.h"
+#include "kernels/attention_quant.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/paged_attention.h"
@@ -509,7 +510,7 @@ void LlamaForward::run_attention(const Step& st, const KVSpan& span, const Tenso
     if (st.rows_differ)
       throw Error(ErrorKind::kInvalidArgument,
                   "forward: batch rows at different positions need a paged cache (--cache paged)");
-    attention_(q_view, span.k, span.v, out_view, opts);
+    attend_span(attention_, q_view, span, out_view, opts);  // dense or quantized span
     return;
   }
   // The [B, H, S, D] views over row-major [B*S, H*D] buffers are the packed varlen layout
@@ -594,7 +595,7 @@ void LlamaForward::attention_mla(const Step& st, int64_t l) {
   if (span.kind != KVSpanKind::kDense) {
     throw Error(ErrorKind::kUnsupported, "layer " + std::to_string(l) +
                                              ": MLA expands the cached latent from a dense span; this cache returned a "
-                                             "paged one (use a dense container for MLA models)");
+                                             "paged or quantized one (use a dense container for MLA models)");
   }
   if (st.rows_differ) {
     throw Error(ErrorKind::kInvalidArgument,

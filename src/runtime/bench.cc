@@ -70,7 +70,8 @@ std::vector<BenchResult> run_bench(const LlamaModel& model, const SessionConfig&
       if (sc.max_cache_len <= 0 || sc.max_cache_len < need) sc.max_cache_len = need;
       Session s(model, sc);
       BenchResult r;
-      r.cache = sc.cache;
+      // "quantized-q4": the code width is what distinguishes quantized runs in a table.
+      r.cache = sc.cache == "quantized" ? "quantized-q" + std::to_string(sc.kv_bits) : sc.cache;
       r.kernel = sc.kernel;
       r.kv_dtype = dtype_name(sc.kv_dtype.value_or(DType::kF32));
       r.n_prompt = t.pp;

@@ -35,6 +35,9 @@ CacheConfig base_cache_config(const ModelConfig& model, const SessionConfig& con
   cc.max_cache_len = config.max_cache_len > 0 ? config.max_cache_len : model.max_seq_len;
   cc.max_batch_size = 1;
   cc.kv_dtype = config.kv_dtype.value_or(DType::kF32);
+  cc.kv_bits = config.kv_bits;
+  cc.kv_group = config.kv_group;
+  cc.kv_residual = config.kv_residual;
   cc.block_size = config.block_size;
   return cc;
 }

@@ -22,6 +22,10 @@ struct SessionConfig {
   int64_t max_cache_len = 0;      // static containers; 0: the model's context length
   std::optional<DType> kv_dtype;  // unset: f32 (the activations' dtype)
   std::string kernel = "fused";   // attention kernel name
+  // cache "quantized" (KIVI): code bits, key group in tokens, full-precision residual tokens.
+  int kv_bits = 4;
+  int64_t kv_group = 64;
+  int64_t kv_residual = 128;
   int64_t prefill_chunk = 512;    // tokens per forward during prefill
   // > 0: force every layer to "sliding_attention" with this window (tests/demos showing that
   // a window covering the whole sequence changes nothing).

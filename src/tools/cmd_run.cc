@@ -1,11 +1,14 @@
 // `kvcache run`: until the model runtime lands, a demo of the cache containers. Every
 // registered container receives the same seeded random K/V stream (a prefill, then one token
 // at a time); the table shows what each keeps and what that costs, and a check confirms that
-// each container's last span equals the matching slice of the plain dynamic cache's. A second
+// each container's last span equals the matching slice of the plain dynamic cache's (quantized
+// containers: the residual bit for bit, the packed part's largest error shown). A second
 // table runs a whole model's Cache (sliding/full mix, KV-shared tail layers).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -15,8 +18,10 @@
 #include "cache/cache.h"
 #include "cache/dense_layer.h"
 #include "cache/paged_layer.h"
+#include "cache/quantized_layer.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/attention_quant.h"
 #include "tools/commands.h"
 #include "tools/model_table.h"
 
@@ -44,6 +49,17 @@ bool same_bits(const TensorView& a, const TensorView& b) {
       for (int64_t s = 0; s < a.dim(2); ++s)
         if (std::memcmp(a.ptr(i, h, s), b.ptr(i, h, s), row) != 0) return false;
   return true;
+}
+
+// Largest |a - b| of two views of one shape (any float dtypes).
+double max_abs_diff(const TensorView& a, const TensorView& b) {
+  Tensor fa = Tensor::empty(DType::kF32, a.shape()), fb = Tensor::empty(DType::kF32, b.shape());
+  copy_view(a, fa.view());
+  copy_view(b, fb.view());
+  double err = 0;
+  for (int64_t i = 0; i < fa.numel(); ++i)
+    err = std::max(err, static_cast<double>(std::fabs(fa.data_as<float>()[i] - fb.data_as<float>()[i])));
+  return err;
 }
 
 std::string human_bytes(size_t n) {
@@ -126,6 +142,7 @@ void run_demo(const RunOptions& o) {
     int64_t n = span.k.dim(2), first = span.kv_offset;
     bool ok = false;
     int64_t stored = -1;
+    std::string verdict;
     if (span.kind == KVSpanKind::kPaged) {
       // Pages read through the table; a sliding group keeps, between steps, what the next
       // query may see (W - 1 keys).
@@ -136,18 +153,40 @@ void run_demo(const RunOptions& o) {
            same_bits(v.view().slice(2, first, total), ref.v.slice(2, first, total));
       n = total - first;
       stored = static_cast<const PagedLayer&>(*layer).store().stats(0).live_tokens;
+      verdict = ok ? "equal" : "DIFFERENT";
+    } else if (span.kind == KVSpanKind::kQuantized) {
+      // Packed blocks + residual: the residual is the stream's last tokens bit for bit; the
+      // packed part is lossy by design, so its largest error is shown, not judged here (the
+      // per-group half-step bound is tested in tests/kernels/kv_quant_test.cc).
+      const QuantKV& qk = span.quant;
+      n = qk.seq_len();
+      const int64_t p = span.kv_offset + qk.packed_len();
+      ok = span.kv_offset + n == total && same_bits(qk.k_residual, ref.k.slice(2, p, total)) &&
+           same_bits(qk.v_residual, ref.v.slice(2, p, total));
+      Tensor dk, dv;
+      dequantize_quant_kv(qk, &dk, &dv);
+      const double err =
+          qk.packed_len() == 0
+              ? 0.0
+              : std::max(max_abs_diff(dk.view().slice(2, 0, qk.packed_len()),
+                                      ref.k.slice(2, span.kv_offset, p)),
+                         max_abs_diff(dv.view().slice(2, 0, qk.packed_len()),
+                                      ref.v.slice(2, span.kv_offset, p)));
+      verdict = ok ? fmt::format("residual equal, packed max|err| {:.3g}", err) : "DIFFERENT";
+      const auto* quant = dynamic_cast<const QuantizedLayer*>(layer.get());
+      stored = quant ? quant->packed_length() + quant->residual_length() : -1;
     } else {
       ok = span.kv_offset + n == total && same_bits(span.k, ref.k.slice(2, span.kv_offset, total)) &&
            same_bits(span.v, ref.v.slice(2, span.kv_offset, total));
       const auto* dense = dynamic_cast<const DenseLayer*>(layer.get());
       stored = dense ? dense->stored_tokens() : -1;
+      verdict = ok ? "equal" : "DIFFERENT";
     }
     mismatches += ok ? 0 : 1;
     fmt::print("{:<26} {:>7} {:>7} {:>11} {:>10} {:>11}  {} (keys [{}, {}))\n", name,
                layer->seq_length(), stored, human_bytes(layer->bytes()),
                layer->bytes() / static_cast<size_t>(total),
-               human_bytes(layer->stats().bytes_copied), ok ? "equal" : "DIFFERENT", first,
-               first + n);
+               human_bytes(layer->stats().bytes_copied), verdict, first, first + n);
   }
   fmt::print(
       "\n  tokens: positions seen; stored: tokens kept for later steps; bytes: resident "

@@ -17,7 +17,7 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--model,-m", o.model, "Model: llama2.c .bin, GGUF file, Hugging Face folder, or dummy:PRESET[:f16|f32|bf16|q8_0] (tiny, llama-125m, gemma2-tiny, gptoss-tiny, mla-tiny)")->required();
   cmd->add_option("--tokenizer", o.tokenizer,
                   "Tokenizer file (default: tokenizer.bin / tok512.bin beside a llama2.c checkpoint)");
-  cmd->add_option("--cache", o.cache, "Cache implementation (transformers' names): dynamic, static, paged, ...");
+  cmd->add_option("--cache", o.cache, "Cache implementation (transformers' names): dynamic, static, paged, quantized, ...");
   cmd->add_option("--max-cache-len", o.max_cache_len, "Capacity of static caches in tokens (default: context length)");
   cmd->add_option("--kernel", o.kernel, "Attention kernel: eager or fused");
   cmd->add_option("--kv-dtype", o.kv_dtype, "KV storage dtype: f32, f16, bf16 (default: f32 for f32 weights, else f16)");
@@ -29,6 +29,11 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--block-size", o.block_size, "Paged cache: tokens per block (default 16)");
   cmd->add_option("--kv-budget", o.kv_budget,
                   "Paged cache: bytes for the block pool plus activations, e.g. 512MiB (default: blocks for --max-cache-len)");
+  cmd->add_option("--kv-bits", o.kv_bits, "--cache quantized: bits per code, 2, 4 or 8 (KIVI)")->capture_default_str();
+  cmd->add_option("--kv-group", o.kv_group, "--cache quantized: tokens per key group (values: channels per group)")
+      ->capture_default_str();
+  cmd->add_option("--kv-residual", o.kv_residual, "--cache quantized: most recent tokens kept in full precision")
+      ->capture_default_str();
 }
 
 LoadOptions load_options(const ModelOptions& o, bool machine_output) {
@@ -67,6 +72,9 @@ SessionConfig session_config(const ModelOptions& o, const LlamaModel& model) {
   if (o.block_size < 1) throw Error(ErrorKind::kInvalidArgument, "--block-size must be >= 1");
   sc.block_size = o.block_size;
   if (!o.kv_budget.empty()) sc.kv_budget_bytes = parse_byte_size(o.kv_budget);
+  sc.kv_bits = o.kv_bits;
+  sc.kv_group = o.kv_group;
+  sc.kv_residual = o.kv_residual;
   if (!o.kv_dtype.empty()) {
     sc.kv_dtype = parse_dtype(o.kv_dtype);
     if (!dtype_is_float(*sc.kv_dtype)) {

@@ -25,10 +25,13 @@ struct ModelOptions {
   std::string progress = "auto";  // model load progress on stderr: auto (when a terminal), on, off
   int64_t block_size = 16;  // --cache paged: tokens per block
   std::string kv_budget;    // --cache paged: bytes for pool + activations ("512MiB"); empty: none
+  int kv_bits = 4;                 // --cache quantized
+  int64_t kv_group = 64;
+  int64_t kv_residual = 128;
 };
 
 // Adds --model, --tokenizer, --cache, --max-cache-len, --kernel, --kv-dtype, -t, --chunk,
-// --progress, --block-size, --kv-budget.
+// --progress, --block-size, --kv-budget, --kv-bits, --kv-group, --kv-residual.
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 // --tokenizer, plus for dummy:NAME models the SentencePiece vocabulary of ../shared/vocab
 // when it exists (so text prompts work on dummy models), plus the load progress printer

@@ -1,0 +1,376 @@
+#include "cache/quantized_layer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/kv_quant.h"
+
+namespace kvcache {
+
+namespace {
+
+std::unique_ptr<CacheLayer> make_quantized(const CacheConfig& c, int layer, bool sliding) {
+  QuantizedLayerParams p;
+  p.name = sliding ? "quantized/sliding_attention" : "quantized/full_attention";
+  p.layer_index = layer;
+  p.kv_dtype = c.kv_dtype;
+  p.bits = c.kv_bits;
+  p.group = c.kv_group;
+  p.residual = c.kv_residual;
+  if (sliding) {
+    if (c.sliding_window < 1) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "layer " + std::to_string(layer) + " (" + p.name +
+                      "): sliding_window must be >= 1, got " + std::to_string(c.sliding_window) +
+                      " (set it from the model config)");
+    }
+    p.sliding_window = c.sliding_window;
+  }
+  return std::make_unique<QuantizedLayer>(std::move(p));
+}
+
+}  // namespace
+
+// Only full and sliding attention: any other layer type ("chunked_attention",
+// "linear_attention", ...) finds no entry and Cache construction throws, naming the layer index,
+// its type and the implementation (LayerRegistry::create).
+KVCACHE_REGISTER_LAYER(quantized_full, "quantized", "full_attention",
+                       [](const CacheConfig& c, int l) { return make_quantized(c, l, false); });
+KVCACHE_REGISTER_LAYER(quantized_sliding, "quantized", "sliding_attention",
+                       [](const CacheConfig& c, int l) { return make_quantized(c, l, true); });
+
+QuantizedLayer::QuantizedLayer(QuantizedLayerParams params) : params_(std::move(params)) {
+  const auto bad = [&](const std::string& what) {
+    throw Error(ErrorKind::kInvalidArgument, where() + ": " + what);
+  };
+  if (params_.bits != 2 && params_.bits != 4 && params_.bits != 8)
+    bad("--kv-bits must be 2, 4 or 8, got " + std::to_string(params_.bits));
+  if (params_.group < 1) bad("--kv-group must be >= 1, got " + std::to_string(params_.group));
+  if (params_.residual < 0)
+    bad("--kv-residual must be >= 0, got " + std::to_string(params_.residual));
+  if (params_.kv_dtype && !dtype_is_float(*params_.kv_dtype))
+    bad(std::string("the residual is stored as f32, f16 or bf16, not ") +
+        dtype_name(*params_.kv_dtype) + " (the packed part's format is set by --kv-bits)");
+}
+
+std::string QuantizedLayer::where() const {
+  return "layer " + std::to_string(params_.layer_index) + " (" + params_.name + ")";
+}
+
+void QuantizedLayer::init(const TensorView& k, const TensorView& v) {
+  batch_ = k.dim(0);
+  heads_ = k.dim(1);
+  dk_ = k.dim(3);
+  dv_ = v.dim(3);
+  res_dtype_ = params_.kv_dtype.value_or(k.dtype());
+  v_group_ = kivi_value_group(dv_, params_.group);
+  k_block_bytes_ = kivi_k_block_bytes(params_.group, dk_, params_.bits);
+  v_block_bytes_ = kivi_v_block_bytes(params_.group, dv_, v_group_, params_.bits);
+  scratch_.assign(static_cast<size_t>(params_.group * std::max(dk_, dv_)), 0.0f);
+  initialized_ = true;
+}
+
+int64_t QuantizedLayer::blocks_to_drop(int64_t p) const {
+  if (params_.sliding_window <= 0) return 0;
+  const int64_t first_visible = std::max<int64_t>(p - params_.sliding_window + 1, 0);
+  const int64_t pos0 = first_position();
+  // Block i (from blk_begin_) covers [pos0 + i G, pos0 + (i + 1) G).
+  const int64_t dead = (first_visible - pos0) / params_.group;
+  return std::clamp<int64_t>(dead, 0, blk_end_ - blk_begin_);
+}
+
+MaskSizes QuantizedLayer::mask_sizes(int64_t query_len) const {
+  const int64_t start = first_position() + blocks_to_drop(seq_length_) * params_.group;
+  return {seq_length_ + query_len - start, start};
+}
+
+void QuantizedLayer::reserve_blocks(int64_t extra) {
+  const int64_t live = blk_end_ - blk_begin_;
+  if (blk_end_ + extra <= blk_cap_) return;
+  const int64_t rows = batch_ * heads_;
+  if (live + extra <= blk_cap_ && blk_begin_ > 0) {
+    // Compaction (sliding layers): the live blocks move to slot 0 of each (b, h) run.
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memmove(kbuf_.data() + r * blk_cap_ * k_block_bytes_,
+                   kbuf_.data() + (r * blk_cap_ + blk_begin_) * k_block_bytes_,
+                   static_cast<size_t>(live * k_block_bytes_));
+      std::memmove(vbuf_.data() + r * blk_cap_ * v_block_bytes_,
+                   vbuf_.data() + (r * blk_cap_ + blk_begin_) * v_block_bytes_,
+                   static_cast<size_t>(live * v_block_bytes_));
+    }
+    stats_.compactions += 1;
+    stats_.bytes_copied += static_cast<size_t>(rows * live * (k_block_bytes_ + v_block_bytes_));
+  } else {
+    // Geometric growth: appending S tokens copies fewer than 2 S tokens' blocks in total.
+    const int64_t cap = std::max(2 * blk_cap_, live + extra);
+    std::vector<std::byte> nk(static_cast<size_t>(rows * cap * k_block_bytes_));
+    std::vector<std::byte> nv(static_cast<size_t>(rows * cap * v_block_bytes_));
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(nk.data() + r * cap * k_block_bytes_,
+                  kbuf_.data() + (r * blk_cap_ + blk_begin_) * k_block_bytes_,
+                  static_cast<size_t>(live * k_block_bytes_));
+      std::memcpy(nv.data() + r * cap * v_block_bytes_,
+                  vbuf_.data() + (r * blk_cap_ + blk_begin_) * v_block_bytes_,
+                  static_cast<size_t>(live * v_block_bytes_));
+    }
+    kbuf_ = std::move(nk);
+    vbuf_ = std::move(nv);
+    blk_cap_ = cap;
+    if (live > 0) {
+      stats_.reallocations += 1;
+      stats_.bytes_copied += static_cast<size_t>(rows * live * (k_block_bytes_ + v_block_bytes_));
+    }
+  }
+  blk_end_ = live;
+  blk_begin_ = 0;
+}
+
+void QuantizedLayer::reserve_residual(int64_t tokens) {
+  const int64_t cap = res_k_.defined() && res_k_.shape().ndim == 4 ? res_k_.dim(2) : 0;
+  const int64_t base = std::max(params_.residual, params_.group);
+  // Shrink back after a long prefill chunk was flushed, so that bytes() stays near the steady
+  // state (R tokens) instead of keeping the largest chunk's residual forever.
+  const bool shrink = cap > 2 * base && tokens <= base;
+  if (tokens <= cap && !shrink) return;
+  const int64_t ncap = shrink ? base : std::max({tokens, base, cap + cap / 2});
+  Tensor nk = Tensor::empty(res_dtype_, {batch_, heads_, ncap, dk_});
+  Tensor nv = Tensor::empty(res_dtype_, {batch_, heads_, ncap, dv_});
+  if (n_res_ > 0) {
+    copy_view(res_k_.view().slice(2, 0, n_res_), nk.view().slice(2, 0, n_res_));
+    copy_view(res_v_.view().slice(2, 0, n_res_), nv.view().slice(2, 0, n_res_));
+    stats_.bytes_copied += dtype_bytes(res_dtype_, batch_ * heads_ * n_res_ * (dk_ + dv_));
+    stats_.reallocations += 1;
+  }
+  res_k_ = std::move(nk);
+  res_v_ = std::move(nv);
+}
+
+void QuantizedLayer::flush(int64_t tokens) {
+  const int64_t G = params_.group, nb = tokens / G;
+  KV_CHECK(tokens % G == 0 && tokens <= n_res_, "flush of whole residual groups only");
+  reserve_blocks(nb);
+  KiviBlockParams kp;
+  kp.group = G;
+  kp.bits = params_.bits;
+  KiviBlockParams vp = kp;
+  kp.d = dk_;
+  vp.d = dv_;
+  vp.v_group = v_group_;
+  float* s = scratch_.data();
+  const TensorView rk = res_k_.view(), rv = res_v_.view();
+  for (int64_t b = 0; b < batch_; ++b)
+    for (int64_t h = 0; h < heads_; ++h)
+      for (int64_t i = 0; i < nb; ++i) {
+        for (int64_t t = 0; t < G; ++t)
+          convert_n(rk.ptr(b, h, i * G + t), res_dtype_, s + t * dk_, DType::kF32,
+                    static_cast<size_t>(dk_));
+        kivi_quantize_keys(s, dk_, kp, k_block(b, h, blk_end_ + i));
+        for (int64_t t = 0; t < G; ++t)
+          convert_n(rv.ptr(b, h, i * G + t), res_dtype_, s + t * dv_, DType::kF32,
+                    static_cast<size_t>(dv_));
+        kivi_quantize_values(s, dv_, vp, v_block(b, h, blk_end_ + i));
+      }
+  blk_end_ += nb;
+  // The remaining residual tokens move to slot 0 (fewer than G of them in the decode cycle).
+  const int64_t rest = n_res_ - tokens;
+  if (rest > 0) {
+    for (int64_t b = 0; b < batch_; ++b)
+      for (int64_t h = 0; h < heads_; ++h) {
+        std::memmove(rk.ptr(b, h, 0), rk.ptr(b, h, tokens),
+                     dtype_bytes(res_dtype_, rest * dk_));
+        std::memmove(rv.ptr(b, h, 0), rv.ptr(b, h, tokens),
+                     dtype_bytes(res_dtype_, rest * dv_));
+      }
+    stats_.bytes_copied += dtype_bytes(res_dtype_, batch_ * heads_ * rest * (dk_ + dv_));
+  }
+  n_res_ = rest;
+}
+
+KVSpan QuantizedLayer::update(const TensorView& k, const TensorView& v) {
+  const auto fail = [&](const std::string& what) {
+    throw Error(ErrorKind::kInvalidArgument, where() + ": update(k, v): " + what);
+  };
+  if (k.ndim() != 4 || v.ndim() != 4) fail("k and v must be [B, H_kv, S, D]");
+  if (!dtype_is_float(k.dtype()) || !dtype_is_float(v.dtype())) fail("k and v must be float");
+  if (k.dim(0) != v.dim(0) || k.dim(1) != v.dim(1) || k.dim(2) != v.dim(2))
+    fail("k " + k.shape().str() + " and v " + v.shape().str() + " disagree on B, H_kv or S");
+  if (k.dim(3) < 1 || v.dim(3) < 1) fail("head dims must be >= 1");
+  if (initialized_ && (k.dim(0) != batch_ || k.dim(1) != heads_ || k.dim(3) != dk_ ||
+                       v.dim(3) != dv_)) {
+    if (seq_length_ == 0 && k.dim(1) == heads_ && k.dim(3) == dk_ && v.dim(3) == dv_) {
+      // An empty layer may take a new batch size (memory reallocated on demand).
+      batch_ = k.dim(0);
+      kbuf_.clear();
+      vbuf_.clear();
+      blk_cap_ = blk_begin_ = blk_end_ = 0;
+      res_k_ = Tensor();
+      res_v_ = Tensor();
+    } else {
+      fail("shape " + k.shape().str() + " does not match the layer's [" +
+           std::to_string(batch_) + ", " + std::to_string(heads_) + ", S, " +
+           std::to_string(dk_) + "]");
+    }
+  }
+  if (!initialized_) init(k, v);
+  const int64_t n = k.dim(2);
+
+  // 1. Sliding layers: drop the whole blocks no query from now on can see.
+  blk_begin_ += blocks_to_drop(seq_length_);
+  // 2. Deferred flush of the residual's oldest whole groups.
+  const int64_t G = params_.group;
+  if (n_res_ >= std::max(params_.residual, G)) flush(n_res_ / G * G);
+  // 3. Append the new tokens in full precision.
+  reserve_residual(n_res_ + n);
+  if (n > 0) {
+    copy_view(k, res_k_.view().slice(2, n_res_, n_res_ + n));
+    copy_view(v, res_v_.view().slice(2, n_res_, n_res_ + n));
+  }
+  n_res_ += n;
+  seq_length_ += n;
+
+  KVSpan span;
+  span.kind = KVSpanKind::kQuantized;
+  span.kv_offset = first_position();
+  QuantKV& q = span.quant;
+  q.scheme = KVQuantScheme::kKivi;
+  q.bits = params_.bits;
+  q.group = G;
+  q.v_group = v_group_;
+  q.batch = batch_;
+  q.heads = heads_;
+  q.head_dim_k = dk_;
+  q.head_dim_v = dv_;
+  q.n_blocks = blk_end_ - blk_begin_;
+  q.k_block_bytes = k_block_bytes_;
+  q.v_block_bytes = v_block_bytes_;
+  q.k_head_stride = blk_cap_ * k_block_bytes_;
+  q.v_head_stride = blk_cap_ * v_block_bytes_;
+  q.k_batch_stride = heads_ * q.k_head_stride;
+  q.v_batch_stride = heads_ * q.v_head_stride;
+  q.k_blocks = kbuf_.data() + blk_begin_ * k_block_bytes_;
+  q.v_blocks = vbuf_.data() + blk_begin_ * v_block_bytes_;
+  q.k_residual = res_k_.view().slice(2, 0, n_res_);
+  q.v_residual = res_v_.view().slice(2, 0, n_res_);
+  return span;
+}
+
+void QuantizedLayer::crop(int64_t n) {
+  if (n < 0 && -n > seq_length_) {
+    throw Error(ErrorKind::kInvalidArgument, where() + ": crop(" + std::to_string(n) +
+                                                 ") drops more than the " +
+                                                 std::to_string(seq_length_) + " tokens seen");
+  }
+  const int64_t keep = n < 0 ? seq_length_ + n : std::min(n, seq_length_);
+  if (keep == seq_length_) return;
+  const int64_t first = first_position();
+  const int64_t need = params_.sliding_window > 0
+                           ? std::max<int64_t>(keep - params_.sliding_window + 1, 0)
+                           : 0;
+  if (need < first) {
+    throw Error(ErrorKind::kOutOfRange,
+                where() + ": cannot crop to " + std::to_string(keep) +
+                    " tokens: the window already dropped positions before " +
+                    std::to_string(first) + " that the next query would see");
+  }
+  const int64_t packed_end = first + packed_length();
+  if (keep >= packed_end) {
+    n_res_ = keep - packed_end;
+  } else {
+    // Cut inside the packed store: keep whole blocks before the cut and dequantize the tokens
+    // of the cut block that stay into a fresh residual.
+    const int64_t G = params_.group;
+    const int64_t i = (keep - first) / G, part = (keep - first) % G;
+    n_res_ = 0;
+    reserve_residual(part);
+    KiviBlockParams kp;
+    kp.group = G;
+    kp.bits = params_.bits;
+    KiviBlockParams vp = kp;
+    kp.d = dk_;
+    vp.d = dv_;
+    vp.v_group = v_group_;
+    float* s = scratch_.data();
+    const TensorView rk = res_k_.view(), rv = res_v_.view();
+    if (part > 0)
+      for (int64_t b = 0; b < batch_; ++b)
+        for (int64_t h = 0; h < heads_; ++h) {
+          kivi_dequantize_keys(k_block(b, h, blk_begin_ + i), kp, s, dk_);
+          for (int64_t t = 0; t < part; ++t)
+            convert_n(s + t * dk_, DType::kF32, rk.ptr(b, h, t), res_dtype_,
+                      static_cast<size_t>(dk_));
+          kivi_dequantize_values(v_block(b, h, blk_begin_ + i), vp, s, dv_);
+          for (int64_t t = 0; t < part; ++t)
+            convert_n(s + t * dv_, DType::kF32, rv.ptr(b, h, t), res_dtype_,
+                      static_cast<size_t>(dv_));
+        }
+    blk_end_ = blk_begin_ + i;
+    n_res_ = part;
+  }
+  seq_length_ = keep;
+}
+
+void QuantizedLayer::reset() {
+  blk_begin_ = blk_end_ = 0;
+  n_res_ = 0;
+  seq_length_ = 0;
+}
+
+void QuantizedLayer::gather(std::span<const int64_t> rows) {
+  for (int64_t r : rows)
+    if (r < 0 || r >= batch_)
+      throw Error(ErrorKind::kInvalidArgument, where() + ": batch row " + std::to_string(r) +
+                                                   " outside [0, " + std::to_string(batch_) + ")");
+  if (!initialized_) return;
+  const auto nb = static_cast<int64_t>(rows.size());
+  const int64_t kr = heads_ * blk_cap_ * k_block_bytes_, vr = heads_ * blk_cap_ * v_block_bytes_;
+  std::vector<std::byte> nk(static_cast<size_t>(nb * kr)), nv(static_cast<size_t>(nb * vr));
+  for (int64_t i = 0; i < nb; ++i) {
+    const int64_t src = rows[static_cast<size_t>(i)];
+    std::memcpy(nk.data() + i * kr, kbuf_.data() + src * kr, static_cast<size_t>(kr));
+    std::memcpy(nv.data() + i * vr, vbuf_.data() + src * vr, static_cast<size_t>(vr));
+  }
+  const int64_t cap = res_k_.shape().ndim == 4 ? res_k_.dim(2) : 0;
+  Tensor rk = Tensor::empty(res_dtype_, {nb, heads_, cap, dk_});
+  Tensor rv = Tensor::empty(res_dtype_, {nb, heads_, cap, dv_});
+  for (int64_t i = 0; i < nb && cap > 0; ++i) {
+    const int64_t src = rows[static_cast<size_t>(i)];
+    copy_view(res_k_.view().slice(0, src, src + 1), rk.view().slice(0, i, i + 1));
+    copy_view(res_v_.view().slice(0, src, src + 1), rv.view().slice(0, i, i + 1));
+  }
+  kbuf_ = std::move(nk);
+  vbuf_ = std::move(nv);
+  res_k_ = std::move(rk);
+  res_v_ = std::move(rv);
+  batch_ = nb;
+  stats_.bytes_copied += static_cast<size_t>(nb * (kr + vr)) + res_k_.size_bytes() +
+                         res_v_.size_bytes();
+}
+
+void QuantizedLayer::reorder(std::span<const int64_t> beam_idx) {
+  if (initialized_ && static_cast<int64_t>(beam_idx.size()) != batch_) {
+    throw Error(ErrorKind::kInvalidArgument,
+                where() + ": reorder needs one index per batch row (" + std::to_string(batch_) +
+                    "), got " + std::to_string(beam_idx.size()));
+  }
+  gather(beam_idx);
+}
+
+void QuantizedLayer::repeat_interleave(int64_t r) {
+  if (r < 1) throw Error(ErrorKind::kInvalidArgument, where() + ": repeat_interleave(r) needs r >= 1");
+  std::vector<int64_t> rows;
+  for (int64_t b = 0; b < batch_; ++b)
+    for (int64_t i = 0; i < r; ++i) rows.push_back(b);
+  gather(rows);
+}
+
+void QuantizedLayer::select(std::span<const int64_t> indices) { gather(indices); }
+
+size_t QuantizedLayer::bytes() const {
+  return kbuf_.size() + vbuf_.size() + res_k_.size_bytes() + res_v_.size_bytes() +
+         scratch_.size() * sizeof(float);
+}
+
+}  // namespace kvcache

@@ -1,0 +1,114 @@
+// QuantizedLayer ("quantized" / "full_attention" and "sliding_attention"): a KIVI-style cache.
+// The most recent tokens stay in full precision in a residual buffer; once it holds R tokens
+// (kv_residual, default 128) the next update first moves its oldest whole groups of G tokens
+// (kv_group, default 64) into the packed store, quantized with kernels/kv_quant.h (keys per
+// channel, values per token, 2/4/8 bits). update() returns a kQuantized span (packed blocks +
+// residual, read in place by the fused dequantizing attention): nothing is ever dequantized
+// into a copy. transformers' QuantizedLayer (cache_utils.py:703, KV cache notes "Quantized")
+// dequantizes the whole cache on every update and serves full attention only; this one does
+// neither.
+//
+// Residual cycle. Let n_res be the residual length before an update. If n_res >= max(R, G) (or
+// >= G when R < G), floor(n_res / G) * G oldest residual tokens are flushed first; then the new
+// tokens are appended. Decoding one token at a time with R a multiple of G, the residual length
+// after update t (1-based) is ((t - 1) mod R) + 1, and packed + residual = seq_length() always.
+// The flush is deferred to the next update so that the step that writes a token still reads it
+// in full precision (as transformers returns the unquantized keys on the flushing step).
+//
+// Sliding layers (window W): before an update at position p, packed blocks whose last token is
+// before p - W + 1 (the first key the next query may see) are dropped — whole groups only, so
+// the span may begin up to G - 1 tokens before the window; the kernel masks them (kv_offset is
+// the first kept token's position). Residual tokens are never dropped (at most R + chunk).
+//
+// Storage (bytes, owned): per batch row and KV head a run of `block capacity` key blocks and
+// value blocks ([B][H_kv][cap][block_bytes]), live blocks [begin, end); the residual as f32/f16/
+// bf16 tensors [B, H_kv, res_cap, D]; a [G, D] f32 scratch for flushes. bytes() is their sum.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cache/cache.h"
+#include "cache/cache_layer.h"
+#include "core/tensor.h"
+
+namespace kvcache {
+
+struct QuantizedLayerParams {
+  std::string name;                // registry name, "quantized/full_attention"
+  int layer_index = -1;            // for error messages
+  std::optional<DType> kv_dtype;   // residual dtype; unset: the first update's
+  int bits = 4;                    // 2, 4 or 8
+  int64_t group = 64;              // G: tokens per key group (values: channels per group)
+  int64_t residual = 128;          // R: full-precision tokens before a flush
+  int64_t sliding_window = 0;      // > 0: a sliding layer of window W
+};
+
+class QuantizedLayer final : public CacheLayer {
+ public:
+  // Throws Error(kInvalidArgument) naming the layer for bits not in {2, 4, 8}, G < 1, R < 0, or
+  // a non-float kv_dtype.
+  explicit QuantizedLayer(QuantizedLayerParams params);
+
+  KVSpan update(const TensorView& k, const TensorView& v) override;
+  MaskSizes mask_sizes(int64_t query_len) const override;
+  int64_t seq_length() const override { return seq_length_; }
+  int64_t max_length() const override { return -1; }
+  bool is_initialized() const override { return initialized_; }
+  // Keeping n tokens that end inside a packed block dequantizes that block's kept tokens back
+  // into the residual (their error stays within the block's bound); Error if a sliding layer
+  // already dropped tokens the cropped length needs.
+  void crop(int64_t n) override;
+  void reset() override;
+  void reorder(std::span<const int64_t> beam_idx) override;
+  void repeat_interleave(int64_t r) override;
+  void select(std::span<const int64_t> indices) override;
+  size_t bytes() const override;
+  std::string_view name() const override { return params_.name; }
+  CopyStats stats() const override { return stats_; }
+
+  int64_t residual_length() const { return n_res_; }
+  int64_t packed_length() const { return (blk_end_ - blk_begin_) * params_.group; }
+  int64_t value_group() const { return v_group_; }
+  int64_t packed_capacity_blocks() const { return blk_cap_; }  // per (b, h)
+  int64_t residual_capacity() const {
+    return res_k_.shape().ndim == 4 ? res_k_.dim(2) : 0;
+  }
+  // Absolute position of the first token held (packed or residual).
+  int64_t first_position() const { return seq_length_ - n_res_ - packed_length(); }
+
+ private:
+  std::string where() const;
+  void init(const TensorView& k, const TensorView& v);
+  // Blocks a sliding layer drops before writing at position p.
+  int64_t blocks_to_drop(int64_t p) const;
+  void flush(int64_t tokens);  // oldest `tokens` (a multiple of G) residual tokens -> blocks
+  void reserve_blocks(int64_t extra);
+  void reserve_residual(int64_t tokens);
+  void gather(std::span<const int64_t> rows);
+  std::byte* k_block(int64_t b, int64_t h, int64_t i) {
+    return kbuf_.data() + ((b * heads_ + h) * blk_cap_ + i) * k_block_bytes_;
+  }
+  std::byte* v_block(int64_t b, int64_t h, int64_t i) {
+    return vbuf_.data() + ((b * heads_ + h) * blk_cap_ + i) * v_block_bytes_;
+  }
+
+  QuantizedLayerParams params_;
+  bool initialized_ = false;
+  int64_t batch_ = 0, heads_ = 0, dk_ = 0, dv_ = 0, v_group_ = 0;
+  DType res_dtype_ = DType::kF32;
+  int64_t k_block_bytes_ = 0, v_block_bytes_ = 0;
+  int64_t blk_cap_ = 0, blk_begin_ = 0, blk_end_ = 0;  // per (b, h) block slots
+  std::vector<std::byte> kbuf_, vbuf_;                // [B][H_kv][blk_cap][block bytes]
+  Tensor res_k_, res_v_;                              // [B, H_kv, res_cap, D], slots [0, n_res)
+  int64_t n_res_ = 0;
+  std::vector<float> scratch_;  // [G, max(D_k, D_v)] f32 rows for quantize / dequantize
+  int64_t seq_length_ = 0;
+  CopyStats stats_;
+};
+
+}  // namespace kvcache

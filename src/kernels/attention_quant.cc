@@ -1,0 +1,924 @@
+// Fused dequantizing attention (see attention_quant.h for the folding of scales and zeros).
+//
+// Work decomposition follows the "fused" kernel (attention_fused.cc): a task is (batch b, KV
+// head hk, query tile, KV split); its rows are the H_q / H_kv query heads of the group times
+// the tile's query positions, so every packed block is read and its codes widened once per GQA
+// group. Tiles are the packed blocks (G tokens each) followed by 64-token tiles of the residual;
+// decode splits the tile list into partitions merged afterwards (flash-decoding) when B x H_kv
+// tasks would leave threads idle. Rows are classified per tile from the mask's key intervals:
+// empty tiles are skipped, full tiles are not masked.
+//
+// Where the cycles go (decode, 4-bit, D = 128, 4 query heads per KV head): per key 16 code
+// chunks of 8 are widened for the scores (u32 broadcast, variable shift, mask, convert) and 16
+// for P.V, each feeding 4 FMAs — the same FMA count as f16, with 4x fewer bytes read.
+#include "kernels/attention_quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/kv_quant.h"
+#include "kernels/mask.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KVCACHE_QATTN_AVX2 1
+#include <immintrin.h>
+#else
+#define KVCACHE_QATTN_AVX2 0
+#endif
+
+namespace kvcache {
+namespace {
+
+constexpr int64_t kResTile = 64;       // residual keys per tile
+constexpr int64_t kRowsPerTask = 64;   // target rows (heads x positions) per task
+constexpr int64_t kMinSplitKeys = 512; // smallest automatic split-KV partition
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
+
+template <DType KD>
+struct Elem;
+template <>
+struct Elem<DType::kF32> {
+  using T = float;
+  static float get(T x) { return x; }
+};
+template <>
+struct Elem<DType::kF16> {
+  using T = f16_t;
+  static float get(T x) { return f16_to_f32(x); }
+};
+template <>
+struct Elem<DType::kBF16> {
+  using T = bf16_t;
+  static float get(T x) { return bf16_to_f32(x); }
+};
+
+struct Plan {
+  TensorView q, out;
+  const QuantKV* kv = nullptr;
+  int64_t B = 0, Hq = 0, Hkv = 0, Gq = 0, Sq = 0, Skv = 0, Dk = 0, Dv = 0;
+  int64_t G = 0, n_blocks = 0, packed = 0, n_res = 0, n_tiles = 0;
+  int64_t vg = 0, ng = 0;        // value channels per group, groups per token
+  int64_t rbk = 0, rbv = 0;      // code row bytes of K and V
+  int64_t st = 0;                // row stride of the score buffer: round8(max(G, kResTile))
+  float scale = 1, softcap = 0;
+  const float* sinks = nullptr;  // [H_q] or null
+  MaskSpec spec;
+  bool mask_free = false;
+  int64_t q_offset = 0, kv_offset = 0;
+  int64_t tq = 1, n_qt = 1, n_split = 1, tiles_per_split = 0, max_rows = 0;
+  float* partial = nullptr;  // [tasks, max_rows, D_v + 2]: acc, m, l per row (n_split > 1)
+};
+
+// Per-thread scratch, grown on demand and reused (no allocation in steady state).
+struct Workspace {
+  std::vector<float> qs;        // [R, D_k] scaled queries
+  std::vector<float> qk;        // [R, D_k] queries times the block's key scales
+  std::vector<float> qz;        // [R] queries . the block's key zeros
+  std::vector<float> kscale, kzero;  // [D_k]
+  std::vector<float> vscale, vzero;  // [ng, st] per key of the tile
+  std::vector<float> pg;        // [ng, R, st] probabilities times value scales
+  std::vector<float> zs;        // [R, ng] probabilities . value zeros
+  std::vector<float> acc;       // [R, D_v]
+  std::vector<float> s;         // [R, st] logits, then probabilities
+  std::vector<float> m, l;      // [R]
+  std::vector<int64_t> lo, hi;  // [n_q] visible key interval per query position (kv index)
+  std::vector<RowKind> kind;    // [R]
+  void ensure(const Plan& P, int64_t R, int64_t nq) {
+    auto grow = [](auto& vec, int64_t n) {
+      if (static_cast<int64_t>(vec.size()) < n) vec.resize(static_cast<size_t>(n));
+    };
+    grow(qs, R * P.Dk);
+    grow(qk, R * P.Dk);
+    grow(qz, R);
+    grow(kscale, P.Dk);
+    grow(kzero, P.Dk);
+    grow(vscale, P.ng * P.st);
+    grow(vzero, P.ng * P.st);
+    grow(pg, P.ng * R * P.st);
+    grow(zs, R * P.ng);
+    grow(acc, R * P.Dv);
+    grow(s, R * P.st);
+    grow(m, R);
+    grow(l, R);
+    grow(lo, nq);
+    grow(hi, nq);
+    grow(kind, R);
+  }
+};
+
+Workspace& workspace() {
+  thread_local Workspace ws;
+  return ws;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar building blocks: the portable path and the reference for the SIMD ones.
+struct ScalarOps {
+  // Per packed block: qk[r, d] = qs[r, d] * kscale[d], qz[r] = qs[r] . kzero.
+  static void block_query(const float* qs, int64_t R, int64_t Dk, const float* ks, const float* kz,
+                          float* qk, float* qz) {
+    for (int64_t r = 0; r < R; ++r) {
+      float z = 0;
+      for (int64_t d = 0; d < Dk; ++d) {
+        qk[r * Dk + d] = qs[r * Dk + d] * ks[d];
+        z = std::fma(qs[r * Dk + d], kz[d], z);
+      }
+      qz[r] = z;
+    }
+  }
+  // Per packed block: pg[g, r, j] = p[r, j] * vscale[g, j], zs[r, g] = sum_j p[r, j] vzero[g, j].
+  static void value_weights(const float* p, int64_t R, int64_t n, const float* vs, const float* vz,
+                            int64_t ng, int64_t st, float* pg, float* zs) {
+    for (int64_t g = 0; g < ng; ++g)
+      for (int64_t r = 0; r < R; ++r) {
+        float z = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          pg[(g * R + r) * st + j] = p[r * st + j] * vs[g * st + j];
+          z = std::fma(p[r * st + j], vz[g * st + j], z);
+        }
+        zs[r * ng + g] = z;
+      }
+  }
+  // s[r, j] = qz[r] + sum_d qk[r, d] code(j, d), keys j in [0, n) of a block.
+  template <int BITS>
+  static void packed_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
+                            const std::byte* codes, int64_t rb, int64_t n, float* s,
+                            int64_t st) {
+    for (int64_t j = 0; j < n; ++j) {
+      const std::byte* row = codes + j * rb;
+      for (int64_t r = 0; r < R; ++r) {
+        const float* q = qk + r * Dk;
+        float a = 0;
+        for (int64_t d = 0; d < Dk; ++d)
+          a = std::fma(q[d], static_cast<float>(kivi_code(row, d, BITS)), a);
+        s[r * st + j] = a + qz[r];
+      }
+    }
+  }
+  // acc[r, d] += sum_j pg[g(d), r, j] code(j, d)
+  template <int BITS>
+  static void packed_pv(const float* pg, int64_t R, const std::byte* codes, int64_t rb,
+                        int64_t n, int64_t Dv, int64_t vg, int64_t st, float* acc) {
+    for (int64_t j = 0; j < n; ++j) {
+      const std::byte* row = codes + j * rb;
+      for (int64_t d = 0; d < Dv; ++d) {
+        const float c = static_cast<float>(kivi_code(row, d, BITS));
+        const float* p = pg + (d / vg) * R * st + j;
+        for (int64_t r = 0; r < R; ++r) acc[r * Dv + d] = std::fma(p[r * st], c, acc[r * Dv + d]);
+      }
+    }
+  }
+  template <DType KD>
+  static void dense_scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb,
+                           int64_t kstride, int64_t n, float* s, int64_t st) {
+    using T = typename Elem<KD>::T;
+    for (int64_t j = 0; j < n; ++j) {
+      const T* kr = reinterpret_cast<const T*>(kb + j * kstride);
+      for (int64_t r = 0; r < R; ++r) {
+        float a = 0;
+        for (int64_t d = 0; d < Dk; ++d) a = std::fma(qs[r * Dk + d], Elem<KD>::get(kr[d]), a);
+        s[r * st + j] = a;
+      }
+    }
+  }
+  template <DType KD>
+  static void dense_pv(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
+                       int64_t Dv, int64_t st, float* acc) {
+    using T = typename Elem<KD>::T;
+    for (int64_t j = 0; j < n; ++j) {
+      const T* vr = reinterpret_cast<const T*>(vb + j * vstride);
+      for (int64_t r = 0; r < R; ++r) {
+        const float pj = p[r * st + j];
+        for (int64_t d = 0; d < Dv; ++d)
+          acc[r * Dv + d] = std::fma(pj, Elem<KD>::get(vr[d]), acc[r * Dv + d]);
+      }
+    }
+  }
+  // Logits s[0, n) -> exp(s - m_new) in place; rescales acc; false when the tile is all masked.
+  static bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
+    float mt = kNegInf;
+    for (int64_t j = 0; j < n; ++j) mt = std::max(mt, s[j]);
+    if (mt == kNegInf) {
+      std::fill(s, s + n, 0.0f);
+      return false;
+    }
+    const float m_new = std::max(m, mt);
+    const float alpha = std::exp(m - m_new);
+    float sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = std::exp(s[j] - m_new);
+      sum += s[j];
+    }
+    l = l * alpha + sum;
+    if (alpha != 1.0f)
+      for (int64_t d = 0; d < Dv; ++d) acc[d] *= alpha;
+    m = m_new;
+    return true;
+  }
+};
+
+#if KVCACHE_QATTN_AVX2
+// ---------------------------------------------------------------------------------------------
+// AVX2 + FMA + F16C building blocks.
+
+// Codes of channels [d, d + 8) of a row as floats (d a multiple of 8). 4 bits: the 8 codes are
+// one little-endian u32 (kv_quant.h's packing); broadcast it and shift lane i right by 4 i.
+template <int BITS>
+inline __m256 unpack8(const std::byte* row, int64_t d) {
+  if constexpr (BITS == 8) {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d))));
+  } else if constexpr (BITS == 4) {
+    uint32_t w;
+    std::memcpy(&w, row + d / 2, 4);
+    const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), sh);
+    return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+  } else {
+    uint16_t w;
+    std::memcpy(&w, row + d / 4, 2);
+    const __m256i sh = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(w), sh);
+    return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(3)));
+  }
+}
+
+template <DType KD>
+inline __m256 load8(const typename Elem<KD>::T* p) {
+  if constexpr (KD == DType::kF32) {
+    return _mm256_loadu_ps(p);
+  } else if constexpr (KD == DType::kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+}
+
+inline float hsum(__m256 x) {
+  const __m128 a = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
+}
+
+// exp(x) for x <= 0: Cody-Waite reduction x = n ln2 + r and the degree-7 Taylor polynomial of
+// e^r (relative error < 1e-7 on |r| <= ln2/2), the same scheme as the fused kernel's; lanes
+// below -87.3 (including -inf) give exactly 0.
+inline __m256 exp256(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 valid = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3f)), lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), valid);
+}
+
+struct SimdOps {
+  static void block_query(const float* qs, int64_t R, int64_t Dk, const float* ks, const float* kz,
+                          float* qk, float* qz) {
+    for (int64_t r = 0; r < R; ++r) {
+      const float* q = qs + r * Dk;
+      __m256 z = _mm256_setzero_ps();
+      int64_t d = 0;
+      for (; d + 8 <= Dk; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        _mm256_storeu_ps(qk + r * Dk + d, _mm256_mul_ps(qv, _mm256_loadu_ps(ks + d)));
+        z = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kz + d), z);
+      }
+      float zz = hsum(z);
+      for (; d < Dk; ++d) {
+        qk[r * Dk + d] = q[d] * ks[d];
+        zz = std::fma(q[d], kz[d], zz);
+      }
+      qz[r] = zz;
+    }
+  }
+  // p, vs, vz are zero-padded to a multiple of 8 keys (softmax_update pads p; the caller vs/vz).
+  static void value_weights(const float* p, int64_t R, int64_t n, const float* vs, const float* vz,
+                            int64_t ng, int64_t st, float* pg, float* zs) {
+    const int64_t n8 = (n + 7) & ~int64_t{7};
+    for (int64_t g = 0; g < ng; ++g)
+      for (int64_t r = 0; r < R; ++r) {
+        __m256 z = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n8; j += 8) {
+          const __m256 pv = _mm256_loadu_ps(p + r * st + j);
+          _mm256_storeu_ps(pg + (g * R + r) * st + j,
+                           _mm256_mul_ps(pv, _mm256_loadu_ps(vs + g * st + j)));
+          z = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vz + g * st + j), z);
+        }
+        zs[r * ng + g] = hsum(z);
+      }
+  }
+  // NR rows x 2 keys of code dot products, accumulators in registers.
+  template <int BITS, int NR, int NK>
+  static void score_block(const float* qk, const float* qz, int64_t Dk, const std::byte* const* row,
+                          float* s, int64_t st) {
+    __m256 acc[NR * NK];
+    for (int i = 0; i < NR * NK; ++i) acc[i] = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= Dk; d += 8) {
+      __m256 kv[NK];
+      for (int c = 0; c < NK; ++c) kv[c] = unpack8<BITS>(row[c], d);
+      for (int r = 0; r < NR; ++r) {
+        __m256 qv = _mm256_loadu_ps(qk + r * Dk + d);
+        if constexpr (NK > 1) asm("" : "+x"(qv));  // keep q in a register (see fused kernel)
+        for (int c = 0; c < NK; ++c) acc[r * NK + c] = _mm256_fmadd_ps(qv, kv[c], acc[r * NK + c]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < NK; ++c) {
+        float x = hsum(acc[r * NK + c]);
+        for (int64_t dd = d; dd < Dk; ++dd)
+          x = std::fma(qk[r * Dk + dd], static_cast<float>(kivi_code(row[c], dd, BITS)), x);
+        s[r * st + c] = x + qz[r];
+      }
+  }
+  template <int BITS, int NR>
+  static void score_rows(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
+                         int64_t rb, int64_t n, float* s, int64_t st) {
+    int64_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+      const std::byte* rows[2] = {codes + j * rb, codes + (j + 1) * rb};
+      score_block<BITS, NR, 2>(qk, qz, Dk, rows, s + j, st);
+    }
+    if (j < n) {
+      const std::byte* rows[1] = {codes + j * rb};
+      score_block<BITS, NR, 1>(qk, qz, Dk, rows, s + j, st);
+    }
+  }
+  template <int BITS>
+  static void packed_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
+                            const std::byte* codes, int64_t rb, int64_t n, float* s,
+                            int64_t st) {
+    int64_t r = 0;
+    for (; r + 4 <= R; r += 4)
+      score_rows<BITS, 4>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
+    switch (R - r) {
+      case 3:
+        score_rows<BITS, 3>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
+        break;
+      case 2:
+        score_rows<BITS, 2>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
+        break;
+      case 1:
+        score_rows<BITS, 1>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
+        break;
+      default:
+        break;
+    }
+  }
+
+  // NR rows, channels [d0, d1) of one value group (d1 - d0 a multiple of 8): 16 columns per
+  // pass held in registers, codes of key j widened once for all NR rows.
+  template <int BITS, int NR>
+  static void pv_rows(const float* pg, int64_t R, const std::byte* codes, int64_t rb, int64_t n,
+                      int64_t d0, int64_t d1, int64_t Dv, int64_t st, float* acc) {
+    int64_t d = d0;
+    for (; d + 16 <= d1; d += 16) {
+      __m256 a[NR][2];
+      for (int r = 0; r < NR; ++r) {
+        a[r][0] = _mm256_loadu_ps(acc + r * Dv + d);
+        a[r][1] = _mm256_loadu_ps(acc + r * Dv + d + 8);
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const std::byte* row = codes + j * rb;
+        const __m256 v0 = unpack8<BITS>(row, d), v1 = unpack8<BITS>(row, d + 8);
+        for (int r = 0; r < NR; ++r) {
+          const __m256 pj = _mm256_broadcast_ss(pg + r * st + j);
+          a[r][0] = _mm256_fmadd_ps(pj, v0, a[r][0]);
+          a[r][1] = _mm256_fmadd_ps(pj, v1, a[r][1]);
+        }
+      }
+      for (int r = 0; r < NR; ++r) {
+        _mm256_storeu_ps(acc + r * Dv + d, a[r][0]);
+        _mm256_storeu_ps(acc + r * Dv + d + 8, a[r][1]);
+      }
+    }
+    if (d + 8 <= d1) {
+      __m256 a[NR];
+      for (int r = 0; r < NR; ++r) a[r] = _mm256_loadu_ps(acc + r * Dv + d);
+      for (int64_t j = 0; j < n; ++j) {
+        const __m256 v0 = unpack8<BITS>(codes + j * rb, d);
+        for (int r = 0; r < NR; ++r)
+          a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(pg + r * st + j), v0, a[r]);
+      }
+      for (int r = 0; r < NR; ++r) _mm256_storeu_ps(acc + r * Dv + d, a[r]);
+    }
+    (void)R;
+  }
+  template <int BITS>
+  static void packed_pv(const float* pg, int64_t R, const std::byte* codes, int64_t rb,
+                        int64_t n, int64_t Dv, int64_t vg, int64_t st, float* acc) {
+    if (vg % 8 != 0) {  // odd value groups: the scalar loop (tiny head dims only)
+      ScalarOps::packed_pv<BITS>(pg, R, codes, rb, n, Dv, vg, st, acc);
+      return;
+    }
+    for (int64_t g = 0; g < Dv / vg; ++g) {
+      const int64_t d0 = g * vg, d1 = d0 + vg;
+      const float* pgg = pg + g * R * st;
+      int64_t r = 0;
+      for (; r + 4 <= R; r += 4)
+        pv_rows<BITS, 4>(pgg + r * st, R, codes, rb, n, d0, d1, Dv, st, acc + r * Dv);
+      switch (R - r) {
+        case 3:
+          pv_rows<BITS, 3>(pgg + r * st, R, codes, rb, n, d0, d1, Dv, st, acc + r * Dv);
+          break;
+        case 2:
+          pv_rows<BITS, 2>(pgg + r * st, R, codes, rb, n, d0, d1, Dv, st, acc + r * Dv);
+          break;
+        case 1:
+          pv_rows<BITS, 1>(pgg + r * st, R, codes, rb, n, d0, d1, Dv, st, acc + r * Dv);
+          break;
+        default:
+          break;
+      }
+    }
+  }
+
+  template <DType KD>
+  static void dense_scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb,
+                           int64_t kstride, int64_t n, float* s, int64_t st) {
+    using T = typename Elem<KD>::T;
+    for (int64_t j = 0; j < n; ++j) {
+      const T* kr = reinterpret_cast<const T*>(kb + j * kstride);
+      for (int64_t r = 0; r < R; ++r) {
+        const float* q = qs + r * Dk;
+        __m256 a = _mm256_setzero_ps();
+        int64_t d = 0;
+        for (; d + 8 <= Dk; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8<KD>(kr + d), a);
+        float x = hsum(a);
+        for (; d < Dk; ++d) x = std::fma(q[d], Elem<KD>::get(kr[d]), x);
+        s[r * st + j] = x;
+      }
+    }
+  }
+  template <DType KD>
+  static void dense_pv(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
+                       int64_t Dv, int64_t st, float* acc) {
+    using T = typename Elem<KD>::T;
+    for (int64_t j = 0; j < n; ++j) {
+      const T* vr = reinterpret_cast<const T*>(vb + j * vstride);
+      for (int64_t r = 0; r < R; ++r) {
+        const float pj = p[r * st + j];
+        if (pj == 0.0f) continue;
+        const __m256 pv = _mm256_set1_ps(pj);
+        float* a = acc + r * Dv;
+        int64_t d = 0;
+        for (; d + 8 <= Dv; d += 8)
+          _mm256_storeu_ps(a + d, _mm256_fmadd_ps(pv, load8<KD>(vr + d), _mm256_loadu_ps(a + d)));
+        for (; d < Dv; ++d) a[d] = std::fma(pj, Elem<KD>::get(vr[d]), a[d]);
+      }
+    }
+  }
+  // Lanes [n, round8(n)) of the row are set to -inf so every operation runs on whole vectors.
+  static bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
+    const int64_t n8 = (n + 7) & ~int64_t{7};
+    for (int64_t j = n; j < n8; ++j) s[j] = kNegInf;
+    __m256 vmax = _mm256_set1_ps(kNegInf);
+    for (int64_t j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float mt = _mm_cvtss_f32(m4);
+    if (mt == kNegInf) {
+      std::fill(s, s + n8, 0.0f);
+      return false;
+    }
+    const float m_new = std::max(m, mt);
+    const float alpha = std::exp(m - m_new);
+    const __m256 vm = _mm256_set1_ps(m_new);
+    __m256 vsum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n8; j += 8) {
+      const __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+      _mm256_storeu_ps(s + j, p);
+      vsum = _mm256_add_ps(vsum, p);
+    }
+    l = l * alpha + hsum(vsum);
+    if (alpha != 1.0f) {
+      const __m256 va = _mm256_set1_ps(alpha);
+      int64_t d = 0;
+      for (; d + 8 <= Dv; d += 8)
+        _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), va));
+      for (; d < Dv; ++d) acc[d] *= alpha;
+    }
+    m = m_new;
+    return true;
+  }
+};
+#endif  // KVCACHE_QATTN_AVX2
+
+// out = acc / l, with the sink logit joining the denominator only (GPT-OSS's s_aux).
+void finalize_row(float m, float l, const float* acc, const float* sink, int64_t Dv, float* out) {
+  float f;
+  if (sink) {
+    const float mx = std::max(m, *sink);
+    const float den = l * std::exp(m - mx) + std::exp(*sink - mx);
+    f = std::exp(m - mx) / den;
+  } else {
+    f = l > 0 ? 1.0f / l : 0.0f;
+  }
+  for (int64_t d = 0; d < Dv; ++d) out[d] = acc[d] * f;
+}
+
+template <typename Ops, int BITS, DType RD>
+void run_task(const Plan& P, int64_t task) {
+  int64_t t = task;
+  const int64_t sp = t % P.n_split;
+  t /= P.n_split;
+  const int64_t qt = t % P.n_qt;
+  t /= P.n_qt;
+  const int64_t hk = t % P.Hkv, b = t / P.Hkv;
+  const int64_t q0 = qt * P.tq, nq = std::min(P.Sq, q0 + P.tq) - q0, R = P.Gq * nq;
+  const int64_t tile_begin = sp * P.tiles_per_split;
+  const int64_t tile_end = std::min(P.n_tiles, tile_begin + P.tiles_per_split);
+  const int64_t Dk = P.Dk, Dv = P.Dv, st = P.st, ng = P.ng;
+  const QuantKV& kv = *P.kv;
+
+  Workspace& ws = workspace();
+  ws.ensure(P, R, nq);
+  float* qs = ws.qs.data();
+  float* acc = ws.acc.data();
+  float* s = ws.s.data();
+  // Row r = g * nq + i: query head hk * Gq + g at query index q0 + i.
+  for (int64_t r = 0; r < R; ++r) {
+    const float* qr = P.q.ptr_as<const float>(b, hk * P.Gq + r / nq, q0 + r % nq);
+    for (int64_t d = 0; d < Dk; ++d) qs[r * Dk + d] = qr[d] * P.scale;
+    ws.m[static_cast<size_t>(r)] = kNegInf;
+    ws.l[static_cast<size_t>(r)] = 0;
+  }
+  std::fill(acc, acc + R * Dv, 0.0f);
+
+  int64_t jlo = P.Skv, jhi = 0;  // union of the visible key intervals (kv index space)
+  for (int64_t i = 0; i < nq; ++i) {
+    int64_t lo = 0, hi = P.Skv;
+    if (!P.mask_free) {
+      const KeyRange kr = key_range(P.spec, b, P.q_offset + q0 + i);
+      lo = std::clamp(kr.lo - P.kv_offset, int64_t{0}, P.Skv);
+      hi = std::clamp(kr.hi - P.kv_offset, int64_t{0}, P.Skv);
+    }
+    ws.lo[static_cast<size_t>(i)] = lo;
+    ws.hi[static_cast<size_t>(i)] = hi;
+    if (lo < hi) {
+      jlo = std::min(jlo, lo);
+      jhi = std::max(jhi, hi);
+    }
+  }
+
+  const TensorView& rk = kv.k_residual;
+  const TensorView& rv = kv.v_residual;
+  const int64_t rkstride = P.n_res > 0 ? rk.byte_offset(0, 0, 1) : 0;
+  const int64_t rvstride = P.n_res > 0 ? rv.byte_offset(0, 0, 1) : 0;
+  RowKind* kind = ws.kind.data();
+
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    const bool packed = tile < P.n_blocks;
+    const int64_t k0 = packed ? tile * P.G : P.packed + (tile - P.n_blocks) * kResTile;
+    const int64_t k1 = packed ? k0 + P.G : std::min(P.Skv, k0 + kResTile);
+    const int64_t n = k1 - k0;
+    if (k1 <= jlo || k0 >= jhi) continue;
+    // ---- classify each row for this tile ----
+    bool any = false;
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t lo = std::max(ws.lo[static_cast<size_t>(i)], k0);
+      const int64_t hi = std::min(ws.hi[static_cast<size_t>(i)], k1);
+      const RowKind k = lo >= hi                 ? RowKind::kEmpty
+                        : (lo == k0 && hi == k1) ? RowKind::kFull
+                                                 : RowKind::kPartial;
+      any = any || k != RowKind::kEmpty;
+      for (int64_t g = 0; g < P.Gq; ++g) kind[g * nq + i] = k;
+    }
+    if (!any) continue;
+
+    // ---- logits ----
+    const std::byte* kb = nullptr;
+    const std::byte* vb = nullptr;
+    if (packed) {
+      kb = kv.k_block(b, hk, tile);
+      vb = kv.v_block(b, hk, tile);
+      const auto* kp = reinterpret_cast<const f16_t*>(kb);
+      f16_to_f32_n(kp, ws.kscale.data(), static_cast<size_t>(Dk));
+      f16_to_f32_n(kp + Dk, ws.kzero.data(), static_cast<size_t>(Dk));
+      Ops::block_query(qs, R, Dk, ws.kscale.data(), ws.kzero.data(), ws.qk.data(), ws.qz.data());
+      Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.rbk, n,
+                                        s, st);
+    } else {
+      Ops::template dense_scores<RD>(qs, R, Dk,
+                                     static_cast<const std::byte*>(rk.ptr(b, hk, k0 - P.packed)),
+                                     rkstride, n, s, st);
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      float* sr = s + r * st;
+      if (kind[r] == RowKind::kEmpty) {
+        std::fill(sr, sr + n, kNegInf);
+        continue;
+      }
+      if (P.softcap > 0)
+        for (int64_t j = 0; j < n; ++j) sr[j] = P.softcap * std::tanh(sr[j] / P.softcap);
+      if (kind[r] == RowKind::kPartial) {
+        const int64_t i = r % nq;
+        const int64_t lo = ws.lo[static_cast<size_t>(i)], hi = ws.hi[static_cast<size_t>(i)];
+        for (int64_t j = 0; j < n; ++j)
+          if (k0 + j < lo || k0 + j >= hi) sr[j] = kNegInf;
+      }
+    }
+    // ---- online softmax and P.V ----
+    for (int64_t r = 0; r < R; ++r)
+      Ops::softmax_update(s + r * st, n, ws.m[static_cast<size_t>(r)],
+                          ws.l[static_cast<size_t>(r)], acc + r * Dv, Dv);
+    if (packed) {
+      // Per-key value scales and zeros of this block, [ng, st] (group-major in the block, so
+      // one bulk conversion per group), zero-padded to whole vectors.
+      const auto* vp = reinterpret_cast<const f16_t*>(vb);
+      const int64_t n8 = (n + 7) & ~int64_t{7};
+      for (int64_t g = 0; g < ng; ++g) {
+        float* vs = ws.vscale.data() + g * st;
+        float* vz = ws.vzero.data() + g * st;
+        f16_to_f32_n(vp + g * P.G, vs, static_cast<size_t>(n));
+        f16_to_f32_n(vp + (ng + g) * P.G, vz, static_cast<size_t>(n));
+        std::fill(vs + n, vs + n8, 0.0f);
+        std::fill(vz + n, vz + n8, 0.0f);
+      }
+      Ops::value_weights(s, R, n, ws.vscale.data(), ws.vzero.data(), ng, st, ws.pg.data(),
+                         ws.zs.data());
+      Ops::template packed_pv<BITS>(ws.pg.data(), R, vb + 4 * P.G * ng, P.rbv, n, Dv, P.vg, st,
+                                    acc);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t g = 0; g < ng; ++g) {
+          const float z = ws.zs[static_cast<size_t>(r * ng + g)];
+          float* a = acc + r * Dv + g * P.vg;
+          for (int64_t c = 0; c < P.vg; ++c) a[c] += z;
+        }
+    } else {
+      Ops::template dense_pv<RD>(s, R,
+                                 static_cast<const std::byte*>(rv.ptr(b, hk, k0 - P.packed)),
+                                 rvstride, n, Dv, st, acc);
+    }
+  }
+
+  // ---- write the result, or this partition's partial state ----
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t h = hk * P.Gq + r / nq, i = q0 + r % nq;
+    const float m = ws.m[static_cast<size_t>(r)], l = ws.l[static_cast<size_t>(r)];
+    if (P.n_split == 1) {
+      finalize_row(m, l, acc + r * Dv, P.sinks ? P.sinks + h : nullptr, Dv,
+                   P.out.ptr_as<float>(b, h, i));
+    } else {
+      float* dst = P.partial + (task * P.max_rows + r) * (Dv + 2);
+      std::memcpy(dst, acc + r * Dv, static_cast<size_t>(Dv) * sizeof(float));
+      dst[Dv] = m;
+      dst[Dv + 1] = l;
+    }
+  }
+}
+
+// Merges the n_split partial states of one (b, hk, query tile) and writes the rows.
+void merge_task(const Plan& P, int64_t t, std::vector<float>& tmp) {
+  const int64_t qt = t % P.n_qt, hk = (t / P.n_qt) % P.Hkv, b = t / (P.n_qt * P.Hkv);
+  const int64_t q0 = qt * P.tq, nq = std::min(P.Sq, q0 + P.tq) - q0, R = P.Gq * nq;
+  const int64_t Dv = P.Dv, rec = Dv + 2;
+  tmp.resize(static_cast<size_t>(Dv));
+  for (int64_t r = 0; r < R; ++r) {
+    const float* first = P.partial + (t * P.n_split * P.max_rows + r) * rec;
+    float M = kNegInf;
+    for (int64_t sp = 0; sp < P.n_split; ++sp) M = std::max(M, first[sp * P.max_rows * rec + Dv]);
+    float L = 0;
+    std::fill(tmp.begin(), tmp.end(), 0.0f);
+    if (M != kNegInf) {
+      for (int64_t sp = 0; sp < P.n_split; ++sp) {
+        const float* part = first + sp * P.max_rows * rec;
+        if (part[Dv] == kNegInf) continue;
+        const float w = std::exp(part[Dv] - M);
+        L += part[Dv + 1] * w;
+        for (int64_t d = 0; d < Dv; ++d) tmp[static_cast<size_t>(d)] += part[d] * w;
+      }
+    }
+    const int64_t h = hk * P.Gq + r / nq;
+    finalize_row(M, L, tmp.data(), P.sinks ? P.sinks + h : nullptr, Dv,
+                 P.out.ptr_as<float>(b, h, q0 + r % nq));
+  }
+}
+
+template <typename Ops, int BITS>
+void launch_bits(const Plan& P, int64_t tasks, DType rd) {
+  ThreadPool& pool = default_pool();
+  auto go = [&](auto fn) { pool.parallel_for(tasks, [&](int64_t t) { fn(P, t); }); };
+  switch (rd) {
+    case DType::kF32:
+      go(run_task<Ops, BITS, DType::kF32>);
+      break;
+    case DType::kF16:
+      go(run_task<Ops, BITS, DType::kF16>);
+      break;
+    case DType::kBF16:
+      go(run_task<Ops, BITS, DType::kBF16>);
+      break;
+    default:
+      KV_CHECK(false, "residual dtype validated");
+  }
+}
+
+template <typename Ops>
+void run_quantized(const TensorView& q, const QuantKV& kv, const TensorView& out,
+                   const AttentionOptions& o) {
+  validate_quantized_attention_args(q, kv, out, o);
+  Plan P;
+  P.q = q;
+  P.out = out;
+  P.kv = &kv;
+  P.B = q.dim(0);
+  P.Hq = q.dim(1);
+  P.Sq = q.dim(2);
+  P.Dk = q.dim(3);
+  P.Hkv = kv.heads;
+  P.Dv = kv.head_dim_v;
+  P.Gq = P.Hq / P.Hkv;
+  P.G = kv.group;
+  P.n_blocks = kv.n_blocks;
+  P.packed = kv.packed_len();
+  P.n_res = kv.residual_len();
+  P.Skv = kv.seq_len();
+  P.n_tiles = P.n_blocks + (P.n_res + kResTile - 1) / kResTile;
+  P.vg = kv.v_group;
+  P.ng = P.Dv / P.vg;
+  P.rbk = kivi_row_bytes(P.Dk, kv.bits);
+  P.rbv = kivi_row_bytes(P.Dv, kv.bits);
+  P.st = (std::max(P.G, kResTile) + 7) / 8 * 8;
+  if (P.B == 0 || P.Hq == 0 || P.Sq == 0 || P.Dv == 0) return;
+  P.scale = o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(P.Dk));
+  P.softcap = o.softcap;
+  P.sinks = o.sinks;
+  P.spec = attention_mask_spec(o);
+  const MaskGeometry geo = make_geometry(P.B, P.Hq, P.Sq, P.Skv, o.q_offset, o.kv_offset);
+  P.q_offset = geo.q_offset;
+  P.kv_offset = geo.kv_offset;
+  P.mask_free = mask_is_all_visible(P.spec, geo);
+
+  P.tq = std::min(P.Sq, std::max<int64_t>(1, kRowsPerTask / P.Gq));
+  P.n_qt = (P.Sq + P.tq - 1) / P.tq;
+  P.max_rows = P.Gq * P.tq;
+  ThreadPool& pool = default_pool();
+  const int64_t base_tasks = P.B * P.Hkv * P.n_qt;
+  const int64_t n_tiles = std::max<int64_t>(P.n_tiles, 1);
+  int64_t n_split = 1;
+  if (o.kv_split > 0) {
+    // Requested partition length in keys, in whole tiles (at least one).
+    n_split = (P.Skv + o.kv_split - 1) / o.kv_split;
+  } else if (o.kv_split == 0) {
+    // As the fused kernel: split only when tasks cannot keep every thread busy, aiming at about
+    // 8 tasks per thread, partitions of at least kMinSplitKeys keys.
+    const int64_t want = (8 * pool.n_threads() + base_tasks - 1) / base_tasks;
+    n_split = std::min(want, P.Skv / kMinSplitKeys);
+  }
+  n_split = std::clamp<int64_t>(n_split, 1, n_tiles);
+  P.tiles_per_split = (n_tiles + n_split - 1) / n_split;
+  P.n_split = (n_tiles + P.tiles_per_split - 1) / P.tiles_per_split;
+
+  thread_local std::vector<float> partial;  // reused by the calling thread across calls
+  if (P.n_split > 1) {
+    partial.resize(static_cast<size_t>(base_tasks * P.n_split * P.max_rows * (P.Dv + 2)));
+    P.partial = partial.data();
+  }
+  const int64_t tasks = base_tasks * P.n_split;
+  const DType rd = P.n_res > 0 ? kv.k_residual.dtype() : DType::kF32;
+  switch (kv.bits) {
+    case 2:
+      launch_bits<Ops, 2>(P, tasks, rd);
+      break;
+    case 4:
+      launch_bits<Ops, 4>(P, tasks, rd);
+      break;
+    default:
+      launch_bits<Ops, 8>(P, tasks, rd);
+      break;
+  }
+  if (P.n_split > 1) {
+    pool.parallel_for(base_tasks, [&](int64_t t) {
+      thread_local std::vector<float> tmp;
+      merge_task(P, t, tmp);
+    });
+  }
+}
+
+[[noreturn]] void bad(const std::string& msg, ErrorKind kind = ErrorKind::kInvalidArgument) {
+  throw Error(kind, "quantized_attention: " + msg);
+}
+
+}  // namespace
+
+void validate_quantized_attention_args(const TensorView& q, const QuantKV& kv,
+                                       const TensorView& out, const AttentionOptions& o) {
+  if (kv.scheme != KVQuantScheme::kKivi) bad("unknown quantization scheme", ErrorKind::kUnsupported);
+  if (kv.bits != 2 && kv.bits != 4 && kv.bits != 8)
+    bad("bits must be 2, 4 or 8, got " + std::to_string(kv.bits), ErrorKind::kUnsupported);
+  if (q.ndim() != 4 || out.ndim() != 4) bad("q and out must be 4-d [B, H, S, D]");
+  if (q.dtype() != DType::kF32 || out.dtype() != DType::kF32) bad("q and out must be f32");
+  if (kv.heads < 1 || q.dim(1) % kv.heads != 0)
+    bad("H_q (" + std::to_string(q.dim(1)) + ") must be a multiple of H_kv (" +
+        std::to_string(kv.heads) + ")");
+  if (q.dim(0) != kv.batch || out.dim(0) != kv.batch) bad("batch sizes differ");
+  if (q.dim(3) != kv.head_dim_k) bad("q's head dim differs from the cache's D_k");
+  if (out.dim(1) != q.dim(1) || out.dim(2) != q.dim(2) || out.dim(3) != kv.head_dim_v)
+    bad("out must be [B, H_q, S_q, D_v], got " + out.shape().str());
+  if ((q.dim(3) > 1 && q.stride(3) != 1) || (out.dim(3) > 1 && out.stride(3) != 1))
+    bad("q and out need a unit innermost stride");
+  if (kv.group < 1 || kv.n_blocks < 0) bad("group must be >= 1 and n_blocks >= 0");
+  if (kv.v_group < 1 || kv.head_dim_v % kv.v_group != 0) bad("v_group must divide D_v");
+  if (kv.n_blocks > 0 && (!kv.k_blocks || !kv.v_blocks)) bad("packed blocks missing");
+  if (kv.residual_len() > 0) {
+    const TensorView& rk = kv.k_residual;
+    const TensorView& rv = kv.v_residual;
+    if (rv.ndim() != 4 || rk.dim(0) != kv.batch || rk.dim(1) != kv.heads ||
+        rk.dim(3) != kv.head_dim_k || rv.dim(0) != kv.batch || rv.dim(1) != kv.heads ||
+        rv.dim(2) != rk.dim(2) || rv.dim(3) != kv.head_dim_v)
+      bad("residual k/v must be [B, H_kv, n_res, D_k] / [B, H_kv, n_res, D_v]");
+    const DType t = rk.dtype();
+    if ((t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) || rv.dtype() != t)
+      bad("residual k and v must share one float dtype (f32, f16, bf16)", ErrorKind::kUnsupported);
+    if (rk.stride(3) != 1 || rv.stride(3) != 1) bad("the residual needs a unit innermost stride");
+  }
+  if (o.mask || o.score || o.doc_ids || o.kv_valid_begin || o.kv_valid_end || o.weights_out)
+    bad("mask, score, doc_ids, kv_valid_* and weights_out are not supported on quantized spans",
+        ErrorKind::kUnsupported);
+  if (!(o.scale >= 0) || !std::isfinite(o.scale) || !(o.softcap >= 0) || !std::isfinite(o.softcap))
+    bad("scale and softcap must be finite and >= 0");
+  if (o.sliding_window < 0 || o.chunk_size < 0 || o.kv_offset < 0 || o.q_offset < -1)
+    bad("sliding_window, chunk_size, kv_offset must be >= 0 and q_offset >= -1");
+}
+
+void quantized_attention_scalar(const TensorView& q, const QuantKV& kv, const TensorView& out,
+                                const AttentionOptions& o) {
+  run_quantized<ScalarOps>(q, kv, out, o);
+}
+
+void quantized_attention(const TensorView& q, const QuantKV& kv, const TensorView& out,
+                         const AttentionOptions& o) {
+#if KVCACHE_QATTN_AVX2
+  run_quantized<SimdOps>(q, kv, out, o);
+#else
+  run_quantized<ScalarOps>(q, kv, out, o);
+#endif
+}
+
+void dequantize_quant_kv(const QuantKV& kv, Tensor* k, Tensor* v) {
+  const int64_t S = kv.seq_len(), P = kv.packed_len(), G = kv.group;
+  *k = Tensor::empty(DType::kF32, {kv.batch, kv.heads, S, kv.head_dim_k});
+  *v = Tensor::empty(DType::kF32, {kv.batch, kv.heads, S, kv.head_dim_v});
+  KiviBlockParams kp;
+  kp.group = G;
+  kp.bits = kv.bits;
+  KiviBlockParams vp = kp;
+  kp.d = kv.head_dim_k;
+  vp.d = kv.head_dim_v;
+  vp.v_group = kv.v_group;
+  const TensorView kd = k->view(), vd = v->view();
+  for (int64_t b = 0; b < kv.batch; ++b)
+    for (int64_t h = 0; h < kv.heads; ++h) {
+      for (int64_t i = 0; i < kv.n_blocks; ++i) {
+        kivi_dequantize_keys(kv.k_block(b, h, i), kp, kd.ptr_as<float>(b, h, i * G), kp.d);
+        kivi_dequantize_values(kv.v_block(b, h, i), vp, vd.ptr_as<float>(b, h, i * G), vp.d);
+      }
+      if (S > P) {
+        copy_view(kv.k_residual.slice(0, b, b + 1).slice(1, h, h + 1),
+                  kd.slice(0, b, b + 1).slice(1, h, h + 1).slice(2, P, S));
+        copy_view(kv.v_residual.slice(0, b, b + 1).slice(1, h, h + 1),
+                  vd.slice(0, b, b + 1).slice(1, h, h + 1).slice(2, P, S));
+      }
+    }
+}
+
+void attend_span(AttentionFn dense, const TensorView& q, const KVSpan& span,
+                 const TensorView& out, const AttentionOptions& options) {
+  switch (span.kind) {
+    case KVSpanKind::kDense:
+      dense(q, span.k, span.v, out, options);
+      return;
+    case KVSpanKind::kQuantized:
+      quantized_attention(q, span.quant, out, options);
+      return;
+    case KVSpanKind::kPaged:
+      break;
+  }
+  throw Error(ErrorKind::kUnsupported,
+              "attend_span: paged spans go through paged_attention (kernels/paged_attention.h)");
+}
+
+}  // namespace kvcache

@@ -1,0 +1,50 @@
+// Fused dequantizing attention over a quantized KV span (core/kv_span.h QuantKV): one online
+// softmax over the packed blocks, read in place block by block (codes widened in registers,
+// scales and zero points folded into the query and the probabilities), followed by the
+// full-precision residual. No dequantized copy of the cache is ever made.
+//
+// Folding (KIVI layout, kernels/kv_quant.h). Keys are per channel within a block of G tokens:
+//   q . k_j = sum_d q_d (s_d c_jd + z_d) = sum_d (q_d s_d) c_jd + sum_d q_d z_d,
+// so each block costs one [rows, D] product q' = q * s and one dot q . z, then pure code FMAs.
+// Values are per token over channel groups: sum_j p_j (s_jg c_jd + z_jg) =
+//   sum_j (p_j s_jg) c_jd + sum_j p_j z_jg,
+// so P.V runs on codes with per-(row, key, group) weights p' = p * s plus one zero term per
+// (row, group) and tile.
+//
+// Tolerance (tests): against the double-precision attention reference run on the dequantized
+// K/V (dequantize_quant_kv), |out - ref| <= 1e-5 for inputs of unit scale — only the float
+// summation order differs, the dequantized values are the same.
+#pragma once
+
+#include "core/kv_span.h"
+#include "core/tensor.h"
+#include "kernels/attention.h"
+
+namespace kvcache {
+
+// q:   [B, H_q, S_q, D_k] f32, unit innermost stride (H_q a multiple of kv.heads)
+// kv:  packed blocks + residual, S_kv = kv.seq_len(); key t sits at kv_offset + t
+// out: [B, H_q, S_q, D_v] f32, unit innermost stride
+// Honoured options: scale, causal, sliding_window, chunk_size, softcap, sinks, kv_offset,
+// q_offset, kv_split. Error(kUnsupported) for mask, score, doc_ids, kv_valid_*, weights_out.
+// A query row that sees no key (and has no sink) produces zeros. Uses default_pool().
+void quantized_attention(const TensorView& q, const QuantKV& kv, const TensorView& out,
+                         const AttentionOptions& options);
+// The portable scalar path of the same kernel (tests; what non-AVX2 builds run).
+void quantized_attention_scalar(const TensorView& q, const QuantKV& kv, const TensorView& out,
+                                const AttentionOptions& options);
+
+// Shapes, scheme and options; throws Error naming the bad field. The kernels call it first.
+void validate_quantized_attention_args(const TensorView& q, const QuantKV& kv,
+                                       const TensorView& out, const AttentionOptions& options);
+
+// Tests and references only — the expensive copy the kernel exists to avoid: the whole span
+// dequantized to f32 k [B, H_kv, S_kv, D_k] and v [B, H_kv, S_kv, D_v].
+void dequantize_quant_kv(const QuantKV& kv, Tensor* k, Tensor* v);
+
+// Model code's one attention call for any span: quantized spans go to quantized_attention,
+// dense spans to `dense` (paged spans: Error(kUnsupported), they have their own entry point).
+void attend_span(AttentionFn dense, const TensorView& q, const KVSpan& span,
+                 const TensorView& out, const AttentionOptions& options);
+
+}  // namespace kvcache

@@ -1,0 +1,100 @@
+// KV-cache quantization formats: block layouts, quantizers and dequantizers. The quantized cache
+// layer (cache/quantized_layer) writes blocks with these functions and the fused dequantizing
+// attention (kernels/attention_quant) reads them in place; both depend on this file only, so
+// the layout is defined once. Plain functions on caller-owned memory; nothing here allocates.
+//
+// KIVI (Liu et al., "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache", 2024):
+// keys have outlier *channels*, so a key block quantizes each channel over G consecutive tokens
+// (one scale/zero per channel per block); values have no such structure and are quantized per
+// token over groups of v_group channels. Asymmetric: x ~ scale * code + zero, code in
+// [0, 2^bits - 1]. Scale and zero are stored as f16 (the memory budget: at 4 bits and G = 64
+// they add 1/8 to the codes). To keep the round-trip bound exact despite f16 rounding, the zero
+// is rounded *down* to f16 and the scale *up*, then codes are computed from the stored values:
+// every element of [zero, zero + scale * (2^bits - 1)] is within scale / 2 of its code's value.
+//
+// Block layouts (bytes; row_bytes(D, bits) = 4 * ceil(D * bits / 32): codes of one token row,
+// packed little-endian into u32 words, channel d at bit (d % (32 / bits)) * bits of word
+// d / (32 / bits) — i.e. byte-natural order, so 8 consecutive 4-bit channels are one u32):
+//   key block   [scale f16 x D_k][zero f16 x D_k][codes: G rows x row_bytes(D_k, bits)]
+//   value block [scale f16: (D_v / v_group) groups x G tokens][zero f16: same]
+//               [codes: G rows x row_bytes(D_v, bits)]
+// (value scales group-major, so the G scales of one channel group are contiguous: the kernel
+// widens them with one bulk f16 conversion per block.)
+//
+// Per-token formats after llama.cpp's KV cache types, for comparison (ggml-common.h /
+// ggml-quants.c facts, our own code): q8_0 = blocks of 32 values, f16 d = max|x| / 127,
+// int8 q = round(x / d), x ~ d * q (34 bytes, matmul.h's BlockQ8_0); q4_0 = blocks of 32,
+// d = m / -8 where m is the value of largest magnitude (sign kept), q = min(15, floor(x / d + 8.5)),
+// x ~ (q - 8) * d, byte j holding element j in its low nibble and element j + 16 in its high
+// nibble (18 bytes).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace kvcache {
+
+// ---- f16 rounding with a direction (the KIVI bound needs zero <= min, zero + 15 scale >= max) ----
+// Largest f16 <= x / smallest f16 >= x (finite x within the f16 range).
+f16_t f16_round_down(float x);
+f16_t f16_round_up(float x);
+
+// ---- KIVI layout ----
+inline int64_t kivi_codes_per_word(int bits) { return 32 / bits; }
+inline int64_t kivi_row_bytes(int64_t d, int bits) {
+  const int64_t per = kivi_codes_per_word(bits);
+  return 4 * ((d + per - 1) / per);
+}
+inline int64_t kivi_k_block_bytes(int64_t group, int64_t d, int bits) {
+  return 4 * d + group * kivi_row_bytes(d, bits);
+}
+inline int64_t kivi_v_block_bytes(int64_t group, int64_t d, int64_t v_group, int bits) {
+  return 4 * group * (d / v_group) + group * kivi_row_bytes(d, bits);
+}
+// The value channel group actually used: the largest divisor of d that is <= g (d itself when
+// g >= d), so that head dims that are not multiples of g (e.g. 80) still work.
+int64_t kivi_value_group(int64_t d, int64_t g);
+
+inline uint32_t kivi_code(const std::byte* row, int64_t d, int bits) {
+  const int64_t per = kivi_codes_per_word(bits);
+  uint32_t w;
+  __builtin_memcpy(&w, row + 4 * (d / per), 4);
+  return (w >> ((d % per) * bits)) & ((1u << bits) - 1u);
+}
+
+struct KiviBlockParams {
+  int64_t group = 64;    // G tokens per block
+  int64_t d = 0;         // channels (D_k or D_v)
+  int64_t v_group = 64;  // values: channels per scale/zero (must divide d)
+  int bits = 4;          // 2, 4 or 8
+};
+
+// keys: [G, D] f32 rows (row stride ld floats) -> one key block. Per channel over the G tokens.
+void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p, std::byte* block);
+// values: [G, D] f32 rows -> one value block. Per token over groups of v_group channels.
+void kivi_quantize_values(const float* values, int64_t ld, const KiviBlockParams& p,
+                          std::byte* block);
+// Inverse: out [G, D] f32 rows (stride ld): scale * code + zero, computed in float.
+void kivi_dequantize_keys(const std::byte* block, const KiviBlockParams& p, float* out,
+                          int64_t ld);
+void kivi_dequantize_values(const std::byte* block, const KiviBlockParams& p, float* out,
+                            int64_t ld);
+
+// Step (scale) of the group element (t, c) belongs to, for tests of the round-trip bound.
+float kivi_key_step(const std::byte* block, const KiviBlockParams& p, int64_t channel);
+float kivi_value_step(const std::byte* block, const KiviBlockParams& p, int64_t token,
+                      int64_t channel);
+
+// ---- llama.cpp-like per-token formats ----
+struct BlockQ4_0 {
+  f16_t d;
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ4_0) == 18, "q4_0 block must be 18 bytes");
+// k % 32 == 0. (q8_0: quantize_row_q8_0 in kernels/matmul.h.)
+void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t k);
+void dequantize_row_q4_0(const BlockQ4_0* src, float* dst, int64_t k);
+
+}  // namespace kvcache

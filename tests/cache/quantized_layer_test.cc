@@ -1,0 +1,309 @@
+// The KIVI-style quantized container: residual fill-and-flush cycle, span contents (residual
+// bit-exact, packed part within half a step), sliding windows dropping whole groups, crop, batch
+// row operations, exact bytes() and the memory ratios against an f16 dynamic cache at 16K
+// tokens, and refusal of layer types it cannot serve.
+#include "cache/quantized_layer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cache/cache.h"
+#include "cache_test_util.h"
+#include "core/error.h"
+#include "kernels/attention_quant.h"
+#include "kernels/kv_quant.h"
+
+namespace kvcache {
+namespace {
+
+using testing::History;
+using testing::random_tensor;
+
+CacheConfig quant_config(int bits, int64_t G, int64_t R, DType dt = DType::kF32) {
+  CacheConfig c;
+  c.implementation = "quantized";
+  c.layer_types = {"full_attention"};
+  c.kv_bits = bits;
+  c.kv_group = G;
+  c.kv_residual = R;
+  c.kv_dtype = dt;
+  return c;
+}
+
+QuantizedLayer& qlayer(Cache& cache, int l = 0) {
+  return dynamic_cast<QuantizedLayer&>(cache.layer(l));
+}
+
+// The span as f32 [B, H, S, D] (packed part dequantized, residual widened).
+void dense_of(const KVSpan& span, Tensor* k, Tensor* v) {
+  ASSERT_EQ(span.kind, KVSpanKind::kQuantized);
+  dequantize_quant_kv(span.quant, k, v);
+}
+
+// Every element of `got` (span rows [from, to)) against `want` (history rows): the residual
+// rows exactly, packed rows within half a step of a group of the given bits: for keys the group
+// is a channel over G tokens, for values a token over v_group channels — bounded here by the
+// group's range / (2^b - 1) / 2 (plus f16 rounding of zero and scale).
+void expect_close(const Tensor& got_k, const Tensor& got_v, const History& h, int64_t span_first,
+                  int64_t packed_end, int bits, int64_t G, int64_t vg) {
+  const TensorView gk = got_k.view(), gv = got_v.view();
+  const int64_t B = gk.dim(0), H = gk.dim(1), S = gk.dim(2), D = gk.dim(3), Dv = gv.dim(3);
+  const float levels = static_cast<float>((1 << bits) - 1);
+  Tensor hk = Tensor::empty(DType::kF32, {B, H, S, D}), hv = Tensor::empty(DType::kF32, {B, H, S, Dv});
+  copy_view(h.k(span_first, span_first + S), hk.view());
+  copy_view(h.v(span_first, span_first + S), hv.view());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hh = 0; hh < H; ++hh) {
+      for (int64_t t = 0; t < S; ++t) {
+        const int64_t pos = span_first + t;
+        for (int64_t d = 0; d < D; ++d) {
+          const float x = hk.view().ptr_as<float>(b, hh, t)[d], y = gk.ptr_as<float>(b, hh, t)[d];
+          if (pos >= packed_end) {
+            ASSERT_EQ(x, y) << "residual key at " << pos;
+            continue;
+          }
+          const int64_t g0 = t / G * G;
+          float lo = x, hi = x;
+          for (int64_t u = g0; u < g0 + G; ++u) {
+            lo = std::min(lo, hk.view().ptr_as<float>(b, hh, u)[d]);
+            hi = std::max(hi, hk.view().ptr_as<float>(b, hh, u)[d]);
+          }
+          ASSERT_LE(std::fabs(x - y), 0.5f * (hi - lo) / levels * 1.01f + 2e-3f * std::fabs(lo) + 1e-6f)
+              << "key at " << pos << " channel " << d;
+        }
+        for (int64_t d = 0; d < Dv; ++d) {
+          const float x = hv.view().ptr_as<float>(b, hh, t)[d], y = gv.ptr_as<float>(b, hh, t)[d];
+          if (pos >= packed_end) {
+            ASSERT_EQ(x, y) << "residual value at " << pos;
+            continue;
+          }
+          const float* row = hv.view().ptr_as<float>(b, hh, t) + d / vg * vg;
+          const float lo = *std::min_element(row, row + vg), hi = *std::max_element(row, row + vg);
+          ASSERT_LE(std::fabs(x - y), 0.5f * (hi - lo) / levels * 1.01f + 2e-3f * std::fabs(lo) + 1e-6f)
+              << "value at " << pos << " channel " << d;
+        }
+      }
+    }
+}
+
+TEST(QuantizedLayer, ResidualCycleDecode) {
+  for (auto [G, R] : {std::pair<int64_t, int64_t>{4, 8}, {4, 4}, {3, 12}}) {
+    Cache cache(quant_config(4, G, R));
+    std::mt19937 rng(1);
+    for (int64_t t = 1; t <= 5 * R + 3; ++t) {
+      const Tensor k = random_tensor(DType::kF32, {1, 2, 1, 8}, rng);
+      const KVSpan span = cache.update(0, k.view(), k.view());
+      const QuantizedLayer& L = qlayer(cache);
+      // R a multiple of G: the residual fills to R, then the next update flushes all of it.
+      EXPECT_EQ(L.residual_length(), (t - 1) % R + 1) << "G " << G << " R " << R << " t " << t;
+      EXPECT_EQ(L.packed_length() + L.residual_length(), t);
+      EXPECT_EQ(span.quant.seq_len(), t);
+      EXPECT_EQ(span.quant.residual_len(), L.residual_length());
+      EXPECT_EQ(span.kv_offset, 0);
+    }
+  }
+}
+
+TEST(QuantizedLayer, ResidualCycleChunks) {
+  // G = 4, R = 8, updates of 5, 1, 3, 1, 10, 1, 2 tokens. Before each update a residual of
+  // >= max(R, G) tokens flushes its oldest floor(n / G) * G.
+  Cache cache(quant_config(8, 4, 8));
+  std::mt19937 rng(2);
+  const int64_t sizes[] = {5, 1, 3, 1, 10, 1, 2};
+  const int64_t want_res[] = {5, 6, 9, 2, 12, 1, 3};
+  const int64_t want_packed[] = {0, 0, 0, 8, 8, 20, 20};
+  History hist(DType::kF32);
+  int64_t seq = 0;
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    const Tensor k = random_tensor(DType::kF32, {2, 3, sizes[i], 16}, rng);
+    const Tensor v = random_tensor(DType::kF32, {2, 3, sizes[i], 16}, rng);
+    hist.append(k.view(), v.view());
+    seq += sizes[i];
+    const MaskSizes ms = cache.mask_sizes(0, sizes[i]);
+    const KVSpan span = cache.update(0, k.view(), v.view());
+    const QuantizedLayer& L = qlayer(cache);
+    EXPECT_EQ(L.residual_length(), want_res[i]) << "update " << i;
+    EXPECT_EQ(L.packed_length(), want_packed[i]) << "update " << i;
+    EXPECT_EQ(L.seq_length(), seq);
+    EXPECT_EQ(ms.kv_length, seq);
+    EXPECT_EQ(ms.kv_offset, 0);
+    Tensor dk, dv;
+    dense_of(span, &dk, &dv);
+    expect_close(dk, dv, hist, 0, want_packed[i], 8, 4, L.value_group());
+  }
+}
+
+TEST(QuantizedLayer, SpanContentF16Residual2Bit) {
+  Cache cache(quant_config(2, 8, 16, DType::kF16));
+  std::mt19937 rng(3);
+  History hist(DType::kF16);
+  for (int step = 0; step < 40; ++step) {
+    const int64_t n = step == 0 ? 21 : 1;
+    const Tensor k = random_tensor(DType::kF16, {1, 2, n, 24}, rng);
+    const Tensor v = random_tensor(DType::kF16, {1, 2, n, 24}, rng);
+    hist.append(k.view(), v.view());
+    const KVSpan span = cache.update(0, k.view(), v.view());
+    EXPECT_EQ(span.quant.k_residual.dtype(), DType::kF16);
+    Tensor dk, dv;
+    dense_of(span, &dk, &dv);
+    expect_close(dk, dv, hist, 0, qlayer(cache).packed_length(), 2, 8, qlayer(cache).value_group());
+  }
+}
+
+TEST(QuantizedLayer, SlidingWindowDropsWholeGroups) {
+  CacheConfig c = quant_config(4, 4, 8);
+  c.layer_types = {"sliding_attention"};
+  c.sliding_window = 19;
+  Cache cache(c);
+  std::mt19937 rng(4);
+  History hist(DType::kF32);
+  for (int64_t p = 0; p < 120; ++p) {
+    const Tensor k = random_tensor(DType::kF32, {1, 1, 1, 8}, rng);
+    hist.append(k.view(), k.view());
+    const MaskSizes ms = cache.mask_sizes(0, 1);
+    const KVSpan span = cache.update(0, k.view(), k.view());
+    const int64_t first_visible = std::max<int64_t>(p - 19 + 1, 0);
+    // The span starts at a group boundary at most G - 1 tokens before the window.
+    EXPECT_LE(span.kv_offset, first_visible) << p;
+    EXPECT_GT(span.kv_offset + 4, first_visible) << p;
+    EXPECT_EQ(ms.kv_offset, span.kv_offset);
+    EXPECT_EQ(ms.kv_length, span.quant.seq_len());
+    EXPECT_EQ(span.kv_offset + span.quant.seq_len(), p + 1);
+    const QuantizedLayer& L = qlayer(cache);
+    EXPECT_EQ(L.first_position(), span.kv_offset);
+    Tensor dk, dv;
+    dense_of(span, &dk, &dv);
+    expect_close(dk, dv, hist, span.kv_offset, span.kv_offset + span.quant.packed_len(), 4, 4,
+                 L.value_group());
+  }
+  // Bounded memory: the store never held more than window + G + R tokens' blocks.
+  EXPECT_LE(qlayer(cache).packed_length(), 19 + 4 + 8);
+}
+
+TEST(QuantizedLayer, CropIntoPackedBlockDequantizesTheKeptPart) {
+  Cache cache(quant_config(8, 4, 4));
+  std::mt19937 rng(5);
+  History hist(DType::kF32);
+  for (int i = 0; i < 30; ++i) {
+    const Tensor k = random_tensor(DType::kF32, {1, 2, 1, 8}, rng);
+    hist.append(k.view(), k.view());
+    cache.update(0, k.view(), k.view());
+  }
+  EXPECT_EQ(qlayer(cache).packed_length(), 28);
+  cache.crop(-5);  // keep 25: block 6 cut after 1 token
+  EXPECT_EQ(cache.seq_length(), 25);
+  EXPECT_EQ(qlayer(cache).packed_length(), 24);
+  EXPECT_EQ(qlayer(cache).residual_length(), 1);
+  const Tensor k = random_tensor(DType::kF32, {1, 2, 1, 8}, rng);
+  const KVSpan span = cache.update(0, k.view(), k.view());
+  EXPECT_EQ(span.quant.seq_len(), 26);
+  Tensor dk, dv;
+  dense_of(span, &dk, &dv);
+  // Tokens 0..23 stay packed, 25 is the new residual token (exact), and token 24 came back from
+  // its block: within the 8-bit bound of its old group (tokens 24..27 of the history), not exact.
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t d = 0; d < 8; ++d) {
+      float lo = 1e30f, hi = -1e30f;
+      for (int64_t t = 24; t < 28; ++t) {
+        const float x = hist.k(0, 30).ptr_as<float>(0, h, t)[d];
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+      }
+      const float x = hist.k(0, 30).ptr_as<float>(0, h, 24)[d];
+      EXPECT_LE(std::fabs(dk.view().ptr_as<float>(0, h, 24)[d] - x),
+                0.5f * (hi - lo) / 255.0f * 1.01f + 2e-3f * std::fabs(lo) + 1e-6f);
+      EXPECT_EQ(dk.view().ptr_as<float>(0, h, 25)[d], k.view().ptr_as<float>(0, h, 0)[d]);
+    }
+  Tensor pk = Tensor::empty(DType::kF32, {1, 2, 24, 8}), pv = Tensor::empty(DType::kF32, {1, 2, 24, 8});
+  copy_view(dk.view().slice(2, 0, 24), pk.view());
+  copy_view(dv.view().slice(2, 0, 24), pv.view());
+  expect_close(pk, pv, hist, 0, 24, 8, 4, qlayer(cache).value_group());
+  EXPECT_THROW(cache.crop(-100), Error);
+}
+
+TEST(QuantizedLayer, SelectAndReorderRows) {
+  Cache cache(quant_config(4, 4, 4));
+  std::mt19937 rng(6);
+  History hist(DType::kF32);
+  for (int i = 0; i < 3; ++i) {
+    const Tensor k = random_tensor(DType::kF32, {3, 2, 5, 8}, rng);
+    const Tensor v = random_tensor(DType::kF32, {3, 2, 5, 8}, rng);
+    hist.append(k.view(), v.view());
+    cache.update(0, k.view(), v.view());
+  }
+  const std::vector<int64_t> rows = {2, 0};
+  cache.select(rows);
+  hist.gather(rows);
+  const Tensor k = random_tensor(DType::kF32, {2, 2, 1, 8}, rng);
+  hist.append(k.view(), k.view());
+  const KVSpan span = cache.update(0, k.view(), k.view());
+  Tensor dk, dv;
+  dense_of(span, &dk, &dv);
+  expect_close(dk, dv, hist, 0, qlayer(cache).packed_length(), 4, 4, qlayer(cache).value_group());
+  EXPECT_THROW(cache.reorder(std::vector<int64_t>{0}), Error);
+}
+
+TEST(QuantizedLayer, RefusesOtherLayerTypesAndBadOptions) {
+  CacheConfig c = quant_config(4, 64, 128);
+  c.layer_types = {"full_attention", "chunked_attention"};
+  c.attention_chunk_size = 8;
+  try {
+    Cache cache(c);
+    FAIL() << "a chunked layer must be refused";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("layer 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("chunked_attention"), std::string::npos) << m;
+    EXPECT_NE(m.find("quantized"), std::string::npos) << m;
+  }
+  c.layer_types = {"full_attention"};
+  c.kv_bits = 3;
+  try {
+    Cache cache(c);
+    FAIL() << "3 bits must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0 (quantized/full_attention)"), std::string::npos);
+  }
+  c.kv_bits = 4;
+  c.kv_dtype = DType::kQ8_0;
+  EXPECT_THROW(Cache{c}, Error);
+}
+
+// 16K tokens, 8 KV heads, D = 128, filled 64 tokens per update (the flush cycle at steady
+// state); f16 residual against an f16 dynamic cache of the same tokens.
+TEST(QuantizedLayer, MemoryAt16KAgainstF16) {
+  constexpr int64_t kTokens = 16384, kH = 8, kD = 128, kChunk = 64;
+  std::mt19937 rng(7);
+  const Tensor k = random_tensor(DType::kF16, {1, kH, kChunk, kD}, rng);
+  CacheConfig dyn;
+  dyn.layer_types = {"full_attention"};
+  dyn.kv_dtype = DType::kF16;
+  Cache f16(dyn);
+  for (int64_t t = 0; t < kTokens; t += kChunk) f16.update(0, k.view(), k.view());
+  const double f16_bytes = static_cast<double>(f16.bytes());
+  EXPECT_EQ(f16.bytes(), static_cast<size_t>(kTokens * kH * kD * 2 * 2));
+  for (auto [bits, limit] : {std::pair<int, double>{4, 0.30}, {2, 0.20}, {8, 0.60}}) {
+    Cache q(quant_config(bits, 64, 128, DType::kF16));
+    for (int64_t t = 0; t < kTokens; t += kChunk) q.update(0, k.view(), k.view());
+    const QuantizedLayer& L = qlayer(q);
+    EXPECT_EQ(L.seq_length(), kTokens);
+    // Exact: blocks (codes + scales + zeros) at the store's capacity, the residual tensors at
+    // theirs, the flush scratch.
+    const int64_t blocks = L.packed_capacity_blocks();
+    const size_t want = static_cast<size_t>(
+        kH * blocks * (kivi_k_block_bytes(64, kD, bits) + kivi_v_block_bytes(64, kD, 64, bits)) +
+        2 * kH * L.residual_capacity() * kD * 2 + 64 * kD * 4);
+    EXPECT_EQ(L.bytes(), want);
+    const double ratio = static_cast<double>(q.bytes()) / f16_bytes;
+    std::printf("[quantized q%d] 16K tokens: %zu bytes, %.4f x f16 (%zu bytes)\n", bits, q.bytes(),
+                ratio, f16.bytes());
+    EXPECT_LE(ratio, limit) << bits << " bits";
+  }
+}
+
+}  // namespace
+}  // namespace kvcache

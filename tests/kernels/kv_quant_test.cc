@@ -1,0 +1,187 @@
+// Round trip of the KV quantization formats: every element's error is at most half a step of
+// its group (plus float rounding), for KIVI keys (per channel) and values (per token) at 2/4/8
+// bits on odd sizes, and for the llama.cpp-like q8_0 / q4_0 per-token blocks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/kv_quant.h"
+#include "kernels/matmul.h"
+
+namespace kvcache {
+namespace {
+
+std::vector<float> random_rows(int64_t n, uint32_t seed, float offset_spread) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = nd(rng);
+  // A few outliers and a per-position offset: KIVI's reason for per-channel keys.
+  for (size_t i = 0; i < x.size(); i += 37) x[i] *= 20.0f;
+  for (size_t i = 0; i < x.size(); ++i) x[i] += offset_spread * static_cast<float>(i % 7);
+  return x;
+}
+
+// |x - x'| <= step / 2 plus rounding of the float arithmetic (scale * code + zero, with
+// |code| < 256 and |x| bounded): a few ulps of the magnitudes involved.
+float slack(float x, float zero, float step) {
+  return 4e-7f * (std::fabs(x) + std::fabs(zero) + 256.0f * step) + 1e-30f;
+}
+
+TEST(KvQuant, F16DirectedRounding) {
+  for (float x : {0.0f, 1.0f, -1.0f, 0.1f, -0.1f, 3.14159f, -65000.0f, 65000.0f, 1e-6f, -1e-6f,
+                  6.1e-5f}) {
+    const float lo = f16_to_f32(f16_round_down(x)), hi = f16_to_f32(f16_round_up(x));
+    EXPECT_LE(lo, x) << x;
+    EXPECT_GE(hi, x) << x;
+    EXPECT_LT(hi - lo, std::fabs(x) * 2e-3f + 1e-7f) << x;
+  }
+}
+
+TEST(KvQuant, ValueGroupDividesHeadDim) {
+  EXPECT_EQ(kivi_value_group(128, 64), 64);
+  EXPECT_EQ(kivi_value_group(8, 64), 8);
+  EXPECT_EQ(kivi_value_group(80, 64), 40);
+  EXPECT_EQ(kivi_value_group(96, 64), 48);
+}
+
+class KiviRoundTrip : public ::testing::TestWithParam<int> {};
+
+TEST_P(KiviRoundTrip, KeysPerChannelWithinHalfStep) {
+  const int bits = GetParam();
+  for (auto [G, D] : {std::pair<int64_t, int64_t>{64, 128}, {13, 37}, {32, 8}, {7, 5}}) {
+    KiviBlockParams p;
+    p.group = G;
+    p.d = D;
+    p.bits = bits;
+    const int64_t ld = D + 3;  // strided rows
+    const std::vector<float> x = random_rows(G * ld, static_cast<uint32_t>(G * 131 + D), 0.5f);
+    std::vector<std::byte> block(static_cast<size_t>(kivi_k_block_bytes(G, D, bits)));
+    kivi_quantize_keys(x.data(), ld, p, block.data());
+    std::vector<float> y(static_cast<size_t>(G * D));
+    kivi_dequantize_keys(block.data(), p, y.data(), D);
+    const auto* zeros = reinterpret_cast<const f16_t*>(block.data()) + D;
+    for (int64_t c = 0; c < D; ++c) {
+      const float step = kivi_key_step(block.data(), p, c);
+      // The stored step is no coarser than the ideal (max - min) / (2^b - 1) by more than the
+      // f16 rounding of zero and scale.
+      float lo = x[static_cast<size_t>(c)], hi = lo;
+      for (int64_t t = 0; t < G; ++t) {
+        lo = std::min(lo, x[static_cast<size_t>(t * ld + c)]);
+        hi = std::max(hi, x[static_cast<size_t>(t * ld + c)]);
+      }
+      EXPECT_LE(step, (hi - lo) / static_cast<float>((1 << bits) - 1) * 1.002f +
+                          std::fabs(lo) * 1e-3f + 1e-7f);
+      for (int64_t t = 0; t < G; ++t) {
+        const float xv = x[static_cast<size_t>(t * ld + c)], yv = y[static_cast<size_t>(t * D + c)];
+        ASSERT_LE(std::fabs(xv - yv),
+                  0.5f * step + slack(xv, f16_to_f32(zeros[c]), step))
+            << "bits " << bits << " G " << G << " D " << D << " t " << t << " c " << c;
+      }
+    }
+  }
+}
+
+TEST_P(KiviRoundTrip, ValuesPerTokenWithinHalfStep) {
+  const int bits = GetParam();
+  for (auto [G, D, VG] : {std::tuple<int64_t, int64_t, int64_t>{64, 128, 64},
+                          {11, 80, 40},
+                          {5, 8, 8},
+                          {3, 30, 6}}) {
+    KiviBlockParams p;
+    p.group = G;
+    p.d = D;
+    p.v_group = VG;
+    p.bits = bits;
+    const int64_t ld = D + 1;
+    const std::vector<float> x = random_rows(G * ld, static_cast<uint32_t>(G * 7 + D), 0.3f);
+    std::vector<std::byte> block(static_cast<size_t>(kivi_v_block_bytes(G, D, VG, bits)));
+    kivi_quantize_values(x.data(), ld, p, block.data());
+    std::vector<float> y(static_cast<size_t>(G * D));
+    kivi_dequantize_values(block.data(), p, y.data(), D);
+    const auto* zeros = reinterpret_cast<const f16_t*>(block.data()) + G * (D / VG);
+    for (int64_t t = 0; t < G; ++t)
+      for (int64_t c = 0; c < D; ++c) {
+        const float step = kivi_value_step(block.data(), p, t, c);
+        const float zero = f16_to_f32(zeros[c / VG * G + t]);
+        const float xv = x[static_cast<size_t>(t * ld + c)], yv = y[static_cast<size_t>(t * D + c)];
+        ASSERT_LE(std::fabs(xv - yv), 0.5f * step + slack(xv, zero, step))
+            << "bits " << bits << " G " << G << " D " << D << " t " << t << " c " << c;
+      }
+  }
+}
+
+TEST_P(KiviRoundTrip, ConstantGroupIsExact) {
+  KiviBlockParams p;
+  p.group = 9;
+  p.d = 16;
+  p.v_group = 16;
+  p.bits = GetParam();
+  std::vector<float> x(9 * 16, 0.375f);  // representable in f16: zero = value, scale = 0
+  std::vector<std::byte> kb(static_cast<size_t>(kivi_k_block_bytes(9, 16, p.bits)));
+  std::vector<std::byte> vb(static_cast<size_t>(kivi_v_block_bytes(9, 16, 16, p.bits)));
+  kivi_quantize_keys(x.data(), 16, p, kb.data());
+  kivi_quantize_values(x.data(), 16, p, vb.data());
+  std::vector<float> yk(x.size()), yv(x.size());
+  kivi_dequantize_keys(kb.data(), p, yk.data(), 16);
+  kivi_dequantize_values(vb.data(), p, yv.data(), 16);
+  EXPECT_EQ(yk, x);
+  EXPECT_EQ(yv, x);
+}
+
+INSTANTIATE_TEST_SUITE_P(Bits, KiviRoundTrip, ::testing::Values(2, 4, 8));
+
+TEST(KvQuant, KiviBlockSizes) {
+  // 4-bit, G = 64, D = 128: codes 64 x 64 B + 2 x 128 f16 (keys) / 64 x 2 x 2 f16 (values).
+  EXPECT_EQ(kivi_k_block_bytes(64, 128, 4), 4096 + 512);
+  EXPECT_EQ(kivi_v_block_bytes(64, 128, 64, 4), 4096 + 512);
+  EXPECT_EQ(kivi_row_bytes(128, 2), 32);
+  EXPECT_EQ(kivi_row_bytes(8, 2), 4);  // rows are whole u32 words
+  EXPECT_EQ(kivi_row_bytes(5, 8), 8);
+}
+
+TEST(KvQuant, Q8_0WithinHalfStep) {
+  const int64_t k = 96;
+  const std::vector<float> x = random_rows(k, 5, 0.0f);
+  std::vector<BlockQ8_0> blocks(k / 32);
+  quantize_row_q8_0(x.data(), blocks.data(), k);
+  std::vector<float> y(k);
+  dequantize_row(blocks.data(), DType::kQ8_0, y.data(), k);
+  for (int64_t i = 0; i < k; ++i) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[static_cast<size_t>(i / 32 * 32 + j)]));
+    const float d = amax / 127.0f, d16 = f16_to_f32(blocks[static_cast<size_t>(i / 32)].d);
+    // Codes come from the unrounded d (as in ggml), values from the stored f16 d: half a step
+    // plus 127 times the scale's rounding.
+    EXPECT_LE(std::fabs(x[static_cast<size_t>(i)] - y[static_cast<size_t>(i)]),
+              0.5f * d + 127.0f * std::fabs(d - d16) + 1e-6f * amax);
+  }
+}
+
+TEST(KvQuant, Q4_0WithinHalfStepExceptTopClamp) {
+  const int64_t k = 160;
+  const std::vector<float> x = random_rows(k, 9, 0.0f);
+  std::vector<BlockQ4_0> blocks(k / 32);
+  quantize_row_q4_0(x.data(), blocks.data(), k);
+  std::vector<float> y(k);
+  dequantize_row_q4_0(blocks.data(), y.data(), k);
+  for (int64_t i = 0; i < k; ++i) {
+    const BlockQ4_0& b = blocks[static_cast<size_t>(i / 32)];
+    const float d = std::fabs(f16_to_f32(b.d));
+    const int64_t j = i % 32;
+    const int code = j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
+    const float err = std::fabs(x[static_cast<size_t>(i)] - y[static_cast<size_t>(i)]);
+    // q4_0 is symmetric over [-8d, 7d]: the value of largest magnitude maps to -8 exactly, but
+    // values of the other sign beyond 7.5 d clamp at code 15 (ggml's MIN(15, ...)), up to a
+    // whole step away.
+    if (code == 15)
+      EXPECT_LE(err, d * 1.001f + 1e-6f) << i;
+    else
+      EXPECT_LE(err, 0.5f * d * 1.001f + 1e-6f) << i;
+  }
+}
+
+}  // namespace
+}  // namespace kvcache
