@@ -262,6 +262,14 @@ inline __m256 load8(const typename Elem<KD>::T* p) {
   }
 }
 
+// Lane i of the result is the sum of a[i]'s lanes: 8 horizontal sums in 7 shuffle-adds.
+inline __m256 hsum8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
 inline float hsum(__m256 x) {
   const __m128 a = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
@@ -330,8 +338,10 @@ struct SimdOps {
   }
   // NR rows x 2 keys of code dot products, accumulators in registers.
   template <int BITS, int NR, int NK>
-  static void score_block(const float* qk, const float* qz, int64_t Dk, const std::byte* const* row,
-                          float* s, int64_t st) {
+  __attribute__((always_inline)) static inline void score_block(const float* qk, const float* qz,
+                                                                int64_t Dk,
+                                                                const std::byte* const* row,
+                                                                float* s, int64_t st) {
     __m256 acc[NR * NK];
     for (int i = 0; i < NR * NK; ++i) acc[i] = _mm256_setzero_ps();
     int64_t d = 0;
@@ -344,9 +354,15 @@ struct SimdOps {
         for (int c = 0; c < NK; ++c) acc[r * NK + c] = _mm256_fmadd_ps(qv, kv[c], acc[r * NK + c]);
       }
     }
+    alignas(32) float res[NR * NK];
+    if constexpr (NR * NK == 8) {
+      _mm256_store_ps(res, hsum8(acc));  // one transposing reduction instead of 8 scalar ones
+    } else {
+      for (int i = 0; i < NR * NK; ++i) res[i] = hsum(acc[i]);
+    }
     for (int r = 0; r < NR; ++r)
       for (int c = 0; c < NK; ++c) {
-        float x = hsum(acc[r * NK + c]);
+        float x = res[r * NK + c];
         for (int64_t dd = d; dd < Dk; ++dd)
           x = std::fma(qk[r * Dk + dd], static_cast<float>(kivi_code(row[c], dd, BITS)), x);
         s[r * st + c] = x + qz[r];
