@@ -871,8 +871,10 @@ void validate_quantized_attention_args(const TensorView& q, const QuantKV& kv,
       bad("residual k and v must share one float dtype (f32, f16, bf16)", ErrorKind::kUnsupported);
     if (rk.stride(3) != 1 || rv.stride(3) != 1) bad("the residual needs a unit innermost stride");
   }
-  if (o.mask || o.score || o.doc_ids || o.kv_valid_begin || o.kv_valid_end || o.weights_out)
-    bad("mask, score, doc_ids, kv_valid_* and weights_out are not supported on quantized spans",
+  if (o.mask || o.block_mask || o.score || o.doc_ids || o.kv_valid_begin || o.kv_valid_end ||
+      o.weights_out)
+    bad("mask, block_mask, score, doc_ids, kv_valid_* and weights_out are not supported on "
+        "quantized spans",
         ErrorKind::kUnsupported);
   if (!(o.scale >= 0) || !std::isfinite(o.scale) || !(o.softcap >= 0) || !std::isfinite(o.softcap))
     bad("scale and softcap must be finite and >= 0");
