@@ -108,7 +108,7 @@ void QuantizedLayer::reserve_blocks(int64_t extra) {
     const int64_t cap = std::max(2 * blk_cap_, live + extra);
     std::vector<std::byte> nk(static_cast<size_t>(rows * cap * k_block_bytes_));
     std::vector<std::byte> nv(static_cast<size_t>(rows * cap * v_block_bytes_));
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = 0; r < rows && live > 0; ++r) {  // empty store: no source to copy from
       std::memcpy(nk.data() + r * cap * k_block_bytes_,
                   kbuf_.data() + (r * blk_cap_ + blk_begin_) * k_block_bytes_,
                   static_cast<size_t>(live * k_block_bytes_));
