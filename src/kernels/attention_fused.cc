@@ -24,13 +24,8 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/attention_internal.h"
+#include "kernels/attention_simd.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define KVCACHE_ATTN_AVX2 1
-#include <immintrin.h>
-#else
-#define KVCACHE_ATTN_AVX2 0
-#endif
 
 namespace kvcache::detail {
 namespace {
@@ -46,24 +41,6 @@ enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
 struct Prefetch {
   const std::byte* v = nullptr;  // V row 0 of the current tile
   int64_t vstride = 0, v_row_bytes = 0;
-};
-
-template <DType KD>
-struct Elem;
-template <>
-struct Elem<DType::kF32> {
-  using T = float;
-  static float get(T x) { return x; }
-};
-template <>
-struct Elem<DType::kF16> {
-  using T = f16_t;
-  static float get(T x) { return f16_to_f32(x); }
-};
-template <>
-struct Elem<DType::kBF16> {
-  using T = bf16_t;
-  static float get(T x) { return bf16_to_f32(x); }
 };
 
 // One sequence of the call. Dense calls have B identical sequences; paged calls are varlen.
@@ -204,56 +181,6 @@ struct ScalarOps {
 #if KVCACHE_ATTN_AVX2
 // ---------------------------------------------------------------------------------------------
 // AVX2 + FMA + F16C building blocks.
-template <DType KD>
-inline __m256 load8(const typename Elem<KD>::T* p) {
-  if constexpr (KD == DType::kF32) {
-    return _mm256_loadu_ps(p);
-  } else if constexpr (KD == DType::kF16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  } else {  // bf16: the upper half of an f32
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  }
-}
-
-// Sum of the 8 lanes as ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)), the same tree as hsum8.
-inline float hsum1(__m256 x) {
-  const __m256 t = _mm256_hadd_ps(x, x);
-  const __m256 u = _mm256_hadd_ps(t, t);
-  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
-}
-// Lane i of the result is the sum of a[i]'s lanes, with hsum1's tree.
-inline __m256 hsum8(const __m256* a) {
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-// exp(x) for x <= 0 (softmax arguments): Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and
-// the degree-7 Taylor polynomial of e^r (truncation < 1e-8 relative), scaled by 2^n through the
-// exponent bits. Lanes below -87.3 (including -inf) give exactly 0.
-inline __m256 exp256(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3f);
-  const __m256 valid = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3f)), lo);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 5040);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), valid);
-}
-
 template <DType KD>
 struct SimdOps {
   using T = typename Elem<KD>::T;
@@ -498,18 +425,6 @@ struct SimdOps {
 };
 #endif  // KVCACHE_ATTN_AVX2
 
-// out = acc / l, with the sink logit joining the denominator only (GPT-OSS's s_aux).
-void finalize_row(float m, float l, const float* acc, const float* sink, int64_t Dv, float* out) {
-  float f;
-  if (sink) {
-    const float mx = std::max(m, *sink);
-    const float den = l * std::exp(m - mx) + std::exp(*sink - mx);
-    f = std::exp(m - mx) / den;  // m = -inf (nothing seen): 0
-  } else {
-    f = l > 0 ? 1.0f / l : 0.0f;
-  }
-  for (int64_t d = 0; d < Dv; ++d) out[d] = acc[d] * f;
-}
 
 template <typename Ops>
 void run_task(const Plan& P, int64_t task) {

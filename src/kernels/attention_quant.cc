@@ -21,18 +21,21 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/attention_simd.h"
 #include "kernels/kv_quant.h"
 #include "kernels/mask.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define KVCACHE_QATTN_AVX2 1
-#include <immintrin.h>
-#else
-#define KVCACHE_QATTN_AVX2 0
-#endif
 
 namespace kvcache {
 namespace {
+
+using detail::Elem;
+using detail::finalize_row;
+#if KVCACHE_ATTN_AVX2
+using detail::exp256;
+using detail::hsum8;
+using detail::load8;
+#endif
 
 constexpr int64_t kResTile = 64;       // residual keys per tile
 constexpr int64_t kRowsPerTask = 64;   // target rows (heads x positions) per task
@@ -40,24 +43,6 @@ constexpr int64_t kMinSplitKeys = 512; // smallest automatic split-KV partition
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
-
-template <DType KD>
-struct Elem;
-template <>
-struct Elem<DType::kF32> {
-  using T = float;
-  static float get(T x) { return x; }
-};
-template <>
-struct Elem<DType::kF16> {
-  using T = f16_t;
-  static float get(T x) { return f16_to_f32(x); }
-};
-template <>
-struct Elem<DType::kBF16> {
-  using T = bf16_t;
-  static float get(T x) { return bf16_to_f32(x); }
-};
 
 struct Plan {
   TensorView q, out;
@@ -224,7 +209,7 @@ struct ScalarOps {
   }
 };
 
-#if KVCACHE_QATTN_AVX2
+#if KVCACHE_ATTN_AVX2
 // ---------------------------------------------------------------------------------------------
 // AVX2 + FMA + F16C building blocks.
 
@@ -250,54 +235,10 @@ inline __m256 unpack8(const std::byte* row, int64_t d) {
   }
 }
 
-template <DType KD>
-inline __m256 load8(const typename Elem<KD>::T* p) {
-  if constexpr (KD == DType::kF32) {
-    return _mm256_loadu_ps(p);
-  } else if constexpr (KD == DType::kF16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  } else {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  }
-}
-
-// Lane i of the result is the sum of a[i]'s lanes: 8 horizontal sums in 7 shuffle-adds.
-inline __m256 hsum8(const __m256* a) {
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
 inline float hsum(__m256 x) {
   const __m128 a = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
   return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
-}
-
-// exp(x) for x <= 0: Cody-Waite reduction x = n ln2 + r and the degree-7 Taylor polynomial of
-// e^r (relative error < 1e-7 on |r| <= ln2/2), the same scheme as the fused kernel's; lanes
-// below -87.3 (including -inf) give exactly 0.
-inline __m256 exp256(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3f);
-  const __m256 valid = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3f)), lo);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 5040);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), valid);
 }
 
 struct SimdOps {
@@ -540,20 +481,8 @@ struct SimdOps {
     return true;
   }
 };
-#endif  // KVCACHE_QATTN_AVX2
+#endif  // KVCACHE_ATTN_AVX2
 
-// out = acc / l, with the sink logit joining the denominator only (GPT-OSS's s_aux).
-void finalize_row(float m, float l, const float* acc, const float* sink, int64_t Dv, float* out) {
-  float f;
-  if (sink) {
-    const float mx = std::max(m, *sink);
-    const float den = l * std::exp(m - mx) + std::exp(*sink - mx);
-    f = std::exp(m - mx) / den;
-  } else {
-    f = l > 0 ? 1.0f / l : 0.0f;
-  }
-  for (int64_t d = 0; d < Dv; ++d) out[d] = acc[d] * f;
-}
 
 template <typename Ops, int BITS, DType RD>
 void run_task(const Plan& P, int64_t task) {
@@ -889,7 +818,7 @@ void quantized_attention_scalar(const TensorView& q, const QuantKV& kv, const Te
 
 void quantized_attention(const TensorView& q, const QuantKV& kv, const TensorView& out,
                          const AttentionOptions& o) {
-#if KVCACHE_QATTN_AVX2
+#if KVCACHE_ATTN_AVX2
   run_quantized<SimdOps>(q, kv, out, o);
 #else
   run_quantized<ScalarOps>(q, kv, out, o);
