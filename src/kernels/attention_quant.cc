@@ -39,7 +39,7 @@ using detail::load8;
 
 constexpr int64_t kResTile = 64;       // residual keys per tile
 constexpr int64_t kRowsPerTask = 64;   // target rows (heads x positions) per task
-constexpr int64_t kMinSplitKeys = 512; // smallest automatic split-KV partition
+constexpr int64_t kSplitKeys = 1024;   // automatic split-KV partition (decode), as fused
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
@@ -727,11 +727,10 @@ void run_quantized(const TensorView& q, const QuantKV& kv, const TensorView& out
   if (o.kv_split > 0) {
     // Requested partition length in keys, in whole tiles (at least one).
     n_split = (P.Skv + o.kv_split - 1) / o.kv_split;
-  } else if (o.kv_split == 0) {
-    // As the fused kernel: split only when tasks cannot keep every thread busy, aiming at about
-    // 8 tasks per thread, partitions of at least kMinSplitKeys keys.
-    const int64_t want = (8 * pool.n_threads() + base_tasks - 1) / base_tasks;
-    n_split = std::min(want, P.Skv / kMinSplitKeys);
+  } else if (o.kv_split == 0 && P.n_qt == 1 && P.Skv > kSplitKeys) {
+    // The fused kernel's rule: one query tile and a long cache -> kSplitKeys partitions. It
+    // depends on the call's shape only, never on the thread count, so results do not either.
+    n_split = (P.Skv + kSplitKeys - 1) / kSplitKeys;
   }
   n_split = std::clamp<int64_t>(n_split, 1, n_tiles);
   P.tiles_per_split = (n_tiles + n_split - 1) / n_split;

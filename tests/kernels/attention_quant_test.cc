@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <sstream>
 #include <vector>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "kernels/attention_reference.h"
 #include "kernels/kv_quant.h"
 
@@ -242,6 +244,26 @@ TEST(QuantizedAttention, EmptyPartsAndFullyMaskedRows) {
   c.Sq = 6;
   c.window = 1;
   check(c);
+}
+
+// A long decode is split into fixed 1,024-key partitions whatever the thread count, so the
+// output bits do not depend on it (as for the fused kernel).
+TEST(QuantizedAttention, LongDecodeIndependentOfThreadCount) {
+  QCase c;
+  c.G = 64;
+  c.n_blocks = 40;  // 2,560 packed keys + residual: three partitions
+  c.n_res = 100;
+  QInputs in(c);
+  std::vector<Tensor> outs;
+  const int before = default_pool().n_threads();
+  for (int threads : {1, 3}) {
+    set_default_threads(threads);
+    quantized_attention(in.q(), in.kv, in.out(), in.options());
+    outs.push_back(in.obuf.clone());
+  }
+  set_default_threads(before);
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size_bytes()), 0);
+  EXPECT_LE(max_error(in), kTol);
 }
 
 TEST(QuantizedAttention, RefusesUnsupportedOptions) {
