@@ -470,6 +470,9 @@ void Engine::finish_request_if_done(Request& r) {
     std::lock_guard<std::mutex> lock(mu_);
     --queued_;
   }
+  // Publish the metrics before the last callback: a client that sees its request end and then
+  // reads /metrics must see its blocks returned, not the snapshot of the previous step.
+  update_metrics();
   StreamEvent ev;
   ev.id = r.id;
   ev.finished = true;
