@@ -116,7 +116,7 @@ void run_demo(const RunOptions& o) {
   const CacheConfig config = base_config(o);
   const size_t token_bytes = dtype_bytes(*config.kv_dtype, 2 * o.kv_heads * o.head_dim);
 
-  fmt::print("kvcache run: the cache containers on random K/V (no model yet)\n");
+  fmt::print("kvcache run: each registered container alone, fed random K/V (no model)\n");
   fmt::print(
       "  one layer: batch {}, {} KV heads x head dim {}, {} storage -> {} B per token "
       "(K+V, all rows)\n",
@@ -131,7 +131,7 @@ void run_demo(const RunOptions& o) {
   const KVSpan ref = feed(
       o, stream, [&](const TensorView& k, const TensorView& v) { return reference->update(k, v); });
 
-  fmt::print("{:<26} {:>7} {:>7} {:>11} {:>10} {:>11}  {}\n", "container", "tokens", "stored",
+  fmt::print("{:<28} {:>7} {:>7} {:>11} {:>10} {:>11}  {}\n", "container", "tokens", "stored",
              "bytes", "bytes/tok", "moved", "last step vs dynamic/full_attention");
   int mismatches = 0;
   for (const std::string& name : LayerRegistry::names()) {
@@ -183,7 +183,7 @@ void run_demo(const RunOptions& o) {
       verdict = ok ? "equal" : "DIFFERENT";
     }
     mismatches += ok ? 0 : 1;
-    fmt::print("{:<26} {:>7} {:>7} {:>11} {:>10} {:>11}  {} (keys [{}, {}))\n", name,
+    fmt::print("{:<28} {:>7} {:>7} {:>11} {:>10} {:>11}  {} (keys [{}, {}))\n", name,
                layer->seq_length(), stored, human_bytes(layer->bytes()),
                layer->bytes() / static_cast<size_t>(total),
                human_bytes(layer->stats().bytes_copied), verdict, first, first + n);
