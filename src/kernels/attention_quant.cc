@@ -8,15 +8,18 @@
 // tasks would leave threads idle. Rows are classified per tile from the mask's key intervals:
 // empty tiles are skipped, full tiles are not masked.
 //
-// Where the cycles go (decode, 4-bit, D = 128, 4 query heads per KV head): per key 16 code
-// chunks of 8 are widened for the scores (u32 broadcast, variable shift, mask, convert) and 16
-// for P.V, each feeding 4 FMAs — the same FMA count as f16, with 4x fewer bytes read.
+// Where the cycles go (decode, 4-bit, D = 128, 4 query heads per KV head): per key 16 vectors
+// of 8 codes are widened for the scores and 16 for P.V, each feeding 4 FMAs — the same FMA
+// count as f16, with 4x fewer bytes read. At 2 and 4 bits the SIMD path widens them in the
+// "chunked" channel order (see chunked_channel): a zero-extending load of 8 code bytes, then a
+// shift and a mask per vector, instead of a broadcast, variable shift and mask per vector.
 #include "kernels/attention_quant.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -67,6 +70,8 @@ struct Workspace {
   std::vector<float> qk;        // [R, D_k] queries times the block's key scales
   std::vector<float> qz;        // [R] queries . the block's key zeros
   std::vector<float> kscale, kzero;  // [D_k]
+  std::vector<float> qsp;       // [R, D_k] scaled queries in the chunked channel order
+  std::vector<float> kscale_p, kzero_p;  // [D_k] the block's key scales/zeros, same order
   std::vector<float> vscale, vzero;  // [ng, st] per key of the tile
   std::vector<float> pg;        // [ng, R, st] probabilities times value scales
   std::vector<float> zs;        // [R, ng] probabilities . value zeros
@@ -84,11 +89,14 @@ struct Workspace {
     grow(qz, R);
     grow(kscale, P.Dk);
     grow(kzero, P.Dk);
+    grow(qsp, R * P.Dk);
+    grow(kscale_p, P.Dk);
+    grow(kzero_p, P.Dk);
     grow(vscale, P.ng * P.st);
     grow(vzero, P.ng * P.st);
     grow(pg, P.ng * R * P.st);
     grow(zs, R * P.ng);
-    grow(acc, R * P.Dv);
+    grow(acc, 2 * R * P.Dv);  // natural half + chunked-order half (see run_task)
     grow(s, R * P.st);
     grow(m, R);
     grow(l, R);
@@ -104,8 +112,30 @@ Workspace& workspace() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The chunked code order (2 and 4 bits, SIMD path). Eight packed code bytes hold
+// kChunk = 8 * (8 / BITS) channels; one zero-extending load puts byte i in lane i, and a shift
+// by k * BITS plus a mask gives vector k of the chunk, whose lane i is channel
+// i * (8 / BITS) + k. That is two or three integer ops and a convert per 8 codes, where
+// widening 8 consecutive channels costs a broadcast, a variable shift, a mask and a convert.
+// The kernel keeps the queries (times key scales) and the P.V accumulator of packed blocks in
+// this order instead; a dot product does not care, and the accumulator is put back in channel
+// order once per task.
+template <int BITS>
+constexpr int64_t chunk_channels() {
+  return 8 * (8 / BITS);
+}
+// Channel held at position p of the chunked order.
+template <int BITS>
+constexpr int64_t chunked_channel(int64_t p) {
+  constexpr int64_t per = 8 / BITS, ch = chunk_channels<BITS>();
+  const int64_t w = p % ch;
+  return p - w + (w % 8) * per + w / 8;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Scalar building blocks: the portable path and the reference for the SIMD ones.
 struct ScalarOps {
+  static constexpr bool kPermute = false;  // no chunked code path (see SimdOps)
   // Per packed block: qk[r, d] = qs[r, d] * kscale[d], qz[r] = qs[r] . kzero.
   static void block_query(const float* qs, int64_t R, int64_t Dk, const float* ks, const float* kz,
                           float* qk, float* qz) {
@@ -175,14 +205,14 @@ struct ScalarOps {
   }
   template <DType KD>
   static void dense_pv(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
-                       int64_t Dv, int64_t st, float* acc) {
+                       int64_t Dv, int64_t st, float* acc, int64_t lda) {
     using T = typename Elem<KD>::T;
     for (int64_t j = 0; j < n; ++j) {
       const T* vr = reinterpret_cast<const T*>(vb + j * vstride);
       for (int64_t r = 0; r < R; ++r) {
         const float pj = p[r * st + j];
         for (int64_t d = 0; d < Dv; ++d)
-          acc[r * Dv + d] = std::fma(pj, Elem<KD>::get(vr[d]), acc[r * Dv + d]);
+          acc[r * lda + d] = std::fma(pj, Elem<KD>::get(vr[d]), acc[r * lda + d]);
       }
     }
   }
@@ -411,6 +441,150 @@ struct SimdOps {
     }
   }
 
+
+  // ---- chunked code order (see chunked_channel): 2 and 4 bits ----
+  static constexpr bool kPermute = true;
+  static inline __m256i load_chunk(const std::byte* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  // Vector K of a chunk: lane i = code of channel i * (8 / BITS) + K.
+  template <int BITS, int K>
+  static inline __m256 extract(__m256i x) {
+    constexpr int per = 8 / BITS;
+    __m256i v = x;
+    if constexpr (K > 0) v = _mm256_srli_epi32(v, K * BITS);
+    if constexpr (K + 1 < per) v = _mm256_and_si256(v, _mm256_set1_epi32((1 << BITS) - 1));
+    return _mm256_cvtepi32_ps(v);
+  }
+  // NR rows x NK keys; qk in chunked order, Dk a multiple of the chunk.
+  template <int BITS, int NR, int NK>
+  __attribute__((always_inline)) static inline void chunked_score_block(
+      const float* qk, const float* qz, int64_t Dk, const std::byte* const* row, float* s,
+      int64_t st) {
+    constexpr int64_t CH = chunk_channels<BITS>();
+    __m256 acc[NR * NK];
+    for (int i = 0; i < NR * NK; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < Dk / CH; ++c) {
+      __m256i x[NK];
+      for (int k = 0; k < NK; ++k) x[k] = load_chunk(row[k] + 8 * c);
+      const float* qc = qk + c * CH;
+      auto part = [&]<int K>() {
+        __m256 kv[NK];
+        for (int k = 0; k < NK; ++k) kv[k] = extract<BITS, K>(x[k]);
+        for (int r = 0; r < NR; ++r) {
+          __m256 qv = _mm256_loadu_ps(qc + r * Dk + 8 * K);
+          if constexpr (NK > 1) asm("" : "+x"(qv));  // keep q in a register (see fused kernel)
+          for (int k = 0; k < NK; ++k) acc[r * NK + k] = _mm256_fmadd_ps(qv, kv[k], acc[r * NK + k]);
+        }
+      };
+      [&]<int... K>(std::integer_sequence<int, K...>) {
+        (part.template operator()<K>(), ...);
+      }(std::make_integer_sequence<int, 8 / BITS>{});
+    }
+    alignas(32) float res[NR * NK];
+    if constexpr (NR * NK == 8) {
+      _mm256_store_ps(res, hsum8(acc));
+    } else {
+      for (int i = 0; i < NR * NK; ++i) res[i] = hsum(acc[i]);
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int k = 0; k < NK; ++k) s[r * st + k] = res[r * NK + k] + qz[r];
+  }
+  template <int BITS, int NR>
+  static void chunked_score_rows(const float* qk, const float* qz, int64_t Dk,
+                                 const std::byte* codes, int64_t rb, int64_t n, float* s,
+                                 int64_t st) {
+    int64_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+      const std::byte* rows[2] = {codes + j * rb, codes + (j + 1) * rb};
+      chunked_score_block<BITS, NR, 2>(qk, qz, Dk, rows, s + j, st);
+    }
+    if (j < n) {
+      const std::byte* rows[1] = {codes + j * rb};
+      chunked_score_block<BITS, NR, 1>(qk, qz, Dk, rows, s + j, st);
+    }
+  }
+  template <int BITS>
+  static void chunked_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
+                             const std::byte* codes, int64_t rb, int64_t n, float* s, int64_t st) {
+    int64_t r = 0;
+    for (; r + 4 <= R; r += 4)
+      chunked_score_rows<BITS, 4>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
+    switch (R - r) {
+      case 3:
+        chunked_score_rows<BITS, 3>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
+        break;
+      case 2:
+        chunked_score_rows<BITS, 2>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
+        break;
+      case 1:
+        chunked_score_rows<BITS, 1>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
+        break;
+      default:
+        break;
+    }
+  }
+  // NR rows, vectors K0 and K0 + 1 of chunk c: 16 accumulator columns (chunked order) in
+  // registers over the n keys of the block.
+  template <int BITS, int NR, int K0>
+  static void chunked_pv_pass(const float* pg, const std::byte* codes, int64_t rb, int64_t n,
+                              int64_t c, int64_t lda, int64_t st, float* acc) {
+    constexpr int64_t CH = chunk_channels<BITS>();
+    float* a0 = acc + c * CH + 8 * K0;
+    __m256 a[NR][2];
+    for (int r = 0; r < NR; ++r) {
+      a[r][0] = _mm256_loadu_ps(a0 + r * lda);
+      a[r][1] = _mm256_loadu_ps(a0 + r * lda + 8);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256i x = load_chunk(codes + j * rb + 8 * c);
+      const __m256 v0 = extract<BITS, K0>(x), v1 = extract<BITS, K0 + 1>(x);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 pj = _mm256_broadcast_ss(pg + r * st + j);
+        a[r][0] = _mm256_fmadd_ps(pj, v0, a[r][0]);
+        a[r][1] = _mm256_fmadd_ps(pj, v1, a[r][1]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      _mm256_storeu_ps(a0 + r * lda, a[r][0]);
+      _mm256_storeu_ps(a0 + r * lda + 8, a[r][1]);
+    }
+  }
+  template <int BITS, int NR>
+  static void chunked_pv_rows(const float* pg, const std::byte* codes, int64_t rb, int64_t n,
+                              int64_t d0, int64_t d1, int64_t lda, int64_t st, float* acc) {
+    constexpr int64_t CH = chunk_channels<BITS>();
+    for (int64_t c = d0 / CH; c < d1 / CH; ++c) {
+      chunked_pv_pass<BITS, NR, 0>(pg, codes, rb, n, c, lda, st, acc);
+      if constexpr (BITS == 2) chunked_pv_pass<BITS, NR, 2>(pg, codes, rb, n, c, lda, st, acc);
+    }
+  }
+  // acc (row stride lda) in chunked order; vg a multiple of the chunk.
+  template <int BITS>
+  static void chunked_pv(const float* pg, int64_t R, const std::byte* codes, int64_t rb,
+                         int64_t n, int64_t Dv, int64_t vg, int64_t st, float* acc, int64_t lda) {
+    for (int64_t g = 0; g < Dv / vg; ++g) {
+      const int64_t d0 = g * vg, d1 = d0 + vg;
+      const float* pgg = pg + g * R * st;
+      int64_t r = 0;
+      for (; r + 4 <= R; r += 4)
+        chunked_pv_rows<BITS, 4>(pgg + r * st, codes, rb, n, d0, d1, lda, st, acc + r * lda);
+      switch (R - r) {
+        case 3:
+          chunked_pv_rows<BITS, 3>(pgg + r * st, codes, rb, n, d0, d1, lda, st, acc + r * lda);
+          break;
+        case 2:
+          chunked_pv_rows<BITS, 2>(pgg + r * st, codes, rb, n, d0, d1, lda, st, acc + r * lda);
+          break;
+        case 1:
+          chunked_pv_rows<BITS, 1>(pgg + r * st, codes, rb, n, d0, d1, lda, st, acc + r * lda);
+          break;
+        default:
+          break;
+      }
+    }
+  }
+
   template <DType KD>
   static void dense_scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb,
                            int64_t kstride, int64_t n, float* s, int64_t st) {
@@ -430,7 +604,7 @@ struct SimdOps {
   }
   template <DType KD>
   static void dense_pv(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
-                       int64_t Dv, int64_t st, float* acc) {
+                       int64_t Dv, int64_t st, float* acc, int64_t lda) {
     using T = typename Elem<KD>::T;
     for (int64_t j = 0; j < n; ++j) {
       const T* vr = reinterpret_cast<const T*>(vb + j * vstride);
@@ -438,7 +612,7 @@ struct SimdOps {
         const float pj = p[r * st + j];
         if (pj == 0.0f) continue;
         const __m256 pv = _mm256_set1_ps(pj);
-        float* a = acc + r * Dv;
+        float* a = acc + r * lda;
         int64_t d = 0;
         for (; d + 8 <= Dv; d += 8)
           _mm256_storeu_ps(a + d, _mm256_fmadd_ps(pv, load8<KD>(vr + d), _mm256_loadu_ps(a + d)));
@@ -503,6 +677,14 @@ void run_task(const Plan& P, int64_t task) {
   float* qs = ws.qs.data();
   float* acc = ws.acc.data();
   float* s = ws.s.data();
+  // Chunked code order (SIMD, 2/4 bits) for the key codes when D_k is whole chunks, for the
+  // value codes when a value group is. Packed P.V then accumulates into a second half of each
+  // accumulator row ([R, 2 D_v]: channel order | chunked order), folded back at the end.
+  constexpr int64_t CH = BITS == 8 ? 8 : chunk_channels<BITS == 8 ? 4 : BITS>();
+  constexpr bool chunked = Ops::kPermute && BITS != 8;
+  const bool chunk_k = chunked && Dk % CH == 0;
+  const bool chunk_v = chunked && P.vg % CH == 0;
+  const int64_t lda = chunk_v ? 2 * Dv : Dv;
   // Row r = g * nq + i: query head hk * Gq + g at query index q0 + i.
   for (int64_t r = 0; r < R; ++r) {
     const float* qr = P.q.ptr_as<const float>(b, hk * P.Gq + r / nq, q0 + r % nq);
@@ -510,7 +692,13 @@ void run_task(const Plan& P, int64_t task) {
     ws.m[static_cast<size_t>(r)] = kNegInf;
     ws.l[static_cast<size_t>(r)] = 0;
   }
-  std::fill(acc, acc + R * Dv, 0.0f);
+  if constexpr (chunked) {
+    if (chunk_k)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t p = 0; p < Dk; ++p)
+          ws.qsp[static_cast<size_t>(r * Dk + p)] = qs[r * Dk + chunked_channel<BITS>(p)];
+  }
+  std::fill(acc, acc + R * lda, 0.0f);
 
   int64_t jlo = P.Skv, jhi = 0;  // union of the visible key intervals (kv index space)
   for (int64_t i = 0; i < nq; ++i) {
@@ -562,9 +750,26 @@ void run_task(const Plan& P, int64_t task) {
       const auto* kp = reinterpret_cast<const f16_t*>(kb);
       f16_to_f32_n(kp, ws.kscale.data(), static_cast<size_t>(Dk));
       f16_to_f32_n(kp + Dk, ws.kzero.data(), static_cast<size_t>(Dk));
-      Ops::block_query(qs, R, Dk, ws.kscale.data(), ws.kzero.data(), ws.qk.data(), ws.qz.data());
-      Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.rbk, n,
-                                        s, st);
+      bool done = false;
+      if constexpr (chunked) {
+        if (chunk_k) {
+          for (int64_t p = 0; p < Dk; ++p) {
+            ws.kscale_p[static_cast<size_t>(p)] = ws.kscale[static_cast<size_t>(chunked_channel<BITS>(p))];
+            ws.kzero_p[static_cast<size_t>(p)] = ws.kzero[static_cast<size_t>(chunked_channel<BITS>(p))];
+          }
+          Ops::block_query(ws.qsp.data(), R, Dk, ws.kscale_p.data(), ws.kzero_p.data(),
+                           ws.qk.data(), ws.qz.data());
+          Ops::template chunked_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk,
+                                             P.rbk, n, s, st);
+          done = true;
+        }
+      }
+      if (!done) {
+        Ops::block_query(qs, R, Dk, ws.kscale.data(), ws.kzero.data(), ws.qk.data(),
+                         ws.qz.data());
+        Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.rbk,
+                                          n, s, st);
+      }
     } else {
       Ops::template dense_scores<RD>(qs, R, Dk,
                                      static_cast<const std::byte*>(rk.ptr(b, hk, k0 - P.packed)),
@@ -588,7 +793,7 @@ void run_task(const Plan& P, int64_t task) {
     // ---- online softmax and P.V ----
     for (int64_t r = 0; r < R; ++r)
       Ops::softmax_update(s + r * st, n, ws.m[static_cast<size_t>(r)],
-                          ws.l[static_cast<size_t>(r)], acc + r * Dv, Dv);
+                          ws.l[static_cast<size_t>(r)], acc + r * lda, lda);
     if (packed) {
       // Per-key value scales and zeros of this block, [ng, st] (group-major in the block, so
       // one bulk conversion per group), zero-padded to whole vectors.
@@ -604,19 +809,38 @@ void run_task(const Plan& P, int64_t task) {
       }
       Ops::value_weights(s, R, n, ws.vscale.data(), ws.vzero.data(), ng, st, ws.pg.data(),
                          ws.zs.data());
-      Ops::template packed_pv<BITS>(ws.pg.data(), R, vb + 4 * P.G * ng, P.rbv, n, Dv, P.vg, st,
-                                    acc);
+      // Chunked order stays inside a value group, so the group's zero term lands on the same
+      // channels in either order.
+      float* pacc = chunk_v ? acc + Dv : acc;
+      bool done = false;
+      if constexpr (chunked) {
+        if (chunk_v) {
+          Ops::template chunked_pv<BITS>(ws.pg.data(), R, vb + 4 * P.G * ng, P.rbv, n, Dv, P.vg,
+                                         st, pacc, lda);
+          done = true;
+        }
+      }
+      if (!done)
+        Ops::template packed_pv<BITS>(ws.pg.data(), R, vb + 4 * P.G * ng, P.rbv, n, Dv, P.vg,
+                                      st, acc);
       for (int64_t r = 0; r < R; ++r)
         for (int64_t g = 0; g < ng; ++g) {
           const float z = ws.zs[static_cast<size_t>(r * ng + g)];
-          float* a = acc + r * Dv + g * P.vg;
+          float* a = pacc + r * lda + g * P.vg;
           for (int64_t c = 0; c < P.vg; ++c) a[c] += z;
         }
     } else {
       Ops::template dense_pv<RD>(s, R,
                                  static_cast<const std::byte*>(rv.ptr(b, hk, k0 - P.packed)),
-                                 rvstride, n, Dv, st, acc);
+                                 rvstride, n, Dv, st, acc, lda);
     }
+  }
+  if constexpr (chunked) {
+    if (chunk_v)
+      for (int64_t r = 0; r < R; ++r) {
+        float* a = acc + r * lda;
+        for (int64_t p = 0; p < Dv; ++p) a[chunked_channel<BITS>(p)] += a[Dv + p];
+      }
   }
 
   // ---- write the result, or this partition's partial state ----
@@ -624,11 +848,11 @@ void run_task(const Plan& P, int64_t task) {
     const int64_t h = hk * P.Gq + r / nq, i = q0 + r % nq;
     const float m = ws.m[static_cast<size_t>(r)], l = ws.l[static_cast<size_t>(r)];
     if (P.n_split == 1) {
-      finalize_row(m, l, acc + r * Dv, P.sinks ? P.sinks + h : nullptr, Dv,
+      finalize_row(m, l, acc + r * lda, P.sinks ? P.sinks + h : nullptr, Dv,
                    P.out.ptr_as<float>(b, h, i));
     } else {
       float* dst = P.partial + (task * P.max_rows + r) * (Dv + 2);
-      std::memcpy(dst, acc + r * Dv, static_cast<size_t>(Dv) * sizeof(float));
+      std::memcpy(dst, acc + r * lda, static_cast<size_t>(Dv) * sizeof(float));
       dst[Dv] = m;
       dst[Dv + 1] = l;
     }

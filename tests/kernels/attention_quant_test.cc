@@ -172,6 +172,28 @@ TEST(QuantizedAttention, DecodeGqaOddSizes) {
   }
 }
 
+// The SIMD kernel's chunked code order (2/4 bits: queries and packed P.V kept in the order one
+// zero-extending load yields) on the cache's default geometry (G = 64, value groups of 64) and
+// head dims 64 / 128 / 256 / 80 (80: value groups of 40 are not whole chunks -> channel-order
+// P.V, chunked scores), decode and prefill.
+TEST(QuantizedAttention, ChunkedCodeOrderDefaultGeometry) {
+  for (int bits : {2, 4})
+    for (int64_t D : {64, 128, 256, 80}) {
+      QCase c;
+      c.Hq = 8;
+      c.Hkv = 2;
+      c.D = D;
+      c.G = 64;
+      c.n_blocks = 3;
+      c.n_res = 70;
+      c.bits = bits;
+      check(c);
+      c.Sq = 20;
+      c.res = DType::kF16;
+      check(c);
+    }
+}
+
 TEST(QuantizedAttention, PrefillCausalAcrossBlocksAndResidual) {
   for (DType res : {DType::kF32, DType::kF16, DType::kBF16}) {
     QCase c;
