@@ -123,6 +123,7 @@ void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len)
 // KV head plus the residual rows.
 struct QuantDecodeInputs {
   int bits = 0;
+  KVQuantScheme scheme = KVQuantScheme::kKivi;
   int64_t kv_len = -1;
   std::unique_ptr<Cache> cache;
   KVSpan span;
@@ -130,18 +131,21 @@ struct QuantDecodeInputs {
   int64_t read_bytes = 0;
 };
 
-void BM_DecodeAttentionQuant(benchmark::State& state, int bits, int64_t kv_len) {
+void BM_DecodeAttentionQuant(benchmark::State& state, KVQuantScheme scheme, int bits,
+                             int64_t kv_len) {
   constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kChunk = 64;
   static QuantDecodeInputs in;
-  if (in.bits != bits || in.kv_len != kv_len) {
+  if (in.bits != bits || in.scheme != scheme || in.kv_len != kv_len) {
     in = QuantDecodeInputs();
     in.bits = bits;
+    in.scheme = scheme;
     in.kv_len = kv_len;
     CacheConfig cc;
     cc.implementation = "quantized";
     cc.layer_types = {"full_attention"};
     cc.kv_dtype = DType::kF16;
     cc.kv_bits = bits;
+    cc.kv_quant = scheme;
     in.cache = std::make_unique<Cache>(cc);
     Tensor k = Tensor::empty(DType::kF32, {1, kHkv, kChunk, kD});
     Tensor v = Tensor::empty(DType::kF32, {1, kHkv, kChunk, kD});
@@ -168,11 +172,19 @@ void BM_DecodeAttentionQuant(benchmark::State& state, int bits, int64_t kv_len) 
   state.counters["kv_MiB"] = static_cast<double>(in.read_bytes) / (1 << 20);
 }
 
+// q8 / q4 / q2: KIVI; q8_0 / q4_0: llama.cpp's per-token types through the same container.
 void register_quantized() {
-  for (int bits : {8, 4, 2})
+  struct Format {
+    const char* name;
+    KVQuantScheme scheme;
+    int bits;
+  };
+  for (const Format& f : {Format{"q8", KVQuantScheme::kKivi, 8}, Format{"q4", KVQuantScheme::kKivi, 4},
+                          Format{"q2", KVQuantScheme::kKivi, 2}, Format{"q8_0", KVQuantScheme::kQ8_0, 8},
+                          Format{"q4_0", KVQuantScheme::kQ4_0, 4}})
     for (int64_t len : {1024, 4096, 16384, 65536}) {
-      const std::string name = "BM_DecodeAttention/q" + std::to_string(bits) + "/" + std::to_string(len);
-      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttentionQuant, bits, len)
+      const std::string name = std::string("BM_DecodeAttention/") + f.name + "/" + std::to_string(len);
+      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttentionQuant, f.scheme, f.bits, len)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.5);

@@ -39,6 +39,8 @@ struct CacheConfig {
   // "quantized" containers (KIVI): code width, tokens per key group (values: channels per
   // group, clamped to a divisor of the head dim), full-precision residual tokens.
   int kv_bits = 4;
+  // Packed format: KIVI (default) or llama.cpp's per-token q8_0 / q4_0 (kv_bits then unused).
+  KVQuantScheme kv_quant = KVQuantScheme::kKivi;
   int64_t kv_group = 64;
   int64_t kv_residual = 128;
 };

@@ -18,6 +18,7 @@ std::unique_ptr<CacheLayer> make_quantized(const CacheConfig& c, int layer, bool
   p.layer_index = layer;
   p.kv_dtype = c.kv_dtype;
   p.bits = c.kv_bits;
+  p.scheme = c.kv_quant;
   p.group = c.kv_group;
   p.residual = c.kv_residual;
   if (sliding) {
@@ -46,7 +47,8 @@ QuantizedLayer::QuantizedLayer(QuantizedLayerParams params) : params_(std::move(
   const auto bad = [&](const std::string& what) {
     throw Error(ErrorKind::kInvalidArgument, where() + ": " + what);
   };
-  if (params_.bits != 2 && params_.bits != 4 && params_.bits != 8)
+  if (params_.scheme == KVQuantScheme::kKivi && params_.bits != 2 && params_.bits != 4 &&
+      params_.bits != 8)
     bad("--kv-bits must be 2, 4 or 8, got " + std::to_string(params_.bits));
   if (params_.group < 1) bad("--kv-group must be >= 1, got " + std::to_string(params_.group));
   if (params_.residual < 0)
@@ -66,9 +68,14 @@ void QuantizedLayer::init(const TensorView& k, const TensorView& v) {
   dk_ = k.dim(3);
   dv_ = v.dim(3);
   res_dtype_ = params_.kv_dtype.value_or(k.dtype());
-  v_group_ = kivi_value_group(dv_, params_.group);
-  k_block_bytes_ = kivi_k_block_bytes(params_.group, dk_, params_.bits);
-  v_block_bytes_ = kivi_v_block_bytes(params_.group, dv_, v_group_, params_.bits);
+  try {
+    fmt_ = make_kv_block_format(params_.scheme, params_.bits, params_.group, dk_, dv_);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kInvalidArgument, where() + ": " + e.what());
+  }
+  v_group_ = fmt_.v_group;
+  k_block_bytes_ = kv_k_block_bytes(fmt_);
+  v_block_bytes_ = kv_v_block_bytes(fmt_);
   scratch_.assign(static_cast<size_t>(params_.group * std::max(dk_, dv_)), 0.0f);
   initialized_ = true;
 }
@@ -152,13 +159,6 @@ void QuantizedLayer::flush(int64_t tokens) {
   const int64_t G = params_.group, nb = tokens / G;
   KV_CHECK(tokens % G == 0 && tokens <= n_res_, "flush of whole residual groups only");
   reserve_blocks(nb);
-  KiviBlockParams kp;
-  kp.group = G;
-  kp.bits = params_.bits;
-  KiviBlockParams vp = kp;
-  kp.d = dk_;
-  vp.d = dv_;
-  vp.v_group = v_group_;
   float* s = scratch_.data();
   const TensorView rk = res_k_.view(), rv = res_v_.view();
   for (int64_t b = 0; b < batch_; ++b)
@@ -167,11 +167,11 @@ void QuantizedLayer::flush(int64_t tokens) {
         for (int64_t t = 0; t < G; ++t)
           convert_n(rk.ptr(b, h, i * G + t), res_dtype_, s + t * dk_, DType::kF32,
                     static_cast<size_t>(dk_));
-        kivi_quantize_keys(s, dk_, kp, k_block(b, h, blk_end_ + i));
+        kv_quantize_k_block(fmt_, s, dk_, k_block(b, h, blk_end_ + i));
         for (int64_t t = 0; t < G; ++t)
           convert_n(rv.ptr(b, h, i * G + t), res_dtype_, s + t * dv_, DType::kF32,
                     static_cast<size_t>(dv_));
-        kivi_quantize_values(s, dv_, vp, v_block(b, h, blk_end_ + i));
+        kv_quantize_v_block(fmt_, s, dv_, v_block(b, h, blk_end_ + i));
       }
   blk_end_ += nb;
   // The remaining residual tokens move to slot 0 (fewer than G of them in the decode cycle).
@@ -235,8 +235,8 @@ KVSpan QuantizedLayer::update(const TensorView& k, const TensorView& v) {
   span.kind = KVSpanKind::kQuantized;
   span.kv_offset = first_position();
   QuantKV& q = span.quant;
-  q.scheme = KVQuantScheme::kKivi;
-  q.bits = params_.bits;
+  q.scheme = fmt_.scheme;
+  q.bits = fmt_.bits;
   q.group = G;
   q.v_group = v_group_;
   q.batch = batch_;
@@ -285,23 +285,16 @@ void QuantizedLayer::crop(int64_t n) {
     const int64_t i = (keep - first) / G, part = (keep - first) % G;
     n_res_ = 0;
     reserve_residual(part);
-    KiviBlockParams kp;
-    kp.group = G;
-    kp.bits = params_.bits;
-    KiviBlockParams vp = kp;
-    kp.d = dk_;
-    vp.d = dv_;
-    vp.v_group = v_group_;
     float* s = scratch_.data();
     const TensorView rk = res_k_.view(), rv = res_v_.view();
     if (part > 0)
       for (int64_t b = 0; b < batch_; ++b)
         for (int64_t h = 0; h < heads_; ++h) {
-          kivi_dequantize_keys(k_block(b, h, blk_begin_ + i), kp, s, dk_);
+          kv_dequantize_k_block(fmt_, k_block(b, h, blk_begin_ + i), s, dk_);
           for (int64_t t = 0; t < part; ++t)
             convert_n(s + t * dk_, DType::kF32, rk.ptr(b, h, t), res_dtype_,
                       static_cast<size_t>(dk_));
-          kivi_dequantize_values(v_block(b, h, blk_begin_ + i), vp, s, dv_);
+          kv_dequantize_v_block(fmt_, v_block(b, h, blk_begin_ + i), s, dv_);
           for (int64_t t = 0; t < part; ++t)
             convert_n(s + t * dv_, DType::kF32, rv.ptr(b, h, t), res_dtype_,
                       static_cast<size_t>(dv_));

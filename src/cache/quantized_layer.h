@@ -1,8 +1,9 @@
 // QuantizedLayer ("quantized" / "full_attention" and "sliding_attention"): a KIVI-style cache.
 // The most recent tokens stay in full precision in a residual buffer; once it holds R tokens
 // (kv_residual, default 128) the next update first moves its oldest whole groups of G tokens
-// (kv_group, default 64) into the packed store, quantized with kernels/kv_quant.h (keys per
-// channel, values per token, 2/4/8 bits). update() returns a kQuantized span (packed blocks +
+// (kv_group, default 64) into the packed store, quantized with kernels/kv_quant.h (KIVI: keys
+// per channel, values per token, 2/4/8 bits; or llama.cpp's per-token q8_0 / q4_0 for
+// comparison, --kv-quant). update() returns a kQuantized span (packed blocks +
 // residual, read in place by the fused dequantizing attention): nothing is ever dequantized
 // into a copy. transformers' QuantizedLayer (cache_utils.py:703, KV cache notes "Quantized")
 // dequantizes the whole cache on every update and serves full attention only; this one does
@@ -35,6 +36,7 @@
 #include "cache/cache.h"
 #include "cache/cache_layer.h"
 #include "core/tensor.h"
+#include "kernels/kv_quant.h"
 
 namespace kvcache {
 
@@ -42,7 +44,8 @@ struct QuantizedLayerParams {
   std::string name;                // registry name, "quantized/full_attention"
   int layer_index = -1;            // for error messages
   std::optional<DType> kv_dtype;   // residual dtype; unset: the first update's
-  int bits = 4;                    // 2, 4 or 8
+  KVQuantScheme scheme = KVQuantScheme::kKivi;  // kQ8_0 / kQ4_0: llama.cpp's per-token types
+  int bits = 4;                    // KIVI: 2, 4 or 8 (per-token schemes fix their own)
   int64_t group = 64;              // G: tokens per key group (values: channels per group)
   int64_t residual = 128;          // R: full-precision tokens before a flush
   int64_t sliding_window = 0;      // > 0: a sliding layer of window W
@@ -101,6 +104,7 @@ class QuantizedLayer final : public CacheLayer {
   bool initialized_ = false;
   int64_t batch_ = 0, heads_ = 0, dk_ = 0, dv_ = 0, v_group_ = 0;
   DType res_dtype_ = DType::kF32;
+  KVBlockFormat fmt_;  // set by init() from the first update's shapes
   int64_t k_block_bytes_ = 0, v_block_bytes_ = 0;
   int64_t blk_cap_ = 0, blk_begin_ = 0, blk_end_ = 0;  // per (b, h) block slots
   std::vector<std::byte> kbuf_, vbuf_;                // [B][H_kv][blk_cap][block bytes]

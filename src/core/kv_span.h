@@ -38,6 +38,11 @@ enum class KVQuantScheme : uint8_t {
   // values per token (groups of QuantKV::v_group channels); asymmetric, 2/4/8 bits, f16 scale
   // and f16 zero point per group.
   kKivi,
+  // llama.cpp's per-token KV cache types, for comparison: every token row of K and of V is cut
+  // into blocks of 32 channels with one f16 scale each; symmetric. q8_0: int8 codes (34 bytes
+  // per 32); q4_0: 4-bit codes with an offset of 8 (18 bytes per 32). D must be a multiple of 32.
+  kQ8_0,
+  kQ4_0,
 };
 
 // Quantized K/V read in place: `n_blocks` packed blocks of `group` tokens per (batch row, KV

@@ -56,6 +56,8 @@ struct Plan {
   int64_t rbk = 0, rbv = 0;      // code row bytes of K and V
   int64_t st = 0;                // row stride of the score buffer: round8(max(G, kResTile))
   float scale = 1, softcap = 0;
+  KVBlockFormat fmt;             // the packed blocks' format (kv_quant.h)
+  bool per_token = false;        // q8_0 / q4_0: blocks dequantized tile by tile into scratch
   const float* sinks = nullptr;  // [H_q] or null
   MaskSpec spec;
   bool mask_free = false;
@@ -76,6 +78,7 @@ struct Workspace {
   std::vector<float> pg;        // [ng, R, st] probabilities times value scales
   std::vector<float> zs;        // [R, ng] probabilities . value zeros
   std::vector<float> acc;       // [R, D_v]
+  std::vector<float> kt, vt;    // per-token schemes: one block's K [G, D_k] / V [G, D_v] in f32
   std::vector<float> s;         // [R, st] logits, then probabilities
   std::vector<float> m, l;      // [R]
   std::vector<int64_t> lo, hi;  // [n_q] visible key interval per query position (kv index)
@@ -103,6 +106,10 @@ struct Workspace {
     grow(lo, nq);
     grow(hi, nq);
     grow(kind, R);
+    if (P.per_token) {
+      grow(kt, P.G * P.Dk);
+      grow(vt, P.G * P.Dv);
+    }
   }
 };
 
@@ -744,7 +751,16 @@ void run_task(const Plan& P, int64_t task) {
     // ---- logits ----
     const std::byte* kb = nullptr;
     const std::byte* vb = nullptr;
-    if (packed) {
+    if (packed && P.per_token) {
+      // llama.cpp-style per-token blocks: one tile's K widened into an L1/L2-resident scratch
+      // (never the cache), then the residual's dense dot products.
+      kb = kv.k_block(b, hk, tile);
+      vb = kv.v_block(b, hk, tile);
+      kv_dequantize_k_block(P.fmt, kb, ws.kt.data(), Dk);
+      Ops::template dense_scores<DType::kF32>(qs, R, Dk,
+                                              reinterpret_cast<const std::byte*>(ws.kt.data()),
+                                              Dk * 4, n, s, st);
+    } else if (packed) {
       kb = kv.k_block(b, hk, tile);
       vb = kv.v_block(b, hk, tile);
       const auto* kp = reinterpret_cast<const f16_t*>(kb);
@@ -794,7 +810,11 @@ void run_task(const Plan& P, int64_t task) {
     for (int64_t r = 0; r < R; ++r)
       Ops::softmax_update(s + r * st, n, ws.m[static_cast<size_t>(r)],
                           ws.l[static_cast<size_t>(r)], acc + r * lda, lda);
-    if (packed) {
+    if (packed && P.per_token) {
+      kv_dequantize_v_block(P.fmt, vb, ws.vt.data(), Dv);
+      Ops::template dense_pv<DType::kF32>(s, R, reinterpret_cast<const std::byte*>(ws.vt.data()),
+                                          Dv * 4, n, Dv, st, acc, lda);
+    } else if (packed) {
       // Per-key value scales and zeros of this block, [ng, st] (group-major in the block, so
       // one bulk conversion per group), zero-padded to whole vectors.
       const auto* vp = reinterpret_cast<const f16_t*>(vb);
@@ -927,6 +947,10 @@ void run_quantized(const TensorView& q, const QuantKV& kv, const TensorView& out
   P.Skv = kv.seq_len();
   P.n_tiles = P.n_blocks + (P.n_res + kResTile - 1) / kResTile;
   P.vg = kv.v_group;
+  P.per_token = kv_quant_per_token(kv.scheme);
+  P.fmt = make_kv_block_format(kv.scheme, kv.bits, kv.group, P.Dk, P.Dv);
+  if (!P.per_token) P.fmt.v_group = kv.v_group;  // the span's, as validated
+  if (P.per_token) P.vg = P.Dv;  // no value groups: one "group" spans the row
   P.ng = P.Dv / P.vg;
   P.rbk = kivi_row_bytes(P.Dk, kv.bits);
   P.rbv = kivi_row_bytes(P.Dv, kv.bits);
@@ -967,7 +991,7 @@ void run_quantized(const TensorView& q, const QuantKV& kv, const TensorView& out
   }
   const int64_t tasks = base_tasks * P.n_split;
   const DType rd = P.n_res > 0 ? kv.k_residual.dtype() : DType::kF32;
-  switch (kv.bits) {
+  switch (P.per_token ? 8 : kv.bits) {  // per-token tiles take the BITS-free branch
     case 2:
       launch_bits<Ops, 2>(P, tasks, rd);
       break;
@@ -994,9 +1018,19 @@ void run_quantized(const TensorView& q, const QuantKV& kv, const TensorView& out
 
 void validate_quantized_attention_args(const TensorView& q, const QuantKV& kv,
                                        const TensorView& out, const AttentionOptions& o) {
-  if (kv.scheme != KVQuantScheme::kKivi) bad("unknown quantization scheme", ErrorKind::kUnsupported);
-  if (kv.bits != 2 && kv.bits != 4 && kv.bits != 8)
-    bad("bits must be 2, 4 or 8, got " + std::to_string(kv.bits), ErrorKind::kUnsupported);
+  if (kv.scheme == KVQuantScheme::kKivi) {
+    if (kv.bits != 2 && kv.bits != 4 && kv.bits != 8)
+      bad("bits must be 2, 4 or 8, got " + std::to_string(kv.bits), ErrorKind::kUnsupported);
+  } else if (kv.scheme == KVQuantScheme::kQ8_0 || kv.scheme == KVQuantScheme::kQ4_0) {
+    if (kv.bits != (kv.scheme == KVQuantScheme::kQ8_0 ? 8 : 4))
+      bad(std::string(kv_quant_scheme_name(kv.scheme)) + " spans carry " +
+          (kv.scheme == KVQuantScheme::kQ8_0 ? "8" : "4") + "-bit codes, got bits " +
+          std::to_string(kv.bits));
+    if (kv.head_dim_k % 32 != 0 || kv.head_dim_v % 32 != 0)
+      bad("per-token blocks need head dims that are multiples of 32");
+  } else {
+    bad("unknown quantization scheme", ErrorKind::kUnsupported);
+  }
   if (q.ndim() != 4 || out.ndim() != 4) bad("q and out must be 4-d [B, H, S, D]");
   if (q.dtype() != DType::kF32 || out.dtype() != DType::kF32) bad("q and out must be f32");
   if (kv.heads < 1 || q.dim(1) % kv.heads != 0)
@@ -1009,7 +1043,8 @@ void validate_quantized_attention_args(const TensorView& q, const QuantKV& kv,
   if ((q.dim(3) > 1 && q.stride(3) != 1) || (out.dim(3) > 1 && out.stride(3) != 1))
     bad("q and out need a unit innermost stride");
   if (kv.group < 1 || kv.n_blocks < 0) bad("group must be >= 1 and n_blocks >= 0");
-  if (kv.v_group < 1 || kv.head_dim_v % kv.v_group != 0) bad("v_group must divide D_v");
+  if (kv.scheme == KVQuantScheme::kKivi && (kv.v_group < 1 || kv.head_dim_v % kv.v_group != 0))
+    bad("v_group must divide D_v");
   if (kv.n_blocks > 0 && (!kv.k_blocks || !kv.v_blocks)) bad("packed blocks missing");
   if (kv.residual_len() > 0) {
     const TensorView& rk = kv.k_residual;
@@ -1052,19 +1087,14 @@ void dequantize_quant_kv(const QuantKV& kv, Tensor* k, Tensor* v) {
   const int64_t S = kv.seq_len(), P = kv.packed_len(), G = kv.group;
   *k = Tensor::empty(DType::kF32, {kv.batch, kv.heads, S, kv.head_dim_k});
   *v = Tensor::empty(DType::kF32, {kv.batch, kv.heads, S, kv.head_dim_v});
-  KiviBlockParams kp;
-  kp.group = G;
-  kp.bits = kv.bits;
-  KiviBlockParams vp = kp;
-  kp.d = kv.head_dim_k;
-  vp.d = kv.head_dim_v;
-  vp.v_group = kv.v_group;
+  KVBlockFormat f = make_kv_block_format(kv.scheme, kv.bits, G, kv.head_dim_k, kv.head_dim_v);
+  if (!kv_quant_per_token(kv.scheme)) f.v_group = kv.v_group;
   const TensorView kd = k->view(), vd = v->view();
   for (int64_t b = 0; b < kv.batch; ++b)
     for (int64_t h = 0; h < kv.heads; ++h) {
       for (int64_t i = 0; i < kv.n_blocks; ++i) {
-        kivi_dequantize_keys(kv.k_block(b, h, i), kp, kd.ptr_as<float>(b, h, i * G), kp.d);
-        kivi_dequantize_values(kv.v_block(b, h, i), vp, vd.ptr_as<float>(b, h, i * G), vp.d);
+        kv_dequantize_k_block(f, kv.k_block(b, h, i), kd.ptr_as<float>(b, h, i * G), f.dk);
+        kv_dequantize_v_block(f, kv.v_block(b, h, i), vd.ptr_as<float>(b, h, i * G), f.dv);
       }
       if (S > P) {
         copy_view(kv.k_residual.slice(0, b, b + 1).slice(1, h, h + 1),

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
+#include "kernels/matmul.h"
 
 namespace kvcache {
 
@@ -185,6 +187,123 @@ void dequantize_row_q4_0(const BlockQ4_0* src, float* dst, int64_t k) {
       dst[i * 32 + j + 16] = static_cast<float>((src[i].qs[j] >> 4) - 8) * d;
     }
   }
+}
+
+// ---- block codec ----
+
+const char* kv_quant_scheme_name(KVQuantScheme s) {
+  switch (s) {
+    case KVQuantScheme::kKivi:
+      return "kivi";
+    case KVQuantScheme::kQ8_0:
+      return "q8_0";
+    case KVQuantScheme::kQ4_0:
+      return "q4_0";
+  }
+  return "?";
+}
+
+std::optional<KVQuantScheme> parse_kv_quant_scheme(std::string_view name) {
+  for (KVQuantScheme s : {KVQuantScheme::kKivi, KVQuantScheme::kQ8_0, KVQuantScheme::kQ4_0})
+    if (name == kv_quant_scheme_name(s)) return s;
+  return std::nullopt;
+}
+
+KVBlockFormat make_kv_block_format(KVQuantScheme scheme, int bits, int64_t group, int64_t dk,
+                                   int64_t dv) {
+  const auto bad = [&](const std::string& what) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string("KV quantization ") + kv_quant_scheme_name(scheme) + ": " + what);
+  };
+  if (group < 1) bad("the group (tokens per block) must be >= 1, got " + std::to_string(group));
+  if (dk < 1 || dv < 1) bad("head dims must be >= 1");
+  KVBlockFormat f;
+  f.scheme = scheme;
+  f.group = group;
+  f.dk = dk;
+  f.dv = dv;
+  if (scheme == KVQuantScheme::kKivi) {
+    if (bits != 2 && bits != 4 && bits != 8)
+      bad("bits must be 2, 4 or 8, got " + std::to_string(bits));
+    f.bits = bits;
+    f.v_group = kivi_value_group(dv, group);
+  } else {
+    if (dk % 32 != 0 || dv % 32 != 0)
+      bad("per-token blocks of 32 channels need head dims that are multiples of 32, got D_k " +
+          std::to_string(dk) + ", D_v " + std::to_string(dv) + " (use the KIVI scheme instead)");
+    f.bits = scheme == KVQuantScheme::kQ8_0 ? 8 : 4;
+  }
+  return f;
+}
+
+namespace {
+int64_t per_token_row_bytes(const KVBlockFormat& f, int64_t d) {
+  return d / 32 * (f.scheme == KVQuantScheme::kQ8_0 ? int64_t{sizeof(BlockQ8_0)}
+                                                    : int64_t{sizeof(BlockQ4_0)});
+}
+void per_token_quantize(const KVBlockFormat& f, int64_t d, const float* rows, int64_t ld,
+                        std::byte* block) {
+  const int64_t rb = per_token_row_bytes(f, d);
+  for (int64_t t = 0; t < f.group; ++t) {
+    if (f.scheme == KVQuantScheme::kQ8_0)
+      quantize_row_q8_0(rows + t * ld, reinterpret_cast<BlockQ8_0*>(block + t * rb), d);
+    else
+      quantize_row_q4_0(rows + t * ld, reinterpret_cast<BlockQ4_0*>(block + t * rb), d);
+  }
+}
+void per_token_dequantize(const KVBlockFormat& f, int64_t d, const std::byte* block, float* out,
+                          int64_t ld) {
+  const int64_t rb = per_token_row_bytes(f, d);
+  for (int64_t t = 0; t < f.group; ++t) {
+    if (f.scheme == KVQuantScheme::kQ8_0)
+      dequantize_row(block + t * rb, DType::kQ8_0, out + t * ld, d);
+    else
+      dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(block + t * rb), out + t * ld, d);
+  }
+}
+KiviBlockParams kivi_params(const KVBlockFormat& f, bool keys) {
+  KiviBlockParams p;
+  p.group = f.group;
+  p.bits = f.bits;
+  p.d = keys ? f.dk : f.dv;
+  if (!keys) p.v_group = f.v_group;
+  return p;
+}
+}  // namespace
+
+int64_t kv_k_block_bytes(const KVBlockFormat& f) {
+  return kv_quant_per_token(f.scheme) ? f.group * per_token_row_bytes(f, f.dk)
+                                      : kivi_k_block_bytes(f.group, f.dk, f.bits);
+}
+int64_t kv_v_block_bytes(const KVBlockFormat& f) {
+  return kv_quant_per_token(f.scheme) ? f.group * per_token_row_bytes(f, f.dv)
+                                      : kivi_v_block_bytes(f.group, f.dv, f.v_group, f.bits);
+}
+void kv_quantize_k_block(const KVBlockFormat& f, const float* rows, int64_t ld, std::byte* block) {
+  if (kv_quant_per_token(f.scheme))
+    per_token_quantize(f, f.dk, rows, ld, block);
+  else
+    kivi_quantize_keys(rows, ld, kivi_params(f, true), block);
+}
+void kv_quantize_v_block(const KVBlockFormat& f, const float* rows, int64_t ld, std::byte* block) {
+  if (kv_quant_per_token(f.scheme))
+    per_token_quantize(f, f.dv, rows, ld, block);
+  else
+    kivi_quantize_values(rows, ld, kivi_params(f, false), block);
+}
+void kv_dequantize_k_block(const KVBlockFormat& f, const std::byte* block, float* out,
+                           int64_t ld) {
+  if (kv_quant_per_token(f.scheme))
+    per_token_dequantize(f, f.dk, block, out, ld);
+  else
+    kivi_dequantize_keys(block, kivi_params(f, true), out, ld);
+}
+void kv_dequantize_v_block(const KVBlockFormat& f, const std::byte* block, float* out,
+                           int64_t ld) {
+  if (kv_quant_per_token(f.scheme))
+    per_token_dequantize(f, f.dv, block, out, ld);
+  else
+    kivi_dequantize_values(block, kivi_params(f, false), out, ld);
 }
 
 }  // namespace kvcache

@@ -31,8 +31,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include "core/dtype.h"
+#include "core/kv_span.h"
 
 namespace kvcache {
 
@@ -96,5 +99,34 @@ static_assert(sizeof(BlockQ4_0) == 18, "q4_0 block must be 18 bytes");
 // k % 32 == 0. (q8_0: quantize_row_q8_0 in kernels/matmul.h.)
 void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t k);
 void dequantize_row_q4_0(const BlockQ4_0* src, float* dst, int64_t k);
+
+// ---- one packed block, whatever the scheme: the cache layer and the kernel agree here ----
+// A block holds `group` consecutive tokens of one (batch row, KV head). KIVI blocks use the
+// layouts above; per-token blocks (q8_0, q4_0) are `group` rows of D / 32 llama.cpp blocks,
+// K rows then nothing else (no block header).
+struct KVBlockFormat {
+  KVQuantScheme scheme = KVQuantScheme::kKivi;
+  int bits = 4;          // KIVI: 2, 4, 8; q8_0: 8; q4_0: 4
+  int64_t group = 64;    // tokens per block
+  int64_t dk = 0, dv = 0;
+  int64_t v_group = 0;   // KIVI value channels per scale/zero (kivi_value_group); else 0
+};
+// "kivi", "q8_0", "q4_0".
+const char* kv_quant_scheme_name(KVQuantScheme s);
+// Parses a scheme name; nullopt for anything else.
+std::optional<KVQuantScheme> parse_kv_quant_scheme(std::string_view name);
+inline bool kv_quant_per_token(KVQuantScheme s) { return s != KVQuantScheme::kKivi; }
+// The format for these shapes; `bits` is used by KIVI only (per-token schemes fix it). Throws
+// Error(kInvalidArgument) naming the problem: KIVI bits not 2/4/8, group < 1, D not a multiple
+// of 32 for a per-token scheme.
+KVBlockFormat make_kv_block_format(KVQuantScheme scheme, int bits, int64_t group, int64_t dk,
+                                   int64_t dv);
+int64_t kv_k_block_bytes(const KVBlockFormat& f);
+int64_t kv_v_block_bytes(const KVBlockFormat& f);
+// rows: [group, D] f32 (row stride ld floats) -> one block; and back (out [group, D], stride ld).
+void kv_quantize_k_block(const KVBlockFormat& f, const float* rows, int64_t ld, std::byte* block);
+void kv_quantize_v_block(const KVBlockFormat& f, const float* rows, int64_t ld, std::byte* block);
+void kv_dequantize_k_block(const KVBlockFormat& f, const std::byte* block, float* out, int64_t ld);
+void kv_dequantize_v_block(const KVBlockFormat& f, const std::byte* block, float* out, int64_t ld);
 
 }  // namespace kvcache

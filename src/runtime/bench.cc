@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/kv_quant.h"
 
 namespace kvcache {
 
@@ -70,8 +71,11 @@ std::vector<BenchResult> run_bench(const LlamaModel& model, const SessionConfig&
       if (sc.max_cache_len <= 0 || sc.max_cache_len < need) sc.max_cache_len = need;
       Session s(model, sc);
       BenchResult r;
-      // "quantized-q4": the code width is what distinguishes quantized runs in a table.
-      r.cache = sc.cache == "quantized" ? "quantized-q" + std::to_string(sc.kv_bits) : sc.cache;
+      // "quantized-q4" (KIVI) / "quantized-q8_0" (per-token): the format is what distinguishes
+      // quantized runs in a table.
+      r.cache = sc.cache != "quantized"                  ? sc.cache
+                : sc.kv_quant == KVQuantScheme::kKivi ? "quantized-q" + std::to_string(sc.kv_bits)
+                                                      : std::string("quantized-") + kv_quant_scheme_name(sc.kv_quant);
       r.kernel = sc.kernel;
       r.kv_dtype = dtype_name(sc.kv_dtype.value_or(DType::kF32));
       r.n_prompt = t.pp;

@@ -36,6 +36,7 @@ CacheConfig base_cache_config(const ModelConfig& model, const SessionConfig& con
   cc.max_batch_size = 1;
   cc.kv_dtype = config.kv_dtype.value_or(DType::kF32);
   cc.kv_bits = config.kv_bits;
+  cc.kv_quant = config.kv_quant;
   cc.kv_group = config.kv_group;
   cc.kv_residual = config.kv_residual;
   cc.block_size = config.block_size;

@@ -24,6 +24,7 @@ struct SessionConfig {
   std::string kernel = "fused";   // attention kernel name
   // cache "quantized" (KIVI): code bits, key group in tokens, full-precision residual tokens.
   int kv_bits = 4;
+  KVQuantScheme kv_quant = KVQuantScheme::kKivi;  // or llama.cpp's per-token q8_0 / q4_0
   int64_t kv_group = 64;
   int64_t kv_residual = 128;
   int64_t prefill_chunk = 512;    // tokens per forward during prefill

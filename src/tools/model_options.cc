@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/kv_quant.h"
 #include "model/kv_plan.h"
 
 namespace kvcache::tools {
@@ -29,7 +30,11 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--block-size", o.block_size, "Paged cache: tokens per block (default 16)");
   cmd->add_option("--kv-budget", o.kv_budget,
                   "Paged cache: bytes for the block pool plus activations, e.g. 512MiB (default: blocks for --max-cache-len)");
-  cmd->add_option("--kv-bits", o.kv_bits, "--cache quantized: bits per code, 2, 4 or 8 (KIVI)")->capture_default_str();
+  cmd->add_option("--kv-bits", o.kv_bits, "--cache quantized: bits per code, 2, 4 or 8 (KIVI; default 4)");
+  cmd->add_option("--kv-quant", o.kv_quant,
+                  "--cache quantized: packed format, kivi (per-channel keys, per-token values; default) or "
+                  "llama.cpp's per-token q8_0 / q4_0 (for comparison)")
+      ->capture_default_str();
   cmd->add_option("--kv-group", o.kv_group, "--cache quantized: tokens per key group (values: channels per group)")
       ->capture_default_str();
   cmd->add_option("--kv-residual", o.kv_residual, "--cache quantized: most recent tokens kept in full precision")
@@ -72,7 +77,20 @@ SessionConfig session_config(const ModelOptions& o, const LlamaModel& model) {
   if (o.block_size < 1) throw Error(ErrorKind::kInvalidArgument, "--block-size must be >= 1");
   sc.block_size = o.block_size;
   if (!o.kv_budget.empty()) sc.kv_budget_bytes = parse_byte_size(o.kv_budget);
-  sc.kv_bits = o.kv_bits;
+  const std::optional<KVQuantScheme> scheme = parse_kv_quant_scheme(o.kv_quant);
+  if (!scheme)
+    throw Error(ErrorKind::kInvalidArgument, "--kv-quant must be kivi, q8_0 or q4_0, got '" + o.kv_quant + "'");
+  sc.kv_quant = *scheme;
+  if (*scheme == KVQuantScheme::kKivi) {
+    sc.kv_bits = o.kv_bits != 0 ? o.kv_bits : 4;
+  } else {
+    const int fixed = *scheme == KVQuantScheme::kQ8_0 ? 8 : 4;
+    if (o.kv_bits != 0 && o.kv_bits != fixed)
+      throw Error(ErrorKind::kInvalidArgument, "--kv-quant " + o.kv_quant + " stores " + std::to_string(fixed) +
+                                                   "-bit codes; --kv-bits " + std::to_string(o.kv_bits) +
+                                                   " contradicts it (drop --kv-bits)");
+    sc.kv_bits = fixed;
+  }
   sc.kv_group = o.kv_group;
   sc.kv_residual = o.kv_residual;
   if (!o.kv_dtype.empty()) {

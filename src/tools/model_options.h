@@ -25,7 +25,8 @@ struct ModelOptions {
   std::string progress = "auto";  // model load progress on stderr: auto (when a terminal), on, off
   int64_t block_size = 16;  // --cache paged: tokens per block
   std::string kv_budget;    // --cache paged: bytes for pool + activations ("512MiB"); empty: none
-  int kv_bits = 4;                 // --cache quantized
+  int kv_bits = 0;                 // --cache quantized, KIVI; 0: unset (4)
+  std::string kv_quant = "kivi";   // --cache quantized: kivi, q8_0, q4_0
   int64_t kv_group = 64;
   int64_t kv_residual = 128;
 };

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -302,6 +303,85 @@ TEST(QuantizedLayer, MemoryAt16KAgainstF16) {
     std::printf("[quantized q%d] 16K tokens: %zu bytes, %.4f x f16 (%zu bytes)\n", bits, q.bytes(),
                 ratio, f16.bytes());
     EXPECT_LE(ratio, limit) << bits << " bits";
+  }
+}
+
+
+// llama.cpp's per-token formats through the same container (--kv-quant q8_0 / q4_0): the span's
+// packed rows are exactly the codec's round trip of the history, bytes() is exact, the 16K
+// ratios against f16 follow from 34 / 64 and 18 / 64 bytes per element pair, and head dims that
+// are not multiples of 32 are refused naming the layer.
+TEST(QuantizedLayer, PerTokenSchemes) {
+  std::mt19937 rng(11);
+  for (KVQuantScheme sch : {KVQuantScheme::kQ8_0, KVQuantScheme::kQ4_0}) {
+    CacheConfig cfg = quant_config(4, 16, 32);
+    cfg.kv_quant = sch;
+    Cache cache(cfg);
+    History h(DType::kF32);
+    KVSpan span;
+    for (int step = 0; step < 7; ++step) {
+      const Tensor k = random_tensor(DType::kF32, {2, 3, 9, 64}, rng);
+      const Tensor v = random_tensor(DType::kF32, {2, 3, 9, 32}, rng);
+      h.append(k.view(), v.view());
+      span = cache.update(0, k.view(), v.view());
+    }
+    const QuantizedLayer& L = qlayer(cache);
+    ASSERT_EQ(span.quant.scheme, sch);
+    EXPECT_EQ(span.quant.bits, sch == KVQuantScheme::kQ8_0 ? 8 : 4);
+    EXPECT_EQ(L.packed_length() + L.residual_length(), 63);
+    ASSERT_GT(L.packed_length(), 0);
+    Tensor gk, gv;
+    dense_of(span, &gk, &gv);
+    const KVBlockFormat f = make_kv_block_format(sch, 0, 16, 64, 32);
+    std::vector<float> rows(16 * 64), back(16 * 64);
+    std::vector<std::byte> blk(static_cast<size_t>(kv_k_block_bytes(f)));
+    Tensor hk = Tensor::empty(DType::kF32, {2, 3, 63, 64});
+    copy_view(h.k(0, 63), hk.view());
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t hh = 0; hh < 3; ++hh)
+        for (int64_t t = 0; t < 63; ++t) {
+          const float* want = hk.view().ptr_as<float>(b, hh, t);
+          const float* got = gk.view().ptr_as<float>(b, hh, t);
+          if (t >= L.packed_length()) {
+            ASSERT_EQ(std::memcmp(want, got, 64 * 4), 0) << "residual row " << t;
+            continue;
+          }
+          // Per-token: a row's code depends on that row only, so quantizing the same row alone
+          // gives the same bits.
+          kv_quantize_k_block(f, want - (t % 16) * 64, 64, blk.data());
+          kv_dequantize_k_block(f, blk.data(), back.data(), 64);
+          ASSERT_EQ(std::memcmp(back.data() + (t % 16) * 64, got, 64 * 4), 0) << "packed row " << t;
+        }
+  }
+  // 16K tokens, H 8, D 128, f16 residual: exact bytes and the ratio to an f16 dynamic cache.
+  constexpr int64_t kTokens = 16384, kH = 8, kD = 128, kChunk = 64;
+  const Tensor k = random_tensor(DType::kF16, {1, kH, kChunk, kD}, rng);
+  for (auto [sch, limit] : {std::pair<KVQuantScheme, double>{KVQuantScheme::kQ8_0, 0.55},
+                            {KVQuantScheme::kQ4_0, 0.30}}) {
+    CacheConfig cfg = quant_config(4, 64, 128, DType::kF16);
+    cfg.kv_quant = sch;
+    Cache q(cfg);
+    for (int64_t t = 0; t < kTokens; t += kChunk) q.update(0, k.view(), k.view());
+    const QuantizedLayer& L = qlayer(q);
+    const int64_t per32 = sch == KVQuantScheme::kQ8_0 ? 34 : 18;
+    const size_t want = static_cast<size_t>(kH * L.packed_capacity_blocks() * 2 * 64 * kD / 32 * per32 +
+                                            2 * kH * L.residual_capacity() * kD * 2 + 64 * kD * 4);
+    EXPECT_EQ(L.bytes(), want);
+    const double ratio = static_cast<double>(q.bytes()) / static_cast<double>(kTokens * kH * kD * 2 * 2);
+    std::printf("[quantized %s] 16K tokens: %zu bytes, %.4f x f16\n", kv_quant_scheme_name(sch), q.bytes(), ratio);
+    EXPECT_LE(ratio, limit);
+  }
+  CacheConfig bad = quant_config(4, 16, 32);
+  bad.kv_quant = KVQuantScheme::kQ8_0;
+  Cache c(bad);
+  const Tensor k40 = random_tensor(DType::kF32, {1, 1, 3, 40}, rng);
+  try {
+    c.update(0, k40.view(), k40.view());
+    ADD_FAILURE() << "D 40 accepted by q8_0";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("layer 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("multiples of 32"), std::string::npos) << m;
   }
 }
 

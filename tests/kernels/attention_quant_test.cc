@@ -25,6 +25,7 @@ constexpr double kTol = 1e-5;
 struct QCase {
   int64_t B = 1, Hq = 4, Hkv = 2, Sq = 1, D = 64, Dv = 0, G = 16, n_blocks = 3, n_res = 5;
   int bits = 4;
+  KVQuantScheme scheme = KVQuantScheme::kKivi;
   DType res = DType::kF32;
   bool causal = true, sinks = false;
   float softcap = 0;
@@ -34,7 +35,7 @@ struct QCase {
     o << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Sq" << Sq << " D" << D << " Dv"
       << (Dv ? Dv : D) << " G" << G << " blocks" << n_blocks << " res" << n_res << " bits" << bits
       << " " << dtype_name(res) << " window" << window << " chunk" << chunk << " kv_offset"
-      << kv_offset << " split" << kv_split << (sinks ? " sinks" : "") << " softcap" << softcap;
+      << kv_offset << " split" << kv_split << " " << kv_quant_scheme_name(scheme) << (sinks ? " sinks" : "") << " softcap" << softcap;
     return o.str();
   }
 };
@@ -50,28 +51,22 @@ struct QInputs {
   QuantKV kv;
   explicit QInputs(const QCase& cs) : c(cs) {
     Dv = c.Dv ? c.Dv : c.D;
-    vg = kivi_value_group(Dv, c.G);
+    const KVBlockFormat f = make_kv_block_format(c.scheme, c.bits, c.G, c.D, Dv);
+    vg = kv_quant_per_token(c.scheme) ? Dv : f.v_group;
     std::mt19937 rng(static_cast<uint32_t>(c.D * 1000 + c.n_blocks * 10 + c.bits));
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    const int64_t kbb = kivi_k_block_bytes(c.G, c.D, c.bits);
-    const int64_t vbb = kivi_v_block_bytes(c.G, Dv, vg, c.bits);
+    const int64_t kbb = kv_k_block_bytes(f);
+    const int64_t vbb = kv_v_block_bytes(f);
     kb.resize(static_cast<size_t>(c.B * c.Hkv * c.n_blocks * kbb));
     vb.resize(static_cast<size_t>(c.B * c.Hkv * c.n_blocks * vbb));
-    KiviBlockParams kp;
-    kp.group = c.G;
-    kp.bits = c.bits;
-    KiviBlockParams vp = kp;
-    kp.d = c.D;
-    vp.d = Dv;
-    vp.v_group = vg;
     std::vector<float> rows(static_cast<size_t>(c.G * std::max(c.D, Dv)));
     for (int64_t i = 0; i < c.B * c.Hkv * c.n_blocks; ++i) {
       for (int64_t t = 0; t < c.G; ++t)
         for (int64_t d = 0; d < c.D; ++d)
           rows[static_cast<size_t>(t * c.D + d)] = nd(rng) + 0.3f * static_cast<float>(d % 5);
-      kivi_quantize_keys(rows.data(), c.D, kp, kb.data() + i * kbb);
+      kv_quantize_k_block(f, rows.data(), c.D, kb.data() + i * kbb);
       for (auto& x : rows) x = nd(rng);
-      kivi_quantize_values(rows.data(), Dv, vp, vb.data() + i * vbb);
+      kv_quantize_v_block(f, rows.data(), Dv, vb.data() + i * vbb);
     }
     rk = Tensor::empty(c.res, {c.B, c.Hkv, c.n_res + 3, c.D});  // spare capacity: strided view
     rv = Tensor::empty(c.res, {c.B, c.Hkv, c.n_res + 3, Dv});
@@ -85,7 +80,8 @@ struct QInputs {
     for (int64_t i = 0; i < qbuf.numel(); ++i) qbuf.data_as<float>()[i] = nd(rng);
     for (int64_t h = 0; h < c.Hq; ++h) sinks.push_back(nd(rng));
 
-    kv.bits = c.bits;
+    kv.scheme = c.scheme;
+    kv.bits = f.bits;
     kv.group = c.G;
     kv.v_group = vg;
     kv.batch = c.B;
@@ -192,6 +188,37 @@ TEST(QuantizedAttention, ChunkedCodeOrderDefaultGeometry) {
       c.res = DType::kF16;
       check(c);
     }
+}
+
+// llama.cpp's per-token q8_0 / q4_0 blocks (dequantized tile by tile into scratch): decode with
+// split-KV, prefill across blocks and residual, a sliding window with an offset, sinks.
+TEST(QuantizedAttention, PerTokenSchemes) {
+  for (KVQuantScheme sch : {KVQuantScheme::kQ8_0, KVQuantScheme::kQ4_0}) {
+    QCase c;
+    c.scheme = sch;
+    c.Hq = 6;
+    c.Hkv = 2;
+    c.D = 64;
+    c.Dv = 96;
+    c.G = 16;
+    c.n_blocks = 9;
+    c.n_res = 13;
+    check(c);
+    c.kv_split = 40;
+    c.sinks = true;
+    check(c);
+    c.kv_split = 0;
+    c.sinks = false;
+    c.Sq = 30;
+    c.res = DType::kF16;
+    check(c);
+    c.window = 37;
+    c.kv_offset = 11;
+    check(c);
+  }
+  QInputs in(QCase{});
+  in.kv.scheme = KVQuantScheme::kQ8_0;  // a q8_0 span claiming 4-bit codes
+  EXPECT_THROW(quantized_attention(in.q(), in.kv, in.out(), in.options()), Error);
 }
 
 TEST(QuantizedAttention, PrefillCausalAcrossBlocksAndResidual) {

@@ -3,6 +3,12 @@
 // bits on odd sizes, and for the llama.cpp-like q8_0 / q4_0 per-token blocks.
 #include <gtest/gtest.h>
 
+#include "core/error.h"
+
+#include <string>
+
+#include <cstring>
+
 #include <cmath>
 #include <random>
 #include <vector>
@@ -181,6 +187,66 @@ TEST(KvQuant, Q4_0WithinHalfStepExceptTopClamp) {
     else
       EXPECT_LE(err, 0.5f * d * 1.001f + 1e-6f) << i;
   }
+}
+
+
+// The block codec both the cache and the kernel use: per-token blocks are G rows of llama.cpp
+// blocks, bit for bit what the row functions write; KIVI blocks are the kivi_* layouts.
+TEST(KvQuant, BlockCodecPerTokenAndKivi) {
+  const int64_t G = 5, Dk = 64, Dv = 96;
+  const std::vector<float> k = random_rows(G * Dk, 21, 0.0f), v = random_rows(G * Dv, 22, 0.0f);
+  for (KVQuantScheme sch : {KVQuantScheme::kQ8_0, KVQuantScheme::kQ4_0}) {
+    const KVBlockFormat f = make_kv_block_format(sch, /*bits ignored*/ 2, G, Dk, Dv);
+    const int64_t per32 = sch == KVQuantScheme::kQ8_0 ? 34 : 18;
+    EXPECT_EQ(f.bits, sch == KVQuantScheme::kQ8_0 ? 8 : 4);
+    EXPECT_EQ(kv_k_block_bytes(f), G * Dk / 32 * per32);
+    EXPECT_EQ(kv_v_block_bytes(f), G * Dv / 32 * per32);
+    std::vector<std::byte> kb(static_cast<size_t>(kv_k_block_bytes(f))),
+        vb(static_cast<size_t>(kv_v_block_bytes(f)));
+    kv_quantize_k_block(f, k.data(), Dk, kb.data());
+    kv_quantize_v_block(f, v.data(), Dv, vb.data());
+    std::vector<float> kd(static_cast<size_t>(G * Dk)), vd(static_cast<size_t>(G * Dv)),
+        row(static_cast<size_t>(Dv));
+    kv_dequantize_k_block(f, kb.data(), kd.data(), Dk);
+    kv_dequantize_v_block(f, vb.data(), vd.data(), Dv);
+    for (int64_t t = 0; t < G; ++t) {
+      std::vector<std::byte> want(static_cast<size_t>(Dv / 32 * per32));
+      if (sch == KVQuantScheme::kQ8_0) {
+        quantize_row_q8_0(v.data() + t * Dv, reinterpret_cast<BlockQ8_0*>(want.data()), Dv);
+        dequantize_row(want.data(), DType::kQ8_0, row.data(), Dv);
+      } else {
+        quantize_row_q4_0(v.data() + t * Dv, reinterpret_cast<BlockQ4_0*>(want.data()), Dv);
+        dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(want.data()), row.data(), Dv);
+      }
+      EXPECT_EQ(std::memcmp(want.data(), vb.data() + t * (Dv / 32 * per32), want.size()), 0) << t;
+      EXPECT_EQ(std::memcmp(row.data(), vd.data() + t * Dv, static_cast<size_t>(Dv) * 4), 0) << t;
+    }
+    // Keys: the same rows, so the same values as the value path's row functions give.
+    for (int64_t t = 0; t < G; ++t) {
+      std::vector<std::byte> want(static_cast<size_t>(Dk / 32 * per32));
+      if (sch == KVQuantScheme::kQ8_0) {
+        quantize_row_q8_0(k.data() + t * Dk, reinterpret_cast<BlockQ8_0*>(want.data()), Dk);
+        dequantize_row(want.data(), DType::kQ8_0, row.data(), Dk);
+      } else {
+        quantize_row_q4_0(k.data() + t * Dk, reinterpret_cast<BlockQ4_0*>(want.data()), Dk);
+        dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(want.data()), row.data(), Dk);
+      }
+      EXPECT_EQ(std::memcmp(row.data(), kd.data() + t * Dk, static_cast<size_t>(Dk) * 4), 0) << t;
+    }
+    try {
+      make_kv_block_format(sch, 8, G, 40, 64);
+      ADD_FAILURE() << "D_k 40 accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("multiples of 32"), std::string::npos) << e.what();
+    }
+  }
+  const KVBlockFormat kf = make_kv_block_format(KVQuantScheme::kKivi, 4, G, Dk, Dv);
+  EXPECT_EQ(kf.v_group, kivi_value_group(Dv, G));
+  EXPECT_EQ(kv_k_block_bytes(kf), kivi_k_block_bytes(G, Dk, 4));
+  EXPECT_EQ(kv_v_block_bytes(kf), kivi_v_block_bytes(G, Dv, kf.v_group, 4));
+  EXPECT_EQ(parse_kv_quant_scheme("q4_0"), KVQuantScheme::kQ4_0);
+  EXPECT_FALSE(parse_kv_quant_scheme("q5_1").has_value());
+  EXPECT_THROW(make_kv_block_format(KVQuantScheme::kKivi, 3, G, Dk, Dv), Error);
 }
 
 }  // namespace
