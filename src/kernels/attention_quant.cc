@@ -28,7 +28,6 @@
 #include "kernels/kv_quant.h"
 #include "kernels/mask.h"
 
-
 namespace kvcache {
 namespace {
 
@@ -40,9 +39,9 @@ using detail::hsum8;
 using detail::load8;
 #endif
 
-constexpr int64_t kResTile = 64;       // residual keys per tile
-constexpr int64_t kRowsPerTask = 64;   // target rows (heads x positions) per task
-constexpr int64_t kSplitKeys = 1024;   // automatic split-KV partition (decode), as fused
+constexpr int64_t kResTile = 64;      // residual keys per tile
+constexpr int64_t kRowsPerTask = 64;  // target rows (heads x positions) per task
+constexpr int64_t kSplitKeys = 1024;  // automatic split-KV partition (decode), as fused
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
@@ -52,9 +51,9 @@ struct Plan {
   const QuantKV* kv = nullptr;
   int64_t B = 0, Hq = 0, Hkv = 0, Gq = 0, Sq = 0, Skv = 0, Dk = 0, Dv = 0;
   int64_t G = 0, n_blocks = 0, packed = 0, n_res = 0, n_tiles = 0;
-  int64_t vg = 0, ng = 0;        // value channels per group, groups per token
-  int64_t rbk = 0, rbv = 0;      // code row bytes of K and V
-  int64_t st = 0;                // row stride of the score buffer: round8(max(G, kResTile))
+  int64_t vg = 0, ng = 0;    // value channels per group, groups per token
+  int64_t rbk = 0, rbv = 0;  // code row bytes of K and V
+  int64_t st = 0;            // row stride of the score buffer: round8(max(G, kResTile))
   float scale = 1, softcap = 0;
   KVBlockFormat fmt;             // the packed blocks' format (kv_quant.h)
   bool per_token = false;        // q8_0 / q4_0: blocks dequantized tile by tile into scratch
@@ -68,16 +67,16 @@ struct Plan {
 
 // Per-thread scratch, grown on demand and reused (no allocation in steady state).
 struct Workspace {
-  std::vector<float> qs;        // [R, D_k] scaled queries
-  std::vector<float> qk;        // [R, D_k] queries times the block's key scales
-  std::vector<float> qz;        // [R] queries . the block's key zeros
-  std::vector<float> kscale, kzero;  // [D_k]
-  std::vector<float> qsp;       // [R, D_k] scaled queries in the chunked channel order
+  std::vector<float> qs;                 // [R, D_k] scaled queries
+  std::vector<float> qk;                 // [R, D_k] queries times the block's key scales
+  std::vector<float> qz;                 // [R] queries . the block's key zeros
+  std::vector<float> kscale, kzero;      // [D_k]
+  std::vector<float> qsp;                // [R, D_k] scaled queries in the chunked channel order
   std::vector<float> kscale_p, kzero_p;  // [D_k] the block's key scales/zeros, same order
-  std::vector<float> vscale, vzero;  // [ng, st] per key of the tile
-  std::vector<float> pg;        // [ng, R, st] probabilities times value scales
-  std::vector<float> zs;        // [R, ng] probabilities . value zeros
-  std::vector<float> acc;       // [R, D_v]
+  std::vector<float> vscale, vzero;      // [ng, st] per key of the tile
+  std::vector<float> pg;                 // [ng, R, st] probabilities times value scales
+  std::vector<float> zs;                 // [R, ng] probabilities . value zeros
+  std::vector<float> acc;                // [R, D_v]
   std::vector<float> kt, vt;    // per-token schemes: one block's K [G, D_k] / V [G, D_v] in f32
   std::vector<float> s;         // [R, st] logits, then probabilities
   std::vector<float> m, l;      // [R]
@@ -116,6 +115,27 @@ struct Workspace {
 Workspace& workspace() {
   thread_local Workspace ws;
   return ws;
+}
+
+// Runs f.template operator()<NR>(r) over the rows [0, R): blocks of 4 rows, then the 1 to 3
+// left (register-blocked micro-kernels are instantiated for NR = 1..4).
+template <typename F>
+inline void by_row_blocks(int64_t R, F&& f) {
+  int64_t r = 0;
+  for (; r + 4 <= R; r += 4) f.template operator()<4>(r);
+  switch (R - r) {
+    case 3:
+      f.template operator()<3>(r);
+      break;
+    case 2:
+      f.template operator()<2>(r);
+      break;
+    case 1:
+      f.template operator()<1>(r);
+      break;
+    default:
+      break;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -171,8 +191,7 @@ struct ScalarOps {
   // s[r, j] = qz[r] + sum_d qk[r, d] code(j, d), keys j in [0, n) of a block.
   template <int BITS>
   static void packed_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
-                            const std::byte* codes, int64_t rb, int64_t n, float* s,
-                            int64_t st) {
+                            const std::byte* codes, int64_t rb, int64_t n, float* s, int64_t st) {
     for (int64_t j = 0; j < n; ++j) {
       const std::byte* row = codes + j * rb;
       for (int64_t r = 0; r < R; ++r) {
@@ -186,8 +205,8 @@ struct ScalarOps {
   }
   // acc[r, d] += sum_j pg[g(d), r, j] code(j, d)
   template <int BITS>
-  static void packed_pv(const float* pg, int64_t R, const std::byte* codes, int64_t rb,
-                        int64_t n, int64_t Dv, int64_t vg, int64_t st, float* acc) {
+  static void packed_pv(const float* pg, int64_t R, const std::byte* codes, int64_t rb, int64_t n,
+                        int64_t Dv, int64_t vg, int64_t st, float* acc) {
     for (int64_t j = 0; j < n; ++j) {
       const std::byte* row = codes + j * rb;
       for (int64_t d = 0; d < Dv; ++d) {
@@ -346,39 +365,32 @@ struct SimdOps {
         s[r * st + c] = x + qz[r];
       }
   }
-  template <int BITS, int NR>
+  // CHUNKED: qk in the chunked channel order (chunked_score_block), else in channel order.
+  template <int BITS, int NR, bool CHUNKED>
   static void score_rows(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
                          int64_t rb, int64_t n, float* s, int64_t st) {
+    auto block = [&]<int NK>(const std::byte* const* rows, int64_t j) {
+      if constexpr (CHUNKED)
+        chunked_score_block<BITS, NR, NK>(qk, qz, Dk, rows, s + j, st);
+      else
+        score_block<BITS, NR, NK>(qk, qz, Dk, rows, s + j, st);
+    };
     int64_t j = 0;
     for (; j + 2 <= n; j += 2) {
       const std::byte* rows[2] = {codes + j * rb, codes + (j + 1) * rb};
-      score_block<BITS, NR, 2>(qk, qz, Dk, rows, s + j, st);
+      block.template operator()<2>(rows, j);
     }
     if (j < n) {
       const std::byte* rows[1] = {codes + j * rb};
-      score_block<BITS, NR, 1>(qk, qz, Dk, rows, s + j, st);
+      block.template operator()<1>(rows, j);
     }
   }
-  template <int BITS>
+  template <int BITS, bool CHUNKED = false>
   static void packed_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
-                            const std::byte* codes, int64_t rb, int64_t n, float* s,
-                            int64_t st) {
-    int64_t r = 0;
-    for (; r + 4 <= R; r += 4)
-      score_rows<BITS, 4>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
-    switch (R - r) {
-      case 3:
-        score_rows<BITS, 3>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
-        break;
-      case 2:
-        score_rows<BITS, 2>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
-        break;
-      case 1:
-        score_rows<BITS, 1>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
-        break;
-      default:
-        break;
-    }
+                            const std::byte* codes, int64_t rb, int64_t n, float* s, int64_t st) {
+    by_row_blocks(R, [&]<int NR>(int64_t r) {
+      score_rows<BITS, NR, CHUNKED>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
+    });
   }
 
   // NR rows, channels [d0, d1) of one value group (d1 - d0 a multiple of 8): 16 columns per
@@ -420,8 +432,8 @@ struct SimdOps {
     (void)R;
   }
   template <int BITS>
-  static void packed_pv(const float* pg, int64_t R, const std::byte* codes, int64_t rb,
-                        int64_t n, int64_t Dv, int64_t vg, int64_t st, float* acc) {
+  static void packed_pv(const float* pg, int64_t R, const std::byte* codes, int64_t rb, int64_t n,
+                        int64_t Dv, int64_t vg, int64_t st, float* acc) {
     if (vg % 8 != 0) {  // odd value groups: the scalar loop (tiny head dims only)
       ScalarOps::packed_pv<BITS>(pg, R, codes, rb, n, Dv, vg, st, acc);
       return;
@@ -429,25 +441,11 @@ struct SimdOps {
     for (int64_t g = 0; g < Dv / vg; ++g) {
       const int64_t d0 = g * vg, d1 = d0 + vg;
       const float* pgg = pg + g * R * st;
-      int64_t r = 0;
-      for (; r + 4 <= R; r += 4)
-        pv_rows<BITS, 4>(pgg + r * st, R, codes, rb, n, d0, d1, Dv, st, acc + r * Dv);
-      switch (R - r) {
-        case 3:
-          pv_rows<BITS, 3>(pgg + r * st, R, codes, rb, n, d0, d1, Dv, st, acc + r * Dv);
-          break;
-        case 2:
-          pv_rows<BITS, 2>(pgg + r * st, R, codes, rb, n, d0, d1, Dv, st, acc + r * Dv);
-          break;
-        case 1:
-          pv_rows<BITS, 1>(pgg + r * st, R, codes, rb, n, d0, d1, Dv, st, acc + r * Dv);
-          break;
-        default:
-          break;
-      }
+      by_row_blocks(R, [&]<int NR>(int64_t r) {
+        pv_rows<BITS, NR>(pgg + r * st, R, codes, rb, n, d0, d1, Dv, st, acc + r * Dv);
+      });
     }
   }
-
 
   // ---- chunked code order (see chunked_channel): 2 and 4 bits ----
   static constexpr bool kPermute = true;
@@ -465,9 +463,10 @@ struct SimdOps {
   }
   // NR rows x NK keys; qk in chunked order, Dk a multiple of the chunk.
   template <int BITS, int NR, int NK>
-  __attribute__((always_inline)) static inline void chunked_score_block(
-      const float* qk, const float* qz, int64_t Dk, const std::byte* const* row, float* s,
-      int64_t st) {
+  __attribute__((always_inline)) static inline void chunked_score_block(const float* qk,
+                                                                        const float* qz, int64_t Dk,
+                                                                        const std::byte* const* row,
+                                                                        float* s, int64_t st) {
     constexpr int64_t CH = chunk_channels<BITS>();
     __m256 acc[NR * NK];
     for (int i = 0; i < NR * NK; ++i) acc[i] = _mm256_setzero_ps();
@@ -481,12 +480,14 @@ struct SimdOps {
         for (int r = 0; r < NR; ++r) {
           __m256 qv = _mm256_loadu_ps(qc + r * Dk + 8 * K);
           if constexpr (NK > 1) asm("" : "+x"(qv));  // keep q in a register (see fused kernel)
-          for (int k = 0; k < NK; ++k) acc[r * NK + k] = _mm256_fmadd_ps(qv, kv[k], acc[r * NK + k]);
+          for (int k = 0; k < NK; ++k)
+            acc[r * NK + k] = _mm256_fmadd_ps(qv, kv[k], acc[r * NK + k]);
         }
       };
       [&]<int... K>(std::integer_sequence<int, K...>) {
         (part.template operator()<K>(), ...);
-      }(std::make_integer_sequence<int, 8 / BITS>{});
+      }
+      (std::make_integer_sequence<int, 8 / BITS>{});
     }
     alignas(32) float res[NR * NK];
     if constexpr (NR * NK == 8) {
@@ -496,40 +497,6 @@ struct SimdOps {
     }
     for (int r = 0; r < NR; ++r)
       for (int k = 0; k < NK; ++k) s[r * st + k] = res[r * NK + k] + qz[r];
-  }
-  template <int BITS, int NR>
-  static void chunked_score_rows(const float* qk, const float* qz, int64_t Dk,
-                                 const std::byte* codes, int64_t rb, int64_t n, float* s,
-                                 int64_t st) {
-    int64_t j = 0;
-    for (; j + 2 <= n; j += 2) {
-      const std::byte* rows[2] = {codes + j * rb, codes + (j + 1) * rb};
-      chunked_score_block<BITS, NR, 2>(qk, qz, Dk, rows, s + j, st);
-    }
-    if (j < n) {
-      const std::byte* rows[1] = {codes + j * rb};
-      chunked_score_block<BITS, NR, 1>(qk, qz, Dk, rows, s + j, st);
-    }
-  }
-  template <int BITS>
-  static void chunked_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
-                             const std::byte* codes, int64_t rb, int64_t n, float* s, int64_t st) {
-    int64_t r = 0;
-    for (; r + 4 <= R; r += 4)
-      chunked_score_rows<BITS, 4>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
-    switch (R - r) {
-      case 3:
-        chunked_score_rows<BITS, 3>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
-        break;
-      case 2:
-        chunked_score_rows<BITS, 2>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
-        break;
-      case 1:
-        chunked_score_rows<BITS, 1>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
-        break;
-      default:
-        break;
-    }
   }
   // NR rows, vectors K0 and K0 + 1 of chunk c: 16 accumulator columns (chunked order) in
   // registers over the n keys of the block.
@@ -568,27 +535,14 @@ struct SimdOps {
   }
   // acc (row stride lda) in chunked order; vg a multiple of the chunk.
   template <int BITS>
-  static void chunked_pv(const float* pg, int64_t R, const std::byte* codes, int64_t rb,
-                         int64_t n, int64_t Dv, int64_t vg, int64_t st, float* acc, int64_t lda) {
+  static void chunked_pv(const float* pg, int64_t R, const std::byte* codes, int64_t rb, int64_t n,
+                         int64_t Dv, int64_t vg, int64_t st, float* acc, int64_t lda) {
     for (int64_t g = 0; g < Dv / vg; ++g) {
       const int64_t d0 = g * vg, d1 = d0 + vg;
       const float* pgg = pg + g * R * st;
-      int64_t r = 0;
-      for (; r + 4 <= R; r += 4)
-        chunked_pv_rows<BITS, 4>(pgg + r * st, codes, rb, n, d0, d1, lda, st, acc + r * lda);
-      switch (R - r) {
-        case 3:
-          chunked_pv_rows<BITS, 3>(pgg + r * st, codes, rb, n, d0, d1, lda, st, acc + r * lda);
-          break;
-        case 2:
-          chunked_pv_rows<BITS, 2>(pgg + r * st, codes, rb, n, d0, d1, lda, st, acc + r * lda);
-          break;
-        case 1:
-          chunked_pv_rows<BITS, 1>(pgg + r * st, codes, rb, n, d0, d1, lda, st, acc + r * lda);
-          break;
-        default:
-          break;
-      }
+      by_row_blocks(R, [&]<int NR>(int64_t r) {
+        chunked_pv_rows<BITS, NR>(pgg + r * st, codes, rb, n, d0, d1, lda, st, acc + r * lda);
+      });
     }
   }
 
@@ -602,7 +556,8 @@ struct SimdOps {
         const float* q = qs + r * Dk;
         __m256 a = _mm256_setzero_ps();
         int64_t d = 0;
-        for (; d + 8 <= Dk; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8<KD>(kr + d), a);
+        for (; d + 8 <= Dk; d += 8)
+          a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8<KD>(kr + d), a);
         float x = hsum(a);
         for (; d < Dk; ++d) x = std::fma(q[d], Elem<KD>::get(kr[d]), x);
         s[r * st + j] = x;
@@ -664,7 +619,6 @@ struct SimdOps {
 };
 #endif  // KVCACHE_ATTN_AVX2
 
-
 template <typename Ops, int BITS, DType RD>
 void run_task(const Plan& P, int64_t task) {
   int64_t t = task;
@@ -687,7 +641,7 @@ void run_task(const Plan& P, int64_t task) {
   // Chunked code order (SIMD, 2/4 bits) for the key codes when D_k is whole chunks, for the
   // value codes when a value group is. Packed P.V then accumulates into a second half of each
   // accumulator row ([R, 2 D_v]: channel order | chunked order), folded back at the end.
-  constexpr int64_t CH = BITS == 8 ? 8 : chunk_channels<BITS == 8 ? 4 : BITS>();
+  constexpr int64_t CH = BITS == 8 ? 8 : chunk_channels < BITS == 8 ? 4 : BITS > ();
   constexpr bool chunked = Ops::kPermute && BITS != 8;
   const bool chunk_k = chunked && Dk % CH == 0;
   const bool chunk_v = chunked && P.vg % CH == 0;
@@ -757,9 +711,8 @@ void run_task(const Plan& P, int64_t task) {
       kb = kv.k_block(b, hk, tile);
       vb = kv.v_block(b, hk, tile);
       kv_dequantize_k_block(P.fmt, kb, ws.kt.data(), Dk);
-      Ops::template dense_scores<DType::kF32>(qs, R, Dk,
-                                              reinterpret_cast<const std::byte*>(ws.kt.data()),
-                                              Dk * 4, n, s, st);
+      Ops::template dense_scores<DType::kF32>(
+          qs, R, Dk, reinterpret_cast<const std::byte*>(ws.kt.data()), Dk * 4, n, s, st);
     } else if (packed) {
       kb = kv.k_block(b, hk, tile);
       vb = kv.v_block(b, hk, tile);
@@ -770,21 +723,22 @@ void run_task(const Plan& P, int64_t task) {
       if constexpr (chunked) {
         if (chunk_k) {
           for (int64_t p = 0; p < Dk; ++p) {
-            ws.kscale_p[static_cast<size_t>(p)] = ws.kscale[static_cast<size_t>(chunked_channel<BITS>(p))];
-            ws.kzero_p[static_cast<size_t>(p)] = ws.kzero[static_cast<size_t>(chunked_channel<BITS>(p))];
+            ws.kscale_p[static_cast<size_t>(p)] =
+                ws.kscale[static_cast<size_t>(chunked_channel<BITS>(p))];
+            ws.kzero_p[static_cast<size_t>(p)] =
+                ws.kzero[static_cast<size_t>(chunked_channel<BITS>(p))];
           }
           Ops::block_query(ws.qsp.data(), R, Dk, ws.kscale_p.data(), ws.kzero_p.data(),
                            ws.qk.data(), ws.qz.data());
-          Ops::template chunked_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk,
-                                             P.rbk, n, s, st);
+          Ops::template packed_scores<BITS, true>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk,
+                                                  P.rbk, n, s, st);
           done = true;
         }
       }
       if (!done) {
-        Ops::block_query(qs, R, Dk, ws.kscale.data(), ws.kzero.data(), ws.qk.data(),
-                         ws.qz.data());
-        Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.rbk,
-                                          n, s, st);
+        Ops::block_query(qs, R, Dk, ws.kscale.data(), ws.kzero.data(), ws.qk.data(), ws.qz.data());
+        Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.rbk, n,
+                                          s, st);
       }
     } else {
       Ops::template dense_scores<RD>(qs, R, Dk,
@@ -808,8 +762,8 @@ void run_task(const Plan& P, int64_t task) {
     }
     // ---- online softmax and P.V ----
     for (int64_t r = 0; r < R; ++r)
-      Ops::softmax_update(s + r * st, n, ws.m[static_cast<size_t>(r)],
-                          ws.l[static_cast<size_t>(r)], acc + r * lda, lda);
+      Ops::softmax_update(s + r * st, n, ws.m[static_cast<size_t>(r)], ws.l[static_cast<size_t>(r)],
+                          acc + r * lda, lda);
     if (packed && P.per_token) {
       kv_dequantize_v_block(P.fmt, vb, ws.vt.data(), Dv);
       Ops::template dense_pv<DType::kF32>(s, R, reinterpret_cast<const std::byte*>(ws.vt.data()),
@@ -835,14 +789,14 @@ void run_task(const Plan& P, int64_t task) {
       bool done = false;
       if constexpr (chunked) {
         if (chunk_v) {
-          Ops::template chunked_pv<BITS>(ws.pg.data(), R, vb + 4 * P.G * ng, P.rbv, n, Dv, P.vg,
-                                         st, pacc, lda);
+          Ops::template chunked_pv<BITS>(ws.pg.data(), R, vb + 4 * P.G * ng, P.rbv, n, Dv, P.vg, st,
+                                         pacc, lda);
           done = true;
         }
       }
       if (!done)
-        Ops::template packed_pv<BITS>(ws.pg.data(), R, vb + 4 * P.G * ng, P.rbv, n, Dv, P.vg,
-                                      st, acc);
+        Ops::template packed_pv<BITS>(ws.pg.data(), R, vb + 4 * P.G * ng, P.rbv, n, Dv, P.vg, st,
+                                      acc);
       for (int64_t r = 0; r < R; ++r)
         for (int64_t g = 0; g < ng; ++g) {
           const float z = ws.zs[static_cast<size_t>(r * ng + g)];
@@ -850,8 +804,7 @@ void run_task(const Plan& P, int64_t task) {
           for (int64_t c = 0; c < P.vg; ++c) a[c] += z;
         }
     } else {
-      Ops::template dense_pv<RD>(s, R,
-                                 static_cast<const std::byte*>(rv.ptr(b, hk, k0 - P.packed)),
+      Ops::template dense_pv<RD>(s, R, static_cast<const std::byte*>(rv.ptr(b, hk, k0 - P.packed)),
                                  rvstride, n, Dv, st, acc, lda);
     }
   }
@@ -950,7 +903,7 @@ void run_quantized(const TensorView& q, const QuantKV& kv, const TensorView& out
   P.per_token = kv_quant_per_token(kv.scheme);
   P.fmt = make_kv_block_format(kv.scheme, kv.bits, kv.group, P.Dk, P.Dv);
   if (!P.per_token) P.fmt.v_group = kv.v_group;  // the span's, as validated
-  if (P.per_token) P.vg = P.Dv;  // no value groups: one "group" spans the row
+  if (P.per_token) P.vg = P.Dv;                  // no value groups: one "group" spans the row
   P.ng = P.Dv / P.vg;
   P.rbk = kivi_row_bytes(P.Dk, kv.bits);
   P.rbv = kivi_row_bytes(P.Dv, kv.bits);
@@ -1105,8 +1058,8 @@ void dequantize_quant_kv(const QuantKV& kv, Tensor* k, Tensor* v) {
     }
 }
 
-void attend_span(AttentionFn dense, const TensorView& q, const KVSpan& span,
-                 const TensorView& out, const AttentionOptions& options) {
+void attend_span(AttentionFn dense, const TensorView& q, const KVSpan& span, const TensorView& out,
+                 const AttentionOptions& options) {
   switch (span.kind) {
     case KVSpanKind::kDense:
       dense(q, span.k, span.v, out, options);

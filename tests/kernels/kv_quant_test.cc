@@ -209,30 +209,25 @@ TEST(KvQuant, BlockCodecPerTokenAndKivi) {
         row(static_cast<size_t>(Dv));
     kv_dequantize_k_block(f, kb.data(), kd.data(), Dk);
     kv_dequantize_v_block(f, vb.data(), vd.data(), Dv);
-    for (int64_t t = 0; t < G; ++t) {
-      std::vector<std::byte> want(static_cast<size_t>(Dv / 32 * per32));
-      if (sch == KVQuantScheme::kQ8_0) {
-        quantize_row_q8_0(v.data() + t * Dv, reinterpret_cast<BlockQ8_0*>(want.data()), Dv);
-        dequantize_row(want.data(), DType::kQ8_0, row.data(), Dv);
-      } else {
-        quantize_row_q4_0(v.data() + t * Dv, reinterpret_cast<BlockQ4_0*>(want.data()), Dv);
-        dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(want.data()), row.data(), Dv);
+    // Row t of a block is what the row functions write for row t, and reads back the same.
+    const auto same_as_rows = [&](const std::vector<float>& x, int64_t D, const std::byte* blk,
+                                  const std::vector<float>& deq) {
+      const int64_t rb = D / 32 * per32;
+      std::vector<std::byte> want(static_cast<size_t>(rb));
+      for (int64_t t = 0; t < G; ++t) {
+        if (sch == KVQuantScheme::kQ8_0) {
+          quantize_row_q8_0(x.data() + t * D, reinterpret_cast<BlockQ8_0*>(want.data()), D);
+          dequantize_row(want.data(), DType::kQ8_0, row.data(), D);
+        } else {
+          quantize_row_q4_0(x.data() + t * D, reinterpret_cast<BlockQ4_0*>(want.data()), D);
+          dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(want.data()), row.data(), D);
+        }
+        EXPECT_EQ(std::memcmp(want.data(), blk + t * rb, want.size()), 0) << t;
+        EXPECT_EQ(std::memcmp(row.data(), deq.data() + t * D, static_cast<size_t>(D) * 4), 0) << t;
       }
-      EXPECT_EQ(std::memcmp(want.data(), vb.data() + t * (Dv / 32 * per32), want.size()), 0) << t;
-      EXPECT_EQ(std::memcmp(row.data(), vd.data() + t * Dv, static_cast<size_t>(Dv) * 4), 0) << t;
-    }
-    // Keys: the same rows, so the same values as the value path's row functions give.
-    for (int64_t t = 0; t < G; ++t) {
-      std::vector<std::byte> want(static_cast<size_t>(Dk / 32 * per32));
-      if (sch == KVQuantScheme::kQ8_0) {
-        quantize_row_q8_0(k.data() + t * Dk, reinterpret_cast<BlockQ8_0*>(want.data()), Dk);
-        dequantize_row(want.data(), DType::kQ8_0, row.data(), Dk);
-      } else {
-        quantize_row_q4_0(k.data() + t * Dk, reinterpret_cast<BlockQ4_0*>(want.data()), Dk);
-        dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(want.data()), row.data(), Dk);
-      }
-      EXPECT_EQ(std::memcmp(row.data(), kd.data() + t * Dk, static_cast<size_t>(Dk) * 4), 0) << t;
-    }
+    };
+    same_as_rows(k, Dk, kb.data(), kd);
+    same_as_rows(v, Dv, vb.data(), vd);
     try {
       make_kv_block_format(sch, 8, G, 40, 64);
       ADD_FAILURE() << "D_k 40 accepted";
