@@ -291,6 +291,27 @@ inline __m256 unpack8(const std::byte* row, int64_t d) {
   }
 }
 
+// Element loaders of the register-blocked micro-kernels below: packed codes of a KIVI row
+// (channel order) or a dense f32/f16/bf16 residual row. at(row, d): channels [d, d + 8) as
+// floats; one(row, d): channel d.
+template <int BITS>
+struct CodeLoad {
+  static inline __m256 at(const std::byte* row, int64_t d) { return unpack8<BITS>(row, d); }
+  static inline float one(const std::byte* row, int64_t d) {
+    return static_cast<float>(kivi_code(row, d, BITS));
+  }
+};
+template <DType KD>
+struct DenseLoad {
+  using T = typename Elem<KD>::T;
+  static inline __m256 at(const std::byte* row, int64_t d) {
+    return load8<KD>(reinterpret_cast<const T*>(row) + d);
+  }
+  static inline float one(const std::byte* row, int64_t d) {
+    return Elem<KD>::get(reinterpret_cast<const T*>(row)[d]);
+  }
+};
+
 inline float hsum(__m256 x) {
   const __m128 a = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
@@ -333,8 +354,9 @@ struct SimdOps {
         zs[r * ng + g] = hsum(z);
       }
   }
-  // NR rows x 2 keys of code dot products, accumulators in registers.
-  template <int BITS, int NR, int NK>
+  // NR rows x NK keys of dot products, accumulators in registers; qz (per-row constant added,
+  // the KIVI zero term) may be null.
+  template <typename Load, int NR, int NK>
   __attribute__((always_inline)) static inline void score_block(const float* qk, const float* qz,
                                                                 int64_t Dk,
                                                                 const std::byte* const* row,
@@ -344,7 +366,7 @@ struct SimdOps {
     int64_t d = 0;
     for (; d + 8 <= Dk; d += 8) {
       __m256 kv[NK];
-      for (int c = 0; c < NK; ++c) kv[c] = unpack8<BITS>(row[c], d);
+      for (int c = 0; c < NK; ++c) kv[c] = Load::at(row[c], d);
       for (int r = 0; r < NR; ++r) {
         __m256 qv = _mm256_loadu_ps(qk + r * Dk + d);
         if constexpr (NK > 1) asm("" : "+x"(qv));  // keep q in a register (see fused kernel)
@@ -360,20 +382,20 @@ struct SimdOps {
     for (int r = 0; r < NR; ++r)
       for (int c = 0; c < NK; ++c) {
         float x = res[r * NK + c];
-        for (int64_t dd = d; dd < Dk; ++dd)
-          x = std::fma(qk[r * Dk + dd], static_cast<float>(kivi_code(row[c], dd, BITS)), x);
-        s[r * st + c] = x + qz[r];
+        for (int64_t dd = d; dd < Dk; ++dd) x = std::fma(qk[r * Dk + dd], Load::one(row[c], dd), x);
+        s[r * st + c] = qz ? x + qz[r] : x;
       }
   }
-  // CHUNKED: qk in the chunked channel order (chunked_score_block), else in channel order.
-  template <int BITS, int NR, bool CHUNKED>
+  // CHUNKED: qk in the chunked channel order (chunked_score_block<BITS>), else in channel order
+  // read through Load.
+  template <typename Load, int BITS, int NR, bool CHUNKED>
   static void score_rows(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
                          int64_t rb, int64_t n, float* s, int64_t st) {
     auto block = [&]<int NK>(const std::byte* const* rows, int64_t j) {
       if constexpr (CHUNKED)
         chunked_score_block<BITS, NR, NK>(qk, qz, Dk, rows, s + j, st);
       else
-        score_block<BITS, NR, NK>(qk, qz, Dk, rows, s + j, st);
+        score_block<Load, NR, NK>(qk, qz, Dk, rows, s + j, st);
     };
     int64_t j = 0;
     for (; j + 2 <= n; j += 2) {
@@ -389,13 +411,14 @@ struct SimdOps {
   static void packed_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
                             const std::byte* codes, int64_t rb, int64_t n, float* s, int64_t st) {
     by_row_blocks(R, [&]<int NR>(int64_t r) {
-      score_rows<BITS, NR, CHUNKED>(qk + r * Dk, qz + r, Dk, codes, rb, n, s + r * st, st);
+      score_rows<CodeLoad<BITS>, BITS, NR, CHUNKED>(qk + r * Dk, qz + r, Dk, codes, rb, n,
+                                                    s + r * st, st);
     });
   }
 
-  // NR rows, channels [d0, d1) of one value group (d1 - d0 a multiple of 8): 16 columns per
-  // pass held in registers, codes of key j widened once for all NR rows.
-  template <int BITS, int NR>
+  // NR rows, channels [d0, d1) (d1 - d0 a multiple of 8): 16 columns per pass held in
+  // registers, row j widened once for all NR rows.
+  template <typename Load, int NR>
   static void pv_rows(const float* pg, int64_t R, const std::byte* codes, int64_t rb, int64_t n,
                       int64_t d0, int64_t d1, int64_t Dv, int64_t st, float* acc) {
     int64_t d = d0;
@@ -407,7 +430,7 @@ struct SimdOps {
       }
       for (int64_t j = 0; j < n; ++j) {
         const std::byte* row = codes + j * rb;
-        const __m256 v0 = unpack8<BITS>(row, d), v1 = unpack8<BITS>(row, d + 8);
+        const __m256 v0 = Load::at(row, d), v1 = Load::at(row, d + 8);
         for (int r = 0; r < NR; ++r) {
           const __m256 pj = _mm256_broadcast_ss(pg + r * st + j);
           a[r][0] = _mm256_fmadd_ps(pj, v0, a[r][0]);
@@ -423,7 +446,7 @@ struct SimdOps {
       __m256 a[NR];
       for (int r = 0; r < NR; ++r) a[r] = _mm256_loadu_ps(acc + r * Dv + d);
       for (int64_t j = 0; j < n; ++j) {
-        const __m256 v0 = unpack8<BITS>(codes + j * rb, d);
+        const __m256 v0 = Load::at(codes + j * rb, d);
         for (int r = 0; r < NR; ++r)
           a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(pg + r * st + j), v0, a[r]);
       }
@@ -442,13 +465,43 @@ struct SimdOps {
       const int64_t d0 = g * vg, d1 = d0 + vg;
       const float* pgg = pg + g * R * st;
       by_row_blocks(R, [&]<int NR>(int64_t r) {
-        pv_rows<BITS, NR>(pgg + r * st, R, codes, rb, n, d0, d1, Dv, st, acc + r * Dv);
+        pv_rows<CodeLoad<BITS>, NR>(pgg + r * st, R, codes, rb, n, d0, d1, Dv, st, acc + r * Dv);
       });
     }
   }
 
   // ---- chunked code order (see chunked_channel): 2 and 4 bits ----
   static constexpr bool kPermute = true;
+  // Even lanes of (a, b) then odd lanes: [a0 a2 a4 a6 b0 b2 b4 b6], [a1 a3 a5 a7 b1 b3 b5 b7].
+  static inline void deinterleave(__m256 a, __m256 b, __m256& even, __m256& odd) {
+    const auto fix = [](__m256 x) {  // shuffle_ps works per 128-bit lane: put halves in order
+      return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(x), 0xD8));
+    };
+    even = fix(_mm256_shuffle_ps(a, b, 0x88));
+    odd = fix(_mm256_shuffle_ps(a, b, 0xDD));
+  }
+  // dst[p] = src[chunked_channel<BITS>(p)], p < D (D a multiple of the chunk). 4 bits: the even
+  // channels of 16, then the odd ones; 2 bits: that twice (channel 4i + k is even/odd twice).
+  template <int BITS>
+  static void to_chunked(const float* src, float* dst, int64_t D) {
+    for (int64_t c = 0; c < D; c += 16) {
+      __m256 e, o;
+      deinterleave(_mm256_loadu_ps(src + c), _mm256_loadu_ps(src + c + 8), e, o);
+      _mm256_storeu_ps(dst + c, e);
+      _mm256_storeu_ps(dst + c + 8, o);
+    }
+    if constexpr (BITS == 2)
+      for (int64_t c = 0; c < D; c += 32) {
+        // dst now holds [even 0..15 | odd 0..15 | even 16..31 | odd 16..31] per 32 channels.
+        __m256 k0, k2, k1, k3;
+        deinterleave(_mm256_loadu_ps(dst + c), _mm256_loadu_ps(dst + c + 16), k0, k2);
+        deinterleave(_mm256_loadu_ps(dst + c + 8), _mm256_loadu_ps(dst + c + 24), k1, k3);
+        _mm256_storeu_ps(dst + c, k0);
+        _mm256_storeu_ps(dst + c + 8, k1);
+        _mm256_storeu_ps(dst + c + 16, k2);
+        _mm256_storeu_ps(dst + c + 24, k3);
+      }
+  }
   static inline __m256i load_chunk(const std::byte* p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
@@ -546,41 +599,29 @@ struct SimdOps {
     }
   }
 
+  // Residual (and per-token scratch) rows: the same register-blocked micro-kernels as the
+  // packed codes, reading f32/f16/bf16.
   template <DType KD>
   static void dense_scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb,
                            int64_t kstride, int64_t n, float* s, int64_t st) {
-    using T = typename Elem<KD>::T;
-    for (int64_t j = 0; j < n; ++j) {
-      const T* kr = reinterpret_cast<const T*>(kb + j * kstride);
-      for (int64_t r = 0; r < R; ++r) {
-        const float* q = qs + r * Dk;
-        __m256 a = _mm256_setzero_ps();
-        int64_t d = 0;
-        for (; d + 8 <= Dk; d += 8)
-          a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8<KD>(kr + d), a);
-        float x = hsum(a);
-        for (; d < Dk; ++d) x = std::fma(q[d], Elem<KD>::get(kr[d]), x);
-        s[r * st + j] = x;
-      }
-    }
+    by_row_blocks(R, [&]<int NR>(int64_t r) {
+      score_rows<DenseLoad<KD>, 8, NR, false>(qs + r * Dk, nullptr, Dk, kb, kstride, n, s + r * st,
+                                              st);
+    });
   }
   template <DType KD>
   static void dense_pv(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
                        int64_t Dv, int64_t st, float* acc, int64_t lda) {
-    using T = typename Elem<KD>::T;
-    for (int64_t j = 0; j < n; ++j) {
-      const T* vr = reinterpret_cast<const T*>(vb + j * vstride);
-      for (int64_t r = 0; r < R; ++r) {
-        const float pj = p[r * st + j];
-        if (pj == 0.0f) continue;
-        const __m256 pv = _mm256_set1_ps(pj);
-        float* a = acc + r * lda;
-        int64_t d = 0;
-        for (; d + 8 <= Dv; d += 8)
-          _mm256_storeu_ps(a + d, _mm256_fmadd_ps(pv, load8<KD>(vr + d), _mm256_loadu_ps(a + d)));
-        for (; d < Dv; ++d) a[d] = std::fma(pj, Elem<KD>::get(vr[d]), a[d]);
-      }
-    }
+    const int64_t d8 = Dv & ~int64_t{7};
+    by_row_blocks(R, [&]<int NR>(int64_t r) {
+      pv_rows<DenseLoad<KD>, NR>(p + r * st, R, vb, vstride, n, 0, d8, lda, st, acc + r * lda);
+    });
+    if (d8 < Dv)  // head dims that are not a multiple of 8: the last channels one by one
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t d = d8; d < Dv; ++d)
+            acc[r * lda + d] =
+                std::fma(p[r * st + j], DenseLoad<KD>::one(vb + j * vstride, d), acc[r * lda + d]);
   }
   // Lanes [n, round8(n)) of the row are set to -inf so every operation runs on whole vectors.
   static bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
@@ -656,8 +697,7 @@ void run_task(const Plan& P, int64_t task) {
   if constexpr (chunked) {
     if (chunk_k)
       for (int64_t r = 0; r < R; ++r)
-        for (int64_t p = 0; p < Dk; ++p)
-          ws.qsp[static_cast<size_t>(r * Dk + p)] = qs[r * Dk + chunked_channel<BITS>(p)];
+        Ops::template to_chunked<BITS>(qs + r * Dk, ws.qsp.data() + r * Dk, Dk);
   }
   std::fill(acc, acc + R * lda, 0.0f);
 
@@ -722,12 +762,8 @@ void run_task(const Plan& P, int64_t task) {
       bool done = false;
       if constexpr (chunked) {
         if (chunk_k) {
-          for (int64_t p = 0; p < Dk; ++p) {
-            ws.kscale_p[static_cast<size_t>(p)] =
-                ws.kscale[static_cast<size_t>(chunked_channel<BITS>(p))];
-            ws.kzero_p[static_cast<size_t>(p)] =
-                ws.kzero[static_cast<size_t>(chunked_channel<BITS>(p))];
-          }
+          Ops::template to_chunked<BITS>(ws.kscale.data(), ws.kscale_p.data(), Dk);
+          Ops::template to_chunked<BITS>(ws.kzero.data(), ws.kzero_p.data(), Dk);
           Ops::block_query(ws.qsp.data(), R, Dk, ws.kscale_p.data(), ws.kzero_p.data(),
                            ws.qk.data(), ws.qz.data());
           Ops::template packed_scores<BITS, true>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk,
