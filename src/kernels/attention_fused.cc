@@ -17,6 +17,7 @@
 // page change where keys come from, never the order of the arithmetic).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -25,7 +26,6 @@
 #include "core/thread_pool.h"
 #include "kernels/attention_internal.h"
 #include "kernels/attention_simd.h"
-
 
 namespace kvcache::detail {
 namespace {
@@ -37,34 +37,36 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
 
-// What the score loop prefetches: this tile's V rows.
+// What the score loop prefetches: this tile's V rows, and the K rows one tile (kTk keys) ahead.
 struct Prefetch {
-  const std::byte* v = nullptr;  // V row 0 of the current tile
+  const std::byte* v = nullptr;  // V row 0 of the current run
   int64_t vstride = 0, v_row_bytes = 0;
+  const std::byte* k_next = nullptr;  // K row of key (run start + kTk), null past the end
+  int64_t kstride = 0, k_row_bytes = 0;
 };
 
 // One sequence of the call. Dense calls have B identical sequences; paged calls are varlen.
 struct SeqPlan {
-  int64_t q_row0 = 0;                      // paged: first row of the sequence in q / out
-  int64_t Sq = 0, Skv = 0, q_offset = 0;   // q_offset: absolute position of query 0
+  int64_t q_row0 = 0;                     // paged: first row of the sequence in q / out
+  int64_t Sq = 0, Skv = 0, q_offset = 0;  // q_offset: absolute position of query 0
   int64_t n_qt = 0, n_split = 1, split_len = 0;
-  int64_t task0 = 0, group0 = 0;           // first task / (KV head, query tile) group
+  int64_t task0 = 0, group0 = 0;  // first task / (KV head, query tile) group
 };
 
 // Everything a task needs, resolved once per call.
 struct Plan {
-  TensorView q, k, v, out;  // dense: [B, H, S, D] views; paged: q / out [total_q, H, D]
+  TensorView q, k, v, out;         // dense: [B, H, S, D] views; paged: q / out [total_q, H, D]
   const PagedKV* paged = nullptr;  // non-null: K/V read through this page table
   int64_t B = 0, Hq = 0, Hkv = 0, G = 0, Dk = 0, Dv = 0;
   float scale = 1, softcap = 0;
-  const float* sinks = nullptr;    // [H_q] or null
-  const ScoreFn* score = nullptr;  // or null
+  const float* sinks = nullptr;           // [H_q] or null
+  const ScoreFn* score = nullptr;         // or null
   const BlockMask* block_mask = nullptr;  // user mask as bits (then spec.fn is its fn())
   MaskSpec spec;
   bool mask_free = false;  // every pair visible: no classification, no masking
   int64_t kv_offset = 0;
   int64_t tq = 1;
-  int64_t max_rows = 0;  // G * tq
+  int64_t max_rows = 0;           // G * tq
   const SeqPlan* seqs = nullptr;  // [B]
   int64_t n_tasks = 0, n_groups = 0;
   float* partial = nullptr;  // [n_tasks, max_rows, D_v + 2]: acc, m, l per row (split tasks)
@@ -237,7 +239,9 @@ struct SimdOps {
   // registers hold (NR * NK accumulators + NK keys + 1 query). A block's chains are only
   // Dk / 8 FMAs long, so more chains hide the FMA latency and the horizontal-sum epilogue
   // (decode, G = 4: 3 keys measured ~10 % faster than 2 on Zen 3).
-  static constexpr int keys_per_block(int NR) { return NR >= 3 ? 3 : NR == 2 ? 4 : 6; }
+  static constexpr int keys_per_block(int NR) {
+    return NR >= 3 ? 3 : NR == 2 ? 4 : 6;
+  }
 
   template <int NR, int DC>
   static void score_rows(const float* qs, int64_t Dk, const std::byte* kb, int64_t kstride,
@@ -248,10 +252,14 @@ struct SimdOps {
       const T* kr[NK];
       for (int c = 0; c < NK; ++c) {
         // Spread over the score loop: the V rows of this tile, which pv() reads next column
-        // block by column block (a pattern the hardware prefetcher follows poorly). K rows
-        // are read in order and left to the hardware prefetcher: prefetching them too
-        // measured no better (decode, f16, 16K-64K keys) and costs load-queue slots.
-        if (pf) prefetch_row(pf->v, pf->vstride, j + c, pf->v_row_bytes);
+        // block by column block (a pattern the hardware prefetcher follows poorly), and the K
+        // rows of the next tile. The hardware prefetcher alone left the first load of every K
+        // row stalled on memory (perf, decode f16: half the score loop's samples on it);
+        // one tile ahead measured 51 -> 40 ns per key and KV head single-threaded at 8K keys.
+        if (pf) {
+          prefetch_row(pf->v, pf->vstride, j + c, pf->v_row_bytes);
+          if (pf->k_next) prefetch_row(pf->k_next, pf->kstride, j + c, pf->k_row_bytes);
+        }
         kr[c] = reinterpret_cast<const T*>(kb + (j + c) * kstride);
       }
       score_block<NR, NK, DC>(qs, Dk, kr, s + j);
@@ -264,8 +272,8 @@ struct SimdOps {
   }
 
   template <int DC>
-  static void scores_d(const float* qs, int64_t R, int64_t Dk, const std::byte* kb,
-                       int64_t kstride, int64_t n, float* s, const Prefetch& pf) {
+  static void scores_d(const float* qs, int64_t R, int64_t Dk, const std::byte* kb, int64_t kstride,
+                       int64_t n, float* s, const Prefetch& pf) {
     int64_t r = 0;
     const Prefetch* p = &pf;  // prefetch during the first row block only
     for (; r + 4 <= R; r += 4, p = nullptr)
@@ -425,7 +433,6 @@ struct SimdOps {
 };
 #endif  // KVCACHE_ATTN_AVX2
 
-
 template <typename Ops>
 void run_task(const Plan& P, int64_t task) {
   const int64_t b = find_seq(P, task, [](const SeqPlan& x) { return x.task0; });
@@ -486,6 +493,12 @@ void run_task(const Plan& P, int64_t task) {
   // one run for a dense call, one per page touched for a paged one. Runs split a tile's key
   // columns, not its arithmetic: scores are per pair and P.V accumulates in key order, so a
   // paged call computes what the dense call on the gathered K/V computes, bit for bit.
+  const int64_t k_row_bytes = kt.byte_offset(0, 0, 0, Dk);
+  auto k_row = [&](int64_t j) {  // K row of key j
+    if (!table) return kbase + j * kstride;
+    const int64_t pi = j / ps;
+    return static_cast<const std::byte*>(kt.ptr(table[pi], hk, j - pi * ps));
+  };
   auto for_runs = [&](int64_t t0, int64_t t1, auto&& fn) {
     if (!table) {
       fn(t0, t1 - t0, kbase + t0 * kstride, vbase + t0 * vstride);
@@ -557,7 +570,9 @@ void run_task(const Plan& P, int64_t task) {
               vis[j - t0] = v;
               count += v;
             }
-            kind[r] = count == 0 ? RowKind::kEmpty : count == n ? RowKind::kFull : RowKind::kPartial;
+            kind[r] = count == 0   ? RowKind::kEmpty
+                      : count == n ? RowKind::kFull
+                                   : RowKind::kPartial;
           }  // else: every key visible to the function and to the built-ins: stays full
         }
       } else if (spec.fn) {  // user mask: evaluate where the built-ins leave keys visible
@@ -588,6 +603,9 @@ void run_task(const Plan& P, int64_t task) {
       pf.v = vr;
       pf.vstride = vstride;
       pf.v_row_bytes = v_row_bytes;
+      pf.k_next = j + kTk < jhi ? k_row(j + kTk) : nullptr;
+      pf.kstride = kstride;
+      pf.k_row_bytes = k_row_bytes;
       Ops::scores(qs, R, Dk, kr, kstride, len, s + (j - t0), pf);
     });
     for (int64_t r = 0; r < R; ++r) {
@@ -651,8 +669,7 @@ void merge_group(const Plan& P, int64_t group, std::vector<float>& tmp) {
   for (int64_t r = 0; r < R; ++r) {
     const float* first = P.partial + (task0 * P.max_rows + r) * rec;
     float M = kNegInf;
-    for (int64_t sp = 0; sp < SP.n_split; ++sp)
-      M = std::max(M, first[sp * P.max_rows * rec + Dv]);
+    for (int64_t sp = 0; sp < SP.n_split; ++sp) M = std::max(M, first[sp * P.max_rows * rec + Dv]);
     float L = 0;
     std::fill(tmp.begin(), tmp.end(), 0.0f);
     if (M != kNegInf) {
@@ -689,8 +706,7 @@ void execute(Plan& P, std::vector<SeqPlan>& seqs, int64_t split_opt, DType kv_dt
   bool any_split = false;
   for (SeqPlan& x : seqs) {
     int64_t split = split_opt;
-    if (split == 0)
-      split = (x.Sq * P.G <= kRowsPerTask && x.Skv > kSplitKeys) ? kSplitKeys : -1;
+    if (split == 0) split = (x.Sq * P.G <= kRowsPerTask && x.Skv > kSplitKeys) ? kSplitKeys : -1;
     if (split < 0 || split >= x.Skv) {
       x.n_split = 1;
       x.split_len = std::max<int64_t>(x.Skv, 1);

@@ -134,6 +134,12 @@ void run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "verify: max relative logit difference vs no-cache recompute: %.3g (tolerance %.3g)%s\n",
                  st.verify_max_rel_diff, st.verify_tolerance, st.verify_failures ? " FAILED" : " ok");
     if (st.verify_failures > 0) {
+      if (sc.cache == "quantized" && o.verify_tol <= 0)
+        std::fprintf(stderr,
+                     "verify: the quantized cache is lossy by design; the tolerance above is the %s KV dtype's. "
+                     "The difference measures quantization error (a defect shows as far larger); set the error "
+                     "you accept with --verify-tol\n",
+                     dtype_name(sc.kv_dtype.value_or(DType::kF32)));
       std::fflush(stderr);
       std::exit(3);
     }
