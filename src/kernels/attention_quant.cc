@@ -65,6 +65,19 @@ struct Plan {
   float* partial = nullptr;  // [tasks, max_rows, D_v + 2]: acc, m, l per row (n_split > 1)
 };
 
+// The next packed block's code rows, prefetched while the current block is scored (one K row
+// and one V row per key): the hardware prefetcher alone leaves the first touch of each block
+// stalled on memory (the same finding as the fused kernel's, attention_fused.cc).
+struct Ahead {
+  const std::byte* k = nullptr;  // K code row 0 of the next block
+  const std::byte* v = nullptr;  // V code row 0 of the next block
+  int64_t krb = 0, vrb = 0;      // row bytes
+  void row(int64_t j) const {
+    for (int64_t o = 0; o < krb; o += 64) __builtin_prefetch(k + j * krb + o, 0, 3);
+    for (int64_t o = 0; o < vrb; o += 64) __builtin_prefetch(v + j * vrb + o, 0, 3);
+  }
+};
+
 // Per-thread scratch, grown on demand and reused (no allocation in steady state).
 struct Workspace {
   std::vector<float> qs;                 // [R, D_k] scaled queries
@@ -191,7 +204,8 @@ struct ScalarOps {
   // s[r, j] = qz[r] + sum_d qk[r, d] code(j, d), keys j in [0, n) of a block.
   template <int BITS>
   static void packed_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
-                            const std::byte* codes, int64_t rb, int64_t n, float* s, int64_t st) {
+                            const std::byte* codes, int64_t rb, int64_t n, float* s, int64_t st,
+                            const Ahead* = nullptr) {
     for (int64_t j = 0; j < n; ++j) {
       const std::byte* row = codes + j * rb;
       for (int64_t r = 0; r < R; ++r) {
@@ -390,7 +404,7 @@ struct SimdOps {
   // read through Load.
   template <typename Load, int BITS, int NR, bool CHUNKED>
   static void score_rows(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
-                         int64_t rb, int64_t n, float* s, int64_t st) {
+                         int64_t rb, int64_t n, float* s, int64_t st, const Ahead* ah = nullptr) {
     auto block = [&]<int NK>(const std::byte* const* rows, int64_t j) {
       if constexpr (CHUNKED)
         chunked_score_block<BITS, NR, NK>(qk, qz, Dk, rows, s + j, st);
@@ -399,6 +413,10 @@ struct SimdOps {
     };
     int64_t j = 0;
     for (; j + 2 <= n; j += 2) {
+      if (ah) {
+        ah->row(j);
+        ah->row(j + 1);
+      }
       const std::byte* rows[2] = {codes + j * rb, codes + (j + 1) * rb};
       block.template operator()<2>(rows, j);
     }
@@ -409,10 +427,11 @@ struct SimdOps {
   }
   template <int BITS, bool CHUNKED = false>
   static void packed_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
-                            const std::byte* codes, int64_t rb, int64_t n, float* s, int64_t st) {
-    by_row_blocks(R, [&]<int NR>(int64_t r) {
+                            const std::byte* codes, int64_t rb, int64_t n, float* s, int64_t st,
+                            const Ahead* ah = nullptr) {
+    by_row_blocks(R, [&]<int NR>(int64_t r) {  // the first row block prefetches
       score_rows<CodeLoad<BITS>, BITS, NR, CHUNKED>(qk + r * Dk, qz + r, Dk, codes, rb, n,
-                                                    s + r * st, st);
+                                                    s + r * st, st, r == 0 ? ah : nullptr);
     });
   }
 
@@ -756,6 +775,16 @@ void run_task(const Plan& P, int64_t task) {
     } else if (packed) {
       kb = kv.k_block(b, hk, tile);
       vb = kv.v_block(b, hk, tile);
+      Ahead ahead;
+      const Ahead* ah = nullptr;
+      if (tile + 1 < std::min(tile_end, P.n_blocks)) {
+        const std::byte* nk = kv.k_block(b, hk, tile + 1);
+        const std::byte* nv = kv.v_block(b, hk, tile + 1);
+        for (int64_t o = 0; o < 4 * Dk; o += 64) __builtin_prefetch(nk + o, 0, 3);
+        for (int64_t o = 0; o < 4 * P.G * ng; o += 64) __builtin_prefetch(nv + o, 0, 3);
+        ahead = Ahead{nk + 4 * Dk, nv + 4 * P.G * ng, P.rbk, P.rbv};
+        ah = &ahead;
+      }
       const auto* kp = reinterpret_cast<const f16_t*>(kb);
       f16_to_f32_n(kp, ws.kscale.data(), static_cast<size_t>(Dk));
       f16_to_f32_n(kp + Dk, ws.kzero.data(), static_cast<size_t>(Dk));
@@ -767,14 +796,14 @@ void run_task(const Plan& P, int64_t task) {
           Ops::block_query(ws.qsp.data(), R, Dk, ws.kscale_p.data(), ws.kzero_p.data(),
                            ws.qk.data(), ws.qz.data());
           Ops::template packed_scores<BITS, true>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk,
-                                                  P.rbk, n, s, st);
+                                                  P.rbk, n, s, st, ah);
           done = true;
         }
       }
       if (!done) {
         Ops::block_query(qs, R, Dk, ws.kscale.data(), ws.kzero.data(), ws.qk.data(), ws.qz.data());
         Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.rbk, n,
-                                          s, st);
+                                          s, st, ah);
       }
     } else {
       Ops::template dense_scores<RD>(qs, R, Dk,
