@@ -1,5 +1,6 @@
-// Attention benchmarks: the machine's read bandwidth (STREAM-like sum over 1 GiB), decode
-// attention as GB/s of K/V read (its limit is that bandwidth), and prefill attention in GFLOP/s.
+// Attention benchmarks: the machine's read bandwidth (STREAM-like sum over 1 GiB) and FMA rate
+// (BM_FmaPeak), decode attention as GB/s of K/V read (its limits: that bandwidth, and its FMA
+// count `fma_M` over that rate), and prefill attention in GFLOP/s.
 // Threads: KVCACHE_THREADS if set, else 2 (the setting). Times are wall-clock
 // (UseRealTime), so bytes_per_second in --benchmark_format=json is K/V bytes per second.
 //
@@ -44,6 +45,54 @@ float sum_floats(const float* p, int64_t n) {
   for (int64_t i = 0; i < n; ++i) s[i % 8] += p[i];
   return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
 #endif
+}
+
+// ---- compute ceiling: every thread runs 10 independent 8-lane FMA chains ----
+// The other half of decode's roofline. items_per_second = 8-lane FMA instructions per second
+// over all threads: decode of S keys needs 2 * H_q * D * S / 8 of them (scores and P.V), so
+// that count divided by this rate is the kernel's compute floor on this machine.
+float fma_chains(int64_t n) {
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 a0 = _mm256_set1_ps(1.0f), a1 = _mm256_set1_ps(1.1f), a2 = _mm256_set1_ps(1.2f),
+         a3 = _mm256_set1_ps(1.3f), a4 = _mm256_set1_ps(1.4f), a5 = _mm256_set1_ps(1.5f),
+         a6 = _mm256_set1_ps(1.6f), a7 = _mm256_set1_ps(1.7f), a8 = _mm256_set1_ps(1.8f),
+         a9 = _mm256_set1_ps(1.9f);
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (int64_t k = 0; k < n; ++k) {  // 10 chains: more than latency (4) x ports (2) needs
+    a0 = _mm256_fmadd_ps(a0, m, c);
+    a1 = _mm256_fmadd_ps(a1, m, c);
+    a2 = _mm256_fmadd_ps(a2, m, c);
+    a3 = _mm256_fmadd_ps(a3, m, c);
+    a4 = _mm256_fmadd_ps(a4, m, c);
+    a5 = _mm256_fmadd_ps(a5, m, c);
+    a6 = _mm256_fmadd_ps(a6, m, c);
+    a7 = _mm256_fmadd_ps(a7, m, c);
+    a8 = _mm256_fmadd_ps(a8, m, c);
+    a9 = _mm256_fmadd_ps(a9, m, c);
+  }
+  const __m256 s =
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                    _mm256_add_ps(_mm256_add_ps(a4, a5),
+                                  _mm256_add_ps(_mm256_add_ps(a6, a7), _mm256_add_ps(a8, a9))));
+  return _mm256_cvtss_f32(s);
+#else
+  float a = 1.0f;
+  for (int64_t k = 0; k < 10 * n; ++k) a = std::fma(a, 0.999999f, 1e-7f);
+  return a;
+#endif
+}
+
+void BM_FmaPeak(benchmark::State& state) {
+  constexpr int64_t kIters = 2'000'000;  // x 10 FMAs per task
+  ThreadPool& pool = default_pool();
+  const int64_t tasks = pool.n_threads();
+  std::vector<float> sink(static_cast<size_t>(tasks));
+  for (auto _ : state) {
+    pool.parallel_for(tasks, [&](int64_t t) { sink[static_cast<size_t>(t)] = fma_chains(kIters); });
+    benchmark::DoNotOptimize(sink.data());
+  }
+  state.SetItemsProcessed(state.iterations() * tasks * kIters * 10);
+  state.counters["threads"] = static_cast<double>(tasks);
 }
 
 void BM_ReadBandwidth(benchmark::State& state) {
@@ -115,6 +164,8 @@ void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len)
   const int64_t kv_bytes = static_cast<int64_t>(in.k.size_bytes() + in.v.size_bytes());
   state.SetBytesProcessed(state.iterations() * kv_bytes);
   state.counters["kv_MiB"] = static_cast<double>(kv_bytes) / (1 << 20);
+  state.counters["fma_M"] =
+      2.0 * kHq * kD * static_cast<double>(kv_len) / 8 / 1e6;  // see BM_FmaPeak
 }
 
 // ---- decode over a KIVI-quantized cache (same shapes as above): the "quantized" container
@@ -170,6 +221,7 @@ void BM_DecodeAttentionQuant(benchmark::State& state, KVQuantScheme scheme, int 
   }
   state.SetBytesProcessed(state.iterations() * in.read_bytes);
   state.counters["kv_MiB"] = static_cast<double>(in.read_bytes) / (1 << 20);
+  state.counters["fma_M"] = 2.0 * kHq * kD * static_cast<double>(kv_len) / 8 / 1e6;
 }
 
 // q8 / q4 / q2: KIVI; q8_0 / q4_0: llama.cpp's per-token types through the same container.
@@ -179,11 +231,13 @@ void register_quantized() {
     KVQuantScheme scheme;
     int bits;
   };
-  for (const Format& f : {Format{"q8", KVQuantScheme::kKivi, 8}, Format{"q4", KVQuantScheme::kKivi, 4},
-                          Format{"q2", KVQuantScheme::kKivi, 2}, Format{"q8_0", KVQuantScheme::kQ8_0, 8},
-                          Format{"q4_0", KVQuantScheme::kQ4_0, 4}})
+  for (const Format& f :
+       {Format{"q8", KVQuantScheme::kKivi, 8}, Format{"q4", KVQuantScheme::kKivi, 4},
+        Format{"q2", KVQuantScheme::kKivi, 2}, Format{"q8_0", KVQuantScheme::kQ8_0, 8},
+        Format{"q4_0", KVQuantScheme::kQ4_0, 4}})
     for (int64_t len : {1024, 4096, 16384, 65536}) {
-      const std::string name = std::string("BM_DecodeAttention/") + f.name + "/" + std::to_string(len);
+      const std::string name =
+          std::string("BM_DecodeAttention/") + f.name + "/" + std::to_string(len);
       benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttentionQuant, f.scheme, f.bits, len)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond)
@@ -261,6 +315,10 @@ void register_all() {
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond)
       ->MinTime(1.0);
+  benchmark::RegisterBenchmark("BM_FmaPeak", BM_FmaPeak)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond)
+      ->MinTime(0.5);
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
     for (int64_t len : {1024, 4096, 16384, 65536}) {
       const std::string name =
