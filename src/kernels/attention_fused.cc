@@ -8,7 +8,9 @@
 // query position, so B x H_kv tasks may leave threads idle; the key range is then split into
 // partitions whose partial (m, l, acc) states are merged afterwards (flash-decoding, Dao et
 // al. 2023). Tiles are classified per row from the mask's key intervals: empty tiles are
-// skipped, full tiles are not masked, only partial tiles pay for the mask.
+// skipped, full tiles are not masked, only partial tiles pay for the mask. Tasks of many rows
+// (prefill) transpose each K tile once and widen each V tile once to f32, so the score and P.V
+// loops run as small GEMMs shared by all rows (SimdOps::scores_t, pv_f32).
 //
 // Determinism: the score of a (row, key) pair, the softmax update and the P.V accumulation use
 // the same arithmetic order whatever the row/key blocking, and tiles are aligned to absolute
@@ -33,6 +35,7 @@ namespace {
 constexpr int64_t kTk = 64;           // keys per tile (a 64-key f16 tile of D=128 is 16 KiB)
 constexpr int64_t kRowsPerTask = 64;  // target rows (heads x positions) per task
 constexpr int64_t kSplitKeys = 1024;  // automatic split-KV partition, in keys (decode)
+constexpr int64_t kMinTransposedRows = 8;  // rows per task from which key tiles are transposed
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
@@ -102,6 +105,8 @@ struct Workspace {
   std::vector<int64_t> lo, hi;  // [n_q] visible key interval per query position, kv index space
   std::vector<RowKind> kind;    // [R] this tile
   std::vector<uint8_t> fn_vis;  // [R, kTk] user mask values of partial rows
+  std::vector<float> kt;        // [D_k, kTk] this tile's keys transposed (many-row tasks)
+  std::vector<float> vt;        // [kTk, D_v] this tile's values widened to f32 (idem)
   void ensure(int64_t R, int64_t nq, int64_t Dk, int64_t Dv) {
     auto grow = [](auto& vec, int64_t n) {
       if (static_cast<int64_t>(vec.size()) < n) vec.resize(static_cast<size_t>(n));
@@ -115,6 +120,8 @@ struct Workspace {
     grow(hi, nq);
     grow(kind, R);
     grow(fn_vis, R * kTk);
+    grow(kt, Dk * kTk);
+    grow(vt, kTk * Dv);
   }
 };
 
@@ -128,6 +135,7 @@ Workspace& workspace() {
 template <DType KD>
 struct ScalarOps {
   using T = typename Elem<KD>::T;
+  static constexpr bool kTransposedScores = false;  // no pack_keys_t / scores_t
   // s[r * kTk + j] = qs_r . k_j for rows [0, R), keys [0, n)
   static void scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb, int64_t kstride,
                      int64_t n, float* s, const Prefetch&) {
@@ -186,6 +194,7 @@ struct ScalarOps {
 template <DType KD>
 struct SimdOps {
   using T = typename Elem<KD>::T;
+  static constexpr bool kTransposedScores = true;
 
   // NR rows x NK keys of dot products, accumulators held in registers. DC is the head dim when
   // known at compile time (64, 128: unrolled loop, no tail), else 0 and dk is used.
@@ -307,6 +316,126 @@ struct SimdOps {
     }
   }
 
+  // ---- Scores of many rows (prefill): the tile's keys transposed once, then a GEMM-shaped
+  // kernel. The dot-product form above pays a horizontal sum per (row, key) pair — as many
+  // shuffle uops as FMAs at D = 64 — which dominates when R rows reuse the same keys. Here
+  // K^T [D, kTk] (f32) is built once per tile and shared by all R rows; a block of NR rows x 16
+  // keys keeps one accumulator per (row, 8 keys) and broadcasts q elements (sgemm's outer
+  // product). Same arithmetic as score_block, bit for bit: score_block's lane l accumulates
+  // q[d] k[d] for d = l, l + 8, ... in that order with FMAs from 0, then hsum1 adds the 8
+  // lanes as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)). Here "lane" l becomes a pass over
+  // d = l, l + 8, ... with per-key accumulators, and the 8 passes are added with the same
+  // tree. So a prefill row still equals its decode row, and paged still equals dense.
+
+  // kt[d * kTk + c] = k_c[d] for keys c in [0, n), d in [0, Dk) (Dk % 8 == 0). Also prefetches
+  // the V rows of these keys, which pv() reads next.
+  static void pack_keys_t(const std::byte* kb, int64_t kstride, int64_t n, int64_t Dk, float* kt,
+                          const Prefetch& pf) {
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+      const T* kr[8];
+      for (int i = 0; i < 8; ++i) {
+        kr[i] = reinterpret_cast<const T*>(kb + (c + i) * kstride);
+        prefetch_row(pf.v, pf.vstride, c + i, pf.v_row_bytes);
+        if (pf.k_next) prefetch_row(pf.k_next, pf.kstride, c + i, pf.k_row_bytes);
+      }
+      for (int64_t d = 0; d < Dk; d += 8) {
+        // 8 keys x 8 dims -> 8 dims x 8 keys (the usual unpack / shuffle / permute transpose).
+        const __m256 r0 = load8<KD>(kr[0] + d), r1 = load8<KD>(kr[1] + d);
+        const __m256 r2 = load8<KD>(kr[2] + d), r3 = load8<KD>(kr[3] + d);
+        const __m256 r4 = load8<KD>(kr[4] + d), r5 = load8<KD>(kr[5] + d);
+        const __m256 r6 = load8<KD>(kr[6] + d), r7 = load8<KD>(kr[7] + d);
+        const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+        const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+        const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+        const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        float* o = kt + d * kTk + c;
+        _mm256_storeu_ps(o + 0 * kTk, _mm256_permute2f128_ps(u0, u4, 0x20));
+        _mm256_storeu_ps(o + 1 * kTk, _mm256_permute2f128_ps(u1, u5, 0x20));
+        _mm256_storeu_ps(o + 2 * kTk, _mm256_permute2f128_ps(u2, u6, 0x20));
+        _mm256_storeu_ps(o + 3 * kTk, _mm256_permute2f128_ps(u3, u7, 0x20));
+        _mm256_storeu_ps(o + 4 * kTk, _mm256_permute2f128_ps(u0, u4, 0x31));
+        _mm256_storeu_ps(o + 5 * kTk, _mm256_permute2f128_ps(u1, u5, 0x31));
+        _mm256_storeu_ps(o + 6 * kTk, _mm256_permute2f128_ps(u2, u6, 0x31));
+        _mm256_storeu_ps(o + 7 * kTk, _mm256_permute2f128_ps(u3, u7, 0x31));
+      }
+    }
+    for (; c < n; ++c) {
+      prefetch_row(pf.v, pf.vstride, c, pf.v_row_bytes);
+      if (pf.k_next) prefetch_row(pf.k_next, pf.kstride, c, pf.k_row_bytes);
+      const T* kr = reinterpret_cast<const T*>(kb + c * kstride);
+      for (int64_t d = 0; d < Dk; ++d) kt[d * kTk + c] = Elem<KD>::get(kr[d]);
+    }
+  }
+
+  // s[r * kTk + c] for NR rows and the 16 keys at kt + c0 (columns c0 .. c0 + 15 of K^T).
+  template <int NR, int DC>
+  static void score_t_block(const float* qs, int64_t dk, const float* kt, float* s) {
+    const int64_t Dk = DC ? DC : dk;
+    __m256 p0[NR][2], p1[NR][2], p2[NR][2];  // partial sums of the lane tree
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) {
+      __m256 a[NR][2];
+      for (int r = 0; r < NR; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+#pragma GCC unroll 16
+      for (int64_t d = l; d < Dk; d += 8) {
+        const __m256 k0 = _mm256_loadu_ps(kt + d * kTk), k1 = _mm256_loadu_ps(kt + d * kTk + 8);
+        for (int r = 0; r < NR; ++r) {
+          const __m256 q = _mm256_broadcast_ss(qs + r * Dk + d);
+          a[r][0] = _mm256_fmadd_ps(q, k0, a[r][0]);
+          a[r][1] = _mm256_fmadd_ps(q, k1, a[r][1]);
+        }
+      }
+      for (int r = 0; r < NR; ++r)
+        for (int h = 0; h < 2; ++h) {
+          switch (l) {  // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+            case 0: p0[r][h] = a[r][h]; break;
+            case 1: p0[r][h] = _mm256_add_ps(p0[r][h], a[r][h]); break;
+            case 2: p1[r][h] = a[r][h]; break;
+            case 3: p0[r][h] = _mm256_add_ps(p0[r][h], _mm256_add_ps(p1[r][h], a[r][h])); break;
+            case 4: p1[r][h] = a[r][h]; break;
+            case 5: p1[r][h] = _mm256_add_ps(p1[r][h], a[r][h]); break;
+            case 6: p2[r][h] = a[r][h]; break;
+            default:
+              p1[r][h] = _mm256_add_ps(p1[r][h], _mm256_add_ps(p2[r][h], a[r][h]));
+              _mm256_storeu_ps(s + r * kTk + 8 * h, _mm256_add_ps(p0[r][h], p1[r][h]));
+          }
+        }
+    }
+  }
+
+  template <int DC>
+  static void scores_t_d(const float* qs, int64_t R, int64_t Dk, const float* kt, int64_t n, float* s) {
+    for (int64_t c = 0; c < n; c += 16) {
+      int64_t r = 0;
+      for (; r + 6 <= R; r += 6) score_t_block<6, DC>(qs + r * Dk, Dk, kt + c, s + r * kTk + c);
+      const float* q = qs + r * Dk;
+      float* o = s + r * kTk + c;
+      switch (R - r) {
+        case 5: score_t_block<5, DC>(q, Dk, kt + c, o); break;
+        case 4: score_t_block<4, DC>(q, Dk, kt + c, o); break;
+        case 3: score_t_block<3, DC>(q, Dk, kt + c, o); break;
+        case 2: score_t_block<2, DC>(q, Dk, kt + c, o); break;
+        case 1: score_t_block<1, DC>(q, Dk, kt + c, o); break;
+        default: break;
+      }
+    }
+  }
+
+  // Scores of R rows against the n keys packed in kt (columns [n, round16(n)) must be
+  // readable; their scores land in s's spare columns and are ignored). Dk % 8 == 0.
+  static void scores_t(const float* qs, int64_t R, int64_t Dk, const float* kt, int64_t n, float* s) {
+    switch (Dk) {
+      case 64: scores_t_d<64>(qs, R, Dk, kt, n, s); break;
+      case 128: scores_t_d<128>(qs, R, Dk, kt, n, s); break;
+      default: scores_t_d<0>(qs, R, Dk, kt, n, s);
+    }
+  }
+
   // s[j] = c * tanh(s[j] / c) on whole vectors (the row buffer has kTk columns). tanh|t| =
   // (1 - e) / (1 + e) with e = exp(-2|t|); below |t| = 0.125 that difference cancels, so the
   // odd Taylor series t - t^3/3 + 2t^5/15 - 17t^7/315 is used instead (next term < 2e-9 t).
@@ -412,6 +541,14 @@ struct SimdOps {
       }
   }
 
+  // pv() over f32 values (a tile widened once for many rows), 6 rows per register block.
+  static void pv_f32(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
+                     int64_t Dv, float* acc) {
+    int64_t r = 0;
+    for (; r + 6 <= R; r += 6) SimdOps<DType::kF32>::template pv_rows<6>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv);
+    SimdOps<DType::kF32>::pv(p + r * kTk, R - r, vb, vstride, n, Dv, acc + r * Dv);
+  }
+
   static void pv(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
                  int64_t Dv, float* acc) {
     int64_t r = 0;
@@ -514,6 +651,12 @@ void run_task(const Plan& P, int64_t task) {
   };
   const MaskSpec& spec = P.spec;
   RowKind* kind = ws.kind.data();
+  // Many rows share each key tile (prefill): transpose the tile once and run the GEMM-shaped
+  // score kernel (same bits as the per-pair one, see SimdOps::scores_t). Decode rows (R = G)
+  // keep the per-pair kernel, which reads each key once without the transpose.
+  const bool transposed = Ops::kTransposedScores && R >= kMinTransposedRows && Dk % 8 == 0;
+  const DType vt_dtype = vt.dtype();
+  const bool widen_v = Ops::kTransposedScores && R >= kMinTransposedRows && vt_dtype != DType::kF32;
 
   // Tiles aligned to multiples of kTk in absolute key index (j_begin is such a multiple).
   for (int64_t t0 = jlo < jhi ? jlo - jlo % kTk : jhi; t0 < jhi; t0 += kTk) {
@@ -598,16 +741,32 @@ void run_task(const Plan& P, int64_t task) {
     if (!any) continue;
 
     // ---- logits ----
-    for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
-      Prefetch pf;
-      pf.v = vr;
-      pf.vstride = vstride;
-      pf.v_row_bytes = v_row_bytes;
-      pf.k_next = j + kTk < jhi ? k_row(j + kTk) : nullptr;
-      pf.kstride = kstride;
-      pf.k_row_bytes = k_row_bytes;
-      Ops::scores(qs, R, Dk, kr, kstride, len, s + (j - t0), pf);
-    });
+    Prefetch pf;  // per run: this run's V rows, and the K rows one tile ahead
+    pf.vstride = vstride;
+    pf.v_row_bytes = v_row_bytes;
+    pf.kstride = kstride;
+    pf.k_row_bytes = k_row_bytes;
+    if constexpr (Ops::kTransposedScores) {
+      if (transposed) {
+        float* kt = ws.kt.data();
+        for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
+          pf.v = vr;
+          pf.k_next = j + kTk < jhi ? k_row(j + kTk) : nullptr;
+          Ops::pack_keys_t(kr, kstride, len, Dk, kt + (j - t0), pf);
+        });
+        const int64_t n16 = (n + 15) / 16 * 16;  // whole 16-key blocks: zero the spare columns
+        if (n16 != n)
+          for (int64_t d = 0; d < Dk; ++d) std::fill(kt + d * kTk + n, kt + d * kTk + n16, 0.0f);
+        Ops::scores_t(qs, R, Dk, kt, n, s);
+      }
+    }
+    if (!transposed) {
+      for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
+        pf.v = vr;
+        pf.k_next = j + kTk < jhi ? k_row(j + kTk) : nullptr;
+        Ops::scores(qs, R, Dk, kr, kstride, len, s + (j - t0), pf);
+      });
+    }
     for (int64_t r = 0; r < R; ++r) {
       float* sr = s + r * kTk;
       if (kind[r] == RowKind::kEmpty) {
@@ -622,6 +781,11 @@ void run_task(const Plan& P, int64_t task) {
       }
       if (kind[r] == RowKind::kPartial) {
         const int64_t lo = ws.lo[static_cast<size_t>(i)], hi = ws.hi[static_cast<size_t>(i)];
+        if (!spec.doc_ids && !spec.fn) {  // an interval only (causal, window, chunk): two fills
+          std::fill(sr, sr + std::clamp(lo - t0, int64_t{0}, n), kNegInf);
+          std::fill(sr + std::clamp(hi - t0, int64_t{0}, n), sr + n, kNegInf);
+          continue;
+        }
         const int32_t dq = spec.doc_ids ? doc_id(spec, b, qp) : 0;
         const uint8_t* vis = ws.fn_vis.data() + (r * kTk);
         for (int64_t j = 0; j < n; ++j) {
@@ -637,9 +801,21 @@ void run_task(const Plan& P, int64_t task) {
     for (int64_t r = 0; r < R; ++r)
       Ops::softmax_update(s + r * kTk, n, ws.m[static_cast<size_t>(r)],
                           ws.l[static_cast<size_t>(r)], acc + r * Dv, Dv);
-    for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
-      Ops::pv(s + (j - t0), R, vr, vstride, len, Dv, acc);
-    });
+    if (widen_v) {
+      // Widen the tile's values once for all R rows (f16 -> f32 is exact: same products),
+      // then one pass over the tile's keys in order, as the per-run passes make.
+      float* vw = ws.vt.data();
+      for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
+        for (int64_t c = 0; c < len; ++c)
+          convert_n(vr + c * vstride, vt_dtype, vw + (j - t0 + c) * Dv, DType::kF32, static_cast<size_t>(Dv));
+      });
+      if constexpr (Ops::kTransposedScores)
+        Ops::pv_f32(s, R, reinterpret_cast<const std::byte*>(vw), Dv * int64_t{sizeof(float)}, n, Dv, acc);
+    } else {
+      for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
+        Ops::pv(s + (j - t0), R, vr, vstride, len, Dv, acc);
+      });
+    }
   }
 
   // ---- write the result, or this partition's partial state ----
@@ -695,6 +871,10 @@ void execute(Plan& P, std::vector<SeqPlan>& seqs, int64_t split_opt, DType kv_dt
   for (const SeqPlan& x : seqs) max_sq = std::max(max_sq, x.Sq);
   if (max_sq == 0 || P.Dv == 0) return;
   P.tq = std::min(max_sq, std::max<int64_t>(1, kRowsPerTask / P.G));
+  // Many-row tasks: whole 6-row register blocks of the transposed score kernel (G = 3: 22
+  // positions, 66 rows, instead of 21 and a 3-row tail). Rows are independent: the split of
+  // positions into tasks never changes a row's arithmetic.
+  while (P.tq > 1 && P.tq < max_sq && P.G * P.tq >= kMinTransposedRows && (P.G * P.tq) % 6 != 0) ++P.tq;
   P.max_rows = P.G * P.tq;
   for (SeqPlan& x : seqs) x.n_qt = (x.Sq + P.tq - 1) / P.tq;
   ThreadPool& pool = default_pool();

@@ -387,6 +387,36 @@ TEST(Attention, DecodeEqualsLastRowOfPrefill) {
     }
 }
 
+// Prefill tasks of >= 8 rows score through transposed key tiles (a GEMM-shaped kernel), decode
+// rows through per-pair dot products: the two must agree bit for bit for every head dim that
+// is a multiple of 8 (64 and 128 compiled as constants, the rest at run time), every K/V dtype,
+// and rows on partial tiles (S = 77: a 13-key last tile, diagonal tiles with masked keys).
+TEST(Attention, FusedTransposedScoresEqualPerPairDecode) {
+  for (int64_t D : {8, 24, 64, 80, 128})
+    for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
+      Case c;
+      c.B = 1;
+      c.Hq = 6;
+      c.Hkv = 2;
+      c.Sq = 77;
+      c.Skv = 77;
+      c.D = D;
+      c.kv = kv;
+      auto in = make_inputs(c, 7 + static_cast<uint32_t>(D));
+      AttentionOptions o = in->opts;
+      o.kv_split = -1;
+      get_attention_kernel("fused")(in->q, in->k, in->v, in->out, o);
+      for (int64_t i : {int64_t{0}, int64_t{40}, c.Sq - 1}) {
+        // Query i alone against keys [0, i]: one decode row per head (3 rows per task).
+        const std::vector<double> want = out_as_double(in->out.slice(2, i, i + 1));
+        Tensor dec = Tensor::zeros(DType::kF32, {c.B, c.Hq, 1, c.D});
+        get_attention_kernel("fused")(in->q.slice(2, i, i + 1), in->k.slice(2, 0, i + 1),
+                                      in->v.slice(2, 0, i + 1), dec.view(), o);
+        EXPECT_EQ(out_as_double(dec.view()), want) << "row " << i << " " << c.str();
+      }
+    }
+}
+
 TEST(Attention, EagerReturnsProbabilities) {
   Case c;
   c.B = 2;
