@@ -62,6 +62,79 @@ float dot_simd(const T* w, const float* x, int64_t k, Load load) {
   float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   return s;
 }
+// Multi-row GEMV (decode batches): a tile of NW W rows x R x rows. Each W chunk of 8 is widened
+// to f32 once and multiplied into all R rows, so a batch of B sequences widens W once per step
+// instead of B times. Every output keeps dot_simd's arithmetic exactly — the same four
+// accumulators (chunk j + 8q of each 32-block feeds accumulator q, the tail chunks of 8 feed
+// accumulator 0), each fed in ascending j, the same hsum((a0 + a1) + (a2 + a3)), the same
+// scalar tail — so a row's result does not depend on how many rows share the call
+// (batch invariance: the engine's batched decode equals each request run alone, bit for bit).
+// Four accumulators per output x NW x R would not fit AVX2's 16 registers, so the four
+// accumulator chains run one after the other (phase q walks the chunks j + 8q), each phase
+// keeping NW x R accumulators live; the partial sums wait in `part` (a store and a reload of
+// the same float: exact).
+template <int R, int NW, typename T, typename Load, typename Widen>
+void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, Load load, Widen widen,
+              float (&s)[NW][R]) {
+  const int64_t k32 = k / 32 * 32, k8 = k / 8 * 8;
+  __m256 part[4][NW][R];
+  for (int q = 0; q < 4; ++q) {
+    __m256 a[NW][R];
+    for (int v = 0; v < NW; ++v)
+      for (int i = 0; i < R; ++i) a[v][i] = _mm256_setzero_ps();
+    auto chunk = [&](int64_t j) {
+      __m256 wv[NW];
+      for (int v = 0; v < NW; ++v) wv[v] = load(w + v * ldw + j);
+      for (int i = 0; i < R; ++i) {
+        const __m256 xv = _mm256_loadu_ps(x + i * ldx + j);
+        for (int v = 0; v < NW; ++v) a[v][i] = _mm256_fmadd_ps(wv[v], xv, a[v][i]);
+      }
+    };
+    for (int64_t b = 0; b < k32; b += 32) chunk(b + 8 * q);
+    if (q == 0)
+      for (int64_t j = k32; j < k8; j += 8) chunk(j);
+    for (int v = 0; v < NW; ++v)
+      for (int i = 0; i < R; ++i) part[q][v][i] = a[v][i];
+  }
+  for (int v = 0; v < NW; ++v) {
+    for (int i = 0; i < R; ++i) {
+      float t = hsum(_mm256_add_ps(_mm256_add_ps(part[0][v][i], part[1][v][i]),
+                                   _mm256_add_ps(part[2][v][i], part[3][v][i])));
+      const T* wr = w + v * ldw;
+      const float* xr = x + i * ldx;
+      for (int64_t j = k8; j < k; ++j) t += widen(wr[j]) * xr[j];
+      s[v][i] = t;
+    }
+  }
+}
+
+// dot_q8_0's arithmetic per output (two accumulators alternating by block, products of a block
+// summed as ((q0 x0 + q2 x2) + (q1 x1 + q3 x3))), the block's int8 -> f32 widening and scale
+// shared by the R rows. One W row per tile: 2 x R accumulators + 4 widened chunks.
+template <int R>
+void dot_tile_q8_0(const BlockQ8_0* w, const float* x, int64_t ldx, int64_t k, float (&s)[1][R]) {
+  const int64_t nb = k / 32;
+  __m256 acc0[R], acc1[R];
+  for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* q = w[b].qs;
+    const __m256 q0 = load_i8x8(q), q1 = load_i8x8(q + 8), q2 = load_i8x8(q + 16), q3 = load_i8x8(q + 24);
+    const __m256 d = _mm256_set1_ps(f16_to_f32(w[b].d));
+    for (int i = 0; i < R; ++i) {
+      const float* xb = x + i * ldx + b * 32;
+      __m256 s0 = _mm256_mul_ps(q0, _mm256_loadu_ps(xb));
+      __m256 s1 = _mm256_mul_ps(q1, _mm256_loadu_ps(xb + 8));
+      s0 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xb + 16), s0);
+      s1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xb + 24), s1);
+      if (b & 1) {
+        acc1[i] = _mm256_fmadd_ps(d, _mm256_add_ps(s0, s1), acc1[i]);
+      } else {
+        acc0[i] = _mm256_fmadd_ps(d, _mm256_add_ps(s0, s1), acc0[i]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i) s[0][i] = hsum(_mm256_add_ps(acc0[i], acc1[i]));
+}
 #endif
 
 float dot_f32(const float* w, const float* x, int64_t k) {
@@ -140,10 +213,85 @@ void validate(const MatmulParams& p) {
 
 int g_blas_threads = -1;
 
-// Rows [r0, r1) of y for every row of x: each W row is read once for all M rows of x.
+#ifdef KVCACHE_MATMUL_AVX2
+// Tile of the multi-row GEMV: y[i .. i+R, r .. r+NW] (+ bias) = dot_row's value for each.
+template <int R, int NW>
+void gemv_tile(const MatmulParams& p, int64_t r, int64_t i) {
+  float s[NW][R] = {};
+  const auto* w = static_cast<const std::byte*>(p.w) + static_cast<size_t>(r) * row_bytes(p.w_dtype, p.k);
+  const float* x = p.x + i * p.ldx;
+  switch (p.w_dtype) {
+    // Loaders as lambdas, not function pointers: a pointer template argument is called, not
+    // inlined (perf: a call per 8-element chunk, a quarter of the time).
+    case DType::kF32:
+      dot_tile<R, NW>(reinterpret_cast<const float*>(w), p.k, x, p.ldx, p.k,
+                      [](const float* q) { return _mm256_loadu_ps(q); }, [](float v) { return v; }, s);
+      break;
+    case DType::kF16:
+      dot_tile<R, NW>(reinterpret_cast<const f16_t*>(w), p.k, x, p.ldx, p.k,
+                      [](const f16_t* q) { return load_f16x8(q); }, [](f16_t v) { return f16_to_f32(v); }, s);
+      break;
+    case DType::kBF16:
+      dot_tile<R, NW>(reinterpret_cast<const bf16_t*>(w), p.k, x, p.ldx, p.k,
+                      [](const bf16_t* q) { return load_bf16x8(q); }, [](bf16_t v) { return bf16_to_f32(v); }, s);
+      break;
+    case DType::kQ8_0:
+      if constexpr (NW == 1) {
+        dot_tile_q8_0<R>(reinterpret_cast<const BlockQ8_0*>(w), x, p.ldx, p.k, s);
+      } else {
+        KV_CHECK(false, "gemv_tile: q8_0 tiles hold one W row");
+      }
+      break;
+  }
+  for (int v = 0; v < NW; ++v) {
+    const float b = p.bias != nullptr ? p.bias[r + v] : 0.0f;
+    for (int ii = 0; ii < R; ++ii) p.y[(i + ii) * p.ldy + r + v] = s[v][ii] + b;
+  }
+}
+
+// x rows per tile and W rows per tile (f32/f16/bf16; q8_0 uses one). 4 x 2 keeps 8 independent
+// FMA chains in flight (latency 4 x 2 ports) in 8 + 2 + 1 registers; bench_gemv (M = 16, f16,
+// K = 768) ranked 4x2 and 8x1 first, 4x3, 6x2 and 2x4 behind (noisy, shared machine).
+constexpr int kTileRows = 4;
+constexpr int kTileW = 2;
+constexpr size_t kGemvBlockBytes = 128 << 10;
+
+// rows (1..R) of x from row i: the tile of that height (remainders of M use smaller tiles).
+template <int NW, int R = kTileRows>
+void gemv_tile_rows(const MatmulParams& p, int64_t r, int64_t i, int64_t rows) {
+  if constexpr (R > 1) {
+    if (rows < R) return gemv_tile_rows<NW, R - 1>(p, r, i, rows);
+  }
+  gemv_tile<R, NW>(p, r, i);
+}
+#endif
+
+// Rows [r0, r1) of y for every row of x: each W row is read once for all M rows of x. One row
+// of x: dot_row per W row (four accumulators in flight). Several: multi-row tiles, which widen
+// each W chunk once for kTileRows rows and give every output dot_row's exact bits.
 void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
   const size_t rb = row_bytes(p.w_dtype, p.k);
   const auto* w = static_cast<const std::byte*>(p.w);
+#ifdef KVCACHE_MATMUL_AVX2
+  if (p.m > 1) {
+    const int nw = p.w_dtype == DType::kQ8_0 ? 1 : kTileW;
+    // A block of W rows (kGemvBlockBytes, meant to stay in L2) meets each group of kTileRows
+    // x rows in turn, so a group can stay in L1 while the block passes (at K = 768 f32: 12 KiB).
+    // bench_gemv measured no clear gain over x-groups innermost on the shared machine; at
+    // K = 2048 a group (32 KiB) no longer fits L1 and the tiles run ~2x slower per MAC.
+    const int64_t block = std::max<int64_t>(kTileW, static_cast<int64_t>(kGemvBlockBytes / std::max<size_t>(rb, 1)) / kTileW * kTileW);
+    for (int64_t b0 = r0; b0 < r1; b0 += block) {
+      const int64_t b1 = std::min(r1, b0 + block);
+      for (int64_t i = 0; i < p.m; i += kTileRows) {
+        const int64_t rows = std::min<int64_t>(kTileRows, p.m - i);
+        int64_t r = b0;
+        for (; nw == kTileW && r + kTileW <= b1; r += kTileW) gemv_tile_rows<kTileW>(p, r, i, rows);
+        for (; r < b1; ++r) gemv_tile_rows<1>(p, r, i, rows);
+      }
+    }
+    return;
+  }
+#endif
   for (int64_t r = r0; r < r1; ++r) {
     const void* wr = w + static_cast<size_t>(r) * rb;
     const float b = p.bias != nullptr ? p.bias[r] : 0.0f;

@@ -2,7 +2,9 @@
 // llama2.c, GGUF and HF Linear weights (one output feature per row of W). x and y are f32;
 // W is f32, f16, bf16 or q8_0 and is only read (it usually points into a memory-mapped file).
 // Decode (M = 1) is bound by reading W once: rows are split across the thread pool and each
-// row is a SIMD dot product. Prefill (M > 1) with f32 weights goes to OpenBLAS sgemm, which is
+// row is a SIMD dot product. Batched decode (M > 1 on the GEMV path) widens each W chunk once
+// for a tile of 4 x rows, with each output's arithmetic exactly that of dot_row, so a row's
+// result is the same bits whatever M (batch invariance: the serving engine relies on it). Prefill (M > 1) with f32 weights goes to OpenBLAS sgemm, which is
 // compute-bound and wins from M >= kBlasMinRows; other dtypes are dequantised per block of 64
 // W rows into a per-thread f32 scratch and multiplied by sgemm too.
 #pragma once
@@ -32,6 +34,8 @@ struct MatmulParams {
 // Rows of x from which weights are multiplied by OpenBLAS sgemm instead of our GEMV.
 inline constexpr int64_t kBlasMinRows = 4;
 
+// GEMV path (m < kBlasMinRows, or !allow_blas): y[i, r] == dot_row(W[r], x[i]) + bias[r]
+// bit for bit, for every M and any thread count.
 // Tolerance of matmul() against matmul_reference(): |y - y_ref| <= 1e-5 * sum_j |x_j w_j| + 1e-6
 // per output for f32/f16/bf16/q8_0 (only the summation order differs; same dequantized values).
 void matmul(const MatmulParams& p);

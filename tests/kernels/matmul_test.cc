@@ -211,3 +211,65 @@ TEST(MatmulGroup, EqualsSeparateMatmulsForEveryDtype) {
 
 }  // namespace
 }  // namespace kvcache
+
+namespace kvcache {
+namespace {
+
+// Batch invariance of the GEMV path (allow_blas = false, what batched decode uses): M rows in
+// one call give, for every row, the bits of that row multiplied alone — and the bits of
+// dot_row — whatever M (tile remainders 1..3 rows, odd N for the 2-row W tiles), K (tails of
+// 8-chunks and of single elements; 2080 crosses several 32-blocks) and weight dtype.
+TEST(MatmulGemv, RowsOfABatchEqualEachRowAloneBitForBit) {
+  ThreadPool pool(3);
+  uint32_t seed = 100;
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    for (int64_t k : {int64_t{64}, int64_t{96}, int64_t{2048 + 32}, int64_t{43}, int64_t{7}}) {
+      if (t == DType::kQ8_0 && k % 32 != 0) continue;
+      for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, int64_t{16}, int64_t{37}}) {
+        const int64_t n = k > 1000 ? 33 : 71, ldx = k + 5, ldy = n + 2;
+        const std::vector<float> x = randn(static_cast<size_t>(m * ldx), seed++);
+        const std::vector<std::byte> w = make_weights(randn(static_cast<size_t>(n * k), seed++), t, n, k);
+        const std::vector<float> bias = randn(static_cast<size_t>(n), seed++);
+        MatmulParams p;
+        p.x = x.data();
+        p.ldx = ldx;
+        p.w = w.data();
+        p.w_dtype = t;
+        p.bias = m % 2 == 1 ? bias.data() : nullptr;
+        p.ldy = ldy;
+        p.m = m;
+        p.n = n;
+        p.k = k;
+        p.pool = &pool;
+        p.allow_blas = false;
+        std::vector<float> y(static_cast<size_t>(m * ldy), -7.0f), ref(y.size(), -7.0f);
+        p.y = y.data();
+        matmul(p);
+        p.y = ref.data();
+        matmul_reference(p);
+        expect_close(p, y, ref, x);
+        const size_t rb = dtype_bytes(t, k);
+        for (int64_t i = 0; i < m; ++i) {
+          std::vector<float> alone(static_cast<size_t>(n), -9.0f);
+          MatmulParams one = p;
+          one.x = x.data() + i * ldx;
+          one.m = 1;
+          one.y = alone.data();
+          one.ldy = n;
+          matmul(one);
+          for (int64_t r = 0; r < n; ++r) {
+            const float dot = dot_row(w.data() + static_cast<size_t>(r) * rb, t, x.data() + i * ldx, k) +
+                              (p.bias != nullptr ? bias[static_cast<size_t>(r)] : 0.0f);
+            ASSERT_EQ(y[static_cast<size_t>(i * ldy + r)], alone[static_cast<size_t>(r)])
+                << dtype_name(t) << " m=" << m << " k=" << k << " row " << i << " col " << r;
+            ASSERT_EQ(alone[static_cast<size_t>(r)], dot) << dtype_name(t) << " k=" << k;
+          }
+          for (int64_t r = n; r < ldy; ++r) ASSERT_EQ(y[static_cast<size_t>(i * ldy + r)], -7.0f);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvcache

@@ -1,0 +1,67 @@
+// The GEMV path of matmul() (allow_blas = false: what batch-invariant decode runs) on one
+// thread, for the llama-125m shapes, against the number of rows M. Items are multiply-adds,
+// so items_per_second compares M = 1 (bound by reading W) with M = 16 (bound by arithmetic
+// and by streaming the activations): the batched-decode speedup of the linears is
+// 16 * time(M=1) / time(M=16).
+//
+//   build/bench/bench_gemv --benchmark_filter='f16'
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/matmul.h"
+
+namespace kvcache {
+namespace {
+
+// args: M, N, K; W in dtype t.
+void BM_Gemv(benchmark::State& state, DType t) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m * k)), wf(static_cast<size_t>(n * k)), y(static_cast<size_t>(m * n));
+  for (float& v : x) v = d(rng);
+  for (float& v : wf) v = d(rng);
+  std::vector<std::byte> w(dtype_bytes(t, n * k));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* src = wf.data() + r * k;
+    std::byte* dst = w.data() + static_cast<size_t>(r) * dtype_bytes(t, k);
+    if (t == DType::kF16) f32_to_f16_n(src, reinterpret_cast<f16_t*>(dst), static_cast<size_t>(k));
+    else if (t == DType::kBF16) f32_to_bf16_n(src, reinterpret_cast<bf16_t*>(dst), static_cast<size_t>(k));
+    else if (t == DType::kQ8_0) quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k);
+    else std::copy(src, src + k, reinterpret_cast<float*>(dst));
+  }
+  ThreadPool pool(1);
+  MatmulParams p;
+  p.x = x.data();
+  p.ldx = k;
+  p.w = w.data();
+  p.w_dtype = t;
+  p.y = y.data();
+  p.ldy = n;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.pool = &pool;
+  p.allow_blas = false;
+  for (auto _ : state) {
+    matmul(p);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(state.iterations() * m * n * k);
+}
+
+void shapes(benchmark::internal::Benchmark* b) {
+  for (int64_t m : {1, 4, 16})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{2048, 768}, {768, 2048}}) b->Args({m, n, k});
+}
+
+BENCHMARK_CAPTURE(BM_Gemv, f16, DType::kF16)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Gemv, q8_0, DType::kQ8_0)->Apply(shapes);
+
+}  // namespace
+}  // namespace kvcache
+
+BENCHMARK_MAIN();
