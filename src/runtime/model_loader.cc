@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "core/error.h"
@@ -24,6 +25,23 @@ bool starts_with_gguf_magic(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   f.read(magic, 4);
   return f && std::string_view(magic, 4) == "GGUF";
+}
+
+// tokenizer_config.json's chat_template: a string, or [{"name": ..., "template": ...}] (the
+// "default" entry). Empty when the file or the key is absent.
+std::string hf_chat_template(const fs::path& config) {
+  std::ifstream f(config);
+  if (!f) return "";
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (!j.is_object() || !j.contains("chat_template")) return "";
+  const nlohmann::json& t = j["chat_template"];
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_array()) {
+    for (const nlohmann::json& e : t)
+      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+        return e["template"].get<std::string>();
+  }
+  return "";
 }
 
 std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, const ModelFile& file) {
@@ -101,13 +119,18 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
       }
     }
   }
-  if (tok_path.empty() && file->format() == "gguf") {
+  if (file->format() == "gguf") {
     // The vocabulary usually travels inside the GGUF; a weights-only GGUF has none.
-    if (GgufFile::open(path)->find("tokenizer.ggml.model") != nullptr) tok_path = path;
+    const std::shared_ptr<const GgufFile> g = GgufFile::open(path);
+    if (tok_path.empty() && g->find("tokenizer.ggml.model") != nullptr) tok_path = path;
+    out.chat_template = g->get_string_or("tokenizer.chat_template", "");
   } else if (tok_path.empty() && fs::is_directory(path, ec) && fs::exists(fs::path(path) / "tokenizer.json", ec)) {
     tok_path = (fs::path(path) / "tokenizer.json").string();
   }
   if (!tok_path.empty()) out.tokenizer = open_tokenizer(tok_path, *file);
+  if (out.chat_template.empty() && tok_path.ends_with("tokenizer.json")) {
+    out.chat_template = hf_chat_template(fs::path(tok_path).parent_path() / "tokenizer_config.json");
+  }
   if (out.tokenizer != nullptr && out.tokenizer->vocab_size() > file->config().vocab_size) {
     throw Error(ErrorKind::kFormat, tok_path + ": the tokenizer has " + std::to_string(out.tokenizer->vocab_size()) +
                                         " tokens but the model's vocabulary is " +

@@ -22,6 +22,10 @@ struct LoadedModel {
   // which separates stories, exactly as run.c stops; otherwise the model's EOS.
   std::vector<int32_t> stop_ids;
   bool add_bos = true;  // prepend BOS to an encoded prompt (llama2.c and SentencePiece do)
+  // The model's own Jinja chat template, as shipped: GGUF `tokenizer.chat_template`, or
+  // `chat_template` of tokenizer_config.json beside an HF tokenizer.json (a string, or the
+  // entry named "default" of a list). Empty: the model has none. The server classifies it.
+  std::string chat_template;
 };
 
 struct LoadOptions {

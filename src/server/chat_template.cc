@@ -120,6 +120,32 @@ ChatTemplate detect_chat_template(const Tokenizer& tokenizer) {
   return ChatTemplate::kLlama2;
 }
 
+std::optional<ChatTemplate> classify_chat_template(std::string_view jinja) {
+  if (jinja.find("<|start_header_id|>") != std::string_view::npos) return ChatTemplate::kLlama3;
+  if (jinja.find("<|im_start|>") != std::string_view::npos) return ChatTemplate::kChatML;
+  if (jinja.find("[INST]") != std::string_view::npos) return ChatTemplate::kLlama2;
+  return std::nullopt;
+}
+
+ChatTemplateChoice choose_chat_template(const std::string& flag, const std::string& model_template,
+                                        const Tokenizer& tokenizer) {
+  if (!flag.empty()) return {parse_chat_template(flag), "--chat-template"};
+  if (!model_template.empty()) {
+    if (const std::optional<ChatTemplate> t = classify_chat_template(model_template)) {
+      return {*t, "tokenizer.chat_template"};
+    }
+    // Quote the start on one line (templates are multi-line Jinja).
+    std::string quote;
+    for (char c : model_template.substr(0, 120)) quote += c == '\n' ? ' ' : c;
+    throw Error(ErrorKind::kInvalidArgument,
+                "the model's chat template (tokenizer.chat_template, " + std::to_string(model_template.size()) +
+                    " chars: \"" + quote + (model_template.size() > 120 ? "..." : "") +
+                    "\") is none of the built-in families (ChatML <|im_start|>, Llama-2 [INST], Llama-3 "
+                    "<|start_header_id|>); pass --chat-template chatml, llama2 or llama3 to choose the format");
+  }
+  return {detect_chat_template(tokenizer), "vocabulary"};
+}
+
 std::vector<int32_t> encode_chat(ChatTemplate t, const std::vector<ChatMessage>& messages,
                                  const Tokenizer& tokenizer, const SpecialTokens& specials) {
   std::vector<int32_t> ids;

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -26,6 +28,25 @@ const char* chat_template_name(ChatTemplate t);
 // From the vocabulary: <|start_header_id|> -> Llama-3, <|im_start|> -> ChatML, else Llama-2
 // (SentencePiece [INST] needs no special tokens).
 ChatTemplate detect_chat_template(const Tokenizer& tokenizer);
+
+// Recognises a model's own Jinja chat template (GGUF `tokenizer.chat_template`, HF
+// tokenizer_config.json `chat_template`) by the control text it writes: "<|start_header_id|>"
+// -> Llama-3, "<|im_start|>" -> ChatML, "[INST]" -> Llama-2 (checked in that order: a Llama-3
+// template never writes the others). nullopt: none of the built-in families.
+std::optional<ChatTemplate> classify_chat_template(std::string_view jinja);
+
+// The template a server renders with, and why.
+struct ChatTemplateChoice {
+  ChatTemplate tmpl = ChatTemplate::kChatML;
+  std::string source;  // "--chat-template", "tokenizer.chat_template" or "vocabulary"
+};
+// `flag` (--chat-template) wins when given (parse_chat_template). Else the model's template
+// string, when it has one, must be of a built-in family: otherwise throws
+// Error(kInvalidArgument) quoting the start of what was found and naming --chat-template —
+// rendering with a guessed format would silently degrade every chat answer. A model without a
+// template string falls back to detect_chat_template (its control tokens).
+ChatTemplateChoice choose_chat_template(const std::string& flag, const std::string& model_template,
+                                        const Tokenizer& tokenizer);
 
 // Special-token text -> id for the control tokens the templates use (built once per tokenizer).
 class SpecialTokens {

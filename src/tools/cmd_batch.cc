@@ -55,7 +55,7 @@ void run_batch(const BatchOptions& o) {
   if (lm.tokenizer) {
     specials = std::make_unique<SpecialTokens>(*lm.tokenizer);
     sm.specials = specials.get();
-    sm.chat_template = o.chat_template.empty() ? detect_chat_template(*lm.tokenizer) : parse_chat_template(o.chat_template);
+    sm.chat_template = choose_chat_template(o.chat_template, lm.chat_template, *lm.tokenizer).tmpl;
   }
 
   std::vector<json> results(lines.size());
@@ -120,7 +120,7 @@ void register_batch(CLI::App& app) {
   add_engine_options(cmd, o->engine);
   cmd->add_option("--input,-i", o->input, "JSON lines: {\"prompt\": ... | \"messages\": [...], \"max_tokens\", ...}")->required();
   cmd->add_option("--output,-o", o->output, "Where to write the results (default: stdout)");
-  cmd->add_option("--chat-template", o->chat_template, "chatml, llama2 or llama3 (default: from the vocabulary)");
+  cmd->add_option("--chat-template", o->chat_template, "chatml, llama2 or llama3 (default: the model's tokenizer.chat_template, else its vocabulary)");
   cmd->callback([o] { run_batch(*o); });
 }
 

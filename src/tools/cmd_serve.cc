@@ -29,7 +29,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string api_key;
-  std::string chat_template;  // empty: from the vocabulary
+  std::string chat_template;  // empty: the model's tokenizer.chat_template, else its vocabulary
   std::string served_name;    // empty: the --model string
   int64_t default_max_tokens = 256;
 };
@@ -65,10 +65,13 @@ void run_serve(const ServeOptions& o) {
   sm.stop_ids = lm.stop_ids;
   sm.default_max_tokens = o.default_max_tokens;
   std::unique_ptr<SpecialTokens> specials;
+  std::string template_source = "none";
   if (lm.tokenizer) {
     specials = std::make_unique<SpecialTokens>(*lm.tokenizer);
     sm.specials = specials.get();
-    sm.chat_template = o.chat_template.empty() ? detect_chat_template(*lm.tokenizer) : parse_chat_template(o.chat_template);
+    const ChatTemplateChoice choice = choose_chat_template(o.chat_template, lm.chat_template, *lm.tokenizer);
+    sm.chat_template = choice.tmpl;
+    template_source = choice.source;
   } else if (!o.chat_template.empty()) {
     parse_chat_template(o.chat_template);  // still reject unknown names
   }
@@ -79,10 +82,10 @@ void run_serve(const ServeOptions& o) {
   hc.api_key = o.api_key;
   HttpServer server(engine, sm, hc);
   server.bind();
-  std::fprintf(stderr, "kvcache serve: model %s, %s KV blocks of %lld tokens, context %lld, chat template %s%s\n",
+  std::fprintf(stderr, "kvcache serve: model %s, %s KV blocks of %lld tokens, context %lld, chat template %s (from %s)%s\n",
                sm.name.c_str(), std::to_string(engine.metrics().blocks_total).c_str(),
                static_cast<long long>(ec.block_tokens), static_cast<long long>(engine.max_context()),
-               chat_template_name(sm.chat_template), lm.tokenizer ? "" : " (no tokenizer: token-id prompts only)");
+               chat_template_name(sm.chat_template), template_source.c_str(), lm.tokenizer ? "" : " (no tokenizer: token-id prompts only)");
   std::fprintf(stderr, "listening on http://%s:%d\n", o.host.c_str(), server.port());
   std::fflush(stderr);
 
@@ -108,7 +111,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--host", o->host, "Address to bind (default 127.0.0.1)");
   cmd->add_option("--port", o->port, "Port (0: any free port; the ready line shows it)")->required();
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
-  cmd->add_option("--chat-template", o->chat_template, "chatml, llama2 or llama3 (default: from the vocabulary)");
+  cmd->add_option("--chat-template", o->chat_template, "chatml, llama2 or llama3 (default: the model's tokenizer.chat_template, else its vocabulary)");
   cmd->add_option("--served-model-name", o->served_name, "The model id clients send (default: the --model string)");
   cmd->add_option("--default-max-tokens", o->default_max_tokens, "max_tokens of requests that give none (default 256)");
   cmd->callback([o] { run_serve(*o); });
