@@ -223,12 +223,54 @@ void HttpServer::install_routes() {
     const std::string model_name = model_.name;
     const int64_t created = unix_now();
     if (!ar.stream) {
-      std::unique_lock<std::mutex> lock(ch->mu);
-      ch->cv.wait(lock, [&] { return ch->output.has_value(); });
-      forget();
-      const RequestOutput& out = *ch->output;
-      if (!out.error.empty()) return send_error(res, 503, out.error, "server_error");
-      res.set_content(to_json_text(completion_response(ar, out, model_name, created)), "application/json");
+      // cpp-httplib 0.11 gives a handler no view of its socket, so a client that goes away is
+      // only seen from a content provider (sink.is_writable() peeks at the socket), and a
+      // provider runs after the status line is sent. Hence two phases: the handler waits for
+      // the request's first event (queue + prefill; an admission error comes before any
+      // token and still gets its status), then, unless it already finished, a chunked
+      // provider waits for the rest in 100 ms slices and cancels the request (freeing its
+      // blocks) when the client is gone. A disconnect while queued or prefilling is noticed
+      // at the first token.
+      {
+        std::unique_lock<std::mutex> lock(ch->mu);
+        ch->cv.wait(lock, [&] { return !ch->events.empty() || ch->output.has_value(); });
+        if (ch->output.has_value()) {
+          lock.unlock();
+          forget();
+          const RequestOutput& out = *ch->output;
+          if (!out.error.empty()) return send_error(res, 503, out.error, "server_error");
+          res.set_content(to_json_text(completion_response(ar, out, model_name, created)), "application/json");
+          return;
+        }
+      }
+      res.set_chunked_content_provider(
+          "application/json",
+          [this, ch, ar, id, created, model_name, forget](size_t, httplib::DataSink& sink) {
+            {
+              std::unique_lock<std::mutex> lock(ch->mu);
+              ch->events.clear();  // only the final output is sent
+              if (!ch->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return ch->output.has_value(); })) {
+                lock.unlock();
+                if (sink.is_writable()) return true;
+                engine_.cancel(id);  // the client went away
+                forget();
+                return false;
+              }
+            }
+            forget();
+            const RequestOutput& out = *ch->output;  // final: no writer any more
+            // The status (200) is already out; an engine error after the first token (none
+            // exists today) would arrive as an OpenAI error object in the body.
+            const std::string body = to_json_text(out.error.empty() ? completion_response(ar, out, model_name, created)
+                                                                     : error_body(out.error, "server_error", ""));
+            if (!sink.write(body.data(), body.size())) return false;
+            sink.done();
+            return true;
+          },
+          [this, id, forget](bool success) {
+            if (!success) engine_.cancel(id);
+            forget();
+          });
       return;
     }
     res.set_header("Cache-Control", "no-cache");

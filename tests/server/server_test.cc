@@ -255,5 +255,114 @@ TEST(Server, ClientDisconnectMidStreamCancelsAndFreesBlocks) {
   EXPECT_EQ(ts.engine->check_invariants(), "");
 }
 
+// Polls /metrics until `name` reaches `want` (polls * 25 ms at most); returns the last scrape.
+std::string wait_metric(int port, const std::string& name, double want, int polls = 200) {
+  std::string m;
+  for (int i = 0; i < polls; ++i) {
+    m = http(port, "GET", "/metrics").body;
+    if (metric(m, name) >= want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  return m;
+}
+
+// Opens a streaming completion and reads until its first token event; returns the socket.
+int open_stream_until_first_token(int port, int max_tokens) {
+  const int fd = testing_util::connect_loopback(port);
+  if (fd < 0) return -1;
+  const std::string body = json{{"prompt", "The quick brown fox"}, {"max_tokens", max_tokens}, {"stream", true},
+                                {"ignore_eos", true}}.dump();
+  if (!testing_util::send_all(fd, testing_util::request_text("POST", "/v1/completions", body, ""))) return -1;
+  std::string got;
+  char buf[512];
+  while (got.find("data: {") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return -1;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return fd;
+}
+
+// A bounded queue: one running request, one waiting, the third is refused with 429 (OpenAI's
+// rate_limit_error) through HTTP; the refused one leaves no trace in the engine. The tiny model
+// may finish the running request (1000 tokens, a fraction of a second) before the queue is seen
+// full on a loaded machine: then the attempt is repeated, and one of five must see the 429.
+TEST(Server, FullQueueAnswers429) {
+  const LoadedModel* lm = tiny_with_vocab();
+  if (lm == nullptr) GTEST_SKIP() << "needs the shared SentencePiece vocabulary";
+  EngineConfig ec;
+  ec.max_running = 1;
+  ec.max_waiting = 1;
+  TestServer ts(*lm, "", ec);
+  bool refused = false;
+  for (int attempt = 0; attempt < 5 && !refused; ++attempt) {
+    const int running = open_stream_until_first_token(ts.port, 1000);  // admitted: holds the only slot
+    ASSERT_GE(running, 0);
+    const int queued = testing_util::connect_loopback(ts.port);
+    ASSERT_GE(queued, 0);
+    ASSERT_TRUE(testing_util::send_all(
+        queued, testing_util::request_text("POST", "/v1/completions",
+                                           json{{"prompt", "hello"}, {"max_tokens", 1000}, {"stream", true}}.dump(), "")));
+    const std::string m = wait_metric(ts.port, "kvcache_requests_waiting", 1, 40);
+    if (metric(m, "kvcache_requests_waiting") == 1) {
+      const HttpReply full = http(ts.port, "POST", "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})");
+      if (full.status == 429) {
+        refused = true;
+        const json b = json::parse(full.body, nullptr, false);
+        ASSERT_TRUE(b.is_object()) << full.body;
+        EXPECT_EQ(b["error"]["type"], "rate_limit_error");
+        EXPECT_EQ(b["error"]["code"], "queue_full");
+      } else {
+        EXPECT_EQ(full.status, 200) << full.body;  // the queue had drained meanwhile: admitted
+      }
+    }
+    ::close(running);
+    ::close(queued);
+    // Both streams end (cancelled, or finished already); nothing stays queued or resident.
+    for (int i = 0; i < 200; ++i) {
+      const std::string mm = http(ts.port, "GET", "/metrics").body;
+      if (metric(mm, "kvcache_requests_running") == 0 && metric(mm, "kvcache_requests_waiting") == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+  }
+  EXPECT_TRUE(refused) << "the queue was never seen full";
+  const std::string m = http(ts.port, "GET", "/metrics").body;
+  EXPECT_EQ(metric(m, "kvcache_requests_running"), 0) << m;
+  EXPECT_EQ(metric(m, "kvcache_kv_blocks_used"), 0) << m;
+  // With room again, a request goes through.
+  EXPECT_EQ(http(ts.port, "POST", "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 200);
+  ts.shutdown();
+  EXPECT_EQ(ts.engine->check_invariants(), "");
+}
+
+// A non-streaming client that closes its connection while its completion is generated: the
+// request is cancelled and its blocks freed (seen by the response provider's socket check).
+TEST(Server, NonStreamingClientDisconnectCancelsAndFreesBlocks) {
+  const LoadedModel* lm = tiny_with_vocab();
+  if (lm == nullptr) GTEST_SKIP() << "needs the shared SentencePiece vocabulary";
+  TestServer ts(*lm);
+  const int fd = testing_util::connect_loopback(ts.port);
+  ASSERT_GE(fd, 0);
+  const std::string body = json{{"prompt", "The quick brown fox"}, {"max_tokens", 900}, {"ignore_eos", true}}.dump();
+  ASSERT_TRUE(testing_util::send_all(fd, testing_util::request_text("POST", "/v1/completions", body, "")));
+  std::string m = wait_metric(ts.port, "kvcache_generation_tokens_total", 1);
+  ASSERT_GE(metric(m, "kvcache_generation_tokens_total"), 1) << m;
+  ::close(fd);
+  m = wait_metric(ts.port, "kvcache_requests_cancelled_total", 1);
+  EXPECT_EQ(metric(m, "kvcache_requests_cancelled_total"), 1) << m;
+  EXPECT_EQ(metric(m, "kvcache_kv_blocks_used"), 0) << m;
+  EXPECT_LT(metric(m, "kvcache_generation_tokens_total"), 900) << m;
+  // A client that stays gets its whole JSON body (chunked once generation outlives the wait).
+  const HttpReply ok = http(ts.port, "POST", "/v1/completions",
+                            json{{"prompt", "The quick brown fox"}, {"max_tokens", 40}, {"ignore_eos", true}}.dump());
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  const json r = json::parse(ok.body, nullptr, false);
+  ASSERT_TRUE(r.is_object()) << ok.body;
+  EXPECT_EQ(r["usage"]["completion_tokens"], 40);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  ts.shutdown();
+  EXPECT_EQ(ts.engine->check_invariants(), "");
+}
+
 }  // namespace
 }  // namespace kvcache
