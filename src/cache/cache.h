@@ -30,6 +30,11 @@ struct CacheConfig {
   int64_t max_cache_len = 0;         // capacity in tokens (static containers)
   int64_t max_batch_size = 0;        // static containers: rows preallocated (0: from first update)
   int num_kv_shared_layers = 0;      // the last N layers store nothing
+  // What update()'s (K, V) pair is: per-head keys and values, or MLA's one-head latent c_kv
+  // [B, 1, S, d_c] and rotated key k_rot [B, 1, S, d_r] (DeepSeek-V2/V3). Containers that
+  // need per-head K/V refuse kMlaLatent at construction.
+  enum class KVContent { kPerHead, kMlaLatent };
+  KVContent kv_content = KVContent::kPerHead;
   std::optional<DType> kv_dtype;     // storage dtype; unset: the dtype of the first update
   // "paged": the store every layer writes into (built by the runtime from a memory plan).
   // Unset: each paged layer builds a private store of `block_size`-token blocks sized for

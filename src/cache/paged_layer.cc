@@ -107,6 +107,12 @@ std::unique_ptr<CacheLayer> make_paged_layer(const CacheConfig& config, int laye
       throw Error(ErrorKind::kInvalidArgument,
                   "paged cache: layer " + std::to_string(layer_index) +
                       " of the cache config does not match the store's layer types");
+    if (config.paged_store->config().num_kv_shared_layers != config.num_kv_shared_layers)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "paged cache: the store leaves the last " +
+                      std::to_string(config.paged_store->config().num_kv_shared_layers) +
+                      " layers without pages but the cache config shares " +
+                      std::to_string(config.num_kv_shared_layers) + "; build both from the model's num_kv_shared_layers");
     return std::make_unique<PagedLayer>(config.paged_store, layer_index);
   }
   // A private store for this one layer (protocol use without a runtime-built store).

@@ -37,7 +37,8 @@ std::vector<PagedGroup> paged_groups(const std::vector<std::string>& layer_types
       proto.window = sliding_window;
     } else {
       bad("layer " + std::to_string(l) + " has type '" + t +
-              "'; the paged cache serves full_attention and sliding_attention layers",
+              "'; the paged cache serves full_attention and sliding_attention layers (use the dynamic "
+              "or static cache for this model)",
           ErrorKind::kUnsupported);
     }
     if (*slot < 0) {
@@ -57,9 +58,16 @@ std::vector<int32_t> default_group_blocks(const PagedStoreConfig& c) {
   return blocks;
 }
 
+bool paged_layer_owns_pages(const PagedStoreConfig& c, int layer) {
+  return layer < static_cast<int>(c.layer_types.size()) - c.num_kv_shared_layers;
+}
+
 size_t paged_block_bytes(const PagedStoreConfig& c, const PagedGroup& g) {
-  return g.layers.size() * 2 * static_cast<size_t>(c.kv_heads) *
-         static_cast<size_t>(c.block_tokens) * dtype_bytes(c.dtype, c.head_dim);
+  size_t owners = 0;
+  for (const int l : g.layers) owners += paged_layer_owns_pages(c, l) ? 1 : 0;
+  const int64_t dv = c.head_dim_v > 0 ? c.head_dim_v : c.head_dim;
+  return owners * static_cast<size_t>(c.kv_heads) * static_cast<size_t>(c.block_tokens) *
+         (dtype_bytes(c.dtype, c.head_dim) + dtype_bytes(c.dtype, dv));
 }
 
 size_t predict_pool_bytes(const PagedStoreConfig& c) {
@@ -92,6 +100,10 @@ Tensor gather_paged(const PagedKV& kv, bool values) {
 
 PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
   if (config_.block_tokens < 1) bad("--block-size must be >= 1, got " + std::to_string(config_.block_tokens));
+  if (config_.num_kv_shared_layers < 0 ||
+      config_.num_kv_shared_layers >= static_cast<int>(config_.layer_types.size()))
+    bad("num_kv_shared_layers is " + std::to_string(config_.num_kv_shared_layers) + " for " +
+        std::to_string(config_.layer_types.size()) + " layers; it must leave at least one layer that stores");
   if (!dtype_is_float(config_.dtype)) bad("pages store f32, f16 or bf16", ErrorKind::kUnsupported);
   groups_ = paged_groups(config_.layer_types, config_.sliding_window);
   if (groups_.empty()) bad("no layers");
@@ -123,22 +135,23 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
   indptr_.resize(groups_.size());
   indices_.resize(groups_.size());
   last_len_.resize(groups_.size());
-  if (config_.kv_heads > 0 && config_.head_dim > 0) allocate_pages(config_.kv_heads, config_.head_dim);
+  if (config_.kv_heads > 0 && config_.head_dim > 0)
+    allocate_pages(config_.kv_heads, config_.head_dim, config_.head_dim_v > 0 ? config_.head_dim_v : config_.head_dim);
   build_tables();
 }
 
-void PagedKVStore::allocate_pages(int64_t kv_heads, int64_t head_dim) {
+void PagedKVStore::allocate_pages(int64_t kv_heads, int64_t head_dim, int64_t head_dim_v) {
   config_.kv_heads = kv_heads;
   config_.head_dim = head_dim;
+  config_.head_dim_v = head_dim_v;
   for (size_t g = 0; g < groups_.size(); ++g) {
-    const Shape shape{config_.group_blocks[g], kv_heads, config_.block_tokens, head_dim};
     for (const int l : groups_[g].layers) {
-      k_pages_[static_cast<size_t>(l)] = Tensor::empty(config_.dtype, shape);
-      v_pages_[static_cast<size_t>(l)] = Tensor::empty(config_.dtype, shape);
-      if (groups_[g].kind == GroupKind::kSliding) {  // the null page reads as zeros
-        const size_t page = dtype_bytes(config_.dtype, kv_heads * config_.block_tokens * head_dim);
-        std::memset(k_pages_[static_cast<size_t>(l)].data(), 0, page);
-        std::memset(v_pages_[static_cast<size_t>(l)].data(), 0, page);
+      if (!paged_layer_owns_pages(config_, l)) continue;  // KV-shared: reads its source's pages
+      for (const auto& [pages, d] : {std::pair{&k_pages_, head_dim}, std::pair{&v_pages_, head_dim_v}}) {
+        Tensor& t = (*pages)[static_cast<size_t>(l)];
+        t = Tensor::empty(config_.dtype, {config_.group_blocks[g], kv_heads, config_.block_tokens, d});
+        if (groups_[g].kind == GroupKind::kSliding)  // the null page reads as zeros
+          std::memset(t.data(), 0, dtype_bytes(config_.dtype, kv_heads * config_.block_tokens * d));
       }
     }
   }
@@ -308,20 +321,27 @@ int64_t PagedKVStore::layer_length(int layer) const {
 
 KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) {
   const std::string where = "layer " + std::to_string(layer) + ": ";
-  if (k.ndim() != 4 || v.ndim() != 4 || k.dim(0) != v.dim(0) || k.dim(1) != v.dim(1) ||
-      k.dim(2) != v.dim(2) || k.dim(3) != v.dim(3))
-    bad(where + "k and v must be [B, H_kv, S, D] of the same shape (D_k == D_v)");
+  if (k.ndim() != 4 || v.ndim() != 4 || k.dim(0) != v.dim(0) || k.dim(1) != v.dim(1) || k.dim(2) != v.dim(2))
+    bad(where + "k and v must be [B, H_kv, S, D_k] and [B, H_kv, S, D_v] (same B, H_kv, S)");
   if (!dtype_is_float(k.dtype()) || !dtype_is_float(v.dtype())) bad(where + "k and v must be float tensors");
+  if (layer < 0 || layer >= static_cast<int>(k_pages_.size())) bad(where + "outside the store's layers");
+  if (!paged_layer_owns_pages(config_, layer))
+    bad(where + "is KV-shared (one of the last " + std::to_string(config_.num_kv_shared_layers) +
+        " layers) and owns no pages; it reads its source layer's span");
+  const auto shape_text = [](int64_t h, int64_t dk, int64_t dv) {
+    return std::to_string(h) + " heads of K " + std::to_string(dk) + " / V " + std::to_string(dv);
+  };
+  const int64_t want_dv = config_.head_dim_v > 0 ? config_.head_dim_v : config_.head_dim;
   if (!allocated()) {
-    if (config_.kv_heads > 0 && (k.dim(1) != config_.kv_heads || k.dim(3) != config_.head_dim))
-      bad(where + "k has " + std::to_string(k.dim(1)) + " heads of " + std::to_string(k.dim(3)) +
-          ", the store was configured for " + std::to_string(config_.kv_heads) + " of " +
-          std::to_string(config_.head_dim));
-    allocate_pages(k.dim(1), k.dim(3));
+    if (config_.kv_heads > 0 &&
+        (k.dim(1) != config_.kv_heads || k.dim(3) != config_.head_dim || v.dim(3) != want_dv))
+      bad(where + "k/v have " + shape_text(k.dim(1), k.dim(3), v.dim(3)) + ", the store was configured for " +
+          shape_text(config_.kv_heads, config_.head_dim, want_dv));
+    allocate_pages(k.dim(1), k.dim(3), v.dim(3));
   }
-  if (k.dim(1) != config_.kv_heads || k.dim(3) != config_.head_dim)
-    bad(where + "k has " + std::to_string(k.dim(1)) + " heads of " + std::to_string(k.dim(3)) +
-        ", the pages hold " + std::to_string(config_.kv_heads) + " of " + std::to_string(config_.head_dim));
+  if (k.dim(1) != config_.kv_heads || k.dim(3) != config_.head_dim || v.dim(3) != config_.head_dim_v)
+    bad(where + "k/v have " + shape_text(k.dim(1), k.dim(3), v.dim(3)) + ", the pages hold " +
+        shape_text(config_.kv_heads, config_.head_dim, config_.head_dim_v));
   if (batch_.empty() && !step_open_) {
     // Protocol use without a runtime: the batch rows become fresh sequences (lazy init).
     for (int64_t b = 0; b < k.dim(0); ++b) batch_.push_back(add_sequence());
@@ -340,10 +360,10 @@ KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) 
   if (step_wrote_[static_cast<size_t>(layer)]) bad(where + "updated twice in one step");
 
   const int g = layer_group_[static_cast<size_t>(layer)];
-  const int64_t bt = config_.block_tokens, H = config_.kv_heads, D = config_.head_dim;
+  const int64_t bt = config_.block_tokens, H = config_.kv_heads;
   const TensorView kp = k_pages_[static_cast<size_t>(layer)].view();
   const TensorView vp = v_pages_[static_cast<size_t>(layer)].view();
-  const size_t dn = static_cast<size_t>(D);
+  const auto dk = static_cast<size_t>(config_.head_dim), dv = static_cast<size_t>(config_.head_dim_v);
   for (size_t b = 0; b < batch_.size(); ++b) {
     const std::vector<int32_t>& table = seqs_[static_cast<size_t>(batch_[b])].tables[static_cast<size_t>(g)];
     const auto bi = static_cast<int64_t>(b);
@@ -352,8 +372,8 @@ KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) 
       const int32_t blk = table[static_cast<size_t>(pos / bt)];
       const int64_t slot = pos % bt;
       for (int64_t h = 0; h < H; ++h) {
-        convert_n(k.ptr(bi, h, s), k.dtype(), kp.ptr(blk, h, slot), config_.dtype, dn);
-        convert_n(v.ptr(bi, h, s), v.dtype(), vp.ptr(blk, h, slot), config_.dtype, dn);
+        convert_n(k.ptr(bi, h, s), k.dtype(), kp.ptr(blk, h, slot), config_.dtype, dk);
+        convert_n(v.ptr(bi, h, s), v.dtype(), vp.ptr(blk, h, slot), config_.dtype, dv);
       }
     }
   }
@@ -376,6 +396,7 @@ KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) 
 
 KVSpan PagedKVStore::peek_span(int layer) const {
   KV_CHECK(allocated(), "peek_span before the pages exist");
+  KV_CHECK(paged_layer_owns_pages(config_, layer), "peek_span of a KV-shared layer (it owns no pages)");
   const auto g = static_cast<size_t>(layer_group_[static_cast<size_t>(layer)]);
   KVSpan span;
   span.kind = KVSpanKind::kPaged;
@@ -468,11 +489,11 @@ int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens) 
 }
 
 void PagedKVStore::copy_block(int g, int32_t src, int32_t dst, int64_t slots) {
-  const size_t n = dtype_bytes(config_.dtype, slots * config_.head_dim);
   for (const int l : groups_[static_cast<size_t>(g)].layers) {
     for (Tensor* pages : {&k_pages_[static_cast<size_t>(l)], &v_pages_[static_cast<size_t>(l)]}) {
       if (!pages->defined() || pages->size_bytes() == 0) continue;
       const TensorView p = pages->view();
+      const size_t n = dtype_bytes(config_.dtype, slots * p.dim(3));  // K and V widths may differ
       for (int64_t h = 0; h < config_.kv_heads; ++h) std::memcpy(p.ptr(dst, h, 0), p.ptr(src, h, 0), n);
     }
   }

@@ -17,6 +17,15 @@
 // layer's update() then copies its new K/V into the slots; after the last layer wrote, the
 // blocks that became full and whose token ids are known are keyed into the prefix index.
 //
+// K and V rows may have different widths (head_dim, head_dim_v): MLA (DeepSeek-V2/V3) stores
+// its compressed latent c_kv in the K pages ([blocks, 1, bt, d_c]) and its rotated key k_rot in
+// the V pages ([blocks, 1, bt, d_r]) — two one-head tensors, L·(d_c + d_r)·b bytes per token,
+// no factor 2. Why the K/V slots rather than a third "latent" page kind: block tables, prefix
+// keys, fork/crop copies and the null block then serve MLA unchanged, and the model already
+// hands MLA's pair to Cache::update as (K, V) for the dense containers.
+// KV-shared layers (num_kv_shared_layers, Gemma-3n) belong to their type's group for the
+// tables but own no pages: they read their source layer's span.
+//
 // Ownership: the store owns pages, pools and tables; spans point into them and are valid until
 // the next step or lifecycle call. Not thread-safe (one runtime thread drives it).
 #pragma once
@@ -56,6 +65,8 @@ struct PagedStoreConfig {
   int64_t sliding_window = 0;            // W of "sliding_attention" layers
   DType dtype = DType::kF32;             // storage dtype of the pages (f32/f16/bf16)
   int64_t kv_heads = 0, head_dim = 0;    // 0: taken from the first update (pages lazy)
+  int64_t head_dim_v = 0;                // V row width; 0: head_dim (MLA: d_r, head_dim = d_c)
+  int num_kv_shared_layers = 0;          // the last N layers own no pages (never write)
   // Blocks per group (the null block included for sliding groups). Empty: each group sized
   // for `max_tokens` tokens (full) or one window plus a step (sliding).
   std::vector<int32_t> group_blocks;
@@ -65,8 +76,11 @@ struct PagedStoreConfig {
 // Blocks each group gets when config.group_blocks is empty (kept here so the planner, the
 // tests and the store agree).
 std::vector<int32_t> default_group_blocks(const PagedStoreConfig& config);
-// Bytes of the pages of one block of `group` (all its layers, K and V).
+// Bytes of the pages of one block of `group` (all its page-owning layers, K and V):
+// layers · kv_heads · block_tokens · (head_dim + head_dim_v) · b.
 size_t paged_block_bytes(const PagedStoreConfig& config, const PagedGroup& group);
+// Whether `layer` owns pages (false for the last num_kv_shared_layers layers).
+bool paged_layer_owns_pages(const PagedStoreConfig& config, int layer);
 // Exact pool_bytes() of a store built from `config` (kv_heads/head_dim must be set).
 size_t predict_pool_bytes(const PagedStoreConfig& config);
 
@@ -126,7 +140,8 @@ class PagedKVStore {
   // Allocates the blocks for n_tokens more tokens of every batch sequence. tokens: the ids,
   // [batch, n_tokens] row-major, or empty (then the blocks of this step are never keyed).
   StepStatus plan_step(int64_t n_tokens, std::span<const int32_t> tokens = {});
-  // PagedLayer::update: writes layer `layer`'s new K/V ([B, H_kv, S, D], B = batch size) and
+  // PagedLayer::update: writes layer `layer`'s new K/V (k [B, H_kv, S, D_k], v [B, H_kv, S, D_v],
+  // B = batch size) and
   // returns the layer's span. Throws Error on shape mismatch or when unplanned and out of
   // blocks (before anything is written).
   KVSpan write(int layer, const TensorView& k, const TensorView& v);
@@ -175,7 +190,7 @@ class PagedKVStore {
 
   Seq& seq_ref(SeqId seq);
   const Seq& seq_ref(SeqId seq) const;
-  void allocate_pages(int64_t kv_heads, int64_t head_dim);
+  void allocate_pages(int64_t kv_heads, int64_t head_dim, int64_t head_dim_v);
   bool is_null(int g, int32_t id) const { return groups_[static_cast<size_t>(g)].kind == GroupKind::kSliding && id == 0; }
   // First position a query at `pos` (or later) can see in group g.
   int64_t first_visible(int g, int64_t pos) const;
@@ -189,7 +204,7 @@ class PagedKVStore {
   std::vector<PagedGroup> groups_;
   std::vector<int> layer_group_;                    // [n_layers]
   std::vector<std::unique_ptr<BlockPool>> pools_;   // [groups]
-  std::vector<Tensor> k_pages_, v_pages_;           // [n_layers] [blocks_g, H_kv, bt, D]
+  std::vector<Tensor> k_pages_, v_pages_;           // [n_layers] [blocks_g, H_kv, bt, D_k | D_v]
   std::vector<Seq> seqs_;
   std::vector<SeqId> batch_;
   // The open step: tokens per row, each batch row's length before it, which layers wrote.

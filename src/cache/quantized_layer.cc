@@ -21,6 +21,16 @@ std::unique_ptr<CacheLayer> make_quantized(const CacheConfig& c, int layer, bool
   p.scheme = c.kv_quant;
   p.group = c.kv_group;
   p.residual = c.kv_residual;
+  if (c.kv_content == CacheConfig::KVContent::kMlaLatent) {
+    // KIVI groups keys per channel of a head and the MLA step expands the latent from a dense
+    // or paged span; a quantized latent would need its own error analysis and a dequantizing
+    // expansion, which do not exist.
+    throw Error(ErrorKind::kUnsupported,
+                "layer " + std::to_string(layer) + " (" + p.name +
+                    "): this model uses MLA — the cache holds a latent c_kv and a rotated key k_rot, "
+                    "not per-head K/V — which the quantized (KIVI) container does not store; use "
+                    "--cache dynamic, static or paged");
+  }
   if (sliding) {
     if (c.sliding_window < 1) {
       throw Error(ErrorKind::kInvalidArgument,

@@ -571,12 +571,12 @@ void LlamaForward::attention_mla(const Step& st, int64_t l) {
   rms_norm(n);
   RopeParams rope;
   rope.n_tokens = S;
-  rope.pos0 = st.pos0;
   rope.inv_freq = model_.rope_inv_freq().data();
   rope.rot_dim = dr;
   rope.style = model_.rope_style();
   rope.attention_factor = c.rope_attention_factor;
   for (int64_t b = 0; b < B; ++b) {
+    rope.pos0 = st.row_pos(b);
     rope.x = q + b * S * qd + dn;  // the rotated part of each head: dims [d_kn, d_kn + d_r)
     rope.n_heads = H;
     rope.head_dim = dqk;
@@ -592,29 +592,47 @@ void LlamaForward::attention_mla(const Step& st, int64_t l) {
   const TensorView lat_view(ckv, DType::kF32, {B, 1, S, dc}, {S * ckd, S * ckd, ckd, 1});
   const TensorView rot_view(ckv + dc, DType::kF32, {B, 1, S, dr}, {S * ckd, S * ckd, ckd, 1});
   const KVSpan span = update_or_share(st, l, lat_view, rot_view);
-  if (span.kind != KVSpanKind::kDense) {
+  if (span.kind == KVSpanKind::kQuantized) {
     throw Error(ErrorKind::kUnsupported, "layer " + std::to_string(l) +
-                                             ": MLA expands the cached latent from a dense span; this cache returned a "
-                                             "paged or quantized one (use a dense container for MLA models)");
+                                             ": MLA expands the cached latent from a dense or paged span; this cache "
+                                             "returned a quantized one (use --cache dynamic, static or paged)");
   }
-  if (st.rows_differ) {
+  const bool paged = span.kind == KVSpanKind::kPaged;
+  if (st.rows_differ && !paged) {
     throw Error(ErrorKind::kInvalidArgument,
-                "forward: batch rows at different positions need a paged cache, which MLA layers cannot use");
+                "forward: batch rows at different positions need a paged cache (--cache paged)");
   }
-  const int64_t Skv = span.k.dim(2);
+  // Row j of batch row b's visible latent / rope key: a dense span's row, or a slot of a page
+  // found through the CSR table (same values, so paged equals dense bit for bit: the expansion
+  // and the kernel below see identical inputs).
+  const auto latent_row = [&](int64_t b, int64_t j) -> const void* {
+    if (!paged) return span.k.ptr(b, 0, j);
+    const PagedKV& pk = span.paged;
+    return pk.k_pages.ptr(pk.indices[pk.indptr[b] + j / pk.page_size], 0, j % pk.page_size);
+  };
+  const auto rope_row = [&](int64_t b, int64_t j) -> const void* {
+    if (!paged) return span.v.ptr(b, 0, j);
+    const PagedKV& pk = span.paged;
+    return pk.v_pages.ptr(pk.indices[pk.indptr[b] + j / pk.page_size], 0, j % pk.page_size);
+  };
+  const DType kv_dtype = paged ? span.paged.k_pages.dtype() : span.k.dtype();
+  int64_t max_skv = 0;
+  for (int64_t b = 0; b < B; ++b) max_skv = std::max(max_skv, paged ? span.paged.seq_len(b) : span.k.dim(2));
 
   // Expansion after update, per batch row: kv_b(latent) -> k_nope | v per head; k_rot shared.
-  float* lat32 = grow(lat32_, Skv * dc);
-  float* kvb = grow(kvb_, Skv * H * kvbd);
-  float* kfull = grow(kfull_, Skv * qd);
+  float* lat32 = grow(lat32_, max_skv * dc);
+  float* kvb = grow(kvb_, max_skv * H * kvbd);
+  float* kfull = grow(kfull_, max_skv * qd);
   AttentionOptions opts;
   opts.scale = c.query_scale > 0 ? c.query_scale : 1.0f / std::sqrt(static_cast<float>(dqk));
   opts.causal = true;
-  opts.q_offset = st.pos0;
   opts.kv_offset = span.kv_offset;
   for (int64_t b = 0; b < B; ++b) {
+    // A paged span maps position p to slot p (kv_offset 0) and each row has its own length.
+    const int64_t Skv = paged ? span.paged.seq_len(b) : span.k.dim(2);
+    opts.q_offset = st.row_pos(b);
     for (int64_t j = 0; j < Skv; ++j) {
-      convert_n(span.k.ptr(b, 0, j), span.k.dtype(), lat32 + j * dc, DType::kF32, static_cast<size_t>(dc));
+      convert_n(latent_row(b, j), kv_dtype, lat32 + j * dc, DType::kF32, static_cast<size_t>(dc));
     }
     linear(lat32, Skv, L.wkv_b, nullptr, kvb);  // [S_kv, H * (d_kn + d_v)]
     for (int64_t j = 0; j < Skv; ++j) {
@@ -622,7 +640,7 @@ void LlamaForward::attention_mla(const Step& st, int64_t l) {
       for (int64_t h = 0; h < H; ++h) {
         std::memcpy(kj + h * dqk, kvb + j * H * kvbd + h * kvbd, static_cast<size_t>(dn) * sizeof(float));
       }
-      convert_n(span.v.ptr(b, 0, j), span.v.dtype(), kj + dn, DType::kF32, static_cast<size_t>(dr));
+      convert_n(rope_row(b, j), kv_dtype, kj + dn, DType::kF32, static_cast<size_t>(dr));
       for (int64_t h = 1; h < H; ++h) {
         std::memcpy(kj + h * dqk + dn, kj + dn, static_cast<size_t>(dr) * sizeof(float));
       }

@@ -21,7 +21,10 @@
 //   against transformers' eager code at 1e-5 term by term, and it needs a kernel that reads
 //   K as two spans (latent | rope); expansion is exact and uses the kernels as they are. The
 //   price is recomputing kv_b over the whole visible history every step — O(S·d_c·H·(d_kn+d_v))
-//   per layer — which absorption would remove for long decodes.
+//   per layer — which absorption would remove for long decodes. A paged cache keeps the pair in
+//   its K pages ([blocks, 1, bt, d_c]) and V pages ([blocks, 1, bt, d_r]); each batch row's
+//   latent is read through the page table into the same expansion buffers, so paged equals
+//   dense bit for bit and varlen batches (rows at different positions) work as for GQA.
 //
 // Norms: RMSNorm (x * rsqrt(mean(x^2) + eps)) * w, Gemma's variant multiplies by (1 + w),
 // precomputed at load. Families and the transformers files followed:

@@ -18,11 +18,25 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
   sc.layer_types = o.layer_types.empty() ? model.layer_types : o.layer_types;
   sc.sliding_window = o.layer_types.empty() ? model.sliding_window : o.sliding_window;
   sc.dtype = o.kv_dtype;
-  sc.kv_heads = model.n_kv_heads;
-  sc.head_dim = model.head_dim;
+  if (model.mla.enabled()) {
+    // MLA: K pages hold the latent c_kv (one head of d_c), V pages the rotated key k_rot (one
+    // head of d_r); see paged_store.h.
+    sc.kv_heads = 1;
+    sc.head_dim = model.mla.kv_lora_rank;
+    sc.head_dim_v = model.mla.qk_rope_head_dim;
+  } else {
+    sc.kv_heads = model.n_kv_heads;
+    sc.head_dim = model.head_dim;
+    sc.head_dim_v = model.head_dim;
+  }
+  sc.num_kv_shared_layers = static_cast<int>(model.num_kv_shared_layers);
   const std::vector<PagedGroup> groups = paged_groups(sc.layer_types, sc.sliding_window);
   const int n_threads = o.n_threads > 0 ? o.n_threads : default_pool().n_threads();
-  const size_t scratch_per_token = static_cast<size_t>(n_threads) * static_cast<size_t>(2 * model.head_dim + 1) * sizeof(float);
+  // The eager paged kernel's per-thread f32 copy of one sequence's K and V (plus a score) per
+  // token. MLA does not run it (it expands the latent into the forward's own buffers), so this
+  // is an upper bound there.
+  const size_t scratch_per_token =
+      static_cast<size_t>(n_threads) * static_cast<size_t>(sc.head_dim + sc.head_dim_v + 1) * sizeof(float);
 
   plan.max_tokens_per_step = o.max_tokens_per_step;
   if (o.budget_bytes == 0) {

@@ -37,7 +37,7 @@ struct PagedMemoryPlan {
   int64_t max_tokens_per_step = 0;
   size_t activation_bytes = 0;        // LlamaForward workspaces for max_tokens_per_step rows
   // The eager paged kernel widens one sequence's keys and values to f32 per thread: at most
-  // n_threads x cached tokens x (2 D + 1) floats.
+  // n_threads x cached tokens x (D_k + D_v + 1) floats.
   size_t attention_scratch_bytes = 0;
   size_t pool_bytes = 0;              // pages + pool metadata of the store
   int64_t max_cached_tokens = 0;      // tokens the full-attention group can hold

@@ -96,6 +96,8 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const Engine
   cc.implementation = "paged";
   cc.layer_types = mc.layer_types;
   cc.sliding_window = mc.sliding_window;
+  cc.num_kv_shared_layers = static_cast<int>(mc.num_kv_shared_layers);  // as the store was planned
+  if (mc.mla.enabled()) cc.kv_content = CacheConfig::KVContent::kMlaLatent;
   cc.max_cache_len = max_context_;
   cc.kv_dtype = config_.kv_dtype;
   cc.paged_store = store_;

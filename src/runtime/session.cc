@@ -28,6 +28,7 @@ CacheConfig base_cache_config(const ModelConfig& model, const SessionConfig& con
   cc.sliding_window = model.sliding_window;
   cc.attention_chunk_size = model.attention_chunk_size;
   cc.num_kv_shared_layers = static_cast<int>(model.num_kv_shared_layers);
+  if (model.mla.enabled()) cc.kv_content = CacheConfig::KVContent::kMlaLatent;
   if (config.sliding_window_override > 0) {
     cc.layer_types.assign(static_cast<size_t>(model.n_layers), "sliding_attention");
     cc.sliding_window = config.sliding_window_override;

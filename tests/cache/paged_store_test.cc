@@ -131,6 +131,83 @@ TEST(PagedLayer, PrivateStoreFromTheRegistryAndClearErrors) {
   EXPECT_THROW(Cache{c}, Error);  // not served (the registry names what is)
 }
 
+// MLA's pair (latent c_kv [B, 1, S, d_c] as K, rotated key k_rot [B, 1, S, d_r] as V: rows of
+// different widths) and KV-shared layers (no pages) in one store, through the lifecycle calls
+// that copy blocks (fork by repeat_interleave, crop into a shared block): spans equal the
+// dynamic cache's, and the pages are exactly blocks · bt · (d_c + d_r) · b per storing layer.
+TEST(PagedStore, KAndVOfDifferentWidthsAndSharedLayersWithoutPages) {
+  const int64_t dc = 7, dr = 3, bt = 4, blocks = 30;
+  std::mt19937 rng(5);
+  CacheConfig pc;
+  pc.implementation = "paged";
+  pc.layer_types = {"full_attention", "sliding_attention", "full_attention", "sliding_attention"};
+  pc.sliding_window = 6;
+  pc.num_kv_shared_layers = 2;  // layer 2 reads 0, layer 3 reads 1
+  pc.block_size = bt;
+  CacheConfig dc_cfg = pc;
+  dc_cfg.implementation = "dynamic";
+  PagedStoreConfig sc;
+  sc.block_tokens = static_cast<int32_t>(bt);
+  sc.layer_types = pc.layer_types;
+  sc.sliding_window = pc.sliding_window;
+  sc.num_kv_shared_layers = 2;
+  sc.kv_heads = 1;
+  sc.head_dim = dc;
+  sc.head_dim_v = dr;
+  sc.group_blocks = {blocks, blocks};
+  pc.paged_store = std::make_shared<PagedKVStore>(sc);
+  // Allocated up front (shapes given): storing layers only, K and V at their own widths.
+  EXPECT_EQ(pc.paged_store->layer_page_bytes(0), static_cast<size_t>(blocks * bt * (dc + dr) * 4));
+  EXPECT_EQ(pc.paged_store->layer_page_bytes(1), static_cast<size_t>(blocks * bt * (dc + dr) * 4));
+  EXPECT_EQ(pc.paged_store->layer_page_bytes(2), 0u);
+  EXPECT_EQ(pc.paged_store->layer_page_bytes(3), 0u);
+  EXPECT_EQ(pc.paged_store->stats(0).block_bytes, static_cast<size_t>(bt * (dc + dr) * 4));
+  EXPECT_EQ(predict_pool_bytes(sc), pc.paged_store->pool_bytes());
+  Cache paged(pc), dense(dc_cfg);
+  dense.activate_past_recording();  // the window container may then crop back (paged always can)
+  EXPECT_TRUE(paged.is_shared(2) && paged.is_shared(3));
+  auto step = [&](int64_t B, int64_t S) {
+    for (int l = 0; l < 2; ++l) {
+      const Tensor k = testing::random_tensor(DType::kF32, {B, 1, S, dc}, rng);
+      const Tensor v = testing::random_tensor(DType::kF32, {B, 1, S, dr}, rng);
+      const KVSpan ps = paged.update(l, k.view(), v.view());
+      const KVSpan ds = dense.update(l, k.view(), v.view());
+      ASSERT_EQ(ps.paged.k_pages.dim(3), dc);
+      ASSERT_EQ(ps.paged.v_pages.dim(3), dr);
+      for (int64_t b = 0; b < B; ++b) {
+        // Sliding layers: the dense window keeps positions [kv_offset, S); compare those.
+        const std::vector<float> pk = gather(ps.paged, b, false), pv = gather(ps.paged, b, true);
+        const auto from = static_cast<size_t>(ds.kv_offset);
+        ASSERT_EQ(std::vector<float>(pk.begin() + static_cast<int64_t>(from * dc), pk.end()), dense_rows(ds.k, b)) << l;
+        ASSERT_EQ(std::vector<float>(pv.begin() + static_cast<int64_t>(from * dr), pv.end()), dense_rows(ds.v, b)) << l;
+      }
+      // The shared layers read exactly their source's span.
+      const KVSpan sh = paged.shared_kv(l + 2);
+      EXPECT_EQ(sh.paged.k_pages.data(), ps.paged.k_pages.data());
+    }
+    ASSERT_EQ(pc.paged_store->check_invariants(), "");
+  };
+  step(1, 5);
+  step(1, 1);
+  for (auto* c : {&paged, &dense}) c->repeat_interleave(2);  // the partial block is copied (both widths)
+  step(2, 2);
+  for (auto* c : {&paged, &dense}) c->crop(-1);
+  step(2, 3);
+  // Rows of the wrong width are refused, naming both widths.
+  const Tensor k = testing::random_tensor(DType::kF32, {2, 1, 1, dc}, rng);
+  const Tensor bad_v = testing::random_tensor(DType::kF32, {2, 1, 1, dc}, rng);
+  try {
+    paged.update(0, k.view(), bad_v.view());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("K 7 / V 3"), std::string::npos) << e.what();
+  }
+  // A store and a cache config that disagree on the shared layers are refused.
+  CacheConfig mismatched = pc;
+  mismatched.num_kv_shared_layers = 0;
+  EXPECT_THROW(Cache{mismatched}, Error);
+}
+
 TEST(PagedStore, OutOfBlocksIsAStatusAndChangesNothing) {
   PagedStoreConfig sc;
   sc.block_tokens = 4;

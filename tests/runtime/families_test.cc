@@ -3,7 +3,8 @@
 // model.safetensors, transformers tensor names), loaded through the real loader, and checked
 //   - the engine's no-cache forward against a plain independent reference (family_reference.h),
 //   - prefill-then-decode and token-by-token decode against the no-cache forward, for the
-//     dynamic and static containers and the eager and fused kernels (fp32, 1e-5 relative),
+//     dynamic, static and paged containers and the eager and fused kernels (fp32, 1e-5
+//     relative); paged vs dense bit for bit in families_paged_test.cc,
 //   - KV bytes from Cache::bytes() against the notes' formulas.
 #include <gtest/gtest.h>
 
@@ -82,13 +83,14 @@ TEST_P(Families, CachedDecodeEqualsNoCacheForward) {
   const ModelConfig& c = model->config();
   const std::vector<int32_t> ids = prompt(26, static_cast<int32_t>(c.vocab_size));
   LlamaForward oracle(*model, "eager", 32);
-  for (const char* cache : {"dynamic", "static"}) {
+  for (const char* cache : {"dynamic", "static", "paged"}) {
     for (const char* kernel : {"eager", "fused"}) {
       SessionConfig sc;
       sc.cache = cache;
       sc.kernel = kernel;
       sc.max_cache_len = 64;
       sc.prefill_chunk = 5;  // chunks straddle the windows
+      sc.block_size = 3;     // paged: chunks and windows straddle the blocks
       Session prefill_then_decode(*model, sc), token_by_token(*model, sc);
       const size_t split = 13;
       prefill_then_decode.prefill({ids.data(), split});
@@ -185,11 +187,12 @@ TEST(KvSharing, SharedLayersReadTheirSourceAndStoreNothing) {
   p.logits = LogitsMode::kAll;
   EXPECT_LE(rel_diff(fwd.forward(p), ref), 1e-5);
   const std::vector<float> last(ref.end() - c.vocab_size, ref.end());
-  for (const char* cache : {"dynamic", "static"}) {
+  for (const char* cache : {"dynamic", "static", "paged"}) {
     SessionConfig sc;
     sc.cache = cache;
     sc.max_cache_len = 64;
     sc.prefill_chunk = 4;
+    sc.block_size = 3;
     Session s(model, sc);
     EXPECT_TRUE(s.cache().is_shared(2) && s.cache().is_shared(3));
     s.prefill({ids.data(), 11});

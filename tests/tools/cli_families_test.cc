@@ -102,13 +102,19 @@ TEST_P(CliFamilies, LogitsAndGenerateOnAHuggingFaceFolder) {
 
 TEST_P(CliFamilies, DummyPresetVerifies) {
   Scratch s;
-  Result g = s.run("generate --model dummy:" + GetParam() + " --prompt-ids '2 5 9 14 20 27 35 44 54' -n 10 --temp 0 "
-                   "--output ids --verify --kv-dtype f32");
-  ASSERT_EQ(g.code, 0) << g.err;
-  EXPECT_NE(g.err.find("ok"), std::string::npos) << g.err;
+  std::string ids;
+  for (const std::string extra : {"", " --cache paged --block-size 4"}) {
+    Result g = s.run("generate --model dummy:" + GetParam() + " --prompt-ids '2 5 9 14 20 27 35 44 54' -n 10 --temp 0 "
+                     "--output ids --verify --kv-dtype f32" + extra);
+    ASSERT_EQ(g.code, 0) << extra << "\n" << g.err;
+    EXPECT_NE(g.err.find("ok"), std::string::npos) << extra << "\n" << g.err;
+    if (ids.empty()) ids = g.out;
+    EXPECT_EQ(g.out, ids) << "paged and dense generate the same greedy ids" << extra;
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, CliFamilies, ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny", "gemma3n-tiny"),
+INSTANTIATE_TEST_SUITE_P(Presets, CliFamilies,
+                         ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny", "deepseek-v2-tiny", "gemma3n-tiny"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)
