@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/dummy.h"
 #include "model/kv_plan.h"
 #include "tools/commands.h"
 
@@ -29,6 +30,18 @@ struct PlanArgs {
   bool list = false;
 };
 
+// --config dummy:NAME[:dtype]: the built-in test model's own config, as `generate --model
+// dummy:NAME` would load it (HF-style presets through their config.json text, so layer_types,
+// windows and MLA fields are read by the same parser as a real folder).
+PlanModel plan_model_for(const std::string& config) {
+  if (config.rfind("dummy:", 0) != 0) return plan_model_from_path(config);
+  std::string name = config.substr(6);
+  if (const size_t colon = name.find(':'); colon != std::string::npos) name.resize(colon);
+  if (dummy_preset_is_hf(name))
+    return plan_model_from_hf_json(dummy_preset_config_json(name), config);
+  return plan_model_from_config(dummy_preset(name), config);
+}
+
 void run_plan(const PlanArgs& a) {
   if (a.list) {
     for (const std::string& n : plan_preset_names()) std::printf("%s\n", n.c_str());
@@ -39,7 +52,7 @@ void run_plan(const PlanArgs& a) {
                 "plan needs exactly one of --config FILE (config.json, a model folder or a GGUF "
                 "file) and --preset NAME (see --list-presets)");
   }
-  const PlanModel model = a.preset.empty() ? plan_model_from_path(a.config) : plan_preset(a.preset);
+  const PlanModel model = a.preset.empty() ? plan_model_for(a.config) : plan_preset(a.preset);
   PlanOptions o;
   o.context = a.context;
   o.batch = a.batch;
@@ -52,8 +65,8 @@ void run_plan(const PlanArgs& a) {
   } else if (a.weight_dtype == "q8_0") {
     o.weight_bytes_per_param = 34.0 / 32.0;
   } else {
-    throw Error(ErrorKind::kInvalidArgument, "unknown --weight-dtype '" + a.weight_dtype +
-                                                 "': expected f32, f16, bf16 or q8_0");
+    throw Error(ErrorKind::kInvalidArgument,
+                "unknown --weight-dtype '" + a.weight_dtype + "': expected f32, f16, bf16 or q8_0");
   }
   if (!a.budget.empty()) o.budget_bytes = parse_byte_size(a.budget);
   const PlanResult r = compute_plan(model, o);
@@ -79,7 +92,9 @@ void register_plan(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "The KV memory bill of a model from its config: per layer type, totals, budget");
-  cmd->add_option("--config", args->config, "config.json, a Hugging Face folder, or a GGUF file");
+  cmd->add_option("--config", args->config,
+                  "config.json, a Hugging Face folder, a GGUF file, or dummy:PRESET (the built-in "
+                  "test models)");
   cmd->add_option("--preset", args->preset, "an embedded model config (see --list-presets)");
   cmd->add_flag("--list-presets", args->list, "print the preset names and exit");
   cmd->add_option("--context", args->context, "tokens per request")->capture_default_str();
@@ -90,13 +105,15 @@ void register_plan(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--block", args->block, "paged block size in tokens (rounds kept tokens up)")
       ->capture_default_str();
-  cmd->add_option("--budget", args->budget, "memory budget, e.g. 24GiB: how many requests fit, "
-                                            "and the longest context for --batch requests");
+  cmd->add_option("--budget", args->budget,
+                  "memory budget, e.g. 24GiB: how many requests fit, "
+                  "and the longest context for --batch requests");
   cmd->add_option("--weight-dtype", args->weight_dtype,
                   "bytes per parameter when weights come from a parameter count")
       ->capture_default_str();
   cmd->add_option("-o,--output", args->output, "table or json")->capture_default_str();
-  cmd->add_flag_callback("--json", [args] { args->output = "json"; }, "same as -o json");
+  cmd->add_flag_callback(
+      "--json", [args] { args->output = "json"; }, "same as -o json");
   cmd->add_option("--svg", args->svg, "write a log-log plot of KV bytes against context here");
   cmd->callback([args] { run_plan(*args); });
 }

@@ -4,8 +4,14 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "cli_util.h"
+#include "model/dummy.h"
+#include "model/llama.h"
+#include "model/model_file.h"
+#include "runtime/session.h"
 
 namespace kvcache {
 namespace {
@@ -13,7 +19,8 @@ namespace {
 using testing_util::run_cli;
 
 TEST(CliPlan, JsonInterface) {
-  const auto r = run_cli("plan --preset llama2-70b --context 4096 --batch 2 --kv-dtype f16 -o json");
+  const auto r =
+      run_cli("plan --preset llama2-70b --context 4096 --batch 2 --kv-dtype f16 -o json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["kv_bytes_per_token"].get<int64_t>(), 327680);
@@ -62,6 +69,39 @@ TEST(CliPlan, BadInputIsAClearErrorWithExitCode2) {
   EXPECT_NE(r.err.find("not valid JSON"), std::string::npos);
   r = run_cli("plan --preset llama2-7b --budget lots");
   EXPECT_EQ(r.exit_code, 2);
+}
+
+// `kvcache plan --config dummy:<family>-tiny` reads the built-in model's config and agrees with
+// Cache::bytes() of that model's static cache holding the same tokens (S <= W - 1, so every
+// layer, sliding or not, holds all S), f32 storage.
+TEST(CliPlan, DummyFamiliesAgreeWithCacheBytes) {
+  for (const std::string preset :
+       {"mla-tiny", "deepseek-v2-tiny", "gemma2-tiny", "gptoss-tiny", "gemma3n-tiny"}) {
+    DummyModelOptions o;
+    o.preset = preset;
+    o.weight_dtype = DType::kF32;
+    o.cache_dir = ::testing::TempDir();
+    const LlamaModel model(open_model_file(build_dummy_model(o)));
+    const ModelConfig& c = model.config();
+    const int64_t S = c.sliding_window > 0 ? c.sliding_window - 1 : 7;
+    SessionConfig sc;
+    sc.cache = "static";
+    sc.max_cache_len = S;
+    sc.kv_dtype = DType::kF32;
+    Session s(model, sc);
+    std::vector<int32_t> ids(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i)
+      ids[static_cast<size_t>(i)] = static_cast<int32_t>(1 + i % (c.vocab_size - 1));
+    s.prefill(ids);
+    const auto r = run_cli("plan --config dummy:" + preset + " --context " + std::to_string(S) +
+                           " --kv-dtype f32 -o json");
+    ASSERT_EQ(r.exit_code, 0) << preset << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["kv_bytes_total"].get<int64_t>(), static_cast<int64_t>(s.kv_bytes())) << preset;
+  }
+  const auto bad = run_cli("plan --config dummy:no-such-model");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("no-such-model"), std::string::npos) << bad.err;
 }
 
 }  // namespace
