@@ -7,6 +7,7 @@
 //
 //   build/bench/bench_decode --model dummy:llama-125m --batches 1,16 --max-tokens 32 --repeat 3
 //   build/bench/bench_decode ... --fast       (EngineConfig::batch_invariant off: BLAS linears)
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,19 +34,9 @@ struct Args {
   bool fast = false;
 };
 
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> out;
-  for (size_t p = 0; p < s.size();) {
-    const size_t c = s.find(',', p);
-    out.push_back(std::stoi(s.substr(p, c - p)));
-    p = c == std::string::npos ? s.size() : c + 1;
-  }
-  return out;
-}
-
 struct Result {
-  double decode_tps = 0;   // decode tokens / decode seconds
-  double step_ms = 0;      // mean decode step
+  double decode_tps = 0;  // decode tokens / decode seconds
+  double step_ms = 0;     // mean decode step
   int64_t decode_tokens = 0;
 };
 
@@ -57,12 +48,13 @@ Result run_batch(const kvcache::LoadedModel& lm, const Args& a, int batch, std::
   ec.batch_invariant = !a.fast;
   kvcache::Engine engine(*lm.model, nullptr, ec);
   int64_t tokens = 0;
-  int first = 0;                                           // requests with their first token
+  int first = 0;                                                 // requests with their first token
   std::vector<char> started(static_cast<size_t>(batch) + 1, 0);  // by request id (1..batch)
   for (int b = 0; b < batch; ++b) {
     kvcache::RequestParams rp;
     rp.prompt.push_back(1);
-    for (int t = 1; t < a.prompt_tokens; ++t) rp.prompt.push_back(static_cast<int32_t>(rng() % 30000) + 3);
+    for (int t = 1; t < a.prompt_tokens; ++t)
+      rp.prompt.push_back(static_cast<int32_t>(rng() % 30000) + 3);
     rp.max_tokens = a.max_tokens;
     rp.sampler.temperature = 0;
     engine.submit(std::move(rp), [&](const kvcache::StreamEvent& ev) {
@@ -88,44 +80,55 @@ Result run_batch(const kvcache::LoadedModel& lm, const Args& a, int batch, std::
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_decode: %s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--model") a.model = next();
-    else if (k == "--batches") a.batches = parse_list(next());
-    else if (k == "--max-tokens") a.max_tokens = std::stoi(next());
-    else if (k == "--prompt-tokens") a.prompt_tokens = std::stoi(next());
-    else if (k == "-t" || k == "--threads") a.threads = std::stoi(next());
-    else if (k == "--repeat") a.repeat = std::stoi(next());
-    else if (k == "--fast") a.fast = true;
-    else {
-      std::fprintf(stderr,
-                   "usage: bench_decode [--model M] [--batches 1,16] [--max-tokens 32] [--prompt-tokens 16] "
-                   "[-t threads] [--repeat R] [--fast]\n");
-      return 2;
-    }
-  }
+static int run(const Args& a) {
   if (a.threads > 0) kvcache::set_default_threads(a.threads);
   const kvcache::LoadedModel lm = kvcache::load_model(a.model);
   std::mt19937 rng(1234);
-  std::printf("%6s %6s %10s %12s %10s %8s\n", "run", "batch", "dec_tokens", "decode_tok/s", "step_ms", "x_first");
+  std::printf("%6s %6s %10s %12s %10s %8s\n", "run", "batch", "dec_tokens", "decode_tok/s",
+              "step_ms", "x_first");
   for (int rep = 0; rep < a.repeat; ++rep) {
     double base = 0;
     for (int b : a.batches) {
       const Result r = run_batch(lm, a, b, rng);
       if (base == 0) base = r.decode_tps;
-      std::printf("%6d %6d %10lld %12.1f %10.2f %8.2f\n", rep, b, static_cast<long long>(r.decode_tokens),
-                  r.decode_tps, r.step_ms, base > 0 ? r.decode_tps / base : 0);
+      std::printf("%6d %6d %10lld %12.1f %10.2f %8.2f\n", rep, b,
+                  static_cast<long long>(r.decode_tokens), r.decode_tps, r.step_ms,
+                  base > 0 ? r.decode_tps / base : 0);
       std::fflush(stdout);
     }
   }
   return 0;
+}
+
+// Options through CLI11 (a bad value is a usage error, exit 2); errors while loading or running
+// (kvcache::Error, std::exception) are printed and exit 2 instead of ending in std::terminate.
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"bench_decode: engine decode tok/s, 1 vs N sequences"};
+  app.add_option("--model", a.model, "model path or dummy:PRESET")->capture_default_str();
+  app.add_option("--batches", a.batches, "batch sizes, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-tokens", a.max_tokens, "tokens generated per sequence")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--prompt-tokens", a.prompt_tokens, "prompt tokens per sequence")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-t,--threads", a.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("--repeat", a.repeat, "repetitions")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_flag("--fast", a.fast, "batch_invariant off (BLAS for multi-row linears)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad option or value: the message, exit 2
+  }
+  try {
+    return run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_decode: %s\n", e.what());
+    return 2;
+  }
 }

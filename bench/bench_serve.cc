@@ -7,13 +7,15 @@
 //
 //   build/bench/bench_serve --model dummy:llama-125m --streams 1,16 --max-tokens 64
 //       (starts an in-process server on a free loopback port)
-//   build/bench/bench_serve --model dummy:llama-125m --fast ...   (BLAS linears: batch_invariant off)
-//   build/bench/bench_serve --port 8080 --streams 1,4,16   (an already running `kvcache serve`)
+//   build/bench/bench_serve --model dummy:llama-125m --fast ...   (BLAS linears: batch_invariant
+//   off) build/bench/bench_serve --port 8080 --streams 1,4,16   (an already running `kvcache
+//   serve`)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -55,9 +57,10 @@ StreamTiming run_stream(int port, const std::string& body, Clock::time_point t0)
     ::close(fd);
     return st;
   }
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                          "Content-Type: application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
     ::close(fd);
     return st;
@@ -82,7 +85,8 @@ StreamTiming run_stream(int port, const std::string& body, Clock::time_point t0)
         continue;
       }
       const json& c0 = ev["choices"][0];
-      if (!c0["finish_reason"].is_null() && c0.value("text", "").empty()) continue;  // the closing chunk
+      if (!c0["finish_reason"].is_null() && c0.value("text", "").empty())
+        continue;  // the closing chunk
       if (prev < 0) {
         st.t_first = t;
       } else {
@@ -100,7 +104,8 @@ StreamTiming run_stream(int port, const std::string& body, Clock::time_point t0)
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
+  const size_t i =
+      std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
   return v[i];
 }
 
@@ -117,39 +122,7 @@ struct Args {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_serve: %s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--model") a.model = next();
-    else if (k == "--port") a.port = std::stoi(next());
-    else if (k == "--max-tokens") a.max_tokens = std::stoi(next());
-    else if (k == "--prompt-tokens") a.prompt_tokens = std::stoi(next());
-    else if (k == "-t" || k == "--threads") a.threads = std::stoi(next());
-    else if (k == "--repeat") a.repeat = std::stoi(next());
-    else if (k == "--fast") a.fast = true;
-    else if (k == "--streams") {
-      a.streams.clear();
-      const std::string s = next();
-      for (size_t p = 0; p < s.size();) {
-        const size_t c = s.find(',', p);
-        a.streams.push_back(std::stoi(s.substr(p, c - p)));
-        p = c == std::string::npos ? s.size() : c + 1;
-      }
-    } else {
-      std::fprintf(stderr,
-                   "usage: bench_serve (--model M | --port P) [--streams 1,16] [--max-tokens 64] "
-                   "[--prompt-tokens 32] [-t threads] [--repeat R] [--fast]\n");
-      return 2;
-    }
-  }
+static int run(const Args& a) {
   std::signal(SIGPIPE, SIG_IGN);
   if (a.threads > 0) kvcache::set_default_threads(a.threads);
 
@@ -167,7 +140,8 @@ int main(int argc, char** argv) {
     lm = std::make_unique<kvcache::LoadedModel>(kvcache::load_model(a.model, lo));
     kvcache::EngineConfig ec;
     ec.kv_dtype = kvcache::DType::kF16;
-    ec.max_cached_tokens = static_cast<int64_t>(max_streams) * (a.prompt_tokens + a.max_tokens + 16) + 256;
+    ec.max_cached_tokens =
+        static_cast<int64_t>(max_streams) * (a.prompt_tokens + a.max_tokens + 16) + 256;
     ec.max_running = std::max(64, max_streams);
     ec.batch_invariant = !a.fast;
     engine = std::make_unique<kvcache::Engine>(*lm->model, lm->tokenizer.get(), ec);
@@ -186,8 +160,8 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  std::printf("%8s %6s %10s %12s %12s %10s %10s %10s %10s\n", "streams", "run", "tokens", "out_tok/s", "decode_tok/s",
-              "ttft_p50", "ttft_p99", "itl_p50", "itl_p99");
+  std::printf("%8s %6s %10s %12s %12s %10s %10s %10s %10s\n", "streams", "run", "tokens",
+              "out_tok/s", "decode_tok/s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99");
   std::mt19937 rng(1234);
   for (int rep = 0; rep < a.repeat; ++rep) {
     for (int n : a.streams) {
@@ -195,16 +169,23 @@ int main(int argc, char** argv) {
       std::vector<std::string> bodies;
       for (int s = 0; s < n; ++s) {
         json ids = json::array({1});
-        for (int t = 1; t < a.prompt_tokens; ++t) ids.push_back(static_cast<int>(rng() % 30000) + 3);
-        bodies.push_back(json{{"prompt", ids}, {"max_tokens", a.max_tokens}, {"temperature", 0}, {"ignore_eos", true},
-                              {"stream", true}, {"stream_options", {{"include_usage", true}}}}
+        for (int t = 1; t < a.prompt_tokens; ++t)
+          ids.push_back(static_cast<int>(rng() % 30000) + 3);
+        bodies.push_back(json{{"prompt", ids},
+                              {"max_tokens", a.max_tokens},
+                              {"temperature", 0},
+                              {"ignore_eos", true},
+                              {"stream", true},
+                              {"stream_options", {{"include_usage", true}}}}
                              .dump());
       }
       std::vector<StreamTiming> res(static_cast<size_t>(n));
       const Clock::time_point t0 = Clock::now();
       std::vector<std::thread> clients;
       for (int s = 0; s < n; ++s)
-        clients.emplace_back([&, s] { res[static_cast<size_t>(s)] = run_stream(port, bodies[static_cast<size_t>(s)], t0); });
+        clients.emplace_back([&, s] {
+          res[static_cast<size_t>(s)] = run_stream(port, bodies[static_cast<size_t>(s)], t0);
+        });
       for (std::thread& t : clients) t.join();
       const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
       int64_t tokens = 0, decode_tokens = 0;
@@ -221,10 +202,12 @@ int main(int argc, char** argv) {
         last_end = std::max(last_end, st.t_last);
       }
       // Decode window: from the first stream's first token to the last stream's last token.
-      const double decode_tps = last_end > first_end ? static_cast<double>(decode_tokens) / (last_end - first_end) : 0;
-      std::printf("%8d %6d %10lld %12.1f %12.1f %9.1fms %9.1fms %9.1fms %9.1fms%s\n", n, rep, static_cast<long long>(tokens),
-                  static_cast<double>(tokens) / wall, decode_tps, 1e3 * percentile(ttft, 0.5),
-                  1e3 * percentile(ttft, 0.99), 1e3 * percentile(itl, 0.5), 1e3 * percentile(itl, 0.99),
+      const double decode_tps =
+          last_end > first_end ? static_cast<double>(decode_tokens) / (last_end - first_end) : 0;
+      std::printf("%8d %6d %10lld %12.1f %12.1f %9.1fms %9.1fms %9.1fms %9.1fms%s\n", n, rep,
+                  static_cast<long long>(tokens), static_cast<double>(tokens) / wall, decode_tps,
+                  1e3 * percentile(ttft, 0.5), 1e3 * percentile(ttft, 0.99),
+                  1e3 * percentile(itl, 0.5), 1e3 * percentile(itl, 0.99),
                   ok ? "" : "  (some streams failed)");
       std::fflush(stdout);
     }
@@ -234,4 +217,39 @@ int main(int argc, char** argv) {
     server_thread.join();
   }
   return 0;
+}
+
+// Options through CLI11 (a bad value is a usage error, exit 2); errors while loading or running
+// (kvcache::Error, std::exception) are printed and exit 2 instead of ending in std::terminate.
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"bench_serve: N concurrent streams through kvcache serve"};
+  app.add_option("--model", a.model, "model to serve in-process (path or dummy:PRESET)");
+  app.add_option("--port", a.port, "drive a running server on 127.0.0.1:PORT instead")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--streams", a.streams, "concurrent streams, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-tokens", a.max_tokens, "tokens per stream")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--prompt-tokens", a.prompt_tokens, "prompt tokens per stream")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-t,--threads", a.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("--repeat", a.repeat, "repetitions")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_flag("--fast", a.fast, "batch_invariant off (BLAS for multi-row linears)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad option or value: the message, exit 2
+  }
+  try {
+    return run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_serve: %s\n", e.what());
+    return 2;
+  }
 }
