@@ -4,6 +4,8 @@
 #include <cstring>
 #include <new>
 
+#include <sys/mman.h>
+
 #include "core/error.h"
 
 namespace kvcache {
@@ -94,14 +96,30 @@ TensorView TensorView::slice(int axis, int64_t begin, int64_t end) const {
 
 void Tensor::AlignedFree::operator()(std::byte* p) const { std::free(p); }
 
+namespace {
+constexpr size_t kHugePageBytes = size_t{2} << 20;
+constexpr size_t kHugeMinBytes = size_t{4} << 20;
+}  // namespace
+
 Tensor Tensor::empty(DType dtype, const Shape& shape) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;
   t.size_bytes_ = dtype_bytes(dtype, shape.numel());
   if (t.size_bytes_ > 0) {
-    const size_t rounded = (t.size_bytes_ + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
-    void* p = std::aligned_alloc(kTensorAlignment, rounded);
+    // Large buffers (KV storage, block pools, activations of long prompts) are aligned to 2 MiB
+    // and offered to the kernel for transparent huge pages: a decode step streams the whole
+    // cache, and with 4 KiB pages every 4 KiB of every K/V stream is a new TLB entry (a page
+    // walk per 16 keys of a D = 128 f16 head). Measured on decode attention at 16K keys, 2
+    // threads: 3.97 -> 3.67 ms median, 3.22 -> 2.93 ms best (throwaway A/B outside the repo,
+    // 2026-11-30). Rounding up costs < 2 MiB of address space per tensor, and only tensors of
+    // at least 4 MiB take it. Where THP is disabled, madvise fails and nothing changes.
+    const size_t align = t.size_bytes_ >= kHugeMinBytes ? kHugePageBytes : kTensorAlignment;
+    const size_t rounded = (t.size_bytes_ + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, rounded);
+#if defined(MADV_HUGEPAGE)
+    if (p != nullptr && align == kHugePageBytes) (void)madvise(p, rounded, MADV_HUGEPAGE);
+#endif
     if (p == nullptr) {
       throw Error(ErrorKind::kOutOfRange, "cannot allocate " + std::to_string(t.size_bytes_) +
                                               " bytes for a tensor of shape " + shape.str());
