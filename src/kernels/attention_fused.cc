@@ -34,7 +34,6 @@ namespace {
 
 constexpr int64_t kTk = 64;           // keys per tile (a 64-key f16 tile of D=128 is 16 KiB)
 constexpr int64_t kRowsPerTask = 64;  // target rows (heads x positions) per task
-constexpr int64_t kSplitKeys = 1024;  // automatic split-KV partition, in keys (decode)
 constexpr int64_t kMinTransposedRows = 8;  // rows per task from which key tiles are transposed
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -884,14 +883,15 @@ void execute(Plan& P, std::vector<SeqPlan>& seqs, int64_t split_opt, DType kv_dt
   for (SeqPlan& x : seqs) x.n_qt = (x.Sq + P.tq - 1) / P.tq;
   ThreadPool& pool = default_pool();
   // Flash-decoding split: a sequence with a single query tile (decode, short verification
-  // steps) and a long cache has its keys cut into kSplitKeys partitions, so B x H_kv tasks
-  // never leave threads idle. The rule looks at the sequence only — not at the batch, the
+  // steps) and a long cache has its keys cut into partitions (auto_split_keys), so B x H_kv
+  // tasks never leave threads idle. The rule looks at the sequence only — not at the batch, the
   // thread count or the machine — so a sequence's output does not depend on what it is batched
   // with (batch invariance: continuous batching returns what a lone request would).
   bool any_split = false;
   for (SeqPlan& x : seqs) {
     int64_t split = split_opt;
-    if (split == 0) split = (x.Sq * P.G <= kRowsPerTask && x.Skv > kSplitKeys) ? kSplitKeys : -1;
+    if (split == 0)
+      split = x.Sq * P.G <= kRowsPerTask && auto_split_keys(x.Skv) > 0 ? auto_split_keys(x.Skv) : -1;
     if (split < 0 || split >= x.Skv) {
       x.n_split = 1;
       x.split_len = std::max<int64_t>(x.Skv, 1);

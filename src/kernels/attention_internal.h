@@ -24,6 +24,19 @@ void fused_paged_attention_scalar(const TensorView& q, const PagedKV& kv,
                                   const int32_t* cu_seqlens_q, const TensorView& out,
                                   const AttentionOptions& options);
 
+// Automatic split-KV (flash-decoding) for a sequence of `skv` keys read by a single query tile:
+// the partition length in keys, or 0 for no split. A quarter of the keys in multiples of 64,
+// between 1,024 and 4,096: short partitions keep B x H_kv tasks from leaving threads idle, long
+// ones start fewer K/V streams (each start waits on memory before its prefetches run ahead;
+// 4,096-key partitions measured ~3-4% faster than 1,024 at 16K keys, 2 threads). It looks at
+// the sequence only, never at the batch or the thread count, so results do not depend on them.
+inline int64_t auto_split_keys(int64_t skv) {
+  constexpr int64_t kMin = 1024, kMax = 4096;
+  if (skv <= kMin) return 0;
+  const int64_t quarter = (skv / 4 + 63) / 64 * 64;
+  return quarter < kMin ? kMin : quarter > kMax ? kMax : quarter;
+}
+
 // f32 dot product with 8 interleaved partial sums (vectorisable without -ffast-math).
 inline float dot_f32(const float* a, const float* b, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};

@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/attention_internal.h"
 #include "kernels/attention_simd.h"
 #include "kernels/kv_quant.h"
 #include "kernels/mask.h"
@@ -41,7 +42,6 @@ using detail::load8;
 
 constexpr int64_t kResTile = 64;      // residual keys per tile
 constexpr int64_t kRowsPerTask = 64;  // target rows (heads x positions) per task
-constexpr int64_t kSplitKeys = 1024;  // automatic split-KV partition (decode), as fused
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
@@ -993,10 +993,11 @@ void run_quantized(const TensorView& q, const QuantKV& kv, const TensorView& out
   if (o.kv_split > 0) {
     // Requested partition length in keys, in whole tiles (at least one).
     n_split = (P.Skv + o.kv_split - 1) / o.kv_split;
-  } else if (o.kv_split == 0 && P.n_qt == 1 && P.Skv > kSplitKeys) {
-    // The fused kernel's rule: one query tile and a long cache -> kSplitKeys partitions. It
+  } else if (o.kv_split == 0 && P.n_qt == 1 && detail::auto_split_keys(P.Skv) > 0) {
+    // The fused kernel's rule: one query tile and a long cache -> auto_split_keys partitions. It
     // depends on the call's shape only, never on the thread count, so results do not either.
-    n_split = (P.Skv + kSplitKeys - 1) / kSplitKeys;
+    const int64_t len = detail::auto_split_keys(P.Skv);
+    n_split = (P.Skv + len - 1) / len;
   }
   n_split = std::clamp<int64_t>(n_split, 1, n_tiles);
   P.tiles_per_split = (n_tiles + n_split - 1) / n_split;
