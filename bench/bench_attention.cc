@@ -125,7 +125,8 @@ float score_loop(int64_t reps) {
           k1[c] = _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4));
         } else {
           k0[c] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(&kf16[c][d])));
-          k1[c] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(&kf16[c][d + 8])));
+          k1[c] =
+              _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(&kf16[c][d + 8])));
         }
       }
       for (int h = 0; h < 2; ++h)
@@ -154,7 +155,8 @@ void BM_ScoreLoop(benchmark::State& state) {
   const int64_t tasks = pool.n_threads();
   std::vector<float> sink(static_cast<size_t>(tasks));
   for (auto _ : state) {
-    pool.parallel_for(tasks, [&](int64_t t) { sink[static_cast<size_t>(t)] = score_loop<kU4>(kReps); });
+    pool.parallel_for(tasks,
+                      [&](int64_t t) { sink[static_cast<size_t>(t)] = score_loop<kU4>(kReps); });
     benchmark::DoNotOptimize(sink.data());
   }
   state.SetItemsProcessed(state.iterations() * tasks * kReps * 16 * 12);
@@ -385,8 +387,14 @@ void register_all() {
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond)
       ->MinTime(0.5);
-  benchmark::RegisterBenchmark("BM_ScoreLoop/f16", BM_ScoreLoop<false>)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.5);
-  benchmark::RegisterBenchmark("BM_ScoreLoop/u4", BM_ScoreLoop<true>)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.5);
+  benchmark::RegisterBenchmark("BM_ScoreLoop/f16", BM_ScoreLoop<false>)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond)
+      ->MinTime(0.5);
+  benchmark::RegisterBenchmark("BM_ScoreLoop/u4", BM_ScoreLoop<true>)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond)
+      ->MinTime(0.5);
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
     for (int64_t len : {1024, 4096, 16384, 65536}) {
       const std::string name =
