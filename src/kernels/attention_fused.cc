@@ -222,15 +222,15 @@ struct SimdOps {
       // group is padded with repeats. 4 x 3 blocks: 2 reductions instead of 12.
       constexpr int kN = NR * NK, kPad = (kN + 7) / 8 * 8;
       alignas(32) float res[kPad];
-      if constexpr (kN < 4) {
-        for (int i = 0; i < kN; ++i) res[i] = hsum1(acc[i]);
-      } else {
-        for (int i = 0; i < kN; i += 8) {
-          __m256 g[8];
-          for (int k = 0; k < 8; ++k) g[k] = acc[i + k < kN ? i + k : kN - 1];
-          _mm256_store_ps(res + i, hsum8(g));
-        }
+      // A remainder of 1-3 accumulators after whole groups of 8 (G = 3: 3 x 3 = 8 + 1) is
+      // reduced one by one: cheaper than a padded group, and the same tree, so the same bits.
+      constexpr int kWhole = kN % 8 < 4 ? kN / 8 * 8 : kPad;
+      for (int i = 0; i < kWhole; i += 8) {
+        __m256 g[8];
+        for (int k = 0; k < 8; ++k) g[k] = acc[i + k < kN ? i + k : kN - 1];
+        _mm256_store_ps(res + i, hsum8(g));
       }
+      for (int i = kWhole; i < kN; ++i) res[i] = hsum1(acc[i]);
       for (int r = 0; r < NR; ++r)
         for (int c = 0; c < NK; ++c) {
           float x = res[r * NK + c];
