@@ -2,8 +2,8 @@
 # Decode attention against the machine's read bandwidth, side by side in one run (issue 3's
 # check; the ratio the issue asks for). Runs N repetitions of BM_ReadBandwidth and the chosen
 # BM_DecodeAttention benchmarks in random interleaved order (so a noisy minute hits both), and
-# prints for each the best and the median GiB/s (Google Benchmark's bytes_per_second, base 1024) over the repetitions and their ratio to the read
-# bandwidth's best and median.
+# prints for each the best and the median GiB/s (Google Benchmark's bytes_per_second, base
+# 1024) over the repetitions and their ratio to the read bandwidth's best and median.
 #
 #   scripts/attention_ratio.sh [REPETITIONS] [FILTER]
 #   scripts/attention_ratio.sh 8 'BM_DecodeAttention/(f16|q4)/(16384|65536)'
