@@ -255,6 +255,7 @@ void gemv_tile(const MatmulParams& p, int64_t r, int64_t i) {
 constexpr int kTileRows = 4;
 constexpr int kTileW = 2;
 constexpr size_t kGemvBlockBytes = 128 << 10;
+constexpr size_t kGemvPrefetchBytes = 8 << 10;  // one-row GEMV: software prefetch distance in W
 
 // rows (1..R) of x from row i: the tile of that height (remainders of M use smaller tiles).
 template <int NW, int R = kTileRows>
@@ -292,8 +293,19 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
     return;
   }
 #endif
+  // One row of x is bound by streaming W. Weights are usually a file mapping on 4 KiB pages
+  // (no transparent huge pages for files on common kernels), where the hardware prefetcher stops
+  // at every page boundary; prefetching kGemvPrefetchBytes ahead within this block of rows keeps
+  // the stream going across pages. tg64 on dummy:llama-125m (f16, 2 threads), 7 interleaved
+  // rounds: +8% on average, never slower (0 -> 8 KiB ahead; 16 KiB was erratic).
+  const size_t end = static_cast<size_t>(r1) * rb;
   for (int64_t r = r0; r < r1; ++r) {
-    const void* wr = w + static_cast<size_t>(r) * rb;
+    const size_t off = static_cast<size_t>(r) * rb;
+    const std::byte* wr = w + off;
+#ifdef KVCACHE_MATMUL_AVX2
+    for (size_t o = off + kGemvPrefetchBytes; o < std::min(off + kGemvPrefetchBytes + rb, end); o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(w + o), _MM_HINT_T0);
+#endif
     const float b = p.bias != nullptr ? p.bias[r] : 0.0f;
     for (int64_t i = 0; i < p.m; ++i) p.y[i * p.ldy + r] = dot_row(wr, p.w_dtype, p.x + i * p.ldx, p.k) + b;
   }
