@@ -96,46 +96,55 @@ void BM_FmaPeak(benchmark::State& state) {
 }
 
 // ---- the decode score loop's ceiling per K format, in L1 ----
-// The inner loop of decode scores (4 query rows of a GQA group x 3 keys, D = 128, 12
-// accumulators: the fused/quantized kernels' register block) over keys that stay in L1, so
-// only the instruction mix counts: f16 keys (one F16C conversion per 8 elements, then 4 FMAs)
-// against 4-bit codes (a zero-extending load per 16 codes, a mask or shift per 8, an int->float
-// conversion, then the same 4 FMAs). Items are FMAs; compare with BM_FmaPeak in the same run.
-// It bounds what a 4-bit cache can gain over f16 once f16 is no longer waiting on memory.
+// The inner loops of decode scores over keys that stay in L1, so only the instruction mix
+// counts, each with its kernel's register block (4 query rows of a GQA group, D = 128): f16
+// keys as the fused kernel reads them (4 rows x 3 keys, 12 accumulators; one F16C conversion
+// per 8 elements, then 4 FMAs) against 4-bit codes as the quantized kernel reads them (4 rows x
+// 2 keys; a zero-extending load per 16 codes, a mask or a shift per 8, an int->float
+// conversion, then 4 FMAs). Items are FMAs; compare with BM_FmaPeak in the same run. It bounds
+// what a 4-bit cache can gain over f16 once f16 no longer waits on memory.
 template <bool kU4>
 float score_loop(int64_t reps) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  constexpr int kD = 128, kRows = 4, kKeys = 3;
-  alignas(64) static f16_t kf16[kKeys][kD];
-  alignas(64) static uint8_t ku4[kKeys][kD / 2];
+  constexpr int kD = 128, kRows = 4, kKeys = kU4 ? 2 : 3, kStep = kU4 ? 16 : 8;
+  alignas(64) static f16_t kf16[3][kD];
+  alignas(64) static uint8_t ku4[2][kD / 2];
   alignas(64) float q[kRows][kD];
   for (int r = 0; r < kRows; ++r)
     for (int d = 0; d < kD; ++d) q[r][d] = 1e-3f * static_cast<float>((r * 7 + d) % 13);
   __m256 acc[kRows * kKeys];
   for (__m256& a : acc) a = _mm256_setzero_ps();
   for (int64_t it = 0; it < reps; ++it) {
-#pragma GCC unroll 8
-    for (int d = 0; d < kD; d += 16) {  // 16 channels: two vectors of 8 per key
-      __m256 k0[kKeys], k1[kKeys];
-      for (int c = 0; c < kKeys; ++c) {
-        if constexpr (kU4) {
-          const __m256i w = _mm256_cvtepu8_epi32(
+#pragma GCC unroll 16
+    for (int d = 0; d < kD; d += kStep) {
+      if constexpr (kU4) {
+        __m256i w[kKeys];
+        for (int c = 0; c < kKeys; ++c)
+          w[c] = _mm256_cvtepu8_epi32(
               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&ku4[c][d / 2])));
-          k0[c] = _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(15)));
-          k1[c] = _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4));
-        } else {
-          k0[c] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(&kf16[c][d])));
-          k1[c] =
-              _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(&kf16[c][d + 8])));
+        for (int h = 0; h < 2; ++h) {
+          __m256 kv[kKeys];
+          for (int c = 0; c < kKeys; ++c)
+            kv[c] = _mm256_cvtepi32_ps(h == 0 ? _mm256_and_si256(w[c], _mm256_set1_epi32(15))
+                                              : _mm256_srli_epi32(w[c], 4));
+          for (int r = 0; r < kRows; ++r) {
+            __m256 qv = _mm256_load_ps(&q[r][d + 8 * h]);
+            asm("" : "+x"(qv));  // one q load per row and vector, as the kernels do
+            for (int c = 0; c < kKeys; ++c)
+              acc[r * kKeys + c] = _mm256_fmadd_ps(qv, kv[c], acc[r * kKeys + c]);
+          }
+        }
+      } else {
+        __m256 kv[kKeys];
+        for (int c = 0; c < kKeys; ++c)
+          kv[c] = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(&kf16[c][d])));
+        for (int r = 0; r < kRows; ++r) {
+          __m256 qv = _mm256_load_ps(&q[r][d]);
+          asm("" : "+x"(qv));
+          for (int c = 0; c < kKeys; ++c)
+            acc[r * kKeys + c] = _mm256_fmadd_ps(qv, kv[c], acc[r * kKeys + c]);
         }
       }
-      for (int h = 0; h < 2; ++h)
-        for (int r = 0; r < kRows; ++r) {
-          __m256 qv = _mm256_load_ps(&q[r][d + 8 * h]);
-          asm("" : "+x"(qv));  // one q load per row and vector, as the kernels do
-          for (int c = 0; c < kKeys; ++c)
-            acc[r * kKeys + c] = _mm256_fmadd_ps(qv, h == 0 ? k0[c] : k1[c], acc[r * kKeys + c]);
-        }
     }
     benchmark::ClobberMemory();
   }
@@ -150,7 +159,8 @@ float score_loop(int64_t reps) {
 
 template <bool kU4>
 void BM_ScoreLoop(benchmark::State& state) {
-  constexpr int64_t kReps = 200'000;  // x 16 steps x 12 FMAs per task
+  constexpr int64_t kReps = 200'000;
+  constexpr int64_t kFmasPerRep = 4 * (128 / 8) * (kU4 ? 2 : 3);  // rows x vectors x keys
   ThreadPool& pool = default_pool();
   const int64_t tasks = pool.n_threads();
   std::vector<float> sink(static_cast<size_t>(tasks));
@@ -159,7 +169,7 @@ void BM_ScoreLoop(benchmark::State& state) {
                       [&](int64_t t) { sink[static_cast<size_t>(t)] = score_loop<kU4>(kReps); });
     benchmark::DoNotOptimize(sink.data());
   }
-  state.SetItemsProcessed(state.iterations() * tasks * kReps * 16 * 12);
+  state.SetItemsProcessed(state.iterations() * tasks * kReps * kFmasPerRep);
   state.counters["threads"] = static_cast<double>(tasks);
 }
 
