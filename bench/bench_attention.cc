@@ -6,6 +6,7 @@
 //
 //   build/bench/bench_attention --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //   BM_FlexPrefill/{fn,block_mask,block_mask_build}: a user mask called per pair vs read as bits.
+//   BM_PrefixSuffixAttention/<S_q>/<S_kv>: prefill rows against a long f16 cache (TTFT shapes).
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -348,6 +349,34 @@ void BM_PrefillAttention(benchmark::State& state, const char* kernel) {
       flops * static_cast<double>(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
 }
 
+// ---- prefill against a long cache, llama-125m's attention: 12 query heads over 4 KV heads,
+// D = 64, f16 K/V, causal, bottom-right aligned (query i at S_kv - S_q + i) ----
+// The shapes of `kvcache bench --prefix-reuse 2000:0.9`: 208 x 2000 is the cached request's
+// suffix (one call per layer), 464 x 2000 the cold prompt's last 512-token chunk. FLOPs
+// counted for the visible pairs: 4 * H_q * D * sum_i (S_kv - S_q + i + 1).
+void BM_PrefixSuffixAttention(benchmark::State& state) {
+  constexpr int64_t kHq = 12, kHkv = 4, kD = 64;
+  const int64_t sq = state.range(0), skv = state.range(1);
+  Tensor q = Tensor::empty(DType::kF32, {1, kHq, sq, kD});
+  Tensor out = Tensor::empty(DType::kF32, {1, kHq, sq, kD});
+  Tensor k = Tensor::empty(DType::kF16, {1, kHkv, skv, kD});
+  Tensor v = Tensor::empty(DType::kF16, {1, kHkv, skv, kD});
+  fill_random(q.view(), 4);
+  fill_random(k.view(), 5);
+  fill_random(v.view(), 6);
+  AttentionOptions o;
+  const AttentionFn fn = get_attention_kernel("fused");
+  for (auto _ : state) {
+    fn(q.view(), k.view(), v.view(), out.view(), o);
+    benchmark::ClobberMemory();
+  }
+  const double pairs = static_cast<double>(sq) * static_cast<double>(skv - sq) +
+                       static_cast<double>(sq) * static_cast<double>(sq + 1) / 2;
+  state.counters["GFLOP"] = benchmark::Counter(
+      4.0 * kHq * kD * pairs * static_cast<double>(state.iterations()) * 1e-9,
+      benchmark::Counter::kIsRate);
+}
+
 // ---- flex: a user mask_mod (packed documents of 256 tokens, causal) at prefill, 2048 x 2048 ----
 // "fn": the kernel calls the function for every pair in tiles the built-ins leave visible;
 // "block_mask": the function evaluated once into a BlockMask (outside the timed loop, as a
@@ -421,6 +450,12 @@ void register_all() {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond)
         ->Iterations(2);
+  benchmark::RegisterBenchmark("BM_PrefixSuffixAttention", BM_PrefixSuffixAttention)
+      ->Args({208, 2000})
+      ->Args({464, 2000})
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond)
+      ->MinTime(0.5);
   int mode = 0;
   for (const char* name : {"fn", "block_mask", "block_mask_build"})
     benchmark::RegisterBenchmark((std::string("BM_FlexPrefill/") + name).c_str(), BM_FlexPrefill,

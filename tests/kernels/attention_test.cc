@@ -417,6 +417,34 @@ TEST(Attention, FusedTransposedScoresEqualPerPairDecode) {
     }
 }
 
+// The last query tile of a prefill has fewer positions, so its rows end in a partial register
+// block of the transposed score kernel (1 to 4 rows with G = 3 for these lengths): each of its
+// rows still equals the decode row of the same query.
+TEST(Attention, FusedTransposedTailRowsEqualDecode) {
+  for (int64_t D : {24, 64})
+    for (int64_t S : {77, 78, 79, 81, 84}) {
+      Case c;
+      c.B = 1;
+      c.Hq = 6;
+      c.Hkv = 2;
+      c.Sq = S;
+      c.Skv = S;
+      c.D = D;
+      c.kv = DType::kF16;
+      auto in = make_inputs(c, 11 + static_cast<uint32_t>(S + D));
+      AttentionOptions o = in->opts;
+      o.kv_split = -1;
+      get_attention_kernel("fused")(in->q, in->k, in->v, in->out, o);
+      for (int64_t i = S - 6; i < S; ++i) {
+        const std::vector<double> want = out_as_double(in->out.slice(2, i, i + 1));
+        Tensor dec = Tensor::zeros(DType::kF32, {c.B, c.Hq, 1, c.D});
+        get_attention_kernel("fused")(in->q.slice(2, i, i + 1), in->k.slice(2, 0, i + 1),
+                                      in->v.slice(2, 0, i + 1), dec.view(), o);
+        EXPECT_EQ(out_as_double(dec.view()), want) << "row " << i << " " << c.str();
+      }
+    }
+}
+
 TEST(Attention, EagerReturnsProbabilities) {
   Case c;
   c.B = 2;
