@@ -237,6 +237,7 @@ bool Engine::run_chunk(Seq& s, int64_t n) {
   p.logits = last ? LogitsMode::kLast : LogitsMode::kNone;
   p.batch_invariant = config_.batch_invariant;
   const std::span<const float> logits = forward_->forward(p);
+  ++counters_.forwards;
   s.computed += n;
   counters_.computed_prompt_tokens += n;
   if (last) after_logits(s, logits);
@@ -274,6 +275,7 @@ void Engine::run_decodes(int64_t& budget) {
   p.logits = LogitsMode::kLast;
   p.batch_invariant = config_.batch_invariant;
   const std::span<const float> logits = forward_->forward(p);
+  ++counters_.forwards;
   const auto V = static_cast<size_t>(model_.config().vocab_size);
   budget -= B;
   for (size_t i = 0; i < step_seqs_.size(); ++i) {
@@ -300,7 +302,9 @@ void Engine::admit_and_prefill(int64_t& budget) {
     }
     if (ok) budget -= n;
   }
-  // Then new (or preempted) sequences, while the budget and the blocks last.
+  // Then new (or preempted) sequences, while the budget and the blocks last: runs of equal
+  // uncached lengths batched, the rest one by one.
+  if (budget > 0) admit_batched(budget);
   while (budget > 0 && !waiting_.empty() && static_cast<int32_t>(running_.size()) < config_.max_running) {
     Seq* s = waiting_.front();
     Request& r = *s->req;
@@ -327,16 +331,98 @@ void Engine::admit_and_prefill(int64_t& budget) {
       return;
     }
     budget -= n;
-    if (!r.admitted) {
-      r.admitted = true;
-      const auto prompt = static_cast<int64_t>(r.params.prompt.size());
-      r.output.stats.cached_tokens = std::min(matched, prompt);
-      r.output.stats.queue_seconds = seconds_since(r.t_submit);
-      counters_.prompt_tokens += prompt;
-      counters_.cached_prompt_tokens += r.output.stats.cached_tokens;
-      std::lock_guard<std::mutex> lock(mu_);
-      --queued_;
+    note_admitted(*s, matched);
+  }
+}
+
+void Engine::note_admitted(Seq& s, int64_t matched) {
+  Request& r = *s.req;
+  if (r.admitted) return;
+  r.admitted = true;
+  const auto prompt = static_cast<int64_t>(r.params.prompt.size());
+  r.output.stats.cached_tokens = std::min(matched, prompt);
+  r.output.stats.queue_seconds = seconds_since(r.t_submit);
+  counters_.prompt_tokens += prompt;
+  counters_.cached_prompt_tokens += r.output.stats.cached_tokens;
+  std::lock_guard<std::mutex> lock(mu_);
+  --queued_;
+}
+
+// Waiting sequences at the front of the queue whose uncached tails have the same length n and
+// fit the budget whole are admitted together and prefilled as ONE forward of k rows x n tokens
+// (each row at its own position through the paged cache) instead of k forwards: a burst of
+// arrivals then reads the weights once, not once per sequence, and reaches its first tokens
+// together. Results do not change: in batch-invariant mode every linear's row is computed as
+// if alone (matmul's GEMV contract) and each row attends only to its own sequence. Members of
+// one batch cannot hit on each other's blocks (all are written in the same forward), whereas
+// one by one a later sequence reuses the prompt blocks an earlier one just wrote: so the batch
+// stops at a candidate whose first full block equals an earlier member's (a shared system
+// prompt), and that one goes the one-by-one path after the batch has keyed its blocks. The
+// one-by-one path also takes everything else (a single candidate, out of blocks) and preempts.
+void Engine::admit_batched(int64_t& budget) {
+  step_seqs_.clear();
+  int64_t n = 0;
+  const auto bt = static_cast<size_t>(config_.block_tokens);
+  auto shares_first_block = [&](const Seq& s) {
+    if (s.tokens.size() < bt) return false;
+    for (const Seq* o : step_seqs_)
+      if (o->tokens.size() >= bt && std::equal(s.tokens.begin(), s.tokens.begin() + bt, o->tokens.begin())) return true;
+    return false;
+  };
+  for (Seq* s : waiting_) {
+    if (static_cast<int64_t>(running_.size() + step_seqs_.size()) >= config_.max_running) break;
+    const int64_t need = static_cast<int64_t>(s->tokens.size()) - store_->match_prefix(s->tokens);
+    if (step_seqs_.empty()) n = need;
+    if (need != n || static_cast<int64_t>(step_seqs_.size() + 1) * n > budget || shares_first_block(*s)) break;
+    step_seqs_.push_back(s);
+  }
+  if (step_seqs_.size() < 2) return;
+  batch_.clear();
+  step_tokens_.clear();
+  row_pos_.clear();
+  for (Seq* s : step_seqs_) {
+    s->sid = store_->add_sequence();
+    s->computed = store_->attach_prefix(s->sid, s->tokens);
+    KV_CHECK(s->needs() == n, "admit_batched: the prefix match changed between match and attach");
+    batch_.push_back(s->sid);
+    step_tokens_.insert(step_tokens_.end(), s->tokens.begin() + s->computed, s->tokens.end());
+    row_pos_.push_back(s->computed);
+  }
+  store_->set_batch(batch_);
+  if (store_->plan_step(n, step_tokens_) != StepStatus::kOk) {
+    for (Seq* s : step_seqs_) {  // nothing was planned: undo the attachments
+      store_->free_sequence(s->sid);
+      s->sid = -1;
+      s->computed = 0;
     }
+    return;
+  }
+  for (Seq* s : step_seqs_) {
+    KV_CHECK(waiting_.front() == s, "admit_batched: candidates are the front of the queue");
+    waiting_.pop_front();
+    s->state = SeqState::kRunning;
+    s->admit_order = ++admit_counter_;
+    running_.push_back(s);
+    note_admitted(*s, s->computed);
+  }
+  const auto B = static_cast<int64_t>(step_seqs_.size());
+  budget -= B * n;
+  ForwardParams p;
+  p.tokens = step_tokens_.data();
+  p.batch = B;
+  p.n_tokens = n;
+  p.pos0 = row_pos_[0];
+  p.row_pos0 = row_pos_.data();
+  p.cache = cache_.get();
+  p.logits = LogitsMode::kLast;  // every tail is whole: each row's last token samples
+  p.batch_invariant = config_.batch_invariant;
+  const std::span<const float> logits = forward_->forward(p);
+  ++counters_.forwards;
+  const auto V = static_cast<size_t>(model_.config().vocab_size);
+  for (size_t i = 0; i < step_seqs_.size(); ++i) {
+    step_seqs_[i]->computed += n;
+    counters_.computed_prompt_tokens += n;
+    after_logits(*step_seqs_[i], logits.subspan(i * V, V));
   }
 }
 

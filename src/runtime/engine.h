@@ -106,6 +106,8 @@ struct EngineMetrics {
   int64_t preemptions = 0;
   int64_t requests_finished = 0, requests_cancelled = 0;
   int64_t steps = 0;
+  int64_t forwards = 0;               // model forwards: per step one for the decodes, one per
+                                      // prefill chunk or batch of equal-length chunks
   double busy_seconds = 0;            // time spent inside step()
   double prefix_hit_rate() const {
     return prompt_tokens > 0 ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens) : 0.0;
@@ -150,6 +152,8 @@ class Engine {
 
   void drain_inbox();
   void admit_and_prefill(int64_t& budget);
+  void admit_batched(int64_t& budget);
+  void note_admitted(Seq& s, int64_t matched);
   void run_decodes(int64_t& budget);
   bool run_chunk(Seq& s, int64_t n);   // false: out of blocks
   void after_logits(Seq& s, std::span<const float> logits);

@@ -108,6 +108,72 @@ TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAlone) {
   EXPECT_EQ(m.requests_finished, 64);
 }
 
+// A burst of prompts with equal uncached lengths is prefilled as one forward per step (rows at
+// their own positions), and each completion still equals the prompt run alone. Two prompts of
+// other lengths at the end take the one-by-one path.
+TEST(Engine, EqualLengthPromptsArePrefilledInOneForwardAndEqualEachRunAlone) {
+  const LlamaModel& model = *tiny_model().model;
+  std::mt19937 rng(23);
+  std::vector<RequestParams> reqs;
+  for (int i = 0; i < 14; ++i) {
+    std::vector<int32_t> p = {1};
+    const int len = i < 12 ? 13 : 6 + 4 * (i - 12);
+    while (static_cast<int>(p.size()) < len) p.push_back(static_cast<int32_t>(rng() % 31000) + 3);
+    reqs.push_back(greedy(p, 5));
+  }
+  EngineConfig c;
+  c.max_cached_tokens = 14 * 32;
+  c.max_tokens_per_step = 96;
+  Engine e(model, nullptr, c);
+  std::vector<std::vector<int32_t>> got(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i)
+    e.submit(reqs[i], [&got, i](const StreamEvent& ev) {
+      if (ev.output != nullptr) got[i] = ev.output->samples.at(0).tokens;
+    });
+  // Step 1: 7 prompts of 13 in one forward (91 tokens), then the first 5 tokens of the 8th as a
+  // chunk of its own (the budget's rest).
+  e.step();
+  EXPECT_EQ(e.metrics().forwards, 2);
+  EXPECT_EQ(e.metrics().computed_prompt_tokens, 7 * 13 + 5);
+  EXPECT_EQ(e.metrics().running, 8);
+  // Step 2: the 7 decodes; the 8th's last 8 tokens; the other 4 prompts of 13 in one forward;
+  // the prompts of 6 and 10 tokens one by one.
+  e.step();
+  EXPECT_EQ(e.metrics().forwards, 2 + 5);
+  EXPECT_EQ(e.metrics().computed_prompt_tokens, 12 * 13 + 6 + 10);
+  while (e.has_work()) {
+    e.step();
+    ASSERT_EQ(e.check_invariants(), "");
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].size(), 5u) << "request " << i;
+    ASSERT_EQ(got[i], run_alone(model, reqs[i])) << "request " << i;
+  }
+  EXPECT_EQ(e.metrics().blocks_used, 0);
+}
+
+// A burst sharing a system prompt keeps the prefix hits of one-by-one admission: the batch stops
+// at a member whose first block an earlier member is about to write.
+TEST(Engine, EqualLengthPromptsSharingABlockStillHitThePrefixCache) {
+  const LlamaModel& model = *tiny_model().model;
+  std::mt19937 rng(29);
+  std::vector<int32_t> common = {1};
+  while (common.size() < 32) common.push_back(static_cast<int32_t>(rng() % 31000) + 3);
+  std::vector<RequestParams> reqs;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> p = common;
+    while (p.size() < 40) p.push_back(static_cast<int32_t>(rng() % 31000) + 3);
+    reqs.push_back(greedy(p, 3));
+  }
+  EngineConfig c;
+  c.max_cached_tokens = 512;  // blocks of 16: the common 32 tokens are two full blocks
+  c.max_tokens_per_step = 256;
+  Engine e(model, nullptr, c);
+  const RunResult got = run_all(e, reqs);
+  EXPECT_EQ(e.metrics().cached_prompt_tokens, 3 * 32);
+  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_EQ(got.tokens[i], run_alone(model, reqs[i])) << "request " << i;
+}
+
 TEST(Engine, PreemptionUnderATinyBlockBudgetChangesNothing) {
   const LlamaModel& model = *tiny_model().model;
   const auto prompts = make_prompts(24, 11);
