@@ -63,43 +63,66 @@ float dot_simd(const T* w, const float* x, int64_t k, Load load) {
   return s;
 }
 // Multi-row GEMV (decode batches): a tile of NW W rows x R x rows. Each W chunk of 8 is widened
-// to f32 once and multiplied into all R rows, so a batch of B sequences widens W once per step
-// instead of B times. Every output keeps dot_simd's arithmetic exactly — the same four
-// accumulators (chunk j + 8q of each 32-block feeds accumulator q, the tail chunks of 8 feed
-// accumulator 0), each fed in ascending j, the same hsum((a0 + a1) + (a2 + a3)), the same
-// scalar tail — so a row's result does not depend on how many rows share the call
-// (batch invariance: the engine's batched decode equals each request run alone, bit for bit).
+// to f32 once and multiplied into all R rows, and each x chunk is loaded once for all NW W rows,
+// so a batch of B sequences widens W once per step instead of B times. Every output keeps
+// dot_simd's arithmetic exactly — the same four accumulators (chunk j + 8q of each 32-block
+// feeds accumulator q, the tail chunks of 8 feed accumulator 0 after all blocks), each fed in
+// ascending j, the same hsum((a0 + a1) + (a2 + a3)), the same scalar tail — so a row's result
+// does not depend on how many rows share the call (batch invariance: the engine's batched
+// decode equals each request run alone, bit for bit).
 // Four accumulators per output x NW x R would not fit AVX2's 16 registers, so the four
 // accumulator chains run one after the other (phase q walks the chunks j + 8q), each phase
-// keeping NW x R accumulators live; the partial sums wait in `part` (a store and a reload of
-// the same float: exact).
+// keeping NW x R accumulators live; between phases they wait in `acc` (a store and a reload of
+// the same value: exact). The phases run per segment of kTileSegment elements of K, not over
+// all of K, so the segment's R x rows (8 KiB at R = 4) stay in L1 across the four phases:
+// over all of K at K = 2048 (FFN down) the 4 phases re-streamed a 32 KiB x group from L2 and
+// the tile ran ~2x slower per multiply-add than at K = 768.
+constexpr int64_t kTileSegment = 512;  // multiple of 32
+
+// Chunks [j0, j1) of the 32-blocks (j1 - j0 a multiple of 32), all four phases.
+template <int R, int NW, typename T, typename Load>
+inline void dot_tile_segment(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t j0, int64_t j1, Load load,
+                             __m256 (&acc)[4][NW][R]) {
+  for (int q = 0; q < 4; ++q) {
+    __m256 a[NW][R];
+    for (int v = 0; v < NW; ++v)
+      for (int i = 0; i < R; ++i) a[v][i] = acc[q][v][i];
+    for (int64_t j = j0 + 8 * q; j < j1; j += 32) {
+      __m256 wv[NW];
+      for (int v = 0; v < NW; ++v) wv[v] = load(w + v * ldw + j);
+      for (int i = 0; i < R; ++i) {
+        __m256 xv = _mm256_loadu_ps(x + i * ldx + j);
+        // Opaque to the optimiser, so xv stays in a register for its NW FMAs. Without it GCC
+        // folds the load into every FMA (NW loads of the same chunk) and the tile is bound by
+        // the load ports, not the FMA units: +30-40% multiply-adds per second at K = 768
+        // (throwaway harness, thread CPU time, M = 16..24, f16, one thread).
+        __asm__("" : "+x"(xv));
+        for (int v = 0; v < NW; ++v) a[v][i] = _mm256_fmadd_ps(wv[v], xv, a[v][i]);
+      }
+    }
+    for (int v = 0; v < NW; ++v)
+      for (int i = 0; i < R; ++i) acc[q][v][i] = a[v][i];
+  }
+}
+
 template <int R, int NW, typename T, typename Load, typename Widen>
 void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, Load load, Widen widen,
               float (&s)[NW][R]) {
   const int64_t k32 = k / 32 * 32, k8 = k / 8 * 8;
-  __m256 part[4][NW][R];
-  for (int q = 0; q < 4; ++q) {
-    __m256 a[NW][R];
+  __m256 acc[4][NW][R];
+  for (int q = 0; q < 4; ++q)
     for (int v = 0; v < NW; ++v)
-      for (int i = 0; i < R; ++i) a[v][i] = _mm256_setzero_ps();
-    auto chunk = [&](int64_t j) {
-      __m256 wv[NW];
-      for (int v = 0; v < NW; ++v) wv[v] = load(w + v * ldw + j);
-      for (int i = 0; i < R; ++i) {
-        const __m256 xv = _mm256_loadu_ps(x + i * ldx + j);
-        for (int v = 0; v < NW; ++v) a[v][i] = _mm256_fmadd_ps(wv[v], xv, a[v][i]);
-      }
-    };
-    for (int64_t b = 0; b < k32; b += 32) chunk(b + 8 * q);
-    if (q == 0)
-      for (int64_t j = k32; j < k8; j += 8) chunk(j);
+      for (int i = 0; i < R; ++i) acc[q][v][i] = _mm256_setzero_ps();
+  for (int64_t j0 = 0; j0 < k32; j0 += kTileSegment)
+    dot_tile_segment(w, ldw, x, ldx, j0, std::min(k32, j0 + kTileSegment), load, acc);
+  for (int64_t j = k32; j < k8; j += 8)
     for (int v = 0; v < NW; ++v)
-      for (int i = 0; i < R; ++i) part[q][v][i] = a[v][i];
-  }
+      for (int i = 0; i < R; ++i)
+        acc[0][v][i] = _mm256_fmadd_ps(load(w + v * ldw + j), _mm256_loadu_ps(x + i * ldx + j), acc[0][v][i]);
   for (int v = 0; v < NW; ++v) {
     for (int i = 0; i < R; ++i) {
-      float t = hsum(_mm256_add_ps(_mm256_add_ps(part[0][v][i], part[1][v][i]),
-                                   _mm256_add_ps(part[2][v][i], part[3][v][i])));
+      float t = hsum(_mm256_add_ps(_mm256_add_ps(acc[0][v][i], acc[1][v][i]),
+                                   _mm256_add_ps(acc[2][v][i], acc[3][v][i])));
       const T* wr = w + v * ldw;
       const float* xr = x + i * ldx;
       for (int64_t j = k8; j < k; ++j) t += widen(wr[j]) * xr[j];
@@ -249,11 +272,13 @@ void gemv_tile(const MatmulParams& p, int64_t r, int64_t i) {
   }
 }
 
-// x rows per tile and W rows per tile (f32/f16/bf16; q8_0 uses one). 4 x 2 keeps 8 independent
-// FMA chains in flight (latency 4 x 2 ports) in 8 + 2 + 1 registers; bench_gemv (M = 16, f16,
-// K = 768) ranked 4x2 and 8x1 first, 4x3, 6x2 and 2x4 behind (noisy, shared machine).
+// x rows per tile and W rows per tile (f32/f16/bf16; q8_0 uses one). 4 x 3 keeps 12 independent
+// FMA chains in flight (latency 4 x 2 ports needs 8) in 12 + 3 + 1 registers. Throwaway
+// harness (thread CPU time, f16, M = 24, noisy shared machine, medians of 7, G MAC/s at
+// K = 768 / K = 2048): 4x2 29.7 / 21.7, 4x3 25.6 / 29.1 (segment 512), 6x2 24.0 / 26.6;
+// FFN down (K = 2048) is the largest product of the step, so 4 x 3.
 constexpr int kTileRows = 4;
-constexpr int kTileW = 2;
+constexpr int kTileW = 3;
 constexpr size_t kGemvBlockBytes = 128 << 10;
 constexpr size_t kGemvPrefetchBytes = 8 << 10;  // one-row GEMV: software prefetch distance in W
 
@@ -269,7 +294,8 @@ void gemv_tile_rows(const MatmulParams& p, int64_t r, int64_t i, int64_t rows) {
 
 // Rows [r0, r1) of y for every row of x: each W row is read once for all M rows of x. One row
 // of x: dot_row per W row (four accumulators in flight). Several: multi-row tiles, which widen
-// each W chunk once for kTileRows rows and give every output dot_row's exact bits.
+// each W chunk once for kTileRows x rows, load each x chunk once for kTileW W rows, and give
+// every output dot_row's exact bits.
 void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
   const size_t rb = row_bytes(p.w_dtype, p.k);
   const auto* w = static_cast<const std::byte*>(p.w);
@@ -277,9 +303,8 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
   if (p.m > 1) {
     const int nw = p.w_dtype == DType::kQ8_0 ? 1 : kTileW;
     // A block of W rows (kGemvBlockBytes, meant to stay in L2) meets each group of kTileRows
-    // x rows in turn, so a group can stay in L1 while the block passes (at K = 768 f32: 12 KiB).
-    // bench_gemv measured no clear gain over x-groups innermost on the shared machine; at
-    // K = 2048 a group (32 KiB) no longer fits L1 and the tiles run ~2x slower per MAC.
+    // x rows in turn, so W comes from memory once per call whatever M. Inside a tile K is
+    // walked in segments (dot_tile), so the group's x segment stays in L1 across the phases.
     const int64_t block = std::max<int64_t>(kTileW, static_cast<int64_t>(kGemvBlockBytes / std::max<size_t>(rb, 1)) / kTileW * kTileW);
     for (int64_t b0 = r0; b0 < r1; b0 += block) {
       const int64_t b1 = std::min(r1, b0 + block);
@@ -287,6 +312,10 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
         const int64_t rows = std::min<int64_t>(kTileRows, p.m - i);
         int64_t r = b0;
         for (; nw == kTileW && r + kTileW <= b1; r += kTileW) gemv_tile_rows<kTileW>(p, r, i, rows);
+        if (nw == kTileW && r + 2 <= b1) {
+          gemv_tile_rows<2>(p, r, i, rows);
+          r += 2;
+        }
         for (; r < b1; ++r) gemv_tile_rows<1>(p, r, i, rows);
       }
     }

@@ -2,9 +2,10 @@
 // llama2.c, GGUF and HF Linear weights (one output feature per row of W). x and y are f32;
 // W is f32, f16, bf16 or q8_0 and is only read (it usually points into a memory-mapped file).
 // Decode (M = 1) is bound by reading W once: rows are split across the thread pool and each
-// row is a SIMD dot product. Batched decode (M > 1 on the GEMV path) widens each W chunk once
-// for a tile of 4 x rows, with each output's arithmetic exactly that of dot_row, so a row's
-// result is the same bits whatever M (batch invariance: the serving engine relies on it). Prefill (M > 1) with f32 weights goes to OpenBLAS sgemm, which is
+// row is a SIMD dot product. Batched decode (M > 1 on the GEMV path) runs tiles of 4 x rows x
+// 3 W rows (each W chunk widened once, each x chunk loaded once), with each output's arithmetic
+// exactly that of dot_row, so a row's result is the same bits whatever M (batch invariance:
+// the serving engine relies on it). Prefill (M > 1) with f32 weights goes to OpenBLAS sgemm, which is
 // compute-bound and wins from M >= kBlasMinRows; other dtypes are dequantised per block of 64
 // W rows into a per-thread f32 scratch and multiplied by sgemm too.
 #pragma once
