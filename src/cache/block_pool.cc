@@ -195,7 +195,22 @@ bool BlockPool::commit(int32_t id, const BlockKey& key, std::span<const int32_t>
   const size_t mask = index_.size() - 1;
   size_t i = slot_of(key);
   for (; index_[i] >= 0; i = (i + 1) & mask) {
-    if (blocks_[static_cast<size_t>(index_[i])].key == key) return false;
+    const int32_t o = index_[i];
+    Block& ob = blocks_[static_cast<size_t>(o)];
+    if (ob.key != key) continue;
+    // The same content computed twice (a prompt prefilled again without a prefix lookup, two
+    // requests computing one prefix at once). While the indexed copy is held too, it keeps
+    // serving. When it is only cached, the live copy takes the key over and the old copy is
+    // freed: otherwise the cached copy, released long ago, sits first in line for eviction
+    // while the live one, unkeyed, is dropped when its sequence ends, and the prefix is lost.
+    if (ob.ref > 0) return false;
+    list_remove(o);
+    --n_cached_;
+    ob.keyed = false;
+    ob.key = {};
+    list_push_front(o);  // nothing worth keeping: handed out first
+    ++n_free_;
+    break;  // slot i: the same key, so the same probe position for the new holder
   }
   index_[i] = id;
   b.keyed = true;

@@ -79,9 +79,10 @@ class BlockPool {
   // before its prefix.
   void release_table(std::span<const int32_t> ids);
 
-  // Registers a full, used block under `key` with its tokens ([block_tokens]). Returns false
-  // (block left unkeyed) when another block already holds the key: the same content was
-  // computed twice, and the first copy stays the one the index serves.
+  // Registers a full, used block under `key` with its tokens ([block_tokens]). When another
+  // block already holds the key (the same content computed twice): if that block is in use
+  // too, it keeps the key and this returns false (block left unkeyed); if it is only cached,
+  // this block takes the key over and the cached copy becomes free (returns true).
   bool commit(int32_t id, const BlockKey& key, std::span<const int32_t> tokens);
   // The block holding `key` whose stored tokens equal `tokens`, or -1. No reference taken.
   int32_t lookup(const BlockKey& key, std::span<const int32_t> tokens);

@@ -83,10 +83,24 @@ TEST(BlockPool, FreedBlocksKeepTheirKeyUntilReusedLeastRecentlyReleasedFirst) {
   const std::vector<int32_t> other = {1, 1, 1, 1};
   EXPECT_EQ(pool.lookup(k0, other), -1);
   EXPECT_EQ(pool.lookup(k0, std::span<const int32_t>(tokens.data(), 4)), table[0]);
-  // Content computed twice: the second commit is refused and the block stays unkeyed.
-  EXPECT_FALSE(pool.commit(got[0], k0, std::span<const int32_t>(tokens.data(), 4)));
-  EXPECT_EQ(pool.evict(5), 1);  // only table[0] is still cached
-  EXPECT_TRUE(pool.match_prefix(tokens).empty());
+  // Content computed twice while the indexed copy is only cached: the live copy takes the key
+  // over and the cached one becomes free (a prefix must not hang on the block evicted first).
+  const std::span<const int32_t> blk0(tokens.data(), 4);
+  EXPECT_TRUE(pool.commit(got[0], k0, blk0));
+  EXPECT_TRUE(pool.is_keyed(got[0]));
+  EXPECT_FALSE(pool.is_keyed(table[0]));
+  EXPECT_EQ(pool.ref_count(table[0]), 0);
+  EXPECT_EQ(pool.stats().cached, 0);
+  EXPECT_EQ(pool.lookup(k0, blk0), got[0]);
+  EXPECT_EQ(pool.match_prefix(tokens), (std::vector<int32_t>{got[0], table[1]}));
+  EXPECT_EQ(pool.check_invariants(), "");
+  // While the indexed copy is held, a second copy is refused and stays unkeyed.
+  std::vector<int32_t> third;
+  ASSERT_TRUE(pool.allocate(1, third));
+  EXPECT_EQ(third[0], table[0]);  // the freed copy is handed out first
+  EXPECT_FALSE(pool.commit(third[0], k0, blk0));
+  EXPECT_FALSE(pool.is_keyed(third[0]));
+  EXPECT_EQ(pool.lookup(k0, blk0), got[0]);
   EXPECT_EQ(pool.check_invariants(), "");
 }
 
@@ -215,10 +229,19 @@ TEST(BlockPool, RandomizedAgainstAModel) {
           parent = block_key(parent, 0, {}, blk);
           const int32_t id = table[static_cast<size_t>(b)];
           if (b < static_cast<int32_t>(hit.size())) continue;
-          bool exists = false;
-          for (const auto& [kid, key] : m.keyed) exists |= key == parent;
-          EXPECT_EQ(pool.commit(id, parent, blk), !exists);
-          if (!exists) m.keyed[id] = parent;
+          int32_t holder = -1;
+          for (const auto& [kid, key] : m.keyed)
+            if (key == parent) holder = kid;
+          // A held copy keeps the key; a cached one hands it over and becomes free.
+          const bool held = holder >= 0 && m.refs()[static_cast<size_t>(holder)] > 0;
+          EXPECT_EQ(pool.commit(id, parent, blk), !held);
+          if (holder >= 0 && !held) {
+            m.keyed.erase(holder);
+            auto it = std::find(m.cached_order.begin(), m.cached_order.end(), holder);
+            ASSERT_NE(it, m.cached_order.end());
+            m.cached_order.erase(it);
+          }
+          if (!held) m.keyed[id] = parent;
         }
         m.tables.push_back(std::move(table));
       }

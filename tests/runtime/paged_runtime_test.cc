@@ -193,6 +193,34 @@ TEST(PagedRuntime, SharedPrefixOf2000TokensPrefillsOnlyTheSuffixAndEqualsAColdRu
   EXPECT_EQ(store.check_invariants(), "");
 }
 
+// A prompt prefilled again without a prefix lookup while its first copy is still cached, in a
+// full pool: the recomputation evicts the old copy (least recently released) chunk by chunk,
+// and each new block must take its key over from the cached copy — refused, the new blocks
+// stayed unkeyed and the whole prefix was lost (reuse 0; found by the TTFT benchmark's
+// harness).
+TEST(PagedRuntime, RecomputedPromptKeepsItsPrefixUnderPressure) {
+  const LoadedModel m = load_model("dummy:tiny");
+  const LlamaModel& model = *m.model;
+  SessionConfig sc;
+  sc.cache = "paged";
+  sc.max_cache_len = 4000;  // room for two 2,000-token prompts
+  const int64_t vocab = model.config().vocab_size;
+  const std::vector<int32_t> a = ids_of(2000, vocab, 11), cold = ids_of(2000, vocab, 12);
+  std::vector<int32_t> b(a.begin(), a.begin() + 1800);
+  const std::vector<int32_t> tail = ids_of(200, vocab, 13);
+  b.insert(b.end(), tail.begin(), tail.end());
+
+  Session s(model, sc);
+  s.prefill(a);
+  s.reset();
+  s.prefill(cold);  // the pool is now full of cached blocks, a's the least recent
+  s.reset();
+  s.prefill(a);  // a again, computed instead of looked up: it evicts its own old copies
+  s.reset();
+  EXPECT_EQ(s.reuse_prefix(b), 1792);  // 112 full blocks of the 1,800 shared tokens
+  EXPECT_EQ(s.paged_store()->check_invariants(), "");
+}
+
 TEST(PagedRuntime, PlannerPredictionIsWhatGetsAllocated) {
   const LoadedModel m = load_model("dummy:tiny");
   const ModelConfig& c = m.model->config();
