@@ -24,13 +24,16 @@
 #include "core/error.h"
 #include "model/dummy.h"
 #include "model/model_file.h"
+#include "golden_util.h"
 #include "runtime/engine.h"
+#include "runtime/generate.h"
 #include "runtime/session.h"
 
 namespace kvcache {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_util::bits_equal;
 
 std::unique_ptr<LlamaModel> load_preset(const std::string& preset) {
   static const std::string dir =
@@ -49,18 +52,7 @@ std::vector<int32_t> prompt(int64_t n, int32_t vocab, int32_t salt = 11) {
   return ids;
 }
 
-bool bits_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
-double rel_diff(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, static_cast<double>(std::fabs(a[i] - b[i])));
-    den = std::max(den, static_cast<double>(std::fabs(b[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
 
 int32_t argmax(std::span<const float> v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
@@ -98,7 +90,7 @@ TEST_P(PagedFamilies, PagedEqualsDenseBitForBit) {
     const auto d = dense.decode(ids[i]);
     want.assign(d.begin(), d.end());
     const auto got = paged.decode(ids[i]);
-    EXPECT_TRUE(bits_equal(got, want)) << GetParam() << " token " << i << " rel " << rel_diff(got, want);
+    EXPECT_TRUE(bits_equal(got, want)) << GetParam() << " token " << i << " rel " << max_rel_diff(got, want);
   }
   EXPECT_EQ(paged.paged_store()->check_invariants(), "");
 }
@@ -164,7 +156,7 @@ TEST_P(PagedFamilies, VarlenBatchEqualsDenseRunsAlone) {
     for (int64_t i = 0; i < B; ++i) {
       const auto row = l.subspan(static_cast<size_t>(i) * V, V);
       const auto& want = ref[static_cast<size_t>(i)][static_cast<size_t>(t + 1)];
-      EXPECT_TRUE(bits_equal(row, want)) << GetParam() << " step " << t << " row " << i << " rel " << rel_diff(row, want);
+      EXPECT_TRUE(bits_equal(row, want)) << GetParam() << " step " << t << " row " << i << " rel " << max_rel_diff(row, want);
       ++pos[static_cast<size_t>(i)];
     }
   }
@@ -191,7 +183,7 @@ TEST_P(PagedFamilies, PrefixHitEqualsColdRun) {
   // needs the blocks of the last W − 1 positions before the hit, which stay cached too.
   EXPECT_EQ(hit, 18) << GetParam();  // 19 tokens may be reused (the last is computed): 6 blocks of 3
   const auto warm = s.prefill({ids.data() + hit, ids.size() - static_cast<size_t>(hit)});
-  EXPECT_LE(rel_diff(warm, cold), 1e-5) << GetParam();
+  EXPECT_LE(max_rel_diff(warm, cold), 1e-5) << GetParam();
   EXPECT_EQ(s.paged_store()->check_invariants(), "");
 }
 

@@ -22,6 +22,7 @@
 #include "model/hf_config.h"
 #include "model/kv_plan.h"
 #include "model/model_file.h"
+#include "runtime/generate.h"
 #include "runtime/session.h"
 
 namespace kvcache {
@@ -43,15 +44,6 @@ std::unique_ptr<LlamaModel> load_preset(const std::string& preset) {
   return std::make_unique<LlamaModel>(open_model_file(build_dummy_model(o)));
 }
 
-// max |a - b| / max |b|: relative to the logit scale of the row set.
-double rel_diff(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, static_cast<double>(std::fabs(a[i] - b[i])));
-    den = std::max(den, static_cast<double>(std::fabs(b[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
 
 std::vector<int32_t> prompt(int64_t n, int32_t vocab) {
   std::vector<int32_t> ids;
@@ -74,7 +66,7 @@ TEST_P(Families, ForwardMatchesIndependentReference) {
     p.logits = LogitsMode::kAll;
     const std::span<const float> got = fwd.forward(p);
     ASSERT_EQ(got.size(), ref.size());
-    EXPECT_LE(rel_diff(got, ref), 1e-5) << GetParam() << " " << kernel;
+    EXPECT_LE(max_rel_diff(got, ref), 1e-5) << GetParam() << " " << kernel;
   }
 }
 
@@ -103,9 +95,9 @@ TEST_P(Families, CachedDecodeEqualsNoCacheForward) {
         const auto b = token_by_token.decode(ids[i]);
         const std::vector<int32_t> head(ids.begin(), ids.begin() + static_cast<int64_t>(i) + 1);
         const auto want = recompute_last_logits(oracle, head);
-        EXPECT_LE(rel_diff(b, want), 1e-5) << GetParam() << " " << cache << " " << kernel << " token " << i;
+        EXPECT_LE(max_rel_diff(b, want), 1e-5) << GetParam() << " " << cache << " " << kernel << " token " << i;
         if (!a.empty()) {
-          EXPECT_LE(rel_diff(a, want), 1e-5) << GetParam() << " " << cache << " " << kernel << " token " << i;
+          EXPECT_LE(max_rel_diff(a, want), 1e-5) << GetParam() << " " << cache << " " << kernel << " token " << i;
         }
       }
     }
@@ -185,7 +177,7 @@ TEST(KvSharing, SharedLayersReadTheirSourceAndStoreNothing) {
   p.tokens = ids.data();
   p.n_tokens = static_cast<int64_t>(ids.size());
   p.logits = LogitsMode::kAll;
-  EXPECT_LE(rel_diff(fwd.forward(p), ref), 1e-5);
+  EXPECT_LE(max_rel_diff(fwd.forward(p), ref), 1e-5);
   const std::vector<float> last(ref.end() - c.vocab_size, ref.end());
   for (const char* cache : {"dynamic", "static", "paged"}) {
     SessionConfig sc;
@@ -198,7 +190,7 @@ TEST(KvSharing, SharedLayersReadTheirSourceAndStoreNothing) {
     s.prefill({ids.data(), 11});
     std::span<const float> l;
     for (size_t i = 11; i < ids.size(); ++i) l = s.decode(ids[i]);
-    EXPECT_LE(rel_diff(l, last), 1e-5) << cache;
+    EXPECT_LE(max_rel_diff(l, last), 1e-5) << cache;
   }
   // 2·(L − L_s)·H_kv·d_h·b per token.
   const int64_t S = c.sliding_window - 1;
@@ -236,10 +228,10 @@ TEST(MixedWindows, ChunkedSlidingAndFullLayersMatchTheReference) {
     sc.prefill_chunk = 7;
     Session s(model, sc);
     const std::span<const float> all = s.forward_all({ids.data(), 9});
-    EXPECT_LE(rel_diff(all, {ref.data(), all.size()}), 1e-5) << cache;
+    EXPECT_LE(max_rel_diff(all, {ref.data(), all.size()}), 1e-5) << cache;
     for (size_t i = 9; i < ids.size(); ++i) {
       const auto l = s.decode(ids[i]);
-      EXPECT_LE(rel_diff(l, {ref.data() + i * static_cast<size_t>(c.vocab_size), l.size()}), 1e-5) << cache << " " << i;
+      EXPECT_LE(max_rel_diff(l, {ref.data() + i * static_cast<size_t>(c.vocab_size), l.size()}), 1e-5) << cache << " " << i;
     }
   }
 }

@@ -1,17 +1,26 @@
-// Shared helpers for tests on ../shared (stories260K and llama2.c's golden outputs).
+// Shared helpers of the runtime tests: ../shared's data (stories260K and llama2.c's golden
+// outputs) and comparisons of logits.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
 
 namespace kvcache::testing_util {
+
+// Bit-for-bit equality of two logit rows (the normwise relative difference is
+// kvcache::max_rel_diff, runtime/generate.h).
+inline bool bits_equal(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
 
 inline std::string shared_dir() { return KVCACHE_SHARED_DIR; }
 inline std::string stories_dir() { return shared_dir() + "/models/stories260K"; }

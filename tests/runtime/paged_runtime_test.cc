@@ -19,6 +19,8 @@
 namespace kvcache {
 namespace {
 
+using testing_util::bits_equal;
+
 std::vector<int32_t> ids_of(int64_t n, int64_t vocab, uint64_t seed) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& x : t) {
@@ -32,9 +34,6 @@ int32_t argmax(std::span<const float> v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-bool bits_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 // Three sequences of different prompt lengths: dense sessions one by one vs one paged cache
 // that prefills each sequence alone and then decodes all three as one varlen batch (B = 3:

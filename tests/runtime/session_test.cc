@@ -6,21 +6,12 @@
 
 #include "golden_util.h"
 #include "model/llama2c.h"
+#include "runtime/generate.h"
 #include "runtime/session.h"
 #include "core/error.h"
 
 namespace kvcache {
 namespace {
-
-// max_i |a_i - b_i| / max_i |b_i|: the normwise relative difference --verify reports.
-double max_rel_diff(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, double(std::fabs(a[i] - b[i])));
-    den = std::max(den, double(std::fabs(b[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
 
 TEST(Session, PrefillThenDecodeEqualsTokenByTokenAndRecompute) {
   KVCACHE_REQUIRE_STORIES();
