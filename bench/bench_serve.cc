@@ -15,7 +15,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -28,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_main.h"
 #include "core/thread_pool.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
@@ -219,8 +219,7 @@ static int run(const Args& a) {
   return 0;
 }
 
-// Options through CLI11 (a bad value is a usage error, exit 2); errors while loading or running
-// (kvcache::Error, std::exception) are printed and exit 2 instead of ending in std::terminate.
+// Exit codes: see bench_main.h (a bad value or a failed run: a message and exit 2).
 int main(int argc, char** argv) {
   Args a;
   CLI::App app{"bench_serve: N concurrent streams through kvcache serve"};
@@ -241,15 +240,5 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_flag("--fast", a.fast, "batch_invariant off (BLAS for multi-row linears)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad option or value: the message, exit 2
-  }
-  try {
-    return run(a);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_serve: %s\n", e.what());
-    return 2;
-  }
+  return kvcache::bench::parse_and_run(app, argc, argv, "bench_serve", [&] { return run(a); });
 }
