@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/gemm_packed.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -465,6 +466,10 @@ void matmul(const MatmulParams& p) {
       const int64_t r0 = t * rows_per_task;
       gemm(r0, std::min(p.n, r0 + rows_per_task));
     });
+    return;
+  }
+  if (p.allow_blas && p.m >= kBlasMinRows && gemm_packed_available()) {
+    gemm_packed(p, nt <= 1 || macs < kMinParallelMacs ? nullptr : &pool);
     return;
   }
   const size_t rb = row_bytes(p.w_dtype, p.k);

@@ -1,0 +1,249 @@
+#include "kernels/gemm_packed.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define KVCACHE_GEMM_AVX2 1
+#endif
+
+namespace kvcache {
+
+#ifdef KVCACHE_GEMM_AVX2
+namespace {
+
+constexpr int kNr = 16;  // W rows per micro-panel: two 8-lane vectors
+constexpr int kMr = 6;
+constexpr int64_t kBlockM = 96;  // x rows per pass over the packed block (x block in L2)   // x rows per micro-tile: 6 x 2 accumulators + 2 W vectors + 1 broadcast
+
+// Elements [k0, k0 + kc) of W row r as f32.
+void dequantize_segment(const MatmulParams& p, int64_t r, int64_t k0, int64_t kc, float* dst) {
+  const auto* row = static_cast<const std::byte*>(p.w) + static_cast<size_t>(r) * dtype_bytes(p.w_dtype, p.k);
+  switch (p.w_dtype) {
+    case DType::kF32: std::memcpy(dst, row + k0 * 4, static_cast<size_t>(kc) * 4); return;
+    case DType::kF16:
+    case DType::kBF16: dequantize_row(row + k0 * 2, p.w_dtype, dst, kc); return;
+    case DType::kQ8_0: dequantize_row(row + (k0 / 32) * sizeof(BlockQ8_0), p.w_dtype, dst, kc); return;
+  }
+  KV_CHECK(false, "gemm_packed: unknown weight dtype");
+}
+
+// dst[c * 16 + i] = r[i][c]: eight vectors become eight columns of a micro-panel.
+inline void transpose8x8(const __m256 (&r)[8], float* dst) {
+  __m256 t[8], s[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    const int b = 4 * h;
+    s[b + 0] = _mm256_shuffle_ps(t[b + 0], t[b + 2], 0x44);
+    s[b + 1] = _mm256_shuffle_ps(t[b + 0], t[b + 2], 0xEE);
+    s[b + 2] = _mm256_shuffle_ps(t[b + 1], t[b + 3], 0x44);
+    s[b + 3] = _mm256_shuffle_ps(t[b + 1], t[b + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * kNr, _mm256_permute2f128_ps(s[i], s[4 + i], 0x20));
+    _mm256_storeu_ps(dst + (4 + i) * kNr, _mm256_permute2f128_ps(s[i], s[4 + i], 0x31));
+  }
+}
+
+// Packs W rows [r0, r0 + rows) x k [k0, k0 + kc) as micro-panels of kNr rows:
+// panel[(s * kc + kk) * kNr + c] = W[r0 + s * kNr + c][k0 + kk]; rows past the end are zero.
+void pack_block(const MatmulParams& p, int64_t r0, int64_t rows, int64_t k0, int64_t kc, float* panel,
+                float* tmp) {
+  for (int64_t s0 = 0; s0 < rows; s0 += kNr) {
+    const int64_t nr = std::min<int64_t>(kNr, rows - s0);
+    if (p.w_dtype == DType::kF16 && nr == kNr && kc % 8 == 0) {
+      // f16 rows widened in registers and transposed straight into the panel (no f32 row copy).
+      const auto* w = static_cast<const f16_t*>(p.w) + (r0 + s0) * p.k + k0;
+      float* dst = panel + (s0 / kNr) * kc * kNr;
+      for (int64_t kk = 0; kk < kc; kk += 8) {
+        for (int h = 0; h < 2; ++h) {
+          __m256 r[8];
+          for (int i = 0; i < 8; ++i)
+            r[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (8 * h + i) * p.k + kk)));
+          transpose8x8(r, dst + kk * kNr + 8 * h);
+        }
+      }
+      continue;
+    }
+    for (int64_t c = 0; c < kNr; ++c) {
+      float* t = tmp + c * kc;
+      if (c < nr) {
+        dequantize_segment(p, r0 + s0 + c, k0, kc, t);
+      } else {
+        std::fill(t, t + kc, 0.0f);
+      }
+    }
+    float* dst = panel + (s0 / kNr) * kc * kNr;
+    int64_t kk = 0;
+    for (; kk + 8 <= kc; kk += 8) {
+      for (int h = 0; h < 2; ++h) {
+        __m256 r[8];
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(tmp + (8 * h + i) * kc + kk);
+        transpose8x8(r, dst + kk * kNr + 8 * h);
+      }
+    }
+    for (; kk < kc; ++kk)
+      for (int c = 0; c < kNr; ++c) dst[kk * kNr + c] = tmp[c * kc + kk];
+  }
+}
+
+// y[6 x 16] (row stride ldy) = (accumulate ? y : 0) + a · b over kc steps, where a[kk * 6 + i]
+// is x row i at column kk (a packed tile of x) and b[kk * 16 + c] is W row c (a micro-panel).
+// Twelve named accumulators: with arrays indexed in a loop GCC kept them on the stack, a store
+// per FMA (33 GF/s on one core against 90 written out; the core's peak is ~100).
+inline void micro_kernel(const float* a, const float* b, int64_t kc, float* y, int64_t ldy, bool accumulate) {
+  __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+  if (accumulate) {
+    c00 = _mm256_loadu_ps(y + 0 * ldy); c01 = _mm256_loadu_ps(y + 0 * ldy + 8);
+    c10 = _mm256_loadu_ps(y + 1 * ldy); c11 = _mm256_loadu_ps(y + 1 * ldy + 8);
+    c20 = _mm256_loadu_ps(y + 2 * ldy); c21 = _mm256_loadu_ps(y + 2 * ldy + 8);
+    c30 = _mm256_loadu_ps(y + 3 * ldy); c31 = _mm256_loadu_ps(y + 3 * ldy + 8);
+    c40 = _mm256_loadu_ps(y + 4 * ldy); c41 = _mm256_loadu_ps(y + 4 * ldy + 8);
+    c50 = _mm256_loadu_ps(y + 5 * ldy); c51 = _mm256_loadu_ps(y + 5 * ldy + 8);
+  } else {
+    c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < kc; ++kk, a += kMr, b += kNr) {
+    const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+    __m256 x = _mm256_broadcast_ss(a + 0);
+    c00 = _mm256_fmadd_ps(x, b0, c00); c01 = _mm256_fmadd_ps(x, b1, c01);
+    x = _mm256_broadcast_ss(a + 1);
+    c10 = _mm256_fmadd_ps(x, b0, c10); c11 = _mm256_fmadd_ps(x, b1, c11);
+    x = _mm256_broadcast_ss(a + 2);
+    c20 = _mm256_fmadd_ps(x, b0, c20); c21 = _mm256_fmadd_ps(x, b1, c21);
+    x = _mm256_broadcast_ss(a + 3);
+    c30 = _mm256_fmadd_ps(x, b0, c30); c31 = _mm256_fmadd_ps(x, b1, c31);
+    x = _mm256_broadcast_ss(a + 4);
+    c40 = _mm256_fmadd_ps(x, b0, c40); c41 = _mm256_fmadd_ps(x, b1, c41);
+    x = _mm256_broadcast_ss(a + 5);
+    c50 = _mm256_fmadd_ps(x, b0, c50); c51 = _mm256_fmadd_ps(x, b1, c51);
+  }
+  _mm256_storeu_ps(y + 0 * ldy, c00); _mm256_storeu_ps(y + 0 * ldy + 8, c01);
+  _mm256_storeu_ps(y + 1 * ldy, c10); _mm256_storeu_ps(y + 1 * ldy + 8, c11);
+  _mm256_storeu_ps(y + 2 * ldy, c20); _mm256_storeu_ps(y + 2 * ldy + 8, c21);
+  _mm256_storeu_ps(y + 3 * ldy, c30); _mm256_storeu_ps(y + 3 * ldy + 8, c31);
+  _mm256_storeu_ps(y + 4 * ldy, c40); _mm256_storeu_ps(y + 4 * ldy + 8, c41);
+  _mm256_storeu_ps(y + 5 * ldy, c50); _mm256_storeu_ps(y + 5 * ldy + 8, c51);
+}
+// x rows [m0, m1) x k [k0, k0 + kc) as tiles of kMr rows: a[(t * kc + kk) * kMr + i] =
+// x[m0 + t * kMr + i][k0 + kk]. Unpacked, a tile's rows sit ldx apart — 8 KiB for K = 2,048, the
+// same L1 and L2 sets for every row — and thrash both caches (-25% measured on the FFN down
+// projection of llama-125m); packed, a tile is one contiguous stream.
+void pack_x(const MatmulParams& p, int64_t m0, int64_t m1, int64_t k0, int64_t kc, float* a) {
+  for (int64_t t0 = m0; t0 < m1; t0 += kMr) {
+    const int64_t mr = std::min<int64_t>(kMr, m1 - t0);
+    float* dst = a + (t0 - m0) * kc;
+    if (mr == kMr) {
+      const float* src[kMr];
+      for (int i = 0; i < kMr; ++i) src[i] = p.x + (t0 + i) * p.ldx + k0;
+      for (int64_t kk = 0; kk < kc; ++kk, dst += kMr)
+        for (int i = 0; i < kMr; ++i) dst[i] = src[i][kk];
+      continue;
+    }
+    for (int64_t kk = 0; kk < kc; ++kk, dst += kMr)  // the last tile: missing rows are zeros
+      for (int64_t i = 0; i < kMr; ++i) dst[i] = i < mr ? p.x[(t0 + i) * p.ldx + k0 + kk] : 0.0f;
+  }
+}
+
+// 64-byte aligned per-thread buffers (the micro-kernel loads the panel aligned).
+float* scratch(std::vector<float>& v, size_t n) {
+  if (v.size() < n + 16) v.resize(n + 16);
+  auto addr = reinterpret_cast<uintptr_t>(v.data());
+  return v.data() + ((64 - addr % 64) % 64) / sizeof(float);
+}
+
+// W rows [b0, b0 + rows) for every row of x, from x packed by pack_x (chunk k0 at m_pad * k0).
+void gemm_block(const MatmulParams& p, const float* a_pack, int64_t m_pad, int64_t b0, int64_t rows) {
+  thread_local std::vector<float> panel_buf, tmp_buf;
+  float* panel = scratch(panel_buf, static_cast<size_t>(kPackRows * kPackK));
+  float* tmp = scratch(tmp_buf, static_cast<size_t>(kNr * kPackK));
+  alignas(32) float edge[kMr * kNr] = {};  // a micro-tile past the last row of x or W
+  for (int64_t k0 = 0; k0 < p.k; k0 += kPackK) {
+    const int64_t kc = std::min(kPackK, p.k - k0);
+    const bool accumulate = k0 > 0;
+    const float* a_chunk = a_pack + m_pad * k0;
+    pack_block(p, b0, rows, k0, kc, panel, tmp);
+    for (int64_t m0 = 0; m0 < p.m; m0 += kBlockM) {
+      const int64_t m1 = std::min(p.m, m0 + kBlockM);
+      for (int64_t s0 = 0; s0 < rows; s0 += kNr) {
+        const float* sub = panel + (s0 / kNr) * kc * kNr;
+        const int64_t nr = std::min<int64_t>(kNr, rows - s0);
+        for (int64_t i = m0; i < m1; i += kMr) {
+          const int mr = static_cast<int>(std::min<int64_t>(kMr, m1 - i));
+          const float* a_tile = a_chunk + i * kc;
+          float* y = p.y + i * p.ldy + b0 + s0;
+          if (accumulate && i + kMr < m1) {  // the next tile's y rows, for its accumulate loads
+            for (int r = 0; r < kMr; ++r)
+              _mm_prefetch(reinterpret_cast<const char*>(y + (kMr + r) * p.ldy), _MM_HINT_T0);
+          }
+          if (nr == kNr && mr == kMr) {
+            micro_kernel(a_tile, sub, kc, y, p.ldy, accumulate);
+            continue;
+          }
+          for (int r = 0; r < mr; ++r)
+            for (int64_t c = 0; c < nr; ++c) edge[r * kNr + c] = accumulate ? y[r * p.ldy + c] : 0.0f;
+          micro_kernel(a_tile, sub, kc, edge, kNr, accumulate);
+          for (int r = 0; r < mr; ++r)
+            for (int64_t c = 0; c < nr; ++c) y[r * p.ldy + c] = edge[r * kNr + c];
+        }
+      }
+    }
+  }
+  if (p.bias != nullptr) {
+    for (int64_t i = 0; i < p.m; ++i)
+      for (int64_t r = b0; r < b0 + rows; ++r) p.y[i * p.ldy + r] += p.bias[r];
+  }
+}
+
+}  // namespace
+
+bool gemm_packed_available() { return true; }
+
+void gemm_packed(const MatmulParams& p, ThreadPool* pool) {
+  KV_CHECK(p.w_dtype != DType::kQ8_0 || p.k % 32 == 0, "q8_0 row length must be a multiple of 32");
+  // x is packed once per call, shared by every task (the caller's buffer: the pool's workers
+  // only read it while the caller waits in parallel_for).
+  thread_local std::vector<float> a_buf;
+  const int64_t m_tiles = (p.m + kMr - 1) / kMr, m_pad = m_tiles * kMr;
+  float* a_pack = scratch(a_buf, static_cast<size_t>(m_pad * p.k));
+  const int64_t n_chunks = (p.k + kPackK - 1) / kPackK;
+  constexpr int64_t kPackTiles = 16;  // tiles of x per packing task
+  const int64_t tile_groups = (m_tiles + kPackTiles - 1) / kPackTiles;
+  auto pack = [&](int64_t t) {
+    const int64_t k0 = (t % n_chunks) * kPackK, kc = std::min(kPackK, p.k - k0);
+    const int64_t m0 = (t / n_chunks) * kPackTiles * kMr, m1 = std::min(p.m, m0 + kPackTiles * kMr);
+    pack_x(p, m0, m1, k0, kc, a_pack + m_pad * k0 + m0 * kc);
+  };
+  const int64_t n_blocks = (p.n + kPackRows - 1) / kPackRows;
+  auto block = [&](int64_t t) {
+    const int64_t b0 = t * kPackRows;
+    gemm_block(p, a_pack, m_pad, b0, std::min(kPackRows, p.n - b0));
+  };
+  if (pool == nullptr || pool->n_threads() <= 1) {
+    for (int64_t t = 0; t < n_chunks * tile_groups; ++t) pack(t);
+    for (int64_t t = 0; t < n_blocks; ++t) block(t);
+    return;
+  }
+  pool->parallel_for(n_chunks * tile_groups, pack);
+  pool->parallel_for(n_blocks, block);
+}
+
+#else  // no AVX2: matmul() keeps the sgemm path
+
+bool gemm_packed_available() { return false; }
+
+void gemm_packed(const MatmulParams&, ThreadPool*) {
+  KV_CHECK(false, "gemm_packed: this build has no AVX2/FMA/F16C");
+}
+
+#endif
+
+}  // namespace kvcache

@@ -1,0 +1,39 @@
+// Prefill GEMM over 16-bit and q8_0 weights without a widened copy of W: y[M, N] = x[M, K] ·
+// W[N, K]^T.
+//
+// The classic register-blocked layout (BLIS's "6 x 16" AVX2 micro-kernel shape: 12 accumulators,
+// two vectors of W, one broadcast of x): W is dequantised, a block of kPackRows rows x kPackK
+// columns at a time, straight into the micro-kernel's panel layout ([16 rows interleaved] per k,
+// L2-resident) and then meets every row of x, so each weight is converted once per call and
+// never written to memory as f32. The earlier path (dequantise blocks of up to 2,048 rows into an
+// f32 scratch, then OpenBLAS sgemm, which packs both operands again) spent a quarter of prefill
+// moving data.
+//
+// Arithmetic: each output is one fused multiply-add chain over k in increasing order, starting
+// from 0 (then + bias), whatever M, the tile it falls in or the thread count — so a row of x
+// gets the same bits alone or in a batch (not the bits of dot_row, whose four interleaved
+// accumulators the GEMV path keeps). Tolerance against matmul_reference: matmul()'s
+// (1e-5 * sum |x w| + 1e-6 per output).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/matmul.h"
+
+namespace kvcache {
+
+class ThreadPool;
+
+// False when the build has no AVX2/FMA/F16C (then matmul() keeps the sgemm path).
+bool gemm_packed_available();
+
+// y = x · W^T (+ bias) for W of dtype f16, bf16, q8_0 or f32, on `pool` (nullptr or one
+// thread: the caller alone). x is first packed into the micro-kernel's tile layout (M x K floats
+// of the caller's thread-local scratch, shared by the tasks); then blocks of kPackRows W rows are
+// handed out, each thread packing its block's weights into its own L2-sized scratch.
+void gemm_packed(const MatmulParams& p, ThreadPool* pool);
+
+inline constexpr int64_t kPackRows = 128;  // W rows per packed block (multiple of 16)
+inline constexpr int64_t kPackK = 256;     // k per packed block (multiple of 32 for q8_0)
+
+}  // namespace kvcache

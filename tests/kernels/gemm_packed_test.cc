@@ -1,0 +1,128 @@
+#include "kernels/gemm_packed.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+namespace kvcache {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<std::byte> make_weights(const std::vector<float>& w, DType t, int64_t n, int64_t k) {
+  std::vector<std::byte> out(dtype_bytes(t, n * k));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* src = w.data() + r * k;
+    std::byte* dst = out.data() + static_cast<size_t>(r) * dtype_bytes(t, k);
+    switch (t) {
+      case DType::kF32: std::memcpy(dst, src, static_cast<size_t>(k) * 4); break;
+      case DType::kF16: f32_to_f16_n(src, reinterpret_cast<f16_t*>(dst), static_cast<size_t>(k)); break;
+      case DType::kBF16: f32_to_bf16_n(src, reinterpret_cast<bf16_t*>(dst), static_cast<size_t>(k)); break;
+      case DType::kQ8_0: quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k); break;
+    }
+  }
+  return out;
+}
+
+struct Problem {
+  int64_t m, n, k;
+  DType t;
+  std::vector<float> x, bias;
+  std::vector<std::byte> w;
+  int64_t ldx, ldy;
+  Problem(int64_t m_, int64_t n_, int64_t k_, DType t_, uint32_t seed)
+      : m(m_), n(n_), k(k_), t(t_), ldx(k_ + 3), ldy(n_ + 5) {
+    x = randn(static_cast<size_t>(m * ldx), seed);
+    bias = randn(static_cast<size_t>(n), seed + 1);
+    w = make_weights(randn(static_cast<size_t>(n * k), seed + 2), t, n, k);
+  }
+  MatmulParams params(float* y, const float* b) const {
+    MatmulParams p;
+    p.x = x.data();
+    p.ldx = ldx;
+    p.w = w.data();
+    p.w_dtype = t;
+    p.bias = b;
+    p.y = y;
+    p.ldy = ldy;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    return p;
+  }
+};
+
+// The contract in gemm_packed.h: every output is fmaf(x_j, w_j, acc) for j ascending from
+// acc = 0, then + bias — exactly, for any M, tile position, block of k and thread count.
+float fma_chain(const Problem& pr, int64_t i, int64_t r) {
+  std::vector<float> wrow(static_cast<size_t>(pr.k));
+  dequantize_row(pr.w.data() + static_cast<size_t>(r) * dtype_bytes(pr.t, pr.k), pr.t, wrow.data(), pr.k);
+  float acc = 0.0f;
+  for (int64_t j = 0; j < pr.k; ++j) acc = std::fmaf(pr.x[i * pr.ldx + j], wrow[j], acc);
+  return acc;
+}
+
+class GemmPackedTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(GemmPackedTest, EachOutputIsOneFmaChainOverK) {
+  if (!gemm_packed_available()) GTEST_SKIP() << "build without AVX2/FMA/F16C: matmul keeps sgemm";
+  const DType t = GetParam();
+  ThreadPool pool(3);
+  // Odd M (partial 6-row tiles), N past a 128-row block and not a multiple of 16, K past one
+  // 256-wide block (multiples of 32 only for q8_0).
+  struct Case {
+    int64_t m, n, k;
+  };
+  const Case cases[] = {{1, 17, 64}, {7, 131, 288}, {13, 269, 544}, {100, 45, 96}, {6, 16, 800}};
+  uint32_t seed = 40;
+  for (const Case& c : cases) {
+    const Problem pr(c.m, c.n, c.k, t, seed += 3);
+    std::vector<float> y(static_cast<size_t>(c.m * pr.ldy), -7.0f);
+    gemm_packed(pr.params(y.data(), c.m % 2 ? pr.bias.data() : nullptr), &pool);
+    for (int64_t i = 0; i < c.m; ++i) {
+      for (int64_t r = 0; r < c.n; ++r) {
+        const float want = fma_chain(pr, i, r) + (c.m % 2 ? pr.bias[r] : 0.0f);
+        ASSERT_EQ(y[i * pr.ldy + r], want) << "m " << c.m << " n " << c.n << " k " << c.k << " at " << i << "," << r;
+      }
+      for (int64_t r = c.n; r < pr.ldy; ++r) ASSERT_EQ(y[i * pr.ldy + r], -7.0f) << "padding written";
+    }
+  }
+}
+
+TEST_P(GemmPackedTest, RowsOfABatchEqualEachRowAloneForAnyThreadCount) {
+  if (!gemm_packed_available()) GTEST_SKIP() << "build without AVX2/FMA/F16C: matmul keeps sgemm";
+  const Problem pr(23, 150, 320, GetParam(), 7);
+  ThreadPool two(2), one(1);
+  std::vector<float> batch(static_cast<size_t>(pr.m * pr.ldy), 0.0f);
+  gemm_packed(pr.params(batch.data(), pr.bias.data()), &two);
+  std::vector<float> serial(batch.size(), 0.0f);
+  gemm_packed(pr.params(serial.data(), pr.bias.data()), &one);
+  EXPECT_EQ(batch, serial);
+  for (int64_t i = 0; i < pr.m; ++i) {
+    MatmulParams p = pr.params(nullptr, pr.bias.data());
+    std::vector<float> alone(static_cast<size_t>(pr.n));
+    p.x = pr.x.data() + i * pr.ldx;
+    p.m = 1;
+    p.y = alone.data();
+    gemm_packed(p, nullptr);
+    for (int64_t r = 0; r < pr.n; ++r) ASSERT_EQ(alone[r], batch[i * pr.ldy + r]) << "row " << i << " col " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllWeightTypes, GemmPackedTest,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace kvcache
