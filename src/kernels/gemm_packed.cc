@@ -18,8 +18,8 @@ namespace kvcache {
 namespace {
 
 constexpr int kNr = 16;  // W rows per micro-panel: two 8-lane vectors
-constexpr int kMr = 6;
-constexpr int64_t kBlockM = 96;  // x rows per pass over the packed block (x block in L2)   // x rows per micro-tile: 6 x 2 accumulators + 2 W vectors + 1 broadcast
+constexpr int kMr = 6;   // x rows per micro-tile: 6 x 2 accumulators + 2 W vectors + 1 broadcast
+constexpr int64_t kBlockM = 96;  // x rows per pass over a micro-panel (which stays in L1)
 
 // Elements [k0, k0 + kc) of W row r as f32.
 void dequantize_segment(const MatmulParams& p, int64_t r, int64_t k0, int64_t kc, float* dst) {
@@ -33,8 +33,8 @@ void dequantize_segment(const MatmulParams& p, int64_t r, int64_t k0, int64_t kc
   KV_CHECK(false, "gemm_packed: unknown weight dtype");
 }
 
-// dst[c * 16 + i] = r[i][c]: eight vectors become eight columns of a micro-panel.
-inline void transpose8x8(const __m256 (&r)[8], float* dst) {
+// o[c][i] = r[i][c]: the 8 x 8 transpose of eight vectors.
+inline void transpose8x8(const __m256 (&r)[8], __m256 (&o)[8]) {
   __m256 t[8], s[8];
   for (int i = 0; i < 4; ++i) {
     t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -48,9 +48,16 @@ inline void transpose8x8(const __m256 (&r)[8], float* dst) {
     s[b + 3] = _mm256_shuffle_ps(t[b + 1], t[b + 3], 0xEE);
   }
   for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst + i * kNr, _mm256_permute2f128_ps(s[i], s[4 + i], 0x20));
-    _mm256_storeu_ps(dst + (4 + i) * kNr, _mm256_permute2f128_ps(s[i], s[4 + i], 0x31));
+    o[i] = _mm256_permute2f128_ps(s[i], s[4 + i], 0x20);
+    o[4 + i] = _mm256_permute2f128_ps(s[i], s[4 + i], 0x31);
   }
+}
+
+// dst[c * 16 + i] = r[i][c]: eight vectors (W rows) become eight k steps of a micro-panel.
+inline void transpose_to_panel(const __m256 (&r)[8], float* dst) {
+  __m256 o[8];
+  transpose8x8(r, o);
+  for (int c = 0; c < 8; ++c) _mm256_storeu_ps(dst + c * kNr, o[c]);
 }
 
 // Packs W rows [r0, r0 + rows) x k [k0, k0 + kc) as micro-panels of kNr rows:
@@ -68,7 +75,7 @@ void pack_block(const MatmulParams& p, int64_t r0, int64_t rows, int64_t k0, int
           __m256 r[8];
           for (int i = 0; i < 8; ++i)
             r[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (8 * h + i) * p.k + kk)));
-          transpose8x8(r, dst + kk * kNr + 8 * h);
+          transpose_to_panel(r, dst + kk * kNr + 8 * h);
         }
       }
       continue;
@@ -87,7 +94,7 @@ void pack_block(const MatmulParams& p, int64_t r0, int64_t rows, int64_t k0, int
       for (int h = 0; h < 2; ++h) {
         __m256 r[8];
         for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(tmp + (8 * h + i) * kc + kk);
-        transpose8x8(r, dst + kk * kNr + 8 * h);
+        transpose_to_panel(r, dst + kk * kNr + 8 * h);
       }
     }
     for (; kk < kc; ++kk)
@@ -144,7 +151,21 @@ void pack_x(const MatmulParams& p, int64_t m0, int64_t m1, int64_t k0, int64_t k
     if (mr == kMr) {
       const float* src[kMr];
       for (int i = 0; i < kMr; ++i) src[i] = p.x + (t0 + i) * p.ldx + k0;
-      for (int64_t kk = 0; kk < kc; ++kk, dst += kMr)
+      int64_t kk = 0;
+      // Eight k steps at a time: transpose 6 rows (+2 zero rows), store each step's 6 values
+      // with an 8-wide store that the next step overwrites; the last one masked to 6 lanes so
+      // nothing lands in the next tile (another thread may be packing it).
+      const __m256i six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+      for (; kk + 8 <= kc; kk += 8) {
+        __m256 r[8], o[8];
+        for (int i = 0; i < kMr; ++i) r[i] = _mm256_loadu_ps(src[i] + kk);
+        r[6] = r[7] = _mm256_setzero_ps();
+        transpose8x8(r, o);
+        for (int c = 0; c < 7; ++c) _mm256_storeu_ps(dst + c * kMr, o[c]);
+        _mm256_maskstore_ps(dst + 7 * kMr, six, o[7]);
+        dst += 8 * kMr;
+      }
+      for (; kk < kc; ++kk, dst += kMr)
         for (int i = 0; i < kMr; ++i) dst[i] = src[i][kk];
       continue;
     }
