@@ -57,8 +57,25 @@ TEST(SwiGlu, MatchesDouble) {
     const double want = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
     EXPECT_NEAR(out[i], want, 1e-6 * std::fabs(want) + 1e-7);
   }
+  // An element's value does not depend on n or where it sits (vector body or tail).
+  std::vector<float> shifted(n - 3);
+  swiglu(g.data() + 3, u.data() + 3, shifted.data(), n - 3);
+  EXPECT_EQ(shifted, std::vector<float>(out.begin() + 3, out.end()));
   swiglu(g.data(), u.data(), const_cast<float*>(g.data()), n);  // in place over gate
   EXPECT_EQ(std::vector<float>(g.begin(), g.end()), out);
+}
+
+TEST(SwiGlu, WholeRangeOfGates) {
+  // Gates where exp(-g) underflows, overflows and everything between, in steps of 1/64.
+  std::vector<float> g, u;
+  for (float x = -120.0f; x <= 120.0f; x += 1.0f / 64) g.push_back(x), u.push_back(1.5f);
+  std::vector<float> out(g.size());
+  swiglu(g.data(), u.data(), out.data(), static_cast<int64_t>(g.size()));
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double want = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+    ASSERT_TRUE(std::isfinite(out[i])) << g[i];
+    ASSERT_NEAR(out[i], want, 1e-6 * std::fabs(want) + 1e-7) << "gate " << g[i];
+  }
 }
 
 TEST(Softmax, NormalisedStableAndArgmaxFirstTie) {
