@@ -5,9 +5,11 @@
 // two vectors of W, one broadcast of x): W is dequantised, a block of kPackRows rows x kPackK
 // columns at a time, straight into the micro-kernel's panel layout ([16 rows interleaved] per k,
 // L2-resident) and then meets every row of x, so each weight is converted once per call and
-// never written to memory as f32. The earlier path (dequantise blocks of up to 2,048 rows into an
-// f32 scratch, then OpenBLAS sgemm, which packs both operands again) spent a quarter of prefill
-// moving data.
+// never written to memory as f32. The path it replaces (dequantise blocks of up to 2,048 rows
+// into an f32 scratch, then OpenBLAS sgemm, which packs both operands again) spent ~12% of a
+// pp512 prefill outside the multiply (perf: sgemm's two copy routines 7%, its beta pass 2.6%,
+// our widening 2.5%); here the packing of x and W is ~3%. One thread, in cache, the
+// micro-kernel runs at ~90% of the core's FMA peak.
 //
 // Arithmetic: each output is one fused multiply-add chain over k in increasing order, starting
 // from 0 (then + bias), whatever M, the tile it falls in or the thread count — so a row of x
@@ -17,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "kernels/matmul.h"
 
@@ -27,11 +30,14 @@ class ThreadPool;
 // False when the build has no AVX2/FMA/F16C (then matmul() keeps the sgemm path).
 bool gemm_packed_available();
 
-// y = x · W^T (+ bias) for W of dtype f16, bf16, q8_0 or f32, on `pool` (nullptr or one
-// thread: the caller alone). x is first packed into the micro-kernel's tile layout (M x K floats
-// of the caller's thread-local scratch, shared by the tasks); then blocks of kPackRows W rows are
-// handed out, each thread packing its block's weights into its own L2-sized scratch.
-void gemm_packed(const MatmulParams& p, ThreadPool* pool);
+// y = x · W^T (+ bias) for W of dtype f16, bf16, q8_0 or f32, for each product of `group`
+// (1..kMaxMatmulGroup products that share x, ldx, m and k: a layer's Q/K/V, gate/up), on
+// `pool` (nullptr or one thread: the caller alone). x is first packed into the micro-kernel's
+// tile layout (M x K floats of the caller's thread-local scratch, shared by the tasks); then the
+// blocks of kPackRows W rows of all products are handed out in one loop, each thread packing
+// its block's weights into its own L2-sized scratch.
+void gemm_packed(std::span<const MatmulParams> group, ThreadPool* pool);
+inline void gemm_packed(const MatmulParams& p, ThreadPool* pool) { gemm_packed({&p, 1}, pool); }
 
 inline constexpr int64_t kPackRows = 128;  // W rows per packed block (multiple of 16)
 inline constexpr int64_t kPackK = 256;     // k per packed block (multiple of 32 for q8_0)

@@ -523,6 +523,19 @@ void matmul_group(std::span<const MatmulParams> group) {
     if (p.allow_blas && p.m >= kBlasMinRows) gemv = false;
   }
   if (!gemv) {
+    // Prefill products sharing x on the packed GEMM: x packed once, one loop over all blocks.
+    bool shared = gemm_packed_available();
+    int64_t macs = 0;
+    for (const MatmulParams& p : group) {
+      shared = shared && p.allow_blas && p.w_dtype != DType::kF32 && p.x == group[0].x && p.ldx == group[0].ldx &&
+               p.m == group[0].m && p.k == group[0].k && p.m >= kBlasMinRows;
+      macs += p.m * p.n * p.k;
+    }
+    if (shared) {
+      ThreadPool& pool = group[0].pool != nullptr ? *group[0].pool : default_pool();
+      gemm_packed(group, pool.n_threads() <= 1 || macs < kMinParallelMacs ? nullptr : &pool);
+      return;
+    }
     for (const MatmulParams& p : group) matmul(p);
     return;
   }

@@ -120,6 +120,39 @@ TEST_P(GemmPackedTest, RowsOfABatchEqualEachRowAloneForAnyThreadCount) {
   }
 }
 
+TEST(GemmPackedGroup, EqualsEachProductAloneBitForBit) {
+  if (!gemm_packed_available()) GTEST_SKIP() << "build without AVX2/FMA/F16C: matmul keeps sgemm";
+  // Q/K/V-like: one x, three weight matrices of different heights and dtypes; plus matmul_group
+  // routing prefill products through the same path.
+  const Problem q(31, 200, 288, DType::kF16, 90), k(31, 70, 288, DType::kBF16, 91), v(31, 133, 288, DType::kQ8_0, 92);
+  ThreadPool pool(2);
+  std::vector<float> yq(31 * q.ldy), yk(31 * k.ldy), yv(31 * v.ldy);
+  MatmulParams ps[3] = {q.params(yq.data(), q.bias.data()), k.params(yk.data(), nullptr), v.params(yv.data(), nullptr)};
+  for (MatmulParams& p : ps) {
+    p.x = q.x.data();  // one shared x
+    p.pool = &pool;
+  }
+  gemm_packed(ps, &pool);
+  const std::vector<float>* got[3] = {&yq, &yk, &yv};
+  for (int g = 0; g < 3; ++g) {
+    std::vector<float> alone(got[g]->size());
+    MatmulParams p = ps[g];
+    p.y = alone.data();
+    gemm_packed(p, nullptr);
+    EXPECT_EQ(alone, *got[g]) << "product " << g;
+    std::vector<float> via_group(got[g]->size());
+    MatmulParams again[3] = {ps[0], ps[1], ps[2]};
+    std::vector<float> scratch0(yq.size()), scratch1(yk.size()), scratch2(yv.size());
+    float* ys[3] = {scratch0.data(), scratch1.data(), scratch2.data()};
+    for (int h = 0; h < 3; ++h) again[h].y = ys[h];
+    again[g].y = via_group.data();
+    matmul_group(again);
+    EXPECT_EQ(via_group, *got[g]) << "matmul_group, product " << g;
+  }
+  ps[1].x = k.x.data();  // different x: a broken invariant stops the process, never a wrong y
+  EXPECT_DEATH(gemm_packed(ps, nullptr), "must share x");
+}
+
 INSTANTIATE_TEST_SUITE_P(AllWeightTypes, GemmPackedTest,
                          ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
