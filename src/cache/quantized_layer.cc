@@ -83,7 +83,6 @@ void QuantizedLayer::init(const TensorView& k, const TensorView& v) {
   } catch (const Error& e) {
     throw Error(ErrorKind::kInvalidArgument, where() + ": " + e.what());
   }
-  v_group_ = fmt_.v_group;
   k_block_bytes_ = kv_k_block_bytes(fmt_);
   v_block_bytes_ = kv_v_block_bytes(fmt_);
   scratch_.assign(static_cast<size_t>(params_.group * std::max(dk_, dv_)), 0.0f);
@@ -248,7 +247,7 @@ KVSpan QuantizedLayer::update(const TensorView& k, const TensorView& v) {
   q.scheme = fmt_.scheme;
   q.bits = fmt_.bits;
   q.group = G;
-  q.v_group = v_group_;
+  q.v_group = fmt_.v_group;
   q.batch = batch_;
   q.heads = heads_;
   q.head_dim_k = dk_;

@@ -76,7 +76,7 @@ class QuantizedLayer final : public CacheLayer {
 
   int64_t residual_length() const { return n_res_; }
   int64_t packed_length() const { return (blk_end_ - blk_begin_) * params_.group; }
-  int64_t value_group() const { return v_group_; }
+  int64_t value_group() const { return fmt_.v_group; }
   int64_t packed_capacity_blocks() const { return blk_cap_; }  // per (b, h)
   int64_t residual_capacity() const {
     return res_k_.shape().ndim == 4 ? res_k_.dim(2) : 0;
@@ -102,7 +102,7 @@ class QuantizedLayer final : public CacheLayer {
 
   QuantizedLayerParams params_;
   bool initialized_ = false;
-  int64_t batch_ = 0, heads_ = 0, dk_ = 0, dv_ = 0, v_group_ = 0;
+  int64_t batch_ = 0, heads_ = 0, dk_ = 0, dv_ = 0;
   DType res_dtype_ = DType::kF32;
   KVBlockFormat fmt_;  // set by init() from the first update's shapes
   int64_t k_block_bytes_ = 0, v_block_bytes_ = 0;
