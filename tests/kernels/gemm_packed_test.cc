@@ -8,32 +8,13 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernel_test_util.h"
 
 namespace kvcache {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-std::vector<std::byte> make_weights(const std::vector<float>& w, DType t, int64_t n, int64_t k) {
-  std::vector<std::byte> out(dtype_bytes(t, n * k));
-  for (int64_t r = 0; r < n; ++r) {
-    const float* src = w.data() + r * k;
-    std::byte* dst = out.data() + static_cast<size_t>(r) * dtype_bytes(t, k);
-    switch (t) {
-      case DType::kF32: std::memcpy(dst, src, static_cast<size_t>(k) * 4); break;
-      case DType::kF16: f32_to_f16_n(src, reinterpret_cast<f16_t*>(dst), static_cast<size_t>(k)); break;
-      case DType::kBF16: f32_to_bf16_n(src, reinterpret_cast<bf16_t*>(dst), static_cast<size_t>(k)); break;
-      case DType::kQ8_0: quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k); break;
-    }
-  }
-  return out;
-}
+using testing_util::make_weights;
+using testing_util::randn;
 
 struct Problem {
   int64_t m, n, k;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernel_test_util.h"
 
 namespace kvcache {
 namespace {
@@ -16,29 +17,8 @@ struct Case {
   int64_t m, n, k;
 };
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-// Weights of `t` built from f32 values; returns the raw bytes.
-std::vector<std::byte> make_weights(const std::vector<float>& w, DType t, int64_t n, int64_t k) {
-  std::vector<std::byte> out(dtype_bytes(t, n * k));
-  for (int64_t r = 0; r < n; ++r) {
-    const float* src = w.data() + r * k;
-    std::byte* dst = out.data() + static_cast<size_t>(r) * dtype_bytes(t, k);
-    switch (t) {
-      case DType::kF32: std::memcpy(dst, src, static_cast<size_t>(k) * 4); break;
-      case DType::kF16: f32_to_f16_n(src, reinterpret_cast<f16_t*>(dst), static_cast<size_t>(k)); break;
-      case DType::kBF16: f32_to_bf16_n(src, reinterpret_cast<bf16_t*>(dst), static_cast<size_t>(k)); break;
-      case DType::kQ8_0: quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k); break;
-    }
-  }
-  return out;
-}
+using testing_util::make_weights;
+using testing_util::randn;
 
 // Tolerance stated in matmul.h: 1e-5 * sum_j |x_j w_j| + 1e-6 per output.
 void expect_close(const MatmulParams& p, const std::vector<float>& y, const std::vector<float>& ref,

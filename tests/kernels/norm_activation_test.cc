@@ -7,17 +7,12 @@
 #include "kernels/activation.h"
 #include "kernels/norm.h"
 #include "kernels/softmax.h"
+#include "kernel_test_util.h"
 
 namespace kvcache {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using testing_util::randn;
 
 TEST(RmsNorm, MatchesDoubleOnOddRowsInPlaceToo) {
   const int64_t rows = 3, dim = 37, ld = 41;

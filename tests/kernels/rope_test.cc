@@ -7,16 +7,12 @@
 #include <random>
 #include <vector>
 
+#include "kernel_test_util.h"
+
 namespace kvcache {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using testing_util::randn;
 
 RopeParams params(std::vector<float>& x, int64_t tokens, int64_t heads, int64_t hd,
                   const std::vector<float>& inv, RopeStyle style, int64_t pos0) {
