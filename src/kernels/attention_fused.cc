@@ -471,40 +471,9 @@ struct SimdOps {
     }
   }
 
-  // The row buffer has kTk columns; lanes [n, round8(n)) are set to -inf so that every
-  // operation runs on whole vectors (exp gives exactly 0 there).
+  // The row buffer has kTk columns (the update rounds n up to whole vectors).
   static bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
-    const int64_t n8 = (n + 7) & ~int64_t{7};
-    for (int64_t j = n; j < n8; ++j) s[j] = kNegInf;
-    __m256 vmax = _mm256_set1_ps(kNegInf);
-    for (int64_t j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-    const float mt = _mm_cvtss_f32(m4);
-    if (mt == kNegInf) {
-      std::fill(s, s + n8, 0.0f);
-      return false;
-    }
-    const float m_new = std::max(m, mt);
-    const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);  // exp(0) = 1 exactly
-    const __m256 vm = _mm256_set1_ps(m_new);
-    __m256 vsum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n8; j += 8) {
-      const __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
-      _mm256_storeu_ps(s + j, p);
-      vsum = _mm256_add_ps(vsum, p);
-    }
-    l = l * alpha + hsum1(vsum);
-    if (alpha != 1.0f) {
-      const __m256 va = _mm256_set1_ps(alpha);
-      int64_t d = 0;
-      for (; d + 8 <= Dv; d += 8)
-        _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), va));
-      for (; d < Dv; ++d) acc[d] *= alpha;
-    }
-    m = m_new;
-    return true;
+    return detail::softmax_update(s, n, m, l, acc, Dv);
   }
 
   // NR rows: acc[r, d] += sum_j p[r, j] v_j[d], 16 output columns per pass held in registers.

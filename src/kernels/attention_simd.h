@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "core/dtype.h"
 
@@ -98,6 +99,46 @@ inline __m256 exp256(__m256 x) {
   const __m256i e =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), valid);
+}
+
+// One online-softmax step of a row (flash attention's update), shared by the fused and the
+// quantized kernels: s[0, n) holds this tile's logits; lanes [n, round8(n)) are set to -inf so
+// every operation runs on whole vectors (exp gives exactly 0 there). On return s holds
+// exp(s - m_new), l = l * exp(m - m_new) + sum, acc[0, Dv) is rescaled by exp(m - m_new) and
+// m = m_new. Returns false (s zeroed, state untouched) when every logit is -inf.
+inline bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
+  constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+  const int64_t n8 = (n + 7) & ~int64_t{7};
+  for (int64_t j = n; j < n8; ++j) s[j] = kMinusInf;
+  __m256 vmax = _mm256_set1_ps(kMinusInf);
+  for (int64_t j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const float mt = _mm_cvtss_f32(m4);
+  if (mt == kMinusInf) {
+    std::fill(s, s + n8, 0.0f);
+    return false;
+  }
+  const float m_new = std::max(m, mt);
+  const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);  // exp(0) = 1 exactly
+  const __m256 vm = _mm256_set1_ps(m_new);
+  __m256 vsum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n8; j += 8) {
+    const __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+    _mm256_storeu_ps(s + j, p);
+    vsum = _mm256_add_ps(vsum, p);
+  }
+  l = l * alpha + hsum1(vsum);
+  if (alpha != 1.0f) {
+    const __m256 va = _mm256_set1_ps(alpha);
+    int64_t d = 0;
+    for (; d + 8 <= Dv; d += 8)
+      _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), va));
+    for (; d < Dv; ++d) acc[d] *= alpha;
+  }
+  m = m_new;
+  return true;
 }
 
 #endif  // KVCACHE_ATTN_AVX2
