@@ -239,7 +239,11 @@ void gemm_packed(std::span<const MatmulParams> group, ThreadPool* pool) {
   // pool's workers only read it while the caller waits in parallel_for).
   thread_local std::vector<float> a_buf;
   const int64_t m_tiles = (p.m + kMr - 1) / kMr, m_pad = m_tiles * kMr;
-  float* a_pack = scratch(a_buf, static_cast<size_t>(m_pad * p.k));
+  static_assert(kMr == 6, "gemm_packed_scratch_floats pads rows to 6");
+  const size_t need = gemm_packed_scratch_floats(p.m, p.k);
+  float* a_pack = p.pack_scratch != nullptr && p.pack_scratch_floats >= need
+                      ? p.pack_scratch + ((64 - reinterpret_cast<uintptr_t>(p.pack_scratch) % 64) % 64) / sizeof(float)
+                      : scratch(a_buf, need - 16);
   const int64_t n_chunks = (p.k + kPackK - 1) / kPackK;
   constexpr int64_t kPackTiles = 16;  // tiles of x per packing task
   const int64_t tile_groups = (m_tiles + kPackTiles - 1) / kPackTiles;

@@ -39,6 +39,13 @@ bool gemm_packed_available();
 void gemm_packed(std::span<const MatmulParams> group, ThreadPool* pool);
 inline void gemm_packed(const MatmulParams& p, ThreadPool* pool) { gemm_packed({&p, 1}, pool); }
 
+// Floats of the packed copy of x for m rows of k (rows padded to the 6-row tile, 64-byte
+// alignment slack): what a caller passes as MatmulParams::pack_scratch to own that memory (the
+// model's forward does, so its workspace counts it).
+inline size_t gemm_packed_scratch_floats(int64_t m, int64_t k) {
+  return static_cast<size_t>((m + 5) / 6 * 6 * k + 16);
+}
+
 inline constexpr int64_t kPackRows = 128;  // W rows per packed block (multiple of 16)
 inline constexpr int64_t kPackK = 256;     // k per packed block (multiple of 32 for q8_0)
 

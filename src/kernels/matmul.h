@@ -31,6 +31,10 @@ struct MatmulParams {
   int64_t m = 0, n = 0, k = 0;  // q8_0 needs k % 32 == 0
   ThreadPool* pool = nullptr;   // nullptr: default_pool()
   bool allow_blas = true;       // false: always the own kernels (tests, exactness studies)
+  // Optional caller-owned scratch for the prefill GEMM's packed copy of x (see
+  // gemm_packed_scratch_floats); nullptr or too small: a thread-local buffer of the kernel.
+  float* pack_scratch = nullptr;
+  size_t pack_scratch_floats = 0;
 };
 
 // Rows of x from which weights are multiplied by OpenBLAS sgemm instead of our GEMV.

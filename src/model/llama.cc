@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "kernels/activation.h"
 #include "kernels/attention_quant.h"
+#include "kernels/gemm_packed.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/paged_attention.h"
@@ -259,6 +260,23 @@ LlamaForward::LlamaForward(const LlamaModel& model, std::string_view kernel, int
   reserve(std::max<int64_t>(1, max_rows));
 }
 
+namespace {
+// Floats of the prefill GEMM's packed input for `rows` rows: sized for the widest input of any
+// linear (none for fewer rows than the GEMM takes, which the GEMV path serves).
+int64_t pack_floats(const ModelConfig& c, int64_t rows) {
+  if (rows < kBlasMinRows) return 0;
+  const int64_t qd = c.n_heads * c.qk_head_dim(), od = c.n_heads * c.v_head_dim();
+  const int64_t hidden = std::max({c.hidden_dim, c.moe.expert_hidden_dim * std::max<int64_t>(1, c.moe.n_shared_experts)});
+  int64_t k = std::max({c.dim, qd, od, hidden});
+  if (c.mla.enabled()) k = std::max({k, c.mla.q_lora_rank, c.mla.kv_lora_rank});
+  if (c.gemma3n.enabled()) {
+    k = std::max({k, c.gemma3n.laurel_rank, c.gemma3n.hidden_size_per_layer_input});
+    for (int64_t h : c.gemma3n.intermediate_sizes) k = std::max(k, h);
+  }
+  return static_cast<int64_t>(gemm_packed_scratch_floats(rows, k));
+}
+}  // namespace
+
 void LlamaForward::reserve(int64_t rows) {
   if (rows <= rows_) return;
   const ModelConfig& c = model_.config();
@@ -293,6 +311,7 @@ void LlamaForward::reserve(int64_t rows) {
     const int64_t I = c.moe.expert_hidden_dim;
     moe_scratch_ = Tensor::empty(DType::kF32, {2 * c.moe.n_experts + c.dim + 2 * I + std::max(c.dim, 2 * I)});
   }
+  if (const int64_t pf = pack_floats(c, rows); pf > 0) xpack_ = Tensor::empty(DType::kF32, {pf});
   rows_ = rows;
 }
 
@@ -318,13 +337,14 @@ size_t LlamaForward::workspace_bytes_for(const ModelConfig& c, int64_t rows) {
     const int64_t I = c.moe.expert_hidden_dim;
     floats += 2 * c.moe.n_experts + c.dim + 2 * I + std::max(c.dim, 2 * I);
   }
+  floats += pack_floats(c, rows);
   return static_cast<size_t>(floats) * sizeof(float);
 }
 
 size_t LlamaForward::workspace_bytes() const {
   size_t n = 0;
   for (const Tensor* t : {&x_, &xb_, &q_, &k_, &v_, &att_, &hb_, &hb2_, &logits_, &ckv_, &qa_, &lat32_, &kvb_,
-                          &kfull_, &moe_scratch_, &streams_, &preds_, &ple_, &g1_, &g2_}) {
+                          &kfull_, &moe_scratch_, &streams_, &preds_, &ple_, &g1_, &g2_, &xpack_}) {
     n += t->size_bytes();
   }
   for (const auto* ts : {&src_k_, &src_v_})
@@ -342,6 +362,9 @@ namespace {
 // Set by LlamaForward::forward for the duration of one call (ForwardParams::batch_invariant);
 // thread-local so forwards on different threads do not interfere.
 thread_local bool t_batch_invariant = false;
+// The forward's packed-input scratch for the prefill GEMM (LlamaForward::xpack_), same scope.
+thread_local float* t_pack_scratch = nullptr;
+thread_local size_t t_pack_floats = 0;
 
 MatmulParams linear_params(const float* x, int64_t rows, const TensorView& w, const float* bias, float* y,
                            int64_t ldx = 0) {
@@ -357,6 +380,8 @@ MatmulParams linear_params(const float* x, int64_t rows, const TensorView& w, co
   p.n = w.dim(0);
   p.k = w.dim(1);
   p.allow_blas = !t_batch_invariant;
+  p.pack_scratch = t_pack_scratch;
+  p.pack_scratch_floats = t_pack_floats;
   return p;
 }
 
@@ -997,9 +1022,19 @@ void LlamaForward::gemma3n_layers(const Step& st, const int32_t* tokens) {
 std::span<const float> LlamaForward::forward(const ForwardParams& p) {
   struct InvariantScope {
     bool saved = t_batch_invariant;
-    explicit InvariantScope(bool on) { t_batch_invariant = on; }
-    ~InvariantScope() { t_batch_invariant = saved; }
-  } invariant_scope(p.batch_invariant);
+    float* saved_pack = t_pack_scratch;
+    size_t saved_floats = t_pack_floats;
+    InvariantScope(bool on, Tensor& pack) {
+      t_batch_invariant = on;
+      t_pack_scratch = pack.numel() > 0 ? pack.data_as<float>() : nullptr;
+      t_pack_floats = static_cast<size_t>(pack.numel());
+    }
+    ~InvariantScope() {
+      t_batch_invariant = saved;
+      t_pack_scratch = saved_pack;
+      t_pack_floats = saved_floats;
+    }
+  } invariant_scope(p.batch_invariant, xpack_);
   const ModelConfig& c = model_.config();
   if (p.tokens == nullptr || p.batch <= 0 || p.n_tokens <= 0) {
     throw Error(ErrorKind::kInvalidArgument, "forward: needs at least one token per batch row");

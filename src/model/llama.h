@@ -268,6 +268,9 @@ class LlamaForward {
   // Gemma-3n: AltUp streams and predictions [A, rows, dim], per-layer inputs [rows, L*P],
   // branch scratch [rows, max(dim, rank, P)] x2.
   Tensor streams_, preds_, ple_, g1_, g2_;
+  // The prefill GEMM's packed copy of a linear's input (gemm_packed_scratch_floats of the rows
+  // and the widest linear input); empty while at most kBlasMinRows - 1 rows are reserved.
+  Tensor xpack_;
 };
 
 }  // namespace kvcache

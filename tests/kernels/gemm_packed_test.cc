@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -132,6 +133,30 @@ TEST(GemmPackedGroup, EqualsEachProductAloneBitForBit) {
   }
   ps[1].x = k.x.data();  // different x: a broken invariant stops the process, never a wrong y
   EXPECT_DEATH(gemm_packed(ps, nullptr), "must share x");
+}
+
+TEST(GemmPackedScratch, CallerOwnedScratchIsUsedAndChangesNothing) {
+  if (!gemm_packed_available()) GTEST_SKIP() << "build without AVX2/FMA/F16C: matmul keeps sgemm";
+  const Problem pr(19, 40, 352, DType::kF16, 77);
+  std::vector<float> own(19 * pr.ldy), given(own.size()), small(own.size());
+  gemm_packed(pr.params(own.data(), nullptr), nullptr);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> scratch(gemm_packed_scratch_floats(pr.m, pr.k), nan);
+  MatmulParams p = pr.params(given.data(), nullptr);
+  p.pack_scratch = scratch.data();
+  p.pack_scratch_floats = scratch.size();
+  gemm_packed(p, nullptr);
+  EXPECT_EQ(given, own);
+  size_t written = 0;
+  for (float v : scratch) written += !std::isnan(v);
+  EXPECT_GE(written, static_cast<size_t>(pr.m * pr.k)) << "the caller's scratch was not used";
+  std::vector<float> too_small(scratch.size() - 17, nan);  // refused: the kernel's own buffer
+  p.y = small.data();
+  p.pack_scratch = too_small.data();
+  p.pack_scratch_floats = too_small.size();
+  gemm_packed(p, nullptr);
+  EXPECT_EQ(small, own);
+  for (float v : too_small) ASSERT_TRUE(std::isnan(v)) << "a too-small scratch was written";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllWeightTypes, GemmPackedTest,
