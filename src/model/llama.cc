@@ -363,8 +363,8 @@ namespace {
 // thread-local so forwards on different threads do not interfere.
 thread_local bool t_batch_invariant = false;
 // The forward's packed-input scratch for the prefill GEMM (LlamaForward::xpack_), same scope.
-thread_local float* t_pack_scratch = nullptr;
-thread_local size_t t_pack_floats = 0;
+// The tensor, not its data pointer: reserve() may reallocate it during the forward.
+thread_local const Tensor* t_pack = nullptr;
 
 MatmulParams linear_params(const float* x, int64_t rows, const TensorView& w, const float* bias, float* y,
                            int64_t ldx = 0) {
@@ -380,8 +380,10 @@ MatmulParams linear_params(const float* x, int64_t rows, const TensorView& w, co
   p.n = w.dim(0);
   p.k = w.dim(1);
   p.allow_blas = !t_batch_invariant;
-  p.pack_scratch = t_pack_scratch;
-  p.pack_scratch_floats = t_pack_floats;
+  if (t_pack != nullptr && t_pack->numel() > 0) {
+    p.pack_scratch = t_pack->data_as<float>();
+    p.pack_scratch_floats = static_cast<size_t>(t_pack->numel());
+  }
   return p;
 }
 
@@ -1022,17 +1024,14 @@ void LlamaForward::gemma3n_layers(const Step& st, const int32_t* tokens) {
 std::span<const float> LlamaForward::forward(const ForwardParams& p) {
   struct InvariantScope {
     bool saved = t_batch_invariant;
-    float* saved_pack = t_pack_scratch;
-    size_t saved_floats = t_pack_floats;
-    InvariantScope(bool on, Tensor& pack) {
+    const Tensor* saved_pack = t_pack;
+    InvariantScope(bool on, const Tensor& pack) {
       t_batch_invariant = on;
-      t_pack_scratch = pack.numel() > 0 ? pack.data_as<float>() : nullptr;
-      t_pack_floats = static_cast<size_t>(pack.numel());
+      t_pack = &pack;
     }
     ~InvariantScope() {
       t_batch_invariant = saved;
-      t_pack_scratch = saved_pack;
-      t_pack_floats = saved_floats;
+      t_pack = saved_pack;
     }
   } invariant_scope(p.batch_invariant, xpack_);
   const ModelConfig& c = model_.config();

@@ -253,5 +253,24 @@ TEST(PagedRuntime, PlannerPredictionIsWhatGetsAllocated) {
   EXPECT_THROW(plan_paged_memory(c, po), Error);
 }
 
+// A forward sized for 8 rows that meets a longer prefill grows its workspaces — the prefill GEMM's
+// packed-input scratch among them — in the middle of the call; the result must be the same bits
+// as a forward sized for the chunk up front (a stale scratch pointer once wrote into freed
+// memory here; the ASan build catches any recurrence).
+TEST(ForwardWorkspace, GrowingDuringAPrefillChangesNothing) {
+  const LoadedModel m = load_model("dummy:tiny");
+  std::vector<int32_t> tokens(37);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(3 + 7 * i % 200);
+  ForwardParams fp;
+  fp.tokens = tokens.data();
+  fp.n_tokens = static_cast<int64_t>(tokens.size());
+  LlamaForward grown(*m.model, "fused", 8), sized(*m.model, "fused", 64);  // 8 rows: a scratch to outgrow
+  const std::span<const float> ga = grown.forward(fp);
+  const std::vector<float> a(ga.begin(), ga.end());
+  const std::span<const float> b = sized.forward(fp);
+  EXPECT_TRUE(bits_equal(b, a));
+  EXPECT_EQ(grown.workspace_bytes(), LlamaForward::workspace_bytes_for(m.model->config(), 37));
+}
+
 }  // namespace
 }  // namespace kvcache
