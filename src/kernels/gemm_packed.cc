@@ -66,15 +66,19 @@ void pack_block(const MatmulParams& p, int64_t r0, int64_t rows, int64_t k0, int
                 float* tmp) {
   for (int64_t s0 = 0; s0 < rows; s0 += kNr) {
     const int64_t nr = std::min<int64_t>(kNr, rows - s0);
-    if (p.w_dtype == DType::kF16 && nr == kNr && kc % 8 == 0) {
-      // f16 rows widened in registers and transposed straight into the panel (no f32 row copy).
-      const auto* w = static_cast<const f16_t*>(p.w) + (r0 + s0) * p.k + k0;
+    if ((p.w_dtype == DType::kF16 || p.w_dtype == DType::kF32) && nr == kNr && kc % 8 == 0) {
+      // f16 rows widened in registers (f32 rows loaded) and transposed straight into the panel.
       float* dst = panel + (s0 / kNr) * kc * kNr;
+      const int64_t first = (r0 + s0) * p.k + k0;
       for (int64_t kk = 0; kk < kc; kk += 8) {
         for (int h = 0; h < 2; ++h) {
           __m256 r[8];
-          for (int i = 0; i < 8; ++i)
-            r[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (8 * h + i) * p.k + kk)));
+          for (int i = 0; i < 8; ++i) {
+            const int64_t at = first + (8 * h + i) * p.k + kk;
+            r[i] = p.w_dtype == DType::kF16
+                       ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const f16_t*>(p.w) + at)))
+                       : _mm256_loadu_ps(static_cast<const float*>(p.w) + at);
+          }
           transpose_to_panel(r, dst + kk * kNr + 8 * h);
         }
       }

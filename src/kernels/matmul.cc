@@ -457,7 +457,11 @@ void matmul(const MatmulParams& p) {
   ThreadPool& pool = p.pool != nullptr ? *p.pool : default_pool();
   const int nt = pool.n_threads();
   const int64_t macs = p.m * p.n * p.k;
-  if (p.allow_blas && p.w_dtype == DType::kF32 && p.m >= kBlasMinRows) {
+  if (p.allow_blas && p.m >= kBlasMinRows && gemm_packed_available()) {
+    gemm_packed(p, nt <= 1 || macs < kMinParallelMacs ? nullptr : &pool);
+    return;
+  }
+  if (p.allow_blas && p.w_dtype == DType::kF32 && p.m >= kBlasMinRows) {  // builds without AVX2
     // OpenBLAS runs single-threaded and our pool splits W's rows: one set of threads only
     // (OpenBLAS's own pool busy-waits and fights ours for the cores).
     set_blas_threads(1);
@@ -482,10 +486,6 @@ void matmul(const MatmulParams& p) {
       const int64_t r0 = t * rows_per_task;
       gemm(r0, std::min(p.n, r0 + rows_per_task));
     });
-    return;
-  }
-  if (p.allow_blas && p.m >= kBlasMinRows && gemm_packed_available()) {
-    gemm_packed(p, nt <= 1 || macs < kMinParallelMacs ? nullptr : &pool);
     return;
   }
   const size_t rb = row_bytes(p.w_dtype, p.k);
@@ -543,7 +543,7 @@ void matmul_group(std::span<const MatmulParams> group) {
     bool shared = gemm_packed_available();
     int64_t macs = 0;
     for (const MatmulParams& p : group) {
-      shared = shared && p.allow_blas && p.w_dtype != DType::kF32 && p.x == group[0].x && p.ldx == group[0].ldx &&
+      shared = shared && p.allow_blas && p.x == group[0].x && p.ldx == group[0].ldx &&
                p.m == group[0].m && p.k == group[0].k && p.m >= kBlasMinRows;
       macs += p.m * p.n * p.k;
     }

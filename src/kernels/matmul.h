@@ -5,10 +5,11 @@
 // row is a SIMD dot product. Batched decode (M > 1 on the GEMV path) runs tiles of 4 x rows x
 // 3 W rows (each W chunk widened once, each x chunk loaded once), with each output's arithmetic
 // exactly that of dot_row, so a row's result is the same bits whatever M (batch invariance:
-// the serving engine relies on it). Prefill (M >= kBlasMinRows) with f32 weights goes to
-// OpenBLAS sgemm; f16/bf16/q8_0 weights to gemm_packed (kernels/gemm_packed.h: W widened per
-// L2-sized block straight into register-tile panels, never as an f32 copy), or, in builds
-// without AVX2, are dequantised per block of W rows into a per-thread f32 scratch for sgemm.
+// the serving engine relies on it). Prefill (M >= kBlasMinRows) goes to gemm_packed
+// (kernels/gemm_packed.h: W widened per L2-sized block straight into register-tile panels,
+// never as an f32 copy; measured at or above OpenBLAS sgemm on the model's shapes, f32 included),
+// or, in builds without AVX2, to OpenBLAS sgemm (other dtypes dequantised per block of W rows
+// into a per-thread f32 scratch first).
 #pragma once
 
 #include <cstdint>
@@ -49,8 +50,7 @@ void matmul(const MatmulParams& p);
 // Several products that read the same x rows (a layer's Q, K and V; gate and up), each with
 // matmul()'s contract and the same pool. On the GEMV path (m < kBlasMinRows, or !allow_blas)
 // their rows are handed to the pool as ONE parallel loop, so a decode step synchronises the
-// threads 4 times per layer instead of 7; larger m over 16-bit/q8_0 weights goes to
-// gemm_packed as one group (x packed once, the blocks of all products in one loop), else the
+// threads 4 times per layer instead of 7; larger m goes to gemm_packed as one group (x packed once, the blocks of all products in one loop), else the
 // products run one after the other. Results are those of matmul() on each, bit for bit
 // (threads only split rows). At most kMaxMatmulGroup entries.
 inline constexpr size_t kMaxMatmulGroup = 4;
