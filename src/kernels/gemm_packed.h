@@ -1,5 +1,5 @@
-// Prefill GEMM over 16-bit and q8_0 weights without a widened copy of W: y[M, N] = x[M, K] ·
-// W[N, K]^T.
+// Prefill GEMM over f32, f16, bf16 and q8_0 weights without a widened copy of W:
+// y[M, N] = x[M, K] · W[N, K]^T.
 //
 // The classic register-blocked layout (BLIS's "6 x 16" AVX2 micro-kernel shape: 12 accumulators,
 // two vectors of W, one broadcast of x): W is dequantised, a block of kPackRows rows x kPackK
@@ -27,7 +27,7 @@ namespace kvcache {
 
 class ThreadPool;
 
-// False when the build has no AVX2/FMA/F16C (then matmul() keeps the sgemm path).
+// False when the build has no AVX2/FMA/F16C (then matmul() falls back to OpenBLAS sgemm).
 bool gemm_packed_available();
 
 // y = x · W^T (+ bias) for W of dtype f16, bf16, q8_0 or f32, for each product of `group`
