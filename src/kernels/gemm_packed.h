@@ -13,8 +13,8 @@
 //
 // Arithmetic: each output is one fused multiply-add chain over k in increasing order, starting
 // from 0 (then + bias), whatever M, the tile it falls in or the thread count — so a row of x
-// gets the same bits alone or in a batch (not the bits of dot_row, whose four interleaved
-// accumulators the GEMV path keeps). Tolerance against matmul_reference: matmul()'s
+// gets the same bits alone or in a batch (not the bits of dot_row, whose 8-lane accumulator and
+// horizontal sum the GEMV path keeps). Tolerance against matmul_reference: matmul()'s
 // (1e-5 * sum |x w| + 1e-6 per output).
 #pragma once
 

@@ -47,88 +47,62 @@ inline __m256 load_i8x8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
 }
 
-// Four independent accumulators hide the FMA latency (4 cycles, 2 ports).
+// One 8-lane accumulator, chunks of 8 in ascending order, then hsum: the arithmetic every GEMV
+// path shares (dot_tile below gives each output of a tile exactly these bits). A lone call is a
+// single FMA chain (latency-bound); the GEMV runs rows in tiles so several chains overlap.
 template <typename Load, typename T>
 float dot_simd(const T* w, const float* x, int64_t k, Load load) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 32 <= k; j += 32) {
-    a0 = _mm256_fmadd_ps(load(w + j), _mm256_loadu_ps(x + j), a0);
-    a1 = _mm256_fmadd_ps(load(w + j + 8), _mm256_loadu_ps(x + j + 8), a1);
-    a2 = _mm256_fmadd_ps(load(w + j + 16), _mm256_loadu_ps(x + j + 16), a2);
-    a3 = _mm256_fmadd_ps(load(w + j + 24), _mm256_loadu_ps(x + j + 24), a3);
-  }
-  for (; j + 8 <= k; j += 8) a0 = _mm256_fmadd_ps(load(w + j), _mm256_loadu_ps(x + j), a0);
-  float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  return s;
+  __m256 a = _mm256_setzero_ps();
+  for (int64_t j = 0; j + 8 <= k; j += 8) a = _mm256_fmadd_ps(load(w + j), _mm256_loadu_ps(x + j), a);
+  return hsum(a);
 }
-// Multi-row GEMV (decode batches): a tile of NW W rows x R x rows. Each W chunk of 8 is widened
-// to f32 once and multiplied into all R rows, and each x chunk is loaded once for all NW W rows,
-// so a batch of B sequences widens W once per step instead of B times. Every output keeps
-// dot_simd's arithmetic exactly — the same four accumulators (chunk j + 8q of each 32-block
-// feeds accumulator q, the tail chunks of 8 feed accumulator 0 after all blocks), each fed in
-// ascending j, the same hsum((a0 + a1) + (a2 + a3)), the same scalar tail — so a row's result
-// does not depend on how many rows share the call (batch invariance: the engine's batched
-// decode equals each request run alone, bit for bit).
-// Four accumulators per output x NW x R would not fit AVX2's 16 registers, so the four
-// accumulator chains run one after the other (phase q walks the chunks j + 8q), each phase
-// keeping NW x R accumulators live; between phases they wait in `acc` (a store and a reload of
-// the same value: exact). The phases run per segment of kTileSegment elements of K, not over
-// all of K, so the segment's R x rows (8 KiB at R = 4) stay in L1 across the four phases:
-// over all of K at K = 2048 (FFN down) the 4 phases re-streamed a 32 KiB x group from L2 and
-// the tile ran ~2x slower per multiply-add than at K = 768.
-constexpr int64_t kTileSegment = 512;  // multiple of 32
-
-// Chunks [j0, j1) of the 32-blocks (j1 - j0 a multiple of 32), all four phases.
-template <int R, int NW, typename T, typename Load>
-inline void dot_tile_segment(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t j0, int64_t j1, Load load,
-                             const T* pf, __m256 (&acc)[4][NW][R]) {
-  for (int q = 0; q < 4; ++q) {
-    __m256 a[NW][R];
-    for (int v = 0; v < NW; ++v)
-      for (int i = 0; i < R; ++i) a[v][i] = acc[q][v][i];
-    for (int64_t j = j0 + 8 * q; j < j1; j += 32) {
-      if (q == 0 && pf != nullptr) {  // the same 32-block of the next tile's rows
+// GEMV tile: NW W rows x R x rows. Each W chunk of 8 is widened to f32 once and multiplied into
+// all R rows, and each x chunk is loaded once for all NW W rows, so a batch of B sequences
+// widens W once per step instead of B times. Every output is dot_simd's arithmetic exactly —
+// one accumulator fed chunk by chunk in ascending j, the same hsum, the same scalar tail — so a
+// row's result does not depend on how many rows share the call or on the tile shape (batch
+// invariance: the engine's batched decode equals each request run alone, bit for bit).
+// Until 2026-11-30 dot_simd kept four interleaved accumulators per output; a 4 x 3 tile could not
+// hold 48 of them, walked K in four phases and spilled between them. With one per output the
+// tile runs in one pass: in cache (f16, one thread) 36-45 vs 26-34 G MAC/s, and bench_decode's
+// 16-sequence step +26-30% (see docs/benchmarks.md). A single row keeps several chains in flight
+// by running as a tile of kRowTileW rows (gemv_rows).
+// Prefetch while walking K (pf set): linear — the W bytes at pf, the tile's bytes per step
+// (a contiguous stretch ahead); else the same columns of the next tile's rows (pf = w + NW rows).
+template <int R, int NW, typename T, typename Load, typename Widen>
+void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, Load load, Widen widen,
+              const std::byte* pf, bool pf_linear, float (&s)[NW][R]) {
+  const int64_t k8 = k / 8 * 8;
+  __m256 a[NW][R];
+  for (int v = 0; v < NW; ++v)
+    for (int i = 0; i < R; ++i) a[v][i] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < k8; j += 8) {
+    if (pf != nullptr) {
+      if (pf_linear) {
+        constexpr size_t kStep = NW * 8 * sizeof(T);
+        for (size_t b = 0; b < kStep; b += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + (j / 8) * kStep + b), _MM_HINT_T0);
+      } else if (j % 32 == 0) {
         for (int v = 0; v < NW; ++v)
           for (size_t b = 0; b < 32 * sizeof(T); b += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(pf + v * ldw + j) + b, _MM_HINT_T0);
-      }
-      __m256 wv[NW];
-      for (int v = 0; v < NW; ++v) wv[v] = load(w + v * ldw + j);
-      for (int i = 0; i < R; ++i) {
-        __m256 xv = _mm256_loadu_ps(x + i * ldx + j);
-        // Opaque to the optimiser, so xv stays in a register for its NW FMAs. Without it GCC
-        // folds the load into every FMA (NW loads of the same chunk) and the tile is bound by
-        // the load ports, not the FMA units: +30-40% multiply-adds per second at K = 768
-        // (throwaway harness, thread CPU time, M = 16..24, f16, one thread).
-        __asm__("" : "+x"(xv));
-        for (int v = 0; v < NW; ++v) a[v][i] = _mm256_fmadd_ps(wv[v], xv, a[v][i]);
+            _mm_prefetch(reinterpret_cast<const char*>(pf + (v * ldw + j) * static_cast<int64_t>(sizeof(T))) + b, _MM_HINT_T0);
       }
     }
-    for (int v = 0; v < NW; ++v)
-      for (int i = 0; i < R; ++i) acc[q][v][i] = a[v][i];
+    __m256 wv[NW];
+    for (int v = 0; v < NW; ++v) wv[v] = load(w + v * ldw + j);
+    for (int i = 0; i < R; ++i) {
+      __m256 xv = _mm256_loadu_ps(x + i * ldx + j);
+      // Opaque to the optimiser, so xv stays in a register for its NW FMAs. Without it GCC
+      // folds the load into every FMA (NW loads of the same chunk) and the tile is bound by
+      // the load ports, not the FMA units: +30-40% multiply-adds per second at K = 768
+      // (throwaway harness, thread CPU time, M = 16..24, f16, one thread).
+      __asm__("" : "+x"(xv));
+      for (int v = 0; v < NW; ++v) a[v][i] = _mm256_fmadd_ps(wv[v], xv, a[v][i]);
+    }
   }
-}
-
-template <int R, int NW, typename T, typename Load, typename Widen>
-void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, Load load, Widen widen, const T* pf,
-              float (&s)[NW][R]) {
-  const int64_t k32 = k / 32 * 32, k8 = k / 8 * 8;
-  __m256 acc[4][NW][R];
-  for (int q = 0; q < 4; ++q)
-    for (int v = 0; v < NW; ++v)
-      for (int i = 0; i < R; ++i) acc[q][v][i] = _mm256_setzero_ps();
-  for (int64_t j0 = 0; j0 < k32; j0 += kTileSegment)
-    dot_tile_segment(w, ldw, x, ldx, j0, std::min(k32, j0 + kTileSegment), load, pf, acc);
-  for (int64_t j = k32; j < k8; j += 8)
-    for (int v = 0; v < NW; ++v)
-      for (int i = 0; i < R; ++i)
-        acc[0][v][i] = _mm256_fmadd_ps(load(w + v * ldw + j), _mm256_loadu_ps(x + i * ldx + j), acc[0][v][i]);
   for (int v = 0; v < NW; ++v) {
     for (int i = 0; i < R; ++i) {
-      float t = hsum(_mm256_add_ps(_mm256_add_ps(acc[0][v][i], acc[1][v][i]),
-                                   _mm256_add_ps(acc[2][v][i], acc[3][v][i])));
+      float t = hsum(a[v][i]);
       const T* wr = w + v * ldw;
       const float* xr = x + i * ldx;
       for (int64_t j = k8; j < k; ++j) t += widen(wr[j]) * xr[j];
@@ -246,28 +220,28 @@ int g_blas_threads = -1;
 // Tile of the multi-row GEMV: y[i .. i+R, r .. r+NW] (+ bias) = dot_row's value for each.
 // rb: W's row bytes. prefetch: also fetch the next NW rows (the next tile) while computing.
 template <int R, int NW>
-void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, bool prefetch) {
+void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf_bytes, bool linear) {
   float s[NW][R] = {};
   const auto* w = static_cast<const std::byte*>(p.w) + static_cast<size_t>(r) * rb;
   const float* x = p.x + i * p.ldx;
-  const std::byte* pf = prefetch ? w + NW * rb : nullptr;
+  const std::byte* pf = pf_bytes > 0 ? w + pf_bytes : nullptr;
   switch (p.w_dtype) {
     // Loaders as lambdas, not function pointers: a pointer template argument is called, not
     // inlined (perf: a call per 8-element chunk, a quarter of the time).
     case DType::kF32:
       dot_tile<R, NW>(reinterpret_cast<const float*>(w), p.k, x, p.ldx, p.k,
                       [](const float* q) { return _mm256_loadu_ps(q); }, [](float v) { return v; },
-                      reinterpret_cast<const float*>(pf), s);
+                      pf, linear, s);
       break;
     case DType::kF16:
       dot_tile<R, NW>(reinterpret_cast<const f16_t*>(w), p.k, x, p.ldx, p.k,
                       [](const f16_t* q) { return load_f16x8(q); }, [](f16_t v) { return f16_to_f32(v); },
-                      reinterpret_cast<const f16_t*>(pf), s);
+                      pf, linear, s);
       break;
     case DType::kBF16:
       dot_tile<R, NW>(reinterpret_cast<const bf16_t*>(w), p.k, x, p.ldx, p.k,
                       [](const bf16_t* q) { return load_bf16x8(q); }, [](bf16_t v) { return bf16_to_f32(v); },
-                      reinterpret_cast<const bf16_t*>(pf), s);
+                      pf, linear, s);
       break;
     case DType::kQ8_0:
       if constexpr (NW == 1) {
@@ -292,6 +266,7 @@ constexpr int kTileRows = 4;
 constexpr int kTileW = 3;
 constexpr size_t kGemvBlockBytes = 128 << 10;
 constexpr size_t kGemvPrefetchBytes = 8 << 10;  // one-row GEMV: software prefetch distance in W
+constexpr int kRowTileW = 2;  // one-row GEMV (f32/f16/bf16): W rows per tile
 
 // rows (1..R) of x from row i: the tile of that height (remainders of M use smaller tiles).
 template <int NW, int R = kTileRows>
@@ -299,23 +274,36 @@ void gemv_tile_rows(const MatmulParams& p, size_t rb, int64_t r, int64_t i, int6
   if constexpr (R > 1) {
     if (rows < R) return gemv_tile_rows<NW, R - 1>(p, rb, r, i, rows, prefetch);
   }
-  gemv_tile<R, NW>(p, rb, r, i, prefetch);
+  gemv_tile<R, NW>(p, rb, r, i, prefetch ? NW * rb : 0, false);
 }
 #endif
 
 // Rows [r0, r1) of y for every row of x: each W row is read once for all M rows of x. One row
-// of x: dot_row per W row (four accumulators in flight). Several: multi-row tiles, which widen
-// each W chunk once for kTileRows x rows, load each x chunk once for kTileW W rows, and give
-// every output dot_row's exact bits.
+// of x: tiles of kRowTileW W rows (that many FMA chains in flight). Several: multi-row tiles,
+// which widen each W chunk once for kTileRows x rows and load each x chunk once for kTileW W
+// rows. Every output gets dot_row's exact bits either way (q8_0: dot_q8_0's, one row at a time).
 void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
   const size_t rb = row_bytes(p.w_dtype, p.k);
   const auto* w = static_cast<const std::byte*>(p.w);
 #ifdef KVCACHE_MATMUL_AVX2
+  if (p.m == 1 && p.w_dtype != DType::kQ8_0) {
+    // One x row is bound by streaming W. Two rows per tile, prefetching the contiguous W
+    // kGemvPrefetchBytes ahead one line per step, streamed as fast as the old one-row dot
+    // products (tg64 medians 110.7 vs 108.1 t/s, 6 interleaved rounds); 3- and 4-row tiles lost
+    // 6-8% (more rows read side by side), one row per chain 15% (latency-bound).
+    const size_t end = static_cast<size_t>(r1) * rb;
+    int64_t r = r0;
+    for (; r + kRowTileW <= r1; r += kRowTileW) {
+      const size_t at = static_cast<size_t>(r) * rb;
+      gemv_tile<1, kRowTileW>(p, rb, r, 0, at + kGemvPrefetchBytes + kRowTileW * rb <= end ? kGemvPrefetchBytes : 0, true);
+    }
+    for (; r < r1; ++r) gemv_tile<1, 1>(p, rb, r, 0, 0, false);
+    return;
+  }
   if (p.m > 1) {
     const int nw = p.w_dtype == DType::kQ8_0 ? 1 : kTileW;
     // A block of W rows (kGemvBlockBytes, meant to stay in L2) meets each group of kTileRows
-    // x rows in turn, so W comes from memory once per call whatever M. Inside a tile K is
-    // walked in segments (dot_tile), so the group's x segment stays in L1 across the phases.
+    // x rows in turn, so W comes from memory once per call whatever M.
     const int64_t block = std::max<int64_t>(kTileW, static_cast<int64_t>(kGemvBlockBytes / std::max<size_t>(rb, 1)) / kTileW * kTileW);
     for (int64_t b0 = r0; b0 < r1; b0 += block) {
       const int64_t b1 = std::min(r1, b0 + block);
@@ -339,7 +327,7 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
     return;
   }
 #endif
-  // One row of x is bound by streaming W. Weights are usually a file mapping on 4 KiB pages
+  // q8_0, one row of x: bound by streaming W. Weights are usually a file mapping on 4 KiB pages
   // (no transparent huge pages for files on common kernels), where the hardware prefetcher stops
   // at every page boundary; prefetching kGemvPrefetchBytes ahead within this block of rows keeps
   // the stream going across pages. tg64 on dummy:llama-125m (f16, 2 threads), 7 interleaved
