@@ -36,13 +36,13 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
     _mm256_store_ps(o, swiglu8(_mm256_load_ps(g), _mm256_load_ps(u)));
     std::copy(o, o + (n - i), out + i);
   }
-  return;
-#endif
+#else
   for (; i < n; ++i) {
     float g = gate[i];
     g *= 1.0f / (1.0f + std::exp(-g));
     out[i] = g * up[i];
   }
+#endif
 }
 
 void geglu_tanh(const float* gate, const float* up, float* out, int64_t n) {

@@ -1,7 +1,7 @@
 #include "kernels/gemm_packed.h"
 
 #include <algorithm>
-#include <cstring>
+#include <cstdint>
 #include <vector>
 
 #include "core/error.h"
@@ -21,16 +21,15 @@ constexpr int kNr = 16;  // W rows per micro-panel: two 8-lane vectors
 constexpr int kMr = 6;   // x rows per micro-tile: 6 x 2 accumulators + 2 W vectors + 1 broadcast
 constexpr int64_t kBlockM = 96;  // x rows per pass over a micro-panel (which stays in L1)
 
-// Elements [k0, k0 + kc) of W row r as f32.
+// Elements [k0, k0 + kc) of W row r as f32 (k0 a multiple of 32 for q8_0's blocks).
 void dequantize_segment(const MatmulParams& p, int64_t r, int64_t k0, int64_t kc, float* dst) {
   const auto* row = static_cast<const std::byte*>(p.w) + static_cast<size_t>(r) * dtype_bytes(p.w_dtype, p.k);
-  switch (p.w_dtype) {
-    case DType::kF32: std::memcpy(dst, row + k0 * 4, static_cast<size_t>(kc) * 4); return;
-    case DType::kF16:
-    case DType::kBF16: dequantize_row(row + k0 * 2, p.w_dtype, dst, kc); return;
-    case DType::kQ8_0: dequantize_row(row + (k0 / 32) * sizeof(BlockQ8_0), p.w_dtype, dst, kc); return;
-  }
-  KV_CHECK(false, "gemm_packed: unknown weight dtype");
+  dequantize_row(row + dtype_bytes(p.w_dtype, k0), p.w_dtype, dst, kc);
+}
+
+// The first 64-byte aligned float at or after p (the micro-kernel loads its panel aligned).
+float* align64(float* p) {
+  return p + ((64 - reinterpret_cast<uintptr_t>(p) % 64) % 64) / sizeof(float);
 }
 
 // o[c][i] = r[i][c]: the 8 x 8 transpose of eight vectors.
@@ -178,11 +177,10 @@ void pack_x(const MatmulParams& p, int64_t m0, int64_t m1, int64_t k0, int64_t k
   }
 }
 
-// 64-byte aligned per-thread buffers (the micro-kernel loads the panel aligned).
+// n floats of a per-thread buffer, 64-byte aligned (16 floats of slack for the alignment).
 float* scratch(std::vector<float>& v, size_t n) {
   if (v.size() < n + 16) v.resize(n + 16);
-  auto addr = reinterpret_cast<uintptr_t>(v.data());
-  return v.data() + ((64 - addr % 64) % 64) / sizeof(float);
+  return align64(v.data());
 }
 
 // W rows [b0, b0 + rows) for every row of x, from x packed by pack_x (chunk k0 at m_pad * k0).
@@ -245,9 +243,8 @@ void gemm_packed(std::span<const MatmulParams> group, ThreadPool* pool) {
   const int64_t m_tiles = (p.m + kMr - 1) / kMr, m_pad = m_tiles * kMr;
   static_assert(kMr == 6, "gemm_packed_scratch_floats pads rows to 6");
   const size_t need = gemm_packed_scratch_floats(p.m, p.k);
-  float* a_pack = p.pack_scratch != nullptr && p.pack_scratch_floats >= need
-                      ? p.pack_scratch + ((64 - reinterpret_cast<uintptr_t>(p.pack_scratch) % 64) % 64) / sizeof(float)
-                      : scratch(a_buf, need - 16);
+  float* a_pack = p.pack_scratch != nullptr && p.pack_scratch_floats >= need ? align64(p.pack_scratch)
+                                                                             : scratch(a_buf, need - 16);
   const int64_t n_chunks = (p.k + kPackK - 1) / kPackK;
   constexpr int64_t kPackTiles = 16;  // tiles of x per packing task
   const int64_t tile_groups = (m_tiles + kPackTiles - 1) / kPackTiles;
@@ -277,7 +274,7 @@ void gemm_packed(std::span<const MatmulParams> group, ThreadPool* pool) {
   pool->parallel_for(n_blocks, block);
 }
 
-#else  // no AVX2: matmul() keeps the sgemm path
+#else  // no AVX2: matmul() falls back to OpenBLAS sgemm
 
 bool gemm_packed_available() { return false; }
 

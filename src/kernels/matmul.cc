@@ -217,8 +217,9 @@ void validate(const MatmulParams& p) {
 int g_blas_threads = -1;
 
 #ifdef KVCACHE_MATMUL_AVX2
-// Tile of the multi-row GEMV: y[i .. i+R, r .. r+NW] (+ bias) = dot_row's value for each.
-// rb: W's row bytes. prefetch: also fetch the next NW rows (the next tile) while computing.
+// Tile of the GEMV: y[i .. i+R, r .. r+NW] (+ bias) = dot_row's value for each. rb: W's row
+// bytes; pf_bytes > 0: prefetch from w + pf_bytes while computing, linearly (the contiguous W
+// ahead, one-row GEMV) or at the next tile's rows (dot_tile's pf_linear).
 template <int R, int NW>
 void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf_bytes, bool linear) {
   float s[NW][R] = {};
@@ -258,10 +259,9 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
 }
 
 // x rows per tile and W rows per tile (f32/f16/bf16; q8_0 uses one). 4 x 3 keeps 12 independent
-// FMA chains in flight (latency 4 x 2 ports needs 8) in 12 + 3 + 1 registers. Throwaway
-// harness (thread CPU time, f16, M = 24, noisy shared machine, medians of 7, G MAC/s at
-// K = 768 / K = 2048): 4x2 29.7 / 21.7, 4x3 25.6 / 29.1 (segment 512), 6x2 24.0 / 26.6;
-// FFN down (K = 2048) is the largest product of the step, so 4 x 3.
+// FMA chains in flight (latency 4 x 2 ports needs 8) in 12 + 3 + 1 registers. Chosen when
+// dot_row still had four accumulators per output (throwaway harness, f16, M = 24, G MAC/s at
+// K = 768 / 2048: 4x2 29.7 / 21.7, 4x3 25.6 / 29.1, 6x2 24.0 / 26.6); not re-ranked since.
 constexpr int kTileRows = 4;
 constexpr int kTileW = 3;
 constexpr size_t kGemvBlockBytes = 128 << 10;
@@ -312,9 +312,9 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
         int64_t r = b0;
         // The first x group's pass brings the block's W from memory (file-mapped, 4 KiB pages:
         // the hardware prefetcher stops at each page), so its tiles also fetch the next tile's
-        // rows, a 32-block at a time as they go: bench_decode's 16-sequence step 346 -> 361 t/s
-        // with the prefetches issued in one burst before each tile (medians of 8 interleaved
-        // runs; 2 tiles ahead measured less), and the burst cost 8% of the step's cycles.
+        // rows, a 32-block at a time as they go. Issued as one burst before each tile it took
+        // bench_decode's 16-sequence step from 346 to 361 t/s (medians of 8 interleaved runs;
+        // 2 tiles ahead measured less) but spent 8% of the step's cycles issuing it.
         for (; nw == kTileW && r + kTileW <= b1; r += kTileW)
           gemv_tile_rows<kTileW>(p, rb, r, i, rows, i == 0 && r + 2 * kTileW <= r1);
         if (nw == kTileW && r + 2 <= b1) {
@@ -327,12 +327,15 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
     return;
   }
 #endif
-  // q8_0, one row of x: bound by streaming W. Weights are usually a file mapping on 4 KiB pages
-  // (no transparent huge pages for files on common kernels), where the hardware prefetcher stops
-  // at every page boundary; prefetching kGemvPrefetchBytes ahead within this block of rows keeps
-  // the stream going across pages. tg64 on dummy:llama-125m (f16, 2 threads), 7 interleaved
-  // rounds: +8% on average, never slower (0 -> 8 KiB ahead; 16 KiB was erratic).
+  // q8_0, one row of x (and every dtype in builds without AVX2): bound by streaming W. Weights
+  // are usually a file mapping on 4 KiB pages (no transparent huge pages for files on common
+  // kernels), where the hardware prefetcher stops at every page boundary; prefetching
+  // kGemvPrefetchBytes ahead within this block of rows keeps the stream going across pages
+  // (measured on f16 when this path served it: tg64 on dummy:llama-125m, 2 threads, 7
+  // interleaved rounds, +8% on average, never slower; 16 KiB ahead was erratic).
+#ifdef KVCACHE_MATMUL_AVX2
   const size_t end = static_cast<size_t>(r1) * rb;
+#endif
   for (int64_t r = r0; r < r1; ++r) {
     const size_t off = static_cast<size_t>(r) * rb;
     const std::byte* wr = w + off;

@@ -32,14 +32,17 @@ struct MatmulParams {
   int64_t ldy = 0;
   int64_t m = 0, n = 0, k = 0;  // q8_0 needs k % 32 == 0
   ThreadPool* pool = nullptr;   // nullptr: default_pool()
-  bool allow_blas = true;       // false: always the own kernels (tests, exactness studies)
+  // false: the GEMV kernels for every M, whose rows equal dot_row bit for bit (the serving
+  // engine's batch invariance, tests); true: M >= kBlasMinRows takes the prefill GEMM.
+  bool allow_blas = true;
   // Optional caller-owned scratch for the prefill GEMM's packed copy of x (see
   // gemm_packed_scratch_floats); nullptr or too small: a thread-local buffer of the kernel.
   float* pack_scratch = nullptr;
   size_t pack_scratch_floats = 0;
 };
 
-// Rows of x from which weights are multiplied by OpenBLAS sgemm instead of our GEMV.
+// Rows of x from which matmul() takes the prefill GEMM (gemm_packed, or sgemm without AVX2)
+// instead of the GEMV.
 inline constexpr int64_t kBlasMinRows = 4;
 
 // GEMV path (m < kBlasMinRows, or !allow_blas): y[i, r] == dot_row(W[r], x[i]) + bias[r]
@@ -51,9 +54,10 @@ void matmul(const MatmulParams& p);
 // Several products that read the same x rows (a layer's Q, K and V; gate and up), each with
 // matmul()'s contract and the same pool. On the GEMV path (m < kBlasMinRows, or !allow_blas)
 // their rows are handed to the pool as ONE parallel loop, so a decode step synchronises the
-// threads 4 times per layer instead of 7; larger m goes to gemm_packed as one group (x packed once, the blocks of all products in one loop), else the
-// products run one after the other. Results are those of matmul() on each, bit for bit
-// (threads only split rows). At most kMaxMatmulGroup entries.
+// threads 4 times per layer instead of 7; larger m goes to gemm_packed as one group (x packed
+// once, the blocks of all products in one loop), else the products run one after the other.
+// Results are those of matmul() on each, bit for bit (threads only split rows). At most
+// kMaxMatmulGroup entries.
 inline constexpr size_t kMaxMatmulGroup = 4;
 void matmul_group(std::span<const MatmulParams> group);
 

@@ -1022,18 +1022,18 @@ void LlamaForward::gemma3n_layers(const Step& st, const int32_t* tokens) {
 }
 
 std::span<const float> LlamaForward::forward(const ForwardParams& p) {
-  struct InvariantScope {
+  struct ForwardScope {  // the thread-locals linear_params reads, for this call
     bool saved = t_batch_invariant;
     const Tensor* saved_pack = t_pack;
-    InvariantScope(bool on, const Tensor& pack) {
+    ForwardScope(bool on, const Tensor& pack) {
       t_batch_invariant = on;
       t_pack = &pack;
     }
-    ~InvariantScope() {
+    ~ForwardScope() {
       t_batch_invariant = saved;
       t_pack = saved_pack;
     }
-  } invariant_scope(p.batch_invariant, xpack_);
+  } forward_scope(p.batch_invariant, xpack_);
   const ModelConfig& c = model_.config();
   if (p.tokens == nullptr || p.batch <= 0 || p.n_tokens <= 0) {
     throw Error(ErrorKind::kInvalidArgument, "forward: needs at least one token per batch row");
