@@ -52,8 +52,8 @@ struct Plan {
   int64_t B = 0, Hq = 0, Hkv = 0, Gq = 0, Sq = 0, Skv = 0, Dk = 0, Dv = 0;
   int64_t G = 0, n_blocks = 0, packed = 0, n_res = 0, n_tiles = 0;
   int64_t vg = 0, ng = 0;    // value channels per group, groups per token
-  int64_t rbk = 0, rbv = 0;  // code row bytes of K and V
-  int64_t st = 0;            // row stride of the score buffer: round8(max(G, kResTile))
+  int64_t cbk = 0, rbv = 0;  // bytes of a key code column (G tokens), of a value code row
+  int64_t st = 0;            // row stride of the score buffer: round64(max(G, kResTile))
   float scale = 1, softcap = 0;
   KVBlockFormat fmt;             // the packed blocks' format (kv_quant.h)
   bool per_token = false;        // q8_0 / q4_0: blocks dequantized tile by tile into scratch
@@ -65,16 +65,19 @@ struct Plan {
   float* partial = nullptr;  // [tasks, max_rows, D_v + 2]: acc, m, l per row (n_split > 1)
 };
 
-// The next packed block's code rows, prefetched while the current block is scored (one K row
-// and one V row per key): the hardware prefetcher alone leaves the first touch of each block
-// stalled on memory (the same finding as the fused kernel's, attention_fused.cc).
+// The next packed block, prefetched while the current one is scored, a slice per group of
+// keys: the hardware prefetcher alone leaves the first touch of each block stalled on memory
+// (the same finding as the fused kernel's, attention_fused.cc).
 struct Ahead {
-  const std::byte* k = nullptr;  // K code row 0 of the next block
-  const std::byte* v = nullptr;  // V code row 0 of the next block
-  int64_t krb = 0, vrb = 0;      // row bytes
-  void row(int64_t j) const {
-    for (int64_t o = 0; o < krb; o += 64) __builtin_prefetch(k + j * krb + o, 0, 3);
-    for (int64_t o = 0; o < vrb; o += 64) __builtin_prefetch(v + j * vrb + o, 0, 3);
+  const std::byte* k = nullptr;  // the next K block (header and codes)
+  const std::byte* v = nullptr;  // the next V block
+  int64_t kbytes = 0, vbytes = 0;
+  // Slice i of n of both blocks.
+  void slice(int64_t i, int64_t n) const {
+    for (int64_t o = kbytes * i / n / 64 * 64; o < kbytes * (i + 1) / n; o += 64)
+      __builtin_prefetch(k + o, 0, 3);
+    for (int64_t o = vbytes * i / n / 64 * 64; o < vbytes * (i + 1) / n; o += 64)
+      __builtin_prefetch(v + o, 0, 3);
   }
 };
 
@@ -84,8 +87,6 @@ struct Workspace {
   std::vector<float> qk;                 // [R, D_k] queries times the block's key scales
   std::vector<float> qz;                 // [R] queries . the block's key zeros
   std::vector<float> kscale, kzero;      // [D_k]
-  std::vector<float> qsp;                // [R, D_k] scaled queries in the chunked channel order
-  std::vector<float> kscale_p, kzero_p;  // [D_k] the block's key scales/zeros, same order
   std::vector<float> vscale, vzero;      // [ng, st] per key of the tile
   std::vector<float> pg;                 // [ng, R, st] probabilities times value scales
   std::vector<float> zs;                 // [R, ng] probabilities . value zeros
@@ -104,9 +105,6 @@ struct Workspace {
     grow(qz, R);
     grow(kscale, P.Dk);
     grow(kzero, P.Dk);
-    grow(qsp, R * P.Dk);
-    grow(kscale_p, P.Dk);
-    grow(kzero_p, P.Dk);
     grow(vscale, P.ng * P.st);
     grow(vzero, P.ng * P.st);
     grow(pg, P.ng * R * P.st);
@@ -201,21 +199,20 @@ struct ScalarOps {
         zs[r * ng + g] = z;
       }
   }
-  // s[r, j] = qz[r] + sum_d qk[r, d] code(j, d), keys j in [0, n) of a block.
+  // s[r, j] = qz[r] + sum_d qk[r, d] code(j, d), keys j in [0, n) of a block: one FMA chain
+  // over the channels in order per (row, key), as each lane of the SIMD path computes it.
   template <int BITS>
   static void packed_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
-                            const std::byte* codes, int64_t rb, int64_t n, float* s, int64_t st,
+                            const std::byte* codes, int64_t cb, int64_t n, float* s, int64_t st,
                             const Ahead* = nullptr) {
-    for (int64_t j = 0; j < n; ++j) {
-      const std::byte* row = codes + j * rb;
+    for (int64_t j = 0; j < n; ++j)
       for (int64_t r = 0; r < R; ++r) {
         const float* q = qk + r * Dk;
         float a = 0;
         for (int64_t d = 0; d < Dk; ++d)
-          a = std::fma(q[d], static_cast<float>(kivi_code(row, d, BITS)), a);
+          a = std::fma(q[d], static_cast<float>(kivi_key_code(codes + d * cb, j, BITS)), a);
         s[r * st + j] = a + qz[r];
       }
-    }
   }
   // acc[r, d] += sum_j pg[g(d), r, j] code(j, d)
   template <int BITS>
@@ -400,38 +397,107 @@ struct SimdOps {
         s[r * st + c] = qz ? x + qz[r] : x;
       }
   }
-  // CHUNKED: qk in the chunked channel order (chunked_score_block<BITS>), else in channel order
-  // read through Load.
-  template <typename Load, int BITS, int NR, bool CHUNKED>
-  static void score_rows(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
-                         int64_t rb, int64_t n, float* s, int64_t st, const Ahead* ah = nullptr) {
-    auto block = [&]<int NK>(const std::byte* const* rows, int64_t j) {
-      if constexpr (CHUNKED)
-        chunked_score_block<BITS, NR, NK>(qk, qz, Dk, rows, s + j, st);
-      else
-        score_block<Load, NR, NK>(qk, qz, Dk, rows, s + j, st);
-    };
+  // Dense rows (the residual, per-token scratch): dot products of NR rows x 2 keys.
+  template <typename Load, int NR>
+  static void score_rows(const float* qk, int64_t Dk, const std::byte* kb, int64_t kstride,
+                         int64_t n, float* s, int64_t st) {
     int64_t j = 0;
     for (; j + 2 <= n; j += 2) {
-      if (ah) {
-        ah->row(j);
-        ah->row(j + 1);
-      }
-      const std::byte* rows[2] = {codes + j * rb, codes + (j + 1) * rb};
-      block.template operator()<2>(rows, j);
+      const std::byte* rows[2] = {kb + j * kstride, kb + (j + 1) * kstride};
+      score_block<Load, NR, 2>(qk, nullptr, Dk, rows, s + j, st);
     }
     if (j < n) {
-      const std::byte* rows[1] = {codes + j * rb};
-      block.template operator()<1>(rows, j);
+      const std::byte* rows[1] = {kb + j * kstride};
+      score_block<Load, NR, 1>(qk, nullptr, Dk, rows, s + j, st);
     }
   }
-  template <int BITS, bool CHUNKED = false>
+
+  // ---- packed key blocks: 8 keys per vector (kv_quant.h's token chunks) ----
+  // Vector I (8 tokens) of group g of NV vectors in a key column: chunk g * NV / per + I / per,
+  // shifted by (I % per) * BITS and masked (per = 8 / BITS vectors per chunk, NV >= per).
+  template <int BITS, int NV, int I>
+  static inline __m256 key_vec(const std::byte* col, int64_t g) {
+    constexpr int per = 8 / BITS;
+    static_assert(NV % per == 0, "a group is whole chunks");
+    __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+        reinterpret_cast<const __m128i*>(col + 8 * (g * (NV / per) + I / per))));
+    if constexpr (I % per > 0) x = _mm256_srli_epi32(x, (I % per) * BITS);
+    if constexpr (I % per + 1 < per) x = _mm256_and_si256(x, _mm256_set1_epi32((1 << BITS) - 1));
+    return _mm256_cvtepi32_ps(x);
+  }
+  // All NV vectors of group g (a plain fold, no lambda: a lambda capturing the accumulators by
+  // reference made GCC keep them on the stack, a store per FMA).
+  template <int BITS, int NV, int... I>
+  __attribute__((always_inline)) static inline void key_vecs(const std::byte* col, int64_t g, __m256* k,
+                                                             std::integer_sequence<int, I...>) {
+    ((k[I] = key_vec<BITS, NV, I>(col, g)), ...);
+  }
+  // Logits of NR rows for the 8 * NV keys of group g: lane l of accumulator (r, I) is one FMA
+  // chain over the channels in order (ScalarOps::packed_scores's arithmetic), then + qz[r].
+  // No horizontal sums: the keys are the lanes.
+  template <int BITS, int NR, int NV>
+  static void key_group(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
+                        int64_t cb, int64_t g, float* s, int64_t st) {
+    __m256 acc[NR * NV];
+#pragma GCC unroll 32
+    for (int i = 0; i < NR * NV; ++i) acc[i] = _mm256_setzero_ps();
+    const std::byte* col = codes;
+    for (int64_t d = 0; d < Dk; ++d, col += cb) {
+      __m256 k[NV];
+      key_vecs<BITS, NV>(col, g, k, std::make_integer_sequence<int, NV>{});
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const __m256 q = _mm256_broadcast_ss(qk + r * Dk + d);
+#pragma GCC unroll 8
+        for (int i = 0; i < NV; ++i) acc[r * NV + i] = _mm256_fmadd_ps(q, k[i], acc[r * NV + i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m256 z = _mm256_set1_ps(qz[r]);
+#pragma GCC unroll 8
+      for (int i = 0; i < NV; ++i)
+        _mm256_storeu_ps(s + r * st + 8 * (g * NV + i), _mm256_add_ps(acc[r * NV + i], z));
+    }
+  }
+  // Vectors per group for NR rows: 8 to 12 accumulators (independent FMA chains) where the
+  // registers allow; whole chunks (2 bits: 4 vectors per chunk).
+  template <int BITS, int NR>
+  static constexpr int key_group_vectors() {
+    constexpr int per = 8 / BITS;
+    constexpr int nv = NR == 1 ? 8 : NR <= 3 ? 4 : 2;
+    return nv < per ? per : nv;
+  }
+  template <int BITS, int NR>
+  static void key_rows(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
+                       int64_t cb, int64_t n, float* s, int64_t st, const Ahead* ah) {
+    constexpr int NV = key_group_vectors<BITS, NR>(), per = 8 / BITS;
+    const int64_t n_chunks = (n + kivi_chunk_tokens(BITS) - 1) / kivi_chunk_tokens(BITS);
+    const int64_t groups = n_chunks / (NV / per);  // whole groups inside the column
+    const int64_t tail = n_chunks - groups * (NV / per);  // chunks left: one chunk per group
+    for (int64_t g = 0; g < groups; ++g) {
+      if (ah) ah->slice(g, groups + tail);
+      key_group<BITS, NR, NV>(qk, qz, Dk, codes, cb, g, s, st);
+    }
+    if constexpr (NV > per)
+      for (int64_t c = groups * (NV / per); c < n_chunks; ++c) {
+        if (ah) ah->slice(c - groups * (NV / per) + groups, groups + tail);
+        key_group<BITS, NR, per>(qk, qz, Dk, codes, cb, c, s, st);
+      }
+  }
+  // s[r * st + j] for keys j of a packed block (columns [n, round_up(n, chunk tokens)) get
+  // scores of the zero padding: st must have room for them).
+  template <int BITS>
   static void packed_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
-                            const std::byte* codes, int64_t rb, int64_t n, float* s, int64_t st,
+                            const std::byte* codes, int64_t cb, int64_t n, float* s, int64_t st,
                             const Ahead* ah = nullptr) {
     by_row_blocks(R, [&]<int NR>(int64_t r) {  // the first row block prefetches
-      score_rows<CodeLoad<BITS>, BITS, NR, CHUNKED>(qk + r * Dk, qz + r, Dk, codes, rb, n,
-                                                    s + r * st, st, r == 0 ? ah : nullptr);
+      if constexpr (BITS == 2 && NR == 4) {  // 4 x 4 accumulators would spill: two halves
+        key_rows<BITS, 2>(qk + r * Dk, qz + r, Dk, codes, cb, n, s + r * st, st, r == 0 ? ah : nullptr);
+        key_rows<BITS, 2>(qk + (r + 2) * Dk, qz + r + 2, Dk, codes, cb, n, s + (r + 2) * st, st, nullptr);
+      } else {
+        key_rows<BITS, NR>(qk + r * Dk, qz + r, Dk, codes, cb, n, s + r * st, st, r == 0 ? ah : nullptr);
+      }
     });
   }
 
@@ -533,43 +599,6 @@ struct SimdOps {
     if constexpr (K + 1 < per) v = _mm256_and_si256(v, _mm256_set1_epi32((1 << BITS) - 1));
     return _mm256_cvtepi32_ps(v);
   }
-  // NR rows x NK keys; qk in chunked order, Dk a multiple of the chunk.
-  template <int BITS, int NR, int NK>
-  __attribute__((always_inline)) static inline void chunked_score_block(const float* qk,
-                                                                        const float* qz, int64_t Dk,
-                                                                        const std::byte* const* row,
-                                                                        float* s, int64_t st) {
-    constexpr int64_t CH = chunk_channels<BITS>();
-    __m256 acc[NR * NK];
-    for (int i = 0; i < NR * NK; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < Dk / CH; ++c) {
-      __m256i x[NK];
-      for (int k = 0; k < NK; ++k) x[k] = load_chunk(row[k] + 8 * c);
-      const float* qc = qk + c * CH;
-      auto part = [&]<int K>() {
-        __m256 kv[NK];
-        for (int k = 0; k < NK; ++k) kv[k] = extract<BITS, K>(x[k]);
-        for (int r = 0; r < NR; ++r) {
-          __m256 qv = _mm256_loadu_ps(qc + r * Dk + 8 * K);
-          if constexpr (NK > 1) asm("" : "+x"(qv));  // keep q in a register (see fused kernel)
-          for (int k = 0; k < NK; ++k)
-            acc[r * NK + k] = _mm256_fmadd_ps(qv, kv[k], acc[r * NK + k]);
-        }
-      };
-      [&]<int... K>(std::integer_sequence<int, K...>) {
-        (part.template operator()<K>(), ...);
-      }
-      (std::make_integer_sequence<int, 8 / BITS>{});
-    }
-    alignas(32) float res[NR * NK];
-    if constexpr (NR * NK == 8) {
-      _mm256_store_ps(res, hsum8(acc));
-    } else {
-      for (int i = 0; i < NR * NK; ++i) res[i] = hsum(acc[i]);
-    }
-    for (int r = 0; r < NR; ++r)
-      for (int k = 0; k < NK; ++k) s[r * st + k] = res[r * NK + k] + qz[r];
-  }
   // NR rows, vectors K0 and K0 + 1 of chunk c: 16 accumulator columns (chunked order) in
   // registers over the n keys of the block.
   template <int BITS, int NR, int K0>
@@ -624,8 +653,7 @@ struct SimdOps {
   static void dense_scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb,
                            int64_t kstride, int64_t n, float* s, int64_t st) {
     by_row_blocks(R, [&]<int NR>(int64_t r) {
-      score_rows<DenseLoad<KD>, 8, NR, false>(qs + r * Dk, nullptr, Dk, kb, kstride, n, s + r * st,
-                                              st);
+      score_rows<DenseLoad<KD>, NR>(qs + r * Dk, Dk, kb, kstride, n, s + r * st, st);
     });
   }
   template <DType KD>
@@ -668,12 +696,11 @@ void run_task(const Plan& P, int64_t task) {
   float* qs = ws.qs.data();
   float* acc = ws.acc.data();
   float* s = ws.s.data();
-  // Chunked code order (SIMD, 2/4 bits) for the key codes when D_k is whole chunks, for the
-  // value codes when a value group is. Packed P.V then accumulates into a second half of each
-  // accumulator row ([R, 2 D_v]: channel order | chunked order), folded back at the end.
+  // Chunked code order (SIMD, 2/4 bits) for the value codes when a value group is whole
+  // chunks. Packed P.V then accumulates into a second half of each accumulator row
+  // ([R, 2 D_v]: channel order | chunked order), folded back at the end.
   constexpr int64_t CH = BITS == 8 ? 8 : chunk_channels < BITS == 8 ? 4 : BITS > ();
   constexpr bool chunked = Ops::kPermute && BITS != 8;
-  const bool chunk_k = chunked && Dk % CH == 0;
   const bool chunk_v = chunked && P.vg % CH == 0;
   const int64_t lda = chunk_v ? 2 * Dv : Dv;
   // Row r = g * nq + i: query head hk * Gq + g at query index q0 + i.
@@ -682,11 +709,6 @@ void run_task(const Plan& P, int64_t task) {
     for (int64_t d = 0; d < Dk; ++d) qs[r * Dk + d] = qr[d] * P.scale;
     ws.m[static_cast<size_t>(r)] = kNegInf;
     ws.l[static_cast<size_t>(r)] = 0;
-  }
-  if constexpr (chunked) {
-    if (chunk_k)
-      for (int64_t r = 0; r < R; ++r)
-        Ops::template to_chunked<BITS>(qs + r * Dk, ws.qsp.data() + r * Dk, Dk);
   }
   std::fill(acc, acc + R * lda, 0.0f);
 
@@ -748,33 +770,16 @@ void run_task(const Plan& P, int64_t task) {
       Ahead ahead;
       const Ahead* ah = nullptr;
       if (tile + 1 < std::min(tile_end, P.n_blocks)) {
-        const std::byte* nk = kv.k_block(b, hk, tile + 1);
-        const std::byte* nv = kv.v_block(b, hk, tile + 1);
-        for (int64_t o = 0; o < 4 * Dk; o += 64) __builtin_prefetch(nk + o, 0, 3);
-        for (int64_t o = 0; o < 4 * P.G * ng; o += 64) __builtin_prefetch(nv + o, 0, 3);
-        ahead = Ahead{nk + 4 * Dk, nv + 4 * P.G * ng, P.rbk, P.rbv};
+        ahead = Ahead{kv.k_block(b, hk, tile + 1), kv.v_block(b, hk, tile + 1), kv.k_block_bytes,
+                      kv.v_block_bytes};
         ah = &ahead;
       }
       const auto* kp = reinterpret_cast<const f16_t*>(kb);
       f16_to_f32_n(kp, ws.kscale.data(), static_cast<size_t>(Dk));
       f16_to_f32_n(kp + Dk, ws.kzero.data(), static_cast<size_t>(Dk));
-      bool done = false;
-      if constexpr (chunked) {
-        if (chunk_k) {
-          Ops::template to_chunked<BITS>(ws.kscale.data(), ws.kscale_p.data(), Dk);
-          Ops::template to_chunked<BITS>(ws.kzero.data(), ws.kzero_p.data(), Dk);
-          Ops::block_query(ws.qsp.data(), R, Dk, ws.kscale_p.data(), ws.kzero_p.data(),
-                           ws.qk.data(), ws.qz.data());
-          Ops::template packed_scores<BITS, true>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk,
-                                                  P.rbk, n, s, st, ah);
-          done = true;
-        }
-      }
-      if (!done) {
-        Ops::block_query(qs, R, Dk, ws.kscale.data(), ws.kzero.data(), ws.qk.data(), ws.qz.data());
-        Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.rbk, n,
-                                          s, st, ah);
-      }
+      Ops::block_query(qs, R, Dk, ws.kscale.data(), ws.kzero.data(), ws.qk.data(), ws.qz.data());
+      Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.cbk, n,
+                                        s, st, ah);
     } else {
       Ops::template dense_scores<RD>(qs, R, Dk,
                                      static_cast<const std::byte*>(rk.ptr(b, hk, k0 - P.packed)),
@@ -940,9 +945,9 @@ void run_quantized(const TensorView& q, const QuantKV& kv, const TensorView& out
   if (!P.per_token) P.fmt.v_group = kv.v_group;  // the span's, as validated
   if (P.per_token) P.vg = P.Dv;                  // no value groups: one "group" spans the row
   P.ng = P.Dv / P.vg;
-  P.rbk = kivi_row_bytes(P.Dk, kv.bits);
+  P.cbk = kivi_col_bytes(P.G, kv.bits);
   P.rbv = kivi_row_bytes(P.Dv, kv.bits);
-  P.st = (std::max(P.G, kResTile) + 7) / 8 * 8;
+  P.st = (std::max(P.G, kResTile) + 63) / 64 * 64;  // packed_scores writes whole chunks
   if (P.B == 0 || P.Hq == 0 || P.Sq == 0 || P.Dv == 0) return;
   P.scale = o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(P.Dk));
   P.softcap = o.softcap;

@@ -77,11 +77,12 @@ int64_t kivi_value_group(int64_t d, int64_t g) {
 void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p,
                         std::byte* block) {
   check_params(p);
-  const int64_t D = p.d, G = p.group, rb = kivi_row_bytes(D, p.bits);
+  const int64_t D = p.d, G = p.group, cb = kivi_col_bytes(G, p.bits);
+  const int64_t span = kivi_chunk_tokens(p.bits);
   auto* scales = reinterpret_cast<f16_t*>(block);
   auto* zeros = scales + D;
   std::byte* codes = block + 4 * D;
-  std::memset(codes, 0, static_cast<size_t>(G * rb));
+  std::memset(codes, 0, static_cast<size_t>(D * cb));
   for (int64_t c = 0; c < D; ++c) {
     float lo = keys[c], hi = keys[c];
     for (int64_t t = 1; t < G; ++t) {
@@ -91,7 +92,11 @@ void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p,
     const GroupQuant q(lo, hi, p.bits);
     std::memcpy(scales + c, &q.scale16, 2);
     std::memcpy(zeros + c, &q.zero16, 2);
-    for (int64_t t = 0; t < G; ++t) put_code(codes + t * rb, c, p.bits, q.code(keys[t * ld + c]));
+    for (int64_t t = 0; t < G; ++t) {  // the token-chunk order (kv_quant.h)
+      const int64_t w = t % span;
+      std::byte& b = codes[c * cb + 8 * (t / span) + w % 8];
+      b |= static_cast<std::byte>(q.code(keys[t * ld + c]) << ((w / 8) * p.bits));
+    }
   }
 }
 
@@ -121,13 +126,13 @@ void kivi_quantize_values(const float* values, int64_t ld, const KiviBlockParams
 void kivi_dequantize_keys(const std::byte* block, const KiviBlockParams& p, float* out,
                           int64_t ld) {
   check_params(p);
-  const int64_t D = p.d, G = p.group, rb = kivi_row_bytes(D, p.bits);
+  const int64_t D = p.d, G = p.group, cb = kivi_col_bytes(G, p.bits);
   const auto* scales = reinterpret_cast<const f16_t*>(block);
   const auto* zeros = scales + D;
   const std::byte* codes = block + 4 * D;
   for (int64_t t = 0; t < G; ++t)
     for (int64_t c = 0; c < D; ++c)
-      out[t * ld + c] = f16_to_f32(scales[c]) * static_cast<float>(kivi_code(codes + t * rb, c, p.bits)) +
+      out[t * ld + c] = f16_to_f32(scales[c]) * static_cast<float>(kivi_key_code(codes + c * cb, t, p.bits)) +
                         f16_to_f32(zeros[c]);
 }
 

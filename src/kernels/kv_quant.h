@@ -12,12 +12,19 @@
 // is rounded *down* to f16 and the scale *up*, then codes are computed from the stored values:
 // every element of [zero, zero + scale * (2^bits - 1)] is within scale / 2 of its code's value.
 //
-// Block layouts (bytes; row_bytes(D, bits) = 4 * ceil(D * bits / 32): codes of one token row,
-// packed little-endian into u32 words, channel d at bit (d % (32 / bits)) * bits of word
-// d / (32 / bits) — i.e. byte-natural order, so 8 consecutive 4-bit channels are one u32):
-//   key block   [scale f16 x D_k][zero f16 x D_k][codes: G rows x row_bytes(D_k, bits)]
+// Block layouts (bytes):
+//   key block   [scale f16 x D_k][zero f16 x D_k][codes: D_k columns x col_bytes(G, bits)]
 //   value block [scale f16: (D_v / v_group) groups x G tokens][zero f16: same]
 //               [codes: G rows x row_bytes(D_v, bits)]
+// Value rows (row_bytes(D, bits) = 4 * ceil(D * bits / 32)): one token's codes packed
+// little-endian into u32 words, channel d at bit (d % (32 / bits)) * bits of word d / (32 / bits)
+// — byte-natural order, so 8 consecutive 4-bit channels are one u32.
+// Key columns are channel-major, as the keys are quantized (KIVI packs keys along tokens too):
+// column c holds the G codes of channel c in "token chunks" of 8 bytes, each 8 * (8 / bits)
+// tokens: token t of chunk k sits in byte t % 8 at bit (t / 8) * bits (so col_bytes(G, bits) =
+// 8 * ceil(G * bits / 64), zero-padded). One zero-extending load of a chunk puts 8 consecutive
+// tokens' codes in 8 lanes after a shift and a mask, so the attention kernel computes the logits
+// of 8 keys per vector, one FMA per channel, with no horizontal sums.
 // (value scales group-major, so the G scales of one channel group are contiguous: the kernel
 // widens them with one bulk f16 conversion per block.)
 //
@@ -50,8 +57,13 @@ inline int64_t kivi_row_bytes(int64_t d, int bits) {
   const int64_t per = kivi_codes_per_word(bits);
   return 4 * ((d + per - 1) / per);
 }
+// Tokens per 8-byte chunk of a key column, and the bytes of one column of G tokens.
+inline int64_t kivi_chunk_tokens(int bits) { return 8 * (8 / bits); }
+inline int64_t kivi_col_bytes(int64_t group, int bits) {
+  return 8 * ((group + kivi_chunk_tokens(bits) - 1) / kivi_chunk_tokens(bits));
+}
 inline int64_t kivi_k_block_bytes(int64_t group, int64_t d, int bits) {
-  return 4 * d + group * kivi_row_bytes(d, bits);
+  return 4 * d + d * kivi_col_bytes(group, bits);
 }
 inline int64_t kivi_v_block_bytes(int64_t group, int64_t d, int64_t v_group, int bits) {
   return 4 * group * (d / v_group) + group * kivi_row_bytes(d, bits);
@@ -65,6 +77,13 @@ inline uint32_t kivi_code(const std::byte* row, int64_t d, int bits) {
   uint32_t w;
   __builtin_memcpy(&w, row + 4 * (d / per), 4);
   return (w >> ((d % per) * bits)) & ((1u << bits) - 1u);
+}
+
+// Code of token t in a key column (the column's first byte).
+inline uint32_t kivi_key_code(const std::byte* col, int64_t t, int bits) {
+  const int64_t span = kivi_chunk_tokens(bits), w = t % span;
+  const auto byte = static_cast<uint32_t>(col[8 * (t / span) + w % 8]);
+  return (byte >> ((w / 8) * bits)) & ((1u << bits) - 1u);
 }
 
 struct KiviBlockParams {
