@@ -460,12 +460,14 @@ struct SimdOps {
         _mm256_storeu_ps(s + r * st + 8 * (g * NV + i), _mm256_add_ps(acc[r * NV + i], z));
     }
   }
-  // Vectors per group for NR rows: 8 to 12 accumulators (independent FMA chains) where the
-  // registers allow; whole chunks (2 bits: 4 vectors per chunk).
+  // Vectors per group for NR rows: 8 accumulators (independent FMA chains: two FMA pipes x 4
+  // cycles of latency) where the registers allow; 3 rows get 6, as 3 x 4 left one accumulator
+  // spilled (a store-load per step on its chain, slower than 6 chains). Whole chunks (2 bits:
+  // 4 vectors per chunk, so packed_scores gives it at most 2 rows at a time).
   template <int BITS, int NR>
   static constexpr int key_group_vectors() {
     constexpr int per = 8 / BITS;
-    constexpr int nv = NR == 1 ? 8 : NR <= 3 ? 4 : 2;
+    constexpr int nv = NR == 1 ? 8 : NR == 2 ? 4 : 2;
     return nv < per ? per : nv;
   }
   template <int BITS, int NR>
@@ -492,9 +494,10 @@ struct SimdOps {
                             const std::byte* codes, int64_t cb, int64_t n, float* s, int64_t st,
                             const Ahead* ah = nullptr) {
     by_row_blocks(R, [&]<int NR>(int64_t r) {  // the first row block prefetches
-      if constexpr (BITS == 2 && NR == 4) {  // 4 x 4 accumulators would spill: two halves
+      if constexpr (BITS == 2 && NR >= 3) {  // 2 bits: 4 vectors per chunk, so 2 rows at a time
         key_rows<BITS, 2>(qk + r * Dk, qz + r, Dk, codes, cb, n, s + r * st, st, r == 0 ? ah : nullptr);
-        key_rows<BITS, 2>(qk + (r + 2) * Dk, qz + r + 2, Dk, codes, cb, n, s + (r + 2) * st, st, nullptr);
+        key_rows<BITS, NR - 2>(qk + (r + 2) * Dk, qz + r + 2, Dk, codes, cb, n, s + (r + 2) * st, st,
+                               nullptr);
       } else {
         key_rows<BITS, NR>(qk + r * Dk, qz + r, Dk, codes, cb, n, s + r * st, st, r == 0 ? ah : nullptr);
       }
