@@ -24,6 +24,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/prefetch.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/attention_internal.h"
@@ -227,15 +228,17 @@ struct SimdOps {
       // group is padded with repeats. 4 x 3 blocks: 2 reductions instead of 12.
       constexpr int kN = NR * NK, kPad = (kN + 7) / 8 * 8;
       alignas(32) float res[kPad];
-      // A remainder of 1-3 accumulators after whole groups of 8 (G = 3: 3 x 3 = 8 + 1) is
-      // reduced one by one: cheaper than a padded group, and the same tree, so the same bits.
-      constexpr int kWhole = kN % 8 < 4 ? kN / 8 * 8 : kPad;
-      for (int i = 0; i < kWhole; i += 8) {
-        __m256 g[8];
-        for (int k = 0; k < 8; ++k) g[k] = acc[i + k < kN ? i + k : kN - 1];
-        _mm256_store_ps(res + i, hsum8(g));
+      // After whole groups of 8, a remainder of 4-7 accumulators takes one hsum4 (4 x 3 = 8 + 4)
+      // and 1-3 are reduced one by one (3 x 3 = 8 + 1): cheaper than a padded group of 8, and
+      // the same tree, so the same bits.
+      constexpr int kWhole = kN / 8 * 8;
+      for (int i = 0; i < kWhole; i += 8) _mm256_store_ps(res + i, hsum8(acc + i));
+      int i4 = kWhole;
+      if constexpr (kN - kWhole >= 4) {
+        _mm_store_ps(res + kWhole, hsum4(acc + kWhole));
+        i4 += 4;
       }
-      for (int i = kWhole; i < kN; ++i) res[i] = hsum1(acc[i]);
+      for (int i = i4; i < kN; ++i) res[i] = hsum1(acc[i]);
       for (int r = 0; r < NR; ++r)
         for (int c = 0; c < NK; ++c) {
           float x = res[r * NK + c];
@@ -250,7 +253,7 @@ struct SimdOps {
   // Prefetches the bytes [0, row_bytes) of row j (stride `stride`) of a stream into L1.
   static void prefetch_row(const std::byte* base, int64_t stride, int64_t j, int64_t row_bytes) {
     const char* p = reinterpret_cast<const char*>(base + j * stride);
-    for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+    for (int64_t off = 0; off < row_bytes; off += 64) prefetch_l1(p + off);
   }
 
   // Keys per score block for NR rows: as many independent accumulator chains as the 16 ymm
@@ -265,25 +268,39 @@ struct SimdOps {
   static void score_rows(const float* qs, int64_t Dk, const std::byte* kb, int64_t kstride,
                          int64_t n, float* s, const Prefetch* pf) {
     constexpr int NK = keys_per_block(NR);
+    // Spread over the score loop: the V rows of this tile, which pv() reads next column block
+    // by column block (a pattern the hardware prefetcher follows poorly), and the K rows of the
+    // next tile. The hardware prefetcher alone left the first load of every K row stalled on
+    // memory (perf, decode f16: half the score loop's samples on it); one tile ahead measured
+    // 51 -> 40 ns per key and KV head single-threaded at 8K keys.
+    auto pre = [pf](int64_t j) {
+      if (pf == nullptr) return;
+      prefetch_row(pf->v, pf->vstride, j, pf->v_row_bytes);
+      if (pf->k_next) prefetch_row(pf->k_next, pf->kstride, j, pf->k_row_bytes);
+    };
     int64_t j = 0;
-    for (; j + NK <= n; j += NK) {
+    // Whole blocks of NK keys, but never a lone key after them (decode tiles are 64 keys =
+    // 21 x 3 + 1, and a 4 x 1 block runs 4 latency-bound chains plus 4 horizontal sums): the
+    // last NK + 1 keys go as blocks of 2 instead.
+    const int64_t n_main = NK > 2 && n % NK == 1 && n > NK ? n - NK - 1 : n;
+    for (; j + NK <= n_main; j += NK) {
       const T* kr[NK];
       for (int c = 0; c < NK; ++c) {
-        // Spread over the score loop: the V rows of this tile, which pv() reads next column
-        // block by column block (a pattern the hardware prefetcher follows poorly), and the K
-        // rows of the next tile. The hardware prefetcher alone left the first load of every K
-        // row stalled on memory (perf, decode f16: half the score loop's samples on it);
-        // one tile ahead measured 51 -> 40 ns per key and KV head single-threaded at 8K keys.
-        if (pf) {
-          prefetch_row(pf->v, pf->vstride, j + c, pf->v_row_bytes);
-          if (pf->k_next) prefetch_row(pf->k_next, pf->kstride, j + c, pf->k_row_bytes);
-        }
+        pre(j + c);
         kr[c] = reinterpret_cast<const T*>(kb + (j + c) * kstride);
       }
       score_block<NR, NK, DC>(qs, Dk, kr, s + j);
     }
+    for (; j + 2 <= n && NK > 2; j += 2) {
+      const T* kr[2];
+      for (int c = 0; c < 2; ++c) {
+        pre(j + c);
+        kr[c] = reinterpret_cast<const T*>(kb + (j + c) * kstride);
+      }
+      score_block<NR, 2, DC>(qs, Dk, kr, s + j);
+    }
     for (; j < n; ++j) {
-      if (pf) prefetch_row(pf->v, pf->vstride, j, pf->v_row_bytes);
+      pre(j);
       const T* kr[1] = {reinterpret_cast<const T*>(kb + j * kstride)};
       score_block<NR, 1, DC>(qs, Dk, kr, s + j);
     }

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/prefetch.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/attention_internal.h"
@@ -75,9 +76,9 @@ struct Ahead {
   // Slice i of n of both blocks.
   void slice(int64_t i, int64_t n) const {
     for (int64_t o = kbytes * i / n / 64 * 64; o < kbytes * (i + 1) / n; o += 64)
-      __builtin_prefetch(k + o, 0, 3);
+      prefetch_l1(k + o);
     for (int64_t o = vbytes * i / n / 64 * 64; o < vbytes * (i + 1) / n; o += 64)
-      __builtin_prefetch(v + o, 0, 3);
+      prefetch_l1(v + o);
   }
 };
 

@@ -77,6 +77,13 @@ inline __m256 hsum8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+// Lane i (i < 4) of the result is the sum of a[i]'s lanes, with hsum1's tree: half of hsum8's
+// shuffles for 4 sums (the 12 sums of a 4 x 3 score block are one hsum8 and one hsum4).
+inline __m128 hsum4(const __m256* a) {
+  const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
 // exp(x) for x <= 0 (softmax arguments): Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and
 // the degree-7 Taylor polynomial of e^r (truncation < 1e-8 relative), scaled by 2^n through the
 // exponent bits. Lanes below -87.3 (including -inf) give exactly 0.

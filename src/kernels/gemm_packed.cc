@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/prefetch.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -205,7 +206,7 @@ void gemm_block(const MatmulParams& p, const float* a_pack, int64_t m_pad, int64
           float* y = p.y + i * p.ldy + b0 + s0;
           if (accumulate && i + kMr < m1) {  // the next tile's y rows, for its accumulate loads
             for (int r = 0; r < kMr; ++r)
-              _mm_prefetch(reinterpret_cast<const char*>(y + (kMr + r) * p.ldy), _MM_HINT_T0);
+              prefetch_l1(y + (kMr + r) * p.ldy);
           }
           if (nr == kNr && mr == kMr) {
             micro_kernel(a_tile, sub, kc, y, p.ldy, accumulate);

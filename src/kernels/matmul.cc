@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/prefetch.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm_packed.h"
@@ -81,11 +82,11 @@ void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, L
       if (pf_linear) {
         constexpr size_t kStep = NW * 8 * sizeof(T);
         for (size_t b = 0; b < kStep; b += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(pf + (j / 8) * kStep + b), _MM_HINT_T0);
+          prefetch_l1(reinterpret_cast<const char*>(pf + (j / 8) * kStep + b));
       } else if (j % 32 == 0) {
         for (int v = 0; v < NW; ++v)
           for (size_t b = 0; b < 32 * sizeof(T); b += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(pf + (v * ldw + j) * static_cast<int64_t>(sizeof(T))) + b, _MM_HINT_T0);
+            prefetch_l1(reinterpret_cast<const char*>(pf + (v * ldw + j) * static_cast<int64_t>(sizeof(T))) + b);
       }
     }
     __m256 wv[NW];
@@ -341,7 +342,7 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
     const std::byte* wr = w + off;
 #ifdef KVCACHE_MATMUL_AVX2
     for (size_t o = off + kGemvPrefetchBytes; o < std::min(off + kGemvPrefetchBytes + rb, end); o += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(w + o), _MM_HINT_T0);
+      prefetch_l1(reinterpret_cast<const char*>(w + o));
 #endif
     const float b = p.bias != nullptr ? p.bias[r] : 0.0f;
     for (int64_t i = 0; i < p.m; ++i) p.y[i * p.ldy + r] = dot_row(wr, p.w_dtype, p.x + i * p.ldx, p.k) + b;
