@@ -6,6 +6,11 @@
 
 #include "core/error.h"
 
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define KVCACHE_CPU_RELAX() _mm_pause()
@@ -39,6 +44,44 @@ bool spin_until(Pred pred, int64_t spin_ns) {
   }
 }
 
+// Where each new worker should start: the CPUs this thread may run on, the one it is running
+// on last, so worker i gets the i-th other CPU (empty: no placement, e.g. not Linux).
+// Why: a new thread starts on its creator's CPU, and on this 2-vCPU VM the scheduler left the
+// worker there, sharing that CPU with the caller, for the first ~20-300 ms of a process
+// (measured: the first parallel loops ran at one CPU's speed, both threads on the same CPU by
+// sched_getcpu()); short runs and first requests paid for it.
+std::vector<int> start_cpus() {
+  std::vector<int> cpus;
+#if defined(__linux__)
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return cpus;
+  const int self = sched_getcpu();
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mask) && c != self) cpus.push_back(c);
+  if (self >= 0 && self < CPU_SETSIZE && CPU_ISSET(self, &mask)) cpus.push_back(self);
+#endif
+  return cpus;
+}
+
+// Moves the calling thread to `cpu`, then gives it back every CPU it was allowed: a start
+// position, not pinning (the scheduler may move it later like any thread). Best effort: a
+// failure (e.g. a seccomp policy refusing the call) only leaves the thread where it was.
+void start_on(int cpu) {
+#if defined(__linux__)
+  if (cpu < 0 || cpu >= CPU_SETSIZE) return;
+  cpu_set_t all, one;
+  CPU_ZERO(&all);
+  if (pthread_getaffinity_np(pthread_self(), sizeof(all), &all) != 0) return;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  if (pthread_setaffinity_np(pthread_self(), sizeof(one), &one) != 0) return;
+  pthread_setaffinity_np(pthread_self(), sizeof(all), &all);
+#else
+  (void)cpu;
+#endif
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : ThreadPool(ThreadPoolOptions{.n_threads = n_threads}) {}
@@ -47,7 +90,14 @@ ThreadPool::ThreadPool(const ThreadPoolOptions& options) : options_(options) {
   int n = options_.n_threads;
   if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
   if (n <= 0) n = 1;
-  for (int i = 1; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+  const std::vector<int> cpus = start_cpus();
+  for (int i = 1; i < n; ++i) {
+    const int cpu = cpus.empty() ? -1 : cpus[static_cast<size_t>(i - 1) % cpus.size()];
+    workers_.emplace_back([this, cpu] {
+      start_on(cpu);
+      worker_loop();
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

@@ -7,9 +7,15 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
 
 namespace kvcache {
 namespace {
@@ -118,6 +124,42 @@ TEST(ThreadPoolTest, TwoCallerThreadsShareOnePool) {
     ASSERT_EQ(b[i], 50);
   }
 }
+
+#if defined(__linux__)
+// Workers start on a CPU other than their creator's but are not pinned: a worker's affinity is
+// the whole set its creator may use (start_on gives the set back after the move).
+TEST(ThreadPoolTest, WorkersAreNotPinned) {
+  cpu_set_t caller;
+  CPU_ZERO(&caller);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(caller), &caller), 0);
+  struct Seen {
+    std::mutex mu;
+    std::vector<int> counts;
+    bool equal = true;
+    cpu_set_t caller;
+  } seen;
+  seen.caller = caller;
+  ThreadPoolOptions o;
+  o.n_threads = 3;
+  o.on_worker_wake = [](void* ctx) {
+    auto* s = static_cast<Seen*>(ctx);
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    const bool ok = pthread_getaffinity_np(pthread_self(), sizeof(mine), &mine) == 0;
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->counts.push_back(ok ? CPU_COUNT(&mine) : -1);
+    s->equal = s->equal && ok && CPU_EQUAL(&mine, &s->caller);
+  };
+  o.on_worker_wake_ctx = &seen;
+  {
+    ThreadPool pool(o);
+    for (int rep = 0; rep < 20; ++rep) pool.parallel_for(64, [](int64_t) {});
+  }  // joined: every callback has run
+  ASSERT_FALSE(seen.counts.empty()) << "no worker woke for a loop";
+  EXPECT_TRUE(seen.equal) << "a worker's CPU set differs from its creator's (" << seen.counts[0]
+                          << " CPUs vs " << CPU_COUNT(&caller) << ")";
+}
+#endif
 
 }  // namespace
 }  // namespace kvcache
