@@ -146,6 +146,50 @@ TEST(KvQuant, KiviBlockSizes) {
   EXPECT_EQ(kivi_row_bytes(128, 2), 32);
   EXPECT_EQ(kivi_row_bytes(8, 2), 4);  // rows are whole u32 words
   EXPECT_EQ(kivi_row_bytes(5, 8), 8);
+  // Key columns: G codes in 8-byte token chunks of 8 * (8 / bits) tokens.
+  EXPECT_EQ(kivi_col_bytes(64, 4), 32);
+  EXPECT_EQ(kivi_col_bytes(64, 2), 16);
+  EXPECT_EQ(kivi_col_bytes(40, 4), 24);  // 40 tokens: 3 chunks of 16, the last one part-filled
+  EXPECT_EQ(kivi_col_bytes(7, 8), 8);
+}
+
+// The key layout the attention kernel's vector loads rely on (kv_quant.h): channel c's codes
+// start at byte c * col_bytes; token t sits in byte 8 * (t / span) + t % 8 at bit
+// (t % span / 8) * bits (span = 8 * (8 / bits) tokens per chunk); unused bits are zero. Keys
+// with per-channel minimum 0 and maximum 2^bits - 1 get scale 1 and zero 0, so code = value.
+TEST(KvQuant, KiviKeyColumnsAreTokenChunks) {
+  for (int bits : {2, 4, 8}) {
+    const int64_t G = 40, D = 3, levels = int64_t{1} << bits, span = 8 * (8 / bits);
+    std::vector<float> x(static_cast<size_t>(G * D));
+    auto value = [&](int64_t t, int64_t c) -> int64_t {
+      return t == 0 ? 0 : t == 1 ? levels - 1 : (t * 5 + c) % levels;
+    };
+    for (int64_t t = 0; t < G; ++t)
+      for (int64_t c = 0; c < D; ++c) x[static_cast<size_t>(t * D + c)] = static_cast<float>(value(t, c));
+    KiviBlockParams p;
+    p.group = G;
+    p.d = D;
+    p.bits = bits;
+    std::vector<std::byte> block(static_cast<size_t>(kivi_k_block_bytes(G, D, bits)));
+    kivi_quantize_keys(x.data(), D, p, block.data());
+    const std::byte* codes = block.data() + 4 * D;
+    const int64_t cb = kivi_col_bytes(G, bits);
+    for (int64_t c = 0; c < D; ++c) {
+      ASSERT_EQ(kivi_key_step(block.data(), p, c), 1.0f) << "bits " << bits;
+      for (int64_t t = 0; t < G; ++t) {
+        const auto byte = static_cast<uint32_t>(codes[c * cb + 8 * (t / span) + t % 8]);
+        EXPECT_EQ((byte >> ((t % span / 8) * bits)) & static_cast<uint32_t>(levels - 1),
+                  static_cast<uint32_t>(value(t, c)))
+            << "bits " << bits << " channel " << c << " token " << t;
+        EXPECT_EQ(kivi_key_code(codes + c * cb, t, bits), static_cast<uint32_t>(value(t, c)));
+      }
+      for (int64_t t = G; t < cb * 8 / bits; ++t) {  // the padding of the last chunk
+        const auto byte = static_cast<uint32_t>(codes[c * cb + 8 * (t / span) + t % 8]);
+        EXPECT_EQ((byte >> ((t % span / 8) * bits)) & static_cast<uint32_t>(levels - 1), 0u)
+            << "bits " << bits << " padding token " << t;
+      }
+    }
+  }
 }
 
 TEST(KvQuant, Q8_0WithinHalfStep) {
