@@ -10,7 +10,10 @@
 //
 // Where the cycles go (decode, 4-bit, D = 128, 4 query heads per KV head): per key 16 vectors
 // of 8 codes are widened for the scores and 16 for P.V, each feeding 4 FMAs — the same FMA
-// count as f16, with 4x fewer bytes read. At 2 and 4 bits the SIMD path widens them in the
+// count as f16, with 4x fewer bytes read. Key blocks are channel-major (kv_quant.h), so the
+// scores take 8 keys per vector: a zero-extending load of 8 code bytes, a shift and a mask give
+// one channel of 8 consecutive keys, and each lane is one FMA chain over the channels (no
+// horizontal sums). Value rows are token-major; at 2 and 4 bits P.V widens them in the
 // "chunked" channel order (see chunked_channel): a zero-extending load of 8 code bytes, then a
 // shift and a mask per vector, instead of a broadcast, variable shift and mask per vector.
 #include "kernels/attention_quant.h"
@@ -440,10 +443,10 @@ struct SimdOps {
   // Logits of NR rows for the 8 * NV keys of group g: lane l of accumulator (r, I) is one FMA
   // chain over the channels in order (ScalarOps::packed_scores's arithmetic), then + qz[r].
   // No horizontal sums: the keys are the lanes.
-  template <int BITS, int NR, int NV>
   // `pf`: lines of the next block to prefetch, spread over the channel loop (one K and one V
   // line every `step` channels): issued in one burst they filled the core's miss buffers and
   // the burst itself stalled (perf, q8: 10% of the kernel on those prefetch instructions).
+  template <int BITS, int NR, int NV>
   static void key_group(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
                         int64_t cb, int64_t g, float* s, int64_t st, const Ahead::Slice& pf) {
     __m256 acc[NR * NV];
@@ -581,36 +584,6 @@ struct SimdOps {
 
   // ---- chunked code order (see chunked_channel): 2 and 4 bits ----
   static constexpr bool kPermute = true;
-  // Even lanes of (a, b) then odd lanes: [a0 a2 a4 a6 b0 b2 b4 b6], [a1 a3 a5 a7 b1 b3 b5 b7].
-  static inline void deinterleave(__m256 a, __m256 b, __m256& even, __m256& odd) {
-    const auto fix = [](__m256 x) {  // shuffle_ps works per 128-bit lane: put halves in order
-      return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(x), 0xD8));
-    };
-    even = fix(_mm256_shuffle_ps(a, b, 0x88));
-    odd = fix(_mm256_shuffle_ps(a, b, 0xDD));
-  }
-  // dst[p] = src[chunked_channel<BITS>(p)], p < D (D a multiple of the chunk). 4 bits: the even
-  // channels of 16, then the odd ones; 2 bits: that twice (channel 4i + k is even/odd twice).
-  template <int BITS>
-  static void to_chunked(const float* src, float* dst, int64_t D) {
-    for (int64_t c = 0; c < D; c += 16) {
-      __m256 e, o;
-      deinterleave(_mm256_loadu_ps(src + c), _mm256_loadu_ps(src + c + 8), e, o);
-      _mm256_storeu_ps(dst + c, e);
-      _mm256_storeu_ps(dst + c + 8, o);
-    }
-    if constexpr (BITS == 2)
-      for (int64_t c = 0; c < D; c += 32) {
-        // dst now holds [even 0..15 | odd 0..15 | even 16..31 | odd 16..31] per 32 channels.
-        __m256 k0, k2, k1, k3;
-        deinterleave(_mm256_loadu_ps(dst + c), _mm256_loadu_ps(dst + c + 16), k0, k2);
-        deinterleave(_mm256_loadu_ps(dst + c + 8), _mm256_loadu_ps(dst + c + 24), k1, k3);
-        _mm256_storeu_ps(dst + c, k0);
-        _mm256_storeu_ps(dst + c + 8, k1);
-        _mm256_storeu_ps(dst + c + 16, k2);
-        _mm256_storeu_ps(dst + c + 24, k3);
-      }
-  }
   static inline __m256i load_chunk(const std::byte* p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
