@@ -24,8 +24,8 @@
 #include <limits>
 #include <vector>
 
-#include "core/prefetch.h"
 #include "core/error.h"
+#include "core/prefetch.h"
 #include "core/thread_pool.h"
 #include "kernels/attention_internal.h"
 #include "kernels/attention_simd.h"

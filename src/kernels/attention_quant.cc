@@ -25,8 +25,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/prefetch.h"
 #include "core/error.h"
+#include "core/prefetch.h"
 #include "core/thread_pool.h"
 #include "kernels/attention_internal.h"
 #include "kernels/attention_simd.h"
@@ -427,8 +427,8 @@ struct SimdOps {
   static inline __m256 key_vec(const std::byte* col, int64_t g) {
     constexpr int per = 8 / BITS;
     static_assert(NV % per == 0, "a group is whole chunks");
-    __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-        reinterpret_cast<const __m128i*>(col + 8 * (g * (NV / per) + I / per))));
+    __m256i x = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(col + 8 * (g * (NV / per) + I / per))));
     if constexpr (I % per > 0) x = _mm256_srli_epi32(x, (I % per) * BITS);
     if constexpr (I % per + 1 < per) x = _mm256_and_si256(x, _mm256_set1_epi32((1 << BITS) - 1));
     return _mm256_cvtepi32_ps(x);
@@ -436,7 +436,8 @@ struct SimdOps {
   // All NV vectors of group g (a plain fold, no lambda: a lambda capturing the accumulators by
   // reference made GCC keep them on the stack, a store per FMA).
   template <int BITS, int NV, int... I>
-  __attribute__((always_inline)) static inline void key_vecs(const std::byte* col, int64_t g, __m256* k,
+  __attribute__((always_inline)) static inline void key_vecs(const std::byte* col, int64_t g,
+                                                             __m256* k,
                                                              std::integer_sequence<int, I...>) {
     ((k[I] = key_vec<BITS, NV, I>(col, g)), ...);
   }
@@ -498,7 +499,7 @@ struct SimdOps {
                        int64_t cb, int64_t n, float* s, int64_t st, const Ahead* ah) {
     constexpr int NV = key_group_vectors<BITS, NR>(), per = 8 / BITS;
     const int64_t n_chunks = (n + kivi_chunk_tokens(BITS) - 1) / kivi_chunk_tokens(BITS);
-    const int64_t groups = n_chunks / (NV / per);  // whole groups inside the column
+    const int64_t groups = n_chunks / (NV / per);         // whole groups inside the column
     const int64_t tail = n_chunks - groups * (NV / per);  // chunks left: one chunk per group
     for (int64_t g = 0; g < groups; ++g) {
       const Ahead::Slice pf = ah ? ah->slice(g, groups + tail) : Ahead::Slice{};
@@ -518,12 +519,14 @@ struct SimdOps {
                             const std::byte* codes, int64_t cb, int64_t n, float* s, int64_t st,
                             const Ahead* ah = nullptr) {
     by_row_blocks(R, [&]<int NR>(int64_t r) {  // the first row block prefetches
-      if constexpr (BITS == 2 && NR >= 3) {  // 2 bits: 4 vectors per chunk, so 2 rows at a time
-        key_rows<BITS, 2>(qk + r * Dk, qz + r, Dk, codes, cb, n, s + r * st, st, r == 0 ? ah : nullptr);
-        key_rows<BITS, NR - 2>(qk + (r + 2) * Dk, qz + r + 2, Dk, codes, cb, n, s + (r + 2) * st, st,
-                               nullptr);
+      if constexpr (BITS == 2 && NR >= 3) {    // 2 bits: 4 vectors per chunk, so 2 rows at a time
+        key_rows<BITS, 2>(qk + r * Dk, qz + r, Dk, codes, cb, n, s + r * st, st,
+                          r == 0 ? ah : nullptr);
+        key_rows<BITS, NR - 2>(qk + (r + 2) * Dk, qz + r + 2, Dk, codes, cb, n, s + (r + 2) * st,
+                               st, nullptr);
       } else {
-        key_rows<BITS, NR>(qk + r * Dk, qz + r, Dk, codes, cb, n, s + r * st, st, r == 0 ? ah : nullptr);
+        key_rows<BITS, NR>(qk + r * Dk, qz + r, Dk, codes, cb, n, s + r * st, st,
+                           r == 0 ? ah : nullptr);
       }
     });
   }
@@ -775,8 +778,8 @@ void run_task(const Plan& P, int64_t task) {
       f16_to_f32_n(kp, ws.kscale.data(), static_cast<size_t>(Dk));
       f16_to_f32_n(kp + Dk, ws.kzero.data(), static_cast<size_t>(Dk));
       Ops::block_query(qs, R, Dk, ws.kscale.data(), ws.kzero.data(), ws.qk.data(), ws.qz.data());
-      Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.cbk, n,
-                                        s, st, ah);
+      Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.cbk, n, s,
+                                        st, ah);
     } else {
       Ops::template dense_scores<RD>(qs, R, Dk,
                                      static_cast<const std::byte*>(rk.ptr(b, hk, k0 - P.packed)),

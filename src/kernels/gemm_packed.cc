@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/prefetch.h"
 #include "core/error.h"
+#include "core/prefetch.h"
 #include "core/thread_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -205,8 +205,7 @@ void gemm_block(const MatmulParams& p, const float* a_pack, int64_t m_pad, int64
           const float* a_tile = a_chunk + i * kc;
           float* y = p.y + i * p.ldy + b0 + s0;
           if (accumulate && i + kMr < m1) {  // the next tile's y rows, for its accumulate loads
-            for (int r = 0; r < kMr; ++r)
-              prefetch_l1(y + (kMr + r) * p.ldy);
+            for (int r = 0; r < kMr; ++r) prefetch_l1(y + (kMr + r) * p.ldy);
           }
           if (nr == kNr && mr == kMr) {
             micro_kernel(a_tile, sub, kc, y, p.ldy, accumulate);

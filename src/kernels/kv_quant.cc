@@ -132,8 +132,9 @@ void kivi_dequantize_keys(const std::byte* block, const KiviBlockParams& p, floa
   const std::byte* codes = block + 4 * D;
   for (int64_t t = 0; t < G; ++t)
     for (int64_t c = 0; c < D; ++c)
-      out[t * ld + c] = f16_to_f32(scales[c]) * static_cast<float>(kivi_key_code(codes + c * cb, t, p.bits)) +
-                        f16_to_f32(zeros[c]);
+      out[t * ld + c] =
+          f16_to_f32(scales[c]) * static_cast<float>(kivi_key_code(codes + c * cb, t, p.bits)) +
+          f16_to_f32(zeros[c]);
 }
 
 void kivi_dequantize_values(const std::byte* block, const KiviBlockParams& p, float* out,

@@ -31,9 +31,9 @@
 // Per-token formats after llama.cpp's KV cache types, for comparison (ggml-common.h /
 // ggml-quants.c facts, our own code): q8_0 = blocks of 32 values, f16 d = max|x| / 127,
 // int8 q = round(x / d), x ~ d * q (34 bytes, matmul.h's BlockQ8_0); q4_0 = blocks of 32,
-// d = m / -8 where m is the value of largest magnitude (sign kept), q = min(15, floor(x / d + 8.5)),
-// x ~ (q - 8) * d, byte j holding element j in its low nibble and element j + 16 in its high
-// nibble (18 bytes).
+// d = m / -8 where m is the value of largest magnitude (sign kept), q = min(15, floor(x / d
+// + 8.5)), x ~ (q - 8) * d, byte j holding element j in its low nibble and element j + 16 in its
+// high nibble (18 bytes).
 #pragma once
 
 #include <cstddef>
@@ -58,7 +58,9 @@ inline int64_t kivi_row_bytes(int64_t d, int bits) {
   return 4 * ((d + per - 1) / per);
 }
 // Tokens per 8-byte chunk of a key column, and the bytes of one column of G tokens.
-inline int64_t kivi_chunk_tokens(int bits) { return 8 * (8 / bits); }
+inline int64_t kivi_chunk_tokens(int bits) {
+  return 8 * (8 / bits);
+}
 inline int64_t kivi_col_bytes(int64_t group, int bits) {
   return 8 * ((group + kivi_chunk_tokens(bits) - 1) / kivi_chunk_tokens(bits));
 }

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "core/prefetch.h"
 #include "core/error.h"
+#include "core/prefetch.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm_packed.h"
 
@@ -86,7 +86,9 @@ void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, L
       } else if (j % 32 == 0) {
         for (int v = 0; v < NW; ++v)
           for (size_t b = 0; b < 32 * sizeof(T); b += 64)
-            prefetch_l1(reinterpret_cast<const char*>(pf + (v * ldw + j) * static_cast<int64_t>(sizeof(T))) + b);
+            prefetch_l1(reinterpret_cast<const char*>(pf + (v * ldw + j) *
+                                                               static_cast<int64_t>(sizeof(T))) +
+                        b);
       }
     }
     __m256 wv[NW];

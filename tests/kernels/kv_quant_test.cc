@@ -165,7 +165,8 @@ TEST(KvQuant, KiviKeyColumnsAreTokenChunks) {
       return t == 0 ? 0 : t == 1 ? levels - 1 : (t * 5 + c) % levels;
     };
     for (int64_t t = 0; t < G; ++t)
-      for (int64_t c = 0; c < D; ++c) x[static_cast<size_t>(t * D + c)] = static_cast<float>(value(t, c));
+      for (int64_t c = 0; c < D; ++c)
+        x[static_cast<size_t>(t * D + c)] = static_cast<float>(value(t, c));
     KiviBlockParams p;
     p.group = G;
     p.d = D;
