@@ -224,8 +224,8 @@ struct SimdOps {
     static_assert(DC % 8 == 0, "compile-time head dims are multiples of 8");
     {
       // Horizontal sums 8 accumulators at a time (hsum8: one transposing reduction with
-      // hsum1's tree, so the same bits as 8 hsum1 calls for a third of the shuffles); the last
-      // group is padded with repeats. 4 x 3 blocks: 2 reductions instead of 12.
+      // hsum1's tree, so the same bits as 8 hsum1 calls for a third of the shuffles). 4 x 3
+      // blocks: one hsum8 and one hsum4 instead of 12 reductions.
       constexpr int kN = NR * NK, kPad = (kN + 7) / 8 * 8;
       alignas(32) float res[kPad];
       // After whole groups of 8, a remainder of 4-7 accumulators takes one hsum4 (4 x 3 = 8 + 4)
@@ -279,9 +279,10 @@ struct SimdOps {
       if (pf->k_next) prefetch_row(pf->k_next, pf->kstride, j, pf->k_row_bytes);
     };
     int64_t j = 0;
-    // Whole blocks of NK keys, but never a lone key after them (decode tiles are 64 keys =
-    // 21 x 3 + 1, and a 4 x 1 block runs 4 latency-bound chains plus 4 horizontal sums): the
-    // last NK + 1 keys go as blocks of 2 instead.
+    // Whole blocks of NK keys, but no lone key after them where it can be avoided (decode
+    // tiles are 64 keys = 21 x 3 + 1, and a 4 x 1 block runs 4 latency-bound chains plus 4
+    // horizontal sums): with a remainder of 1 the last NK + 1 keys go as blocks of 2 (NK = 3:
+    // two of them).
     const int64_t n_main = NK > 2 && n % NK == 1 && n > NK ? n - NK - 1 : n;
     for (; j + NK <= n_main; j += NK) {
       const T* kr[NK];
@@ -291,7 +292,7 @@ struct SimdOps {
       }
       score_block<NR, NK, DC>(qs, Dk, kr, s + j);
     }
-    for (; j + 2 <= n && NK > 2; j += 2) {
+    for (; j + 2 <= n; j += 2) {
       const T* kr[2];
       for (int c = 0; c < 2; ++c) {
         pre(j + c);
