@@ -19,7 +19,7 @@
 // Value rows (row_bytes(D, bits) = 4 * ceil(D * bits / 32)): one token's codes packed
 // little-endian into u32 words, channel d at bit (d % (32 / bits)) * bits of word d / (32 / bits)
 // — byte-natural order, so 8 consecutive 4-bit channels are one u32.
-// Key columns are channel-major, as the keys are quantized (KIVI packs keys along tokens too):
+// Key columns are channel-major, matching how keys are quantized (per channel, along tokens):
 // column c holds the G codes of channel c in "token chunks" of 8 bytes, each 8 * (8 / bits)
 // tokens: token t of chunk k sits in byte t % 8 at bit (t / 8) * bits (so col_bytes(G, bits) =
 // 8 * ceil(G * bits / 64), zero-padded). One zero-extending load of a chunk puts 8 consecutive
