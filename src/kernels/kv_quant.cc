@@ -78,7 +78,6 @@ void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p,
                         std::byte* block) {
   check_params(p);
   const int64_t D = p.d, G = p.group, cb = kivi_col_bytes(G, p.bits);
-  const int64_t span = kivi_chunk_tokens(p.bits);
   auto* scales = reinterpret_cast<f16_t*>(block);
   auto* zeros = scales + D;
   std::byte* codes = block + 4 * D;
@@ -92,10 +91,9 @@ void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p,
     const GroupQuant q(lo, hi, p.bits);
     std::memcpy(scales + c, &q.scale16, 2);
     std::memcpy(zeros + c, &q.zero16, 2);
-    for (int64_t t = 0; t < G; ++t) {  // the token-chunk order (kv_quant.h)
-      const int64_t w = t % span;
-      std::byte& b = codes[c * cb + 8 * (t / span) + w % 8];
-      b |= static_cast<std::byte>(q.code(keys[t * ld + c]) << ((w / 8) * p.bits));
+    for (int64_t t = 0; t < G; ++t) {
+      const KiviKeyPos at = kivi_key_pos(t, p.bits);
+      codes[c * cb + at.byte] |= static_cast<std::byte>(q.code(keys[t * ld + c]) << at.shift);
     }
   }
 }

@@ -81,11 +81,19 @@ inline uint32_t kivi_code(const std::byte* row, int64_t d, int bits) {
   return (w >> ((d % per) * bits)) & ((1u << bits) - 1u);
 }
 
+// Where token t's code sits in a key column: byte offset from the column's start, bit shift.
+struct KiviKeyPos {
+  int64_t byte = 0;
+  int shift = 0;
+};
+inline KiviKeyPos kivi_key_pos(int64_t t, int bits) {
+  const int64_t span = kivi_chunk_tokens(bits), w = t % span;
+  return {8 * (t / span) + w % 8, static_cast<int>(w / 8) * bits};
+}
 // Code of token t in a key column (the column's first byte).
 inline uint32_t kivi_key_code(const std::byte* col, int64_t t, int bits) {
-  const int64_t span = kivi_chunk_tokens(bits), w = t % span;
-  const auto byte = static_cast<uint32_t>(col[8 * (t / span) + w % 8]);
-  return (byte >> ((w / 8) * bits)) & ((1u << bits) - 1u);
+  const KiviKeyPos at = kivi_key_pos(t, bits);
+  return (static_cast<uint32_t>(col[at.byte]) >> at.shift) & ((1u << bits) - 1u);
 }
 
 struct KiviBlockParams {
