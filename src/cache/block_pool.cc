@@ -132,6 +132,7 @@ void BlockPool::drop_key(int32_t id) {
   index_[hole] = -1;
   b.keyed = false;
   b.key = {};
+  b.parent = {};
 }
 
 bool BlockPool::allocate(int32_t n, std::vector<int32_t>& out) {
@@ -188,7 +189,8 @@ void BlockPool::release_table(std::span<const int32_t> ids) {
   for (auto it = ids.rbegin(); it != ids.rend(); ++it) release(*it);
 }
 
-bool BlockPool::commit(int32_t id, const BlockKey& key, std::span<const int32_t> tokens) {
+bool BlockPool::commit(int32_t id, const BlockKey& key, const BlockKey& parent,
+                       std::span<const int32_t> tokens) {
   Block& b = blocks_[check_id(id)];
   KV_CHECK(b.ref > 0 && !b.keyed, "commit needs a used, unkeyed block");
   KV_CHECK(static_cast<int32_t>(tokens.size()) == block_tokens_, "commit needs a full block");
@@ -208,6 +210,7 @@ bool BlockPool::commit(int32_t id, const BlockKey& key, std::span<const int32_t>
     --n_cached_;
     ob.keyed = false;
     ob.key = {};
+    ob.parent = {};
     list_push_front(o);  // nothing worth keeping: handed out first
     ++n_free_;
     break;  // slot i: the same key, so the same probe position for the new holder
@@ -215,6 +218,7 @@ bool BlockPool::commit(int32_t id, const BlockKey& key, std::span<const int32_t>
   index_[i] = id;
   b.keyed = true;
   b.key = key;
+  b.parent = parent;
   std::copy(tokens.begin(), tokens.end(),
             tokens_.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(id) * block_tokens_));
   return true;
@@ -248,6 +252,27 @@ std::vector<int32_t> BlockPool::match_prefix(std::span<const int32_t> tokens,
     ids.push_back(id);
   }
   return ids;
+}
+
+int32_t BlockPool::longest_child(const BlockKey& parent, std::span<const uint8_t> extra,
+                                 std::span<const int32_t> head, int32_t& matched) const {
+  KV_CHECK(static_cast<int32_t>(head.size()) < block_tokens_,
+           "longest_child: head must be shorter than a block");
+  int32_t best = -1;
+  matched = 0;
+  for (int32_t id = 0; id < num_blocks(); ++id) {
+    const Block& b = blocks_[static_cast<size_t>(id)];
+    if (!b.keyed || b.parent != parent) continue;
+    const std::span<const int32_t> stored = tokens(id);
+    const auto common = static_cast<int32_t>(
+        std::mismatch(head.begin(), head.end(), stored.begin()).first - head.begin());
+    // The root has one parent key for every salt: the key tells tenants (and groups) apart.
+    if (common > matched && block_key(parent, group_, extra, stored) == b.key) {
+      best = id;
+      matched = common;
+    }
+  }
+  return best;
 }
 
 std::span<const int32_t> BlockPool::tokens(int32_t id) const {

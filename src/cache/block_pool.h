@@ -79,17 +79,28 @@ class BlockPool {
   // before its prefix.
   void release_table(std::span<const int32_t> ids);
 
-  // Registers a full, used block under `key` with its tokens ([block_tokens]). When another
+  // Registers a full, used block under `key` (= block_key(parent, group, extra, tokens)) with
+  // its tokens ([block_tokens]); `parent` is kept for longest_child(). When another
   // block already holds the key (the same content computed twice): if that block is in use
   // too, it keeps the key and this returns false (block left unkeyed); if it is only cached,
   // this block takes the key over and the cached copy becomes free (returns true).
-  bool commit(int32_t id, const BlockKey& key, std::span<const int32_t> tokens);
+  bool commit(int32_t id, const BlockKey& key, const BlockKey& parent,
+              std::span<const int32_t> tokens);
   // The block holding `key` whose stored tokens equal `tokens`, or -1. No reference taken.
   int32_t lookup(const BlockKey& key, std::span<const int32_t> tokens);
   // Block ids holding tokens[0 .. k * block_tokens) for the largest such k (full blocks only),
   // walking the key chain from the root. No reference taken.
   std::vector<int32_t> match_prefix(std::span<const int32_t> tokens,
                                     std::span<const uint8_t> extra = {});
+
+  // The keyed block continuing `parent` (under `extra`) whose tokens share the longest common
+  // prefix with `head` (fewer than block_tokens ids), and that length in `matched`; -1 and 0
+  // when none shares a first token. The block's key is re-derived from parent, extra and its
+  // stored tokens before it counts, so a hit is as certain as lookup()'s. A scan of the
+  // descriptors (O(num_blocks), no allocation): it runs once per request whose prompt ends
+  // inside a block, against a prefill of at least one token. No reference taken.
+  int32_t longest_child(const BlockKey& parent, std::span<const uint8_t> extra,
+                        std::span<const int32_t> head, int32_t& matched) const;
 
   // Drops the keys of up to n cached blocks, least recently released first (they become
   // free). Returns how many were evicted.
@@ -121,6 +132,7 @@ class BlockPool {
     bool on_free_list = false;
     bool keyed = false;
     BlockKey key;
+    BlockKey parent;  // the key it continues (the root: all zero); valid while keyed
   };
 
   size_t check_id(int32_t id) const;

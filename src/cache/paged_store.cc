@@ -420,66 +420,118 @@ void PagedKVStore::commit_full_blocks(Seq& s) {
     BlockPool& pool = *pools_[g];
     for (auto i = static_cast<int64_t>(keys.size()); (i + 1) * bt <= s.len; ++i) {
       const std::span<const int32_t> tok(s.tokens.data() + i * bt, static_cast<size_t>(bt));
-      const BlockKey key = block_key(i == 0 ? BlockKey{} : keys.back(), static_cast<int32_t>(g), s.salt, tok);
+      const BlockKey parent = i == 0 ? BlockKey{} : keys.back();
+      const BlockKey key = block_key(parent, static_cast<int32_t>(g), s.salt, tok);
       const int32_t id = s.tables[g][static_cast<size_t>(i)];
       if (!is_null(static_cast<int>(g), id)) {
         if (pool.is_keyed(id)) KV_CHECK(pool.key(id) == key, "a shared block under a different key");
-        else pool.commit(id, key, tok);  // false: the same content is indexed elsewhere
+        else
+          pool.commit(id, key, parent, tok);  // false: the same content is indexed elsewhere
       }
       keys.push_back(key);
     }
   }
 }
 
-int64_t PagedKVStore::match_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt) {
-  if (tokens.size() <= 1) return 0;
+PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> tokens,
+                                                  std::span<const uint8_t> salt, PrefixMatch mode) {
+  PrefixHit hit;
+  hit.blocks.resize(groups_.size());
+  if (tokens.size() <= 1) return hit;
   const int64_t bt = config_.block_tokens;
   const int64_t nj = static_cast<int64_t>(tokens.size() - 1) / bt;  // full blocks, last token excluded
   // ok[j]: every group can serve the first j blocks.
   std::vector<uint8_t> ok(static_cast<size_t>(nj + 1), 1);
-  std::vector<uint8_t> present(static_cast<size_t>(nj));
+  std::vector<std::vector<BlockKey>> keys(groups_.size());
+  std::vector<std::vector<int32_t>> ids(groups_.size());
   for (int g = 0; g < num_groups(); ++g) {
     BlockKey parent;
     for (int64_t i = 0; i < nj; ++i) {
       const std::span<const int32_t> tok = tokens.subspan(static_cast<size_t>(i * bt), static_cast<size_t>(bt));
       parent = block_key(parent, g, salt, tok);
-      present[static_cast<size_t>(i)] = pools_[static_cast<size_t>(g)]->lookup(parent, tok) >= 0;
+      keys[static_cast<size_t>(g)].push_back(parent);
+      ids[static_cast<size_t>(g)].push_back(pools_[static_cast<size_t>(g)]->lookup(parent, tok));
     }
     for (int64_t j = 1; j <= nj; ++j) {
       // Blocks the next query (at position j * bt) can see must all be present.
       const int64_t lo = first_visible(g, j * bt);
       for (int64_t i = 0; i < j && ok[static_cast<size_t>(j)]; ++i)
-        if ((i + 1) * bt > lo && !present[static_cast<size_t>(i)]) ok[static_cast<size_t>(j)] = 0;
+        if ((i + 1) * bt > lo && ids[static_cast<size_t>(g)][static_cast<size_t>(i)] < 0)
+          ok[static_cast<size_t>(j)] = 0;
     }
   }
-  for (int64_t j = nj; j > 0; --j)
-    if (ok[static_cast<size_t>(j)]) return j * bt;
-  return 0;
+  int64_t j = nj;
+  while (j > 0 && !ok[static_cast<size_t>(j)]) --j;
+  hit.full = j * bt;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    hit.blocks[g].assign(ids[g].begin(), ids[g].begin() + j);
+  const auto head_len =
+      std::min<int64_t>(bt - 1, static_cast<int64_t>(tokens.size()) - 1 - hit.full);
+  if (mode == PrefixMatch::kFullBlocks || head_len <= 0) return hit;
+
+  // The tail: per group, the cached child of block j - 1 sharing the most of the next tokens.
+  const std::span<const int32_t> head =
+      tokens.subspan(static_cast<size_t>(hit.full), static_cast<size_t>(head_len));
+  int64_t tail = head_len;
+  hit.tail_src.assign(groups_.size(), -1);
+  for (size_t g = 0; g < groups_.size() && tail > 0; ++g) {
+    int32_t matched = 0;
+    hit.tail_src[g] = pools_[g]->longest_child(
+        j == 0 ? BlockKey{} : keys[g][static_cast<size_t>(j - 1)], salt, head, matched);
+    tail = std::min<int64_t>(tail, matched);
+  }
+  // attach_prefix takes the shared blocks (cached ones leave the free list), holds the source
+  // and then allocates the copy: every group needs one block left after those.
+  for (size_t g = 0; g < groups_.size() && tail > 0; ++g) {
+    const BlockPool& pool = *pools_[g];
+    const int64_t lo = first_visible(static_cast<int>(g), hit.full + tail);
+    int32_t taken = pool.ref_count(hit.tail_src[g]) == 0;
+    for (int64_t i = 0; i < j; ++i)
+      if ((i + 1) * bt > lo && pool.ref_count(hit.blocks[g][static_cast<size_t>(i)]) == 0) ++taken;
+    if (pool.num_available() - taken < 1) tail = 0;
+  }
+  hit.tail = tail;
+  return hit;
 }
 
-int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens) {
+int64_t PagedKVStore::match_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt,
+                                   PrefixMatch mode) {
+  const PrefixHit hit = find_prefix(tokens, salt, mode);
+  return hit.full + hit.tail;
+}
+
+int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens, PrefixMatch mode) {
   if (step_open_) bad("attach_prefix during an unfinished step");
   Seq& s = seq_ref(seq);
   if (s.len != 0) bad("attach_prefix: sequence " + std::to_string(seq) + " is not empty");
-  const int64_t m = match_prefix(tokens, s.salt), bt = config_.block_tokens;
+  const PrefixHit hit = find_prefix(tokens, s.salt, mode);
+  const int64_t m = hit.full + hit.tail, bt = config_.block_tokens;
   if (m == 0) return 0;
   for (int g = 0; g < num_groups(); ++g) {
     BlockPool& pool = *pools_[static_cast<size_t>(g)];
+    std::vector<int32_t>& table = s.tables[static_cast<size_t>(g)];
     const int64_t lo = first_visible(g, m);
     BlockKey parent;
-    for (int64_t i = 0; i < m / bt; ++i) {
+    for (int64_t i = 0; i < hit.full / bt; ++i) {
       const std::span<const int32_t> tok = tokens.subspan(static_cast<size_t>(i * bt), static_cast<size_t>(bt));
       parent = block_key(parent, g, s.salt, tok);
       s.keys[static_cast<size_t>(g)].push_back(parent);
       if ((i + 1) * bt <= lo) {  // out of the window: the null block
         pool.retain(0);
-        s.tables[static_cast<size_t>(g)].push_back(0);
+        table.push_back(0);
         continue;
       }
-      const int32_t id = pool.lookup(parent, tok);
+      const int32_t id = hit.blocks[static_cast<size_t>(g)][static_cast<size_t>(i)];
       KV_CHECK(id >= 0, "match_prefix promised this block");
       pool.acquire(id);
-      s.tables[static_cast<size_t>(g)].push_back(id);
+      table.push_back(id);
+    }
+    if (hit.tail > 0) {  // hold the source so the allocation cannot evict it, copy, let go
+      const int32_t src = hit.tail_src[static_cast<size_t>(g)];
+      pool.acquire(src);
+      KV_CHECK(pool.allocate(1, table), "find_prefix counted a block for the tail");
+      copy_block(g, src, table.back(), hit.tail);
+      pool.release(src);
     }
   }
   s.tokens.assign(tokens.begin(), tokens.begin() + m);

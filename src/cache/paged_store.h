@@ -126,12 +126,20 @@ class PagedKVStore {
   bool is_live(SeqId seq) const;
 
   // --- prefix sharing and fork ------------------------------------------------------------
-  // Leading tokens of `tokens` already held (full blocks only) by every group, capped at
-  // tokens.size() - 1 so that at least the last token is computed (its logits are needed).
-  int64_t match_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt = {});
-  // Gives the empty sequence `seq` the blocks of match_prefix(tokens) (references taken) and
-  // that length; returns it. The caller then feeds tokens[returned ..].
-  int64_t attach_prefix(SeqId seq, std::span<const int32_t> tokens);
+  // Leading tokens of `tokens` already cached by every group, capped at tokens.size() - 1 so
+  // that at least the last token is computed (its logits are needed). Full blocks are shared
+  // (kFullBlocks stops there); kCopyTail goes on into the cached block that continues the
+  // last matched one with the most of the next tokens (SGLang's token-granular reuse, without
+  // a token-granular index): attach_prefix copies those rows into a fresh block of the
+  // sequence, so a prompt whose shared part ends inside a block recomputes none of it. The
+  // tail counts only when every group holds such a block and has a block to copy it into.
+  enum class PrefixMatch { kFullBlocks, kCopyTail };
+  int64_t match_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt = {},
+                       PrefixMatch mode = PrefixMatch::kCopyTail);
+  // Gives the empty sequence `seq` the blocks of match_prefix(tokens, mode) (references taken,
+  // the tail copied) and that length; returns it. The caller then feeds tokens[returned ..].
+  int64_t attach_prefix(SeqId seq, std::span<const int32_t> tokens,
+                        PrefixMatch mode = PrefixMatch::kCopyTail);
   // n new sequences continuing `seq`: every full block shared (ref count), the partial last
   // block copied (one block per child per group). false, nothing changed: not enough blocks.
   bool fork(SeqId seq, int n, std::vector<SeqId>& children);
@@ -187,6 +195,16 @@ class PagedKVStore {
     std::vector<std::vector<int32_t>> tables;  // [group][blocks]
     std::vector<std::vector<BlockKey>> keys;   // [group][committed blocks]
   };
+
+  // What match_prefix found: `full` tokens in shared blocks (per group, their ids; -1 where
+  // the window lets the null block stand in), then `tail` tokens to copy from tail_src[g].
+  struct PrefixHit {
+    int64_t full = 0, tail = 0;
+    std::vector<std::vector<int32_t>> blocks;  // [group][full / block_tokens]
+    std::vector<int32_t> tail_src;             // [group] (when tail > 0)
+  };
+  PrefixHit find_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt,
+                        PrefixMatch mode);
 
   Seq& seq_ref(SeqId seq);
   const Seq& seq_ref(SeqId seq) const;

@@ -371,7 +371,11 @@ void Engine::admit_batched(int64_t& budget) {
   };
   for (Seq* s : waiting_) {
     if (static_cast<int64_t>(running_.size() + step_seqs_.size()) >= config_.max_running) break;
-    const int64_t need = static_cast<int64_t>(s->tokens.size()) - store_->match_prefix(s->tokens);
+    // Full blocks only: a copied tail takes a block at attach time, which could evict a cached
+    // block a later candidate's match counted on (the one-by-one path copies tails).
+    const int64_t need =
+        static_cast<int64_t>(s->tokens.size()) -
+        store_->match_prefix(s->tokens, {}, PagedKVStore::PrefixMatch::kFullBlocks);
     if (step_seqs_.empty()) n = need;
     if (need != n || static_cast<int64_t>(step_seqs_.size() + 1) * n > budget || shares_first_block(*s)) break;
     step_seqs_.push_back(s);
@@ -382,7 +386,7 @@ void Engine::admit_batched(int64_t& budget) {
   row_pos_.clear();
   for (Seq* s : step_seqs_) {
     s->sid = store_->add_sequence();
-    s->computed = store_->attach_prefix(s->sid, s->tokens);
+    s->computed = store_->attach_prefix(s->sid, s->tokens, PagedKVStore::PrefixMatch::kFullBlocks);
     KV_CHECK(s->needs() == n, "admit_batched: the prefix match changed between match and attach");
     batch_.push_back(s->sid);
     step_tokens_.insert(step_tokens_.end(), s->tokens.begin() + s->computed, s->tokens.end());

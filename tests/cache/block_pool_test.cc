@@ -60,8 +60,9 @@ TEST(BlockPool, FreedBlocksKeepTheirKeyUntilReusedLeastRecentlyReleasedFirst) {
   BlockKey parent;
   for (size_t i = 0; i < 3; ++i) {
     const std::span<const int32_t> blk(tokens.data() + 4 * i, 4);
-    parent = block_key(parent, 0, {}, blk);
-    ASSERT_TRUE(pool.commit(table[i], parent, blk));
+    const BlockKey key = block_key(parent, 0, {}, blk);
+    ASSERT_TRUE(pool.commit(table[i], key, parent, blk));
+    parent = key;
   }
   EXPECT_EQ(pool.match_prefix(tokens), table);
   pool.release_table(table);  // tail first: block 2 is the oldest cached one
@@ -86,7 +87,7 @@ TEST(BlockPool, FreedBlocksKeepTheirKeyUntilReusedLeastRecentlyReleasedFirst) {
   // Content computed twice while the indexed copy is only cached: the live copy takes the key
   // over and the cached one becomes free (a prefix must not hang on the block evicted first).
   const std::span<const int32_t> blk0(tokens.data(), 4);
-  EXPECT_TRUE(pool.commit(got[0], k0, blk0));
+  EXPECT_TRUE(pool.commit(got[0], k0, {}, blk0));
   EXPECT_TRUE(pool.is_keyed(got[0]));
   EXPECT_FALSE(pool.is_keyed(table[0]));
   EXPECT_EQ(pool.ref_count(table[0]), 0);
@@ -98,9 +99,41 @@ TEST(BlockPool, FreedBlocksKeepTheirKeyUntilReusedLeastRecentlyReleasedFirst) {
   std::vector<int32_t> third;
   ASSERT_TRUE(pool.allocate(1, third));
   EXPECT_EQ(third[0], table[0]);  // the freed copy is handed out first
-  EXPECT_FALSE(pool.commit(third[0], k0, blk0));
+  EXPECT_FALSE(pool.commit(third[0], k0, {}, blk0));
   EXPECT_FALSE(pool.is_keyed(third[0]));
   EXPECT_EQ(pool.lookup(k0, blk0), got[0]);
+  EXPECT_EQ(pool.check_invariants(), "");
+}
+
+TEST(BlockPool, LongestChildIsTheCachedContinuationSharingTheMostTokens) {
+  BlockPool pool({.num_blocks = 4, .block_tokens = 4});
+  const std::vector<int32_t> first = {1, 2, 3, 4}, a = {5, 6, 7, 8}, b = {5, 6, 9, 9};
+  std::vector<int32_t> table;
+  ASSERT_TRUE(pool.allocate(3, table));
+  const BlockKey k0 = block_key({}, 0, {}, first);
+  ASSERT_TRUE(pool.commit(table[0], k0, {}, first));
+  ASSERT_TRUE(pool.commit(table[1], block_key(k0, 0, {}, a), k0, a));
+  ASSERT_TRUE(pool.commit(table[2], block_key(k0, 0, {}, b), k0, b));
+  int32_t n = -1;
+  EXPECT_EQ(pool.longest_child(k0, {}, std::vector<int32_t>{5, 6, 7}, n), table[1]);
+  EXPECT_EQ(n, 3);
+  EXPECT_EQ(pool.longest_child(k0, {}, std::vector<int32_t>{5, 6, 9}, n), table[2]);
+  EXPECT_EQ(n, 3);
+  const int32_t either = pool.longest_child(k0, {}, std::vector<int32_t>{5, 1, 1}, n);
+  EXPECT_TRUE(either == table[1] || either == table[2]);
+  EXPECT_EQ(n, 1);
+  EXPECT_EQ(pool.longest_child(k0, {}, std::vector<int32_t>{7}, n), -1);  // no first token shared
+  EXPECT_EQ(n, 0);
+  // The root's children: only those keyed under the same extra keys (a tenant's salt).
+  EXPECT_EQ(pool.longest_child({}, {}, std::vector<int32_t>{1, 2}, n), table[0]);
+  EXPECT_EQ(n, 2);
+  const uint8_t salt[] = {7};
+  EXPECT_EQ(pool.longest_child({}, salt, std::vector<int32_t>{1, 2}, n), -1);
+  // Released blocks still serve (content kept) until evicted.
+  pool.release_table(table);
+  EXPECT_EQ(pool.longest_child(k0, {}, std::vector<int32_t>{5, 6, 7}, n), table[1]);
+  pool.evict(3);
+  EXPECT_EQ(pool.longest_child(k0, {}, std::vector<int32_t>{5, 6, 7}, n), -1);
   EXPECT_EQ(pool.check_invariants(), "");
 }
 
@@ -226,6 +259,7 @@ TEST(BlockPool, RandomizedAgainstAModel) {
           const size_t off = static_cast<size_t>(b) * kTok;
           if (off + kTok > tokens.size()) break;  // partial block: never keyed
           const std::span<const int32_t> blk(tokens.data() + off, kTok);
+          const BlockKey up = parent;
           parent = block_key(parent, 0, {}, blk);
           const int32_t id = table[static_cast<size_t>(b)];
           if (b < static_cast<int32_t>(hit.size())) continue;
@@ -234,7 +268,7 @@ TEST(BlockPool, RandomizedAgainstAModel) {
             if (key == parent) holder = kid;
           // A held copy keeps the key; a cached one hands it over and becomes free.
           const bool held = holder >= 0 && m.refs()[static_cast<size_t>(holder)] > 0;
-          EXPECT_EQ(pool.commit(id, parent, blk), !held);
+          EXPECT_EQ(pool.commit(id, parent, up, blk), !held);
           if (holder >= 0 && !held) {
             m.keyed.erase(holder);
             auto it = std::find(m.cached_order.begin(), m.cached_order.end(), holder);

@@ -373,17 +373,52 @@ TEST(PagedStore, PrefixHitSharesBlocksAndSlidingGroupsDropOutOfWindowBlocks) {
   p2.push_back(77);
   // Every group must serve the hit: a query at 24 sees [19, 24], and the sliding group's
   // dropped blocks [16, 24) are still cached under their keys.
-  EXPECT_EQ(hx.store.match_prefix(p2), 24);
+  EXPECT_EQ(hx.store.match_prefix(p2, {}, PagedKVStore::PrefixMatch::kFullBlocks), 24);
+  // Then the tail: tokens 24, 25 sit in the cached block [24, 28) of both groups (26 itself is
+  // the last token, always computed), so their rows are copied into a fresh block.
+  EXPECT_EQ(hx.store.match_prefix(p2), 26);
   const SeqId b = hx.store.add_sequence();
-  EXPECT_EQ(hx.store.attach_prefix(b, p2), 24);
-  hx.tokens[b] = std::vector<int32_t>(p2.begin(), p2.begin() + 24);
+  const int32_t used0 = hx.store.stats(0).pool.used;
+  EXPECT_EQ(hx.store.attach_prefix(b, p2), 26);
+  EXPECT_EQ(hx.store.stats(0).pool.used, used0 + 7);  // 6 shared blocks revived + 1 copy
+  hx.tokens[b] = std::vector<int32_t>(p2.begin(), p2.begin() + 26);
   EXPECT_TRUE(hx.contents_ok());
-  ASSERT_TRUE(hx.step({b}, {std::vector<int32_t>(p2.begin() + 24, p2.end())}));
+  ASSERT_TRUE(hx.step({b}, {std::vector<int32_t>(p2.begin() + 26, p2.end())}));
   EXPECT_TRUE(hx.contents_ok());
   // A different salt (tenant) never matches.
   const uint8_t salt[] = {1};
   EXPECT_EQ(hx.store.match_prefix(p2, salt), 0);
   EXPECT_EQ(hx.store.check_invariants(), "");
+}
+
+TEST(PagedStore, TailCopyNeedsABlockLeftInEveryGroup) {
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8}, p2 = {1, 2, 3, 4, 5, 6, 99};
+  // 3 blocks per group: a holds 2 in each (the sliding group's third is its null block).
+  Harness hx(harness_config(3));
+  const SeqId a = hx.store.add_sequence();
+  ASSERT_TRUE(hx.step({a}, {prompt}));
+  EXPECT_EQ(hx.store.match_prefix(p2), 4);  // tokens 5, 6 are cached, but no sliding block is free
+  hx.store.free_sequence(a);
+  hx.tokens.erase(a);
+  // Now both of the sliding group's blocks are cached: the hit revives one, holds the other as
+  // the copy's source, and nothing is left to copy into.
+  EXPECT_EQ(hx.store.match_prefix(p2), 4);
+  const SeqId b = hx.store.add_sequence();
+  EXPECT_EQ(hx.store.attach_prefix(b, p2), 4);
+  hx.tokens[b] = {1, 2, 3, 4};
+  EXPECT_TRUE(hx.contents_ok());
+  EXPECT_EQ(hx.store.check_invariants(), "");
+
+  Harness roomy(harness_config(4));  // one more block per group: the tail is copied
+  const SeqId c = roomy.store.add_sequence();
+  ASSERT_TRUE(roomy.step({c}, {prompt}));
+  const SeqId d = roomy.store.add_sequence();
+  EXPECT_EQ(roomy.store.attach_prefix(d, p2), 6);
+  roomy.tokens[d] = {1, 2, 3, 4, 5, 6};
+  EXPECT_TRUE(roomy.contents_ok());
+  ASSERT_TRUE(roomy.step({d}, {{99}}));
+  EXPECT_TRUE(roomy.contents_ok());
+  EXPECT_EQ(roomy.store.check_invariants(), "");
 }
 
 TEST(PagedStore, RandomizedOperationsKeepInvariantsAndContents) {

@@ -50,7 +50,7 @@ TEST(CliPaged, BenchPrefixReuseReportsColdAndCachedTimeToFirstToken) {
   EXPECT_EQ(j["test"], "prefix_reuse");
   EXPECT_EQ(j["n_prompt"], 300);
   EXPECT_EQ(j["n_shared"], 270);
-  EXPECT_EQ(j["n_cached"], 256);  // 16 full blocks of 16
+  EXPECT_EQ(j["n_cached"], 270);  // 16 full blocks of 16 and 14 tokens copied from the 17th
   EXPECT_GT(j["ttft_cold_ms"].get<double>(), 0.0);
   EXPECT_GT(j["ttft_cached_ms"].get<double>(), 0.0);
   EXPECT_LT(j["max_abs_logit_diff"].get<double>(), 1e-3);
