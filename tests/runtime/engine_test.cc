@@ -174,6 +174,25 @@ TEST(Engine, EqualLengthPromptsSharingABlockStillHitThePrefixCache) {
   for (size_t i = 0; i < reqs.size(); ++i) ASSERT_EQ(got.tokens[i], run_alone(model, reqs[i])) << "request " << i;
 }
 
+TEST(Engine, APrefixEndingInsideABlockIsReusedWhole) {
+  const LlamaModel& model = *tiny_model().model;
+  std::mt19937 rng(31);
+  std::vector<int32_t> a = {1};
+  while (a.size() < 50) a.push_back(static_cast<int32_t>(rng() % 31000) + 3);  // 3 full blocks
+  std::vector<int32_t> b(a.begin(), a.begin() + 37);  // 2 full blocks of 16 and 5 more tokens
+  while (b.size() < 45) b.push_back(static_cast<int32_t>(rng() % 31000) + 3);
+  EngineConfig c;
+  c.max_cached_tokens = 512;
+  c.max_tokens_per_step = 256;
+  Engine e(model, nullptr, c);
+  ASSERT_EQ(run_all(e, {greedy(a, 2)}).tokens[0], run_alone(model, greedy(a, 2)));
+  const RunResult got = run_all(e, {greedy(b, 3)});
+  // All 37 shared tokens: two blocks shared, the 5 tokens of the third copied from a's third
+  // block (keyed once full; a partial last block is never keyed, so it could not serve).
+  EXPECT_EQ(e.metrics().cached_prompt_tokens, 37);
+  EXPECT_EQ(got.tokens[0], run_alone(model, greedy(b, 3)));
+}
+
 TEST(Engine, PreemptionUnderATinyBlockBudgetChangesNothing) {
   const LlamaModel& model = *tiny_model().model;
   const auto prompts = make_prompts(24, 11);
