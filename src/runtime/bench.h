@@ -48,7 +48,7 @@ struct PrefixReuseResult {
   std::string cache, kernel, kv_dtype;
   int64_t n_prompt = 0;
   int64_t n_shared = 0;   // tokens the two prompts have in common
-  int64_t n_cached = 0;   // tokens actually reused (whole blocks, last token excluded)
+  int64_t n_cached = 0;   // tokens actually reused (last token excluded)
   int64_t block_size = 0;
   int n_threads = 0;
   std::vector<double> cold_ms, cached_ms;
@@ -56,6 +56,9 @@ struct PrefixReuseResult {
   double speedup = 0;                           // ttft_cold_ms / ttft_cached_ms
   // Medians: robust on a shared, loaded machine where one sample can be several times slower.
   double ttft_cold_median_ms = 0, ttft_cached_median_ms = 0, speedup_median = 0;
+  // Median over the repetitions of cold / cached, each pair measured back to back (the cached
+  // request starts as the cold one ends): the host's drift between repetitions cancels.
+  double speedup_paired = 0;
   // Process CPU time (all threads) of the same intervals, averaged: the work done, which a
   // loaded machine stretches far less than the wall clock.
   std::vector<double> cold_cpu_ms, cached_cpu_ms;

@@ -71,6 +71,7 @@ void run_prefix_reuse_cmd(BenchOptions& o, const LlamaModel& model) {
                               {"ttft_cold_median_ms", r.ttft_cold_median_ms},
                               {"ttft_cached_median_ms", r.ttft_cached_median_ms},
                               {"speedup_median", r.speedup_median},
+                              {"speedup_paired", r.speedup_paired},
                               {"ttft_cold_cpu_ms", r.ttft_cold_cpu_ms},
                               {"ttft_cached_cpu_ms", r.ttft_cached_cpu_ms},
                               {"speedup_cpu", r.speedup_cpu},

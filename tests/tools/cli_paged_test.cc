@@ -53,6 +53,9 @@ TEST(CliPaged, BenchPrefixReuseReportsColdAndCachedTimeToFirstToken) {
   EXPECT_EQ(j["n_cached"], 270);  // 16 full blocks of 16 and 14 tokens copied from the 17th
   EXPECT_GT(j["ttft_cold_ms"].get<double>(), 0.0);
   EXPECT_GT(j["ttft_cached_ms"].get<double>(), 0.0);
+  EXPECT_GT(j["speedup_paired"].get<double>(), 0.0);  // one pair: cold / cached of that pair
+  EXPECT_DOUBLE_EQ(j["speedup_paired"].get<double>(),
+                   j["samples_cold_ms"][0].get<double>() / j["samples_cached_ms"][0].get<double>());
   EXPECT_LT(j["max_abs_logit_diff"].get<double>(), 1e-3);
   const auto t = run_cli("bench --model '" + kModel + "' --cache paged --kernel eager --prefix-reuse 300:0.9 -r 1");
   EXPECT_EQ(t.exit_code, 0) << t.err;
