@@ -64,6 +64,7 @@ BlockPool::BlockPool(const BlockPoolConfig& config)
   blocks_.resize(static_cast<size_t>(config.num_blocks));
   tokens_.assign(static_cast<size_t>(config.num_blocks) * static_cast<size_t>(block_tokens_), 0);
   index_.assign(index_capacity(config.num_blocks), -1);
+  families_.assign(index_capacity(config.num_blocks), -1);
   for (int32_t id = 0; id < config.num_blocks; ++id) list_push_back(id);
   n_free_ = config.num_blocks;
 }
@@ -109,27 +110,80 @@ size_t BlockPool::slot_of(const BlockKey& key) const {
   return static_cast<size_t>(key.lo) & (index_.size() - 1);
 }
 
+template <typename Home>
+void BlockPool::erase_slot(std::vector<int32_t>& table, size_t i, Home home) {
+  // Pull later entries of the probe run into the hole when their home slot is not between the
+  // hole and them.
+  const size_t mask = table.size() - 1;
+  size_t hole = i;
+  for (size_t j = (i + 1) & mask; table[j] >= 0; j = (j + 1) & mask) {
+    const size_t h = home(table[j]);
+    const bool movable = hole <= j ? (h <= hole || h > j) : (h <= hole && h > j);
+    if (movable) {
+      table[hole] = table[j];
+      hole = j;
+    }
+  }
+  table[hole] = -1;
+}
+
+size_t BlockPool::family_slot(const BlockKey& parent, int32_t first) const {
+  // The parent is a digest (uniform bits); the first token spreads the root's children.
+  const uint64_t h =
+      parent.lo ^ (static_cast<uint64_t>(static_cast<uint32_t>(first)) * 0x9E3779B97F4A7C15ull);
+  return static_cast<size_t>(h ^ (h >> 29)) & (families_.size() - 1);
+}
+
+size_t BlockPool::family_slot_of(int32_t id) const {
+  return family_slot(blocks_[static_cast<size_t>(id)].parent, tokens(id)[0]);
+}
+
+void BlockPool::link_family(int32_t id) {
+  const Block& b = blocks_[static_cast<size_t>(id)];
+  const int32_t first = tokens(id)[0];
+  const size_t mask = families_.size() - 1;
+  size_t i = family_slot(b.parent, first);
+  for (; families_[i] >= 0; i = (i + 1) & mask) {
+    const int32_t h = families_[i];
+    if (blocks_[static_cast<size_t>(h)].parent == b.parent && tokens(h)[0] == first) break;
+  }
+  const int32_t head = families_[i];  // -1: a new family
+  blocks_[static_cast<size_t>(id)].sib_next = head;
+  if (head >= 0) blocks_[static_cast<size_t>(head)].sib_prev = id;
+  families_[i] = id;
+}
+
+void BlockPool::unlink_family(int32_t id) {
+  Block& b = blocks_[static_cast<size_t>(id)];
+  if (b.sib_next >= 0) blocks_[static_cast<size_t>(b.sib_next)].sib_prev = b.sib_prev;
+  if (b.sib_prev >= 0) {
+    blocks_[static_cast<size_t>(b.sib_prev)].sib_next = b.sib_next;
+  } else {  // the head: the index entry moves to the next member, or goes
+    const size_t mask = families_.size() - 1;
+    size_t i = family_slot_of(id);
+    while (families_[i] != id) {
+      KV_CHECK(families_[i] >= 0, "keyed block missing from the family index");
+      i = (i + 1) & mask;
+    }
+    if (b.sib_next >= 0)
+      families_[i] = b.sib_next;
+    else
+      erase_slot(families_, i, [this](int32_t h) { return family_slot_of(h); });
+  }
+  b.sib_prev = b.sib_next = -1;
+}
+
 void BlockPool::drop_key(int32_t id) {
   Block& b = blocks_[static_cast<size_t>(id)];
   KV_CHECK(b.keyed, "dropping the key of an unkeyed block");
+  unlink_family(id);
   const size_t mask = index_.size() - 1;
   size_t i = slot_of(b.key);
   while (index_[i] != id) {
     KV_CHECK(index_[i] >= 0, "keyed block missing from the index");
     i = (i + 1) & mask;
   }
-  // Backward-shift deletion (linear probing without tombstones): pull later entries of the
-  // probe run into the hole when their home slot is not between the hole and them.
-  size_t hole = i;
-  for (size_t j = (i + 1) & mask; index_[j] >= 0; j = (j + 1) & mask) {
-    const size_t home = slot_of(blocks_[static_cast<size_t>(index_[j])].key);
-    const bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
-    if (movable) {
-      index_[hole] = index_[j];
-      hole = j;
-    }
-  }
-  index_[hole] = -1;
+  erase_slot(index_, i, [this](int32_t e) { return slot_of(blocks_[static_cast<size_t>(e)].key); });
   b.keyed = false;
   b.key = {};
   b.parent = {};
@@ -208,6 +262,7 @@ bool BlockPool::commit(int32_t id, const BlockKey& key, const BlockKey& parent,
     if (ob.ref > 0) return false;
     list_remove(o);
     --n_cached_;
+    unlink_family(o);
     ob.keyed = false;
     ob.key = {};
     ob.parent = {};
@@ -221,6 +276,7 @@ bool BlockPool::commit(int32_t id, const BlockKey& key, const BlockKey& parent,
   b.parent = parent;
   std::copy(tokens.begin(), tokens.end(),
             tokens_.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(id) * block_tokens_));
+  link_family(id);
   return true;
 }
 
@@ -260,14 +316,20 @@ int32_t BlockPool::longest_child(const BlockKey& parent, std::span<const uint8_t
            "longest_child: head must be shorter than a block");
   int32_t best = -1;
   matched = 0;
-  for (int32_t id = 0; id < num_blocks(); ++id) {
-    const Block& b = blocks_[static_cast<size_t>(id)];
-    if (!b.keyed || b.parent != parent) continue;
+  if (head.empty()) return -1;
+  const size_t mask = families_.size() - 1;
+  size_t i = family_slot(parent, head[0]);
+  for (; families_[i] >= 0; i = (i + 1) & mask) {
+    const int32_t h = families_[i];
+    if (blocks_[static_cast<size_t>(h)].parent == parent && tokens(h)[0] == head[0]) break;
+  }
+  for (int32_t id = families_[i]; id >= 0; id = blocks_[static_cast<size_t>(id)].sib_next) {
     const std::span<const int32_t> stored = tokens(id);
     const auto common = static_cast<int32_t>(
         std::mismatch(head.begin(), head.end(), stored.begin()).first - head.begin());
     // The root has one parent key for every salt: the key tells tenants (and groups) apart.
-    if (common > matched && block_key(parent, group_, extra, stored) == b.key) {
+    if (common > matched &&
+        block_key(parent, group_, extra, stored) == blocks_[static_cast<size_t>(id)].key) {
       best = id;
       matched = common;
     }
@@ -352,6 +414,32 @@ std::string BlockPool::check_invariants() const {
   if (free != n_free_ || cached != n_cached_)
     return "counters: free " + std::to_string(n_free_) + " vs " + std::to_string(free) +
            ", cached " + std::to_string(n_cached_) + " vs " + std::to_string(cached);
+  // Family index: every keyed block in the list of its (parent, first token), lists well
+  // linked, one entry per family.
+  int32_t in_families = 0;
+  for (size_t i = 0; i < families_.size(); ++i) {
+    const int32_t head = families_[i];
+    if (head < 0) continue;
+    if (head >= num_blocks() || blocks_[static_cast<size_t>(head)].sib_prev != -1)
+      return "family index entry " + std::to_string(head) + " is not a list head";
+    const size_t home = family_slot_of(head);
+    for (size_t j = home; j != i; j = (j + 1) & (families_.size() - 1))
+      if (families_[j] < 0)
+        return "family of block " + std::to_string(head) + " unreachable from its slot";
+    int32_t prev = -1;
+    for (int32_t id = head; id >= 0; id = blocks_[static_cast<size_t>(id)].sib_next) {
+      const Block& b = blocks_[static_cast<size_t>(id)];
+      if (++in_families > num_blocks()) return "family list has a cycle";
+      if (!b.keyed || b.sib_prev != prev || b.parent != blocks_[static_cast<size_t>(head)].parent ||
+          tokens(id)[0] != tokens(head)[0])
+        return "family list of block " + std::to_string(head) + " is broken at block " +
+               std::to_string(id);
+      prev = id;
+    }
+  }
+  if (in_families != keyed)
+    return "family lists hold " + std::to_string(in_families) + " blocks for " +
+           std::to_string(keyed) + " keyed blocks";
   int32_t entries = 0;
   for (const int32_t id : index_) {
     if (id < 0) continue;
@@ -381,12 +469,12 @@ std::string BlockPool::check_invariants() const {
 size_t BlockPool::predict_bytes(const BlockPoolConfig& c) {
   return static_cast<size_t>(c.num_blocks) * sizeof(Block) +
          static_cast<size_t>(c.num_blocks) * static_cast<size_t>(c.block_tokens) * sizeof(int32_t) +
-         index_capacity(c.num_blocks) * sizeof(int32_t);
+         2 * index_capacity(c.num_blocks) * sizeof(int32_t);  // the key and family indexes
 }
 
 size_t BlockPool::bytes() const {
   return blocks_.capacity() * sizeof(Block) + tokens_.capacity() * sizeof(int32_t) +
-         index_.capacity() * sizeof(int32_t);
+         (index_.capacity() + families_.capacity()) * sizeof(int32_t);
 }
 
 }  // namespace kvcache

@@ -95,10 +95,9 @@ class BlockPool {
 
   // The keyed block continuing `parent` (under `extra`) whose tokens share the longest common
   // prefix with `head` (fewer than block_tokens ids), and that length in `matched`; -1 and 0
-  // when none shares a first token. The block's key is re-derived from parent, extra and its
-  // stored tokens before it counts, so a hit is as certain as lookup()'s. A scan of the
-  // descriptors (O(num_blocks), no allocation): it runs once per request whose prompt ends
-  // inside a block, against a prefill of at least one token. No reference taken.
+  // when none shares a first token. Walks the keyed blocks of the family (parent, head[0]) —
+  // a second index — and re-derives a candidate's key from parent, extra and its stored
+  // tokens before it counts, so a hit is as certain as lookup()'s. No reference taken.
   int32_t longest_child(const BlockKey& parent, std::span<const uint8_t> extra,
                         std::span<const int32_t> head, int32_t& matched) const;
 
@@ -133,6 +132,9 @@ class BlockPool {
     bool keyed = false;
     BlockKey key;
     BlockKey parent;  // the key it continues (the root: all zero); valid while keyed
+    // Doubly linked list of the keyed blocks of one family (same parent, same first token),
+    // whose head the family index holds.
+    int32_t sib_prev = -1, sib_next = -1;
   };
 
   size_t check_id(int32_t id) const;
@@ -141,6 +143,14 @@ class BlockPool {
   void list_remove(int32_t id);
   void drop_key(int32_t id);
   size_t slot_of(const BlockKey& key) const;
+  size_t family_slot(const BlockKey& parent, int32_t first) const;
+  size_t family_slot_of(int32_t id) const;  // of a keyed block
+  void link_family(int32_t id);
+  void unlink_family(int32_t id);
+  // Backward-shift deletion of slot i of a linear-probing table whose entries' home slots
+  // `home(entry)` gives (no tombstones).
+  template <typename Home>
+  static void erase_slot(std::vector<int32_t>& table, size_t i, Home home);
   static size_t index_capacity(int32_t num_blocks);
 
   int32_t block_tokens_ = 0;
@@ -148,6 +158,7 @@ class BlockPool {
   std::vector<Block> blocks_;       // [num_blocks]
   std::vector<int32_t> tokens_;     // [num_blocks, block_tokens] token ids of keyed blocks
   std::vector<int32_t> index_;      // open addressing, linear probing: block id or -1
+  std::vector<int32_t> families_;   // the same over (parent, first token): a family's head
   int32_t head_ = -1, tail_ = -1;   // free list: allocate() takes from head_
   int32_t n_free_ = 0, n_cached_ = 0;
   BlockPoolStats counters_;

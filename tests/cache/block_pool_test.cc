@@ -234,6 +234,26 @@ TEST(BlockPool, RandomizedAgainstAModel) {
         ++expect_hit;
       }
       ASSERT_EQ(hit.size(), expect_hit) << "step " << step;
+      {  // longest_child (the family index) against a scan of every keyed block
+        BlockKey up;
+        for (size_t b = 0; b < hit.size(); ++b)
+          up = block_key(up, 0, {}, std::span<const int32_t>(tokens.data() + b * kTok, kTok));
+        const size_t off = hit.size() * kTok;
+        const std::span<const int32_t> head(tokens.data() + off,
+                                            std::min<size_t>(kTok - 1, tokens.size() - off));
+        int32_t best = 0;
+        for (int32_t id = 0; id < kBlocks; ++id) {
+          if (!pool.is_keyed(id) || block_key(up, 0, {}, pool.tokens(id)) != pool.key(id)) continue;
+          const std::span<const int32_t> st = pool.tokens(id);
+          best = std::max(
+              best, static_cast<int32_t>(std::mismatch(head.begin(), head.end(), st.begin()).first -
+                                         head.begin()));
+        }
+        int32_t got = -1;
+        const int32_t id = pool.longest_child(up, {}, head, got);
+        ASSERT_EQ(got, best) << "step " << step;
+        ASSERT_EQ(id >= 0, best > 0) << "step " << step;
+      }
       const int32_t n_blocks = (n_tok + kTok - 1) / kTok;
       int32_t hit_cached = 0;
       for (const int32_t id : hit) hit_cached += pool.ref_count(id) == 0;
