@@ -60,6 +60,7 @@ TEST(CliPaged, BenchPrefixReuseReportsColdAndCachedTimeToFirstToken) {
   const auto t = run_cli("bench --model '" + kModel + "' --cache paged --kernel eager --prefix-reuse 300:0.9 -r 1");
   EXPECT_EQ(t.exit_code, 0) << t.err;
   EXPECT_NE(t.out.find("ttft cold ms"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("speedup paired"), std::string::npos) << t.out;
 }
 
 TEST(CliPaged, BadValuesExitWith2AndSayWhy) {
