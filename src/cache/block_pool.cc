@@ -189,14 +189,41 @@ void BlockPool::drop_key(int32_t id) {
   b.parent = {};
 }
 
+void BlockPool::drop_content(int32_t id) {
+  Block& b = blocks_[static_cast<size_t>(id)];
+  if (b.keyed) {
+    drop_key(id);
+    return;
+  }
+  KV_CHECK(b.tail > 0, "dropping the content of a block that keeps none");
+  unlink_family(id);
+  b.tail = 0;
+  b.key = {};
+  b.parent = {};
+}
+
+void BlockPool::keep_tail(int32_t id, const BlockKey& parent, std::span<const uint8_t> extra,
+                          std::span<const int32_t> tokens) {
+  Block& b = blocks_[check_id(id)];
+  KV_CHECK(b.ref > 0 && !kept(b), "keep_tail needs a used block that keeps nothing yet");
+  KV_CHECK(!tokens.empty() && static_cast<int32_t>(tokens.size()) < block_tokens_,
+           "keep_tail needs a partial block");
+  std::copy(tokens.begin(), tokens.end(),
+            tokens_.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(id) * block_tokens_));
+  b.tail = static_cast<int32_t>(tokens.size());
+  b.parent = parent;
+  b.key = block_key(parent, group_, extra, tokens);  // of the partial content: verified on a hit
+  link_family(id);
+}
+
 bool BlockPool::allocate(int32_t n, std::vector<int32_t>& out) {
   if (n < 0 || n > num_available()) return false;
   for (int32_t i = 0; i < n; ++i) {
     const int32_t id = head_;
     Block& b = blocks_[static_cast<size_t>(id)];
     list_remove(id);
-    if (b.keyed) {
-      drop_key(id);
+    if (kept(b)) {
+      drop_content(id);
       --n_cached_;
       ++counters_.evictions;
     } else {
@@ -217,7 +244,7 @@ void BlockPool::retain(int32_t id) {
 
 void BlockPool::acquire(int32_t id) {
   Block& b = blocks_[check_id(id)];
-  KV_CHECK(b.keyed, "acquire on a block that is not in the index");
+  KV_CHECK(kept(b), "acquire on a block that is neither in the index nor a kept tail");
   if (b.ref == 0) {
     list_remove(id);
     --n_cached_;
@@ -230,7 +257,7 @@ void BlockPool::release(int32_t id) {
   Block& b = blocks_[check_id(id)];
   KV_CHECK(b.ref > 0, "release of block " + std::to_string(id) + " with no reference");
   if (--b.ref > 0) return;
-  if (b.keyed) {
+  if (kept(b)) {
     list_push_back(id);  // most recently released: evicted last
     ++n_cached_;
   } else {
@@ -324,9 +351,12 @@ int32_t BlockPool::longest_child(const BlockKey& parent, std::span<const uint8_t
     if (blocks_[static_cast<size_t>(h)].parent == parent && tokens(h)[0] == head[0]) break;
   }
   for (int32_t id = families_[i]; id >= 0; id = blocks_[static_cast<size_t>(id)].sib_next) {
-    const std::span<const int32_t> stored = tokens(id);
-    const auto common = static_cast<int32_t>(
-        std::mismatch(head.begin(), head.end(), stored.begin()).first - head.begin());
+    const int32_t kept_tail = blocks_[static_cast<size_t>(id)].tail;  // 0: a keyed full block
+    const std::span<const int32_t> stored =
+        kept_tail > 0 ? tokens(id).first(static_cast<size_t>(kept_tail)) : tokens(id);
+    const std::span<const int32_t> h = head.first(std::min(head.size(), stored.size()));
+    const auto common =
+        static_cast<int32_t>(std::mismatch(h.begin(), h.end(), stored.begin()).first - h.begin());
     // The root has one parent key for every salt: the key tells tenants (and groups) apart.
     if (common > matched &&
         block_key(parent, group_, extra, stored) == blocks_[static_cast<size_t>(id)].key) {
@@ -344,11 +374,11 @@ std::span<const int32_t> BlockPool::tokens(int32_t id) const {
 
 int32_t BlockPool::evict(int32_t n) {
   int32_t done = 0;
-  // Keyed free blocks sit after the unkeyed ones, oldest first: walk from the head.
+  // Kept free blocks sit after the others, oldest first: walk from the head.
   for (int32_t id = head_; id >= 0 && done < n;) {
     const int32_t next = blocks_[static_cast<size_t>(id)].next;
-    if (blocks_[static_cast<size_t>(id)].keyed) {
-      drop_key(id);
+    if (kept(blocks_[static_cast<size_t>(id)])) {
+      drop_content(id);
       list_remove(id);
       list_push_front(id);
       --n_cached_;
@@ -364,14 +394,14 @@ int32_t BlockPool::evict(int32_t n) {
 void BlockPool::forget(int32_t id) {
   const Block& b = blocks_[check_id(id)];
   KV_CHECK(b.ref > 0, "forget on a block nobody holds");
-  if (b.keyed) drop_key(id);
+  if (kept(b)) drop_content(id);
 }
 
 void BlockPool::clear_index() {
   for (int32_t id = 0; id < num_blocks(); ++id) {
     Block& b = blocks_[static_cast<size_t>(id)];
-    if (!b.keyed) continue;
-    drop_key(id);
+    if (!kept(b)) continue;
+    drop_content(id);
     if (b.ref == 0) {
       list_remove(id);
       list_push_front(id);
@@ -391,7 +421,7 @@ BlockPoolStats BlockPool::stats() const {
 }
 
 std::string BlockPool::check_invariants() const {
-  int32_t used = 0, free = 0, cached = 0, keyed = 0;
+  int32_t used = 0, free = 0, cached = 0, keyed = 0, tails = 0;
   for (int32_t id = 0; id < num_blocks(); ++id) {
     const Block& b = blocks_[static_cast<size_t>(id)];
     if (b.ref < 0) return "block " + std::to_string(id) + " has a negative ref count";
@@ -399,8 +429,11 @@ std::string BlockPool::check_invariants() const {
       return "block " + std::to_string(id) + ": ref " + std::to_string(b.ref) +
              (b.on_free_list ? " but on" : " but not on") + " the free list";
     if (b.ref > 0) ++used;
-    else if (b.keyed) ++cached;
+    else if (kept(b))
+      ++cached;
     else ++free;
+    if (b.keyed && b.tail > 0) return "block " + std::to_string(id) + " is both keyed and a tail";
+    tails += b.tail > 0;
     if (b.keyed) {
       ++keyed;
       const size_t mask = index_.size() - 1;
@@ -430,16 +463,16 @@ std::string BlockPool::check_invariants() const {
     for (int32_t id = head; id >= 0; id = blocks_[static_cast<size_t>(id)].sib_next) {
       const Block& b = blocks_[static_cast<size_t>(id)];
       if (++in_families > num_blocks()) return "family list has a cycle";
-      if (!b.keyed || b.sib_prev != prev || b.parent != blocks_[static_cast<size_t>(head)].parent ||
+      if (!kept(b) || b.sib_prev != prev || b.parent != blocks_[static_cast<size_t>(head)].parent ||
           tokens(id)[0] != tokens(head)[0])
         return "family list of block " + std::to_string(head) + " is broken at block " +
                std::to_string(id);
       prev = id;
     }
   }
-  if (in_families != keyed)
+  if (in_families != keyed + tails)
     return "family lists hold " + std::to_string(in_families) + " blocks for " +
-           std::to_string(keyed) + " keyed blocks";
+           std::to_string(keyed + tails) + " keyed blocks and tails";
   int32_t entries = 0;
   for (const int32_t id : index_) {
     if (id < 0) continue;
@@ -457,8 +490,10 @@ std::string BlockPool::check_invariants() const {
     const Block& b = blocks_[static_cast<size_t>(id)];
     if (b.prev != prev) return "free list: bad prev link at block " + std::to_string(id);
     if (!b.on_free_list || b.ref != 0) return "free list holds a used block " + std::to_string(id);
-    if (b.keyed) seen_keyed = true;
-    else if (seen_keyed) return "free list: unkeyed block " + std::to_string(id) + " after a keyed one";
+    if (kept(b))
+      seen_keyed = true;
+    else if (seen_keyed)
+      return "free list: free block " + std::to_string(id) + " after a kept one";
     prev = id;
   }
   if (prev != tail_) return "free list: tail mismatch";

@@ -6,10 +6,14 @@
 //
 // Block states (free + used + cached = total):
 //   free    ref 0, no key, on the free list (taken first);
-//   cached  ref 0, keyed, on the free list in release order (least recently released first):
-//           its content stays valid until the block is handed out again (lazy eviction), so a
-//           later request with the same prefix can take it back;
+//   cached  ref 0, keyed (or a kept tail, below), on the free list in release order (least
+//           recently released first): its content stays valid until the block is handed out
+//           again (lazy eviction), so a later request with the same prefix can take it back;
 //   used    ref > 0, off the free list; keyed once it is full and its tokens are known.
+// A tail is a finished sequence's partial last block kept with its tokens (keep_tail): not in
+// the key index and never shared, but found by longest_child() so that a prompt continuing it
+// copies its rows (SGLang's radix cache reuses every cached token; blocks alone lose up to
+// block_tokens - 1 per request).
 // The free list is intrusive and doubly linked (O(1) removal from the middle when a prefix hit
 // revives a cached block), as vLLM's FreeKVCacheBlockQueue and TensorRT-LLM's eviction policy.
 //
@@ -104,6 +108,15 @@ class BlockPool {
   // Drops the keys of up to n cached blocks, least recently released first (they become
   // free). Returns how many were evicted.
   int32_t evict(int32_t n);
+  // Keeps the partial content of a used, unkeyed block (tokens: its first 0 < n < block_tokens
+  // ids, continuing `parent` under `extra`) after its holder lets go: released, it is cached
+  // like a keyed block (LRU, evicted by allocate()) but found by longest_child() only — never
+  // shared, its rows only copied (a finished chat turn's last partial block serves the next
+  // turn's prompt).
+  void keep_tail(int32_t id, const BlockKey& parent, std::span<const uint8_t> extra,
+                 std::span<const int32_t> tokens);
+  bool is_tail(int32_t id) const { return blocks_[check_id(id)].tail > 0; }
+
   // Drops the key of a used block about to be overwritten (e.g. after a crop made it partial).
   void forget(int32_t id);
   // Drops every key (the index forgets everything; used blocks keep their content).
@@ -112,7 +125,7 @@ class BlockPool {
   int32_t ref_count(int32_t id) const { return blocks_[check_id(id)].ref; }
   bool is_keyed(int32_t id) const { return blocks_[check_id(id)].keyed; }
   const BlockKey& key(int32_t id) const { return blocks_[check_id(id)].key; }
-  std::span<const int32_t> tokens(int32_t id) const;  // valid while keyed
+  std::span<const int32_t> tokens(int32_t id) const;  // valid while keyed (a tail: its first ids)
 
   BlockPoolStats stats() const;
   // Empty when every invariant holds, else the first violation: counts add up, the free list
@@ -131,13 +144,16 @@ class BlockPool {
     bool on_free_list = false;
     bool keyed = false;
     BlockKey key;
-    BlockKey parent;  // the key it continues (the root: all zero); valid while keyed
+    BlockKey parent;   // the key it continues (the root: all zero); valid while keyed or a tail
+    int32_t tail = 0;  // > 0: a kept partial block of `tail` tokens (keep_tail), not keyed
     // Doubly linked list of the keyed blocks of one family (same parent, same first token),
     // whose head the family index holds.
     int32_t sib_prev = -1, sib_next = -1;
   };
 
   size_t check_id(int32_t id) const;
+  static bool kept(const Block& b) { return b.keyed || b.tail > 0; }  // content worth caching
+  void drop_content(int32_t id);                                      // drop_key, or forget a tail
   void list_push_front(int32_t id);
   void list_push_back(int32_t id);
   void list_remove(int32_t id);

@@ -199,7 +199,18 @@ SeqId PagedKVStore::add_sequence(std::span<const uint8_t> salt) {
 }
 
 void PagedKVStore::release_seq_blocks(Seq& s) {
+  const int64_t bt = config_.block_tokens, full = s.len / bt, part = s.len % bt;
   for (size_t g = 0; g < groups_.size(); ++g) {
+    // The last partial block keeps its rows for a prompt that continues this sequence (a chat's
+    // next turn): released, it stays cached until evicted, found by a prefix's tail lookup.
+    std::vector<int32_t>& t = s.tables[g];
+    if (s.tokens_known && part > 0 && static_cast<int64_t>(t.size()) == full + 1 &&
+        static_cast<int64_t>(s.keys[g].size()) == full && !is_null(static_cast<int>(g), t.back()) &&
+        pools_[g]->ref_count(t.back()) == 1 && !pools_[g]->is_keyed(t.back()) &&
+        !pools_[g]->is_tail(t.back()))
+      pools_[g]->keep_tail(
+          t.back(), full == 0 ? BlockKey{} : s.keys[g].back(), s.salt,
+          std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(full * bt)));
     pools_[g]->release_table(s.tables[g]);
     s.tables[g].clear();
     s.keys[g].clear();

@@ -137,6 +137,39 @@ TEST(BlockPool, LongestChildIsTheCachedContinuationSharingTheMostTokens) {
   EXPECT_EQ(pool.check_invariants(), "");
 }
 
+TEST(BlockPool, AKeptTailIsCachedFoundByLongestChildAndEvictedLikeAKeyedBlock) {
+  BlockPool pool({.num_blocks = 3, .block_tokens = 4});
+  const std::vector<int32_t> first = {1, 2, 3, 4}, part = {5, 6};
+  std::vector<int32_t> table;
+  ASSERT_TRUE(pool.allocate(2, table));
+  const BlockKey k0 = block_key({}, 0, {}, first);
+  ASSERT_TRUE(pool.commit(table[0], k0, {}, first));
+  pool.keep_tail(table[1], k0, {}, part);
+  EXPECT_TRUE(pool.is_tail(table[1]));
+  EXPECT_FALSE(pool.is_keyed(table[1]));
+  pool.release_table(table);
+  EXPECT_EQ(pool.stats().cached, 2);
+  EXPECT_EQ(pool.check_invariants(), "");
+  int32_t n = -1;
+  // At most the tail's own tokens match, whatever the head's length.
+  EXPECT_EQ(pool.longest_child(k0, {}, std::vector<int32_t>{5, 6, 7}, n), table[1]);
+  EXPECT_EQ(n, 2);
+  EXPECT_EQ(pool.longest_child(k0, {}, std::vector<int32_t>{5, 9}, n), table[1]);
+  EXPECT_EQ(n, 1);
+  const uint8_t salt[] = {3};
+  EXPECT_EQ(pool.longest_child(k0, salt, std::vector<int32_t>{5, 6}, n), -1);  // another tenant
+  pool.acquire(table[1]);  // the copy's source is held, then let go: still kept
+  pool.release(table[1]);
+  EXPECT_TRUE(pool.is_tail(table[1]));
+  // Allocation takes the free block first, then evicts least recently released first.
+  std::vector<int32_t> got;
+  ASSERT_TRUE(pool.allocate(3, got));
+  EXPECT_FALSE(pool.is_tail(table[1]));
+  EXPECT_EQ(pool.longest_child(k0, {}, std::vector<int32_t>{5, 6}, n), -1);
+  EXPECT_EQ(pool.stats().evictions, 2);
+  EXPECT_EQ(pool.check_invariants(), "");
+}
+
 TEST(BlockPool, BytesMatchThePrediction) {
   const BlockPoolConfig c{.num_blocks = 37, .block_tokens = 16};
   BlockPool pool(c);

@@ -368,7 +368,8 @@ TEST(PagedStore, PrefixHitSharesBlocksAndSlidingGroupsDropOutOfWindowBlocks) {
   EXPECT_EQ(hx.store.stats(0).pool.used, 8);
   hx.store.free_sequence(a);
   hx.tokens.erase(a);
-  EXPECT_EQ(hx.store.stats(0).pool.cached, 7);  // full blocks stay in the index
+  // Full blocks stay in the index; the partial last one [28, 30) is kept as a tail.
+  EXPECT_EQ(hx.store.stats(0).pool.cached, 8);
   std::vector<int32_t> p2(prompt.begin(), prompt.begin() + 26);
   p2.push_back(77);
   // Every group must serve the hit: a query at 24 sees [19, 24], and the sliding group's
@@ -384,6 +385,17 @@ TEST(PagedStore, PrefixHitSharesBlocksAndSlidingGroupsDropOutOfWindowBlocks) {
   hx.tokens[b] = std::vector<int32_t>(p2.begin(), p2.begin() + 26);
   EXPECT_TRUE(hx.contents_ok());
   ASSERT_TRUE(hx.step({b}, {std::vector<int32_t>(p2.begin() + 26, p2.end())}));
+  EXPECT_TRUE(hx.contents_ok());
+  // A continuation of a's whole prompt (a chat's next turn) reuses a's kept partial block too:
+  // 7 blocks shared, the 2 tokens of [28, 30) copied.
+  std::vector<int32_t> next = prompt;
+  next.insert(next.end(), {91, 92, 93});
+  EXPECT_EQ(hx.store.match_prefix(next, {}, PagedKVStore::PrefixMatch::kFullBlocks), 28);
+  const SeqId c = hx.store.add_sequence();
+  EXPECT_EQ(hx.store.attach_prefix(c, next), 30);
+  hx.tokens[c] = prompt;
+  EXPECT_TRUE(hx.contents_ok());
+  ASSERT_TRUE(hx.step({c}, {{91, 92, 93}}));
   EXPECT_TRUE(hx.contents_ok());
   // A different salt (tenant) never matches.
   const uint8_t salt[] = {1};

@@ -193,6 +193,29 @@ TEST(Engine, APrefixEndingInsideABlockIsReusedWhole) {
   EXPECT_EQ(got.tokens[0], run_alone(model, greedy(b, 3)));
 }
 
+TEST(Engine, TheNextTurnOfAConversationReusesEverythingComputed) {
+  const LlamaModel& model = *tiny_model().model;
+  std::mt19937 rng(37);
+  std::vector<int32_t> a = {1};
+  while (a.size() < 40) a.push_back(static_cast<int32_t>(rng() % 31000) + 3);
+  EngineConfig c;
+  c.max_cached_tokens = 512;
+  c.max_tokens_per_step = 256;
+  Engine e(model, nullptr, c);
+  const std::vector<int32_t> out = run_all(e, {greedy(a, 3)}).tokens[0];
+  ASSERT_EQ(out.size(), 3u);
+  // The next turn: the prompt, the answer, a new message. Computed so far: the prompt and the
+  // first two answer tokens (the last sampled one was never fed): 42 = 2 full blocks of 16 and
+  // a partial block of 10 kept when the request finished.
+  std::vector<int32_t> b = a;
+  b.insert(b.end(), out.begin(), out.end());
+  for (int i = 0; i < 5; ++i) b.push_back(static_cast<int32_t>(rng() % 31000) + 3);
+  const int64_t before = e.metrics().cached_prompt_tokens;
+  const RunResult got = run_all(e, {greedy(b, 2)});
+  EXPECT_EQ(e.metrics().cached_prompt_tokens - before, 42);
+  EXPECT_EQ(got.tokens[0], run_alone(model, greedy(b, 2)));
+}
+
 TEST(Engine, PreemptionUnderATinyBlockBudgetChangesNothing) {
   const LlamaModel& model = *tiny_model().model;
   const auto prompts = make_prompts(24, 11);
