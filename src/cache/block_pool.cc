@@ -138,15 +138,18 @@ size_t BlockPool::family_slot_of(int32_t id) const {
   return family_slot(blocks_[static_cast<size_t>(id)].parent, tokens(id)[0]);
 }
 
-void BlockPool::link_family(int32_t id) {
-  const Block& b = blocks_[static_cast<size_t>(id)];
-  const int32_t first = tokens(id)[0];
+size_t BlockPool::find_family(const BlockKey& parent, int32_t first) const {
   const size_t mask = families_.size() - 1;
-  size_t i = family_slot(b.parent, first);
+  size_t i = family_slot(parent, first);
   for (; families_[i] >= 0; i = (i + 1) & mask) {
     const int32_t h = families_[i];
-    if (blocks_[static_cast<size_t>(h)].parent == b.parent && tokens(h)[0] == first) break;
+    if (blocks_[static_cast<size_t>(h)].parent == parent && tokens(h)[0] == first) break;
   }
+  return i;
+}
+
+void BlockPool::link_family(int32_t id) {
+  const size_t i = find_family(blocks_[static_cast<size_t>(id)].parent, tokens(id)[0]);
   const int32_t head = families_[i];  // -1: a new family
   blocks_[static_cast<size_t>(id)].sib_next = head;
   if (head >= 0) blocks_[static_cast<size_t>(head)].sib_prev = id;
@@ -173,30 +176,21 @@ void BlockPool::unlink_family(int32_t id) {
   b.sib_prev = b.sib_next = -1;
 }
 
-void BlockPool::drop_key(int32_t id) {
-  Block& b = blocks_[static_cast<size_t>(id)];
-  KV_CHECK(b.keyed, "dropping the key of an unkeyed block");
-  unlink_family(id);
-  const size_t mask = index_.size() - 1;
-  size_t i = slot_of(b.key);
-  while (index_[i] != id) {
-    KV_CHECK(index_[i] >= 0, "keyed block missing from the index");
-    i = (i + 1) & mask;
-  }
-  erase_slot(index_, i, [this](int32_t e) { return slot_of(blocks_[static_cast<size_t>(e)].key); });
-  b.keyed = false;
-  b.key = {};
-  b.parent = {};
-}
-
 void BlockPool::drop_content(int32_t id) {
   Block& b = blocks_[static_cast<size_t>(id)];
-  if (b.keyed) {
-    drop_key(id);
-    return;
-  }
-  KV_CHECK(b.tail > 0, "dropping the content of a block that keeps none");
+  KV_CHECK(kept(b), "dropping the content of a block that keeps none");
   unlink_family(id);
+  if (b.keyed) {  // a tail is in the family index only
+    const size_t mask = index_.size() - 1;
+    size_t i = slot_of(b.key);
+    while (index_[i] != id) {
+      KV_CHECK(index_[i] >= 0, "keyed block missing from the index");
+      i = (i + 1) & mask;
+    }
+    erase_slot(index_, i,
+               [this](int32_t e) { return slot_of(blocks_[static_cast<size_t>(e)].key); });
+  }
+  b.keyed = false;
   b.tail = 0;
   b.key = {};
   b.parent = {};
@@ -344,13 +338,8 @@ int32_t BlockPool::longest_child(const BlockKey& parent, std::span<const uint8_t
   int32_t best = -1;
   matched = 0;
   if (head.empty()) return -1;
-  const size_t mask = families_.size() - 1;
-  size_t i = family_slot(parent, head[0]);
-  for (; families_[i] >= 0; i = (i + 1) & mask) {
-    const int32_t h = families_[i];
-    if (blocks_[static_cast<size_t>(h)].parent == parent && tokens(h)[0] == head[0]) break;
-  }
-  for (int32_t id = families_[i]; id >= 0; id = blocks_[static_cast<size_t>(id)].sib_next) {
+  for (int32_t id = families_[find_family(parent, head[0])]; id >= 0;
+       id = blocks_[static_cast<size_t>(id)].sib_next) {
     const int32_t kept_tail = blocks_[static_cast<size_t>(id)].tail;  // 0: a keyed full block
     const std::span<const int32_t> stored =
         kept_tail > 0 ? tokens(id).first(static_cast<size_t>(kept_tail)) : tokens(id);
@@ -447,8 +436,8 @@ std::string BlockPool::check_invariants() const {
   if (free != n_free_ || cached != n_cached_)
     return "counters: free " + std::to_string(n_free_) + " vs " + std::to_string(free) +
            ", cached " + std::to_string(n_cached_) + " vs " + std::to_string(cached);
-  // Family index: every keyed block in the list of its (parent, first token), lists well
-  // linked, one entry per family.
+  // Family index: every keyed block and tail in the list of its (parent, first token), lists
+  // well linked, one entry per family.
   int32_t in_families = 0;
   for (size_t i = 0; i < families_.size(); ++i) {
     const int32_t head = families_[i];
@@ -484,15 +473,15 @@ std::string BlockPool::check_invariants() const {
                                 std::to_string(keyed) + " keyed blocks";
   // Walk the free list: well linked, exactly the ref-0 blocks, unkeyed ones before keyed ones.
   int32_t n = 0, prev = -1;
-  bool seen_keyed = false;
+  bool seen_kept = false;
   for (int32_t id = head_; id >= 0; id = blocks_[static_cast<size_t>(id)].next) {
     if (++n > num_blocks()) return "free list has a cycle";
     const Block& b = blocks_[static_cast<size_t>(id)];
     if (b.prev != prev) return "free list: bad prev link at block " + std::to_string(id);
     if (!b.on_free_list || b.ref != 0) return "free list holds a used block " + std::to_string(id);
     if (kept(b))
-      seen_keyed = true;
-    else if (seen_keyed)
+      seen_kept = true;
+    else if (seen_kept)
       return "free list: free block " + std::to_string(id) + " after a kept one";
     prev = id;
   }

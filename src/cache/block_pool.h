@@ -97,10 +97,10 @@ class BlockPool {
   std::vector<int32_t> match_prefix(std::span<const int32_t> tokens,
                                     std::span<const uint8_t> extra = {});
 
-  // The keyed block continuing `parent` (under `extra`) whose tokens share the longest common
-  // prefix with `head` (fewer than block_tokens ids), and that length in `matched`; -1 and 0
-  // when none shares a first token. Walks the keyed blocks of the family (parent, head[0]) —
-  // a second index — and re-derives a candidate's key from parent, extra and its stored
+  // The keyed block or tail continuing `parent` (under `extra`) whose tokens share the longest
+  // common prefix with `head` (fewer than block_tokens ids), and that length in `matched`; -1
+  // and 0 when none shares a first token. Walks the family (parent, head[0]) — a second
+  // index — and re-derives a candidate's key from parent, extra and its stored
   // tokens before it counts, so a hit is as certain as lookup()'s. No reference taken.
   int32_t longest_child(const BlockKey& parent, std::span<const uint8_t> extra,
                         std::span<const int32_t> head, int32_t& matched) const;
@@ -119,7 +119,7 @@ class BlockPool {
 
   // Drops the key of a used block about to be overwritten (e.g. after a crop made it partial).
   void forget(int32_t id);
-  // Drops every key (the index forgets everything; used blocks keep their content).
+  // Drops every key and tail (the indexes forget everything; used blocks keep their content).
   void clear_index();
 
   int32_t ref_count(int32_t id) const { return blocks_[check_id(id)].ref; }
@@ -146,21 +146,21 @@ class BlockPool {
     BlockKey key;
     BlockKey parent;   // the key it continues (the root: all zero); valid while keyed or a tail
     int32_t tail = 0;  // > 0: a kept partial block of `tail` tokens (keep_tail), not keyed
-    // Doubly linked list of the keyed blocks of one family (same parent, same first token),
-    // whose head the family index holds.
+    // Doubly linked list of the keyed blocks and tails of one family (same parent, same first
+    // token), whose head the family index holds.
     int32_t sib_prev = -1, sib_next = -1;
   };
 
   size_t check_id(int32_t id) const;
   static bool kept(const Block& b) { return b.keyed || b.tail > 0; }  // content worth caching
-  void drop_content(int32_t id);                                      // drop_key, or forget a tail
+  void drop_content(int32_t id);  // drops a key (both indexes) or a tail (the family index)
   void list_push_front(int32_t id);
   void list_push_back(int32_t id);
   void list_remove(int32_t id);
-  void drop_key(int32_t id);
   size_t slot_of(const BlockKey& key) const;
   size_t family_slot(const BlockKey& parent, int32_t first) const;
-  size_t family_slot_of(int32_t id) const;  // of a keyed block
+  size_t family_slot_of(int32_t id) const;                          // of a keyed block or tail
+  size_t find_family(const BlockKey& parent, int32_t first) const;  // its slot, or the free one
   void link_family(int32_t id);
   void unlink_family(int32_t id);
   // Backward-shift deletion of slot i of a linear-probing table whose entries' home slots
