@@ -206,8 +206,7 @@ void PagedKVStore::release_seq_blocks(Seq& s) {
     std::vector<int32_t>& t = s.tables[g];
     if (s.tokens_known && part > 0 && static_cast<int64_t>(t.size()) == full + 1 &&
         static_cast<int64_t>(s.keys[g].size()) == full && !is_null(static_cast<int>(g), t.back()) &&
-        pools_[g]->ref_count(t.back()) == 1 && !pools_[g]->is_keyed(t.back()) &&
-        !pools_[g]->is_tail(t.back()))
+        pools_[g]->ref_count(t.back()) == 1 && !pools_[g]->is_keyed(t.back()))
       pools_[g]->keep_tail(
           t.back(), full == 0 ? BlockKey{} : s.keys[g].back(), s.salt,
           std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(full * bt)));
@@ -447,14 +446,15 @@ void PagedKVStore::commit_full_blocks(Seq& s) {
 PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> tokens,
                                                   std::span<const uint8_t> salt, PrefixMatch mode) {
   PrefixHit hit;
+  hit.keys.resize(groups_.size());
   hit.blocks.resize(groups_.size());
   if (tokens.size() <= 1) return hit;
   const int64_t bt = config_.block_tokens;
   const int64_t nj = static_cast<int64_t>(tokens.size() - 1) / bt;  // full blocks, last token excluded
   // ok[j]: every group can serve the first j blocks.
   std::vector<uint8_t> ok(static_cast<size_t>(nj + 1), 1);
-  std::vector<std::vector<BlockKey>> keys(groups_.size());
-  std::vector<std::vector<int32_t>> ids(groups_.size());
+  std::vector<std::vector<BlockKey>>& keys = hit.keys;  // of every full block, cut to j below
+  std::vector<std::vector<int32_t>>& ids = hit.blocks;
   for (int g = 0; g < num_groups(); ++g) {
     BlockKey parent;
     for (int64_t i = 0; i < nj; ++i) {
@@ -480,8 +480,10 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
   int64_t j = nj;
   while (j > 0 && !ok[static_cast<size_t>(j)]) --j;
   hit.full = j * bt;
-  for (size_t g = 0; g < groups_.size(); ++g)
-    hit.blocks[g].assign(ids[g].begin(), ids[g].begin() + j);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    keys[g].resize(static_cast<size_t>(j));
+    ids[g].resize(static_cast<size_t>(j));
+  }
   const auto head_len =
       std::min<int64_t>(bt - 1, static_cast<int64_t>(tokens.size()) - 1 - hit.full);
   if (mode == PrefixMatch::kFullBlocks || head_len <= 0) return hit;
@@ -528,11 +530,8 @@ int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens, 
     BlockPool& pool = *pools_[static_cast<size_t>(g)];
     std::vector<int32_t>& table = s.tables[static_cast<size_t>(g)];
     const int64_t lo = first_visible(g, m);
-    BlockKey parent;
+    s.keys[static_cast<size_t>(g)] = hit.keys[static_cast<size_t>(g)];
     for (int64_t i = 0; i < hit.full / bt; ++i) {
-      const std::span<const int32_t> tok = tokens.subspan(static_cast<size_t>(i * bt), static_cast<size_t>(bt));
-      parent = block_key(parent, g, s.salt, tok);
-      s.keys[static_cast<size_t>(g)].push_back(parent);
       if ((i + 1) * bt <= lo) {  // out of the window: the null block
         pool.retain(0);
         table.push_back(0);

@@ -196,10 +196,11 @@ class PagedKVStore {
     std::vector<std::vector<BlockKey>> keys;   // [group][committed blocks]
   };
 
-  // What match_prefix found: `full` tokens in shared blocks (per group, their ids; -1 where
-  // the window lets the null block stand in), then `tail` tokens to copy from tail_src[g].
+  // What match_prefix found: `full` tokens in shared blocks (per group, their keys and ids; -1
+  // where the window lets the null block stand in), then `tail` tokens to copy from tail_src[g].
   struct PrefixHit {
     int64_t full = 0, tail = 0;
+    std::vector<std::vector<BlockKey>> keys;   // [group][full / block_tokens]
     std::vector<std::vector<int32_t>> blocks;  // [group][full / block_tokens]
     std::vector<int32_t> tail_src;             // [group] (when tail > 0)
   };
