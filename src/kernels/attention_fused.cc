@@ -250,6 +250,39 @@ struct SimdOps {
     }
   }
 
+#if KVCACHE_ATTN_AVX512
+  // score_block for a compile-time head dim with keys in pairs: one zmm accumulator holds the
+  // 8 lanes of key 2p (lanes 0-7) and of key 2p + 1 (lanes 8-15) against the query's 8
+  // elements broadcast to both halves, so every lane sums the same products in the same order
+  // as score_block's, and the halves go through the same hsum8 tree: the same bits, half the
+  // FMA instructions.
+  template <int NR, int NK, int DC>
+  static void score_block_x2(const float* qs, const T* const* kr, float* s) {
+    static_assert(NK % 2 == 0 && DC > 0 && DC % 8 == 0 && NR * NK % 8 == 0);
+    constexpr int NP = NK / 2;
+    __m512 acc[NR * NP];
+    for (__m512& a : acc) a = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int d = 0; d < DC; d += 8) {
+      __m512 kv[NP];
+      for (int p = 0; p < NP; ++p) kv[p] = load8x2<KD>(kr[2 * p] + d, kr[2 * p + 1] + d);
+      for (int r = 0; r < NR; ++r) {
+        const __m512 qv = _mm512_maskz_broadcast_f32x8(0xFFFF, _mm256_loadu_ps(qs + r * DC + d));
+        for (int p = 0; p < NP; ++p) acc[r * NP + p] = _mm512_fmadd_ps(qv, kv[p], acc[r * NP + p]);
+      }
+    }
+    __m256 y[NR * NK];  // y[r * NK + c]: the 8 lanes of (row r, key c)
+    for (int i = 0; i < NR * NP; ++i) {
+      y[2 * i] = _mm512_maskz_extractf32x8_ps(0xFF, acc[i], 0);
+      y[2 * i + 1] = _mm512_maskz_extractf32x8_ps(0xFF, acc[i], 1);
+    }
+    alignas(32) float res[NR * NK];
+    for (int i = 0; i < NR * NK; i += 8) _mm256_store_ps(res + i, hsum8(y + i));
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < NK; ++c) s[r * kTk + c] = res[r * NK + c];
+  }
+#endif
+
   // Prefetches the bytes [0, row_bytes) of row j (stride `stride`) of a stream into L1.
   static void prefetch_row(const std::byte* base, int64_t stride, int64_t j, int64_t row_bytes) {
     const char* p = reinterpret_cast<const char*>(base + j * stride);
@@ -279,11 +312,25 @@ struct SimdOps {
       if (pf->k_next) prefetch_row(pf->k_next, pf->kstride, j, pf->k_row_bytes);
     };
     int64_t j = 0;
+#if KVCACHE_ATTN_AVX512
+    if constexpr (DC != 0) {  // 8 keys per block (16 for one row: 8 accumulator chains)
+      constexpr int NK2 = NR == 1 ? 16 : NR == 4 ? 6 : 8;
+      for (; j + NK2 <= n; j += NK2) {
+        const T* kr[NK2];
+        for (int c = 0; c < NK2; ++c) {
+          pre(j + c);
+          kr[c] = reinterpret_cast<const T*>(kb + (j + c) * kstride);
+        }
+        score_block_x2<NR, NK2, DC>(qs, kr, s + j);
+      }
+    }  // the rest (fewer than NK2 keys) as below
+#endif
     // Whole blocks of NK keys, but no lone key after them where it can be avoided (decode
     // tiles are 64 keys = 21 x 3 + 1, and a 4 x 1 block runs 4 latency-bound chains plus 4
     // horizontal sums): with a remainder of 1 the last NK + 1 keys go as blocks of 2 (NK = 3:
     // two of them).
-    const int64_t n_main = NK > 2 && n % NK == 1 && n > NK ? n - NK - 1 : n;
+    const int64_t rest = n - j;
+    const int64_t n_main = NK > 2 && rest % NK == 1 && rest > NK ? n - NK - 1 : n;
     for (; j + NK <= n_main; j += NK) {
       const T* kr[NK];
       for (int c = 0; c < NK; ++c) {
@@ -499,6 +546,26 @@ struct SimdOps {
   static void pv_rows(const float* p, const std::byte* vb, int64_t vstride, int64_t n, int64_t Dv,
                       float* acc) {
     int64_t d = 0;
+#if KVCACHE_ATTN_AVX512
+    // 64 columns per pass in zmm registers (NR x 4 accumulators): every element takes the same
+    // FMAs in the same order as below, so the same bits in half the instructions.
+    for (; d + 64 <= Dv; d += 64) {
+      __m512 a[NR][4];
+      for (int r = 0; r < NR; ++r)
+        for (int i = 0; i < 4; ++i) a[r][i] = _mm512_loadu_ps(acc + r * Dv + d + 16 * i);
+      for (int64_t j = 0; j < n; ++j) {
+        const T* vr = reinterpret_cast<const T*>(vb + j * vstride) + d;
+        __m512 v[4];
+        for (int i = 0; i < 4; ++i) v[i] = load16<KD>(vr + 16 * i);
+        for (int r = 0; r < NR; ++r) {
+          const __m512 pj = _mm512_set1_ps(p[r * kTk + j]);
+          for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(pj, v[i], a[r][i]);
+        }
+      }
+      for (int r = 0; r < NR; ++r)
+        for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + r * Dv + d + 16 * i, a[r][i]);
+    }
+#endif
     for (; d + 16 <= Dv; d += 16) {
       __m256 a[NR][2];
       for (int r = 0; r < NR; ++r) {

@@ -467,6 +467,80 @@ struct SimdOps {
                                                              std::integer_sequence<int, I...>) {
     ((k[I] = key_vec<BITS, NV, I>(col, g)), ...);
   }
+#if KVCACHE_ATTN_AVX512
+  // Vectors K and K + 1 of the 8-byte chunk at p side by side (lanes 0-7: vector K, lanes
+  // 8-15: vector K + 1, as key_vec / extract give them), or for 8 bits (one vector per chunk)
+  // the chunks at p and p + 8. One zero-extending load of the chunk repeated, a shift per half.
+  template <int BITS, int K>
+  static inline __m512 vec_pair(const std::byte* p) {
+    if constexpr (BITS == 8) {
+      return _mm512_maskz_cvtepi32_ps(
+          0xFFFF,
+          _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    } else {
+      static_assert(K % 2 == 0 && K + 1 < 8 / BITS);
+      const __m128i b = _mm_castpd_si128(_mm_loaddup_pd(reinterpret_cast<const double*>(p)));
+      __m512i x = _mm512_maskz_cvtepu8_epi32(0xFFFF, b);
+      constexpr int lo = K * BITS, hi = (K + 1) * BITS;
+      x = _mm512_maskz_srlv_epi32(
+          0xFFFF, x,
+          _mm512_setr_epi32(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi));
+      return _mm512_maskz_cvtepi32_ps(0xFFFF,
+                                      _mm512_and_si512(x, _mm512_set1_epi32((1 << BITS) - 1)));
+    }
+  }
+  // Vector pair i (ymm vectors 2i, 2i + 1) of a group of 2 NZ vectors starting at chunk c0.
+  template <int BITS, int I>
+  static inline __m512 group_pair(const std::byte* col, int64_t c0) {
+    constexpr int per = 8 / BITS;
+    return vec_pair<BITS, (2 * I) % per>(col + 8 * (c0 + (2 * I) / per));
+  }
+  template <int BITS, int... I>
+  __attribute__((always_inline)) static inline void group_pairs(const std::byte* col, int64_t c0,
+                                                                __m512* k,
+                                                                std::integer_sequence<int, I...>) {
+    ((k[I] = group_pair<BITS, I>(col, c0)), ...);
+  }
+  // key_group with 16 keys per accumulator: group g of 16 NZ keys. Each lane is one key's FMA
+  // chain over the channels in order, as in key_group: the same bits.
+  template <int BITS, int NR, int NZ>
+  static void key_group16(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
+                          int64_t cb, int64_t g, float* s, int64_t st, const Ahead::Slice& pf) {
+    constexpr int per = 8 / BITS;
+    static_assert((2 * NZ) % per == 0, "a group is whole chunks");
+    const int64_t c0 = g * (2 * NZ / per);
+    __m512 acc[NR * NZ];
+#pragma GCC unroll 32
+    for (int i = 0; i < NR * NZ; ++i) acc[i] = _mm512_setzero_ps();
+    const std::byte* col = codes;
+    int64_t next = 0, line = 0;
+    for (int64_t d = 0; d < Dk; ++d, col += cb) {
+      if (d == next) {
+        for (int64_t e = line; e < line + pf.per; ++e) {
+          if (e < pf.nk) prefetch_l1(pf.k + 64 * e);
+          if (e < pf.nv) prefetch_l1(pf.v + 64 * e);
+        }
+        line += pf.per;
+        next += pf.step;
+      }
+      __m512 k[NZ];
+      group_pairs<BITS>(col, c0, k, std::make_integer_sequence<int, NZ>{});
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const __m512 q = _mm512_set1_ps(qk[r * Dk + d]);
+#pragma GCC unroll 8
+        for (int i = 0; i < NZ; ++i) acc[r * NZ + i] = _mm512_fmadd_ps(q, k[i], acc[r * NZ + i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512 z = _mm512_set1_ps(qz[r]);
+#pragma GCC unroll 8
+      for (int i = 0; i < NZ; ++i)
+        _mm512_storeu_ps(s + r * st + 16 * (g * NZ + i), _mm512_add_ps(acc[r * NZ + i], z));
+    }
+  }
+#endif
   // Logits of NR rows for the 8 * NV keys of group g: lane l of accumulator (r, I) is one FMA
   // chain over the channels in order (ScalarOps::packed_scores's arithmetic), then + qz[r].
   // No horizontal sums: the keys are the lanes.
@@ -525,6 +599,23 @@ struct SimdOps {
     const int64_t groups = n_chunks / (NV / per);         // whole groups inside the column
     const int64_t tail = n_chunks - groups * (NV / per);  // chunks left: one chunk per group
     std::optional<Ahead::Dealer> deal;
+#if KVCACHE_ATTN_AVX512
+    {  // 64 keys per group (128 for one row): NR x 4 (8) zmm accumulators, then as below
+      constexpr int NZ = NR == 1 ? 8 : 4, cpg = 2 * NZ / per;  // chunks per group
+      const int64_t groups16 = n_chunks / cpg;
+      if (groups16 > 0) {
+        const int64_t left = n_chunks - groups16 * cpg;  // whole chunks, one group each below
+        if (ah) deal.emplace(*ah, groups16 + left, Dk);
+        for (int64_t g = 0; g < groups16; ++g)
+          key_group16<BITS, NR, NZ>(qk, qz, Dk, codes, cb, g, s, st,
+                                    deal ? deal->next() : Ahead::Slice{});
+        for (int64_t c = groups16 * cpg; c < n_chunks; ++c)
+          key_group<BITS, NR, per>(qk, qz, Dk, codes, cb, c, s, st,
+                                   deal ? deal->next() : Ahead::Slice{});
+        return;
+      }
+    }
+#endif
     if (ah) deal.emplace(*ah, groups + tail, Dk);
     for (int64_t g = 0; g < groups; ++g)
       key_group<BITS, NR, NV>(qk, qz, Dk, codes, cb, g, s, st,
@@ -647,11 +738,39 @@ struct SimdOps {
       _mm256_storeu_ps(a0 + r * lda + 8, a[r][1]);
     }
   }
+#if KVCACHE_ATTN_AVX512
+  // chunked_pv_pass over 64 accumulator columns [c0 * CH, c0 * CH + 64) in zmm registers (NR x 4
+  // accumulators): every column takes the same FMAs in the same order, so the same bits.
+  template <int BITS, int NR>
+  static void chunked_pv_pass16(const float* pg, const std::byte* codes, int64_t rb, int64_t n,
+                                int64_t c0, int64_t lda, int64_t st, float* acc) {
+    constexpr int64_t CH = chunk_channels<BITS>();
+    float* a0 = acc + c0 * CH;
+    __m512 a[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int i = 0; i < 4; ++i) a[r][i] = _mm512_loadu_ps(a0 + r * lda + 16 * i);
+    for (int64_t j = 0; j < n; ++j) {
+      __m512 v[4];
+      group_pairs<BITS>(codes + j * rb, c0, v, std::make_integer_sequence<int, 4>{});
+      for (int r = 0; r < NR; ++r) {
+        const __m512 pj = _mm512_set1_ps(pg[r * st + j]);
+        for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(pj, v[i], a[r][i]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(a0 + r * lda + 16 * i, a[r][i]);
+  }
+#endif
   template <int BITS, int NR>
   static void chunked_pv_rows(const float* pg, const std::byte* codes, int64_t rb, int64_t n,
                               int64_t d0, int64_t d1, int64_t lda, int64_t st, float* acc) {
     constexpr int64_t CH = chunk_channels<BITS>();
-    for (int64_t c = d0 / CH; c < d1 / CH; ++c) {
+    int64_t c = d0 / CH;
+#if KVCACHE_ATTN_AVX512
+    for (; (c + 64 / CH) * CH <= d1; c += 64 / CH)
+      chunked_pv_pass16<BITS, NR>(pg, codes, rb, n, c, lda, st, acc);
+#endif
+    for (; c < d1 / CH; ++c) {
       chunked_pv_pass<BITS, NR, 0>(pg, codes, rb, n, c, lda, st, acc);
       if constexpr (BITS == 2) chunked_pv_pass<BITS, NR, 2>(pg, codes, rb, n, c, lda, st, acc);
     }
