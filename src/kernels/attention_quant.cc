@@ -85,6 +85,25 @@ struct Ahead {
     int64_t nk = 0, nv = 0;
     int64_t per = 0, step = std::numeric_limits<int64_t>::max() / 2;
   };
+  // Issues a slice's lines over a channel loop: at(d) for d = 0, 1, ... issues `per` lines of
+  // each stream every `step` channels.
+  class Issuer {
+   public:
+    explicit Issuer(const Slice& s) : s_(s) {}
+    void at(int64_t d) {
+      if (d != next_) return;
+      for (int64_t e = line_; e < line_ + s_.per; ++e) {
+        if (e < s_.nk) prefetch_l1(s_.k + 64 * e);
+        if (e < s_.nv) prefetch_l1(s_.v + 64 * e);
+      }
+      line_ += s_.per;
+      next_ += s_.step;
+    }
+
+   private:
+    const Slice& s_;
+    int64_t next_ = 0, line_ = 0;
+  };
   // Deals both blocks' lines out over the n groups of a block, in group order. Every division
   // happens here, once per block: computed per group of 16 keys they were ~7 integer divisions
   // each (perf: ~1% of the 4-bit kernel's samples on the idivs; ~1% faster without them).
@@ -513,16 +532,9 @@ struct SimdOps {
 #pragma GCC unroll 32
     for (int i = 0; i < NR * NZ; ++i) acc[i] = _mm512_setzero_ps();
     const std::byte* col = codes;
-    int64_t next = 0, line = 0;
+    Ahead::Issuer issue(pf);
     for (int64_t d = 0; d < Dk; ++d, col += cb) {
-      if (d == next) {
-        for (int64_t e = line; e < line + pf.per; ++e) {
-          if (e < pf.nk) prefetch_l1(pf.k + 64 * e);
-          if (e < pf.nv) prefetch_l1(pf.v + 64 * e);
-        }
-        line += pf.per;
-        next += pf.step;
-      }
+      issue.at(d);
       __m512 k[NZ];
       group_pairs<BITS>(col, c0, k, std::make_integer_sequence<int, NZ>{});
 #pragma GCC unroll 4
@@ -554,16 +566,9 @@ struct SimdOps {
 #pragma GCC unroll 32
     for (int i = 0; i < NR * NV; ++i) acc[i] = _mm256_setzero_ps();
     const std::byte* col = codes;
-    int64_t next = 0, line = 0;
+    Ahead::Issuer issue(pf);
     for (int64_t d = 0; d < Dk; ++d, col += cb) {
-      if (d == next) {
-        for (int64_t e = line; e < line + pf.per; ++e) {
-          if (e < pf.nk) prefetch_l1(pf.k + 64 * e);
-          if (e < pf.nv) prefetch_l1(pf.v + 64 * e);
-        }
-        line += pf.per;
-        next += pf.step;
-      }
+      issue.at(d);
       __m256 k[NV];
       key_vecs<BITS, NV>(col, g, k, std::make_integer_sequence<int, NV>{});
 #pragma GCC unroll 4
