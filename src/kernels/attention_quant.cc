@@ -487,56 +487,60 @@ struct SimdOps {
     ((k[I] = key_vec<BITS, NV, I>(col, g)), ...);
   }
 #if KVCACHE_ATTN_AVX512
-  // Vectors K and K + 1 of the 8-byte chunk at p side by side (lanes 0-7: vector K, lanes
-  // 8-15: vector K + 1, as key_vec / extract give them), or for 8 bits (one vector per chunk)
-  // the chunks at p and p + 8. One zero-extending load of the chunk repeated, a shift per half.
+  // ---- AVX-512: two neighbouring chunks per load ----
+  // One zero-extending load puts the bytes of chunks c and c + 1 in lanes 0-7 and 8-15. Vector
+  // K of that (a shift by K * BITS, then vpermps of the table i -> i & mask, which reads only
+  // the low 4 bits of each lane: mask and int -> float in one op) holds key_vec / extract's
+  // vector K of chunk c in lanes 0-7 and of chunk c + 1 in lanes 8-15: each lane the same code.
+  static inline __m512i load_chunks2(const std::byte* p) {
+    return _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   template <int BITS, int K>
-  static inline __m512 vec_pair(const std::byte* p) {
+  static inline __m512 extract2(__m512i x) {
     if constexpr (BITS == 8) {
-      return _mm512_maskz_cvtepi32_ps(
-          0xFFFF,
-          _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+      return _mm512_maskz_cvtepi32_ps(0xFFFF, x);
     } else {
-      static_assert(K % 2 == 0 && K + 1 < 8 / BITS);
-      const __m128i b = _mm_castpd_si128(_mm_loaddup_pd(reinterpret_cast<const double*>(p)));
-      __m512i x = _mm512_maskz_cvtepu8_epi32(0xFFFF, b);
-      constexpr int lo = K * BITS, hi = (K + 1) * BITS;
-      x = _mm512_maskz_srlv_epi32(
-          0xFFFF, x,
-          _mm512_setr_epi32(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi));
-      return _mm512_maskz_cvtepi32_ps(0xFFFF,
-                                      _mm512_and_si512(x, _mm512_set1_epi32((1 << BITS) - 1)));
+      constexpr int m = (1 << BITS) - 1;
+      const __m512 table =
+          _mm512_setr_ps(0 & m, 1 & m, 2 & m, 3 & m, 4 & m, 5 & m, 6 & m, 7 & m, 8 & m, 9 & m,
+                         10 & m, 11 & m, 12 & m, 13 & m, 14 & m, 15 & m);
+      if constexpr (K > 0) x = _mm512_maskz_srli_epi32(0xFFFF, x, K * BITS);
+      return _mm512_maskz_permutexvar_ps(0xFFFF, x, table);
     }
   }
-  // Vector pair i (ymm vectors 2i, 2i + 1) of a group of 2 NZ vectors starting at chunk c0.
-  template <int BITS, int I>
-  static inline __m512 group_pair(const std::byte* col, int64_t c0) {
+  // Vectors I... of the chunks from p on: vector i = l * per + K is vector K of load l (chunks
+  // 2l and 2l + 1). Its lanes 0-7 are the 8 codes of AVX2 vector pair_lo(i) (key_vec / extract
+  // numbering from p), lanes 8-15 those of vector pair_lo(i) + per.
+  template <int BITS>
+  static constexpr int pair_lo(int i) {
     constexpr int per = 8 / BITS;
-    return vec_pair<BITS, (2 * I) % per>(col + 8 * (c0 + (2 * I) / per));
+    return 2 * (i / per) * per + i % per;
   }
   template <int BITS, int... I>
-  __attribute__((always_inline)) static inline void group_pairs(const std::byte* col, int64_t c0,
-                                                                __m512* k,
-                                                                std::integer_sequence<int, I...>) {
-    ((k[I] = group_pair<BITS, I>(col, c0)), ...);
+  __attribute__((always_inline)) static inline void pair_vectors(const std::byte* p, __m512* v,
+                                                                 std::integer_sequence<int, I...>) {
+    constexpr int per = 8 / BITS, L = sizeof...(I) / per;
+    static_assert(sizeof...(I) % per == 0, "whole loads");
+    __m512i x[L];
+    for (int l = 0; l < L; ++l) x[l] = load_chunks2(p + 16 * l);
+    ((v[I] = extract2<BITS, I % per>(x[I / per])), ...);
   }
-  // key_group with 16 keys per accumulator: group g of 16 NZ keys. Each lane is one key's FMA
-  // chain over the channels in order, as in key_group: the same bits.
+  // key_group with 16 keys per accumulator: group g of 16 NZ keys (2 NZ AVX2 vectors). Each
+  // lane is one key's FMA chain over the channels in order, as in key_group: the same bits.
   template <int BITS, int NR, int NZ>
   static void key_group16(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
                           int64_t cb, int64_t g, float* s, int64_t st, const Ahead::Slice& pf) {
     constexpr int per = 8 / BITS;
-    static_assert((2 * NZ) % per == 0, "a group is whole chunks");
-    const int64_t c0 = g * (2 * NZ / per);
+    static_assert(NZ % per == 0, "a group is whole loads");
+    const std::byte* col = codes + 8 * g * (2 * NZ / per);
     __m512 acc[NR * NZ];
 #pragma GCC unroll 32
     for (int i = 0; i < NR * NZ; ++i) acc[i] = _mm512_setzero_ps();
-    const std::byte* col = codes;
     Ahead::Issuer issue(pf);
     for (int64_t d = 0; d < Dk; ++d, col += cb) {
       issue.at(d);
       __m512 k[NZ];
-      group_pairs<BITS>(col, c0, k, std::make_integer_sequence<int, NZ>{});
+      pair_vectors<BITS>(col, k, std::make_integer_sequence<int, NZ>{});
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) {
         const __m512 q = _mm512_set1_ps(qk[r * Dk + d]);
@@ -544,12 +548,18 @@ struct SimdOps {
         for (int i = 0; i < NZ; ++i) acc[r * NZ + i] = _mm512_fmadd_ps(q, k[i], acc[r * NZ + i]);
       }
     }
+    float* s0 = s + 8 * g * 2 * NZ;
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       const __m512 z = _mm512_set1_ps(qz[r]);
 #pragma GCC unroll 8
-      for (int i = 0; i < NZ; ++i)
-        _mm512_storeu_ps(s + r * st + 16 * (g * NZ + i), _mm512_add_ps(acc[r * NZ + i], z));
+      for (int i = 0; i < NZ; ++i) {
+        const __m512 t = _mm512_add_ps(acc[r * NZ + i], z);
+        _mm256_storeu_ps(s0 + r * st + 8 * pair_lo<BITS>(i),
+                         _mm512_maskz_extractf32x8_ps(0xFF, t, 0));
+        _mm256_storeu_ps(s0 + r * st + 8 * (pair_lo<BITS>(i) + per),
+                         _mm512_maskz_extractf32x8_ps(0xFF, t, 1));
+      }
     }
   }
 #endif
@@ -744,26 +754,36 @@ struct SimdOps {
     }
   }
 #if KVCACHE_ATTN_AVX512
-  // chunked_pv_pass over 64 accumulator columns [c0 * CH, c0 * CH + 64) in zmm registers (NR x 4
-  // accumulators): every column takes the same FMAs in the same order, so the same bits.
+  // chunked_pv_pass over the 64 accumulator columns [c0 * CH, c0 * CH + 64) (AVX2 vectors 0-7
+  // from there) in NR x 4 zmm registers, loaded as pair_vectors lays the codes out: every column
+  // takes the same FMAs in the same order, so the same bits.
   template <int BITS, int NR>
   static void chunked_pv_pass16(const float* pg, const std::byte* codes, int64_t rb, int64_t n,
                                 int64_t c0, int64_t lda, int64_t st, float* acc) {
     constexpr int64_t CH = chunk_channels<BITS>();
+    constexpr int per = 8 / BITS;
     float* a0 = acc + c0 * CH;
     __m512 a[NR][4];
     for (int r = 0; r < NR; ++r)
-      for (int i = 0; i < 4; ++i) a[r][i] = _mm512_loadu_ps(a0 + r * lda + 16 * i);
+      for (int i = 0; i < 4; ++i) {
+        const float* lo = a0 + r * lda + 8 * pair_lo<BITS>(i);
+        a[r][i] = _mm512_maskz_insertf32x8(0xFFFF, _mm512_castps256_ps512(_mm256_loadu_ps(lo)),
+                                           _mm256_loadu_ps(lo + 8 * per), 1);
+      }
     for (int64_t j = 0; j < n; ++j) {
       __m512 v[4];
-      group_pairs<BITS>(codes + j * rb, c0, v, std::make_integer_sequence<int, 4>{});
+      pair_vectors<BITS>(codes + j * rb + 8 * c0, v, std::make_integer_sequence<int, 4>{});
       for (int r = 0; r < NR; ++r) {
         const __m512 pj = _mm512_set1_ps(pg[r * st + j]);
         for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(pj, v[i], a[r][i]);
       }
     }
     for (int r = 0; r < NR; ++r)
-      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(a0 + r * lda + 16 * i, a[r][i]);
+      for (int i = 0; i < 4; ++i) {
+        float* lo = a0 + r * lda + 8 * pair_lo<BITS>(i);
+        _mm256_storeu_ps(lo, _mm512_maskz_extractf32x8_ps(0xFF, a[r][i], 0));
+        _mm256_storeu_ps(lo + 8 * per, _mm512_maskz_extractf32x8_ps(0xFF, a[r][i], 1));
+      }
   }
 #endif
   template <int BITS, int NR>
