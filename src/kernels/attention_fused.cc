@@ -267,14 +267,14 @@ struct SimdOps {
       __m512 kv[NP];
       for (int p = 0; p < NP; ++p) kv[p] = load8x2<KD>(kr[2 * p] + d, kr[2 * p + 1] + d);
       for (int r = 0; r < NR; ++r) {
-        const __m512 qv = _mm512_maskz_broadcast_f32x8(0xFFFF, _mm256_loadu_ps(qs + r * DC + d));
+        const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(qs + r * DC + d));
         for (int p = 0; p < NP; ++p) acc[r * NP + p] = _mm512_fmadd_ps(qv, kv[p], acc[r * NP + p]);
       }
     }
     __m256 y[NR * NK];  // y[r * NK + c]: the 8 lanes of (row r, key c)
     for (int i = 0; i < NR * NP; ++i) {
-      y[2 * i] = _mm512_maskz_extractf32x8_ps(0xFF, acc[i], 0);
-      y[2 * i + 1] = _mm512_maskz_extractf32x8_ps(0xFF, acc[i], 1);
+      y[2 * i] = _mm512_castps512_ps256(acc[i]);
+      y[2 * i + 1] = _mm512_extractf32x8_ps(acc[i], 1);
     }
     alignas(32) float res[NR * NK];
     for (int i = 0; i < NR * NK; i += 8) _mm256_store_ps(res + i, hsum8(y + i));

@@ -493,19 +493,19 @@ struct SimdOps {
   // the low 4 bits of each lane: mask and int -> float in one op) holds key_vec / extract's
   // vector K of chunk c in lanes 0-7 and of chunk c + 1 in lanes 8-15: each lane the same code.
   static inline __m512i load_chunks2(const std::byte* p) {
-    return _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   template <int BITS, int K>
   static inline __m512 extract2(__m512i x) {
     if constexpr (BITS == 8) {
-      return _mm512_maskz_cvtepi32_ps(0xFFFF, x);
+      return _mm512_cvtepi32_ps(x);
     } else {
       constexpr int m = (1 << BITS) - 1;
       const __m512 table =
           _mm512_setr_ps(0 & m, 1 & m, 2 & m, 3 & m, 4 & m, 5 & m, 6 & m, 7 & m, 8 & m, 9 & m,
                          10 & m, 11 & m, 12 & m, 13 & m, 14 & m, 15 & m);
-      if constexpr (K > 0) x = _mm512_maskz_srli_epi32(0xFFFF, x, K * BITS);
-      return _mm512_maskz_permutexvar_ps(0xFFFF, x, table);
+      if constexpr (K > 0) x = _mm512_srli_epi32(x, K * BITS);
+      return _mm512_permutexvar_ps(x, table);
     }
   }
   // Vectors I... of the chunks from p on: vector i = l * per + K is vector K of load l (chunks
@@ -555,10 +555,8 @@ struct SimdOps {
 #pragma GCC unroll 8
       for (int i = 0; i < NZ; ++i) {
         const __m512 t = _mm512_add_ps(acc[r * NZ + i], z);
-        _mm256_storeu_ps(s0 + r * st + 8 * pair_lo<BITS>(i),
-                         _mm512_maskz_extractf32x8_ps(0xFF, t, 0));
-        _mm256_storeu_ps(s0 + r * st + 8 * (pair_lo<BITS>(i) + per),
-                         _mm512_maskz_extractf32x8_ps(0xFF, t, 1));
+        _mm256_storeu_ps(s0 + r * st + 8 * pair_lo<BITS>(i), _mm512_castps512_ps256(t));
+        _mm256_storeu_ps(s0 + r * st + 8 * (pair_lo<BITS>(i) + per), _mm512_extractf32x8_ps(t, 1));
       }
     }
   }
@@ -767,8 +765,8 @@ struct SimdOps {
     for (int r = 0; r < NR; ++r)
       for (int i = 0; i < 4; ++i) {
         const float* lo = a0 + r * lda + 8 * pair_lo<BITS>(i);
-        a[r][i] = _mm512_maskz_insertf32x8(0xFFFF, _mm512_castps256_ps512(_mm256_loadu_ps(lo)),
-                                           _mm256_loadu_ps(lo + 8 * per), 1);
+        a[r][i] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(lo)),
+                                     _mm256_loadu_ps(lo + 8 * per), 1);
       }
     for (int64_t j = 0; j < n; ++j) {
       __m512 v[4];
@@ -781,8 +779,8 @@ struct SimdOps {
     for (int r = 0; r < NR; ++r)
       for (int i = 0; i < 4; ++i) {
         float* lo = a0 + r * lda + 8 * pair_lo<BITS>(i);
-        _mm256_storeu_ps(lo, _mm512_maskz_extractf32x8_ps(0xFF, a[r][i], 0));
-        _mm256_storeu_ps(lo + 8 * per, _mm512_maskz_extractf32x8_ps(0xFF, a[r][i], 1));
+        _mm256_storeu_ps(lo, _mm512_castps512_ps256(a[r][i]));
+        _mm256_storeu_ps(lo + 8 * per, _mm512_extractf32x8_ps(a[r][i], 1));
       }
   }
 #endif

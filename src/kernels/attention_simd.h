@@ -12,7 +12,15 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define KVCACHE_ATTN_AVX2 1
+// GCC 12's AVX-512 intrinsics start many results from _mm512_undefined_*() (a self-initialised
+// variable), which -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593,
+// fixed in GCC 13). The reports point into the header: silenced for its lines only, so this
+// must be a translation unit's first include of <immintrin.h> (a build error otherwise).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #else
 #define KVCACHE_ATTN_AVX2 0
 #endif
@@ -72,34 +80,29 @@ inline __m256 load8(const typename Elem<KD>::T* p) {
 }
 
 #if KVCACHE_ATTN_AVX512
-// The all-ones zero-masking forms (maskz, mask 0xFFFF) compile to the plain instructions; the
-// unmasked intrinsics start from _mm512_undefined_ps, which GCC 12 reports under
-// -Wmaybe-uninitialized once inlined.
 template <DType KD>
 inline __m512 load16(const typename Elem<KD>::T* p) {
   if constexpr (KD == DType::kF32) {
     return _mm512_loadu_ps(p);
   } else if constexpr (KD == DType::kF16) {
-    return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   } else {
-    const __m512i w = _mm512_maskz_cvtepu16_epi32(
-        0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, w, 16));
+    const __m512i w =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
 }
 // load8<KD>(a) in lanes 0-7 and load8<KD>(b) in lanes 8-15: two rows' 8 elements side by side.
 template <DType KD>
 inline __m512 load8x2(const typename Elem<KD>::T* a, const typename Elem<KD>::T* b) {
   if constexpr (KD == DType::kF32) {
-    return _mm512_maskz_insertf32x8(0xFFFF, _mm512_castps256_ps512(_mm256_loadu_ps(a)),
-                                    _mm256_loadu_ps(b), 1);
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
   } else {
     const __m256i w = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
-    if constexpr (KD == DType::kF16) return _mm512_maskz_cvtph_ps(0xFFFF, w);
-    return _mm512_castsi512_ps(
-        _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, w), 16));
+    if constexpr (KD == DType::kF16) return _mm512_cvtph_ps(w);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16));
   }
 }
 #endif
@@ -149,6 +152,30 @@ inline __m256 exp256(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), valid);
 }
 
+#if KVCACHE_ATTN_AVX512
+// exp256's operations on 16 lanes: the same value in every lane.
+inline __m512 exp512(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __mmask16 valid = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3f)), lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i e =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(valid, p, _mm512_castsi512_ps(e));
+}
+#endif
+
 // One online-softmax step of a row (flash attention's update), shared by the fused and the
 // quantized kernels: s[0, n) holds this tile's logits; lanes [n, round8(n)) are set to -inf so
 // every operation runs on whole vectors (exp gives exactly 0 there). On return s holds
@@ -159,7 +186,15 @@ inline bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, 
   const int64_t n8 = (n + 7) & ~int64_t{7};
   for (int64_t j = n; j < n8; ++j) s[j] = kMinusInf;
   __m256 vmax = _mm256_set1_ps(kMinusInf);
-  for (int64_t j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+  int64_t j0 = 0;
+#if KVCACHE_ATTN_AVX512
+  {
+    __m512 vmax16 = _mm512_set1_ps(kMinusInf);
+    for (; j0 + 16 <= n8; j0 += 16) vmax16 = _mm512_max_ps(vmax16, _mm512_loadu_ps(s + j0));
+    vmax = _mm256_max_ps(_mm512_castps512_ps256(vmax16), _mm512_extractf32x8_ps(vmax16, 1));
+  }
+#endif
+  for (int64_t j = j0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
   m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
@@ -172,7 +207,19 @@ inline bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, 
   const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);  // exp(0) = 1 exactly
   const __m256 vm = _mm256_set1_ps(m_new);
   __m256 vsum = _mm256_setzero_ps();
-  for (int64_t j = 0; j < n8; j += 8) {
+  int64_t j1 = 0;
+#if KVCACHE_ATTN_AVX512
+  {  // 16 logits at a time; the sum still adds the 8-lane halves in order (the AVX2 bits)
+    const __m512 vm16 = _mm512_set1_ps(m_new);
+    for (; j1 + 16 <= n8; j1 += 16) {
+      const __m512 p = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j1), vm16));
+      _mm512_storeu_ps(s + j1, p);
+      vsum = _mm256_add_ps(vsum, _mm512_castps512_ps256(p));
+      vsum = _mm256_add_ps(vsum, _mm512_extractf32x8_ps(p, 1));
+    }
+  }
+#endif
+  for (int64_t j = j1; j < n8; j += 8) {
     const __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
     _mm256_storeu_ps(s + j, p);
     vsum = _mm256_add_ps(vsum, p);
@@ -181,6 +228,10 @@ inline bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, 
   if (alpha != 1.0f) {
     const __m256 va = _mm256_set1_ps(alpha);
     int64_t d = 0;
+#if KVCACHE_ATTN_AVX512
+    for (; d + 16 <= Dv; d += 16)
+      _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(alpha)));
+#endif
     for (; d + 8 <= Dv; d += 8)
       _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), va));
     for (; d < Dv; ++d) acc[d] *= alpha;
