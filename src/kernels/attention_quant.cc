@@ -762,7 +762,9 @@ struct SimdOps {
     constexpr int per = 8 / BITS;
     float* a0 = acc + c0 * CH;
     __m512 a[NR][4];
+#pragma GCC unroll 4
     for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
         const float* lo = a0 + r * lda + 8 * pair_lo<BITS>(i);
         a[r][i] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(lo)),
@@ -776,7 +778,9 @@ struct SimdOps {
         for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(pj, v[i], a[r][i]);
       }
     }
+#pragma GCC unroll 4
     for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
         float* lo = a0 + r * lda + 8 * pair_lo<BITS>(i);
         _mm256_storeu_ps(lo, _mm512_castps512_ps256(a[r][i]));
