@@ -314,7 +314,7 @@ struct SimdOps {
     int64_t j = 0;
 #if KVCACHE_ATTN_AVX512
     if constexpr (DC != 0) {  // 8 keys per block (16 for one row: 8 accumulator chains)
-      constexpr int NK2 = NR == 1 ? 16 : NR == 4 ? 6 : 8;
+      constexpr int NK2 = NR == 1 ? 16 : 8;
       for (; j + NK2 <= n; j += NK2) {
         const T* kr[NK2];
         for (int c = 0; c < NK2; ++c) {
