@@ -557,10 +557,7 @@ struct SimdOps {
         const T* vr = reinterpret_cast<const T*>(vb + j * vstride) + d;
         __m512 v[4];
         for (int i = 0; i < 4; ++i) v[i] = load16<KD>(vr + 16 * i);
-        for (int r = 0; r < NR; ++r) {
-          const __m512 pj = _mm512_set1_ps(p[r * kTk + j]);
-          for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(pj, v[i], a[r][i]);
-        }
+        pv_step64<NR>(p + j, kTk, v, a);
       }
       for (int r = 0; r < NR; ++r)
         for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + r * Dv + d + 16 * i, a[r][i]);

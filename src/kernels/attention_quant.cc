@@ -46,6 +46,7 @@ using detail::load8;
 #endif
 #if KVCACHE_ATTN_AVX512
 using detail::load16;
+using detail::pv_step64;
 #endif
 
 constexpr int64_t kResTile = 64;      // residual keys per tile
@@ -693,10 +694,7 @@ struct SimdOps {
         const std::byte* row = codes + j * rb;
         __m512 v[4];
         for (int i = 0; i < 4; ++i) v[i] = Load::at16(row, d + 16 * i);
-        for (int r = 0; r < NR; ++r) {
-          const __m512 pj = _mm512_set1_ps(pg[r * st + j]);
-          for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(pj, v[i], a[r][i]);
-        }
+        pv_step64<NR>(pg + j, st, v, a);
       }
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r)
@@ -814,10 +812,7 @@ struct SimdOps {
     for (int64_t j = 0; j < n; ++j) {
       __m512 v[4];
       pair_vectors<BITS>(codes + j * rb + 8 * c0, v, std::make_integer_sequence<int, 4>{});
-      for (int r = 0; r < NR; ++r) {
-        const __m512 pj = _mm512_set1_ps(pg[r * st + j]);
-        for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(pj, v[i], a[r][i]);
-      }
+      pv_step64<NR>(pg + j, st, v, a);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r)

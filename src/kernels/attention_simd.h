@@ -92,6 +92,15 @@ inline __m512 load16(const typename Elem<KD>::T* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
 }
+// One key's step of a P.V pass over 64 columns: a[r][i] += p[r * st] * v[i] (NR rows).
+template <int NR>
+__attribute__((always_inline)) inline void pv_step64(const float* p, int64_t st, const __m512* v,
+                                                     __m512 (&a)[NR][4]) {
+  for (int r = 0; r < NR; ++r) {
+    const __m512 pj = _mm512_set1_ps(p[r * st]);
+    for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(pj, v[i], a[r][i]);
+  }
+}
 // load8<KD>(a) in lanes 0-7 and load8<KD>(b) in lanes 8-15: two rows' 8 elements side by side.
 template <DType KD>
 inline __m512 load8x2(const typename Elem<KD>::T* a, const typename Elem<KD>::T* b) {
