@@ -570,9 +570,8 @@ struct SimdOps {
       for (int r = 0; r < NR; ++r)
         for (int i = 0; i < 4; ++i) a[r][i] = _mm512_loadu_ps(acc + r * Dv + d + 16 * i);
       for (int64_t j = 0; j < n; ++j) {
-        if (ahead)
-          ahead->issue(2);  // 2 lines per key: a 256-byte K row of the next tile per
-                            // pass over the tile (2 passes at D = 128)
+        // 2 lines per key: a 256-byte K row of the next tile per pass (2 passes at D = 128)
+        if (ahead) ahead->issue(2);
         const T* vr = reinterpret_cast<const T*>(vb + j * vstride) + d;
         __m512 v[4];
         for (int i = 0; i < 4; ++i) v[i] = load16<KD>(vr + 16 * i);
