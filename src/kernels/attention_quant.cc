@@ -147,6 +147,7 @@ struct Workspace {
   std::vector<float> vscale, vzero;      // [ng, st] per key of the tile
   std::vector<float> pg;                 // [ng, R, st] probabilities times value scales
   std::vector<float> zs;                 // [R, ng] probabilities . value zeros
+  std::vector<float> za;                 // [R, ng] zs summed over the blocks (rescaled)
   std::vector<float> acc;                // [R, D_v]
   std::vector<float> kt, vt;    // per-token schemes: one block's K [G, D_k] / V [G, D_v] in f32
   std::vector<float> s;         // [R, st] logits, then probabilities
@@ -167,6 +168,7 @@ struct Workspace {
     grow(pg, P.ng * R * P.st);
     grow(zs, R * P.ng);
     grow(acc, 2 * R * P.Dv);  // natural half + chunked-order half (see run_task)
+    grow(za, R * P.ng);
     grow(s, R * P.st);
     grow(m, R);
     grow(l, R);
@@ -915,6 +917,11 @@ void run_task(const Plan& P, int64_t task) {
     ws.l[static_cast<size_t>(r)] = 0;
   }
   std::fill(acc, acc + R * lda, 0.0f);
+  // The KIVI value zero terms sum_j p_j z_j per row and value group, kept apart (rescaled with
+  // the rows) and added to the group's channels once at the end rather than into every channel
+  // after every block.
+  float* za = ws.za.data();
+  std::fill(za, za + R * ng, 0.0f);
 
   int64_t jlo = P.Skv, jhi = 0;  // union of the visible key intervals (kv index space)
   for (int64_t i = 0; i < nq; ++i) {
@@ -1005,9 +1012,15 @@ void run_task(const Plan& P, int64_t task) {
       }
     }
     // ---- online softmax and P.V ----
-    for (int64_t r = 0; r < R; ++r)
-      Ops::softmax_update(s + r * st, n, ws.m[static_cast<size_t>(r)], ws.l[static_cast<size_t>(r)],
-                          acc + r * lda, lda);
+    for (int64_t r = 0; r < R; ++r) {
+      float& m = ws.m[static_cast<size_t>(r)];
+      const float m_old = m;
+      Ops::softmax_update(s + r * st, n, m, ws.l[static_cast<size_t>(r)], acc + r * lda, lda);
+      if (m != m_old) {  // the factor softmax_update applied to the row
+        const float alpha = std::exp(m_old - m);
+        for (int64_t g = 0; g < ng; ++g) za[r * ng + g] *= alpha;
+      }
+    }
     if (packed && P.per_token) {
       kv_dequantize_v_block(P.fmt, vb, ws.vt.data(), Dv);
       Ops::template dense_pv<DType::kF32>(s, R, reinterpret_cast<const std::byte*>(ws.vt.data()),
@@ -1041,12 +1054,7 @@ void run_task(const Plan& P, int64_t task) {
       if (!done)
         Ops::template packed_pv<BITS>(ws.pg.data(), R, vb + 4 * P.G * ng, P.rbv, n, Dv, P.vg, st,
                                       acc);
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t g = 0; g < ng; ++g) {
-          const float z = ws.zs[static_cast<size_t>(r * ng + g)];
-          float* a = pacc + r * lda + g * P.vg;
-          for (int64_t c = 0; c < P.vg; ++c) a[c] += z;
-        }
+      for (int64_t i = 0; i < R * ng; ++i) za[i] += ws.zs[static_cast<size_t>(i)];
     } else {
       Ops::template dense_pv<RD>(s, R, static_cast<const std::byte*>(rv.ptr(b, hk, k0 - P.packed)),
                                  rvstride, n, Dv, st, acc, lda);
@@ -1059,6 +1067,12 @@ void run_task(const Plan& P, int64_t task) {
         for (int64_t p = 0; p < Dv; ++p) a[chunked_channel<BITS>(p)] += a[Dv + p];
       }
   }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t g = 0; g < ng; ++g) {
+      const float z = za[r * ng + g];
+      float* a = acc + r * lda + g * P.vg;
+      for (int64_t c = 0; c < P.vg; ++c) a[c] += z;
+    }
 
   // ---- write the result, or this partition's partial state ----
   for (int64_t r = 0; r < R; ++r) {
