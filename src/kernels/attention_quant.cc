@@ -143,7 +143,6 @@ struct Workspace {
   std::vector<float> qs;                 // [R, D_k] scaled queries
   std::vector<float> qk;                 // [R, D_k] queries times the block's key scales
   std::vector<float> qz;                 // [R] queries . the block's key zeros
-  std::vector<float> kscale, kzero;      // [D_k]
   std::vector<float> vscale, vzero;      // [ng, st] per key of the tile
   std::vector<float> pg;                 // [ng, R, st] probabilities times value scales
   std::vector<float> zs;                 // [R, ng] probabilities . value zeros
@@ -161,8 +160,6 @@ struct Workspace {
     grow(qs, R * P.Dk);
     grow(qk, R * P.Dk);
     grow(qz, R);
-    grow(kscale, P.Dk);
-    grow(kzero, P.Dk);
     grow(vscale, P.ng * P.st);
     grow(vzero, P.ng * P.st);
     grow(pg, P.ng * R * P.st);
@@ -233,14 +230,15 @@ constexpr int64_t chunked_channel(int64_t p) {
 // Scalar building blocks: the portable path and the reference for the SIMD ones.
 struct ScalarOps {
   static constexpr bool kPermute = false;  // no chunked code path (see SimdOps)
-  // Per packed block: qk[r, d] = qs[r, d] * kscale[d], qz[r] = qs[r] . kzero.
-  static void block_query(const float* qs, int64_t R, int64_t Dk, const float* ks, const float* kz,
+  // Per packed block: qk[r, d] = qs[r, d] * ks[d], qz[r] = qs[r] . kz, from the block's f16
+  // key scales ks and zeros kz.
+  static void block_query(const float* qs, int64_t R, int64_t Dk, const f16_t* ks, const f16_t* kz,
                           float* qk, float* qz) {
     for (int64_t r = 0; r < R; ++r) {
       float z = 0;
       for (int64_t d = 0; d < Dk; ++d) {
-        qk[r * Dk + d] = qs[r * Dk + d] * ks[d];
-        z = std::fma(qs[r * Dk + d], kz[d], z);
+        qk[r * Dk + d] = qs[r * Dk + d] * f16_to_f32(ks[d]);
+        z = std::fma(qs[r * Dk + d], f16_to_f32(kz[d]), z);
       }
       qz[r] = z;
     }
@@ -403,21 +401,43 @@ inline float hsum(__m256 x) {
 }
 
 struct SimdOps {
-  static void block_query(const float* qs, int64_t R, int64_t Dk, const float* ks, const float* kz,
+  // ScalarOps::block_query with the scales read as f16 directly. The dot product takes 16
+  // channels per step as two 8-lane halves added before the lane sum, so the AVX2 and AVX-512
+  // paths give the same bits.
+  static void block_query(const float* qs, int64_t R, int64_t Dk, const f16_t* ks, const f16_t* kz,
                           float* qk, float* qz) {
     for (int64_t r = 0; r < R; ++r) {
       const float* q = qs + r * Dk;
-      __m256 z = _mm256_setzero_ps();
+      float* o = qk + r * Dk;
       int64_t d = 0;
+#if KVCACHE_ATTN_AVX512
+      __m512 z16 = _mm512_setzero_ps();
+      for (; d + 16 <= Dk; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(q + d);
+        _mm512_storeu_ps(o + d, _mm512_mul_ps(qv, load16<DType::kF16>(ks + d)));
+        z16 = _mm512_fmadd_ps(qv, load16<DType::kF16>(kz + d), z16);
+      }
+      __m256 z = _mm256_add_ps(_mm512_castps512_ps256(z16), _mm512_extractf32x8_ps(z16, 1));
+#else
+      __m256 za = _mm256_setzero_ps(), zb = _mm256_setzero_ps();
+      for (; d + 16 <= Dk; d += 16) {
+        const __m256 qa = _mm256_loadu_ps(q + d), qb = _mm256_loadu_ps(q + d + 8);
+        _mm256_storeu_ps(o + d, _mm256_mul_ps(qa, load8<DType::kF16>(ks + d)));
+        _mm256_storeu_ps(o + d + 8, _mm256_mul_ps(qb, load8<DType::kF16>(ks + d + 8)));
+        za = _mm256_fmadd_ps(qa, load8<DType::kF16>(kz + d), za);
+        zb = _mm256_fmadd_ps(qb, load8<DType::kF16>(kz + d + 8), zb);
+      }
+      __m256 z = _mm256_add_ps(za, zb);
+#endif
       for (; d + 8 <= Dk; d += 8) {
         const __m256 qv = _mm256_loadu_ps(q + d);
-        _mm256_storeu_ps(qk + r * Dk + d, _mm256_mul_ps(qv, _mm256_loadu_ps(ks + d)));
-        z = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kz + d), z);
+        _mm256_storeu_ps(o + d, _mm256_mul_ps(qv, load8<DType::kF16>(ks + d)));
+        z = _mm256_fmadd_ps(qv, load8<DType::kF16>(kz + d), z);
       }
       float zz = hsum(z);
       for (; d < Dk; ++d) {
-        qk[r * Dk + d] = q[d] * ks[d];
-        zz = std::fma(q[d], kz[d], zz);
+        o[d] = q[d] * f16_to_f32(ks[d]);
+        zz = std::fma(q[d], f16_to_f32(kz[d]), zz);
       }
       qz[r] = zz;
     }
@@ -986,9 +1006,7 @@ void run_task(const Plan& P, int64_t task) {
         ah = &ahead;
       }
       const auto* kp = reinterpret_cast<const f16_t*>(kb);
-      f16_to_f32_n(kp, ws.kscale.data(), static_cast<size_t>(Dk));
-      f16_to_f32_n(kp + Dk, ws.kzero.data(), static_cast<size_t>(Dk));
-      Ops::block_query(qs, R, Dk, ws.kscale.data(), ws.kzero.data(), ws.qk.data(), ws.qz.data());
+      Ops::block_query(qs, R, Dk, kp, kp + Dk, ws.qk.data(), ws.qz.data());
       Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.cbk, n, s,
                                         st, ah);
     } else {
