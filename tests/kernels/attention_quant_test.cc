@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -14,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/attention.h"
 #include "kernels/attention_reference.h"
 #include "kernels/kv_quant.h"
 
@@ -324,6 +326,66 @@ TEST(QuantizedAttention, RefusesUnsupportedOptions) {
   QuantKV bad = in.kv;
   bad.bits = 3;
   EXPECT_THROW(quantized_attention(in.q(), bad, in.out(), in.options()), Error);
+}
+
+// The digest of the SIMD kernels' outputs on fixed inputs: the fused kernel (f32/f16/bf16 K/V,
+// decode and prefill, head dims 64/80/128, G = 1/3/4) and the quantized one (2/4/8-bit KIVI on
+// the default geometry, decode and prefill). On an AVX-512 host the same test runs in
+// test_kernels and test_kernels_avx2, and tests/simd_digest.cmake checks that both print the
+// same digest: the 512-bit branches keep the AVX2 path's arithmetic, bit for bit.
+TEST(SimdDigest, FusedAndQuantized) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the output bytes
+  auto mix = [&h](const Tensor& t) {
+    const auto* p = static_cast<const unsigned char*>(t.data());
+    for (size_t i = 0; i < t.size_bytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  size_t finite = 0, total = 0;
+  auto count = [&](const Tensor& t) {
+    for (int64_t i = 0; i < t.numel(); ++i) finite += std::isfinite(t.data_as<float>()[i]);
+    total += static_cast<size_t>(t.numel());
+  };
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto fill = [&](Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    for (float& x : v) x = nd(rng);
+    convert_n(v.data(), DType::kF32, t.data(), t.dtype(), v.size());
+  };
+  const AttentionFn fused = get_attention_kernel("fused");
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int64_t D : {64, 80, 128})
+      for (int64_t Sq : {1, 7, 33})
+        for (int64_t G : {1, 3, 4}) {
+          const int64_t Hkv = 2, S = 301;
+          Tensor k = Tensor::empty(dt, {1, Hkv, S, D}), v = Tensor::empty(dt, {1, Hkv, S, D});
+          Tensor q = Tensor::empty(DType::kF32, {1, Hkv * G, Sq, D});
+          Tensor o = Tensor::zeros(DType::kF32, {1, Hkv * G, Sq, D});
+          fill(k);
+          fill(v);
+          fill(q);
+          fused(q.view(), k.view(), v.view(), o.view(), AttentionOptions{});
+          mix(o);
+          count(o);
+        }
+  for (int bits : {2, 4, 8})
+    for (int64_t Sq : {1, 5}) {
+      QCase c;
+      c.Hq = 8;
+      c.Hkv = 2;
+      c.Sq = Sq;
+      c.D = 128;
+      c.G = 64;
+      c.n_blocks = 6;
+      c.n_res = 40;
+      c.bits = bits;
+      c.res = DType::kF16;
+      QInputs in(c);
+      quantized_attention(in.q(), in.kv, in.out(), in.options());
+      mix(in.obuf);
+      count(in.obuf);
+    }
+  EXPECT_EQ(finite, total);
+  std::printf("simd digest: %016llx\n", static_cast<unsigned long long>(h));
 }
 
 }  // namespace
