@@ -853,14 +853,10 @@ void run_task(const Plan& P, int64_t task) {
       }
     }
     // The next tile's K rows: prefetched during this tile's scores, or with AVX-512 spread over
-    // its P.V passes (the score loop then prefetches only this tile's V rows). Half as many
-    // prefetches per score step, and the loads of the P.V passes (one V row per key for 64
-    // columns at a time) left room for them: f16 decode ~10% faster at 16K keys and ~18% at
-    // 64K, 2 threads, Zen 5.
+    // its P.V passes (the score loop then prefetches only this tile's V rows): half as many
+    // prefetches per score step, and the P.V passes' loads (one V row per key) left room for
+    // them. f16 decode 7-13% faster at 1K-64K keys, 2 threads, Zen 5.
     constexpr bool kAheadInPV = KVCACHE_ATTN_AVX512 != 0;
-    auto k_ahead = [&](int64_t j, int64_t len) {
-      return RowLines{k_row(j + kTk), kstride, len, (k_row_bytes + 63) / 64};
-    };
     if (!transposed) {
       for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
         pf.v = vr;
@@ -915,7 +911,8 @@ void run_task(const Plan& P, int64_t task) {
     } else {
       for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
         RowLines ahead;
-        if (kAheadInPV && j + kTk < jhi) ahead = k_ahead(j, len);
+        if (kAheadInPV && j + kTk < jhi)
+          ahead = RowLines{k_row(j + kTk), kstride, len, (k_row_bytes + 63) / 64};
         Ops::pv(s + (j - t0), R, vr, vstride, len, Dv, acc, &ahead);
       });
     }
