@@ -52,7 +52,7 @@ float sum_floats(const float* p, int64_t n) {
 // The other half of decode's roofline. items_per_second = 8-lane FMA instructions per second
 // over all threads: decode of S keys needs 2 * H_q * D * S / 8 of them (scores and P.V), so
 // that count divided by this rate is the kernel's compute floor on this machine.
-float fma_chains(int64_t n) {
+[[maybe_unused]] float fma_chains(int64_t n) {  // unused where BM_FmaPeak takes 16 lanes
 #if defined(__AVX2__) && defined(__FMA__)
   __m256 a0 = _mm256_set1_ps(1.0f), a1 = _mm256_set1_ps(1.1f), a2 = _mm256_set1_ps(1.2f),
          a3 = _mm256_set1_ps(1.3f), a4 = _mm256_set1_ps(1.4f), a5 = _mm256_set1_ps(1.5f),
@@ -111,7 +111,6 @@ void BM_FmaPeak(benchmark::State& state) {
 #if defined(__AVX512F__)
   constexpr int64_t kLanes = 16;
   float (*const chains)(int64_t) = fma_chains16;
-  (void)fma_chains;  // the 8-lane version: non-AVX-512 builds
 #else
   constexpr int64_t kLanes = 8;
   float (*const chains)(int64_t) = fma_chains;

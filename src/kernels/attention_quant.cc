@@ -40,7 +40,6 @@ namespace {
 using detail::Elem;
 using detail::finalize_row;
 #if KVCACHE_ATTN_AVX2
-using detail::exp256;
 using detail::hsum8;
 using detail::load8;
 #endif
