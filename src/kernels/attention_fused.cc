@@ -462,10 +462,66 @@ struct SimdOps {
     }
   }
 
+  // Folds pass l's sums into the lane tree ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+  // (z0..z2 hold the partial sums); after pass 7 the total is in z0 and it returns true.
+  template <class V, class Add>
+  __attribute__((always_inline)) static bool lane_tree(int l, V a, V& z0, V& z1, V& z2, Add add) {
+    switch (l) {
+      case 0:
+        z0 = a;
+        return false;
+      case 1:
+        z0 = add(z0, a);
+        return false;
+      case 2:
+        z1 = a;
+        return false;
+      case 3:
+        z0 = add(z0, add(z1, a));
+        return false;
+      case 4:
+        z1 = a;
+        return false;
+      case 5:
+        z1 = add(z1, a);
+        return false;
+      case 6:
+        z2 = a;
+        return false;
+      default:
+        z1 = add(z1, add(z2, a));
+        z0 = add(z0, z1);
+        return true;
+    }
+  }
+
   // s[r * kTk + c] for NR rows and the 16 keys at kt + c0 (columns c0 .. c0 + 15 of K^T).
   template <int NR, int DC>
   static void score_t_block(const float* qs, int64_t dk, const float* kt, float* s) {
     const int64_t Dk = DC ? DC : dk;
+#if KVCACHE_ATTN_AVX512
+    // The 16 keys in one zmm register per row: every lane (key) runs the same passes and lane
+    // tree as the AVX2 version's, so the same bits with half the FMA instructions (prefill
+    // attention ~14% faster, 2,048 x 2,048, D = 128, Zen 5). 32 keys per block (two registers per
+    // row, 3 rows to stay in 32 registers) measured slower than this.
+    __m512 z0[NR], z1[NR], z2[NR];  // partial sums of the lane tree
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) {
+      __m512 a[NR];
+      for (int r = 0; r < NR; ++r) a[r] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+      for (int64_t d = l; d < Dk; d += 8) {
+        const __m512 k = _mm512_loadu_ps(kt + d * kTk);
+        for (int r = 0; r < NR; ++r)
+          a[r] = _mm512_fmadd_ps(_mm512_set1_ps(qs[r * Dk + d]), k, a[r]);
+      }
+      for (int r = 0; r < NR; ++r) {
+        if (lane_tree(l, a[r], z0[r], z1[r], z2[r],
+                      [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); }))
+          _mm512_storeu_ps(s + r * kTk, z0[r]);
+      }
+    }
+#else
     __m256 p0[NR][2], p1[NR][2], p2[NR][2];  // partial sums of the lane tree
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) {
@@ -481,21 +537,12 @@ struct SimdOps {
         }
       }
       for (int r = 0; r < NR; ++r)
-        for (int h = 0; h < 2; ++h) {
-          switch (l) {  // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
-            case 0: p0[r][h] = a[r][h]; break;
-            case 1: p0[r][h] = _mm256_add_ps(p0[r][h], a[r][h]); break;
-            case 2: p1[r][h] = a[r][h]; break;
-            case 3: p0[r][h] = _mm256_add_ps(p0[r][h], _mm256_add_ps(p1[r][h], a[r][h])); break;
-            case 4: p1[r][h] = a[r][h]; break;
-            case 5: p1[r][h] = _mm256_add_ps(p1[r][h], a[r][h]); break;
-            case 6: p2[r][h] = a[r][h]; break;
-            default:
-              p1[r][h] = _mm256_add_ps(p1[r][h], _mm256_add_ps(p2[r][h], a[r][h]));
-              _mm256_storeu_ps(s + r * kTk + 8 * h, _mm256_add_ps(p0[r][h], p1[r][h]));
-          }
-        }
+        for (int h = 0; h < 2; ++h)
+          if (lane_tree(l, a[r][h], p0[r][h], p1[r][h], p2[r][h],
+                        [](__m256 x, __m256 y) { return _mm256_add_ps(x, y); }))
+            _mm256_storeu_ps(s + r * kTk + 8 * h, p0[r][h]);
     }
+#endif
   }
 
   template <int DC>
