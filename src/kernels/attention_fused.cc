@@ -39,8 +39,9 @@ constexpr int64_t kMinTransposedRows = 8;  // rows per task from which key tiles
 // Rows per register block of the transposed score kernel (x 16 keys: 10 accumulators). 6 rows
 // (12 accumulators) measured ~10 % slower per score on Zen 3 (66 rows x 64 keys, D = 64,
 // L1-resident tile): the lane tree keeps 3 partial sums per accumulator, which spill either
-// way, and 6-row blocks spill more of them.
-constexpr int64_t kScoreRows = 5;
+// way, and 6-row blocks spill more of them. With AVX-512: 4 rows x 32 keys (two zmm registers
+// per row), see SimdOps::score_t_block16.
+constexpr int64_t kScoreRows = KVCACHE_ATTN_AVX512 ? 4 : 5;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
@@ -499,29 +500,6 @@ struct SimdOps {
   template <int NR, int DC>
   static void score_t_block(const float* qs, int64_t dk, const float* kt, float* s) {
     const int64_t Dk = DC ? DC : dk;
-#if KVCACHE_ATTN_AVX512
-    // The 16 keys in one zmm register per row: every lane (key) runs the same passes and lane
-    // tree as the AVX2 version's, so the same bits with half the FMA instructions (prefill
-    // attention ~14% faster, 2,048 x 2,048, D = 128, Zen 5). 32 keys per block (two registers per
-    // row, 3 rows to stay in 32 registers) measured slower than this.
-    __m512 z0[NR], z1[NR], z2[NR];  // partial sums of the lane tree
-#pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) {
-      __m512 a[NR];
-      for (int r = 0; r < NR; ++r) a[r] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-      for (int64_t d = l; d < Dk; d += 8) {
-        const __m512 k = _mm512_loadu_ps(kt + d * kTk);
-        for (int r = 0; r < NR; ++r)
-          a[r] = _mm512_fmadd_ps(_mm512_set1_ps(qs[r * Dk + d]), k, a[r]);
-      }
-      for (int r = 0; r < NR; ++r) {
-        if (lane_tree(l, a[r], z0[r], z1[r], z2[r],
-                      [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); }))
-          _mm512_storeu_ps(s + r * kTk, z0[r]);
-      }
-    }
-#else
     __m256 p0[NR][2], p1[NR][2], p2[NR][2];  // partial sums of the lane tree
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) {
@@ -542,11 +520,82 @@ struct SimdOps {
                         [](__m256 x, __m256 y) { return _mm256_add_ps(x, y); }))
             _mm256_storeu_ps(s + r * kTk + 8 * h, p0[r][h]);
     }
-#endif
   }
+
+#if KVCACHE_ATTN_AVX512
+  // score_t_block with AVX-512: NR rows x NV zmm registers of 16 keys (columns c0 .. c0 + 16 NV
+  // - 1 of K^T). Every lane (key) runs the same passes and lane tree as the AVX2 version, so the
+  // same bits. Two registers per row halve the broadcasts of q per FMA: with one (16 keys, 5
+  // rows) the loop ran at ~1.2 FMAs per cycle on Zen 5, bound by its loads, against ~1.9 with
+  // two. To fit 4 rows x 2 registers in the 32 registers, the first half's partial sum is
+  // parked in the output row after pass 3 and taken back for pass 7.
+  template <int NR, int NV, int DC>
+  static void score_t_block16(const float* qs, int64_t dk, const float* kt, float* s) {
+    const int64_t Dk = DC ? DC : dk;
+    const auto add = [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); };
+    __m512 z0[NR][NV], z1[NR][NV], z2[NR][NV];  // partial sums of the lane tree
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) {
+      __m512 a[NR][NV];
+      for (int r = 0; r < NR; ++r)
+        for (int h = 0; h < NV; ++h) a[r][h] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+      for (int64_t d = l; d < Dk; d += 8) {
+        __m512 k[NV];
+        for (int h = 0; h < NV; ++h) {
+          k[h] = _mm512_loadu_ps(kt + d * kTk + 16 * h);
+          // One load per key vector: GCC otherwise folds it into each row's FMA (NR loads).
+          asm("" : "+v"(k[h]));
+        }
+        for (int r = 0; r < NR; ++r) {
+          const __m512 q = _mm512_set1_ps(qs[r * Dk + d]);
+          for (int h = 0; h < NV; ++h) a[r][h] = _mm512_fmadd_ps(q, k[h], a[r][h]);
+        }
+      }
+      for (int r = 0; r < NR; ++r)
+        for (int h = 0; h < NV; ++h) {
+          float* o = s + r * kTk + 16 * h;
+          if (l == 7) z0[r][h] = _mm512_loadu_ps(o);
+          if (lane_tree(l, a[r][h], z0[r][h], z1[r][h], z2[r][h], add))
+            _mm512_storeu_ps(o, z0[r][h]);
+          else if (l == 3)
+            _mm512_storeu_ps(o, z0[r][h]);
+        }
+    }
+  }
+
+  // Columns [0, 16 NV) of kt for all R rows.
+  template <int NV, int DC>
+  static void scores_t_cols16(const float* qs, int64_t R, int64_t Dk, const float* kt, float* s) {
+    int64_t r = 0;
+    for (; r + kScoreRows <= R; r += kScoreRows)
+      score_t_block16<kScoreRows, NV, DC>(qs + r * Dk, Dk, kt, s + r * kTk);
+    static_assert(kScoreRows == 4);
+    switch (R - r) {
+      case 3:
+        score_t_block16<3, NV, DC>(qs + r * Dk, Dk, kt, s + r * kTk);
+        break;
+      case 2:
+        score_t_block16<2, NV, DC>(qs + r * Dk, Dk, kt, s + r * kTk);
+        break;
+      case 1:
+        score_t_block16<1, NV, DC>(qs + r * Dk, Dk, kt, s + r * kTk);
+        break;
+      default:
+        break;
+    }
+  }
+#endif
 
   template <int DC>
   static void scores_t_d(const float* qs, int64_t R, int64_t Dk, const float* kt, int64_t n, float* s) {
+#if KVCACHE_ATTN_AVX512
+    // 32 keys per block, then 16 for the rest of round16(n).
+    const int64_t n16 = (n + 15) / 16 * 16;
+    int64_t c0 = 0;
+    for (; c0 + 32 <= n16; c0 += 32) scores_t_cols16<2, DC>(qs, R, Dk, kt + c0, s + c0);
+    if (c0 < n16) scores_t_cols16<1, DC>(qs, R, Dk, kt + c0, s + c0);
+#else
     for (int64_t c = 0; c < n; c += 16) {
       int64_t r = 0;
       for (; r + kScoreRows <= R; r += kScoreRows)
@@ -561,6 +610,7 @@ struct SimdOps {
         default: break;
       }
     }
+#endif
   }
 
   // Scores of R rows against the n keys packed in kt (columns [n, round16(n)) must be
