@@ -690,7 +690,10 @@ struct SimdOps {
         if (ahead) ahead->issue(2);
         const T* vr = reinterpret_cast<const T*>(vb + j * vstride) + d;
         __m512 v[4];
-        for (int i = 0; i < 4; ++i) v[i] = load16<KD>(vr + 16 * i);
+        for (int i = 0; i < 4; ++i) {
+          v[i] = load16<KD>(vr + 16 * i);
+          if constexpr (KD == DType::kF32) pin(v[i]);
+        }
         pv_step64<NR>(p + j, kTk, v, a);
       }
       for (int r = 0; r < NR; ++r)

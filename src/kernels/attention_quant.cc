@@ -23,6 +23,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -45,6 +46,7 @@ using detail::load8;
 #endif
 #if KVCACHE_ATTN_AVX512
 using detail::load16;
+using detail::pin;
 using detail::pv_step64;
 #endif
 
@@ -714,7 +716,10 @@ struct SimdOps {
       for (int64_t j = 0; j < n; ++j) {
         const std::byte* row = codes + j * rb;
         __m512 v[4];
-        for (int i = 0; i < 4; ++i) v[i] = Load::at16(row, d + 16 * i);
+        for (int i = 0; i < 4; ++i) {
+          v[i] = Load::at16(row, d + 16 * i);
+          if constexpr (std::is_same_v<Load, DenseLoad<DType::kF32>>) pin(v[i]);
+        }
         pv_step64<NR>(pg + j, st, v, a);
       }
 #pragma GCC unroll 4

@@ -93,20 +93,20 @@ inline __m512 load16(const typename Elem<KD>::T* p) {
   }
 }
 // One key's step of a P.V pass over 64 columns: a[r][i] += p[r * st] * v[i] (NR rows).
-// The values are pinned in registers first: loaded straight from f32 rows, GCC otherwise folds
-// each load into every row's FMA (NR loads per vector; the prefill's P.V over f32 values was
-// load-bound, 12% slower at 2,048 x 2,048).
+// Keeps v in a register: GCC 12 folds a vector loaded straight from f32 memory into every FMA
+// that uses it (one load per use), which made the 4- and 6-row P.V over f32 values load-bound
+// (16 loads + 4 broadcasts per 16 FMAs; the prefill's P.V 12% slower at 2,048 x 2,048).
+// Converted vectors (f16, bf16, codes) are in registers anyway.
+__attribute__((always_inline)) inline void pin(__m512& v) {
+  asm("" : "+v"(v));
+}
+// One key's step of a P.V pass over 64 columns: a[r][i] += p[r * st] * v[i] (NR rows).
 template <int NR>
 __attribute__((always_inline)) inline void pv_step64(const float* p, int64_t st, const __m512* v,
                                                      __m512 (&a)[NR][4]) {
-  __m512 w[4];
-  for (int i = 0; i < 4; ++i) {
-    w[i] = v[i];
-    asm("" : "+v"(w[i]));
-  }
   for (int r = 0; r < NR; ++r) {
     const __m512 pj = _mm512_set1_ps(p[r * st]);
-    for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(pj, w[i], a[r][i]);
+    for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(pj, v[i], a[r][i]);
   }
 }
 // load8<KD>(a) in lanes 0-7 and load8<KD>(b) in lanes 8-15: two rows' 8 elements side by side.
