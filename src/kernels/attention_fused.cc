@@ -563,8 +563,7 @@ struct SimdOps {
         __m512 k[NV];
         for (int h = 0; h < NV; ++h) {
           k[h] = _mm512_loadu_ps(kt + d * kTk + 16 * h);
-          // One load per key vector: GCC otherwise folds it into each row's FMA (NR loads).
-          asm("" : "+v"(k[h]));
+          pin(k[h]);  // one load per key vector, not one per row's FMA
         }
         for (int r = 0; r < NR; ++r) {
           const __m512 q = _mm512_set1_ps(qs[r * Dk + d]);
