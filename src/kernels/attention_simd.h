@@ -92,7 +92,6 @@ inline __m512 load16(const typename Elem<KD>::T* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
 }
-// One key's step of a P.V pass over 64 columns: a[r][i] += p[r * st] * v[i] (NR rows).
 // Keeps v in a register: GCC 12 folds a vector loaded straight from f32 memory into every FMA
 // that uses it (one load per use), which made the 4- and 6-row P.V over f32 values load-bound
 // (16 loads + 4 broadcasts per 16 FMAs; the prefill's P.V 12% slower at 2,048 x 2,048).
