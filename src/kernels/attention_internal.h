@@ -24,6 +24,28 @@ void fused_paged_attention_scalar(const TensorView& q, const PagedKV& kv,
                                   const int32_t* cu_seqlens_q, const TensorView& out,
                                   const AttentionOptions& options);
 
+// Runs f.template operator()<NR>(r) over the rows [0, R): blocks of 4 rows, then the 1 to 3
+// left (register-blocked micro-kernels are instantiated for NR = 1..4). Shared by the fused and
+// quantized kernels' row loops.
+template <typename F>
+inline void by_row_blocks(int64_t R, F&& f) {
+  int64_t r = 0;
+  for (; r + 4 <= R; r += 4) f.template operator()<4>(r);
+  switch (R - r) {
+    case 3:
+      f.template operator()<3>(r);
+      break;
+    case 2:
+      f.template operator()<2>(r);
+      break;
+    case 1:
+      f.template operator()<1>(r);
+      break;
+    default:
+      break;
+  }
+}
+
 // Automatic split-KV (flash-decoding) for a sequence of `skv` keys read by a single query tile:
 // the partition length in keys, or 0 for no split. A quarter of the keys in multiples of 64,
 // between 1,024 and 4,096: short partitions keep B x H_kv tasks from leaving threads idle, long

@@ -38,6 +38,7 @@
 namespace kvcache {
 namespace {
 
+using detail::by_row_blocks;
 using detail::Elem;
 using detail::finalize_row;
 #if KVCACHE_ATTN_AVX2
@@ -183,27 +184,6 @@ struct Workspace {
 Workspace& workspace() {
   thread_local Workspace ws;
   return ws;
-}
-
-// Runs f.template operator()<NR>(r) over the rows [0, R): blocks of 4 rows, then the 1 to 3
-// left (register-blocked micro-kernels are instantiated for NR = 1..4).
-template <typename F>
-inline void by_row_blocks(int64_t R, F&& f) {
-  int64_t r = 0;
-  for (; r + 4 <= R; r += 4) f.template operator()<4>(r);
-  switch (R - r) {
-    case 3:
-      f.template operator()<3>(r);
-      break;
-    case 2:
-      f.template operator()<2>(r);
-      break;
-    case 1:
-      f.template operator()<1>(r);
-      break;
-    default:
-      break;
-  }
 }
 
 // ---------------------------------------------------------------------------------------------

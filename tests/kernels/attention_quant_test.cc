@@ -369,16 +369,14 @@ TEST(SimdDigest, FusedAndQuantized) {
         }
   for (int bits : {2, 4, 8})
     for (int64_t Sq : {1, 5}) {
-      QCase c;
-      c.Hq = 8;
-      c.Hkv = 2;
-      c.Sq = Sq;
-      c.D = 128;
-      c.G = 64;
-      c.n_blocks = 6;
-      c.n_res = 40;
-      c.bits = bits;
-      c.res = DType::kF16;
+      const QCase c{.Hq = 8,
+                    .Sq = Sq,
+                    .D = 128,
+                    .G = 64,
+                    .n_blocks = 6,
+                    .n_res = 40,
+                    .bits = bits,
+                    .res = DType::kF16};
       QInputs in(c);
       quantized_attention(in.q(), in.kv, in.out(), in.options());
       mix(in.obuf);
