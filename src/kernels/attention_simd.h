@@ -109,14 +109,18 @@ __attribute__((always_inline)) inline void pv_step64(const float* p, int64_t st,
   }
 }
 // load8<KD>(a) in lanes 0-7 and load8<KD>(b) in lanes 8-15: two rows' 8 elements side by side.
+// 16-bit types: b's 16 bytes broadcast to both halves (vbroadcasti128 from memory, a load) and
+// a's blended into the low half (vpblendd), instead of inserting b into the upper half
+// (vinserti128, a shuffle): the decode score block (4 rows x 8 keys, D = 128, in L1, Zen 5)
+// 27 -> 24 cycles per key in isolation; in the whole decode kernel within this host's noise.
 template <DType KD>
 inline __m512 load8x2(const typename Elem<KD>::T* a, const typename Elem<KD>::T* b) {
   if constexpr (KD == DType::kF32) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
   } else {
-    const __m256i w = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+    const __m256i w = _mm256_blend_epi32(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b))),
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))), 0x0F);
     if constexpr (KD == DType::kF16) return _mm512_cvtph_ps(w);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16));
   }
