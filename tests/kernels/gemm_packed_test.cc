@@ -61,12 +61,14 @@ TEST_P(GemmPackedTest, EachOutputIsOneFmaChainOverK) {
   if (!gemm_packed_available()) GTEST_SKIP() << "build without AVX2/FMA/F16C: matmul keeps sgemm";
   const DType t = GetParam();
   ThreadPool pool(3);
-  // Odd M (partial 6-row tiles), N past a 128-row block and not a multiple of 16, K past one
-  // 256-wide block (multiples of 32 only for q8_0).
+  // Odd M (a last tile of every height 1-5, computed by its own micro-kernel; 100 and 200 rows
+  // split into equal passes of whole tiles), N past a 128-row block and not a multiple of 16, K
+  // past one 256-wide block (multiples of 32 only for q8_0).
   struct Case {
     int64_t m, n, k;
   };
-  const Case cases[] = {{1, 17, 64}, {7, 131, 288}, {13, 269, 544}, {100, 45, 96}, {6, 16, 800}};
+  const Case cases[] = {{1, 17, 64},  {7, 131, 288}, {13, 269, 544}, {100, 45, 96},
+                        {6, 16, 800}, {8, 33, 96},   {15, 40, 288},  {200, 20, 64}};
   uint32_t seed = 40;
   for (const Case& c : cases) {
     const Problem pr(c.m, c.n, c.k, t, seed += 3);
