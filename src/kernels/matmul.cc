@@ -451,11 +451,11 @@ void matmul(const MatmulParams& p) {
   ThreadPool& pool = p.pool != nullptr ? *p.pool : default_pool();
   const int nt = pool.n_threads();
   const int64_t macs = p.m * p.n * p.k;
-  if (p.allow_blas && p.m >= kBlasMinRows && gemm_packed_available()) {
+  if (takes_gemm(p) && gemm_packed_available()) {
     gemm_packed(p, nt <= 1 || macs < kMinParallelMacs ? nullptr : &pool);
     return;
   }
-  if (p.allow_blas && p.w_dtype == DType::kF32 && p.m >= kBlasMinRows) {  // builds without AVX2
+  if (takes_gemm(p) && p.w_dtype == DType::kF32) {  // builds without AVX2
     // OpenBLAS runs single-threaded and our pool splits W's rows: one set of threads only
     // (OpenBLAS's own pool busy-waits and fights ours for the cores).
     set_blas_threads(1);
@@ -484,7 +484,7 @@ void matmul(const MatmulParams& p) {
   }
   const size_t rb = row_bytes(p.w_dtype, p.k);
   const auto* w = static_cast<const std::byte*>(p.w);
-  if (p.allow_blas && p.m >= kBlasMinRows) {
+  if (takes_gemm(p)) {
     // Prefill over f16/bf16/q8_0 weights: dequantise a block of W rows once into a per-thread
     // f32 scratch and let sgemm do the M x block product (compute-bound), instead of
     // converting every W row M times in dot products.
@@ -530,7 +530,7 @@ void matmul_group(std::span<const MatmulParams> group) {
   for (const MatmulParams& p : group) {
     validate(p);
     KV_CHECK(p.pool == group[0].pool, "matmul_group: products must share one pool");
-    if (p.allow_blas && p.m >= kBlasMinRows) gemv = false;
+    if (takes_gemm(p)) gemv = false;
   }
   if (!gemv) {
     // Prefill products sharing x on the packed GEMM: x packed once, one loop over all blocks.
@@ -538,7 +538,7 @@ void matmul_group(std::span<const MatmulParams> group) {
     int64_t macs = 0;
     for (const MatmulParams& p : group) {
       shared = shared && p.allow_blas && p.x == group[0].x && p.ldx == group[0].ldx &&
-               p.m == group[0].m && p.k == group[0].k && p.m >= kBlasMinRows;
+               p.m == group[0].m && p.k == group[0].k && takes_gemm(p);
       macs += p.m * p.n * p.k;
     }
     if (shared) {

@@ -35,6 +35,10 @@ struct MatmulParams {
   // false: the GEMV kernels for every M, whose rows equal dot_row bit for bit (the serving
   // engine's batch invariance, tests); true: M >= kBlasMinRows takes the prefill GEMM.
   bool allow_blas = true;
+  // With allow_blas: the prefill GEMM for any M, not only M >= kBlasMinRows. A forward that
+  // carries only some rows of a prefill chunk on (the last layer's rows whose logits are
+  // wanted) gives them the bits they had in the chunk's GEMM, whose rows do not depend on M.
+  bool gemm_any_rows = false;
   // Optional caller-owned scratch for the prefill GEMM's packed copy of x (see
   // gemm_packed_scratch_floats); nullptr or too small: a thread-local buffer of the kernel.
   float* pack_scratch = nullptr;
@@ -44,6 +48,9 @@ struct MatmulParams {
 // Rows of x from which matmul() takes the prefill GEMM (gemm_packed, or sgemm without AVX2)
 // instead of the GEMV.
 inline constexpr int64_t kBlasMinRows = 4;
+inline bool takes_gemm(const MatmulParams& p) {
+  return p.allow_blas && (p.m >= kBlasMinRows || p.gemm_any_rows);
+}
 
 // GEMV path (m < kBlasMinRows, or !allow_blas): y[i, r] == dot_row(W[r], x[i]) + bias[r]
 // bit for bit, for every M and any thread count.

@@ -1,4 +1,6 @@
 // dummy:NAME models: a seeded random-weight GGUF written and loaded through the real loader.
+#include "model/dummy.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,7 +10,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "model/dummy.h"
+#include "model/llama.h"
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
@@ -76,6 +78,47 @@ TEST(DummyModel, CacheMatchesNoCacheRecomputeForEveryWeightType) {
       EXPECT_EQ(st.new_tokens, 24);
       EXPECT_EQ(st.verify_failures, 0) << spec << " " << cache << ": " << st.verify_max_rel_diff;
       EXPECT_LE(st.verify_max_rel_diff, 1e-4) << spec << " " << cache;
+    }
+  }
+}
+
+// The last layer runs its FFN on the rows whose logits are wanted only: the next-token logits
+// of a prefill (each batch row's last position) equal, bit for bit, that position's row of a
+// forward that computes every position. Dense FFNs, MLA, MoE (not pruned) and Gemma-2's post
+// norms; 4 batch rows of 9 and 2 tokens, so both output heads take the GEMM (with fewer rows
+// the next-token head takes the GEMV, whose bits differ from the GEMM's by design).
+TEST(DummyModel, LastLogitsEqualTheAllLogitsRowBitForBit) {
+  TempDir dir("last");
+  LoadOptions lo;
+  lo.dummy_cache_dir = dir.path.string();
+  for (const char* spec : {"dummy:tiny", "dummy:tiny:f32", "dummy:mla-tiny", "dummy:gptoss-tiny",
+                           "dummy:gemma2-tiny"}) {
+    LoadedModel m = load_model(spec, lo);
+    const int64_t vocab = m.model->config().vocab_size;
+    for (const int64_t S : {9, 2}) {
+      const int64_t B = 4;
+      std::vector<int32_t> ids(static_cast<size_t>(B * S));
+      for (size_t i = 0; i < ids.size(); ++i)
+        ids[i] = static_cast<int32_t>((i * 7919 + 3) % static_cast<size_t>(vocab));
+      LlamaForward fw(*m.model, "fused", B * S);
+      ForwardParams p;
+      p.tokens = ids.data();
+      p.batch = B;
+      p.n_tokens = S;
+      p.logits = LogitsMode::kAll;
+      const std::span<const float> all_span = fw.forward(p);
+      const std::vector<float> all(all_span.begin(), all_span.end());
+      ASSERT_EQ(all.size(), static_cast<size_t>(B * S * vocab));
+      p.logits = LogitsMode::kLast;
+      const std::span<const float> last = fw.forward(p);
+      ASSERT_EQ(last.size(), static_cast<size_t>(B * vocab));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t v = 0; v < vocab; ++v)
+          ASSERT_EQ(last[static_cast<size_t>(b * vocab + v)],
+                    all[static_cast<size_t>(((b * S) + S - 1) * vocab + v)])
+              << spec << " S " << S << " row " << b << " token " << v;
+      p.logits = LogitsMode::kNone;
+      EXPECT_TRUE(fw.forward(p).empty()) << spec;
     }
   }
 }
