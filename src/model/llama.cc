@@ -6,6 +6,7 @@
 #include <limits>
 #include <numbers>
 #include <numeric>
+#include <optional>
 
 #include "cache/cache.h"
 #include "core/error.h"
@@ -365,7 +366,7 @@ thread_local bool t_batch_invariant = false;
 // The forward's packed-input scratch for the prefill GEMM (LlamaForward::xpack_), same scope.
 // The tensor, not its data pointer: reserve() may reallocate it during the forward.
 thread_local const Tensor* t_pack = nullptr;
-// Set for the last layer's pruned rows (see forward): MatmulParams::gemm_any_rows.
+// Set for the last layer's kept rows (see forward): MatmulParams::gemm_any_rows.
 thread_local bool t_gemm_any_rows = false;
 
 MatmulParams linear_params(const float* x, int64_t rows, const TensorView& w, const float* bias, float* y,
@@ -393,6 +394,22 @@ MatmulParams linear_params(const float* x, int64_t rows, const TensorView& w, co
 void linear(const float* x, int64_t rows, const TensorView& w, const float* bias, float* y, int64_t ldx = 0) {
   matmul(linear_params(x, rows, w, bias, y, ldx));
 }
+
+// For the products in its scope, the kernel a product over `whole_rows` rows takes
+// (MatmulParams::gemm_any_rows): the last layer's kept rows keep the bits they have in a
+// product over the whole chunk.
+struct GemmAsRows {
+  bool saved = t_gemm_any_rows;
+  explicit GemmAsRows(int64_t whole_rows) {
+    MatmulParams whole;
+    whole.m = whole_rows;
+    whole.allow_blas = !t_batch_invariant;
+    t_gemm_any_rows = takes_gemm(whole);
+  }
+  ~GemmAsRows() { t_gemm_any_rows = saved; }
+  GemmAsRows(const GemmAsRows&) = delete;
+  GemmAsRows& operator=(const GemmAsRows&) = delete;
+};
 
 void add_inplace(float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) a[i] += b[i];
@@ -530,6 +547,31 @@ void LlamaForward::attention_gqa(const Step& st, int64_t l) {
   opts.chunk_size = L.span == LlamaModel::AttentionSpan::kChunked ? L.window : 0;
   opts.softcap = c.attn_softcap;
   opts.sinks = L.sinks;
+  if (st.rows == Step::Rows::kKvOnly) return;
+  if (st.rows == Step::Rows::kLast) {
+    if (span.kind == KVSpanKind::kQuantized) {
+      // The quantized kernel: every row, then the last ones gathered (its one-query path is
+      // not promised to give a prefill row's bits).
+      run_attention(st, span, q_view, out_view, opts);
+      for (int64_t b = 0; b < B; ++b)
+        std::memmove(att + b * qd, att + (b * S + S - 1) * qd,
+                     static_cast<size_t>(qd) * sizeof(float));
+    } else {
+      // One query per batch row, the chunk's last (a decode row of the fused and eager kernels
+      // equals its prefill row), written to rows 0..B-1 of att. As one-row sequences for the
+      // paged path: row b of q sits S rows after row b - 1.
+      const TensorView q_last(q + (S - 1) * qd, DType::kF32, {B, H, 1, D}, {S * qd, D, S * qd, 1});
+      const TensorView out_last(att, DType::kF32, {B, H, 1, D}, {qd, D, qd, 1});
+      Step one = st;
+      one.S = 1;
+      one.R = B;
+      opts.q_offset = st.pos0 + S - 1;
+      run_attention(one, span, q_last, out_last, opts);
+    }
+    const GemmAsRows as_chunk(R);
+    linear(att, B, L.wo, L.bo, xb);
+    return;
+  }
   run_attention(st, span, q_view, out_view, opts);
   linear(att, R, L.wo, L.bo, xb);
 }
@@ -725,7 +767,7 @@ void LlamaForward::ffn_dense(const Step&, const LlamaModel::Layer& L, const Tens
   linear(hb, rows, down, nullptr, out);
 }
 
-void LlamaForward::ffn_moe(const Step& st, const LlamaModel::Layer& L) {
+void LlamaForward::ffn_moe(const Step& st, const LlamaModel::Layer& L, int64_t rows) {
   const ModelConfig& c = model_.config();
   const MoeConfig& m = c.moe;
   const int64_t dim = c.dim, E = m.n_experts, K = m.n_experts_used, I = m.expert_hidden_dim;
@@ -741,7 +783,7 @@ void LlamaForward::ffn_moe(const Step& st, const LlamaModel::Layer& L) {
   std::vector<float> choice(static_cast<size_t>(E)), scores(static_cast<size_t>(E)), gscore(static_cast<size_t>(m.n_group));
   std::vector<char> keep(static_cast<size_t>(m.n_group));
   std::vector<std::pair<int64_t, float>> picked(static_cast<size_t>(K));
-  for (int64_t r = 0; r < st.R; ++r) {
+  for (int64_t r = 0; r < rows; ++r) {
     const float* xr = xb + r * dim;
     float* out = acc + r * dim;
     std::fill(out, out + dim, 0.0f);
@@ -842,10 +884,12 @@ void LlamaForward::ffn_moe(const Step& st, const LlamaModel::Layer& L) {
   }
   if (L.shared_expert) {
     // DeepseekV3MoE: routed output + shared_experts(input), the shared MLP over all rows at once.
-    ffn_dense(st, L, L.w_gate, L.w_up, L.w_down, st.R, xb, xb);
-    add_inplace(xb, acc, st.R * dim);
+    std::optional<GemmAsRows> as_chunk;
+    if (rows != st.R) as_chunk.emplace(st.R);
+    ffn_dense(st, L, L.w_gate, L.w_up, L.w_down, rows, xb, xb);
+    add_inplace(xb, acc, rows * dim);
   } else {
-    std::memcpy(xb, acc, static_cast<size_t>(st.R * dim) * sizeof(float));
+    std::memcpy(xb, acc, static_cast<size_t>(rows * dim) * sizeof(float));
   }
 }
 
@@ -1092,43 +1136,51 @@ std::span<const float> LlamaForward::forward(const ForwardParams& p) {
   RmsNormParams post = norm;  // Gemma-2's norms on a branch output, in place in xb
   post.x = xb;
 
-  bool pruned = false;  // the last layer ran its FFN on the output rows only (rows 0..B-1 of x)
+  // The last layer only for the rows whose logits are wanted (llama.cpp's inp_out_ids): every
+  // row's K/V enters the cache, no other row's output is read. A chunk that only fills the
+  // cache stops after the last layer's cache update; otherwise the last row of each batch row
+  // goes on as row b (GQA: from the attention on; MLA: from the FFN on). The kept rows take the
+  // kernels the whole chunk would have taken (MatmulParams::gemm_any_rows, and a decode row of
+  // the attention equals its prefill row), so their bits do not change; a 512-token chunk of
+  // llama-125m skips ~6% of its work.
+  bool pruned = false;  // rows 0..B-1 of x are the output rows
   for (int64_t l = 0; l < c.n_layers && !c.gemma3n.enabled(); ++l) {
     const LlamaModel::Layer& L = model_.layers()[static_cast<size_t>(l)];
+    const bool last = l == c.n_layers - 1 && p.logits != LogitsMode::kAll && R > B;
+    Step lst = st;
+    if (last) lst.rows = p.logits == LogitsMode::kNone ? Step::Rows::kKvOnly : Step::Rows::kLast;
     norm.weight = L.attn_norm;
     rms_norm(norm);
     if (c.mla.enabled()) {
       attention_mla(st, l);
     } else {
-      attention_gqa(st, l);
+      attention_gqa(lst, l);
     }
-    if (L.post_attn_norm) {
-      post.weight = L.post_attn_norm;
-      rms_norm(post);
-    }
-    add_inplace(x, xb, R * dim);
-
-    // The last layer's FFN only for the rows whose logits are wanted (llama.cpp's inp_out_ids):
-    // the cache already holds every row's K/V, and no other row's output is read. A chunk that
-    // only fills the cache stops here; otherwise the last row of each batch row moves to row b.
-    // Those rows take the kernel the whole chunk would have taken (MatmulParams::gemm_any_rows),
-    // so their bits do not change; a 512-token chunk of llama-125m skips ~5% of its work.
+    if (last && p.logits == LogitsMode::kNone) break;
     int64_t rows = R;
-    if (l == c.n_layers - 1 && p.logits != LogitsMode::kAll && !L.moe && R > B) {
-      if (p.logits == LogitsMode::kNone) break;
+    const auto keep_last_rows = [&] {
       for (int64_t b = 0; b < B; ++b)
         std::memmove(x + b * dim, x + (b * S + S - 1) * dim,
                      static_cast<size_t>(dim) * sizeof(float));
       rows = B;
       pruned = true;
-      t_gemm_any_rows = takes_gemm(linear_params(x, R, L.w_down, nullptr, xb));
+    };
+    if (last && !c.mla.enabled()) keep_last_rows();  // xb holds the B rows' o_proj output
+    if (L.post_attn_norm) {
+      post.weight = L.post_attn_norm;
+      post.rows = rows;
+      rms_norm(post);
     }
+    add_inplace(x, xb, rows * dim);
+    if (last && c.mla.enabled()) keep_last_rows();
     norm.weight = L.ffn_norm;
     norm.rows = rows;
     rms_norm(norm);
     if (L.moe) {
-      ffn_moe(st, L);
+      ffn_moe(st, L, rows);
     } else {
+      std::optional<GemmAsRows> as_chunk;
+      if (rows != R) as_chunk.emplace(R);
       ffn_dense(st, L, L.w_gate, L.w_up, L.w_down, rows, xb, xb);
     }
     if (L.post_ffn_norm) {
@@ -1151,7 +1203,6 @@ std::span<const float> LlamaForward::forward(const ForwardParams& p) {
         std::memmove(x + b * dim, x + (b * S + S - 1) * dim,
                      static_cast<size_t>(dim) * sizeof(float));
   }
-  t_gemm_any_rows = false;  // the output head keeps its own choice (GEMV for one row)
   norm.x = x;
   norm.y = xb;
   norm.rows = out_rows;

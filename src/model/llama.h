@@ -222,6 +222,10 @@ class LlamaForward {
     Cache* cache;
     const int64_t* row_pos0 = nullptr;  // [B] per-row start positions (varlen, paged) or null
     bool rows_differ = false;           // row_pos0 not all equal: only paged spans can serve it
+    // The last layer of a forward whose logits are only the next-token ones (or none): every
+    // row's K/V enters the cache, then attention_gqa stops (kKvOnly) or attends and projects
+    // the last row of each batch row only, into rows 0..B-1 (kLast).
+    enum class Rows { kAll, kLast, kKvOnly } rows = Rows::kAll;
     int64_t row_pos(int64_t b) const { return row_pos0 != nullptr ? row_pos0[b] : pos0; }
   };
   // Attention of one layer: the dense kernel, or paged_attention for a kPaged span.
@@ -234,7 +238,8 @@ class LlamaForward {
   // FFN of layer l on the normed input xb_; writes the output into xb_.
   void ffn_dense(const Step& st, const LlamaModel::Layer& L, const TensorView& gate, const TensorView& up,
                  const TensorView& down, int64_t rows, const float* in, float* out);
-  void ffn_moe(const Step& st, const LlamaModel::Layer& L);
+  // MoE FFN on rows [0, rows) of xb_ (rows < st.R: the last layer's kept rows).
+  void ffn_moe(const Step& st, const LlamaModel::Layer& L, int64_t rows);
   // Gemma-3n's decoder (AltUp streams, Laurel, per-layer inputs) around the same steps.
   void gemma3n_layers(const Step& st, const int32_t* tokens);
   KVSpan update_or_share(const Step& st, int64_t l, const TensorView& k, const TensorView& v);

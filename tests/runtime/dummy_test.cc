@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 
+#include "cache/cache.h"
 #include "core/error.h"
 #include "model/llama.h"
 #include "runtime/generate.h"
@@ -82,43 +84,65 @@ TEST(DummyModel, CacheMatchesNoCacheRecomputeForEveryWeightType) {
   }
 }
 
-// The last layer runs its FFN on the rows whose logits are wanted only: the next-token logits
-// of a prefill (each batch row's last position) equal, bit for bit, that position's row of a
-// forward that computes every position. Dense FFNs, MLA, MoE (not pruned) and Gemma-2's post
-// norms; 4 batch rows of 9 and 2 tokens, so both output heads take the GEMM (with fewer rows
-// the next-token head takes the GEMV, whose bits differ from the GEMM's by design).
+// The last layer runs on the rows whose logits are wanted only: the next-token logits of a
+// prefill (each batch row's last position) equal, bit for bit, that position's row of a forward
+// that computes every position. GQA (attention for the last rows only), MLA (FFN only), MoE with
+// and without a shared expert, Gemma-2's post norms; both attention kernels; no cache, a dense
+// cache and a quantized one (whose kernel attends every row, then the last ones are kept); 4
+// batch rows of 9 and 2 tokens, so both output heads take the GEMM (with fewer rows the
+// next-token head takes the GEMV, whose bits differ from the GEMM's by design).
 TEST(DummyModel, LastLogitsEqualTheAllLogitsRowBitForBit) {
   TempDir dir("last");
   LoadOptions lo;
   lo.dummy_cache_dir = dir.path.string();
   for (const char* spec : {"dummy:tiny", "dummy:tiny:f32", "dummy:mla-tiny", "dummy:gptoss-tiny",
-                           "dummy:gemma2-tiny"}) {
+                           "dummy:deepseek-v2-tiny", "dummy:gemma2-tiny"}) {
     LoadedModel m = load_model(spec, lo);
     const int64_t vocab = m.model->config().vocab_size;
-    for (const int64_t S : {9, 2}) {
-      const int64_t B = 4;
-      std::vector<int32_t> ids(static_cast<size_t>(B * S));
-      for (size_t i = 0; i < ids.size(); ++i)
-        ids[i] = static_cast<int32_t>((i * 7919 + 3) % static_cast<size_t>(vocab));
-      LlamaForward fw(*m.model, "fused", B * S);
-      ForwardParams p;
-      p.tokens = ids.data();
-      p.batch = B;
-      p.n_tokens = S;
-      p.logits = LogitsMode::kAll;
-      const std::span<const float> all_span = fw.forward(p);
-      const std::vector<float> all(all_span.begin(), all_span.end());
-      ASSERT_EQ(all.size(), static_cast<size_t>(B * S * vocab));
-      p.logits = LogitsMode::kLast;
-      const std::span<const float> last = fw.forward(p);
-      ASSERT_EQ(last.size(), static_cast<size_t>(B * vocab));
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t v = 0; v < vocab; ++v)
-          ASSERT_EQ(last[static_cast<size_t>(b * vocab + v)],
-                    all[static_cast<size_t>(((b * S) + S - 1) * vocab + v)])
-              << spec << " S " << S << " row " << b << " token " << v;
-      p.logits = LogitsMode::kNone;
-      EXPECT_TRUE(fw.forward(p).empty()) << spec;
+    for (const char* kernel : {"fused", "eager"}) {
+      for (const char* cache : {"none", "dynamic", "quantized"}) {
+        if (std::string(cache) == "quantized" && m.model->config().mla.enabled())
+          continue;  // MLA: dense or paged
+        for (const int64_t S : {9, 2}) {
+          const int64_t B = 4;
+          std::vector<int32_t> ids(static_cast<size_t>(B * S));
+          for (size_t i = 0; i < ids.size(); ++i)
+            ids[i] = static_cast<int32_t>((i * 7919 + 3) % static_cast<size_t>(vocab));
+          SessionConfig sc;
+          sc.cache = cache;
+          sc.kv_bits = 8;
+          std::vector<float> all, last;
+          for (const LogitsMode mode : {LogitsMode::kAll, LogitsMode::kLast, LogitsMode::kNone}) {
+            std::unique_ptr<Cache> kv;
+            if (sc.cache != "none") {
+              CacheConfig cc = make_cache_config(m.model->config(), sc);
+              cc.max_batch_size = B;
+              kv = std::make_unique<Cache>(cc);
+            }
+            LlamaForward fw(*m.model, kernel, B * S);
+            ForwardParams p;
+            p.tokens = ids.data();
+            p.batch = B;
+            p.n_tokens = S;
+            p.cache = kv.get();
+            p.logits = mode;
+            const std::span<const float> out = fw.forward(p);
+            if (mode == LogitsMode::kAll) all.assign(out.begin(), out.end());
+            if (mode == LogitsMode::kLast) last.assign(out.begin(), out.end());
+            if (mode == LogitsMode::kNone) {
+              EXPECT_TRUE(out.empty()) << spec;
+            }
+          }
+          ASSERT_EQ(all.size(), static_cast<size_t>(B * S * vocab));
+          ASSERT_EQ(last.size(), static_cast<size_t>(B * vocab));
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t v = 0; v < vocab; ++v)
+              ASSERT_EQ(last[static_cast<size_t>(b * vocab + v)],
+                        all[static_cast<size_t>((b * S + S - 1) * vocab + v)])
+                  << spec << " " << kernel << " " << cache << " S " << S << " row " << b
+                  << " token " << v;
+        }
+      }
     }
   }
 }
