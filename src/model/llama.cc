@@ -6,7 +6,6 @@
 #include <limits>
 #include <numbers>
 #include <numeric>
-#include <optional>
 
 #include "cache/cache.h"
 #include "core/error.h"
@@ -415,6 +414,14 @@ void add_inplace(float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
+// Rows of B blocks of S (width floats each): row S - 1 of block b, the last position of batch
+// row b, moves to row b.
+void keep_last_rows(float* rows, int64_t B, int64_t S, int64_t width) {
+  for (int64_t b = 0; b < B; ++b)
+    std::memmove(rows + b * width, rows + (b * S + S - 1) * width,
+                 static_cast<size_t>(width) * sizeof(float));
+}
+
 // y[out] = x[in] @ W[in, out] (+ bias): GPT-OSS experts store weights input-major. Each W row
 // is widened into `row` ([out] scratch) and accumulated, so any weight dtype works.
 void linear_in_out(const float* x, int64_t in, const std::byte* w, DType t, int64_t out, const float* bias,
@@ -553,9 +560,7 @@ void LlamaForward::attention_gqa(const Step& st, int64_t l) {
       // The quantized kernel: every row, then the last ones gathered (its one-query path is
       // not promised to give a prefill row's bits).
       run_attention(st, span, q_view, out_view, opts);
-      for (int64_t b = 0; b < B; ++b)
-        std::memmove(att + b * qd, att + (b * S + S - 1) * qd,
-                     static_cast<size_t>(qd) * sizeof(float));
+      keep_last_rows(att, B, S, qd);
     } else {
       // One query per batch row, the chunk's last (a decode row of the fused and eager kernels
       // equals its prefill row), written to rows 0..B-1 of att. As one-row sequences for the
@@ -884,8 +889,7 @@ void LlamaForward::ffn_moe(const Step& st, const LlamaModel::Layer& L, int64_t r
   }
   if (L.shared_expert) {
     // DeepseekV3MoE: routed output + shared_experts(input), the shared MLP over all rows at once.
-    std::optional<GemmAsRows> as_chunk;
-    if (rows != st.R) as_chunk.emplace(st.R);
+    const GemmAsRows as_chunk(st.R);  // routed experts above keep their one-row GEMV
     ffn_dense(st, L, L.w_gate, L.w_up, L.w_down, rows, xb, xb);
     add_inplace(xb, acc, rows * dim);
   } else {
@@ -1139,14 +1143,15 @@ std::span<const float> LlamaForward::forward(const ForwardParams& p) {
   // The last layer only for the rows whose logits are wanted (llama.cpp's inp_out_ids): every
   // row's K/V enters the cache, no other row's output is read. A chunk that only fills the
   // cache stops after the last layer's cache update; otherwise the last row of each batch row
-  // goes on as row b (GQA: from the attention on; MLA: from the FFN on). The kept rows take the
-  // kernels the whole chunk would have taken (MatmulParams::gemm_any_rows, and a decode row of
-  // the attention equals its prefill row), so their bits do not change; a 512-token chunk of
-  // llama-125m skips ~6% of its work.
-  bool pruned = false;  // rows 0..B-1 of x are the output rows
+  // goes on as row b (GQA: from the attention on; MLA, which attends every row: from its o_proj
+  // output on). The kept rows take the kernels the whole chunk would have taken
+  // (MatmulParams::gemm_any_rows, and a decode row of the attention equals its prefill row), so
+  // their bits do not change; a 512-token chunk of llama-125m skips ~6% of its work.
+  const bool last_rows_only =
+      p.logits != LogitsMode::kAll && R > B && c.n_layers > 0 && !c.gemma3n.enabled();
   for (int64_t l = 0; l < c.n_layers && !c.gemma3n.enabled(); ++l) {
     const LlamaModel::Layer& L = model_.layers()[static_cast<size_t>(l)];
-    const bool last = l == c.n_layers - 1 && p.logits != LogitsMode::kAll && R > B;
+    const bool last = last_rows_only && l == c.n_layers - 1;
     Step lst = st;
     if (last) lst.rows = p.logits == LogitsMode::kNone ? Step::Rows::kKvOnly : Step::Rows::kLast;
     norm.weight = L.attn_norm;
@@ -1154,33 +1159,27 @@ std::span<const float> LlamaForward::forward(const ForwardParams& p) {
     if (c.mla.enabled()) {
       attention_mla(st, l);
     } else {
-      attention_gqa(lst, l);
+      attention_gqa(lst, l);  // kLast: xb holds the B kept rows' o_proj output
     }
     if (last && p.logits == LogitsMode::kNone) break;
-    int64_t rows = R;
-    const auto keep_last_rows = [&] {
-      for (int64_t b = 0; b < B; ++b)
-        std::memmove(x + b * dim, x + (b * S + S - 1) * dim,
-                     static_cast<size_t>(dim) * sizeof(float));
-      rows = B;
-      pruned = true;
-    };
-    if (last && !c.mla.enabled()) keep_last_rows();  // xb holds the B rows' o_proj output
+    const int64_t rows = last ? B : R;
+    if (last) {
+      keep_last_rows(x, B, S, dim);
+      if (c.mla.enabled()) keep_last_rows(xb, B, S, dim);
+    }
     if (L.post_attn_norm) {
       post.weight = L.post_attn_norm;
       post.rows = rows;
       rms_norm(post);
     }
     add_inplace(x, xb, rows * dim);
-    if (last && c.mla.enabled()) keep_last_rows();
     norm.weight = L.ffn_norm;
     norm.rows = rows;
     rms_norm(norm);
     if (L.moe) {
       ffn_moe(st, L, rows);
     } else {
-      std::optional<GemmAsRows> as_chunk;
-      if (rows != R) as_chunk.emplace(R);
+      const GemmAsRows as_chunk(R);
       ffn_dense(st, L, L.w_gate, L.w_up, L.w_down, rows, xb, xb);
     }
     if (L.post_ffn_norm) {
@@ -1198,10 +1197,7 @@ std::span<const float> LlamaForward::forward(const ForwardParams& p) {
   int64_t out_rows = R;
   if (p.logits == LogitsMode::kLast) {
     out_rows = B;
-    if (!pruned)
-      for (int64_t b = 0; b < B; ++b)
-        std::memmove(x + b * dim, x + (b * S + S - 1) * dim,
-                     static_cast<size_t>(dim) * sizeof(float));
+    if (!last_rows_only) keep_last_rows(x, B, S, dim);
   }
   norm.x = x;
   norm.y = xb;
