@@ -145,7 +145,6 @@ struct Workspace {
   std::vector<float> qs;                 // [R, D_k] scaled queries
   std::vector<float> qk;                 // [R, D_k] queries times the block's key scales
   std::vector<float> qz;                 // [R] queries . the block's key zeros
-  std::vector<float> vscale, vzero;      // [ng, st] per key of the tile
   std::vector<float> pg;                 // [ng, R, st] probabilities times value scales
   std::vector<float> zs;                 // [R, ng] probabilities . value zeros
   std::vector<float> za;                 // [R, ng] zs summed over the blocks (rescaled)
@@ -162,8 +161,6 @@ struct Workspace {
     grow(qs, R * P.Dk);
     grow(qk, R * P.Dk);
     grow(qz, R);
-    grow(vscale, P.ng * P.st);
-    grow(vzero, P.ng * P.st);
     grow(pg, P.ng * R * P.st);
     grow(zs, R * P.ng);
     grow(acc, 2 * R * P.Dv);  // natural half + chunked-order half (see run_task)
@@ -224,15 +221,16 @@ struct ScalarOps {
       qz[r] = z;
     }
   }
-  // Per packed block: pg[g, r, j] = p[r, j] * vscale[g, j], zs[r, g] = sum_j p[r, j] vzero[g, j].
-  static void value_weights(const float* p, int64_t R, int64_t n, const float* vs, const float* vz,
-                            int64_t ng, int64_t st, float* pg, float* zs) {
+  // Per packed block: pg[g, r, j] = p[r, j] * vs[g, j], zs[r, g] = sum_j p[r, j] vz[g, j], from
+  // the block's f16 value scales vs and zeros vz ([ng, G] each, group-major).
+  static void value_weights(const float* p, int64_t R, int64_t n, const f16_t* vs, const f16_t* vz,
+                            int64_t ng, int64_t G, int64_t st, float* pg, float* zs) {
     for (int64_t g = 0; g < ng; ++g)
       for (int64_t r = 0; r < R; ++r) {
         float z = 0;
         for (int64_t j = 0; j < n; ++j) {
-          pg[(g * R + r) * st + j] = p[r * st + j] * vs[g * st + j];
-          z = std::fma(p[r * st + j], vz[g * st + j], z);
+          pg[(g * R + r) * st + j] = p[r * st + j] * f16_to_f32(vs[g * G + j]);
+          z = std::fma(p[r * st + j], f16_to_f32(vz[g * G + j]), z);
         }
         zs[r * ng + g] = z;
       }
@@ -382,62 +380,107 @@ inline float hsum(__m256 x) {
 }
 
 struct SimdOps {
-  // ScalarOps::block_query with the scales read as f16 directly. The dot product takes 16
-  // channels per step as two 8-lane halves added before the lane sum, so the AVX2 and AVX-512
-  // paths give the same bits.
-  static void block_query(const float* qs, int64_t R, int64_t Dk, const f16_t* ks, const f16_t* kz,
-                          float* qk, float* qz) {
-    for (int64_t r = 0; r < R; ++r) {
-      const float* q = qs + r * Dk;
-      float* o = qk + r * Dk;
-      int64_t d = 0;
+  // ScalarOps::block_query with the scales read as f16 directly, converted once per 16 channels
+  // for a block of up to 4 rows. The dot product takes 16 channels per step as two 8-lane halves
+  // added before the lane sum, so the AVX2 and AVX-512 paths give the same bits.
+  // (A function of its own, not a by_row_blocks lambda: through the lambda's captured
+  // references GCC reloaded Dk and the pointers after every store.)
+  template <int NR>
+  static void block_query_rows(const float* __restrict q, int64_t Dk, const f16_t* __restrict ks,
+                               const f16_t* __restrict kz, float* __restrict o,
+                               float* __restrict qz) {
+    __m256 z[NR];
+    int64_t d = 0;
 #if KVCACHE_ATTN_AVX512
-      __m512 z16 = _mm512_setzero_ps();
-      for (; d + 16 <= Dk; d += 16) {
-        const __m512 qv = _mm512_loadu_ps(q + d);
-        _mm512_storeu_ps(o + d, _mm512_mul_ps(qv, load16<DType::kF16>(ks + d)));
-        z16 = _mm512_fmadd_ps(qv, load16<DType::kF16>(kz + d), z16);
+    __m512 z16[NR];
+    for (int r = 0; r < NR; ++r) z16[r] = _mm512_setzero_ps();
+    for (; d + 16 <= Dk; d += 16) {
+      const __m512 ksv = load16<DType::kF16>(ks + d), kzv = load16<DType::kF16>(kz + d);
+      for (int r = 0; r < NR; ++r) {
+        const __m512 qv = _mm512_loadu_ps(q + r * Dk + d);
+        _mm512_storeu_ps(o + r * Dk + d, _mm512_mul_ps(qv, ksv));
+        z16[r] = _mm512_fmadd_ps(qv, kzv, z16[r]);
       }
-      __m256 z = _mm256_add_ps(_mm512_castps512_ps256(z16), _mm512_extractf32x8_ps(z16, 1));
+    }
+    for (int r = 0; r < NR; ++r)
+      z[r] = _mm256_add_ps(_mm512_castps512_ps256(z16[r]), _mm512_extractf32x8_ps(z16[r], 1));
 #else
-      __m256 za = _mm256_setzero_ps(), zb = _mm256_setzero_ps();
-      for (; d + 16 <= Dk; d += 16) {
-        const __m256 qa = _mm256_loadu_ps(q + d), qb = _mm256_loadu_ps(q + d + 8);
-        _mm256_storeu_ps(o + d, _mm256_mul_ps(qa, load8<DType::kF16>(ks + d)));
-        _mm256_storeu_ps(o + d + 8, _mm256_mul_ps(qb, load8<DType::kF16>(ks + d + 8)));
-        za = _mm256_fmadd_ps(qa, load8<DType::kF16>(kz + d), za);
-        zb = _mm256_fmadd_ps(qb, load8<DType::kF16>(kz + d + 8), zb);
+    __m256 za[NR], zb[NR];
+    for (int r = 0; r < NR; ++r) za[r] = zb[r] = _mm256_setzero_ps();
+    for (; d + 16 <= Dk; d += 16) {
+      const __m256 ka = load8<DType::kF16>(ks + d), kb = load8<DType::kF16>(ks + d + 8);
+      const __m256 zka = load8<DType::kF16>(kz + d), zkb = load8<DType::kF16>(kz + d + 8);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 qa = _mm256_loadu_ps(q + r * Dk + d);
+        const __m256 qb = _mm256_loadu_ps(q + r * Dk + d + 8);
+        _mm256_storeu_ps(o + r * Dk + d, _mm256_mul_ps(qa, ka));
+        _mm256_storeu_ps(o + r * Dk + d + 8, _mm256_mul_ps(qb, kb));
+        za[r] = _mm256_fmadd_ps(qa, zka, za[r]);
+        zb[r] = _mm256_fmadd_ps(qb, zkb, zb[r]);
       }
-      __m256 z = _mm256_add_ps(za, zb);
+    }
+    for (int r = 0; r < NR; ++r) z[r] = _mm256_add_ps(za[r], zb[r]);
 #endif
       for (; d + 8 <= Dk; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + d);
-        _mm256_storeu_ps(o + d, _mm256_mul_ps(qv, load8<DType::kF16>(ks + d)));
-        z = _mm256_fmadd_ps(qv, load8<DType::kF16>(kz + d), z);
-      }
-      float zz = hsum(z);
-      for (; d < Dk; ++d) {
-        o[d] = q[d] * f16_to_f32(ks[d]);
-        zz = std::fma(q[d], f16_to_f32(kz[d]), zz);
-      }
-      qz[r] = zz;
-    }
-  }
-  // p, vs, vz are zero-padded to a multiple of 8 keys (softmax_update pads p; the caller vs/vz).
-  static void value_weights(const float* p, int64_t R, int64_t n, const float* vs, const float* vz,
-                            int64_t ng, int64_t st, float* pg, float* zs) {
-    const int64_t n8 = (n + 7) & ~int64_t{7};
-    for (int64_t g = 0; g < ng; ++g)
-      for (int64_t r = 0; r < R; ++r) {
-        __m256 z = _mm256_setzero_ps();
-        for (int64_t j = 0; j < n8; j += 8) {
-          const __m256 pv = _mm256_loadu_ps(p + r * st + j);
-          _mm256_storeu_ps(pg + (g * R + r) * st + j,
-                           _mm256_mul_ps(pv, _mm256_loadu_ps(vs + g * st + j)));
-          z = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vz + g * st + j), z);
+        const __m256 ksv = load8<DType::kF16>(ks + d), kzv = load8<DType::kF16>(kz + d);
+        for (int r = 0; r < NR; ++r) {
+          const __m256 qv = _mm256_loadu_ps(q + r * Dk + d);
+          _mm256_storeu_ps(o + r * Dk + d, _mm256_mul_ps(qv, ksv));
+          z[r] = _mm256_fmadd_ps(qv, kzv, z[r]);
         }
-        zs[r * ng + g] = hsum(z);
       }
+      for (int r = 0; r < NR; ++r) {
+        float zz = hsum(z[r]);
+        for (int64_t e = d; e < Dk; ++e) {
+          o[r * Dk + e] = q[r * Dk + e] * f16_to_f32(ks[e]);
+          zz = std::fma(q[r * Dk + e], f16_to_f32(kz[e]), zz);
+        }
+        qz[r] = zz;
+      }
+  }
+  static void block_query(const float* qs, int64_t R, int64_t Dk, const f16_t* ks, const f16_t* kz,
+                          float* qk, float* qz) {
+    by_row_blocks(R, [&]<int NR>(int64_t r) {
+      block_query_rows<NR>(qs + r * Dk, Dk, ks, kz, qk + r * Dk, qz + r);
+    });
+  }
+  // ScalarOps::value_weights with the block's f16 scales and zeros read directly (no converted
+  // copy). The zero term runs two 8-lane FMA chains, over the even and the odd 8-key chunks (one
+  // 16-lane chain on AVX-512), added before the lane sum: the same bits on both paths. p is
+  // zero-padded to a multiple of 8 keys (softmax_update); a last partial chunk of scales is read
+  // through a zero-padded copy, so no lane multiplies bytes past the block's scales.
+  static void value_weights(const float* p, int64_t R, int64_t n, const f16_t* vs, const f16_t* vz,
+                            int64_t ng, int64_t G, int64_t st, float* pg, float* zs) {
+    const int64_t n8 = (n + 7) & ~int64_t{7}, full = n & ~int64_t{7};
+    for (int64_t g = 0; g < ng; ++g) {
+      const f16_t* sg = vs + g * G;
+      const f16_t* zg = vz + g * G;
+      f16_t ts[8] = {}, tz[8] = {};  // the last partial chunk, zero-padded
+      for (int64_t j = full; j < n; ++j) ts[j - full] = sg[j], tz[j - full] = zg[j];
+      for (int64_t r = 0; r < R; ++r) {
+        const float* pr = p + r * st;
+        float* o = pg + (g * R + r) * st;
+        __m256 za = _mm256_setzero_ps(), zb = _mm256_setzero_ps();
+        int64_t j = 0;
+#if KVCACHE_ATTN_AVX512
+        __m512 z16 = _mm512_setzero_ps();
+        for (; j + 16 <= full; j += 16) {
+          const __m512 pv = _mm512_loadu_ps(pr + j);
+          _mm512_storeu_ps(o + j, _mm512_mul_ps(pv, load16<DType::kF16>(sg + j)));
+          z16 = _mm512_fmadd_ps(pv, load16<DType::kF16>(zg + j), z16);
+        }
+        za = _mm512_castps512_ps256(z16);
+        zb = _mm512_extractf32x8_ps(z16, 1);
+#endif
+        for (; j < n8; j += 8) {
+          const __m256 pv = _mm256_loadu_ps(pr + j);
+          _mm256_storeu_ps(o + j, _mm256_mul_ps(pv, load8<DType::kF16>(j < full ? sg + j : ts)));
+          __m256& zc = (j / 8) % 2 == 0 ? za : zb;
+          zc = _mm256_fmadd_ps(pv, load8<DType::kF16>(j < full ? zg + j : tz), zc);
+        }
+        zs[r * ng + g] = hsum(_mm256_add_ps(za, zb));
+      }
+    }
   }
   // NR rows x NK keys of dot products, accumulators in registers; qz (per-row constant added,
   // the KIVI zero term) may be null.
@@ -510,24 +553,19 @@ struct SimdOps {
 #if KVCACHE_ATTN_AVX512
   // ---- AVX-512: two neighbouring chunks per load ----
   // One zero-extending load puts the bytes of chunks c and c + 1 in lanes 0-7 and 8-15. Vector
-  // K of that (a shift by K * BITS, then vpermps of the table i -> i & mask, which reads only
-  // the low 4 bits of each lane: mask and int -> float in one op) holds key_vec / extract's
-  // vector K of chunk c in lanes 0-7 and of chunk c + 1 in lanes 8-15: each lane the same code.
+  // K of that (a shift by K * BITS, a mask, a conversion) holds key_vec / extract's vector K of
+  // chunk c in lanes 0-7 and of chunk c + 1 in lanes 8-15: each lane the same code. (A vpermps
+  // of the table i -> i & mask masks and converts in one op, but on Zen 5 it competes with the
+  // FMAs: 4 of them beside 8 FMAs added 0.65 cycles, 4 and + cvtdq2ps pairs ~0.1, in isolation.)
   static inline __m512i load_chunks2(const std::byte* p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   template <int BITS, int K>
   static inline __m512 extract2(__m512i x) {
-    if constexpr (BITS == 8) {
-      return _mm512_cvtepi32_ps(x);
-    } else {
-      constexpr int m = (1 << BITS) - 1;
-      const __m512 table =
-          _mm512_setr_ps(0 & m, 1 & m, 2 & m, 3 & m, 4 & m, 5 & m, 6 & m, 7 & m, 8 & m, 9 & m,
-                         10 & m, 11 & m, 12 & m, 13 & m, 14 & m, 15 & m);
-      if constexpr (K > 0) x = _mm512_srli_epi32(x, K * BITS);
-      return _mm512_permutexvar_ps(x, table);
-    }
+    constexpr int per = 8 / BITS;
+    if constexpr (K > 0) x = _mm512_srli_epi32(x, K * BITS);
+    if constexpr (K + 1 < per) x = _mm512_and_si512(x, _mm512_set1_epi32((1 << BITS) - 1));
+    return _mm512_cvtepi32_ps(x);
   }
   // Vectors I... of the chunks from p on: vector i = l * per + K is vector K of load l (chunks
   // 2l and 2l + 1). Its lanes 0-7 are the 8 codes of AVX2 vector pair_lo(i) (key_vec / extract
@@ -991,6 +1029,7 @@ void run_task(const Plan& P, int64_t task) {
       }
       const auto* kp = reinterpret_cast<const f16_t*>(kb);
       Ops::block_query(qs, R, Dk, kp, kp + Dk, ws.qk.data(), ws.qz.data());
+
       Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.cbk, n, s,
                                         st, ah);
     } else {
@@ -1014,6 +1053,7 @@ void run_task(const Plan& P, int64_t task) {
       }
     }
     // ---- online softmax and P.V ----
+
     for (int64_t r = 0; r < R; ++r) {
       float& m = ws.m[static_cast<size_t>(r)];
       const float m_old = m;
@@ -1028,20 +1068,8 @@ void run_task(const Plan& P, int64_t task) {
       Ops::template dense_pv<DType::kF32>(s, R, reinterpret_cast<const std::byte*>(ws.vt.data()),
                                           Dv * 4, n, Dv, st, acc, lda);
     } else if (packed) {
-      // Per-key value scales and zeros of this block, [ng, st] (group-major in the block, so
-      // one bulk conversion per group), zero-padded to whole vectors.
       const auto* vp = reinterpret_cast<const f16_t*>(vb);
-      const int64_t n8 = (n + 7) & ~int64_t{7};
-      for (int64_t g = 0; g < ng; ++g) {
-        float* vs = ws.vscale.data() + g * st;
-        float* vz = ws.vzero.data() + g * st;
-        f16_to_f32_n(vp + g * P.G, vs, static_cast<size_t>(n));
-        f16_to_f32_n(vp + (ng + g) * P.G, vz, static_cast<size_t>(n));
-        std::fill(vs + n, vs + n8, 0.0f);
-        std::fill(vz + n, vz + n8, 0.0f);
-      }
-      Ops::value_weights(s, R, n, ws.vscale.data(), ws.vzero.data(), ng, st, ws.pg.data(),
-                         ws.zs.data());
+      Ops::value_weights(s, R, n, vp, vp + ng * P.G, ng, P.G, st, ws.pg.data(), ws.zs.data());
       // Chunked order stays inside a value group, so the group's zero term lands on the same
       // channels in either order.
       float* pacc = chunk_v ? acc + Dv : acc;

@@ -151,7 +151,7 @@ inline __m128 hsum4(const __m256* a) {
 // exp(x) for x <= 0 (softmax arguments): Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and
 // the degree-7 Taylor polynomial of e^r (truncation < 1e-8 relative), scaled by 2^n through the
 // exponent bits. Lanes below -87.3 (including -inf) give exactly 0. The constants are shared by
-// the 8- and 16-lane versions, which run the same operations per lane (the same bits).
+// the 8- and 16-lane versions, which give the same bits per lane (see exp512).
 struct ExpConst {
   static constexpr float kLo = -87.3f, kHi = 88.3f, kLog2e = 1.44269504088896341f;
   static constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
@@ -176,20 +176,24 @@ inline __m256 exp256(__m256 x) {
 }
 
 #if KVCACHE_ATTN_AVX512
+// exp256's lanes for x <= 0 (its only use, softmax_update), in fewer ops: no upper clamp, and
+// vscalefps multiplies by 2^n in one op where exp256 builds 2^n's bits (convert, add the bias,
+// shift, multiply). Exact either way for these arguments (the product is a power-of-two scaling,
+// identical rounding), so the AVX2 and AVX-512 paths keep the same bits: checked bit for bit on
+// 4M vectors of x in [-100, 0] with -inf, -0 and the -87.3 boundary (throwaway harness); 6.5
+// instead of 7.5 cycles per vector, 16 independent vectors (Zen 5).
 inline __m512 exp512(__m512 x) {
   using C = ExpConst;
   const __m512 lo = _mm512_set1_ps(C::kLo);
   const __mmask16 valid = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(C::kHi)), lo);
+  x = _mm512_max_ps(x, lo);
   const __m512 n =
       _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(C::kLog2e)), _MM_FROUND_TO_NEAREST_INT);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(C::kLn2Hi), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(C::kLn2Lo), r);
   __m512 p = _mm512_set1_ps(C::kPoly[0]);
   for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C::kPoly[i]));
-  const __m512i e =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(valid, p, _mm512_castsi512_ps(e));
+  return _mm512_maskz_scalef_ps(valid, p, n);
 }
 #endif
 

@@ -167,6 +167,8 @@ TEST(QuantizedAttention, DecodeGqaOddSizes) {
     c.Dv = 0;
     c.Hq = 8;
     check(c);
+    c.G = 20;  // blocks that are not whole 8-key chunks: the value weights' zero-padded tail
+    check(c);
   }
 }
 
