@@ -189,6 +189,12 @@ void Cache::reset() {
     if (l) l->reset();
 }
 
+void Cache::reserve(int64_t tokens) {
+  invalidate_spans();
+  for (auto& l : layers_)
+    if (l) l->reserve(tokens);
+}
+
 void Cache::reorder(std::span<const int64_t> beam_idx) {
   invalidate_spans();
   for (auto& l : layers_)

@@ -104,6 +104,9 @@ class Cache {
   // matters.
   void crop(int64_t n);
   void reset();
+  // Every layer's CacheLayer::reserve(tokens): room for `tokens` tokens per batch row without
+  // reallocating (growing containers only). Spans returned earlier are invalidated.
+  void reserve(int64_t tokens);
   void reorder(std::span<const int64_t> beam_idx);
   void repeat_interleave(int64_t r);
   void select(std::span<const int64_t> indices);

@@ -71,6 +71,13 @@ class CacheLayer {
   // change what update() returns. No-op for containers that keep everything anyway.
   virtual void activate_past_recording() {}
 
+  // Capacity hint: room for `tokens` tokens per batch row, so that growing to that length
+  // reallocates nothing (llama.cpp sizes its cache from n_ctx up front; a growing container
+  // otherwise copies everything it holds each time it doubles). Content, spans' values and
+  // seq_length() are unchanged; earlier spans' pointers may be invalidated. No-op for
+  // containers whose memory is fixed at construction or bounded by a window.
+  virtual void reserve(int64_t tokens) { (void)tokens; }
+
   // Tiering hooks: no-ops unless the container moves memory between tiers.
   virtual void offload() {}
   virtual void prefetch() {}

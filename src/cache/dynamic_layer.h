@@ -20,6 +20,11 @@ class DynamicLayer final : public FullAttentionLayer {
   // Returns [B, H_kv, seq_length(), D] views of everything stored, kv_offset 0.
   KVSpan update(const TensorView& k, const TensorView& v) override;
   int64_t max_length() const override { return -1; }
+  // Grows the storage now when it is allocated, else at the first update.
+  void reserve(int64_t tokens) override;
+
+ private:
+  int64_t reserved_ = 0;  // the largest reserve() asked for
 };
 
 }  // namespace kvcache

@@ -103,7 +103,20 @@ MaskSizes QuantizedLayer::mask_sizes(int64_t query_len) const {
   return {seq_length_ + query_len - start, start};
 }
 
-void QuantizedLayer::reserve_blocks(int64_t extra) {
+void QuantizedLayer::reserve(int64_t tokens) {
+  if (tokens < 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                where() + ": reserve(" + std::to_string(tokens) + "): tokens must be >= 0");
+  const int64_t G = params_.group;
+  // A sliding layer holds at most its window plus the block straddling its start.
+  if (params_.sliding_window > 0) tokens = std::min(tokens, params_.sliding_window + G);
+  reserved_blocks_ = std::max(reserved_blocks_, (tokens + G - 1) / G);
+  const int64_t live = blk_end_ - blk_begin_;
+  if (initialized_ && blk_cap_ < reserved_blocks_)
+    reserve_blocks(reserved_blocks_ - live, /*exact=*/true);
+}
+
+void QuantizedLayer::reserve_blocks(int64_t extra, bool exact) {
   const int64_t live = blk_end_ - blk_begin_;
   if (blk_end_ + extra <= blk_cap_) return;
   const int64_t rows = batch_ * heads_;
@@ -121,9 +134,10 @@ void QuantizedLayer::reserve_blocks(int64_t extra) {
     stats_.bytes_copied += static_cast<size_t>(rows * live * (k_block_bytes_ + v_block_bytes_));
   } else {
     // Geometric growth: appending S tokens copies fewer than 2 S tokens' blocks in total.
-    const int64_t cap = std::max(2 * blk_cap_, live + extra);
-    std::vector<std::byte> nk(static_cast<size_t>(rows * cap * k_block_bytes_));
-    std::vector<std::byte> nv(static_cast<size_t>(rows * cap * v_block_bytes_));
+    const int64_t cap =
+        exact ? live + extra : std::max({2 * blk_cap_, live + extra, reserved_blocks_});
+    ByteBuffer nk(static_cast<size_t>(rows * cap * k_block_bytes_));
+    ByteBuffer nv(static_cast<size_t>(rows * cap * v_block_bytes_));
     for (int64_t r = 0; r < rows && live > 0; ++r) {  // empty store: no source to copy from
       std::memcpy(nk.data() + r * cap * k_block_bytes_,
                   kbuf_.data() + (r * blk_cap_ + blk_begin_) * k_block_bytes_,
@@ -328,7 +342,7 @@ void QuantizedLayer::gather(std::span<const int64_t> rows) {
   if (!initialized_) return;
   const auto nb = static_cast<int64_t>(rows.size());
   const int64_t kr = heads_ * blk_cap_ * k_block_bytes_, vr = heads_ * blk_cap_ * v_block_bytes_;
-  std::vector<std::byte> nk(static_cast<size_t>(nb * kr)), nv(static_cast<size_t>(nb * vr));
+  ByteBuffer nk(static_cast<size_t>(nb * kr)), nv(static_cast<size_t>(nb * vr));
   for (int64_t i = 0; i < nb; ++i) {
     const int64_t src = rows[static_cast<size_t>(i)];
     std::memcpy(nk.data() + i * kr, kbuf_.data() + src * kr, static_cast<size_t>(kr));

@@ -67,6 +67,9 @@ class QuantizedLayer final : public CacheLayer {
   // already dropped tokens the cropped length needs.
   void crop(int64_t n) override;
   void reset() override;
+  // Packed-block room for `tokens` tokens (a sliding layer's bounded by its window): grown now
+  // when the layer is initialised, else at the first flush.
+  void reserve(int64_t tokens) override;
   void reorder(std::span<const int64_t> beam_idx) override;
   void repeat_interleave(int64_t r) override;
   void select(std::span<const int64_t> indices) override;
@@ -90,7 +93,8 @@ class QuantizedLayer final : public CacheLayer {
   // Blocks a sliding layer drops before writing at position p.
   int64_t blocks_to_drop(int64_t p) const;
   void flush(int64_t tokens);  // oldest `tokens` (a multiple of G) residual tokens -> blocks
-  void reserve_blocks(int64_t extra);
+  // Room for `extra` more blocks; growing doubles (or reaches reserved_blocks_), unless `exact`.
+  void reserve_blocks(int64_t extra, bool exact = false);
   void reserve_residual(int64_t tokens);
   void gather(std::span<const int64_t> rows);
   std::byte* k_block(int64_t b, int64_t h, int64_t i) {
@@ -107,7 +111,8 @@ class QuantizedLayer final : public CacheLayer {
   KVBlockFormat fmt_;  // set by init() from the first update's shapes
   int64_t k_block_bytes_ = 0, v_block_bytes_ = 0;
   int64_t blk_cap_ = 0, blk_begin_ = 0, blk_end_ = 0;  // per (b, h) block slots
-  std::vector<std::byte> kbuf_, vbuf_;                // [B][H_kv][blk_cap][block bytes]
+  int64_t reserved_blocks_ = 0;                        // the largest reserve(), in blocks
+  ByteBuffer kbuf_, vbuf_;                             // [B][H_kv][blk_cap][block bytes]
   Tensor res_k_, res_v_;                              // [B, H_kv, res_cap, D], slots [0, n_res)
   int64_t n_res_ = 0;
   std::vector<float> scratch_;  // [G, max(D_k, D_v)] f32 rows for quantize / dequantize

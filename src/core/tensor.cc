@@ -94,38 +94,43 @@ TensorView TensorView::slice(int axis, int64_t begin, int64_t end) const {
   return TensorView(p, dtype_, s, strides_);
 }
 
-void Tensor::AlignedFree::operator()(std::byte* p) const { std::free(p); }
+void AlignedFree::operator()(std::byte* p) const {
+  std::free(p);
+}
 
 namespace {
 constexpr size_t kHugePageBytes = size_t{2} << 20;
 constexpr size_t kHugeMinBytes = size_t{4} << 20;
 }  // namespace
 
+// Large buffers (KV storage, block pools, activations of long prompts) are aligned to 2 MiB
+// and offered to the kernel for transparent huge pages: a decode step streams the whole cache,
+// and with 4 KiB pages every 4 KiB of every K/V stream is a new TLB entry (a page walk per 16
+// keys of a D = 128 f16 head). Measured on decode attention at 16K keys, 2 threads: 3.97 ->
+// 3.67 ms median, 3.22 -> 2.93 ms best (throwaway A/B outside the repo, 2026-11-30). Rounding
+// up costs < 2 MiB of address space per buffer, and only buffers of at least 4 MiB take it.
+// Where THP is disabled, madvise fails and nothing changes.
+std::unique_ptr<std::byte, AlignedFree> allocate_large(size_t bytes, const std::string& what) {
+  if (bytes == 0) return nullptr;
+  const size_t align = bytes >= kHugeMinBytes ? kHugePageBytes : kTensorAlignment;
+  const size_t rounded = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded);
+  if (p == nullptr)
+    throw Error(ErrorKind::kOutOfRange,
+                "cannot allocate " + std::to_string(bytes) + " bytes for " + what);
+#if defined(MADV_HUGEPAGE)
+  if (align == kHugePageBytes) (void)madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+  return std::unique_ptr<std::byte, AlignedFree>(static_cast<std::byte*>(p));
+}
+
 Tensor Tensor::empty(DType dtype, const Shape& shape) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;
   t.size_bytes_ = dtype_bytes(dtype, shape.numel());
-  if (t.size_bytes_ > 0) {
-    // Large buffers (KV storage, block pools, activations of long prompts) are aligned to 2 MiB
-    // and offered to the kernel for transparent huge pages: a decode step streams the whole
-    // cache, and with 4 KiB pages every 4 KiB of every K/V stream is a new TLB entry (a page
-    // walk per 16 keys of a D = 128 f16 head). Measured on decode attention at 16K keys, 2
-    // threads: 3.97 -> 3.67 ms median, 3.22 -> 2.93 ms best (throwaway A/B outside the repo,
-    // 2026-11-30). Rounding up costs < 2 MiB of address space per tensor, and only tensors of
-    // at least 4 MiB take it. Where THP is disabled, madvise fails and nothing changes.
-    const size_t align = t.size_bytes_ >= kHugeMinBytes ? kHugePageBytes : kTensorAlignment;
-    const size_t rounded = (t.size_bytes_ + align - 1) / align * align;
-    void* p = std::aligned_alloc(align, rounded);
-#if defined(MADV_HUGEPAGE)
-    if (p != nullptr && align == kHugePageBytes) (void)madvise(p, rounded, MADV_HUGEPAGE);
-#endif
-    if (p == nullptr) {
-      throw Error(ErrorKind::kOutOfRange, "cannot allocate " + std::to_string(t.size_bytes_) +
-                                              " bytes for a tensor of shape " + shape.str());
-    }
-    t.data_.reset(static_cast<std::byte*>(p));
-  }
+  if (t.size_bytes_ > 0)
+    t.data_ = allocate_large(t.size_bytes_, "a tensor of shape " + shape.str());
   return t;
 }
 

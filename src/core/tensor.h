@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -74,6 +75,37 @@ class TensorView {
   Dims strides_{0, 0, 0, 0};
 };
 
+// Frees memory from allocate_large (std::free).
+struct AlignedFree {
+  void operator()(std::byte* p) const;
+};
+// Storage for large streamed buffers (KV caches, block pools, long activations): at least
+// 4 MiB is aligned to 2 MiB and offered for transparent huge pages (see tensor.cc), less is
+// aligned to kTensorAlignment. Uninitialised. Throws Error(kOutOfRange) naming `what` when the
+// allocation fails. bytes == 0 gives null.
+std::unique_ptr<std::byte, AlignedFree> allocate_large(size_t bytes, const std::string& what);
+
+// Untyped bytes with allocate_large's placement, zero-filled: packed KV blocks.
+class ByteBuffer {
+ public:
+  ByteBuffer() = default;
+  explicit ByteBuffer(size_t n)
+      : data_(allocate_large(n, "a " + std::to_string(n) + "-byte buffer")), size_(n) {
+    if (n > 0) std::memset(data_.get(), 0, n);
+  }
+  std::byte* data() { return data_.get(); }
+  const std::byte* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  void clear() {
+    data_.reset();
+    size_ = 0;
+  }
+
+ private:
+  std::unique_ptr<std::byte, AlignedFree> data_;
+  size_t size_ = 0;
+};
+
 class Tensor {
  public:
   Tensor() = default;
@@ -99,9 +131,6 @@ class Tensor {
   bool defined() const { return data_ != nullptr || size_bytes_ == 0; }
 
  private:
-  struct AlignedFree {
-    void operator()(std::byte* p) const;
-  };
   std::unique_ptr<std::byte, AlignedFree> data_;
   size_t size_bytes_ = 0;
   DType dtype_ = DType::kF32;

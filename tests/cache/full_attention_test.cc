@@ -262,6 +262,41 @@ TEST(DynamicLayer, AppendingSingleTokensCopiesAtMostTwiceTheFinalSize) {
     EXPECT_EQ(*span.k.ptr_as<f16_t>(0, 0, i, 0), static_cast<f16_t>(i));
 }
 
+TEST(DynamicLayer, ReserveGrowsOnceAndKeepsTheContent) {
+  // Before the first update: the first allocation takes the reserved length, and growing to it
+  // reallocates nothing.
+  auto reserved = make("dynamic");
+  reserved->reserve(50);
+  std::mt19937 rng(8);
+  History h(DType::kF32);
+  KVSpan span;
+  for (int64_t n : {int64_t{7}, int64_t{1}, int64_t{30}, int64_t{12}}) {
+    Tensor k = random_tensor(DType::kF32, {B, H, n, DK}, rng);
+    Tensor v = random_tensor(DType::kF32, {B, H, n, DV}, rng);
+    h.append(k.view(), v.view());
+    span = reserved->update(k.view(), v.view());
+  }
+  EXPECT_EQ(reserved->stats().reallocations, 0);
+  EXPECT_EQ(reserved->bytes(), size_t{B * H * 50 * (DK + DV) * 4});
+  EXPECT_TRUE(views_equal(span.k, h.k(0, 50)));
+  // After content: one reallocation to exactly the reserved length, the content kept, and no
+  // further one up to it; reserving less than the capacity changes nothing.
+  reserved->reserve(120);
+  EXPECT_EQ(reserved->stats().reallocations, 1);
+  EXPECT_EQ(reserved->bytes(), size_t{B * H * 120 * (DK + DV) * 4});
+  reserved->reserve(60);
+  EXPECT_EQ(reserved->bytes(), size_t{B * H * 120 * (DK + DV) * 4});
+  Tensor k = random_tensor(DType::kF32, {B, H, 70, DK}, rng);
+  Tensor v = random_tensor(DType::kF32, {B, H, 70, DV}, rng);
+  h.append(k.view(), v.view());
+  span = reserved->update(k.view(), v.view());
+  EXPECT_EQ(reserved->stats().reallocations, 1);
+  EXPECT_EQ(reserved->seq_length(), 120);
+  EXPECT_TRUE(views_equal(span.k, h.k(0, 120)));
+  EXPECT_TRUE(views_equal(span.v, h.v(0, 120)));
+  EXPECT_THROW(reserved->reserve(-1), Error);
+}
+
 TEST(StaticLayer, PointerNeverChangesAndBytesAreThePreallocation) {
   CacheConfig cfg;
   cfg.max_cache_len = 37;

@@ -276,6 +276,54 @@ TEST(QuantizedLayer, RefusesOtherLayerTypesAndBadOptions) {
 
 // 16K tokens, 8 KV heads, D = 128, filled 64 tokens per update (the flush cycle at steady
 // state); f16 residual against an f16 dynamic cache of the same tokens.
+TEST(QuantizedLayer, ReserveSizesThePackedStoreOnce) {
+  constexpr int64_t G = 16, R = 8, B = 1, H = 2, D = 32;
+  std::mt19937 rng(21);
+  // Before the first update: the first flush allocates the reserved blocks, and reaching them
+  // grows nothing. Then a reserve on a live layer grows once, exactly, keeping the content.
+  Cache cache(quant_config(4, G, R));
+  cache.reserve(100);  // ceil(100 / 16) = 7 blocks
+  KVSpan span;
+  for (int i = 0; i < 100; ++i) {
+    Tensor k = random_tensor(DType::kF32, {B, H, 1, D}, rng);
+    Tensor v = random_tensor(DType::kF32, {B, H, 1, D}, rng);
+    span = cache.update(0, k.view(), v.view());
+    const int64_t cap = qlayer(cache).packed_capacity_blocks();
+    EXPECT_TRUE(cap == 0 || cap == 7) << cap << " blocks after " << i + 1 << " tokens";
+  }
+  EXPECT_EQ(qlayer(cache).packed_capacity_blocks(), 7);
+  const int64_t packed = qlayer(cache).packed_length();
+  ASSERT_GT(packed, 0);
+  Tensor k0, v0;
+  dense_of(span, &k0, &v0);
+  cache.reserve(120);  // 8 blocks: exactly, not the doubling's 14
+  EXPECT_EQ(qlayer(cache).packed_capacity_blocks(), 8);
+  cache.reserve(10);
+  EXPECT_EQ(qlayer(cache).packed_capacity_blocks(), 8);
+  Tensor k1 = random_tensor(DType::kF32, {B, H, 1, D}, rng);
+  Tensor v1 = random_tensor(DType::kF32, {B, H, 1, D}, rng);
+  span = cache.update(0, k1.view(), v1.view());
+  Tensor k2, v2;
+  dense_of(span, &k2, &v2);
+  // The packed tokens read back the same after the move.
+  EXPECT_TRUE(testing::views_equal(k2.view().slice(2, 0, packed), k0.view().slice(2, 0, packed)));
+  EXPECT_TRUE(testing::views_equal(v2.view().slice(2, 0, packed), v0.view().slice(2, 0, packed)));
+  EXPECT_THROW(cache.reserve(-5), Error);
+  // A sliding layer reserves no more than its window (plus the block straddling its start).
+  CacheConfig sc = quant_config(4, G, R);
+  sc.layer_types = {"sliding_attention"};
+  sc.sliding_window = 32;
+  Cache sliding(sc);
+  sliding.reserve(100000);
+  for (int i = 0; i < 16; ++i) {
+    Tensor ks = random_tensor(DType::kF32, {B, H, 4, D}, rng);
+    Tensor vs = random_tensor(DType::kF32, {B, H, 4, D}, rng);
+    sliding.update(0, ks.view(), vs.view());
+    EXPECT_LE(qlayer(sliding).packed_capacity_blocks(), 3);  // ceil((32 + 16) / 16)
+  }
+  EXPECT_EQ(qlayer(sliding).packed_capacity_blocks(), 3);
+}
+
 TEST(QuantizedLayer, MemoryAt16KAgainstF16) {
   constexpr int64_t kTokens = 16384, kH = 8, kD = 128, kChunk = 64;
   std::mt19937 rng(7);
