@@ -110,18 +110,22 @@ constexpr size_t kHugeMinBytes = size_t{4} << 20;
 // 3.67 ms median, 3.22 -> 2.93 ms best (throwaway A/B outside the repo, 2026-11-30). Rounding
 // up costs < 2 MiB of address space per buffer, and only buffers of at least 4 MiB take it.
 // Where THP is disabled, madvise fails and nothing changes.
-std::unique_ptr<std::byte, AlignedFree> allocate_large(size_t bytes, const std::string& what) {
+std::unique_ptr<std::byte, AlignedFree> allocate_large(size_t bytes) {
   if (bytes == 0) return nullptr;
   const size_t align = bytes >= kHugeMinBytes ? kHugePageBytes : kTensorAlignment;
   const size_t rounded = (bytes + align - 1) / align * align;
   void* p = std::aligned_alloc(align, rounded);
-  if (p == nullptr)
-    throw Error(ErrorKind::kOutOfRange,
-                "cannot allocate " + std::to_string(bytes) + " bytes for " + what);
 #if defined(MADV_HUGEPAGE)
-  if (align == kHugePageBytes) (void)madvise(p, rounded, MADV_HUGEPAGE);
+  if (p != nullptr && align == kHugePageBytes) (void)madvise(p, rounded, MADV_HUGEPAGE);
 #endif
   return std::unique_ptr<std::byte, AlignedFree>(static_cast<std::byte*>(p));
+}
+
+ByteBuffer::ByteBuffer(size_t n) : data_(allocate_large(n)), size_(n) {
+  if (n > 0 && data_ == nullptr)
+    throw Error(ErrorKind::kOutOfRange,
+                "cannot allocate a buffer of " + std::to_string(n) + " bytes");
+  if (n > 0) std::memset(data_.get(), 0, n);
 }
 
 Tensor Tensor::empty(DType dtype, const Shape& shape) {
@@ -129,8 +133,13 @@ Tensor Tensor::empty(DType dtype, const Shape& shape) {
   t.dtype_ = dtype;
   t.shape_ = shape;
   t.size_bytes_ = dtype_bytes(dtype, shape.numel());
-  if (t.size_bytes_ > 0)
-    t.data_ = allocate_large(t.size_bytes_, "a tensor of shape " + shape.str());
+  if (t.size_bytes_ > 0) {
+    t.data_ = allocate_large(t.size_bytes_);
+    if (t.data_ == nullptr) {
+      throw Error(ErrorKind::kOutOfRange, "cannot allocate " + std::to_string(t.size_bytes_) +
+                                              " bytes for a tensor of shape " + shape.str());
+    }
+  }
   return t;
 }
 

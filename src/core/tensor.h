@@ -6,7 +6,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -81,18 +80,16 @@ struct AlignedFree {
 };
 // Storage for large streamed buffers (KV caches, block pools, long activations): at least
 // 4 MiB is aligned to 2 MiB and offered for transparent huge pages (see tensor.cc), less is
-// aligned to kTensorAlignment. Uninitialised. Throws Error(kOutOfRange) naming `what` when the
-// allocation fails. bytes == 0 gives null.
-std::unique_ptr<std::byte, AlignedFree> allocate_large(size_t bytes, const std::string& what);
+// aligned to kTensorAlignment. Uninitialised. Null for bytes == 0 or when the allocation fails
+// (the caller reports it: no message is built on the success path).
+std::unique_ptr<std::byte, AlignedFree> allocate_large(size_t bytes);
 
 // Untyped bytes with allocate_large's placement, zero-filled: packed KV blocks.
 class ByteBuffer {
  public:
   ByteBuffer() = default;
-  explicit ByteBuffer(size_t n)
-      : data_(allocate_large(n, "a " + std::to_string(n) + "-byte buffer")), size_(n) {
-    if (n > 0) std::memset(data_.get(), 0, n);
-  }
+  // Throws Error(kOutOfRange) when n bytes cannot be allocated.
+  explicit ByteBuffer(size_t n);
   std::byte* data() { return data_.get(); }
   const std::byte* data() const { return data_.get(); }
   size_t size() const { return size_; }
