@@ -106,84 +106,126 @@ void pack_block(const MatmulParams& p, int64_t r0, int64_t rows, int64_t k0, int
   }
 }
 
-// y[MR x 16] (row stride ldy) = (accumulate ? y : 0) + a · b over kc steps, where a[kk * 6 + i]
-// is x row i at column kk (a packed tile of x) and b[kk * 16 + c] is W row c (a micro-panel).
+// The micro-kernel's vector: 8 lanes (AVX2: one micro-panel is two of them) or, with AVX-512,
+// 16 lanes (one micro-panel per vector, two neighbouring panels per micro-tile).
+struct Ymm {
+  using V = __m256;
+  static constexpr int kLanes = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static V load(const float* p) { return _mm256_load_ps(p); }
+  static V bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static void storeu(float* p, V x) { _mm256_storeu_ps(p, x); }
+};
+#if defined(__AVX512F__)
+struct Zmm {
+  using V = __m512;
+  static constexpr int kLanes = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static V load(const float* p) { return _mm512_load_ps(p); }
+  static V bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static void storeu(float* p, V x) { _mm512_storeu_ps(p, x); }
+};
+#endif
+
+// y[MR x 2 * lanes] (row stride ldy) = (accumulate ? y : 0) + a · [b0 | b1] over kc steps, where
+// a[kk * 6 + i] is x row i at column kk (a packed tile of x) and b0 / b1 advance one micro-panel
+// step (kNr floats) per k: the two halves of one panel (Ymm: b0 = panel, b1 = panel + 8) or two
+// neighbouring panels (Zmm: 32 W rows, one panel per vector). Every output is the same FMA chain
+// over k in the same order either way, so the same bits; Zen 5 issues two 512-bit FMAs per cycle,
+// as many as 256-bit ones, so the zmm tile does the work in half the instructions.
 // Twelve named accumulators: with arrays indexed in a loop GCC kept them on the stack, a store
 // per FMA (33 GF/s on one core against 90 written out; the core's peak is ~100). MR < 6 is the
 // last tile of x: only its real rows are computed (each output is the same FMA chain over k
 // whatever MR, so the same bits as a full tile's row).
 // Row R of a micro-tile (two accumulators), present when R < MR: load, one k step, store.
-template <int R, int MR>
-__attribute__((always_inline)) inline void tile_row_load(const float* y, int64_t ldy, __m256& c0,
-                                                         __m256& c1) {
-  if constexpr (R < MR) c0 = _mm256_loadu_ps(y + R * ldy), c1 = _mm256_loadu_ps(y + R * ldy + 8);
+template <class W, int R, int MR>
+__attribute__((always_inline)) inline void tile_row_load(const float* y, int64_t ldy,
+                                                         typename W::V& c0, typename W::V& c1) {
+  if constexpr (R < MR) c0 = W::loadu(y + R * ldy), c1 = W::loadu(y + R * ldy + W::kLanes);
 }
-template <int R, int MR>
-__attribute__((always_inline)) inline void tile_row_fma(const float* a, __m256 b0, __m256 b1,
-                                                        __m256& c0, __m256& c1) {
+template <class W, int R, int MR>
+__attribute__((always_inline)) inline void tile_row_fma(const float* a, typename W::V b0,
+                                                        typename W::V b1, typename W::V& c0,
+                                                        typename W::V& c1) {
   if constexpr (R < MR) {
-    const __m256 x = _mm256_broadcast_ss(a + R);
-    c0 = _mm256_fmadd_ps(x, b0, c0);
-    c1 = _mm256_fmadd_ps(x, b1, c1);
+    const typename W::V x = W::bcast(a + R);
+    c0 = W::fma(x, b0, c0);
+    c1 = W::fma(x, b1, c1);
   }
 }
-template <int R, int MR>
-__attribute__((always_inline)) inline void tile_row_store(float* y, int64_t ldy, __m256 c0,
-                                                          __m256 c1) {
-  if constexpr (R < MR) _mm256_storeu_ps(y + R * ldy, c0), _mm256_storeu_ps(y + R * ldy + 8, c1);
+template <class W, int R, int MR>
+__attribute__((always_inline)) inline void tile_row_store(float* y, int64_t ldy, typename W::V c0,
+                                                          typename W::V c1) {
+  if constexpr (R < MR) W::storeu(y + R * ldy, c0), W::storeu(y + R * ldy + W::kLanes, c1);
 }
-template <int MR>
-inline void micro_kernel(const float* a, const float* b, int64_t kc, float* y, int64_t ldy,
-                         bool accumulate) {
+template <class W, int MR>
+inline void micro_kernel(const float* a, const float* b0p, const float* b1p, int64_t kc, float* y,
+                         int64_t ldy, bool accumulate) {
   static_assert(MR >= 1 && MR <= kMr);
-  __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
-  c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+  using V = typename W::V;
+  V c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+  c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = W::zero();
   if (accumulate) {
-    tile_row_load<0, MR>(y, ldy, c00, c01);
-    tile_row_load<1, MR>(y, ldy, c10, c11);
-    tile_row_load<2, MR>(y, ldy, c20, c21);
-    tile_row_load<3, MR>(y, ldy, c30, c31);
-    tile_row_load<4, MR>(y, ldy, c40, c41);
-    tile_row_load<5, MR>(y, ldy, c50, c51);
+    tile_row_load<W, 0, MR>(y, ldy, c00, c01);
+    tile_row_load<W, 1, MR>(y, ldy, c10, c11);
+    tile_row_load<W, 2, MR>(y, ldy, c20, c21);
+    tile_row_load<W, 3, MR>(y, ldy, c30, c31);
+    tile_row_load<W, 4, MR>(y, ldy, c40, c41);
+    tile_row_load<W, 5, MR>(y, ldy, c50, c51);
   }
-  for (int64_t kk = 0; kk < kc; ++kk, a += kMr, b += kNr) {
-    const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
-    tile_row_fma<0, MR>(a, b0, b1, c00, c01);
-    tile_row_fma<1, MR>(a, b0, b1, c10, c11);
-    tile_row_fma<2, MR>(a, b0, b1, c20, c21);
-    tile_row_fma<3, MR>(a, b0, b1, c30, c31);
-    tile_row_fma<4, MR>(a, b0, b1, c40, c41);
-    tile_row_fma<5, MR>(a, b0, b1, c50, c51);
+  for (int64_t kk = 0; kk < kc; ++kk, a += kMr, b0p += kNr, b1p += kNr) {
+    const V b0 = W::load(b0p), b1 = W::load(b1p);
+    tile_row_fma<W, 0, MR>(a, b0, b1, c00, c01);
+    tile_row_fma<W, 1, MR>(a, b0, b1, c10, c11);
+    tile_row_fma<W, 2, MR>(a, b0, b1, c20, c21);
+    tile_row_fma<W, 3, MR>(a, b0, b1, c30, c31);
+    tile_row_fma<W, 4, MR>(a, b0, b1, c40, c41);
+    tile_row_fma<W, 5, MR>(a, b0, b1, c50, c51);
   }
-  tile_row_store<0, MR>(y, ldy, c00, c01);
-  tile_row_store<1, MR>(y, ldy, c10, c11);
-  tile_row_store<2, MR>(y, ldy, c20, c21);
-  tile_row_store<3, MR>(y, ldy, c30, c31);
-  tile_row_store<4, MR>(y, ldy, c40, c41);
-  tile_row_store<5, MR>(y, ldy, c50, c51);
+  tile_row_store<W, 0, MR>(y, ldy, c00, c01);
+  tile_row_store<W, 1, MR>(y, ldy, c10, c11);
+  tile_row_store<W, 2, MR>(y, ldy, c20, c21);
+  tile_row_store<W, 3, MR>(y, ldy, c30, c31);
+  tile_row_store<W, 4, MR>(y, ldy, c40, c41);
+  tile_row_store<W, 5, MR>(y, ldy, c50, c51);
 }
-// The last tile of x, mr < 6 real rows, 16 columns, straight into y: 20 rows of llama-125m's
-// layers 26.3 -> 24.2 ms, 8 rows 17.0 -> 14.9 ms (the 6-row kernel on zero rows before).
-inline void micro_kernel_rows(int mr, const float* a, const float* b, int64_t kc, float* y,
-                              int64_t ldy, bool accumulate) {
+// A micro-tile of mr (1-6) real rows straight into y: a last tile of x gets a kernel of its own
+// height (20 rows of llama-125m's layers 26.3 -> 24.2 ms, 8 rows 17.0 -> 14.9 ms, against the
+// 6-row kernel on zero rows).
+template <class W>
+inline void micro_tile(int mr, const float* a, const float* b0p, const float* b1p, int64_t kc,
+                       float* y, int64_t ldy, bool accumulate) {
   switch (mr) {
     case 1:
-      micro_kernel<1>(a, b, kc, y, ldy, accumulate);
+      micro_kernel<W, 1>(a, b0p, b1p, kc, y, ldy, accumulate);
       break;
     case 2:
-      micro_kernel<2>(a, b, kc, y, ldy, accumulate);
+      micro_kernel<W, 2>(a, b0p, b1p, kc, y, ldy, accumulate);
       break;
     case 3:
-      micro_kernel<3>(a, b, kc, y, ldy, accumulate);
+      micro_kernel<W, 3>(a, b0p, b1p, kc, y, ldy, accumulate);
       break;
     case 4:
-      micro_kernel<4>(a, b, kc, y, ldy, accumulate);
+      micro_kernel<W, 4>(a, b0p, b1p, kc, y, ldy, accumulate);
+      break;
+    case 5:
+      micro_kernel<W, 5>(a, b0p, b1p, kc, y, ldy, accumulate);
       break;
     default:
-      micro_kernel<5>(a, b, kc, y, ldy, accumulate);
+      micro_kernel<W, 6>(a, b0p, b1p, kc, y, ldy, accumulate);
       break;
   }
 }
+#if defined(__AVX512F__)
+constexpr bool kPanelPairs = true;
+#else
+constexpr bool kPanelPairs = false;
+#endif
+
 // x rows [m0, m1) x k [k0, k0 + kc) as tiles of kMr rows: a[(t * kc + kk) * kMr + i] =
 // x[m0 + t * kMr + i][k0 + kk]. Unpacked, a tile's rows sit ldx apart — 8 KiB for K = 2,048, the
 // same L1 and L2 sets for every row — and thrash both caches (-25% measured on the FFN down
@@ -241,9 +283,11 @@ void gemm_block(const MatmulParams& p, const float* a_pack, int64_t m_pad, int64
     pack_block(p, b0, rows, k0, kc, panel, tmp);
     for (int64_t m0 = 0; m0 < p.m; m0 += block_m) {
       const int64_t m1 = std::min(p.m, m0 + block_m);
-      for (int64_t s0 = 0; s0 < rows; s0 += kNr) {
+      for (int64_t s0 = 0; s0 < rows;) {
         const float* sub = panel + (s0 / kNr) * kc * kNr;
         const int64_t nr = std::min<int64_t>(kNr, rows - s0);
+        // Two full micro-panels side by side take the 32-column zmm micro-kernel.
+        const bool pair = kPanelPairs && rows - s0 >= 2 * kNr;
         for (int64_t i = m0; i < m1; i += kMr) {
           const int mr = static_cast<int>(std::min<int64_t>(kMr, m1 - i));
           const float* a_tile = a_chunk + i * kc;
@@ -251,20 +295,23 @@ void gemm_block(const MatmulParams& p, const float* a_pack, int64_t m_pad, int64
           if (accumulate && i + kMr < m1) {  // the next tile's y rows, for its accumulate loads
             for (int r = 0; r < kMr; ++r) prefetch_l1(y + (kMr + r) * p.ldy);
           }
+#if defined(__AVX512F__)
+          if (pair) {
+            micro_tile<Zmm>(mr, a_tile, sub, sub + kc * kNr, kc, y, p.ldy, accumulate);
+            continue;
+          }
+#endif
           if (nr == kNr) {
-            if (mr == kMr) {
-              micro_kernel<kMr>(a_tile, sub, kc, y, p.ldy, accumulate);
-            } else {
-              micro_kernel_rows(mr, a_tile, sub, kc, y, p.ldy, accumulate);
-            }
+            micro_tile<Ymm>(mr, a_tile, sub, sub + 8, kc, y, p.ldy, accumulate);
             continue;
           }
           for (int r = 0; r < mr; ++r)
             for (int64_t c = 0; c < nr; ++c) edge[r * kNr + c] = accumulate ? y[r * p.ldy + c] : 0.0f;
-          micro_kernel<kMr>(a_tile, sub, kc, edge, kNr, accumulate);
+          micro_kernel<Ymm, kMr>(a_tile, sub, sub + 8, kc, edge, kNr, accumulate);
           for (int r = 0; r < mr; ++r)
             for (int64_t c = 0; c < nr; ++c) y[r * p.ldy + c] = edge[r * kNr + c];
         }
+        s0 += pair ? 2 * kNr : kNr;
       }
     }
   }

@@ -63,12 +63,15 @@ TEST_P(GemmPackedTest, EachOutputIsOneFmaChainOverK) {
   ThreadPool pool(3);
   // Odd M (a last tile of every height 1-5, computed by its own micro-kernel; 100 and 200 rows
   // split into equal passes of whole tiles), N past a 128-row block and not a multiple of 16, K
-  // past one 256-wide block (multiples of 32 only for q8_0).
+  // past one 256-wide block (multiples of 32 only for q8_0). With AVX-512, pairs of full 16-row
+  // micro-panels take the 32-column kernel: an odd count of full panels (50 = 3 x 16 + 2) leaves
+  // one to the 16-column kernel, and every last-tile height 1-5 meets a pair.
   struct Case {
     int64_t m, n, k;
   };
   const Case cases[] = {{1, 17, 64},  {7, 131, 288}, {13, 269, 544}, {100, 45, 96},
-                        {6, 16, 800}, {8, 33, 96},   {15, 40, 288},  {200, 20, 64}};
+                        {6, 16, 800}, {8, 33, 96},   {15, 40, 288},  {200, 20, 64},
+                        {10, 50, 96}, {11, 64, 320}, {9, 96, 64}};
   uint32_t seed = 40;
   for (const Case& c : cases) {
     const Problem pr(c.m, c.n, c.k, t, seed += 3);
