@@ -9,8 +9,10 @@
 //   BM_PrefixSuffixAttention/<S_q>/<S_kv>: prefill rows against a long f16 cache (TTFT shapes).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -241,10 +243,23 @@ void fill_random(const TensorView& t, uint32_t seed) {
 }
 
 // ---- decode: B = 1, 32 query heads over 8 KV heads, D = 128, q_len = 1 ----
+// A decode step reads each layer's K/V once, then every other layer's and the weights before it
+// comes back to this one, so the step's K/V arrive from memory. A benchmark that reads one K/V
+// set over and over measures whatever cache level holds it instead (a 16K f16 set is 64 MiB:
+// in L3 on a host with 480 MiB of it, where decode "beat" the DRAM bandwidth by 1.4x). So each
+// benchmark keeps `copies` K/V sets, as many as make up the read-bandwidth test's working set
+// (kStreamBytes), and iteration i reads set i % copies: both stream from the same level.
+constexpr int64_t kStreamBytes = int64_t{1} << 30;
+
+int64_t stream_copies(int64_t set_bytes) {
+  return std::max<int64_t>(1, (kStreamBytes + set_bytes - 1) / set_bytes);
+}
+
 struct DecodeInputs {
   DType dtype = DType::kF32;
   int64_t kv_len = -1;
-  Tensor k, v, qbuf, obuf;  // k/v [1, H_kv, S, D] as a cache keeps them; q/out [1, 1, H_q, D]
+  std::vector<Tensor> k, v;  // [copies] x [1, H_kv, S, D] as a cache keeps them
+  Tensor qbuf, obuf;         // q/out [1, 1, H_q, D]
 };
 
 void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len) {
@@ -254,12 +269,19 @@ void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len)
     in = DecodeInputs();
     in.dtype = kv_dtype;
     in.kv_len = kv_len;
-    in.k = Tensor::empty(kv_dtype, {1, kHkv, kv_len, kD});
-    in.v = Tensor::empty(kv_dtype, {1, kHkv, kv_len, kD});
+    Tensor k = Tensor::empty(kv_dtype, {1, kHkv, kv_len, kD});
+    Tensor v = Tensor::empty(kv_dtype, {1, kHkv, kv_len, kD});
+    fill_random(k.view(), 1);
+    fill_random(v.view(), 2);
+    const int64_t copies = stream_copies(static_cast<int64_t>(k.size_bytes() + v.size_bytes()));
+    for (int64_t c = 1; c < copies; ++c) {  // the same values: every set costs the same
+      in.k.push_back(k.clone());
+      in.v.push_back(v.clone());
+    }
+    in.k.push_back(std::move(k));
+    in.v.push_back(std::move(v));
     in.qbuf = Tensor::empty(DType::kF32, {1, 1, kHq, kD});
     in.obuf = Tensor::empty(DType::kF32, {1, 1, kHq, kD});
-    fill_random(in.k.view(), 1);
-    fill_random(in.v.view(), 2);
     fill_random(in.qbuf.view(), 3);
   }
   // q/out: [B, S, H, D] buffers seen as [B, H, S, D] views, as the model runtime passes them.
@@ -267,13 +289,17 @@ void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len)
   const TensorView out(in.obuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
   AttentionOptions o;  // causal, bottom-right: decode needs no mask
   const AttentionFn fused = get_attention_kernel("fused");
+  const size_t copies = in.k.size();
+  size_t c = 0;
   for (auto _ : state) {
-    fused(q, in.k.view(), in.v.view(), out, o);
+    fused(q, in.k[c].view(), in.v[c].view(), out, o);
     benchmark::ClobberMemory();
+    c = c + 1 == copies ? 0 : c + 1;
   }
-  const int64_t kv_bytes = static_cast<int64_t>(in.k.size_bytes() + in.v.size_bytes());
+  const int64_t kv_bytes = static_cast<int64_t>(in.k[0].size_bytes() + in.v[0].size_bytes());
   state.SetBytesProcessed(state.iterations() * kv_bytes);
   state.counters["kv_MiB"] = static_cast<double>(kv_bytes) / (1 << 20);
+  state.counters["copies"] = static_cast<double>(copies);
   state.counters["fma_M"] =
       2.0 * kHq * kD * static_cast<double>(kv_len) / 8 / 1e6;  // see BM_FmaPeak
 }
@@ -281,16 +307,46 @@ void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len)
 // ---- decode over a KIVI-quantized cache (same shapes as above): the "quantized" container
 // filled 64 tokens per update (f16 residual, G = 64, R = 128), read by quantized_attention.
 // SetBytesProcessed counts what the kernel reads: packed blocks (codes, scales, zeros) of every
-// KV head plus the residual rows.
+// KV head plus the residual rows. As above, iteration i reads copy i % copies of those bytes
+// (the container's packed store and residual copied byte for byte, the span re-pointed).
+struct QuantCopy {
+  ByteBuffer k_blocks, v_blocks;  // the span's packed bytes from its first block
+  Tensor k_res, v_res;            // [1, H_kv, n_res, D] residual rows
+  QuantKV span;                   // points into the four above
+};
+
 struct QuantDecodeInputs {
   int bits = 0;
   KVQuantScheme scheme = KVQuantScheme::kKivi;
   int64_t kv_len = -1;
-  std::unique_ptr<Cache> cache;
-  KVSpan span;
+  std::vector<QuantCopy> copies;
   Tensor qbuf, obuf;
   int64_t read_bytes = 0;
 };
+
+QuantCopy copy_quant_span(const QuantKV& src) {
+  QuantCopy c;
+  auto copy_blocks = [&](const std::byte* from, int64_t head_stride, int64_t block_bytes,
+                         ByteBuffer& to) {
+    const int64_t n = (src.heads - 1) * head_stride + src.n_blocks * block_bytes;
+    to = ByteBuffer(static_cast<size_t>(n));
+    std::memcpy(to.data(), from, static_cast<size_t>(n));
+  };
+  copy_blocks(src.k_blocks, src.k_head_stride, src.k_block_bytes, c.k_blocks);
+  copy_blocks(src.v_blocks, src.v_head_stride, src.v_block_bytes, c.v_blocks);
+  c.span = src;
+  c.span.k_blocks = c.k_blocks.data();
+  c.span.v_blocks = c.v_blocks.data();
+  if (src.residual_len() > 0) {
+    c.k_res = Tensor::empty(src.k_residual.dtype(), src.k_residual.shape());
+    c.v_res = Tensor::empty(src.v_residual.dtype(), src.v_residual.shape());
+    copy_view(src.k_residual, c.k_res.view());
+    copy_view(src.v_residual, c.v_res.view());
+    c.span.k_residual = c.k_res.view();
+    c.span.v_residual = c.v_res.view();
+  }
+  return c;
+}
 
 void BM_DecodeAttentionQuant(benchmark::State& state, KVQuantScheme scheme, int bits,
                              int64_t kv_len) {
@@ -307,30 +363,37 @@ void BM_DecodeAttentionQuant(benchmark::State& state, KVQuantScheme scheme, int 
     cc.kv_dtype = DType::kF16;
     cc.kv_bits = bits;
     cc.kv_quant = scheme;
-    in.cache = std::make_unique<Cache>(cc);
+    Cache cache(cc);
     Tensor k = Tensor::empty(DType::kF32, {1, kHkv, kChunk, kD});
     Tensor v = Tensor::empty(DType::kF32, {1, kHkv, kChunk, kD});
+    KVSpan span;
     for (int64_t t = 0; t < kv_len; t += kChunk) {
       fill_random(k.view(), static_cast<uint32_t>(2 * t + 1));
       fill_random(v.view(), static_cast<uint32_t>(2 * t + 2));
-      in.span = in.cache->update(0, k.view(), v.view());
+      span = cache.update(0, k.view(), v.view());
     }
     in.qbuf = Tensor::empty(DType::kF32, {1, 1, kHq, kD});
     in.obuf = Tensor::empty(DType::kF32, {1, 1, kHq, kD});
     fill_random(in.qbuf.view(), 3);
-    const QuantKV& qk = in.span.quant;
+    const QuantKV& qk = span.quant;
     in.read_bytes = qk.n_blocks * qk.heads * (qk.k_block_bytes + qk.v_block_bytes) +
                     2 * qk.heads * qk.residual_len() * kD * 2;
+    const int64_t copies = stream_copies(in.read_bytes);
+    for (int64_t c = 0; c < copies; ++c) in.copies.push_back(copy_quant_span(qk));
   }
   const TensorView q(in.qbuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
   const TensorView out(in.obuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
   AttentionOptions o;
+  const size_t copies = in.copies.size();
+  size_t c = 0;
   for (auto _ : state) {
-    quantized_attention(q, in.span.quant, out, o);
+    quantized_attention(q, in.copies[c].span, out, o);
     benchmark::ClobberMemory();
+    c = c + 1 == copies ? 0 : c + 1;
   }
   state.SetBytesProcessed(state.iterations() * in.read_bytes);
   state.counters["kv_MiB"] = static_cast<double>(in.read_bytes) / (1 << 20);
+  state.counters["copies"] = static_cast<double>(copies);
   state.counters["fma_M"] = 2.0 * kHq * kD * static_cast<double>(kv_len) / 8 / 1e6;
 }
 
