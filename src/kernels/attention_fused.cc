@@ -46,7 +46,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
 
-// What the score loop prefetches: this tile's V rows, and the K rows one tile (kTk keys) ahead.
+// What the transposed (many-row) score path prefetches while it packs a tile's keys: this
+// tile's V rows, and the K rows one tile (kTk keys) ahead.
 struct Prefetch {
   const std::byte* v = nullptr;  // V row 0 of the current run
   int64_t vstride = 0, v_row_bytes = 0;
@@ -54,19 +55,34 @@ struct Prefetch {
   int64_t kstride = 0, k_row_bytes = 0;
 };
 
-// Rows of a stream to prefetch a few lines at a time over a loop (see run_task: on AVX-512 the
-// next tile's K rows go out during this tile's P.V).
-struct RowLines {
-  const std::byte* base = nullptr;
-  int64_t stride = 0, rows = 0, row_lines = 0;
-  int64_t row = 0, line = 0;
-  void issue(int64_t k) {  // the next k lines (fewer at the end)
-    for (; k > 0 && row < rows; --k) {
-      prefetch_l1(base + row * stride + 64 * line);
-      if (++line == row_lines) line = 0, ++row;
-    }
+// Decode prefetch. A decode task reads a run's K rows (scores), then its V rows (P.V), then the
+// next tile's K rows: one stream in that order. The score loop and P.V's first column pass each
+// prefetch the row kAheadKeys ahead of the one they reach, continuing into what the kernel reads
+// next (`then`). Short on purpose: an L1 miss, load or software prefetch alike, holds one of
+// the core's few line fill buffers until its line arrives, so lines prefetched a tile ahead
+// (the previous scheme: a whole V tile during the scores, the next K tile during P.V, 16 KiB
+// ahead) held them for a full DRAM latency and starved both the demand loads and the hardware
+// prefetcher's refills. f16 decode, 32 x 8 heads, D = 128, 2 threads, K/V from memory (Intel,
+// 48 KiB L1, 2 MiB L2): 4 keys ahead 8-10% faster than that scheme at 1K-64K keys, 8-16 keys
+// in between, 32 keys slower than both; equal with K/V in L2.
+constexpr int64_t kAheadKeys = 4;
+
+struct StreamAhead {
+  const std::byte* rows = nullptr;  // row 0 of what the loop reads
+  int64_t stride = 0, n = 0, row_bytes = 0;
+  const std::byte* then = nullptr;  // row 0 of what the kernel reads after it, or null
+  int64_t then_stride = 0, then_n = 0, then_row_bytes = 0;
+  // The loop reads row j now.
+  void at(int64_t j) const {
+    const int64_t r = j + kAheadKeys;
+    if (r < n)
+      lines(rows + r * stride, row_bytes);
+    else if (r - n < then_n)
+      lines(then + (r - n) * then_stride, then_row_bytes);
   }
-  void rest() { issue(rows * row_lines); }
+  static void lines(const std::byte* p, int64_t bytes) {
+    for (int64_t off = 0; off < bytes; off += 64) prefetch_l1(p + off);
+  }
 };
 
 // One sequence of the call. Dense calls have B identical sequences; paged calls are varlen.
@@ -159,7 +175,7 @@ struct ScalarOps {
   static constexpr bool kTransposedScores = false;  // no pack_keys_t / scores_t
   // s[r * kTk + j] = qs_r . k_j for rows [0, R), keys [0, n)
   static void scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb, int64_t kstride,
-                     int64_t n, float* s, const Prefetch&) {
+                     int64_t n, float* s, const StreamAhead&) {
     for (int64_t j = 0; j < n; ++j) {
       const T* kr = reinterpret_cast<const T*>(kb + j * kstride);
       for (int64_t r = 0; r < R; ++r) {
@@ -197,8 +213,7 @@ struct ScalarOps {
   }
   // acc[r] += sum_j p[r, j] v_j
   static void pv(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
-                 int64_t Dv, float* acc, RowLines* ahead = nullptr) {
-    if (ahead) ahead->rest();
+                 int64_t Dv, float* acc, const StreamAhead* = nullptr) {
     for (int64_t j = 0; j < n; ++j) {
       const T* vr = reinterpret_cast<const T*>(vb + j * vstride);
       for (int64_t r = 0; r < R; ++r) {
@@ -333,19 +348,15 @@ struct SimdOps {
     return NR >= 3 ? 3 : NR == 2 ? 4 : 6;
   }
 
+  // pf: null, or the stream to prefetch along the keys (see StreamAhead). Without software
+  // prefetch the first load of every K row stalled on memory (perf, decode f16: half the score
+  // loop's samples on it, Zen 3).
   template <int NR, int DC>
   static void score_rows(const float* qs, int64_t Dk, const std::byte* kb, int64_t kstride,
-                         int64_t n, float* s, const Prefetch* pf) {
+                         int64_t n, float* s, const StreamAhead* pf) {
     constexpr int NK = keys_per_block(NR);
-    // Spread over the score loop: the V rows of this tile, which pv() reads next column block
-    // by column block (a pattern the hardware prefetcher follows poorly), and the K rows of the
-    // next tile. The hardware prefetcher alone left the first load of every K row stalled on
-    // memory (perf, decode f16: half the score loop's samples on it); one tile ahead measured
-    // 51 -> 40 ns per key and KV head single-threaded at 8K keys.
     auto pre = [pf](int64_t j) {
-      if (pf == nullptr) return;
-      prefetch_row(pf->v, pf->vstride, j, pf->v_row_bytes);
-      if (pf->k_next) prefetch_row(pf->k_next, pf->kstride, j, pf->k_row_bytes);
+      if (pf) pf->at(j);
     };
     int64_t j = 0;
 #if KVCACHE_ATTN_AVX512
@@ -392,11 +403,11 @@ struct SimdOps {
 
   template <int DC>
   static void scores_d(const float* qs, int64_t R, int64_t Dk, const std::byte* kb, int64_t kstride,
-                       int64_t n, float* s, const Prefetch& pf) {
+                       int64_t n, float* s, const StreamAhead& pf) {
     // Written out rather than through by_row_blocks: the decode loops (this one and pv below)
     // compiled through its lambda ran ~5% slower (f16 decode at 16K keys, 6 alternations).
     int64_t r = 0;
-    const Prefetch* p = &pf;  // prefetch during the first row block only
+    const StreamAhead* p = &pf;  // prefetch during the first row block only
     for (; r + 4 <= R; r += 4, p = nullptr)
       score_rows<4, DC>(qs + r * Dk, Dk, kb, kstride, n, s + r * kTk, p);
     switch (R - r) {
@@ -415,7 +426,7 @@ struct SimdOps {
   }
 
   static void scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb, int64_t kstride,
-                     int64_t n, float* s, const Prefetch& pf) {
+                     int64_t n, float* s, const StreamAhead& pf) {
     switch (Dk) {  // the common head dims get a fully known loop
       case 64:
         scores_d<64>(qs, R, Dk, kb, kstride, n, s, pf);
@@ -663,9 +674,11 @@ struct SimdOps {
   }
 
   // NR rows: acc[r, d] += sum_j p[r, j] v_j[d], 16 output columns per pass held in registers.
+  // `ahead` (or null) is followed along the keys during the first pass, the one that reads
+  // each V row first.
   template <int NR>
   static void pv_rows(const float* p, const std::byte* vb, int64_t vstride, int64_t n, int64_t Dv,
-                      float* acc, [[maybe_unused]] RowLines* ahead = nullptr) {
+                      float* acc, const StreamAhead* ahead = nullptr) {
     int64_t d = 0;
 #if KVCACHE_ATTN_AVX512
     // 64 columns per pass in zmm registers (NR x 4 accumulators): every element takes the same
@@ -675,8 +688,7 @@ struct SimdOps {
       for (int r = 0; r < NR; ++r)
         for (int i = 0; i < 4; ++i) a[r][i] = _mm512_loadu_ps(acc + r * Dv + d + 16 * i);
       for (int64_t j = 0; j < n; ++j) {
-        // 2 lines per key: a 256-byte K row of the next tile per pass (2 passes at D = 128)
-        if (ahead) ahead->issue(2);
+        if (ahead) ahead->at(j);
         const T* vr = reinterpret_cast<const T*>(vb + j * vstride) + d;
         __m512 v[4];
         for (int i = 0; i < 4; ++i) {
@@ -687,6 +699,7 @@ struct SimdOps {
       }
       for (int r = 0; r < NR; ++r)
         for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + r * Dv + d + 16 * i, a[r][i]);
+      ahead = nullptr;
     }
 #endif
     for (; d + 16 <= Dv; d += 16) {
@@ -696,6 +709,7 @@ struct SimdOps {
         a[r][1] = _mm256_loadu_ps(acc + r * Dv + d + 8);
       }
       for (int64_t j = 0; j < n; ++j) {
+        if (ahead) ahead->at(j);
         const T* vr = reinterpret_cast<const T*>(vb + j * vstride) + d;
         const __m256 v0 = load8<KD>(vr), v1 = load8<KD>(vr + 8);
         for (int r = 0; r < NR; ++r) {
@@ -708,6 +722,7 @@ struct SimdOps {
         _mm256_storeu_ps(acc + r * Dv + d, a[r][0]);
         _mm256_storeu_ps(acc + r * Dv + d + 8, a[r][1]);
       }
+      ahead = nullptr;
     }
     if (d + 8 <= Dv) {
       __m256 a[NR];
@@ -747,11 +762,12 @@ struct SimdOps {
     SimdOps<DType::kF32>::pv(p + r * kTk, R - r, vb, vstride, n, Dv, acc + r * Dv);
   }
 
-  // `ahead`: lines to prefetch over the passes (whatever is left is issued at the end).
+  // `ahead`: followed during the first row block only (see pv_rows).
   static void pv(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
-                 int64_t Dv, float* acc, RowLines* ahead = nullptr) {
+                 int64_t Dv, float* acc, const StreamAhead* ahead = nullptr) {
     int64_t r = 0;
-    for (; r + 4 <= R; r += 4) pv_rows<4>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv, ahead);
+    for (; r + 4 <= R; r += 4, ahead = nullptr)
+      pv_rows<4>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv, ahead);
     switch (R - r) {
       case 3:
         pv_rows<3>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv, ahead);
@@ -765,7 +781,6 @@ struct SimdOps {
       default:
         break;
     }
-    if (ahead) ahead->rest();
   }
 };
 #endif  // KVCACHE_ATTN_AVX2
@@ -960,16 +975,10 @@ void run_task(const Plan& P, int64_t task) {
         Ops::scores_t(qs, R, Dk, kt, n, s);
       }
     }
-    // The next tile's K rows: prefetched during this tile's scores, or with AVX-512 spread over
-    // its P.V passes (the score loop then prefetches only this tile's V rows): half as many
-    // prefetches per score step, and the P.V passes' loads (one V row per key) left room for
-    // them. f16 decode 7-13% faster at 1K-64K keys, 2 threads, Zen 5.
-    constexpr bool kAheadInPV = KVCACHE_ATTN_AVX512 != 0;
-    if (!transposed) {
+    if (!transposed) {  // prefetch along this run's K rows, then its V rows
       for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
-        pf.v = vr;
-        pf.k_next = !kAheadInPV && j + kTk < jhi ? k_row(j + kTk) : nullptr;
-        Ops::scores(qs, R, Dk, kr, kstride, len, s + (j - t0), pf);
+        const StreamAhead ahead{kr, kstride, len, k_row_bytes, vr, vstride, len, v_row_bytes};
+        Ops::scores(qs, R, Dk, kr, kstride, len, s + (j - t0), ahead);
       });
     }
     for (int64_t r = 0; r < R; ++r) {
@@ -1018,10 +1027,19 @@ void run_task(const Plan& P, int64_t task) {
       }
     } else {
       for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
-        RowLines ahead;
-        if (kAheadInPV && j + kTk < jhi)
-          ahead = RowLines{k_row(j + kTk), kstride, len, (k_row_bytes + 63) / 64};
-        Ops::pv(s + (j - t0), R, vr, vstride, len, Dv, acc, &ahead);
+        // Along this run's V rows, then the same keys of the next tile: their K rows, as far as
+        // they are contiguous (a paged run ends with its page). The transposed path's key
+        // packing prefetched those already.
+        StreamAhead ahead{vr, vstride, len, v_row_bytes};
+        const int64_t jn = j + kTk;
+        if (jn < jhi) {
+          ahead.then = k_row(jn);
+          ahead.then_stride = kstride;
+          ahead.then_n = std::min(len, jhi - jn);
+          if (table) ahead.then_n = std::min(ahead.then_n, ps - jn % ps);
+          ahead.then_row_bytes = k_row_bytes;
+        }
+        Ops::pv(s + (j - t0), R, vr, vstride, len, Dv, acc, transposed ? nullptr : &ahead);
       });
     }
   }
