@@ -342,8 +342,7 @@ struct SimdOps {
 
   // Prefetches the bytes [0, row_bytes) of row j (stride `stride`) of a stream into L1.
   static void prefetch_row(const std::byte* base, int64_t stride, int64_t j, int64_t row_bytes) {
-    const char* p = reinterpret_cast<const char*>(base + j * stride);
-    for (int64_t off = 0; off < row_bytes; off += 64) prefetch_l1(p + off);
+    StreamAhead::lines(base + j * stride, row_bytes);
   }
 
   // Keys per score block for NR rows: as many independent accumulator chains as the 16 ymm
