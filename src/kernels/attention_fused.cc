@@ -961,13 +961,13 @@ void run_task(const Plan& P, int64_t task) {
     if (!any) continue;
 
     // ---- logits ----
-    Prefetch pf;  // per run: this run's V rows, and the K rows one tile ahead
-    pf.vstride = vstride;
-    pf.v_row_bytes = v_row_bytes;
-    pf.kstride = kstride;
-    pf.k_row_bytes = k_row_bytes;
     if constexpr (Ops::kTransposedScores) {
       if (transposed) {
+        Prefetch pf;  // per run: this run's V rows, and the K rows one tile ahead
+        pf.vstride = vstride;
+        pf.v_row_bytes = v_row_bytes;
+        pf.kstride = kstride;
+        pf.k_row_bytes = k_row_bytes;
         float* kt = ws.kt.data();
         for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
           pf.v = vr;
