@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cache/cache.h"
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/attention_quant.h"
@@ -324,7 +325,9 @@ struct QuantDecodeInputs {
   int64_t read_bytes = 0;
 };
 
+// The benchmark's span has one batch row: its bytes run from the first block of head 0.
 QuantCopy copy_quant_span(const QuantKV& src) {
+  KV_CHECK(src.batch == 1, "copy_quant_span copies a one-row span");
   QuantCopy c;
   auto copy_blocks = [&](const std::byte* from, int64_t head_stride, int64_t block_bytes,
                          ByteBuffer& to) {
