@@ -26,8 +26,14 @@ MaskSpec attention_mask_spec(const AttentionOptions& o) {
 
 namespace {
 
-void require(bool ok, ErrorKind kind, const std::string& msg) {
-  if (!ok) throw Error(kind, "attention: " + msg);
+// The message is built only on failure: the checks run on every call (a decode step calls
+// once per layer), and building the shape strings eagerly cost ~5 % of a 256-key decode call.
+void require(bool ok, ErrorKind kind, const char* msg) {
+  if (!ok) throw Error(kind, std::string("attention: ") + msg);
+}
+template <typename MakeMsg>
+void require(bool ok, ErrorKind kind, MakeMsg&& make_msg) {
+  if (!ok) throw Error(kind, "attention: " + std::string(make_msg()));
 }
 
 }  // namespace
@@ -35,26 +41,31 @@ void require(bool ok, ErrorKind kind, const std::string& msg) {
 void validate_attention_args(const TensorView& q, const TensorView& k, const TensorView& v,
                              const TensorView& out, const AttentionOptions& o) {
   const auto ia = ErrorKind::kInvalidArgument;
-  require(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4 && out.ndim() == 4, ia,
-          "q, k, v and out must be 4-d ([B, H, S, D]); got q " + q.shape().str() + ", k " +
-              k.shape().str() + ", v " + v.shape().str() + ", out " + out.shape().str());
+  require(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4 && out.ndim() == 4, ia, [&] {
+    return "q, k, v and out must be 4-d ([B, H, S, D]); got q " + q.shape().str() + ", k " +
+           k.shape().str() + ", v " + v.shape().str() + ", out " + out.shape().str();
+  });
   require(q.dtype() == DType::kF32 && out.dtype() == DType::kF32, ErrorKind::kUnsupported,
           "q and out must be f32");
   const DType kt = k.dtype();
-  require(kt == DType::kF32 || kt == DType::kF16 || kt == DType::kBF16, ErrorKind::kUnsupported,
-          std::string("k/v dtype ") + dtype_name(kt) + " is not supported (f32, f16, bf16)");
+  require(
+      kt == DType::kF32 || kt == DType::kF16 || kt == DType::kBF16, ErrorKind::kUnsupported, [&] {
+        return std::string("k/v dtype ") + dtype_name(kt) + " is not supported (f32, f16, bf16)";
+      });
   require(v.dtype() == kt, ia, "k and v must have the same dtype");
   const int64_t B = q.dim(0), Hq = q.dim(1), Sq = q.dim(2), Dk = q.dim(3);
   require(k.dim(0) == B && v.dim(0) == B && out.dim(0) == B, ia, "batch sizes differ");
-  require(k.dim(1) > 0 && Hq % k.dim(1) == 0, ia,
-          "H_q (" + std::to_string(Hq) + ") must be a multiple of H_kv (" +
-              std::to_string(k.dim(1)) + ")");
+  require(k.dim(1) > 0 && Hq % k.dim(1) == 0, ia, [&] {
+    return "H_q (" + std::to_string(Hq) + ") must be a multiple of H_kv (" +
+           std::to_string(k.dim(1)) + ")";
+  });
   require(v.dim(1) == k.dim(1), ia, "k and v have different head counts");
   require(v.dim(2) == k.dim(2), ia, "k and v have different sequence lengths");
   require(k.dim(3) == Dk, ia, "q and k head dims differ");
-  require(out.dim(1) == Hq && out.dim(2) == Sq && out.dim(3) == v.dim(3), ia,
-          "out must be [B, H_q, S_q, D_v] = " + Shape{B, Hq, Sq, v.dim(3)}.str() + ", got " +
-              out.shape().str());
+  require(out.dim(1) == Hq && out.dim(2) == Sq && out.dim(3) == v.dim(3), ia, [&] {
+    return "out must be [B, H_q, S_q, D_v] = " + Shape{B, Hq, Sq, v.dim(3)}.str() + ", got " +
+           out.shape().str();
+  });
   require(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1 && out.stride(3) == 1, ia,
           "the innermost (head-dim) stride of q, k, v and out must be 1");
   require(o.scale >= 0 && std::isfinite(o.scale), ia, "scale must be finite and >= 0");
@@ -69,20 +80,22 @@ void validate_attention_args(const TensorView& q, const TensorView& k, const Ten
     const int64_t q_off = o.q_offset >= 0 ? o.q_offset : o.kv_offset + k.dim(2) - Sq;
     require(g.batch == B && g.q_len == Sq && g.kv_len == k.dim(2) && g.q_offset == q_off &&
                 g.kv_offset == o.kv_offset && (!o.block_mask->per_head() || g.heads == Hq),
-            ia,
-            "block_mask was built for batch " + std::to_string(g.batch) + ", heads " +
-                std::to_string(g.heads) + ", q_len " + std::to_string(g.q_len) + ", kv_len " +
-                std::to_string(g.kv_len) + ", q_offset " + std::to_string(g.q_offset) +
-                ", kv_offset " + std::to_string(g.kv_offset) + "; this call has " +
-                std::to_string(B) + ", " + std::to_string(Hq) + ", " + std::to_string(Sq) + ", " +
-                std::to_string(k.dim(2)) + ", " + std::to_string(q_off) + ", " +
-                std::to_string(o.kv_offset) + " (build one per call geometry)");
+            ia, [&] {
+              return "block_mask was built for batch " + std::to_string(g.batch) + ", heads " +
+                     std::to_string(g.heads) + ", q_len " + std::to_string(g.q_len) + ", kv_len " +
+                     std::to_string(g.kv_len) + ", q_offset " + std::to_string(g.q_offset) +
+                     ", kv_offset " + std::to_string(g.kv_offset) + "; this call has " +
+                     std::to_string(B) + ", " + std::to_string(Hq) + ", " + std::to_string(Sq) +
+                     ", " + std::to_string(k.dim(2)) + ", " + std::to_string(q_off) + ", " +
+                     std::to_string(o.kv_offset) + " (build one per call geometry)";
+            });
   }
   if (o.doc_ids) {
     const int64_t q_off = o.q_offset >= 0 ? o.q_offset : o.kv_offset + k.dim(2) - Sq;
-    require(q_off >= 0 && q_off + Sq <= o.doc_len && o.kv_offset + k.dim(2) <= o.doc_len, ia,
-            "doc_ids must cover every query and key position (doc_len " +
-                std::to_string(o.doc_len) + ")");
+    require(q_off >= 0 && q_off + Sq <= o.doc_len && o.kv_offset + k.dim(2) <= o.doc_len, ia, [&] {
+      return "doc_ids must cover every query and key position (doc_len " +
+             std::to_string(o.doc_len) + ")";
+    });
   }
 }
 
