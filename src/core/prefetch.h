@@ -17,4 +17,10 @@ inline void prefetch_l1(const void* p) {
   asm volatile("" : : "r"(p));
 }
 
+// Prefetch into L2 and the levels below it, not L1 (T1).
+inline void prefetch_l2(const void* p) {
+  __builtin_prefetch(p, 0, 2);
+  asm volatile("" : : "r"(p));
+}
+
 }  // namespace kvcache

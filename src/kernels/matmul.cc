@@ -80,9 +80,14 @@ void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, L
   for (int64_t j = 0; j < k8; j += 8) {
     if (pf != nullptr) {
       if (pf_linear) {
+        // One prefetch per line (a 2-row f16 step covers half of one), into L2: the loads
+        // bring it on to L1 a few steps later. One-row f16 GEMV over 1.2 GB of llama-125m's
+        // shapes, 2 threads (Intel host, 4 alternations): 20.2-20.7 -> 20.1-22.1 GB/s against
+        // a T0 prefetch at every step.
         constexpr size_t kStep = NW * 8 * sizeof(T);
-        for (size_t b = 0; b < kStep; b += 64)
-          prefetch_l1(reinterpret_cast<const char*>(pf + (j / 8) * kStep + b));
+        if (kStep >= 64 || ((j / 8) * kStep) % 64 == 0)
+          for (size_t b = 0; b < kStep; b += 64)
+            prefetch_l2(reinterpret_cast<const char*>(pf + (j / 8) * kStep + b));
       } else if (j % 32 == 0) {
         for (int v = 0; v < NW; ++v)
           for (size_t b = 0; b < 32 * sizeof(T); b += 64)
