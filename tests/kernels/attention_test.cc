@@ -597,5 +597,36 @@ TEST(Attention, RejectsBadArguments) {
   EXPECT_THROW(get_attention_kernel("fused")(ok->q, strided_k, ok->v, ok->out, ok->opts), Error);
 }
 
+// The checks build their messages only when they fail: the details (counts, shapes) still reach
+// the user.
+TEST(Attention, BadArgumentMessagesCarryTheDetails) {
+  const auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  Case c;
+  c.Hq = 3;
+  c.Hkv = 2;
+  auto in = make_inputs(c, 1);
+  const std::string heads =
+      message([&] { get_attention_kernel("fused")(in->q, in->k, in->v, in->out, in->opts); });
+  EXPECT_NE(heads.find("H_q (3) must be a multiple of H_kv (2)"), std::string::npos) << heads;
+  Case d;
+  auto ok = make_inputs(d, 2);
+  const TensorView q3(ok->q.data(), ok->q.dtype(), {1, 1, 64}, {64, 64, 1});
+  const std::string dims =
+      message([&] { get_attention_kernel("eager")(q3, ok->k, ok->v, ok->out, ok->opts); });
+  EXPECT_NE(dims.find("must be 4-d"), std::string::npos) << dims;
+  EXPECT_NE(dims.find(q3.shape().str()), std::string::npos) << dims;
+  const TensorView out_bad(ok->out.data(), ok->out.dtype(), {1, 1, 1, 32}, {64, 64, 64, 1});
+  const std::string out =
+      message([&] { get_attention_kernel("fused")(ok->q, ok->k, ok->v, out_bad, ok->opts); });
+  EXPECT_NE(out.find("got " + out_bad.shape().str()), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace kvcache
