@@ -93,14 +93,12 @@ struct StreamAhead {
   void at(int64_t j) const {
     if (lead > 0) {
       const std::byte* p = row(j + lead);
-      if (p != nullptr && (reinterpret_cast<uintptr_t>(p) & (kPageBytes - 1)) < static_cast<uintptr_t>(stride))
+      if (p != nullptr &&
+          (reinterpret_cast<uintptr_t>(p) & (kPageBytes - 1)) < static_cast<uintptr_t>(stride))
         lines(p, std::min(row_bytes, kLeadLines * 64));
     }
     const int64_t r = j + kAheadKeys;
-    if (r < n)
-      lines(rows + r * stride, row_bytes);
-    else if (r - n < then_n)
-      lines(then + (r - n) * then_stride, then_row_bytes);
+    if (const std::byte* p = row(r)) lines(p, r < n ? row_bytes : then_row_bytes);
   }
   // Row r of the stream (past n: of `then`), or null past both.
   const std::byte* row(int64_t r) const {
