@@ -18,6 +18,7 @@
 // and a paged call equals the dense call on the same keys bit for bit (runs of rows within a
 // page change where keys come from, never the order of the arithmetic).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -35,6 +36,8 @@ namespace kvcache::detail {
 namespace {
 
 constexpr int64_t kTk = 64;           // keys per tile (a 64-key f16 tile of D=128 is 16 KiB)
+// Pipelined decode (run_task's run_pipelined): bytes of K (and of V) rows per alternation.
+constexpr int64_t kChunkBytes = 2048;
 // Target rows (heads x positions) per task. A task packs (transposes, widens) every key tile it
 // reads once for all its rows, so rows per task divide that work: 192 against 64 took prefill
 // attention of llama-125m's shape (12 over 4 heads, D = 64, f16 K/V) from 6.3 to 5.8 ms at
@@ -62,41 +65,27 @@ struct Prefetch {
   int64_t kstride = 0, k_row_bytes = 0;
 };
 
-// Decode prefetch. A decode task reads a run's K rows (scores), then its V rows (P.V), then the
-// next tile's K rows: one stream in that order. The score loop and P.V's first column pass each
+// Decode prefetch. A decode task reads K and V rows in one stream, alternating between them a
+// chunk at a time (run_task's run_pipelined). The score loop and P.V's first column pass each
 // prefetch the row kAheadKeys ahead of the one they reach, continuing into what the kernel reads
 // next (`then`). Short on purpose: an L1 miss, load or software prefetch alike, holds one of
 // the core's few line fill buffers until its line arrives, so lines prefetched a tile ahead
-// (the previous scheme: a whole V tile during the scores, the next K tile during P.V, 16 KiB
+// (an earlier scheme: a whole V tile during the scores, the next K tile during P.V, 16 KiB
 // ahead) held them for a full DRAM latency and starved both the demand loads and the hardware
 // prefetcher's refills. f16 decode, 32 x 8 heads, D = 128, 2 threads, K/V from memory (Intel,
 // 48 KiB L1, 2 MiB L2): 4 keys ahead 8-10% faster than that scheme at 1K-64K keys, 8-16 keys
-// in between, 32 keys slower than both; equal with K/V in L2.
-//
-// Page lead. The L2 streamer follows a stream only within a 4 KiB page and needs a couple of
-// accesses in a new page before it runs ahead there; the 4-key prefetch alone reaches a page's
-// first lines barely ahead of the loads. So when the row one page ahead (4 KiB / stride rows)
-// starts a page, its first two lines are prefetched too: the streamer is already running in
-// that page when the loop gets there. Same shape, 2 threads, 16K and 64K keys, 7-9 alternations:
-// 2.7-3.5 % faster; the row 3/4 or 5/4 of a page ahead, one line or four: less (0-3 %).
+// in between, 32 keys slower than both; equal with K/V in L2. (A "page lead", the first lines
+// of the row one 4 KiB page ahead, gained 3 % while K and V went a 16 KiB tile at a time; with
+// 2 KiB chunks the row a page ahead lies past the stream's next chunk, so it went.)
 constexpr int64_t kAheadKeys = 4;
-constexpr int64_t kPageBytes = 4096, kLeadLines = 2;
 
 struct StreamAhead {
   const std::byte* rows = nullptr;  // row 0 of what the loop reads
   int64_t stride = 0, n = 0, row_bytes = 0;
   const std::byte* then = nullptr;  // row 0 of what the kernel reads after it, or null
   int64_t then_stride = 0, then_n = 0, then_row_bytes = 0;
-  // Rows per page of the loop's stream (0: rows of half a page or more, no page lead).
-  int64_t lead = stride > 0 && stride <= kPageBytes / 2 ? kPageBytes / stride : 0;
   // The loop reads row j now.
   void at(int64_t j) const {
-    if (lead > 0) {
-      const std::byte* p = row(j + lead);
-      if (p != nullptr &&
-          (reinterpret_cast<uintptr_t>(p) & (kPageBytes - 1)) < static_cast<uintptr_t>(stride))
-        lines(p, std::min(row_bytes, kLeadLines * 64));
-    }
     const int64_t r = j + kAheadKeys;
     if (const std::byte* p = row(r)) lines(p, r < n ? row_bytes : then_row_bytes);
   }
@@ -163,6 +152,7 @@ struct Workspace {
   std::vector<float> qs;        // [R, D_k] scaled queries
   std::vector<float> acc;       // [R, D_v]
   std::vector<float> s;         // [R, kTk] logits, then probabilities
+  std::vector<float> s2;        // [R, kTk] the next tile's logits (pipelined decode)
   std::vector<float> m, l;      // [R]
   std::vector<int64_t> lo, hi;  // [n_q] visible key interval per query position, kv index space
   std::vector<RowKind> kind;    // [R] this tile
@@ -176,6 +166,7 @@ struct Workspace {
     grow(qs, R * Dk);
     grow(acc, R * Dv);
     grow(s, R * kTk);
+    grow(s2, R * kTk);
     grow(m, R);
     grow(l, R);
     grow(lo, nq);
@@ -897,10 +888,10 @@ void run_task(const Plan& P, int64_t task) {
   const DType vt_dtype = vt.dtype();
   const bool widen_v = Ops::kTransposedScores && R >= kMinTransposedRows && vt_dtype != DType::kF32;
 
-  // Tiles aligned to multiples of kTk in absolute key index (j_begin is such a multiple).
-  for (int64_t t0 = jlo < jhi ? jlo - jlo % kTk : jhi; t0 < jhi; t0 += kTk) {
-    const int64_t t1 = std::min(t0 + kTk, j_end), n = t1 - t0;
-    // ---- classify each row for this tile ----
+  // ---- one tile [t0, t1): classify its rows, logits, mask, online softmax, P.V ----
+  // Classifies each row for the tile into `kind` (and fn_vis); false when every row is empty.
+  auto classify = [&](int64_t t0, int64_t t1) -> bool {
+    const int64_t n = t1 - t0;
     bool any = false;
     if (P.mask_free) {
       std::fill(kind, kind + R, RowKind::kFull);
@@ -977,9 +968,11 @@ void run_task(const Plan& P, int64_t task) {
       }
       for (int64_t r = 0; r < R && !any; ++r) any = kind[r] != RowKind::kEmpty;
     }
-    if (!any) continue;
-
-    // ---- logits ----
+    return any;
+  };
+  // Logits of the tile's keys into sb ([R, kTk], column j - t0 for key j).
+  auto logits = [&](int64_t t0, int64_t t1, float* sb) {
+    const int64_t n = t1 - t0;
     if constexpr (Ops::kTransposedScores) {
       if (transposed) {
         Prefetch pf;  // per run: this run's V rows, and the K rows one tile ahead
@@ -996,17 +989,22 @@ void run_task(const Plan& P, int64_t task) {
         const int64_t n16 = (n + 15) / 16 * 16;  // whole 16-key blocks: zero the spare columns
         if (n16 != n)
           for (int64_t d = 0; d < Dk; ++d) std::fill(kt + d * kTk + n, kt + d * kTk + n16, 0.0f);
-        Ops::scores_t(qs, R, Dk, kt, n, s);
+        Ops::scores_t(qs, R, Dk, kt, n, sb);
       }
     }
     if (!transposed) {  // prefetch along this run's K rows, then its V rows
       for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
         const StreamAhead ahead{kr, kstride, len, k_row_bytes, vr, vstride, len, v_row_bytes};
-        Ops::scores(qs, R, Dk, kr, kstride, len, s + (j - t0), ahead);
+        Ops::scores(qs, R, Dk, kr, kstride, len, sb + (j - t0), ahead);
       });
     }
+    (void)n;
+  };
+  // Softcap, score_mod and mask on the tile's logits in sb, then the online softmax update.
+  auto finish = [&](int64_t t0, int64_t t1, float* sb) {
+    const int64_t n = t1 - t0;
     for (int64_t r = 0; r < R; ++r) {
-      float* sr = s + r * kTk;
+      float* sr = sb + r * kTk;
       if (kind[r] == RowKind::kEmpty) {
         std::fill(sr, sr + n, kNegInf);
         continue;
@@ -1037,8 +1035,12 @@ void run_task(const Plan& P, int64_t task) {
     }
     // ---- online softmax and P.V ----
     for (int64_t r = 0; r < R; ++r)
-      Ops::softmax_update(s + r * kTk, n, ws.m[static_cast<size_t>(r)],
+      Ops::softmax_update(sb + r * kTk, n, ws.m[static_cast<size_t>(r)],
                           ws.l[static_cast<size_t>(r)], acc + r * Dv, Dv);
+  };
+  // P.V of the tile's probabilities in sb (many-row tasks; decode goes through pv_keys).
+  auto pv_tile = [&](int64_t t0, int64_t t1, float* sb) {
+    const int64_t n = t1 - t0;
     if (widen_v) {
       // Widen the tile's values once for all R rows (f16 -> f32 is exact: same products),
       // then one pass over the tile's keys in order, as the per-run passes make.
@@ -1047,25 +1049,110 @@ void run_task(const Plan& P, int64_t task) {
         for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
           Ops::widen_rows(vr, vstride, len, Dv, vw + (j - t0) * Dv);
         });
-        Ops::pv_f32(s, R, reinterpret_cast<const std::byte*>(vw), Dv * int64_t{sizeof(float)}, n, Dv, acc);
+        Ops::pv_f32(sb, R, reinterpret_cast<const std::byte*>(vw), Dv * int64_t{sizeof(float)}, n,
+                    Dv, acc);
       }
-    } else {
+    } else {  // f32 values; the transposed path's key packing prefetched these rows
       for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
-        // Along this run's V rows, then the same keys of the next tile: their K rows, as far as
-        // they are contiguous (a paged run ends with its page). The transposed path's key
-        // packing prefetched those already.
-        StreamAhead ahead{vr, vstride, len, v_row_bytes};
-        const int64_t jn = j + kTk;
-        if (jn < jhi) {
-          ahead.then = k_row(jn);
-          ahead.then_stride = kstride;
-          ahead.then_n = std::min(len, jhi - jn);
-          if (table) ahead.then_n = std::min(ahead.then_n, ps - jn % ps);
-          ahead.then_row_bytes = k_row_bytes;
-        }
-        Ops::pv(s + (j - t0), R, vr, vstride, len, Dv, acc, transposed ? nullptr : &ahead);
+        Ops::pv(sb + (j - t0), R, vr, vstride, len, Dv, acc);
       });
     }
+    (void)n;
+  };
+
+  // ---- decode: the next tile's logits interleaved with this tile's P.V ----
+  // The tile loop reads K tile t, then V tile t, then K tile t + 1...: a 16 KiB run of each in
+  // turn (64 keys, f16, D = 128), each stream idle while the other runs. Here P.V of tile t and
+  // the logits of the next non-empty tile go a chunk (kChunkBytes of rows) at a time,
+  // alternately, so both streams advance together. The arithmetic is the tile loop's: logits
+  // are per pair, P.V accumulates each element in key order (a chunk stores acc, the next
+  // reloads it), and the softmax still takes whole kTk tiles, so the bits equal the plain
+  // loop's and a prefill row's. f16 decode, 32 x 8 heads, D = 128, 2 threads, 16K and 64K keys,
+  // side by side (docs/benchmarks.md): 0.82-0.83 of BM_ReadBandwidth with the tile loop,
+  // 1.04-1.08 with 2 KiB chunks; 4 KiB chunks ~0.95-1.00, 1 KiB ~0.90. (16-key tiles in the
+  // tile loop also alternate 4 KiB at a time: 0.91-0.97, but prefill lost 8-25 % to them.)
+  // Keys per chunk: kChunkBytes of the wider row, a power of two in [4, kTk] so chunks tile a tile.
+  const int64_t chunk = std::clamp(
+      static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(
+          std::max<int64_t>(1, kChunkBytes / std::max(k_row_bytes, v_row_bytes))))),
+      int64_t{4}, kTk);
+  auto v_row = [&](int64_t j) {  // V row of key j
+    if (!table) return vbase + j * vstride;
+    const int64_t pi = j / ps;
+    return static_cast<const std::byte*>(vt.ptr(table[pi], hk, j - pi * ps));
+  };
+  // The stream `ahead` continues with keys [j, e) of K (or V), as far as they are contiguous.
+  auto continue_with = [&](StreamAhead& ahead, bool k_side, int64_t j, int64_t e) {
+    if (j >= e) return;
+    ahead.then = k_side ? k_row(j) : v_row(j);
+    ahead.then_stride = k_side ? kstride : vstride;
+    ahead.then_n = std::min(chunk, e - j);
+    if (table) ahead.then_n = std::min(ahead.then_n, ps - j % ps);
+    ahead.then_row_bytes = k_side ? k_row_bytes : v_row_bytes;
+  };
+  // Logits of keys [a, e) of the tile at t0 into sb; the stream then goes on to V keys [va, ve).
+  auto logits_keys = [&](int64_t t0, int64_t a, int64_t e, float* sb, int64_t va, int64_t ve) {
+    for_runs(a, e, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte*) {
+      StreamAhead ahead{kr, kstride, len, k_row_bytes};
+      continue_with(ahead, false, va, ve);
+      Ops::scores(qs, R, Dk, kr, kstride, len, sb + (j - t0), ahead);
+    });
+  };
+  // P.V of keys [a, e) of the tile at t0 from sb; the stream then goes on to K keys [ka, ke).
+  auto pv_keys = [&](int64_t t0, int64_t a, int64_t e, const float* sb, int64_t ka, int64_t ke) {
+    for_runs(a, e, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
+      StreamAhead ahead{vr, vstride, len, v_row_bytes};
+      continue_with(ahead, true, ka, ke);
+      Ops::pv(sb + (j - t0), R, vr, vstride, len, Dv, acc, &ahead);
+    });
+  };
+  auto next_tile = [&](int64_t t0) {  // the first tile from t0 with a row to compute, or jhi
+    for (; t0 < jhi; t0 += kTk)
+      if (classify(t0, std::min(t0 + kTk, j_end))) return t0;
+    return jhi;
+  };
+  auto run_pipelined = [&](int64_t from, float* sc, float* sn) {
+    int64_t cur = next_tile(from);
+    if (cur >= jhi) return;
+    int64_t cur_end = std::min(cur + kTk, j_end);
+    logits_keys(cur, cur, cur_end, sc, cur, std::min(cur + chunk, cur_end));
+    for (;;) {
+      finish(cur, cur_end, sc);  // uses this tile's classification: before the next one's
+      const int64_t nxt = next_tile(cur + kTk);
+      if (nxt >= jhi) {
+        pv_keys(cur, cur, cur_end, sc, 0, 0);
+        return;
+      }
+      const int64_t nxt_end = std::min(nxt + kTk, j_end);
+      for (int64_t c = 0; c < kTk; c += chunk) {
+        const int64_t a = cur + c, an = nxt + c;
+        if (a < cur_end)
+          pv_keys(cur, a, std::min(a + chunk, cur_end), sc, an,
+                  std::min(an + chunk, nxt_end));
+        if (an < nxt_end) {
+          const int64_t va = a + chunk < cur_end ? a + chunk : nxt;
+          logits_keys(nxt, an, std::min(an + chunk, nxt_end), sn, va,
+                      std::min(va + chunk, a + chunk < cur_end ? cur_end : nxt_end));
+        }
+      }
+      std::swap(sc, sn);
+      cur = nxt;
+      cur_end = nxt_end;
+    }
+  };
+
+  // Tiles aligned to multiples of kTk in absolute key index (j_begin is such a multiple).
+  const int64_t first = jlo < jhi ? jlo - jlo % kTk : jhi;
+  if (transposed || widen_v) {
+    for (int64_t t0 = first; t0 < jhi; t0 += kTk) {
+      const int64_t t1 = std::min(t0 + kTk, j_end);
+      if (!classify(t0, t1)) continue;
+      logits(t0, t1, s);
+      finish(t0, t1, s);
+      pv_tile(t0, t1, s);
+    }
+  } else {
+    run_pipelined(first, s, ws.s2.data());
   }
 
   // ---- write the result, or this partition's partial state ----
