@@ -5,6 +5,8 @@
 // (UseRealTime), so bytes_per_second in --benchmark_format=json is K/V bytes per second.
 //
 //   build/bench/bench_attention --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+//   BM_ReadBandwidthPrefetch: the same sum with a software prefetch 16 lines ahead, the reader
+//   the decode kernel is (how far a ratio to BM_ReadBandwidth is from this host's ceiling).
 //   BM_FlexPrefill/{fn,block_mask,block_mask_build}: a user mask called per pair vs read as bits.
 //   BM_PrefixSuffixAttention/<S_q>/<S_kv>: prefill rows against a long f16 cache (TTFT shapes).
 #include <benchmark/benchmark.h>
@@ -31,11 +33,21 @@ namespace kvcache {
 namespace {
 
 // ---- read bandwidth: every thread sums its share of a 1 GiB buffer ----
-// n must be a multiple of 32 and p 32-byte aligned (the caller's chunks are).
+// n must be a multiple of 32 and p 32-byte aligned (the caller's chunks are). kPrefetch: each
+// 2-line step also prefetches (T0) the lines kReadAheadLines ahead, the reader the decode kernel
+// is (BM_ReadBandwidthPrefetch). BM_ReadBandwidth, without, stays the plain STREAM-like
+// reference; the prefetching one says how far from this host's ceiling a ratio to it is.
+constexpr int64_t kReadAheadLines = 16;
+template <bool kPrefetch>
 float sum_floats(const float* p, int64_t n) {
 #if defined(__AVX2__)
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t i = 0; i < n; i += 32) {
+    if constexpr (kPrefetch) {
+      const char* ahead = reinterpret_cast<const char*>(p + i) + kReadAheadLines * 64;
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      _mm_prefetch(ahead + 64, _MM_HINT_T0);
+    }
     a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
     a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
     a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
@@ -208,21 +220,28 @@ void BM_ScoreLoop(benchmark::State& state) {
   state.counters["threads"] = static_cast<double>(tasks);
 }
 
-void BM_ReadBandwidth(benchmark::State& state) {
-  constexpr int64_t kBytes = int64_t{1} << 30;
-  constexpr int64_t kChunks = 64;  // 16 MiB per task, handed out dynamically
-  const int64_t n = kBytes / static_cast<int64_t>(sizeof(float)), per = n / kChunks;
-  static Tensor buf;  // allocated and touched once, kept across calls
+// The read tests' 1 GiB, allocated and touched once for both.
+const Tensor& read_buffer(int64_t n) {
+  static Tensor buf;
   if (buf.numel() != n) {
     buf = Tensor::empty(DType::kF32, {n});
     for (int64_t i = 0; i < n; ++i) buf.data_as<float>()[i] = static_cast<float>(i & 7);
   }
+  return buf;
+}
+
+template <bool kPrefetch>
+void BM_ReadBandwidth(benchmark::State& state) {
+  constexpr int64_t kBytes = int64_t{1} << 30;
+  constexpr int64_t kChunks = 64;  // 16 MiB per task, handed out dynamically
+  const int64_t n = kBytes / static_cast<int64_t>(sizeof(float)), per = n / kChunks;
+  const Tensor& buf = read_buffer(n);
   const float* p = buf.data_as<float>();
   std::vector<float> partial(kChunks);
   ThreadPool& pool = default_pool();
   for (auto _ : state) {
     pool.parallel_for(kChunks, [&](int64_t t) {
-      partial[static_cast<size_t>(t)] = sum_floats(p + t * per, per);
+      partial[static_cast<size_t>(t)] = sum_floats<kPrefetch>(p + t * per, per);
     });
     benchmark::DoNotOptimize(partial.data());
     benchmark::ClobberMemory();
@@ -515,7 +534,11 @@ void BM_FlexPrefill(benchmark::State& state, int mode) {
 }
 
 void register_all() {
-  benchmark::RegisterBenchmark("BM_ReadBandwidth", BM_ReadBandwidth)
+  benchmark::RegisterBenchmark("BM_ReadBandwidth", BM_ReadBandwidth<false>)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond)
+      ->MinTime(1.0);
+  benchmark::RegisterBenchmark("BM_ReadBandwidthPrefetch", BM_ReadBandwidth<true>)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond)
       ->MinTime(1.0);

@@ -3,7 +3,9 @@
 # check; the ratio the issue asks for). Runs N repetitions of BM_ReadBandwidth and the chosen
 # BM_DecodeAttention benchmarks in random interleaved order (so a noisy minute hits both), and
 # prints for each the best and the median GiB/s (Google Benchmark's bytes_per_second, base
-# 1024) over the repetitions and their ratio to the read bandwidth's best and median.
+# 1024) over the repetitions and their ratio to the read bandwidth's best and median. The
+# filter also picks BM_ReadBandwidthPrefetch (the same sum prefetching 16 lines ahead, as the
+# decode kernel reads): its ratio says how far BM_ReadBandwidth is from this host's ceiling.
 #
 #   scripts/attention_ratio.sh [REPETITIONS] [FILTER]
 #   scripts/attention_ratio.sh 8 'BM_DecodeAttention/(f16|q4)/(16384|65536)'
