@@ -21,6 +21,7 @@
 
 #include "cache/cache.h"
 #include "core/error.h"
+#include "core/prefetch.h"
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/attention_quant.h"
@@ -44,9 +45,9 @@ float sum_floats(const float* p, int64_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t i = 0; i < n; i += 32) {
     if constexpr (kPrefetch) {
-      const char* ahead = reinterpret_cast<const char*>(p + i) + kReadAheadLines * 64;
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      _mm_prefetch(ahead + 64, _MM_HINT_T0);
+      const float* ahead = p + i + kReadAheadLines * 16;  // 16 floats per 64-byte line
+      prefetch_l1(ahead);
+      prefetch_l1(ahead + 16);
     }
     a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
     a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
