@@ -12,15 +12,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define KVCACHE_ATTN_AVX2 1
-// GCC 12's AVX-512 intrinsics start many results from _mm512_undefined_*() (a self-initialised
-// variable), which -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593,
-// fixed in GCC 13). The reports point into the header: silenced for its lines only, so this
-// must be a translation unit's first include of <immintrin.h> (a build error otherwise).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "core/x86_intrin.h"  // <immintrin.h> without GCC 12's false warnings
 #else
 #define KVCACHE_ATTN_AVX2 0
 #endif

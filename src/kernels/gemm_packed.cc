@@ -9,13 +9,7 @@
 #include "core/thread_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-// GCC 12's AVX-512 intrinsics trip -Wmaybe-uninitialized where inlined (GCC bug 105593, see
-// attention_simd.h): silenced for the header's lines only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "core/x86_intrin.h"  // <immintrin.h> without GCC 12's false warnings
 #define KVCACHE_GEMM_AVX2 1
 #endif
 
