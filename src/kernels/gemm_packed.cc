@@ -61,63 +61,86 @@ inline void transpose_to_panel(const __m256 (&r)[8], float* dst) {
 }
 
 #if defined(__AVX512F__)
-// r[i] (row i, lanes = 16 columns) becomes r[c] (column c, lanes = 16 rows): the 16 x 16
-// transpose in four shuffle stages (32-bit pairs, 64-bit pairs, then 128-bit blocks twice).
-inline void transpose16x16(__m512 (&r)[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  const auto lo64 = [](__m512 a, __m512 b) {
-    return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
-  };
-  const auto hi64 = [](__m512 a, __m512 b) {
-    return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
-  };
-  for (int i = 0; i < 4; ++i) {
-    const int b = 4 * i;
-    r[b + 0] = lo64(t[b + 0], t[b + 2]);
-    r[b + 1] = hi64(t[b + 0], t[b + 2]);
-    r[b + 2] = lo64(t[b + 1], t[b + 3]);
-    r[b + 3] = hi64(t[b + 1], t[b + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {
-    t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
-    t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
-    t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
-    t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
-  }
-  for (int j = 0; j < 4; ++j) {
-    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
-    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD);
-    r[4 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88);
-    r[12 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD);
+// In place, one stage of a 16 x 16 transpose on two registers: (a, b) become the low and the
+// high interleaves of a and b at 32- or 64-bit granularity (zip32, zip64), or the even and
+// the odd 128-bit blocks of a then b (zip128).
+inline void zip32(__m512& a, __m512& b) {
+  const __m512 lo = _mm512_unpacklo_ps(a, b);
+  b = _mm512_unpackhi_ps(a, b);
+  a = lo;
+}
+inline void zip64(__m512& a, __m512& b) {
+  const __m512d x = _mm512_castps_pd(a), y = _mm512_castps_pd(b);
+  a = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+  b = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+}
+inline void zip128(__m512& a, __m512& b) {
+  const __m512 even = _mm512_shuffle_f32x4(a, b, 0x88);
+  b = _mm512_shuffle_f32x4(a, b, 0xDD);
+  a = even;
+}
+
+// Row i of W (16 elements at at + i * row_bytes) as 16 floats.
+template <bool kHalf>
+inline __m512 load_w16(const std::byte* at, int64_t row_bytes, int i) {
+  const std::byte* src = at + i * row_bytes;
+  if constexpr (kHalf) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  } else {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(src));
   }
 }
 
-// One micro-panel (kNr = 16 full rows of f16 or f32 W, kc % 16 == 0) through 16 x 16 zmm
-// transposes: half the conversions and a third fewer shuffles than two 8 x 8 ymm transposes
-// per 16 columns, and each row's next lines are prefetched 128 bytes ahead (the 16 rows are
-// 16 interleaved streams, 1.5-4 KiB apart, that the hardware prefetcher follows poorly).
-// Isolated, one thread, a forward's 80M f16 weights from memory: 41 ms against 75 ms for the
-// ymm packing (throwaway harness; the same panel bit for bit).
+// Sixteen k steps of one micro-panel: dst[c * 16 + i] = W row i (at + i * row_bytes) element c,
+// the 16 x 16 transpose in four shuffle stages (32-bit pairs, 64-bit pairs, then 128-bit
+// blocks twice) done in place on sixteen named registers. (Written as arrays of 16 zmm
+// indexed in loops, GCC 12 kept both arrays on the stack, a store and a reload around every
+// shuffle: packing a forward's 80M f16 weights, one thread, took 24 ms hot and 47-50 ms from
+// memory against 12-14 and 28-34 ms now, and llama-125m's products of a forward at M = 16, two
+// threads, 35.8 against 29.5 ms (medians of 30 alternations in one process; throwaway
+// harnesses, the same panel bit for bit).)
+// The in-place stages leave column c in the register of row c with bits 0 and 1 of c swapped.
+template <bool kHalf>
+inline void transpose16_to_panel(const std::byte* at, int64_t row_bytes, float* dst) {
+  __m512 r0 = load_w16<kHalf>(at, row_bytes, 0), r1 = load_w16<kHalf>(at, row_bytes, 1);
+  __m512 r2 = load_w16<kHalf>(at, row_bytes, 2), r3 = load_w16<kHalf>(at, row_bytes, 3);
+  __m512 r4 = load_w16<kHalf>(at, row_bytes, 4), r5 = load_w16<kHalf>(at, row_bytes, 5);
+  __m512 r6 = load_w16<kHalf>(at, row_bytes, 6), r7 = load_w16<kHalf>(at, row_bytes, 7);
+  __m512 r8 = load_w16<kHalf>(at, row_bytes, 8), r9 = load_w16<kHalf>(at, row_bytes, 9);
+  __m512 r10 = load_w16<kHalf>(at, row_bytes, 10), r11 = load_w16<kHalf>(at, row_bytes, 11);
+  __m512 r12 = load_w16<kHalf>(at, row_bytes, 12), r13 = load_w16<kHalf>(at, row_bytes, 13);
+  __m512 r14 = load_w16<kHalf>(at, row_bytes, 14), r15 = load_w16<kHalf>(at, row_bytes, 15);
+  zip32(r0, r1), zip32(r2, r3), zip32(r4, r5), zip32(r6, r7);
+  zip32(r8, r9), zip32(r10, r11), zip32(r12, r13), zip32(r14, r15);
+  zip64(r0, r2), zip64(r1, r3), zip64(r4, r6), zip64(r5, r7);
+  zip64(r8, r10), zip64(r9, r11), zip64(r12, r14), zip64(r13, r15);
+  zip128(r0, r4), zip128(r2, r6), zip128(r1, r5), zip128(r3, r7);
+  zip128(r8, r12), zip128(r10, r14), zip128(r9, r13), zip128(r11, r15);
+  zip128(r0, r8), zip128(r2, r10), zip128(r1, r9), zip128(r3, r11);
+  zip128(r4, r12), zip128(r6, r14), zip128(r5, r13), zip128(r7, r15);
+  const __m512 cols[16] = {r0, r2, r1, r3, r4, r6, r5, r7, r8, r10, r9, r11, r12, r14, r13, r15};
+#pragma GCC unroll 16
+  for (int c = 0; c < 16; ++c) _mm512_store_ps(dst + c * 16, cols[c]);
+}
+
+// One micro-panel (kNr = 16 full rows of f16 (kHalf) or f32 W, kc % 16 == 0) through 16 x 16
+// zmm transposes: half the conversions and a third fewer shuffles than two 8 x 8 ymm
+// transposes per 16 columns, and each row's next lines are prefetched 128 bytes ahead (the 16
+// rows are 16 interleaved streams, 1.5-4 KiB apart, that the hardware prefetcher follows
+// poorly).
+template <bool kHalf>
 void pack_panel_zmm(const MatmulParams& p, int64_t row0, int64_t k0, int64_t kc, float* dst) {
   static_assert(kNr == 16, "one zmm per panel row");
-  const bool half = p.w_dtype == DType::kF16;
-  const int64_t esize = half ? 2 : 4;
+  constexpr int64_t esize = kHalf ? 2 : 4;
   const auto* base = static_cast<const std::byte*>(p.w) + (row0 * p.k + k0) * esize;
   const int64_t row_bytes = p.k * esize;
   for (int64_t kk = 0; kk < kc; kk += kNr) {
     const std::byte* at = base + kk * esize;
-    if ((kk * esize) % 64 == 0)
+    if ((kk * esize) % 64 == 0) {
+#pragma GCC unroll 16
       for (int i = 0; i < kNr; ++i) prefetch_l1(at + i * row_bytes + 128);
-    __m512 r[16];
-    for (int i = 0; i < kNr; ++i)
-      r[i] = half ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + i * row_bytes)))
-                  : _mm512_loadu_ps(reinterpret_cast<const float*>(at + i * row_bytes));
-    transpose16x16(r);
-    for (int c = 0; c < kNr; ++c) _mm512_store_ps(dst + (kk + c) * kNr, r[c]);
+    }
+    transpose16_to_panel<kHalf>(at, row_bytes, dst + kk * kNr);
   }
 }
 #endif
@@ -130,7 +153,12 @@ void pack_block(const MatmulParams& p, int64_t r0, int64_t rows, int64_t k0, int
     const int64_t nr = std::min<int64_t>(kNr, rows - s0);
 #if defined(__AVX512F__)
     if ((p.w_dtype == DType::kF16 || p.w_dtype == DType::kF32) && nr == kNr && kc % kNr == 0) {
-      pack_panel_zmm(p, r0 + s0, k0, kc, panel + (s0 / kNr) * kc * kNr);
+      float* dst = panel + (s0 / kNr) * kc * kNr;
+      if (p.w_dtype == DType::kF16) {
+        pack_panel_zmm<true>(p, r0 + s0, k0, kc, dst);
+      } else {
+        pack_panel_zmm<false>(p, r0 + s0, k0, kc, dst);
+      }
       continue;
     }
 #endif
