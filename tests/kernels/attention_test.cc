@@ -417,12 +417,12 @@ TEST(Attention, FusedTransposedScoresEqualPerPairDecode) {
     }
 }
 
-// The last query tile of a prefill has fewer positions, so its rows end in a partial register
-// block of the transposed score kernel (1 to 4 rows with G = 3 for these lengths): each of its
-// rows still equals the decode row of the same query.
+// With G = 3, 77-84 positions are one query tile and 130 or 133 two (68 + 62, 68 + 65: the
+// last one shorter); most of these tasks end in a partial register block of the transposed
+// score kernel (1 to 3 rows). Each row still equals the decode row of the same query.
 TEST(Attention, FusedTransposedTailRowsEqualDecode) {
   for (int64_t D : {24, 64})
-    for (int64_t S : {77, 78, 79, 81, 84}) {
+    for (int64_t S : {77, 78, 79, 81, 84, 130, 133}) {
       Case c;
       c.B = 1;
       c.Hq = 6;
