@@ -1010,6 +1010,7 @@ void run_task(const Plan& P, int64_t task) {
         continue;
       }
       if (P.softcap > 0) Ops::softcap(sr, n, P.softcap);
+      if (!P.score && kind[r] != RowKind::kPartial) continue;  // a full row: nothing to mask
       const int64_t i = r % nq, qp = q_offset + q0 + i;
       if (P.score) {
         const int64_t h = hk * P.G + r / nq;
