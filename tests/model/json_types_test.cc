@@ -11,6 +11,7 @@
 #include "model/hf_config.h"
 #include "model/kv_plan.h"
 #include "model/tokenizer.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
@@ -41,7 +42,8 @@ TEST(JsonTypes, PlanConfigWrongFieldType) {
 }
 
 TEST(JsonTypes, TokenizerJsonWrongFieldType) {
-  const std::string path = ::testing::TempDir() + "wrong_type_tokenizer.json";
+  const testing_util::ScratchDir scratch("json_types");
+  const std::string path = scratch.file("wrong_type_tokenizer.json");
   std::ofstream(path) << R"({"model": {"type": 7}})";
   expect_format_error_naming([&] { load_hf_tokenizer(path); }, path);
 }

@@ -14,6 +14,7 @@
 #include "model/llama2c.h"
 #include "model/mapped_file.h"
 #include "model/tokenizer_llama2c.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
@@ -26,16 +27,8 @@ bool have_stories() { return fs::exists(stories_dir() + "/stories260K.bin") && f
   if (!have_stories()) GTEST_SKIP() << "stories260K not found under " KVCACHE_SHARED_DIR "; skipping"
 
 // A scratch folder removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("kvcache_llama2c_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+struct TempDir : testing_util::ScratchDir {
+  TempDir() : ScratchDir("llama2c") {}
 };
 
 void write_bytes(const std::string& path, const std::string& bytes) {

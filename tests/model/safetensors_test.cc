@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "model/hf_config.h"
 #include "model_test_util.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
@@ -59,10 +60,9 @@ std::string config_json(const ModelConfig& c, const std::string& arch, const std
          extra + "}";
 }
 
-struct HfDir {
-  std::string dir = temp_path("hf");
-  HfDir() { fs::create_directories(dir); }
-  ~HfDir() { fs::remove_all(dir); }
+struct HfDir : testing_util::ScratchDir {
+  HfDir() : ScratchDir("hf") {}
+  const std::string dir = str();
 };
 
 void write_model(const std::string& dir, const testing::TinyWeights& w, int n_shards) {

@@ -16,19 +16,15 @@
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("kvcache_dummy_" + std::to_string(::getpid()) + "_" + tag);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
+struct TempDir : testing_util::ScratchDir {
+  explicit TempDir(const std::string& tag) : ScratchDir("dummy_" + tag) {}
 };
 
 std::string slurp(const std::string& p) {
@@ -39,7 +35,7 @@ std::string slurp(const std::string& p) {
 TEST(DummyModel, TinyLoadsThroughGgufAndIsDeterministic) {
   TempDir a("a"), b("b");
   LoadOptions lo;
-  lo.dummy_cache_dir = a.path.string();
+  lo.dummy_cache_dir = a.str();
   LoadedModel m = load_model("dummy:tiny", lo);
   const ModelConfig& c = m.model->config();
   EXPECT_EQ(m.model->file().format(), "gguf");
@@ -53,7 +49,7 @@ TEST(DummyModel, TinyLoadsThroughGgufAndIsDeterministic) {
   EXPECT_EQ(m.tokenizer, nullptr);  // no vocabulary given
   // Same preset and seed in another folder: the same bytes.
   DummyModelOptions d;
-  d.cache_dir = b.path.string();
+  d.cache_dir = b.str();
   const std::string again = build_dummy_gguf(d);
   EXPECT_EQ(slurp(again), slurp(m.model->file().path()));
   d.seed = 1;
@@ -63,7 +59,7 @@ TEST(DummyModel, TinyLoadsThroughGgufAndIsDeterministic) {
 TEST(DummyModel, CacheMatchesNoCacheRecomputeForEveryWeightType) {
   TempDir dir("w");
   LoadOptions lo;
-  lo.dummy_cache_dir = dir.path.string();
+  lo.dummy_cache_dir = dir.str();
   for (const char* spec : {"dummy:tiny:f32", "dummy:tiny:bf16", "dummy:tiny:q8_0"}) {
     LoadedModel m = load_model(spec, lo);
     for (const char* cache : {"dynamic", "static"}) {
@@ -94,7 +90,7 @@ TEST(DummyModel, CacheMatchesNoCacheRecomputeForEveryWeightType) {
 TEST(DummyModel, LastLogitsEqualTheAllLogitsRowBitForBit) {
   TempDir dir("last");
   LoadOptions lo;
-  lo.dummy_cache_dir = dir.path.string();
+  lo.dummy_cache_dir = dir.str();
   for (const char* spec : {"dummy:tiny", "dummy:tiny:f32", "dummy:mla-tiny", "dummy:gptoss-tiny",
                            "dummy:deepseek-v2-tiny", "dummy:gemma2-tiny"}) {
     LoadedModel m = load_model(spec, lo);

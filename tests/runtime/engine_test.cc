@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "runtime/model_loader.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
@@ -19,7 +20,7 @@ namespace {
 const LoadedModel& tiny_model() {
   static const LoadedModel m = [] {
     LoadOptions lo;
-    lo.dummy_cache_dir = ::testing::TempDir() + "kvcache_engine_test_" + std::to_string(getpid());
+    lo.dummy_cache_dir = testing_util::process_scratch().file("engine");
     return load_model("dummy:tiny", lo);
   }();
   return m;

@@ -28,6 +28,7 @@
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
@@ -36,8 +37,7 @@ namespace fs = std::filesystem;
 using testing_util::bits_equal;
 
 std::unique_ptr<LlamaModel> load_preset(const std::string& preset) {
-  static const std::string dir =
-      (fs::temp_directory_path() / ("kvcache_families_paged_" + std::to_string(::getpid()))).string();
+  static const std::string dir = testing_util::process_scratch().file("families_paged");
   DummyModelOptions o;
   o.preset = preset;
   o.weight_dtype = DType::kF32;
@@ -338,7 +338,7 @@ TEST(PagedFamiliesRefusals, ChunkedLayersOnThePagedCacheAreRefusedAtConstruction
   DummyModelOptions o;
   o.preset = "gemma2-tiny";
   o.weight_dtype = DType::kF32;
-  o.cache_dir = (fs::temp_directory_path() / ("kvcache_families_paged_" + std::to_string(::getpid()))).string();
+  o.cache_dir = testing_util::process_scratch().file("families_paged");
   std::unique_ptr<ModelFile> file = open_model_file(build_dummy_model(o));
   file->mutable_config().layer_types = {"full_attention", "chunked_attention", "sliding_attention", "full_attention"};
   file->mutable_config().attention_chunk_size = 6;

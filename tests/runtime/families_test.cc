@@ -24,6 +24,7 @@
 #include "model/model_file.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
@@ -31,7 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string temp_dir() {
-  static const std::string d = (fs::temp_directory_path() / ("kvcache_families_" + std::to_string(::getpid()))).string();
+  static const std::string d = testing_util::process_scratch().file("families");
   return d;
 }
 

@@ -9,25 +9,21 @@
 #include <vector>
 
 #include "runtime/model_loader.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("kvcache_progress_" + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
+struct TempDir : testing_util::ScratchDir {
+  TempDir() : ScratchDir("progress") {}
 };
 
 TEST(LoadProgress, PageInReportsMonotonicProgressUpToTheWeightBytes) {
   TempDir dir;
   LoadOptions lo;
-  lo.dummy_cache_dir = dir.path.string();
+  lo.dummy_cache_dir = dir.str();
   LoadedModel m = load_model("dummy:tiny", lo);
   const ModelFile& f = m.model->file();
   std::vector<std::pair<uint64_t, uint64_t>> calls;
@@ -49,7 +45,7 @@ TEST(LoadProgress, PageInReportsMonotonicProgressUpToTheWeightBytes) {
 TEST(LoadProgress, SmallModelsLoadSilently) {
   TempDir dir;
   LoadOptions lo;
-  lo.dummy_cache_dir = dir.path.string();
+  lo.dummy_cache_dir = dir.str();
   int calls = 0;
   lo.on_progress = [&](uint64_t, uint64_t) { ++calls; };
   LoadedModel m = load_model("dummy:tiny", lo);

@@ -12,6 +12,7 @@
 #include "model/dummy.h"
 #include "model/gguf.h"
 #include "runtime/model_loader.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
@@ -46,7 +47,7 @@ TEST(ChatTemplate, ClassifiesTheBuiltInFamiliesFromTheirJinja) {
 // carries `jinja` as tokenizer.chat_template; returns its path.
 std::string gguf_with_template(const std::string& jinja, const std::string& name) {
   const std::string vocab = std::string(KVCACHE_SHARED_DIR) + "/vocab/ggml-vocab-llama-spm.gguf";
-  const std::string dir = ::testing::TempDir() + "kvcache_chat_template_test_" + std::to_string(getpid());
+  const std::string dir = testing_util::process_scratch().file("chat_template");
   DummyModelOptions d;
   d.preset = "tiny";
   d.vocab_gguf = vocab;

@@ -16,6 +16,7 @@
 #include "server/chat_template.h"
 #include "server/openai.h"
 #include "raw_http.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
@@ -30,7 +31,7 @@ const LoadedModel* tiny_with_vocab() {
     if (!std::filesystem::exists(vocab)) return nullptr;
     LoadOptions lo;
     lo.dummy_vocab = vocab;
-    lo.dummy_cache_dir = ::testing::TempDir() + "kvcache_server_test_" + std::to_string(getpid());
+    lo.dummy_cache_dir = testing_util::process_scratch().file("server");
     return std::make_unique<LoadedModel>(load_model("dummy:tiny", lo));
   }();
   return m.get();

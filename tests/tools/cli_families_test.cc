@@ -17,6 +17,7 @@
 #include "model/dummy.h"
 #include "model/llama.h"
 #include "model/model_file.h"
+#include "scratch_dir.h"
 
 namespace {
 
@@ -34,15 +35,8 @@ struct Result {
   std::string out, err;
 };
 
-struct Scratch {
-  fs::path dir;
-  Scratch() {
-    dir = fs::temp_directory_path() / ("kvcache_clifam_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir);
-  }
-  ~Scratch() { fs::remove_all(dir); }
-  std::string file(const std::string& n) const { return (dir / n).string(); }
+struct Scratch : kvcache::testing_util::ScratchDir {
+  Scratch() : ScratchDir("clifam") {}
   Result run(const std::string& args) const {
     const std::string out = file("stdout"), err = file("stderr");
     // Dummy presets are generated into the scratch folder, not the user's cache.

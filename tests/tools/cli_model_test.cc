@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "scratch_dir.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -40,16 +42,8 @@ struct Result {
   std::string out, err;
 };
 
-struct Scratch {
-  fs::path dir;
-  Scratch() {
-    dir = fs::temp_directory_path() /
-          ("kvcache_cli_" + std::to_string(::getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir);
-  }
-  ~Scratch() { fs::remove_all(dir); }
-  std::string file(const std::string& n) const { return (dir / n).string(); }
+struct Scratch : kvcache::testing_util::ScratchDir {
+  Scratch() : ScratchDir("cli") {}
   Result run(const std::string& args) const {
     const std::string out = file("stdout"), err = file("stderr");
     const int st = std::system((cli() + " " + args + " >" + out + " 2>" + err).c_str());

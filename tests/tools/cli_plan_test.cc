@@ -12,6 +12,7 @@
 #include "model/llama.h"
 #include "model/model_file.h"
 #include "runtime/session.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
@@ -37,10 +38,11 @@ TEST(CliPlan, JsonFlagAndBudget) {
 }
 
 TEST(CliPlan, ConfigFileAndSvg) {
-  const std::string cfg = ::testing::TempDir() + "plan_config.json";
+  const testing_util::ScratchDir scratch("cli_plan");
+  const std::string cfg = scratch.file("plan_config.json");
   std::ofstream(cfg) << R"({"model_type":"mistral","num_hidden_layers":2,"num_attention_heads":4,
     "num_key_value_heads":2,"hidden_size":64,"sliding_window":16,"brand_new_field":true})";
-  const std::string svg = ::testing::TempDir() + "plan.svg";
+  const std::string svg = scratch.file("plan.svg");
   const auto r = run_cli("plan --config " + cfg + " --context 100 --svg " + svg);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("sliding_attention"), std::string::npos);
@@ -62,7 +64,8 @@ TEST(CliPlan, BadInputIsAClearErrorWithExitCode2) {
   r = run_cli("plan");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--preset"), std::string::npos);
-  const std::string bad = ::testing::TempDir() + "bad_config.json";
+  const testing_util::ScratchDir scratch("cli_plan");
+  const std::string bad = scratch.file("bad_config.json");
   std::ofstream(bad) << "{\"num_hidden_layers\": ";
   r = run_cli("plan --config " + bad);
   EXPECT_EQ(r.exit_code, 2);
@@ -75,12 +78,13 @@ TEST(CliPlan, BadInputIsAClearErrorWithExitCode2) {
 // Cache::bytes() of that model's static cache holding the same tokens (S <= W - 1, so every
 // layer, sliding or not, holds all S), f32 storage.
 TEST(CliPlan, DummyFamiliesAgreeWithCacheBytes) {
+  const testing_util::ScratchDir scratch("cli_plan");
   for (const std::string preset :
        {"mla-tiny", "deepseek-v2-tiny", "gemma2-tiny", "gptoss-tiny", "gemma3n-tiny"}) {
     DummyModelOptions o;
     o.preset = preset;
     o.weight_dtype = DType::kF32;
-    o.cache_dir = ::testing::TempDir();
+    o.cache_dir = scratch.str();
     const LlamaModel model(open_model_file(build_dummy_model(o)));
     const ModelConfig& c = model.config();
     const int64_t S = c.sliding_window > 0 ? c.sliding_window - 1 : 7;

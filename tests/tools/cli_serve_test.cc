@@ -15,6 +15,7 @@
 
 #include "../server/raw_http.h"
 #include "cli_util.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
@@ -24,7 +25,8 @@ using nlohmann::json;
 TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
   int err_pipe[2];
   ASSERT_EQ(::pipe(err_pipe), 0);
-  const std::string cache = ::testing::TempDir() + "kvcache_cli_serve_" + std::to_string(getpid());
+  const testing_util::ScratchDir scratch("cli_serve");  // the child's dummy-model cache
+  const std::string cache = scratch.str();
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -72,7 +74,8 @@ TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
 }
 
 TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
-  const std::string in = ::testing::TempDir() + "kvcache_batch_" + std::to_string(getpid()) + ".jsonl";
+  const testing_util::ScratchDir scratch("cli_batch");
+  const std::string in = scratch.file("in.jsonl");
   std::ofstream(in) << R"({"id": "a", "prompt": [1, 450, 4996], "max_tokens": 4, "temperature": 0})" << "\n"
                     << R"({"prompt": [1, 450, 4996], "max_tokens": 6, "temperature": 0, "n": 2})" << "\n"
                     << R"({"prompt": [], "max_tokens": 2})" << "\n"
@@ -92,7 +95,6 @@ TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
   EXPECT_TRUE(lines[1]["stats"].contains("ttft_s"));
   EXPECT_TRUE(lines[2].contains("error"));
   EXPECT_TRUE(lines[3].contains("error"));
-  std::remove(in.c_str());
 }
 
 }  // namespace

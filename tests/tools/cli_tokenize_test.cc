@@ -8,9 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "scratch_dir.h"
 
 namespace {
 
@@ -34,11 +37,10 @@ struct Result {
 class CliTokenize : public ::testing::Test {
  public:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("kvcache_tok_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
+    scratch_ = std::make_unique<kvcache::testing_util::ScratchDir>("tok");
+    dir_ = scratch_->path();
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { scratch_.reset(); }
   Result tokenize(const std::string& model, const std::string& text) const {
     const std::string in = (dir_ / "stdin").string(), out = (dir_ / "stdout").string(), err = (dir_ / "stderr").string();
     std::ofstream(in, std::ios::binary) << text;
@@ -46,6 +48,7 @@ class CliTokenize : public ::testing::Test {
     const int st = std::system(cmd.c_str());
     return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
   }
+  std::unique_ptr<kvcache::testing_util::ScratchDir> scratch_;
   fs::path dir_;
 };
 
