@@ -26,11 +26,6 @@ bool have_stories() { return fs::exists(stories_dir() + "/stories260K.bin") && f
 #define REQUIRE_STORIES() \
   if (!have_stories()) GTEST_SKIP() << "stories260K not found under " KVCACHE_SHARED_DIR "; skipping"
 
-// A scratch folder removed at the end of the test.
-struct TempDir : testing_util::ScratchDir {
-  TempDir() : ScratchDir("llama2c") {}
-};
-
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -104,7 +99,7 @@ TEST(Llama2cLoader, Stories260KConfigAndZeroCopyViews) {
 }
 
 TEST(Llama2cLoader, UnsharedClassifierWithNegativeVocab) {
-  TempDir dir;
+  const testing_util::ScratchDir dir("llama2c");
   const std::string path = dir.file("unshared.bin");
   const size_t n = checkpoint_floats(16, 24, 2, 4, 2, -40, 8);
   write_bytes(path, checkpoint_bytes({16, 24, 2, 4, 2, -40, 8}, n));
@@ -120,7 +115,7 @@ TEST(Llama2cLoader, UnsharedClassifierWithNegativeVocab) {
 }
 
 TEST(Llama2cLoader, BadFilesNameTheFileAndTheProblem) {
-  TempDir dir;
+  const testing_util::ScratchDir dir("llama2c");
   const std::array<int32_t, 7> good = {16, 24, 2, 4, 2, 40, 8};
   const size_t n = checkpoint_floats(16, 24, 2, 4, 2, 40, 8);
   const std::string bytes = checkpoint_bytes(good, n);
@@ -216,7 +211,7 @@ std::string tokenizer_bytes(const std::vector<std::pair<std::string, float>>& ex
 }
 
 TEST(Llama2cTokenizer, MergesHighestScoreFirstLeftmostOnTies) {
-  TempDir dir;
+  const testing_util::ScratchDir dir("llama2c");
   const std::vector<std::pair<std::string, float>> extra = {
       {" ", -1}, {"a", -2}, {"b", -3}, {"ab", -10}, {"ba", -5}, {"aba", -4}, {" aba", -20}, {"bb", -10}};
   const int32_t base = 259;  // ids of `extra` start here
@@ -231,7 +226,7 @@ TEST(Llama2cTokenizer, MergesHighestScoreFirstLeftmostOnTies) {
 }
 
 TEST(Llama2cTokenizer, BadFilesNameTheFileAndTheProblem) {
-  TempDir dir;
+  const testing_util::ScratchDir dir("llama2c");
   const std::string bytes = tokenizer_bytes({{" ", -1}});
   write_bytes(dir.file("tok.bin"), bytes);
   EXPECT_NO_THROW(Llama2cTokenizer(dir.file("tok.bin"), 260));

@@ -60,11 +60,6 @@ std::string config_json(const ModelConfig& c, const std::string& arch, const std
          extra + "}";
 }
 
-struct HfDir : testing_util::ScratchDir {
-  HfDir() : ScratchDir("hf") {}
-  const std::string dir = str();
-};
-
 void write_model(const std::string& dir, const testing::TinyWeights& w, int n_shards) {
   std::vector<std::pair<std::string, TensorView>> hf;
   for (const auto& [n, v] : w.views()) hf.emplace_back(to_hf(n), v);
@@ -99,11 +94,11 @@ TEST(Safetensors, LlamaSingleFileAndShardedGiveTheSameWeights) {
   ModelConfig c = tiny_config();
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (int shards : {1, 3}) {
-      HfDir d;
+      const testing_util::ScratchDir d("hf");
       auto w = tiny_weights(c, dt);
-      write_model(d.dir, w, shards);
-      write_bytes(d.dir + "/config.json", config_json(c, "LlamaForCausalLM", ""));
-      auto m = open_model_file(d.dir);
+      write_model(d.str(), w, shards);
+      write_bytes(d.str() + "/config.json", config_json(c, "LlamaForCausalLM", ""));
+      auto m = open_model_file(d.str());
       EXPECT_EQ(m->format(), "safetensors");
       const ModelConfig& r = m->config();
       EXPECT_EQ(r.architecture, "llama");
@@ -123,14 +118,14 @@ TEST(Safetensors, Qwen2TiedWithBiasAndSlidingLayers) {
   ModelConfig c = tiny_config();
   c.qkv_bias = true;
   c.tie_word_embeddings = true;
-  HfDir d;
+  const testing_util::ScratchDir d("hf");
   auto w = tiny_weights(c, DType::kBF16);
-  write_model(d.dir, w, 1);
-  write_bytes(d.dir + "/config.json",
+  write_model(d.str(), w, 1);
+  write_bytes(d.str() + "/config.json",
               config_json(c, "Qwen2ForCausalLM",
                           ", \"tie_word_embeddings\": true, \"use_sliding_window\": true, \"sliding_window\": 32, "
                           "\"max_window_layers\": 1"));
-  auto m = open_model_file(d.dir + "/model.safetensors");  // a file with config.json beside it
+  auto m = open_model_file(d.str() + "/model.safetensors");  // a file with config.json beside it
   const ModelConfig& r = m->config();
   EXPECT_EQ(r.architecture, "qwen2");
   EXPECT_TRUE(r.qkv_bias);
@@ -204,22 +199,22 @@ TEST(HfConfig, ErrorsNameTheFileAndField) {
 
 TEST(Safetensors, BadFiles) {
   ModelConfig c = tiny_config();
-  HfDir d;
+  const testing_util::ScratchDir d("hf");
   auto w = tiny_weights(c, DType::kF16);
-  write_model(d.dir, w, 1);
-  write_bytes(d.dir + "/config.json", config_json(c, "LlamaForCausalLM", ""));
-  const std::string st = d.dir + "/model.safetensors";
+  write_model(d.str(), w, 1);
+  write_bytes(d.str() + "/config.json", config_json(c, "LlamaForCausalLM", ""));
+  const std::string st = d.str() + "/model.safetensors";
   const std::string good = read_bytes(st);
 
   write_bytes(st, good.substr(0, good.size() - 10));
-  expect_error([&] { open_model_file(d.dir); }, {st, "truncated"});
+  expect_error([&] { open_model_file(d.str()); }, {st, "truncated"});
   write_bytes(st, good.substr(0, 5));
-  expect_error([&] { open_model_file(d.dir); }, {st, "truncated"});
+  expect_error([&] { open_model_file(d.str()); }, {st, "truncated"});
   std::string huge = good;
   const uint64_t n = uint64_t{1} << 40;
   std::memcpy(huge.data(), &n, 8);
   write_bytes(st, huge);
-  expect_error([&] { open_model_file(d.dir); }, {st, "header length"});
+  expect_error([&] { open_model_file(d.str()); }, {st, "header length"});
 
   // Unsupported dtype: write an I64 tensor header by hand.
   std::string hdr = "{\"x\": {\"dtype\": \"I64\", \"shape\": [1], \"data_offsets\": [0, 8]}}";
@@ -236,11 +231,11 @@ TEST(Safetensors, BadFiles) {
   write_bytes(st, good);
   ModelConfig wrong = c;
   wrong.hidden_dim = 64;
-  write_bytes(d.dir + "/config.json", config_json(wrong, "LlamaForCausalLM", ""));
-  expect_error([&] { open_model_file(d.dir); }, {"ffn_gate.weight", "[96, 64]", "[64, 64]"});
+  write_bytes(d.str() + "/config.json", config_json(wrong, "LlamaForCausalLM", ""));
+  expect_error([&] { open_model_file(d.str()); }, {"ffn_gate.weight", "[96, 64]", "[64, 64]"});
   // Untied config without lm_head.
-  fs::remove(d.dir + "/config.json");
-  expect_error([&] { open_model_file(d.dir); }, {"config.json"});
+  fs::remove(d.str() + "/config.json");
+  expect_error([&] { open_model_file(d.str()); }, {"config.json"});
 }
 
 TEST(Safetensors, NameMapping) {

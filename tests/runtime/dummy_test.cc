@@ -23,17 +23,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir : testing_util::ScratchDir {
-  explicit TempDir(const std::string& tag) : ScratchDir("dummy_" + tag) {}
-};
-
 std::string slurp(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 TEST(DummyModel, TinyLoadsThroughGgufAndIsDeterministic) {
-  TempDir a("a"), b("b");
+  const testing_util::ScratchDir a("dummy_a"), b("dummy_b");
   LoadOptions lo;
   lo.dummy_cache_dir = a.str();
   LoadedModel m = load_model("dummy:tiny", lo);
@@ -57,7 +53,7 @@ TEST(DummyModel, TinyLoadsThroughGgufAndIsDeterministic) {
 }
 
 TEST(DummyModel, CacheMatchesNoCacheRecomputeForEveryWeightType) {
-  TempDir dir("w");
+  const testing_util::ScratchDir dir("dummy_w");
   LoadOptions lo;
   lo.dummy_cache_dir = dir.str();
   for (const char* spec : {"dummy:tiny:f32", "dummy:tiny:bf16", "dummy:tiny:q8_0"}) {
@@ -88,7 +84,7 @@ TEST(DummyModel, CacheMatchesNoCacheRecomputeForEveryWeightType) {
 // batch rows of 9 and 2 tokens, so both output heads take the GEMM (with fewer rows the
 // next-token head takes the GEMV, whose bits differ from the GEMM's by design).
 TEST(DummyModel, LastLogitsEqualTheAllLogitsRowBitForBit) {
-  TempDir dir("last");
+  const testing_util::ScratchDir dir("dummy_last");
   LoadOptions lo;
   lo.dummy_cache_dir = dir.str();
   for (const char* spec : {"dummy:tiny", "dummy:tiny:f32", "dummy:mla-tiny", "dummy:gptoss-tiny",

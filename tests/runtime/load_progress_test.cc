@@ -16,12 +16,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir : testing_util::ScratchDir {
-  TempDir() : ScratchDir("progress") {}
-};
-
 TEST(LoadProgress, PageInReportsMonotonicProgressUpToTheWeightBytes) {
-  TempDir dir;
+  const testing_util::ScratchDir dir("progress");
   LoadOptions lo;
   lo.dummy_cache_dir = dir.str();
   LoadedModel m = load_model("dummy:tiny", lo);
@@ -43,7 +39,7 @@ TEST(LoadProgress, PageInReportsMonotonicProgressUpToTheWeightBytes) {
 }
 
 TEST(LoadProgress, SmallModelsLoadSilently) {
-  TempDir dir;
+  const testing_util::ScratchDir dir("progress");
   LoadOptions lo;
   lo.dummy_cache_dir = dir.str();
   int calls = 0;

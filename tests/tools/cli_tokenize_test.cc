@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -36,20 +35,15 @@ struct Result {
 
 class CliTokenize : public ::testing::Test {
  public:
-  void SetUp() override {
-    scratch_ = std::make_unique<kvcache::testing_util::ScratchDir>("tok");
-    dir_ = scratch_->path();
-  }
-  void TearDown() override { scratch_.reset(); }
   Result tokenize(const std::string& model, const std::string& text) const {
-    const std::string in = (dir_ / "stdin").string(), out = (dir_ / "stdout").string(), err = (dir_ / "stderr").string();
+    const std::string in = scratch_.file("stdin"), out = scratch_.file("stdout"), err = scratch_.file("stderr");
     std::ofstream(in, std::ios::binary) << text;
     const std::string cmd = cli() + " tokenize --model '" + model + "' <" + in + " >" + out + " 2>" + err;
     const int st = std::system(cmd.c_str());
     return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
   }
-  std::unique_ptr<kvcache::testing_util::ScratchDir> scratch_;
-  fs::path dir_;
+  // Made with the fixture, so named after the running test; removed with it.
+  const kvcache::testing_util::ScratchDir scratch_{"tok"};
 };
 
 std::string trim(const std::string& s) {
@@ -99,13 +93,13 @@ TEST_F(CliTokenize, Llama2cCheckpointAndTokenizerFile) {
 }
 
 TEST_F(CliTokenize, BadFilesExitWithCode2AndNameTheFile) {
-  const std::string bad = (dir_ / "bad.gguf").string();
+  const std::string bad = scratch_.file("bad.gguf");
   std::ofstream(bad, std::ios::binary) << std::string("GGUF\x07\x00\x00\x00", 8) << std::string(16, '\0');
   const Result r = tokenize(bad, "x");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find(bad), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("version 7"), std::string::npos) << r.err;
-  const Result m = tokenize((dir_ / "missing").string(), "x");
+  const Result m = tokenize(scratch_.file("missing"), "x");
   EXPECT_EQ(m.code, 2);
   EXPECT_NE(m.err.find("missing"), std::string::npos) << m.err;
 }
