@@ -74,6 +74,15 @@ TEST(CliPaged, BadValuesExitWith2AndSayWhy) {
   r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --block-size 0");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--block-size"), std::string::npos) << r.err;
+  // A block larger than the cache (here its capacity, then the model's context) can never fill.
+  r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --max-cache-len 64 --block-size 128");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--block-size 128 is larger than the cache's capacity (--max-cache-len) of 64 tokens"),
+            std::string::npos)
+      << r.err;
+  r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --kv-budget 64MiB --block-size 100000");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("larger than the model's context"), std::string::npos) << r.err;
   r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --kv-budget 1000");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--kv-budget"), std::string::npos) << r.err;
