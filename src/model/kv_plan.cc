@@ -496,7 +496,12 @@ uint64_t parse_byte_size(const std::string& text) {
                 "cannot read the size '" + text +
                     "': write a number with an optional unit, e.g. 24GiB, 13.4GB, 512MiB");
   }
-  return static_cast<uint64_t>(std::llround(value * it->second));
+  // Past 2^63 (and for "inf") llround has no answer: a size no machine has is an error, not a
+  // wrapped-around number.
+  const double bytes = value * it->second;
+  if (!(bytes < 9223372036854775808.0))
+    throw Error(ErrorKind::kInvalidArgument, "the size '" + text + "' is too large: at most 8 EiB (2^63 bytes)");
+  return static_cast<uint64_t>(std::llround(bytes));
 }
 
 std::string format_bytes(double bytes) {

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "core/error.h"
 #include "tools/commands.h"
@@ -30,6 +31,11 @@ int main(int argc, char** argv) {
   } catch (const kvcache::Error& e) {
     std::fprintf(stderr, "kvcache: %s: %s\n", kvcache::error_kind_name(e.kind()), e.what());
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "kvcache: out of memory: an allocation failed; lower --max-cache-len, --kv-budget, the batch or "
+                 "the prompt length\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvcache: error: %s\n", e.what());
     return 1;

@@ -76,7 +76,26 @@ SessionConfig session_config(const ModelOptions& o, const LlamaModel& model) {
   sc.prefill_chunk = o.chunk;
   if (o.block_size < 1) throw Error(ErrorKind::kInvalidArgument, "--block-size must be >= 1");
   sc.block_size = o.block_size;
-  if (!o.kv_budget.empty()) sc.kv_budget_bytes = parse_byte_size(o.kv_budget);
+  if (o.max_cache_len < 0)
+    throw Error(ErrorKind::kInvalidArgument, "--max-cache-len must be >= 0 (0 or absent: the model's context), got " +
+                                                 std::to_string(o.max_cache_len));
+  if (!o.kv_budget.empty()) {
+    try {
+      sc.kv_budget_bytes = parse_byte_size(o.kv_budget);
+    } catch (const Error& e) {
+      throw Error(e.kind(), std::string("--kv-budget: ") + e.what());
+    }
+    if (sc.kv_budget_bytes == 0)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "--kv-budget " + o.kv_budget + " leaves no memory for the cache; omit it to size the pool from --max-cache-len");
+    // The pool is allocated up front: a budget past the machine's memory cannot be honoured
+    // (`plan --budget` still sizes hypothetical machines).
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    const uint64_t ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+    if (ram > 0 && sc.kv_budget_bytes > ram)
+      throw Error(ErrorKind::kInvalidArgument, "--kv-budget " + o.kv_budget + " is more than this machine's " +
+                                                   format_bytes(static_cast<double>(ram)) + " of memory; give at most that");
+  }
   const std::optional<KVQuantScheme> scheme = parse_kv_quant_scheme(o.kv_quant);
   if (!scheme)
     throw Error(ErrorKind::kInvalidArgument, "--kv-quant must be kivi, q8_0 or q4_0, got '" + o.kv_quant + "'");

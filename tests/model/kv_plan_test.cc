@@ -159,6 +159,12 @@ TEST(KvPlan, ByteSizes) {
   EXPECT_EQ(parse_byte_size("100"), 100ull);
   EXPECT_THROW(parse_byte_size("lots"), Error);
   EXPECT_THROW(parse_byte_size("5 parsecs"), Error);
+  EXPECT_THROW(parse_byte_size("inf"), Error);
+  EXPECT_THROW(parse_byte_size("1e30"), Error);
+  EXPECT_THROW(parse_byte_size("8EiB"), Error);  // no such unit
+  EXPECT_THROW(parse_byte_size("8388608TiB"), Error);  // 2^63 bytes
+  EXPECT_EQ(parse_byte_size("8388607TiB"), uint64_t{8388607} << 40);
+
   EXPECT_EQ(format_bytes(2147483648.0), "2 GiB");
   EXPECT_EQ(format_bytes(7584), "7.41 KiB");
 }

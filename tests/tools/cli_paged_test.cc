@@ -83,6 +83,16 @@ TEST(CliPaged, BadValuesExitWith2AndSayWhy) {
   r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --kv-budget 64MiB --block-size 100000");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("larger than the model's context"), std::string::npos) << r.err;
+  // Budgets that cannot be honoured: none at all, more than the machine has, more than a number holds.
+  for (const char* budget : {"0", "100000TiB", "1e30"}) {
+    r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --kv-budget " + budget);
+    EXPECT_EQ(r.exit_code, 2) << budget;
+    EXPECT_NE(r.err.find(budget == std::string("100000TiB") ? "more than this machine's" : budget), std::string::npos)
+        << r.err;
+  }
+  r = run_cli("generate --model '" + kModel + "' -n 4 --cache static --max-cache-len -3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--max-cache-len must be >= 0"), std::string::npos) << r.err;
   r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --kv-budget 1000");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--kv-budget"), std::string::npos) << r.err;
