@@ -41,19 +41,17 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
 
   plan.max_tokens_per_step = o.max_tokens_per_step;
   // A block no sequence can fill is memory nobody can use: with the default capacity, a
-  // 100,000-token block for a 2,048-token context allocated 49x the cache it serves.
-  const auto too_big = [&](int64_t limit, const std::string& what) {
-    if (limit > 0 && o.block_tokens > limit)
-      throw Error(ErrorKind::kInvalidArgument, "--block-size " + std::to_string(o.block_tokens) +
-                                                   " is larger than " + what + " of " + std::to_string(limit) +
-                                                   " tokens: no sequence could fill a block; use at most " +
-                                                   std::to_string(limit) + " (default 16)");
-  };
-  too_big(model.max_seq_len, "the model's context");
+  // 100,000-token block for a 2,048-token context allocated 49x the cache it serves. (A
+  // capacity that is not a whole number of blocks rounds up to one: a block's worth at most.)
+  if (model.max_seq_len > 0 && o.block_tokens > model.max_seq_len)
+    throw Error(ErrorKind::kInvalidArgument, "--block-size " + std::to_string(o.block_tokens) +
+                                                 " is larger than the model's context of " +
+                                                 std::to_string(model.max_seq_len) +
+                                                 " tokens: no sequence could fill a block; use at most " +
+                                                 std::to_string(model.max_seq_len) + " (default 16)");
   if (o.budget_bytes == 0) {
     if (o.max_cached_tokens <= 0)
       throw Error(ErrorKind::kInvalidArgument, "paged plan: give a byte budget or a token capacity");
-    too_big(o.max_cached_tokens, "the cache's capacity (--max-cache-len)");
     sc.max_tokens = o.max_cached_tokens;
     sc.group_blocks = default_group_blocks(sc);
   } else {
