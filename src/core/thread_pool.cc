@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <string>
+#include <system_error>
 
 #include "core/error.h"
 
@@ -91,21 +93,34 @@ ThreadPool::ThreadPool(const ThreadPoolOptions& options) : options_(options) {
   if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
   if (n <= 0) n = 1;
   const std::vector<int> cpus = start_cpus();
+  workers_.reserve(static_cast<size_t>(n - 1));
   for (int i = 1; i < n; ++i) {
     const int cpu = cpus.empty() ? -1 : cpus[static_cast<size_t>(i - 1) % cpus.size()];
-    workers_.emplace_back([this, cpu] {
-      start_on(cpu);
-      worker_loop();
-    });
+    try {
+      workers_.emplace_back([this, cpu] {
+        start_on(cpu);
+        worker_loop();
+      });
+    } catch (const std::system_error& e) {
+      // The system's thread limit: stop the workers already started (a joinable std::thread
+      // left behind would terminate the process) and say what to change.
+      stop_workers();
+      throw Error(ErrorKind::kInvalidArgument, "cannot start thread " + std::to_string(i + 1) + " of " +
+                                                   std::to_string(n) + " (" + e.what() +
+                                                   "); ask for fewer threads (-t, KVCACHE_THREADS)");
+    }
   }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_workers() {
   stop_.store(true, std::memory_order_seq_cst);
   epoch_.fetch_add(1, std::memory_order_seq_cst);
   epoch_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
+
+ThreadPool::~ThreadPool() { stop_workers(); }
 
 int64_t ThreadPool::drain(uint32_t gen) {
   const Job& job = jobs_[gen & 1];

@@ -60,6 +60,7 @@ class ThreadPool {
 
   void run(int64_t n_tasks, TaskFn fn, void* ctx);
   void worker_loop();
+  void stop_workers();  // wakes every worker to exit and joins it (destructor, failed start)
   // Claims and runs tasks of generation gen until none are left; returns how many it ran.
   int64_t drain(uint32_t gen);
 

@@ -120,7 +120,7 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     bad(source, std::string("invalid JSON: ") + e.what());
   }
   if (!j.is_object()) bad(source, "config.json must be a JSON object");

@@ -52,7 +52,7 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
   json j;
   try {
     j = json::parse(hdr, hdr + n);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     bad(path, std::string("safetensors header is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) bad(path, "safetensors header must be a JSON object");
@@ -199,7 +199,7 @@ std::unique_ptr<ModelFile> load_hf_model(const std::string& path) {
     json j;
     try {
       j = json::parse(ss.str());
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
       bad(index_path, std::string("invalid JSON: ") + e.what());
     }
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) bad(index_path, "needs a weight_map object");

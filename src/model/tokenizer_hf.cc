@@ -38,7 +38,7 @@ json read_json(const std::string& path) {
   ss << f.rdbuf();
   try {
     return json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     bad(path, std::string("invalid JSON: ") + e.what());
   }
 }

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "kernels/softmax.h"
@@ -24,16 +27,25 @@ uint32_t Pcg32::next_u32() {
 
 float Pcg32::next_f32() { return static_cast<float>(next_u32() >> 8) * (1.0f / 16777216.0f); }
 
+void validate_sampler_params(const SamplerParams& params) {
+  // Each range written so that NaN fails it too.
+  const auto bad = [](const std::string& what, double got) {
+    throw Error(ErrorKind::kInvalidArgument, "sampler: " + what + ", got " + fmt::format("{}", got));
+  };
+  if (!(params.temperature >= 0.0f && std::isfinite(params.temperature)))
+    bad("--temp must be >= 0 (0 = greedy)", params.temperature);
+  if (params.top_k < 0) bad("--top-k must be >= 0 (0 = off)", params.top_k);
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) bad("--top-p must be in (0, 1] (1 = off)", params.top_p);
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) bad("--min-p must be in [0, 1] (0 = off)", params.min_p);
+  if (!(params.repeat_penalty > 0.0f && std::isfinite(params.repeat_penalty)))
+    bad("--repeat-penalty must be positive (1 = off)", params.repeat_penalty);
+  if (params.repeat_last_n < -1) bad("--repeat-last-n must be >= -1 (-1 = all)", params.repeat_last_n);
+}
+
 Sampler::Sampler(const SamplerParams& params, int64_t vocab_size)
     : params_(params), vocab_(vocab_size), rng_(params.seed) {
   if (vocab_size <= 0) throw Error(ErrorKind::kInvalidArgument, "sampler: vocabulary size must be positive");
-  if (params.top_p <= 0.0f) throw Error(ErrorKind::kInvalidArgument, "sampler: --top-p must be in (0, 1]");
-  if (params.min_p < 0.0f || params.min_p > 1.0f) {
-    throw Error(ErrorKind::kInvalidArgument, "sampler: --min-p must be in [0, 1]");
-  }
-  if (params.repeat_penalty <= 0.0f) {
-    throw Error(ErrorKind::kInvalidArgument, "sampler: --repeat-penalty must be positive");
-  }
+  validate_sampler_params(params);
   work_.resize(static_cast<size_t>(vocab_size));
   cand_.reserve(static_cast<size_t>(vocab_size));
   seen_.assign(static_cast<size_t>(vocab_size), 0);

@@ -14,14 +14,18 @@
 namespace kvcache {
 
 struct SamplerParams {
-  float temperature = 0.0f;     // <= 0: greedy
-  int32_t top_k = 0;            // <= 0: off
-  float top_p = 1.0f;           // >= 1: off; keep the smallest prefix with mass >= top_p
-  float min_p = 0.0f;           // <= 0: off; keep p >= min_p * p_max
+  float temperature = 0.0f;     // >= 0; 0: greedy
+  int32_t top_k = 0;            // >= 0; 0: off
+  float top_p = 1.0f;           // (0, 1]; 1: off; keep the smallest prefix with mass >= top_p
+  float min_p = 0.0f;           // [0, 1]; 0: off; keep p >= min_p * p_max
   float repeat_penalty = 1.0f;  // 1: off; CTRL-style: logit > 0 ? logit / r : logit * r
   int32_t repeat_last_n = 64;   // how many recent tokens the penalty looks at (-1: all)
   uint64_t seed = 0;
 };
+
+// Throws Error (kInvalidArgument, naming the CLI option) unless every field is in its range
+// above; NaN is never in range. The Sampler constructor calls it; a CLI calls it before any output.
+void validate_sampler_params(const SamplerParams& params);
 
 // PCG32 (O'Neill 2014, XSH-RR output, 64-bit LCG state): small, fast, and fully specified, so
 // a seed gives the same stream everywhere.

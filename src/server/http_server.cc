@@ -182,7 +182,7 @@ void HttpServer::install_routes() {
     json body;
     try {
       body = json::parse(req.body);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // syntax, or a number out of double's range (1e400)
       return send_error(res, 400, std::string("malformed JSON body: ") + e.what(), "invalid_request_error");
     }
     ApiRequest ar;

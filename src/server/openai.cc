@@ -1,6 +1,7 @@
 #include "server/openai.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace kvcache {
 
@@ -133,11 +134,14 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
   if (p.sampler.temperature < 0 || p.sampler.temperature > 2) throw bad("'temperature' must be in [0, 2]");
   p.sampler.top_p = static_cast<float>(get_number(body, "top_p", 1.0));
   if (p.sampler.top_p <= 0 || p.sampler.top_p > 1) throw bad("'top_p' must be in (0, 1]");
-  p.sampler.top_k = static_cast<int32_t>(get_int(body, "top_k", 0));
+  const int64_t top_k = get_int(body, "top_k", 0);
+  if (top_k < 0 || top_k > INT32_MAX) throw bad("'top_k' must be >= 0 (0: off)");
+  p.sampler.top_k = static_cast<int32_t>(top_k);
   p.sampler.min_p = static_cast<float>(get_number(body, "min_p", 0.0));
   if (p.sampler.min_p < 0 || p.sampler.min_p > 1) throw bad("'min_p' must be in [0, 1]");
   p.sampler.repeat_penalty = static_cast<float>(get_number(body, "repetition_penalty", 1.0));
-  if (p.sampler.repeat_penalty <= 0) throw bad("'repetition_penalty' must be > 0");
+  if (!(p.sampler.repeat_penalty > 0 && std::isfinite(p.sampler.repeat_penalty)))
+    throw bad("'repetition_penalty' must be a positive number");
   p.sampler.seed = static_cast<uint64_t>(get_int(body, "seed", 0));
   const int64_t n = get_int(body, "n", 1);
   if (n < 1 || n > 64) throw bad("'n' must be in [1, 64]");

@@ -84,7 +84,7 @@ void run_batch(const BatchOptions& o) {
         if (!out.error.empty()) r["error"] = out.error;
         results[i] = std::move(r);
       });
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
       results[i] = {{"id", id}, {"line", i + 1}, {"error", std::string("malformed JSON: ") + e.what()}};
     } catch (const ApiError& e) {
       results[i] = {{"id", id}, {"line", i + 1}, {"error", e.what()}};

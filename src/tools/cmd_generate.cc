@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "model/tokenizer_llama2c.h"
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
+#include "runtime/sampler.h"
 #include "tools/commands.h"
 #include "tools/model_options.h"
 
@@ -50,6 +52,10 @@ void run_generate(const GenerateOptions& o) {
   if (o.has_prompt && !o.prompt_ids.empty()) {
     throw Error(ErrorKind::kInvalidArgument, "give either --prompt or --prompt-ids, not both");
   }
+  validate_sampler_params(o.sampler);  // before the model loads and the prompt is echoed
+  if (!(o.verify_tol >= 0 && std::isfinite(o.verify_tol)))  // 0: the default for the KV dtype
+    throw Error(ErrorKind::kInvalidArgument, "--verify-tol must be a positive relative tolerance, got " +
+                                                 fmt::format("{}", o.verify_tol));
   LoadOptions lo = load_options(o.model);
   lo.require_tokenizer = o.prompt_ids.empty() || o.output == "text";
   LoadedModel lm = load_model(o.model.model, lo);

@@ -14,6 +14,10 @@
 
 namespace kvcache::tools {
 
+namespace {
+constexpr int kMaxThreads = 1024;  // far past any machine here; beyond it -t is a typo
+}  // namespace
+
 void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--model,-m", o.model, "Model: llama2.c .bin, GGUF file, Hugging Face folder, or dummy:PRESET[:f16|f32|bf16|q8_0] (tiny, llama-125m, gemma2-tiny, gptoss-tiny, mla-tiny)")->required();
   cmd->add_option("--tokenizer", o.tokenizer,
@@ -68,7 +72,11 @@ LoadOptions load_options(const ModelOptions& o, bool machine_output) {
 
 SessionConfig session_config(const ModelOptions& o, const LlamaModel& model) {
   if (o.threads < 0) throw Error(ErrorKind::kInvalidArgument, "-t must be >= 0");
+  if (o.threads > kMaxThreads)
+    throw Error(ErrorKind::kInvalidArgument, "-t " + std::to_string(o.threads) + ": at most " +
+                                                 std::to_string(kMaxThreads) + " threads");
   if (o.threads > 0) set_default_threads(o.threads);
+  (void)default_pool();  // start the workers now: a thread limit is reported before any output
   SessionConfig sc;
   sc.cache = o.cache;
   sc.max_cache_len = o.max_cache_len;

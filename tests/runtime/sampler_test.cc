@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -136,6 +138,42 @@ TEST(Sampler, RejectsNonsenseParameters) {
   p = SamplerParams{};
   p.repeat_penalty = 0.0f;
   EXPECT_THROW(Sampler(p, 4), Error);
+  // Out of range on the other side, negative, or NaN: each an error naming the option.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const auto rejects = [](const SamplerParams& bad, const std::string& option) {
+    try {
+      Sampler s(bad, 4);
+      ADD_FAILURE() << option << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
+    }
+  };
+  for (const float t : {-1.0f, nan, std::numeric_limits<float>::infinity()}) {
+    p = SamplerParams{};
+    p.temperature = t;
+    rejects(p, "--temp");
+  }
+  for (const float tp : {1.5f, nan}) {
+    p = SamplerParams{};
+    p.top_p = tp;
+    rejects(p, "--top-p");
+  }
+  p = SamplerParams{};
+  p.min_p = nan;
+  rejects(p, "--min-p");
+  p = SamplerParams{};
+  p.top_k = -3;
+  rejects(p, "--top-k");
+  p = SamplerParams{};
+  p.repeat_penalty = nan;
+  rejects(p, "--repeat-penalty");
+  p = SamplerParams{};
+  p.repeat_last_n = -2;
+  rejects(p, "--repeat-last-n");
+  p = SamplerParams{};
+  p.repeat_last_n = -1;  // the whole history
+  p.top_p = 1.0f;
+  EXPECT_NO_THROW(Sampler(p, 4));
 }
 
 }  // namespace

@@ -201,6 +201,8 @@ TEST(Server, BadRequestsGetOpenAIErrorsWithTheRightStatus) {
   expect_error(post("/v1/completions", R"({"prompt": "hi", "stream": 1})"), 400);
   expect_error(post("/v1/completions", R"({"prompt": ""})"), 400);                        // empty
   expect_error(post("/v1/completions", R"({"max_tokens": 3})"), 400);                     // missing
+  expect_error(post("/v1/completions", R"({"prompt": "hi", "top_k": -1})"), 400);  // out of range
+  expect_error(post("/v1/completions", R"({"prompt": "hi", "repetition_penalty": 1e400})"), 400);
   expect_error(post("/v1/chat/completions", R"({"messages": []})"), 400);
   expect_error(post("/v1/chat/completions", R"({"messages": [{"role": 3}]})"), 400);
   std::string long_prompt;

@@ -163,6 +163,7 @@ TEST(CliBadInput, ExitCode2AndAMessageNamingTheProblem) {
   std::ofstream(s.file("tok_cut.bin"), std::ios::binary).write(tok.data(), 100);
   struct Case {
     std::string args, needle;
+    bool silent = false;  // rejected before anything reaches stdout
   };
   const Case cases[] = {
       {"generate --model " + s.file("cut.bin") + " -n 4", "truncated"},
@@ -177,10 +178,21 @@ TEST(CliBadInput, ExitCode2AndAMessageNamingTheProblem) {
       {"generate --model " + quote(kModel) + " --cache static --max-cache-len 4 --prompt 'Once upon a time' -n 8",
        "max_cache_len"},
       {"logits --model " + quote(kModel) + " --prompt-ids '1 2' -o /nonexistent/dir/x.f32", "/nonexistent/dir/x.f32"},
+      // Sampler values out of range (NaN never in range); nothing reaches stdout before the error.
+      {"generate --model " + quote(kModel) + " -n 4 --temp -1", "--temp must be >= 0", true},
+      {"generate --model " + quote(kModel) + " -n 4 --temp nan", "--temp must be >= 0", true},
+      {"generate --model " + quote(kModel) + " -n 4 --top-p 1.5", "--top-p must be in (0, 1]", true},
+      {"generate --model " + quote(kModel) + " -n 4 --top-k -3", "--top-k must be >= 0", true},
+      {"generate --model " + quote(kModel) + " -n 4 --repeat-last-n -2", "--repeat-last-n must be >= -1", true},
+      {"generate --model " + quote(kModel) + " -n 4 --verify --verify-tol -1", "--verify-tol", true},
+      {"generate --model " + quote(kModel) + " -n 4 -t 100000", "at most 1024 threads", true},
   };
   for (const Case& c : cases) {
     Result r = s.run(c.args);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    if (c.silent) {
+      EXPECT_EQ(r.out, "") << c.args;
+    }
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << "\nstderr: " << r.err;
     EXPECT_EQ(r.err.find("internal invariant"), std::string::npos) << r.err;
   }

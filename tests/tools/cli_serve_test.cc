@@ -79,13 +79,15 @@ TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
   std::ofstream(in) << R"({"id": "a", "prompt": [1, 450, 4996], "max_tokens": 4, "temperature": 0})" << "\n"
                     << R"({"prompt": [1, 450, 4996], "max_tokens": 6, "temperature": 0, "n": 2})" << "\n"
                     << R"({"prompt": [], "max_tokens": 2})" << "\n"
-                    << "not json\n";
+                    << "not json\n"
+                    << R"({"prompt": [1, 450], "max_tokens": 1e400})" << "\n"  // parses, out of range
+                    << R"({"prompt": [1, 450], "max_tokens": 2, "top_k": -1})" << "\n";
   const auto r = testing_util::run_cli("batch --model dummy:tiny --max-cache-len 256 --input '" + in + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::vector<json> lines;
   std::istringstream ss(r.out);
   for (std::string l; std::getline(ss, l);) lines.push_back(json::parse(l));
-  ASSERT_EQ(lines.size(), 4u);
+  ASSERT_EQ(lines.size(), 6u);
   EXPECT_EQ(lines[0]["id"], "a");
   EXPECT_EQ(lines[0]["choices"][0]["tokens"].size(), 4u);
   EXPECT_EQ(lines[0]["usage"]["prompt_tokens"], 3);
@@ -95,6 +97,8 @@ TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
   EXPECT_TRUE(lines[1]["stats"].contains("ttft_s"));
   EXPECT_TRUE(lines[2].contains("error"));
   EXPECT_TRUE(lines[3].contains("error"));
+  EXPECT_NE(lines[4].value("error", "").find("out_of_range"), std::string::npos) << lines[4];
+  EXPECT_NE(lines[5].value("error", "").find("top_k"), std::string::npos) << lines[5];
 }
 
 }  // namespace
