@@ -129,51 +129,46 @@ TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegative) {
 }
 
 TEST(Sampler, RejectsNonsenseParameters) {
-  SamplerParams p;
-  p.top_p = 0.0f;
-  EXPECT_THROW(Sampler(p, 4), Error);
-  p = SamplerParams{};
-  p.min_p = 2.0f;
-  EXPECT_THROW(Sampler(p, 4), Error);
-  p = SamplerParams{};
-  p.repeat_penalty = 0.0f;
-  EXPECT_THROW(Sampler(p, 4), Error);
-  // Out of range on the other side, negative, or NaN: each an error naming the option.
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  const auto rejects = [](const SamplerParams& bad, const std::string& option) {
-    try {
-      Sampler s(bad, 4);
-      ADD_FAILURE() << option << " accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
-    }
+  // Out of range on either side, or NaN: each an error naming the option.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    void (*set)(SamplerParams&, float);
+    float value;
+    const char* option;
   };
-  for (const float t : {-1.0f, nan, std::numeric_limits<float>::infinity()}) {
-    p = SamplerParams{};
-    p.temperature = t;
-    rejects(p, "--temp");
+  const auto temp = [](SamplerParams& q, float v) { q.temperature = v; };
+  const auto top_p = [](SamplerParams& q, float v) { q.top_p = v; };
+  const auto min_p = [](SamplerParams& q, float v) { q.min_p = v; };
+  const auto penalty = [](SamplerParams& q, float v) { q.repeat_penalty = v; };
+  const Case cases[] = {
+      {temp, -1.0f, "--temp"},
+      {temp, nan, "--temp"},
+      {temp, inf, "--temp"},
+      {top_p, 0.0f, "--top-p"},
+      {top_p, 1.5f, "--top-p"},
+      {top_p, nan, "--top-p"},
+      {min_p, 2.0f, "--min-p"},
+      {min_p, nan, "--min-p"},
+      {[](SamplerParams& q, float v) { q.top_k = static_cast<int32_t>(v); }, -3.0f, "--top-k"},
+      {penalty, 0.0f, "--repeat-penalty"},
+      {penalty, nan, "--repeat-penalty"},
+      {[](SamplerParams& q, float v) { q.repeat_last_n = static_cast<int32_t>(v); }, -2.0f, "--repeat-last-n"},
+  };
+  for (const Case& c : cases) {
+    SamplerParams q;
+    c.set(q, c.value);
+    try {
+      Sampler s(q, 4);
+      ADD_FAILURE() << c.option << " " << c.value << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.option), std::string::npos) << e.what();
+    }
   }
-  for (const float tp : {1.5f, nan}) {
-    p = SamplerParams{};
-    p.top_p = tp;
-    rejects(p, "--top-p");
-  }
-  p = SamplerParams{};
-  p.min_p = nan;
-  rejects(p, "--min-p");
-  p = SamplerParams{};
-  p.top_k = -3;
-  rejects(p, "--top-k");
-  p = SamplerParams{};
-  p.repeat_penalty = nan;
-  rejects(p, "--repeat-penalty");
-  p = SamplerParams{};
-  p.repeat_last_n = -2;
-  rejects(p, "--repeat-last-n");
-  p = SamplerParams{};
-  p.repeat_last_n = -1;  // the whole history
-  p.top_p = 1.0f;
-  EXPECT_NO_THROW(Sampler(p, 4));
+  SamplerParams edges;
+  edges.repeat_last_n = -1;  // the whole history
+  edges.top_p = 1.0f;
+  edges.min_p = 1.0f;
+  EXPECT_NO_THROW(Sampler(edges, 4));
 }
 
 }  // namespace
