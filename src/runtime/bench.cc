@@ -52,17 +52,28 @@ std::vector<BenchResult> run_bench(const LlamaModel& model, const SessionConfig&
   struct Test {
     int64_t pp, tg;
   };
-  std::vector<Test> tests;
+  const auto check = [](const std::vector<int64_t>& v, const char* flag, const char* zero) {
+    for (const int64_t x : v)
+      if (x < 0)
+        throw Error(ErrorKind::kInvalidArgument, std::string("bench: ") + flag + " " + std::to_string(x) +
+                                                     ": token counts must be >= 0 (0: " + zero + ")");
+  };
+  check(params.n_prompt, "-p", "no prompt test");
+  check(params.n_gen, "-n", "no generation test");
+  check(params.depths, "-d", "an empty cache");
+  std::vector<Test> tests;  // 0 skips a test, as in llama-bench (-n 0: prompt processing only)
   for (int64_t p : params.n_prompt)
     if (p > 0) tests.push_back({p, 0});
   for (int64_t g : params.n_gen)
     if (g > 0) tests.push_back({0, g});
+  if (tests.empty() || params.depths.empty())
+    throw Error(ErrorKind::kInvalidArgument, "bench: nothing to measure: give a positive -p or -n, and a -d");
   std::vector<BenchResult> out;
   uint64_t rng = params.seed;
   for (int64_t depth : params.depths) {
     for (const Test& t : tests) {
       const int64_t need = depth + t.pp + t.tg;
-      if (depth < 0 || need > ctx) {
+      if (need > ctx) {
         throw Error(ErrorKind::kInvalidArgument, "bench: depth " + std::to_string(depth) + " + test " +
                                                      std::to_string(t.pp + t.tg) + " tokens exceed the model's context " +
                                                      std::to_string(ctx));

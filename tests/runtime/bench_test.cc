@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "core/error.h"
 #include "golden_util.h"
 #include "model/llama2c.h"
@@ -44,6 +46,28 @@ TEST(Bench, RunsEveryTestAtEveryDepthWithLlamaBenchFields) {
   }
   p.depths = {600};
   EXPECT_THROW(run_bench(model, SessionConfig{}, p), Error);  // past the 512-token context
+  // Negative counts, and nothing left to measure, are errors naming the flag (not skipped tests).
+  const auto rejects = [&](const BenchParams& bad, const std::string& needle) {
+    try {
+      run_bench(model, SessionConfig{}, bad);
+      ADD_FAILURE() << needle << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  BenchParams q;
+  q.n_prompt = {-1};
+  rejects(q, "-p -1");
+  q = BenchParams{};
+  q.n_gen = {8, -5};
+  rejects(q, "-n -5");
+  q = BenchParams{};
+  q.depths = {-4};
+  rejects(q, "-d -4");
+  q = BenchParams{};
+  q.n_prompt = {0};
+  q.n_gen = {0};
+  rejects(q, "nothing to measure");
 }
 
 }  // namespace
