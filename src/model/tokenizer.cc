@@ -146,6 +146,11 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int32_t llama
     if (fs::exists(json, ec)) return load_hf_tokenizer(json.string());
     throw Error(ErrorKind::kIo, path + ": no tokenizer.json in this folder");
   }
+  if (path.starts_with("dummy:") && !fs::exists(path, ec))
+    throw Error(ErrorKind::kInvalidArgument,
+                path + ": the built-in dummy models have no tokenizer of their own (generate borrows llama.cpp's "
+                       "SentencePiece test vocabulary, vocab/ggml-vocab-llama-spm.gguf in the shared folder); "
+                       "pass a tokenizer file instead");
   if (!fs::exists(path, ec)) throw Error(ErrorKind::kIo, path + ": no such file");
   if (has_gguf_magic(path)) return tokenizer_from_gguf(*GgufFile::open(path));
   if (path.ends_with(".json")) return load_hf_tokenizer(path);

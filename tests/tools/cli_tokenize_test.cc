@@ -102,6 +102,9 @@ TEST_F(CliTokenize, BadFilesExitWithCode2AndNameTheFile) {
   const Result m = tokenize(scratch_.file("missing"), "x");
   EXPECT_EQ(m.code, 2);
   EXPECT_NE(m.err.find("missing"), std::string::npos) << m.err;
+  const Result d = tokenize("dummy:tiny", "x");  // a built-in model, not a file
+  EXPECT_EQ(d.code, 2);
+  EXPECT_NE(d.err.find("dummy models have no tokenizer"), std::string::npos) << d.err;
 }
 
 }  // namespace
