@@ -54,6 +54,9 @@ void run_serve(const ServeOptions& o) {
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-stream is a failed write, not a crash
 
   if (o.port < 0 || o.port > 65535) throw Error(ErrorKind::kInvalidArgument, "--port must be in [0, 65535]");
+  if (o.default_max_tokens < 1)  // every request without max_tokens would be refused
+    throw Error(ErrorKind::kInvalidArgument,
+                "--default-max-tokens must be >= 1, got " + std::to_string(o.default_max_tokens));
   LoadedModel lm = load_model(o.engine.model.model, load_options(o.engine.model));
   const EngineConfig ec = engine_config(o.engine, *lm.model);
   Engine engine(*lm.model, lm.tokenizer.get(), ec);

@@ -73,6 +73,15 @@ TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
   ::close(err_pipe[0]);
 }
 
+TEST(CliServe, BadSettingsExitWith2BeforeListening) {
+  for (const char* args : {"--port 70000", "--port 0 --default-max-tokens 0", "--port 0 --max-running 0"}) {
+    const auto r = testing_util::run_cli(std::string("serve --model dummy:tiny ") + args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    const std::string flag = std::string(args).substr(std::string(args).rfind("--"));
+    EXPECT_NE(r.err.find(flag.substr(0, flag.find(' '))), std::string::npos) << args << ": " << r.err;
+  }
+}
+
 TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
   const testing_util::ScratchDir scratch("cli_batch");
   const std::string in = scratch.file("in.jsonl");
