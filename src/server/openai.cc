@@ -98,6 +98,37 @@ std::vector<ChatMessage> parse_messages(const json& b) {
   return out;
 }
 
+// OpenAI parameters this server does not implement: refused when they would change the answer
+// (a client asking for log-probabilities must not get a reply without them), accepted at their
+// no-op values, which clients often send by default.
+void refuse_unsupported(const json& body, bool chat) {
+  const auto given = [&](const char* key) -> const json* {
+    const auto it = body.find(key);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+  };
+  const auto refuse = [](const std::string& key) {
+    throw bad("'" + key + "' is not supported by this server; omit it (or send its default)");
+  };
+  for (const char* key : {"presence_penalty", "frequency_penalty"})
+    if (const json* v = given(key); v && !(v->is_number() && v->get<double>() == 0.0)) refuse(key);
+  if (const json* v = given("logit_bias"); v && !(v->is_object() && v->empty())) refuse("logit_bias");
+  if (chat) {
+    if (const json* v = given("logprobs"); v && *v != false) refuse("logprobs");
+    if (const json* v = given("top_logprobs"); v && *v != 0) refuse("top_logprobs");
+    for (const char* key : {"tools", "functions"})
+      if (const json* v = given(key); v && !(v->is_array() && v->empty())) refuse(key);
+    for (const char* key : {"tool_choice", "function_call"})
+      if (const json* v = given(key); v && *v != "none") refuse(key);
+    if (const json* v = given("response_format"); v && !(v->is_object() && v->value("type", "") == "text"))
+      refuse("response_format");
+  } else {
+    if (given("logprobs")) refuse("logprobs");  // even 0 asks for the sampled tokens' log-probabilities
+    if (const json* v = given("echo"); v && *v != false) refuse("echo");
+    if (const json* v = given("best_of"); v && *v != 1) refuse("best_of");
+    if (const json* v = given("suffix"); v && *v != "") refuse("suffix");
+  }
+}
+
 }  // namespace
 
 std::string to_json_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -116,6 +147,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
       throw ApiError(404, "invalid_request_error", "model_not_found",
                      "The model '" + it->get<std::string>() + "' does not exist; this server serves '" + model.name + "'");
   }
+  refuse_unsupported(body, chat);
   RequestParams& p = r.params;
   if (chat) {
     if (model.tokenizer == nullptr) throw bad("chat completions need a tokenizer; this model has none");

@@ -201,6 +201,23 @@ TEST(Server, BadRequestsGetOpenAIErrorsWithTheRightStatus) {
   expect_error(post("/v1/completions", R"({"prompt": "hi", "stream": 1})"), 400);
   expect_error(post("/v1/completions", R"({"prompt": ""})"), 400);                        // empty
   expect_error(post("/v1/completions", R"({"max_tokens": 3})"), 400);                     // missing
+  // Features this server does not implement are refused, not silently dropped; their no-op
+  // values (which clients send by default) are accepted.
+  for (const char* b : {R"({"prompt": "hi", "logprobs": 5})", R"({"prompt": "hi", "echo": true})",
+                        R"({"prompt": "hi", "presence_penalty": 0.5})", R"({"prompt": "hi", "logit_bias": {"50": 10}})"})
+    expect_error(post("/v1/completions", b), 400);
+  expect_error(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true})"), 400);
+  expect_error(post("/v1/chat/completions",
+                    R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]})"),
+               400);
+  EXPECT_EQ(post("/v1/completions", R"({"prompt": "hi", "max_tokens": 1, "presence_penalty": 0, "frequency_penalty": 0,
+                                        "logit_bias": {}, "echo": false, "best_of": 1, "logprobs": null})")
+                .status,
+            200);
+  EXPECT_EQ(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                                             "logprobs": false, "tools": [], "response_format": {"type": "text"}})")
+                .status,
+            200);
   expect_error(post("/v1/completions", R"({"prompt": "hi", "top_k": -1})"), 400);  // out of range
   expect_error(post("/v1/completions", R"({"prompt": "hi", "repetition_penalty": 1e400})"), 400);
   expect_error(post("/v1/chat/completions", R"({"messages": []})"), 400);
