@@ -52,7 +52,9 @@ struct ApiRequest {
 
 // Parses a /v1/completions (chat = false) or /v1/chat/completions body. Throws ApiError 400
 // for missing or wrongly typed fields, an empty prompt, a text prompt without tokenizer; 404
-// for a "model" other than model.name. Fields the engine does not use are ignored.
+// for a "model" other than model.name. Parameters that would change the answer but are not
+// implemented (logprobs, echo, logit_bias, penalties other than repetition_penalty, tools, ...)
+// are a 400 unless they hold their default; other fields (user, metadata, ...) are ignored.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const ServedModel& model);
 
 // Response bodies. created: unix seconds.
