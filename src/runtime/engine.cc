@@ -126,6 +126,9 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
                 "request: prompt (" + std::to_string(params.prompt.size()) + " tokens) + max_tokens (" +
                     std::to_string(params.max_tokens) + ") exceeds the context of " + std::to_string(max_context_) +
                     " tokens; shorten the prompt or lower max_tokens");
+  if (params.logprobs < -1 || params.logprobs > kMaxTopLogprobs)
+    throw Error(ErrorKind::kInvalidArgument, "request: logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) +
+                                                 "] (or -1: none), got " + std::to_string(params.logprobs));
   if (!params.stop_strings.empty() && tokenizer_ == nullptr)
     throw Error(ErrorKind::kInvalidArgument, "request: stop strings need a tokenizer");
   for (const std::string& s : params.stop_strings)
@@ -472,22 +475,33 @@ void Engine::after_logits(Seq& s, std::span<const float> logits) {
     finish_seq(s, FinishReason::kStop);
     return;
   }
+  std::optional<TokenLogprob> lp;
+  if (r.params.logprobs >= 0) {
+    lp = token_logprob(logits, tok, r.params.logprobs);
+    const auto name = [&](LogprobEntry& e) {
+      e.piece = tokenizer_ != nullptr ? tokenizer_->decode(e.token) : "token_id:" + std::to_string(e.token);
+    };
+    name(lp->chosen);
+    for (LogprobEntry& e : lp->top) name(e);
+    s.out->logprobs.push_back(*lp);
+  }
   s.tokens.push_back(tok);
   s.out->tokens.push_back(tok);
   ++r.output.stats.completion_tokens;
-  emit_text(s, tok);
+  emit_text(s, tok, std::move(lp));
   if (s.state == SeqState::kFinished) return;
   if (static_cast<int64_t>(s.out->tokens.size()) >= r.params.max_tokens ||
       static_cast<int64_t>(s.tokens.size()) >= max_context_)
     finish_seq(s, FinishReason::kLength);
 }
 
-void Engine::emit_text(Seq& s, int32_t token) {
+void Engine::emit_text(Seq& s, int32_t token, std::optional<TokenLogprob> logprob) {
   Request& r = *s.req;
   StreamEvent ev;
   ev.id = r.id;
   ev.index = s.index;
   ev.token = token;
+  ev.logprob = std::move(logprob);
   if (tokenizer_ != nullptr) {
     std::string piece = tokenizer_->decode(token);
     const size_t n = s.tokens.size();
@@ -505,7 +519,7 @@ void Engine::emit_text(Seq& s, int32_t token) {
     for (const std::string& st : r.params.stop_strings) cut = std::min(cut, text.find(st, from));
     if (cut != std::string::npos) {
       text.resize(cut);
-      finish_seq(s, FinishReason::kStop);  // streams text[sent, cut)
+      finish_seq(s, FinishReason::kStop, std::move(ev.logprob));  // streams text[sent, cut)
       return;
     }
     // Hold back a suffix that may grow into a stop string, and incomplete UTF-8.
@@ -524,7 +538,7 @@ void Engine::emit_text(Seq& s, int32_t token) {
   if (r.callback) r.callback(ev);
 }
 
-void Engine::finish_seq(Seq& s, FinishReason reason) {
+void Engine::finish_seq(Seq& s, FinishReason reason, std::optional<TokenLogprob> logprob) {
   Request& r = *s.req;
   if (s.sid >= 0) {
     store_->free_sequence(s.sid);  // frees at once; full blocks stay cached
@@ -542,6 +556,7 @@ void Engine::finish_seq(Seq& s, FinishReason reason) {
   ev.index = s.index;
   ev.finished = true;
   ev.reason = reason;
+  ev.logprob = std::move(logprob);
   if (s.sent < s.out->text.size()) ev.text = s.out->text.substr(s.sent);
   s.sent = s.out->text.size();
   if (r.callback) r.callback(ev);

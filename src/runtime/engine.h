@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <condition_variable>
 #include <string>
 #include <vector>
@@ -55,6 +56,9 @@ struct RequestParams {
   std::vector<int32_t> stop_ids;      // sampled -> stop (not emitted)
   std::vector<std::string> stop_strings;  // needs a tokenizer; text is cut before the match
   int32_t n = 1;                      // parallel samples (forked after the prompt)
+  // -1: none; k in [0, kMaxTopLogprobs]: each generated token's log-probability and the k most
+  // likely tokens at its step (see TokenLogprob).
+  int32_t logprobs = -1;
 };
 
 // Per-request statistics, final when the request finishes.
@@ -73,6 +77,7 @@ struct SampleOutput {
   std::vector<int32_t> tokens;   // generated ids, stop id excluded
   std::string text;              // with a tokenizer: decoded, cut before a stop string
   FinishReason reason = FinishReason::kNone;
+  std::vector<TokenLogprob> logprobs;  // one per token when RequestParams::logprobs >= 0
 };
 
 struct RequestOutput {
@@ -93,6 +98,7 @@ struct StreamEvent {
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
   const RequestOutput* output = nullptr;  // request done (valid during the callback)
+  std::optional<TokenLogprob> logprob;    // a token event's, when the request asked for them
 };
 using StreamCallback = std::function<void(const StreamEvent&)>;
 
@@ -159,9 +165,10 @@ class Engine {
   void after_logits(Seq& s, std::span<const float> logits);
   void preempt(Seq& s);
   Seq* newest_running();
-  void finish_seq(Seq& s, FinishReason reason);
+  // logprob: the last token's, when a stop string ended the sample at it (its event is this one).
+  void finish_seq(Seq& s, FinishReason reason, std::optional<TokenLogprob> logprob = std::nullopt);
   void finish_request_if_done(Request& r);
-  void emit_text(Seq& s, int32_t token);
+  void emit_text(Seq& s, int32_t token, std::optional<TokenLogprob> logprob);
   void fork_samples(Seq& parent);
   void update_metrics();
 

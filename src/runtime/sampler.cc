@@ -27,6 +27,33 @@ uint32_t Pcg32::next_u32() {
 
 float Pcg32::next_f32() { return static_cast<float>(next_u32() >> 8) * (1.0f / 16777216.0f); }
 
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t k) {
+  const auto n = static_cast<int64_t>(logits.size());
+  KV_CHECK(token >= 0 && token < n, "token_logprob: token outside the vocabulary");
+  KV_CHECK(k >= 0 && k <= kMaxTopLogprobs, "token_logprob: k outside [0, kMaxTopLogprobs]");
+  const float m = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (const float l : logits) sum += std::exp(static_cast<double>(l) - m);
+  const double lse = static_cast<double>(m) + std::log(sum);
+  const auto lp = [&](int32_t id) { return static_cast<float>(logits[static_cast<size_t>(id)] - lse); };
+  TokenLogprob r;
+  r.chosen = {token, lp(token), {}};
+  // The k best in one pass: a small list kept sorted (k <= 20, so insertion beats a heap).
+  const auto better = [&](int32_t a, int32_t b) {
+    const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+    return la > lb || (la == lb && a < b);
+  };
+  std::vector<int32_t> best;
+  best.reserve(static_cast<size_t>(k) + 1);
+  for (int32_t id = 0; k > 0 && id < n; ++id) {
+    if (static_cast<int32_t>(best.size()) == k && !better(id, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), id, better), id);
+    if (static_cast<int32_t>(best.size()) > k) best.pop_back();
+  }
+  for (const int32_t id : best) r.top.push_back({id, lp(id), {}});
+  return r;
+}
+
 void validate_sampler_params(const SamplerParams& params) {
   // Each range written so that NaN fails it too.
   const auto bad = [](const std::string& what, double got) {

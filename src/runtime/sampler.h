@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,24 @@ class Pcg32 {
  private:
   uint64_t state_ = 0, inc_ = 0;
 };
+
+// A generated token's log-probability under the model: the log-softmax of the raw logits, before
+// temperature, penalties and truncation (the model's distribution, what vLLM reports by
+// default), with the `top` most likely tokens (highest first, ties by lower id).
+struct LogprobEntry {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::string piece;  // the token's text (a tokenizer's decode), or "token_id:N" without one
+};
+struct TokenLogprob {
+  LogprobEntry chosen;
+  std::vector<LogprobEntry> top;
+};
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+// log_softmax(logits)[token] and the top k entries (k in [0, kMaxTopLogprobs]); pieces left
+// empty. The sum over the vocabulary runs in double, so a logprob is exact to float rounding.
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t k);
 
 class Sampler {
  public:

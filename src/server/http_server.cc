@@ -275,9 +275,16 @@ void HttpServer::install_routes() {
     }
     res.set_header("Cache-Control", "no-cache");
     auto first = std::make_shared<std::vector<bool>>(static_cast<size_t>(ar.params.n), true);
+    // Per sample: log-probabilities of tokens whose text is still held back (they go out with
+    // the next chunk) and the bytes of text already streamed (completions' text_offset).
+    struct Pending {
+      std::vector<TokenLogprob> logprobs;
+      size_t offset = 0;
+    };
+    auto pending = std::make_shared<std::vector<Pending>>(static_cast<size_t>(ar.params.n));
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, ch, ar, id, created, model_name, first, forget, has_text = model_.tokenizer != nullptr](
+        [this, ch, ar, id, created, model_name, first, pending, forget, has_text = model_.tokenizer != nullptr](
             size_t, httplib::DataSink& sink) {
           std::deque<StreamEvent> batch;
           {
@@ -303,13 +310,18 @@ void HttpServer::install_routes() {
               done = true;
               continue;
             }
+            Pending& pd = (*pending)[static_cast<size_t>(ev.index)];
+            if (ev.logprob) pd.logprobs.push_back(*ev.logprob);
             // Text held back (a possible stop string, half a character) makes no chunk; without
             // a tokenizer there is no text at all and every token gets its (empty) chunk.
             if (ev.token >= 0 && ev.text.empty() && has_text && !(*first)[static_cast<size_t>(ev.index)]) continue;
             const std::string finish = ev.finished ? openai_finish_reason(ev.reason) : "";
             const bool is_first = (*first)[static_cast<size_t>(ev.index)];
             (*first)[static_cast<size_t>(ev.index)] = false;
-            const json chunk = stream_chunk(ar, id, model_name, created, ev.index, ev.text, finish, is_first);
+            const json chunk =
+                stream_chunk(ar, id, model_name, created, ev.index, ev.text, finish, is_first, pd.logprobs, pd.offset);
+            for (const TokenLogprob& t : pd.logprobs) pd.offset += t.chosen.piece.size();
+            pd.logprobs.clear();
             if (!write("data: " + to_json_text(chunk) + "\n\n")) return false;
           }
           if (!done) return true;

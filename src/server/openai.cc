@@ -99,7 +99,7 @@ std::vector<ChatMessage> parse_messages(const json& b) {
 }
 
 // OpenAI parameters this server does not implement: refused when they would change the answer
-// (a client asking for log-probabilities must not get a reply without them), accepted at their
+// (a client asking for the prompt echoed must not get a reply without it), accepted at their
 // no-op values, which clients often send by default.
 void refuse_unsupported(const json& body, bool chat) {
   const auto given = [&](const char* key) -> const json* {
@@ -113,8 +113,6 @@ void refuse_unsupported(const json& body, bool chat) {
     if (const json* v = given(key); v && !(v->is_number() && v->get<double>() == 0.0)) refuse(key);
   if (const json* v = given("logit_bias"); v && !(v->is_object() && v->empty())) refuse("logit_bias");
   if (chat) {
-    if (const json* v = given("logprobs"); v && *v != false) refuse("logprobs");
-    if (const json* v = given("top_logprobs"); v && *v != 0) refuse("top_logprobs");
     for (const char* key : {"tools", "functions"})
       if (const json* v = given(key); v && !(v->is_array() && v->empty())) refuse(key);
     for (const char* key : {"tool_choice", "function_call"})
@@ -122,8 +120,7 @@ void refuse_unsupported(const json& body, bool chat) {
     if (const json* v = given("response_format"); v && !(v->is_object() && v->value("type", "") == "text"))
       refuse("response_format");
   } else {
-    if (given("logprobs")) refuse("logprobs");  // even 0 asks for the sampled tokens' log-probabilities
-    if (const json* v = given("echo"); v && *v != false) refuse("echo");
+    if (const json* v = given("echo"); v && *v != false) refuse("echo");  // the prompt's logprobs
     if (const json* v = given("best_of"); v && *v != 1) refuse("best_of");
     if (const json* v = given("suffix"); v && *v != "") refuse("suffix");
   }
@@ -175,6 +172,19 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
   if (!(p.sampler.repeat_penalty > 0 && std::isfinite(p.sampler.repeat_penalty)))
     throw bad("'repetition_penalty' must be a positive number");
   p.sampler.seed = static_cast<uint64_t>(get_int(body, "seed", 0));
+  // Log-probabilities: completions take "logprobs": k; chat "logprobs": true, "top_logprobs": k.
+  const std::string k_range = "an integer in [0, " + std::to_string(kMaxTopLogprobs) + "]";
+  if (chat) {
+    const bool want = get_bool(body, "logprobs", false);
+    const int64_t k = get_int(body, "top_logprobs", -1);
+    if (k != -1 && (k < 0 || k > kMaxTopLogprobs)) throw bad("'top_logprobs' must be " + k_range);
+    if (k >= 0 && !want) throw bad("'top_logprobs' needs \"logprobs\": true");
+    p.logprobs = want ? static_cast<int32_t>(std::max<int64_t>(k, 0)) : -1;
+  } else {
+    const int64_t k = get_int(body, "logprobs", -1);
+    if (k != -1 && (k < 0 || k > kMaxTopLogprobs)) throw bad("'logprobs' must be " + k_range);
+    p.logprobs = static_cast<int32_t>(k);
+  }
   const int64_t n = get_int(body, "n", 1);
   if (n < 1 || n > 64) throw bad("'n' must be in [1, 64]");
   p.n = static_cast<int32_t>(n);
@@ -229,11 +239,46 @@ json usage_json(const RequestStats& s) {
               {"prompt_tokens_details", {{"cached_tokens", s.cached_tokens}}}};
 }
 
+json logprobs_json(bool chat, std::span<const TokenLogprob> lps, size_t offset) {
+  if (chat) {  // {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
+    const auto entry = [](const LogprobEntry& e) {
+      json bytes = json::array();  // the piece's UTF-8 bytes (a byte token may hold half a character)
+      for (const unsigned char ch : e.piece) bytes.push_back(static_cast<int>(ch));
+      return json{{"token", e.piece}, {"logprob", e.logprob}, {"bytes", std::move(bytes)}};
+    };
+    json content = json::array();
+    for (const TokenLogprob& t : lps) {
+      json c = entry(t.chosen), top = json::array();
+      for (const LogprobEntry& e : t.top) top.push_back(entry(e));
+      c["top_logprobs"] = std::move(top);
+      content.push_back(std::move(c));
+    }
+    return json{{"content", std::move(content)}};
+  }
+  // Completions: four parallel arrays; text_offset counts the bytes of text before each token.
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       text_offset = json::array();
+  for (const TokenLogprob& t : lps) {
+    tokens.push_back(t.chosen.piece);
+    token_logprobs.push_back(t.chosen.logprob);
+    json top = json::object();
+    for (const LogprobEntry& e : t.top) top[e.piece] = e.logprob;
+    top_logprobs.push_back(std::move(top));
+    text_offset.push_back(offset);
+    offset += t.chosen.piece.size();
+  }
+  return json{{"tokens", std::move(tokens)},
+              {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(top_logprobs)},
+              {"text_offset", std::move(text_offset)}};
+}
+
 json completion_response(const ApiRequest& req, const RequestOutput& out, const std::string& model, int64_t created) {
   json choices = json::array();
   for (size_t i = 0; i < out.samples.size(); ++i) {
     const SampleOutput& s = out.samples[i];
     json c{{"index", i}, {"finish_reason", openai_finish_reason(s.reason)}, {"logprobs", nullptr}};
+    if (req.params.logprobs >= 0) c["logprobs"] = logprobs_json(req.chat, s.logprobs, 0);
     if (req.chat) {
       c["message"] = {{"role", "assistant"}, {"content", s.text}};
     } else {
@@ -250,8 +295,11 @@ json completion_response(const ApiRequest& req, const RequestOutput& out, const 
 }
 
 json stream_chunk(const ApiRequest& req, uint64_t id, const std::string& model, int64_t created, int32_t index,
-                  const std::string& text, const std::string& finish, bool first) {
+                  const std::string& text, const std::string& finish, bool first, std::span<const TokenLogprob> logprobs,
+                  size_t text_offset) {
   json c{{"index", index}, {"finish_reason", finish.empty() ? json() : json(finish)}, {"logprobs", nullptr}};
+  // A chunk without tokens (the finish chunk, mostly) keeps "logprobs": null.
+  if (req.params.logprobs >= 0 && !logprobs.empty()) c["logprobs"] = logprobs_json(req.chat, logprobs, text_offset);
   if (req.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -53,7 +54,7 @@ struct ApiRequest {
 // Parses a /v1/completions (chat = false) or /v1/chat/completions body. Throws ApiError 400
 // for missing or wrongly typed fields, an empty prompt, a text prompt without tokenizer; 404
 // for a "model" other than model.name. Parameters that would change the answer but are not
-// implemented (logprobs, echo, logit_bias, penalties other than repetition_penalty, tools, ...)
+// implemented (echo, logit_bias, penalties other than repetition_penalty, tools, ...)
 // are a 400 unless they hold their default; other fields (user, metadata, ...) are ignored.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const ServedModel& model);
 
@@ -61,9 +62,15 @@ ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Served
 nlohmann::json usage_json(const RequestStats& stats);
 nlohmann::json completion_response(const ApiRequest& req, const RequestOutput& out, const std::string& model,
                                    int64_t created);
-// One streamed chunk (choices[0] = sample `index`). finish: empty while streaming.
+// One streamed chunk (choices[0] = sample `index`). finish: empty while streaming. With
+// logprobs requested, the tokens this chunk covers (text_offset: bytes of the sample's text
+// before the first of them).
 nlohmann::json stream_chunk(const ApiRequest& req, uint64_t id, const std::string& model, int64_t created,
-                            int32_t index, const std::string& text, const std::string& finish, bool first);
+                            int32_t index, const std::string& text, const std::string& finish, bool first,
+                            std::span<const TokenLogprob> logprobs = {}, size_t text_offset = 0);
+// OpenAI's "logprobs" object: chat's {"content": [...]}, or completions' tokens /
+// token_logprobs / top_logprobs / text_offset arrays (offsets counted from `offset`).
+nlohmann::json logprobs_json(bool chat, std::span<const TokenLogprob> logprobs, size_t offset);
 std::string response_id(const ApiRequest& req, uint64_t id);  // "cmpl-N" / "chatcmpl-N"
 // "length"/"stop" as OpenAI names them (cancelled and error map to "stop"/"error").
 std::string openai_finish_reason(FinishReason r);

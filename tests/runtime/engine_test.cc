@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -12,6 +14,7 @@
 
 #include "core/error.h"
 #include "runtime/model_loader.h"
+#include "runtime/session.h"
 #include "scratch_dir.h"
 
 namespace kvcache {
@@ -319,6 +322,52 @@ TEST(Engine, StopIdsMaxTokensAndValidation) {
   RequestParams stop_text = greedy(prompt, 4);
   stop_text.stop_strings = {"x"};
   EXPECT_THROW(e.submit(stop_text, {}), Error);  // no tokenizer
+}
+
+TEST(Engine, LogprobsAreTheModelsLogSoftmaxOfEachSampledToken) {
+  const LlamaModel& model = *tiny_model().model;
+  EngineConfig c;
+  c.max_cached_tokens = 256;
+  Engine e(model, nullptr, c);
+  const std::vector<int32_t> prompt = make_prompts(1, 11)[0];
+  RequestParams rp = greedy(prompt, 6);
+  rp.logprobs = 3;
+  size_t streamed = 0;
+  RequestOutput out;
+  ASSERT_NE(e.submit(rp,
+                     [&](const StreamEvent& ev) {
+                       streamed += ev.logprob.has_value();
+                       if (ev.output != nullptr) out = *ev.output;
+                     }),
+            0u);
+  e.run_until_idle();
+  const SampleOutput& s = out.samples.at(0);
+  ASSERT_EQ(s.tokens.size(), 6u);
+  ASSERT_EQ(s.logprobs.size(), s.tokens.size());
+  EXPECT_EQ(streamed, s.tokens.size());
+  for (size_t i = 0; i < s.tokens.size(); ++i) {
+    const TokenLogprob& t = s.logprobs[i];
+    EXPECT_EQ(t.chosen.token, s.tokens[i]);
+    EXPECT_EQ(t.chosen.piece, "token_id:" + std::to_string(s.tokens[i]));  // no tokenizer
+    ASSERT_EQ(t.top.size(), 3u);
+    EXPECT_EQ(t.top[0].token, s.tokens[i]);  // greedy takes the most likely
+    EXPECT_EQ(t.top[0].logprob, t.chosen.logprob);
+    EXPECT_GE(t.top[0].logprob, t.top[1].logprob);
+    EXPECT_GE(t.top[1].logprob, t.top[2].logprob);
+    EXPECT_LT(t.chosen.logprob, 0.0f);
+  }
+  // The first token's log-probability from the prompt's logits through a plain session.
+  Session session(model, SessionConfig{});
+  const std::span<const float> l = session.prefill(prompt);
+  const float m = *std::max_element(l.begin(), l.end());
+  double sum = 0;
+  for (const float x : l) sum += std::exp(static_cast<double>(x) - m);
+  const double expect = l[static_cast<size_t>(s.tokens[0])] - (m + std::log(sum));
+  EXPECT_NEAR(s.logprobs[0].chosen.logprob, expect, 1e-4);
+  // Without the request, none.
+  EXPECT_TRUE(run_all(e, {greedy(prompt, 2)}).outputs[0].samples[0].logprobs.empty());
+  rp.logprobs = kMaxTopLogprobs + 1;
+  EXPECT_THROW(e.submit(rp, {}), Error);
 }
 
 TEST(Engine, BoundedQueueRefuses) {

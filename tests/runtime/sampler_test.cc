@@ -128,6 +128,26 @@ TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegative) {
   EXPECT_EQ(s.sample(neg, h2), 1);  // 0: 1.1 -> 0.55 < 1.0
 }
 
+TEST(Sampler, TokenLogprobIsTheLogSoftmaxAndTheTopK) {
+  const std::vector<float> l = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f};
+  double sum = 0;
+  for (const float x : l) sum += std::exp(static_cast<double>(x));
+  const TokenLogprob t = token_logprob(l, 4, 3);
+  EXPECT_EQ(t.chosen.token, 4);
+  EXPECT_NEAR(t.chosen.logprob, 0.5 - std::log(sum), 1e-6);
+  ASSERT_EQ(t.top.size(), 3u);
+  EXPECT_EQ(t.top[0].token, 1);  // a tie goes to the lower id
+  EXPECT_EQ(t.top[1].token, 2);
+  EXPECT_EQ(t.top[2].token, 0);
+  EXPECT_EQ(t.top[0].logprob, t.top[1].logprob);
+  EXPECT_NEAR(t.top[2].logprob, 1.0 - std::log(sum), 1e-6);
+  EXPECT_TRUE(token_logprob(l, 3, 0).top.empty());
+  EXPECT_EQ(token_logprob(l, 3, 5).top.size(), 5u);  // k = the vocabulary: every token, sorted
+  // Logits far from 0 neither overflow nor lose the difference.
+  const std::vector<float> big = {1000.0f, 999.0f};
+  EXPECT_NEAR(token_logprob(big, 1, 2).chosen.logprob, -1.0 - std::log1p(std::exp(-1.0)), 1e-6);
+}
+
 TEST(Sampler, RejectsNonsenseParameters) {
   // Out of range on either side, or NaN: each an error naming the option.
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();

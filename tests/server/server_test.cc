@@ -184,6 +184,70 @@ TEST(Server, StreamsAChatCompletionAsServerSentEventsEndingInDone) {
   EXPECT_EQ(ts.engine->check_invariants(), "");
 }
 
+TEST(Server, LogprobsInOpenAIsShapesStreamedOrNot) {
+  const LoadedModel* lm = tiny_with_vocab();
+  if (lm == nullptr) GTEST_SKIP() << "needs " KVCACHE_SHARED_DIR "/vocab/ggml-vocab-llama-spm.gguf";
+  TestServer ts(*lm);
+  auto post = [&](const std::string& path, const json& body) { return http(ts.port, "POST", path, body.dump()); };
+  // Completions: four parallel arrays, one entry per generated token; greedy takes the top one.
+  const json req{{"prompt", "Once upon a time"}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 2}};
+  const HttpReply r = post("/v1/completions", req);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json body = json::parse(r.body);
+  const json& lp = body["choices"][0]["logprobs"];
+  const size_t n = body["usage"]["completion_tokens"].get<size_t>();
+  ASSERT_EQ(lp["tokens"].size(), n);
+  ASSERT_EQ(lp["token_logprobs"].size(), n);
+  ASSERT_EQ(lp["top_logprobs"].size(), n);
+  ASSERT_EQ(lp["text_offset"].size(), n);
+  std::string joined;
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), joined.size());
+    joined += lp["tokens"][i].get<std::string>();
+    const float chosen = lp["token_logprobs"][i];
+    EXPECT_LT(chosen, 0.0f);
+    float best = -1e30f;
+    for (const auto& [piece, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<float>());
+    EXPECT_EQ(chosen, best) << i;
+  }
+  EXPECT_EQ(joined, body["choices"][0]["text"]);
+  // Streamed: the same tokens and values, spread over the chunks.
+  json sreq = req;
+  sreq["stream"] = true;
+  const HttpReply sr = post("/v1/completions", sreq);
+  ASSERT_EQ(sr.status, 200);
+  json tokens = json::array(), values = json::array();
+  for (const std::string& ev : sse_events(sr.body)) {
+    if (ev == "[DONE]") break;
+    const json chunk = json::parse(ev);
+    const json& c = chunk["choices"][0];
+    if (c["logprobs"].is_null()) continue;
+    for (const json& t : c["logprobs"]["tokens"]) tokens.push_back(t);
+    for (const json& v : c["logprobs"]["token_logprobs"]) values.push_back(v);
+  }
+  EXPECT_EQ(tokens, lp["tokens"]);
+  EXPECT_EQ(values, lp["token_logprobs"]);
+  // Chat: {"content": [{token, logprob, bytes, top_logprobs}]}.
+  json chat{{"max_tokens", 3}, {"logprobs", true}, {"top_logprobs", 1}};
+  chat["messages"] = json::array({json{{"role", "user"}, {"content", "Hi"}}});
+  const HttpReply cr = post("/v1/chat/completions", chat);
+  ASSERT_EQ(cr.status, 200) << cr.body;
+  const json cb = json::parse(cr.body);
+  const json& content = cb["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), cb["usage"]["completion_tokens"].get<size_t>());
+  for (const json& t : content) {
+    ASSERT_EQ(t["top_logprobs"].size(), 1u);
+    std::string from_bytes;
+    for (const json& b : t["bytes"]) from_bytes += static_cast<char>(b.get<int>());
+    EXPECT_EQ(from_bytes, t["token"].get<std::string>());
+    EXPECT_LE(t["logprob"].get<float>(), t["top_logprobs"][0]["logprob"].get<float>());
+  }
+  // Without the parameters the field stays null.
+  EXPECT_TRUE(json::parse(post("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 2}}).body)["choices"][0]["logprobs"]
+                  .is_null());
+  ts.shutdown();
+}
+
 TEST(Server, BadRequestsGetOpenAIErrorsWithTheRightStatus) {
   const LoadedModel* lm = tiny_with_vocab();
   if (lm == nullptr) GTEST_SKIP() << "needs the shared SentencePiece vocabulary";
@@ -203,10 +267,12 @@ TEST(Server, BadRequestsGetOpenAIErrorsWithTheRightStatus) {
   expect_error(post("/v1/completions", R"({"max_tokens": 3})"), 400);                     // missing
   // Features this server does not implement are refused, not silently dropped; their no-op
   // values (which clients send by default) are accepted.
-  for (const char* b : {R"({"prompt": "hi", "logprobs": 5})", R"({"prompt": "hi", "echo": true})",
-                        R"({"prompt": "hi", "presence_penalty": 0.5})", R"({"prompt": "hi", "logit_bias": {"50": 10}})"})
+  for (const char* b : {R"({"prompt": "hi", "echo": true})", R"({"prompt": "hi", "presence_penalty": 0.5})",
+                        R"({"prompt": "hi", "logit_bias": {"50": 10}})", R"({"prompt": "hi", "logprobs": 21})",
+                        R"({"prompt": "hi", "logprobs": -2})"})
     expect_error(post("/v1/completions", b), 400);
-  expect_error(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true})"), 400);
+  expect_error(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})"),
+               400);  // without "logprobs": true
   expect_error(post("/v1/chat/completions",
                     R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]})"),
                400);
