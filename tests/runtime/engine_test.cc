@@ -302,11 +302,15 @@ TEST(Engine, ParallelSamplesForkAndFollowTheirSeeds) {
   EXPECT_EQ(e.metrics().blocks_used, 0);
 }
 
+EngineConfig holding(int64_t tokens) {
+  EngineConfig c;
+  c.max_cached_tokens = tokens;
+  return c;
+}
+
 TEST(Engine, StopIdsMaxTokensAndValidation) {
   const LlamaModel& model = *tiny_model().model;
-  EngineConfig c;
-  c.max_cached_tokens = 256;
-  Engine e(model, nullptr, c);
+  Engine e(model, nullptr, holding(256));
   const std::vector<int32_t> prompt = make_prompts(1, 9)[0];
   const std::vector<int32_t> free_run = run_alone(model, greedy(prompt, 8));
   RequestParams rp = greedy(prompt, 8);
@@ -326,9 +330,7 @@ TEST(Engine, StopIdsMaxTokensAndValidation) {
 
 TEST(Engine, LogprobsAreTheModelsLogSoftmaxOfEachSampledToken) {
   const LlamaModel& model = *tiny_model().model;
-  EngineConfig c;
-  c.max_cached_tokens = 256;
-  Engine e(model, nullptr, c);
+  Engine e(model, nullptr, holding(256));
   const std::vector<int32_t> prompt = make_prompts(1, 11)[0];
   RequestParams rp = greedy(prompt, 6);
   rp.logprobs = 3;
