@@ -73,11 +73,14 @@ void run_batch(const BatchOptions& o) {
         if (ev.output == nullptr) return;
         const RequestOutput& out = *ev.output;
         json choices = json::array();
-        for (size_t s = 0; s < out.samples.size(); ++s)
-          choices.push_back({{"index", s},
-                             {"text", out.samples[s].text},
-                             {"tokens", out.samples[s].tokens},
-                             {"finish_reason", openai_finish_reason(out.samples[s].reason)}});
+        for (size_t s = 0; s < out.samples.size(); ++s) {
+          json c{{"index", s},
+                 {"text", out.samples[s].text},
+                 {"tokens", out.samples[s].tokens},
+                 {"finish_reason", openai_finish_reason(out.samples[s].reason)}};
+          if (reqs[i]->params.logprobs >= 0) c["logprobs"] = logprobs_json(reqs[i]->chat, out.samples[s].logprobs, 0);
+          choices.push_back(std::move(c));
+        }
         json r{{"id", id}, {"line", i + 1}, {"choices", choices}, {"usage", usage_json(out.stats)},
                {"stats", {{"queue_s", out.stats.queue_seconds}, {"ttft_s", out.stats.ttft_seconds},
                           {"total_s", out.stats.total_seconds}, {"preemptions", out.stats.preemptions}}}};

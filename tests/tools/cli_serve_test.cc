@@ -85,7 +85,7 @@ TEST(CliServe, BadSettingsExitWith2BeforeListening) {
 TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
   const testing_util::ScratchDir scratch("cli_batch");
   const std::string in = scratch.file("in.jsonl");
-  std::ofstream(in) << R"({"id": "a", "prompt": [1, 450, 4996], "max_tokens": 4, "temperature": 0})" << "\n"
+  std::ofstream(in) << R"({"id": "a", "prompt": [1, 450, 4996], "max_tokens": 4, "temperature": 0, "logprobs": 1})" << "\n"
                     << R"({"prompt": [1, 450, 4996], "max_tokens": 6, "temperature": 0, "n": 2})" << "\n"
                     << R"({"prompt": [], "max_tokens": 2})" << "\n"
                     << "not json\n"
@@ -99,6 +99,8 @@ TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
   ASSERT_EQ(lines.size(), 6u);
   EXPECT_EQ(lines[0]["id"], "a");
   EXPECT_EQ(lines[0]["choices"][0]["tokens"].size(), 4u);
+  EXPECT_EQ(lines[0]["choices"][0]["logprobs"]["token_logprobs"].size(), 4u);  // asked for
+  EXPECT_FALSE(lines[1]["choices"][0].contains("logprobs"));                      // not asked for
   EXPECT_EQ(lines[0]["usage"]["prompt_tokens"], 3);
   EXPECT_EQ(lines[1]["choices"].size(), 2u);
   // Greedy: the 4 tokens of request a are the start of request b's 6.
