@@ -98,7 +98,9 @@ struct StreamEvent {
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
   const RequestOutput* output = nullptr;  // request done (valid during the callback)
-  std::optional<TokenLogprob> logprob;    // a token event's, when the request asked for them
+  // When the request asked for them: the token's log-probabilities, on its token event, or on
+  // the finish event when a stop string ended the sample at that token.
+  std::optional<TokenLogprob> logprob;
 };
 using StreamCallback = std::function<void(const StreamEvent&)>;
 

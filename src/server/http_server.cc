@@ -276,7 +276,8 @@ void HttpServer::install_routes() {
     res.set_header("Cache-Control", "no-cache");
     auto first = std::make_shared<std::vector<bool>>(static_cast<size_t>(ar.params.n), true);
     // Per sample: log-probabilities of tokens whose text is still held back (they go out with
-    // the next chunk) and the bytes of text already streamed (completions' text_offset).
+    // the next chunk), and the piece bytes of the tokens already sent (completions' text_offset,
+    // counted as the non-streamed response counts it).
     struct Pending {
       std::vector<TokenLogprob> logprobs;
       size_t offset = 0;
