@@ -18,14 +18,14 @@ void softmax_inplace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] /= sum;
 }
 
-float log_sum_exp(const float* x, int64_t n) {
+double log_sum_exp(const float* x, int64_t n) {
   KV_CHECK(n >= 1, "log_sum_exp of an empty row");
   float mx = x[0];
   for (int64_t i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
   if (std::isinf(mx)) return mx;
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i] - mx));
-  return mx + static_cast<float>(std::log(sum));
+  return static_cast<double>(mx) + std::log(sum);
 }
 
 int64_t argmax(const float* x, int64_t n) {

@@ -8,8 +8,9 @@ namespace kvcache {
 
 // x[i] = exp(x[i] - max) / sum, in place. n >= 1.
 void softmax_inplace(float* x, int64_t n);
-// log(sum(exp(x))) computed stably; n >= 1.
-float log_sum_exp(const float* x, int64_t n);
+// log(sum(exp(x))) computed stably, summed in double and returned in double (so that x[i] - lse
+// keeps float precision even for logits far from 0); n >= 1.
+double log_sum_exp(const float* x, int64_t n);
 // Index of the largest value; the first one on ties (llama2.c's argmax). n >= 1.
 int64_t argmax(const float* x, int64_t n);
 

@@ -31,10 +31,7 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t
   const auto n = static_cast<int64_t>(logits.size());
   KV_CHECK(token >= 0 && token < n, "token_logprob: token outside the vocabulary");
   KV_CHECK(k >= 0 && k <= kMaxTopLogprobs, "token_logprob: k outside [0, kMaxTopLogprobs]");
-  const float m = *std::max_element(logits.begin(), logits.end());
-  double sum = 0.0;
-  for (const float l : logits) sum += std::exp(static_cast<double>(l) - m);
-  const double lse = static_cast<double>(m) + std::log(sum);
+  const double lse = log_sum_exp(logits.data(), n);
   const auto lp = [&](int32_t id) { return static_cast<float>(logits[static_cast<size_t>(id)] - lse); };
   TokenLogprob r;
   r.chosen = {token, lp(token), {}};

@@ -55,7 +55,7 @@ struct TokenLogprob {
 inline constexpr int32_t kMaxTopLogprobs = 20;
 
 // log_softmax(logits)[token] and the top k entries (k in [0, kMaxTopLogprobs]); pieces left
-// empty. The sum over the vocabulary runs in double, so a logprob is exact to float rounding.
+// empty. log_sum_exp sums the vocabulary in double, so a logprob is exact to float rounding.
 TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t k);
 
 class Sampler {
