@@ -1,7 +1,7 @@
 // Token sampler: greedy, temperature, top-k, top-p, min-p and repetition penalty, seeded and
 // deterministic (same seed + same logits -> same ids on every machine). The chain follows
 // llama.cpp's default order: repetition penalty -> top-k -> top-p -> min-p (filters on the
-// untempered distribution) -> temperature -> draw. temperature <= 0 is greedy (argmax after
+// untempered distribution) -> temperature -> draw. temperature 0 is greedy (argmax after
 // the penalty; the first index wins ties, as llama2.c). Owns its workspaces (no allocation
 // per token); one Sampler per sequence.
 #pragma once

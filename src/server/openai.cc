@@ -255,7 +255,8 @@ json logprobs_json(bool chat, std::span<const TokenLogprob> lps, size_t offset) 
     }
     return json{{"content", std::move(content)}};
   }
-  // Completions: four parallel arrays; text_offset counts the bytes of text before each token.
+  // Completions: four parallel arrays; text_offset sums the pieces before each token (the
+  // text's byte offset, except after BOS, where the text drops a piece's leading space).
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
        text_offset = json::array();
   for (const TokenLogprob& t : lps) {
