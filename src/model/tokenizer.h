@@ -34,6 +34,12 @@ class Tokenizer {
 
   // Concatenated decode() of ids.
   std::string decode(const std::vector<int32_t>& ids) const;
+  // SentencePiece vocabularies (GGUF "llama", llama2.c): the text drops the leading space of
+  // the piece right after BOS (the space encode() prefixes), as llama.cpp and run.c print it.
+  bool drops_space_after_bos() const {
+    const std::string_view k = kind();
+    return k == "llama" || k == "llama2c";
+  }
 };
 
 // Loads a tokenizer from `path`, whatever its format:

@@ -56,6 +56,7 @@ struct Engine::Seq {
   size_t sent = 0;               // bytes of out.text already streamed
   SampleOutput* out = nullptr;
   int64_t needs() const { return static_cast<int64_t>(tokens.size()) - computed; }
+  bool scores_prompt() const;  // computes the prompt's logprobs (never from the prefix cache)
 };
 
 struct Engine::Request {
@@ -67,6 +68,10 @@ struct Engine::Request {
   std::vector<std::unique_ptr<Seq>> seqs;  // [n]
   RequestOutput output;
 };
+
+// The first sample scores the prompt; the other samples share what it computed (or, when a
+// fork found no block, recompute it from the cache like any request).
+bool Engine::Seq::scores_prompt() const { return index == 0 && req->params.prompt_logprobs >= 0; }
 
 Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineConfig& config)
     : model_(model), tokenizer_(tokenizer), config_(config) {
@@ -117,7 +122,7 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
     if (id < 0 || id >= vocab)
       throw Error(ErrorKind::kInvalidArgument, "request: prompt token id " + std::to_string(id) +
                                                    " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-  if (params.max_tokens < 1) throw Error(ErrorKind::kInvalidArgument, "request: max_tokens must be >= 1");
+  if (params.max_tokens < 0) throw Error(ErrorKind::kInvalidArgument, "request: max_tokens must be >= 0");
   if (params.n < 1 || params.n > config_.max_running)
     throw Error(ErrorKind::kInvalidArgument,
                 "request: n must be in [1, " + std::to_string(config_.max_running) + "]");
@@ -129,6 +134,10 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
   if (params.logprobs < -1 || params.logprobs > kMaxTopLogprobs)
     throw Error(ErrorKind::kInvalidArgument, "request: logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) +
                                                  "] (or -1: none), got " + std::to_string(params.logprobs));
+  if (params.prompt_logprobs < -1 || params.prompt_logprobs > kMaxTopLogprobs)
+    throw Error(ErrorKind::kInvalidArgument, "request: prompt_logprobs must be in [0, " +
+                                                 std::to_string(kMaxTopLogprobs) + "] (or -1: none), got " +
+                                                 std::to_string(params.prompt_logprobs));
   if (!params.stop_strings.empty() && tokenizer_ == nullptr)
     throw Error(ErrorKind::kInvalidArgument, "request: stop strings need a tokenizer");
   for (const std::string& s : params.stop_strings)
@@ -141,6 +150,7 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
   const int32_t n = r->params.n;
   r->output.samples.resize(static_cast<size_t>(n));
   r->output.stats.prompt_tokens = static_cast<int64_t>(r->params.prompt.size());
+  if (r->params.prompt_logprobs >= 0) r->output.prompt_logprobs.resize(r->params.prompt.size() - 1);
   for (int32_t i = 0; i < n; ++i) {
     auto s = std::make_unique<Seq>();
     s->req = r.get();
@@ -237,13 +247,27 @@ bool Engine::run_chunk(Seq& s, int64_t n) {
   p.pos0 = s.computed;
   p.row_pos0 = pos;
   p.cache = cache_.get();
-  p.logits = last ? LogitsMode::kLast : LogitsMode::kNone;
+  // Positions [computed, computed + n) predict tokens computed + 1 ...: the prompt's scores
+  // need every row's logits while a prompt token is left to score.
+  const auto prompt_size = static_cast<int64_t>(s.req->params.prompt.size());
+  const bool score = s.scores_prompt() && s.computed < prompt_size - 1;
+  p.logits = score ? LogitsMode::kAll : last ? LogitsMode::kLast : LogitsMode::kNone;
   p.batch_invariant = config_.batch_invariant;
   const std::span<const float> logits = forward_->forward(p);
   ++counters_.forwards;
+  const auto V = static_cast<size_t>(model_.config().vocab_size);
+  if (score) {
+    std::vector<TokenLogprob>& out = s.req->output.prompt_logprobs;
+    const int32_t k = s.req->params.prompt_logprobs;
+    for (int64_t j = 0; j < n && s.computed + j + 1 < prompt_size; ++j) {
+      const int64_t at = s.computed + j;
+      out[static_cast<size_t>(at)] =
+          named_logprob(logits.subspan(static_cast<size_t>(j) * V, V), s.req->params.prompt[static_cast<size_t>(at + 1)], k);
+    }
+  }
   s.computed += n;
   counters_.computed_prompt_tokens += n;
-  if (last) after_logits(s, logits);
+  if (last) after_logits(s, score ? logits.subspan(static_cast<size_t>(n - 1) * V, V) : logits);
   return true;
 }
 
@@ -312,7 +336,7 @@ void Engine::admit_and_prefill(int64_t& budget) {
     Seq* s = waiting_.front();
     Request& r = *s->req;
     s->sid = store_->add_sequence();
-    s->computed = store_->attach_prefix(s->sid, s->tokens);
+    s->computed = s->scores_prompt() ? 0 : store_->attach_prefix(s->sid, s->tokens);
     const int64_t n = std::min(s->needs(), budget);
     waiting_.pop_front();
     s->state = SeqState::kRunning;
@@ -374,6 +398,7 @@ void Engine::admit_batched(int64_t& budget) {
   };
   for (Seq* s : waiting_) {
     if (static_cast<int64_t>(running_.size() + step_seqs_.size()) >= config_.max_running) break;
+    if (s->scores_prompt()) break;  // needs every row's logits: the one-by-one path
     // Full blocks only: a copied tail takes a block at attach time, which could evict a cached
     // block a later candidate's match counted on (the one-by-one path copies tails).
     const int64_t need =
@@ -456,8 +481,23 @@ void Engine::fork_samples(Seq& parent) {
   }
 }
 
+TokenLogprob Engine::named_logprob(std::span<const float> logits, int32_t token, int32_t k) const {
+  TokenLogprob lp = token_logprob(logits, token, k);
+  const auto name = [&](LogprobEntry& e) {
+    e.piece = tokenizer_ != nullptr ? tokenizer_->decode(e.token) : "token_id:" + std::to_string(e.token);
+  };
+  name(lp.chosen);
+  for (LogprobEntry& e : lp.top) name(e);
+  return lp;
+}
+
 void Engine::after_logits(Seq& s, std::span<const float> logits) {
   Request& r = *s.req;
+  if (r.params.max_tokens == 0) {  // the prompt only (scored, most likely): nothing to sample
+    for (auto& q : r.seqs)
+      if (q->state != SeqState::kFinished) finish_seq(*q, FinishReason::kLength);
+    return;
+  }
   if (r.params.n > 1 && !r.forked) {
     fork_samples(s);
     for (auto& c : r.seqs)
@@ -477,12 +517,7 @@ void Engine::after_logits(Seq& s, std::span<const float> logits) {
   }
   std::optional<TokenLogprob> lp;
   if (r.params.logprobs >= 0) {
-    lp = token_logprob(logits, tok, r.params.logprobs);
-    const auto name = [&](LogprobEntry& e) {
-      e.piece = tokenizer_ != nullptr ? tokenizer_->decode(e.token) : "token_id:" + std::to_string(e.token);
-    };
-    name(lp->chosen);
-    for (LogprobEntry& e : lp->top) name(e);
+    lp = named_logprob(logits, tok, r.params.logprobs);
     s.out->logprobs.push_back(*lp);
   }
   s.tokens.push_back(tok);
@@ -506,7 +541,7 @@ void Engine::emit_text(Seq& s, int32_t token, std::optional<TokenLogprob> logpro
     std::string piece = tokenizer_->decode(token);
     const size_t n = s.tokens.size();
     // SentencePiece: the space a word carries is dropped right after BOS (llama.cpp does too).
-    if (n >= 2 && s.tokens[n - 2] == tokenizer_->bos_id() && std::string_view(tokenizer_->kind()) == "llama" &&
+    if (n >= 2 && s.tokens[n - 2] == tokenizer_->bos_id() && tokenizer_->drops_space_after_bos() &&
         !piece.empty() && piece[0] == ' ')
       piece.erase(0, 1);
     std::string& text = s.out->text;

@@ -51,7 +51,7 @@ const char* finish_reason_name(FinishReason r);  // "length", "stop", "cancelled
 
 struct RequestParams {
   std::vector<int32_t> prompt;        // token ids (BOS included by the caller)
-  int64_t max_tokens = 16;            // new tokens per sample
+  int64_t max_tokens = 16;            // new tokens per sample (0: the prompt only, nothing sampled)
   SamplerParams sampler;              // sample i uses seed + i
   std::vector<int32_t> stop_ids;      // sampled -> stop (not emitted)
   std::vector<std::string> stop_strings;  // needs a tokenizer; text is cut before the match
@@ -59,6 +59,12 @@ struct RequestParams {
   // -1: none; k in [0, kMaxTopLogprobs]: each generated token's log-probability and the k most
   // likely tokens at its step (see TokenLogprob).
   int32_t logprobs = -1;
+  // -1: none; k in [0, kMaxTopLogprobs]: the log-probability of every prompt token after the
+  // first (given the tokens before it) and the k most likely tokens there, in
+  // RequestOutput::prompt_logprobs (OpenAI's echo with logprobs, as evaluation harnesses score
+  // a text). The prompt is then computed whole, not taken from the prefix cache, since cached
+  // positions have no logits.
+  int32_t prompt_logprobs = -1;
 };
 
 // Per-request statistics, final when the request finishes.
@@ -83,6 +89,8 @@ struct SampleOutput {
 struct RequestOutput {
   uint64_t id = 0;
   std::vector<SampleOutput> samples;  // [n]
+  // With RequestParams::prompt_logprobs >= 0: [prompt size - 1], entry i for prompt token i + 1.
+  std::vector<TokenLogprob> prompt_logprobs;
   RequestStats stats;
   std::string error;                  // reason kError: why
 };
@@ -165,6 +173,8 @@ class Engine {
   void run_decodes(int64_t& budget);
   bool run_chunk(Seq& s, int64_t n);   // false: out of blocks
   void after_logits(Seq& s, std::span<const float> logits);
+  // log_softmax(logits)[token] and the top k, their pieces named by the tokenizer.
+  TokenLogprob named_logprob(std::span<const float> logits, int32_t token, int32_t k) const;
   void preempt(Seq& s);
   Seq* newest_running();
   // logprob: the last token's, when a stop string ended the sample at it (its event is this one).

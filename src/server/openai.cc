@@ -66,6 +66,30 @@ std::vector<int32_t> parse_prompt(const json& b, const ServedModel& m) {
   throw bad("'prompt' must be a string or an array of token ids");
 }
 
+// A token's piece as logprobs name it.
+std::string piece_of(int32_t id, const ServedModel& m) {
+  return m.tokenizer != nullptr ? m.tokenizer->decode(id) : "token_id:" + std::to_string(id);
+}
+
+// The text of token ids: their pieces, BOS left out and, after it, a SentencePiece word's
+// leading space dropped (as the engine streams generated text). offsets[i]: where token i's
+// text starts (the string's end for the tokens that add none).
+std::string ids_text(std::span<const int32_t> ids, const ServedModel& m, std::vector<size_t>& offsets) {
+  offsets.clear();
+  std::string text;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    offsets.push_back(text.size());
+    if (m.tokenizer == nullptr) continue;
+    const Tokenizer& t = *m.tokenizer;
+    if (ids[i] == t.bos_id()) continue;
+    std::string piece = t.decode(ids[i]);
+    if (i > 0 && ids[i - 1] == t.bos_id() && t.drops_space_after_bos() && !piece.empty() && piece[0] == ' ')
+      piece.erase(0, 1);
+    text += piece;
+  }
+  return text;
+}
+
 std::vector<ChatMessage> parse_messages(const json& b) {
   const auto it = b.find("messages");
   if (it == b.end() || !it->is_array()) throw bad("'messages' must be an array of {role, content}");
@@ -120,7 +144,6 @@ void refuse_unsupported(const json& body, bool chat) {
     if (const json* v = given("response_format"); v && !(v->is_object() && v->value("type", "") == "text"))
       refuse("response_format");
   } else {
-    if (const json* v = given("echo"); v && *v != false) refuse("echo");  // the prompt's logprobs
     if (const json* v = given("best_of"); v && *v != 1) refuse("best_of");
     if (const json* v = given("suffix"); v && *v != "") refuse("suffix");
   }
@@ -158,7 +181,8 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
   int64_t max_tokens = get_int(body, "max_tokens", -1);
   if (chat) max_tokens = get_int(body, "max_completion_tokens", max_tokens);
   p.max_tokens = max_tokens >= 0 ? max_tokens : model.default_max_tokens;
-  if (p.max_tokens < 1) throw bad("'max_tokens' must be >= 1");
+  if (!chat) r.echo = get_bool(body, "echo", false);
+  if (p.max_tokens < (r.echo ? 0 : 1)) throw bad(r.echo ? "'max_tokens' must be >= 0" : "'max_tokens' must be >= 1 (0 only with \"echo\": true)");
   p.sampler.temperature = static_cast<float>(get_number(body, "temperature", 1.0));
   if (p.sampler.temperature < 0 || p.sampler.temperature > 2) throw bad("'temperature' must be in [0, 2]");
   p.sampler.top_p = static_cast<float>(get_number(body, "top_p", 1.0));
@@ -185,10 +209,20 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
     if (k != -1 && (k < 0 || k > kMaxTopLogprobs)) throw bad("'logprobs' must be " + k_range);
     p.logprobs = static_cast<int32_t>(k);
   }
+  if (r.echo) {
+    const auto it = body.find("prompt");
+    const std::string decoded = ids_text(p.prompt, model, r.prompt_offsets);
+    r.prompt_text = it->is_string() ? it->get<std::string>()
+                    : (it->size() == 1 && (*it)[0].is_string()) ? (*it)[0].get<std::string>()
+                                                                : decoded;
+    r.first_piece = piece_of(p.prompt[0], model);
+    p.prompt_logprobs = p.logprobs;  // the prompt's scores, when the reply carries logprobs
+  }
   const int64_t n = get_int(body, "n", 1);
   if (n < 1 || n > 64) throw bad("'n' must be in [1, 64]");
   p.n = static_cast<int32_t>(n);
   r.stream = get_bool(body, "stream", false);
+  if (r.stream && r.echo) throw bad("'echo' is not supported with 'stream'; send \"stream\": false to echo the prompt");
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) throw bad("'stream_options' must be an object");
     r.include_usage = get_bool(*it, "include_usage", false);
@@ -274,16 +308,37 @@ json logprobs_json(bool chat, std::span<const TokenLogprob> lps, size_t offset) 
               {"text_offset", std::move(text_offset)}};
 }
 
+std::string choice_text(const ApiRequest& req, const RequestOutput& out, size_t i) {
+  return req.echo ? req.prompt_text + out.samples[i].text : out.samples[i].text;
+}
+
+json choice_logprobs(const ApiRequest& req, const RequestOutput& out, size_t i) {
+  if (req.params.logprobs < 0) return nullptr;
+  if (!req.echo) return logprobs_json(req.chat, out.samples[i].logprobs, 0);
+  // The prompt's tokens, then the sample's: the first prompt token has no score (nothing
+  // precedes it). The prompt's offsets are where each token's text starts in the decoded
+  // prompt (the echoed text when the prompt string round-trips through the tokenizer, as
+  // SentencePiece's does), the sample's count on from the echoed text's end.
+  json prompt = logprobs_json(false, out.prompt_logprobs, 0);
+  prompt["tokens"].insert(prompt["tokens"].begin(), req.first_piece);
+  prompt["token_logprobs"].insert(prompt["token_logprobs"].begin(), nullptr);
+  prompt["top_logprobs"].insert(prompt["top_logprobs"].begin(), nullptr);
+  prompt["text_offset"] = req.prompt_offsets;
+  const json gen = logprobs_json(false, out.samples[i].logprobs, req.prompt_text.size());
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (const json& v : gen[key]) prompt[key].push_back(v);
+  return prompt;
+}
+
 json completion_response(const ApiRequest& req, const RequestOutput& out, const std::string& model, int64_t created) {
   json choices = json::array();
   for (size_t i = 0; i < out.samples.size(); ++i) {
     const SampleOutput& s = out.samples[i];
-    json c{{"index", i}, {"finish_reason", openai_finish_reason(s.reason)}, {"logprobs", nullptr}};
-    if (req.params.logprobs >= 0) c["logprobs"] = logprobs_json(req.chat, s.logprobs, 0);
+    json c{{"index", i}, {"finish_reason", openai_finish_reason(s.reason)}, {"logprobs", choice_logprobs(req, out, i)}};
     if (req.chat) {
       c["message"] = {{"role", "assistant"}, {"content", s.text}};
     } else {
-      c["text"] = s.text;
+      c["text"] = choice_text(req, out, i);
     }
     choices.push_back(std::move(c));
   }

@@ -48,13 +48,19 @@ struct ApiRequest {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // Completions' "echo": the reply's text starts with the prompt (the string sent, or the ids'
+  // pieces), and with logprobs its tokens come first in them (the first one with null scores).
+  bool echo = false;
+  std::string prompt_text;
+  std::string first_piece;  // the prompt's first token, as logprobs name it
+  std::vector<size_t> prompt_offsets;  // where each prompt token's text starts (text_offset)
   RequestParams params;
 };
 
 // Parses a /v1/completions (chat = false) or /v1/chat/completions body. Throws ApiError 400
 // for missing or wrongly typed fields, an empty prompt, a text prompt without tokenizer; 404
 // for a "model" other than model.name. Parameters that would change the answer but are not
-// implemented (echo, logit_bias, penalties other than repetition_penalty, tools, ...)
+// implemented (logit_bias, penalties other than repetition_penalty, tools, ...)
 // are a 400 unless they hold their default; other fields (user, metadata, ...) are ignored.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const ServedModel& model);
 
@@ -71,6 +77,10 @@ nlohmann::json stream_chunk(const ApiRequest& req, uint64_t id, const std::strin
 // OpenAI's "logprobs" object: chat's {"content": [...]}, or completions' tokens /
 // token_logprobs / top_logprobs / text_offset arrays (offsets counted from `offset`).
 nlohmann::json logprobs_json(bool chat, std::span<const TokenLogprob> logprobs, size_t offset);
+// Sample i's text and "logprobs" value (null when not requested) as a reply carries them:
+// with echo, the prompt's text and scores first.
+std::string choice_text(const ApiRequest& req, const RequestOutput& out, size_t i);
+nlohmann::json choice_logprobs(const ApiRequest& req, const RequestOutput& out, size_t i);
 std::string response_id(const ApiRequest& req, uint64_t id);  // "cmpl-N" / "chatcmpl-N"
 // "length"/"stop" as OpenAI names them (cancelled and error map to "stop"/"error").
 std::string openai_finish_reason(FinishReason r);

@@ -75,10 +75,10 @@ void run_batch(const BatchOptions& o) {
         json choices = json::array();
         for (size_t s = 0; s < out.samples.size(); ++s) {
           json c{{"index", s},
-                 {"text", out.samples[s].text},
+                 {"text", choice_text(*reqs[i], out, s)},
                  {"tokens", out.samples[s].tokens},
                  {"finish_reason", openai_finish_reason(out.samples[s].reason)}};
-          if (reqs[i]->params.logprobs >= 0) c["logprobs"] = logprobs_json(reqs[i]->chat, out.samples[s].logprobs, 0);
+          if (reqs[i]->params.logprobs >= 0) c["logprobs"] = choice_logprobs(*reqs[i], out, s);
           choices.push_back(std::move(c));
         }
         json r{{"id", id}, {"line", i + 1}, {"choices", choices}, {"usage", usage_json(out.stats)},

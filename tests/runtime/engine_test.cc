@@ -372,6 +372,66 @@ TEST(Engine, LogprobsAreTheModelsLogSoftmaxOfEachSampledToken) {
   EXPECT_THROW(e.submit(rp, {}), Error);
 }
 
+// OpenAI's echo with logprobs (how evaluation harnesses score a text): every prompt token
+// after the first, against a plain session's logits of the whole prompt; computed even when
+// the prompt's blocks are cached (cached positions have no logits), across prefill chunks and
+// beside other requests; max_tokens 0 samples nothing.
+TEST(Engine, PromptLogprobsScoreEveryPromptTokenEvenWhenCached) {
+  const LlamaModel& model = *tiny_model().model;
+  EngineConfig cfg = holding(512);
+  cfg.max_tokens_per_step = 16;  // 70 prompt tokens: five chunks
+  Engine e(model, nullptr, cfg);
+  std::vector<int32_t> prompt = make_prompts(1, 13)[0];
+  std::mt19937 rng(5);
+  while (prompt.size() < 70) prompt.push_back(static_cast<int32_t>(rng() % 31000) + 3);
+
+  Session session(model, SessionConfig{});
+  const std::span<const float> all = session.forward_all(prompt);
+  const auto V = static_cast<size_t>(model.config().vocab_size);
+  const auto expect = [&](size_t i) {  // log_softmax(row i)[prompt[i + 1]]
+    const std::span<const float> l = all.subspan(i * V, V);
+    const float m = *std::max_element(l.begin(), l.end());
+    double sum = 0;
+    for (const float x : l) sum += std::exp(static_cast<double>(x) - m);
+    return l[static_cast<size_t>(prompt[i + 1])] - (m + std::log(sum));
+  };
+
+  RequestParams warm = greedy(prompt, 1);  // leaves the prompt's full blocks in the index
+  RequestParams scored = greedy(prompt, 0);
+  scored.prompt_logprobs = 2;
+  RequestParams other = greedy(make_prompts(2, 17)[1], 5);
+  run_all(e, {warm});
+  const RunResult got = run_all(e, {scored, other});
+  const RequestOutput& out = got.outputs[0];
+  ASSERT_EQ(out.prompt_logprobs.size(), prompt.size() - 1);
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    const TokenLogprob& t = out.prompt_logprobs[i];
+    EXPECT_EQ(t.chosen.token, prompt[i + 1]) << i;
+    EXPECT_NEAR(t.chosen.logprob, expect(i), 1e-4) << i;
+    ASSERT_EQ(t.top.size(), 2u);
+    EXPECT_GE(t.top[0].logprob, t.chosen.logprob);
+  }
+  EXPECT_EQ(out.stats.cached_tokens, 0);  // scored whole, although cached
+  EXPECT_TRUE(out.samples.at(0).tokens.empty());
+  EXPECT_EQ(out.samples[0].reason, FinishReason::kLength);
+  EXPECT_EQ(got.tokens[1], run_alone(model, other));  // its neighbour is unaffected
+
+  // With a sample: the prompt's scores, then the generated token, which equals a plain run's.
+  scored.max_tokens = 3;
+  scored.n = 2;
+  const RequestOutput two = run_all(e, {scored}).outputs[0];
+  ASSERT_EQ(two.prompt_logprobs.size(), prompt.size() - 1);
+  EXPECT_EQ(two.prompt_logprobs.back().chosen.logprob, out.prompt_logprobs.back().chosen.logprob);
+  EXPECT_EQ(two.samples.at(0).tokens, run_alone(model, greedy(prompt, 3)));
+  EXPECT_EQ(two.samples.at(1).tokens, two.samples[0].tokens);  // greedy: the fork agrees
+  EXPECT_TRUE(run_all(e, {greedy(prompt, 2)}).outputs[0].prompt_logprobs.empty());  // not asked
+
+  scored.prompt_logprobs = kMaxTopLogprobs + 1;
+  EXPECT_THROW(e.submit(scored, {}), Error);
+  EXPECT_THROW(e.submit(greedy(prompt, -1), {}), Error);
+  EXPECT_EQ(e.metrics().blocks_used, 0);
+}
+
 TEST(Engine, BoundedQueueRefuses) {
   const LlamaModel& model = *tiny_model().model;
   EngineConfig c;

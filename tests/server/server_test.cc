@@ -248,6 +248,77 @@ TEST(Server, LogprobsInOpenAIsShapesStreamedOrNot) {
   ts.shutdown();
 }
 
+// echo with logprobs and max_tokens 0, as evaluation harnesses (lm-evaluation-harness's
+// local-completions) score a text: the prompt comes back with a score for every token but the
+// first, and equals what a generating request reports for the same continuation.
+TEST(Server, EchoReturnsThePromptAndItsLogprobs) {
+  const LoadedModel* lm = tiny_with_vocab();
+  if (lm == nullptr) GTEST_SKIP() << "needs " KVCACHE_SHARED_DIR "/vocab/ggml-vocab-llama-spm.gguf";
+  TestServer ts(*lm);
+  auto post = [&](const json& body) { return http(ts.port, "POST", "/v1/completions", body.dump()); };
+  const std::string prompt = "Once upon a time";
+  const HttpReply gen = post(json{{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 1}});
+  ASSERT_EQ(gen.status, 200) << gen.body;
+  const json g = json::parse(gen.body)["choices"][0];
+  const std::string next = g["text"];
+
+  EXPECT_EQ(post(json{{"prompt", json::array()}, {"max_tokens", 0}, {"echo", true}}).status, 400);  // still empty
+  json ids = json::array();
+  for (const int32_t t : lm->tokenizer->encode(prompt)) ids.push_back(t);
+  ids.insert(ids.begin(), lm->tokenizer->bos_id());
+  const HttpReply sr = post(json{{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}});
+  ASSERT_EQ(sr.status, 200) << sr.body;
+  const json body = json::parse(sr.body);
+  const json& c = body["choices"][0];
+  EXPECT_EQ(c["text"], prompt);  // the string as sent
+  EXPECT_EQ(c["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 0);
+  const json& lp = c["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size());
+  ASSERT_EQ(lp["token_logprobs"].size(), ids.size());
+  ASSERT_EQ(lp["top_logprobs"].size(), ids.size());
+  ASSERT_EQ(lp["text_offset"].size(), ids.size());
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());  // nothing precedes the first token
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(lp["tokens"][i], lm->tokenizer->decode(ids[i].get<int32_t>())) << i;
+    // text_offset: where the token's text starts in the echoed text (BOS adds none, and the
+    // word after it loses its leading space, as in the text).
+    std::string piece = lp["tokens"][i];
+    if (i == 0) piece.clear();
+    if (i == 1 && piece[0] == ' ') piece.erase(0, 1);
+    const auto at = lp["text_offset"][i].get<size_t>();
+    EXPECT_EQ(prompt.substr(at, piece.size()), piece) << i;
+    if (i + 1 < ids.size()) {
+      EXPECT_EQ(lp["text_offset"][i + 1].get<size_t>(), at + piece.size()) << i;
+    }
+    if (i == 0) continue;
+    const float v = lp["token_logprobs"][i];
+    EXPECT_LT(v, 0.0f);
+    ASSERT_EQ(lp["top_logprobs"][i].size(), 1u);
+    EXPECT_LE(v, lp["top_logprobs"][i].begin().value().get<float>());
+  }
+  // Echo with a generated token: the prompt's entries, then the token's, as the plain request
+  // reported it; the text is the prompt's then the token's.
+  const HttpReply er = post(json{{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"echo", true}, {"logprobs", 1}});
+  ASSERT_EQ(er.status, 200) << er.body;
+  const json e = json::parse(er.body)["choices"][0];
+  EXPECT_EQ(e["text"], prompt + next);
+  ASSERT_EQ(e["logprobs"]["tokens"].size(), ids.size() + 1);
+  EXPECT_EQ(e["logprobs"]["tokens"].back(), g["logprobs"]["tokens"][0]);
+  EXPECT_EQ(e["logprobs"]["token_logprobs"].back(), g["logprobs"]["token_logprobs"][0]);
+  EXPECT_EQ(e["logprobs"]["text_offset"].back().get<size_t>(), prompt.size());
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_EQ(e["logprobs"]["token_logprobs"][i], lp["token_logprobs"][i]) << i;
+  // A prompt of token ids echoes their text; echo without logprobs leaves them null.
+  const HttpReply ir = post(json{{"prompt", ids}, {"max_tokens", 0}, {"echo", true}});
+  ASSERT_EQ(ir.status, 200) << ir.body;
+  const json i0 = json::parse(ir.body)["choices"][0];
+  EXPECT_EQ(i0["text"], prompt);
+  EXPECT_TRUE(i0["logprobs"].is_null());
+  ts.shutdown();
+}
+
 TEST(Server, BadRequestsGetOpenAIErrorsWithTheRightStatus) {
   const LoadedModel* lm = tiny_with_vocab();
   if (lm == nullptr) GTEST_SKIP() << "needs the shared SentencePiece vocabulary";
@@ -267,7 +338,9 @@ TEST(Server, BadRequestsGetOpenAIErrorsWithTheRightStatus) {
   expect_error(post("/v1/completions", R"({"max_tokens": 3})"), 400);                     // missing
   // Features this server does not implement are refused, not silently dropped; their no-op
   // values (which clients send by default) are accepted.
-  for (const char* b : {R"({"prompt": "hi", "echo": true})", R"({"prompt": "hi", "presence_penalty": 0.5})",
+  for (const char* b : {R"({"prompt": "hi", "echo": true, "stream": true})",
+                        R"({"prompt": "hi", "max_tokens": 0})",  // 0 only with echo
+                        R"({"prompt": "hi", "presence_penalty": 0.5})",
                         R"({"prompt": "hi", "logit_bias": {"50": 10}})", R"({"prompt": "hi", "logprobs": 21})",
                         R"({"prompt": "hi", "logprobs": -2})"})
     expect_error(post("/v1/completions", b), 400);

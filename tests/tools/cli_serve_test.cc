@@ -90,13 +90,14 @@ TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
                     << R"({"prompt": [], "max_tokens": 2})" << "\n"
                     << "not json\n"
                     << R"({"prompt": [1, 450], "max_tokens": 1e400})" << "\n"  // parses, out of range
-                    << R"({"prompt": [1, 450], "max_tokens": 2, "top_k": -1})" << "\n";
+                    << R"({"prompt": [1, 450], "max_tokens": 2, "top_k": -1})" << "\n"
+                    << R"({"prompt": [1, 450, 4996], "max_tokens": 0, "echo": true, "logprobs": 0})" << "\n";
   const auto r = testing_util::run_cli("batch --model dummy:tiny --max-cache-len 256 --input '" + in + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::vector<json> lines;
   std::istringstream ss(r.out);
   for (std::string l; std::getline(ss, l);) lines.push_back(json::parse(l));
-  ASSERT_EQ(lines.size(), 6u);
+  ASSERT_EQ(lines.size(), 7u);
   EXPECT_EQ(lines[0]["id"], "a");
   EXPECT_EQ(lines[0]["choices"][0]["tokens"].size(), 4u);
   EXPECT_EQ(lines[0]["choices"][0]["logprobs"]["token_logprobs"].size(), 4u);  // asked for
@@ -110,6 +111,12 @@ TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
   EXPECT_TRUE(lines[3].contains("error"));
   EXPECT_NE(lines[4].value("error", "").find("out_of_range"), std::string::npos) << lines[4];
   EXPECT_NE(lines[5].value("error", "").find("top_k"), std::string::npos) << lines[5];
+  // echo: the prompt scored (the first token has no score), nothing generated.
+  const json& echo = lines[6]["choices"][0];
+  EXPECT_TRUE(echo["tokens"].empty()) << lines[6];
+  ASSERT_EQ(echo["logprobs"]["token_logprobs"].size(), 3u) << lines[6];
+  EXPECT_TRUE(echo["logprobs"]["token_logprobs"][0].is_null());
+  EXPECT_LT(echo["logprobs"]["token_logprobs"][2].get<double>(), 0.0);
 }
 
 }  // namespace
