@@ -260,9 +260,8 @@ bool Engine::run_chunk(Seq& s, int64_t n) {
     std::vector<TokenLogprob>& out = s.req->output.prompt_logprobs;
     const int32_t k = s.req->params.prompt_logprobs;
     for (int64_t j = 0; j < n && s.computed + j + 1 < prompt_size; ++j) {
-      const int64_t at = s.computed + j;
-      out[static_cast<size_t>(at)] =
-          named_logprob(logits.subspan(static_cast<size_t>(j) * V, V), s.req->params.prompt[static_cast<size_t>(at + 1)], k);
+      const auto at = static_cast<size_t>(s.computed + j);
+      out[at] = named_logprob(logits.subspan(static_cast<size_t>(j) * V, V), s.req->params.prompt[at + 1], k);
     }
   }
   s.computed += n;

@@ -182,7 +182,8 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
   if (chat) max_tokens = get_int(body, "max_completion_tokens", max_tokens);
   p.max_tokens = max_tokens >= 0 ? max_tokens : model.default_max_tokens;
   if (!chat) r.echo = get_bool(body, "echo", false);
-  if (p.max_tokens < (r.echo ? 0 : 1)) throw bad(r.echo ? "'max_tokens' must be >= 0" : "'max_tokens' must be >= 1 (0 only with \"echo\": true)");
+  if (p.max_tokens < (r.echo ? 0 : 1))
+    throw bad(r.echo ? "'max_tokens' must be >= 0" : "'max_tokens' must be >= 1 (0 only with \"echo\": true)");
   p.sampler.temperature = static_cast<float>(get_number(body, "temperature", 1.0));
   if (p.sampler.temperature < 0 || p.sampler.temperature > 2) throw bad("'temperature' must be in [0, 2]");
   p.sampler.top_p = static_cast<float>(get_number(body, "top_p", 1.0));

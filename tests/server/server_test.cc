@@ -300,7 +300,8 @@ TEST(Server, EchoReturnsThePromptAndItsLogprobs) {
   }
   // Echo with a generated token: the prompt's entries, then the token's, as the plain request
   // reported it; the text is the prompt's then the token's.
-  const HttpReply er = post(json{{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"echo", true}, {"logprobs", 1}});
+  const HttpReply er =
+      post(json{{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"echo", true}, {"logprobs", 1}});
   ASSERT_EQ(er.status, 200) << er.body;
   const json e = json::parse(er.body)["choices"][0];
   EXPECT_EQ(e["text"], prompt + next);
