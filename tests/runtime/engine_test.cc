@@ -87,6 +87,12 @@ std::vector<int32_t> run_alone(const LlamaModel& model, const RequestParams& rp)
   return run_all(e, {rp}).tokens[0];
 }
 
+EngineConfig holding(int64_t tokens) {
+  EngineConfig c;
+  c.max_cached_tokens = tokens;
+  return c;
+}
+
 TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAlone) {
   const LlamaModel& model = *tiny_model().model;
   const auto prompts = make_prompts(64, 7);
@@ -225,6 +231,7 @@ TEST(Engine, PreemptionUnderATinyBlockBudgetChangesNothing) {
   const auto prompts = make_prompts(24, 11);
   std::vector<RequestParams> reqs;
   for (const auto& p : prompts) reqs.push_back(greedy(p, 12));
+  for (size_t i = 1; i < reqs.size(); i += 2) reqs[i].prompt_logprobs = 1;  // scored: recomputed
 
   EngineConfig c;
   c.block_tokens = 4;
@@ -234,7 +241,21 @@ TEST(Engine, PreemptionUnderATinyBlockBudgetChangesNothing) {
   const RunResult got = run_all(e, reqs);
   const EngineMetrics m = e.metrics();
   EXPECT_GT(m.preemptions, 0);
-  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_EQ(got.tokens[i], run_alone(model, reqs[i])) << "request " << i;
+  int64_t scored_preempted = 0;
+  Engine alone(model, nullptr, holding(512));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(got.tokens[i], run_alone(model, reqs[i])) << "request " << i;
+    if (reqs[i].prompt_logprobs < 0) continue;
+    scored_preempted += got.outputs[i].stats.preemptions;
+    // A scored prompt recomputed after preemption reports what it reports run alone.
+    const RequestOutput ref = run_all(alone, {reqs[i]}).outputs[0];
+    ASSERT_EQ(got.outputs[i].prompt_logprobs.size(), reqs[i].prompt.size() - 1);
+    for (size_t j = 0; j < ref.prompt_logprobs.size(); ++j) {
+      ASSERT_EQ(got.outputs[i].prompt_logprobs[j].chosen.logprob, ref.prompt_logprobs[j].chosen.logprob)
+          << "request " << i << ", prompt token " << j + 1;
+    }
+  }
+  EXPECT_GT(scored_preempted, 0);
   EXPECT_EQ(e.check_invariants(), "");
   EXPECT_EQ(m.blocks_used, 0);
   EXPECT_EQ(m.blocks_free + m.blocks_cached, m.blocks_total);
@@ -300,12 +321,6 @@ TEST(Engine, ParallelSamplesForkAndFollowTheirSeeds) {
   EXPECT_NE(out.samples[0].tokens, out.samples[1].tokens);
   EXPECT_EQ(e.check_invariants(), "");
   EXPECT_EQ(e.metrics().blocks_used, 0);
-}
-
-EngineConfig holding(int64_t tokens) {
-  EngineConfig c;
-  c.max_cached_tokens = tokens;
-  return c;
 }
 
 TEST(Engine, StopIdsMaxTokensAndValidation) {
