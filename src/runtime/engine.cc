@@ -54,6 +54,7 @@ struct Engine::Seq {
   uint64_t admit_order = 0;      // larger: admitted later (preempted first)
   std::unique_ptr<Sampler> sampler;
   size_t sent = 0;               // bytes of out.text already streamed
+  bool reported = false;         // an event of this sample went out
   SampleOutput* out = nullptr;
   int64_t needs() const { return static_cast<int64_t>(tokens.size()) - computed; }
   bool scores_prompt() const;  // computes the prompt's logprobs (never from the prefix cache)
@@ -67,6 +68,8 @@ struct Engine::Request {
   bool admitted = false, first_token = false, done = false, forked = false;
   std::vector<std::unique_ptr<Seq>> seqs;  // [n]
   RequestOutput output;
+  // output.prompt_logprobs, shared with the samples' first events once every entry is set.
+  std::shared_ptr<const std::vector<TokenLogprob>> prompt_scores;
 };
 
 // The first sample scores the prompt; the other samples share what it computed (or, when a
@@ -263,6 +266,8 @@ bool Engine::run_chunk(Seq& s, int64_t n) {
       const auto at = static_cast<size_t>(s.computed + j);
       out[at] = named_logprob(logits.subspan(static_cast<size_t>(j) * V, V), s.req->params.prompt[at + 1], k);
     }
+    if (s.computed + n >= prompt_size - 1)  // scored whole: the samples' first events carry it
+      s.req->prompt_scores = std::make_shared<const std::vector<TokenLogprob>>(out);
   }
   s.computed += n;
   counters_.computed_prompt_tokens += n;
@@ -569,7 +574,13 @@ void Engine::emit_text(Seq& s, int32_t token, std::optional<TokenLogprob> logpro
     ev.text = text.substr(s.sent, safe - s.sent);
     s.sent = safe;
   }
-  if (r.callback) r.callback(ev);
+  deliver(s, ev);
+}
+
+void Engine::deliver(Seq& s, StreamEvent& ev) {
+  if (!s.reported) ev.prompt_logprobs = s.req->prompt_scores;
+  s.reported = true;
+  if (s.req->callback) s.req->callback(ev);
 }
 
 void Engine::finish_seq(Seq& s, FinishReason reason, std::optional<TokenLogprob> logprob) {
@@ -593,7 +604,7 @@ void Engine::finish_seq(Seq& s, FinishReason reason, std::optional<TokenLogprob>
   ev.logprob = std::move(logprob);
   if (s.sent < s.out->text.size()) ev.text = s.out->text.substr(s.sent);
   s.sent = s.out->text.size();
-  if (r.callback) r.callback(ev);
+  deliver(s, ev);
   finish_request_if_done(r);
 }
 

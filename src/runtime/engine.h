@@ -109,6 +109,10 @@ struct StreamEvent {
   // When the request asked for them: the token's log-probabilities, on its token event, or on
   // the finish event when a stop string ended the sample at that token.
   std::optional<TokenLogprob> logprob;
+  // With RequestParams::prompt_logprobs: the prompt's scores (RequestOutput::prompt_logprobs),
+  // on each sample's first event once the prompt was scored whole, so that a stream can echo
+  // them before the sample's tokens.
+  std::shared_ptr<const std::vector<TokenLogprob>> prompt_logprobs;
 };
 using StreamCallback = std::function<void(const StreamEvent&)>;
 
@@ -181,6 +185,7 @@ class Engine {
   void finish_seq(Seq& s, FinishReason reason, std::optional<TokenLogprob> logprob = std::nullopt);
   void finish_request_if_done(Request& r);
   void emit_text(Seq& s, int32_t token, std::optional<TokenLogprob> logprob);
+  void deliver(Seq& s, StreamEvent& ev);  // to the callback; the sample's first carries the prompt scores
   void fork_samples(Seq& parent);
   void update_metrics();
 

@@ -283,6 +283,7 @@ void HttpServer::install_routes() {
       size_t offset = 0;
     };
     auto pending = std::make_shared<std::vector<Pending>>(static_cast<size_t>(ar.params.n));
+    for (Pending& pd : *pending) pd.offset = ar.echo ? ar.prompt_text.size() : 0;
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, ch, ar, id, created, model_name, first, pending, forget, has_text = model_.tokenizer != nullptr](
@@ -319,8 +320,8 @@ void HttpServer::install_routes() {
             const std::string finish = ev.finished ? openai_finish_reason(ev.reason) : "";
             const bool is_first = (*first)[static_cast<size_t>(ev.index)];
             (*first)[static_cast<size_t>(ev.index)] = false;
-            const json chunk =
-                stream_chunk(ar, id, model_name, created, ev.index, ev.text, finish, is_first, pd.logprobs, pd.offset);
+            const json chunk = stream_chunk(ar, id, model_name, created, ev.index, ev.text, finish, is_first,
+                                            pd.logprobs, pd.offset, ev.prompt_logprobs.get());
             for (const TokenLogprob& t : pd.logprobs) pd.offset += t.chosen.piece.size();
             pd.logprobs.clear();
             if (!write("data: " + to_json_text(chunk) + "\n\n")) return false;

@@ -223,7 +223,6 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
   if (n < 1 || n > 64) throw bad("'n' must be in [1, 64]");
   p.n = static_cast<int32_t>(n);
   r.stream = get_bool(body, "stream", false);
-  if (r.stream && r.echo) throw bad("'echo' is not supported with 'stream'; send \"stream\": false to echo the prompt");
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) throw bad("'stream_options' must be an object");
     r.include_usage = get_bool(*it, "include_usage", false);
@@ -313,29 +312,36 @@ std::string choice_text(const ApiRequest& req, const RequestOutput& out, size_t 
   return req.echo ? req.prompt_text + out.samples[i].text : out.samples[i].text;
 }
 
-json choice_logprobs(const ApiRequest& req, const RequestOutput& out, size_t i) {
-  if (req.params.logprobs < 0) return nullptr;
-  if (!req.echo) return logprobs_json(req.chat, out.samples[i].logprobs, 0);
+json echo_logprobs_json(const ApiRequest& req, std::span<const TokenLogprob> prompt_lps,
+                        std::span<const TokenLogprob> generated) {
   // The prompt's tokens, then the sample's: the first prompt token has no score (nothing
   // precedes it). The prompt's offsets are where each token's text starts in the decoded
   // prompt (the echoed text when the prompt string round-trips through the tokenizer, as
   // SentencePiece's does), the sample's count on from the echoed text's end.
-  json prompt = logprobs_json(false, out.prompt_logprobs, 0);
+  json prompt = logprobs_json(false, prompt_lps, 0);
   prompt["tokens"].insert(prompt["tokens"].begin(), req.first_piece);
   prompt["token_logprobs"].insert(prompt["token_logprobs"].begin(), nullptr);
   prompt["top_logprobs"].insert(prompt["top_logprobs"].begin(), nullptr);
   prompt["text_offset"] = req.prompt_offsets;
-  const json gen = logprobs_json(false, out.samples[i].logprobs, req.prompt_text.size());
+  const json gen = logprobs_json(false, generated, req.prompt_text.size());
   for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
     for (const json& v : gen[key]) prompt[key].push_back(v);
   return prompt;
+}
+
+json choice_logprobs(const ApiRequest& req, const RequestOutput& out, size_t i) {
+  if (req.params.logprobs < 0) return nullptr;
+  if (!req.echo) return logprobs_json(req.chat, out.samples[i].logprobs, 0);
+  return echo_logprobs_json(req, out.prompt_logprobs, out.samples[i].logprobs);
 }
 
 json completion_response(const ApiRequest& req, const RequestOutput& out, const std::string& model, int64_t created) {
   json choices = json::array();
   for (size_t i = 0; i < out.samples.size(); ++i) {
     const SampleOutput& s = out.samples[i];
-    json c{{"index", i}, {"finish_reason", openai_finish_reason(s.reason)}, {"logprobs", choice_logprobs(req, out, i)}};
+    json c{{"index", i},
+           {"finish_reason", openai_finish_reason(s.reason)},
+           {"logprobs", choice_logprobs(req, out, i)}};
     if (req.chat) {
       c["message"] = {{"role", "assistant"}, {"content", s.text}};
     } else {
@@ -353,17 +359,20 @@ json completion_response(const ApiRequest& req, const RequestOutput& out, const 
 
 json stream_chunk(const ApiRequest& req, uint64_t id, const std::string& model, int64_t created, int32_t index,
                   const std::string& text, const std::string& finish, bool first, std::span<const TokenLogprob> logprobs,
-                  size_t text_offset) {
+                  size_t text_offset, const std::vector<TokenLogprob>* prompt_logprobs) {
   json c{{"index", index}, {"finish_reason", finish.empty() ? json() : json(finish)}, {"logprobs", nullptr}};
   // A chunk without tokens (the finish chunk, mostly) keeps "logprobs": null.
   if (req.params.logprobs >= 0 && !logprobs.empty()) c["logprobs"] = logprobs_json(req.chat, logprobs, text_offset);
+  const bool echo = req.echo && first;  // the echoed prompt leads the sample's first chunk
+  if (echo && req.params.logprobs >= 0 && prompt_logprobs != nullptr)
+    c["logprobs"] = echo_logprobs_json(req, *prompt_logprobs, logprobs);
   if (req.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (!text.empty() || (first && finish.empty())) delta["content"] = text;
     c["delta"] = std::move(delta);
   } else {
-    c["text"] = text;
+    c["text"] = echo ? req.prompt_text + text : text;
   }
   return json{{"id", response_id(req, id)},
               {"object", req.chat ? "chat.completion.chunk" : "text_completion"},

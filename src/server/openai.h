@@ -70,17 +70,22 @@ nlohmann::json completion_response(const ApiRequest& req, const RequestOutput& o
                                    int64_t created);
 // One streamed chunk (choices[0] = sample `index`). finish: empty while streaming. With
 // logprobs requested, the tokens this chunk covers (text_offset: bytes of the sample's text
-// before the first of them).
+// before the first of them). With echo, the sample's first chunk starts with the prompt's text
+// and, given prompt_logprobs (StreamEvent::prompt_logprobs), its scores (text_offset is then
+// the echoed text's length).
 nlohmann::json stream_chunk(const ApiRequest& req, uint64_t id, const std::string& model, int64_t created,
                             int32_t index, const std::string& text, const std::string& finish, bool first,
-                            std::span<const TokenLogprob> logprobs = {}, size_t text_offset = 0);
+                            std::span<const TokenLogprob> logprobs = {}, size_t text_offset = 0,
+                            const std::vector<TokenLogprob>* prompt_logprobs = nullptr);
 // OpenAI's "logprobs" object: chat's {"content": [...]}, or completions' tokens /
 // token_logprobs / top_logprobs / text_offset arrays (offsets counted from `offset`).
 nlohmann::json logprobs_json(bool chat, std::span<const TokenLogprob> logprobs, size_t offset);
 // Sample i's text and "logprobs" value (null when not requested) as a reply carries them:
-// with echo, the prompt's text and scores first.
+// with echo, the prompt's text and scores first (echo_logprobs_json).
 std::string choice_text(const ApiRequest& req, const RequestOutput& out, size_t i);
 nlohmann::json choice_logprobs(const ApiRequest& req, const RequestOutput& out, size_t i);
+nlohmann::json echo_logprobs_json(const ApiRequest& req, std::span<const TokenLogprob> prompt_logprobs,
+                                  std::span<const TokenLogprob> generated);
 std::string response_id(const ApiRequest& req, uint64_t id);  // "cmpl-N" / "chatcmpl-N"
 // "length"/"stop" as OpenAI names them (cancelled and error map to "stop"/"error").
 std::string openai_finish_reason(FinishReason r);

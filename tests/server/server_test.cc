@@ -311,6 +311,28 @@ TEST(Server, EchoReturnsThePromptAndItsLogprobs) {
   EXPECT_EQ(e["logprobs"]["text_offset"].back().get<size_t>(), prompt.size());
   for (size_t i = 0; i < ids.size(); ++i)
     EXPECT_EQ(e["logprobs"]["token_logprobs"][i], lp["token_logprobs"][i]) << i;
+  // Streamed: the first chunk carries the prompt's text and scores, and the chunks joined give
+  // the reply above; with max_tokens 0 the one chunk is the prompt.
+  for (const int max_tokens : {3, 0}) {
+    json req{{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"echo", true}, {"logprobs", 1}};
+    const json whole = json::parse(post(req).body)["choices"][0];
+    req["stream"] = true;
+    const HttpReply st = post(req);
+    ASSERT_EQ(st.status, 200) << st.body;
+    std::string text;
+    json joined{{"tokens", json::array()}, {"token_logprobs", json::array()}, {"text_offset", json::array()}};
+    for (const std::string& ev : sse_events(st.body)) {
+      if (ev == "[DONE]") break;
+      const json ch = json::parse(ev)["choices"][0];
+      text += ch["text"].get<std::string>();
+      if (ch["logprobs"].is_null()) continue;
+      for (const char* key : {"tokens", "token_logprobs", "text_offset"})
+        for (const json& v : ch["logprobs"][key]) joined[key].push_back(v);
+    }
+    EXPECT_EQ(text, whole["text"]) << max_tokens;
+    for (const char* key : {"tokens", "token_logprobs", "text_offset"})
+      EXPECT_EQ(joined[key], whole["logprobs"][key]) << key << " " << max_tokens;
+  }
   // A prompt of token ids echoes their text; echo without logprobs leaves them null.
   const HttpReply ir = post(json{{"prompt", ids}, {"max_tokens", 0}, {"echo", true}});
   ASSERT_EQ(ir.status, 200) << ir.body;
@@ -339,8 +361,7 @@ TEST(Server, BadRequestsGetOpenAIErrorsWithTheRightStatus) {
   expect_error(post("/v1/completions", R"({"max_tokens": 3})"), 400);                     // missing
   // Features this server does not implement are refused, not silently dropped; their no-op
   // values (which clients send by default) are accepted.
-  for (const char* b : {R"({"prompt": "hi", "echo": true, "stream": true})",
-                        R"({"prompt": "hi", "max_tokens": 0})",  // 0 only with echo
+  for (const char* b : {R"({"prompt": "hi", "max_tokens": 0})",  // 0 only with echo
                         R"({"prompt": "hi", "presence_penalty": 0.5})",
                         R"({"prompt": "hi", "logit_bias": {"50": 10}})", R"({"prompt": "hi", "logprobs": 21})",
                         R"({"prompt": "hi", "logprobs": -2})"})
