@@ -20,6 +20,14 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+std::string Tokenizer::piece_after(int32_t prev, int32_t id) const {
+  std::string piece = decode(id);
+  const std::string_view k = kind();
+  if (prev >= 0 && prev == bos_id() && (k == "llama" || k == "llama2c") && !piece.empty() && piece[0] == ' ')
+    piece.erase(0, 1);
+  return piece;
+}
+
 namespace {
 
 [[noreturn]] void bad(const std::string& path, const std::string& what) {

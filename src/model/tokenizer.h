@@ -34,12 +34,10 @@ class Tokenizer {
 
   // Concatenated decode() of ids.
   std::string decode(const std::vector<int32_t>& ids) const;
-  // SentencePiece vocabularies (GGUF "llama", llama2.c): the text drops the leading space of
-  // the piece right after BOS (the space encode() prefixes), as llama.cpp and run.c print it.
-  bool drops_space_after_bos() const {
-    const std::string_view k = kind();
-    return k == "llama" || k == "llama2c";
-  }
+  // The text token `id` adds after token `prev` (-1: none): decode(id), except that
+  // SentencePiece vocabularies (GGUF "llama", llama2.c) drop the leading space of the piece
+  // right after BOS (the space encode() prefixes), as llama.cpp and run.c print it.
+  std::string piece_after(int32_t prev, int32_t id) const;
 };
 
 // Loads a tokenizer from `path`, whatever its format:

@@ -31,6 +31,10 @@ size_t incomplete_utf8_tail(const std::string& s) {
 
 }  // namespace
 
+std::string logprob_piece(const Tokenizer* tokenizer, int32_t token) {
+  return tokenizer != nullptr ? tokenizer->decode(token) : "token_id:" + std::to_string(token);
+}
+
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::kNone: return "none";
@@ -487,11 +491,8 @@ void Engine::fork_samples(Seq& parent) {
 
 TokenLogprob Engine::named_logprob(std::span<const float> logits, int32_t token, int32_t k) const {
   TokenLogprob lp = token_logprob(logits, token, k);
-  const auto name = [&](LogprobEntry& e) {
-    e.piece = tokenizer_ != nullptr ? tokenizer_->decode(e.token) : "token_id:" + std::to_string(e.token);
-  };
-  name(lp.chosen);
-  for (LogprobEntry& e : lp.top) name(e);
+  lp.chosen.piece = logprob_piece(tokenizer_, lp.chosen.token);
+  for (LogprobEntry& e : lp.top) e.piece = logprob_piece(tokenizer_, e.token);
   return lp;
 }
 
@@ -542,12 +543,8 @@ void Engine::emit_text(Seq& s, int32_t token, std::optional<TokenLogprob> logpro
   ev.token = token;
   ev.logprob = std::move(logprob);
   if (tokenizer_ != nullptr) {
-    std::string piece = tokenizer_->decode(token);
     const size_t n = s.tokens.size();
-    // SentencePiece: the space a word carries is dropped right after BOS (llama.cpp does too).
-    if (n >= 2 && s.tokens[n - 2] == tokenizer_->bos_id() && tokenizer_->drops_space_after_bos() &&
-        !piece.empty() && piece[0] == ' ')
-      piece.erase(0, 1);
+    const std::string piece = tokenizer_->piece_after(n >= 2 ? s.tokens[n - 2] : -1, token);
     std::string& text = s.out->text;
     text += piece;
     size_t max_stop = 0;

@@ -49,6 +49,9 @@ struct EngineConfig {
 enum class FinishReason { kNone, kLength, kStop, kCancelled, kError };
 const char* finish_reason_name(FinishReason r);  // "length", "stop", "cancelled", "error"
 
+// A token as log-probabilities name it: its piece, or "token_id:N" without a tokenizer.
+std::string logprob_piece(const Tokenizer* tokenizer, int32_t token);
+
 struct RequestParams {
   std::vector<int32_t> prompt;        // token ids (BOS included by the caller)
   int64_t max_tokens = 16;            // new tokens per sample (0: the prompt only, nothing sampled)

@@ -66,26 +66,14 @@ std::vector<int32_t> parse_prompt(const json& b, const ServedModel& m) {
   throw bad("'prompt' must be a string or an array of token ids");
 }
 
-// A token's piece as logprobs name it.
-std::string piece_of(int32_t id, const ServedModel& m) {
-  return m.tokenizer != nullptr ? m.tokenizer->decode(id) : "token_id:" + std::to_string(id);
-}
-
-// The text of token ids: their pieces, BOS left out and, after it, a SentencePiece word's
-// leading space dropped (as the engine streams generated text). offsets[i]: where token i's
-// text starts (the string's end for the tokens that add none).
+// The text of token ids as the engine streams it (Tokenizer::piece_after; BOS adds none);
+// offsets[i]: where token i's text starts. Without a tokenizer: no text.
 std::string ids_text(std::span<const int32_t> ids, const ServedModel& m, std::vector<size_t>& offsets) {
   offsets.clear();
   std::string text;
   for (size_t i = 0; i < ids.size(); ++i) {
     offsets.push_back(text.size());
-    if (m.tokenizer == nullptr) continue;
-    const Tokenizer& t = *m.tokenizer;
-    if (ids[i] == t.bos_id()) continue;
-    std::string piece = t.decode(ids[i]);
-    if (i > 0 && ids[i - 1] == t.bos_id() && t.drops_space_after_bos() && !piece.empty() && piece[0] == ' ')
-      piece.erase(0, 1);
-    text += piece;
+    if (m.tokenizer != nullptr) text += m.tokenizer->piece_after(i > 0 ? ids[i - 1] : -1, ids[i]);
   }
   return text;
 }
@@ -216,7 +204,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
     r.prompt_text = it->is_string() ? it->get<std::string>()
                     : (it->size() == 1 && (*it)[0].is_string()) ? (*it)[0].get<std::string>()
                                                                 : decoded;
-    r.first_piece = piece_of(p.prompt[0], model);
+    r.first_piece = logprob_piece(model.tokenizer, p.prompt[0]);
     p.prompt_logprobs = p.logprobs;  // the prompt's scores, when the reply carries logprobs
   }
   const int64_t n = get_int(body, "n", 1);
@@ -361,11 +349,12 @@ json stream_chunk(const ApiRequest& req, uint64_t id, const std::string& model, 
                   const std::string& text, const std::string& finish, bool first, std::span<const TokenLogprob> logprobs,
                   size_t text_offset, const std::vector<TokenLogprob>* prompt_logprobs) {
   json c{{"index", index}, {"finish_reason", finish.empty() ? json() : json(finish)}, {"logprobs", nullptr}};
-  // A chunk without tokens (the finish chunk, mostly) keeps "logprobs": null.
-  if (req.params.logprobs >= 0 && !logprobs.empty()) c["logprobs"] = logprobs_json(req.chat, logprobs, text_offset);
   const bool echo = req.echo && first;  // the echoed prompt leads the sample's first chunk
+  // A chunk without tokens (the finish chunk, mostly) keeps "logprobs": null.
   if (echo && req.params.logprobs >= 0 && prompt_logprobs != nullptr)
     c["logprobs"] = echo_logprobs_json(req, *prompt_logprobs, logprobs);
+  else if (req.params.logprobs >= 0 && !logprobs.empty())
+    c["logprobs"] = logprobs_json(req.chat, logprobs, text_offset);
   if (req.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

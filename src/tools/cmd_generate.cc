@@ -40,9 +40,7 @@ struct GenerateOptions {
 // for its tokenizer; otherwise the token's bytes, minus the SentencePiece space after BOS.
 std::string piece(const Tokenizer& tok, int32_t prev, int32_t id) {
   if (const auto* l2c = dynamic_cast<const Llama2cTokenizer*>(&tok)) return l2c->decode_for_print(prev, id);
-  std::string s = tok.decode(id);
-  if (prev == tok.bos_id() && tok.drops_space_after_bos() && !s.empty() && s[0] == ' ') s.erase(0, 1);
-  return s;
+  return tok.piece_after(prev, id);
 }
 
 void run_generate(const GenerateOptions& o) {

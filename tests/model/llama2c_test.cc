@@ -172,6 +172,11 @@ TEST(Llama2cTokenizer, Stories260KPromptsAsLlama2c) {
   EXPECT_EQ(tok.decode(13), "\n");
   EXPECT_EQ(tok.decode(1), "");
   EXPECT_EQ(tok.decode(403), " Once");
+  // piece_after, what the server streams and echoes, drops that space too (a byte stays a byte).
+  EXPECT_EQ(tok.piece_after(1, 403), "Once");
+  EXPECT_EQ(tok.piece_after(378, 403), " Once");
+  EXPECT_EQ(tok.piece_after(-1, 403), " Once");
+  EXPECT_EQ(tok.piece_after(1, 13), "\n");
   // Plain ASCII round-trips (with the space prefix encode adds).
   const std::string text = "Lily saw a big, red ball.\nShe was happy!";
   std::string back;

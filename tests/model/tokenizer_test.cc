@@ -109,6 +109,21 @@ TEST(TokenizerVectors, SpmDetails) {
   EXPECT_EQ(std::count(s.begin(), s.end(), 1), 0);
   EXPECT_THROW(tok->decode(32000), Error);
   EXPECT_THROW(tok->decode(-1), Error);
+  // The text a token adds: right after BOS, without the space encode() prefixed.
+  const int32_t hello = tok->encode("Hello")[0];
+  EXPECT_EQ(tok->decode(hello), " Hello");
+  EXPECT_EQ(tok->piece_after(1, hello), "Hello");
+  EXPECT_EQ(tok->piece_after(-1, hello), " Hello");
+  EXPECT_EQ(tok->piece_after(hello, hello), " Hello");
+}
+
+TEST(TokenizerVectors, Gpt2KeepsTheSpaceAfterBos) {  // byte-level BPE prefixes no space
+  const std::string path = kVocabDir + "/ggml-vocab-gpt-2.gguf";
+  if (!fs::exists(path)) GTEST_SKIP() << path << " is absent";
+  auto tok = load_tokenizer(path);
+  const std::vector<int32_t> ids = tok->encode(" Hello");
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_EQ(tok->piece_after(tok->bos_id(), ids[0]), " Hello");
 }
 
 TEST(Unicode, ClassesAndSplitters) {
