@@ -362,6 +362,7 @@ TEST(Server, BadRequestsGetOpenAIErrorsWithTheRightStatus) {
   // Features this server does not implement are refused, not silently dropped; their no-op
   // values (which clients send by default) are accepted.
   for (const char* b : {R"({"prompt": "hi", "max_tokens": 0})",  // 0 only with echo
+                        R"({"prompt": "hi", "echo": "yes"})",    // a boolean
                         R"({"prompt": "hi", "presence_penalty": 0.5})",
                         R"({"prompt": "hi", "logit_bias": {"50": 10}})", R"({"prompt": "hi", "logprobs": 21})",
                         R"({"prompt": "hi", "logprobs": -2})"})
