@@ -51,6 +51,7 @@ void run_batch(const BatchOptions& o) {
   sm.tokenizer = lm.tokenizer.get();
   sm.add_bos = lm.add_bos;
   sm.stop_ids = lm.stop_ids;
+  sm.limits.max_context = engine.max_context();
   std::unique_ptr<SpecialTokens> specials;
   if (lm.tokenizer) {
     specials = std::make_unique<SpecialTokens>(*lm.tokenizer);
@@ -68,6 +69,7 @@ void run_batch(const BatchOptions& o) {
       if (body.is_object() && body.contains("id")) id = body["id"];
       json b = body;
       b.erase("model");  // one model per run
+      b.erase("id");     // the line's label, echoed in its result
       reqs[i] = parse_api_request(b, b.contains("messages"), sm);
       engine.submit(reqs[i]->params, [&results, &reqs, i, id](const StreamEvent& ev) {
         if (ev.output == nullptr) return;
