@@ -5,12 +5,6 @@
 // tests/server/load_test.cc at a small scale and by bench/bench_chaos.cc at a large one.
 #pragma once
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -20,6 +14,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "raw_http.h"
 
 namespace kvcache::testing_util {
 
@@ -43,19 +39,8 @@ struct ChaosResult {
 namespace chaos_detail {
 
 inline int connect_to(int port, double timeout_s) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(timeout_s);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const int fd = connect_loopback(port);
+  if (fd >= 0) set_receive_timeout(fd, timeout_s);
   return fd;
 }
 
