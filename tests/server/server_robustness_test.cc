@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -245,6 +247,65 @@ TEST(ServerRobustness, ManySlowClientsDoNotStopHealthFromAnswering) {
   // A burst of connections is accepted at once (the listen backlog is widened past
   // cpp-httplib's 5; with 5, dropped SYNs came back a second later: 140 connects took 16 s).
   EXPECT_LT(std::chrono::duration<double>(t0 - c0).count(), 5.0);
+}
+
+TEST(ServerRobustness, AnIdleKeepAliveConnectionIsClosedAfterTheIdleTimeout) {
+  const LoadedModel* lm = tiny_with_vocab();
+  NEED_VOCAB(lm);
+  TestServerOptions o;
+  o.http.transport.idle_timeout_s = 0.5;
+  TestServer ts(*lm, o);
+  const int fd = testing_util::connect_loopback(ts.port);
+  ASSERT_GE(fd, 0);
+  testing_util::set_receive_timeout(fd, 5);
+  ASSERT_TRUE(testing_util::send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));  // keep-alive
+  std::string got;
+  char buf[1024];
+  while (got.find("{\"status\":\"ok\"}") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  const Clock::time_point t0 = Clock::now();
+  EXPECT_EQ(::recv(fd, buf, sizeof buf, 0), 0) << "the idle connection was not closed";
+  EXPECT_LT(seconds_since(t0), 3.0);
+  ::close(fd);
+}
+
+// A streaming client that stops reading: once the socket buffers are full the server's write
+// blocks, and after --write-timeout the request is cancelled and its blocks freed.
+TEST(ServerRobustness, AClientThatStopsReadingIsCutAfterTheWriteTimeout) {
+  const LoadedModel* lm = tiny_with_vocab();
+  NEED_VOCAB(lm);
+  TestServerOptions o;
+  o.http.transport.write_timeout_s = 1.0;
+  o.engine.max_cached_tokens = 32 * 1024 + 64;
+  TestServer ts(*lm, o);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);  // before connect: a small window
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(ts.port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string body = json{{"prompt", "Once"}, {"max_tokens", 900}, {"ignore_eos", true}, {"stream", true},
+                                {"logprobs", 20}, {"n", 32}, {"temperature", 0}}.dump();
+  ASSERT_TRUE(testing_util::send_all(fd, testing_util::request_text("POST", "/v1/completions", body, "")));
+  // Never read. The stream (32 samples, ~1.5 KB an event: ~40 MB) outgrows the socket buffers
+  // (the sender's autotunes up to 4 MB here) long before its 900 tokens.
+  EngineMetrics m = ts.engine->metrics();
+  const Clock::time_point t0 = Clock::now();
+  while (m.requests_cancelled == 0 && seconds_since(t0) < 15) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    m = ts.engine->metrics();
+  }
+  EXPECT_EQ(m.requests_cancelled, 1) << "after " << seconds_since(t0) << " s";
+  EXPECT_LT(m.generation_tokens, 32 * 900) << "the whole stream fit the buffers: the test did not block a write";
+  for (int i = 0; i < 50 && ts.engine->metrics().blocks_used != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(ts.engine->metrics().blocks_used, 0);
+  ::close(fd);
 }
 
 TEST(ServerRobustness, StopDrainsShortRequestsAndCancelsLongOnesWithAnErrorEvent) {
