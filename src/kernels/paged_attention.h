@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/kv_span.h"
 #include "core/tensor.h"
@@ -37,6 +39,9 @@ struct PagedAttentionArgs {
 // each sequence run alone. Unknown names throw Error(kInvalidArgument).
 void paged_attention(std::string_view kernel, const PagedAttentionArgs& args,
                      const AttentionOptions& options);
+// The names paged_attention accepts (a subset of attention_kernel_names(): "flex" has no paged
+// form), for tools that check a --kernel before building anything.
+std::vector<std::string> paged_attention_kernel_names();
 
 // Checks the page table, shapes, dtypes and options; throws Error(kInvalidArgument /
 // kUnsupported) naming the bad field. paged_attention calls it first.
