@@ -57,7 +57,9 @@ void run_serve(const ServeOptions& o) {
   if (o.default_max_tokens < 1)  // every request without max_tokens would be refused
     throw Error(ErrorKind::kInvalidArgument,
                 "--default-max-tokens must be >= 1, got " + std::to_string(o.default_max_tokens));
+  check_engine_options(o.engine);
   LoadedModel lm = load_model(o.engine.model.model, load_options(o.engine.model));
+  check_engine_options(o.engine, &lm);
   const EngineConfig ec = engine_config(o.engine, *lm.model);
   Engine engine(*lm.model, lm.tokenizer.get(), ec);
 
