@@ -171,9 +171,10 @@ void paged_attention(std::string_view kernel, const PagedAttentionArgs& args,
   } else if (kernel == "fused_scalar") {
     detail::fused_paged_attention_scalar(args.q, args.kv, args.cu_seqlens_q, args.out, options);
   } else {
-    throw Error(ErrorKind::kInvalidArgument, "paged_attention: unknown kernel '" +
-                                                 std::string(kernel) +
-                                                 "' (paged kernels: eager, fused, fused_scalar)");
+    std::string known;
+    for (const std::string& name : paged_attention_kernel_names()) known += (known.empty() ? "" : ", ") + name;
+    throw Error(ErrorKind::kInvalidArgument,
+                "paged_attention: unknown kernel '" + std::string(kernel) + "' (paged kernels: " + known + ")");
   }
 }
 

@@ -87,6 +87,7 @@ void run_serve(const ServeOptions& o) {
   if (o.default_max_tokens < 1)  // every request without max_tokens would be refused
     throw Error(ErrorKind::kInvalidArgument,
                 "--default-max-tokens must be >= 1, got " + std::to_string(o.default_max_tokens));
+  check_engine_options(o.engine);
   check_at_least(o.max_connections, 1, "--max-connections");
   if (o.max_connections > 65536)
     throw Error(ErrorKind::kInvalidArgument, "--max-connections must be at most 65536 (a thread each)");
@@ -107,6 +108,7 @@ void run_serve(const ServeOptions& o) {
   if (max_body < 1024 || max_body > (uint64_t{1} << 32))
     throw Error(ErrorKind::kInvalidArgument, "--max-body-bytes must be in [1KiB, 4GiB], got " + o.max_body);
   LoadedModel lm = load_model(o.engine.model.model, load_options(o.engine.model));
+  check_engine_options(o.engine, &lm);
   EngineConfig ec = engine_config(o.engine, *lm.model);
   ec.check_invariants_every_step = o.check_invariants;
   if (o.max_n > ec.max_running)

@@ -33,8 +33,9 @@ TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
     ::dup2(err_pipe[1], 2);
     ::close(err_pipe[0]);
     ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+    // --cache paged: accepted (it is what serve uses anyway); --max-cache-len sizes the pool.
     ::execl(KVCACHE_CLI, KVCACHE_CLI, "serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len", "512",
-            static_cast<char*>(nullptr));
+            "--cache", "paged", "--kernel", "eager", static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(err_pipe[1]);
