@@ -105,7 +105,9 @@ void HttpServer::drive_engine() {
       continue;
     }
     try {
+      step_began_s_.store(now_seconds());
       engine_.step();
+      step_began_s_.store(0);
     } catch (const std::exception& e) {
       // The engine contains every failure it can attribute to requests; what escapes is a bug,
       // and stepping again from an unknown state could spin or serve wrong answers.
@@ -283,6 +285,15 @@ void HttpServer::install_routes() {
     if (stopping_.load()) {
       res.status = 503;
       res.set_content(R"({"status":"draining"})", "application/json");
+      return;
+    }
+    // A step that does not end (a hung kernel, a deadlock) leaves every request waiting.
+    const double began = step_began_s_.load();
+    if (began > 0 && now_seconds() - began > config_.health_stall_s) {
+      res.status = 503;
+      const std::string error = "the engine has been inside one step for " +
+                                std::to_string(static_cast<int64_t>(now_seconds() - began)) + " s";
+      res.set_content(to_json_text(json{{"status", "unhealthy"}, {"error", error}}), "application/json");
       return;
     }
     std::string error;

@@ -32,6 +32,7 @@ struct HttpServerConfig {
   TransportLimits transport;     // connections, timeouts, body size
   double drain_timeout_s = 5;    // stop(): in-flight requests may finish for this long
   double health_probe_timeout_s = 5;  // /health after a failed forward: the probe's deadline
+  double health_stall_s = 60;    // /health: one engine step running longer than this is a stall
 };
 
 class HttpServer {
@@ -73,6 +74,7 @@ class HttpServer {
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread driver_;
+  std::atomic<double> step_began_s_{0};  // while the driver is inside Engine::step(), else 0
   int64_t created_ = 0;
   std::mutex mu_;
   std::condition_variable drained_;  // in_flight_ shrank, or stop_now()

@@ -84,6 +84,27 @@ TEST(ServerRobustness, AnEngineFailureIsARequestErrorAndHealthTellsTheTruth) {
   EXPECT_EQ(ts.engine->check_invariants(), "");
 }
 
+TEST(ServerRobustness, HealthSaysUnhealthyWhileOneStepDoesNotEnd) {
+  const LoadedModel* lm = tiny_with_vocab();
+  NEED_VOCAB(lm);
+  TestServerOptions o;
+  o.http.health_stall_s = 0.3;
+  TestServer ts(*lm, o);
+  HttpReply reply;
+  {
+    // One attention call hangs for 1.5 s: the step it is in stalls.
+    fault::Scoped hang("paged_attention", [] { std::this_thread::sleep_for(std::chrono::milliseconds(1500)); });
+    std::thread client([&] { reply = http(ts.port, "POST", "/v1/completions", R"({"prompt": "Once", "max_tokens": 2})"); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    const HttpReply h = http(ts.port, "GET", "/health", "", "", 5);
+    EXPECT_EQ(h.status, 503) << h.body;
+    EXPECT_NE(h.body.find("inside one step"), std::string::npos) << h.body;
+    client.join();
+  }
+  EXPECT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(http(ts.port, "GET", "/health", "", "", 5).status, 200);
+}
+
 // Each of these was a 500 with an empty body, an accepted value silently replaced by a default,
 // an overflow, or a field silently dropped.
 TEST(ServerRobustness, WrongTypesAndValuesOutOfRangeAre400s) {
