@@ -15,8 +15,10 @@ namespace {
 
 }  // namespace
 
-std::unique_ptr<ModelFile> load_gguf_model(const std::string& path) {
-  std::shared_ptr<const GgufFile> g = GgufFile::open(path);
+std::unique_ptr<ModelFile> load_gguf_model(const std::string& path) { return load_gguf_model(GgufFile::open(path)); }
+
+std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> g) {
+  const std::string& path = g->path();
   const std::string arch = g->get_string_or("general.architecture", "");
   if (arch.empty()) bad(path, "metadata 'general.architecture' is missing: not a model GGUF (a vocabulary-only file?)");
   if (arch != "llama" && arch != "mistral" && arch != "qwen2") {

@@ -27,16 +27,46 @@ int parse_byte_piece(std::string_view s) {
   return digits > 0 ? v : -1;
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorKind::kIo, path + ": cannot open the tokenizer file");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 }  // namespace
 
-Llama2cTokenizer::Llama2cTokenizer(const std::string& path, int32_t vocab_size) : path_(path) {
+int32_t count_llama2c_tokenizer_entries(std::string_view b) {
+  if (b.size() < 4) return 0;
+  size_t off = 4;
+  int32_t n = 0;
+  while (off < b.size()) {
+    int32_t len = 0;
+    if (b.size() - off < 8 || n == INT32_MAX) return 0;
+    std::memcpy(&len, b.data() + off + 4, 4);
+    if (len < 0 || static_cast<size_t>(len) > b.size() - off - 8) return 0;
+    off += 8 + static_cast<size_t>(len);
+    ++n;
+  }
+  return n;
+}
+
+Llama2cTokenizer::Llama2cTokenizer(const std::string& path, int32_t vocab_size)
+    : Llama2cTokenizer(path, read_file(path), vocab_size) {}
+
+Llama2cTokenizer::Llama2cTokenizer(const std::string& path, std::string_view bytes, int32_t vocab_size)
+    : path_(path) {
   if (vocab_size <= 0) {
     throw Error(ErrorKind::kInvalidArgument,
                 path + ": vocabulary size " + std::to_string(vocab_size) + " must be positive");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(ErrorKind::kIo, path + ": cannot open the tokenizer file");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Every entry takes at least its 8-byte score and length: a count the bytes cannot hold is
+  // refused before the tables are allocated.
+  if (bytes.size() < 4 || static_cast<uint64_t>(vocab_size) > (bytes.size() - 4) / 8) {
+    throw Error(ErrorKind::kFormat,
+                path + ": truncated llama2.c tokenizer: " + std::to_string(bytes.size()) +
+                    " bytes cannot hold " + std::to_string(vocab_size) +
+                    " entries of at least 8 bytes each (does the tokenizer match the model's vocabulary?)");
+  }
   size_t off = 0;
   auto read = [&](void* dst, size_t n, const std::string& what) {
     if (bytes.size() - off < n) {

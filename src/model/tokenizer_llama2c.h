@@ -16,11 +16,17 @@
 
 namespace kvcache {
 
+// Entries of a tokenizer file's bytes when they parse as whole records up to the end (the
+// vocabulary size of a bare tokenizer.bin); 0 when they do not.
+int32_t count_llama2c_tokenizer_entries(std::string_view bytes);
+
 class Llama2cTokenizer final : public Tokenizer {
  public:
   // Reads `path` holding `vocab_size` entries. Throws Error(kIo/kFormat) naming the file and
   // the entry that is truncated or malformed.
   Llama2cTokenizer(const std::string& path, int32_t vocab_size);
+  // The same from the file's bytes; `name` stands for the path in errors.
+  Llama2cTokenizer(const std::string& name, std::string_view bytes, int32_t vocab_size);
 
   // Text -> ids without BOS/EOS (run.c's encode(text, bos=0, eos=0)).
   std::vector<int32_t> encode(std::string_view text) const override;

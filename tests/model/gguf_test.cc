@@ -308,6 +308,27 @@ TEST_F(GgufBadFiles, MissingTensorAndMissingMetadata) {
   expect_error([&] { load_gguf_model(bad_); }, {bad_, "llama.block_count", "string"});
 }
 
+TEST(Gguf, ParsesFromMemoryLikeFromAFile) {
+  const ModelConfig c = tiny_config();
+  const testing::TinyWeights w = tiny_weights(c, DType::kF32);
+  GgufWriter gw;
+  gguf_write_llama_config(gw, c);
+  for (const auto& [n, v] : w.views()) gw.add_tensor(n, v);
+  const std::string p = temp_path("memory.gguf");
+  gw.write(p);
+  const std::string bytes = read_bytes(p);
+  std::filesystem::remove(p);
+  const std::unique_ptr<ModelFile> m = load_gguf_model(GgufFile::open(MappedFile::copy_of("in-memory.gguf", bytes)));
+  EXPECT_EQ(m->config().n_layers, c.n_layers);
+  EXPECT_EQ(m->path(), "in-memory.gguf");
+  try {
+    GgufFile::open(MappedFile::copy_of("cut.gguf", bytes.substr(0, 100)));
+    ADD_FAILURE() << "a truncated copy parsed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cut.gguf"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Gguf, HalfSplitConfigIsRefusedByTheLlamaWriter) {
   ModelConfig c = tiny_config();
   c.rope_interleaved = false;

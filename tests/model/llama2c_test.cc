@@ -255,6 +255,13 @@ TEST(Llama2cTokenizer, BadFilesNameTheFileAndTheProblem) {
   write_bytes(dir.file("bad_len.bin"), bad_len);
   expect(dir.file("bad_len.bin"), 260, "length");
   expect(dir.file("nope.bin"), 260, "cannot open");
+  // A vocabulary size the bytes cannot hold is refused before the tables are sized (2^31 - 1
+  // entries asked for 64 GiB of strings: std::bad_alloc before the check).
+  expect(dir.file("tok.bin"), INT32_MAX, "cannot hold");
+  const Llama2cTokenizer mem("in-memory tok.bin", std::string_view(bytes), 260);
+  EXPECT_EQ(mem.vocab_size(), 260);
+  EXPECT_EQ(count_llama2c_tokenizer_entries(bytes), 260);
+  EXPECT_EQ(count_llama2c_tokenizer_entries(bytes.substr(0, bytes.size() - 1)), 0);
 }
 
 }  // namespace

@@ -197,6 +197,23 @@ TEST(HfConfig, ErrorsNameTheFileAndField) {
   expect_error([&] { parse_hf_config(config_json(bad, "LlamaForCausalLM", ""), "cfg.json"); }, {"cfg.json", "n_kv_heads 3"});
 }
 
+TEST(Safetensors, ParsesFromMemoryAndTheIndexNamesPlainFiles) {
+  const std::string hdr = "{\"x\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}";
+  const uint64_t hn = hdr.size();
+  const std::string bytes = std::string(reinterpret_cast<const char*>(&hn), 8) + hdr + std::string(8, '\0');
+  const auto f = SafetensorsFile::open(MappedFile::copy_of("mem.safetensors", bytes));
+  ASSERT_EQ(f->tensors().size(), 1u);
+  EXPECT_EQ(f->tensors().at("x").numel(), 2);
+  expect_error([&] { SafetensorsFile::open(MappedFile::copy_of("mem.safetensors", bytes.substr(0, 20))); },
+               {"mem.safetensors", "truncated"});
+  EXPECT_EQ(parse_safetensors_index(R"({"weight_map":{"a":"m1.safetensors","b":"m2.safetensors","c":"m1.safetensors"}})", "i.json"),
+            (std::vector<std::string>{"m1.safetensors", "m2.safetensors"}));
+  for (const char* bad : {R"({"weight_map":{"a":"../x"}})", R"({"weight_map":{"a":"d/x"}})", R"({"weight_map":{"a":""}})",
+                          R"({"weight_map":{}})", R"({"weight_map":{"a":3}})", "[1]", "{"}) {
+    expect_error([&] { parse_safetensors_index(bad, "i.json"); }, {"i.json"});
+  }
+}
+
 TEST(Safetensors, BadFiles) {
   ModelConfig c = tiny_config();
   const testing_util::ScratchDir d("hf");
