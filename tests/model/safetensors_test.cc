@@ -197,6 +197,30 @@ TEST(HfConfig, ErrorsNameTheFileAndField) {
   expect_error([&] { parse_hf_config(config_json(bad, "LlamaForCausalLM", ""), "cfg.json"); }, {"cfg.json", "n_kv_heads 3"});
 }
 
+// Counts are checked against config_limits.h as they are read, before anything is sized from
+// them: 2^40 layers, a head_dim whose RoPE factor table would take 8 GiB, a negative layer count
+// that Gemma-3n's per-layer lists were sized from (std::length_error before).
+TEST(HfConfig, CountsAreBoundedWhereTheyAreRead) {
+  const std::string base = R"("hidden_size":64,"intermediate_size":96,"num_attention_heads":4,"vocab_size":40)";
+  expect_error([&] { parse_hf_config(R"({"model_type":"llama","num_hidden_layers":1099511627776,)" + base + "}", "cfg.json"); },
+               {"cfg.json", "num_hidden_layers", "1099511627776", "4096"});
+  expect_error([&] {
+    parse_hf_config(R"({"model_type":"llama","num_hidden_layers":2,"head_dim":4294967296,)"
+                    R"("rope_scaling":{"type":"linear","factor":2},)" + base + "}", "cfg.json");
+  }, {"cfg.json", "head_dim", "65536"});
+  expect_error([&] { parse_hf_config(R"({"model_type":"gemma3n_text","num_hidden_layers":-1,)" + base + "}", "cfg.json"); },
+               {"cfg.json", "num_hidden_layers", "negative"});
+  expect_error([&] {
+    parse_hf_config(R"({"model_type":"llama","num_hidden_layers":2,"vocab_size":18446744073709551615,)"
+                    R"("hidden_size":64,"intermediate_size":96,"num_attention_heads":4})", "cfg.json");
+  }, {"cfg.json", "vocab_size", "too large"});
+  expect_error([&] {
+    parse_hf_config(R"({"model_type":"deepseek_v3","num_hidden_layers":2,"kv_lora_rank":8,"qk_nope_head_dim":8,)"
+                    R"("qk_rope_head_dim":8,"v_head_dim":8,"n_routed_experts":1000000,"num_experts_per_tok":2,)"
+                    R"("moe_intermediate_size":8,)" + base + "}", "cfg.json");
+  }, {"cfg.json", "n_routed_experts", "65536"});
+}
+
 TEST(Safetensors, ParsesFromMemoryAndTheIndexNamesPlainFiles) {
   const std::string hdr = "{\"x\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}";
   const uint64_t hn = hdr.size();
