@@ -34,6 +34,14 @@ namespace {
   throw Error(ErrorKind::kFormat, path + ": " + what);
 }
 
+// A token's text for a message: at most 32 bytes, control bytes as '?'.
+std::string printable_prefix(const std::string& t) {
+  std::string s = t.substr(0, 32);
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  return t.size() > 32 ? s + "..." : s;
+}
+
 Vocabulary gguf_vocabulary(const GgufFile& g) {
   Vocabulary v;
   v.tokens = g.get_array("tokenizer.ggml.tokens", GgufType::kString).strs;
@@ -67,7 +75,14 @@ std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& g) {
   if (!g.find("tokenizer.ggml.model")) bad(g.path(), "no tokenizer in this GGUF (tokenizer.ggml.model is missing)");
   const std::string& model = g.get_string("tokenizer.ggml.model");
   if (model == "llama") {
-    return std::make_unique<SpmTokenizer>(gguf_vocabulary(g), g.get_bool_or("tokenizer.ggml.add_space_prefix", true));
+    Vocabulary v = gguf_vocabulary(g);
+    for (size_t i = 0; i < v.types.size(); ++i) {
+      if (v.types[i] == TokenType::kByte && spm_byte_token_value(v.tokens[i]) < 0) {
+        bad(g.path(), "tokenizer.ggml.tokens[" + std::to_string(i) + "] '" + printable_prefix(v.tokens[i]) +
+                          "' has token_type byte but is not of the form <0xNN> (two hex digits)");
+      }
+    }
+    return std::make_unique<SpmTokenizer>(std::move(v), g.get_bool_or("tokenizer.ggml.add_space_prefix", true));
   }
   if (model == "gpt2") {
     const std::string pre = g.get_string_or("tokenizer.ggml.pre", "gpt-2");

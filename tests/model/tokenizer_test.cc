@@ -234,6 +234,37 @@ TEST(Tokenizer, SpmMergesAgainAfterAMerge) {
   EXPECT_EQ(t.encode("abd"), (std::vector<int32_t>{6, 0}));
 }
 
+// A byte-typed token that is not <0xNN> ("<0x`A>" from a fuzzed GGUF) made decode throw
+// std::invalid_argument from std::stoi. The loader now refuses the vocabulary naming the file
+// and the token; a hand-built one decodes such a token as its text.
+TEST(Tokenizer, SpmByteTokenThatIsNotHexIsAFormatError) {
+  Vocabulary v;
+  v.tokens = {"<unk>", "<s>", "</s>", "<0x41>", "<0x`A>", "<0xZZ>", "<0x4>"};
+  v.types = {TokenType::kUnknown, TokenType::kControl, TokenType::kControl, TokenType::kByte, TokenType::kByte,
+             TokenType::kByte, TokenType::kByte};
+  GgufWriter w;
+  w.set("tokenizer.ggml.model", GgufValue::str("llama"));
+  w.set("tokenizer.ggml.tokens", GgufValue::str_array(v.tokens));
+  w.set("tokenizer.ggml.token_type", GgufValue::i32_array({2, 3, 3, 6, 6, 6, 6}));
+  const std::string p = testing::temp_path("bad_byte_token.gguf");
+  w.write(p);
+  try {
+    load_tokenizer(p);
+    ADD_FAILURE() << "loaded";
+  } catch (const Error& e) {
+    for (const char* n : {p.c_str(), "tokenizer.ggml.tokens[4]", "<0x`A>", "<0xNN>"})
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+  fs::remove(p);
+  const SpmTokenizer t(std::move(v), false);
+  EXPECT_EQ(t.decode(3), "A");
+  EXPECT_EQ(t.decode(4), "<0x`A>");
+  EXPECT_EQ(t.decode(5), "<0xZZ>");
+  EXPECT_EQ(t.decode(6), "<0x4>");
+  EXPECT_EQ(spm_byte_token_value("<0xff>"), 255);
+  EXPECT_EQ(spm_byte_token_value("<0x+1>"), -1);
+}
+
 }  // namespace
 }  // namespace kvcache
 
