@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets `make fuzz` built, one after the other, each for SECONDS from its
-# checked-in corpus (tests/fuzz/corpus/<t>, read-only) and regressions; new inputs go to
+# checked-in corpus (tests/fuzz/corpus/<t>, read-only), regressions and dictionary (dict/<t>.dict,
+# the field names and magic values of its format); new inputs go to
 # BUILD/fuzz-out/<t>/corpus, crashes / timeouts / OOMs to BUILD/fuzz-out/<t>/artifacts. Prints one
 # summary line per target and exits 1 when any target found something.
 #   usage: scripts/fuzz.sh BUILD_DIR SECONDS [TARGET...]
@@ -28,6 +29,7 @@ for t in "${targets[@]}"; do
   [ -d "$root/tests/fuzz/regressions/$t" ] && dirs+=("$root/tests/fuzz/regressions/$t")
   flags=(-max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -artifact_prefix="$out/artifacts/"
          -print_final_stats=1)
+  [ -f "$root/tests/fuzz/dict/$t.dict" ] && flags+=(-dict="$root/tests/fuzz/dict/$t.dict")
   [ "${FUZZ_KEEP_GOING:-0}" = 1 ] && flags+=(-fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
   echo "== fuzz_$t for ${seconds}s (log: $out/log)"
   start="$out/.started"  # findings of this run: artifacts newer than this (older ones are kept)
