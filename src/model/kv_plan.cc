@@ -303,11 +303,12 @@ PlanModel plan_model_from_gguf(const GgufFile& g) {
   j["model_type"] = arch;
   j["num_hidden_layers"] = count("block_count", ConfigCount::kLayers);
   const int64_t heads = count("attention.head_count", ConfigCount::kHeads);
+  if (heads == 0) format_error(path, key("attention.head_count") + " is 0; the planner needs a positive head count");
   j["num_attention_heads"] = heads;
   j["num_key_value_heads"] = g.get_int_or(key("attention.head_count_kv"), heads);
   const int64_t dim = count("embedding_length", ConfigCount::kHiddenSize);
   j["hidden_size"] = dim;
-  j["head_dim"] = g.get_int_or(key("attention.key_length"), heads > 0 ? dim / heads : 0);
+  j["head_dim"] = g.get_int_or(key("attention.key_length"), dim / heads);
   j["max_position_embeddings"] = g.get_int_or(key("context_length"), 0);
   if (int64_t w = g.get_int_or(key("attention.sliding_window"), 0); w > 0)
     j["sliding_window"] = w;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,13 @@ std::string read_file(const fs::path& p) {
 }
 
 class FuzzReplay : public ::testing::TestWithParam<Target> {};
+
+}  // namespace
+
+// gtest prints a failing parameter with this (else as raw bytes).
+void PrintTo(const Target& t, std::ostream* os) { *os << t.name; }
+
+namespace {
 
 TEST_P(FuzzReplay, EveryCheckedInInputRunsClean) {
   const Target& t = GetParam();
