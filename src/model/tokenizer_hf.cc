@@ -123,7 +123,11 @@ std::unique_ptr<Tokenizer> parse_hf_tokenizer_unchecked(const std::string& text,
   }
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const json& a : j["added_tokens"]) {
-      if (!a.is_object() || !a.contains("id") || !a.contains("content")) bad(path, "added_tokens entries need id and content");
+      // An id must be a JSON integer: a number beyond int64 parses as a double, and converting
+      // that was undefined behaviour (found by fuzz_hf_tokenizer).
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content")) {
+        bad(path, "added_tokens entries need an integer id and a content");
+      }
       put(a["content"].get<std::string>(), a["id"].get<int64_t>(),
           a.value("special", false) ? TokenType::kControl : TokenType::kUserDefined);
     }

@@ -193,6 +193,21 @@ TEST(HfTokenizer, Gpt2TokenizerJsonReproducesTheGgufVectors) {
   fs::remove_all(dir);
 }
 
+// An added token's id must be a JSON integer: 1.5 was truncated to 1, and an id beyond int64
+// (parsed as a double) was converted with undefined behaviour (found by fuzz_hf_tokenizer).
+TEST(HfTokenizer, AddedTokenIdsMustBeIntegers) {
+  for (const char* id : {"1.5", "26666666666000000600", "\"1\""}) {
+    const std::string j = std::string(R"({"added_tokens":[{"content":"<x>","id":)") + id +
+                          R"(}],"model":{"vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}})";
+    try {
+      parse_hf_tokenizer(j, "", "tok.json");
+      ADD_FAILURE() << "accepted id " << id;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("integer id"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Tokenizer, GgufWithoutTokenizerIsAnError) {
   GgufWriter w;
   w.set("general.architecture", GgufValue::str("llama"));
