@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kvcache builds with, only those that are missing.
 # Uses sudo when not root. Safe to run again: does nothing when all are present.
+# --fuzz adds what `make fuzz` needs (clang and libFuzzer's runtime), only for that target.
 set -euo pipefail
 
 PACKAGES=(
@@ -9,6 +10,9 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libopenblas-dev libhwy-dev libcpp-httplib-dev libxxhash-dev libb2-dev
 )
+if [ "${1:-}" = "--fuzz" ]; then
+  PACKAGES+=(clang libclang-rt-14-dev)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

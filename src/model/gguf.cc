@@ -236,8 +236,10 @@ uint64_t GgufValue::array_size() const {
 }
 
 // ---- GgufFile ----
-std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path) {
-  std::shared_ptr<GgufFile> f(new GgufFile(MappedFile(path)));
+std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path) { return open(MappedFile(path)); }
+
+std::shared_ptr<const GgufFile> GgufFile::open(MappedFile file) {
+  std::shared_ptr<GgufFile> f(new GgufFile(std::move(file)));
   f->parse();
   return f;
 }

@@ -92,6 +92,8 @@ class GgufFile {
   // for a bad magic, a version other than 3 (v1/v2 are refused: 32-bit counts), truncation,
   // an unknown value type, a bad alignment, overlapping or out-of-bounds tensor data.
   static std::shared_ptr<const GgufFile> open(const std::string& path);
+  // The same from a mapping or an in-memory copy (MappedFile::copy_of): fuzzers, tests.
+  static std::shared_ptr<const GgufFile> open(MappedFile file);
 
   const std::string& path() const { return file_.path(); }
   uint32_t version() const { return version_; }
@@ -140,6 +142,7 @@ class GgufFile {
 // from tokenizer.ggml.tokens or the output/token_embd tensor, bos/eos from tokenizer.ggml.*;
 // every tensor of a supported type as a view. Validates the llama weights (names, shapes).
 std::unique_ptr<ModelFile> load_gguf_model(const std::string& path);
+std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> gguf);
 
 // Writes a GGUF v3 file. Tensor shapes are given row-major (as TensorView shapes: [out, in]);
 // the writer reverses them into ne[]. Data is copied at write() time from the views, which must

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/config_limits.h"
 #include "model/gguf.h"
 
 namespace kvcache {
@@ -15,8 +16,10 @@ namespace {
 
 }  // namespace
 
-std::unique_ptr<ModelFile> load_gguf_model(const std::string& path) {
-  std::shared_ptr<const GgufFile> g = GgufFile::open(path);
+std::unique_ptr<ModelFile> load_gguf_model(const std::string& path) { return load_gguf_model(GgufFile::open(path)); }
+
+std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> g) {
+  const std::string& path = g->path();
   const std::string arch = g->get_string_or("general.architecture", "");
   if (arch.empty()) bad(path, "metadata 'general.architecture' is missing: not a model GGUF (a vocabulary-only file?)");
   if (arch != "llama" && arch != "mistral" && arch != "qwen2") {
@@ -27,13 +30,20 @@ std::unique_ptr<ModelFile> load_gguf_model(const std::string& path) {
   ModelConfig& c = mf->mutable_config();
   const std::string p = arch + ".";
   c.architecture = arch;
-  c.dim = g->get_int(p + "embedding_length");
-  c.n_layers = g->get_int(p + "block_count");
-  c.n_heads = g->get_int(p + "attention.head_count");
-  c.n_kv_heads = g->get_int_or(p + "attention.head_count_kv", c.n_heads);
-  c.hidden_dim = g->get_int(p + "feed_forward_length");
-  c.max_seq_len = g->get_int(p + "context_length");
-  c.head_dim = g->get_int_or(p + "attention.key_length", c.n_heads > 0 ? c.dim / c.n_heads : 0);
+  // Counts are checked against config_limits.h under their GGUF names as they are read, before
+  // anything is sized from them (a fuzzed block_count of 2^32 once asked for 137 GB of
+  // layer types).
+  auto count = [&](const std::string& key, ConfigCount kind) { return check_config_count(path, key, g->get_int(key), kind); };
+  auto count_or = [&](const std::string& key, int64_t fallback, ConfigCount kind) {
+    return check_config_count(path, key, g->get_int_or(key, fallback), kind);
+  };
+  c.dim = count(p + "embedding_length", ConfigCount::kHiddenSize);
+  c.n_layers = count(p + "block_count", ConfigCount::kLayers);
+  c.n_heads = count(p + "attention.head_count", ConfigCount::kHeads);
+  c.n_kv_heads = count_or(p + "attention.head_count_kv", c.n_heads, ConfigCount::kHeads);
+  c.hidden_dim = count(p + "feed_forward_length", ConfigCount::kFfnSize);
+  c.max_seq_len = count(p + "context_length", ConfigCount::kContext);
+  c.head_dim = count_or(p + "attention.key_length", c.n_heads > 0 ? c.dim / c.n_heads : 0, ConfigCount::kHeadDim);
   if (g->get_int_or(p + "attention.value_length", c.head_dim) != c.head_dim) {
     throw Error(ErrorKind::kUnsupported, path + ": key_length != value_length is not supported");
   }
@@ -44,7 +54,7 @@ std::unique_ptr<ModelFile> load_gguf_model(const std::string& path) {
   }
   c.rope_theta = static_cast<float>(g->get_float_or(p + "rope.freq_base", 10000.0));
   c.rms_eps = static_cast<float>(g->get_float_or(p + "attention.layer_norm_rms_epsilon", 1e-5));
-  c.sliding_window = g->get_int_or(p + "attention.sliding_window", 0);
+  c.sliding_window = count_or(p + "attention.sliding_window", 0, ConfigCount::kContext);
   // ggml: llama/mistral use ROPE_TYPE_NORM on rows permuted by the converter -> pairs (2i, 2i+1);
   // qwen2 uses ROPE_TYPE_NEOX on unpermuted rows -> pairs (i, i + D/2).
   c.rope_interleaved = arch != "qwen2";
@@ -56,7 +66,8 @@ std::unique_ptr<ModelFile> load_gguf_model(const std::string& path) {
     const double scale = g->get_float_or(p + "rope.scale_linear", 0.0);
     if (scale > 0.0) factor = static_cast<float>(scale);
   }
-  c.rope_scaling.original_max_position_embeddings = g->get_int_or(p + "rope.scaling.original_context_length", 0);
+  c.rope_scaling.original_max_position_embeddings =
+      count_or(p + "rope.scaling.original_context_length", 0, ConfigCount::kContext);
   if (scaling == "linear" && factor != 0.0f && factor != 1.0f) {
     c.rope_scaling.type = RopeScalingType::kLinear;
     c.rope_scaling.factor = factor;
@@ -66,7 +77,7 @@ std::unique_ptr<ModelFile> load_gguf_model(const std::string& path) {
 
   // Tokenizer-derived values.
   if (const GgufValue* toks = g->find("tokenizer.ggml.tokens")) c.vocab_size = static_cast<int64_t>(toks->array_size());
-  c.vocab_size = g->get_int_or(p + "vocab_size", c.vocab_size);
+  c.vocab_size = count_or(p + "vocab_size", c.vocab_size, ConfigCount::kVocab);
   c.bos_id = static_cast<int32_t>(g->get_int_or("tokenizer.ggml.bos_token_id", -1));
   c.eos_id = static_cast<int32_t>(g->get_int_or("tokenizer.ggml.eos_token_id", -1));
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/config_limits.h"
 
 namespace kvcache {
 
@@ -23,12 +24,23 @@ int64_t get_int(const json& j, const char* key, const std::string& source) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) bad(source, std::string("config field '") + key + "' is missing");
   if (!it->is_number_integer()) bad(source, std::string("config field '") + key + "' must be an integer");
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    bad(source, std::string("config field '") + key + "' = " + std::to_string(it->get<uint64_t>()) + " is too large");
+  }
   return it->get<int64_t>();
 }
 int64_t get_int_or(const json& j, const char* key, int64_t fallback, const std::string& source) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
   return get_int(j, key, source);
+}
+// Counts (layers, heads, sizes, ...) are checked against config_limits.h as they are read,
+// before anything is sized or looped over from them.
+int64_t get_count(const json& j, const char* key, ConfigCount kind, const std::string& source) {
+  return check_config_count(source, key, get_int(j, key, source), kind);
+}
+int64_t get_count_or(const json& j, const char* key, int64_t fallback, ConfigCount kind, const std::string& source) {
+  return check_config_count(source, key, get_int_or(j, key, fallback, source), kind);
 }
 double get_num_or(const json& j, const char* key, double fallback, const std::string& source) {
   auto it = j.find(key);
@@ -167,27 +179,28 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
   const bool gemma3n = c.architecture == "gemma3n";
   const bool gemma2 = c.architecture == "gemma2", gpt_oss = c.architecture == "gpt_oss";
   const bool deepseek = c.architecture == "deepseek_v2" || c.architecture == "deepseek_v3";
-  c.dim = get_int(j, "hidden_size", source);
-  c.n_layers = get_int(j, "num_hidden_layers", source);
-  c.n_heads = get_int(j, "num_attention_heads", source);
-  c.n_kv_heads = get_int_or(j, "num_key_value_heads", c.n_heads, source);
+  c.dim = get_count(j, "hidden_size", ConfigCount::kHiddenSize, source);
+  c.n_layers = get_count(j, "num_hidden_layers", ConfigCount::kLayers, source);
+  c.n_heads = get_count(j, "num_attention_heads", ConfigCount::kHeads, source);
+  c.n_kv_heads = get_count_or(j, "num_key_value_heads", c.n_heads, ConfigCount::kHeads, source);
   // Family defaults are those of each transformers configuration_*.py (Gemma2Config: head_dim
   // 256, tied embeddings; GptOssConfig: head_dim 64, attention_bias true).
   const int64_t default_head_dim = gemma2 || gemma3n ? 256 : gpt_oss ? 64 : (c.n_heads > 0 ? c.dim / c.n_heads : 0);
-  c.head_dim = get_int_or(j, "head_dim", default_head_dim, source);
+  c.head_dim = get_count_or(j, "head_dim", default_head_dim, ConfigCount::kHeadDim, source);
   if (auto it = j.find("intermediate_size"); gemma3n && it != j.end() && it->is_array()) {
     // Gemma3nTextConfig: one FFN size per layer (or one for all).
     for (const auto& v : *it) {
       if (!v.is_number_integer()) bad(source, "intermediate_size entries must be integers");
-      c.gemma3n.intermediate_sizes.push_back(v.get<int64_t>());
+      c.gemma3n.intermediate_sizes.push_back(
+          check_config_count(source, "intermediate_size", v.get<int64_t>(), ConfigCount::kFfnSize));
     }
     if (c.gemma3n.intermediate_sizes.empty()) bad(source, "intermediate_size is an empty list");
     c.hidden_dim = *std::max_element(c.gemma3n.intermediate_sizes.begin(), c.gemma3n.intermediate_sizes.end());
   } else {
-    c.hidden_dim = get_int(j, "intermediate_size", source);
+    c.hidden_dim = get_count(j, "intermediate_size", ConfigCount::kFfnSize, source);
   }
-  c.vocab_size = get_int(j, "vocab_size", source);
-  c.max_seq_len = get_int_or(j, "max_position_embeddings", 2048, source);
+  c.vocab_size = get_count(j, "vocab_size", ConfigCount::kVocab, source);
+  c.max_seq_len = get_count_or(j, "max_position_embeddings", 2048, ConfigCount::kContext, source);
   c.rms_eps = static_cast<float>(get_num_or(j, "rms_norm_eps", 1e-6, source));
   c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", gemma2 || gemma3n, source);
   c.rope_interleaved = false;  // HF checkpoints keep q/k rows in rotate_half order
@@ -245,13 +258,14 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
       throw Error(ErrorKind::kUnsupported, source + ": attn_logit_softcapping is not used by Gemma-3n; refusing a config that sets it");
     }
     Gemma3nConfig& g = c.gemma3n;
-    g.altup_num_inputs = get_int_or(j, "altup_num_inputs", 4, source);
+    g.altup_num_inputs = get_count_or(j, "altup_num_inputs", 4, ConfigCount::kHeads, source);
     g.altup_active_idx = get_int_or(j, "altup_active_idx", 0, source);
     g.altup_coef_clip = static_cast<float>(get_num_or(j, "altup_coef_clip", 120.0, source));
     g.altup_correct_scale = get_bool_or(j, "altup_correct_scale", true, source);
-    g.laurel_rank = get_int_or(j, "laurel_rank", 64, source);
-    g.hidden_size_per_layer_input = get_int_or(j, "hidden_size_per_layer_input", 256, source);
-    g.vocab_size_per_layer_input = get_int_or(j, "vocab_size_per_layer_input", 262144, source);
+    g.laurel_rank = get_count_or(j, "laurel_rank", 64, ConfigCount::kHeadDim, source);
+    g.hidden_size_per_layer_input =
+        get_count_or(j, "hidden_size_per_layer_input", 256, ConfigCount::kHiddenSize, source);
+    g.vocab_size_per_layer_input = get_count_or(j, "vocab_size_per_layer_input", 262144, ConfigCount::kVocab, source);
     if (g.altup_active_idx != 0) {
       throw Error(ErrorKind::kUnsupported, source + ": altup_active_idx = " + std::to_string(g.altup_active_idx) + " is not supported (0)");
     }
@@ -286,8 +300,8 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     c.attn_sinks = true;
     MoeConfig& m = c.moe;
     m.router = MoeRouter::kGptOss;
-    m.n_experts = get_int_or(j, "num_local_experts", 128, source);
-    m.n_experts_used = get_int_or(j, "num_experts_per_tok", 4, source);
+    m.n_experts = get_count_or(j, "num_local_experts", 128, ConfigCount::kExperts, source);
+    m.n_experts_used = get_count_or(j, "num_experts_per_tok", 4, ConfigCount::kExperts, source);
     m.expert_hidden_dim = c.hidden_dim;
     m.swiglu_alpha = static_cast<float>(get_num_or(j, "swiglu_alpha", 1.702, source));
     m.swiglu_limit = static_cast<float>(get_num_or(j, "swiglu_limit", 7.0, source));
@@ -296,22 +310,22 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     // models/deepseek_v3/modeling_deepseek_v3.py (and deepseek_v2): MLA attention, MoE after
     // first_k_dense_replace dense layers.
     MlaConfig& a = c.mla;
-    a.kv_lora_rank = get_int(j, "kv_lora_rank", source);
-    a.q_lora_rank = get_int_or(j, "q_lora_rank", 0, source);
-    a.qk_nope_head_dim = get_int(j, "qk_nope_head_dim", source);
-    a.qk_rope_head_dim = get_int(j, "qk_rope_head_dim", source);
-    a.v_head_dim = get_int(j, "v_head_dim", source);
+    a.kv_lora_rank = get_count(j, "kv_lora_rank", ConfigCount::kHeadDim, source);
+    a.q_lora_rank = get_count_or(j, "q_lora_rank", 0, ConfigCount::kHeadDim, source);
+    a.qk_nope_head_dim = get_count(j, "qk_nope_head_dim", ConfigCount::kHeadDim, source);
+    a.qk_rope_head_dim = get_count(j, "qk_rope_head_dim", ConfigCount::kHeadDim, source);
+    a.v_head_dim = get_count(j, "v_head_dim", ConfigCount::kHeadDim, source);
     a.rope_interleave = c.architecture == "deepseek_v2" || get_bool_or(j, "rope_interleave", true, source);
     c.head_dim = a.qk_nope_head_dim + a.qk_rope_head_dim;
     c.n_kv_heads = c.n_heads;  // MLA configs repeat the head count; the cache ignores it
     c.query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
     MoeConfig& m = c.moe;
-    m.n_experts = get_int_or(j, "n_routed_experts", 0, source);
+    m.n_experts = get_count_or(j, "n_routed_experts", 0, ConfigCount::kExperts, source);
     if (m.n_experts > 0) {
-      m.n_experts_used = get_int(j, "num_experts_per_tok", source);
-      m.expert_hidden_dim = get_int(j, "moe_intermediate_size", source);
-      m.n_shared_experts = get_int_or(j, "n_shared_experts", 0, source);
-      m.first_dense_layers = get_int_or(j, "first_k_dense_replace", 0, source);
+      m.n_experts_used = get_count(j, "num_experts_per_tok", ConfigCount::kExperts, source);
+      m.expert_hidden_dim = get_count(j, "moe_intermediate_size", ConfigCount::kFfnSize, source);
+      m.n_shared_experts = get_count_or(j, "n_shared_experts", 0, ConfigCount::kExperts, source);
+      m.first_dense_layers = get_count_or(j, "first_k_dense_replace", 0, ConfigCount::kLayers, source);
       m.norm_topk_prob = get_bool_or(j, "norm_topk_prob", c.architecture == "deepseek_v3", source);
       m.routed_scaling_factor = static_cast<float>(get_num_or(j, "routed_scaling_factor", 1.0, source));
       if (get_int_or(j, "moe_layer_freq", 1, source) != 1) {
@@ -319,8 +333,8 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
       }
       if (c.architecture == "deepseek_v3") {
         m.router = MoeRouter::kDeepseekV3;
-        m.n_group = get_int_or(j, "n_group", 1, source);
-        m.topk_group = get_int_or(j, "topk_group", 1, source);
+        m.n_group = get_count_or(j, "n_group", 1, ConfigCount::kExperts, source);
+        m.topk_group = get_count_or(j, "topk_group", 1, ConfigCount::kExperts, source);
         const std::string scoring = j.value("scoring_func", std::string("sigmoid"));
         if (scoring != "sigmoid") throw Error(ErrorKind::kUnsupported, source + ": scoring_func '" + scoring + "' is not supported for deepseek_v3 (sigmoid)");
       } else {
@@ -384,7 +398,8 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
       s.factor = static_cast<float>(get_num_or(*rope, "factor", 8.0, source));
       s.low_freq_factor = static_cast<float>(get_num_or(*rope, "low_freq_factor", 1.0, source));
       s.high_freq_factor = static_cast<float>(get_num_or(*rope, "high_freq_factor", 4.0, source));
-      s.original_max_position_embeddings = get_int_or(*rope, "original_max_position_embeddings", 8192, source);
+      s.original_max_position_embeddings =
+          get_count_or(*rope, "original_max_position_embeddings", 8192, ConfigCount::kContext, source);
       if (!(s.factor > 0.0f) || !(s.high_freq_factor > s.low_freq_factor) || s.original_max_position_embeddings <= 0) {
         bad(source, "rope_scaling llama3 needs factor > 0, high_freq_factor > low_freq_factor, original_max_position_embeddings > 0");
       }
@@ -399,7 +414,8 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
       y.mscale_all_dim = get_num_or(*rope, "mscale_all_dim", 0.0, source);
       y.attention_factor = get_num_or(*rope, "attention_factor", 0.0, source);
       y.truncate = get_bool_or(*rope, "truncate", true, source);
-      y.original_max_position_embeddings = get_int_or(*rope, "original_max_position_embeddings", c.max_seq_len, source);
+      y.original_max_position_embeddings =
+          get_count_or(*rope, "original_max_position_embeddings", c.max_seq_len, ConfigCount::kContext, source);
       if (!(y.factor > 0.0) || y.original_max_position_embeddings <= 0) bad(source, "rope_scaling yarn needs factor > 0 and original_max_position_embeddings > 0");
       s.factor = static_cast<float>(y.factor);
       s.original_max_position_embeddings = y.original_max_position_embeddings;
@@ -418,11 +434,13 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
 
   // Sliding window and per-layer types.
   if (c.architecture == "mistral") {
-    c.sliding_window = get_int_or(j, "sliding_window", 0, source);
+    c.sliding_window = get_count_or(j, "sliding_window", 0, ConfigCount::kContext, source);
   } else if (gemma2 || gpt_oss || gemma3n) {
-    c.sliding_window = get_int_or(j, "sliding_window", gemma2 ? 4096 : gemma3n ? 512 : 128, source);
+    c.sliding_window =
+        get_count_or(j, "sliding_window", gemma2 ? 4096 : gemma3n ? 512 : 128, ConfigCount::kContext, source);
   } else if (c.architecture == "qwen2") {
-    if (get_bool_or(j, "use_sliding_window", false, source)) c.sliding_window = get_int_or(j, "sliding_window", 0, source);
+    if (get_bool_or(j, "use_sliding_window", false, source))
+      c.sliding_window = get_count_or(j, "sliding_window", 0, ConfigCount::kContext, source);
   }
   if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
     for (const auto& t : *it) {
@@ -447,9 +465,9 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
       c.layer_types.push_back(l >= max_window_layers ? "sliding_attention" : "full_attention");
     }
   }
-  c.attention_chunk_size = get_int_or(j, "attention_chunk_size", 0, source);
+  c.attention_chunk_size = get_count_or(j, "attention_chunk_size", 0, ConfigCount::kContext, source);
   if (gemma3n) {
-    c.num_kv_shared_layers = get_int_or(j, "num_kv_shared_layers", 0, source);
+    c.num_kv_shared_layers = get_count_or(j, "num_kv_shared_layers", 0, ConfigCount::kLayers, source);
   } else if (const int64_t shared = get_int_or(j, "num_kv_shared_layers", 0, source); shared != 0) {
     throw Error(ErrorKind::kUnsupported, source + ": num_kv_shared_layers = " + std::to_string(shared) +
                                              " (Gemma-3n cross-layer KV sharing) is not supported for " + c.architecture);

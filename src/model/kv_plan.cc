@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/config_limits.h"
 #include "model/gguf.h"
 
 namespace kvcache {
@@ -36,22 +37,42 @@ namespace {
   throw Error(ErrorKind::kFormat, source + ": " + what);
 }
 
+// A JSON number as an integer: floats truncated (configs write 1e5), values beyond int64
+// saturated so that the limit checks see them as too large rather than wrapped around.
+int64_t json_to_int(const json& v) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    return u > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  const double d = v.get<double>();
+  if (!(d > -9.2e18)) return INT64_MIN;
+  if (!(d < 9.2e18)) return INT64_MAX;
+  return static_cast<int64_t>(d);
+}
+
 // Integer field that may be absent or null.
 std::optional<int64_t> opt_int(const json& j, const char* key) {
   auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return std::nullopt;
-  if (it->is_number_integer() || it->is_number_unsigned()) return it->get<int64_t>();
-  if (it->is_number_float()) return static_cast<int64_t>(it->get<double>());
-  return std::nullopt;
+  if (it == j.end() || it->is_null() || !it->is_number()) return std::nullopt;
+  return json_to_int(*it);
 }
 
-int64_t req_int(const json& j, const char* key, const std::string& source) {
+// A count (layers, heads, sizes, ...): absent, or checked against config_limits.h before the
+// planner loops over it or multiplies it.
+std::optional<int64_t> opt_count(const json& j, const char* key, ConfigCount kind, const std::string& source) {
+  const std::optional<int64_t> v = opt_int(j, key);
+  if (v) check_config_count(source, key, *v, kind);
+  return v;
+}
+
+int64_t req_count(const json& j, const char* key, ConfigCount kind, const std::string& source) {
   auto v = opt_int(j, key);
   if (!v || *v <= 0) {
     format_error(source, std::string("config field '") + key +
                              "' is missing or not a positive integer; the planner needs it");
   }
-  return *v;
+  return check_config_count(source, key, *v, kind);
 }
 
 std::string opt_str(const json& j, const char* key) {
@@ -81,18 +102,18 @@ PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text, const 
                                                                    : opt_str(j, "model_type");
   if (m.name.empty()) m.name = model_type.empty() ? "model" : model_type;
 
-  const int64_t n_layers = req_int(j, "num_hidden_layers", source);
-  const int64_t n_heads = req_int(j, "num_attention_heads", source);
-  const int64_t n_kv = opt_int(j, "num_key_value_heads").value_or(n_heads);
-  const int64_t hidden = opt_int(j, "hidden_size").value_or(0);
-  int64_t head_dim = opt_int(j, "head_dim").value_or(0);
+  const int64_t n_layers = req_count(j, "num_hidden_layers", ConfigCount::kLayers, source);
+  const int64_t n_heads = req_count(j, "num_attention_heads", ConfigCount::kHeads, source);
+  const int64_t n_kv = opt_count(j, "num_key_value_heads", ConfigCount::kHeads, source).value_or(n_heads);
+  const int64_t hidden = opt_count(j, "hidden_size", ConfigCount::kHiddenSize, source).value_or(0);
+  int64_t head_dim = opt_count(j, "head_dim", ConfigCount::kHeadDim, source).value_or(0);
   if (head_dim <= 0) {
     if (hidden <= 0) format_error(source, "neither 'head_dim' nor 'hidden_size' is given");
     head_dim = hidden / n_heads;
   }
-  m.max_context = opt_int(j, "max_position_embeddings").value_or(0);
-  const int64_t sliding_window = opt_int(j, "sliding_window").value_or(0);
-  const int64_t chunk = opt_int(j, "attention_chunk_size").value_or(0);
+  m.max_context = opt_count(j, "max_position_embeddings", ConfigCount::kContext, source).value_or(0);
+  const int64_t sliding_window = opt_count(j, "sliding_window", ConfigCount::kContext, source).value_or(0);
+  const int64_t chunk = opt_count(j, "attention_chunk_size", ConfigCount::kContext, source).value_or(0);
 
   // ---- layer types: explicit, or derived as each family's transformers config does ----
   std::vector<std::string> types;
@@ -106,15 +127,16 @@ PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text, const 
                                " entries but num_hidden_layers is " + std::to_string(n_layers));
     }
   } else {
-    const auto interval = opt_int(j, "full_attention_interval");
+    const auto interval = opt_count(j, "full_attention_interval", ConfigCount::kLayers, source);
+    const int64_t pattern = opt_count(j, "sliding_window_pattern", ConfigCount::kLayers, source).value_or(6);
     for (int64_t i = 0; i < n_layers; ++i) {
       std::string t = "full_attention";
       if (model_type == "gemma2" && sliding_window > 0) {
         // Gemma2Config: "sliding_attention" if bool((i + 1) % 2) else "full_attention".
         t = ((i + 1) % 2) ? "sliding_attention" : "full_attention";
       } else if ((model_type == "gemma3" || model_type == "gemma3_text") && sliding_window > 0) {
-        const int64_t p = opt_int(j, "sliding_window_pattern").value_or(6);
-        t = ((i + 1) % p) ? "sliding_attention" : "full_attention";
+        // Gemma3Config: every `sliding_window_pattern`-th layer is full (0: none is).
+        t = (pattern == 0 || (i + 1) % pattern) ? "sliding_attention" : "full_attention";
       } else if (interval && *interval > 0) {
         // Qwen3-Next / Qwen3.5: one full-attention layer every `full_attention_interval`.
         t = ((i + 1) % *interval == 0) ? "full_attention" : "linear_attention";
@@ -128,27 +150,31 @@ PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text, const 
     }
   }
 
-  const bool mla = opt_int(j, "kv_lora_rank").has_value();
+  const std::optional<int64_t> kv_lora_rank = opt_count(j, "kv_lora_rank", ConfigCount::kHeadDim, source);
+  const bool mla = kv_lora_rank.has_value();
+  const int64_t qk_rope = opt_count(j, "qk_rope_head_dim", ConfigCount::kHeadDim, source).value_or(0);
+  const int64_t qk_nope = opt_count(j, "qk_nope_head_dim", ConfigCount::kHeadDim, source).value_or(0);
+  const int64_t v_head = opt_count(j, "v_head_dim", ConfigCount::kHeadDim, source).value_or(head_dim);
   const bool k_eq_v = model_type == "deepseek_v4";  // V4: `self.values = self.keys` (notes)
   std::map<std::string, int64_t> rates;
   if (auto it = j.find("compress_rates"); it != j.end() && it->is_object()) {
     for (auto& [k, v] : it->items())
-      if (v.is_number()) rates[k] = v.get<int64_t>();
+      if (v.is_number()) rates[k] = check_config_count(source, "compress_rates." + k, json_to_int(v), ConfigCount::kContext);
   }
   // Linear-attention state (Gated DeltaNet style): H_v·d_k·d_v + (k−1)·d_qkv.
   int64_t state_elems = 0;
   {
-    const auto hv = opt_int(j, "linear_num_value_heads");
-    const auto hk = opt_int(j, "linear_num_key_heads");
-    const auto dk = opt_int(j, "linear_key_head_dim");
-    const auto dv = opt_int(j, "linear_value_head_dim");
-    const auto kc = opt_int(j, "linear_conv_kernel_dim");
+    const auto hv = opt_count(j, "linear_num_value_heads", ConfigCount::kHeads, source);
+    const auto hk = opt_count(j, "linear_num_key_heads", ConfigCount::kHeads, source);
+    const auto dk = opt_count(j, "linear_key_head_dim", ConfigCount::kHeadDim, source);
+    const auto dv = opt_count(j, "linear_value_head_dim", ConfigCount::kHeadDim, source);
+    const auto kc = opt_count(j, "linear_conv_kernel_dim", ConfigCount::kHeadDim, source);
     if (hv && hk && dk && dv && kc) {
       const int64_t d_qkv = 2 * *hk * *dk + *hv * *dv;
       state_elems = *hv * *dk * *dv + (*kc - 1) * d_qkv;
     }
   }
-  const int64_t n_shared = opt_int(j, "num_kv_shared_layers").value_or(0);
+  const int64_t n_shared = opt_count(j, "num_kv_shared_layers", ConfigCount::kLayers, source).value_or(0);
 
   bool noted_state = false;
   for (int64_t i = 0; i < n_layers; ++i) {
@@ -180,7 +206,7 @@ PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text, const 
       if (mla) {
         L.kind = L.kind == PlanLayerKind::kWindowed ? L.kind : PlanLayerKind::kMla;
         L.kv_heads = 1;
-        L.k_dim = *opt_int(j, "kv_lora_rank") + opt_int(j, "qk_rope_head_dim").value_or(0);
+        L.k_dim = *kv_lora_rank + qk_rope;
         L.v_dim = 0;
       }
     } else if (t == "linear_attention" || t == "conv" || t == "hybrid" ||
@@ -205,10 +231,7 @@ PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text, const 
     m.layers.push_back(L);
   }
   if (mla) {
-    m.mha_equivalent_elems_per_token =
-        n_heads * (opt_int(j, "qk_nope_head_dim").value_or(0) +
-                   opt_int(j, "qk_rope_head_dim").value_or(0) +
-                   opt_int(j, "v_head_dim").value_or(head_dim));
+    m.mha_equivalent_elems_per_token = n_heads * (qk_nope + qk_rope + v_head);
   }
 
   // Parameters: given by our presets, or computed for the dense llama block.
@@ -217,8 +240,8 @@ PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text, const 
   } else {
     const bool moe = j.contains("num_experts") || j.contains("n_routed_experts") ||
                      j.contains("num_local_experts");
-    const auto ff = opt_int(j, "intermediate_size");
-    const auto vocab = opt_int(j, "vocab_size");
+    const auto ff = opt_count(j, "intermediate_size", ConfigCount::kFfnSize, source);
+    const auto vocab = opt_count(j, "vocab_size", ConfigCount::kVocab, source);
     if (!moe && !mla && ff && vocab && hidden > 0 && state_elems == 0 && rates.empty()) {
       const bool tied = j.value("tie_word_embeddings", false);
       const int64_t attn = hidden * n_heads * head_dim * 2 + hidden * n_kv * head_dim * 2;
@@ -268,26 +291,31 @@ PlanModel plan_model_from_config(const ModelConfig& c, const std::string& name) 
   return m;
 }
 
-PlanModel plan_model_from_gguf(const std::string& path) {
-  auto g = GgufFile::open(path);
-  const std::string arch = g->get_string("general.architecture");
+PlanModel plan_model_from_gguf(const std::string& path) { return plan_model_from_gguf(*GgufFile::open(path)); }
+
+PlanModel plan_model_from_gguf(const GgufFile& g) {
+  const std::string& path = g.path();
+  const std::string arch = g.get_string("general.architecture");
   auto key = [&](const char* k) { return arch + "." + k; };
+  // The counts the planner divides or loops by, checked under their GGUF names first.
+  auto count = [&](const char* k, ConfigCount kind) { return check_config_count(path, key(k), g.get_int(key(k)), kind); };
   json j;
   j["model_type"] = arch;
-  j["num_hidden_layers"] = g->get_int(key("block_count"));
-  const int64_t heads = g->get_int(key("attention.head_count"));
+  j["num_hidden_layers"] = count("block_count", ConfigCount::kLayers);
+  const int64_t heads = count("attention.head_count", ConfigCount::kHeads);
+  if (heads == 0) format_error(path, key("attention.head_count") + " is 0; the planner needs a positive head count");
   j["num_attention_heads"] = heads;
-  j["num_key_value_heads"] = g->get_int_or(key("attention.head_count_kv"), heads);
-  const int64_t dim = g->get_int(key("embedding_length"));
+  j["num_key_value_heads"] = g.get_int_or(key("attention.head_count_kv"), heads);
+  const int64_t dim = count("embedding_length", ConfigCount::kHiddenSize);
   j["hidden_size"] = dim;
-  j["head_dim"] = g->get_int_or(key("attention.key_length"), dim / heads);
-  j["max_position_embeddings"] = g->get_int_or(key("context_length"), 0);
-  if (int64_t w = g->get_int_or(key("attention.sliding_window"), 0); w > 0)
+  j["head_dim"] = g.get_int_or(key("attention.key_length"), dim / heads);
+  j["max_position_embeddings"] = g.get_int_or(key("context_length"), 0);
+  if (int64_t w = g.get_int_or(key("attention.sliding_window"), 0); w > 0)
     j["sliding_window"] = w;
   PlanModel m = plan_model_from_hf_json(j.dump(), path);
-  m.name = g->get_string_or("general.name", arch);
+  m.name = g.get_string_or("general.name", arch);
   uint64_t bytes = 0;
-  for (const auto& t : g->tensor_infos()) bytes += t.size_bytes;
+  for (const auto& t : g.tensor_infos()) bytes += t.size_bytes;
   if (bytes > 0) m.weight_bytes_exact = bytes;
   return m;
 }

@@ -15,6 +15,8 @@
 
 namespace kvcache {
 
+class GgufFile;
+
 enum class PlanLayerKind {
   kAttention,   // full attention: K and V per token (MHA/MQA/GQA)
   kWindowed,    // sliding or chunked: K and V per token, at most window-1 tokens kept
@@ -59,6 +61,7 @@ struct PlanModel {
 PlanModel plan_model_from_hf_json(const std::string& json_text, const std::string& source);
 // From a GGUF file's metadata (any architecture with {arch}.block_count and head counts).
 PlanModel plan_model_from_gguf(const std::string& path);
+PlanModel plan_model_from_gguf(const GgufFile& gguf);
 // From a config or GGUF path (a folder: its config.json).
 PlanModel plan_model_from_path(const std::string& path);
 // From the runtime's ModelConfig (the models kvcache runs).

@@ -109,8 +109,11 @@ bool is_llama2c_checkpoint(const std::string& path) {
   return in && header_problem(h).empty() && expected_bytes(h) == size;
 }
 
-std::unique_ptr<ModelFile> load_llama2c(const std::string& path) {
-  auto file = std::make_shared<MappedFile>(path);
+std::unique_ptr<ModelFile> load_llama2c(const std::string& path) { return load_llama2c(MappedFile(path)); }
+
+std::unique_ptr<ModelFile> load_llama2c(MappedFile mapped) {
+  auto file = std::make_shared<MappedFile>(std::move(mapped));
+  const std::string& path = file->path();
   if (file->size() < kHeaderBytes) {
     bad(path, "truncated llama2.c checkpoint: " + std::to_string(file->size()) +
                   " bytes, smaller than its 28-byte header");

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "model/mapped_file.h"
 #include "model/model_file.h"
 
 namespace kvcache {
@@ -22,5 +23,7 @@ bool is_llama2c_checkpoint(const std::string& path);
 // the file and the problem: header values out of range, size not matching the header (which
 // tensor is cut short), and so on.
 std::unique_ptr<ModelFile> load_llama2c(const std::string& path);
+// The same from a mapping or an in-memory copy (MappedFile::copy_of): fuzzers, tests.
+std::unique_ptr<ModelFile> load_llama2c(MappedFile file);
 
 }  // namespace kvcache

@@ -46,12 +46,25 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   ::close(fd);
 }
 
+MappedFile MappedFile::copy_of(std::string name, std::string_view bytes) {
+  MappedFile f;
+  f.path_ = std::move(name);
+  f.size_ = bytes.size();
+  if (!bytes.empty()) {
+    f.copy_ = std::make_unique_for_overwrite<std::byte[]>(bytes.size());
+    std::memcpy(f.copy_.get(), bytes.data(), bytes.size());
+    f.data_ = f.copy_.get();
+  }
+  return f;
+}
+
 MappedFile::~MappedFile() { release(); }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)),
       data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {
+      size_(std::exchange(other.size_, 0)),
+      copy_(std::move(other.copy_)) {
   other.path_.clear();
 }
 
@@ -62,12 +75,14 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     other.path_.clear();
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    copy_ = std::move(other.copy_);
   }
   return *this;
 }
 
 void MappedFile::release() {
-  if (data_ != nullptr) ::munmap(data_, size_);
+  if (data_ != nullptr && copy_ == nullptr) ::munmap(data_, size_);
+  copy_.reset();
   data_ = nullptr;
   size_ = 0;
 }
@@ -83,7 +98,7 @@ const std::byte* MappedFile::at(uint64_t offset, uint64_t n, std::string_view wh
 }
 
 void MappedFile::prefetch() const {
-  if (data_ != nullptr) (void)::madvise(data_, size_, MADV_WILLNEED);
+  if (data_ != nullptr && copy_ == nullptr) (void)::madvise(data_, size_, MADV_WILLNEED);
 }
 
 }  // namespace kvcache

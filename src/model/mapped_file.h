@@ -1,10 +1,13 @@
 // MappedFile: a read-only memory map of a whole file (RAII). Model loaders hand out views that
 // point into the mapping instead of copying weights, so a MappedFile must outlive every
-// TensorView taken from it. Moving is allowed; copying is not (one owner unmaps).
+// TensorView taken from it. Moving is allowed; copying is not (one owner unmaps). copy_of()
+// makes one from bytes in memory (fuzz targets, tests), so every reader parses from memory
+// through the same code as from a file.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -17,6 +20,9 @@ class MappedFile {
   // and the OS reason when it cannot be opened, stat'ed or mapped. An empty file gives size 0
   // and data() == nullptr (nothing to map); format readers then report it as truncated.
   explicit MappedFile(const std::string& path);
+  // A private heap copy of `bytes` standing for a file named `name` (errors name it). Heap rather
+  // than an anonymous mapping so that AddressSanitizer sees a read one byte past the end.
+  static MappedFile copy_of(std::string name, std::string_view bytes);
   ~MappedFile();
   MappedFile(MappedFile&& other) noexcept;
   MappedFile& operator=(MappedFile&& other) noexcept;
@@ -42,8 +48,9 @@ class MappedFile {
   void release();
 
   std::string path_;
-  std::byte* data_ = nullptr;
+  std::byte* data_ = nullptr;  // into the mapping, or into copy_ (then nothing is mapped)
   size_t size_ = 0;
+  std::unique_ptr<std::byte[]> copy_;
 };
 
 }  // namespace kvcache

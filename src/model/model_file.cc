@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "model/config_limits.h"
 #include "model/gguf.h"
 #include "model/llama2c.h"
 #include "model/safetensors.h"
@@ -37,6 +38,7 @@ void ModelConfig::fill_defaults() {
 }
 
 void ModelConfig::validate(const std::string& source) const {
+  check_config_limits(*this, source);
   auto positive = [&](int64_t v, const char* name) {
     if (v <= 0) bad(source, std::string("model config: ") + name + " must be positive, got " + std::to_string(v));
   };

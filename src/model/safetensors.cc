@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -43,8 +44,13 @@ const char* dtype_st_name(DType t) {
 }  // namespace
 
 std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  std::shared_ptr<SafetensorsFile> f(new SafetensorsFile(MappedFile(path)));
+  return open(MappedFile(path));
+}
+
+std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(MappedFile file) {
+  std::shared_ptr<SafetensorsFile> f(new SafetensorsFile(std::move(file)));
   const MappedFile& m = f->file_;
+  const std::string& path = m.path();
   uint64_t n = 0;
   std::memcpy(&n, m.at(0, 8, "the header length"), 8);
   if (n > kMaxHeaderBytes) bad(path, "safetensors header length " + std::to_string(n) + " is implausible (not a safetensors file?)");
@@ -174,6 +180,28 @@ std::string hf_to_canonical_name(const std::string& n) {
   return "";
 }
 
+std::vector<std::string> parse_safetensors_index(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    bad(source, std::string("invalid JSON: ") + e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) bad(source, "needs a weight_map object");
+  std::vector<std::string> shards;
+  std::set<std::string> seen;  // a real index names each of a few shards thousands of times
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) bad(source, "weight_map entry '" + name + "' must name a file");
+    const std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f.find("..") != std::string::npos) {
+      bad(source, "shard name '" + f + "' must be a plain file name");
+    }
+    if (seen.insert(f).second) shards.push_back(f);
+  }
+  if (shards.empty()) bad(source, "weight_map is empty");
+  return shards;
+}
+
 std::unique_ptr<ModelFile> load_hf_model(const std::string& path) {
   std::error_code ec;
   const bool is_dir = fs::is_directory(path, ec);
@@ -183,8 +211,7 @@ std::unique_ptr<ModelFile> load_hf_model(const std::string& path) {
     throw Error(ErrorKind::kIo, path + ": no config.json " + (is_dir ? "in this folder" : "beside this file") +
                                     " (a Hugging Face model needs config.json with its safetensors)");
   }
-  auto mf = std::make_unique<ModelFile>(path, "safetensors");
-  mf->mutable_config() = load_hf_config(config_path.string());
+  ModelConfig config = load_hf_config(config_path.string());
 
   std::vector<std::string> shards;
   if (!is_dir) {
@@ -196,29 +223,23 @@ std::unique_ptr<ModelFile> load_hf_model(const std::string& path) {
     std::ifstream in(index_path, std::ios::binary);
     std::stringstream ss;
     ss << in.rdbuf();
-    json j;
-    try {
-      j = json::parse(ss.str());
-    } catch (const json::exception& e) {
-      bad(index_path, std::string("invalid JSON: ") + e.what());
-    }
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) bad(index_path, "needs a weight_map object");
-    for (const auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string()) bad(index_path, "weight_map entry '" + name + "' must name a file");
-      const std::string f = file.get<std::string>();
-      if (f.find('/') != std::string::npos || f.find("..") != std::string::npos) bad(index_path, "shard name '" + f + "' must be a plain file name");
-      const std::string full = (dir / f).string();
-      if (std::find(shards.begin(), shards.end(), full) == shards.end()) shards.push_back(full);
-    }
-    if (shards.empty()) bad(index_path, "weight_map is empty");
+    for (const std::string& f : parse_safetensors_index(ss.str(), index_path)) shards.push_back((dir / f).string());
   } else {
     throw Error(ErrorKind::kIo, path + ": no model.safetensors or model.safetensors.index.json in this folder");
   }
 
+  std::vector<std::shared_ptr<const SafetensorsFile>> files;
+  for (const std::string& shard : shards) files.push_back(SafetensorsFile::open(shard));
+  return hf_model_from_safetensors(path, std::move(config), files);
+}
+
+std::unique_ptr<ModelFile> hf_model_from_safetensors(const std::string& path, ModelConfig config,
+                                                     const std::vector<std::shared_ptr<const SafetensorsFile>>& shards) {
+  auto mf = std::make_unique<ModelFile>(path, "safetensors");
+  mf->mutable_config() = std::move(config);
   // Llama-family names become the canonical GGUF names; other families keep theirs.
   const bool canonical = mf->config().is_llama_family();
-  for (const std::string& shard : shards) {
-    std::shared_ptr<const SafetensorsFile> sf = SafetensorsFile::open(shard);
+  for (const std::shared_ptr<const SafetensorsFile>& sf : shards) {
     for (const auto& [name, view] : sf->tensors()) {
       std::string canon = canonical ? hf_to_canonical_name(name) : std::string();
       // Gemma3nForConditionalGeneration stores the text decoder under model.language_model.

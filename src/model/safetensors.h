@@ -25,6 +25,8 @@ class SafetensorsFile {
   // BF16 are supported; others are refused naming the tensor), shape/offset mismatch, overlap or
   // out-of-bounds data.
   static std::shared_ptr<const SafetensorsFile> open(const std::string& path);
+  // The same from a mapping or an in-memory copy (MappedFile::copy_of): fuzzers, tests.
+  static std::shared_ptr<const SafetensorsFile> open(MappedFile file);
   const std::string& path() const { return file_.path(); }
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -45,9 +47,18 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
 // rotary_emb.inv_freq).
 std::string hf_to_canonical_name(const std::string& hf_name);
 
+// The shard file names of a model.safetensors.index.json ({"weight_map": {tensor: file}}), in
+// first-seen order without repeats. Throws Error(kFormat) naming `source` for bad JSON, a
+// missing or empty weight_map, or a name that is not a plain file name (no '/', no "..").
+std::vector<std::string> parse_safetensors_index(const std::string& json_text, const std::string& source);
+
 // Loads a HF model: `path` is a folder with config.json and model.safetensors or
 // model.safetensors.index.json, or a .safetensors file with config.json in its folder.
 // Validates the llama weights against the config.
 std::unique_ptr<ModelFile> load_hf_model(const std::string& path);
+// The ModelFile of a parsed config and its opened shards (load_hf_model's second half, also for
+// fuzzers): tensor names mapped, the ModelFile keeps the shards alive, weights validated.
+std::unique_ptr<ModelFile> hf_model_from_safetensors(const std::string& path, ModelConfig config,
+                                                     const std::vector<std::shared_ptr<const SafetensorsFile>>& shards);
 
 }  // namespace kvcache

@@ -44,6 +44,14 @@ namespace {
   throw Error(ErrorKind::kFormat, path + ": " + what);
 }
 
+// A token's text for a message: at most 32 bytes, control bytes as '?'.
+std::string printable_prefix(const std::string& t) {
+  std::string s = t.substr(0, 32);
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  return t.size() > 32 ? s + "..." : s;
+}
+
 Vocabulary gguf_vocabulary(const GgufFile& g) {
   Vocabulary v;
   v.tokens = g.get_array("tokenizer.ggml.tokens", GgufType::kString).strs;
@@ -77,7 +85,14 @@ std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& g) {
   if (!g.find("tokenizer.ggml.model")) bad(g.path(), "no tokenizer in this GGUF (tokenizer.ggml.model is missing)");
   const std::string& model = g.get_string("tokenizer.ggml.model");
   if (model == "llama") {
-    return std::make_unique<SpmTokenizer>(gguf_vocabulary(g), g.get_bool_or("tokenizer.ggml.add_space_prefix", true));
+    Vocabulary v = gguf_vocabulary(g);
+    for (size_t i = 0; i < v.types.size(); ++i) {
+      if (v.types[i] == TokenType::kByte && spm_byte_token_value(v.tokens[i]) < 0) {
+        bad(g.path(), "tokenizer.ggml.tokens[" + std::to_string(i) + "] '" + printable_prefix(v.tokens[i]) +
+                          "' has token_type byte but is not of the form <0xNN> (two hex digits)");
+      }
+    }
+    return std::make_unique<SpmTokenizer>(std::move(v), g.get_bool_or("tokenizer.ggml.add_space_prefix", true));
   }
   if (model == "gpt2") {
     const std::string pre = g.get_string_or("tokenizer.ggml.pre", "gpt-2");
@@ -106,31 +121,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(ErrorKind::kIo, path + ": cannot open");
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
 bool has_gguf_magic(const std::string& path) {
   char magic[4] = {};
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(ErrorKind::kIo, path + ": cannot open");
   f.read(magic, 4);
   return f && std::string_view(magic, 4) == "GGUF";
-}
-
-// Entries of a llama2.c tokenizer file: int32 max_token_length, then (f32 score, int32 length,
-// bytes) records up to the end of the file. Returns 0 when the bytes do not parse that way.
-int32_t count_llama2c_entries(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  const std::string b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (b.size() < 4) return 0;
-  size_t off = 4;
-  int32_t n = 0;
-  while (off < b.size()) {
-    int32_t len = 0;
-    if (b.size() - off < 8) return 0;
-    std::memcpy(&len, b.data() + off + 4, 4);
-    if (len < 0 || static_cast<size_t>(len) > b.size() - off - 8) return 0;
-    off += 8 + static_cast<size_t>(len);
-    ++n;
-  }
-  return n;
 }
 
 }  // namespace
@@ -179,7 +181,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int32_t llama
     }
     return std::make_unique<Llama2cTokenizer>(tok, static_cast<int32_t>(load_llama2c(path)->config().vocab_size));
   }
-  const int32_t n = llama2c_vocab_size > 0 ? llama2c_vocab_size : count_llama2c_entries(path);
+  const int32_t n = llama2c_vocab_size > 0 ? llama2c_vocab_size : count_llama2c_tokenizer_entries(read_bytes(path));
   if (n <= 0) {
     throw Error(ErrorKind::kFormat, path + ": not a tokenizer this loader knows (GGUF, tokenizer.json, a folder "
                                            "with tokenizer.json, a llama2.c checkpoint or tokenizer.bin)");

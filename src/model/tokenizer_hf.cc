@@ -31,15 +31,19 @@ constexpr std::string_view kLlama3Regex =
   throw Error(ErrorKind::kUnsupported, path + ": " + what);
 }
 
-json read_json(const std::string& path) {
+std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(ErrorKind::kIo, path + ": cannot open");
   std::stringstream ss;
   ss << f.rdbuf();
+  return ss.str();
+}
+
+json parse_json(const std::string& text, const std::string& source) {
   try {
-    return json::parse(ss.str());
+    return json::parse(text);
   } catch (const json::exception& e) {
-    bad(path, std::string("invalid JSON: ") + e.what());
+    bad(source, std::string("invalid JSON: ") + e.what());
   }
 }
 
@@ -84,8 +88,9 @@ std::string token_content(const json& j) {
 }  // namespace
 
 namespace {
-std::unique_ptr<Tokenizer> load_hf_tokenizer_unchecked(const std::string& path) {
-  const json j = read_json(path);
+std::unique_ptr<Tokenizer> parse_hf_tokenizer_unchecked(const std::string& text, const std::string& config_text,
+                                                        const std::string& path) {
+  const json j = parse_json(text, path);
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) bad(path, "no \"model\" object: not a tokenizer.json");
   const json& model = j["model"];
   const std::string type = model.value("type", std::string("BPE"));
@@ -118,7 +123,11 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_unchecked(const std::string& path) 
   }
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const json& a : j["added_tokens"]) {
-      if (!a.is_object() || !a.contains("id") || !a.contains("content")) bad(path, "added_tokens entries need id and content");
+      // An id must be a JSON integer: a number beyond int64 parses as a double, and converting
+      // that was undefined behaviour (found by fuzz_hf_tokenizer).
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content")) {
+        bad(path, "added_tokens entries need an integer id and a content");
+      }
       put(a["content"].get<std::string>(), a["id"].get<int64_t>(),
           a.value("special", false) ? TokenType::kControl : TokenType::kUserDefined);
     }
@@ -138,10 +147,8 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_unchecked(const std::string& path) 
   }
   // BOS/EOS: tokenizer_config.json beside tokenizer.json names them by text.
   v.build_index();
-  const std::filesystem::path cfg = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
-  std::error_code ec;
-  if (std::filesystem::exists(cfg, ec)) {
-    const json c = read_json(cfg.string());
+  if (!config_text.empty()) {
+    const json c = parse_json(config_text, (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string());
     if (c.contains("bos_token")) v.bos = v.find(token_content(c["bos_token"]));
     if (c.contains("eos_token")) v.eos = v.find(token_content(c["eos_token"]));
   }
@@ -151,12 +158,20 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_unchecked(const std::string& path) 
 
 // A field of the wrong JSON type (a number where a string belongs, ...) is bad input like any
 // other: reported as Error(kFormat) naming the file, never as a raw library exception.
-std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
+std::unique_ptr<Tokenizer> parse_hf_tokenizer(const std::string& text, const std::string& config_text,
+                                              const std::string& source) {
   try {
-    return load_hf_tokenizer_unchecked(path);
+    return parse_hf_tokenizer_unchecked(text, config_text, source);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorKind::kFormat, path + ": a field has the wrong JSON type (" + e.what() + ")");
+    throw Error(ErrorKind::kFormat, source + ": a field has the wrong JSON type (" + e.what() + ")");
   }
+}
+
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
+  const std::filesystem::path cfg = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  const std::string config_text = std::filesystem::exists(cfg, ec) ? read_text(cfg.string()) : std::string();
+  return parse_hf_tokenizer(read_text(path), config_text, path);
 }
 
 }  // namespace kvcache

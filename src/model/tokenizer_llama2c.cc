@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <queue>
 
 #include "core/error.h"
 
@@ -27,16 +28,46 @@ int parse_byte_piece(std::string_view s) {
   return digits > 0 ? v : -1;
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorKind::kIo, path + ": cannot open the tokenizer file");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 }  // namespace
 
-Llama2cTokenizer::Llama2cTokenizer(const std::string& path, int32_t vocab_size) : path_(path) {
+int32_t count_llama2c_tokenizer_entries(std::string_view b) {
+  if (b.size() < 4) return 0;
+  size_t off = 4;
+  int32_t n = 0;
+  while (off < b.size()) {
+    int32_t len = 0;
+    if (b.size() - off < 8 || n == INT32_MAX) return 0;
+    std::memcpy(&len, b.data() + off + 4, 4);
+    if (len < 0 || static_cast<size_t>(len) > b.size() - off - 8) return 0;
+    off += 8 + static_cast<size_t>(len);
+    ++n;
+  }
+  return n;
+}
+
+Llama2cTokenizer::Llama2cTokenizer(const std::string& path, int32_t vocab_size)
+    : Llama2cTokenizer(path, read_file(path), vocab_size) {}
+
+Llama2cTokenizer::Llama2cTokenizer(const std::string& path, std::string_view bytes, int32_t vocab_size)
+    : path_(path) {
   if (vocab_size <= 0) {
     throw Error(ErrorKind::kInvalidArgument,
                 path + ": vocabulary size " + std::to_string(vocab_size) + " must be positive");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(ErrorKind::kIo, path + ": cannot open the tokenizer file");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Every entry takes at least its 8-byte score and length: a count the bytes cannot hold is
+  // refused before the tables are allocated.
+  if (bytes.size() < 4 || static_cast<uint64_t>(vocab_size) > (bytes.size() - 4) / 8) {
+    throw Error(ErrorKind::kFormat,
+                path + ": truncated llama2.c tokenizer: " + std::to_string(bytes.size()) +
+                    " bytes cannot hold " + std::to_string(vocab_size) +
+                    " entries of at least 8 bytes each (does the tokenizer match the model's vocabulary?)");
+  }
   size_t off = 0;
   auto read = [&](void* dst, size_t n, const std::string& what) {
     if (bytes.size() - off < n) {
@@ -104,7 +135,35 @@ float Llama2cTokenizer::score(int32_t id) const {
   return scores_[static_cast<size_t>(id)];
 }
 
-std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text) const {
+std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text) const { return encode(text, nullptr); }
+
+namespace {
+
+// A mergeable adjacent pair as it was when queued. Nodes keep their first index for life (a
+// merge keeps the left node and retires the right one), so index order is text order, and a
+// node's version changes whenever its token does or it is retired: an entry whose versions
+// still match describes a pair that is adjacent now, with the merge it had then.
+struct PairCandidate {
+  float score;
+  int32_t left, right;
+  uint32_t left_version, right_version;
+  int32_t merged_id;
+};
+
+// run.c's scan keeps the first pair of the highest score (strictly greater replaces): the heap
+// pops the highest score, and among equal scores the leftmost pair.
+struct PairCandidateLess {
+  bool operator()(const PairCandidate& a, const PairCandidate& b) const {
+    return a.score < b.score || (a.score == b.score && a.left > b.left);
+  }
+};
+
+// run.c starts its search from best_score = -1e10: a pair scoring no more never merges.
+constexpr float kNoMergeScore = -1e10f;
+
+}  // namespace
+
+std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text, EncodeCounts* counts) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() + 1);
   // add_dummy_prefix: a " " piece before non-empty text (SentencePiece's default).
@@ -135,29 +194,58 @@ std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text) const {
     }
     cp.clear();
   }
-  // Greedy merges: the adjacent pair whose concatenation is in the vocabulary with the highest
-  // score (strictly greater wins, so the leftmost on ties), until no pair merges. O(n^2) per
-  // prompt, as run.c; prompts are short and this keeps its tie-breaking exactly.
-  std::string merged;
-  for (;;) {
-    float best_score = -1e10f;
-    int32_t best_id = -1;
-    size_t best_idx = 0;
-    for (size_t i = 0; i + 1 < ids.size(); ++i) {
-      merged = pieces_[static_cast<size_t>(ids[i])];
-      merged += pieces_[static_cast<size_t>(ids[i + 1])];
-      const int32_t id = lookup(merged);
-      if (id >= 0 && scores_[static_cast<size_t>(id)] > best_score) {
-        best_score = scores_[static_cast<size_t>(id)];
-        best_id = id;
-        best_idx = i;
-      }
-    }
-    if (best_id < 0) break;
-    ids[best_idx] = best_id;
-    ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
+  EncodeCounts local;
+  EncodeCounts& n = counts != nullptr ? *counts : local;
+  n = EncodeCounts{};
+  n.symbols = static_cast<int64_t>(ids.size());
+  if (ids.size() < 2) return ids;
+
+  // Greedy merges as run.c makes them — the adjacent pair whose concatenation is a vocabulary
+  // piece of the highest score, leftmost on ties, until no pair merges — without rescanning
+  // every pair after each merge (O(n^2): 2 s of a core for 16,000 characters). The tokens form
+  // a linked list, every mergeable pair waits in a max-heap, and a merge queues only the two
+  // pairs it creates; entries a merge made stale are skipped when they surface. Lookups:
+  // n - 1 + 2 per merge; heap work O(n log n).
+  const auto count = static_cast<int32_t>(ids.size());
+  std::vector<int32_t> prev(ids.size()), next(ids.size());
+  std::vector<uint32_t> version(ids.size(), 0);
+  for (int32_t i = 0; i < count; ++i) {
+    prev[static_cast<size_t>(i)] = i - 1;
+    next[static_cast<size_t>(i)] = i + 1 < count ? i + 1 : -1;
   }
-  return ids;
+  std::priority_queue<PairCandidate, std::vector<PairCandidate>, PairCandidateLess> heap;
+  std::string merged;
+  auto queue_pair = [&](int32_t left, int32_t right) {
+    const auto l = static_cast<size_t>(left), r = static_cast<size_t>(right);
+    merged = pieces_[static_cast<size_t>(ids[l])];
+    merged += pieces_[static_cast<size_t>(ids[r])];
+    ++n.pair_lookups;
+    const int32_t id = lookup(merged);
+    if (id < 0) return;
+    const float score = scores_[static_cast<size_t>(id)];
+    if (!(score > kNoMergeScore)) return;  // NaN never wins run.c's comparison either
+    heap.push({score, left, right, version[l], version[r], id});
+  };
+  for (int32_t i = 0; i + 1 < count; ++i) queue_pair(i, i + 1);
+  while (!heap.empty()) {
+    const PairCandidate c = heap.top();
+    heap.pop();
+    const auto l = static_cast<size_t>(c.left), r = static_cast<size_t>(c.right);
+    if (version[l] != c.left_version || version[r] != c.right_version) continue;  // stale
+    ids[l] = c.merged_id;
+    ++version[l];
+    ++version[r];  // retired
+    next[l] = next[r];
+    if (next[r] >= 0) prev[static_cast<size_t>(next[r])] = c.left;
+    ++n.merges;
+    if (prev[l] >= 0) queue_pair(prev[l], c.left);
+    if (next[l] >= 0) queue_pair(c.left, next[l]);
+  }
+  // Node 0 is never retired (it is nobody's right neighbour): the list starts there.
+  std::vector<int32_t> out;
+  out.reserve(static_cast<size_t>(count - n.merges));
+  for (int32_t i = 0; i >= 0; i = next[static_cast<size_t>(i)]) out.push_back(ids[static_cast<size_t>(i)]);
+  return out;
 }
 
 std::string Llama2cTokenizer::decode(int32_t id) const {

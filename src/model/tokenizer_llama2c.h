@@ -1,7 +1,8 @@
 // The llama2.c tokenizer (`tokenizer.bin`, `tok512.bin`): a SentencePiece-style BPE given as a
 // scored vocabulary. Reproduces run.c's encode() (space prefix, UTF-8 code points looked up
 // whole, byte fallback <0xNN>, then repeated merge of the adjacent pair whose merged piece has
-// the highest score, leftmost on ties) and decode()/safe_printf() for streaming text.
+// the highest score, leftmost on ties) and decode()/safe_printf() for streaming text. The
+// merges give run.c's ids in O(n log n) rather than its O(n^2) rescans (see encode).
 // File: int32 max_token_length, then per token: f32 score, int32 byte length, bytes.
 // The vocabulary size is not in the file; it comes from the checkpoint header.
 #pragma once
@@ -16,14 +17,27 @@
 
 namespace kvcache {
 
+// Entries of a tokenizer file's bytes when they parse as whole records up to the end (the
+// vocabulary size of a bare tokenizer.bin); 0 when they do not.
+int32_t count_llama2c_tokenizer_entries(std::string_view bytes);
+
 class Llama2cTokenizer final : public Tokenizer {
  public:
   // Reads `path` holding `vocab_size` entries. Throws Error(kIo/kFormat) naming the file and
   // the entry that is truncated or malformed.
   Llama2cTokenizer(const std::string& path, int32_t vocab_size);
+  // The same from the file's bytes; `name` stands for the path in errors.
+  Llama2cTokenizer(const std::string& name, std::string_view bytes, int32_t vocab_size);
 
   // Text -> ids without BOS/EOS (run.c's encode(text, bos=0, eos=0)).
   std::vector<int32_t> encode(std::string_view text) const override;
+  // What one encode did, so that tests can bound its cost without a clock.
+  struct EncodeCounts {
+    int64_t symbols = 0;       // tokens before merging: the space piece, code points, fallback bytes
+    int64_t pair_lookups = 0;  // vocabulary lookups of a merged pair
+    int64_t merges = 0;
+  };
+  std::vector<int32_t> encode(std::string_view text, EncodeCounts* counts) const;
   // The bytes of one token: <0xNN> becomes the byte; BOS/EOS decode to "".
   std::string decode(int32_t id) const override;
   using Tokenizer::decode;

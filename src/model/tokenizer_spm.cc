@@ -58,7 +58,20 @@ struct BigramLess {
   }
 };
 
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
 }  // namespace
+
+int spm_byte_token_value(std::string_view t) {
+  if (t.size() != 6 || !t.starts_with("<0x") || t.back() != '>') return -1;
+  const int hi = hex_digit(t[3]), lo = hex_digit(t[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
 
 SpmTokenizer::SpmTokenizer(Vocabulary vocab, bool add_space_prefix)
     : vocab_(std::move(vocab)), add_space_prefix_(add_space_prefix) {
@@ -170,10 +183,8 @@ std::string SpmTokenizer::decode(int32_t id) const {
     case TokenType::kUnknown:
       return "\xE2\x96\x85";  // U+2585, llama.cpp's rendering of <unk>
     case TokenType::kByte:
-      if (t.size() == 6 && t.starts_with("<0x") && t.back() == '>') {
-        return std::string(1, static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
-      }
-      return t;
+      if (const int b = spm_byte_token_value(t); b >= 0) return std::string(1, static_cast<char>(b));
+      return t;  // loaders refuse such vocabularies; a hand-built one decodes the text as is
     case TokenType::kUserDefined:
       return t;
     default:

@@ -11,6 +11,10 @@
 
 namespace kvcache {
 
+// The byte a SentencePiece byte-fallback token "<0xNN>" stands for (exactly two hex digits),
+// or -1 for any other text.
+int spm_byte_token_value(std::string_view text);
+
 class SpmTokenizer : public Tokenizer {
  public:
   SpmTokenizer(Vocabulary vocab, bool add_space_prefix);

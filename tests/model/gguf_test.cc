@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "model/kv_plan.h"
 #include "model_test_util.h"
 
 namespace kvcache {
@@ -306,6 +307,58 @@ TEST_F(GgufBadFiles, MissingTensorAndMissingMetadata) {
   gw2.set("llama.block_count", GgufValue::str("two"));
   gw2.write(bad_);
   expect_error([&] { load_gguf_model(bad_); }, {bad_, "llama.block_count", "string"});
+}
+
+// A 16 KB fuzzed GGUF whose block_count was 2^32 - 1 made the loader size 137 GB of layer types
+// before anything failed. Every count is checked against config_limits.h under its GGUF name
+// as it is read: the answer is an Error naming the key (std::bad_alloc before the check).
+TEST_F(GgufBadFiles, HostileCountsAreRefusedBeforeAnyAllocation) {
+  const std::pair<const char*, uint32_t> kHostile[] = {
+      {"llama.block_count", 0xFFFFFFFFu},          {"llama.embedding_length", 0x40000000u},
+      {"llama.attention.head_count", 1u << 20},    {"llama.attention.head_count_kv", 1u << 20},
+      {"llama.attention.key_length", 0x7FFFFFFFu}, {"llama.feed_forward_length", 0xFFFFFFF0u},
+      {"llama.context_length", 0xFFFFFFFFu},       {"llama.vocab_size", 0x7FFFFFFFu},
+      {"llama.attention.sliding_window", 0xFFFFFFFFu}};
+  for (const auto& [key, value] : kHostile) {
+    GgufWriter gw;
+    gguf_write_llama_config(gw, c_);
+    gw.set(key, GgufValue::u32(value));
+    for (const auto& [n, v] : w_.views()) gw.add_tensor(n, v);
+    gw.write(bad_);
+    expect_error([&] { load_gguf_model(bad_); }, {bad_, key, std::to_string(value), "maximum"});
+  }
+  // The planner's GGUF reader divides by the head count: 0 was a SIGFPE.
+  GgufWriter gw;
+  gguf_write_llama_config(gw, c_);
+  gw.set("llama.attention.head_count", GgufValue::u32(0));
+  gw.write(bad_);
+  EXPECT_THROW(plan_model_from_gguf(bad_), Error);
+  GgufWriter gw2;
+  gguf_write_llama_config(gw2, c_);
+  gw2.set("llama.block_count", GgufValue::u64(uint64_t{1} << 40));
+  gw2.write(bad_);
+  expect_error([&] { plan_model_from_gguf(bad_); }, {bad_, "llama.block_count", "4096"});
+}
+
+TEST(Gguf, ParsesFromMemoryLikeFromAFile) {
+  const ModelConfig c = tiny_config();
+  const testing::TinyWeights w = tiny_weights(c, DType::kF32);
+  GgufWriter gw;
+  gguf_write_llama_config(gw, c);
+  for (const auto& [n, v] : w.views()) gw.add_tensor(n, v);
+  const std::string p = temp_path("memory.gguf");
+  gw.write(p);
+  const std::string bytes = read_bytes(p);
+  std::filesystem::remove(p);
+  const std::unique_ptr<ModelFile> m = load_gguf_model(GgufFile::open(MappedFile::copy_of("in-memory.gguf", bytes)));
+  EXPECT_EQ(m->config().n_layers, c.n_layers);
+  EXPECT_EQ(m->path(), "in-memory.gguf");
+  try {
+    GgufFile::open(MappedFile::copy_of("cut.gguf", bytes.substr(0, 100)));
+    ADD_FAILURE() << "a truncated copy parsed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cut.gguf"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Gguf, HalfSplitConfigIsRefusedByTheLlamaWriter) {

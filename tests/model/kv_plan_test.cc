@@ -127,6 +127,42 @@ TEST(KvPlan, ConfigJsonUnknownFieldsAndTypes) {
   }
 }
 
+// `kvcache plan --config` on num_hidden_layers 1e12 built a trillion layer records (minutes,
+// past 8 GB). Counts are checked against config_limits.h, the same maxima parse_hf_config uses,
+// before any loop or product; a float beyond int64 is too large, not undefined behaviour.
+TEST(KvPlan, CountsAreBoundedBeforeTheLayersAreBuilt) {
+  auto refused = [](const std::string& fields, std::initializer_list<std::string> needles) {
+    const std::string cfg = R"({"model_type":"llama","num_hidden_layers":2,"num_attention_heads":8,"hidden_size":64)" +
+                            fields + "}";
+    try {
+      plan_model_from_hf_json(cfg, "c.json");
+      ADD_FAILURE() << "planned: " << cfg;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kFormat);
+      for (const std::string& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    }
+  };
+  refused(R"(,"num_hidden_layers":1e12)", {"c.json", "num_hidden_layers", "1000000000000", "4096"});
+  refused(R"(,"num_hidden_layers":1099511627776)", {"num_hidden_layers", "1099511627776"});
+  refused(R"(,"num_hidden_layers":1e300)", {"num_hidden_layers", "maximum"});
+  refused(R"(,"num_hidden_layers":18446744073709551615)", {"num_hidden_layers", "maximum"});
+  refused(R"(,"num_attention_heads":100000)", {"num_attention_heads", "4096"});
+  refused(R"(,"num_key_value_heads":-2)", {"num_key_value_heads", "negative"});
+  refused(R"(,"head_dim":1e9)", {"head_dim", "65536"});
+  refused(R"(,"max_position_embeddings":1e15)", {"max_position_embeddings"});
+  refused(R"(,"compress_rates":{"csa":1e30})", {"compress_rates.csa"});
+  refused(R"(,"kv_lora_rank":1e10)", {"kv_lora_rank"});
+  refused(R"(,"linear_num_value_heads":1e12,"linear_num_key_heads":1,"linear_key_head_dim":1,)"
+          R"("linear_value_head_dim":1,"linear_conv_kernel_dim":1)",
+          {"linear_num_value_heads"});
+  refused(R"(,"intermediate_size":1e12,"vocab_size":100)", {"intermediate_size"});
+  // A Gemma-3 pattern of 0 divided by zero; it now means no full layer.
+  const PlanModel m = plan_model_from_hf_json(R"({"model_type":"gemma3","num_hidden_layers":3,
+    "num_attention_heads":2,"head_dim":8,"sliding_window":4,"sliding_window_pattern":0})",
+                                              "c.json");
+  for (const PlanLayer& l : m.layers) EXPECT_EQ(l.type, "sliding_attention");
+}
+
 TEST(KvPlan, JsonCarriesTheInterfaceFields) {
   PlanOptions o;
   o.context = 4096;

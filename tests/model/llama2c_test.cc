@@ -6,8 +6,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -230,6 +232,137 @@ TEST(Llama2cTokenizer, MergesHighestScoreFirstLeftmostOnTies) {
   EXPECT_EQ(tok.encode("c"), (std::vector<int32_t>{base, 3 + 'c'}));
 }
 
+// run.c's encode() as it is written, over the tokenizer's public tables: the O(n^2) loop that
+// rescans every adjacent pair after each merge. The reference the heap-based merges of
+// Llama2cTokenizer::encode must reproduce id for id.
+std::vector<int32_t> reference_encode(const Llama2cTokenizer& tok, std::string_view text) {
+  std::unordered_map<std::string, int32_t> index;  // piece -> lowest id, as the tokenizer's
+  for (int32_t id = tok.vocab_size() - 1; id >= 0; --id) index[tok.token_text(id)] = id;
+  auto lookup = [&](const std::string& s) {
+    const auto it = index.find(s);
+    return it == index.end() ? -1 : it->second;
+  };
+  std::vector<int32_t> ids;
+  if (!text.empty() && lookup(" ") >= 0) ids.push_back(lookup(" "));
+  std::string cp;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if ((c & 0xC0) != 0x80) cp.clear();
+    cp.push_back(static_cast<char>(c));
+    if (i + 1 < text.size() && (static_cast<unsigned char>(text[i + 1]) & 0xC0) == 0x80 && cp.size() < 4) continue;
+    if (lookup(cp) >= 0) {
+      ids.push_back(lookup(cp));
+    } else {
+      for (const char b : cp) {
+        char name[8];
+        std::snprintf(name, sizeof(name), "<0x%02X>", static_cast<unsigned char>(b));
+        ids.push_back(lookup(name) >= 0 ? lookup(name) : 3 + static_cast<unsigned char>(b));
+      }
+    }
+    cp.clear();
+  }
+  for (;;) {
+    float best_score = -1e10f;
+    int32_t best_id = -1;
+    size_t best_idx = 0;
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      const int32_t id = lookup(tok.token_text(ids[i]) + tok.token_text(ids[i + 1]));
+      if (id >= 0 && tok.score(id) > best_score) {
+        best_score = tok.score(id);
+        best_id = id;
+        best_idx = i;
+      }
+    }
+    if (best_id < 0) break;
+    ids[best_idx] = best_id;
+    ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
+  }
+  return ids;
+}
+
+// Texts made of vocabulary pieces (so that merges chain), with stray bytes and multi-byte
+// characters mixed in.
+std::string random_text(const Llama2cTokenizer& tok, std::mt19937& rng, size_t pieces) {
+  std::string s;
+  std::uniform_int_distribution<int32_t> id(3 + 256 < tok.vocab_size() ? 3 + 256 : 0, tok.vocab_size() - 1);
+  std::uniform_int_distribution<int> kind(0, 19), byte(0, 255);
+  for (size_t i = 0; i < pieces; ++i) {
+    const int k = kind(rng);
+    if (k == 0) s.push_back(static_cast<char>(byte(rng)));
+    else if (k == 1) s += "\xC3\xA9";
+    else if (k == 2) s += ' ';
+    else s += tok.token_text(id(rng));
+  }
+  return s;
+}
+
+TEST(Llama2cTokenizer, HeapMergesGiveRunCsIdsOnRealAndRandomTexts) {
+  REQUIRE_STORIES();
+  const Llama2cTokenizer tok(stories_dir() + "/tok512.bin", 512);
+  std::vector<std::string> texts;
+  for (const char* f : {"/golden/stories260K/once_upon_a_time.txt", "/golden/stories260K/empty.txt",
+                        "/vocab/ggml-vocab-llama-spm.gguf.inp", "/vocab/ggml-vocab-gpt-2.gguf.inp"}) {
+    const std::string t = read_bytes(std::string(KVCACHE_SHARED_DIR) + f);
+    if (!t.empty()) texts.push_back(t.substr(0, 2000));
+  }
+  ASSERT_FALSE(texts.empty());
+  std::mt19937 rng(11);
+  for (int i = 0; i < 300; ++i) texts.push_back(random_text(tok, rng, 1 + static_cast<size_t>(rng() % 60)));
+  for (const std::string& t : texts) EXPECT_EQ(tok.encode(t), reference_encode(tok, t)) << "\"" << t << "\"";
+}
+
+// A vocabulary of every string of 2 to 4 letters over {a, b, c, space} with scores from a set
+// of three: ties everywhere, so the order of equal-score merges decides the ids. Some pieces
+// score -1e10 or NaN, which run.c never merges; one piece exists twice (the lowest id is used).
+TEST(Llama2cTokenizer, HeapMergesBreakTiesLeftmostAsRunC) {
+  const testing_util::ScratchDir dir("llama2c");
+  std::vector<std::pair<std::string, float>> extra = {{" ", -1}, {"a", -1}, {"b", -1}, {"c", -1}};
+  std::mt19937 rng(5);
+  const float kScores[] = {-2.0f, -3.0f, -3.0f, -4.0f};
+  std::vector<std::string> words = {""};
+  for (int len = 1; len <= 4; ++len) {
+    std::vector<std::string> longer;
+    for (const std::string& w : words)
+      for (const char c : {'a', 'b', 'c', ' '}) longer.push_back(w + c);
+    words = longer;
+    if (len < 2) continue;
+    for (const std::string& w : words) {
+      const unsigned r = rng() % 40;
+      const float score = r == 0 ? -1e10f : r == 1 ? std::numeric_limits<float>::quiet_NaN() : kScores[rng() % 4];
+      extra.emplace_back(w, score);
+    }
+  }
+  extra.emplace_back("ab", 5.0f);  // a second "ab": never looked up (the first one wins)
+  write_bytes(dir.file("ties.bin"), tokenizer_bytes(extra));
+  const Llama2cTokenizer tok(dir.file("ties.bin"), 259 + static_cast<int32_t>(extra.size()));
+  std::uniform_int_distribution<int> letter(0, 3);
+  for (int i = 0; i < 500; ++i) {
+    std::string t;
+    const size_t n = 1 + rng() % (i < 450 ? 40 : 400);
+    for (size_t k = 0; k < n; ++k) t.push_back("abc "[letter(rng)]);
+    EXPECT_EQ(tok.encode(t), reference_encode(tok, t)) << "\"" << t << "\"";
+  }
+}
+
+// The cost bound itself, counted rather than timed: run.c's loop looks up every adjacent pair
+// after every merge (n^2/2 lookups: 2 s of a core for 16,000 characters); the heap looks up the
+// n - 1 first pairs and the two a merge creates.
+TEST(Llama2cTokenizer, EncodeLooksUpEachPairOnceAndTwoPerMerge) {
+  REQUIRE_STORIES();
+  const Llama2cTokenizer tok(stories_dir() + "/tok512.bin", 512);
+  std::string text;
+  while (text.size() < 16000) text += "Once upon a time, there was a little girl named Lily. She loved to play outside. ";
+  Llama2cTokenizer::EncodeCounts counts;
+  const std::vector<int32_t> ids = tok.encode(text, &counts);
+  EXPECT_EQ(counts.symbols, static_cast<int64_t>(text.size()) + 1);
+  EXPECT_EQ(counts.merges, counts.symbols - static_cast<int64_t>(ids.size()));
+  EXPECT_GT(counts.merges, counts.symbols / 2);
+  EXPECT_GE(counts.pair_lookups, counts.symbols - 1);
+  EXPECT_LE(counts.pair_lookups, counts.symbols - 1 + 2 * counts.merges);  // < 3 n
+  EXPECT_LE(counts.pair_lookups, 3 * counts.symbols);
+  EXPECT_EQ(ids, tok.encode(text));
+}
+
 TEST(Llama2cTokenizer, BadFilesNameTheFileAndTheProblem) {
   const testing_util::ScratchDir dir("llama2c");
   const std::string bytes = tokenizer_bytes({{" ", -1}});
@@ -255,6 +388,13 @@ TEST(Llama2cTokenizer, BadFilesNameTheFileAndTheProblem) {
   write_bytes(dir.file("bad_len.bin"), bad_len);
   expect(dir.file("bad_len.bin"), 260, "length");
   expect(dir.file("nope.bin"), 260, "cannot open");
+  // A vocabulary size the bytes cannot hold is refused before the tables are sized (2^31 - 1
+  // entries asked for 64 GiB of strings: std::bad_alloc before the check).
+  expect(dir.file("tok.bin"), INT32_MAX, "cannot hold");
+  const Llama2cTokenizer mem("in-memory tok.bin", std::string_view(bytes), 260);
+  EXPECT_EQ(mem.vocab_size(), 260);
+  EXPECT_EQ(count_llama2c_tokenizer_entries(bytes), 260);
+  EXPECT_EQ(count_llama2c_tokenizer_entries(bytes.substr(0, bytes.size() - 1)), 0);
 }
 
 }  // namespace

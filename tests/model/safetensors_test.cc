@@ -197,6 +197,47 @@ TEST(HfConfig, ErrorsNameTheFileAndField) {
   expect_error([&] { parse_hf_config(config_json(bad, "LlamaForCausalLM", ""), "cfg.json"); }, {"cfg.json", "n_kv_heads 3"});
 }
 
+// Counts are checked against config_limits.h as they are read, before anything is sized from
+// them: 2^40 layers, a head_dim whose RoPE factor table would take 8 GiB, a negative layer count
+// that Gemma-3n's per-layer lists were sized from (std::length_error before).
+TEST(HfConfig, CountsAreBoundedWhereTheyAreRead) {
+  const std::string base = R"("hidden_size":64,"intermediate_size":96,"num_attention_heads":4,"vocab_size":40)";
+  expect_error([&] { parse_hf_config(R"({"model_type":"llama","num_hidden_layers":1099511627776,)" + base + "}", "cfg.json"); },
+               {"cfg.json", "num_hidden_layers", "1099511627776", "4096"});
+  expect_error([&] {
+    parse_hf_config(R"({"model_type":"llama","num_hidden_layers":2,"head_dim":4294967296,)"
+                    R"("rope_scaling":{"type":"linear","factor":2},)" + base + "}", "cfg.json");
+  }, {"cfg.json", "head_dim", "65536"});
+  expect_error([&] { parse_hf_config(R"({"model_type":"gemma3n_text","num_hidden_layers":-1,)" + base + "}", "cfg.json"); },
+               {"cfg.json", "num_hidden_layers", "negative"});
+  expect_error([&] {
+    parse_hf_config(R"({"model_type":"llama","num_hidden_layers":2,"vocab_size":18446744073709551615,)"
+                    R"("hidden_size":64,"intermediate_size":96,"num_attention_heads":4})", "cfg.json");
+  }, {"cfg.json", "vocab_size", "too large"});
+  expect_error([&] {
+    parse_hf_config(R"({"model_type":"deepseek_v3","num_hidden_layers":2,"kv_lora_rank":8,"qk_nope_head_dim":8,)"
+                    R"("qk_rope_head_dim":8,"v_head_dim":8,"n_routed_experts":1000000,"num_experts_per_tok":2,)"
+                    R"("moe_intermediate_size":8,)" + base + "}", "cfg.json");
+  }, {"cfg.json", "n_routed_experts", "65536"});
+}
+
+TEST(Safetensors, ParsesFromMemoryAndTheIndexNamesPlainFiles) {
+  const std::string hdr = "{\"x\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}";
+  const uint64_t hn = hdr.size();
+  const std::string bytes = std::string(reinterpret_cast<const char*>(&hn), 8) + hdr + std::string(8, '\0');
+  const auto f = SafetensorsFile::open(MappedFile::copy_of("mem.safetensors", bytes));
+  ASSERT_EQ(f->tensors().size(), 1u);
+  EXPECT_EQ(f->tensors().at("x").numel(), 2);
+  expect_error([&] { SafetensorsFile::open(MappedFile::copy_of("mem.safetensors", bytes.substr(0, 20))); },
+               {"mem.safetensors", "truncated"});
+  EXPECT_EQ(parse_safetensors_index(R"({"weight_map":{"a":"m1.safetensors","b":"m2.safetensors","c":"m1.safetensors"}})", "i.json"),
+            (std::vector<std::string>{"m1.safetensors", "m2.safetensors"}));
+  for (const char* bad : {R"({"weight_map":{"a":"../x"}})", R"({"weight_map":{"a":"d/x"}})", R"({"weight_map":{"a":""}})",
+                          R"({"weight_map":{}})", R"({"weight_map":{"a":3}})", "[1]", "{"}) {
+    expect_error([&] { parse_safetensors_index(bad, "i.json"); }, {"i.json"});
+  }
+}
+
 TEST(Safetensors, BadFiles) {
   ModelConfig c = tiny_config();
   const testing_util::ScratchDir d("hf");

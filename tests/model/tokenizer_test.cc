@@ -193,6 +193,21 @@ TEST(HfTokenizer, Gpt2TokenizerJsonReproducesTheGgufVectors) {
   fs::remove_all(dir);
 }
 
+// An added token's id must be a JSON integer: 1.5 was truncated to 1, and an id beyond int64
+// (parsed as a double) was converted with undefined behaviour (found by fuzz_hf_tokenizer).
+TEST(HfTokenizer, AddedTokenIdsMustBeIntegers) {
+  for (const char* id : {"1.5", "26666666666000000600", "\"1\""}) {
+    const std::string j = std::string(R"({"added_tokens":[{"content":"<x>","id":)") + id +
+                          R"(}],"model":{"vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}})";
+    try {
+      parse_hf_tokenizer(j, "", "tok.json");
+      ADD_FAILURE() << "accepted id " << id;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("integer id"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Tokenizer, GgufWithoutTokenizerIsAnError) {
   GgufWriter w;
   w.set("general.architecture", GgufValue::str("llama"));
@@ -232,6 +247,37 @@ TEST(Tokenizer, SpmMergesAgainAfterAMerge) {
   EXPECT_EQ(t.encode("abc"), (std::vector<int32_t>{8}));
   // "abd": "d" is no token and there is no byte fallback: <unk>.
   EXPECT_EQ(t.encode("abd"), (std::vector<int32_t>{6, 0}));
+}
+
+// A byte-typed token that is not <0xNN> ("<0x`A>" from a fuzzed GGUF) made decode throw
+// std::invalid_argument from std::stoi. The loader now refuses the vocabulary naming the file
+// and the token; a hand-built one decodes such a token as its text.
+TEST(Tokenizer, SpmByteTokenThatIsNotHexIsAFormatError) {
+  Vocabulary v;
+  v.tokens = {"<unk>", "<s>", "</s>", "<0x41>", "<0x`A>", "<0xZZ>", "<0x4>"};
+  v.types = {TokenType::kUnknown, TokenType::kControl, TokenType::kControl, TokenType::kByte, TokenType::kByte,
+             TokenType::kByte, TokenType::kByte};
+  GgufWriter w;
+  w.set("tokenizer.ggml.model", GgufValue::str("llama"));
+  w.set("tokenizer.ggml.tokens", GgufValue::str_array(v.tokens));
+  w.set("tokenizer.ggml.token_type", GgufValue::i32_array({2, 3, 3, 6, 6, 6, 6}));
+  const std::string p = testing::temp_path("bad_byte_token.gguf");
+  w.write(p);
+  try {
+    load_tokenizer(p);
+    ADD_FAILURE() << "loaded";
+  } catch (const Error& e) {
+    for (const char* n : {p.c_str(), "tokenizer.ggml.tokens[4]", "<0x`A>", "<0xNN>"})
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+  fs::remove(p);
+  const SpmTokenizer t(std::move(v), false);
+  EXPECT_EQ(t.decode(3), "A");
+  EXPECT_EQ(t.decode(4), "<0x`A>");
+  EXPECT_EQ(t.decode(5), "<0xZZ>");
+  EXPECT_EQ(t.decode(6), "<0x4>");
+  EXPECT_EQ(spm_byte_token_value("<0xff>"), 255);
+  EXPECT_EQ(spm_byte_token_value("<0x+1>"), -1);
 }
 
 }  // namespace

@@ -74,6 +74,20 @@ TEST(CliPlan, BadInputIsAClearErrorWithExitCode2) {
   EXPECT_EQ(r.exit_code, 2);
 }
 
+// num_hidden_layers 1e12 ran for minutes and grew past 8 GB building layer records; now every
+// count is checked against its maximum first: exit 2 at once, naming the field and the bound.
+TEST(CliPlan, HugeCountsAreRefusedAtOnce) {
+  const testing_util::ScratchDir scratch("cli_plan");
+  const std::string cfg = scratch.file("huge_config.json");
+  std::ofstream(cfg) << R"({"model_type":"llama","num_hidden_layers":1e12,"num_attention_heads":32,
+    "num_key_value_heads":8,"hidden_size":4096})";
+  const auto r = run_cli("plan --config " + cfg);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  for (const std::string& n : {cfg, std::string("num_hidden_layers"), std::string("1000000000000"), std::string("4096")})
+    EXPECT_NE(r.err.find(n), std::string::npos) << r.err << "\n  lacks: " << n;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
 // `kvcache plan --config dummy:<family>-tiny` reads the built-in model's config and agrees with
 // Cache::bytes() of that model's static cache holding the same tokens (S <= W - 1, so every
 // layer, sliding or not, holds all S), f32 storage.
