@@ -69,6 +69,7 @@ struct HttpServer::Channel {
   std::condition_variable cv;
   std::deque<StreamEvent> events;       // output pointers cleared (the output is copied below)
   std::optional<RequestOutput> output;  // set with the request's last event
+  bool token = false;                   // a token event arrived (the answer has begun)
 };
 
 HttpServer::HttpServer(Engine& engine, const ServedModel& model, const HttpServerConfig& config)
@@ -346,6 +347,7 @@ void HttpServer::install_routes() {
           ch->output = *ev.output;
           copy.index = -1;  // marks the request's last event
         }
+        ch->token = ch->token || ev.token >= 0;
         ch->events.push_back(std::move(copy));
         ch->cv.notify_all();
       });
@@ -365,14 +367,16 @@ void HttpServer::install_routes() {
       // cpp-httplib 0.11 gives a handler no view of its socket, so a client that goes away is
       // only seen from a content provider (sink.is_writable() peeks at the socket), and a
       // provider runs after the status line is sent. Hence two phases: the handler waits for
-      // the request's first event (queue + prefill; an admission error comes before any
+      // the request's first token (queue + prefill; an admission error comes before any
       // token and still gets its status), then, unless it already finished, a chunked
       // provider waits for the rest in 100 ms slices and cancels the request (freeing its
       // blocks) when the client is gone. A disconnect while queued or prefilling is noticed
       // at the first token.
       {
         std::unique_lock<std::mutex> lock(ch->mu);
-        ch->cv.wait(lock, [&] { return !ch->events.empty() || ch->output.has_value(); });
+        // Until a token or the end: a request that fails before its first token (its samples'
+        // finish events come just before the final one) still gets its error status.
+        ch->cv.wait(lock, [&] { return ch->token || ch->output.has_value(); });
         if (ch->output.has_value()) {
           lock.unlock();
           forget();
