@@ -203,7 +203,8 @@ void refuse_unknown(const json& body, bool chat) {
   static const std::set<std::string, std::less<>> chat_only = {
       "messages", "max_completion_tokens", "top_logprobs", "tools", "functions", "tool_choice", "function_call",
       "response_format", "modalities"};
-  for (const auto& [key, value] : body.items()) {
+  for (const auto& item : body.items()) {
+    const std::string& key = item.key();  // not a structured binding: clang 14 cannot capture one
     if (common.count(key) != 0 || (chat ? chat_only : completions).count(key) != 0) continue;
     if (std::find_if(std::begin(kIgnoredFields), std::end(kIgnoredFields),
                      [&](const char* f) { return key == f; }) != std::end(kIgnoredFields))
