@@ -243,6 +243,8 @@ std::string HttpServer::metrics_text() {
          static_cast<double>(m.requests_failed));
   metric("kvcache_engine_failed_forwards_total", "counter", "Model forwards that threw (their requests failed).",
          static_cast<double>(m.failed_forwards));
+  metric("kvcache_http_handler_exceptions_total", "counter", "Handlers that threw (a bug; each answered 500).",
+         static_cast<double>(handler_exceptions_.load()));
   const TransportStats t = http_->stats();
   metric("kvcache_http_connections", "gauge", "HTTP connections open.", static_cast<double>(t.open));
   metric("kvcache_http_connections_rejected_total", "counter", "Connections answered 503 past --max-connections.",
@@ -267,7 +269,8 @@ void HttpServer::install_routes() {
                res.status >= 500 ? "server_error" : "invalid_request_error", res.status == 404 ? "not_found" : "");
   });
   // A handler that throws is a bug; the client still gets a JSON 500 that says what failed.
-  s.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+  s.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    ++handler_exceptions_;
     std::string what = "unknown exception";
     try {
       std::rethrow_exception(ep);

@@ -55,6 +55,8 @@ class HttpServer {
   void stop_now();
   // The HTTP layer's entry point on bytes in memory (fuzzing, tests): see HttpTransport.
   std::string handle_raw(std::string_view request);
+  // Handlers that threw (each answered a JSON 500): bugs, counted for /metrics and the fuzzer.
+  int64_t handler_exceptions() const { return handler_exceptions_.load(); }
 
   // The /metrics body (Prometheus text exposition format 0.0.4).
   std::string metrics_text();
@@ -74,7 +76,8 @@ class HttpServer {
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread driver_;
-  std::atomic<double> step_began_s_{0};  // while the driver is inside Engine::step(), else 0
+  std::atomic<double> step_began_s_{0};
+  std::atomic<int64_t> handler_exceptions_{0};  // while the driver is inside Engine::step(), else 0
   int64_t created_ = 0;
   std::mutex mu_;
   std::condition_variable drained_;  // in_flight_ shrank, or stop_now()
