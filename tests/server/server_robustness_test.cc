@@ -79,6 +79,7 @@ TEST(ServerRobustness, AnEngineFailureIsARequestErrorAndHealthTellsTheTruth) {
   const HttpReply ok = http(ts.port, "POST", "/v1/completions", body, "", 10);
   EXPECT_EQ(ok.status, 200) << ok.body;
   EXPECT_EQ(metric(http(ts.port, "GET", "/metrics").body, "kvcache_kv_blocks_used"), 0);
+  ts.shutdown();  // check_invariants() reads the engine thread's state: only once it has ended
   EXPECT_EQ(ts.engine->check_invariants(), "");
 }
 
