@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -358,10 +359,15 @@ void HttpServer::install_routes() {
       // token and still gets its status), then, unless it already finished, a chunked
       // provider waits for the rest in 100 ms slices and cancels the request (freeing its
       // blocks) when the client is gone. A disconnect while queued or prefilling is noticed
-      // at the first token.
+      // at the first token. Only a token ends the first phase: a request failed or cancelled
+      // before any token delivers its samples' finish events, then (separately) its output,
+      // and a handler waking between the two must still answer with the error's status.
       {
         std::unique_lock<std::mutex> lock(ch->mu);
-        ch->cv.wait(lock, [&] { return !ch->events.empty() || ch->output.has_value(); });
+        ch->cv.wait(lock, [&] {
+          return ch->output.has_value() ||
+                 std::any_of(ch->events.begin(), ch->events.end(), [](const StreamEvent& e) { return e.token >= 0; });
+        });
         if (ch->output.has_value()) {
           lock.unlock();
           forget();
