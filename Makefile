@@ -3,13 +3,14 @@
 BUILD_DIR ?= build
 ASAN_DIR  ?= build-asan
 FUZZ_DIR  ?= build-fuzz
+TSAN_DIR  ?= build-tsan
 JOBS      ?= $(shell nproc)
 RUN_ARGS  ?=
 # make fuzz: seconds per target, and which targets (empty: all; see tests/fuzz/README.md).
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
 
-.PHONY: all deps configure build run test asan fuzz bench format clean
+.PHONY: all deps configure build run test asan tsan fuzz bench format clean
 
 all: build
 
@@ -28,9 +29,10 @@ run: build
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
-# AddressSanitizer + UndefinedBehaviorSanitizer build of everything, then the whole suite.
+# AddressSanitizer + UndefinedBehaviorSanitizer build of the library, the CLI and every test
+# (not the benchmarks), then the whole suite.
 asan: deps
-	@cmake -S . -B $(ASAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKVCACHE_SANITIZE=ON >/dev/null
+	@cmake -S . -B $(ASAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKVCACHE_SANITIZE=address -DKVCACHE_BENCH=OFF >/dev/null
 	@cmake --build $(ASAN_DIR) -j $(JOBS)
 	@cd $(ASAN_DIR) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ctest --output-on-failure -j $(JOBS)
@@ -45,6 +47,23 @@ fuzz:
 	@cmake --build $(FUZZ_DIR) -j $(JOBS)
 	@bash scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
+# ThreadSanitizer build (-O1: TSan at -O0 is several times slower) of the library, the CLI and
+# the test binaries of the layers whose tests run threads (TSAN_LAYERS): core (the thread pool),
+# kernels (loops split over 1-3 threads), runtime (the engine; every forward runs on the pool),
+# server (handler threads + the engine's driver thread), tools (`kvcache serve` under signals,
+# `batch`); cache and model run none. Then their tests matching TSAN_TESTS (a ctest -R regex,
+# all by default; e.g. TSAN_TESTS='Server|Engine' for a quick pass). OpenBLAS's own threads are
+# not instrumented: OPENBLAS_NUM_THREADS=1. Suppressions (uninstrumented libraries only):
+# tests/tsan.supp.
+TSAN_LAYERS ?= core;kernels;runtime;server;tools
+TSAN_TESTS  ?= .
+tsan: deps
+	@cmake -S . -B $(TSAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
+		-DKVCACHE_SANITIZE=thread -DKVCACHE_TEST_LAYERS="$(TSAN_LAYERS)" -DKVCACHE_BENCH=OFF >/dev/null
+	@cmake --build $(TSAN_DIR) -j $(JOBS)
+	@cd $(TSAN_DIR) && OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+		ctest --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'
+
 bench: build
 	@for b in $(BUILD_DIR)/bench/*; do echo "== $$b"; $$b; done
 
@@ -52,4 +71,4 @@ format:
 	@find src tests bench -name '*.h' -o -name '*.cc' | xargs clang-format -i
 
 clean:
-	@rm -rf $(BUILD_DIR) $(ASAN_DIR) $(FUZZ_DIR)
+	@rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR)

@@ -730,6 +730,7 @@ void Engine::finish_request_if_done(Request& r) {
   // Publish the metrics before the last callback: a client that sees its request end and then
   // reads /metrics must see its blocks returned, not the snapshot of the previous step.
   update_metrics();
+  fault::point("engine.request_output");  // tests: delay the last event after the finish events
   StreamEvent ev;
   ev.id = r.id;
   ev.finished = true;

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -374,11 +375,11 @@ void HttpServer::install_routes() {
       // token and still gets its status), then, unless it already finished, a chunked
       // provider waits for the rest in 100 ms slices and cancels the request (freeing its
       // blocks) when the client is gone. A disconnect while queued or prefilling is noticed
-      // at the first token.
+      // at the first token. Only a token ends the first phase: a request failed or cancelled
+      // before any token delivers its samples' finish events, then (separately) its output,
+      // and a handler waking between the two must still answer with the error's status.
       {
         std::unique_lock<std::mutex> lock(ch->mu);
-        // Until a token or the end: a request that fails before its first token (its samples'
-        // finish events come just before the final one) still gets its error status.
         ch->cv.wait(lock, [&] { return ch->token || ch->output.has_value(); });
         if (ch->output.has_value()) {
           lock.unlock();

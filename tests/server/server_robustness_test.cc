@@ -81,6 +81,7 @@ TEST(ServerRobustness, AnEngineFailureIsARequestErrorAndHealthTellsTheTruth) {
   const HttpReply ok = http(ts.port, "POST", "/v1/completions", body, "", 10);
   EXPECT_EQ(ok.status, 200) << ok.body;
   EXPECT_EQ(metric(http(ts.port, "GET", "/metrics").body, "kvcache_kv_blocks_used"), 0);
+  ts.shutdown();  // check_invariants() reads the engine thread's state: only once it has ended
   EXPECT_EQ(ts.engine->check_invariants(), "");
 }
 
@@ -103,6 +104,26 @@ TEST(ServerRobustness, HealthSaysUnhealthyWhileOneStepDoesNotEnd) {
   }
   EXPECT_EQ(reply.status, 200) << reply.body;
   EXPECT_EQ(http(ts.port, "GET", "/health", "", "", 5).status, 200);
+}
+
+// A request failed before its first token delivers its finish event, then its output. The
+// handler used to leave its first phase at any event: woken between the two, it answered 200
+// with the error as the body (seen under TSan's timing). The output is held back here so that
+// the handler wakes in between every time.
+TEST(ServerRobustness, AFailureBeforeTheFirstTokenKeepsItsStatusWhenTheOutputComesLate) {
+  const LoadedModel* lm = tiny_with_vocab();
+  NEED_VOCAB(lm);
+  TestServer ts(*lm);
+  fault::Scoped broken("paged_attention", [] {
+    throw Error(ErrorKind::kUnsupported, "paged_attention: this kernel cannot read the span (injected)");
+  }, 0, /*times=*/1);
+  fault::Scoped late("engine.request_output", [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
+                     0, /*times=*/1);
+  const HttpReply r = http(ts.port, "POST", "/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 5})",
+                           "", 10);
+  EXPECT_EQ(r.status, 500) << r.body;
+  EXPECT_EQ(error_of(r)["type"], "server_error") << r.body;
+  EXPECT_EQ(late.fired(), 1);
 }
 
 // Each of these was a 500 with an empty body, an accepted value silently replaced by a default,
