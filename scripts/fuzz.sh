@@ -15,7 +15,7 @@ shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(gguf safetensors llama2c_checkpoint llama2c_tokenizer hf_config hf_tokenizer openai_request chat_template)
+  targets=(gguf safetensors llama2c_checkpoint llama2c_tokenizer hf_config hf_tokenizer openai_request chat_template http)
 fi
 
 found=0

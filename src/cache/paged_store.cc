@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/fault.h"
 
 namespace kvcache {
 
@@ -330,6 +331,7 @@ int64_t PagedKVStore::layer_length(int layer) const {
 }
 
 KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) {
+  fault::point("paged_store.write");
   const std::string where = "layer " + std::to_string(layer) + ": ";
   if (k.ndim() != 4 || v.ndim() != 4 || k.dim(0) != v.dim(0) || k.dim(1) != v.dim(1) || k.dim(2) != v.dim(2))
     bad(where + "k and v must be [B, H_kv, S, D_k] and [B, H_kv, S, D_v] (same B, H_kv, S)");
@@ -402,6 +404,28 @@ KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) 
   }
 
   return peek_span(layer);
+}
+
+void PagedKVStore::abort_step() {
+  if (!step_open_) return;
+  const int64_t bt = config_.block_tokens;
+  for (size_t b = 0; b < batch_.size(); ++b) {
+    Seq& s = seqs_[static_cast<size_t>(batch_[b])];
+    s.len = step_base_[b];
+    if (s.tokens_known) s.tokens.resize(static_cast<size_t>(s.len));
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      std::vector<int32_t>& table = s.tables[g];
+      const auto keep = static_cast<size_t>(ceil_div(s.len, bt));
+      while (table.size() > keep) {
+        pools_[g]->release(table.back());
+        table.pop_back();
+      }
+    }
+  }
+  step_open_ = false;
+  step_writes_ = 0;
+  std::fill(step_wrote_.begin(), step_wrote_.end(), 0);
+  build_tables();
 }
 
 KVSpan PagedKVStore::peek_span(int layer) const {

@@ -156,6 +156,13 @@ class PagedKVStore {
   // The span write() would return for `layer` over the current batch, without writing
   // (inspection, tests). Pages must exist.
   KVSpan peek_span(int layer) const;
+  // Undoes the open step (a forward that failed between plan_step and its last layer's write):
+  // every batch sequence goes back to its length before the step and the blocks the step
+  // allocated are released. They were never keyed (keys are written when the step closes), and
+  // rows some layers already wrote lie past the restored lengths, where nothing reads them.
+  // No-op when no step is open.
+  void abort_step();
+  bool step_open() const { return step_open_; }
 
   // --- the CacheLayer lifecycle, over the batch (see PagedLayer) ---------------------------
   // n < 0: drop the last |n| tokens of every batch sequence; n >= 0: keep the first n.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/thread_pool.h"
 #include "kernels/attention_internal.h"
 #include "kernels/mask.h"
@@ -149,8 +150,19 @@ void paged_eager(const PagedAttentionArgs& a, const AttentionOptions& o) {
 
 }  // namespace
 
+const std::vector<std::string>& paged_attention_kernel_names() {
+  static const std::vector<std::string> names = {"eager", "fused", "fused_scalar"};
+  return names;
+}
+
+bool is_paged_attention_kernel(std::string_view kernel) {
+  const auto& names = paged_attention_kernel_names();
+  return std::find(names.begin(), names.end(), kernel) != names.end();
+}
+
 void paged_attention(std::string_view kernel, const PagedAttentionArgs& args,
                      const AttentionOptions& options) {
+  fault::point("paged_attention");
   validate_paged_attention_args(args, options);
   if (kernel == "eager") {
     paged_eager(args, options);
@@ -159,9 +171,10 @@ void paged_attention(std::string_view kernel, const PagedAttentionArgs& args,
   } else if (kernel == "fused_scalar") {
     detail::fused_paged_attention_scalar(args.q, args.kv, args.cu_seqlens_q, args.out, options);
   } else {
-    throw Error(ErrorKind::kInvalidArgument, "paged_attention: unknown kernel '" +
-                                                 std::string(kernel) +
-                                                 "' (paged kernels: eager, fused, fused_scalar)");
+    std::string known;
+    for (const std::string& name : paged_attention_kernel_names()) known += (known.empty() ? "" : ", ") + name;
+    throw Error(ErrorKind::kInvalidArgument,
+                "paged_attention: unknown kernel '" + std::string(kernel) + "' (paged kernels: " + known + ")");
   }
 }
 

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/kv_span.h"
 #include "core/tensor.h"
@@ -37,6 +39,10 @@ struct PagedAttentionArgs {
 // each sequence run alone. Unknown names throw Error(kInvalidArgument).
 void paged_attention(std::string_view kernel, const PagedAttentionArgs& args,
                      const AttentionOptions& options);
+// The names paged_attention accepts (a runtime checks its kernel option against them before it
+// serves anything: "flex" is a dense-only kernel).
+const std::vector<std::string>& paged_attention_kernel_names();
+bool is_paged_attention_kernel(std::string_view kernel);
 
 // Checks the page table, shapes, dtypes and options; throws Error(kInvalidArgument /
 // kUnsupported) naming the bad field. paged_attention calls it first.

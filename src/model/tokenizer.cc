@@ -1,5 +1,6 @@
 #include "model/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <cstring>
 #include <fstream>
@@ -26,6 +27,15 @@ std::string Tokenizer::piece_after(int32_t prev, int32_t id) const {
   if (prev >= 0 && prev == bos_id() && (k == "llama" || k == "llama2c") && !piece.empty() && piece[0] == ' ')
     piece.erase(0, 1);
   return piece;
+}
+
+size_t Tokenizer::max_text_bytes_per_token() const {
+  std::call_once(max_bytes_once_, [this] {
+    size_t most = 4;
+    for (int32_t id = 0; id < vocab_size(); ++id) most = std::max(most, decode(id).size());
+    max_bytes_ = most;
+  });
+  return max_bytes_;
 }
 
 namespace {

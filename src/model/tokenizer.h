@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,6 +39,15 @@ class Tokenizer {
   // SentencePiece vocabularies (GGUF "llama", llama2.c) drop the leading space of the piece
   // right after BOS (the space encode() prefixes), as llama.cpp and run.c print it.
   std::string piece_after(int32_t prev, int32_t id) const;
+  // The most input bytes one token can stand for: the longest decode() (at least 4, a UTF-8
+  // character an unknown token replaces). A text of B bytes encodes to at least
+  // B / max_text_bytes_per_token() tokens, so a server can refuse a prompt that cannot fit its
+  // context before paying for encode(). Computed once, on first use.
+  size_t max_text_bytes_per_token() const;
+
+ private:
+  mutable std::once_flag max_bytes_once_;
+  mutable size_t max_bytes_ = 0;
 };
 
 // Loads a tokenizer from `path`, whatever its format:

@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
 
 #include "core/error.h"
+#include "core/fault.h"
+#include "kernels/paged_attention.h"
 #include "model/paged_plan.h"
 
 namespace kvcache {
@@ -27,6 +32,19 @@ size_t incomplete_utf8_tail(const std::string& s) {
     return len > back ? back : 0;
   }
   return 0;
+}
+
+// An exception's message for a client: what failed, not the C++ type.
+std::string describe(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) return "out of memory (" + std::string(e.what()) + ")";
+  return e.what();
+}
+
+// A bug found at run time: the engine must not go on from an unknown state.
+[[noreturn]] void fatal(const std::string& message) {
+  std::fprintf(stderr, "kvcache engine: fatal: %s\n", message.c_str());
+  std::fflush(stderr);
+  std::abort();
 }
 
 }  // namespace
@@ -70,6 +88,7 @@ struct Engine::Request {
   StreamCallback callback;
   Clock::time_point t_submit;
   bool admitted = false, first_token = false, done = false, forked = false;
+  bool queued = true;  // counted in Engine::queued_ (from submit until admitted or finished)
   std::vector<std::unique_ptr<Seq>> seqs;  // [n]
   RequestOutput output;
   // output.prompt_logprobs, shared with the samples' first events once every entry is set.
@@ -85,6 +104,12 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const Engine
   const ModelConfig& mc = model.config();
   if (config_.max_running < 1 || config_.max_tokens_per_step < 1 || config_.block_tokens < 1)
     throw Error(ErrorKind::kInvalidArgument, "engine: max_running, max_tokens_per_step and block_tokens must be >= 1");
+  if (!is_paged_attention_kernel(config_.kernel)) {
+    std::string names;
+    for (const std::string& k : paged_attention_kernel_names()) names += (names.empty() ? "" : ", ") + k;
+    throw Error(ErrorKind::kInvalidArgument, "engine: the attention kernel '" + config_.kernel +
+                                                 "' cannot read paged KV blocks; the paged kernels are " + names);
+  }
   PagedPlanOptions po;
   po.budget_bytes = config_.kv_budget_bytes;
   po.block_tokens = config_.block_tokens;
@@ -133,7 +158,9 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
   if (params.n < 1 || params.n > config_.max_running)
     throw Error(ErrorKind::kInvalidArgument,
                 "request: n must be in [1, " + std::to_string(config_.max_running) + "]");
-  if (static_cast<int64_t>(params.prompt.size()) + params.max_tokens > max_context_)
+  // Written so that no sum can overflow (max_tokens near 2^63 is a client's value).
+  if (static_cast<int64_t>(params.prompt.size()) > max_context_ ||
+      params.max_tokens > max_context_ - static_cast<int64_t>(params.prompt.size()))
     throw Error(ErrorKind::kInvalidArgument,
                 "request: prompt (" + std::to_string(params.prompt.size()) + " tokens) + max_tokens (" +
                     std::to_string(params.max_tokens) + ") exceeds the context of " + std::to_string(max_context_) +
@@ -240,11 +267,20 @@ void Engine::preempt(Seq& s) {
   ++counters_.preemptions;
 }
 
-bool Engine::run_chunk(Seq& s, int64_t n) {
+Engine::ChunkStatus Engine::run_chunk(Seq& s, int64_t n) {
+  if (!plan_chunk(s, n)) return ChunkStatus::kOutOfBlocks;
+  return forward_chunk(s, n) ? ChunkStatus::kOk : ChunkStatus::kFailed;
+}
+
+bool Engine::plan_chunk(Seq& s, int64_t n) {
   const SeqId one[1] = {s.sid};
   store_->set_batch(one);
   const std::span<const int32_t> ids(s.tokens.data() + s.computed, static_cast<size_t>(n));
-  if (store_->plan_step(n, ids) == StepStatus::kOutOfBlocks) return false;
+  return store_->plan_step(n, ids) == StepStatus::kOk;
+}
+
+bool Engine::forward_chunk(Seq& s, int64_t n) {
+  const std::span<const int32_t> ids(s.tokens.data() + s.computed, static_cast<size_t>(n));
   const bool last = s.computed + n == static_cast<int64_t>(s.tokens.size());
   const int64_t pos[1] = {s.computed};
   ForwardParams p;
@@ -260,23 +296,89 @@ bool Engine::run_chunk(Seq& s, int64_t n) {
   const bool score = s.scores_prompt() && s.computed < prompt_size - 1;
   p.logits = score ? LogitsMode::kAll : last ? LogitsMode::kLast : LogitsMode::kNone;
   p.batch_invariant = config_.batch_invariant;
-  const std::span<const float> logits = forward_->forward(p);
-  ++counters_.forwards;
+  Seq* const one[1] = {&s};
+  std::span<const float> logits;
+  if (!forward_contained(p, one, logits)) return false;
   const auto V = static_cast<size_t>(model_.config().vocab_size);
   if (score) {
-    std::vector<TokenLogprob>& out = s.req->output.prompt_logprobs;
-    const int32_t k = s.req->params.prompt_logprobs;
-    for (int64_t j = 0; j < n && s.computed + j + 1 < prompt_size; ++j) {
-      const auto at = static_cast<size_t>(s.computed + j);
-      out[at] = named_logprob(logits.subspan(static_cast<size_t>(j) * V, V), s.req->params.prompt[at + 1], k);
+    try {
+      std::vector<TokenLogprob>& out = s.req->output.prompt_logprobs;
+      const int32_t k = s.req->params.prompt_logprobs;
+      for (int64_t j = 0; j < n && s.computed + j + 1 < prompt_size; ++j) {
+        const auto at = static_cast<size_t>(s.computed + j);
+        out[at] = named_logprob(logits.subspan(static_cast<size_t>(j) * V, V), s.req->params.prompt[at + 1], k);
+      }
+      if (s.computed + n >= prompt_size - 1)  // scored whole: the samples' first events carry it
+        s.req->prompt_scores = std::make_shared<const std::vector<TokenLogprob>>(out);
+    } catch (const std::exception& e) {
+      fail_request(*s.req, RequestErrorKind::kEngine, std::string("scoring the prompt failed: ") + describe(e));
+      check_after_failure("scoring a prompt");
+      return true;  // the forward itself went through
     }
-    if (s.computed + n >= prompt_size - 1)  // scored whole: the samples' first events carry it
-      s.req->prompt_scores = std::make_shared<const std::vector<TokenLogprob>>(out);
   }
   s.computed += n;
   counters_.computed_prompt_tokens += n;
-  if (last) after_logits(s, score ? logits.subspan(static_cast<size_t>(n - 1) * V, V) : logits);
+  if (last) sample_contained(s, score ? logits.subspan(static_cast<size_t>(n - 1) * V, V) : logits);
   return true;
+}
+
+bool Engine::forward_contained(const ForwardParams& p, std::span<Seq* const> seqs, std::span<const float>& logits) {
+  try {
+    logits = forward_->forward(p);
+  } catch (const std::exception& e) {
+    const std::string why = describe(e);
+    store_->abort_step();
+    ++counters_.failed_forwards;
+    ++counters_.consecutive_failed_forwards;
+    counters_.last_error = why;
+    std::vector<Request*> reqs;
+    for (Seq* s : seqs)
+      if (std::find(reqs.begin(), reqs.end(), s->req) == reqs.end()) reqs.push_back(s->req);
+    const std::string message = "the model's forward (" + std::to_string(p.batch) + " x " +
+                                std::to_string(p.n_tokens) + " tokens) failed: " + why;
+    std::fprintf(stderr, "kvcache engine: %s; failing %zu request(s)\n", message.c_str(), reqs.size());
+    for (Request* r : reqs) fail_request(*r, RequestErrorKind::kEngine, message);
+    check_after_failure("a failed forward");
+    return false;
+  }
+  ++counters_.forwards;
+  counters_.consecutive_failed_forwards = 0;
+  return true;
+}
+
+void Engine::sample_contained(Seq& s, std::span<const float> logits) {
+  if (s.state != SeqState::kRunning) return;  // a sibling's failure ended the request
+  try {
+    after_logits(s, logits);
+  } catch (const std::exception& e) {
+    fail_request(*s.req, RequestErrorKind::kEngine, std::string("sampling or detokenizing failed: ") + describe(e));
+    check_after_failure("a failed sample");
+  }
+}
+
+void Engine::fail_request(Request& r, RequestErrorKind kind, const std::string& message) {
+  if (r.done) return;
+  if (r.output.error.empty()) {
+    r.output.error = message;
+    r.output.error_kind = kind;
+  }
+  ++counters_.requests_failed;
+  for (auto& q : r.seqs)
+    if (q->state != SeqState::kFinished) finish_seq(*q, FinishReason::kError);
+}
+
+void Engine::check_after_failure(const std::string& what) {
+  const std::string inv = check_invariants();
+  if (!inv.empty()) fatal("after " + what + " the KV cache is inconsistent: " + inv);
+}
+
+void Engine::invoke_callback(Request& r, const StreamEvent& ev) {
+  if (!r.callback) return;
+  try {
+    r.callback(ev);
+  } catch (const std::exception& e) {  // the caller's code: the engine's state is unknown now
+    fatal("the stream callback of request " + std::to_string(r.id) + " threw: " + e.what());
+  }
 }
 
 void Engine::run_decodes(int64_t& budget) {
@@ -309,13 +411,13 @@ void Engine::run_decodes(int64_t& budget) {
   p.cache = cache_.get();
   p.logits = LogitsMode::kLast;
   p.batch_invariant = config_.batch_invariant;
-  const std::span<const float> logits = forward_->forward(p);
-  ++counters_.forwards;
-  const auto V = static_cast<size_t>(model_.config().vocab_size);
   budget -= B;
+  std::span<const float> logits;
+  if (!forward_contained(p, step_seqs_, logits)) return;
+  const auto V = static_cast<size_t>(model_.config().vocab_size);
   for (size_t i = 0; i < step_seqs_.size(); ++i) {
     step_seqs_[i]->computed += 1;
-    after_logits(*step_seqs_[i], logits.subspan(i * V, V));
+    sample_contained(*step_seqs_[i], logits.subspan(i * V, V));
   }
 }
 
@@ -328,14 +430,14 @@ void Engine::admit_and_prefill(int64_t& budget) {
     if (budget <= 0) return;
     if (s->state != SeqState::kRunning) continue;  // preempted meanwhile
     const int64_t n = std::min(s->needs(), budget);
-    bool ok = run_chunk(*s, n);
-    while (!ok) {
+    ChunkStatus st = run_chunk(*s, n);
+    while (st == ChunkStatus::kOutOfBlocks) {
       Seq* victim = newest_running();
       preempt(*victim);
       if (victim == s) break;
-      ok = run_chunk(*s, n);
+      st = run_chunk(*s, n);
     }
-    if (ok) budget -= n;
+    if (st != ChunkStatus::kOutOfBlocks) budget -= n;  // a failed chunk spent its time too
   }
   // Then new (or preempted) sequences, while the budget and the blocks last: runs of equal
   // uncached lengths batched, the rest one by one.
@@ -346,27 +448,25 @@ void Engine::admit_and_prefill(int64_t& budget) {
     s->sid = store_->add_sequence();
     s->computed = s->scores_prompt() ? 0 : store_->attach_prefix(s->sid, s->tokens);
     const int64_t n = std::min(s->needs(), budget);
+    if (!plan_chunk(*s, n)) {  // the uncached tail does not fit now: it stays first in the queue
+      store_->free_sequence(s->sid);
+      s->sid = -1;
+      s->computed = 0;
+      if (running_.empty())  // alone and still too big: it can never run
+        fail_request(r, RequestErrorKind::kCapacity,
+                     "the request needs more KV blocks than the cache has (" +
+                         std::to_string(s->tokens.size()) + " tokens); shorten the prompt or lower max_tokens");
+      return;
+    }
+    // Planned: admitted now, before the forward, which may finish the request (max_tokens 1)
+    // and must find its admission counted.
     waiting_.pop_front();
     s->state = SeqState::kRunning;
     s->admit_order = ++admit_counter_;
     running_.push_back(s);
-    const int64_t matched = s->computed;
-    if (!run_chunk(*s, n)) {  // the uncached tail does not fit now: back to the queue
-      running_.pop_back();
-      store_->free_sequence(s->sid);
-      s->sid = -1;
-      s->computed = 0;
-      s->state = SeqState::kWaiting;
-      waiting_.push_front(s);
-      if (running_.empty()) {  // alone and still too big: it can never run
-        r.output.error = "the request needs more KV blocks than the cache has";
-        for (auto& q : r.seqs)
-          if (q->state != SeqState::kFinished) finish_seq(*q, FinishReason::kError);
-      }
-      return;
-    }
+    note_admitted(*s, s->computed);
     budget -= n;
-    note_admitted(*s, matched);
+    forward_chunk(*s, n);
   }
 }
 
@@ -379,6 +479,12 @@ void Engine::note_admitted(Seq& s, int64_t matched) {
   r.output.stats.queue_seconds = seconds_since(r.t_submit);
   counters_.prompt_tokens += prompt;
   counters_.cached_prompt_tokens += r.output.stats.cached_tokens;
+  leave_queue(r);
+}
+
+void Engine::leave_queue(Request& r) {
+  if (!r.queued) return;
+  r.queued = false;
   std::lock_guard<std::mutex> lock(mu_);
   --queued_;
 }
@@ -456,13 +562,13 @@ void Engine::admit_batched(int64_t& budget) {
   p.cache = cache_.get();
   p.logits = LogitsMode::kLast;  // every tail is whole: each row's last token samples
   p.batch_invariant = config_.batch_invariant;
-  const std::span<const float> logits = forward_->forward(p);
-  ++counters_.forwards;
+  std::span<const float> logits;
+  if (!forward_contained(p, step_seqs_, logits)) return;
   const auto V = static_cast<size_t>(model_.config().vocab_size);
   for (size_t i = 0; i < step_seqs_.size(); ++i) {
     step_seqs_[i]->computed += n;
     counters_.computed_prompt_tokens += n;
-    after_logits(*step_seqs_[i], logits.subspan(i * V, V));
+    sample_contained(*step_seqs_[i], logits.subspan(i * V, V));
   }
 }
 
@@ -470,13 +576,17 @@ void Engine::fork_samples(Seq& parent) {
   Request& r = *parent.req;
   r.forked = true;
   const int n_children = r.params.n - 1;
+  // Forked children run at once: only as many as --max-running leaves room for; the others
+  // wait and recompute from the prompt's cached blocks.
+  const int room = std::max(0, config_.max_running - static_cast<int>(running_.size()));
+  const int n_forked = std::min(n_children, room);
   std::vector<SeqId> children;
-  const bool forked = store_->fork(parent.sid, n_children, children);
+  const bool forked = n_forked > 0 && store_->fork(parent.sid, n_forked, children);
   for (int i = 1; i <= n_children; ++i) {
     Seq& c = *r.seqs[static_cast<size_t>(i)];
     if (c.state != SeqState::kPendingFork) continue;
     c.tokens = parent.tokens;
-    if (forked) {  // shares the prompt's blocks; samples from the parent's logits below
+    if (forked && i <= n_forked) {  // shares the prompt's blocks; samples from the parent's logits below
       c.sid = children[static_cast<size_t>(i - 1)];
       c.computed = parent.computed;
       c.state = SeqState::kRunning;
@@ -543,6 +653,7 @@ void Engine::emit_text(Seq& s, int32_t token, std::optional<TokenLogprob> logpro
   ev.token = token;
   ev.logprob = std::move(logprob);
   if (tokenizer_ != nullptr) {
+    fault::point("engine.detokenize");
     const size_t n = s.tokens.size();
     const std::string piece = tokenizer_->piece_after(n >= 2 ? s.tokens[n - 2] : -1, token);
     std::string& text = s.out->text;
@@ -577,7 +688,7 @@ void Engine::emit_text(Seq& s, int32_t token, std::optional<TokenLogprob> logpro
 void Engine::deliver(Seq& s, StreamEvent& ev) {
   if (!s.reported) ev.prompt_logprobs = s.req->prompt_scores;
   s.reported = true;
-  if (s.req->callback) s.req->callback(ev);
+  invoke_callback(*s.req, ev);
 }
 
 void Engine::finish_seq(Seq& s, FinishReason reason, std::optional<TokenLogprob> logprob) {
@@ -615,10 +726,7 @@ void Engine::finish_request_if_done(Request& r) {
   for (auto& s : r.seqs) cancelled |= s->out->reason == FinishReason::kCancelled;
   if (cancelled) ++counters_.requests_cancelled;
   ++counters_.requests_finished;
-  if (!r.admitted) {
-    std::lock_guard<std::mutex> lock(mu_);
-    --queued_;
-  }
+  leave_queue(r);
   // Publish the metrics before the last callback: a client that sees its request end and then
   // reads /metrics must see its blocks returned, not the snapshot of the previous step.
   update_metrics();
@@ -626,7 +734,7 @@ void Engine::finish_request_if_done(Request& r) {
   ev.id = r.id;
   ev.finished = true;
   ev.output = &r.output;
-  if (r.callback) r.callback(ev);
+  invoke_callback(r, ev);
 }
 
 bool Engine::step() {
@@ -638,6 +746,8 @@ bool Engine::step() {
     run_decodes(budget);
     admit_and_prefill(budget);
     ++counters_.steps;
+    if (config_.check_invariants_every_step)
+      if (const std::string inv = check_invariants(); !inv.empty()) fatal("after step " + std::to_string(counters_.steps) + ": " + inv);
   }
   // Finished requests leave (their callbacks have run).
   requests_.erase(std::remove_if(requests_.begin(), requests_.end(), [](const auto& r) { return r->done; }),

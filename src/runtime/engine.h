@@ -9,6 +9,13 @@
 // when a running step runs out of blocks, the newest running sequence is preempted — its
 // blocks freed (full ones stay in the prefix index), its tokens kept, recomputed on
 // readmission (vLLM's recompute preemption).
+//
+// Failures: an exception inside a forward (a kernel refusing its span, an allocation) fails the
+// requests of that forward with its message, undoes the store's open step (PagedKVStore::
+// abort_step) and the engine goes on serving the others; one inside a request's sampling or
+// detokenizing fails that request only. Afterwards check_invariants() must hold, else the
+// process ends (a bug: it must not serve from a corrupt cache). Exceptions that escape step()
+// are bugs too; callers end the process rather than step again.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <condition_variable>
 #include <string>
 #include <vector>
@@ -44,6 +52,8 @@ struct EngineConfig {
   // alone. Costs prefill speed (row-wise GEMV instead of sgemm); decode batches are unaffected
   // (one read of W serves every row either way).
   bool batch_invariant = true;
+  // Debug: check_invariants() after every step, ending the process when it fails (load tests).
+  bool check_invariants_every_step = false;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kCancelled, kError };
@@ -89,6 +99,13 @@ struct SampleOutput {
   std::vector<TokenLogprob> logprobs;  // one per token when RequestParams::logprobs >= 0
 };
 
+// Why a request ended with FinishReason::kError.
+enum class RequestErrorKind {
+  kNone,
+  kCapacity,  // it cannot fit the KV cache even alone (a client error: retrying cannot help)
+  kEngine,    // a forward, the sampler or the detokenizer failed while serving it
+};
+
 struct RequestOutput {
   uint64_t id = 0;
   std::vector<SampleOutput> samples;  // [n]
@@ -96,6 +113,7 @@ struct RequestOutput {
   std::vector<TokenLogprob> prompt_logprobs;
   RequestStats stats;
   std::string error;                  // reason kError: why
+  RequestErrorKind error_kind = RequestErrorKind::kNone;
 };
 
 // A streaming event, delivered on the engine thread. Per sample: zero or more token events
@@ -129,6 +147,10 @@ struct EngineMetrics {
   int64_t preemptions = 0;
   int64_t requests_finished = 0, requests_cancelled = 0;
   int64_t steps = 0;
+  int64_t requests_failed = 0;        // ended with an error (capacity or engine)
+  int64_t failed_forwards = 0;        // forwards that threw (their requests failed)
+  int64_t consecutive_failed_forwards = 0;  // since the last forward that succeeded
+  std::string last_error;             // the latest failed forward's message
   int64_t forwards = 0;               // model forwards: per step one for the decodes, one per
                                       // prefill chunk or batch of equal-length chunks
   double busy_seconds = 0;            // time spent inside step()
@@ -177,9 +199,23 @@ class Engine {
   void admit_and_prefill(int64_t& budget);
   void admit_batched(int64_t& budget);
   void note_admitted(Seq& s, int64_t matched);
+  void leave_queue(Request& r);  // once per request: admitted, or finished while queued
   void run_decodes(int64_t& budget);
-  bool run_chunk(Seq& s, int64_t n);   // false: out of blocks
+  enum class ChunkStatus { kOk, kOutOfBlocks, kFailed };
+  ChunkStatus run_chunk(Seq& s, int64_t n);  // plan_chunk, then forward_chunk
+  bool plan_chunk(Seq& s, int64_t n);        // false: out of blocks, nothing changed
+  bool forward_chunk(Seq& s, int64_t n);     // the planned chunk; false: it failed (contained)
+  // Runs a planned forward of `seqs`; on an exception fails their requests, undoes the store's
+  // step and returns false.
+  bool forward_contained(const ForwardParams& p, std::span<Seq* const> seqs, std::span<const float>& logits);
+  // after_logits, failing the sequence's request when it throws.
+  void sample_contained(Seq& s, std::span<const float> logits);
   void after_logits(Seq& s, std::span<const float> logits);
+  // Ends every unfinished sample of `r` with kError (no-op when r is done).
+  void fail_request(Request& r, RequestErrorKind kind, const std::string& message);
+  // After a contained failure: the engine must still be consistent, else the process ends.
+  void check_after_failure(const std::string& what);
+  void invoke_callback(Request& r, const StreamEvent& ev);
   // log_softmax(logits)[token] and the top k, their pieces named by the tokenizer.
   TokenLogprob named_logprob(std::span<const float> logits, int32_t token, int32_t k) const;
   void preempt(Seq& s);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <optional>
 
@@ -30,6 +31,36 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(to_json_text(error_body(message, type, code)), "application/json");
 }
 
+// A finished request that did not complete: its HTTP status and OpenAI error body, or 0 when it
+// completed. `stopping`: the server cancelled it while shutting down.
+int failed_status(const RequestOutput& out, bool stopping, nlohmann::json& body) {
+  if (!out.error.empty()) {
+    const bool client = out.error_kind == RequestErrorKind::kCapacity;
+    body = error_body(out.error, client ? "invalid_request_error" : "server_error",
+                      client ? "context_length_exceeded" : "");
+    return client ? 400 : 500;
+  }
+  for (const SampleOutput& s : out.samples)
+    if (s.reason == FinishReason::kCancelled) {
+      body = error_body(stopping ? "the server is shutting down; the request was cancelled" : "the request was cancelled",
+                        "server_error", "");
+      return 503;
+    }
+  return 0;
+}
+
+// Messages for the statuses cpp-httplib sets itself (it leaves their bodies empty).
+std::string transport_error_message(int status, const httplib::Request& req, const TransportLimits& l) {
+  switch (status) {
+    case 400: return "malformed HTTP request";
+    case 404: return "no route " + req.method + " " + req.path;
+    case 413: return "the request body is larger than " + std::to_string(l.max_body_bytes) + " bytes (--max-body-bytes)";
+    case 414: return "the request URI is too long";
+    case 416: return "range not satisfiable";
+    default: return "HTTP error " + std::to_string(status);
+  }
+}
+
 }  // namespace
 
 // Events of one request, handed from the engine thread to the handler thread.
@@ -38,14 +69,14 @@ struct HttpServer::Channel {
   std::condition_variable cv;
   std::deque<StreamEvent> events;       // output pointers cleared (the output is copied below)
   std::optional<RequestOutput> output;  // set with the request's last event
+  bool token = false;                   // a token event arrived (the answer has begun)
 };
 
 HttpServer::HttpServer(Engine& engine, const ServedModel& model, const HttpServerConfig& config)
-    : engine_(engine), model_(model), config_(config), http_(std::make_unique<httplib::Server>()) {
+    : engine_(engine), model_(model), config_(config), http_(std::make_unique<HttpTransport>(config.transport)) {
   created_ = unix_now();
   last_scrape_s_ = now_seconds();
-  const int threads = std::max(4, config_.http_threads);
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  if (model_.limits.max_context <= 0) model_.limits.max_context = engine_.max_context();
   install_routes();
 }
 
@@ -64,6 +95,7 @@ void HttpServer::bind() {
                                       " (address in use or not local?); pick another --port or --host");
     port_ = config_.port;
   }
+  http_->widen_backlog(std::max(512, config_.transport.max_connections));
 }
 
 void HttpServer::drive_engine() {
@@ -74,9 +106,15 @@ void HttpServer::drive_engine() {
       continue;
     }
     try {
+      step_began_s_.store(now_seconds());
       engine_.step();
+      step_began_s_.store(0);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "kvcache serve: engine step failed: %s\n", e.what());
+      // The engine contains every failure it can attribute to requests; what escapes is a bug,
+      // and stepping again from an unknown state could spin or serve wrong answers.
+      std::fprintf(stderr, "kvcache serve: fatal: the engine failed outside any request: %s\n", e.what());
+      std::fflush(stderr);
+      std::abort();
     }
   }
 }
@@ -92,10 +130,70 @@ void HttpServer::run() {
 void HttpServer::stop() {
   if (stopping_.exchange(true)) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(static_cast<int64_t>(config_.drain_timeout_s * 1000));
+    drained_.wait_until(lock, deadline, [&] { return in_flight_.empty() || drain_cut_; });
     for (uint64_t id : in_flight_) engine_.cancel(id);
+    // Cancelled requests end at the engine's next step; their handlers then answer and leave.
+    drained_.wait_for(lock, std::chrono::seconds(2), [&] { return in_flight_.empty(); });
   }
   http_->stop();
+  http_->close_connections();  // idle keep-alive and slow clients end now, not at their timeouts
+}
+
+void HttpServer::stop_now() {
+  std::lock_guard<std::mutex> lock(mu_);
+  drain_cut_ = true;
+  drained_.notify_all();
+}
+
+void HttpServer::forget(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_flight_.erase(id);
+  drained_.notify_all();
+}
+
+std::string HttpServer::handle_raw(std::string_view request) { return http_->handle_raw(request); }
+
+bool HttpServer::probe_engine(std::string& error) {
+  std::lock_guard<std::mutex> probe_lock(probe_mu_);
+  if (engine_.metrics().consecutive_failed_forwards == 0) return true;  // another probe answered
+  auto ch = std::make_shared<Channel>();
+  RequestParams rp;
+  const int32_t bos = model_.tokenizer != nullptr ? model_.tokenizer->bos_id() : -1;
+  rp.prompt = {bos >= 0 ? bos : 0};
+  rp.max_tokens = 1;
+  rp.sampler.temperature = 0;
+  uint64_t id = 0;
+  try {
+    id = engine_.submit(rp, [ch](const StreamEvent& ev) {
+      if (ev.output == nullptr) return;
+      std::lock_guard<std::mutex> lock(ch->mu);
+      ch->output = *ev.output;
+      ch->cv.notify_all();
+    });
+  } catch (const Error& e) {
+    error = e.what();
+    return false;
+  }
+  if (id == 0) {
+    error = engine_.metrics().last_error + " (no probe: the queue is full)";
+    return false;
+  }
+  std::unique_lock<std::mutex> lock(ch->mu);
+  if (!ch->cv.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(config_.health_probe_timeout_s * 1000)),
+                       [&] { return ch->output.has_value(); })) {
+    engine_.cancel(id);
+    error = "a one-token probe did not finish within " + std::to_string(config_.health_probe_timeout_s) +
+            " s after a failed forward: " + engine_.metrics().last_error;
+    return false;
+  }
+  if (!ch->output->error.empty()) {
+    error = ch->output->error;
+    return false;
+  }
+  return true;
 }
 
 std::string HttpServer::metrics_text() {
@@ -141,6 +239,16 @@ std::string HttpServer::metrics_text() {
   metric("kvcache_requests_cancelled_total", "counter", "Requests cancelled (client gone, shutdown).",
          static_cast<double>(m.requests_cancelled));
   metric("kvcache_engine_steps_total", "counter", "Scheduling steps.", static_cast<double>(m.steps));
+  metric("kvcache_requests_failed_total", "counter", "Requests that ended with an error.",
+         static_cast<double>(m.requests_failed));
+  metric("kvcache_engine_failed_forwards_total", "counter", "Model forwards that threw (their requests failed).",
+         static_cast<double>(m.failed_forwards));
+  const TransportStats t = http_->stats();
+  metric("kvcache_http_connections", "gauge", "HTTP connections open.", static_cast<double>(t.open));
+  metric("kvcache_http_connections_rejected_total", "counter", "Connections answered 503 past --max-connections.",
+         static_cast<double>(t.rejected));
+  metric("kvcache_http_request_timeouts_total", "counter", "Requests not received whole within --request-timeout.",
+         static_cast<double>(t.timed_out));
   return out;
 }
 
@@ -153,13 +261,46 @@ void HttpServer::install_routes() {
     send_error(res, 401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key");
     return httplib::Server::HandlerResponse::Handled;
   });
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (res.status == 404 && res.body.empty())
-      send_error(res, 404, "no route " + req.method + " " + req.path, "invalid_request_error", "not_found");
+  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty() || res.is_chunked_content_provider_) return;
+    send_error(res, res.status, transport_error_message(res.status, req, config_.transport),
+               res.status >= 500 ? "server_error" : "invalid_request_error", res.status == 404 ? "not_found" : "");
   });
+  // A handler that throws is a bug; the client still gets a JSON 500 that says what failed.
+  s.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    std::fprintf(stderr, "kvcache serve: internal error in %s %s: %s\n", req.method.c_str(), req.path.c_str(),
+                 what.c_str());
+    send_error(res, 500, "internal error: " + what, "server_error");
+  });
+  // /health: 200 while the engine makes progress. After a failed forward it probes the engine
+  // with a one-token request before answering, so a lasting failure reads 503 with its cause and
+  // a passing one (a single allocation) does not keep the server out of rotation.
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (stopping_.load()) {
-      send_error(res, 503, "shutting down", "server_error");
+      res.status = 503;
+      res.set_content(R"({"status":"draining"})", "application/json");
+      return;
+    }
+    // A step that does not end (a hung kernel, a deadlock) leaves every request waiting.
+    const double began = step_began_s_.load();
+    if (began > 0 && now_seconds() - began > config_.health_stall_s) {
+      res.status = 503;
+      const std::string error = "the engine has been inside one step for " +
+                                std::to_string(static_cast<int64_t>(now_seconds() - began)) + " s";
+      res.set_content(to_json_text(json{{"status", "unhealthy"}, {"error", error}}), "application/json");
+      return;
+    }
+    std::string error;
+    if (engine_.metrics().consecutive_failed_forwards > 0 && !probe_engine(error)) {
+      res.status = 503;
+      res.set_content(to_json_text(json{{"status", "unhealthy"}, {"error", error}}), "application/json");
       return;
     }
     res.set_content(R"({"status":"ok"})", "application/json");
@@ -192,6 +333,8 @@ void HttpServer::install_routes() {
       return send_error(res, e.status, e.what(), e.type, e.code);
     } catch (const Error& e) {
       return send_error(res, 400, e.what(), "invalid_request_error");
+    } catch (const json::exception& e) {  // a field of a type the parser did not check: still the client's
+      return send_error(res, 400, std::string("malformed request: ") + e.what(), "invalid_request_error");
     }
     auto ch = std::make_shared<Channel>();
     uint64_t id = 0;
@@ -204,6 +347,7 @@ void HttpServer::install_routes() {
           ch->output = *ev.output;
           copy.index = -1;  // marks the request's last event
         }
+        ch->token = ch->token || ev.token >= 0;
         ch->events.push_back(std::move(copy));
         ch->cv.notify_all();
       });
@@ -216,29 +360,33 @@ void HttpServer::install_routes() {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_.insert(id);
     }
-    auto forget = [this, id] {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_flight_.erase(id);
-    };
+    auto forget = [this, id] { this->forget(id); };
     const std::string model_name = model_.name;
     const int64_t created = unix_now();
     if (!ar.stream) {
       // cpp-httplib 0.11 gives a handler no view of its socket, so a client that goes away is
       // only seen from a content provider (sink.is_writable() peeks at the socket), and a
       // provider runs after the status line is sent. Hence two phases: the handler waits for
-      // the request's first event (queue + prefill; an admission error comes before any
+      // the request's first token (queue + prefill; an admission error comes before any
       // token and still gets its status), then, unless it already finished, a chunked
       // provider waits for the rest in 100 ms slices and cancels the request (freeing its
       // blocks) when the client is gone. A disconnect while queued or prefilling is noticed
       // at the first token.
       {
         std::unique_lock<std::mutex> lock(ch->mu);
-        ch->cv.wait(lock, [&] { return !ch->events.empty() || ch->output.has_value(); });
+        // Until a token or the end: a request that fails before its first token (its samples'
+        // finish events come just before the final one) still gets its error status.
+        ch->cv.wait(lock, [&] { return ch->token || ch->output.has_value(); });
         if (ch->output.has_value()) {
           lock.unlock();
           forget();
           const RequestOutput& out = *ch->output;
-          if (!out.error.empty()) return send_error(res, 503, out.error, "server_error");
+          json err;
+          if (const int status = failed_status(out, stopping_.load(), err); status != 0) {
+            res.status = status;
+            res.set_content(to_json_text(err), "application/json");
+            return;
+          }
           res.set_content(to_json_text(completion_response(ar, out, model_name, created)), "application/json");
           return;
         }
@@ -259,10 +407,12 @@ void HttpServer::install_routes() {
             }
             forget();
             const RequestOutput& out = *ch->output;  // final: no writer any more
-            // The status (200) is already out; an engine error after the first token (none
-            // exists today) would arrive as an OpenAI error object in the body.
-            const std::string body = to_json_text(out.error.empty() ? completion_response(ar, out, model_name, created)
-                                                                     : error_body(out.error, "server_error", ""));
+            // The status (200) is already out: a request that failed after its first token
+            // answers with an OpenAI error object as the body.
+            json err;
+            const std::string body = to_json_text(failed_status(out, stopping_.load(), err) != 0
+                                                      ? err
+                                                      : completion_response(ar, out, model_name, created));
             if (!sink.write(body.data(), body.size())) return false;
             sink.done();
             return true;
@@ -328,10 +478,15 @@ void HttpServer::install_routes() {
           }
           if (!done) return true;
           RequestStats stats;
+          json err;
+          int failed = 0;
           {
             std::lock_guard<std::mutex> lock(ch->mu);
             stats = ch->output->stats;
+            failed = failed_status(*ch->output, stopping_.load(), err);
           }
+          // A request that failed mid-stream says why in an error event, then ends as usual.
+          if (failed != 0 && !write("data: " + to_json_text(err) + "\n\n")) return false;
           if (ar.include_usage) {
             const json usage{{"id", response_id(ar, id)},
                              {"object", ar.chat ? "chat.completion.chunk" : "text_completion"},

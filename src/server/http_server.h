@@ -1,24 +1,27 @@
-// HttpServer: the OpenAI-compatible HTTP face of an Engine (cpp-httplib). Routes:
-// POST /v1/completions, POST /v1/chat/completions (stream: true -> server-sent events ending in
-// `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus text). It owns the
-// engine's driver thread; handler threads only submit, wait on a per-request channel and
-// write. A streaming client that goes away cancels its request.
+// HttpServer: the OpenAI-compatible HTTP face of an Engine (cpp-httplib, through
+// HttpTransport's connection limits). Routes: POST /v1/completions, POST /v1/chat/completions
+// (stream: true -> server-sent events ending in `data: [DONE]`), GET /v1/models, GET /health,
+// GET /metrics (Prometheus text). It owns the engine's driver thread; handler threads only
+// submit, wait on a per-request channel and write. A streaming client that goes away cancels
+// its request. A request the engine fails gets an HTTP error (or, once streaming, an SSE error
+// event and the end of the stream); an exception escaping the engine's step is a bug and ends
+// the process. stop() drains: new requests get 503, in-flight ones have
+// HttpServerConfig::drain_timeout_s to finish, then are cancelled.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "runtime/engine.h"
+#include "server/http_transport.h"
 #include "server/openai.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace kvcache {
 
@@ -26,7 +29,10 @@ struct HttpServerConfig {
   std::string host = "127.0.0.1";
   int port = 8080;               // 0: any free port (see port())
   std::string api_key;           // non-empty: "Authorization: Bearer <key>" on every route but /health
-  int http_threads = 128;        // concurrent connections (a stream holds one)
+  TransportLimits transport;     // connections, timeouts, body size
+  double drain_timeout_s = 5;    // stop(): in-flight requests may finish for this long
+  double health_probe_timeout_s = 5;  // /health after a failed forward: the probe's deadline
+  double health_stall_s = 60;    // /health: one engine step running longer than this is a stall
 };
 
 class HttpServer {
@@ -41,9 +47,14 @@ class HttpServer {
   int port() const { return port_; }
   // Serves until stop(); starts and joins the engine's driver thread.
   void run();
-  // Thread-safe and signal-thread-safe (not async-signal-safe): refuses new requests (503),
-  // cancels the in-flight ones, and makes run() return once their handlers finished.
+  // Thread-safe and signal-thread-safe (not async-signal-safe). Drains: refuses new requests
+  // (503; /health says "draining"), lets in-flight ones finish for drain_timeout_s, cancels
+  // what is left, closes every connection and makes run() return. Blocks until then.
   void stop();
+  // Cuts a running stop()'s drain short (a second signal): cancels in-flight requests now.
+  void stop_now();
+  // The HTTP layer's entry point on bytes in memory (fuzzing, tests): see HttpTransport.
+  std::string handle_raw(std::string_view request);
 
   // The /metrics body (Prometheus text exposition format 0.0.4).
   std::string metrics_text();
@@ -52,17 +63,24 @@ class HttpServer {
   struct Channel;
   void install_routes();
   void drive_engine();
+  void forget(uint64_t id);
+  // After a failed forward: whether a one-token request now goes through (see /health).
+  bool probe_engine(std::string& error);
 
   Engine& engine_;
   ServedModel model_;
   HttpServerConfig config_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpTransport> http_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread driver_;
+  std::atomic<double> step_began_s_{0};  // while the driver is inside Engine::step(), else 0
   int64_t created_ = 0;
   std::mutex mu_;
+  std::condition_variable drained_;  // in_flight_ shrank, or stop_now()
   std::set<uint64_t> in_flight_;
+  bool drain_cut_ = false;
+  std::mutex probe_mu_;  // one engine probe at a time
   // Token rates between two scrapes of /metrics.
   double last_scrape_s_ = 0;
   int64_t last_prompt_ = 0, last_gen_ = 0;

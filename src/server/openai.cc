@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <set>
 
 namespace kvcache {
 
@@ -10,12 +12,23 @@ using nlohmann::json;
 namespace {
 
 ApiError bad(const std::string& message) { return ApiError(400, "invalid_request_error", "", message); }
+ApiError too_long(const std::string& message) {
+  return ApiError(400, "invalid_request_error", "context_length_exceeded", message);
+}
+
+bool given(const json& b, const char* key) {
+  const auto it = b.find(key);
+  return it != b.end() && !it->is_null();
+}
 
 // Typed optional fields: absent or null -> the default; any other type -> 400 naming the field.
 int64_t get_int(const json& b, const char* key, int64_t def) {
   const auto it = b.find(key);
   if (it == b.end() || it->is_null()) return def;
   if (!it->is_number_integer()) throw bad(std::string("'") + key + "' must be an integer");
+  // JSON integers past int64 arrive unsigned; get<int64_t>() would wrap them negative.
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    throw bad(std::string("'") + key + "' is out of range");
   return it->get<int64_t>();
 }
 double get_number(const json& b, const char* key, double def) {
@@ -31,8 +44,35 @@ bool get_bool(const json& b, const char* key, bool def) {
   return it->get<bool>();
 }
 
+// The most prompt tokens a request may have: --max-prompt-tokens, else the context (0: none).
+int64_t prompt_token_limit(const RequestLimits& l) {
+  if (l.max_prompt_tokens > 0 && l.max_context > 0) return std::min(l.max_prompt_tokens, l.max_context);
+  return l.max_prompt_tokens > 0 ? l.max_prompt_tokens : l.max_context;
+}
+
+// A text of `bytes` bytes encodes to at least bytes / max_text_bytes_per_token() tokens: refuse
+// what cannot fit before encode() spends time on it.
+void check_text_fits(size_t bytes, const char* what, const ServedModel& m) {
+  const int64_t limit = prompt_token_limit(m.limits);
+  if (limit <= 0 || m.tokenizer == nullptr) return;
+  const size_t per_token = m.tokenizer->max_text_bytes_per_token();
+  const auto at_least = static_cast<int64_t>((bytes + per_token - 1) / per_token);
+  if (at_least > limit)
+    throw too_long(std::string(what) + " has " + std::to_string(bytes) + " bytes, at least " +
+                   std::to_string(at_least) + " tokens of this vocabulary (at most " + std::to_string(per_token) +
+                   " bytes each); a prompt may have at most " + std::to_string(limit) + " tokens: shorten it");
+}
+
+void check_prompt_tokens(size_t tokens, const ServedModel& m) {
+  const int64_t limit = prompt_token_limit(m.limits);
+  if (limit > 0 && static_cast<int64_t>(tokens) > limit)
+    throw too_long("the prompt has " + std::to_string(tokens) + " tokens; at most " + std::to_string(limit) +
+                   " are allowed (--max-prompt-tokens or the context): shorten it");
+}
+
 std::vector<int32_t> encode_text(const std::string& text, const ServedModel& m) {
   if (m.tokenizer == nullptr) throw bad("this model has no tokenizer: send 'prompt' as an array of token ids");
+  check_text_fits(text.size(), "'prompt'", m);
   std::vector<int32_t> ids;
   if (m.add_bos && m.tokenizer->bos_id() >= 0) ids.push_back(m.tokenizer->bos_id());
   const std::vector<int32_t> enc = m.tokenizer->encode(text);
@@ -86,6 +126,12 @@ std::vector<ChatMessage> parse_messages(const json& b) {
   for (const json& m : *it) {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       throw bad("each message needs a string 'role'");
+    for (const auto& [key, value] : m.items()) {
+      if (key == "role" || key == "content") continue;
+      if (key == "name")  // chat templates here have no place for it; dropping it changes the prompt
+        throw bad("message 'name' is not supported by this server; omit it");
+      throw bad("unrecognized message field '" + key + "'; messages take 'role' and 'content'");
+    }
     ChatMessage cm;
     cm.role = m["role"].get<std::string>();
     if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "developer")
@@ -98,7 +144,9 @@ std::vector<ChatMessage> parse_messages(const json& b) {
       cm.content = c->get<std::string>();
     } else if (c->is_array()) {  // [{"type": "text", "text": ...}]
       for (const json& part : *c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+        const auto type = part.is_object() ? part.find("type") : part.end();
+        if (!part.is_object() || type == part.end() || !type->is_string() || *type != "text" ||
+            !part.contains("text") || !part["text"].is_string())
           throw bad("message content parts must be {\"type\": \"text\", \"text\": ...}");
         cm.content += part["text"].get<std::string>();
       }
@@ -129,11 +177,43 @@ void refuse_unsupported(const json& body, bool chat) {
       if (const json* v = given(key); v && !(v->is_array() && v->empty())) refuse(key);
     for (const char* key : {"tool_choice", "function_call"})
       if (const json* v = given(key); v && *v != "none") refuse(key);
-    if (const json* v = given("response_format"); v && !(v->is_object() && v->value("type", "") == "text"))
-      refuse("response_format");
+    if (const json* v = given("response_format")) {
+      const auto type = v->is_object() ? v->find("type") : v->end();
+      if (!v->is_object() || type == v->end() || !type->is_string() || *type != "text") refuse("response_format");
+    }
+    if (const json* v = given("modalities"); v && *v != json::array({"text"})) refuse("modalities");
   } else {
     if (const json* v = given("best_of"); v && *v != 1) refuse("best_of");
     if (const json* v = given("suffix"); v && *v != "") refuse("suffix");
+  }
+  // A tenant's salt must keep its prefixes apart from other tenants'; ignoring it would share
+  // them. Refused until the server implements it.
+  if (given("cache_salt"))
+    throw bad("'cache_salt' is not supported by this server yet: prefixes are shared between all its requests; omit it");
+}
+
+// Every field a request may carry; anything else is refused, as OpenAI refuses an
+// unrecognized argument, so that a misspelt or unimplemented parameter never goes unnoticed.
+void refuse_unknown(const json& body, bool chat) {
+  static const std::set<std::string, std::less<>> common = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "n", "stop",
+      "stop_token_ids", "stream", "stream_options", "logprobs", "ignore_eos", "presence_penalty",
+      "frequency_penalty", "logit_bias", "cache_salt"};
+  static const std::set<std::string, std::less<>> completions = {"prompt", "echo", "best_of", "suffix"};
+  static const std::set<std::string, std::less<>> chat_only = {
+      "messages", "max_completion_tokens", "top_logprobs", "tools", "functions", "tool_choice", "function_call",
+      "response_format", "modalities"};
+  for (const auto& item : body.items()) {
+    const std::string& key = item.key();  // not a structured binding: clang 14 cannot capture one
+    if (common.count(key) != 0 || (chat ? chat_only : completions).count(key) != 0) continue;
+    if (std::find_if(std::begin(kIgnoredFields), std::end(kIgnoredFields),
+                     [&](const char* f) { return key == f; }) != std::end(kIgnoredFields))
+      continue;
+    throw bad("unrecognized request argument '" + key + "'" +
+              ((chat ? completions : chat_only).count(key) != 0
+                   ? std::string(chat ? " (a /v1/completions parameter)" : " (a /v1/chat/completions parameter)")
+                   : std::string()) +
+              "; remove it");
   }
 }
 
@@ -155,23 +235,39 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
       throw ApiError(404, "invalid_request_error", "model_not_found",
                      "The model '" + it->get<std::string>() + "' does not exist; this server serves '" + model.name + "'");
   }
+  refuse_unknown(body, chat);
   refuse_unsupported(body, chat);
   RequestParams& p = r.params;
   if (chat) {
     if (model.tokenizer == nullptr) throw bad("chat completions need a tokenizer; this model has none");
-    p.prompt = encode_chat(model.chat_template, parse_messages(body), *model.tokenizer, *model.specials);
+    const std::vector<ChatMessage> messages = parse_messages(body);
+    size_t bytes = 0;
+    for (const ChatMessage& m : messages) bytes += m.content.size();
+    check_text_fits(bytes, "'messages'", model);
+    p.prompt = encode_chat(model.chat_template, messages, *model.tokenizer, *model.specials);
     const std::vector<int32_t> extra = chat_stop_ids(model.chat_template, *model.specials);
     p.stop_ids.insert(p.stop_ids.end(), extra.begin(), extra.end());
   } else {
     p.prompt = parse_prompt(body, model);
   }
   if (p.prompt.empty()) throw bad("the prompt encodes to no tokens");
-  int64_t max_tokens = get_int(body, "max_tokens", -1);
-  if (chat) max_tokens = get_int(body, "max_completion_tokens", max_tokens);
-  p.max_tokens = max_tokens >= 0 ? max_tokens : model.default_max_tokens;
+  check_prompt_tokens(p.prompt.size(), model);
   if (!chat) r.echo = get_bool(body, "echo", false);
-  if (p.max_tokens < (r.echo ? 0 : 1))
-    throw bad(r.echo ? "'max_tokens' must be >= 0" : "'max_tokens' must be >= 1 (0 only with \"echo\": true)");
+  const char* max_key = chat && given(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  const int64_t least = r.echo ? 0 : 1;
+  const int64_t context = model.limits.max_context;
+  // Without a max_tokens the default shrinks to what the context leaves after the prompt.
+  p.max_tokens = given(body, max_key) ? get_int(body, max_key, 0)
+                 : context > 0 ? std::max(least, std::min(model.default_max_tokens, context - static_cast<int64_t>(p.prompt.size())))
+                               : model.default_max_tokens;
+  if (p.max_tokens < least || (context > 0 && p.max_tokens > context))
+    throw bad("'" + std::string(max_key) + "' must be in [" + std::to_string(least) + ", " +
+              (context > 0 ? std::to_string(context) + "] (the context)" : std::string("...]")) + ", got " +
+              std::to_string(p.max_tokens) + (r.echo ? "" : " (0 only with \"echo\": true)"));
+  if (context > 0 && p.max_tokens > context - static_cast<int64_t>(p.prompt.size()))
+    throw too_long("the prompt (" + std::to_string(p.prompt.size()) + " tokens) + '" + max_key + "' (" +
+                   std::to_string(p.max_tokens) + ") exceed the context of " + std::to_string(context) +
+                   " tokens; shorten the prompt or lower " + max_key);
   p.sampler.temperature = static_cast<float>(get_number(body, "temperature", 1.0));
   if (p.sampler.temperature < 0 || p.sampler.temperature > 2) throw bad("'temperature' must be in [0, 2]");
   p.sampler.top_p = static_cast<float>(get_number(body, "top_p", 1.0));
@@ -208,11 +304,14 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
     p.prompt_logprobs = p.logprobs;  // the prompt's scores, when the reply carries logprobs
   }
   const int64_t n = get_int(body, "n", 1);
-  if (n < 1 || n > 64) throw bad("'n' must be in [1, 64]");
+  if (n < 1 || n > model.limits.max_n)
+    throw bad("'n' must be in [1, " + std::to_string(model.limits.max_n) + "] (--max-n), got " + std::to_string(n));
   p.n = static_cast<int32_t>(n);
   r.stream = get_bool(body, "stream", false);
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) throw bad("'stream_options' must be an object");
+    for (const auto& [key, value] : it->items())
+      if (key != "include_usage") throw bad("unrecognized 'stream_options' field '" + key + "'; remove it");
     r.include_usage = get_bool(*it, "include_usage", false);
   }
   if (const auto it = body.find("stop"); it != body.end() && !it->is_null()) {
@@ -226,14 +325,23 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
     } else {
       throw bad("'stop' must be a string or an array of strings");
     }
-    for (const std::string& s : p.stop_strings)
+    if (static_cast<int64_t>(p.stop_strings.size()) > model.limits.max_stop_strings)
+      throw bad("'stop' has " + std::to_string(p.stop_strings.size()) + " strings; at most " +
+                std::to_string(model.limits.max_stop_strings) + " are allowed (--max-stop-strings)");
+    for (const std::string& s : p.stop_strings) {
       if (s.empty()) throw bad("'stop' strings must not be empty");
+      if (static_cast<int64_t>(s.size()) > model.limits.max_stop_bytes)
+        throw bad("a 'stop' string has " + std::to_string(s.size()) + " bytes; at most " +
+                  std::to_string(model.limits.max_stop_bytes) + " are allowed (--max-stop-bytes)");
+    }
     if (!p.stop_strings.empty() && model.tokenizer == nullptr) throw bad("'stop' strings need a tokenizer");
   }
   if (const auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
     if (!it->is_array()) throw bad("'stop_token_ids' must be an array of integers");
     for (const json& s : *it) {
-      if (!s.is_number_integer()) throw bad("'stop_token_ids' must be an array of integers");
+      if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > INT32_MAX ||
+          (s.is_number_unsigned() && s.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)))
+        throw bad("'stop_token_ids' must be an array of token ids (integers in [0, 2^31))");
       p.stop_ids.push_back(s.get<int32_t>());
     }
   }

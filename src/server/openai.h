@@ -33,6 +33,16 @@ std::string to_json_text(const nlohmann::json& j);
 // {"error": {"message", "type", "param": null, "code"}}
 nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& code);
 
+// Bounds on what one request may ask for (serve's flags), each checked before the work it
+// bounds: a prompt's bytes before it is tokenized, its tokens before it is queued.
+struct RequestLimits {
+  int64_t max_prompt_tokens = 0;  // 0: only the context bounds it
+  int64_t max_context = 0;        // prompt + max_tokens (the engine's); 0: left to the engine
+  int32_t max_n = 64;
+  int32_t max_stop_strings = 16;
+  int64_t max_stop_bytes = 256;   // per stop string
+};
+
 // What the server knows of its model to turn requests into token ids.
 struct ServedModel {
   std::string name;                  // the "model" id clients send and /v1/models lists
@@ -42,6 +52,7 @@ struct ServedModel {
   ChatTemplate chat_template = ChatTemplate::kChatML;
   const SpecialTokens* specials = nullptr;  // with tokenizer
   int64_t default_max_tokens = 16;   // OpenAI's completions default
+  RequestLimits limits;
 };
 
 struct ApiRequest {
@@ -58,11 +69,15 @@ struct ApiRequest {
 };
 
 // Parses a /v1/completions (chat = false) or /v1/chat/completions body. Throws ApiError 400
-// for missing or wrongly typed fields, an empty prompt, a text prompt without tokenizer; 404
-// for a "model" other than model.name. Parameters that would change the answer but are not
-// implemented (logit_bias, penalties other than repetition_penalty, tools, ...)
-// are a 400 unless they hold their default; other fields (user, metadata, ...) are ignored.
+// for missing or wrongly typed fields, values out of range or past model.limits, an empty
+// prompt, a text prompt without tokenizer; 404 for a "model" other than model.name.
+// Parameters that would change the answer but are not implemented (logit_bias, penalties
+// other than repetition_penalty, tools, cache_salt, ...) are a 400 unless they hold their
+// default; fields that cannot change an answer (kIgnoredFields) are accepted and ignored; any
+// other field is a 400 naming it, as OpenAI answers an unrecognized argument.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const ServedModel& model);
+// Request fields accepted and ignored: they name or label a request but never change its answer.
+inline constexpr const char* kIgnoredFields[] = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"};
 
 // Response bodies. created: unix seconds.
 nlohmann::json usage_json(const RequestStats& stats);

@@ -35,6 +35,7 @@ struct BatchOptions {
 };
 
 void run_batch(const BatchOptions& o) {
+  check_engine_options(o.engine);
   std::ifstream in(o.input);
   if (!in) throw Error(ErrorKind::kIo, "cannot open --input " + o.input);
   std::vector<std::string> lines;
@@ -42,6 +43,7 @@ void run_batch(const BatchOptions& o) {
     if (line.find_first_not_of(" \t\r") != std::string::npos) lines.push_back(line);
 
   LoadedModel lm = load_model(o.engine.model.model, load_options(o.engine.model));
+  check_engine_options(o.engine, &lm);
   EngineOptions eo = o.engine;
   eo.max_waiting = std::max<int64_t>(eo.max_waiting, static_cast<int64_t>(lines.size()) + 1);
   const EngineConfig ec = engine_config(eo, *lm.model);
@@ -51,6 +53,7 @@ void run_batch(const BatchOptions& o) {
   sm.tokenizer = lm.tokenizer.get();
   sm.add_bos = lm.add_bos;
   sm.stop_ids = lm.stop_ids;
+  sm.limits.max_context = engine.max_context();
   std::unique_ptr<SpecialTokens> specials;
   if (lm.tokenizer) {
     specials = std::make_unique<SpecialTokens>(*lm.tokenizer);
@@ -68,6 +71,7 @@ void run_batch(const BatchOptions& o) {
       if (body.is_object() && body.contains("id")) id = body["id"];
       json b = body;
       b.erase("model");  // one model per run
+      b.erase("id");     // the line's label, echoed in its result
       reqs[i] = parse_api_request(b, b.contains("messages"), sm);
       engine.submit(reqs[i]->params, [&results, &reqs, i, id](const StreamEvent& ev) {
         if (ev.output == nullptr) return;
@@ -121,6 +125,7 @@ void register_batch(CLI::App& app) {
   auto o = std::make_shared<BatchOptions>();
   CLI::App* cmd = app.add_subcommand("batch", "Offline continuous batching: JSON lines of requests -> JSON lines of completions");
   add_engine_options(cmd, o->engine);
+  cmd->get_option("--max-waiting")->description("Refused: batch queues every input line at once (serve's queue limit)");
   cmd->add_option("--input,-i", o->input, "JSON lines: {\"prompt\": ... | \"messages\": [...], \"max_tokens\", ...}")->required();
   cmd->add_option("--output,-o", o->output, "Where to write the results (default: stdout)");
   cmd->add_option("--chat-template", o->chat_template, "chatml, llama2 or llama3 (default: the model's tokenizer.chat_template, else its vocabulary)");

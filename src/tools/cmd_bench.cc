@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "runtime/model_loader.h"
 #include "tools/commands.h"
 #include "tools/model_options.h"
+#include "tools/option_rules.h"
 
 namespace kvcache::tools {
 namespace {
@@ -100,6 +102,15 @@ void run_bench_cmd(BenchOptions& o) {
   if (o.output != "table" && o.output != "json") {
     throw Error(ErrorKind::kInvalidArgument, "-o must be 'table' or 'json', got '" + o.output + "'");
   }
+  RunShape shape;  // random token ids, no text
+  shape.caches = o.caches;
+  shape.kv_budget = !o.model.kv_budget.empty();
+  shape.prefix_reuse = !o.prefix_reuse.empty();
+  const auto positive = [](const std::vector<int64_t>& v) {
+    return std::any_of(v.begin(), v.end(), [](int64_t n) { return n > 0; });
+  };
+  shape.prefill = shape.prefix_reuse || positive(o.params.n_prompt) || positive(o.params.depths);
+  check_options(*o.model.cmd, shape);
   LoadedModel lm = load_model(o.model.model, load_options(o.model, o.output == "json"));
   const LlamaModel& model = *lm.model;
   if (!o.prefix_reuse.empty()) {

@@ -13,6 +13,7 @@
 #include "model/tokenizer_llama2c.h"
 #include "runtime/model_loader.h"
 #include "tools/commands.h"
+#include "tools/option_rules.h"
 
 namespace kvcache::tools {
 namespace {
@@ -21,13 +22,17 @@ struct ConvertOptions {
   std::string model, tokenizer, out, dtype;
 };
 
-void run_convert(const ConvertOptions& o) {
+void run_convert(const CLI::App& cmd, const ConvertOptions& o) {
+  check_options(cmd, RunShape{});
   LoadOptions lo;
   lo.tokenizer_path = o.tokenizer;
   LoadedModel lm = load_model(o.model, lo);
   GgufConvertOptions co;
   if (!o.dtype.empty()) co.matrix_dtype = parse_dtype(o.dtype);
   co.tokenizer = dynamic_cast<const Llama2cTokenizer*>(lm.tokenizer.get());
+  RunShape shape;
+  shape.embeds_vocab = co.tokenizer != nullptr;
+  check_options(cmd, shape);
   if (lm.tokenizer != nullptr && co.tokenizer == nullptr) {
     std::fprintf(stderr, "kvcache: note: only llama2.c vocabularies are embedded; %s is left out\n",
                  lm.tokenizer_path.c_str());
@@ -48,7 +53,7 @@ void register_convert(CLI::App& app) {
   cmd->add_option("--tokenizer", o->tokenizer, "llama2.c tokenizer.bin (default: beside the checkpoint)");
   cmd->add_option("-o,--output", o->out, "Output .gguf path")->required();
   cmd->add_option("--dtype", o->dtype, "Re-encode weight matrices: f32, f16, bf16, q8_0 (default: keep)");
-  cmd->callback([o] { run_convert(*o); });
+  cmd->callback([o, cmd] { run_convert(*cmd, *o); });
 }
 
 }  // namespace kvcache::tools

@@ -19,6 +19,7 @@
 #include "runtime/sampler.h"
 #include "tools/commands.h"
 #include "tools/model_options.h"
+#include "tools/option_rules.h"
 
 namespace kvcache::tools {
 namespace {
@@ -54,6 +55,15 @@ void run_generate(const GenerateOptions& o) {
   if (!(o.verify_tol >= 0 && std::isfinite(o.verify_tol)))  // 0: the default for the KV dtype
     throw Error(ErrorKind::kInvalidArgument, "--verify-tol must be a positive relative tolerance, got " +
                                                  fmt::format("{}", o.verify_tol));
+  RunShape shape;
+  shape.caches = {o.model.cache};
+  shape.kv_budget = !o.model.kv_budget.empty();
+  shape.prefill = true;
+  shape.text = o.prompt_ids.empty() || o.output == "text";
+  shape.sampling = o.sampler.temperature > 0;
+  shape.repeat_penalty = o.sampler.repeat_penalty != 1.0f;
+  shape.verify = o.verify;
+  check_options(*o.model.cmd, shape);
   LoadOptions lo = load_options(o.model);
   lo.require_tokenizer = o.prompt_ids.empty() || o.output == "text";
   LoadedModel lm = load_model(o.model.model, lo);

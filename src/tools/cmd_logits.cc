@@ -13,6 +13,7 @@
 #include "runtime/session.h"
 #include "tools/commands.h"
 #include "tools/model_options.h"
+#include "tools/option_rules.h"
 
 namespace kvcache::tools {
 namespace {
@@ -27,6 +28,10 @@ struct LogitsOptions {
 void run_logits(LogitsOptions& o) {
   const std::vector<int32_t> ids = parse_ids(o.prompt_ids);
   if (ids.empty()) throw Error(ErrorKind::kInvalidArgument, "--prompt-ids holds no ids");
+  RunShape shape;  // token ids in, floats out, every position from one forward or token by token
+  shape.caches = {o.model.cache};
+  shape.kv_budget = !o.model.kv_budget.empty();
+  check_options(*o.model.cmd, shape);
   LoadedModel lm = load_model(o.model.model, load_options(o.model));
   const LlamaModel& model = *lm.model;
   SessionConfig sc = session_config(o.model, model);

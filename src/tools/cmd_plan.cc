@@ -11,6 +11,7 @@
 #include "model/dummy.h"
 #include "model/kv_plan.h"
 #include "tools/commands.h"
+#include "tools/option_rules.h"
 
 namespace kvcache::tools {
 namespace {
@@ -42,7 +43,11 @@ PlanModel plan_model_for(const std::string& config) {
   return plan_model_from_config(dummy_preset(name), config);
 }
 
-void run_plan(const PlanArgs& a) {
+void run_plan(const CLI::App& cmd, const PlanArgs& a) {
+  RunShape shape;
+  shape.list_presets = a.list;
+  shape.grouped_kv = a.kv_dtype == "q8" || a.kv_dtype == "q4" || a.kv_dtype == "q2";
+  check_options(cmd, shape);
   if (a.list) {
     for (const std::string& n : plan_preset_names()) std::printf("%s\n", n.c_str());
     return;
@@ -53,6 +58,8 @@ void run_plan(const PlanArgs& a) {
                 "file) and --preset NAME (see --list-presets)");
   }
   const PlanModel model = a.preset.empty() ? plan_model_for(a.config) : plan_preset(a.preset);
+  shape.weights_from_params = !model.weight_bytes_exact.has_value() && model.params.has_value();
+  check_options(cmd, shape);
   PlanOptions o;
   o.context = a.context;
   o.batch = a.batch;
@@ -115,7 +122,7 @@ void register_plan(CLI::App& app) {
   cmd->add_flag_callback(
       "--json", [args] { args->output = "json"; }, "same as -o json");
   cmd->add_option("--svg", args->svg, "write a log-log plot of KV bytes against context here");
-  cmd->callback([args] { run_plan(*args); });
+  cmd->callback([args, cmd] { run_plan(*cmd, *args); });
 }
 
 }  // namespace kvcache::tools

@@ -24,6 +24,7 @@
 #include "kernels/attention_quant.h"
 #include "tools/commands.h"
 #include "tools/model_table.h"
+#include "tools/option_rules.h"
 
 namespace kvcache::tools {
 namespace {
@@ -254,7 +255,8 @@ void register_run(CLI::App& app) {
   model->model = "dummy:tiny";
   cmd->add_option("--model", model->model, "model for the per-container table (file, folder, dummy:NAME, none)")
       ->capture_default_str();
-  cmd->callback([opts, model] {
+  cmd->callback([cmd, opts, model] {
+    check_options(*cmd, RunShape{});  // every option takes effect
     if (model->model != "none") print_model_table(*model);
     run_demo(*opts);
   });

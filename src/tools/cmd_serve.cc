@@ -1,19 +1,25 @@
 // `kvcache serve`: the OpenAI-compatible server over the continuous-batching engine. Prints
-// one line `listening on http://HOST:PORT` to stderr when ready; SIGINT/SIGTERM stop it
-// cleanly (in-flight requests are cancelled and answered, every thread joined, exit code 0).
+// one line `listening on http://HOST:PORT` to stderr when ready. SIGINT/SIGTERM drain it: new
+// requests get 503, in-flight ones may finish for --drain-timeout seconds, then are cancelled
+// and answered; every thread is joined and the exit code is 0. A second signal cuts the drain
+// short; a server still running --drain-timeout + 10 s after the first signal exits with 1.
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "core/error.h"
+#include "model/kv_plan.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
 #include "server/chat_template.h"
@@ -32,7 +38,31 @@ struct ServeOptions {
   std::string chat_template;  // empty: the model's tokenizer.chat_template, else its vocabulary
   std::string served_name;    // empty: the --model string
   int64_t default_max_tokens = 256;
+  // Limits (docs/architecture.md, "Limits").
+  int max_connections = 256;
+  double request_timeout_s = 10;
+  double idle_timeout_s = 5;
+  double write_timeout_s = 10;
+  std::string max_body = "8MiB";
+  double drain_timeout_s = 5;
+  int64_t max_prompt_tokens = 0;
+  int32_t max_n = 64;
+  int32_t max_stop_strings = 16;
+  int64_t max_stop_bytes = 256;
+  bool check_invariants = false;
 };
+
+void check_positive(double v, const char* flag) {
+  if (!(v > 0) || v > 86400)
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(flag) + " must be in (0, 86400] seconds, got " + std::to_string(v));
+}
+
+void check_at_least(int64_t v, int64_t least, const char* flag) {
+  if (v < least)
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(flag) + " must be >= " + std::to_string(least) + ", got " + std::to_string(v));
+}
 
 // SIGINT/SIGTERM -> one byte on a pipe (write() is async-signal-safe); a watcher thread turns
 // it into HttpServer::stop(). A handler rather than a blocked mask: OpenBLAS starts its threads
@@ -57,8 +87,33 @@ void run_serve(const ServeOptions& o) {
   if (o.default_max_tokens < 1)  // every request without max_tokens would be refused
     throw Error(ErrorKind::kInvalidArgument,
                 "--default-max-tokens must be >= 1, got " + std::to_string(o.default_max_tokens));
+  check_engine_options(o.engine);
+  check_at_least(o.max_connections, 1, "--max-connections");
+  if (o.max_connections > 65536)
+    throw Error(ErrorKind::kInvalidArgument, "--max-connections must be at most 65536 (a thread each)");
+  check_positive(o.request_timeout_s, "--request-timeout");
+  check_positive(o.idle_timeout_s, "--idle-timeout");
+  check_positive(o.write_timeout_s, "--write-timeout");
+  check_positive(o.drain_timeout_s, "--drain-timeout");
+  check_at_least(o.max_prompt_tokens, 0, "--max-prompt-tokens");
+  check_at_least(o.max_n, 1, "--max-n");
+  check_at_least(o.max_stop_strings, 0, "--max-stop-strings");
+  check_at_least(o.max_stop_bytes, 1, "--max-stop-bytes");
+  uint64_t max_body = 0;
+  try {
+    max_body = parse_byte_size(o.max_body);
+  } catch (const Error& e) {
+    throw Error(e.kind(), std::string("--max-body-bytes: ") + e.what());
+  }
+  if (max_body < 1024 || max_body > (uint64_t{1} << 32))
+    throw Error(ErrorKind::kInvalidArgument, "--max-body-bytes must be in [1KiB, 4GiB], got " + o.max_body);
   LoadedModel lm = load_model(o.engine.model.model, load_options(o.engine.model));
-  const EngineConfig ec = engine_config(o.engine, *lm.model);
+  check_engine_options(o.engine, &lm);
+  EngineConfig ec = engine_config(o.engine, *lm.model);
+  ec.check_invariants_every_step = o.check_invariants;
+  if (o.max_n > ec.max_running)
+    throw Error(ErrorKind::kInvalidArgument, "--max-n " + std::to_string(o.max_n) + " is more than --max-running " +
+                                                 std::to_string(ec.max_running) + ": a request's samples run at once");
   Engine engine(*lm.model, lm.tokenizer.get(), ec);
 
   ServedModel sm;
@@ -67,6 +122,11 @@ void run_serve(const ServeOptions& o) {
   sm.add_bos = lm.add_bos;
   sm.stop_ids = lm.stop_ids;
   sm.default_max_tokens = o.default_max_tokens;
+  sm.limits.max_prompt_tokens = o.max_prompt_tokens;
+  sm.limits.max_context = engine.max_context();
+  sm.limits.max_n = o.max_n;
+  sm.limits.max_stop_strings = o.max_stop_strings;
+  sm.limits.max_stop_bytes = o.max_stop_bytes;
   std::unique_ptr<SpecialTokens> specials;
   std::string template_source = "none";
   if (lm.tokenizer) {
@@ -83,6 +143,12 @@ void run_serve(const ServeOptions& o) {
   hc.host = o.host;
   hc.port = o.port;
   hc.api_key = o.api_key;
+  hc.transport.max_connections = o.max_connections;
+  hc.transport.request_timeout_s = o.request_timeout_s;
+  hc.transport.idle_timeout_s = o.idle_timeout_s;
+  hc.transport.write_timeout_s = o.write_timeout_s;
+  hc.transport.max_body_bytes = static_cast<size_t>(max_body);
+  hc.drain_timeout_s = o.drain_timeout_s;
   HttpServer server(engine, sm, hc);
   server.bind();
   std::fprintf(stderr, "kvcache serve: model %s, %s KV blocks of %lld tokens, context %lld, chat template %s (from %s)%s\n",
@@ -92,16 +158,44 @@ void run_serve(const ServeOptions& o) {
   std::fprintf(stderr, "listening on http://%s:%d\n", o.host.c_str(), server.port());
   std::fflush(stderr);
 
+  // The first signal starts the drain (on its own thread: stop() blocks until done), a second
+  // one cuts it short; past the drain and a grace the process ends whatever is stuck.
+  std::thread stopper;
   std::thread watcher([&] {
-    char c = 0;
-    while (::read(g_signal_pipe[0], &c, 1) < 0 && errno == EINTR) {
+    using Clock = std::chrono::steady_clock;
+    int signals = 0;
+    Clock::time_point hard_deadline{};
+    for (;;) {
+      int timeout_ms = -1;
+      if (signals > 0)
+        timeout_ms = static_cast<int>(std::max<int64_t>(
+            0, std::chrono::duration_cast<std::chrono::milliseconds>(hard_deadline - Clock::now()).count()));
+      pollfd p{g_signal_pipe[0], POLLIN, 0};
+      const int r = ::poll(&p, 1, timeout_ms);
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) {
+        std::fprintf(stderr, "kvcache serve: still running %.0f s after the stop signal; exiting now\n",
+                     o.drain_timeout_s + 10);
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
+      char c = 0;
+      if (::read(g_signal_pipe[0], &c, 1) < 0 && errno == EINTR) continue;
+      if (c == 0) return;  // run() returned
+      if (++signals == 1) {
+        std::fprintf(stderr, "kvcache serve: stopping: draining in-flight requests for up to %.0f s\n", o.drain_timeout_s);
+        hard_deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>((o.drain_timeout_s + 10) * 1000));
+        stopper = std::thread([&server] { server.stop(); });
+      } else {
+        server.stop_now();
+      }
     }
-    if (c == 1) server.stop();  // 0: run() returned on its own, nothing to stop
   });
   server.run();
   const char wake = 0;
   [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &wake, 1);
   watcher.join();
+  if (stopper.joinable()) stopper.join();
   std::fprintf(stderr, "kvcache serve: stopped\n");
 }
 
@@ -116,7 +210,34 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
   cmd->add_option("--chat-template", o->chat_template, "chatml, llama2 or llama3 (default: the model's tokenizer.chat_template, else its vocabulary)");
   cmd->add_option("--served-model-name", o->served_name, "The model id clients send (default: the --model string)");
-  cmd->add_option("--default-max-tokens", o->default_max_tokens, "max_tokens of requests that give none (default 256)");
+  cmd->add_option("--default-max-tokens", o->default_max_tokens,
+                  "max_tokens of requests that give none (default 256, cut to what the context leaves)");
+  cmd->add_option("--max-connections", o->max_connections,
+                  "Open HTTP connections (a thread each); past it a connection gets 503 at once")
+      ->capture_default_str();
+  cmd->add_option("--request-timeout", o->request_timeout_s,
+                  "Seconds to receive a whole request (headers and body) once it starts")
+      ->capture_default_str();
+  cmd->add_option("--idle-timeout", o->idle_timeout_s, "Seconds a keep-alive connection may wait for its next request")
+      ->capture_default_str();
+  cmd->add_option("--write-timeout", o->write_timeout_s,
+                  "Seconds one write to a client may block (a client not reading its stream is cut)")
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", o->max_body, "Largest request body, e.g. 8MiB (larger: 413)")
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout", o->drain_timeout_s,
+                  "On SIGTERM/SIGINT, seconds in-flight requests may finish before they are cancelled")
+      ->capture_default_str();
+  cmd->add_option("--max-prompt-tokens", o->max_prompt_tokens,
+                  "Most prompt tokens a request may have (0: the context); longer text is refused before it is tokenized")
+      ->capture_default_str();
+  cmd->add_option("--max-n", o->max_n, "Most samples ('n') one request may ask for (at most --max-running)")
+      ->capture_default_str();
+  cmd->add_option("--max-stop-strings", o->max_stop_strings, "Most 'stop' strings one request may give")
+      ->capture_default_str();
+  cmd->add_option("--max-stop-bytes", o->max_stop_bytes, "Longest 'stop' string in bytes")->capture_default_str();
+  cmd->add_flag("--check-invariants", o->check_invariants,
+                "Debug: check the engine's invariants after every step; a broken one ends the process");
   cmd->callback([o] { run_serve(*o); });
 }
 

@@ -10,6 +10,7 @@
 
 #include "model/tokenizer.h"
 #include "tools/commands.h"
+#include "tools/option_rules.h"
 
 namespace kvcache::tools {
 
@@ -20,7 +21,8 @@ void register_tokenize(CLI::App& app) {
   cmd->add_option("--model,-m", *model, "GGUF, tokenizer.json (or its folder), llama2.c checkpoint or tokenizer.bin")
       ->required();
   cmd->add_flag("--pieces", *show_pieces, "Also print each token's text on stderr, one per line");
-  cmd->callback([model, show_pieces] {
+  cmd->callback([cmd, model, show_pieces] {
+    check_options(*cmd, RunShape{});  // every option takes effect
     std::unique_ptr<Tokenizer> tok = load_tokenizer(*model);
     const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
     const std::vector<int32_t> ids = tok->encode(text);

@@ -1,6 +1,6 @@
 // The kvcache CLI's subcommands. Each src/tools/cmd_<name>.cc defines one
 // `void register_<name>(CLI::App&)` that adds its subcommand, its options and a callback doing
-// the work; main.cc only calls the register functions. Callbacks throw kvcache::Error for bad
+// the work; main.cc only calls register_commands. Callbacks throw kvcache::Error for bad
 // input; main turns that into a message on stderr and exit code 2.
 #pragma once
 
@@ -17,5 +17,8 @@ void register_bench(CLI::App& app);     // cmd_bench.cc: llama-bench style speed
 void register_tokenize(CLI::App& app);  // cmd_tokenize.cc: text on stdin -> token ids
 void register_serve(CLI::App& app);     // cmd_serve.cc: OpenAI-compatible HTTP server
 void register_batch(CLI::App& app);     // cmd_batch.cc: offline batch over JSON lines
+
+// Every subcommand above, in the order --help lists them (commands.cc).
+void register_commands(CLI::App& app);
 
 }  // namespace kvcache::tools

@@ -1,6 +1,7 @@
 #include "tools/engine_options.h"
 
 #include "core/error.h"
+#include "tools/option_rules.h"
 
 namespace kvcache::tools {
 
@@ -8,10 +9,27 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   o.model.kernel = "fused";  // reads pages in place; batch-invariant (per-sequence split-KV)
   o.model.chunk = 256;
   add_model_options(cmd, o.model);
+  // Help as the engine reads these options; what it refuses, see option_rules.cc.
+  cmd->get_option("--cache")->description("Always the paged cache: only 'paged' is accepted (it changes nothing)");
+  cmd->get_option("--kernel")->description("Paged attention kernel: eager or fused (default fused)");
+  cmd->get_option("--max-cache-len")->description("Tokens the paged pool holds, without --kv-budget (default 16384)");
+  cmd->get_option("--chunk")->description("Token budget of one step: decodes plus prefill chunks (default 256)");
+  for (const char* quantized : {"--kv-bits", "--kv-quant", "--kv-group", "--kv-residual"})
+    cmd->get_option(quantized)->description("Refused: the paged cache is not quantized (--cache quantized: generate, logits, bench)");
   cmd->add_option("--max-running", o.max_running, "Sequences resident at once (default 64)");
   cmd->add_option("--max-waiting", o.max_waiting, "Queued requests before refusing with 429 (default 256)");
   cmd->add_flag("--fast-prefill", o.fast_prefill,
                 "Prefill through BLAS: faster, but batched results may differ from a request run alone in the last bits");
+}
+
+void check_engine_options(const EngineOptions& o, const LoadedModel* loaded) {
+  RunShape shape;
+  shape.caches = {"paged"};
+  shape.kv_budget = !o.model.kv_budget.empty();
+  shape.prefill = true;  // --chunk: each step's token budget
+  shape.text = true;     // text prompts and chat messages
+  if (loaded != nullptr) shape.has_tokenizer = loaded->tokenizer != nullptr;
+  check_options(*o.model.cmd, shape);
 }
 
 EngineConfig engine_config(const EngineOptions& o, const LlamaModel& model) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "runtime/engine.h"
+#include "runtime/model_loader.h"
 #include "tools/model_options.h"
 
 namespace kvcache::tools {
@@ -18,9 +19,12 @@ struct EngineOptions {
   bool fast_prefill = false;
 };
 
-// Adds the model options (the paged cache is implied: --cache is ignored) and --max-running,
-// --max-waiting, --fast-prefill. --chunk is the step's token budget.
+// Adds the model options (the paged cache is implied: --cache takes only "paged") and
+// --max-running, --max-waiting, --fast-prefill. --chunk is the step's token budget.
 void add_engine_options(CLI::App* cmd, EngineOptions& o);
+// Refuses the options given that have no effect on the engine (option_rules.h): before the
+// model loads (loaded == nullptr), then once more with what the loaded model has.
+void check_engine_options(const EngineOptions& o, const LoadedModel* loaded = nullptr);
 // Applies -t and builds the engine config for `model`.
 EngineConfig engine_config(const EngineOptions& o, const LlamaModel& model);
 

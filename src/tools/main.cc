@@ -14,15 +14,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("kvcache ") + KVCACHE_VERSION);
   app.require_subcommand(1);
 
-  kvcache::tools::register_run(app);
-  kvcache::tools::register_generate(app);
-  kvcache::tools::register_logits(app);
-  kvcache::tools::register_convert(app);
-  kvcache::tools::register_plan(app);
-  kvcache::tools::register_bench(app);
-  kvcache::tools::register_tokenize(app);
-  kvcache::tools::register_serve(app);
-  kvcache::tools::register_batch(app);
+  kvcache::tools::register_commands(app);
 
   try {
     app.parse(argc, argv);  // runs the chosen subcommand's callback

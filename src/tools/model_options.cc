@@ -19,12 +19,15 @@ constexpr int kMaxThreads = 1024;  // far past any machine here; beyond it -t is
 }  // namespace
 
 void add_model_options(CLI::App* cmd, ModelOptions& o) {
+  o.cmd = cmd;
   cmd->add_option("--model,-m", o.model, "Model: llama2.c .bin, GGUF file, Hugging Face folder, or dummy:PRESET[:f16|f32|bf16|q8_0] (tiny, llama-125m, gemma2-tiny, gptoss-tiny, mla-tiny)")->required();
   cmd->add_option("--tokenizer", o.tokenizer,
                   "Tokenizer file (default: tokenizer.bin / tok512.bin beside a llama2.c checkpoint)");
   cmd->add_option("--cache", o.cache, "Cache implementation (transformers' names): dynamic, static, paged, quantized, ...");
-  cmd->add_option("--max-cache-len", o.max_cache_len, "Capacity of static caches in tokens (default: context length)");
-  cmd->add_option("--kernel", o.kernel, "Attention kernel: eager or fused");
+  cmd->add_option("--max-cache-len", o.max_cache_len,
+                  "Capacity in tokens of --cache static, and of the paged pool without --kv-budget (default: context "
+                  "length)");
+  cmd->add_option("--kernel", o.kernel, "Attention kernel: eager or fused, or flex (dynamic and static caches only)");
   cmd->add_option("--kv-dtype", o.kv_dtype, "KV storage dtype: f32, f16, bf16 (default: f32 for f32 weights, else f16)");
   cmd->add_option("-t,--threads", o.threads, "Threads (default: all cores)");
   cmd->add_option("--chunk", o.chunk, "Prefill chunk in tokens");

@@ -29,10 +29,13 @@ struct ModelOptions {
   std::string kv_quant = "kivi";   // --cache quantized: kivi, q8_0, q4_0
   int64_t kv_group = 64;
   int64_t kv_residual = 128;
+  // The subcommand that registered these options: which of them the user gave (option_rules.h).
+  const CLI::App* cmd = nullptr;
 };
 
 // Adds --model, --tokenizer, --cache, --max-cache-len, --kernel, --kv-dtype, -t, --chunk,
-// --progress, --block-size, --kv-budget, --kv-bits, --kv-group, --kv-residual.
+// --progress, --block-size, --kv-budget, --kv-bits, --kv-quant, --kv-group, --kv-residual.
+// Which of them take effect in which run: option_rules.h.
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 // --tokenizer, plus for dummy:NAME models the SentencePiece vocabulary of ../shared/vocab
 // when it exists (so text prompts work on dummy models), plus the load progress printer

@@ -12,6 +12,7 @@ std::span<const Target> all_targets() {
       {"hf_tokenizer", fuzz_hf_tokenizer},
       {"openai_request", fuzz_openai_request},
       {"chat_template", fuzz_chat_template},
+      {"http", fuzz_http},
   };
   return kTargets;
 }

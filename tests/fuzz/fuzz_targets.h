@@ -36,6 +36,9 @@ int fuzz_openai_request(const uint8_t* data, size_t size);
 // Chat templates: classifying / choosing a model's Jinja template, encode_chat of fuzzed
 // messages with either tiny tokenizer (input layout in fuzz_chat_template.cc).
 int fuzz_chat_template(const uint8_t* data, size_t size);
+// One raw HTTP/1.1 request through HttpServer::handle_raw (cpp-httplib's parser, every route)
+// served by an Engine on a tiny model; the engine must hold no block afterwards.
+int fuzz_http(const uint8_t* data, size_t size);
 
 struct Target {
   std::string_view name;  // the folder name under corpus/ and regressions/

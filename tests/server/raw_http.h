@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -75,10 +76,20 @@ inline HttpReply parse_reply(const std::string& all) {
   return r;
 }
 
+// Gives up (status -1) when the server sends nothing for `timeout_s` seconds: a server that
+// should answer and hangs fails its test instead of stalling the suite.
+inline void set_receive_timeout(int fd, double timeout_s) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout_s);
+  tv.tv_usec = static_cast<suseconds_t>((timeout_s - static_cast<double>(tv.tv_sec)) * 1e6);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
 inline HttpReply http(int port, const std::string& method, const std::string& path, const std::string& body = "",
-                      const std::string& extra_headers = "") {
+                      const std::string& extra_headers = "", double timeout_s = 60) {
   const int fd = connect_loopback(port);
   if (fd < 0) return {};
+  set_receive_timeout(fd, timeout_s);
   send_all(fd, request_text(method, path, body, extra_headers));
   std::string all;
   char buf[4096];

@@ -33,8 +33,9 @@ TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
     ::dup2(err_pipe[1], 2);
     ::close(err_pipe[0]);
     ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+    // --cache paged: accepted (it is what serve uses anyway); --max-cache-len sizes the pool.
     ::execl(KVCACHE_CLI, KVCACHE_CLI, "serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len", "512",
-            static_cast<char*>(nullptr));
+            "--cache", "paged", "--kernel", "eager", static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(err_pipe[1]);
@@ -56,6 +57,13 @@ TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], 4);
 
+  // An idle connection and one stuck in its headers must not hold the stop back until their
+  // timeouts: the drain closes every connection.
+  const int idle = testing_util::connect_loopback(port);
+  const int slow = testing_util::connect_loopback(port);
+  ASSERT_TRUE(testing_util::send_all(slow, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(::kill(pid, SIGTERM), 0);
   int status = 0;
   pid_t done = 0;
@@ -68,13 +76,21 @@ TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
     ::waitpid(pid, &status, 0);
     FAIL() << "serve did not stop within 10 s of SIGTERM";
   }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+  ::close(idle);
+  ::close(slow);
   ::close(err_pipe[0]);
 }
 
 TEST(CliServe, BadSettingsExitWith2BeforeListening) {
-  for (const char* args : {"--port 70000", "--port 0 --default-max-tokens 0", "--port 0 --max-running 0"}) {
+  for (const char* args : {"--port 70000", "--port 0 --default-max-tokens 0", "--port 0 --max-running 0",
+                           "--port 0 --max-connections 0", "--port 0 --request-timeout 0",
+                           "--port 0 --idle-timeout -1", "--port 0 --write-timeout 0", "--port 0 --drain-timeout 0",
+                           "--port 0 --max-body-bytes 10", "--port 0 --max-prompt-tokens -1",
+                           "--port 0 --max-running 4 --max-n 8", "--port 0 --max-stop-bytes 0",
+                           "--port 0 --max-stop-strings -1"}) {
     const auto r = testing_util::run_cli(std::string("serve --model dummy:tiny ") + args);
     EXPECT_EQ(r.exit_code, 2) << args;
     const std::string flag = std::string(args).substr(std::string(args).rfind("--"));

@@ -1,0 +1,389 @@
+#include "tools/option_rules.h"
+
+#include <algorithm>
+#include <string_view>
+
+#include "cache/cache.h"
+#include "core/error.h"
+#include "kernels/attention.h"
+#include "kernels/paged_attention.h"
+
+namespace kvcache::tools {
+namespace {
+
+// Subcommands as bits, so that one entry serves every subcommand sharing an option.
+enum Command : unsigned {
+  kRun = 1u << 0,
+  kGenerate = 1u << 1,
+  kLogits = 1u << 2,
+  kBench = 1u << 3,
+  kServe = 1u << 4,
+  kBatch = 1u << 5,
+  kPlan = 1u << 6,
+  kConvert = 1u << 7,
+  kTokenize = 1u << 8,
+};
+constexpr unsigned kEngine = kServe | kBatch;                        // the paged cache, always
+constexpr unsigned kModel = kGenerate | kLogits | kBench | kEngine;  // add_model_options
+
+unsigned command_bit(const std::string& name) {
+  static const std::pair<const char*, Command> kNames[] = {
+      {"run", kRun},     {"generate", kGenerate}, {"logits", kLogits},
+      {"bench", kBench}, {"serve", kServe},       {"batch", kBatch},
+      {"plan", kPlan},   {"convert", kConvert},   {"tokenize", kTokenize},
+  };
+  for (const auto& [n, bit] : kNames)
+    if (name == n) return bit;
+  return 0;
+}
+
+// One option the user gave, as a rule sees it.
+struct Given {
+  const std::string& command;
+  std::string option;  // as registered: "-t/--threads"
+  std::string value;   // its values joined by ','
+  const RunShape& shape;
+};
+// The reason `g` has no effect (or cannot be used), or nothing when it takes effect.
+using Refusal = std::optional<std::string> (*)(const Given& g);
+
+struct OptionRule {
+  unsigned commands;
+  const char* option;  // any of its names
+  Refusal refusal;     // nullptr: takes effect in every run of these subcommands
+};
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+bool contains(const std::vector<std::string>& items, std::string_view x) {
+  return std::find(items.begin(), items.end(), x) != items.end();
+}
+
+bool is_engine(const Given& g) {
+  return g.command == "serve" || g.command == "batch";
+}
+
+// "with --cache dynamic" / "in serve (always the paged cache)".
+std::string situation(const Given& g) {
+  if (is_engine(g)) return "in " + g.command + ", which always uses the paged cache";
+  std::string caches;
+  for (const std::string& c : g.shape.caches) caches += (caches.empty() ? "" : ",") + c;
+  return "with --cache " + caches;
+}
+
+std::string no_effect(const Given& g, const std::string& when, const std::string& honoured) {
+  return g.command + ": " + g.option + " has no effect " + when + ": " + honoured;
+}
+
+std::vector<std::string> cache_names() {
+  std::vector<std::string> out;
+  for (const std::string& entry : LayerRegistry::names()) {
+    const std::string impl = entry.substr(0, entry.find('/'));
+    if (!contains(out, impl)) out.push_back(impl);
+  }
+  return out;
+}
+
+std::optional<std::string> cache_value(const Given& g) {
+  if (is_engine(g)) {
+    if (g.value == "paged") return std::nullopt;  // says what happens anyway
+    return g.command + ": --cache " + g.value +
+           ": serve and batch always use the paged cache (--cache paged is accepted and changes "
+           "nothing); the other caches are honoured by generate, logits and bench";
+  }
+  const std::vector<std::string> known = cache_names();
+  for (const std::string& c : g.shape.caches)
+    if (!contains(known, c))
+      return g.command + ": --cache " + c + ": no such cache; registered: " + join(known);
+  return std::nullopt;
+}
+
+// Static capacities: --cache static, and the paged pool when no budget sizes it.
+std::optional<std::string> capacity(const Given& g) {
+  const bool paged = contains(g.shape.caches, "paged");
+  if (contains(g.shape.caches, "static") || (paged && !g.shape.kv_budget)) return std::nullopt;
+  if (paged)
+    return no_effect(g, "with --kv-budget", "the budget sizes the paged pool; give one of the two");
+  return no_effect(
+      g, situation(g),
+      "a dynamic or quantized cache grows as it needs, with no capacity; it is the capacity of "
+      "--cache static, and of the paged cache (--cache paged, serve, batch) when no --kv-budget "
+      "is given");
+}
+
+std::optional<std::string> kernel(const Given& g) {
+  const std::vector<std::string> dense = attention_kernel_names(),
+                                 paged = paged_attention_kernel_names();
+  const std::string kinds = "the dynamic and static caches run " + join(dense) +
+                            "; the paged cache (--cache paged, serve, batch) runs " + join(paged);
+  if (!contains(dense, g.value) && !contains(paged, g.value))
+    return g.command + ": --kernel " + g.value + ": no such attention kernel; " + kinds;
+  if (contains(g.shape.caches, "paged") && !contains(paged, g.value))
+    return g.command + ": --kernel " + g.value + " cannot run on the paged cache" +
+           (is_engine(g) ? " (serve and batch always use it)" : "") + ": its kernels are " +
+           join(paged) + "; " + g.value +
+           " is a kernel of the dynamic and static caches (generate, logits, bench)";
+  const bool all_quantized = std::all_of(g.shape.caches.begin(), g.shape.caches.end(),
+                                         [](const std::string& c) { return c == "quantized"; });
+  if (all_quantized && !g.shape.verify)  // --verify's no-cache reference runs the kernel
+    return no_effect(g, situation(g),
+                     "the quantized cache attends through its own dequantizing kernel; --kernel "
+                     "chooses the kernel of the other caches and of generate --verify's no-cache "
+                     "reference (" +
+                         kinds + ")");
+  return std::nullopt;
+}
+
+std::optional<std::string> needs_paged(const Given& g) {
+  if (contains(g.shape.caches, "paged")) return std::nullopt;
+  return no_effect(
+      g, situation(g),
+      "it configures the paged cache, which --cache paged builds in generate, logits and bench, "
+      "and serve and batch always use");
+}
+
+std::optional<std::string> needs_quantized(const Given& g) {
+  if (contains(g.shape.caches, "quantized")) return std::nullopt;
+  return no_effect(g, situation(g),
+                   "it configures the quantized cache, which --cache quantized builds in generate, "
+                   "logits and bench");
+}
+
+std::optional<std::string> chunk(const Given& g) {
+  if (g.shape.prefill) return std::nullopt;
+  const std::string honoured =
+      "--chunk is the prefill chunk of generate and bench (pp tests, depths, --prefix-reuse) and "
+      "the step budget of serve and batch";
+  if (g.command == "logits")
+    return no_effect(g, "in logits",
+                     "every position comes from one forward (token by token with --cache), "
+                     "never a chunked prefill; " +
+                         honoured);
+  return no_effect(g, "when nothing is prefilled (every -p and -d is 0)", honoured);
+}
+
+std::optional<std::string> tokenizer(const Given& g) {
+  if (g.shape.text) return std::nullopt;
+  const std::string honoured =
+      "a tokenizer is used where text is read or written: generate with --prompt or --output text, "
+      "serve, batch, and convert (llama2.c vocabularies)";
+  if (g.command == "logits") return no_effect(g, "in logits, which reads token ids only", honoured);
+  if (g.command == "bench") return no_effect(g, "in bench, which feeds random token ids", honoured);
+  return no_effect(g, "with --prompt-ids and --output ids, where no text is read or written",
+                   honoured);
+}
+
+std::optional<std::string> convert_tokenizer(const Given& g) {
+  if (g.shape.embeds_vocab.value_or(true)) return std::nullopt;
+  return g.command + ": --tokenizer " + g.value +
+         " has no effect: convert embeds only llama2.c vocabularies "
+         "(tokenizer.bin, tok512.bin); this one would be left out of the GGUF";
+}
+
+std::optional<std::string> sampling(const Given& g) {
+  if (g.shape.sampling) return std::nullopt;
+  return no_effect(g, "with --temp 0",
+                   "greedy decoding takes the most likely token; it applies when --temp > 0");
+}
+
+std::optional<std::string> repeat_window(const Given& g) {
+  if (g.shape.repeat_penalty) return std::nullopt;
+  return no_effect(
+      g, "with --repeat-penalty 1 (off)",
+      "it is how far back the repetition penalty looks; give a --repeat-penalty other than 1");
+}
+
+std::optional<std::string> verify_tolerance(const Given& g) {
+  if (g.shape.verify) return std::nullopt;
+  return no_effect(g, "without --verify", "it is the tolerance of --verify's comparison");
+}
+
+std::optional<std::string> bench_tests(const Given& g) {
+  if (!g.shape.prefix_reuse) return std::nullopt;
+  return no_effect(
+      g, "with --prefix-reuse",
+      "that test replaces the pp/tg tests and takes its prompt length from TOKENS:FRACTION");
+}
+
+std::optional<std::string> batch_queue(const Given& g) {
+  return no_effect(g, "in batch",
+                   "batch queues every input line at once; the queue limit is serve's");
+}
+
+std::optional<std::string> chat_template(const Given& g) {
+  if (g.shape.has_tokenizer.value_or(true)) return std::nullopt;
+  return no_effect(g, "with a model that has no tokenizer",
+                   "chat messages cannot be tokenised, so only token-id prompts are served; pass "
+                   "--tokenizer FILE");
+}
+
+std::optional<std::string> plan_option(const Given& g) {
+  if (!g.shape.list_presets) return std::nullopt;
+  return no_effect(g, "with --list-presets", "it only prints the preset names");
+}
+
+std::optional<std::string> plan_kv_group(const Given& g) {
+  if (g.shape.list_presets || g.shape.grouped_kv) return plan_option(g);
+  return no_effect(g, "with a float --kv-dtype",
+                   "only the q8, q4 and q2 formats have scale groups");
+}
+
+std::optional<std::string> plan_weight_dtype(const Given& g) {
+  if (g.shape.list_presets || g.shape.weights_from_params.value_or(true)) return plan_option(g);
+  return no_effect(g, "for this model",
+                   "its weights are priced as stored (GGUF) or not at all; --weight-dtype prices "
+                   "weights known as a parameter count (presets, config.json)");
+}
+
+// The table. Order matters only for which of several refused options is named: values that no
+// cache can use first, then the rest in roughly the order of --help.
+const OptionRule kRules[] = {
+    // Every subcommand that runs a model (add_model_options; serve and batch through
+    // add_engine_options).
+    {kModel, "--cache", cache_value},
+    {kModel, "--kernel", kernel},
+    {kModel | kRun | kConvert | kTokenize, "--model", nullptr},
+    {kModel, "--tokenizer", tokenizer},
+    {kConvert, "--tokenizer", convert_tokenizer},
+    {kModel, "--max-cache-len", capacity},
+    {kModel, "--kv-dtype", nullptr},
+    {kModel, "--threads", nullptr},
+    {kModel, "--chunk", chunk},
+    {kModel, "--progress", nullptr},
+    {kModel, "--block-size", needs_paged},
+    {kModel, "--kv-budget", needs_paged},
+    {kModel, "--kv-bits", needs_quantized},
+    {kModel, "--kv-quant", needs_quantized},
+    {kModel, "--kv-group", needs_quantized},
+    {kModel, "--kv-residual", needs_quantized},
+    // generate
+    {kGenerate, "--prompt", nullptr},
+    {kGenerate | kLogits, "--prompt-ids", nullptr},
+    {kGenerate, "--n-predict", nullptr},
+    {kGenerate, "--temp", nullptr},
+    {kGenerate, "--top-k", sampling},
+    {kGenerate, "--top-p", sampling},
+    {kGenerate, "--min-p", sampling},
+    {kGenerate, "--seed", sampling},
+    {kGenerate, "--repeat-penalty", nullptr},  // greedy decoding applies it too
+    {kGenerate, "--repeat-last-n", repeat_window},
+    {kGenerate, "--ignore-eos", nullptr},
+    {kGenerate | kLogits | kBench | kBatch | kConvert, "--output", nullptr},
+    {kGenerate, "--verify", nullptr},
+    {kGenerate, "--verify-tol", verify_tolerance},
+    // bench (its --cache is a list, checked above)
+    {kBench, "--n-prompt", bench_tests},
+    {kBench, "--n-gen", bench_tests},
+    {kBench, "--n-depth", bench_tests},
+    {kBench, "--repetitions", nullptr},
+    {kBench, "--prefix-reuse", nullptr},
+    // serve and batch
+    {kEngine, "--max-running", nullptr},
+    {kServe, "--max-waiting", nullptr},
+    {kBatch, "--max-waiting", batch_queue},
+    {kEngine, "--fast-prefill", nullptr},
+    {kEngine, "--chat-template", chat_template},
+    {kServe, "--host", nullptr},
+    {kServe, "--port", nullptr},
+    {kServe, "--api-key", nullptr},
+    {kServe, "--served-model-name", nullptr},
+    {kServe, "--default-max-tokens", nullptr},
+    // serve's limits: each bounds every request or connection
+    {kServe, "--max-connections", nullptr},
+    {kServe, "--request-timeout", nullptr},
+    {kServe, "--idle-timeout", nullptr},
+    {kServe, "--write-timeout", nullptr},
+    {kServe, "--max-body-bytes", nullptr},
+    {kServe, "--drain-timeout", nullptr},
+    {kServe, "--max-prompt-tokens", nullptr},
+    {kServe, "--max-n", nullptr},
+    {kServe, "--max-stop-strings", nullptr},
+    {kServe, "--max-stop-bytes", nullptr},
+    {kServe, "--check-invariants", nullptr},
+    {kBatch, "--input", nullptr},
+    // run: the container demo feeds every container, so each of its options reaches one.
+    {kRun, "--prefill", nullptr},
+    {kRun, "--decode", nullptr},
+    {kRun, "--batch", nullptr},
+    {kRun, "--kv-heads", nullptr},
+    {kRun, "--head-dim", nullptr},
+    {kRun, "--window", nullptr},
+    {kRun, "--chunk", nullptr},
+    {kRun | kConvert, "--dtype", nullptr},
+    {kRun, "--seed", nullptr},
+    // plan
+    {kPlan, "--list-presets", nullptr},
+    {kPlan, "--config", plan_option},
+    {kPlan, "--preset", plan_option},
+    {kPlan, "--context", plan_option},
+    {kPlan, "--batch", plan_option},
+    {kPlan, "--kv-dtype", plan_option},
+    {kPlan, "--kv-group", plan_kv_group},
+    {kPlan, "--block", plan_option},
+    {kPlan, "--budget", plan_option},
+    {kPlan, "--weight-dtype", plan_weight_dtype},
+    {kPlan, "--output", plan_option},
+    {kPlan, "--json", plan_option},
+    {kPlan, "--svg", plan_option},
+    // tokenize
+    {kTokenize, "--pieces", nullptr},
+};
+
+const OptionRule* find_rule(unsigned bit, const CLI::Option& option) {
+  for (const OptionRule& r : kRules)
+    if ((r.commands & bit) != 0 && option.check_name(r.option)) return &r;
+  return nullptr;
+}
+
+bool is_help(const CLI::App& cmd, const CLI::Option* option) {
+  return option == cmd.get_help_ptr();
+}
+
+}  // namespace
+
+void check_options(const CLI::App& cmd, const RunShape& shape) {
+  const std::string& command = cmd.get_name();
+  const unsigned bit = command_bit(command);
+  KV_CHECK(bit != 0, "option_rules: no rules for subcommand '" + command + "'");
+  for (const CLI::Option* option : cmd.get_options())
+    KV_CHECK(is_help(cmd, option) || find_rule(bit, *option) != nullptr,
+             "option_rules: " + command + " " + option->get_name(false, true) +
+                 " has no entry in the option table (src/tools/option_rules.cc)");
+  for (const OptionRule& r : kRules) {
+    if ((r.commands & bit) == 0 || r.refusal == nullptr) continue;
+    const CLI::Option* option = cmd.get_option_no_throw(r.option);
+    if (option == nullptr || option->count() == 0) continue;
+    std::string value;
+    for (const std::string& v : option->results()) value += (value.empty() ? "" : ",") + v;
+    std::string name = option->get_name(false, true);
+    std::replace(name.begin(), name.end(), ',', '/');
+    if (const std::optional<std::string> why = r.refusal(Given{command, name, value, shape}))
+      throw Error(ErrorKind::kInvalidArgument, *why);
+  }
+}
+
+bool option_has_rule(const std::string& command, const CLI::Option& option) {
+  return find_rule(command_bit(command), option) != nullptr;
+}
+
+std::vector<std::string> stale_option_rules(const CLI::App& app) {
+  const std::vector<const CLI::App*> subs = app.get_subcommands({});
+  unsigned registered = 0;
+  for (const CLI::App* sub : subs) registered |= command_bit(sub->get_name());
+  std::vector<std::string> stale;
+  for (const OptionRule& r : kRules) {
+    if ((r.commands & ~registered) != 0)
+      stale.push_back(std::string("(an unregistered subcommand) ") + r.option);
+    for (const CLI::App* sub : subs)
+      if ((r.commands & command_bit(sub->get_name())) != 0 &&
+          sub->get_option_no_throw(r.option) == nullptr)
+        stale.push_back(sub->get_name() + " " + r.option);
+  }
+  return stale;
+}
+
+}  // namespace kvcache::tools
