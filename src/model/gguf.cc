@@ -1,5 +1,6 @@
 #include "model/gguf.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -13,6 +14,11 @@ namespace {
 
 constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian uint32
 constexpr uint64_t kMaxStringBytes = uint64_t{1} << 30;
+// Reserve no more entries up front than this: a declared count only bounds what the file could
+// hold, and an entry in memory is up to 15x its smallest encoding (a 13-byte metadata pair
+// becomes a 192-byte std::pair<std::string, GgufValue>); past it the vectors grow as entries
+// are actually read.
+constexpr uint64_t kMaxReserve = 4096;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw Error(ErrorKind::kFormat, path + ": " + what);
@@ -134,7 +140,7 @@ GgufValue read_value(Reader& r, GgufType t, const std::string& path, const std::
       v.strs.resize(n);
       for (auto& x : v.strs) x = r.read_string(what);
     } else {
-      v.items.reserve(n);
+      v.items.reserve(std::min(n, kMaxReserve));
       for (uint64_t k = 0; k < n; ++k) {
         v.items.push_back(read_value(r, GgufType::kArray, path, key, depth + 1));
       }
@@ -263,7 +269,7 @@ void GgufFile::parse() {
   const auto n_tensors = r.read<uint64_t>("the tensor count");
   const auto n_kv = r.read<uint64_t>("the metadata count");
   r.require(n_kv, 8 + 4 + 1, "the metadata");
-  kv_.reserve(n_kv);
+  kv_.reserve(std::min(n_kv, kMaxReserve));
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key = r.read_string("a metadata key");
     const auto t = r.read<uint32_t>("metadata type");
@@ -280,7 +286,7 @@ void GgufFile::parse() {
     alignment_ = static_cast<uint32_t>(a->u);
   }
   r.require(n_tensors, 8 + 4 + 4 + 8, "the tensor infos");
-  tensors_.reserve(n_tensors);
+  tensors_.reserve(std::min(n_tensors, kMaxReserve));
   for (uint64_t k = 0; k < n_tensors; ++k) {
     GgufTensorInfo info;
     info.name = r.read_string("a tensor name");

@@ -3,12 +3,14 @@
 // (use_regex: GPT-2's regex) or Sequence[Split(GPT-2 or Llama 3 regex), ByteLevel(use_regex
 // false)] — and no normalizer. Everything else is refused with an Error naming the field, so a
 // tokenizer we cannot reproduce never silently produces different ids.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
+#include "model/config_limits.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_bpe.h"
 
@@ -108,13 +110,21 @@ std::unique_ptr<Tokenizer> parse_hf_tokenizer_unchecked(const std::string& text,
 
   if (!model.contains("vocab") || !model["vocab"].is_object()) bad(path, "model.vocab must be an object");
   Vocabulary v;
-  auto put = [&](const std::string& text, int64_t id, TokenType t) {
-    if (id < 0 || id > (int64_t{1} << 24)) bad(path, "token id " + std::to_string(id) + " of '" + text + "' is out of range");
+  // Ids size the vocabulary, so they are checked first: below config_limits' vocabulary bound,
+  // and below the file's length in bytes — every token takes bytes of its own, so a larger id
+  // leaves a gap the file cannot fill (a 2 KB file with id 16,655,367 sized 16.6M tokens).
+  const int64_t max_vocab = std::min<int64_t>(config_count_limit(ConfigCount::kVocab).max, static_cast<int64_t>(text.size()));
+  auto put = [&](const std::string& token, int64_t id, TokenType t) {
+    if (id < 0 || id >= max_vocab) {
+      bad(path, "token id " + std::to_string(id) + " of '" + token + "' is out of range: ids must be below " +
+                    std::to_string(max_vocab) + " (the vocabulary limit, and the file's " + std::to_string(text.size()) +
+                    " bytes)");
+    }
     if (static_cast<size_t>(id) >= v.tokens.size()) {
       v.tokens.resize(static_cast<size_t>(id) + 1);
       v.types.resize(static_cast<size_t>(id) + 1, TokenType::kUnused);
     }
-    v.tokens[static_cast<size_t>(id)] = text;
+    v.tokens[static_cast<size_t>(id)] = token;
     v.types[static_cast<size_t>(id)] = t;
   };
   for (const auto& [text, id] : model["vocab"].items()) {

@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -40,38 +39,9 @@ LoadedModel tiny_served_model() {
   c.vocab_size = v.size();
   GgufWriter w;
   gguf_write_llama_config(w, c);
-  w.set("tokenizer.ggml.model", GgufValue::str("llama"));
-  w.set("tokenizer.ggml.tokens", GgufValue::str_array(v.tokens));
-  w.set("tokenizer.ggml.scores", GgufValue::f32_array(v.scores));
-  std::vector<int32_t> types;
-  for (TokenType t : v.types) types.push_back(static_cast<int32_t>(t));
-  w.set("tokenizer.ggml.token_type", GgufValue::i32_array(types));
-  w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<uint32_t>(v.bos)));
-  w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<uint32_t>(v.eos)));
-  std::vector<Tensor> owned;
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  const auto add = [&](const std::string& name, Shape shape) {
-    Tensor t = Tensor::empty(DType::kF32, shape);
-    for (int64_t i = 0; i < shape.numel(); ++i) t.data_as<float>()[i] = u(rng);
-    owned.push_back(std::move(t));
-    w.add_tensor(name, owned.back().view());
-  };
-  const int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
-  add("token_embd.weight", {c.vocab_size, c.dim});
-  add("output_norm.weight", {c.dim});
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".";
-    add(b + "attn_norm.weight", {c.dim});
-    add(b + "attn_q.weight", {q, c.dim});
-    add(b + "attn_k.weight", {kv, c.dim});
-    add(b + "attn_v.weight", {kv, c.dim});
-    add(b + "attn_output.weight", {c.dim, q});
-    add(b + "ffn_norm.weight", {c.dim});
-    add(b + "ffn_gate.weight", {c.hidden_dim, c.dim});
-    add(b + "ffn_up.weight", {c.hidden_dim, c.dim});
-    add(b + "ffn_down.weight", {c.dim, c.hidden_dim});
-  }
+  put_vocabulary(w, v, "llama");
+  Weights ws;
+  put_llama_tensors(w, ws, c, DType::kF32);
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("kvcache_fuzz_http_" + std::to_string(::getpid()) + ".gguf"))
                                .string();

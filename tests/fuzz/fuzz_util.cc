@@ -132,4 +132,47 @@ ModelConfig tiny_llama_config() {
   return c;
 }
 
+TensorView Weights::add(DType dtype, const Shape& shape) {
+  Tensor f = Tensor::empty(DType::kF32, shape);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  for (int64_t i = 0; i < shape.numel(); ++i) f.data_as<float>()[i] = u(rng_);
+  if (dtype == DType::kF32) {
+    owned_.push_back(std::move(f));
+  } else {
+    Tensor t = Tensor::zeros(dtype, shape);  // q8_0 stays zero: the parsers never read values
+    if (dtype != DType::kQ8_0) convert_n(f.data(), DType::kF32, t.data(), dtype, shape.numel());
+    owned_.push_back(std::move(t));
+  }
+  return owned_.back().view();
+}
+
+void put_vocabulary(GgufWriter& w, const Vocabulary& v, const char* model) {
+  w.set("tokenizer.ggml.model", GgufValue::str(model));
+  w.set("tokenizer.ggml.tokens", GgufValue::str_array(v.tokens));
+  w.set("tokenizer.ggml.scores", GgufValue::f32_array(v.scores));
+  std::vector<int32_t> types;
+  for (TokenType t : v.types) types.push_back(static_cast<int32_t>(t));
+  w.set("tokenizer.ggml.token_type", GgufValue::i32_array(types));
+  w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<uint32_t>(v.bos)));
+  w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<uint32_t>(v.eos)));
+  w.set("tokenizer.ggml.unknown_token_id", GgufValue::u32(static_cast<uint32_t>(v.unk)));
+}
+
+void put_llama_tensors(GgufWriter& w, Weights& ws, const ModelConfig& c, DType dtype) {
+  const int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+  w.add_tensor("token_embd.weight", ws.add(dtype, {c.vocab_size, c.dim}));
+  w.add_tensor("output_norm.weight", ws.add(DType::kF32, {c.dim}));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    w.add_tensor(layer_tensor(l, "attn_norm.weight"), ws.add(DType::kF32, {c.dim}));
+    w.add_tensor(layer_tensor(l, "attn_q.weight"), ws.add(dtype, {q, c.dim}));
+    w.add_tensor(layer_tensor(l, "attn_k.weight"), ws.add(dtype, {kv, c.dim}));
+    w.add_tensor(layer_tensor(l, "attn_v.weight"), ws.add(dtype, {kv, c.dim}));
+    w.add_tensor(layer_tensor(l, "attn_output.weight"), ws.add(dtype, {c.dim, q}));
+    w.add_tensor(layer_tensor(l, "ffn_norm.weight"), ws.add(DType::kF32, {c.dim}));
+    w.add_tensor(layer_tensor(l, "ffn_gate.weight"), ws.add(dtype, {c.hidden_dim, c.dim}));
+    w.add_tensor(layer_tensor(l, "ffn_up.weight"), ws.add(dtype, {c.hidden_dim, c.dim}));
+    w.add_tensor(layer_tensor(l, "ffn_down.weight"), ws.add(dtype, {c.dim, c.hidden_dim}));
+  }
+}
+
 }  // namespace kvcache::fuzz

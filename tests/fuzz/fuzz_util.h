@@ -12,6 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include <random>
+
+#include "core/tensor.h"
+#include "model/gguf.h"
 #include "model/model_file.h"
 #include "model/tokenizer.h"
 #include "model/vocabulary.h"
@@ -42,5 +46,19 @@ std::vector<std::pair<std::string, std::string>> tiny_bpe_merges();
 // Llama block: dim 8, FFN 16, 1 layer, 2 heads over 1 KV head, vocabulary 16, context 32,
 // half-split RoPE (HF layout), untied.
 ModelConfig tiny_llama_config();
+
+// Tensors with deterministic small values; owns their storage until a GgufWriter is done.
+class Weights {
+ public:
+  TensorView add(DType dtype, const Shape& shape);
+
+ private:
+  std::mt19937 rng_{1234};
+  std::vector<Tensor> owned_;
+};
+// A vocabulary's tokenizer.ggml.* metadata (model "llama" or "gpt2").
+void put_vocabulary(GgufWriter& w, const Vocabulary& v, const char* model);
+// The llama tensors of `c` (GGUF names), matrices in `dtype`, norms f32; tied when no output.
+void put_llama_tensors(GgufWriter& w, Weights& ws, const ModelConfig& c, DType dtype);
 
 }  // namespace kvcache::fuzz

@@ -42,58 +42,6 @@ void write_file(const fs::path& p, const std::string& bytes) {
   if (!f) throw Error(ErrorKind::kIo, p.string() + ": cannot write");
 }
 
-// Tensors with deterministic small values; owns their storage until the writer is done.
-class Weights {
- public:
-  TensorView add(DType dtype, const Shape& shape) {
-    Tensor f = Tensor::empty(DType::kF32, shape);
-    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-    for (int64_t i = 0; i < shape.numel(); ++i) f.data_as<float>()[i] = u(rng_);
-    if (dtype == DType::kF32) return keep(std::move(f));
-    Tensor t = Tensor::zeros(dtype, shape);  // q8_0 stays zero: the parsers never read values
-    if (dtype != DType::kQ8_0) convert_n(f.data(), DType::kF32, t.data(), dtype, shape.numel());
-    return keep(std::move(t));
-  }
-
- private:
-  TensorView keep(Tensor t) {
-    owned_.push_back(std::move(t));
-    return owned_.back().view();
-  }
-  std::mt19937 rng_{1234};
-  std::vector<Tensor> owned_;
-};
-
-void put_vocabulary(GgufWriter& w, const Vocabulary& v, const char* model) {
-  w.set("tokenizer.ggml.model", GgufValue::str(model));
-  w.set("tokenizer.ggml.tokens", GgufValue::str_array(v.tokens));
-  w.set("tokenizer.ggml.scores", GgufValue::f32_array(v.scores));
-  std::vector<int32_t> types;
-  for (TokenType t : v.types) types.push_back(static_cast<int32_t>(t));
-  w.set("tokenizer.ggml.token_type", GgufValue::i32_array(types));
-  w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<uint32_t>(v.bos)));
-  w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<uint32_t>(v.eos)));
-  w.set("tokenizer.ggml.unknown_token_id", GgufValue::u32(static_cast<uint32_t>(v.unk)));
-}
-
-// The llama tensors of `c` (GGUF names), matrices in `dtype`, norms f32; tied when no output.
-void put_llama_tensors(GgufWriter& w, Weights& ws, const ModelConfig& c, DType dtype) {
-  const int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
-  w.add_tensor("token_embd.weight", ws.add(dtype, {c.vocab_size, c.dim}));
-  w.add_tensor("output_norm.weight", ws.add(DType::kF32, {c.dim}));
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    w.add_tensor(layer_tensor(l, "attn_norm.weight"), ws.add(DType::kF32, {c.dim}));
-    w.add_tensor(layer_tensor(l, "attn_q.weight"), ws.add(dtype, {q, c.dim}));
-    w.add_tensor(layer_tensor(l, "attn_k.weight"), ws.add(dtype, {kv, c.dim}));
-    w.add_tensor(layer_tensor(l, "attn_v.weight"), ws.add(dtype, {kv, c.dim}));
-    w.add_tensor(layer_tensor(l, "attn_output.weight"), ws.add(dtype, {c.dim, q}));
-    w.add_tensor(layer_tensor(l, "ffn_norm.weight"), ws.add(DType::kF32, {c.dim}));
-    w.add_tensor(layer_tensor(l, "ffn_gate.weight"), ws.add(dtype, {c.hidden_dim, c.dim}));
-    w.add_tensor(layer_tensor(l, "ffn_up.weight"), ws.add(dtype, {c.hidden_dim, c.dim}));
-    w.add_tensor(layer_tensor(l, "ffn_down.weight"), ws.add(dtype, {c.dim, c.hidden_dim}));
-  }
-}
-
 void gguf_seeds(const fs::path& dir) {
   {  // a whole tiny llama model with its SentencePiece vocabulary, f32, tied embeddings
     const Vocabulary v = tiny_spm_vocabulary();
@@ -397,6 +345,38 @@ void chat_template_seeds(const fs::path& dir) {
   write_file(dir / "flag_llama2_no_messages_bpe.bin", input(6, "", {}));
 }
 
+void http_seeds(const fs::path& dir) {
+  // One request per seed (one file holds two, kept alive): every route, streamed and not, a
+  // chunked body, a range, refusals.
+  const auto post = [](const std::string& path, const std::string& body) {
+    return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  };
+  const auto get = [](const std::string& path, const std::string& extra = "") {
+    return "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" + extra + "\r\n";
+  };
+  write_file(dir / "get_health", get("/health"));
+  write_file(dir / "get_models", get("/v1/models"));
+  write_file(dir / "get_metrics", get("/metrics"));
+  write_file(dir / "range_header", get("/metrics", "Range: bytes=0-10\r\n"));
+  write_file(dir / "keep_alive_two", get("/health") + get("/v1/models"));
+  write_file(dir / "not_found", "DELETE /v1/nothing HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  write_file(dir / "completion", post("/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})"));
+  write_file(dir / "completion_stream_logprobs",
+             post("/v1/completions", R"({"prompt": "hello", "max_tokens": 3, "stream": true, "logprobs": 2, "stream_options": {"include_usage": true}})"));
+  write_file(dir / "completion_ids_echo", post("/v1/completions", R"({"prompt": [1, 5, 9], "max_tokens": 0, "echo": true, "logprobs": 1})"));
+  write_file(dir / "completion_n_stop",
+             post("/v1/completions", R"({"prompt": "a b c", "max_tokens": 5, "n": 2, "stop": [" b", "c"], "seed": 3, "temperature": 0.7})"));
+  write_file(dir / "chat", post("/v1/chat/completions",
+                                R"({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 3})"));
+  write_file(dir / "chat_stream", post("/v1/chat/completions",
+                                       R"({"messages": [{"role": "user", "content": "hi"}], "stream": true, "logprobs": true, "top_logprobs": 2, "max_completion_tokens": 2})"));
+  write_file(dir / "bad_json", post("/v1/completions", R"({"prompt": )"));
+  write_file(dir / "chunked_body",
+             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
+             "10\r\n{\"prompt\": \"hi\",\r\nf\r\n \"max_tokens\": 2\r\n1\r\n}\r\n0\r\n\r\n");
+}
+
 int run(const fs::path& root) {
   const struct {
     const char* target;
@@ -408,7 +388,8 @@ int run(const fs::path& root) {
                  {"hf_config", hf_config_seeds},
                  {"hf_tokenizer", hf_tokenizer_seeds},
                  {"openai_request", openai_request_seeds},
-                 {"chat_template", chat_template_seeds}};
+                 {"chat_template", chat_template_seeds},
+                 {"http", http_seeds}};
   for (const auto& m : kMakers) {
     fs::create_directories(root / m.target);
     m.make(root / m.target);

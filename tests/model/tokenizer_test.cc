@@ -208,6 +208,24 @@ TEST(HfTokenizer, AddedTokenIdsMustBeIntegers) {
   }
 }
 
+// Ids size the vocabulary: an id beyond what the file's bytes could number (16,655,367 in a
+// 2 KB tokenizer.json sized 16.6M tokens and took fuzz_hf_tokenizer past its 10 s timeout) is
+// refused before the vocabulary is sized.
+TEST(HfTokenizer, IdsAreBoundedByTheFileLength) {
+  const std::string j = R"({"model":{"vocab":{"a":0,"b":16655367},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}})";
+  try {
+    parse_hf_tokenizer(j, "", "tok.json");
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    for (const char* n : {"tok.json", "16655367", "'b'", "out of range"})
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+  // A dense vocabulary always fits: every entry takes more bytes than one id.
+  const auto tok = parse_hf_tokenizer(R"({"model":{"vocab":{"a":0,"b":1},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}})",
+                                      "", "tok.json");
+  EXPECT_EQ(tok->vocab_size(), 2);
+}
+
 TEST(Tokenizer, GgufWithoutTokenizerIsAnError) {
   GgufWriter w;
   w.set("general.architecture", GgufValue::str("llama"));
