@@ -287,6 +287,8 @@ bool HttpTransport::process_and_close_socket(socket_t sock) {
     return false;
   }
   ++accepted_;
+  if (limits_.send_buffer_bytes > 0)
+    ::setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &limits_.send_buffer_bytes, sizeof limits_.send_buffer_bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
     open_.insert(sock);

@@ -26,6 +26,7 @@ struct TransportLimits {
   double idle_timeout_s = 5;      // between keep-alive requests
   double write_timeout_s = 10;    // one write may block this long (a client not reading)
   size_t max_body_bytes = size_t{8} << 20;
+  int send_buffer_bytes = 0;      // SO_SNDBUF of each connection; 0 keeps the kernel's autotuning
 };
 
 struct TransportStats {
