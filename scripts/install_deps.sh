@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages kvcache builds with, only those that are missing.
+# Installs the Debian 12 packages kvcache builds with (each one included or linked somewhere;
+# libgmock-dev because the GTest CMake package declares its targets), only those missing.
 # Uses sudo when not root. Safe to run again: does nothing when all are present.
 # --fuzz adds what `make fuzz` needs (clang and libFuzzer's runtime), only for that target.
 set -euo pipefail
@@ -7,8 +8,8 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
-  libopenblas-dev libhwy-dev libcpp-httplib-dev libxxhash-dev libb2-dev
+  nlohmann-json3-dev libcli11-dev libfmt-dev
+  libopenblas-dev libcpp-httplib-dev libb2-dev
 )
 if [ "${1:-}" = "--fuzz" ]; then
   PACKAGES+=(clang libclang-rt-14-dev)
