@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "model/config_limits.h"
+#include "model/decoder_layout.h"
 #include "model/gguf.h"
 
 namespace kvcache {
@@ -37,13 +38,18 @@ std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> g) {
   auto count_or = [&](const std::string& key, int64_t fallback, ConfigCount kind) {
     return check_config_count(path, key, g->get_int_or(key, fallback), kind);
   };
-  c.dim = count(p + "embedding_length", ConfigCount::kHiddenSize);
-  c.n_layers = count(p + "block_count", ConfigCount::kLayers);
-  c.n_heads = count(p + "attention.head_count", ConfigCount::kHeads);
-  c.n_kv_heads = count_or(p + "attention.head_count_kv", c.n_heads, ConfigCount::kHeads);
+  // The cache's shape (layers, heads, head dim, layer types, window) from the reader `kvcache
+  // plan` uses too.
+  const DecoderLayout layout = read_decoder_layout(*g);
+  c.dim = layout.hidden_size;
+  c.n_layers = layout.n_layers;
+  c.n_heads = layout.n_heads;
+  c.n_kv_heads = layout.n_kv_heads;
+  c.head_dim = layout.head_dim;
+  c.layer_types = layout.layer_types;
+  c.sliding_window = layout.sliding_window;
   c.hidden_dim = count(p + "feed_forward_length", ConfigCount::kFfnSize);
   c.max_seq_len = count(p + "context_length", ConfigCount::kContext);
-  c.head_dim = count_or(p + "attention.key_length", c.n_heads > 0 ? c.dim / c.n_heads : 0, ConfigCount::kHeadDim);
   if (g->get_int_or(p + "attention.value_length", c.head_dim) != c.head_dim) {
     throw Error(ErrorKind::kUnsupported, path + ": key_length != value_length is not supported");
   }
@@ -54,7 +60,6 @@ std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> g) {
   }
   c.rope_theta = static_cast<float>(g->get_float_or(p + "rope.freq_base", 10000.0));
   c.rms_eps = static_cast<float>(g->get_float_or(p + "attention.layer_norm_rms_epsilon", 1e-5));
-  c.sliding_window = count_or(p + "attention.sliding_window", 0, ConfigCount::kContext);
   // ggml: llama/mistral use ROPE_TYPE_NORM on rows permuted by the converter -> pairs (2i, 2i+1);
   // qwen2 uses ROPE_TYPE_NEOX on unpermuted rows -> pairs (i, i + D/2).
   c.rope_interleaved = arch != "qwen2";

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "model/config_limits.h"
+#include "model/decoder_layout.h"
 
 namespace kvcache {
 
@@ -136,6 +137,7 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     bad(source, std::string("invalid JSON: ") + e.what());
   }
   if (!j.is_object()) bad(source, "config.json must be a JSON object");
+  const json root = j;
   std::string arch;
   if (auto it = j.find("architectures"); it != j.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
     arch = (*it)[0].get<std::string>();
@@ -179,14 +181,14 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
   const bool gemma3n = c.architecture == "gemma3n";
   const bool gemma2 = c.architecture == "gemma2", gpt_oss = c.architecture == "gpt_oss";
   const bool deepseek = c.architecture == "deepseek_v2" || c.architecture == "deepseek_v3";
+  // Everything that shapes the cache (layers, heads, head dim, layer types, windows, sharing,
+  // MLA dims) comes from the reader `kvcache plan` uses too.
   c.dim = get_count(j, "hidden_size", ConfigCount::kHiddenSize, source);
-  c.n_layers = get_count(j, "num_hidden_layers", ConfigCount::kLayers, source);
-  c.n_heads = get_count(j, "num_attention_heads", ConfigCount::kHeads, source);
-  c.n_kv_heads = get_count_or(j, "num_key_value_heads", c.n_heads, ConfigCount::kHeads, source);
-  // Family defaults are those of each transformers configuration_*.py (Gemma2Config: head_dim
-  // 256, tied embeddings; GptOssConfig: head_dim 64, attention_bias true).
-  const int64_t default_head_dim = gemma2 || gemma3n ? 256 : gpt_oss ? 64 : (c.n_heads > 0 ? c.dim / c.n_heads : 0);
-  c.head_dim = get_count_or(j, "head_dim", default_head_dim, ConfigCount::kHeadDim, source);
+  const DecoderLayout layout = read_decoder_layout(root, j, source);
+  c.n_layers = layout.n_layers;
+  c.n_heads = layout.n_heads;
+  c.n_kv_heads = layout.n_kv_heads;
+  c.head_dim = layout.head_dim;
   if (auto it = j.find("intermediate_size"); gemma3n && it != j.end() && it->is_array()) {
     // Gemma3nTextConfig: one FFN size per layer (or one for all).
     for (const auto& v : *it) {
@@ -310,11 +312,12 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     // models/deepseek_v3/modeling_deepseek_v3.py (and deepseek_v2): MLA attention, MoE after
     // first_k_dense_replace dense layers.
     MlaConfig& a = c.mla;
-    a.kv_lora_rank = get_count(j, "kv_lora_rank", ConfigCount::kHeadDim, source);
+    if (layout.kv_lora_rank == 0) bad(source, "config field 'kv_lora_rank' is missing: " + c.architecture + " uses MLA");
+    a.kv_lora_rank = layout.kv_lora_rank;
     a.q_lora_rank = get_count_or(j, "q_lora_rank", 0, ConfigCount::kHeadDim, source);
-    a.qk_nope_head_dim = get_count(j, "qk_nope_head_dim", ConfigCount::kHeadDim, source);
-    a.qk_rope_head_dim = get_count(j, "qk_rope_head_dim", ConfigCount::kHeadDim, source);
-    a.v_head_dim = get_count(j, "v_head_dim", ConfigCount::kHeadDim, source);
+    a.qk_nope_head_dim = layout.qk_nope_head_dim;
+    a.qk_rope_head_dim = layout.qk_rope_head_dim;
+    a.v_head_dim = layout.v_head_dim;
     a.rope_interleave = c.architecture == "deepseek_v2" || get_bool_or(j, "rope_interleave", true, source);
     c.head_dim = a.qk_nope_head_dim + a.qk_rope_head_dim;
     c.n_kv_heads = c.n_heads;  // MLA configs repeat the head count; the cache ignores it
@@ -432,49 +435,14 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     }
   }
 
-  // Sliding window and per-layer types.
-  if (c.architecture == "mistral") {
-    c.sliding_window = get_count_or(j, "sliding_window", 0, ConfigCount::kContext, source);
-  } else if (gemma2 || gpt_oss || gemma3n) {
-    c.sliding_window =
-        get_count_or(j, "sliding_window", gemma2 ? 4096 : gemma3n ? 512 : 128, ConfigCount::kContext, source);
-  } else if (c.architecture == "qwen2") {
-    if (get_bool_or(j, "use_sliding_window", false, source))
-      c.sliding_window = get_count_or(j, "sliding_window", 0, ConfigCount::kContext, source);
-  }
-  if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
-    for (const auto& t : *it) {
-      if (!t.is_string()) bad(source, "layer_types must be a list of strings");
-      c.layer_types.push_back(t.get<std::string>());
-    }
-  } else if (gemma3n) {
-    // Gemma3nTextConfig: every fifth layer is full.
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      c.layer_types.push_back((l + 1) % 5 == 0 ? "full_attention" : "sliding_attention");
-    }
-  } else if ((gemma2 || gpt_oss) && c.sliding_window > 0) {
-    // Gemma2Config / GptOssConfig without layer_types: even layers slide, odd layers are full
-    // ("sliding_attention" if bool((i + 1) % 2)).
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      c.layer_types.push_back((l + 1) % 2 != 0 ? "sliding_attention" : "full_attention");
-    }
-  } else if (c.architecture == "qwen2" && c.sliding_window > 0) {
-    // transformers' Qwen2Config: layers from max_window_layers on use the window.
-    const int64_t max_window_layers = get_int_or(j, "max_window_layers", 28, source);
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      c.layer_types.push_back(l >= max_window_layers ? "sliding_attention" : "full_attention");
-    }
-  }
-  c.attention_chunk_size = get_count_or(j, "attention_chunk_size", 0, ConfigCount::kContext, source);
-  if (gemma3n) {
-    c.num_kv_shared_layers = get_count_or(j, "num_kv_shared_layers", 0, ConfigCount::kLayers, source);
-  } else if (const int64_t shared = get_int_or(j, "num_kv_shared_layers", 0, source); shared != 0) {
-    throw Error(ErrorKind::kUnsupported, source + ": num_kv_shared_layers = " + std::to_string(shared) +
+  c.layer_types = layout.layer_types;
+  c.sliding_window = layout.sliding_window;
+  c.attention_chunk_size = layout.attention_chunk_size;
+  c.num_kv_shared_layers = layout.num_kv_shared_layers;
+  if (c.num_kv_shared_layers != 0 && !gemma3n) {
+    throw Error(ErrorKind::kUnsupported, source + ": num_kv_shared_layers = " + std::to_string(c.num_kv_shared_layers) +
                                              " (Gemma-3n cross-layer KV sharing) is not supported for " + c.architecture);
   }
-  bool any_sliding = false;
-  for (const auto& t : c.layer_types) any_sliding |= t == "sliding_attention";
-  if (!any_sliding && !c.layer_types.empty()) c.sliding_window = 0;
   c.fill_defaults();
   c.validate(source);
   return c;

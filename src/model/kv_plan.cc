@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "model/config_limits.h"
+#include "model/decoder_layout.h"
 #include "model/gguf.h"
 
 namespace kvcache {
@@ -26,7 +27,6 @@ const char* plan_layer_kind_name(PlanLayerKind k) {
     case PlanLayerKind::kHybrid: return "hybrid";
     case PlanLayerKind::kEmpty: return "empty";
     case PlanLayerKind::kShared: return "shared";
-    case PlanLayerKind::kUnknown: return "unknown";
   }
   return "unknown";
 }
@@ -66,15 +66,6 @@ std::optional<int64_t> opt_count(const json& j, const char* key, ConfigCount kin
   return v;
 }
 
-int64_t req_count(const json& j, const char* key, ConfigCount kind, const std::string& source) {
-  auto v = opt_int(j, key);
-  if (!v || *v <= 0) {
-    format_error(source, std::string("config field '") + key +
-                             "' is missing or not a positive integer; the planner needs it");
-  }
-  return check_config_count(source, key, *v, kind);
-}
-
 std::string opt_str(const json& j, const char* key) {
   auto it = j.find(key);
   return (it != j.end() && it->is_string()) ? it->get<std::string>() : std::string();
@@ -83,6 +74,60 @@ std::string opt_str(const json& j, const char* key) {
 }  // namespace
 
 namespace {
+// The per-layer storage of a decoder layout (from config.json or GGUF metadata alike).
+void add_plan_layers(const DecoderLayout& d, PlanModel& m) {
+  const int64_t n_layers = d.n_layers, n_kv = d.n_kv_heads, head_dim = d.head_dim;
+  const bool mla = d.kv_lora_rank > 0;
+  const bool k_eq_v = d.family == "deepseek_v4";  // V4: `self.values = self.keys` (notes)
+  const int64_t state_elems = d.linear_state_elems;
+  bool noted_state = false;
+  for (int64_t i = 0; i < n_layers; ++i) {
+    const std::string& t = d.layer_types[static_cast<size_t>(i)];
+    PlanLayer L;
+    L.type = t;
+    L.kv_heads = n_kv;
+    L.k_dim = head_dim;
+    L.v_dim = k_eq_v ? 0 : head_dim;
+    if (i >= n_layers - d.num_kv_shared_layers) {
+      L.kind = PlanLayerKind::kShared;
+    } else if (auto rate = d.compress_rates.find(t); rate != d.compress_rates.end()) {
+      L.kind = PlanLayerKind::kCompressed;
+      L.compress_rate = rate->second;
+      L.v_dim = 0;  // compressed entries are K==V (notes, CSA/HCA)
+    } else if (t == "full_attention" || t == "deepseek_sparse_attention" || t == "qwen_sparse_attention" ||
+               t == "sliding_attention" || t == "chunked_attention") {
+      L.kind = PlanLayerKind::kAttention;
+      if (t == "sliding_attention" || t == "chunked_attention") {
+        // read_decoder_layout refused these types without their window.
+        L.kind = PlanLayerKind::kWindowed;
+        L.window = t == "sliding_attention" ? d.sliding_window : d.attention_chunk_size;
+      }
+      if (mla) {
+        L.kind = L.kind == PlanLayerKind::kWindowed ? L.kind : PlanLayerKind::kMla;
+        L.kv_heads = 1;
+        L.k_dim = d.kv_lora_rank + d.qk_rope_head_dim;
+        L.v_dim = 0;
+      }
+    } else if (t == "linear_attention" || t == "conv" || t == "hybrid" || t == "hybrid_sliding") {
+      L.kind = (t == "hybrid" || t == "hybrid_sliding") ? PlanLayerKind::kHybrid : PlanLayerKind::kLinear;
+      L.state_elems = state_elems;
+      if (t == "hybrid_sliding") L.window = d.sliding_window;
+      if (state_elems == 0 && !noted_state) {
+        noted_state = true;
+        m.notes.push_back("linear-attention state size unknown (needs linear_num_value_heads, "
+                          "linear_num_key_heads, linear_key_head_dim, linear_value_head_dim, "
+                          "linear_conv_kernel_dim): counted as 0");
+      }
+    } else {  // moe, mlp: placeholders that store nothing
+      L.kind = PlanLayerKind::kEmpty;
+    }
+    m.layers.push_back(L);
+  }
+  if (mla) {
+    m.mha_equivalent_elems_per_token = d.n_heads * (d.qk_nope_head_dim + d.qk_rope_head_dim + d.v_head_dim);
+  }
+}
+
 PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text, const std::string& source) {
   json root;
   try {
@@ -92,148 +137,18 @@ PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text, const 
   }
   if (!root.is_object()) format_error(source, "a config must be a JSON object");
   // Multimodal configs (Gemma-3n, ...) keep the decoder in text_config.
-  const json& j = root.contains("text_config") && root["text_config"].is_object()
-                      ? root["text_config"]
-                      : root;
+  const json j = decoder_config(root);
+  const DecoderLayout d = read_decoder_layout(root, j, source);
   PlanModel m;
   m.source = source;
   m.name = opt_str(root, "_name_or_path");
-  const std::string model_type = opt_str(j, "model_type").empty() ? opt_str(root, "model_type")
-                                                                   : opt_str(j, "model_type");
-  if (m.name.empty()) m.name = model_type.empty() ? "model" : model_type;
-
-  const int64_t n_layers = req_count(j, "num_hidden_layers", ConfigCount::kLayers, source);
-  const int64_t n_heads = req_count(j, "num_attention_heads", ConfigCount::kHeads, source);
-  const int64_t n_kv = opt_count(j, "num_key_value_heads", ConfigCount::kHeads, source).value_or(n_heads);
-  const int64_t hidden = opt_count(j, "hidden_size", ConfigCount::kHiddenSize, source).value_or(0);
-  int64_t head_dim = opt_count(j, "head_dim", ConfigCount::kHeadDim, source).value_or(0);
-  if (head_dim <= 0) {
-    if (hidden <= 0) format_error(source, "neither 'head_dim' nor 'hidden_size' is given");
-    head_dim = hidden / n_heads;
-  }
-  m.max_context = opt_count(j, "max_position_embeddings", ConfigCount::kContext, source).value_or(0);
-  const int64_t sliding_window = opt_count(j, "sliding_window", ConfigCount::kContext, source).value_or(0);
-  const int64_t chunk = opt_count(j, "attention_chunk_size", ConfigCount::kContext, source).value_or(0);
-
-  // ---- layer types: explicit, or derived as each family's transformers config does ----
-  std::vector<std::string> types;
-  if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
-    for (const auto& t : *it) {
-      if (!t.is_string()) format_error(source, "'layer_types' must be a list of strings");
-      types.push_back(t.get<std::string>());
-    }
-    if (static_cast<int64_t>(types.size()) != n_layers) {
-      format_error(source, "'layer_types' has " + std::to_string(types.size()) +
-                               " entries but num_hidden_layers is " + std::to_string(n_layers));
-    }
-  } else {
-    const auto interval = opt_count(j, "full_attention_interval", ConfigCount::kLayers, source);
-    const int64_t pattern = opt_count(j, "sliding_window_pattern", ConfigCount::kLayers, source).value_or(6);
-    for (int64_t i = 0; i < n_layers; ++i) {
-      std::string t = "full_attention";
-      if (model_type == "gemma2" && sliding_window > 0) {
-        // Gemma2Config: "sliding_attention" if bool((i + 1) % 2) else "full_attention".
-        t = ((i + 1) % 2) ? "sliding_attention" : "full_attention";
-      } else if ((model_type == "gemma3" || model_type == "gemma3_text") && sliding_window > 0) {
-        // Gemma3Config: every `sliding_window_pattern`-th layer is full (0: none is).
-        t = (pattern == 0 || (i + 1) % pattern) ? "sliding_attention" : "full_attention";
-      } else if (interval && *interval > 0) {
-        // Qwen3-Next / Qwen3.5: one full-attention layer every `full_attention_interval`.
-        t = ((i + 1) % *interval == 0) ? "full_attention" : "linear_attention";
-      } else if (sliding_window > 0) {
-        auto use = j.find("use_sliding_window");
-        const bool off = (use != j.end() && use->is_boolean() && !use->get<bool>()) ||
-                         (use == j.end() && model_type.rfind("qwen", 0) == 0);
-        if (!off) t = "sliding_attention";  // Mistral: every layer slides
-      }
-      types.push_back(t);
-    }
-  }
-
-  const std::optional<int64_t> kv_lora_rank = opt_count(j, "kv_lora_rank", ConfigCount::kHeadDim, source);
-  const bool mla = kv_lora_rank.has_value();
-  const int64_t qk_rope = opt_count(j, "qk_rope_head_dim", ConfigCount::kHeadDim, source).value_or(0);
-  const int64_t qk_nope = opt_count(j, "qk_nope_head_dim", ConfigCount::kHeadDim, source).value_or(0);
-  const int64_t v_head = opt_count(j, "v_head_dim", ConfigCount::kHeadDim, source).value_or(head_dim);
-  const bool k_eq_v = model_type == "deepseek_v4";  // V4: `self.values = self.keys` (notes)
-  std::map<std::string, int64_t> rates;
-  if (auto it = j.find("compress_rates"); it != j.end() && it->is_object()) {
-    for (auto& [k, v] : it->items())
-      if (v.is_number()) rates[k] = check_config_count(source, "compress_rates." + k, json_to_int(v), ConfigCount::kContext);
-  }
-  // Linear-attention state (Gated DeltaNet style): H_v·d_k·d_v + (k−1)·d_qkv.
-  int64_t state_elems = 0;
-  {
-    const auto hv = opt_count(j, "linear_num_value_heads", ConfigCount::kHeads, source);
-    const auto hk = opt_count(j, "linear_num_key_heads", ConfigCount::kHeads, source);
-    const auto dk = opt_count(j, "linear_key_head_dim", ConfigCount::kHeadDim, source);
-    const auto dv = opt_count(j, "linear_value_head_dim", ConfigCount::kHeadDim, source);
-    const auto kc = opt_count(j, "linear_conv_kernel_dim", ConfigCount::kHeadDim, source);
-    if (hv && hk && dk && dv && kc) {
-      const int64_t d_qkv = 2 * *hk * *dk + *hv * *dv;
-      state_elems = *hv * *dk * *dv + (*kc - 1) * d_qkv;
-    }
-  }
-  const int64_t n_shared = opt_count(j, "num_kv_shared_layers", ConfigCount::kLayers, source).value_or(0);
-
-  bool noted_state = false;
-  for (int64_t i = 0; i < n_layers; ++i) {
-    const std::string& t = types[static_cast<size_t>(i)];
-    PlanLayer L;
-    L.type = t;
-    L.kv_heads = n_kv;
-    L.k_dim = head_dim;
-    L.v_dim = k_eq_v ? 0 : head_dim;
-    if (i >= n_layers - n_shared) {
-      L.kind = PlanLayerKind::kShared;
-    } else if (rates.count(t)) {
-      L.kind = PlanLayerKind::kCompressed;
-      L.compress_rate = std::max<int64_t>(1, rates[t]);
-      L.v_dim = 0;  // compressed entries are K==V (notes, CSA/HCA)
-    } else if (t == "full_attention" || t == "sliding_attention" || t == "chunked_attention" ||
-               t == "deepseek_sparse_attention" || t == "qwen_sparse_attention") {
-      L.kind = PlanLayerKind::kAttention;
-      if (t == "sliding_attention" || t == "chunked_attention") {
-        const int64_t w = t == "sliding_attention" ? sliding_window : chunk;
-        if (w > 0) {
-          L.kind = PlanLayerKind::kWindowed;
-          L.window = w;
-        } else {
-          m.notes.push_back("layer " + std::to_string(i) + " is " + t +
-                            " but the config gives no window size: counted as full attention");
-        }
-      }
-      if (mla) {
-        L.kind = L.kind == PlanLayerKind::kWindowed ? L.kind : PlanLayerKind::kMla;
-        L.kv_heads = 1;
-        L.k_dim = *kv_lora_rank + qk_rope;
-        L.v_dim = 0;
-      }
-    } else if (t == "linear_attention" || t == "conv" || t == "hybrid" ||
-               t == "hybrid_sliding") {
-      L.kind = (t == "hybrid" || t == "hybrid_sliding") ? PlanLayerKind::kHybrid
-                                                         : PlanLayerKind::kLinear;
-      L.state_elems = state_elems;
-      if (t == "hybrid_sliding") L.window = sliding_window;
-      if (state_elems == 0 && !noted_state) {
-        noted_state = true;
-        m.notes.push_back("linear-attention state size unknown (needs linear_num_value_heads, "
-                          "linear_num_key_heads, linear_key_head_dim, linear_value_head_dim, "
-                          "linear_conv_kernel_dim): counted as 0");
-      }
-    } else if (t == "moe" || t == "mlp") {
-      L.kind = PlanLayerKind::kEmpty;
-    } else {
-      L.kind = PlanLayerKind::kUnknown;
-      m.notes.push_back("layer " + std::to_string(i) + " has unknown type '" + t +
-                        "': listed, counted as 0 bytes");
-    }
-    m.layers.push_back(L);
-  }
-  if (mla) {
-    m.mha_equivalent_elems_per_token = n_heads * (qk_nope + qk_rope + v_head);
-  }
-
+  if (m.name.empty()) m.name = d.family.empty() ? "model" : d.family;
+  m.max_context = d.max_position_embeddings;
+  add_plan_layers(d, m);
+  const int64_t n_layers = d.n_layers, n_heads = d.n_heads, n_kv = d.n_kv_heads, head_dim = d.head_dim;
+  const int64_t hidden = d.hidden_size;
+  const bool mla = d.kv_lora_rank > 0;
+  const int64_t state_elems = d.linear_state_elems;
   // Parameters: given by our presets, or computed for the dense llama block.
   if (auto p = opt_int(root, "kvcache_params")) {
     m.params = *p;
@@ -242,7 +157,7 @@ PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text, const 
                      j.contains("num_local_experts");
     const auto ff = opt_count(j, "intermediate_size", ConfigCount::kFfnSize, source);
     const auto vocab = opt_count(j, "vocab_size", ConfigCount::kVocab, source);
-    if (!moe && !mla && ff && vocab && hidden > 0 && state_elems == 0 && rates.empty()) {
+    if (!moe && !mla && ff && vocab && hidden > 0 && state_elems == 0 && d.compress_rates.empty()) {
       const bool tied = j.value("tie_word_embeddings", false);
       const int64_t attn = hidden * n_heads * head_dim * 2 + hidden * n_kv * head_dim * 2;
       const int64_t per_layer = attn + 3 * hidden * *ff + 2 * hidden;
@@ -295,25 +210,12 @@ PlanModel plan_model_from_gguf(const std::string& path) { return plan_model_from
 
 PlanModel plan_model_from_gguf(const GgufFile& g) {
   const std::string& path = g.path();
-  const std::string arch = g.get_string("general.architecture");
-  auto key = [&](const char* k) { return arch + "." + k; };
-  // The counts the planner divides or loops by, checked under their GGUF names first.
-  auto count = [&](const char* k, ConfigCount kind) { return check_config_count(path, key(k), g.get_int(key(k)), kind); };
-  json j;
-  j["model_type"] = arch;
-  j["num_hidden_layers"] = count("block_count", ConfigCount::kLayers);
-  const int64_t heads = count("attention.head_count", ConfigCount::kHeads);
-  if (heads == 0) format_error(path, key("attention.head_count") + " is 0; the planner needs a positive head count");
-  j["num_attention_heads"] = heads;
-  j["num_key_value_heads"] = g.get_int_or(key("attention.head_count_kv"), heads);
-  const int64_t dim = count("embedding_length", ConfigCount::kHiddenSize);
-  j["hidden_size"] = dim;
-  j["head_dim"] = g.get_int_or(key("attention.key_length"), dim / heads);
-  j["max_position_embeddings"] = g.get_int_or(key("context_length"), 0);
-  if (int64_t w = g.get_int_or(key("attention.sliding_window"), 0); w > 0)
-    j["sliding_window"] = w;
-  PlanModel m = plan_model_from_hf_json(j.dump(), path);
-  m.name = g.get_string_or("general.name", arch);
+  const DecoderLayout d = read_decoder_layout(g);
+  PlanModel m;
+  m.source = path;
+  m.max_context = d.max_position_embeddings;
+  add_plan_layers(d, m);
+  m.name = g.get_string_or("general.name", d.family);
   uint64_t bytes = 0;
   for (const auto& t : g.tensor_infos()) bytes += t.size_bytes;
   if (bytes > 0) m.weight_bytes_exact = bytes;

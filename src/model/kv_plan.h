@@ -26,7 +26,6 @@ enum class PlanLayerKind {
   kHybrid,      // linear state and full-attention KV in one layer
   kEmpty,       // moe / mlp placeholder layers: store nothing
   kShared,      // num_kv_shared_layers: reads an earlier layer's cache, stores nothing
-  kUnknown,     // a layer type this planner does not know: listed, counted as 0
 };
 const char* plan_layer_kind_name(PlanLayerKind k);
 
@@ -55,9 +54,10 @@ struct PlanModel {
   std::vector<std::string> notes;  // assumptions and ignored fields, shown to the user
 };
 
-// Builds the plan model from config.json text. Unknown fields are ignored; unknown layer
-// types are kept as kUnknown. Throws Error(kFormat) naming `source` for malformed JSON or a
-// missing essential field (num_hidden_layers, attention heads).
+// Builds the plan model from config.json text through the runtime's reader of the cache's shape
+// (model/decoder_layout.h). Fields that do not shape the cache are ignored. Throws
+// Error(kFormat) naming `source` and the key for malformed JSON, a missing essential field
+// (num_hidden_layers, attention heads), or layer types it cannot interpret.
 PlanModel plan_model_from_hf_json(const std::string& json_text, const std::string& source);
 // From a GGUF file's metadata (any architecture with {arch}.block_count and head counts).
 PlanModel plan_model_from_gguf(const std::string& path);
@@ -70,6 +70,7 @@ PlanModel plan_model_from_config(const ModelConfig& config, const std::string& n
 // Embedded presets with public config values (see kv_plan_presets.cc for sources).
 std::vector<std::string> plan_preset_names();
 PlanModel plan_preset(const std::string& name);  // throws Error listing the names
+const std::string& plan_preset_json(const std::string& name);  // its config.json text
 
 // How KV elements are stored. Float formats: `elem_bits` per element. Quantized formats
 // (q8/q4/q2): `elem_bits` per element plus `group_overhead_bytes` (f16 scale + f16 zero point)

@@ -100,7 +100,7 @@ std::vector<std::string> plan_preset_names() {
   return names;
 }
 
-PlanModel plan_preset(const std::string& name) {
+const std::string& plan_preset_json(const std::string& name) {
   auto it = presets().find(name);
   if (it == presets().end()) {
     std::string list;
@@ -108,7 +108,11 @@ PlanModel plan_preset(const std::string& name) {
     throw Error(ErrorKind::kInvalidArgument,
                 "unknown preset '" + name + "': known presets are " + list);
   }
-  PlanModel m = plan_model_from_hf_json(it->second, "preset " + name);
+  return it->second;
+}
+
+PlanModel plan_preset(const std::string& name) {
+  PlanModel m = plan_model_from_hf_json(plan_preset_json(name), "preset " + name);
   m.name = name;
   m.source = "preset";
   return m;

@@ -51,7 +51,6 @@ std::string plan_table(const PlanModel& m, const PlanOptions& o, const PlanResul
   for (const PlanRow& row : r.rows) {
     std::string label = row.type;
     if (row.kind == PlanLayerKind::kShared) label += " (shared)";
-    if (row.kind == PlanLayerKind::kUnknown) label += " (unknown)";
     const bool per_token = row.bytes_per_token > 0;
     out << pad(label, 30) << pad(std::to_string(row.count), 7, true)
         << pad(per_token ? format_bytes(row.bytes_per_token) : "-", 14, true)

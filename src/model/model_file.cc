@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "model/config_limits.h"
+#include "model/decoder_layout.h"
 #include "model/gguf.h"
 #include "model/llama2c.h"
 #include "model/safetensors.h"
@@ -31,10 +32,7 @@ namespace {
 void ModelConfig::fill_defaults() {
   if (head_dim == 0 && n_heads > 0 && dim % n_heads == 0) head_dim = dim / n_heads;
   if (n_kv_heads == 0) n_kv_heads = n_heads;
-  if (layer_types.empty() && n_layers > 0) {
-    layer_types.assign(static_cast<size_t>(n_layers),
-                       sliding_window > 0 ? "sliding_attention" : "full_attention");
-  }
+  if (layer_types.empty() && n_layers > 0) layer_types = generic_layer_types(n_layers, sliding_window, attention_chunk_size);
 }
 
 void ModelConfig::validate(const std::string& source) const {

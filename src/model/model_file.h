@@ -175,8 +175,9 @@ struct ModelConfig {
   // Checks positivity and divisibility (n_heads % n_kv_heads, layer_types size, ...); throws
   // Error(kFormat) prefixed with `source` (the file) naming the bad field.
   void validate(const std::string& source) const;
-  // Fills layer_types from sliding_window when empty (all full, or all sliding when a window
-  // is set — Mistral's convention) and head_dim from dim / n_heads when 0.
+  // Fills layer_types when empty by transformers' generic rule (model/decoder_layout.h: all
+  // sliding when a window is set, else all chunked when a chunk size is, else all full) and
+  // head_dim from dim / n_heads when 0.
   void fill_defaults();
   std::string summary() const;  // one line for logs: "llama dim=64 layers=5 heads=8/4 ..."
   bool is_llama_family() const {

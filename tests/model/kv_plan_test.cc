@@ -107,15 +107,22 @@ TEST(KvPlan, QuantizedFormatsAndBlocks) {
 TEST(KvPlan, ConfigJsonUnknownFieldsAndTypes) {
   const std::string cfg = R"({"model_type":"newthing","num_hidden_layers":4,
     "num_attention_heads":8,"num_key_value_heads":2,"hidden_size":512,"some_new_field":[1,2],
-    "layer_types":["full_attention","mystery_attention","moe","full_attention"]})";
+    "layer_types":["full_attention","moe","mlp","full_attention"]})";
   const PlanModel m = plan_model_from_hf_json(cfg, "config.json");
   ASSERT_EQ(m.layers.size(), 4u);
-  EXPECT_EQ(m.layers[1].kind, PlanLayerKind::kUnknown);
+  EXPECT_EQ(m.layers[1].kind, PlanLayerKind::kEmpty);
   EXPECT_EQ(m.layers[2].kind, PlanLayerKind::kEmpty);
-  EXPECT_FALSE(m.notes.empty());
   PlanOptions o;
   o.context = 10;
   EXPECT_EQ(compute_plan(m, o).kv_bytes_per_token, 2.0 * 2 * 2 * 64 * 2);
+  // A layer type nobody defines is not billed as 0 bytes: it is refused, by name.
+  try {
+    plan_model_from_hf_json(R"({"model_type":"newthing","num_hidden_layers":2,"num_attention_heads":8,
+      "hidden_size":512,"layer_types":["full_attention","mystery_attention"]})", "config.json");
+    FAIL() << "an unknown layer type must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_types[1] is 'mystery_attention'"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(plan_model_from_hf_json("{not json", "bad.json"), Error);
   EXPECT_THROW(plan_model_from_hf_json(R"({"num_attention_heads":8})", "c.json"), Error);
   try {
