@@ -12,11 +12,11 @@
 namespace kvcache {
 namespace {
 
-using testing::read_bytes;
-using testing::temp_path;
-using testing::tiny_config;
-using testing::tiny_weights;
-using testing::write_bytes;
+using testing_util::read_bytes;
+using testing_util::temp_path;
+using testing_util::tiny_config;
+using testing_util::tiny_weights;
+using testing_util::write_bytes;
 
 // Expects `fn` to throw Error whose message contains every needle.
 template <typename Fn>
@@ -209,7 +209,7 @@ class GgufBadFiles : public ::testing::Test {
     std::filesystem::remove(bad_);
   }
   ModelConfig c_;
-  testing::TinyWeights w_;
+  testing_util::TinyWeights w_;
   std::string good_ = temp_path("good.gguf");
   std::string bad_ = temp_path("bad.gguf");
   std::string bytes_;
@@ -342,7 +342,7 @@ TEST_F(GgufBadFiles, HostileCountsAreRefusedBeforeAnyAllocation) {
 
 TEST(Gguf, ParsesFromMemoryLikeFromAFile) {
   const ModelConfig c = tiny_config();
-  const testing::TinyWeights w = tiny_weights(c, DType::kF32);
+  const testing_util::TinyWeights w = tiny_weights(c, DType::kF32);
   GgufWriter gw;
   gguf_write_llama_config(gw, c);
   for (const auto& [n, v] : w.views()) gw.add_tensor(n, v);

@@ -12,7 +12,7 @@
 #include "core/tensor.h"
 #include "model/model_file.h"
 
-namespace kvcache::testing {
+namespace kvcache::testing_util {
 
 inline std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("kvcache_model_" + std::to_string(::getpid()) + "_" + name)).string();
@@ -101,4 +101,4 @@ inline TinyWeights tiny_weights(const ModelConfig& c, DType dt, uint32_t seed = 
   return w;
 }
 
-}  // namespace kvcache::testing
+}  // namespace kvcache::testing_util

@@ -16,11 +16,11 @@ namespace kvcache {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::read_bytes;
-using testing::temp_path;
-using testing::tiny_config;
-using testing::tiny_weights;
-using testing::write_bytes;
+using testing_util::read_bytes;
+using testing_util::temp_path;
+using testing_util::tiny_config;
+using testing_util::tiny_weights;
+using testing_util::write_bytes;
 
 template <typename Fn>
 void expect_error(Fn&& fn, std::initializer_list<std::string> needles) {
@@ -60,7 +60,7 @@ std::string config_json(const ModelConfig& c, const std::string& arch, const std
          extra + "}";
 }
 
-void write_model(const std::string& dir, const testing::TinyWeights& w, int n_shards) {
+void write_model(const std::string& dir, const testing_util::TinyWeights& w, int n_shards) {
   std::vector<std::pair<std::string, TensorView>> hf;
   for (const auto& [n, v] : w.views()) hf.emplace_back(to_hf(n), v);
   if (n_shards == 1) {
@@ -80,7 +80,7 @@ void write_model(const std::string& dir, const testing::TinyWeights& w, int n_sh
   write_bytes(dir + "/model.safetensors.index.json", index + "}}");
 }
 
-void expect_same_weights(const ModelFile& m, const testing::TinyWeights& w) {
+void expect_same_weights(const ModelFile& m, const testing_util::TinyWeights& w) {
   for (const auto& [n, t] : w.tensors) {
     const TensorView* v = m.find(n);
     ASSERT_NE(v, nullptr) << n;

@@ -58,7 +58,7 @@ TEST_P(Families, ForwardMatchesIndependentReference) {
   const auto model = load_preset(GetParam());
   const ModelConfig& c = model->config();
   const std::vector<int32_t> ids = prompt(21, static_cast<int32_t>(c.vocab_size));  // > 2 windows of 8
-  const std::vector<float> ref = testing::FamilyReference(model->file()).logits(ids);
+  const std::vector<float> ref = testing_util::FamilyReference(model->file()).logits(ids);
   for (const char* kernel : {"eager", "fused"}) {
     LlamaForward fwd(*model, kernel, 32);
     ForwardParams p;
@@ -172,7 +172,7 @@ TEST(KvSharing, SharedLayersReadTheirSourceAndStoreNothing) {
   EXPECT_EQ(model.layers()[2].kv_source, 0);
   EXPECT_EQ(model.layers()[3].kv_source, 1);
   const std::vector<int32_t> ids = prompt(19, static_cast<int32_t>(c.vocab_size));
-  const std::vector<float> ref = testing::FamilyReference(model.file()).logits(ids);
+  const std::vector<float> ref = testing_util::FamilyReference(model.file()).logits(ids);
   LlamaForward fwd(model, "fused", 32);
   ForwardParams p;
   p.tokens = ids.data();
@@ -221,7 +221,7 @@ TEST(MixedWindows, ChunkedSlidingAndFullLayersMatchTheReference) {
   const LlamaModel model(std::move(file));
   const ModelConfig& c = model.config();
   const std::vector<int32_t> ids = prompt(20, static_cast<int32_t>(c.vocab_size));
-  const std::vector<float> ref = testing::FamilyReference(model.file()).logits(ids);
+  const std::vector<float> ref = testing_util::FamilyReference(model.file()).logits(ids);
   for (const char* cache : {"dynamic", "static"}) {
     SessionConfig sc;
     sc.cache = cache;
