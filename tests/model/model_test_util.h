@@ -4,13 +4,13 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
 #include "model/model_file.h"
+#include "shared_data.h"
 
 namespace kvcache::testing_util {
 
@@ -18,14 +18,6 @@ inline std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("kvcache_model_" + std::to_string(::getpid()) + "_" + name)).string();
 }
 
-inline std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-inline void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 inline ModelConfig tiny_config() {
   ModelConfig c;

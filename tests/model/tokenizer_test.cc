@@ -29,8 +29,8 @@ struct Case {
 
 // llama.cpp's test-tokenizer-0 layout (see ../shared/vocab/README.md).
 std::vector<Case> read_cases(const std::string& vocab) {
-  const std::string inp = testing_util::read_bytes(kVocabDir + "/" + vocab + ".inp");
-  const std::string outp = testing_util::read_bytes(kVocabDir + "/" + vocab + ".out");
+  const std::string inp = testing_util::read_file(kVocabDir + "/" + vocab + ".inp");
+  const std::string outp = testing_util::read_file(kVocabDir + "/" + vocab + ".out");
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> texts;
   size_t begin = 0;

@@ -77,7 +77,7 @@ void write_hf_model(const std::string& dir, const ModelConfig& c, DType dt, cons
     hf.emplace_back(hf_name(name), scaled.back().view());
   }
   write_safetensors(dir + "/model.safetensors", hf, {{"format", "pt"}});
-  testing_util::write_bytes(
+  testing_util::write_file(
       dir + "/config.json",
       "{\"architectures\": [\"" + arch + "\"], \"hidden_size\": " + std::to_string(c.dim) +
           ", \"num_hidden_layers\": " + std::to_string(c.n_layers) + ", \"num_attention_heads\": " +
