@@ -12,22 +12,7 @@
 namespace kvcache {
 namespace {
 
-using testing_util::read_file;
-using testing_util::temp_path;
-using testing_util::tiny_config;
-using testing_util::tiny_weights;
-using testing_util::write_file;
-
-// Expects `fn` to throw Error whose message contains every needle.
-template <typename Fn>
-void expect_error(Fn&& fn, std::initializer_list<std::string> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an Error";
-  } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\n  lacks: " << n;
-  }
-}
+using namespace testing_util;  // model_test_util.h
 
 TEST(Gguf, MetadataOfEveryTypeRoundTrips) {
   GgufWriter w(64);

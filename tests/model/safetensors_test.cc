@@ -16,21 +16,7 @@ namespace kvcache {
 namespace {
 
 namespace fs = std::filesystem;
-using testing_util::read_file;
-using testing_util::temp_path;
-using testing_util::tiny_config;
-using testing_util::tiny_weights;
-using testing_util::write_file;
-
-template <typename Fn>
-void expect_error(Fn&& fn, std::initializer_list<std::string> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an Error";
-  } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\n  lacks: " << n;
-  }
-}
+using namespace testing_util;  // model_test_util.h
 
 // Canonical -> HF name (the inverse map, written out independently of the loader's table).
 std::string to_hf(const std::string& canon) {

@@ -17,6 +17,7 @@
 
 #include "cache/window_layer.h"
 #include "core/error.h"
+#include "family_presets.h"
 #include "family_reference.h"
 #include "model/dummy.h"
 #include "model/hf_config.h"
@@ -149,13 +150,8 @@ TEST_P(Families, KvBytesEqualTheNotesFormulas) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, Families, ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny", "deepseek-v2-tiny", "gemma3n-tiny"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, Families, ::testing::ValuesIn(testing_util::family_presets()),
+                         testing_util::preset_test_name);
 
 // Cross-layer KV sharing (num_kv_shared_layers, Gemma-3n's rule) on the Gemma-2 block: the
 // last two of four layers read layers 0 (sliding) and 1 (full) and store nothing.

@@ -1,5 +1,5 @@
-// Shared helpers of the runtime tests: llama2.c's golden ids and comparisons of logits (where
-// ../shared's data lives and how to read it: shared_data.h).
+// Shared helpers of the runtime tests: llama2.c's golden ids, its greedy generation and
+// comparisons of logits (where ../shared's data lives and how to read it: shared_data.h).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/softmax.h"
+#include "runtime/session.h"
 #include "shared_data.h"
 
 namespace kvcache::testing_util {
@@ -38,6 +40,21 @@ inline GoldenIds read_golden_ids(const std::string& name) {
     while (ls >> id) dst->push_back(id);
   }
   return g;
+}
+
+// Greedy ids as llama2.c's generate() picks them, up to `new_tokens` or BOS (which separates
+// stories: llama2.c stops there). llama2.c forces the prompt token by token; this prefills it in
+// one chunk instead.
+inline std::vector<int32_t> greedy_ids(Session& s, const std::vector<int32_t>& prompt, int64_t new_tokens) {
+  std::vector<int32_t> out;
+  std::span<const float> logits = s.prefill(prompt);
+  for (int64_t i = 0; i < new_tokens; ++i) {
+    const auto next = static_cast<int32_t>(argmax(logits.data(), static_cast<int64_t>(logits.size())));
+    out.push_back(next);
+    if (next == 1) break;
+    if (i + 1 < new_tokens) logits = s.decode(next);
+  }
+  return out;
 }
 
 }  // namespace kvcache::testing_util

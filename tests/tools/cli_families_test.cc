@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "family_presets.h"
 #include "model/dummy.h"
 #include "model/llama.h"
 #include "model/model_file.h"
@@ -91,12 +92,7 @@ TEST_P(CliFamilies, DummyPresetVerifies) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CliFamilies,
-                         ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny", "deepseek-v2-tiny", "gemma3n-tiny"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         ::testing::ValuesIn(kvcache::testing_util::family_presets()),
+                         kvcache::testing_util::preset_test_name);
 
 }  // namespace
