@@ -442,19 +442,31 @@ void register_quantized() {
 }
 
 // ---- prefill: q_len = kv_len = 2048, causal, 8 query heads over 2 KV heads, D = 128 ----
-// FLOPs counted for the visible (causal) pairs only: 4 * H_q * D * S (S + 1) / 2.
-void BM_PrefillAttention(benchmark::State& state, const char* kernel) {
-  constexpr int64_t kS = 2048, kHq = 8, kHkv = 2, kD = 128;
+// The operands of BM_PrefillAttention and BM_FlexPrefill, f32 and seeded. Q and the output are
+// views of [1, S, H_q, D] buffers (the model's projection layout), K/V contiguous.
+struct PrefillInputs {
+  static constexpr int64_t kS = 2048, kHq = 8, kHkv = 2, kD = 128;
   Tensor qbuf = Tensor::empty(DType::kF32, {1, kS, kHq, kD});
   Tensor obuf = Tensor::empty(DType::kF32, {1, kS, kHq, kD});
-  Tensor k = Tensor::empty(DType::kF32, {1, kHkv, kS, kD});
-  Tensor v = Tensor::empty(DType::kF32, {1, kHkv, kS, kD});
-  fill_random(qbuf.view(), 1);
-  fill_random(k.view(), 2);
-  fill_random(v.view(), 3);
-  const Dims st{kS * kHq * kD, kD, kHq * kD, 1};
-  const TensorView q(qbuf.data(), DType::kF32, {1, kHq, kS, kD}, st);
-  const TensorView out(obuf.data(), DType::kF32, {1, kHq, kS, kD}, st);
+  Tensor k = Tensor::empty(DType::kF32, {1, kHkv, kS, kD});  // [1, H_kv, S, D]
+  Tensor v = Tensor::empty(DType::kF32, {1, kHkv, kS, kD});  // [1, H_kv, S, D]
+  TensorView q, out;                                         // [1, H_q, S, D], strided
+  PrefillInputs() {
+    fill_random(qbuf.view(), 1);
+    fill_random(k.view(), 2);
+    fill_random(v.view(), 3);
+    const Dims st{kS * kHq * kD, kD, kHq * kD, 1};
+    q = TensorView(qbuf.data(), DType::kF32, {1, kHq, kS, kD}, st);
+    out = TensorView(obuf.data(), DType::kF32, {1, kHq, kS, kD}, st);
+  }
+};
+
+// FLOPs counted for the visible (causal) pairs only: 4 * H_q * D * S (S + 1) / 2.
+void BM_PrefillAttention(benchmark::State& state, const char* kernel) {
+  constexpr int64_t kS = PrefillInputs::kS, kHq = PrefillInputs::kHq, kD = PrefillInputs::kD;
+  const PrefillInputs in;
+  const TensorView &q = in.q, &out = in.out;
+  const Tensor &k = in.k, &v = in.v;
   AttentionOptions o;
   const AttentionFn fn = get_attention_kernel(kernel);
   for (auto _ : state) {
@@ -499,17 +511,10 @@ void BM_PrefixSuffixAttention(benchmark::State& state) {
 // "block_mask": the function evaluated once into a BlockMask (outside the timed loop, as a
 // model builds it once per forward for all layers); "block_mask_build": the cost of building.
 void BM_FlexPrefill(benchmark::State& state, int mode) {
-  constexpr int64_t kS = 2048, kHq = 8, kHkv = 2, kD = 128, kDoc = 256;
-  Tensor qbuf = Tensor::empty(DType::kF32, {1, kS, kHq, kD});
-  Tensor obuf = Tensor::empty(DType::kF32, {1, kS, kHq, kD});
-  Tensor k = Tensor::empty(DType::kF32, {1, kHkv, kS, kD});
-  Tensor v = Tensor::empty(DType::kF32, {1, kHkv, kS, kD});
-  fill_random(qbuf.view(), 1);
-  fill_random(k.view(), 2);
-  fill_random(v.view(), 3);
-  const Dims st{kS * kHq * kD, kD, kHq * kD, 1};
-  const TensorView q(qbuf.data(), DType::kF32, {1, kHq, kS, kD}, st);
-  const TensorView out(obuf.data(), DType::kF32, {1, kHq, kS, kD}, st);
+  constexpr int64_t kS = PrefillInputs::kS, kHq = PrefillInputs::kHq, kDoc = 256;
+  const PrefillInputs in;
+  const TensorView &q = in.q, &out = in.out;
+  const Tensor &k = in.k, &v = in.v;
   const MaskFn same_doc = [](int64_t, int64_t, int64_t qp, int64_t kp) {
     return qp / kDoc == kp / kDoc;
   };

@@ -27,11 +27,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::string model = "dummy:llama-125m";
   std::vector<int> batches = {1, 16};
-  int max_tokens = 32;
-  int prompt_tokens = 16;
-  int threads = 0;
-  int repeat = 1;
-  bool fast = false;
+  kvcache::bench::LoadArgs load{.max_tokens = 32, .prompt_tokens = 16};
 };
 
 struct Result {
@@ -43,9 +39,9 @@ struct Result {
 Result run_batch(const kvcache::LoadedModel& lm, const Args& a, int batch, std::mt19937& rng) {
   kvcache::EngineConfig ec;
   ec.kv_dtype = kvcache::DType::kF16;
-  ec.max_cached_tokens = static_cast<int64_t>(batch) * (a.prompt_tokens + a.max_tokens + 16) + 256;
+  ec.max_cached_tokens = static_cast<int64_t>(batch) * (a.load.prompt_tokens + a.load.max_tokens + 16) + 256;
   ec.max_running = std::max(64, batch);
-  ec.batch_invariant = !a.fast;
+  ec.batch_invariant = !a.load.fast;
   kvcache::Engine engine(*lm.model, nullptr, ec);
   int64_t tokens = 0;
   int first = 0;                                                 // requests with their first token
@@ -53,9 +49,9 @@ Result run_batch(const kvcache::LoadedModel& lm, const Args& a, int batch, std::
   for (int b = 0; b < batch; ++b) {
     kvcache::RequestParams rp;
     rp.prompt.push_back(1);
-    for (int t = 1; t < a.prompt_tokens; ++t)
+    for (int t = 1; t < a.load.prompt_tokens; ++t)
       rp.prompt.push_back(static_cast<int32_t>(rng() % 30000) + 3);
-    rp.max_tokens = a.max_tokens;
+    rp.max_tokens = a.load.max_tokens;
     rp.sampler.temperature = 0;
     engine.submit(std::move(rp), [&](const kvcache::StreamEvent& ev) {
       if (ev.token < 0) return;
@@ -81,12 +77,12 @@ Result run_batch(const kvcache::LoadedModel& lm, const Args& a, int batch, std::
 }  // namespace
 
 static int run(const Args& a) {
-  if (a.threads > 0) kvcache::set_default_threads(a.threads);
+  if (a.load.threads > 0) kvcache::set_default_threads(a.load.threads);
   const kvcache::LoadedModel lm = kvcache::load_model(a.model);
   std::mt19937 rng(1234);
   std::printf("%6s %6s %10s %12s %10s %8s\n", "run", "batch", "dec_tokens", "decode_tok/s",
               "step_ms", "x_first");
-  for (int rep = 0; rep < a.repeat; ++rep) {
+  for (int rep = 0; rep < a.load.repeat; ++rep) {
     double base = 0;
     for (int b : a.batches) {
       const Result r = run_batch(lm, a, b, rng);
@@ -108,16 +104,6 @@ int main(int argc, char** argv) {
   app.add_option("--batches", a.batches, "batch sizes, comma-separated")
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-tokens", a.max_tokens, "tokens generated per sequence")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
-  app.add_option("--prompt-tokens", a.prompt_tokens, "prompt tokens per sequence")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
-  app.add_option("-t,--threads", a.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
-  app.add_option("--repeat", a.repeat, "repetitions")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
-  app.add_flag("--fast", a.fast, "batch_invariant off (BLAS for multi-row linears)");
+  kvcache::bench::add_load_options(app, a.load, "sequence");
   return kvcache::bench::parse_and_run(app, argc, argv, "bench_decode", [&] { return run(a); });
 }

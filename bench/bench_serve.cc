@@ -10,8 +10,6 @@
 //   build/bench/bench_serve --model dummy:llama-125m --fast ...   (BLAS linears: batch_invariant
 //   off) build/bench/bench_serve --port 8080 --streams 1,4,16   (an already running `kvcache
 //   serve`)
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "../tests/server/raw_http.h"
 #include "bench_main.h"
 #include "core/thread_pool.h"
 #include "runtime/engine.h"
@@ -48,20 +47,9 @@ struct StreamTiming {
 // One streaming request; times every "data: {" event as its bytes arrive.
 StreamTiming run_stream(int port, const std::string& body, Clock::time_point t0) {
   StreamTiming st;
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return st;
-  }
-  const std::string req =
-      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-      "Content-Type: application/json\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+  const int fd = kvcache::testing_util::connect_loopback(port);
+  if (fd < 0) return st;
+  if (!kvcache::testing_util::send_all(fd, kvcache::testing_util::request_text("POST", "/v1/completions", body, ""))) {
     ::close(fd);
     return st;
   }
@@ -113,18 +101,14 @@ struct Args {
   std::string model;
   int port = 0;
   std::vector<int> streams = {1, 16};
-  int max_tokens = 64;
-  int prompt_tokens = 32;
-  int threads = 0;
-  int repeat = 1;
-  bool fast = false;  // EngineConfig::batch_invariant off (BLAS for every multi-row linear)
+  kvcache::bench::LoadArgs load{.max_tokens = 64, .prompt_tokens = 32};
 };
 
 }  // namespace
 
 static int run(const Args& a) {
   std::signal(SIGPIPE, SIG_IGN);
-  if (a.threads > 0) kvcache::set_default_threads(a.threads);
+  if (a.load.threads > 0) kvcache::set_default_threads(a.load.threads);
 
   std::unique_ptr<kvcache::LoadedModel> lm;
   std::unique_ptr<kvcache::Engine> engine;
@@ -141,9 +125,9 @@ static int run(const Args& a) {
     kvcache::EngineConfig ec;
     ec.kv_dtype = kvcache::DType::kF16;
     ec.max_cached_tokens =
-        static_cast<int64_t>(max_streams) * (a.prompt_tokens + a.max_tokens + 16) + 256;
+        static_cast<int64_t>(max_streams) * (a.load.prompt_tokens + a.load.max_tokens + 16) + 256;
     ec.max_running = std::max(64, max_streams);
-    ec.batch_invariant = !a.fast;
+    ec.batch_invariant = !a.load.fast;
     engine = std::make_unique<kvcache::Engine>(*lm->model, lm->tokenizer.get(), ec);
     kvcache::ServedModel sm;
     sm.name = a.model;
@@ -163,16 +147,16 @@ static int run(const Args& a) {
   std::printf("%8s %6s %10s %12s %12s %10s %10s %10s %10s\n", "streams", "run", "tokens",
               "out_tok/s", "decode_tok/s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99");
   std::mt19937 rng(1234);
-  for (int rep = 0; rep < a.repeat; ++rep) {
+  for (int rep = 0; rep < a.load.repeat; ++rep) {
     for (int n : a.streams) {
       // Distinct random prompts: no prefix hits, every stream prefills its own prompt.
       std::vector<std::string> bodies;
       for (int s = 0; s < n; ++s) {
         json ids = json::array({1});
-        for (int t = 1; t < a.prompt_tokens; ++t)
+        for (int t = 1; t < a.load.prompt_tokens; ++t)
           ids.push_back(static_cast<int>(rng() % 30000) + 3);
         bodies.push_back(json{{"prompt", ids},
-                              {"max_tokens", a.max_tokens},
+                              {"max_tokens", a.load.max_tokens},
                               {"temperature", 0},
                               {"ignore_eos", true},
                               {"stream", true},
@@ -229,16 +213,6 @@ int main(int argc, char** argv) {
   app.add_option("--streams", a.streams, "concurrent streams, comma-separated")
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-tokens", a.max_tokens, "tokens per stream")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
-  app.add_option("--prompt-tokens", a.prompt_tokens, "prompt tokens per stream")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
-  app.add_option("-t,--threads", a.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
-  app.add_option("--repeat", a.repeat, "repetitions")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
-  app.add_flag("--fast", a.fast, "batch_invariant off (BLAS for multi-row linears)");
+  kvcache::bench::add_load_options(app, a.load, "stream");
   return kvcache::bench::parse_and_run(app, argc, argv, "bench_serve", [&] { return run(a); });
 }

@@ -1,20 +1,13 @@
 #include "model/tokenizer_bpe.h"
 
-#include <queue>
+#include <optional>
 
-#include "core/error.h"
+#include "model/symbol_merge.h"
 #include "model/unicode.h"
 
 namespace kvcache {
 
 namespace {
-
-struct Symbol {
-  int prev;
-  int next;
-  const char* text;
-  size_t n;  // 0 once merged into its left neighbour
-};
 
 struct Bigram {
   int left;
@@ -33,8 +26,7 @@ struct BigramGreater {
 }  // namespace
 
 BpeTokenizer::BpeTokenizer(Vocabulary vocab, BpeParams params)
-    : vocab_(std::move(vocab)), params_(std::move(params)) {
-  vocab_.build_index();
+    : VocabTokenizer(std::move(vocab)), params_(std::move(params)) {
   ranks_.reserve(params_.merges.size());
   for (size_t i = 0; i < params_.merges.size(); ++i) {
     ranks_.emplace(params_.merges[i], static_cast<int>(i));  // the first occurrence keeps its rank
@@ -55,49 +47,29 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
       return;
     }
   }
-  std::vector<Symbol> sym;
-  for (size_t off = 0; off < word.size();) {
-    const size_t n = std::min(utf8_sequence_length(static_cast<unsigned char>(word[off])), word.size() - off);
-    const int idx = static_cast<int>(sym.size());
-    sym.push_back({idx - 1, off + n == word.size() ? -1 : idx + 1, word.data() + off, n});
-    off += n;
-  }
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramGreater> queue;
-  auto text_of = [&](int i) { return std::string(sym[static_cast<size_t>(i)].text, sym[static_cast<size_t>(i)].n); };
-  auto try_add = [&](int left, int right) {
-    if (left < 0 || right < 0) return;
-    std::string a = text_of(left), b = text_of(right);
-    const int r = rank(a, b);
-    if (r < 0) return;
-    queue.push({left, right, r, a + b});
-  };
-  for (int i = 1; i < static_cast<int>(sym.size()); ++i) try_add(i - 1, i);
-  while (!queue.empty()) {
-    const Bigram b = queue.top();
-    queue.pop();
-    Symbol& l = sym[static_cast<size_t>(b.left)];
-    Symbol& r = sym[static_cast<size_t>(b.right)];
-    if (l.n == 0 || r.n == 0) continue;
-    if (text_of(b.left) + text_of(b.right) != b.text) continue;  // outdated by an earlier merge
-    l.n += r.n;
-    r.n = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[static_cast<size_t>(r.next)].prev = b.left;
-    try_add(l.prev, b.left);
-    try_add(b.left, l.next);
-  }
-  for (int i = sym.empty() ? -1 : 0; i != -1; i = sym[static_cast<size_t>(i)].next) {
-    const std::string piece = text_of(i);
+  std::vector<MergeSymbol> sym = utf8_symbols(word);
+  auto text_of = [&](int i) { return std::string(sym[static_cast<size_t>(i)].view()); };
+  merge_symbol_pairs<Bigram, BigramGreater>(
+      sym,
+      [&](int left, int right) -> std::optional<Bigram> {
+        std::string a = text_of(left), b = text_of(right);
+        const int r = rank(a, b);
+        if (r < 0) return std::nullopt;
+        return Bigram{left, right, r, a + b};
+      },
+      [&](const Bigram& b) { return text_of(b.left) + text_of(b.right) == b.text; });
+  for_each_symbol(sym, [&](const MergeSymbol& s) {
+    const std::string_view piece = s.view();
     if (const int32_t id = vocab_.find(piece); id >= 0) {
       out.push_back(id);
-      continue;
+      return;
     }
     // A symbol that is no token (a vocabulary without all 256 byte symbols): its single bytes,
     // where those are tokens.
     for (char c : piece) {
       if (const int32_t id = vocab_.find(std::string_view(&c, 1)); id >= 0) out.push_back(id);
     }
-  }
+  });
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
@@ -119,25 +91,7 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   return out;
 }
 
-const std::string& BpeTokenizer::token_text(int32_t id) const {
-  if (id < 0 || id >= vocab_.size()) {
-    throw Error(ErrorKind::kInvalidArgument, "token id " + std::to_string(id) + " is outside the vocabulary of " +
-                                                 std::to_string(vocab_.size()));
-  }
-  return vocab_.tokens[static_cast<size_t>(id)];
-}
-
-std::string BpeTokenizer::decode(int32_t id) const {
-  const std::string& t = token_text(id);
-  switch (vocab_.types[static_cast<size_t>(id)]) {
-    case TokenType::kControl:
-    case TokenType::kUnused:
-      return "";
-    case TokenType::kUserDefined:
-      return t;
-    default:
-      break;
-  }
+std::string BpeTokenizer::decode_piece(int32_t, const std::string& t) const {
   std::string out;
   for (uint32_t cp : utf8_to_codepoints(t)) {
     const int b = unicode_to_byte(cp);

@@ -7,8 +7,7 @@
 
 #include <unordered_map>
 
-#include "model/tokenizer.h"
-#include "model/vocabulary.h"
+#include "model/vocab_tokenizer.h"
 
 namespace kvcache {
 
@@ -23,17 +22,11 @@ struct BpeParams {
   const char* kind = "gpt2";
 };
 
-class BpeTokenizer : public Tokenizer {
+class BpeTokenizer : public VocabTokenizer {
  public:
   BpeTokenizer(Vocabulary vocab, BpeParams params);
 
   std::vector<int32_t> encode(std::string_view text) const override;
-  std::string decode(int32_t id) const override;
-  using Tokenizer::decode;
-  const std::string& token_text(int32_t id) const override;
-  int32_t vocab_size() const override { return vocab_.size(); }
-  int32_t bos_id() const override { return vocab_.bos; }
-  int32_t eos_id() const override { return vocab_.eos; }
   const char* kind() const override { return params_.kind; }
 
  private:
@@ -44,8 +37,9 @@ class BpeTokenizer : public Tokenizer {
   };
   int rank(const std::string& a, const std::string& b) const;
   void encode_word(const std::string& word, std::vector<int32_t>& out) const;
+  // GPT-2's byte alphabet back to bytes.
+  std::string decode_piece(int32_t id, const std::string& text) const override;
 
-  Vocabulary vocab_;
   BpeParams params_;
   std::unordered_map<std::pair<std::string, std::string>, int, PairHash> ranks_;
 };

@@ -2,10 +2,9 @@
 
 #include <cstdio>
 #include <map>
-#include <queue>
+#include <optional>
 
-#include "core/error.h"
-#include "model/unicode.h"
+#include "model/symbol_merge.h"
 
 namespace kvcache {
 
@@ -37,13 +36,6 @@ std::string unescape_spaces(std::string_view s) {
   return out;
 }
 
-struct Symbol {
-  int prev;
-  int next;
-  const char* text;
-  size_t n;  // bytes; 0 once merged into its left neighbour
-};
-
 struct Bigram {
   int left;
   int right;
@@ -74,8 +66,7 @@ int spm_byte_token_value(std::string_view t) {
 }
 
 SpmTokenizer::SpmTokenizer(Vocabulary vocab, bool add_space_prefix)
-    : vocab_(std::move(vocab)), add_space_prefix_(add_space_prefix) {
-  vocab_.build_index();
+    : VocabTokenizer(std::move(vocab)), add_space_prefix_(add_space_prefix) {
   for (int b = 0; b < 256; ++b) {
     char buf[8];
     std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
@@ -93,44 +84,26 @@ void SpmTokenizer::push_bytes(std::string_view piece, std::vector<int32_t>& out)
 }
 
 void SpmTokenizer::encode_run(const std::string& text, std::vector<int32_t>& out) const {
-  std::vector<Symbol> sym;
-  sym.reserve(text.size());
-  for (size_t off = 0; off < text.size();) {
-    const size_t n = std::min(utf8_sequence_length(static_cast<unsigned char>(text[off])), text.size() - off);
-    const int idx = static_cast<int>(sym.size());
-    sym.push_back({idx - 1, off + n == text.size() ? -1 : idx + 1, text.data() + off, n});
-    off += n;
-  }
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramLess> queue;
+  std::vector<MergeSymbol> sym = utf8_symbols(text);
   // Which two symbols a merged text came from, so an unknown merged symbol can be split again.
   std::map<std::string, std::pair<int, int>, std::less<>> rev_merge;
-  auto try_add = [&](int left, int right) {
-    if (left < 0 || right < 0) return;
-    const std::string_view merged(sym[static_cast<size_t>(left)].text,
-                                  sym[static_cast<size_t>(left)].n + sym[static_cast<size_t>(right)].n);
-    const int32_t id = vocab_.find(merged);
-    if (id < 0) return;
-    queue.push({left, right, vocab_.scores[static_cast<size_t>(id)], merged.size()});
-    rev_merge[std::string(merged)] = {left, right};
-  };
-  for (int i = 1; i < static_cast<int>(sym.size()); ++i) try_add(i - 1, i);
-  while (!queue.empty()) {
-    const Bigram b = queue.top();
-    queue.pop();
-    Symbol& l = sym[static_cast<size_t>(b.left)];
-    Symbol& r = sym[static_cast<size_t>(b.right)];
-    if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;  // one side already merged away
-    l.n += r.n;
-    r.n = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[static_cast<size_t>(r.next)].prev = b.left;
-    try_add(l.prev, b.left);
-    try_add(b.left, l.next);
-  }
+  merge_symbol_pairs<Bigram, BigramLess>(
+      sym,
+      [&](int left, int right) -> std::optional<Bigram> {
+        const std::string_view merged(sym[static_cast<size_t>(left)].text,
+                                      sym[static_cast<size_t>(left)].n + sym[static_cast<size_t>(right)].n);
+        const int32_t id = vocab_.find(merged);
+        if (id < 0) return std::nullopt;
+        rev_merge[std::string(merged)] = {left, right};
+        return Bigram{left, right, vocab_.scores[static_cast<size_t>(id)], merged.size()};
+      },
+      [&](const Bigram& b) {
+        return sym[static_cast<size_t>(b.left)].n + sym[static_cast<size_t>(b.right)].n == b.size;
+      });
   // Emit each final symbol: a token if it is one, else undo its merges recursively, and bytes
   // for pieces that never were tokens.
-  auto emit = [&](auto&& self, const Symbol& s) -> void {
-    const std::string_view piece(s.text, s.n);
+  auto emit = [&](auto&& self, const MergeSymbol& s) -> void {
+    const std::string_view piece = s.view();
     const int32_t id = vocab_.find(piece);
     if (id >= 0) {
       out.push_back(id);
@@ -144,9 +117,7 @@ void SpmTokenizer::encode_run(const std::string& text, std::vector<int32_t>& out
     self(self, sym[static_cast<size_t>(it->second.first)]);
     self(self, sym[static_cast<size_t>(it->second.second)]);
   };
-  for (int i = sym.empty() ? -1 : 0; i != -1; i = sym[static_cast<size_t>(i)].next) {
-    emit(emit, sym[static_cast<size_t>(i)]);
-  }
+  for_each_symbol(sym, [&](const MergeSymbol& s) { emit(emit, s); });
 }
 
 std::vector<int32_t> SpmTokenizer::encode(std::string_view text) const {
@@ -166,27 +137,13 @@ std::vector<int32_t> SpmTokenizer::encode(std::string_view text) const {
   return out;
 }
 
-const std::string& SpmTokenizer::token_text(int32_t id) const {
-  if (id < 0 || id >= vocab_.size()) {
-    throw Error(ErrorKind::kInvalidArgument, "token id " + std::to_string(id) + " is outside the vocabulary of " +
-                                                 std::to_string(vocab_.size()));
-  }
-  return vocab_.tokens[static_cast<size_t>(id)];
-}
-
-std::string SpmTokenizer::decode(int32_t id) const {
-  const std::string& t = token_text(id);
+std::string SpmTokenizer::decode_piece(int32_t id, const std::string& t) const {
   switch (vocab_.types[static_cast<size_t>(id)]) {
-    case TokenType::kControl:
-    case TokenType::kUnused:
-      return "";
     case TokenType::kUnknown:
       return "\xE2\x96\x85";  // U+2585, llama.cpp's rendering of <unk>
     case TokenType::kByte:
       if (const int b = spm_byte_token_value(t); b >= 0) return std::string(1, static_cast<char>(b));
       return t;  // loaders refuse such vocabularies; a hand-built one decodes the text as is
-    case TokenType::kUserDefined:
-      return t;
     default:
       return unescape_spaces(t);
   }

@@ -6,8 +6,7 @@
 // bytes as <0xNN> tokens.
 #pragma once
 
-#include "model/tokenizer.h"
-#include "model/vocabulary.h"
+#include "model/vocab_tokenizer.h"
 
 namespace kvcache {
 
@@ -15,24 +14,19 @@ namespace kvcache {
 // or -1 for any other text.
 int spm_byte_token_value(std::string_view text);
 
-class SpmTokenizer : public Tokenizer {
+class SpmTokenizer : public VocabTokenizer {
  public:
   SpmTokenizer(Vocabulary vocab, bool add_space_prefix);
 
   std::vector<int32_t> encode(std::string_view text) const override;
-  std::string decode(int32_t id) const override;
-  using Tokenizer::decode;
-  const std::string& token_text(int32_t id) const override;
-  int32_t vocab_size() const override { return vocab_.size(); }
-  int32_t bos_id() const override { return vocab_.bos; }
-  int32_t eos_id() const override { return vocab_.eos; }
   const char* kind() const override { return "llama"; }
 
  private:
   void encode_run(const std::string& text, std::vector<int32_t>& out) const;
   void push_bytes(std::string_view piece, std::vector<int32_t>& out) const;
+  // <unk> as llama.cpp renders it, byte tokens as their byte, U+2581 as a space.
+  std::string decode_piece(int32_t id, const std::string& text) const override;
 
-  Vocabulary vocab_;
   bool add_space_prefix_;
   int32_t byte_tokens_[256];  // <0xNN> ids, -1 when absent
 };

@@ -15,8 +15,8 @@
 namespace kvcache {
 namespace {
 
-using testing::random_tensor;
-using testing::views_equal;
+using testing_util::random_tensor;
+using testing_util::views_equal;
 
 TEST(LayerRegistry, ListsRegisteredContainers) {
   const auto names = LayerRegistry::names();

@@ -12,7 +12,7 @@
 
 #include "core/tensor.h"
 
-namespace kvcache::testing {
+namespace kvcache::testing_util {
 
 inline Tensor random_tensor(DType dt, const Shape& shape, std::mt19937& rng) {
   Tensor f = Tensor::empty(DType::kF32, shape);
@@ -89,4 +89,4 @@ class History {
   Tensor k_, v_;
 };
 
-}  // namespace kvcache::testing
+}  // namespace kvcache::testing_util

@@ -71,8 +71,8 @@ TEST(PagedLayer, SpansEqualTheDynamicCacheThroughLifecycleCalls) {
     EXPECT_EQ(paged.layer(0).name(), "paged/full_attention");
     auto step = [&](int64_t B, int64_t S) {
       for (int l = 0; l < 2; ++l) {
-        const Tensor k = testing::random_tensor(DType::kF32, {B, 2, S, 8}, rng);
-        const Tensor v = testing::random_tensor(DType::kF32, {B, 2, S, 8}, rng);
+        const Tensor k = testing_util::random_tensor(DType::kF32, {B, 2, S, 8}, rng);
+        const Tensor v = testing_util::random_tensor(DType::kF32, {B, 2, S, 8}, rng);
         ASSERT_EQ(paged.mask_sizes(l, S).kv_length, dense.mask_sizes(l, S).kv_length);
         const KVSpan ps = paged.update(l, k.view(), v.view());
         const KVSpan ds = dense.update(l, k.view(), v.view());
@@ -118,11 +118,11 @@ TEST(PagedLayer, PrivateStoreFromTheRegistryAndClearErrors) {
   CacheConfig c = two_layer_config("paged");
   Cache cache(c);  // no store: one private store per layer
   std::mt19937 rng(1);
-  const Tensor k = testing::random_tensor(DType::kF32, {1, 2, 5, 8}, rng);
+  const Tensor k = testing_util::random_tensor(DType::kF32, {1, 2, 5, 8}, rng);
   const KVSpan s = cache.update(0, k.view(), k.view());
   EXPECT_EQ(s.paged.seq_len(0), 5);
   EXPECT_EQ(cache.seq_length(0), 5);
-  const Tensor k3 = testing::random_tensor(DType::kF32, {3, 2, 1, 8}, rng);
+  const Tensor k3 = testing_util::random_tensor(DType::kF32, {3, 2, 1, 8}, rng);
   EXPECT_THROW(cache.update(0, k3.view(), k3.view()), Error);  // batch changed
   c.max_cache_len = 0;
   EXPECT_THROW(Cache{c}, Error);  // no store, nothing to size one from
@@ -168,8 +168,8 @@ TEST(PagedStore, KAndVOfDifferentWidthsAndSharedLayersWithoutPages) {
   EXPECT_TRUE(paged.is_shared(2) && paged.is_shared(3));
   auto step = [&](int64_t B, int64_t S) {
     for (int l = 0; l < 2; ++l) {
-      const Tensor k = testing::random_tensor(DType::kF32, {B, 1, S, dc}, rng);
-      const Tensor v = testing::random_tensor(DType::kF32, {B, 1, S, dr}, rng);
+      const Tensor k = testing_util::random_tensor(DType::kF32, {B, 1, S, dc}, rng);
+      const Tensor v = testing_util::random_tensor(DType::kF32, {B, 1, S, dr}, rng);
       const KVSpan ps = paged.update(l, k.view(), v.view());
       const KVSpan ds = dense.update(l, k.view(), v.view());
       ASSERT_EQ(ps.paged.k_pages.dim(3), dc);
@@ -194,8 +194,8 @@ TEST(PagedStore, KAndVOfDifferentWidthsAndSharedLayersWithoutPages) {
   for (auto* c : {&paged, &dense}) c->crop(-1);
   step(2, 3);
   // Rows of the wrong width are refused, naming both widths.
-  const Tensor k = testing::random_tensor(DType::kF32, {2, 1, 1, dc}, rng);
-  const Tensor bad_v = testing::random_tensor(DType::kF32, {2, 1, 1, dc}, rng);
+  const Tensor k = testing_util::random_tensor(DType::kF32, {2, 1, 1, dc}, rng);
+  const Tensor bad_v = testing_util::random_tensor(DType::kF32, {2, 1, 1, dc}, rng);
   try {
     paged.update(0, k.view(), bad_v.view());
     ADD_FAILURE() << "no error";

@@ -21,8 +21,8 @@
 namespace kvcache {
 namespace {
 
-using testing::History;
-using testing::random_tensor;
+using testing_util::History;
+using testing_util::random_tensor;
 
 CacheConfig quant_config(int bits, int64_t G, int64_t R, DType dt = DType::kF32) {
   CacheConfig c;
@@ -306,8 +306,8 @@ TEST(QuantizedLayer, ReserveSizesThePackedStoreOnce) {
   Tensor k2, v2;
   dense_of(span, &k2, &v2);
   // The packed tokens read back the same after the move.
-  EXPECT_TRUE(testing::views_equal(k2.view().slice(2, 0, packed), k0.view().slice(2, 0, packed)));
-  EXPECT_TRUE(testing::views_equal(v2.view().slice(2, 0, packed), v0.view().slice(2, 0, packed)));
+  EXPECT_TRUE(testing_util::views_equal(k2.view().slice(2, 0, packed), k0.view().slice(2, 0, packed)));
+  EXPECT_TRUE(testing_util::views_equal(v2.view().slice(2, 0, packed), v0.view().slice(2, 0, packed)));
   EXPECT_THROW(cache.reserve(-5), Error);
   // A sliding layer reserves no more than its window (plus the block straddling its start).
   CacheConfig sc = quant_config(4, G, R);

@@ -18,9 +18,9 @@
 namespace kvcache {
 namespace {
 
-using testing::History;
-using testing::random_tensor;
-using testing::views_equal;
+using testing_util::History;
+using testing_util::random_tensor;
+using testing_util::views_equal;
 
 constexpr int64_t B = 3, H = 5, DK = 7, DV = 9;
 

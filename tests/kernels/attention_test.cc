@@ -387,6 +387,19 @@ TEST(Attention, DecodeEqualsLastRowOfPrefill) {
     }
 }
 
+// Query i of `in` alone against keys [0, i], one decode row per head, for each i in `rows`:
+// the fused kernel's row must equal row i of its prefill output `in.out` bit for bit.
+void expect_fused_decode_rows_equal(const Inputs& in, const AttentionOptions& o, const std::vector<int64_t>& rows) {
+  const Case& c = in.c;
+  for (int64_t i : rows) {
+    const std::vector<double> want = out_as_double(in.out.slice(2, i, i + 1));
+    Tensor dec = Tensor::zeros(DType::kF32, {c.B, c.Hq, 1, c.D});
+    get_attention_kernel("fused")(in.q.slice(2, i, i + 1), in.k.slice(2, 0, i + 1),
+                                  in.v.slice(2, 0, i + 1), dec.view(), o);
+    EXPECT_EQ(out_as_double(dec.view()), want) << "row " << i << " " << c.str();
+  }
+}
+
 // Prefill tasks of >= 8 rows score through transposed key tiles (a GEMM-shaped kernel), decode
 // rows through per-pair dot products: the two must agree bit for bit for every head dim that
 // is a multiple of 8 (64 and 128 compiled as constants, the rest at run time), every K/V dtype,
@@ -406,14 +419,7 @@ TEST(Attention, FusedTransposedScoresEqualPerPairDecode) {
       AttentionOptions o = in->opts;
       o.kv_split = -1;
       get_attention_kernel("fused")(in->q, in->k, in->v, in->out, o);
-      for (int64_t i : {int64_t{0}, int64_t{40}, c.Sq - 1}) {
-        // Query i alone against keys [0, i]: one decode row per head (3 rows per task).
-        const std::vector<double> want = out_as_double(in->out.slice(2, i, i + 1));
-        Tensor dec = Tensor::zeros(DType::kF32, {c.B, c.Hq, 1, c.D});
-        get_attention_kernel("fused")(in->q.slice(2, i, i + 1), in->k.slice(2, 0, i + 1),
-                                      in->v.slice(2, 0, i + 1), dec.view(), o);
-        EXPECT_EQ(out_as_double(dec.view()), want) << "row " << i << " " << c.str();
-      }
+      expect_fused_decode_rows_equal(*in, o, {0, 40, c.Sq - 1});  // 3 decode rows per task
     }
 }
 
@@ -435,13 +441,7 @@ TEST(Attention, FusedTransposedTailRowsEqualDecode) {
       AttentionOptions o = in->opts;
       o.kv_split = -1;
       get_attention_kernel("fused")(in->q, in->k, in->v, in->out, o);
-      for (int64_t i = S - 6; i < S; ++i) {
-        const std::vector<double> want = out_as_double(in->out.slice(2, i, i + 1));
-        Tensor dec = Tensor::zeros(DType::kF32, {c.B, c.Hq, 1, c.D});
-        get_attention_kernel("fused")(in->q.slice(2, i, i + 1), in->k.slice(2, 0, i + 1),
-                                      in->v.slice(2, 0, i + 1), dec.view(), o);
-        EXPECT_EQ(out_as_double(dec.view()), want) << "row " << i << " " << c.str();
-      }
+      expect_fused_decode_rows_equal(*in, o, {S - 6, S - 5, S - 4, S - 3, S - 2, S - 1});
     }
 }
 

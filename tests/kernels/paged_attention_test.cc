@@ -181,26 +181,27 @@ TEST(PagedAttention, EagerMatchesDenseDecode) {
         }
 }
 
-TEST(PagedAttention, EagerMatchesDensePrefillWindowSinks) {
-  uint32_t seed = 100;
+// `base` over every page size, window and sink setting (kv_offset 5 with a window) and each of
+// `dtypes`, checked with `kernel`; `seed` advances once per case.
+void check_window_sinks(const PCase& base, std::initializer_list<DType> dtypes, const char* kernel, uint32_t& seed) {
   for (int64_t page : {16, 7})
     for (int64_t window : {0, 37})
       for (bool sinks : {false, true})
-        for (DType dt : {DType::kF32, DType::kF16}) {
-          PCase c;
+        for (DType dt : dtypes) {
+          PCase c = base;
           c.page = page;
-          c.Hq = 4;
-          c.Hkv = 2;
-          c.D = 80;
           c.kv = dt;
-          c.B = 3;
-          c.max_len = 120;
-          c.max_q = 40;
           c.window = window;
           c.sinks = sinks;
           c.kv_offset = window ? 5 : 0;
-          check_case(c, seed++);
+          check_case(c, seed++, kernel);
         }
+}
+
+TEST(PagedAttention, EagerMatchesDensePrefillWindowSinks) {
+  uint32_t seed = 100;
+  check_window_sinks({.B = 3, .Hq = 4, .Hkv = 2, .D = 80, .max_len = 120, .max_q = 40}, {DType::kF32, DType::kF16},
+                     "eager", seed);
 }
 
 TEST(PagedAttention, SingleTokenSequencesAndFullPages) {
@@ -253,25 +254,11 @@ TEST(PagedAttention, FusedLongDecodeSplits) {
 
 TEST(PagedAttention, FusedMatchesDensePrefillWindowSinks) {
   uint32_t seed = 400;
-  for (const char* kernel : {"fused", "fused_scalar"})
-    for (int64_t page : {16, 7})
-      for (int64_t window : {0, 37})
-        for (bool sinks : {false, true})
-          for (DType dt : {DType::kF32, DType::kBF16}) {
-            PCase c;
-            c.page = page;
-            c.Hq = 4;
-            c.Hkv = 2;
-            c.D = 80;
-            c.kv = dt;
-            c.B = 3;
-            c.max_len = 150;
-            c.max_q = 70;  // mixes decode-like and prefill sequences in one batch
-            c.window = window;
-            c.sinks = sinks;
-            c.kv_offset = window ? 5 : 0;
-            check_case(c, seed++, kernel);
-          }
+  for (const char* kernel : {"fused", "fused_scalar"}) {
+    // max_q 70 mixes decode-like and prefill sequences in one batch.
+    check_window_sinks({.B = 3, .Hq = 4, .Hkv = 2, .D = 80, .max_len = 150, .max_q = 70}, {DType::kF32, DType::kBF16},
+                       kernel, seed);
+  }
 }
 
 // Batch and thread-count invariance: the output of a long decode row is the same bits whether

@@ -12,22 +12,7 @@
 namespace kvcache {
 namespace {
 
-using testing::read_bytes;
-using testing::temp_path;
-using testing::tiny_config;
-using testing::tiny_weights;
-using testing::write_bytes;
-
-// Expects `fn` to throw Error whose message contains every needle.
-template <typename Fn>
-void expect_error(Fn&& fn, std::initializer_list<std::string> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an Error";
-  } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\n  lacks: " << n;
-  }
-}
+using namespace testing_util;  // model_test_util.h
 
 TEST(Gguf, MetadataOfEveryTypeRoundTrips) {
   GgufWriter w(64);
@@ -202,14 +187,14 @@ class GgufBadFiles : public ::testing::Test {
     gguf_write_llama_config(gw, c_);
     for (const auto& [n, v] : w_.views()) gw.add_tensor(n, v);
     gw.write(good_);
-    bytes_ = read_bytes(good_);
+    bytes_ = read_file(good_);
   }
   void TearDown() override {
     std::filesystem::remove(good_);
     std::filesystem::remove(bad_);
   }
   ModelConfig c_;
-  testing::TinyWeights w_;
+  testing_util::TinyWeights w_;
   std::string good_ = temp_path("good.gguf");
   std::string bad_ = temp_path("bad.gguf");
   std::string bytes_;
@@ -218,7 +203,7 @@ class GgufBadFiles : public ::testing::Test {
 TEST_F(GgufBadFiles, WrongMagic) {
   std::string b = bytes_;
   b[0] = 'X';
-  write_bytes(bad_, b);
+  write_file(bad_, b);
   expect_error([&] { load_gguf_model(bad_); }, {bad_, "magic", "XGUF"});
 }
 
@@ -226,7 +211,7 @@ TEST_F(GgufBadFiles, WrongVersion) {
   for (uint32_t v : {1u, 4u, 0x03000000u}) {
     std::string b = bytes_;
     std::memcpy(b.data() + 4, &v, 4);
-    write_bytes(bad_, b);
+    write_file(bad_, b);
     expect_error([&] { load_gguf_model(bad_); }, {bad_, "version " + std::to_string(v)});
   }
 }
@@ -235,7 +220,7 @@ TEST_F(GgufBadFiles, TruncatedAnywhereIsAFormatErrorNeverACrash) {
   // Cut in the header, the metadata, the tensor infos and the data.
   for (size_t cut : {size_t{0}, size_t{3}, size_t{10}, size_t{30}, size_t{200}, bytes_.size() / 4,
                      bytes_.size() / 2, bytes_.size() - 1}) {
-    write_bytes(bad_, bytes_.substr(0, cut));
+    write_file(bad_, bytes_.substr(0, cut));
     try {
       load_gguf_model(bad_);
       ADD_FAILURE() << "cut at " << cut << " loaded";
@@ -244,7 +229,7 @@ TEST_F(GgufBadFiles, TruncatedAnywhereIsAFormatErrorNeverACrash) {
       EXPECT_NE(std::string(e.what()).find(bad_), std::string::npos) << e.what();
     }
   }
-  write_bytes(bad_, bytes_.substr(0, bytes_.size() - 1));
+  write_file(bad_, bytes_.substr(0, bytes_.size() - 1));
   expect_error([&] { load_gguf_model(bad_); }, {"output.weight", "outside the file"});
 }
 
@@ -259,7 +244,7 @@ TEST_F(GgufBadFiles, TensorOutOfBounds) {
   size_t pos = b.rfind(std::string(reinterpret_cast<const char*>(&old_off), 8), g->data_offset());
   ASSERT_NE(pos, std::string::npos);
   std::memcpy(b.data() + pos, &new_off, 8);
-  write_bytes(bad_, b);
+  write_file(bad_, b);
   expect_error([&] { load_gguf_model(bad_); }, {bad_, "output.weight", "outside the file"});
 }
 
@@ -273,7 +258,7 @@ TEST_F(GgufBadFiles, UnsupportedDtypeNamesTensorAndType) {
   ASSERT_NE(pos, std::string::npos);
   const uint32_t q4k = 12;
   std::memcpy(b.data() + pos - 4, &q4k, 4);
-  write_bytes(bad_, b);
+  write_file(bad_, b);
   auto g2 = GgufFile::open(bad_);  // metadata stays readable
   EXPECT_EQ(g2->find_tensor("output.weight")->ggml_type, 12u);
   try {
@@ -342,13 +327,13 @@ TEST_F(GgufBadFiles, HostileCountsAreRefusedBeforeAnyAllocation) {
 
 TEST(Gguf, ParsesFromMemoryLikeFromAFile) {
   const ModelConfig c = tiny_config();
-  const testing::TinyWeights w = tiny_weights(c, DType::kF32);
+  const testing_util::TinyWeights w = tiny_weights(c, DType::kF32);
   GgufWriter gw;
   gguf_write_llama_config(gw, c);
   for (const auto& [n, v] : w.views()) gw.add_tensor(n, v);
   const std::string p = temp_path("memory.gguf");
   gw.write(p);
-  const std::string bytes = read_bytes(p);
+  const std::string bytes = read_file(p);
   std::filesystem::remove(p);
   const std::unique_ptr<ModelFile> m = load_gguf_model(GgufFile::open(MappedFile::copy_of("in-memory.gguf", bytes)));
   EXPECT_EQ(m->config().n_layers, c.n_layers);

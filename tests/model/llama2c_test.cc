@@ -3,9 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <array>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
@@ -17,25 +16,14 @@
 #include "model/mapped_file.h"
 #include "model/tokenizer_llama2c.h"
 #include "scratch_dir.h"
+#include "shared_data.h"
 
 namespace kvcache {
 namespace {
 
-namespace fs = std::filesystem;
-
-std::string stories_dir() { return std::string(KVCACHE_SHARED_DIR) + "/models/stories260K"; }
-bool have_stories() { return fs::exists(stories_dir() + "/stories260K.bin") && fs::exists(stories_dir() + "/tok512.bin"); }
-#define REQUIRE_STORIES() \
-  if (!have_stories()) GTEST_SKIP() << "stories260K not found under " KVCACHE_SHARED_DIR "; skipping"
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using testing_util::read_file;
+using testing_util::stories_dir;
+using testing_util::write_file;
 
 // A synthetic llama2.c checkpoint: header + `floats` random values.
 std::string checkpoint_bytes(std::array<int32_t, 7> h, size_t floats) {
@@ -70,7 +58,7 @@ void expect_error(const std::string& path, const std::string& needle) {
 }
 
 TEST(Llama2cLoader, Stories260KConfigAndZeroCopyViews) {
-  REQUIRE_STORIES();
+  KVCACHE_REQUIRE_STORIES();
   const std::string path = stories_dir() + "/stories260K.bin";
   EXPECT_TRUE(is_llama2c_checkpoint(path));
   auto m = load_llama2c(path);
@@ -90,7 +78,7 @@ TEST(Llama2cLoader, Stories260KConfigAndZeroCopyViews) {
   EXPECT_EQ(c.layer_types, std::vector<std::string>(5, "full_attention"));
   // The views read the file's bytes in place: token_embd right after the header; w1 of layer 0
   // where llama2.c's pointer arithmetic puts it.
-  const std::string raw = read_bytes(path);
+  const std::string raw = read_file(path);
   const TensorView& emb = m->tensor("token_embd.weight");
   EXPECT_EQ(std::memcmp(emb.data(), raw.data() + 28, 512 * 64 * 4), 0);
   const size_t w1_off = 28 + 4 * (512 * 64 + 5 * 64 + 5 * 64 * 64 + 2 * 5 * 64 * 32 + 5 * 64 * 64 + 5 * 64);
@@ -104,7 +92,7 @@ TEST(Llama2cLoader, UnsharedClassifierWithNegativeVocab) {
   const testing_util::ScratchDir dir("llama2c");
   const std::string path = dir.file("unshared.bin");
   const size_t n = checkpoint_floats(16, 24, 2, 4, 2, -40, 8);
-  write_bytes(path, checkpoint_bytes({16, 24, 2, 4, 2, -40, 8}, n));
+  write_file(path, checkpoint_bytes({16, 24, 2, 4, 2, -40, 8}, n));
   auto m = load_llama2c(path);
   EXPECT_FALSE(m->config().tie_word_embeddings);
   EXPECT_EQ(m->config().vocab_size, 40);
@@ -112,7 +100,7 @@ TEST(Llama2cLoader, UnsharedClassifierWithNegativeVocab) {
   EXPECT_EQ(out.shape(), (Shape{40, 16}));
   EXPECT_NE(out.data(), m->tensor("token_embd.weight").data());
   // wcls is the last array of the file.
-  const std::string raw = read_bytes(path);
+  const std::string raw = read_file(path);
   EXPECT_EQ(std::memcmp(out.data(), raw.data() + raw.size() - 40 * 16 * 4, 40 * 16 * 4), 0);
 }
 
@@ -122,19 +110,19 @@ TEST(Llama2cLoader, BadFilesNameTheFileAndTheProblem) {
   const size_t n = checkpoint_floats(16, 24, 2, 4, 2, 40, 8);
   const std::string bytes = checkpoint_bytes(good, n);
 
-  write_bytes(dir.file("ok.bin"), bytes);
+  write_file(dir.file("ok.bin"), bytes);
   EXPECT_NO_THROW(load_llama2c(dir.file("ok.bin")));
 
-  write_bytes(dir.file("empty.bin"), "");
+  write_file(dir.file("empty.bin"), "");
   expect_error(dir.file("empty.bin"), "header");
-  write_bytes(dir.file("short_header.bin"), bytes.substr(0, 20));
+  write_file(dir.file("short_header.bin"), bytes.substr(0, 20));
   expect_error(dir.file("short_header.bin"), "header");
-  write_bytes(dir.file("truncated.bin"), bytes.substr(0, bytes.size() - 100));
+  write_file(dir.file("truncated.bin"), bytes.substr(0, bytes.size() - 100));
   expect_error(dir.file("truncated.bin"), "truncated");
   expect_error(dir.file("truncated.bin"), "freq_cis_real");  // the tensor cut short
-  write_bytes(dir.file("cut_early.bin"), bytes.substr(0, 28 + 4 * 40 * 16 + 12));
+  write_file(dir.file("cut_early.bin"), bytes.substr(0, 28 + 4 * 40 * 16 + 12));
   expect_error(dir.file("cut_early.bin"), "attn_norm.weight");
-  write_bytes(dir.file("oversized.bin"), bytes + std::string(64, '\0'));
+  write_file(dir.file("oversized.bin"), bytes + std::string(64, '\0'));
   expect_error(dir.file("oversized.bin"), "oversized");
   expect_error(dir.file("missing.bin"), "missing.bin");
 
@@ -143,15 +131,15 @@ TEST(Llama2cLoader, BadFilesNameTheFileAndTheProblem) {
     std::memcpy(b.data(), h.data(), 28);
     return b;
   };
-  write_bytes(dir.file("zero_heads.bin"), with_header({16, 24, 2, 0, 2, 40, 8}));
+  write_file(dir.file("zero_heads.bin"), with_header({16, 24, 2, 0, 2, 40, 8}));
   expect_error(dir.file("zero_heads.bin"), "n_heads");
-  write_bytes(dir.file("gqa.bin"), with_header({16, 24, 2, 4, 3, 40, 8}));
+  write_file(dir.file("gqa.bin"), with_header({16, 24, 2, 4, 3, 40, 8}));
   expect_error(dir.file("gqa.bin"), "n_kv_heads");
-  write_bytes(dir.file("dim.bin"), with_header({18, 24, 2, 4, 2, 40, 8}));
+  write_file(dir.file("dim.bin"), with_header({18, 24, 2, 4, 2, 40, 8}));
   expect_error(dir.file("dim.bin"), "multiple of n_heads");
-  write_bytes(dir.file("huge.bin"), with_header({16, 24, 2, 4, 2, 40, 2000000000}));
+  write_file(dir.file("huge.bin"), with_header({16, 24, 2, 4, 2, 40, 2000000000}));
   expect_error(dir.file("huge.bin"), "seq_len");
-  write_bytes(dir.file("text.bin"), std::string(4096, 'x'));
+  write_file(dir.file("text.bin"), std::string(4096, 'x'));
   expect_error(dir.file("text.bin"), "not a valid llama2.c checkpoint");
   EXPECT_FALSE(is_llama2c_checkpoint(dir.file("text.bin")));
   EXPECT_FALSE(is_llama2c_checkpoint(dir.file("missing.bin")));
@@ -161,7 +149,7 @@ TEST(Llama2cLoader, BadFilesNameTheFileAndTheProblem) {
 // ---- tokenizer ----
 
 TEST(Llama2cTokenizer, Stories260KPromptsAsLlama2c) {
-  REQUIRE_STORIES();
+  KVCACHE_REQUIRE_STORIES();
   const Llama2cTokenizer tok(stories_dir() + "/tok512.bin", 512);
   EXPECT_EQ(tok.encode("Once upon a time"), (std::vector<int32_t>{403, 407, 261, 378}));
   EXPECT_TRUE(tok.encode("").empty());
@@ -222,7 +210,7 @@ TEST(Llama2cTokenizer, MergesHighestScoreFirstLeftmostOnTies) {
   const std::vector<std::pair<std::string, float>> extra = {
       {" ", -1}, {"a", -2}, {"b", -3}, {"ab", -10}, {"ba", -5}, {"aba", -4}, {" aba", -20}, {"bb", -10}};
   const int32_t base = 259;  // ids of `extra` start here
-  write_bytes(dir.file("tok.bin"), tokenizer_bytes(extra));
+  write_file(dir.file("tok.bin"), tokenizer_bytes(extra));
   const Llama2cTokenizer tok(dir.file("tok.bin"), base + static_cast<int32_t>(extra.size()));
   // " aba": pairs " a"(absent) "ab"(-10) "ba"(-5) -> ba first; then a+ba = "aba"(-4); then " "+"aba" (-20).
   EXPECT_EQ(tok.encode("aba"), (std::vector<int32_t>{base + 6}));
@@ -297,12 +285,12 @@ std::string random_text(const Llama2cTokenizer& tok, std::mt19937& rng, size_t p
 }
 
 TEST(Llama2cTokenizer, HeapMergesGiveRunCsIdsOnRealAndRandomTexts) {
-  REQUIRE_STORIES();
+  KVCACHE_REQUIRE_STORIES();
   const Llama2cTokenizer tok(stories_dir() + "/tok512.bin", 512);
   std::vector<std::string> texts;
   for (const char* f : {"/golden/stories260K/once_upon_a_time.txt", "/golden/stories260K/empty.txt",
                         "/vocab/ggml-vocab-llama-spm.gguf.inp", "/vocab/ggml-vocab-gpt-2.gguf.inp"}) {
-    const std::string t = read_bytes(std::string(KVCACHE_SHARED_DIR) + f);
+    const std::string t = read_file(testing_util::shared_dir() + f);
     if (!t.empty()) texts.push_back(t.substr(0, 2000));
   }
   ASSERT_FALSE(texts.empty());
@@ -333,7 +321,7 @@ TEST(Llama2cTokenizer, HeapMergesBreakTiesLeftmostAsRunC) {
     }
   }
   extra.emplace_back("ab", 5.0f);  // a second "ab": never looked up (the first one wins)
-  write_bytes(dir.file("ties.bin"), tokenizer_bytes(extra));
+  write_file(dir.file("ties.bin"), tokenizer_bytes(extra));
   const Llama2cTokenizer tok(dir.file("ties.bin"), 259 + static_cast<int32_t>(extra.size()));
   std::uniform_int_distribution<int> letter(0, 3);
   for (int i = 0; i < 500; ++i) {
@@ -348,7 +336,7 @@ TEST(Llama2cTokenizer, HeapMergesBreakTiesLeftmostAsRunC) {
 // after every merge (n^2/2 lookups: 2 s of a core for 16,000 characters); the heap looks up the
 // n - 1 first pairs and the two a merge creates.
 TEST(Llama2cTokenizer, EncodeLooksUpEachPairOnceAndTwoPerMerge) {
-  REQUIRE_STORIES();
+  KVCACHE_REQUIRE_STORIES();
   const Llama2cTokenizer tok(stories_dir() + "/tok512.bin", 512);
   std::string text;
   while (text.size() < 16000) text += "Once upon a time, there was a little girl named Lily. She loved to play outside. ";
@@ -366,7 +354,7 @@ TEST(Llama2cTokenizer, EncodeLooksUpEachPairOnceAndTwoPerMerge) {
 TEST(Llama2cTokenizer, BadFilesNameTheFileAndTheProblem) {
   const testing_util::ScratchDir dir("llama2c");
   const std::string bytes = tokenizer_bytes({{" ", -1}});
-  write_bytes(dir.file("tok.bin"), bytes);
+  write_file(dir.file("tok.bin"), bytes);
   EXPECT_NO_THROW(Llama2cTokenizer(dir.file("tok.bin"), 260));
   auto expect = [&](const std::string& path, int32_t vocab, const std::string& needle) {
     try {
@@ -378,14 +366,14 @@ TEST(Llama2cTokenizer, BadFilesNameTheFileAndTheProblem) {
     }
   };
   expect(dir.file("tok.bin"), 300, "truncated");  // vocabulary larger than the file
-  write_bytes(dir.file("cut.bin"), bytes.substr(0, bytes.size() - 3));
+  write_file(dir.file("cut.bin"), bytes.substr(0, bytes.size() - 3));
   expect(dir.file("cut.bin"), 260, "token 259");
-  write_bytes(dir.file("empty.bin"), "");
+  write_file(dir.file("empty.bin"), "");
   expect(dir.file("empty.bin"), 260, "truncated");
   std::string bad_len = bytes;
   const int32_t huge = 1000;
   std::memcpy(bad_len.data() + 4 + 4, &huge, 4);  // token 0's length
-  write_bytes(dir.file("bad_len.bin"), bad_len);
+  write_file(dir.file("bad_len.bin"), bad_len);
   expect(dir.file("bad_len.bin"), 260, "length");
   expect(dir.file("nope.bin"), 260, "cannot open");
   // A vocabulary size the bytes cannot hold is refused before the tables are sized (2^31 - 1

@@ -1,30 +1,37 @@
-// Helpers for model-format tests: temp paths and a tiny random llama weight set.
+// Helpers for model-format tests: temp paths, expected errors and a tiny random llama weight
+// set.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 #include "model/model_file.h"
+#include "shared_data.h"
 
-namespace kvcache::testing {
+namespace kvcache::testing_util {
 
 inline std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("kvcache_model_" + std::to_string(::getpid()) + "_" + name)).string();
 }
 
-inline std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-inline void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+
+// Expects `fn` to throw Error whose message contains every needle.
+template <typename Fn>
+void expect_error(Fn&& fn, std::initializer_list<std::string> needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\n  lacks: " << n;
+  }
 }
 
 inline ModelConfig tiny_config() {
@@ -101,4 +108,4 @@ inline TinyWeights tiny_weights(const ModelConfig& c, DType dt, uint32_t seed = 
   return w;
 }
 
-}  // namespace kvcache::testing
+}  // namespace kvcache::testing_util

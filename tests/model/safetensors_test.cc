@@ -16,21 +16,7 @@ namespace kvcache {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::read_bytes;
-using testing::temp_path;
-using testing::tiny_config;
-using testing::tiny_weights;
-using testing::write_bytes;
-
-template <typename Fn>
-void expect_error(Fn&& fn, std::initializer_list<std::string> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an Error";
-  } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\n  lacks: " << n;
-  }
-}
+using namespace testing_util;  // model_test_util.h
 
 // Canonical -> HF name (the inverse map, written out independently of the loader's table).
 std::string to_hf(const std::string& canon) {
@@ -60,7 +46,7 @@ std::string config_json(const ModelConfig& c, const std::string& arch, const std
          extra + "}";
 }
 
-void write_model(const std::string& dir, const testing::TinyWeights& w, int n_shards) {
+void write_model(const std::string& dir, const testing_util::TinyWeights& w, int n_shards) {
   std::vector<std::pair<std::string, TensorView>> hf;
   for (const auto& [n, v] : w.views()) hf.emplace_back(to_hf(n), v);
   if (n_shards == 1) {
@@ -77,10 +63,10 @@ void write_model(const std::string& dir, const testing::TinyWeights& w, int n_sh
     }
     write_safetensors(dir + "/" + file, part);
   }
-  write_bytes(dir + "/model.safetensors.index.json", index + "}}");
+  write_file(dir + "/model.safetensors.index.json", index + "}}");
 }
 
-void expect_same_weights(const ModelFile& m, const testing::TinyWeights& w) {
+void expect_same_weights(const ModelFile& m, const testing_util::TinyWeights& w) {
   for (const auto& [n, t] : w.tensors) {
     const TensorView* v = m.find(n);
     ASSERT_NE(v, nullptr) << n;
@@ -97,7 +83,7 @@ TEST(Safetensors, LlamaSingleFileAndShardedGiveTheSameWeights) {
       const testing_util::ScratchDir d("hf");
       auto w = tiny_weights(c, dt);
       write_model(d.str(), w, shards);
-      write_bytes(d.str() + "/config.json", config_json(c, "LlamaForCausalLM", ""));
+      write_file(d.str() + "/config.json", config_json(c, "LlamaForCausalLM", ""));
       auto m = open_model_file(d.str());
       EXPECT_EQ(m->format(), "safetensors");
       const ModelConfig& r = m->config();
@@ -121,10 +107,10 @@ TEST(Safetensors, Qwen2TiedWithBiasAndSlidingLayers) {
   const testing_util::ScratchDir d("hf");
   auto w = tiny_weights(c, DType::kBF16);
   write_model(d.str(), w, 1);
-  write_bytes(d.str() + "/config.json",
-              config_json(c, "Qwen2ForCausalLM",
-                          ", \"tie_word_embeddings\": true, \"use_sliding_window\": true, \"sliding_window\": 32, "
-                          "\"max_window_layers\": 1"));
+  write_file(d.str() + "/config.json",
+             config_json(c, "Qwen2ForCausalLM",
+                         ", \"tie_word_embeddings\": true, \"use_sliding_window\": true, \"sliding_window\": 32, "
+                         "\"max_window_layers\": 1"));
   auto m = open_model_file(d.str() + "/model.safetensors");  // a file with config.json beside it
   const ModelConfig& r = m->config();
   EXPECT_EQ(r.architecture, "qwen2");
@@ -243,36 +229,36 @@ TEST(Safetensors, BadFiles) {
   const testing_util::ScratchDir d("hf");
   auto w = tiny_weights(c, DType::kF16);
   write_model(d.str(), w, 1);
-  write_bytes(d.str() + "/config.json", config_json(c, "LlamaForCausalLM", ""));
+  write_file(d.str() + "/config.json", config_json(c, "LlamaForCausalLM", ""));
   const std::string st = d.str() + "/model.safetensors";
-  const std::string good = read_bytes(st);
+  const std::string good = read_file(st);
 
-  write_bytes(st, good.substr(0, good.size() - 10));
+  write_file(st, good.substr(0, good.size() - 10));
   expect_error([&] { open_model_file(d.str()); }, {st, "truncated"});
-  write_bytes(st, good.substr(0, 5));
+  write_file(st, good.substr(0, 5));
   expect_error([&] { open_model_file(d.str()); }, {st, "truncated"});
   std::string huge = good;
   const uint64_t n = uint64_t{1} << 40;
   std::memcpy(huge.data(), &n, 8);
-  write_bytes(st, huge);
+  write_file(st, huge);
   expect_error([&] { open_model_file(d.str()); }, {st, "header length"});
 
   // Unsupported dtype: write an I64 tensor header by hand.
   std::string hdr = "{\"x\": {\"dtype\": \"I64\", \"shape\": [1], \"data_offsets\": [0, 8]}}";
   uint64_t hn = hdr.size();
-  write_bytes(st, std::string(reinterpret_cast<const char*>(&hn), 8) + hdr + std::string(8, '\0'));
+  write_file(st, std::string(reinterpret_cast<const char*>(&hn), 8) + hdr + std::string(8, '\0'));
   expect_error([&] { SafetensorsFile::open(st); }, {st, "'x'", "I64"});
   // Offsets that disagree with the shape.
   hdr = "{\"x\": {\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [0, 8]}}";
   hn = hdr.size();
-  write_bytes(st, std::string(reinterpret_cast<const char*>(&hn), 8) + hdr + std::string(8, '\0'));
+  write_file(st, std::string(reinterpret_cast<const char*>(&hn), 8) + hdr + std::string(8, '\0'));
   expect_error([&] { SafetensorsFile::open(st); }, {st, "'x'", "need 12"});
 
   // Shape mismatch with config.json.
-  write_bytes(st, good);
+  write_file(st, good);
   ModelConfig wrong = c;
   wrong.hidden_dim = 64;
-  write_bytes(d.str() + "/config.json", config_json(wrong, "LlamaForCausalLM", ""));
+  write_file(d.str() + "/config.json", config_json(wrong, "LlamaForCausalLM", ""));
   expect_error([&] { open_model_file(d.str()); }, {"ffn_gate.weight", "[96, 64]", "[64, 64]"});
   // Untied config without lm_head.
   fs::remove(d.str() + "/config.json");

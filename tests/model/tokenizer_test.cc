@@ -29,8 +29,8 @@ struct Case {
 
 // llama.cpp's test-tokenizer-0 layout (see ../shared/vocab/README.md).
 std::vector<Case> read_cases(const std::string& vocab) {
-  const std::string inp = testing::read_bytes(kVocabDir + "/" + vocab + ".inp");
-  const std::string outp = testing::read_bytes(kVocabDir + "/" + vocab + ".out");
+  const std::string inp = testing_util::read_file(kVocabDir + "/" + vocab + ".inp");
+  const std::string outp = testing_util::read_file(kVocabDir + "/" + vocab + ".out");
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> texts;
   size_t begin = 0;
@@ -173,7 +173,7 @@ TEST(HfTokenizer, Gpt2TokenizerJsonReproducesTheGgufVectors) {
       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
   };
-  const std::string dir = testing::temp_path("hf_tok");
+  const std::string dir = testing_util::temp_path("hf_tok");
   fs::create_directories(dir);
   std::ofstream(dir + "/tokenizer.json") << tj.dump();
   std::ofstream(dir + "/tokenizer_config.json") << R"({"bos_token": "<|endoftext|>", "eos_token": {"content": "<|endoftext|>"}})";
@@ -229,7 +229,7 @@ TEST(HfTokenizer, IdsAreBoundedByTheFileLength) {
 TEST(Tokenizer, GgufWithoutTokenizerIsAnError) {
   GgufWriter w;
   w.set("general.architecture", GgufValue::str("llama"));
-  const std::string p = testing::temp_path("notok.gguf");
+  const std::string p = testing_util::temp_path("notok.gguf");
   w.write(p);
   try {
     load_tokenizer(p);
@@ -279,7 +279,7 @@ TEST(Tokenizer, SpmByteTokenThatIsNotHexIsAFormatError) {
   w.set("tokenizer.ggml.model", GgufValue::str("llama"));
   w.set("tokenizer.ggml.tokens", GgufValue::str_array(v.tokens));
   w.set("tokenizer.ggml.token_type", GgufValue::i32_array({2, 3, 3, 6, 6, 6, 6}));
-  const std::string p = testing::temp_path("bad_byte_token.gguf");
+  const std::string p = testing_util::temp_path("bad_byte_token.gguf");
   w.write(p);
   try {
     load_tokenizer(p);
@@ -321,7 +321,7 @@ TEST(Tokenizer, FindsAndLoadsEveryFormat) {
   if (fs::exists(spm)) {
     EXPECT_EQ(find_tokenizer_for_model(spm), spm);
   }
-  EXPECT_EQ(find_tokenizer_for_model(testing::temp_path("nothing_here")), "");
+  EXPECT_EQ(find_tokenizer_for_model(testing_util::temp_path("nothing_here")), "");
 }
 
 }  // namespace

@@ -5,8 +5,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
 
@@ -17,16 +15,14 @@
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
 #include "scratch_dir.h"
+#include "shared_data.h"
 
 namespace kvcache {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using testing_util::read_file;
 
 TEST(DummyModel, TinyLoadsThroughGgufAndIsDeterministic) {
   const testing_util::ScratchDir a("dummy_a"), b("dummy_b");
@@ -47,9 +43,9 @@ TEST(DummyModel, TinyLoadsThroughGgufAndIsDeterministic) {
   DummyModelOptions d;
   d.cache_dir = b.str();
   const std::string again = build_dummy_gguf(d);
-  EXPECT_EQ(slurp(again), slurp(m.model->file().path()));
+  EXPECT_EQ(read_file(again), read_file(m.model->file().path()));
   d.seed = 1;
-  EXPECT_NE(slurp(build_dummy_gguf(d)), slurp(again));
+  EXPECT_NE(read_file(build_dummy_gguf(d)), read_file(again));
 }
 
 TEST(DummyModel, CacheMatchesNoCacheRecomputeForEveryWeightType) {

@@ -16,19 +16,12 @@
 #include "model/tokenizer.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
-#include "scratch_dir.h"
+#include "tiny_model.h"
 
 namespace kvcache {
 namespace {
 
-const LoadedModel& tiny_model() {
-  static const LoadedModel m = [] {
-    LoadOptions lo;
-    lo.dummy_cache_dir = testing_util::process_scratch().file("engine_failure");
-    return load_model("dummy:tiny", lo);
-  }();
-  return m;
-}
+using testing_util::tiny_model;
 
 RequestParams greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
   RequestParams rp;

@@ -15,19 +15,12 @@
 #include "core/error.h"
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
-#include "scratch_dir.h"
+#include "tiny_model.h"
 
 namespace kvcache {
 namespace {
 
-const LoadedModel& tiny_model() {
-  static const LoadedModel m = [] {
-    LoadOptions lo;
-    lo.dummy_cache_dir = testing_util::process_scratch().file("engine");
-    return load_model("dummy:tiny", lo);
-  }();
-  return m;
-}
+using testing_util::tiny_model;
 
 // Prompts sharing prefixes (so the prefix cache is exercised) of odd lengths.
 std::vector<std::vector<int32_t>> make_prompts(int n, uint32_t seed) {

@@ -24,7 +24,9 @@
 #include "core/error.h"
 #include "model/dummy.h"
 #include "model/model_file.h"
+#include "family_presets.h"
 #include "golden_util.h"
+#include "paged_compare.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
@@ -50,12 +52,6 @@ std::vector<int32_t> prompt(int64_t n, int32_t vocab, int32_t salt = 11) {
   std::vector<int32_t> ids;
   for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 37 + salt) % vocab));
   return ids;
-}
-
-
-
-int32_t argmax(std::span<const float> v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
 SessionConfig config_of(const char* cache, const char* kernel) {
@@ -100,67 +96,16 @@ TEST_P(PagedFamilies, PagedEqualsDenseBitForBit) {
 // projection row is the same GEMV as for B = 1), against dense sessions run one by one.
 TEST_P(PagedFamilies, VarlenBatchEqualsDenseRunsAlone) {
   const auto model = load_preset(GetParam());
-  const int64_t vocab = model->config().vocab_size;
+  const auto vocab = static_cast<int32_t>(model->config().vocab_size);
   const std::vector<int64_t> lens = {5, 12, 9};
-  const int steps = 6;
-  const auto B = static_cast<int64_t>(lens.size());
-  std::vector<std::vector<int32_t>> prompts, next(static_cast<size_t>(B));
-  std::vector<std::vector<std::vector<float>>> ref(static_cast<size_t>(B));
-  for (int64_t i = 0; i < B; ++i) {
-    prompts.push_back(prompt(lens[static_cast<size_t>(i)], static_cast<int32_t>(vocab), static_cast<int32_t>(5 + 7 * i)));
-    SessionConfig dc = config_of("dynamic", "eager");
-    dc.prefill_chunk = 64;  // one forward per prompt, like the paged prefill below
-    Session s(*model, dc);
-    auto l = s.prefill(prompts.back());
-    ref[static_cast<size_t>(i)].emplace_back(l.begin(), l.end());
-    for (int t = 0; t < steps; ++t) {
-      const int32_t id = argmax(ref[static_cast<size_t>(i)].back());
-      next[static_cast<size_t>(i)].push_back(id);
-      l = s.decode(id);
-      ref[static_cast<size_t>(i)].emplace_back(l.begin(), l.end());
-    }
-  }
-  SessionConfig pc = config_of("paged", "eager");
-  CacheConfig cc = make_cache_config(model->config(), pc);
-  ASSERT_TRUE(cc.paged_store);
-  PagedKVStore& store = *cc.paged_store;
-  Cache cache(cc);
-  LlamaForward fwd(*model, "eager", 64);
-  std::vector<SeqId> seqs;
-  for (int64_t i = 0; i < B; ++i) {
-    seqs.push_back(store.add_sequence());
-    const SeqId one[] = {seqs.back()};
-    store.set_batch(one);
-    const auto& p = prompts[static_cast<size_t>(i)];
-    ASSERT_EQ(store.plan_step(static_cast<int64_t>(p.size()), p), StepStatus::kOk);
-    ForwardParams fp;
-    fp.tokens = p.data();
-    fp.n_tokens = static_cast<int64_t>(p.size());
-    fp.cache = &cache;
-    EXPECT_TRUE(bits_equal(fwd.forward(fp), ref[static_cast<size_t>(i)][0])) << GetParam() << " prefill " << i;
-  }
-  store.set_batch(seqs);
-  std::vector<int64_t> pos(lens.begin(), lens.end());
-  const auto V = static_cast<size_t>(vocab);
-  for (int t = 0; t < steps; ++t) {
-    std::vector<int32_t> ids;
-    for (int64_t i = 0; i < B; ++i) ids.push_back(next[static_cast<size_t>(i)][static_cast<size_t>(t)]);
-    ASSERT_EQ(store.plan_step(1, ids), StepStatus::kOk);
-    ForwardParams fp;
-    fp.tokens = ids.data();
-    fp.batch = B;
-    fp.n_tokens = 1;
-    fp.row_pos0 = pos.data();
-    fp.cache = &cache;
-    const auto l = fwd.forward(fp);
-    for (int64_t i = 0; i < B; ++i) {
-      const auto row = l.subspan(static_cast<size_t>(i) * V, V);
-      const auto& want = ref[static_cast<size_t>(i)][static_cast<size_t>(t + 1)];
-      EXPECT_TRUE(bits_equal(row, want)) << GetParam() << " step " << t << " row " << i << " rel " << max_rel_diff(row, want);
-      ++pos[static_cast<size_t>(i)];
-    }
-  }
-  EXPECT_EQ(store.check_invariants(), "");
+  testing_util::PagedVsDense c;
+  for (size_t i = 0; i < lens.size(); ++i) c.prompts.push_back(prompt(lens[i], vocab, static_cast<int32_t>(5 + 7 * i)));
+  c.decode_steps = 6;
+  c.dense = config_of("dynamic", "eager");
+  c.dense.prefill_chunk = 64;  // one forward per prompt, like the paged prefill
+  c.paged = config_of("paged", "eager");
+  c.note = " (" + GetParam() + ")";
+  testing_util::expect_paged_equals_dense(*model, c);
 }
 
 // A second request sharing the first one's prompt attaches its full blocks (every group must
@@ -298,20 +243,14 @@ TEST_P(PagedFamilies, EngineBatchEqualsEachRequestAlone) {
   auto l = s.prefill(reqs[0].prompt);
   std::vector<int32_t> greedy;
   for (int t = 0; t < 9; ++t) {
-    greedy.push_back(argmax(l));
+    greedy.push_back(testing_util::argmax_id(l));
     l = s.decode(greedy.back());
   }
   EXPECT_EQ(together[0], greedy) << GetParam();
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, PagedFamilies,
-                         ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny", "deepseek-v2-tiny", "gemma3n-tiny"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, PagedFamilies, ::testing::ValuesIn(testing_util::family_presets()),
+                         testing_util::preset_test_name);
 
 std::string construction_error(const LlamaModel& model, const SessionConfig& sc) {
   try {

@@ -17,6 +17,7 @@
 
 #include "cache/window_layer.h"
 #include "core/error.h"
+#include "family_presets.h"
 #include "family_reference.h"
 #include "model/dummy.h"
 #include "model/hf_config.h"
@@ -58,7 +59,7 @@ TEST_P(Families, ForwardMatchesIndependentReference) {
   const auto model = load_preset(GetParam());
   const ModelConfig& c = model->config();
   const std::vector<int32_t> ids = prompt(21, static_cast<int32_t>(c.vocab_size));  // > 2 windows of 8
-  const std::vector<float> ref = testing::FamilyReference(model->file()).logits(ids);
+  const std::vector<float> ref = testing_util::FamilyReference(model->file()).logits(ids);
   for (const char* kernel : {"eager", "fused"}) {
     LlamaForward fwd(*model, kernel, 32);
     ForwardParams p;
@@ -149,13 +150,8 @@ TEST_P(Families, KvBytesEqualTheNotesFormulas) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, Families, ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny", "deepseek-v2-tiny", "gemma3n-tiny"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, Families, ::testing::ValuesIn(testing_util::family_presets()),
+                         testing_util::preset_test_name);
 
 // Cross-layer KV sharing (num_kv_shared_layers, Gemma-3n's rule) on the Gemma-2 block: the
 // last two of four layers read layers 0 (sliding) and 1 (full) and store nothing.
@@ -172,7 +168,7 @@ TEST(KvSharing, SharedLayersReadTheirSourceAndStoreNothing) {
   EXPECT_EQ(model.layers()[2].kv_source, 0);
   EXPECT_EQ(model.layers()[3].kv_source, 1);
   const std::vector<int32_t> ids = prompt(19, static_cast<int32_t>(c.vocab_size));
-  const std::vector<float> ref = testing::FamilyReference(model.file()).logits(ids);
+  const std::vector<float> ref = testing_util::FamilyReference(model.file()).logits(ids);
   LlamaForward fwd(model, "fused", 32);
   ForwardParams p;
   p.tokens = ids.data();
@@ -221,7 +217,7 @@ TEST(MixedWindows, ChunkedSlidingAndFullLayersMatchTheReference) {
   const LlamaModel model(std::move(file));
   const ModelConfig& c = model.config();
   const std::vector<int32_t> ids = prompt(20, static_cast<int32_t>(c.vocab_size));
-  const std::vector<float> ref = testing::FamilyReference(model.file()).logits(ids);
+  const std::vector<float> ref = testing_util::FamilyReference(model.file()).logits(ids);
   for (const char* cache : {"dynamic", "static"}) {
     SessionConfig sc;
     sc.cache = cache;

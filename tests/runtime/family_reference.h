@@ -13,7 +13,7 @@
 #include "core/dtype.h"
 #include "model/model_file.h"
 
-namespace kvcache::testing {
+namespace kvcache::testing_util {
 
 class FamilyReference {
  public:
@@ -483,4 +483,4 @@ class FamilyReference {
   mutable std::vector<std::vector<float>> kept_k_, kept_v_;  // post-RoPE K/V per layer
 };
 
-}  // namespace kvcache::testing
+}  // namespace kvcache::testing_util

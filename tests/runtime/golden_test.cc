@@ -26,19 +26,6 @@ const LlamaModel& stories() {
   return model;
 }
 
-// llama2.c's generate(): prompt forced token by token; we prefill it in one chunk instead.
-std::vector<int32_t> greedy(Session& s, const std::vector<int32_t>& prompt, int64_t new_tokens) {
-  std::vector<int32_t> out;
-  std::span<const float> logits = s.prefill(prompt);
-  for (int64_t i = 0; i < new_tokens; ++i) {
-    const auto next = static_cast<int32_t>(argmax(logits.data(), static_cast<int64_t>(logits.size())));
-    out.push_back(next);
-    if (next == 1) break;  // BOS separates stories: llama2.c stops
-    if (i + 1 < new_tokens) logits = s.decode(next);
-  }
-  return out;
-}
-
 struct Variant {
   const char* cache;
   const char* kernel;
@@ -62,7 +49,7 @@ TEST_P(GoldenIdsTest, GreedyIdsMatchLlama2c) {
     Session s(stories(), sc);
     // llama2.c ran 256 positions; the last sampled id is never fed back.
     const int64_t n = 256 - static_cast<int64_t>(golden.prompt.size()) + 1;
-    EXPECT_EQ(greedy(s, golden.prompt, n), golden.generated) << name;
+    EXPECT_EQ(testing_util::greedy_ids(s, golden.prompt, n), golden.generated) << name;
   }
 }
 

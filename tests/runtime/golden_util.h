@@ -1,18 +1,17 @@
-// Shared helpers of the runtime tests: ../shared's data (stories260K and llama2.c's golden
-// outputs) and comparisons of logits.
+// Shared helpers of the runtime tests: llama2.c's golden ids, its greedy generation and
+// comparisons of logits (where ../shared's data lives and how to read it: shared_data.h).
 #pragma once
-
-#include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <span>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "kernels/softmax.h"
+#include "runtime/session.h"
+#include "shared_data.h"
 
 namespace kvcache::testing_util {
 
@@ -20,24 +19,6 @@ namespace kvcache::testing_util {
 // kvcache::max_rel_diff, runtime/generate.h).
 inline bool bits_equal(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-inline std::string shared_dir() { return KVCACHE_SHARED_DIR; }
-inline std::string stories_dir() { return shared_dir() + "/models/stories260K"; }
-inline std::string golden_dir() { return shared_dir() + "/golden/stories260K"; }
-inline bool have_stories() {
-  return std::filesystem::exists(stories_dir() + "/stories260K.bin") &&
-         std::filesystem::exists(stories_dir() + "/tok512.bin") &&
-         std::filesystem::exists(golden_dir() + "/once_upon_a_time.ids");
-}
-#define KVCACHE_REQUIRE_STORIES()                                                         \
-  if (!::kvcache::testing_util::have_stories())                                           \
-  GTEST_SKIP() << "stories260K or its golden outputs not found under " KVCACHE_SHARED_DIR \
-                  " (the ../shared data folder); skipping"
-
-inline std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 struct GoldenIds {
@@ -59,6 +40,21 @@ inline GoldenIds read_golden_ids(const std::string& name) {
     while (ls >> id) dst->push_back(id);
   }
   return g;
+}
+
+// Greedy ids as llama2.c's generate() picks them, up to `new_tokens` or BOS (which separates
+// stories: llama2.c stops there). llama2.c forces the prompt token by token; this prefills it in
+// one chunk instead.
+inline std::vector<int32_t> greedy_ids(Session& s, const std::vector<int32_t>& prompt, int64_t new_tokens) {
+  std::vector<int32_t> out;
+  std::span<const float> logits = s.prefill(prompt);
+  for (int64_t i = 0; i < new_tokens; ++i) {
+    const auto next = static_cast<int32_t>(argmax(logits.data(), static_cast<int64_t>(logits.size())));
+    out.push_back(next);
+    if (next == 1) break;
+    if (i + 1 < new_tokens) logits = s.decode(next);
+  }
+  return out;
 }
 
 }  // namespace kvcache::testing_util

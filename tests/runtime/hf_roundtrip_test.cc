@@ -46,8 +46,8 @@ std::string hf_name(const std::string& canon) {
 }
 
 struct HfModelDir {
-  std::string dir = testing::temp_path("hf_rt");
-  std::string gguf = testing::temp_path("hf_rt.gguf");
+  std::string dir = testing_util::temp_path("hf_rt");
+  std::string gguf = testing_util::temp_path("hf_rt.gguf");
   HfModelDir() { fs::create_directories(dir); }
   ~HfModelDir() {
     fs::remove_all(dir);
@@ -59,7 +59,7 @@ struct HfModelDir {
 // saturated and greedy choices are not decided by ties.
 void write_hf_model(const std::string& dir, const ModelConfig& c, DType dt, const std::string& arch,
                     const std::string& extra) {
-  testing::TinyWeights w = testing::tiny_weights(c, DType::kF32, 11);
+  testing_util::TinyWeights w = testing_util::tiny_weights(c, DType::kF32, 11);
   std::vector<Tensor> scaled;
   std::vector<std::pair<std::string, TensorView>> hf;
   scaled.reserve(w.tensors.size());
@@ -77,7 +77,7 @@ void write_hf_model(const std::string& dir, const ModelConfig& c, DType dt, cons
     hf.emplace_back(hf_name(name), scaled.back().view());
   }
   write_safetensors(dir + "/model.safetensors", hf, {{"format", "pt"}});
-  testing::write_bytes(
+  testing_util::write_file(
       dir + "/config.json",
       "{\"architectures\": [\"" + arch + "\"], \"hidden_size\": " + std::to_string(c.dim) +
           ", \"num_hidden_layers\": " + std::to_string(c.n_layers) + ", \"num_attention_heads\": " +
@@ -125,7 +125,7 @@ class HfRoundTrip : public ::testing::TestWithParam<Case> {};
 
 TEST_P(HfRoundTrip, SameLogitsAndIdsAsTheConvertedGguf) {
   const Case& k = GetParam();
-  ModelConfig c = testing::tiny_config();
+  ModelConfig c = testing_util::tiny_config();
   c.vocab_size = 48;
   c.qkv_bias = k.qkv_bias;
   c.tie_word_embeddings = k.tied;
@@ -172,7 +172,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, HfRoundTrip,
 // Converting without the permutation would be a different model: a GGUF whose Q/K rows are
 // the HF rows as they are gives different logits (guards against the test passing trivially).
 TEST(HfRoundTripNegative, UnpermutedRowsDiffer) {
-  ModelConfig c = testing::tiny_config();
+  ModelConfig c = testing_util::tiny_config();
   c.vocab_size = 48;
   HfModelDir d;
   write_hf_model(d.dir, c, DType::kF32, "LlamaForCausalLM", "");

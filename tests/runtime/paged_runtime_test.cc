@@ -13,6 +13,7 @@
 #include "golden_util.h"
 #include "model/llama2c.h"
 #include "model/paged_plan.h"
+#include "paged_compare.h"
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
 
@@ -30,11 +31,6 @@ std::vector<int32_t> ids_of(int64_t n, int64_t vocab, uint64_t seed) {
   return t;
 }
 
-int32_t argmax(std::span<const float> v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
-
 // Three sequences of different prompt lengths: dense sessions one by one vs one paged cache
 // that prefills each sequence alone and then decodes all three as one varlen batch (B = 3:
 // below the sgemm threshold, so every projection row is the same GEMV as for B = 1).
@@ -42,77 +38,21 @@ void expect_paged_equals_dense(const LlamaModel& model, const std::vector<int64_
                                const std::string& layer_override_note = "") {
   const int64_t vocab = model.config().vocab_size;
   const auto B = static_cast<int64_t>(prompt_lens.size());
-  std::vector<std::vector<int32_t>> prompts;
-  for (int64_t i = 0; i < B; ++i) prompts.push_back(ids_of(prompt_lens[static_cast<size_t>(i)], vocab, 11 + static_cast<uint64_t>(i)));
-
-  SessionConfig dense_cfg;
-  dense_cfg.cache = "dynamic";
-  dense_cfg.kernel = "eager";
-  SessionConfig paged_cfg = dense_cfg;
-  paged_cfg.cache = "paged";
-  paged_cfg.block_size = 4;  // odd lengths straddle blocks
-  paged_cfg.max_cache_len = 256;
-
-  // Dense reference: per sequence, the prefill logits then each greedy step's logits.
-  std::vector<std::vector<std::vector<float>>> ref(static_cast<size_t>(B));
-  std::vector<std::vector<int32_t>> next(static_cast<size_t>(B));
-  for (int64_t i = 0; i < B; ++i) {
-    Session s(model, dense_cfg);
-    auto l = s.prefill(prompts[static_cast<size_t>(i)]);
-    ref[static_cast<size_t>(i)].emplace_back(l.begin(), l.end());
-    for (int t = 0; t < decode_steps; ++t) {
-      const int32_t id = argmax(ref[static_cast<size_t>(i)].back());
-      next[static_cast<size_t>(i)].push_back(id);
-      l = s.decode(id);
-      ref[static_cast<size_t>(i)].emplace_back(l.begin(), l.end());
-    }
-  }
-
-  // Paged: one store for the three sequences.
-  CacheConfig cc = make_cache_config(model.config(), paged_cfg);
-  ASSERT_TRUE(cc.paged_store);
-  PagedKVStore& store = *cc.paged_store;
-  Cache cache(cc);
-  LlamaForward fwd(model, "eager", 64);
-  std::vector<SeqId> seqs;
-  for (int64_t i = 0; i < B; ++i) {
-    const SeqId id = store.add_sequence();
-    seqs.push_back(id);
-    const SeqId one[] = {id};
-    store.set_batch(one);
-    const auto& p = prompts[static_cast<size_t>(i)];
-    ASSERT_EQ(store.plan_step(static_cast<int64_t>(p.size()), p), StepStatus::kOk);
-    ForwardParams fp;
-    fp.tokens = p.data();
-    fp.n_tokens = static_cast<int64_t>(p.size());
-    fp.cache = &cache;
-    const auto l = fwd.forward(fp);
-    EXPECT_TRUE(bits_equal(l, ref[static_cast<size_t>(i)][0])) << "prefill of sequence " << i << layer_override_note;
-  }
-  store.set_batch(seqs);
-  std::vector<int64_t> pos(prompt_lens.begin(), prompt_lens.end());
-  for (int t = 0; t < decode_steps; ++t) {
-    std::vector<int32_t> ids;
-    for (int64_t i = 0; i < B; ++i) ids.push_back(next[static_cast<size_t>(i)][static_cast<size_t>(t)]);
-    ASSERT_EQ(store.plan_step(1, ids), StepStatus::kOk);
-    ForwardParams fp;
-    fp.tokens = ids.data();
-    fp.batch = B;
-    fp.n_tokens = 1;
-    fp.row_pos0 = pos.data();
-    fp.cache = &cache;
-    const auto l = fwd.forward(fp);
-    const auto V = static_cast<size_t>(vocab);
-    for (int64_t i = 0; i < B; ++i) {
-      EXPECT_TRUE(bits_equal(l.subspan(static_cast<size_t>(i) * V, V), ref[static_cast<size_t>(i)][static_cast<size_t>(t + 1)]))
-          << "decode step " << t << " of sequence " << i << layer_override_note;
-      ++pos[static_cast<size_t>(i)];
-    }
-  }
-  EXPECT_EQ(store.check_invariants(), "");
+  testing_util::PagedVsDense c;
+  for (int64_t i = 0; i < B; ++i) c.prompts.push_back(ids_of(prompt_lens[static_cast<size_t>(i)], vocab, 11 + static_cast<uint64_t>(i)));
+  c.decode_steps = decode_steps;
+  c.dense.cache = "dynamic";
+  c.dense.kernel = "eager";
+  c.paged = c.dense;
+  c.paged.cache = "paged";
+  c.paged.block_size = 4;  // odd lengths straddle blocks
+  c.paged.max_cache_len = 256;
+  c.note = layer_override_note;
+  const std::shared_ptr<PagedKVStore> store = testing_util::expect_paged_equals_dense(model, c);
+  ASSERT_NE(store, nullptr);
   // Waste: at most one partial block per sequence and group.
-  for (int g = 0; g < store.num_groups(); ++g) {
-    const PagedGroupStats st = store.stats(g);
+  for (int g = 0; g < store->num_groups(); ++g) {
+    const PagedGroupStats st = store->stats(g);
     EXPECT_LT(st.allocated_slots - st.live_tokens, B * 4);
   }
 }
@@ -192,7 +132,7 @@ TEST(PagedRuntime, SharedPrefixOf2000TokensPrefillsOnlyTheSuffixAndEqualsAColdRu
   Session cold(model, sc);
   const auto lc = cold.prefill(b);
   EXPECT_TRUE(bits_equal(cached, lc));
-  EXPECT_EQ(argmax(cached), argmax(lc));
+  EXPECT_EQ(testing_util::argmax_id(cached), testing_util::argmax_id(lc));
   EXPECT_EQ(store.check_invariants(), "");
 }
 

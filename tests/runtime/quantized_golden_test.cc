@@ -35,18 +35,6 @@ SessionConfig quant(int bits, int64_t group, int64_t residual) {
   return sc;
 }
 
-std::vector<int32_t> greedy(Session& s, const std::vector<int32_t>& prompt, int64_t new_tokens) {
-  std::vector<int32_t> out;
-  std::span<const float> logits = s.prefill(prompt);
-  for (int64_t i = 0; i < new_tokens; ++i) {
-    const auto next = static_cast<int32_t>(argmax(logits.data(), static_cast<int64_t>(logits.size())));
-    out.push_back(next);
-    if (next == 1) break;
-    if (i + 1 < new_tokens) logits = s.decode(next);
-  }
-  return out;
-}
-
 TEST(QuantizedGolden, EightBitReproducesGreedyIds) {
   KVCACHE_REQUIRE_STORIES();
   // Default G = 64 / R = 128 keeps the first 128 positions exact; G = 16 / R = 0 quantizes all
@@ -56,7 +44,7 @@ TEST(QuantizedGolden, EightBitReproducesGreedyIds) {
       const auto golden = read_golden_ids(name);
       Session s(stories(), quant(8, G, R));
       const int64_t n = 256 - static_cast<int64_t>(golden.prompt.size()) + 1;
-      EXPECT_EQ(greedy(s, golden.prompt, n), golden.generated) << name << " G " << G << " R " << R;
+      EXPECT_EQ(testing_util::greedy_ids(s, golden.prompt, n), golden.generated) << name << " G " << G << " R " << R;
     }
   }
 }

@@ -2,18 +2,15 @@
 // ids --verify` on a Hugging Face folder written by the test (config.json + model.safetensors
 // with transformers names), and `generate --model dummy:<family>-tiny --verify`.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
+#include "family_presets.h"
 #include "model/dummy.h"
 #include "model/llama.h"
 #include "model/model_file.h"
@@ -23,27 +20,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string cli() { return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "kvcache").string(); }
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-struct Result {
-  int code;
-  std::string out, err;
-};
+using kvcache::testing_util::CliResult;
+using kvcache::testing_util::read_file;
 
 struct Scratch : kvcache::testing_util::ScratchDir {
   Scratch() : ScratchDir("clifam") {}
-  Result run(const std::string& args) const {
-    const std::string out = file("stdout"), err = file("stderr");
+  CliResult run(const std::string& args) const {
     // Dummy presets are generated into the scratch folder, not the user's cache.
-    const std::string cmd = "KVCACHE_CACHE_DIR='" + file("cache") + "' '" + cli() + "' " + args + " >'" + out +
-                            "' 2>'" + err + "'";
-    const int st = std::system(cmd.c_str());
-    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
+    return kvcache::testing_util::run_cli(args, {.env = {{"KVCACHE_CACHE_DIR", file("cache")}}});
   }
 };
 
@@ -75,9 +59,9 @@ TEST_P(CliFamilies, LogitsAndGenerateOnAHuggingFaceFolder) {
   p.logits = kvcache::LogitsMode::kAll;
   const std::span<const float> want = fwd.forward(p);
   for (const std::string extra : {"", " --cache static", " --cache dynamic"}) {
-    Result r = s.run("logits --model '" + folder + "' --prompt-ids '" + ids_arg + "' -o '" + s.file("l.f32") + "'" + extra);
-    ASSERT_EQ(r.code, 0) << r.err;
-    const std::string got = slurp(s.file("l.f32"));
+    CliResult r = s.run("logits --model '" + folder + "' --prompt-ids '" + ids_arg + "' -o '" + s.file("l.f32") + "'" + extra);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::string got = read_file(s.file("l.f32"));
     ASSERT_EQ(got.size(), want.size() * sizeof(float)) << extra;
     std::vector<float> a(want.size());
     std::memcpy(a.data(), got.data(), got.size());
@@ -85,9 +69,9 @@ TEST_P(CliFamilies, LogitsAndGenerateOnAHuggingFaceFolder) {
     for (float v : want) scale = std::max(scale, std::fabs(v));
     for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], want[i], 1e-5f * scale) << i << extra;
   }
-  Result g = s.run("generate --model '" + folder + "' --prompt-ids '" + ids_arg +
-                   "' -n 12 --temp 0 --output ids --verify --kv-dtype f32");
-  ASSERT_EQ(g.code, 0) << g.err;
+  CliResult g = s.run("generate --model '" + folder + "' --prompt-ids '" + ids_arg +
+                      "' -n 12 --temp 0 --output ids --verify --kv-dtype f32");
+  ASSERT_EQ(g.exit_code, 0) << g.err;
   EXPECT_NE(g.err.find("ok"), std::string::npos) << g.err;
   int count = 0;
   for (char ch : g.out) count += ch == ' ' || ch == '\n';
@@ -98,9 +82,9 @@ TEST_P(CliFamilies, DummyPresetVerifies) {
   Scratch s;
   std::string ids;
   for (const std::string extra : {"", " --cache paged --block-size 4"}) {
-    Result g = s.run("generate --model dummy:" + GetParam() + " --prompt-ids '2 5 9 14 20 27 35 44 54' -n 10 --temp 0 "
-                     "--output ids --verify --kv-dtype f32" + extra);
-    ASSERT_EQ(g.code, 0) << extra << "\n" << g.err;
+    CliResult g = s.run("generate --model dummy:" + GetParam() + " --prompt-ids '2 5 9 14 20 27 35 44 54' -n 10 --temp 0 "
+                        "--output ids --verify --kv-dtype f32" + extra);
+    ASSERT_EQ(g.exit_code, 0) << extra << "\n" << g.err;
     EXPECT_NE(g.err.find("ok"), std::string::npos) << extra << "\n" << g.err;
     if (ids.empty()) ids = g.out;
     EXPECT_EQ(g.out, ids) << "paged and dense generate the same greedy ids" << extra;
@@ -108,12 +92,7 @@ TEST_P(CliFamilies, DummyPresetVerifies) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CliFamilies,
-                         ::testing::Values("gemma2-tiny", "gptoss-tiny", "mla-tiny", "deepseek-v2-tiny", "gemma3n-tiny"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         ::testing::ValuesIn(kvcache::testing_util::family_presets()),
+                         kvcache::testing_util::preset_test_name);
 
 }  // namespace

@@ -2,9 +2,6 @@
 // reports the time to first token cold and cached as a JSON object, bad values exit with 2.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -13,35 +10,24 @@
 
 namespace {
 
-namespace fs = std::filesystem;
+const std::string kModel = kvcache::testing_util::stories_model();
+const std::string kGolden = kvcache::testing_util::golden_dir();
 
-const std::string kShared = KVCACHE_SHARED_DIR;
-const std::string kModel = kShared + "/models/stories260K/stories260K.bin";
-const std::string kGolden = kShared + "/golden/stories260K";
-
-bool have_stories() { return fs::exists(kModel) && fs::exists(kGolden + "/once_upon_a_time.txt"); }
-#define REQUIRE_STORIES() \
-  if (!have_stories()) GTEST_SKIP() << "stories260K / golden outputs not under " KVCACHE_SHARED_DIR "; skipping"
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
+using kvcache::testing_util::read_file;
 using kvcache::testing_util::run_cli;
 
 TEST(CliPaged, GenerateEqualsLlama2cWithOddBlockSizes) {
-  REQUIRE_STORIES();
+  KVCACHE_REQUIRE_STORIES();
   for (const char* block : {"16", "7"}) {
     const auto r = run_cli("generate --model '" + kModel +
                            "' --prompt 'Once upon a time' -n 252 --temp 0 --cache paged --kernel eager --block-size " + block);
     EXPECT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_EQ(r.out, slurp(kGolden + "/once_upon_a_time.txt")) << "block size " << block;
+    EXPECT_EQ(r.out, read_file(kGolden + "/once_upon_a_time.txt")) << "block size " << block;
   }
 }
 
 TEST(CliPaged, BenchPrefixReuseReportsColdAndCachedTimeToFirstToken) {
-  REQUIRE_STORIES();
+  KVCACHE_REQUIRE_STORIES();
   const auto r = run_cli("bench --model '" + kModel +
                          "' --cache paged --kernel eager --prefix-reuse 300:0.9 -r 1 -o json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -64,7 +50,7 @@ TEST(CliPaged, BenchPrefixReuseReportsColdAndCachedTimeToFirstToken) {
 }
 
 TEST(CliPaged, BadValuesExitWith2AndSayWhy) {
-  REQUIRE_STORIES();
+  KVCACHE_REQUIRE_STORIES();
   auto r = run_cli("bench --model '" + kModel + "' --cache dynamic --prefix-reuse 300:0.9 -r 1");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--cache paged"), std::string::npos) << r.err;

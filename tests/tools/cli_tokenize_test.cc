@@ -1,46 +1,30 @@
 // `kvcache tokenize` end to end: stdin text -> ids on stdout, for GGUF vocabularies (llama.cpp's
 // test vectors), a llama2.c checkpoint and its tokenizer.bin; bad files end with exit code 2.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "scratch_dir.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kShared = KVCACHE_SHARED_DIR;
+using kvcache::testing_util::CliResult;
+using kvcache::testing_util::read_file;
 
-// build/tests/test_tools -> build/kvcache
-std::string cli() { return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "kvcache").string(); }
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-struct Result {
-  int code;
-  std::string out, err;
-};
+const std::string kShared = kvcache::testing_util::shared_dir();
 
 class CliTokenize : public ::testing::Test {
  public:
-  Result tokenize(const std::string& model, const std::string& text) const {
-    const std::string in = scratch_.file("stdin"), out = scratch_.file("stdout"), err = scratch_.file("stderr");
-    std::ofstream(in, std::ios::binary) << text;
-    const std::string cmd = cli() + " tokenize --model '" + model + "' <" + in + " >" + out + " 2>" + err;
-    const int st = std::system(cmd.c_str());
-    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
+  CliResult tokenize(const std::string& model, const std::string& text) const {
+    return kvcache::testing_util::run_cli("tokenize --model " + kvcache::testing_util::shell_quote(model),
+                                          {.stdin_text = text});
   }
   // Made with the fixture, so named after the running test; removed with it.
   const kvcache::testing_util::ScratchDir scratch_{"tok"};
@@ -52,9 +36,9 @@ std::string trim(const std::string& s) {
 }
 
 void check_vocab(const CliTokenize& t, const std::string& vocab, size_t stride,
-                 Result (CliTokenize::*run)(const std::string&, const std::string&) const) {
+                 CliResult (CliTokenize::*run)(const std::string&, const std::string&) const) {
   const std::string path = kShared + "/vocab/" + vocab;
-  const std::string inp = slurp(path + ".inp"), outp = slurp(path + ".out");
+  const std::string inp = read_file(path + ".inp"), outp = read_file(path + ".out");
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> texts;
   size_t begin = 0;
@@ -66,8 +50,8 @@ void check_vocab(const CliTokenize& t, const std::string& vocab, size_t stride,
   for (size_t i = 0; std::getline(lines, line); ++i) {
     if (i % stride != 0) continue;
     ASSERT_LT(i, texts.size());
-    const Result r = (t.*run)(path, texts[i]);
-    ASSERT_EQ(r.code, 0) << r.err;
+    const CliResult r = (t.*run)(path, texts[i]);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out, trim(line) + "\n") << vocab << " case " << i;
   }
 }
@@ -79,12 +63,12 @@ TEST_F(CliTokenize, GgufVocabulariesReproduceLlamaCppVectors) {
 }
 
 TEST_F(CliTokenize, Llama2cCheckpointAndTokenizerFile) {
-  const std::string model = kShared + "/models/stories260K/stories260K.bin";
+  const std::string model = kvcache::testing_util::stories_model();
   if (!fs::exists(model)) GTEST_SKIP() << "stories260K is absent";
-  const Result a = tokenize(model, "Once upon a time");
-  const Result b = tokenize(kShared + "/models/stories260K/tok512.bin", "Once upon a time");
-  ASSERT_EQ(a.code, 0) << a.err;
-  ASSERT_EQ(b.code, 0) << b.err;
+  const CliResult a = tokenize(model, "Once upon a time");
+  const CliResult b = tokenize(kvcache::testing_util::stories_dir() + "/tok512.bin", "Once upon a time");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << b.err;
   EXPECT_EQ(a.out, b.out);
   // run.c's encode: " " prefix piece merged into "Once"; ids end with a newline.
   EXPECT_FALSE(a.out.empty());
@@ -95,15 +79,15 @@ TEST_F(CliTokenize, Llama2cCheckpointAndTokenizerFile) {
 TEST_F(CliTokenize, BadFilesExitWithCode2AndNameTheFile) {
   const std::string bad = scratch_.file("bad.gguf");
   std::ofstream(bad, std::ios::binary) << std::string("GGUF\x07\x00\x00\x00", 8) << std::string(16, '\0');
-  const Result r = tokenize(bad, "x");
-  EXPECT_EQ(r.code, 2);
+  const CliResult r = tokenize(bad, "x");
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find(bad), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("version 7"), std::string::npos) << r.err;
-  const Result m = tokenize(scratch_.file("missing"), "x");
-  EXPECT_EQ(m.code, 2);
+  const CliResult m = tokenize(scratch_.file("missing"), "x");
+  EXPECT_EQ(m.exit_code, 2);
   EXPECT_NE(m.err.find("missing"), std::string::npos) << m.err;
-  const Result d = tokenize("dummy:tiny", "x");  // a built-in model, not a file
-  EXPECT_EQ(d.code, 2);
+  const CliResult d = tokenize("dummy:tiny", "x");  // a built-in model, not a file
+  EXPECT_EQ(d.exit_code, 2);
   EXPECT_NE(d.err.find("dummy models have no tokenizer"), std::string::npos) << d.err;
 }
 
