@@ -1,6 +1,7 @@
 // The attention skeleton's non-template steps (see attention_skeleton.h).
 #include "kernels/attention_skeleton.h"
 
+#include <new>
 #include <string>
 
 #include "core/error.h"
@@ -146,7 +147,7 @@ SeqPlan* carve_seqs(std::span<std::byte> ws, int64_t B) {
   const size_t need = Arena::round_up(sizeof(SeqPlan) * static_cast<size_t>(B));
   if (w.size() < need) too_small(ws.size(), need);
   SeqPlan* seqs = a.take<SeqPlan>(B);
-  for (int64_t b = 0; b < B; ++b) seqs[b] = SeqPlan{};
+  for (int64_t b = 0; b < B; ++b) new (seqs + b) SeqPlan{};
   return seqs;
 }
 

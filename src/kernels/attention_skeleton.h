@@ -6,8 +6,9 @@
 // workspace layout. A kernel plugs in its tile geometry, its scores of a tile and its P.V through
 // a `Tiles` class resolved at compile time (see run_task); nothing is virtual.
 //
-// Workspace (plan / run, as FlashInfer's wrappers): workspace_layout() says how many bytes a call
-// needs and the run carves exactly that layout from caller-owned memory, allocating nothing.
+// Workspace (plan / run, as FlashInfer's wrappers): shape_bytes() (behind
+// attention_workspace_bytes) says how many bytes a call shape needs, and the run carves the same
+// layout (Arena) from caller-owned memory, allocating nothing.
 // Per-thread scratch lives in one slot per pool thread; a pool task claims a slot ("lane") and
 // takes attention tasks one by one, so a thread keeps its slot hot across tasks.
 #pragma once

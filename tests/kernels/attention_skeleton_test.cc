@@ -5,9 +5,11 @@
 // and P.V) runs every row once in a single pass (kv_split = -1) and once cut into split-KV
 // partitions whose partial (m, l, acc) states the skeleton merges. Only the order of the sums
 // differs (each partition rescales its own accumulator, the merge rescales the partitions), so
-// per output row max_d |split - single| <= 2e-6 * max_d |single| (the decode-vs-prefill bound
-// with split-KV in attention_test.cc; measured ~3e-7 here), on odd sizes, with sinks, windows,
-// masked partitions and rows that see nothing (those must stay exactly zero).
+// per output row max_d |split - single| <= 4e-6 * max_d |single|, on odd sizes (up to 1,001 keys
+// in up to 63 partitions), queries of standard deviation 2 (peaked rows), with sinks, windows,
+// masked partitions and rows that see nothing (those must stay exactly zero). Measured worst:
+// 1.5e-6 at 1,001 keys, 1.2e-6 at 300, 4e-7 at 37 (the error grows with the number of
+// partitions, here up to 63 of 16 keys; the kernels' automatic splits make at most a few dozen).
 //
 // Workspace: attention_workspace_bytes() of a call's shape is enough for that call and every
 // smaller one, whatever the alignment of the bytes (the ASan build catches a kernel that carves
@@ -159,7 +161,7 @@ void check_merge(const MergeCase& c, uint32_t seed) {
     else
       worst = std::max(worst, emax / amax);
   }
-  EXPECT_LE(worst, 2e-6);
+  EXPECT_LE(worst, 4e-6);
 }
 
 TEST(AttentionSkeleton, MergedPartitionsEqualSinglePass) {
@@ -212,14 +214,16 @@ TEST(AttentionSkeleton, SplitDecisionFollowsTheSequence) {
 struct Dense {
   Tensor q, k, v, out;
   AttentionOptions o;
+  // seed 0: zeros (a call whose values do not matter)
   Dense(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Skv, int64_t D, DType kv,
         uint32_t seed) {
     std::mt19937 rng(seed);
-    q = Tensor::empty(DType::kF32, {B, Hq, Sq, D});
-    k = Tensor::empty(kv, {B, Hkv, Skv, D});
-    v = Tensor::empty(kv, {B, Hkv, Skv, D});
+    q = Tensor::zeros(DType::kF32, {B, Hq, Sq, D});
+    k = Tensor::zeros(kv, {B, Hkv, Skv, D});
+    v = Tensor::zeros(kv, {B, Hkv, Skv, D});
     out = Tensor::zeros(DType::kF32, {B, Hq, Sq, D});
     for (Tensor* t : {&q, &k, &v}) {
+      if (seed == 0) break;
       const std::vector<float> x = randn(static_cast<size_t>(t->numel()), rng);
       convert_n(x.data(), DType::kF32, t->data(), t->dtype(), x.size());
     }
@@ -268,11 +272,15 @@ TEST(AttentionWorkspace, ServesEverySmallerCall) {
   s.head_dim_k = s.head_dim_v = 64;
   std::vector<std::byte> block(attention_workspace_bytes(s));
   const AttentionFn fused = get_attention_kernel("fused");
+  // Query counts around the automatic split's limit (48 positions of 4 heads) and the balanced
+  // query tiles' sizes; key counts where the partitions are most numerous for their length
+  // (4,355 keys: 5) and past 16,384 (more than 4); prefills, which never split, need no long
+  // cache.
   for (int64_t B : {1, 2})
     for (int64_t Sq : {1, 2, 47, 48, 49, 71, 150, 300})
       for (int64_t Skv : {Sq, int64_t{1025}, int64_t{4355}, int64_t{20000}}) {
-        if (Skv < Sq) continue;
-        Dense d(B, 8, 2, Sq, Skv, 64, DType::kBF16, 5);
+        if (Skv < Sq || (Sq > 48 && Skv > 1025)) continue;
+        Dense d(B, 8, 2, Sq, Skv, 64, DType::kBF16, 0);
         d.o.workspace = block;
         EXPECT_NO_THROW(fused(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.o))
             << "B " << B << " Sq " << Sq << " Skv " << Skv;
