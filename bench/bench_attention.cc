@@ -25,6 +25,7 @@
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/attention_quant.h"
+#include "kernels/attention_workspace.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -309,6 +310,8 @@ void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len)
   const TensorView q(in.qbuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
   const TensorView out(in.obuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
   AttentionOptions o;  // causal, bottom-right: decode needs no mask
+  AttentionWorkspace ws;  // planned once, as a model's forward keeps it
+  o.workspace = ws.reserve_for(q, in.k[0].view(), in.v[0].view(), o);
   const AttentionFn fused = get_attention_kernel("fused");
   const size_t copies = in.k.size();
   size_t c = 0;
@@ -407,6 +410,11 @@ void BM_DecodeAttentionQuant(benchmark::State& state, KVQuantScheme scheme, int 
   const TensorView q(in.qbuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
   const TensorView out(in.obuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
   AttentionOptions o;
+  KVSpan span;
+  span.kind = KVSpanKind::kQuantized;
+  span.quant = in.copies[0].span;
+  AttentionWorkspace ws;
+  o.workspace = ws.reserve_for(q, span, o);
   const size_t copies = in.copies.size();
   size_t c = 0;
   for (auto _ : state) {
@@ -468,6 +476,8 @@ void BM_PrefillAttention(benchmark::State& state, const char* kernel) {
   const TensorView &q = in.q, &out = in.out;
   const Tensor &k = in.k, &v = in.v;
   AttentionOptions o;
+  AttentionWorkspace ws;
+  o.workspace = ws.reserve_for(q, k.view(), v.view(), o);
   const AttentionFn fn = get_attention_kernel(kernel);
   for (auto _ : state) {
     fn(q, k.view(), v.view(), out, o);
@@ -494,6 +504,8 @@ void BM_PrefixSuffixAttention(benchmark::State& state) {
   fill_random(k.view(), 5);
   fill_random(v.view(), 6);
   AttentionOptions o;
+  AttentionWorkspace ws;
+  o.workspace = ws.reserve_for(q.view(), k.view(), v.view(), o);
   const AttentionFn fn = get_attention_kernel("fused");
   for (auto _ : state) {
     fn(q.view(), k.view(), v.view(), out.view(), o);
@@ -527,6 +539,8 @@ void BM_FlexPrefill(benchmark::State& state, int mode) {
   } else {
     o.mask = &same_doc;
   }
+  AttentionWorkspace ws;
+  o.workspace = ws.reserve_for(q, k.view(), v.view(), o);
   const AttentionFn fn = get_attention_kernel("flex");
   for (auto _ : state) {
     if (mode == 2) {

@@ -4,8 +4,10 @@
 // and write out. They know nothing of caches or models: views and an options struct only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +53,11 @@ struct AttentionOptions {
   int64_t kv_split = 0;
   // eager only: if set, receives the probabilities as f32 [B, H_q, S_q, S_kv].
   Tensor* weights_out = nullptr;
+  // fused / flex / fused_scalar (dense and paged) and quantized: scratch owned by the caller, at
+  // least attention_workspace_bytes() of the call's shape (kernels/attention_workspace.h); the
+  // kernel then allocates nothing. Empty: the kernel allocates one for this call alone. Too
+  // small: Error(kInvalidArgument) before anything is written. One call at a time per workspace.
+  std::span<std::byte> workspace;
 };
 
 // q:   [B, H_q, S_q, D_k]  f32, any strides with unit innermost stride

@@ -2,7 +2,9 @@
 // (FlashAttention-2's recurrence, Dao 2023: running max m, denominator l, unnormalised
 // accumulator acc, rescaled by exp(m_old - m_new) when the max grows), never an S x S buffer.
 //
-// Work decomposition. A task is (batch b, kv head hk, query tile, kv split). Its rows are the
+// Work decomposition (the attention skeleton's, attention_skeleton.h, shared with the quantized
+// kernel; this file holds the 64-key tile geometry, the logits and P.V of a tile and the decode
+// schedule, FusedTiles). A task is (batch b, kv head hk, query tile, kv split). Its rows are the
 // G = H_q / H_kv query heads of the group times the tile's query positions, so every K/V tile
 // is loaded once per group and reused by all G heads (GQA without repeat_kv). Decode has one
 // query position, so B x H_kv tasks may leave threads idle; the key range is then split into
@@ -31,12 +33,13 @@
 #include "core/thread_pool.h"
 #include "kernels/attention_internal.h"
 #include "kernels/attention_simd.h"
+#include "kernels/attention_skeleton.h"
 
 namespace kvcache::detail {
 namespace {
 
 constexpr int64_t kTk = 64;           // keys per tile (a 64-key f16 tile of D=128 is 16 KiB)
-// Pipelined decode (run_task's run_pipelined): bytes of K (and of V) rows per alternation.
+// Pipelined decode (FusedTiles::run_pipelined): bytes of K (and of V) rows per alternation.
 constexpr int64_t kChunkBytes = 2048;
 // Target rows (heads x positions) per task. A task packs (transposes, widens) every key tile it
 // reads once for all its rows, so rows per task divide that work: 192 against 64 took prefill
@@ -52,10 +55,6 @@ constexpr int64_t kMinTransposedRows = 8;  // rows per task from which key tiles
 // way, and 6-row blocks spill more of them. With AVX-512: 4 rows x 32 keys (two zmm registers
 // per row), see SimdOps::score_t_block16.
 constexpr int64_t kScoreRows = KVCACHE_ATTN_AVX512 ? 4 : 5;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
-
 // What the transposed (many-row) score path prefetches while it packs a tile's keys: this
 // tile's V rows, and the K rows one tile (kTk keys) ahead.
 struct Prefetch {
@@ -66,7 +65,7 @@ struct Prefetch {
 };
 
 // Decode prefetch. A decode task reads K and V rows in one stream, alternating between them a
-// chunk at a time (run_task's run_pipelined). The score loop and P.V's first column pass each
+// chunk at a time (FusedTiles::run_pipelined). The score loop and P.V's first column pass each
 // prefetch the row kAheadKeys ahead of the one they reach, continuing into what the kernel reads
 // next (`then`). Short on purpose: an L1 miss, load or software prefetch alike, holds one of
 // the core's few line fill buffers until its line arrives, so lines prefetched a tile ahead
@@ -99,96 +98,13 @@ struct StreamAhead {
   }
 };
 
-// One sequence of the call. Dense calls have B identical sequences; paged calls are varlen.
-struct SeqPlan {
-  int64_t q_row0 = 0;                     // paged: first row of the sequence in q / out
-  int64_t Sq = 0, Skv = 0, q_offset = 0;  // q_offset: absolute position of query 0
-  int64_t n_qt = 0, n_split = 1, split_len = 0;
-  int64_t task0 = 0, group0 = 0;  // first task / (KV head, query tile) group
-};
-
-// Everything a task needs, resolved once per call.
-struct Plan {
-  TensorView q, k, v, out;         // dense: [B, H, S, D] views; paged: q / out [total_q, H, D]
-  const PagedKV* paged = nullptr;  // non-null: K/V read through this page table
-  int64_t B = 0, Hq = 0, Hkv = 0, G = 0, Dk = 0, Dv = 0;
-  float scale = 1, softcap = 0;
-  const float* sinks = nullptr;           // [H_q] or null
-  const ScoreFn* score = nullptr;         // or null
-  const BlockMask* block_mask = nullptr;  // user mask as bits (then spec.fn is its fn())
-  MaskSpec spec;
-  bool mask_free = false;  // every pair visible: no classification, no masking
-  int64_t kv_offset = 0;
-  int64_t tq = 1;
-  int64_t max_rows = 0;           // G * tq
-  const SeqPlan* seqs = nullptr;  // [B]
-  int64_t n_tasks = 0, n_groups = 0;
-  float* partial = nullptr;  // [n_tasks, max_rows, D_v + 2]: acc, m, l per row (split tasks)
-
-  const float* q_row(const SeqPlan& sq, int64_t b, int64_t h, int64_t i) const {
-    return paged ? q.ptr_as<const float>(sq.q_row0 + i, h) : q.ptr_as<const float>(b, h, i);
-  }
-  float* out_row(const SeqPlan& sq, int64_t b, int64_t h, int64_t i) const {
-    return paged ? out.ptr_as<float>(sq.q_row0 + i, h) : out.ptr_as<float>(b, h, i);
-  }
-};
-
-// The sequence owning task (or group) index x, given each sequence's first index.
-template <typename Field>
-int64_t find_seq(const Plan& P, int64_t x, Field field) {
-  int64_t lo = 0, hi = P.B;  // last b with field(seqs[b]) <= x
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (field(P.seqs[mid]) <= x)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
-// Per-thread scratch, grown on demand and reused across calls (no allocation in steady state).
-struct Workspace {
-  std::vector<float> qs;        // [R, D_k] scaled queries
-  std::vector<float> acc;       // [R, D_v]
-  std::vector<float> s;         // [R, kTk] logits, then probabilities
-  std::vector<float> s2;        // [R, kTk] the next tile's logits (pipelined decode)
-  std::vector<float> m, l;      // [R]
-  std::vector<int64_t> lo, hi;  // [n_q] visible key interval per query position, kv index space
-  std::vector<RowKind> kind;    // [R] this tile
-  std::vector<uint8_t> fn_vis;  // [R, kTk] user mask values of partial rows
-  std::vector<float> kt;        // [D_k, kTk] this tile's keys transposed (many-row tasks)
-  std::vector<float> vt;        // [kTk, D_v] this tile's values widened to f32 (idem)
-  void ensure(int64_t R, int64_t nq, int64_t Dk, int64_t Dv) {
-    auto grow = [](auto& vec, int64_t n) {
-      if (static_cast<int64_t>(vec.size()) < n) vec.resize(static_cast<size_t>(n));
-    };
-    grow(qs, R * Dk);
-    grow(acc, R * Dv);
-    grow(s, R * kTk);
-    grow(s2, R * kTk);
-    grow(m, R);
-    grow(l, R);
-    grow(lo, nq);
-    grow(hi, nq);
-    grow(kind, R);
-    grow(fn_vis, R * kTk);
-    grow(kt, Dk * kTk);
-    grow(vt, kTk * Dv);
-  }
-};
-
-Workspace& workspace() {
-  thread_local Workspace ws;
-  return ws;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Scalar building blocks (the portable fallback, and the reference for the SIMD ones).
 template <DType KD>
 struct ScalarOps {
   using T = typename Elem<KD>::T;
   static constexpr bool kTransposedScores = false;  // no pack_keys_t / scores_t
+  static constexpr bool kSimd = false;              // the skeleton's scalar softmax update
   // s[r * kTk + j] = qs_r . k_j for rows [0, R), keys [0, n)
   static void scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb, int64_t kstride,
                      int64_t n, float* s, const StreamAhead&) {
@@ -202,31 +118,7 @@ struct ScalarOps {
       }
     }
   }
-  // s[j] = c * tanh(s[j] / c), Gemma-2's attention logit softcap.
-  static void softcap(float* s, int64_t n, float c) {
-    for (int64_t j = 0; j < n; ++j) s[j] = c * std::tanh(s[j] / c);
-  }
-  // Turns logits s[0, n) into exp(s - m_new) in place; returns the row's new state.
-  static bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
-    float mt = kNegInf;
-    for (int64_t j = 0; j < n; ++j) mt = std::max(mt, s[j]);
-    if (mt == kNegInf) {
-      std::fill(s, s + n, 0.0f);
-      return false;
-    }
-    const float m_new = std::max(m, mt);
-    const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);  // exp(0) = 1 exactly
-    float sum = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = std::exp(s[j] - m_new);
-      sum += s[j];
-    }
-    l = l * alpha + sum;
-    if (alpha != 1.0f)
-      for (int64_t d = 0; d < Dv; ++d) acc[d] *= alpha;
-    m = m_new;
-    return true;
-  }
+  static void softcap(float* s, int64_t n, float c) { softcap_scalar(s, n, c); }
   // acc[r] += sum_j p[r, j] v_j
   static void pv(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
                  int64_t Dv, float* acc, const StreamAhead* = nullptr) {
@@ -248,6 +140,7 @@ template <DType KD>
 struct SimdOps {
   using T = typename Elem<KD>::T;
   static constexpr bool kTransposedScores = true;
+  static constexpr bool kSimd = true;
 
   // NR rows x NK keys of dot products, accumulators held in registers. DC is the head dim when
   // known at compile time (64, 128: unrolled loop, no tail), else 0 and dk is used.
@@ -683,11 +576,6 @@ struct SimdOps {
     }
   }
 
-  // The row buffer has kTk columns (the update rounds n up to whole vectors).
-  static bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
-    return detail::softmax_update(s, n, m, l, acc, Dv);
-  }
-
   // NR rows: acc[r, d] += sum_j p[r, j] v_j[d], 16 output columns per pass held in registers.
   // `ahead` (or null) is followed along the keys during the first pass, the one that reads
   // each V row first.
@@ -800,554 +688,396 @@ struct SimdOps {
 };
 #endif  // KVCACHE_ATTN_AVX2
 
+// ---------------------------------------------------------------------------------------------
+// The fused kernel in the skeleton (attention_skeleton.h): 64-key tiles aligned to key 0, K/V
+// rows dense or through a page table.
+
+constexpr QueryTiling kTiling{kRowsPerTask, true, kScoreRows, kMinTransposedRows};
+
+struct FusedParams {
+  TensorView k, v;                 // dense: [B, H_kv, S_kv, D] views
+  const PagedKV* paged = nullptr;  // non-null: K/V read through this page table instead
+  int64_t Dk = 0, Dv = 0;
+
+  // ---- tile geometry (plan_tasks, for_each_tile) ----
+  int64_t n_tiles(const SeqPlan& s) const { return (s.Skv + kTk - 1) / kTk; }
+  // A partition of `keys` keys starts on a tile boundary: keys rounded up to whole tiles.
+  int64_t tiles_per_split(const SeqPlan&, int64_t keys) const { return (keys + kTk - 1) / kTk; }
+  std::pair<int64_t, int64_t> tile_keys(const SeqPlan& s, int64_t t) const {
+    return {t * kTk, std::min(t * kTk + kTk, s.Skv)};
+  }
+  int64_t tile_at(const SeqPlan&, int64_t key) const { return key / kTk; }
+  std::pair<int64_t, int64_t> partition_keys(const Task& t) const {
+    return {t.t_begin * kTk, std::min(t.seq->Skv, t.t_end * kTk)};
+  }
+
+  // ---- scratch ----
+  static constexpr bool with_vis = true;  // user masks (flex) keep per-key bits
+  int64_t acc_cols() const { return Dv; }
+  int64_t s_cols() const { return kTk; }
+  struct Extra {
+    float* s2 = nullptr;  // [R, kTk] the next tile's logits (pipelined decode)
+    float* kt = nullptr;  // [D_k, kTk] this tile's keys transposed (many-row tasks)
+    float* vt = nullptr;  // [kTk, D_v] this tile's values widened to f32 (idem)
+  };
+  Extra carve_extra(Arena& a, int64_t R, int64_t) const {
+    Extra e;
+    e.s2 = a.take<float>(R * kTk);
+    e.kt = a.take<float>(Dk * kTk);
+    e.vt = a.take<float>(kTk * Dv);
+    return e;
+  }
+};
+
+// One task's tile work: where its K/V rows are, the logits and P.V of a tile, and the decode
+// schedule that interleaves them. The skeleton's TaskRows does the rest.
 template <typename Ops>
-void run_task(const Plan& P, int64_t task) {
-  const int64_t b = find_seq(P, task, [](const SeqPlan& x) { return x.task0; });
-  const SeqPlan& SP = P.seqs[b];
-  int64_t t = task - SP.task0;
-  const int64_t sp = t % SP.n_split;
-  t /= SP.n_split;
-  const int64_t qt = t % SP.n_qt, hk = t / SP.n_qt;
-  const int64_t Skv = SP.Skv, q_offset = SP.q_offset;
-  const int64_t q0 = qt * P.tq, nq = std::min(SP.Sq, q0 + P.tq) - q0, R = P.G * nq;
-  const int64_t j_begin = sp * SP.split_len, j_end = std::min(Skv, j_begin + SP.split_len);
-  const int64_t Dk = P.Dk, Dv = P.Dv;
+class FusedTiles {
+ public:
+  using Params = FusedParams;
+  static constexpr bool kSimd = Ops::kSimd, kRowTerms = false;
 
-  Workspace& ws = workspace();
-  ws.ensure(R, nq, Dk, Dv);
-  float* qs = ws.qs.data();
-  float* acc = ws.acc.data();
-  float* s = ws.s.data();
-  // Row r = g * nq + i: query head hk * G + g at query index q0 + i.
-  for (int64_t r = 0; r < R; ++r) {
-    const float* qr = P.q_row(SP, b, hk * P.G + r / nq, q0 + r % nq);
-    for (int64_t d = 0; d < Dk; ++d) qs[r * Dk + d] = qr[d] * P.scale;
-    ws.m[static_cast<size_t>(r)] = kNegInf;
-    ws.l[static_cast<size_t>(r)] = 0;
+  FusedTiles(const Params& kp, TaskRows& rows, Arena& arena);
+  // Many-row tasks take every tile whole (transposed scores, widened values); tasks of fewer
+  // rows (decode) go through run_pipelined.
+  void run(TaskRows& rows) {
+    if (transposed_ || widen_v_)
+      for_each_tile(rows, kp_, *this);
+    else
+      run_pipelined();
   }
-  std::fill(acc, acc + R * Dv, 0.0f);
+  void fold(TaskRows&) {}
+  void softcap(float* s, int64_t n, float c) const { Ops::softcap(s, n, c); }
+  void rescale_row(int64_t, float) {}
+  // Logits of the tile's keys [t0, t1) into sb ([R, kTk], column j - t0 for key j).
+  void logits(int64_t tile, int64_t t0, int64_t t1, float* sb);
+  // P.V of the tile's probabilities in sb (many-row tasks; decode goes through pv_keys).
+  void pv(int64_t tile, int64_t t0, int64_t t1, const float* sb);
 
-  // Visible key interval of each query position (kv index space) and their union.
-  int64_t jlo = j_end, jhi = j_begin;
-  for (int64_t i = 0; i < nq; ++i) {
-    int64_t lo = 0, hi = Skv;
-    if (!P.mask_free) {
-      const KeyRange kr = key_range(P.spec, b, q_offset + q0 + i);
-      lo = std::clamp(kr.lo - P.kv_offset, int64_t{0}, Skv);
-      hi = std::clamp(kr.hi - P.kv_offset, int64_t{0}, Skv);
-    }
-    ws.lo[static_cast<size_t>(i)] = lo;
-    ws.hi[static_cast<size_t>(i)] = hi;
-    if (lo < hi) {
-      jlo = std::min(jlo, lo);
-      jhi = std::max(jhi, hi);
-    }
-  }
-  jlo = std::max(jlo, j_begin);
-  jhi = std::min(jhi, j_end);
-
-  // K/V rows of (b, hk): key j of a dense call at base + j * stride; a paged call finds the
-  // page of key j in the sequence's page table and the row in the page.
-  const TensorView& kt = P.paged ? P.paged->k_pages : P.k;
-  const TensorView& vt = P.paged ? P.paged->v_pages : P.v;
-  const int64_t kstride = kt.byte_offset(0, 0, 1), vstride = vt.byte_offset(0, 0, 1);
-  const int64_t v_row_bytes = vt.byte_offset(0, 0, 0, Dv);
-  const std::byte* kbase = P.paged ? nullptr : static_cast<const std::byte*>(P.k.ptr(b, hk));
-  const std::byte* vbase = P.paged ? nullptr : static_cast<const std::byte*>(P.v.ptr(b, hk));
-  const int32_t* table = P.paged ? P.paged->indices + P.paged->indptr[b] : nullptr;
-  const int64_t ps = P.paged ? P.paged->page_size : 0;
-  // Calls fn(j, n, k_rows, v_rows) for the runs of contiguous rows covering keys [t0, t1):
-  // one run for a dense call, one per page touched for a paged one. Runs split a tile's key
+ private:
+  const std::byte* k_row(int64_t j) const;  // K row of key j
+  const std::byte* v_row(int64_t j) const;  // V row of key j
+  // Calls fn(j, n, k_rows, v_rows) for the runs of contiguous rows covering keys [t0, t1): one
+  // run for a dense call, one per page touched for a paged one. Runs split a tile's key
   // columns, not its arithmetic: scores are per pair and P.V accumulates in key order, so a
   // paged call computes what the dense call on the gathered K/V computes, bit for bit.
-  const int64_t k_row_bytes = kt.byte_offset(0, 0, 0, Dk);
-  auto k_row = [&](int64_t j) {  // K row of key j
-    if (!table) return kbase + j * kstride;
-    const int64_t pi = j / ps;
-    return static_cast<const std::byte*>(kt.ptr(table[pi], hk, j - pi * ps));
-  };
-  auto for_runs = [&](int64_t t0, int64_t t1, auto&& fn) {
-    if (!table) {
-      fn(t0, t1 - t0, kbase + t0 * kstride, vbase + t0 * vstride);
-      return;
-    }
-    for (int64_t j = t0; j < t1;) {
-      const int64_t pi = j / ps, off = j - pi * ps, n = std::min(t1 - j, ps - off);
-      const int64_t page = table[pi];
-      fn(j, n, static_cast<const std::byte*>(kt.ptr(page, hk, off)),
-         static_cast<const std::byte*>(vt.ptr(page, hk, off)));
-      j += n;
-    }
-  };
-  const MaskSpec& spec = P.spec;
-  RowKind* kind = ws.kind.data();
+  template <typename Fn>
+  void for_runs(int64_t t0, int64_t t1, Fn&& fn) const;
+  void logits_transposed(int64_t t0, int64_t t1, float* sb);
+  // The stream `ahead` continues with keys [j, e) of K (or V), as far as they are contiguous.
+  void continue_with(StreamAhead& ahead, bool k_side, int64_t j, int64_t e) const;
+  // Logits of keys [a, e) of the tile at t0 into sb; the stream then goes on to V keys [va, ve).
+  void logits_keys(int64_t t0, int64_t a, int64_t e, float* sb, int64_t va, int64_t ve);
+  // P.V of keys [a, e) of the tile at t0 from sb; the stream then goes on to K keys [ka, ke).
+  void pv_keys(int64_t t0, int64_t a, int64_t e, const float* sb, int64_t ka, int64_t ke);
+  // The first tile from t0 with a row to compute (classified), or jhi.
+  int64_t next_tile(int64_t t0);
+  void run_pipelined();
+
+  const Params& kp_;
+  TaskRows& rows_;
+  const Params::Extra x_;
+  const int64_t R_, Dk_, Dv_, hk_;
+  const float* qs_;
+  float* acc_;
+  // K/V rows of (b, hk): key j of a dense call at base + j * stride; a paged call finds the
+  // page of key j in the sequence's page table and the row in the page.
+  const TensorView& kv_k_;
+  const TensorView& kv_v_;
+  int64_t kstride_, vstride_, k_row_bytes_, v_row_bytes_;
+  const std::byte* kbase_ = nullptr;
+  const std::byte* vbase_ = nullptr;
+  const int32_t* table_ = nullptr;
+  int64_t ps_ = 0;  // page size
+  int64_t j_end_;   // end of the partition's keys
+  bool transposed_, widen_v_;
+  int64_t chunk_;  // keys per pipelined chunk
+};
+
+template <typename Ops>
+FusedTiles<Ops>::FusedTiles(const Params& kp, TaskRows& rows, Arena& arena)
+    : kp_(kp),
+      rows_(rows),
+      x_(kp.carve_extra(arena, rows.P.max_rows, rows.P.tq)),
+      R_(rows.t.R),
+      Dk_(kp.Dk),
+      Dv_(kp.Dv),
+      hk_(rows.t.hk),
+      qs_(rows.rs.qs),
+      acc_(rows.rs.acc),
+      kv_k_(kp.paged ? kp.paged->k_pages : kp.k),
+      kv_v_(kp.paged ? kp.paged->v_pages : kp.v) {
+  kstride_ = kv_k_.byte_offset(0, 0, 1);
+  vstride_ = kv_v_.byte_offset(0, 0, 1);
+  k_row_bytes_ = kv_k_.byte_offset(0, 0, 0, Dk_);
+  v_row_bytes_ = kv_v_.byte_offset(0, 0, 0, Dv_);
+  const int64_t b = rows.t.b;
+  if (kp.paged) {
+    table_ = kp.paged->indices + kp.paged->indptr[b];
+    ps_ = kp.paged->page_size;
+  } else {
+    kbase_ = static_cast<const std::byte*>(kp.k.ptr(b, hk_));
+    vbase_ = static_cast<const std::byte*>(kp.v.ptr(b, hk_));
+  }
+  j_end_ = kp.partition_keys(rows.t).second;
   // Many rows share each key tile (prefill): transpose the tile once and run the GEMM-shaped
   // score kernel (same bits as the per-pair one, see SimdOps::scores_t). Decode rows (R = G)
   // keep the per-pair kernel, which reads each key once without the transpose.
-  const bool transposed = Ops::kTransposedScores && R >= kMinTransposedRows && Dk % 8 == 0;
-  const DType vt_dtype = vt.dtype();
-  const bool widen_v = Ops::kTransposedScores && R >= kMinTransposedRows && vt_dtype != DType::kF32;
+  transposed_ = Ops::kTransposedScores && R_ >= kMinTransposedRows && Dk_ % 8 == 0;
+  widen_v_ = Ops::kTransposedScores && R_ >= kMinTransposedRows && kv_v_.dtype() != DType::kF32;
+  // Keys per chunk: kChunkBytes of the wider row, a power of two in [4, kTk] so chunks tile a
+  // tile.
+  chunk_ = std::clamp(static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(std::max<int64_t>(
+                          1, kChunkBytes / std::max(k_row_bytes_, v_row_bytes_))))),
+                      int64_t{4}, kTk);
+}
 
-  // ---- one tile [t0, t1): classify its rows, logits, mask, online softmax, P.V ----
-  // Classifies each row for the tile into `kind` (and fn_vis); false when every row is empty.
-  auto classify = [&](int64_t t0, int64_t t1) -> bool {
-    const int64_t n = t1 - t0;
-    bool any = false;
-    if (P.mask_free) {
-      std::fill(kind, kind + R, RowKind::kFull);
-      any = true;
-    } else {
-      int32_t dmin = 0, dmax = -1;
-      if (spec.doc_ids) {
-        dmin = std::numeric_limits<int32_t>::max();
-        dmax = std::numeric_limits<int32_t>::min();
-        for (int64_t j = t0; j < t1; ++j) {
-          const int32_t d = doc_id(spec, b, P.kv_offset + j);
-          dmin = std::min(dmin, d);
-          dmax = std::max(dmax, d);
-        }
-      }
-      for (int64_t i = 0; i < nq; ++i) {
-        const int64_t lo = std::max(ws.lo[static_cast<size_t>(i)], t0);
-        const int64_t hi = std::min(ws.hi[static_cast<size_t>(i)], t1);
-        RowKind k = lo >= hi                 ? RowKind::kEmpty
-                    : (lo == t0 && hi == t1) ? RowKind::kFull
-                                             : RowKind::kPartial;
-        if (k != RowKind::kEmpty && spec.doc_ids) {
-          const int32_t dq = doc_id(spec, b, q_offset + q0 + i);
-          if (dq < dmin || dq > dmax)
-            k = RowKind::kEmpty;
-          else if (dmin != dmax)
-            k = RowKind::kPartial;
-        }
-        for (int64_t g = 0; g < P.G; ++g) kind[g * nq + i] = k;
-      }
-      if (P.block_mask) {  // user mask as bits: classify by word, never call a function
-        const BlockMask& bm = *P.block_mask;
-        const uint64_t all = n == kTk ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
-        for (int64_t r = 0; r < R; ++r) {
-          if (kind[r] == RowKind::kEmpty) continue;
-          const int64_t i = r % nq, h = hk * P.G + r / nq;
-          const uint64_t w = bm.word(b, h, q0 + i, t0 / kTk);
-          if (w == 0) {
-            kind[r] = RowKind::kEmpty;
-          } else if (w != all || kind[r] == RowKind::kPartial) {
-            const int64_t qp = q_offset + q0 + i;
-            const int64_t lo = std::max(ws.lo[static_cast<size_t>(i)], t0);
-            const int64_t hi = std::min(ws.hi[static_cast<size_t>(i)], t1);
-            uint8_t* vis = ws.fn_vis.data() + (r * kTk);
-            int64_t count = 0;
-            for (int64_t j = t0; j < t1; ++j) {
-              const bool v = ((w >> (j - t0)) & 1) && j >= lo && j < hi &&
-                             (!spec.doc_ids || builtin_visible(spec, b, qp, P.kv_offset + j));
-              vis[j - t0] = v;
-              count += v;
-            }
-            kind[r] = count == 0   ? RowKind::kEmpty
-                      : count == n ? RowKind::kFull
-                                   : RowKind::kPartial;
-          }  // else: every key visible to the function and to the built-ins: stays full
-        }
-      } else if (spec.fn) {  // user mask: evaluate where the built-ins leave keys visible
-        for (int64_t r = 0; r < R; ++r) {
-          if (kind[r] == RowKind::kEmpty) continue;
-          const int64_t i = r % nq, h = hk * P.G + r / nq, qp = q_offset + q0 + i;
-          const int64_t lo = std::max(ws.lo[static_cast<size_t>(i)], t0);
-          const int64_t hi = std::min(ws.hi[static_cast<size_t>(i)], t1);
-          uint8_t* vis = ws.fn_vis.data() + (r * kTk);
-          int64_t count = 0;
-          for (int64_t j = t0; j < t1; ++j) {
-            const int64_t kp = P.kv_offset + j;
-            const bool v =
-                j >= lo && j < hi && builtin_visible(spec, b, qp, kp) && (*spec.fn)(b, h, qp, kp);
-            vis[j - t0] = v;
-            count += v;
-          }
-          kind[r] = count == 0 ? RowKind::kEmpty : count == n ? RowKind::kFull : RowKind::kPartial;
-        }
-      }
-      for (int64_t r = 0; r < R && !any; ++r) any = kind[r] != RowKind::kEmpty;
-    }
-    return any;
-  };
-  // Logits of the tile's keys into sb ([R, kTk], column j - t0 for key j).
-  auto logits = [&](int64_t t0, int64_t t1, float* sb) {
-    const int64_t n = t1 - t0;
+template <typename Ops>
+const std::byte* FusedTiles<Ops>::k_row(int64_t j) const {
+  if (!table_) return kbase_ + j * kstride_;
+  const int64_t pi = j / ps_;
+  return static_cast<const std::byte*>(kv_k_.ptr(table_[pi], hk_, j - pi * ps_));
+}
+
+template <typename Ops>
+const std::byte* FusedTiles<Ops>::v_row(int64_t j) const {
+  if (!table_) return vbase_ + j * vstride_;
+  const int64_t pi = j / ps_;
+  return static_cast<const std::byte*>(kv_v_.ptr(table_[pi], hk_, j - pi * ps_));
+}
+
+template <typename Ops>
+template <typename Fn>
+void FusedTiles<Ops>::for_runs(int64_t t0, int64_t t1, Fn&& fn) const {
+  if (!table_) {
+    fn(t0, t1 - t0, kbase_ + t0 * kstride_, vbase_ + t0 * vstride_);
+    return;
+  }
+  for (int64_t j = t0; j < t1;) {
+    const int64_t pi = j / ps_, off = j - pi * ps_, n = std::min(t1 - j, ps_ - off);
+    const int64_t page = table_[pi];
+    fn(j, n, static_cast<const std::byte*>(kv_k_.ptr(page, hk_, off)),
+       static_cast<const std::byte*>(kv_v_.ptr(page, hk_, off)));
+    j += n;
+  }
+}
+
+template <typename Ops>
+void FusedTiles<Ops>::logits_transposed(int64_t t0, int64_t t1, float* sb) {
+  if constexpr (Ops::kTransposedScores) {
+    Prefetch pf;  // per run: this run's V rows, and the K rows one tile ahead
+    pf.vstride = vstride_;
+    pf.v_row_bytes = v_row_bytes_;
+    pf.kstride = kstride_;
+    pf.k_row_bytes = k_row_bytes_;
+    float* kt = x_.kt;
+    const int64_t jhi = rows_.jhi;
+    for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
+      pf.v = vr;
+      pf.k_next = j + kTk < jhi ? k_row(j + kTk) : nullptr;
+      Ops::pack_keys_t(kr, kstride_, len, Dk_, kt + (j - t0), pf);
+    });
+    // Whole 16-key blocks: zero the spare columns.
+    const int64_t n = t1 - t0, n16 = (n + 15) / 16 * 16;
+    if (n16 != n)
+      for (int64_t d = 0; d < Dk_; ++d) std::fill(kt + d * kTk + n, kt + d * kTk + n16, 0.0f);
+    Ops::scores_t(qs_, R_, Dk_, kt, n, sb);
+  }
+}
+
+template <typename Ops>
+void FusedTiles<Ops>::logits(int64_t, int64_t t0, int64_t t1, float* sb) {
+  if (transposed_) {
+    logits_transposed(t0, t1, sb);
+    return;
+  }
+  for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
+    // prefetch along this run's K rows, then its V rows
+    const StreamAhead ahead{kr, kstride_, len, k_row_bytes_, vr, vstride_, len, v_row_bytes_};
+    Ops::scores(qs_, R_, Dk_, kr, kstride_, len, sb + (j - t0), ahead);
+  });
+}
+
+template <typename Ops>
+void FusedTiles<Ops>::pv(int64_t, int64_t t0, int64_t t1, const float* sb) {
+  if (widen_v_) {
+    // Widen the tile's values once for all R rows (f16 -> f32 is exact: same products), then
+    // one pass over the tile's keys in order, as the per-run passes make.
     if constexpr (Ops::kTransposedScores) {
-      if (transposed) {
-        Prefetch pf;  // per run: this run's V rows, and the K rows one tile ahead
-        pf.vstride = vstride;
-        pf.v_row_bytes = v_row_bytes;
-        pf.kstride = kstride;
-        pf.k_row_bytes = k_row_bytes;
-        float* kt = ws.kt.data();
-        for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
-          pf.v = vr;
-          pf.k_next = j + kTk < jhi ? k_row(j + kTk) : nullptr;
-          Ops::pack_keys_t(kr, kstride, len, Dk, kt + (j - t0), pf);
-        });
-        const int64_t n16 = (n + 15) / 16 * 16;  // whole 16-key blocks: zero the spare columns
-        if (n16 != n)
-          for (int64_t d = 0; d < Dk; ++d) std::fill(kt + d * kTk + n, kt + d * kTk + n16, 0.0f);
-        Ops::scores_t(qs, R, Dk, kt, n, sb);
-      }
-    }
-    if (!transposed) {  // prefetch along this run's K rows, then its V rows
-      for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
-        const StreamAhead ahead{kr, kstride, len, k_row_bytes, vr, vstride, len, v_row_bytes};
-        Ops::scores(qs, R, Dk, kr, kstride, len, sb + (j - t0), ahead);
-      });
-    }
-    (void)n;
-  };
-  // Softcap, score_mod and mask on the tile's logits in sb, then the online softmax update.
-  auto finish = [&](int64_t t0, int64_t t1, float* sb) {
-    const int64_t n = t1 - t0;
-    for (int64_t r = 0; r < R; ++r) {
-      float* sr = sb + r * kTk;
-      if (kind[r] == RowKind::kEmpty) {
-        std::fill(sr, sr + n, kNegInf);
-        continue;
-      }
-      if (P.softcap > 0) Ops::softcap(sr, n, P.softcap);
-      if (!P.score && kind[r] != RowKind::kPartial) continue;  // a full row: nothing to mask
-      const int64_t i = r % nq, qp = q_offset + q0 + i;
-      if (P.score) {
-        const int64_t h = hk * P.G + r / nq;
-        for (int64_t j = 0; j < n; ++j) sr[j] = (*P.score)(sr[j], b, h, qp, P.kv_offset + t0 + j);
-      }
-      if (kind[r] == RowKind::kPartial) {
-        const int64_t lo = ws.lo[static_cast<size_t>(i)], hi = ws.hi[static_cast<size_t>(i)];
-        if (!spec.doc_ids && !spec.fn) {  // an interval only (causal, window, chunk): two fills
-          std::fill(sr, sr + std::clamp(lo - t0, int64_t{0}, n), kNegInf);
-          std::fill(sr + std::clamp(hi - t0, int64_t{0}, n), sr + n, kNegInf);
-          continue;
-        }
-        const int32_t dq = spec.doc_ids ? doc_id(spec, b, qp) : 0;
-        const uint8_t* vis = ws.fn_vis.data() + (r * kTk);
-        for (int64_t j = 0; j < n; ++j) {
-          const int64_t jj = t0 + j;
-          bool v = jj >= lo && jj < hi;
-          if (v && spec.doc_ids) v = doc_id(spec, b, P.kv_offset + jj) == dq;
-          if (v && spec.fn) v = vis[j] != 0;
-          if (!v) sr[j] = kNegInf;
-        }
-      }
-    }
-    // ---- online softmax and P.V ----
-    for (int64_t r = 0; r < R; ++r)
-      Ops::softmax_update(sb + r * kTk, n, ws.m[static_cast<size_t>(r)],
-                          ws.l[static_cast<size_t>(r)], acc + r * Dv, Dv);
-  };
-  // P.V of the tile's probabilities in sb (many-row tasks; decode goes through pv_keys).
-  auto pv_tile = [&](int64_t t0, int64_t t1, float* sb) {
-    const int64_t n = t1 - t0;
-    if (widen_v) {
-      // Widen the tile's values once for all R rows (f16 -> f32 is exact: same products),
-      // then one pass over the tile's keys in order, as the per-run passes make.
-      if constexpr (Ops::kTransposedScores) {
-        float* vw = ws.vt.data();
-        for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
-          Ops::widen_rows(vr, vstride, len, Dv, vw + (j - t0) * Dv);
-        });
-        Ops::pv_f32(sb, R, reinterpret_cast<const std::byte*>(vw), Dv * int64_t{sizeof(float)}, n,
-                    Dv, acc);
-      }
-    } else {  // f32 values; the transposed path's key packing prefetched these rows
+      float* vw = x_.vt;
       for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
-        Ops::pv(sb + (j - t0), R, vr, vstride, len, Dv, acc);
+        Ops::widen_rows(vr, vstride_, len, Dv_, vw + (j - t0) * Dv_);
       });
+      Ops::pv_f32(sb, R_, reinterpret_cast<const std::byte*>(vw), Dv_ * int64_t{sizeof(float)},
+                  t1 - t0, Dv_, acc_);
     }
-    (void)n;
-  };
-
-  // ---- decode: the next tile's logits interleaved with this tile's P.V ----
-  // The tile loop reads K tile t, then V tile t, then K tile t + 1...: a 16 KiB run of each in
-  // turn (64 keys, f16, D = 128), each stream idle while the other runs. Here P.V of tile t and
-  // the logits of the next non-empty tile go a chunk (kChunkBytes of rows) at a time,
-  // alternately, so both streams advance together. The arithmetic is the tile loop's: logits
-  // are per pair, P.V accumulates each element in key order (a chunk stores acc, the next
-  // reloads it), and the softmax still takes whole kTk tiles, so the bits equal the plain
-  // loop's and a prefill row's. f16 decode, 32 x 8 heads, D = 128, 2 threads, 16K and 64K keys,
-  // side by side (docs/benchmarks.md): 0.82-0.83 of BM_ReadBandwidth with the tile loop,
-  // 1.04-1.08 with 2 KiB chunks; 4 KiB chunks ~0.95-1.00, 1 KiB ~0.90. (16-key tiles in the
-  // tile loop also alternate 4 KiB at a time: 0.91-0.97, but prefill lost 8-25 % to them.)
-  // Keys per chunk: kChunkBytes of the wider row, a power of two in [4, kTk] so chunks tile a tile.
-  const int64_t chunk = std::clamp(
-      static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(
-          std::max<int64_t>(1, kChunkBytes / std::max(k_row_bytes, v_row_bytes))))),
-      int64_t{4}, kTk);
-  auto v_row = [&](int64_t j) {  // V row of key j
-    if (!table) return vbase + j * vstride;
-    const int64_t pi = j / ps;
-    return static_cast<const std::byte*>(vt.ptr(table[pi], hk, j - pi * ps));
-  };
-  // The stream `ahead` continues with keys [j, e) of K (or V), as far as they are contiguous.
-  auto continue_with = [&](StreamAhead& ahead, bool k_side, int64_t j, int64_t e) {
-    if (j >= e) return;
-    ahead.then = k_side ? k_row(j) : v_row(j);
-    ahead.then_stride = k_side ? kstride : vstride;
-    ahead.then_n = std::min(chunk, e - j);
-    if (table) ahead.then_n = std::min(ahead.then_n, ps - j % ps);
-    ahead.then_row_bytes = k_side ? k_row_bytes : v_row_bytes;
-  };
-  // Logits of keys [a, e) of the tile at t0 into sb; the stream then goes on to V keys [va, ve).
-  auto logits_keys = [&](int64_t t0, int64_t a, int64_t e, float* sb, int64_t va, int64_t ve) {
-    for_runs(a, e, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte*) {
-      StreamAhead ahead{kr, kstride, len, k_row_bytes};
-      continue_with(ahead, false, va, ve);
-      Ops::scores(qs, R, Dk, kr, kstride, len, sb + (j - t0), ahead);
-    });
-  };
-  // P.V of keys [a, e) of the tile at t0 from sb; the stream then goes on to K keys [ka, ke).
-  auto pv_keys = [&](int64_t t0, int64_t a, int64_t e, const float* sb, int64_t ka, int64_t ke) {
-    for_runs(a, e, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
-      StreamAhead ahead{vr, vstride, len, v_row_bytes};
-      continue_with(ahead, true, ka, ke);
-      Ops::pv(sb + (j - t0), R, vr, vstride, len, Dv, acc, &ahead);
-    });
-  };
-  auto next_tile = [&](int64_t t0) {  // the first tile from t0 with a row to compute, or jhi
-    for (; t0 < jhi; t0 += kTk)
-      if (classify(t0, std::min(t0 + kTk, j_end))) return t0;
-    return jhi;
-  };
-  auto run_pipelined = [&](int64_t from, float* sc, float* sn) {
-    int64_t cur = next_tile(from);
-    if (cur >= jhi) return;
-    int64_t cur_end = std::min(cur + kTk, j_end);
-    logits_keys(cur, cur, cur_end, sc, cur, std::min(cur + chunk, cur_end));
-    for (;;) {
-      finish(cur, cur_end, sc);  // uses this tile's classification: before the next one's
-      const int64_t nxt = next_tile(cur + kTk);
-      if (nxt >= jhi) {
-        pv_keys(cur, cur, cur_end, sc, 0, 0);
-        return;
-      }
-      const int64_t nxt_end = std::min(nxt + kTk, j_end);
-      for (int64_t c = 0; c < kTk; c += chunk) {
-        const int64_t a = cur + c, an = nxt + c;
-        if (a < cur_end)
-          pv_keys(cur, a, std::min(a + chunk, cur_end), sc, an,
-                  std::min(an + chunk, nxt_end));
-        if (an < nxt_end) {
-          const int64_t va = a + chunk < cur_end ? a + chunk : nxt;
-          logits_keys(nxt, an, std::min(an + chunk, nxt_end), sn, va,
-                      std::min(va + chunk, a + chunk < cur_end ? cur_end : nxt_end));
-        }
-      }
-      std::swap(sc, sn);
-      cur = nxt;
-      cur_end = nxt_end;
-    }
-  };
-
-  // Tiles aligned to multiples of kTk in absolute key index (j_begin is such a multiple).
-  const int64_t first = jlo < jhi ? jlo - jlo % kTk : jhi;
-  if (transposed || widen_v) {
-    for (int64_t t0 = first; t0 < jhi; t0 += kTk) {
-      const int64_t t1 = std::min(t0 + kTk, j_end);
-      if (!classify(t0, t1)) continue;
-      logits(t0, t1, s);
-      finish(t0, t1, s);
-      pv_tile(t0, t1, s);
-    }
-  } else {
-    run_pipelined(first, s, ws.s2.data());
+    return;
   }
+  // f32 values; the transposed path's key packing prefetched these rows
+  for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
+    Ops::pv(sb + (j - t0), R_, vr, vstride_, len, Dv_, acc_);
+  });
+}
 
-  // ---- write the result, or this partition's partial state ----
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t h = hk * P.G + r / nq, i = q0 + r % nq;
-    const float m = ws.m[static_cast<size_t>(r)], l = ws.l[static_cast<size_t>(r)];
-    if (SP.n_split == 1) {
-      finalize_row(m, l, acc + r * Dv, P.sinks ? P.sinks + h : nullptr, Dv, P.out_row(SP, b, h, i));
-    } else {
-      float* dst = P.partial + (task * P.max_rows + r) * (Dv + 2);
-      std::memcpy(dst, acc + r * Dv, static_cast<size_t>(Dv) * sizeof(float));
-      dst[Dv] = m;
-      dst[Dv + 1] = l;
+template <typename Ops>
+void FusedTiles<Ops>::continue_with(StreamAhead& ahead, bool k_side, int64_t j, int64_t e) const {
+  if (j >= e) return;
+  ahead.then = k_side ? k_row(j) : v_row(j);
+  ahead.then_stride = k_side ? kstride_ : vstride_;
+  ahead.then_n = std::min(chunk_, e - j);
+  if (table_) ahead.then_n = std::min(ahead.then_n, ps_ - j % ps_);
+  ahead.then_row_bytes = k_side ? k_row_bytes_ : v_row_bytes_;
+}
+
+template <typename Ops>
+void FusedTiles<Ops>::logits_keys(int64_t t0, int64_t a, int64_t e, float* sb, int64_t va,
+                                  int64_t ve) {
+  for_runs(a, e, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte*) {
+    StreamAhead ahead{kr, kstride_, len, k_row_bytes_};
+    continue_with(ahead, false, va, ve);
+    Ops::scores(qs_, R_, Dk_, kr, kstride_, len, sb + (j - t0), ahead);
+  });
+}
+
+template <typename Ops>
+void FusedTiles<Ops>::pv_keys(int64_t t0, int64_t a, int64_t e, const float* sb, int64_t ka,
+                              int64_t ke) {
+  for_runs(a, e, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
+    StreamAhead ahead{vr, vstride_, len, v_row_bytes_};
+    continue_with(ahead, true, ka, ke);
+    Ops::pv(sb + (j - t0), R_, vr, vstride_, len, Dv_, acc_, &ahead);
+  });
+}
+
+template <typename Ops>
+int64_t FusedTiles<Ops>::next_tile(int64_t t0) {
+  const int64_t jhi = rows_.jhi;
+  for (; t0 < jhi; t0 += kTk)
+    if (rows_.classify(t0, std::min(t0 + kTk, j_end_))) return t0;
+  return jhi;
+}
+
+// Decode: the next tile's logits interleaved with this tile's P.V. A plain tile loop reads K
+// tile t, then V tile t, then K tile t + 1...: a 16 KiB run of each in turn (64 keys, f16, D =
+// 128), each stream idle while the other runs. Here P.V of tile t and the logits of the next
+// non-empty tile go a chunk (kChunkBytes of rows) at a time, alternately, so both streams
+// advance together. The arithmetic is the tile loop's: logits are per pair, P.V accumulates
+// each element in key order (a chunk stores acc, the next reloads it), and the softmax still
+// takes whole kTk tiles, so the bits equal the plain loop's and a prefill row's. f16 decode,
+// 32 x 8 heads, D = 128, 2 threads, 16K and 64K keys, side by side (docs/benchmarks.md):
+// 0.82-0.83 of BM_ReadBandwidth with the tile loop, 1.04-1.08 with 2 KiB chunks; 4 KiB chunks
+// ~0.95-1.00, 1 KiB ~0.90. (16-key tiles in the tile loop also alternate 4 KiB at a time:
+// 0.91-0.97, but prefill lost 8-25 % to them.)
+template <typename Ops>
+void FusedTiles<Ops>::run_pipelined() {
+  const int64_t jlo = rows_.jlo, jhi = rows_.jhi;
+  float* sc = rows_.rs.s;
+  float* sn = x_.s2;
+  // Tiles aligned to multiples of kTk in absolute key index (a partition starts on one).
+  int64_t cur = next_tile(jlo < jhi ? jlo - jlo % kTk : jhi);
+  if (cur >= jhi) return;
+  int64_t cur_end = std::min(cur + kTk, j_end_);
+  logits_keys(cur, cur, cur_end, sc, cur, std::min(cur + chunk_, cur_end));
+  for (;;) {
+    // Uses this tile's classification: before the next one's.
+    rows_.finish(cur, cur_end, sc, *this);
+    const int64_t nxt = next_tile(cur + kTk);
+    if (nxt >= jhi) {
+      pv_keys(cur, cur, cur_end, sc, 0, 0);
+      return;
     }
+    const int64_t nxt_end = std::min(nxt + kTk, j_end_);
+    for (int64_t c = 0; c < kTk; c += chunk_) {
+      const int64_t a = cur + c, an = nxt + c;
+      if (a < cur_end)
+        pv_keys(cur, a, std::min(a + chunk_, cur_end), sc, an, std::min(an + chunk_, nxt_end));
+      if (an < nxt_end) {
+        const int64_t va = a + chunk_ < cur_end ? a + chunk_ : nxt;
+        logits_keys(nxt, an, std::min(an + chunk_, nxt_end), sn, va,
+                    std::min(va + chunk_, a + chunk_ < cur_end ? cur_end : nxt_end));
+      }
+    }
+    std::swap(sc, sn);
+    cur = nxt;
+    cur_end = nxt_end;
   }
 }
 
-// Merges the n_split partial states of one group (b, hk, query tile) and writes its rows.
-void merge_group(const Plan& P, int64_t group, std::vector<float>& tmp) {
-  const int64_t b = find_seq(P, group, [](const SeqPlan& x) { return x.group0; });
-  const SeqPlan& SP = P.seqs[b];
-  if (SP.n_split == 1) return;  // run_task wrote the rows
-  const int64_t gl = group - SP.group0, qt = gl % SP.n_qt, hk = gl / SP.n_qt;
-  const int64_t q0 = qt * P.tq, nq = std::min(SP.Sq, q0 + P.tq) - q0, R = P.G * nq;
-  const int64_t Dv = P.Dv, rec = Dv + 2, task0 = SP.task0 + gl * SP.n_split;
-  tmp.resize(static_cast<size_t>(Dv));
-  for (int64_t r = 0; r < R; ++r) {
-    const float* first = P.partial + (task0 * P.max_rows + r) * rec;
-    float M = kNegInf;
-    for (int64_t sp = 0; sp < SP.n_split; ++sp) M = std::max(M, first[sp * P.max_rows * rec + Dv]);
-    float L = 0;
-    std::fill(tmp.begin(), tmp.end(), 0.0f);
-    if (M != kNegInf) {
-      for (int64_t sp = 0; sp < SP.n_split; ++sp) {
-        const float* part = first + sp * P.max_rows * rec;
-        if (part[Dv] == kNegInf) continue;
-        const float w = std::exp(part[Dv] - M);
-        L += part[Dv + 1] * w;
-        for (int64_t d = 0; d < Dv; ++d) tmp[static_cast<size_t>(d)] += part[d] * w;
-      }
-    }
-    const int64_t h = hk * P.G + r / nq;
-    finalize_row(M, L, tmp.data(), P.sinks ? P.sinks + h : nullptr, Dv,
-                 P.out_row(SP, b, h, q0 + r % nq));
-  }
-}
-
-// Plans the tasks of sequences whose Sq / Skv / q_offset are set, then runs them. split is
-// AttentionOptions::kv_split (0 automatic, -1 never, > 0 keys per partition).
 template <template <DType> class Ops>
-void execute(Plan& P, std::vector<SeqPlan>& seqs, int64_t split_opt, DType kv_dtype) {
-  int64_t max_sq = 0;
-  for (const SeqPlan& x : seqs) max_sq = std::max(max_sq, x.Sq);
-  if (max_sq == 0 || P.Dv == 0) return;
-  P.tq = std::min(max_sq, std::max<int64_t>(1, kRowsPerTask / P.G));
-  // Tiles of equal size, as many as max_sq holds kRowsPerTask rows to the nearest: every task
-  // packs each key tile it reads once for all its rows, so a last tile of a few positions (200
-  // positions at G = 3: 64, 64, 64 and 8) paid a whole packing of the keys for 24 rows. Now
-  // 67, 67, 66 (then rounded up below to whole register blocks: 68, 68, 64).
-  if (P.tq < max_sq) {
-    const int64_t n_tiles = std::max<int64_t>(1, (2 * max_sq + P.tq) / (2 * P.tq));
-    P.tq = (max_sq + n_tiles - 1) / n_tiles;
-  }
-  // Many-row tasks: whole register blocks of the transposed score kernel (G = 3: 25
-  // positions, 75 rows, instead of 21 and a 3-row tail). Rows are independent: the split of
-  // positions into tasks never changes a row's arithmetic.
-  while (P.tq > 1 && P.tq < max_sq && P.G * P.tq >= kMinTransposedRows &&
-         (P.G * P.tq) % kScoreRows != 0)
-    ++P.tq;
-  P.max_rows = P.G * P.tq;
-  for (SeqPlan& x : seqs) x.n_qt = (x.Sq + P.tq - 1) / P.tq;
-  ThreadPool& pool = default_pool();
-  // Flash-decoding split: a sequence with a single query tile (decode, short verification
-  // steps) and a long cache has its keys cut into partitions (auto_split_keys), so B x H_kv
-  // tasks never leave threads idle. The rule looks at the sequence only — not at the batch, the
-  // thread count or the machine — so a sequence's output does not depend on what it is batched
-  // with (batch invariance: continuous batching returns what a lone request would).
-  bool any_split = false;
-  for (SeqPlan& x : seqs) {
-    int64_t split = split_opt;
-    if (split == 0)
-      split = x.Sq * P.G <= kRowsPerTask && auto_split_keys(x.Skv) > 0 ? auto_split_keys(x.Skv) : -1;
-    if (split < 0 || split >= x.Skv) {
-      x.n_split = 1;
-      x.split_len = std::max<int64_t>(x.Skv, 1);
-    } else {
-      x.split_len = (split + kTk - 1) / kTk * kTk;  // partitions start on tile boundaries
-      x.n_split = (x.Skv + x.split_len - 1) / x.split_len;
-      if (x.n_split == 1) x.split_len = std::max<int64_t>(x.Skv, 1);
-    }
-    any_split |= x.n_split > 1;
-  }
-  int64_t tasks = 0, groups = 0;
-  for (SeqPlan& x : seqs) {
-    x.task0 = tasks;
-    x.group0 = groups;
-    groups += P.Hkv * x.n_qt;
-    tasks += P.Hkv * x.n_qt * x.n_split;
-  }
-  P.seqs = seqs.data();
-  P.n_tasks = tasks;
-  P.n_groups = groups;
-
-  thread_local std::vector<float> partial;  // reused by the calling thread across calls
-  if (any_split) {
-    partial.resize(static_cast<size_t>(P.n_tasks * P.max_rows * (P.Dv + 2)));
-    P.partial = partial.data();
-  }
-  auto launch = [&](auto task_fn) {
-    pool.parallel_for(P.n_tasks, [&](int64_t t) { task_fn(P, t); });
-  };
+void run_tiles(const CallPlan& P, const FusedParams& kp, DType kv_dtype) {
   switch (kv_dtype) {
     case DType::kF32:
-      launch(run_task<Ops<DType::kF32>>);
+      run_call<FusedTiles<Ops<DType::kF32>>>(P, kp);
       break;
     case DType::kF16:
-      launch(run_task<Ops<DType::kF16>>);
+      run_call<FusedTiles<Ops<DType::kF16>>>(P, kp);
       break;
     case DType::kBF16:
-      launch(run_task<Ops<DType::kBF16>>);
+      run_call<FusedTiles<Ops<DType::kBF16>>>(P, kp);
       break;
     default:
       KV_CHECK(false, "dtype validated by the caller");
   }
-  if (any_split) {
-    pool.parallel_for(P.n_groups, [&](int64_t g) {
-      thread_local std::vector<float> tmp;
-      merge_group(P, g, tmp);
-    });
-  }
 }
 
-void fill_common(Plan& P, const AttentionOptions& o) {
-  P.G = P.Hq / P.Hkv;
-  P.scale = o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(P.Dk));
-  P.softcap = o.softcap;
-  P.sinks = o.sinks;
-  P.score = o.score;
-  P.block_mask = o.block_mask;
-  P.spec = attention_mask_spec(o);
+// attention_workspace_bytes of the fused kernels.
+size_t fused_bytes(const AttentionShape& s, int64_t n_threads) {
+  FusedParams kp;
+  kp.Dk = s.head_dim_k;
+  kp.Dv = s.head_dim_v;
+  return shape_bytes(kp, s, kTiling, n_threads);
 }
 
 template <template <DType> class Ops>
 void run_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                    const TensorView& out, const AttentionOptions& o) {
   validate_attention_args(q, k, v, out, o);
-  Plan P;
-  P.q = q;
-  P.k = k;
-  P.v = v;
-  P.out = out;
-  P.B = q.dim(0);
-  P.Hq = q.dim(1);
-  P.Dk = q.dim(3);
-  P.Hkv = k.dim(1);
-  P.Dv = v.dim(3);
+  CallPlan P;
+  init_call(P, q, out, q.dim(0), k.dim(1), v.dim(3), o);
   const int64_t Sq = q.dim(2), Skv = k.dim(2);
   if (P.B == 0 || P.Hq == 0 || Sq == 0 || P.Dv == 0) return;
-  fill_common(P, o);
   const MaskGeometry geo = make_geometry(P.B, P.Hq, Sq, Skv, o.q_offset, o.kv_offset);
   P.kv_offset = geo.kv_offset;
   // Use 3 of the mask module, when it is cheap to decide (built-in intervals only).
   P.mask_free = !P.spec.fn && !P.spec.doc_ids && mask_is_all_visible(P.spec, geo);
-  thread_local std::vector<SeqPlan> seqs;
-  seqs.assign(static_cast<size_t>(P.B), SeqPlan{});
-  for (SeqPlan& x : seqs) {
-    x.Sq = Sq;
-    x.Skv = Skv;
-    x.q_offset = geo.q_offset;
-  }
-  execute<Ops>(P, seqs, o.kv_split, k.dtype());
+  FusedParams kp;
+  kp.k = k;
+  kp.v = v;
+  kp.Dk = P.Dk;
+  kp.Dv = P.Dv;
+  KVSpan span;
+  span.k = k;
+  span.v = v;
+  const AttentionShape shape = attention_shape(q, span, o);
+  const CallWorkspace ws(o.workspace, [&](int64_t threads) { return fused_bytes(shape, threads); });
+  P.seqs = carve_seqs(ws.span(), P.B);
+  set_dense_seqs(P, Sq, Skv, geo.q_offset);
+  plan_call(P, kp, kTiling, o.kv_split, ws.span());
+  run_tiles<Ops>(P, kp, k.dtype());
 }
 
 template <template <DType> class Ops>
 void run_paged(const TensorView& q, const PagedKV& kv, const int32_t* cu_seqlens_q,
                const TensorView& out, const AttentionOptions& o) {
-  Plan P;
-  P.q = q;
-  P.out = out;
-  P.paged = &kv;
-  P.B = kv.batch;
-  P.Hq = q.dim(1);
-  P.Dk = q.dim(2);
-  P.Hkv = kv.k_pages.dim(1);
-  P.Dv = out.dim(2);
-  if (P.B == 0 || P.Hq == 0) return;
-  fill_common(P, o);
+  CallPlan P;
+  init_call(P, q, out, kv.batch, kv.k_pages.dim(1), out.dim(2), o);
+  if (P.B == 0 || P.Hq == 0 || P.Dv == 0) return;
   P.kv_offset = o.kv_offset;
+  FusedParams kp;
+  kp.paged = &kv;
+  kp.Dk = P.Dk;
+  kp.Dv = P.Dv;
+  if (q.dim(0) == 0) return;
+  KVSpan span;
+  span.kind = KVSpanKind::kPaged;
+  span.paged = kv;
+  const AttentionShape shape = attention_shape(q, span, o);
+  const CallWorkspace ws(o.workspace, [&](int64_t threads) { return fused_bytes(shape, threads); });
+  P.seqs = carve_seqs(ws.span(), P.B);
   // Bottom-right aligned per sequence; a plain causal decode of every sequence needs no mask.
   bool all_decode = true;
-  thread_local std::vector<SeqPlan> seqs;
-  seqs.assign(static_cast<size_t>(P.B), SeqPlan{});
   for (int64_t b = 0; b < P.B; ++b) {
-    SeqPlan& x = seqs[static_cast<size_t>(b)];
+    SeqPlan& x = P.seqs[b];
     x.q_row0 = cu_seqlens_q[b];
     x.Sq = cu_seqlens_q[b + 1] - cu_seqlens_q[b];
     x.Skv = kv.seq_len(b);
@@ -1357,10 +1087,15 @@ void run_paged(const TensorView& q, const PagedKV& kv, const int32_t* cu_seqlens
   P.mask_free = all_decode && P.spec.causal && P.spec.sliding_window == 0 &&
                 P.spec.chunk_size == 0 && !P.spec.fn && !P.spec.doc_ids && !P.spec.kv_begin &&
                 !P.spec.kv_end;
-  execute<Ops>(P, seqs, o.kv_split, kv.k_pages.dtype());
+  plan_call(P, kp, kTiling, o.kv_split, ws.span());
+  run_tiles<Ops>(P, kp, kv.k_pages.dtype());
 }
 
 }  // namespace
+
+size_t fused_workspace_bytes(const AttentionShape& shape, int64_t n_threads) {
+  return fused_bytes(shape, n_threads);
+}
 
 void fused_attention_scalar(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const AttentionOptions& o) {
@@ -1377,7 +1112,7 @@ void fused_attention(const TensorView& q, const TensorView& k, const TensorView&
 }
 
 // flex = the fused kernel; mask_mod / score_mod arrive through options.mask / options.score and
-// are evaluated per tile (empty tiles skipped, full tiles unmasked) by run_task.
+// are evaluated per tile (empty tiles skipped, full tiles unmasked) by the skeleton's TaskRows.
 void flex_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                     const TensorView& out, const AttentionOptions& o) {
   fused_attention(q, k, v, out, o);

@@ -6,6 +6,7 @@
 
 #include "core/kv_span.h"
 #include "kernels/attention.h"
+#include "kernels/attention_workspace.h"
 
 namespace kvcache::detail {
 
@@ -23,6 +24,10 @@ void fused_paged_attention(const TensorView& q, const PagedKV& kv, const int32_t
 void fused_paged_attention_scalar(const TensorView& q, const PagedKV& kv,
                                   const int32_t* cu_seqlens_q, const TensorView& out,
                                   const AttentionOptions& options);
+
+// attention_workspace_bytes of each kernel family, for a pool of n_threads.
+size_t fused_workspace_bytes(const AttentionShape& shape, int64_t n_threads);
+size_t quantized_workspace_bytes(const AttentionShape& shape, int64_t n_threads);
 
 // Runs f.template operator()<NR>(r) over the rows [0, R): blocks of 4 rows, then the 1 to 3
 // left (register-blocked micro-kernels are instantiated for NR = 1..4). Shared by the fused and

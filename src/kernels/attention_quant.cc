@@ -1,12 +1,11 @@
 // Fused dequantizing attention (see attention_quant.h for the folding of scales and zeros).
 //
-// Work decomposition follows the "fused" kernel (attention_fused.cc): a task is (batch b, KV
-// head hk, query tile, KV split); its rows are the H_q / H_kv query heads of the group times
+// Work decomposition, online softmax, masking and the merge of split-KV partitions are the
+// attention skeleton's (attention_skeleton.h), shared with the fused kernel: a task is (batch b,
+// KV head hk, query tile, KV split); its rows are the H_q / H_kv query heads of the group times
 // the tile's query positions, so every packed block is read and its codes widened once per GQA
-// group. Tiles are the packed blocks (G tokens each) followed by 64-token tiles of the residual;
-// decode splits the tile list into partitions merged afterwards (flash-decoding) when B x H_kv
-// tasks would leave threads idle. Rows are classified per tile from the mask's key intervals:
-// empty tiles are skipped, full tiles are not masked.
+// group. This file holds the tile geometry — the packed blocks (G tokens each) followed by
+// 64-token tiles of the residual — and the logits and P.V of a tile (QuantTiles).
 //
 // Where the cycles go (decode, 4-bit, D = 128, 4 query heads per KV head): per key 16 vectors
 // of 8 codes are widened for the scores and 16 for P.V, each feeding 4 FMAs — the same FMA
@@ -32,6 +31,8 @@
 #include "core/thread_pool.h"
 #include "kernels/attention_internal.h"
 #include "kernels/attention_simd.h"
+#include "kernels/attention_skeleton.h"
+#include "kernels/attention_workspace.h"
 #include "kernels/kv_quant.h"
 #include "kernels/mask.h"
 
@@ -40,7 +41,6 @@ namespace {
 
 using detail::by_row_blocks;
 using detail::Elem;
-using detail::finalize_row;
 #if KVCACHE_ATTN_AVX2
 using detail::hsum8;
 using detail::load8;
@@ -53,29 +53,6 @@ using detail::pv_step64;
 
 constexpr int64_t kResTile = 64;      // residual keys per tile
 constexpr int64_t kRowsPerTask = 64;  // target rows (heads x positions) per task
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-enum class RowKind : uint8_t { kEmpty, kPartial, kFull };
-
-struct Plan {
-  TensorView q, out;
-  const QuantKV* kv = nullptr;
-  int64_t B = 0, Hq = 0, Hkv = 0, Gq = 0, Sq = 0, Skv = 0, Dk = 0, Dv = 0;
-  int64_t G = 0, n_blocks = 0, packed = 0, n_res = 0, n_tiles = 0;
-  int64_t vg = 0, ng = 0;    // value channels per group, groups per token
-  int64_t cbk = 0, rbv = 0;  // bytes of a key code column (G tokens), of a value code row
-  int64_t st = 0;            // row stride of the score buffer: round64(max(G, kResTile))
-  float scale = 1, softcap = 0;
-  KVBlockFormat fmt;             // the packed blocks' format (kv_quant.h)
-  bool per_token = false;        // q8_0 / q4_0: blocks dequantized tile by tile into scratch
-  const float* sinks = nullptr;  // [H_q] or null
-  MaskSpec spec;
-  bool mask_free = false;
-  int64_t q_offset = 0, kv_offset = 0;
-  int64_t tq = 1, n_qt = 1, n_split = 1, tiles_per_split = 0, max_rows = 0;
-  float* partial = nullptr;  // [tasks, max_rows, D_v + 2]: acc, m, l per row (n_split > 1)
-};
-
 // The next packed block, prefetched while the current one is scored, a slice per group of
 // keys: the hardware prefetcher alone leaves the first touch of each block stalled on memory
 // (the same finding as the fused kernel's, attention_fused.cc).
@@ -140,49 +117,6 @@ struct Ahead {
   };
 };
 
-// Per-thread scratch, grown on demand and reused (no allocation in steady state).
-struct Workspace {
-  std::vector<float> qs;                 // [R, D_k] scaled queries
-  std::vector<float> qk;                 // [R, D_k] queries times the block's key scales
-  std::vector<float> qz;                 // [R] queries . the block's key zeros
-  std::vector<float> pg;                 // [ng, R, st] probabilities times value scales
-  std::vector<float> zs;                 // [R, ng] probabilities . value zeros
-  std::vector<float> za;                 // [R, ng] zs summed over the blocks (rescaled)
-  std::vector<float> acc;                // [R, D_v]
-  std::vector<float> kt, vt;    // per-token schemes: one block's K [G, D_k] / V [G, D_v] in f32
-  std::vector<float> s;         // [R, st] logits, then probabilities
-  std::vector<float> m, l;      // [R]
-  std::vector<int64_t> lo, hi;  // [n_q] visible key interval per query position (kv index)
-  std::vector<RowKind> kind;    // [R]
-  void ensure(const Plan& P, int64_t R, int64_t nq) {
-    auto grow = [](auto& vec, int64_t n) {
-      if (static_cast<int64_t>(vec.size()) < n) vec.resize(static_cast<size_t>(n));
-    };
-    grow(qs, R * P.Dk);
-    grow(qk, R * P.Dk);
-    grow(qz, R);
-    grow(pg, P.ng * R * P.st);
-    grow(zs, R * P.ng);
-    grow(acc, 2 * R * P.Dv);  // natural half + chunked-order half (see run_task)
-    grow(za, R * P.ng);
-    grow(s, R * P.st);
-    grow(m, R);
-    grow(l, R);
-    grow(lo, nq);
-    grow(hi, nq);
-    grow(kind, R);
-    if (P.per_token) {
-      grow(kt, P.G * P.Dk);
-      grow(vt, P.G * P.Dv);
-    }
-  }
-};
-
-Workspace& workspace() {
-  thread_local Workspace ws;
-  return ws;
-}
-
 // ---------------------------------------------------------------------------------------------
 // The chunked code order (2 and 4 bits, SIMD path). Eight packed code bytes hold
 // kChunk = 8 * (8 / BITS) channels; one zero-extending load puts byte i in lane i, and a shift
@@ -208,6 +142,7 @@ constexpr int64_t chunked_channel(int64_t p) {
 // Scalar building blocks: the portable path and the reference for the SIMD ones.
 struct ScalarOps {
   static constexpr bool kPermute = false;  // no chunked code path (see SimdOps)
+  static constexpr bool kSimd = false;     // the skeleton's scalar softmax update
   // Per packed block: qk[r, d] = qs[r, d] * ks[d], qz[r] = qs[r] . kz, from the block's f16
   // key scales ks and zeros kz.
   static void block_query(const float* qs, int64_t R, int64_t Dk, const f16_t* ks, const f16_t* kz,
@@ -288,27 +223,6 @@ struct ScalarOps {
           acc[r * lda + d] = std::fma(pj, Elem<KD>::get(vr[d]), acc[r * lda + d]);
       }
     }
-  }
-  // Logits s[0, n) -> exp(s - m_new) in place; rescales acc; false when the tile is all masked.
-  static bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
-    float mt = kNegInf;
-    for (int64_t j = 0; j < n; ++j) mt = std::max(mt, s[j]);
-    if (mt == kNegInf) {
-      std::fill(s, s + n, 0.0f);
-      return false;
-    }
-    const float m_new = std::max(m, mt);
-    const float alpha = std::exp(m - m_new);
-    float sum = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = std::exp(s[j] - m_new);
-      sum += s[j];
-    }
-    l = l * alpha + sum;
-    if (alpha != 1.0f)
-      for (int64_t d = 0; d < Dv; ++d) acc[d] *= alpha;
-    m = m_new;
-    return true;
   }
 };
 
@@ -796,6 +710,7 @@ struct SimdOps {
 
   // ---- chunked code order (see chunked_channel): 2 and 4 bits ----
   static constexpr bool kPermute = true;
+  static constexpr bool kSimd = true;
   static inline __m256i load_chunk(const std::byte* p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
@@ -918,337 +833,299 @@ struct SimdOps {
             acc[r * lda + d] =
                 std::fma(p[r * st + j], DenseLoad<KD>::one(vb + j * vstride, d), acc[r * lda + d]);
   }
-  // The row buffer has room for round8(n) columns.
-  static bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
-    return detail::softmax_update(s, n, m, l, acc, Dv);
-  }
 };
 #endif  // KVCACHE_ATTN_AVX2
 
+// ---------------------------------------------------------------------------------------------
+// The quantized kernel in the skeleton (attention_skeleton.h): tiles are the packed blocks (G
+// tokens each), then 64-key tiles of the residual.
+
+using detail::Arena;
+using detail::CallPlan;
+using detail::SeqPlan;
+using detail::Task;
+using detail::TaskRows;
+
+constexpr detail::QueryTiling kTiling{kRowsPerTask};
+
+struct QuantParams {
+  const QuantKV* kv = nullptr;
+  int64_t G = 0, n_blocks = 0, packed = 0;  // tokens per block, blocks, packed tokens
+  int64_t Dk = 0, Dv = 0;
+  int64_t vg = 0, ng = 0;    // value channels per group, groups per token
+  int64_t cbk = 0, rbv = 0;  // bytes of a key code column (G tokens), of a value code row
+  int64_t st = 0;            // row stride of the score buffer: round64(max(G, kResTile))
+  KVBlockFormat fmt;         // the packed blocks' format (kv_quant.h)
+  bool per_token = false;    // q8_0 / q4_0: blocks dequantized tile by tile into scratch
+  // Packed P.V accumulates in the chunked code order into a second half of each accumulator row
+  // ([R, 2 D_v]: channel order | chunked order), folded back at the end (SIMD, 2/4 bits, value
+  // groups of whole chunks).
+  bool chunk_v = false;
+
+  // ---- tile geometry (plan_tasks, for_each_tile) ----
+  int64_t n_tiles(const SeqPlan& s) const {
+    return n_blocks + (s.Skv - packed + kResTile - 1) / kResTile;
+  }
+  // Partitions of about `keys` keys, as even as whole tiles allow.
+  int64_t tiles_per_split(const SeqPlan& s, int64_t keys) const {
+    const int64_t nt = std::max<int64_t>(n_tiles(s), 1);
+    const int64_t n = std::clamp<int64_t>((s.Skv + keys - 1) / keys, 1, nt);
+    return (nt + n - 1) / n;
+  }
+  std::pair<int64_t, int64_t> tile_keys(const SeqPlan& s, int64_t t) const {
+    if (t < n_blocks) return {t * G, t * G + G};
+    const int64_t k0 = packed + (t - n_blocks) * kResTile;
+    return {k0, std::min(s.Skv, k0 + kResTile)};
+  }
+  int64_t tile_at(const SeqPlan&, int64_t key) const {
+    return key < packed ? key / G : n_blocks + (key - packed) / kResTile;
+  }
+  std::pair<int64_t, int64_t> partition_keys(const Task& t) const {
+    return {tile_keys(*t.seq, t.t_begin).first, tile_keys(*t.seq, t.t_end - 1).second};
+  }
+
+  // ---- scratch ----
+  static constexpr bool with_vis = false;  // no user masks on quantized spans
+  int64_t acc_cols() const { return chunk_v ? 2 * Dv : Dv; }
+  int64_t s_cols() const { return st; }
+  struct Extra {
+    float* qk = nullptr;  // [R, D_k] queries times the block's key scales
+    float* qz = nullptr;  // [R] queries . the block's key zeros
+    float* pg = nullptr;  // [ng, R, st] probabilities times value scales
+    float* zs = nullptr;  // [R, ng] probabilities . value zeros
+    float* za = nullptr;  // [R, ng] zs summed over the blocks (rescaled with the rows)
+    float* kt = nullptr;  // per-token schemes: one block's K [G, D_k] in f32
+    float* vt = nullptr;  // and V [G, D_v]
+  };
+  Extra carve_extra(Arena& a, int64_t R, int64_t) const {
+    Extra e;
+    e.qk = a.take<float>(R * Dk);
+    e.qz = a.take<float>(R);
+    e.pg = a.take<float>(ng * R * st);
+    e.zs = a.take<float>(R * ng);
+    e.za = a.take<float>(R * ng);
+    if (per_token) {
+      e.kt = a.take<float>(G * Dk);
+      e.vt = a.take<float>(G * Dv);
+    }
+    return e;
+  }
+};
+
+// One task's tile work on packed blocks and residual tiles: logits, P.V, and the KIVI value zero
+// terms sum_j p_j z_j per row and value group, kept apart (rescaled with the rows) and added to
+// the group's channels once at the end rather than into every channel after every block.
 template <typename Ops, int BITS, DType RD>
-void run_task(const Plan& P, int64_t task) {
-  int64_t t = task;
-  const int64_t sp = t % P.n_split;
-  t /= P.n_split;
-  const int64_t qt = t % P.n_qt;
-  t /= P.n_qt;
-  const int64_t hk = t % P.Hkv, b = t / P.Hkv;
-  const int64_t q0 = qt * P.tq, nq = std::min(P.Sq, q0 + P.tq) - q0, R = P.Gq * nq;
-  const int64_t tile_begin = sp * P.tiles_per_split;
-  const int64_t tile_end = std::min(P.n_tiles, tile_begin + P.tiles_per_split);
-  const int64_t Dk = P.Dk, Dv = P.Dv, st = P.st, ng = P.ng;
-  const QuantKV& kv = *P.kv;
+class QuantTiles {
+ public:
+  using Params = QuantParams;
+  static constexpr bool kSimd = Ops::kSimd, kRowTerms = true;
+  // Chunked code order (SIMD, 2/4 bits) for the value codes when a value group is whole chunks.
+  static constexpr bool kChunked = Ops::kPermute && BITS != 8;
 
-  Workspace& ws = workspace();
-  ws.ensure(P, R, nq);
-  float* qs = ws.qs.data();
-  float* acc = ws.acc.data();
-  float* s = ws.s.data();
-  // Chunked code order (SIMD, 2/4 bits) for the value codes when a value group is whole
-  // chunks. Packed P.V then accumulates into a second half of each accumulator row
-  // ([R, 2 D_v]: channel order | chunked order), folded back at the end.
-  constexpr int64_t CH = BITS == 8 ? 8 : chunk_channels < BITS == 8 ? 4 : BITS > ();
-  constexpr bool chunked = Ops::kPermute && BITS != 8;
-  const bool chunk_v = chunked && P.vg % CH == 0;
-  const int64_t lda = chunk_v ? 2 * Dv : Dv;
-  // Row r = g * nq + i: query head hk * Gq + g at query index q0 + i.
-  for (int64_t r = 0; r < R; ++r) {
-    const float* qr = P.q.ptr_as<const float>(b, hk * P.Gq + r / nq, q0 + r % nq);
-    for (int64_t d = 0; d < Dk; ++d) qs[r * Dk + d] = qr[d] * P.scale;
-    ws.m[static_cast<size_t>(r)] = kNegInf;
-    ws.l[static_cast<size_t>(r)] = 0;
-  }
-  std::fill(acc, acc + R * lda, 0.0f);
-  // The KIVI value zero terms sum_j p_j z_j per row and value group, kept apart (rescaled with
-  // the rows) and added to the group's channels once at the end rather than into every channel
-  // after every block.
-  float* za = ws.za.data();
-  std::fill(za, za + R * ng, 0.0f);
-
-  int64_t jlo = P.Skv, jhi = 0;  // union of the visible key intervals (kv index space)
-  for (int64_t i = 0; i < nq; ++i) {
-    int64_t lo = 0, hi = P.Skv;
-    if (!P.mask_free) {
-      const KeyRange kr = key_range(P.spec, b, P.q_offset + q0 + i);
-      lo = std::clamp(kr.lo - P.kv_offset, int64_t{0}, P.Skv);
-      hi = std::clamp(kr.hi - P.kv_offset, int64_t{0}, P.Skv);
-    }
-    ws.lo[static_cast<size_t>(i)] = lo;
-    ws.hi[static_cast<size_t>(i)] = hi;
-    if (lo < hi) {
-      jlo = std::min(jlo, lo);
-      jhi = std::max(jhi, hi);
+  QuantTiles(const Params& kp, TaskRows& rows, Arena& arena)
+      : kp_(kp),
+        kv_(*kp.kv),
+        x_(kp.carve_extra(arena, rows.P.max_rows, rows.P.tq)),
+        b_(rows.t.b),
+        hk_(rows.t.hk),
+        R_(rows.t.R),
+        t_end_(rows.t.t_end),
+        qs_(rows.rs.qs),
+        acc_(rows.rs.acc),
+        lda_(rows.rs.acc_cols) {
+    std::fill(x_.za, x_.za + R_ * kp.ng, 0.0f);
+    if (kp.packed < rows.t.seq->Skv) {
+      rkstride_ = kv_.k_residual.byte_offset(0, 0, 1);
+      rvstride_ = kv_.v_residual.byte_offset(0, 0, 1);
     }
   }
+  void run(TaskRows& rows) { for_each_tile(rows, kp_, *this); }
+  void softcap(float* s, int64_t n, float c) const { detail::softcap_scalar(s, n, c); }
+  void rescale_row(int64_t r, float alpha) {
+    for (int64_t g = 0; g < kp_.ng; ++g) x_.za[r * kp_.ng + g] *= alpha;
+  }
+  void logits(int64_t tile, int64_t k0, int64_t k1, float* s);
+  void pv(int64_t tile, int64_t k0, int64_t k1, const float* s);
+  // The chunked accumulator half back in channel order, and the value zero terms, into acc.
+  void fold(TaskRows&);
 
-  const TensorView& rk = kv.k_residual;
-  const TensorView& rv = kv.v_residual;
-  const int64_t rkstride = P.n_res > 0 ? rk.byte_offset(0, 0, 1) : 0;
-  const int64_t rvstride = P.n_res > 0 ? rv.byte_offset(0, 0, 1) : 0;
-  RowKind* kind = ws.kind.data();
+ private:
+  const Params& kp_;
+  const QuantKV& kv_;
+  const Params::Extra x_;
+  const int64_t b_, hk_, R_, t_end_;
+  const float* qs_;
+  float* acc_;
+  const int64_t lda_;
+  int64_t rkstride_ = 0, rvstride_ = 0;
+};
 
-  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-    const bool packed = tile < P.n_blocks;
-    const int64_t k0 = packed ? tile * P.G : P.packed + (tile - P.n_blocks) * kResTile;
-    const int64_t k1 = packed ? k0 + P.G : std::min(P.Skv, k0 + kResTile);
-    const int64_t n = k1 - k0;
-    if (k1 <= jlo || k0 >= jhi) continue;
-    // ---- classify each row for this tile ----
-    bool any = false;
-    for (int64_t i = 0; i < nq; ++i) {
-      const int64_t lo = std::max(ws.lo[static_cast<size_t>(i)], k0);
-      const int64_t hi = std::min(ws.hi[static_cast<size_t>(i)], k1);
-      const RowKind k = lo >= hi                 ? RowKind::kEmpty
-                        : (lo == k0 && hi == k1) ? RowKind::kFull
-                                                 : RowKind::kPartial;
-      any = any || k != RowKind::kEmpty;
-      for (int64_t g = 0; g < P.Gq; ++g) kind[g * nq + i] = k;
-    }
-    if (!any) continue;
+template <typename Ops, int BITS, DType RD>
+void QuantTiles<Ops, BITS, RD>::logits(int64_t tile, int64_t k0, int64_t k1, float* s) {
+  const int64_t n = k1 - k0, Dk = kp_.Dk, st = kp_.st;
+  if (tile >= kp_.n_blocks) {
+    Ops::template dense_scores<RD>(
+        qs_, R_, Dk, static_cast<const std::byte*>(kv_.k_residual.ptr(b_, hk_, k0 - kp_.packed)),
+        rkstride_, n, s, st);
+    return;
+  }
+  const std::byte* kb = kv_.k_block(b_, hk_, tile);
+  if (kp_.per_token) {
+    // llama.cpp-style per-token blocks: one tile's K widened into an L1/L2-resident scratch
+    // (never the cache), then the residual's dense dot products.
+    kv_dequantize_k_block(kp_.fmt, kb, x_.kt, Dk);
+    Ops::template dense_scores<DType::kF32>(qs_, R_, Dk, reinterpret_cast<const std::byte*>(x_.kt),
+                                            Dk * 4, n, s, st);
+    return;
+  }
+  Ahead ahead;
+  const Ahead* ah = nullptr;
+  if (tile + 1 < std::min(t_end_, kp_.n_blocks)) {
+    ahead = Ahead{kv_.k_block(b_, hk_, tile + 1), kv_.v_block(b_, hk_, tile + 1), kv_.k_block_bytes,
+                  kv_.v_block_bytes};
+    ah = &ahead;
+  }
+  const auto* kp = reinterpret_cast<const f16_t*>(kb);
+  Ops::block_query(qs_, R_, Dk, kp, kp + Dk, x_.qk, x_.qz);
+  Ops::template packed_scores<BITS>(x_.qk, x_.qz, R_, Dk, kb + 4 * Dk, kp_.cbk, n, s, st, ah);
+}
 
-    // ---- logits ----
-    const std::byte* kb = nullptr;
-    const std::byte* vb = nullptr;
-    if (packed && P.per_token) {
-      // llama.cpp-style per-token blocks: one tile's K widened into an L1/L2-resident scratch
-      // (never the cache), then the residual's dense dot products.
-      kb = kv.k_block(b, hk, tile);
-      vb = kv.v_block(b, hk, tile);
-      kv_dequantize_k_block(P.fmt, kb, ws.kt.data(), Dk);
-      Ops::template dense_scores<DType::kF32>(
-          qs, R, Dk, reinterpret_cast<const std::byte*>(ws.kt.data()), Dk * 4, n, s, st);
-    } else if (packed) {
-      kb = kv.k_block(b, hk, tile);
-      vb = kv.v_block(b, hk, tile);
-      Ahead ahead;
-      const Ahead* ah = nullptr;
-      if (tile + 1 < std::min(tile_end, P.n_blocks)) {
-        ahead = Ahead{kv.k_block(b, hk, tile + 1), kv.v_block(b, hk, tile + 1), kv.k_block_bytes,
-                      kv.v_block_bytes};
-        ah = &ahead;
-      }
-      const auto* kp = reinterpret_cast<const f16_t*>(kb);
-      Ops::block_query(qs, R, Dk, kp, kp + Dk, ws.qk.data(), ws.qz.data());
-
-      Ops::template packed_scores<BITS>(ws.qk.data(), ws.qz.data(), R, Dk, kb + 4 * Dk, P.cbk, n, s,
-                                        st, ah);
-    } else {
-      Ops::template dense_scores<RD>(qs, R, Dk,
-                                     static_cast<const std::byte*>(rk.ptr(b, hk, k0 - P.packed)),
-                                     rkstride, n, s, st);
-    }
-    for (int64_t r = 0; r < R; ++r) {
-      float* sr = s + r * st;
-      if (kind[r] == RowKind::kEmpty) {
-        std::fill(sr, sr + n, kNegInf);
-        continue;
-      }
-      if (P.softcap > 0)
-        for (int64_t j = 0; j < n; ++j) sr[j] = P.softcap * std::tanh(sr[j] / P.softcap);
-      if (kind[r] == RowKind::kPartial) {
-        const int64_t i = r % nq;
-        const int64_t lo = ws.lo[static_cast<size_t>(i)], hi = ws.hi[static_cast<size_t>(i)];
-        for (int64_t j = 0; j < n; ++j)
-          if (k0 + j < lo || k0 + j >= hi) sr[j] = kNegInf;
-      }
-    }
-    // ---- online softmax and P.V ----
-
-    for (int64_t r = 0; r < R; ++r) {
-      float& m = ws.m[static_cast<size_t>(r)];
-      const float m_old = m;
-      Ops::softmax_update(s + r * st, n, m, ws.l[static_cast<size_t>(r)], acc + r * lda, lda);
-      if (m != m_old) {  // the factor softmax_update applied to the row
-        const float alpha = std::exp(m_old - m);
-        for (int64_t g = 0; g < ng; ++g) za[r * ng + g] *= alpha;
-      }
-    }
-    if (packed && P.per_token) {
-      kv_dequantize_v_block(P.fmt, vb, ws.vt.data(), Dv);
-      Ops::template dense_pv<DType::kF32>(s, R, reinterpret_cast<const std::byte*>(ws.vt.data()),
-                                          Dv * 4, n, Dv, st, acc, lda);
-    } else if (packed) {
-      const auto* vp = reinterpret_cast<const f16_t*>(vb);
-      Ops::value_weights(s, R, n, vp, vp + ng * P.G, ng, P.G, st, ws.pg.data(), ws.zs.data());
-      // Chunked order stays inside a value group, so the group's zero term lands on the same
-      // channels in either order.
-      float* pacc = chunk_v ? acc + Dv : acc;
-      bool done = false;
-      if constexpr (chunked) {
-        if (chunk_v) {
-          Ops::template chunked_pv<BITS>(ws.pg.data(), R, vb + 4 * P.G * ng, P.rbv, n, Dv, P.vg, st,
-                                         pacc, lda);
-          done = true;
-        }
-      }
-      if (!done)
-        Ops::template packed_pv<BITS>(ws.pg.data(), R, vb + 4 * P.G * ng, P.rbv, n, Dv, P.vg, st,
-                                      acc);
-      for (int64_t i = 0; i < R * ng; ++i) za[i] += ws.zs[static_cast<size_t>(i)];
-    } else {
-      Ops::template dense_pv<RD>(s, R, static_cast<const std::byte*>(rv.ptr(b, hk, k0 - P.packed)),
-                                 rvstride, n, Dv, st, acc, lda);
+template <typename Ops, int BITS, DType RD>
+void QuantTiles<Ops, BITS, RD>::pv(int64_t tile, int64_t k0, int64_t k1, const float* s) {
+  const int64_t n = k1 - k0, Dv = kp_.Dv, st = kp_.st, ng = kp_.ng;
+  if (tile >= kp_.n_blocks) {
+    Ops::template dense_pv<RD>(
+        s, R_, static_cast<const std::byte*>(kv_.v_residual.ptr(b_, hk_, k0 - kp_.packed)),
+        rvstride_, n, Dv, st, acc_, lda_);
+    return;
+  }
+  const std::byte* vb = kv_.v_block(b_, hk_, tile);
+  if (kp_.per_token) {
+    kv_dequantize_v_block(kp_.fmt, vb, x_.vt, Dv);
+    Ops::template dense_pv<DType::kF32>(s, R_, reinterpret_cast<const std::byte*>(x_.vt), Dv * 4, n,
+                                        Dv, st, acc_, lda_);
+    return;
+  }
+  const auto* vp = reinterpret_cast<const f16_t*>(vb);
+  Ops::value_weights(s, R_, n, vp, vp + ng * kp_.G, ng, kp_.G, st, x_.pg, x_.zs);
+  // Chunked order stays inside a value group, so the group's zero term lands on the same
+  // channels in either order.
+  bool done = false;
+  if constexpr (kChunked) {
+    if (kp_.chunk_v) {
+      Ops::template chunked_pv<BITS>(x_.pg, R_, vb + 4 * kp_.G * ng, kp_.rbv, n, Dv, kp_.vg, st,
+                                     acc_ + Dv, lda_);
+      done = true;
     }
   }
-  if constexpr (chunked) {
-    if (chunk_v)
-      for (int64_t r = 0; r < R; ++r) {
-        float* a = acc + r * lda;
+  if (!done)
+    Ops::template packed_pv<BITS>(x_.pg, R_, vb + 4 * kp_.G * ng, kp_.rbv, n, Dv, kp_.vg, st, acc_);
+  for (int64_t i = 0; i < R_ * ng; ++i) x_.za[i] += x_.zs[i];
+}
+
+template <typename Ops, int BITS, DType RD>
+void QuantTiles<Ops, BITS, RD>::fold(TaskRows&) {
+  const int64_t Dv = kp_.Dv, ng = kp_.ng;
+  if constexpr (kChunked) {
+    if (kp_.chunk_v)
+      for (int64_t r = 0; r < R_; ++r) {
+        float* a = acc_ + r * lda_;
         for (int64_t p = 0; p < Dv; ++p) a[chunked_channel<BITS>(p)] += a[Dv + p];
       }
   }
-  for (int64_t r = 0; r < R; ++r)
+  for (int64_t r = 0; r < R_; ++r)
     for (int64_t g = 0; g < ng; ++g) {
-      const float z = za[r * ng + g];
-      float* a = acc + r * lda + g * P.vg;
-      for (int64_t c = 0; c < P.vg; ++c) a[c] += z;
+      const float z = x_.za[r * ng + g];
+      float* a = acc_ + r * lda_ + g * kp_.vg;
+      for (int64_t c = 0; c < kp_.vg; ++c) a[c] += z;
     }
-
-  // ---- write the result, or this partition's partial state ----
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t h = hk * P.Gq + r / nq, i = q0 + r % nq;
-    const float m = ws.m[static_cast<size_t>(r)], l = ws.l[static_cast<size_t>(r)];
-    if (P.n_split == 1) {
-      finalize_row(m, l, acc + r * lda, P.sinks ? P.sinks + h : nullptr, Dv,
-                   P.out.ptr_as<float>(b, h, i));
-    } else {
-      float* dst = P.partial + (task * P.max_rows + r) * (Dv + 2);
-      std::memcpy(dst, acc + r * lda, static_cast<size_t>(Dv) * sizeof(float));
-      dst[Dv] = m;
-      dst[Dv + 1] = l;
-    }
-  }
-}
-
-// Merges the n_split partial states of one (b, hk, query tile) and writes the rows.
-void merge_task(const Plan& P, int64_t t, std::vector<float>& tmp) {
-  const int64_t qt = t % P.n_qt, hk = (t / P.n_qt) % P.Hkv, b = t / (P.n_qt * P.Hkv);
-  const int64_t q0 = qt * P.tq, nq = std::min(P.Sq, q0 + P.tq) - q0, R = P.Gq * nq;
-  const int64_t Dv = P.Dv, rec = Dv + 2;
-  tmp.resize(static_cast<size_t>(Dv));
-  for (int64_t r = 0; r < R; ++r) {
-    const float* first = P.partial + (t * P.n_split * P.max_rows + r) * rec;
-    float M = kNegInf;
-    for (int64_t sp = 0; sp < P.n_split; ++sp) M = std::max(M, first[sp * P.max_rows * rec + Dv]);
-    float L = 0;
-    std::fill(tmp.begin(), tmp.end(), 0.0f);
-    if (M != kNegInf) {
-      for (int64_t sp = 0; sp < P.n_split; ++sp) {
-        const float* part = first + sp * P.max_rows * rec;
-        if (part[Dv] == kNegInf) continue;
-        const float w = std::exp(part[Dv] - M);
-        L += part[Dv + 1] * w;
-        for (int64_t d = 0; d < Dv; ++d) tmp[static_cast<size_t>(d)] += part[d] * w;
-      }
-    }
-    const int64_t h = hk * P.Gq + r / nq;
-    finalize_row(M, L, tmp.data(), P.sinks ? P.sinks + h : nullptr, Dv,
-                 P.out.ptr_as<float>(b, h, q0 + r % nq));
-  }
 }
 
 template <typename Ops, int BITS>
-void launch_bits(const Plan& P, int64_t tasks, DType rd) {
-  ThreadPool& pool = default_pool();
-  auto go = [&](auto fn) { pool.parallel_for(tasks, [&](int64_t t) { fn(P, t); }); };
+void run_bits(const CallPlan& P, const QuantParams& kp, DType rd) {
   switch (rd) {
     case DType::kF32:
-      go(run_task<Ops, BITS, DType::kF32>);
+      detail::run_call<QuantTiles<Ops, BITS, DType::kF32>>(P, kp);
       break;
     case DType::kF16:
-      go(run_task<Ops, BITS, DType::kF16>);
+      detail::run_call<QuantTiles<Ops, BITS, DType::kF16>>(P, kp);
       break;
     case DType::kBF16:
-      go(run_task<Ops, BITS, DType::kBF16>);
+      detail::run_call<QuantTiles<Ops, BITS, DType::kBF16>>(P, kp);
       break;
     default:
       KV_CHECK(false, "residual dtype validated");
   }
 }
 
+// The span's geometry and formats (chunk_v is the caller's: it depends on the SIMD path).
+QuantParams quant_params(int64_t G, int64_t n_blocks, int64_t v_group, KVQuantScheme scheme,
+                         int bits, int64_t Dk, int64_t Dv) {
+  QuantParams kp;
+  kp.G = G;
+  kp.n_blocks = n_blocks;
+  kp.packed = n_blocks * G;
+  kp.Dk = Dk;
+  kp.Dv = Dv;
+  kp.per_token = kv_quant_per_token(scheme);
+  kp.fmt = make_kv_block_format(scheme, bits, G, Dk, Dv);
+  kp.vg = v_group;
+  if (!kp.per_token) kp.fmt.v_group = v_group;  // the span's, as validated
+  if (kp.per_token) kp.vg = Dv;                 // no value groups: one "group" spans the row
+  kp.ng = kp.vg > 0 ? Dv / kp.vg : 0;
+  kp.cbk = kivi_col_bytes(G, bits);
+  kp.rbv = kivi_row_bytes(Dv, bits);
+  kp.st = (std::max(G, kResTile) + 63) / 64 * 64;  // packed_scores writes whole chunks
+  return kp;
+}
+
+// attention_workspace_bytes of the quantized kernels.
+size_t quant_bytes(const AttentionShape& s, int64_t n_threads) {
+  // v_group unknown: the most value groups, one per channel.
+  QuantParams kp =
+      quant_params(s.quant_group, 0, s.quant_v_group > 0 ? s.quant_v_group : 1, s.quant_scheme,
+                   kv_quant_per_token(s.quant_scheme) ? 8 : 4, s.head_dim_k, s.head_dim_v);
+  kp.chunk_v = true;  // the wider accumulator rows
+  return detail::shape_bytes(kp, s, kTiling, n_threads);
+}
+
 template <typename Ops>
 void run_quantized(const TensorView& q, const QuantKV& kv, const TensorView& out,
                    const AttentionOptions& o) {
   validate_quantized_attention_args(q, kv, out, o);
-  Plan P;
-  P.q = q;
-  P.out = out;
-  P.kv = &kv;
-  P.B = q.dim(0);
-  P.Hq = q.dim(1);
-  P.Sq = q.dim(2);
-  P.Dk = q.dim(3);
-  P.Hkv = kv.heads;
-  P.Dv = kv.head_dim_v;
-  P.Gq = P.Hq / P.Hkv;
-  P.G = kv.group;
-  P.n_blocks = kv.n_blocks;
-  P.packed = kv.packed_len();
-  P.n_res = kv.residual_len();
-  P.Skv = kv.seq_len();
-  P.n_tiles = P.n_blocks + (P.n_res + kResTile - 1) / kResTile;
-  P.vg = kv.v_group;
-  P.per_token = kv_quant_per_token(kv.scheme);
-  P.fmt = make_kv_block_format(kv.scheme, kv.bits, kv.group, P.Dk, P.Dv);
-  if (!P.per_token) P.fmt.v_group = kv.v_group;  // the span's, as validated
-  if (P.per_token) P.vg = P.Dv;                  // no value groups: one "group" spans the row
-  P.ng = P.Dv / P.vg;
-  P.cbk = kivi_col_bytes(P.G, kv.bits);
-  P.rbv = kivi_row_bytes(P.Dv, kv.bits);
-  P.st = (std::max(P.G, kResTile) + 63) / 64 * 64;  // packed_scores writes whole chunks
-  if (P.B == 0 || P.Hq == 0 || P.Sq == 0 || P.Dv == 0) return;
-  P.scale = o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(P.Dk));
-  P.softcap = o.softcap;
-  P.sinks = o.sinks;
-  P.spec = attention_mask_spec(o);
-  const MaskGeometry geo = make_geometry(P.B, P.Hq, P.Sq, P.Skv, o.q_offset, o.kv_offset);
-  P.q_offset = geo.q_offset;
+  CallPlan P;
+  detail::init_call(P, q, out, q.dim(0), kv.heads, kv.head_dim_v, o);
+  const int64_t Sq = q.dim(2), Skv = kv.seq_len();
+  if (P.B == 0 || P.Hq == 0 || Sq == 0 || P.Dv == 0) return;
+  const MaskGeometry geo = make_geometry(P.B, P.Hq, Sq, Skv, o.q_offset, o.kv_offset);
   P.kv_offset = geo.kv_offset;
   P.mask_free = mask_is_all_visible(P.spec, geo);
-
-  P.tq = std::min(P.Sq, std::max<int64_t>(1, kRowsPerTask / P.Gq));
-  P.n_qt = (P.Sq + P.tq - 1) / P.tq;
-  P.max_rows = P.Gq * P.tq;
-  ThreadPool& pool = default_pool();
-  const int64_t base_tasks = P.B * P.Hkv * P.n_qt;
-  const int64_t n_tiles = std::max<int64_t>(P.n_tiles, 1);
-  int64_t n_split = 1;
-  if (o.kv_split > 0) {
-    // Requested partition length in keys, in whole tiles (at least one).
-    n_split = (P.Skv + o.kv_split - 1) / o.kv_split;
-  } else if (o.kv_split == 0 && P.n_qt == 1 && detail::auto_split_keys(P.Skv) > 0) {
-    // The fused kernel's rule: one query tile and a long cache -> auto_split_keys partitions. It
-    // depends on the call's shape only, never on the thread count, so results do not either.
-    const int64_t len = detail::auto_split_keys(P.Skv);
-    n_split = (P.Skv + len - 1) / len;
-  }
-  n_split = std::clamp<int64_t>(n_split, 1, n_tiles);
-  P.tiles_per_split = (n_tiles + n_split - 1) / n_split;
-  P.n_split = (n_tiles + P.tiles_per_split - 1) / P.tiles_per_split;
-
-  thread_local std::vector<float> partial;  // reused by the calling thread across calls
-  if (P.n_split > 1) {
-    partial.resize(static_cast<size_t>(base_tasks * P.n_split * P.max_rows * (P.Dv + 2)));
-    P.partial = partial.data();
-  }
-  const int64_t tasks = base_tasks * P.n_split;
-  const DType rd = P.n_res > 0 ? kv.k_residual.dtype() : DType::kF32;
-  switch (P.per_token ? 8 : kv.bits) {  // per-token tiles take the BITS-free branch
+  QuantParams kp = quant_params(kv.group, kv.n_blocks, kv.v_group, kv.scheme, kv.bits, P.Dk, P.Dv);
+  kp.kv = &kv;
+  const int bits = kp.per_token ? 8 : kv.bits;  // per-token tiles take the BITS-free branch
+  const int64_t chunk = bits == 2 ? chunk_channels<2>() : chunk_channels<4>();
+  kp.chunk_v = Ops::kPermute && bits != 8 && kp.vg % chunk == 0;
+  KVSpan span;
+  span.kind = KVSpanKind::kQuantized;
+  span.quant = kv;
+  const AttentionShape shape = attention_shape(q, span, o);
+  const detail::CallWorkspace ws(o.workspace,
+                                 [&](int64_t threads) { return quant_bytes(shape, threads); });
+  P.seqs = detail::carve_seqs(ws.span(), P.B);
+  detail::set_dense_seqs(P, Sq, Skv, geo.q_offset);
+  detail::plan_call(P, kp, kTiling, o.kv_split, ws.span());
+  const DType rd = kv.residual_len() > 0 ? kv.k_residual.dtype() : DType::kF32;
+  switch (bits) {
     case 2:
-      launch_bits<Ops, 2>(P, tasks, rd);
+      run_bits<Ops, 2>(P, kp, rd);
       break;
     case 4:
-      launch_bits<Ops, 4>(P, tasks, rd);
+      run_bits<Ops, 4>(P, kp, rd);
       break;
     default:
-      launch_bits<Ops, 8>(P, tasks, rd);
+      run_bits<Ops, 8>(P, kp, rd);
       break;
-  }
-  if (P.n_split > 1) {
-    pool.parallel_for(base_tasks, [&](int64_t t) {
-      thread_local std::vector<float> tmp;
-      merge_task(P, t, tmp);
-    });
   }
 }
 
@@ -1310,6 +1187,12 @@ void validate_quantized_attention_args(const TensorView& q, const QuantKV& kv,
   if (o.sliding_window < 0 || o.chunk_size < 0 || o.kv_offset < 0 || o.q_offset < -1)
     bad("sliding_window, chunk_size, kv_offset must be >= 0 and q_offset >= -1");
 }
+
+namespace detail {
+size_t quantized_workspace_bytes(const AttentionShape& shape, int64_t n_threads) {
+  return quant_bytes(shape, n_threads);
+}
+}  // namespace detail
 
 void quantized_attention_scalar(const TensorView& q, const QuantKV& kv, const TensorView& out,
                                 const AttentionOptions& o) {

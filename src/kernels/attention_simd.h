@@ -1,6 +1,7 @@
-// Internal to the kernels layer: the element loaders, horizontal sums, vector exp and row
-// finalisation shared by the fused (attention_fused.cc) and quantized (attention_quant.cc)
-// attention kernels, so both compute softmax pieces with the same arithmetic.
+// Internal to the kernels layer: the element loaders, horizontal sums, vector exp and the SIMD
+// online-softmax update shared by the fused (attention_fused.cc) and quantized
+// (attention_quant.cc) attention kernels through their skeleton (attention_skeleton.h), so both
+// compute softmax pieces with the same arithmetic.
 #pragma once
 
 #include <algorithm>
@@ -44,19 +45,6 @@ struct Elem<DType::kBF16> {
   using T = bf16_t;
   static float get(T x) { return bf16_to_f32(x); }
 };
-
-// out = acc / l, with the sink logit joining the denominator only (GPT-OSS's s_aux).
-inline void finalize_row(float m, float l, const float* acc, const float* sink, int64_t Dv, float* out) {
-  float f;
-  if (sink) {
-    const float mx = std::max(m, *sink);
-    const float den = l * std::exp(m - mx) + std::exp(*sink - mx);
-    f = std::exp(m - mx) / den;  // m = -inf (nothing seen): 0
-  } else {
-    f = l > 0 ? 1.0f / l : 0.0f;
-  }
-  for (int64_t d = 0; d < Dv; ++d) out[d] = acc[d] * f;
-}
 
 #if KVCACHE_ATTN_AVX2
 template <DType KD>
@@ -189,8 +177,9 @@ inline __m512 exp512(__m512 x) {
 }
 #endif
 
-// One online-softmax step of a row (flash attention's update), shared by the fused and the
-// quantized kernels: s[0, n) holds this tile's logits; lanes [n, round8(n)) are set to -inf so
+// One online-softmax step of a row (flash attention's update), the SIMD version of the
+// skeleton's softmax_update_scalar (same m_new == m rule; the sum runs in 8 lanes, so other
+// bits): s[0, n) holds this tile's logits; lanes [n, round8(n)) are set to -inf so
 // every operation runs on whole vectors (exp gives exactly 0 there). On return s holds
 // exp(s - m_new), l = l * exp(m - m_new) + sum, acc[0, Dv) is rescaled by exp(m - m_new) and
 // m = m_new. Returns false (s zeroed, state untouched) when every logit is -inf.

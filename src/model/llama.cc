@@ -583,6 +583,7 @@ void LlamaForward::attention_gqa(const Step& st, int64_t l) {
 
 void LlamaForward::run_attention(const Step& st, const KVSpan& span, const TensorView& q_view,
                                  const TensorView& out_view, AttentionOptions opts) {
+  opts.workspace = attention_ws_.reserve_for(q_view, span, opts);
   if (span.kind != KVSpanKind::kPaged) {
     if (st.rows_differ)
       throw Error(ErrorKind::kInvalidArgument,
@@ -726,6 +727,7 @@ void LlamaForward::attention_mla(const Step& st, int64_t l) {
     const TensorView k_view(kfull, DType::kF32, {1, H, Skv, dqk}, {Skv * qd, dqk, qd, 1});
     const TensorView v_view(kvb + dn, DType::kF32, {1, H, Skv, dv}, {Skv * H * kvbd, kvbd, H * kvbd, 1});
     const TensorView out_view(att + b * S * H * dv, DType::kF32, {1, H, S, dv}, {S * H * dv, dv, H * dv, 1});
+    opts.workspace = attention_ws_.reserve_for(q_view, k_view, v_view, opts);
     attention_(q_view, k_view, v_view, out_view, opts);
   }
   linear(att, R, L.wo, nullptr, xb);

@@ -54,6 +54,7 @@
 #include "core/kv_span.h"
 #include "core/tensor.h"
 #include "kernels/attention.h"
+#include "kernels/attention_workspace.h"
 #include "kernels/rope.h"
 #include "model/model_file.h"
 
@@ -250,6 +251,7 @@ class LlamaForward {
   const LlamaModel& model_;
   std::string kernel_;     // for paged spans: paged_attention(kernel_, ...)
   AttentionFn attention_;  // for dense spans
+  AttentionWorkspace attention_ws_;    // the kernels' scratch, grown to the largest call's need
   std::vector<int32_t> cu_seqlens_q_;  // [batch + 1] query rows per sequence (paged spans)
   int64_t rows_ = 0;  // capacity in rows (batch * tokens)
   // Activations, row-major over rows = batch * tokens.
