@@ -147,6 +147,10 @@ KVSpan Cache::update(int layer, const TensorView& k, const TensorView& v) {
   return span;
 }
 
+KVSpan Cache::update_or_share(int layer, const TensorView& k, const TensorView& v) {
+  return is_shared(layer) ? shared_kv(layer) : update(layer, k, v);
+}
+
 KVSpan Cache::shared_kv(int layer) const {
   const int src = source_layer(layer);
   const KVSpan& span = last_span_[static_cast<size_t>(src)];

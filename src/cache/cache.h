@@ -85,8 +85,12 @@ class Cache {
   int num_layers() const;
   const CacheConfig& config() const { return config_; }
 
-  // Model code's one call per non-shared layer. For a shared layer, call shared_kv() instead.
+  // The update of an owning layer. A shared layer refuses it: see shared_kv().
   KVSpan update(int layer, const TensorView& k, const TensorView& v);
+  // Model code's one call per attention layer: update() for an owning layer; for a shared
+  // layer, which stores nothing, its source's latest span (shared_kv(); k and v, which the
+  // model does not project for it, are not read).
+  KVSpan update_or_share(int layer, const TensorView& k, const TensorView& v);
   bool is_shared(int layer) const;
   int source_layer(int layer) const;  // itself for non-shared layers
   // The span the source layer returned at its latest update (valid until its next update).

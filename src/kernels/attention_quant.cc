@@ -1230,20 +1230,4 @@ void dequantize_quant_kv(const QuantKV& kv, Tensor* k, Tensor* v) {
     }
 }
 
-void attend_span(AttentionFn dense, const TensorView& q, const KVSpan& span, const TensorView& out,
-                 const AttentionOptions& options) {
-  switch (span.kind) {
-    case KVSpanKind::kDense:
-      dense(q, span.k, span.v, out, options);
-      return;
-    case KVSpanKind::kQuantized:
-      quantized_attention(q, span.quant, out, options);
-      return;
-    case KVSpanKind::kPaged:
-      break;
-  }
-  throw Error(ErrorKind::kUnsupported,
-              "attend_span: paged spans go through paged_attention (kernels/paged_attention.h)");
-}
-
 }  // namespace kvcache

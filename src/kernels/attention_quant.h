@@ -42,9 +42,4 @@ void validate_quantized_attention_args(const TensorView& q, const QuantKV& kv,
 // dequantized to f32 k [B, H_kv, S_kv, D_k] and v [B, H_kv, S_kv, D_v].
 void dequantize_quant_kv(const QuantKV& kv, Tensor* k, Tensor* v);
 
-// Model code's one attention call for any span: quantized spans go to quantized_attention,
-// dense spans to `dense` (paged spans: Error(kUnsupported), they have their own entry point).
-void attend_span(AttentionFn dense, const TensorView& q, const KVSpan& span,
-                 const TensorView& out, const AttentionOptions& options);
-
 }  // namespace kvcache

@@ -150,32 +150,68 @@ void paged_eager(const PagedAttentionArgs& a, const AttentionOptions& o) {
 
 }  // namespace
 
+namespace {
+
+void run_fused(const PagedAttentionArgs& a, const AttentionOptions& o) {
+  detail::fused_paged_attention(a.q, a.kv, a.cu_seqlens_q, a.out, o);
+}
+
+void run_fused_scalar(const PagedAttentionArgs& a, const AttentionOptions& o) {
+  detail::fused_paged_attention_scalar(a.q, a.kv, a.cu_seqlens_q, a.out, o);
+}
+
+// Every entry point checks the same way before it computes.
+template <PagedAttentionFn kRun>
+void checked(const PagedAttentionArgs& args, const AttentionOptions& options) {
+  fault::point("paged_attention");
+  validate_paged_attention_args(args, options);
+  kRun(args, options);
+}
+
+struct PagedEntry {
+  const char* name;
+  PagedAttentionFn fn;
+};
+
+const PagedEntry kPagedKernels[] = {
+    {"eager", &checked<&paged_eager>},
+    {"fused", &checked<&run_fused>},
+    {"fused_scalar", &checked<&run_fused_scalar>},
+};
+
+}  // namespace
+
 const std::vector<std::string>& paged_attention_kernel_names() {
-  static const std::vector<std::string> names = {"eager", "fused", "fused_scalar"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const PagedEntry& e : kPagedKernels) n.emplace_back(e.name);
+    return n;
+  }();
   return names;
 }
 
+PagedAttentionFn find_paged_attention_kernel(std::string_view kernel) {
+  for (const PagedEntry& e : kPagedKernels)
+    if (kernel == e.name) return e.fn;
+  return nullptr;
+}
+
 bool is_paged_attention_kernel(std::string_view kernel) {
-  const auto& names = paged_attention_kernel_names();
-  return std::find(names.begin(), names.end(), kernel) != names.end();
+  return find_paged_attention_kernel(kernel) != nullptr;
 }
 
 void paged_attention(std::string_view kernel, const PagedAttentionArgs& args,
                      const AttentionOptions& options) {
+  if (const PagedAttentionFn fn = find_paged_attention_kernel(kernel)) {
+    fn(args, options);
+    return;
+  }
   fault::point("paged_attention");
   validate_paged_attention_args(args, options);
-  if (kernel == "eager") {
-    paged_eager(args, options);
-  } else if (kernel == "fused") {
-    detail::fused_paged_attention(args.q, args.kv, args.cu_seqlens_q, args.out, options);
-  } else if (kernel == "fused_scalar") {
-    detail::fused_paged_attention_scalar(args.q, args.kv, args.cu_seqlens_q, args.out, options);
-  } else {
-    std::string known;
-    for (const std::string& name : paged_attention_kernel_names()) known += (known.empty() ? "" : ", ") + name;
-    throw Error(ErrorKind::kInvalidArgument,
-                "paged_attention: unknown kernel '" + std::string(kernel) + "' (paged kernels: " + known + ")");
-  }
+  std::string known;
+  for (const std::string& name : paged_attention_kernel_names()) known += (known.empty() ? "" : ", ") + name;
+  throw Error(ErrorKind::kInvalidArgument,
+              "paged_attention: unknown kernel '" + std::string(kernel) + "' (paged kernels: " + known + ")");
 }
 
 }  // namespace kvcache

@@ -39,6 +39,10 @@ struct PagedAttentionArgs {
 // each sequence run alone. Unknown names throw Error(kInvalidArgument).
 void paged_attention(std::string_view kernel, const PagedAttentionArgs& args,
                      const AttentionOptions& options);
+// The same, resolved once by name (validation included): nullptr when `kernel` has no paged
+// form. For callers that attend many times with one kernel (AttentionKernel).
+using PagedAttentionFn = void (*)(const PagedAttentionArgs& args, const AttentionOptions& options);
+PagedAttentionFn find_paged_attention_kernel(std::string_view kernel);
 // The names paged_attention accepts (a runtime checks its kernel option against them before it
 // serves anything: "flex" is a dense-only kernel).
 const std::vector<std::string>& paged_attention_kernel_names();

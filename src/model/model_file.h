@@ -89,7 +89,7 @@ struct MoeConfig {
 
 // Multi-head latent attention (DeepSeek-V2/V3). The cache stores, per token, the normalised
 // latent c_kv [kv_lora_rank] and the rotated key k_rot [qk_rope_head_dim] as one "head" each
-// (see model/llama.h for where they are expanded).
+// (model/mla_attention.h expands them).
 struct MlaConfig {
   int64_t kv_lora_rank = 0;      // d_c; 0: no MLA
   int64_t q_lora_rank = 0;       // 0: q_proj directly, else q_a_proj -> norm -> q_b_proj
@@ -152,7 +152,8 @@ struct ModelConfig {
   int32_t eos_id = -1;
 
   // --- Families beyond Llama (gemma2, gpt_oss, deepseek_v2/v3). The defaults are Llama's, so
-  // a llama/mistral/qwen2 config leaves all of this untouched. See model/llama.h for the block.
+  // a llama/mistral/qwen2 config leaves all of this untouched. Each family's file
+  // (model/gemma2.cc, gpt_oss.cc, deepseek.cc) builds its blocks from them.
   bool norm_add_one = false;     // Gemma: RMSNorm scales by (1 + w) instead of w
   float embed_scale = 1.0f;      // Gemma: embeddings multiplied by sqrt(hidden_size)
   bool sandwich_norms = false;   // Gemma-2: post-attention, pre- and post-feedforward norms

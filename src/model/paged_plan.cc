@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "model/llama.h"
+#include "model/forward.h"
 
 namespace kvcache {
 
@@ -55,7 +55,7 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
     sc.max_tokens = o.max_cached_tokens;
     sc.group_blocks = default_group_blocks(sc);
   } else {
-    const auto act = [&](int64_t rows) { return LlamaForward::workspace_bytes_for(model, rows); };
+    const auto act = [&](int64_t rows) { return Forward::workspace_bytes_for(model, rows); };
     while (plan.max_tokens_per_step > 1 && act(plan.max_tokens_per_step) > o.budget_bytes / 2)
       plan.max_tokens_per_step /= 2;
     const size_t activations = act(plan.max_tokens_per_step);
@@ -77,7 +77,7 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
                       " bytes; raise --kv-budget");
     sc.group_blocks.assign(groups.size(), static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX)));
   }
-  plan.activation_bytes = LlamaForward::workspace_bytes_for(model, plan.max_tokens_per_step);
+  plan.activation_bytes = Forward::workspace_bytes_for(model, plan.max_tokens_per_step);
   plan.pool_bytes = predict_pool_bytes(sc);
   for (size_t g = 0; g < groups.size(); ++g)
     if (groups[g].kind == GroupKind::kFull)

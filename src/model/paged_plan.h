@@ -3,7 +3,7 @@
 // allocated, so that serving never runs out of memory by surprise (transformers'
 // PagedAttentionMemoryHandler: activation_peak, then infer_max_batch_tokens_and_num_blocks,
 // per the KV cache notes' paged section). The prediction is exact: a store built from
-// plan.store has pool_bytes() == plan.pool_bytes, and a LlamaForward reserved for
+// plan.store has pool_bytes() == plan.pool_bytes, and a Forward reserved for
 // plan.max_tokens_per_step rows has workspace_bytes() == plan.activation_bytes (tested).
 #pragma once
 
@@ -35,7 +35,7 @@ struct PagedPlanOptions {
 struct PagedMemoryPlan {
   PagedStoreConfig store;             // what to build (group_blocks, shapes, dtype)
   int64_t max_tokens_per_step = 0;
-  size_t activation_bytes = 0;        // LlamaForward workspaces for max_tokens_per_step rows
+  size_t activation_bytes = 0;        // Forward workspaces for max_tokens_per_step rows
   // The eager paged kernel widens one sequence's keys and values to f32 per thread: at most
   // n_threads x cached tokens x (D_k + D_v + 1) floats.
   size_t attention_scratch_bytes = 0;

@@ -46,7 +46,7 @@ std::string BenchResult::name() const {
   return s;
 }
 
-std::vector<BenchResult> run_bench(const LlamaModel& model, const SessionConfig& config, const BenchParams& params) {
+std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& config, const BenchParams& params) {
   if (params.repetitions <= 0) throw Error(ErrorKind::kInvalidArgument, "bench: -r must be positive");
   const int64_t vocab = model.config().vocab_size, ctx = model.config().max_seq_len;
   struct Test {
@@ -124,7 +124,7 @@ std::vector<BenchResult> run_bench(const LlamaModel& model, const SessionConfig&
   return out;
 }
 
-PrefixReuseResult run_prefix_reuse_bench(const LlamaModel& model, const SessionConfig& config,
+PrefixReuseResult run_prefix_reuse_bench(const Model& model, const SessionConfig& config,
                                          const PrefixReuseParams& params) {
   if (config.cache != "paged")
     throw Error(ErrorKind::kInvalidArgument, "bench --prefix-reuse needs --cache paged (got '" + config.cache + "')");

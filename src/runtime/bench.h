@@ -69,11 +69,11 @@ struct PrefixReuseResult {
 };
 
 // Throws Error unless config.cache is "paged" and the prompt fits the model's context.
-PrefixReuseResult run_prefix_reuse_bench(const LlamaModel& model, const SessionConfig& config,
+PrefixReuseResult run_prefix_reuse_bench(const Model& model, const SessionConfig& config,
                                          const PrefixReuseParams& params);
 
 // Runs every (test, depth) pair with `config` (static caches are sized to depth + test).
 // Throws Error when a test does not fit the model's context.
-std::vector<BenchResult> run_bench(const LlamaModel& model, const SessionConfig& config, const BenchParams& params);
+std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& config, const BenchParams& params);
 
 }  // namespace kvcache

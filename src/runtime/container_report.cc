@@ -11,7 +11,7 @@
 
 namespace kvcache {
 
-std::vector<ContainerRow> container_report(const LlamaModel& model, const ContainerReportParams& p) {
+std::vector<ContainerRow> container_report(const Model& model, const ContainerReportParams& p) {
   const ModelConfig& c = model.config();
   if (p.prompt_tokens <= 0 || p.new_tokens <= 0 || p.prompt_tokens + p.new_tokens > c.max_seq_len) {
     throw Error(ErrorKind::kInvalidArgument, "container report: prompt + new tokens must fit the context (" +
@@ -33,7 +33,7 @@ std::vector<ContainerRow> container_report(const LlamaModel& model, const Contai
     id = static_cast<int32_t>((rng >> 33) % static_cast<uint64_t>(c.vocab_size));
   }
   const int64_t total = p.prompt_tokens + p.new_tokens;
-  LlamaForward oracle(model, p.kernel, total);
+  Forward oracle(model, p.kernel, total);
   const auto vocab = static_cast<size_t>(c.vocab_size);
 
   std::vector<ContainerRow> rows;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "model/llama.h"
+#include "model/forward.h"
 
 namespace kvcache {
 
@@ -34,6 +34,6 @@ struct ContainerRow {
   bool same_ids = true;       // greedy ids equal to the first row of the same dtype
 };
 
-std::vector<ContainerRow> container_report(const LlamaModel& model, const ContainerReportParams& params);
+std::vector<ContainerRow> container_report(const Model& model, const ContainerReportParams& params);
 
 }  // namespace kvcache

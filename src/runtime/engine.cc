@@ -99,7 +99,7 @@ struct Engine::Request {
 // fork found no block, recompute it from the cache like any request).
 bool Engine::Seq::scores_prompt() const { return index == 0 && req->params.prompt_logprobs >= 0; }
 
-Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineConfig& config)
+Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config)
     : model_(model), tokenizer_(tokenizer), config_(config) {
   const ModelConfig& mc = model.config();
   if (config_.max_running < 1 || config_.max_tokens_per_step < 1 || config_.block_tokens < 1)
@@ -140,7 +140,7 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const Engine
   cc.paged_store = store_;
   cc.block_size = config_.block_tokens;
   cache_ = std::make_unique<Cache>(cc);
-  forward_ = std::make_unique<LlamaForward>(
+  forward_ = std::make_unique<Forward>(
       model, config_.kernel, std::max<int64_t>(config_.max_tokens_per_step, config_.max_running));
   update_metrics();
 }

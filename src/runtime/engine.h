@@ -31,7 +31,7 @@
 
 #include "cache/cache.h"
 #include "cache/paged_store.h"
-#include "model/llama.h"
+#include "model/forward.h"
 #include "model/tokenizer.h"
 #include "runtime/sampler.h"
 
@@ -162,7 +162,7 @@ struct EngineMetrics {
 class Engine {
  public:
   // tokenizer may be nullptr (then stop strings are refused and text stays empty).
-  Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineConfig& config);
+  Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -228,12 +228,12 @@ class Engine {
   void fork_samples(Seq& parent);
   void update_metrics();
 
-  const LlamaModel& model_;
+  const Model& model_;
   const Tokenizer* tokenizer_;
   EngineConfig config_;
   std::shared_ptr<PagedKVStore> store_;
   std::unique_ptr<Cache> cache_;
-  std::unique_ptr<LlamaForward> forward_;
+  std::unique_ptr<Forward> forward_;
   int64_t max_context_ = 0;
   int32_t full_group_ = 0;  // the group whose pool the metrics report
 

@@ -53,9 +53,9 @@ GenerateStats generate(Session& session, std::span<const int32_t> prompt, const 
 
   std::vector<int32_t> seq(prompt.begin(), prompt.end());  // everything fed so far
   seq.reserve(prompt.size() + static_cast<size_t>(params.max_new_tokens));
-  std::unique_ptr<LlamaForward> oracle;
+  std::unique_ptr<Forward> oracle;
   if (params.verify) {
-    oracle = std::make_unique<LlamaForward>(session.model(), session.config().kernel,
+    oracle = std::make_unique<Forward>(session.model(), session.config().kernel,
                                             static_cast<int64_t>(seq.capacity()));
     st.verify_tolerance = params.verify_tolerance > 0
                               ? params.verify_tolerance

@@ -151,7 +151,7 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
   }
   out.add_bos = file->format() == "llama2c" || c.bos_id >= 0;
   if (options.on_progress && file->weight_bytes() > kProgressMinBytes) page_in_weights(*file, options.on_progress);
-  out.model = std::make_unique<LlamaModel>(std::move(file));
+  out.model = std::make_unique<Model>(std::move(file));
   return out;
 }
 

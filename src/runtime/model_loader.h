@@ -1,5 +1,5 @@
 // Opens what `--model` names — a llama2.c checkpoint, a GGUF file or a Hugging Face folder —
-// as a LlamaModel, plus the tokenizer that goes with it and the generation conventions of its
+// as a Model, plus the tokenizer that goes with it and the generation conventions of its
 // format (BOS handling, end tokens). The CLI and the tests share this one entry point.
 #pragma once
 
@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/forward.h"
 #include "model/tokenizer.h"
 
 namespace kvcache {
 
 struct LoadedModel {
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;  // nullptr when none was found (use --prompt-ids)
   std::string tokenizer_path;
   // Generation stops after sampling one of these (not fed, not printed). llama2.c: BOS (1),

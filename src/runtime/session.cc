@@ -64,7 +64,7 @@ CacheConfig make_cache_config(const ModelConfig& model, const SessionConfig& con
   return cc;
 }
 
-Session::Session(const LlamaModel& model, const SessionConfig& config)
+Session::Session(const Model& model, const SessionConfig& config)
     : model_(model),
       config_(effective_config(model.config(), config)),
       forward_(model, config_.kernel, std::max<int64_t>(1, config_.prefill_chunk)) {
@@ -138,7 +138,7 @@ void Session::reset() {
   pos_ = 0;
 }
 
-std::span<const float> recompute_last_logits(LlamaForward& fwd, std::span<const int32_t> ids) {
+std::span<const float> recompute_last_logits(Forward& fwd, std::span<const int32_t> ids) {
   ForwardParams p;
   p.tokens = ids.data();
   p.n_tokens = static_cast<int64_t>(ids.size());

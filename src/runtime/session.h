@@ -1,4 +1,4 @@
-// Session: one sequence running through a LlamaModel with a KV cache built from the model's
+// Session: one sequence running through a Model with a KV cache built from the model's
 // layer types (`--cache` picks the container family, transformers' cache_implementation
 // names). Owns the Cache and the forward workspaces; tracks the position. Prefill feeds many
 // tokens per forward (chunked), decode one; both return next-token logits.
@@ -13,7 +13,7 @@
 #include "cache/cache.h"
 #include "cache/paged_store.h"
 #include "core/dtype.h"
-#include "model/llama.h"
+#include "model/forward.h"
 
 namespace kvcache {
 
@@ -39,7 +39,7 @@ struct SessionConfig {
 
 class Session {
  public:
-  Session(const LlamaModel& model, const SessionConfig& config);
+  Session(const Model& model, const SessionConfig& config);
 
   // Feeds ids at the current position; returns the next-token logits after the last one
   // ([vocab], valid until the next call). ids must be non-empty.
@@ -60,26 +60,27 @@ class Session {
   PagedKVStore* paged_store() const { return paged_.get(); }
   Cache& cache() { return *cache_; }
   size_t kv_bytes() const { return cache_->bytes(); }
-  const LlamaModel& model() const { return model_; }
+  const Model& model() const { return model_; }
   const SessionConfig& config() const { return config_; }
 
  private:
-  const LlamaModel& model_;
+  const Model& model_;
   SessionConfig config_;
   void ensure_sequence();
 
   std::shared_ptr<PagedKVStore> paged_;  // "paged": shared with every layer of cache_
   SeqId seq_ = -1;                        // "paged": this session's sequence
   std::unique_ptr<Cache> cache_;
-  LlamaForward forward_;
+  Forward forward_;
   int64_t pos_ = 0;
 };
 
 // The cache config a session builds for `model` (exposed for tools and tests).
 CacheConfig make_cache_config(const ModelConfig& model, const SessionConfig& config);
 
-// Logits of the last position after running `ids` from position 0 with no cache at all: the
-// oracle of --verify and of the tests. `fwd` provides the workspaces.
-std::span<const float> recompute_last_logits(LlamaForward& fwd, std::span<const int32_t> ids);
+// Logits of the last position after running `ids` from position 0 through the forward's
+// recompute container (no tokens kept from earlier calls): the oracle of --verify and of the
+// tests. `fwd` provides the workspaces.
+std::span<const float> recompute_last_logits(Forward& fwd, std::span<const int32_t> ids);
 
 }  // namespace kvcache

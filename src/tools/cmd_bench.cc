@@ -48,7 +48,7 @@ PrefixReuseParams parse_prefix_reuse(const std::string& text, int repetitions) {
   return p;
 }
 
-void run_prefix_reuse_cmd(BenchOptions& o, const LlamaModel& model) {
+void run_prefix_reuse_cmd(BenchOptions& o, const Model& model) {
   if (o.caches.size() != 1)
     throw Error(ErrorKind::kInvalidArgument, "--prefix-reuse measures one cache: pass --cache paged");
   ModelOptions mo = o.model;
@@ -112,14 +112,14 @@ void run_bench_cmd(BenchOptions& o) {
   shape.prefill = shape.prefix_reuse || positive(o.params.n_prompt) || positive(o.params.depths);
   check_options(*o.model.cmd, shape);
   LoadedModel lm = load_model(o.model.model, load_options(o.model, o.output == "json"));
-  const LlamaModel& model = *lm.model;
+  const Model& model = *lm.model;
   if (!o.prefix_reuse.empty()) {
     run_prefix_reuse_cmd(o, model);
     return;
   }
   size_t n_params = 0;
   for (const auto& [name, t] : model.file().tensors()) n_params += static_cast<size_t>(t.numel());
-  const std::string wdtype = dtype_name(model.layers()[0].w_up.dtype());
+  const std::string wdtype = dtype_name(model.weight_dtype());
   std::vector<BenchResult> all;
   for (const std::string& cache : o.caches) {
     ModelOptions mo = o.model;

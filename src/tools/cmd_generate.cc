@@ -67,7 +67,7 @@ void run_generate(const GenerateOptions& o) {
   LoadOptions lo = load_options(o.model);
   lo.require_tokenizer = o.prompt_ids.empty() || o.output == "text";
   LoadedModel lm = load_model(o.model.model, lo);
-  const LlamaModel& model = *lm.model;
+  const Model& model = *lm.model;
   const SessionConfig sc = session_config(o.model, model);
 
   std::vector<int32_t> prompt;

@@ -33,7 +33,7 @@ void run_logits(LogitsOptions& o) {
   shape.kv_budget = !o.model.kv_budget.empty();
   check_options(*o.model.cmd, shape);
   LoadedModel lm = load_model(o.model.model, load_options(o.model));
-  const LlamaModel& model = *lm.model;
+  const Model& model = *lm.model;
   SessionConfig sc = session_config(o.model, model);
   const auto vocab = static_cast<size_t>(model.config().vocab_size);
   std::vector<float> all;

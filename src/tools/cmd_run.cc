@@ -177,8 +177,11 @@ void run_demo(const RunOptions& o) {
       const auto* quant = dynamic_cast<const QuantizedLayer*>(layer.get());
       stored = quant ? quant->packed_length() + quant->residual_length() : -1;
     } else {
-      ok = span.kv_offset + n == total && same_bits(span.k, ref.k.slice(2, span.kv_offset, total)) &&
-           same_bits(span.v, ref.v.slice(2, span.kv_offset, total));
+      // A recompute container's sequence starts at its latest update (it keeps nothing
+      // between calls): its span's positions count from there.
+      first = total - layer->seq_length() + span.kv_offset;
+      ok = first + n == total && same_bits(span.k, ref.k.slice(2, first, total)) &&
+           same_bits(span.v, ref.v.slice(2, first, total));
       const auto* dense = dynamic_cast<const DenseLayer*>(layer.get());
       stored = dense ? dense->stored_tokens() : -1;
       verdict = ok ? "equal" : "DIFFERENT";
@@ -192,7 +195,8 @@ void run_demo(const RunOptions& o) {
   fmt::print(
       "\n  tokens: positions seen; stored: tokens kept for later steps; bytes: resident "
       "(capacity + workspace);\n  moved: bytes the container copied on its own "
-      "(growth, compaction, workspace), beyond writing the new tokens.\n\n");
+      "(growth, compaction, workspace), beyond writing the new tokens;\n  recompute/*: the "
+      "no-cache reference's container, which holds only its latest update.\n\n");
 
   // A whole model: Gemma-3n-like mix with the last two layers reading earlier layers' KV.
   CacheConfig model = config;

@@ -32,7 +32,7 @@ void check_engine_options(const EngineOptions& o, const LoadedModel* loaded) {
   check_options(*o.model.cmd, shape);
 }
 
-EngineConfig engine_config(const EngineOptions& o, const LlamaModel& model) {
+EngineConfig engine_config(const EngineOptions& o, const Model& model) {
   ModelOptions mo = o.model;
   mo.cache = "paged";
   const SessionConfig sc = session_config(mo, model);  // -t, dtype, block size, budget checks

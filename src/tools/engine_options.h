@@ -26,6 +26,6 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o);
 // model loads (loaded == nullptr), then once more with what the loaded model has.
 void check_engine_options(const EngineOptions& o, const LoadedModel* loaded = nullptr);
 // Applies -t and builds the engine config for `model`.
-EngineConfig engine_config(const EngineOptions& o, const LlamaModel& model);
+EngineConfig engine_config(const EngineOptions& o, const Model& model);
 
 }  // namespace kvcache::tools

@@ -73,7 +73,7 @@ LoadOptions load_options(const ModelOptions& o, bool machine_output) {
   return lo;
 }
 
-SessionConfig session_config(const ModelOptions& o, const LlamaModel& model) {
+SessionConfig session_config(const ModelOptions& o, const Model& model) {
   if (o.threads < 0) throw Error(ErrorKind::kInvalidArgument, "-t must be >= 0");
   if (o.threads > kMaxThreads)
     throw Error(ErrorKind::kInvalidArgument, "-t " + std::to_string(o.threads) + ": at most " +
@@ -129,7 +129,7 @@ SessionConfig session_config(const ModelOptions& o, const LlamaModel& model) {
       throw Error(ErrorKind::kUnsupported, "--kv-dtype " + o.kv_dtype + ": dense caches store f32, f16 or bf16");
     }
   } else {
-    sc.kv_dtype = model.tok_embeddings().dtype() == DType::kF32 ? DType::kF32 : DType::kF16;
+    sc.kv_dtype = model.embeddings().dtype() == DType::kF32 ? DType::kF32 : DType::kF16;
   }
   return sc;
 }

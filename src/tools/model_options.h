@@ -43,7 +43,7 @@ void add_model_options(CLI::App* cmd, ModelOptions& o);
 // JSON — machine_output — so scripts never see it unless they ask with --progress on).
 LoadOptions load_options(const ModelOptions& o, bool machine_output = false);
 // Applies -t (thread pool and BLAS) and builds the session config for `model`.
-SessionConfig session_config(const ModelOptions& o, const LlamaModel& model);
+SessionConfig session_config(const ModelOptions& o, const Model& model);
 // "1 403 407" (spaces or commas) -> ids; throws Error naming the bad entry.
 std::vector<int32_t> parse_ids(const std::string& text);
 

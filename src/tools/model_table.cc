@@ -13,7 +13,7 @@ void print_model_table(const ModelTableOptions& o) {
   ModelOptions mo;
   mo.model = o.model;
   LoadedModel lm = load_model(o.model, load_options(mo));
-  const LlamaModel& model = *lm.model;
+  const Model& model = *lm.model;
   ContainerReportParams p;
   p.prompt_tokens = o.prompt;
   p.new_tokens = o.decode;

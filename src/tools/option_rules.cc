@@ -79,11 +79,16 @@ std::string no_effect(const Given& g, const std::string& when, const std::string
   return g.command + ": " + g.option + " has no effect " + when + ": " + honoured;
 }
 
+// The no-cache reference's container (cache/recompute_layer.h) keeps only one forward's tokens:
+// what --verify compares against, never a cache to generate, score or benchmark with.
+constexpr const char* kRecompute = "recompute";
+
+// The caches a user may choose.
 std::vector<std::string> cache_names() {
   std::vector<std::string> out;
   for (const std::string& entry : LayerRegistry::names()) {
     const std::string impl = entry.substr(0, entry.find('/'));
-    if (!contains(out, impl)) out.push_back(impl);
+    if (impl != kRecompute && !contains(out, impl)) out.push_back(impl);
   }
   return out;
 }
@@ -96,9 +101,14 @@ std::optional<std::string> cache_value(const Given& g) {
            "nothing); the other caches are honoured by generate, logits and bench";
   }
   const std::vector<std::string> known = cache_names();
-  for (const std::string& c : g.shape.caches)
+  for (const std::string& c : g.shape.caches) {
+    if (c == kRecompute)
+      return g.command + ": --cache recompute is the no-cache reference of --verify: it keeps only one "
+                         "forward's tokens, so nothing after the first chunk could attend to them; use " +
+             join(known);
     if (!contains(known, c))
       return g.command + ": --cache " + c + ": no such cache; registered: " + join(known);
+  }
   return std::nullopt;
 }
 

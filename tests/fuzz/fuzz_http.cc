@@ -20,7 +20,7 @@
 #include "fuzz_targets.h"
 #include "fuzz_util.h"
 #include "model/gguf.h"
-#include "model/llama.h"
+#include "model/forward.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
 #include "server/chat_template.h"

@@ -13,7 +13,7 @@ namespace {
 
 TEST(Bench, RunsEveryTestAtEveryDepthWithLlamaBenchFields) {
   KVCACHE_REQUIRE_STORIES();
-  const LlamaModel model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
+  const Model model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
   BenchParams p;
   p.n_prompt = {16};
   p.n_gen = {4};

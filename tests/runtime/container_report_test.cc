@@ -10,7 +10,7 @@ namespace {
 
 TEST(ContainerReport, EveryContainerGivesTheNoCacheAnswer) {
   KVCACHE_REQUIRE_STORIES();
-  const LlamaModel model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
+  const Model model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
   ContainerReportParams p;
   p.prompt_tokens = 9;
   p.new_tokens = 24;

@@ -10,7 +10,7 @@
 
 #include "cache/cache.h"
 #include "core/error.h"
-#include "model/llama.h"
+#include "model/forward.h"
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
@@ -37,7 +37,7 @@ TEST(DummyModel, TinyLoadsThroughGgufAndIsDeterministic) {
   EXPECT_EQ(c.n_kv_heads, 2);
   EXPECT_EQ(c.vocab_size, 32000);
   EXPECT_FALSE(c.tie_word_embeddings);
-  EXPECT_EQ(m.model->layers()[1].w_up.dtype(), DType::kF16);
+  EXPECT_EQ(m.model->file().tensor("blk.1.ffn_up.weight").dtype(), DType::kF16);
   EXPECT_EQ(m.tokenizer, nullptr);  // no vocabulary given
   // Same preset and seed in another folder: the same bytes.
   DummyModelOptions d;
@@ -107,7 +107,7 @@ TEST(DummyModel, LastLogitsEqualTheAllLogitsRowBitForBit) {
               cc.max_batch_size = B;
               kv = std::make_unique<Cache>(cc);
             }
-            LlamaForward fw(*m.model, kernel, B * S);
+            Forward fw(*m.model, kernel, B * S);
             ForwardParams p;
             p.tokens = ids.data();
             p.batch = B;

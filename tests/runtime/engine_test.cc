@@ -72,7 +72,7 @@ RunResult run_all(Engine& e, const std::vector<RequestParams>& reqs) {
   return res;
 }
 
-std::vector<int32_t> run_alone(const LlamaModel& model, const RequestParams& rp) {
+std::vector<int32_t> run_alone(const Model& model, const RequestParams& rp) {
   EngineConfig c;
   c.max_cached_tokens = 512;
   c.max_tokens_per_step = 64;
@@ -87,7 +87,7 @@ EngineConfig holding(int64_t tokens) {
 }
 
 TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAlone) {
-  const LlamaModel& model = *tiny_model().model;
+  const Model& model = *tiny_model().model;
   const auto prompts = make_prompts(64, 7);
   std::vector<RequestParams> reqs;
   for (size_t i = 0; i < prompts.size(); ++i) reqs.push_back(greedy(prompts[i], 6 + static_cast<int64_t>(i % 9)));
@@ -115,7 +115,7 @@ TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAlone) {
 // their own positions), and each completion still equals the prompt run alone. Two prompts of
 // other lengths at the end take the one-by-one path.
 TEST(Engine, EqualLengthPromptsArePrefilledInOneForwardAndEqualEachRunAlone) {
-  const LlamaModel& model = *tiny_model().model;
+  const Model& model = *tiny_model().model;
   std::mt19937 rng(23);
   std::vector<RequestParams> reqs;
   for (int i = 0; i < 14; ++i) {
@@ -158,7 +158,7 @@ TEST(Engine, EqualLengthPromptsArePrefilledInOneForwardAndEqualEachRunAlone) {
 // A burst sharing a system prompt keeps the prefix hits of one-by-one admission: the batch stops
 // at a member whose first block an earlier member is about to write.
 TEST(Engine, EqualLengthPromptsSharingABlockStillHitThePrefixCache) {
-  const LlamaModel& model = *tiny_model().model;
+  const Model& model = *tiny_model().model;
   std::mt19937 rng(29);
   std::vector<int32_t> common = {1};
   while (common.size() < 32) common.push_back(static_cast<int32_t>(rng() % 31000) + 3);
@@ -178,7 +178,7 @@ TEST(Engine, EqualLengthPromptsSharingABlockStillHitThePrefixCache) {
 }
 
 TEST(Engine, APrefixEndingInsideABlockIsReusedWhole) {
-  const LlamaModel& model = *tiny_model().model;
+  const Model& model = *tiny_model().model;
   std::mt19937 rng(31);
   std::vector<int32_t> a = {1};
   while (a.size() < 50) a.push_back(static_cast<int32_t>(rng() % 31000) + 3);  // 3 full blocks
@@ -197,7 +197,7 @@ TEST(Engine, APrefixEndingInsideABlockIsReusedWhole) {
 }
 
 TEST(Engine, TheNextTurnOfAConversationReusesEverythingComputed) {
-  const LlamaModel& model = *tiny_model().model;
+  const Model& model = *tiny_model().model;
   std::mt19937 rng(37);
   std::vector<int32_t> a = {1};
   while (a.size() < 40) a.push_back(static_cast<int32_t>(rng() % 31000) + 3);
@@ -220,7 +220,7 @@ TEST(Engine, TheNextTurnOfAConversationReusesEverythingComputed) {
 }
 
 TEST(Engine, PreemptionUnderATinyBlockBudgetChangesNothing) {
-  const LlamaModel& model = *tiny_model().model;
+  const Model& model = *tiny_model().model;
   const auto prompts = make_prompts(24, 11);
   std::vector<RequestParams> reqs;
   for (const auto& p : prompts) reqs.push_back(greedy(p, 12));
@@ -255,7 +255,7 @@ TEST(Engine, PreemptionUnderATinyBlockBudgetChangesNothing) {
 }
 
 TEST(Engine, CancellationFreesBlocksAndOthersAreUnaffected) {
-  const LlamaModel& model = *tiny_model().model;
+  const Model& model = *tiny_model().model;
   const auto prompts = make_prompts(16, 5);
   EngineConfig c;
   c.block_tokens = 4;
@@ -292,7 +292,7 @@ TEST(Engine, CancellationFreesBlocksAndOthersAreUnaffected) {
 }
 
 TEST(Engine, ParallelSamplesForkAndFollowTheirSeeds) {
-  const LlamaModel& model = *tiny_model().model;
+  const Model& model = *tiny_model().model;
   RequestParams rp = greedy(make_prompts(1, 3)[0], 10);
   rp.n = 3;
   rp.sampler.temperature = 1.0f;
@@ -317,7 +317,7 @@ TEST(Engine, ParallelSamplesForkAndFollowTheirSeeds) {
 }
 
 TEST(Engine, StopIdsMaxTokensAndValidation) {
-  const LlamaModel& model = *tiny_model().model;
+  const Model& model = *tiny_model().model;
   Engine e(model, nullptr, holding(256));
   const std::vector<int32_t> prompt = make_prompts(1, 9)[0];
   const std::vector<int32_t> free_run = run_alone(model, greedy(prompt, 8));
@@ -337,7 +337,7 @@ TEST(Engine, StopIdsMaxTokensAndValidation) {
 }
 
 TEST(Engine, LogprobsAreTheModelsLogSoftmaxOfEachSampledToken) {
-  const LlamaModel& model = *tiny_model().model;
+  const Model& model = *tiny_model().model;
   Engine e(model, nullptr, holding(256));
   const std::vector<int32_t> prompt = make_prompts(1, 11)[0];
   RequestParams rp = greedy(prompt, 6);
@@ -385,7 +385,7 @@ TEST(Engine, LogprobsAreTheModelsLogSoftmaxOfEachSampledToken) {
 // the prompt's blocks are cached (cached positions have no logits), across prefill chunks and
 // beside other requests; max_tokens 0 samples nothing.
 TEST(Engine, PromptLogprobsScoreEveryPromptTokenEvenWhenCached) {
-  const LlamaModel& model = *tiny_model().model;
+  const Model& model = *tiny_model().model;
   EngineConfig cfg = holding(512);
   cfg.max_tokens_per_step = 16;  // 70 prompt tokens: five chunks
   Engine e(model, nullptr, cfg);
@@ -441,7 +441,7 @@ TEST(Engine, PromptLogprobsScoreEveryPromptTokenEvenWhenCached) {
 }
 
 TEST(Engine, BoundedQueueRefuses) {
-  const LlamaModel& model = *tiny_model().model;
+  const Model& model = *tiny_model().model;
   EngineConfig c;
   c.max_cached_tokens = 256;
   c.max_waiting = 2;

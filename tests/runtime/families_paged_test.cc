@@ -38,14 +38,14 @@ namespace {
 namespace fs = std::filesystem;
 using testing_util::bits_equal;
 
-std::unique_ptr<LlamaModel> load_preset(const std::string& preset) {
+std::unique_ptr<Model> load_preset(const std::string& preset) {
   static const std::string dir = testing_util::process_scratch().file("families_paged");
   DummyModelOptions o;
   o.preset = preset;
   o.weight_dtype = DType::kF32;
   o.seed = 3;
   o.cache_dir = dir;
-  return std::make_unique<LlamaModel>(open_model_file(build_dummy_model(o)));
+  return std::make_unique<Model>(open_model_file(build_dummy_model(o)));
 }
 
 std::vector<int32_t> prompt(int64_t n, int32_t vocab, int32_t salt = 11) {
@@ -252,7 +252,7 @@ TEST_P(PagedFamilies, EngineBatchEqualsEachRequestAlone) {
 INSTANTIATE_TEST_SUITE_P(Presets, PagedFamilies, ::testing::ValuesIn(testing_util::family_presets()),
                          testing_util::preset_test_name);
 
-std::string construction_error(const LlamaModel& model, const SessionConfig& sc) {
+std::string construction_error(const Model& model, const SessionConfig& sc) {
   try {
     Session s(model, sc);
   } catch (const Error& e) {
@@ -281,7 +281,7 @@ TEST(PagedFamiliesRefusals, ChunkedLayersOnThePagedCacheAreRefusedAtConstruction
   std::unique_ptr<ModelFile> file = open_model_file(build_dummy_model(o));
   file->mutable_config().layer_types = {"full_attention", "chunked_attention", "sliding_attention", "full_attention"};
   file->mutable_config().attention_chunk_size = 6;
-  const LlamaModel model(std::move(file));
+  const Model model(std::move(file));
   const std::string msg = construction_error(model, config_of("paged", "fused"));
   EXPECT_NE(msg.find("layer 1 has type 'chunked_attention'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("use the dynamic or static cache"), std::string::npos) << msg;

@@ -37,13 +37,13 @@ std::string temp_dir() {
   return d;
 }
 
-std::unique_ptr<LlamaModel> load_preset(const std::string& preset) {
+std::unique_ptr<Model> load_preset(const std::string& preset) {
   DummyModelOptions o;
   o.preset = preset;
   o.weight_dtype = DType::kF32;
   o.seed = 3;
   o.cache_dir = temp_dir();
-  return std::make_unique<LlamaModel>(open_model_file(build_dummy_model(o)));
+  return std::make_unique<Model>(open_model_file(build_dummy_model(o)));
 }
 
 
@@ -61,7 +61,7 @@ TEST_P(Families, ForwardMatchesIndependentReference) {
   const std::vector<int32_t> ids = prompt(21, static_cast<int32_t>(c.vocab_size));  // > 2 windows of 8
   const std::vector<float> ref = testing_util::FamilyReference(model->file()).logits(ids);
   for (const char* kernel : {"eager", "fused"}) {
-    LlamaForward fwd(*model, kernel, 32);
+    Forward fwd(*model, kernel, 32);
     ForwardParams p;
     p.tokens = ids.data();
     p.n_tokens = static_cast<int64_t>(ids.size());
@@ -76,7 +76,7 @@ TEST_P(Families, CachedDecodeEqualsNoCacheForward) {
   const auto model = load_preset(GetParam());
   const ModelConfig& c = model->config();
   const std::vector<int32_t> ids = prompt(26, static_cast<int32_t>(c.vocab_size));
-  LlamaForward oracle(*model, "eager", 32);
+  Forward oracle(*model, "eager", 32);
   for (const char* cache : {"dynamic", "static", "paged"}) {
     for (const char* kernel : {"eager", "fused"}) {
       SessionConfig sc;
@@ -163,13 +163,13 @@ TEST(KvSharing, SharedLayersReadTheirSourceAndStoreNothing) {
   o.cache_dir = temp_dir();
   std::unique_ptr<ModelFile> file = open_model_file(build_dummy_model(o));
   file->mutable_config().num_kv_shared_layers = 2;
-  const LlamaModel model(std::move(file));
+  const Model model(std::move(file));
   const ModelConfig& c = model.config();
-  EXPECT_EQ(model.layers()[2].kv_source, 0);
-  EXPECT_EQ(model.layers()[3].kv_source, 1);
+  EXPECT_EQ(model.kv_source(2), 0);
+  EXPECT_EQ(model.kv_source(3), 1);
   const std::vector<int32_t> ids = prompt(19, static_cast<int32_t>(c.vocab_size));
   const std::vector<float> ref = testing_util::FamilyReference(model.file()).logits(ids);
-  LlamaForward fwd(model, "fused", 32);
+  Forward fwd(model, "fused", 32);
   ForwardParams p;
   p.tokens = ids.data();
   p.n_tokens = static_cast<int64_t>(ids.size());
@@ -214,7 +214,7 @@ TEST(MixedWindows, ChunkedSlidingAndFullLayersMatchTheReference) {
   std::unique_ptr<ModelFile> file = open_model_file(build_dummy_model(o));
   file->mutable_config().layer_types = {"chunked_attention", "full_attention", "sliding_attention", "chunked_attention"};
   file->mutable_config().attention_chunk_size = 6;
-  const LlamaModel model(std::move(file));
+  const Model model(std::move(file));
   const ModelConfig& c = model.config();
   const std::vector<int32_t> ids = prompt(20, static_cast<int32_t>(c.vocab_size));
   const std::vector<float> ref = testing_util::FamilyReference(model.file()).logits(ids);

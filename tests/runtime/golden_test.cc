@@ -9,7 +9,7 @@
 
 #include "golden_util.h"
 #include "kernels/softmax.h"
-#include "model/llama.h"
+#include "model/forward.h"
 #include "model/llama2c.h"
 #include "cache/cache.h"
 #include "runtime/session.h"
@@ -21,8 +21,8 @@ using testing_util::golden_dir;
 using testing_util::read_golden_ids;
 using testing_util::stories_dir;
 
-const LlamaModel& stories() {
-  static const LlamaModel model(load_llama2c(stories_dir() + "/stories260K.bin"));
+const Model& stories() {
+  static const Model model(load_llama2c(stories_dir() + "/stories260K.bin"));
   return model;
 }
 

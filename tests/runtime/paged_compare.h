@@ -14,7 +14,8 @@
 
 #include "cache/paged_store.h"
 #include "golden_util.h"
-#include "model/llama.h"
+#include "model/forward.h"
+#include "model/model.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
 
@@ -35,7 +36,7 @@ struct PagedVsDense {
 // Runs `c` and expects the paged logits to equal the dense ones bit for bit, and the store's
 // invariants to hold. Returns the paged store, for checks of the caller's own; nullptr after a
 // failure that ends the run (no paged store, no room for a step).
-inline std::shared_ptr<PagedKVStore> expect_paged_equals_dense(const LlamaModel& model, const PagedVsDense& c) {
+inline std::shared_ptr<PagedKVStore> expect_paged_equals_dense(const Model& model, const PagedVsDense& c) {
   const auto B = static_cast<int64_t>(c.prompts.size());
   const auto V = static_cast<size_t>(model.config().vocab_size);
   // Dense reference: per sequence, the prefill logits then each greedy step's logits.
@@ -60,7 +61,7 @@ inline std::shared_ptr<PagedKVStore> expect_paged_equals_dense(const LlamaModel&
   }
   PagedKVStore& store = *cc.paged_store;
   Cache cache(cc);
-  LlamaForward fwd(model, "eager", 64);
+  Forward fwd(model, "eager", 64);
   std::vector<SeqId> seqs;
   for (int64_t i = 0; i < B; ++i) {
     seqs.push_back(store.add_sequence());

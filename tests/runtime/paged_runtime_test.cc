@@ -34,7 +34,7 @@ std::vector<int32_t> ids_of(int64_t n, int64_t vocab, uint64_t seed) {
 // Three sequences of different prompt lengths: dense sessions one by one vs one paged cache
 // that prefills each sequence alone and then decodes all three as one varlen batch (B = 3:
 // below the sgemm threshold, so every projection row is the same GEMV as for B = 1).
-void expect_paged_equals_dense(const LlamaModel& model, const std::vector<int64_t>& prompt_lens, int decode_steps,
+void expect_paged_equals_dense(const Model& model, const std::vector<int64_t>& prompt_lens, int decode_steps,
                                const std::string& layer_override_note = "") {
   const int64_t vocab = model.config().vocab_size;
   const auto B = static_cast<int64_t>(prompt_lens.size());
@@ -59,7 +59,7 @@ void expect_paged_equals_dense(const LlamaModel& model, const std::vector<int64_
 
 TEST(PagedRuntime, VarlenBatchEqualsDenseOnStories260K) {
   KVCACHE_REQUIRE_STORIES();
-  const LlamaModel model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
+  const Model model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
   expect_paged_equals_dense(model, {5, 11, 17}, 12);
 }
 
@@ -80,7 +80,7 @@ TEST(PagedRuntime, RowsAtDifferentPositionsNeedAPagedCache) {
   CacheConfig cc = make_cache_config(m.model->config(), sc);
   cc.max_batch_size = 2;
   Cache cache(cc);
-  LlamaForward fwd(*m.model, "eager");
+  Forward fwd(*m.model, "eager");
   const int32_t ids[] = {1, 2};
   const int64_t pos[] = {0, 3};
   ForwardParams fp;
@@ -94,7 +94,7 @@ TEST(PagedRuntime, RowsAtDifferentPositionsNeedAPagedCache) {
 
 TEST(PagedRuntime, SharedPrefixOf2000TokensPrefillsOnlyTheSuffixAndEqualsAColdRun) {
   const LoadedModel m = load_model("dummy:tiny");
-  const LlamaModel& model = *m.model;
+  const Model& model = *m.model;
   SessionConfig sc;
   sc.cache = "paged";
   sc.kernel = "eager";
@@ -143,7 +143,7 @@ TEST(PagedRuntime, SharedPrefixOf2000TokensPrefillsOnlyTheSuffixAndEqualsAColdRu
 // harness).
 TEST(PagedRuntime, RecomputedPromptKeepsItsPrefixUnderPressure) {
   const LoadedModel m = load_model("dummy:tiny");
-  const LlamaModel& model = *m.model;
+  const Model& model = *m.model;
   SessionConfig sc;
   sc.cache = "paged";
   sc.max_cache_len = 4000;  // room for two 2,000-token prompts
@@ -179,7 +179,7 @@ TEST(PagedRuntime, PlannerPredictionIsWhatGetsAllocated) {
     const PagedKVStore store(plan.store);
     EXPECT_EQ(store.pool_bytes(), plan.pool_bytes);
     EXPECT_EQ(plan.pool_bytes, predict_pool_bytes(plan.store));
-    const LlamaForward fwd(*m.model, "eager", plan.max_tokens_per_step);
+    const Forward fwd(*m.model, "eager", plan.max_tokens_per_step);
     EXPECT_EQ(fwd.workspace_bytes(), plan.activation_bytes);
     // Through a session: --kv-budget sizes the pool the same way.
     SessionConfig sc;
@@ -208,12 +208,12 @@ TEST(ForwardWorkspace, GrowingDuringAPrefillChangesNothing) {
   ForwardParams fp;
   fp.tokens = tokens.data();
   fp.n_tokens = static_cast<int64_t>(tokens.size());
-  LlamaForward grown(*m.model, "fused", 8), sized(*m.model, "fused", 64);  // 8 rows: a scratch to outgrow
+  Forward grown(*m.model, "fused", 8), sized(*m.model, "fused", 64);  // 8 rows: a scratch to outgrow
   const std::span<const float> ga = grown.forward(fp);
   const std::vector<float> a(ga.begin(), ga.end());
   const std::span<const float> b = sized.forward(fp);
   EXPECT_TRUE(bits_equal(b, a));
-  EXPECT_EQ(grown.workspace_bytes(), LlamaForward::workspace_bytes_for(m.model->config(), 37));
+  EXPECT_EQ(grown.workspace_bytes(), Forward::workspace_bytes_for(m.model->config(), 37));
 }
 
 }  // namespace

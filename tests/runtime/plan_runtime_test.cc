@@ -14,7 +14,7 @@ namespace {
 
 TEST(PlanRuntime, PredictionEqualsStaticCacheBytesAfterARun) {
   KVCACHE_REQUIRE_STORIES();
-  const LlamaModel model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
+  const Model model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
   const PlanModel plan = plan_model_from_config(model.config(), "stories260K");
   const std::vector<int32_t> ids = {1, 403, 407, 261, 378, 280, 365, 3, 71, 92, 265};
   for (const auto& [dtype, name] : {std::pair{DType::kF32, "f32"}, std::pair{DType::kF16, "f16"},

@@ -21,8 +21,8 @@ namespace {
 using testing_util::read_golden_ids;
 using testing_util::stories_dir;
 
-const LlamaModel& stories() {
-  static const LlamaModel model(load_llama2c(stories_dir() + "/stories260K.bin"));
+const Model& stories() {
+  static const Model model(load_llama2c(stories_dir() + "/stories260K.bin"));
   return model;
 }
 

@@ -15,7 +15,7 @@ namespace {
 
 TEST(Session, PrefillThenDecodeEqualsTokenByTokenAndRecompute) {
   KVCACHE_REQUIRE_STORIES();
-  const LlamaModel model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
+  const Model model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
   const auto golden = testing_util::read_golden_ids("once_upon_a_time");
   std::vector<int32_t> seq = golden.prompt;
   seq.insert(seq.end(), golden.generated.begin(), golden.generated.begin() + 40);
@@ -27,7 +27,7 @@ TEST(Session, PrefillThenDecodeEqualsTokenByTokenAndRecompute) {
       sc.kernel = kernel;
       sc.prefill_chunk = 16;  // two chunks: the second attends to keys cached by the first
       Session a(model, sc), b(model, sc);
-      LlamaForward oracle(model, kernel, static_cast<int64_t>(seq.size()));
+      Forward oracle(model, kernel, static_cast<int64_t>(seq.size()));
       double worst = 0, worst_oracle = 0;
       const std::vector<float> pa = [&] {
         auto l = a.prefill({seq.data(), n_prefill});
@@ -58,7 +58,7 @@ TEST(Session, PrefillThenDecodeEqualsTokenByTokenAndRecompute) {
 
 TEST(Session, StaticCacheFullIsAnErrorNotACrash) {
   KVCACHE_REQUIRE_STORIES();
-  const LlamaModel model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
+  const Model model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
   SessionConfig sc;
   sc.cache = "static";
   sc.max_cache_len = 4;
@@ -70,7 +70,7 @@ TEST(Session, StaticCacheFullIsAnErrorNotACrash) {
 
 TEST(Session, OutOfVocabularyIdIsAnError) {
   KVCACHE_REQUIRE_STORIES();
-  const LlamaModel model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
+  const Model model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
   Session s(model, SessionConfig{});
   EXPECT_THROW(s.decode(512), Error);
   EXPECT_THROW(s.decode(-1), Error);

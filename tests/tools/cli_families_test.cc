@@ -12,7 +12,7 @@
 #include "cli_util.h"
 #include "family_presets.h"
 #include "model/dummy.h"
-#include "model/llama.h"
+#include "model/forward.h"
 #include "model/model_file.h"
 #include "scratch_dir.h"
 
@@ -51,8 +51,8 @@ TEST_P(CliFamilies, LogitsAndGenerateOnAHuggingFaceFolder) {
     ids_arg.append(std::to_string(id));
   }
   // In-process no-cache forward of the same folder: what the CLI must write.
-  const kvcache::LlamaModel model(kvcache::open_model_file(folder));
-  kvcache::LlamaForward fwd(model, "eager", 16);
+  const kvcache::Model model(kvcache::open_model_file(folder));
+  kvcache::Forward fwd(model, "eager", 16);
   kvcache::ForwardParams p;
   p.tokens = ids.data();
   p.n_tokens = static_cast<int64_t>(ids.size());

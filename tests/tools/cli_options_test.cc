@@ -74,6 +74,9 @@ TEST(CliOptions, OptionsWithoutEffectExitWith2NamingTheOption) {
       {gen + "--cache quantized --max-cache-len 64", "--max-cache-len"},
       {gen + "--cache paged --kv-budget 64MiB --max-cache-len 64", "--max-cache-len"},
       {gen + "--cache nosuch --block-size 8", "--cache nosuch"},
+      // The no-cache reference's container is no cache to generate with.
+      {gen + "--cache recompute", "--cache recompute"},
+      {bench + "--cache dynamic,recompute", "--cache recompute"},
       // Kernels the cache cannot run, or does not use.
       {gen + "--cache paged --kernel flex", "--kernel flex"},
       {gen + "--cache quantized --kernel eager", "--kernel"},

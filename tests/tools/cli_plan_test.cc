@@ -9,7 +9,7 @@
 
 #include "cli_util.h"
 #include "model/dummy.h"
-#include "model/llama.h"
+#include "model/forward.h"
 #include "model/model_file.h"
 #include "runtime/session.h"
 #include "scratch_dir.h"
@@ -99,7 +99,7 @@ TEST(CliPlan, DummyFamiliesAgreeWithCacheBytes) {
     o.preset = preset;
     o.weight_dtype = DType::kF32;
     o.cache_dir = scratch.str();
-    const LlamaModel model(open_model_file(build_dummy_model(o)));
+    const Model model(open_model_file(build_dummy_model(o)));
     const ModelConfig& c = model.config();
     const int64_t S = c.sliding_window > 0 ? c.sliding_window - 1 : 7;
     SessionConfig sc;

@@ -1,0 +1,46 @@
+#include "model/weights.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace kvcache {
+
+TensorView Weights::matrix(const std::string& name) const {
+  const TensorView& t = file_.tensor(name);
+  if (t.ndim() >= 2 && t.dtype() == DType::kQ8_0 && t.dim(t.ndim() - 1) % 32 != 0) {
+    throw Error(ErrorKind::kFormat,
+                file_.path() + ": tensor '" + name + "' is q8_0 with a row length not a multiple of 32");
+  }
+  return t;
+}
+
+std::vector<float> Weights::read(const std::string& name) const {
+  const TensorView& t = file_.tensor(name);
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  convert_n(t.data(), t.dtype(), out.data(), DType::kF32, out.size());
+  return out;
+}
+
+const float* Weights::keep(std::vector<float> values) {
+  Tensor c = Tensor::empty(DType::kF32, {static_cast<int64_t>(values.size())});
+  std::copy(values.begin(), values.end(), c.data_as<float>());
+  kept_.push_back(std::move(c));
+  return kept_.back().data_as<const float>();
+}
+
+const float* Weights::vector(const std::string& name) {
+  const TensorView& t = file_.tensor(name);
+  if (t.dtype() == DType::kF32) return t.data_as<const float>();
+  return keep(read(name));
+}
+
+const float* Weights::norm(const std::string& name) {
+  if (!config().norm_add_one) return vector(name);
+  // Gemma2RMSNorm: output * (1.0 + weight.float()), the sum taken in float.
+  std::vector<float> w = read(name);
+  for (float& x : w) x = 1.0f + x;
+  return keep(std::move(w));
+}
+
+}  // namespace kvcache
