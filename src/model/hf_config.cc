@@ -129,7 +129,39 @@ YarnResult yarn_rope(float rope_theta, int64_t dim, const YarnParams& y) {
 }
 
 namespace {
-ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string& source) {
+
+// ModelConfig::architecture (what a registered family serves, model/family.h) by the
+// checkpoint's architectures[0], or by its model_type when it names none.
+struct HfArchitecture {
+  const char* hf_class;
+  const char* model_type;
+  const char* architecture;
+};
+constexpr HfArchitecture kHfArchitectures[] = {
+    {"LlamaForCausalLM", "llama", "llama"},
+    {"MistralForCausalLM", "mistral", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2", "qwen2"},
+    {"Gemma2ForCausalLM", "gemma2", "gemma2"},
+    {"GptOssForCausalLM", "gpt_oss", "gpt_oss"},
+    {"Gemma3nForCausalLM", "gemma3n_text", "gemma3n"},
+    {"DeepseekV3ForCausalLM", "deepseek_v3", "deepseek_v3"},
+    {"DeepseekV2ForCausalLM", "deepseek_v2", "deepseek_v2"},
+};
+
+// Which family-specific keys and defaults apply.
+struct FamilyKeys {
+  bool gemma2 = false, gemma3n = false, gpt_oss = false, deepseek = false;
+};
+FamilyKeys family_keys(const std::string& architecture) {
+  FamilyKeys f;
+  f.gemma2 = architecture == "gemma2";
+  f.gemma3n = architecture == "gemma3n";
+  f.gpt_oss = architecture == "gpt_oss";
+  f.deepseek = architecture == "deepseek_v2" || architecture == "deepseek_v3";
+  return f;
+}
+
+json parse_json_object(const std::string& text, const std::string& source) {
   json j;
   try {
     j = json::parse(text);
@@ -137,312 +169,421 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     bad(source, std::string("invalid JSON: ") + e.what());
   }
   if (!j.is_object()) bad(source, "config.json must be a JSON object");
-  const json root = j;
-  std::string arch;
-  if (auto it = j.find("architectures"); it != j.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
-    arch = (*it)[0].get<std::string>();
+  return j;
+}
+
+std::string first_architecture(const json& root) {
+  if (auto it = root.find("architectures");
+      it != root.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
+    return (*it)[0].get<std::string>();
   }
-  std::string model_type = j.value("model_type", std::string());
-  if (arch == "Gemma3nForConditionalGeneration" || (arch.empty() && model_type == "gemma3n")) {
-    // The released checkpoints are multimodal; the text decoder's config is text_config and
-    // its tensors live under model.language_model (the loader maps them to model.).
-    auto it = j.find("text_config");
-    if (it == j.end() || !it->is_object()) bad(source, "Gemma3nForConditionalGeneration needs a text_config object");
-    json t = *it;
-    for (const char* k : {"bos_token_id", "eos_token_id"})
-      if (!t.contains(k) && j.contains(k)) t[k] = j[k];
-    j = t;
-    arch = "Gemma3nForCausalLM";
+  return {};
+}
+
+// The released Gemma-3n checkpoints are multimodal; the text decoder's config is text_config
+// (with the root's bos/eos ids when it lacks them) and its tensors live under
+// model.language_model (the loader maps them to model.).
+bool is_multimodal_gemma3n(const std::string& arch, const std::string& model_type) {
+  return arch == "Gemma3nForConditionalGeneration" || (arch.empty() && model_type == "gemma3n");
+}
+json gemma3n_text_config(const json& root, const std::string& source) {
+  auto it = root.find("text_config");
+  if (it == root.end() || !it->is_object()) {
+    bad(source, "Gemma3nForConditionalGeneration needs a text_config object");
   }
-  ModelConfig c;
-  if (arch == "LlamaForCausalLM" || (arch.empty() && model_type == "llama")) {
-    c.architecture = "llama";
-  } else if (arch == "MistralForCausalLM" || (arch.empty() && model_type == "mistral")) {
-    c.architecture = "mistral";
-  } else if (arch == "Qwen2ForCausalLM" || (arch.empty() && model_type == "qwen2")) {
-    c.architecture = "qwen2";
-  } else if (arch == "Gemma2ForCausalLM" || (arch.empty() && model_type == "gemma2")) {
-    c.architecture = "gemma2";
-  } else if (arch == "GptOssForCausalLM" || (arch.empty() && model_type == "gpt_oss")) {
-    c.architecture = "gpt_oss";
-  } else if (arch == "Gemma3nForCausalLM" || (arch.empty() && model_type == "gemma3n_text")) {
-    c.architecture = "gemma3n";
-  } else if (arch == "DeepseekV3ForCausalLM" || (arch.empty() && model_type == "deepseek_v3")) {
-    c.architecture = "deepseek_v3";
-  } else if (arch == "DeepseekV2ForCausalLM" || (arch.empty() && model_type == "deepseek_v2")) {
-    c.architecture = "deepseek_v2";
-  } else {
-    throw Error(ErrorKind::kUnsupported,
-                source + ": architecture '" + (arch.empty() ? model_type : arch) +
-                    "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                    "Gemma2ForCausalLM, Gemma3nForCausalLM, Gemma3nForConditionalGeneration (text), GptOssForCausalLM, "
-                    "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
+  json t = *it;
+  for (const char* k : {"bos_token_id", "eos_token_id"})
+    if (!t.contains(k) && root.contains(k)) t[k] = root[k];
+  return t;
+}
+
+std::string architecture_of(const std::string& arch, const std::string& model_type,
+                            const std::string& source) {
+  for (const HfArchitecture& a : kHfArchitectures) {
+    if (arch == a.hf_class || (arch.empty() && model_type == a.model_type)) return a.architecture;
   }
-  const bool gemma3n = c.architecture == "gemma3n";
-  const bool gemma2 = c.architecture == "gemma2", gpt_oss = c.architecture == "gpt_oss";
-  const bool deepseek = c.architecture == "deepseek_v2" || c.architecture == "deepseek_v3";
-  // Everything that shapes the cache (layers, heads, head dim, layer types, windows, sharing,
-  // MLA dims) comes from the reader `kvcache plan` uses too.
-  c.dim = get_count(j, "hidden_size", ConfigCount::kHiddenSize, source);
-  const DecoderLayout layout = read_decoder_layout(root, j, source);
-  c.n_layers = layout.n_layers;
-  c.n_heads = layout.n_heads;
-  c.n_kv_heads = layout.n_kv_heads;
-  c.head_dim = layout.head_dim;
-  if (auto it = j.find("intermediate_size"); gemma3n && it != j.end() && it->is_array()) {
-    // Gemma3nTextConfig: one FFN size per layer (or one for all).
+  throw Error(ErrorKind::kUnsupported,
+              source + ": architecture '" + (arch.empty() ? model_type : arch) +
+                  "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                  "Gemma2ForCausalLM, Gemma3nForCausalLM, Gemma3nForConditionalGeneration (text), "
+                  "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
+}
+
+// intermediate_size: one FFN size, or (Gemma3nTextConfig) one per layer or one for all.
+void read_ffn_size(const json& j, const FamilyKeys& f, ModelConfig& c, const std::string& source) {
+  if (auto it = j.find("intermediate_size"); f.gemma3n && it != j.end() && it->is_array()) {
     for (const auto& v : *it) {
       if (!v.is_number_integer()) bad(source, "intermediate_size entries must be integers");
       c.gemma3n.intermediate_sizes.push_back(
           check_config_count(source, "intermediate_size", v.get<int64_t>(), ConfigCount::kFfnSize));
     }
     if (c.gemma3n.intermediate_sizes.empty()) bad(source, "intermediate_size is an empty list");
-    c.hidden_dim = *std::max_element(c.gemma3n.intermediate_sizes.begin(), c.gemma3n.intermediate_sizes.end());
+    c.hidden_dim =
+        *std::max_element(c.gemma3n.intermediate_sizes.begin(), c.gemma3n.intermediate_sizes.end());
   } else {
     c.hidden_dim = get_count(j, "intermediate_size", ConfigCount::kFfnSize, source);
   }
+}
+
+// The keys every family has: sizes, context, norm epsilon, tied embeddings, special tokens.
+// Everything that shapes the cache (layers, heads, head dim, layer types, windows, sharing, MLA
+// dims) comes from the reader `kvcache plan` uses too; the layout is returned for later steps.
+DecoderLayout read_common_keys(const json& root, const json& j, const FamilyKeys& f, ModelConfig& c,
+                               const std::string& source) {
+  c.dim = get_count(j, "hidden_size", ConfigCount::kHiddenSize, source);
+  DecoderLayout layout = read_decoder_layout(root, j, source);
+  c.n_layers = layout.n_layers;
+  c.n_heads = layout.n_heads;
+  c.n_kv_heads = layout.n_kv_heads;
+  c.head_dim = layout.head_dim;
+  read_ffn_size(j, f, c, source);
   c.vocab_size = get_count(j, "vocab_size", ConfigCount::kVocab, source);
   c.max_seq_len = get_count_or(j, "max_position_embeddings", 2048, ConfigCount::kContext, source);
   c.rms_eps = static_cast<float>(get_num_or(j, "rms_norm_eps", 1e-6, source));
-  c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", gemma2 || gemma3n, source);
+  c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", f.gemma2 || f.gemma3n, source);
   c.rope_interleaved = false;  // HF checkpoints keep q/k rows in rotate_half order
   c.bos_id = token_id(j, "bos_token_id", source);
   c.eos_id = token_id(j, "eos_token_id", source);
-  const bool attention_bias = get_bool_or(j, "attention_bias", gpt_oss, source);
+  return layout;
+}
+
+// attention_bias / mlp_bias, and the FFN activation.
+void read_bias_and_activation(const json& j, const FamilyKeys& f, ModelConfig& c,
+                              const std::string& source) {
+  const bool attention_bias = get_bool_or(j, "attention_bias", f.gpt_oss, source);
   if (c.architecture == "qwen2") {
     c.qkv_bias = true;
-  } else if (gemma2 || gemma3n || gpt_oss) {
+  } else if (f.gemma2 || f.gemma3n || f.gpt_oss) {
     c.qkv_bias = attention_bias;
     c.attn_out_bias = attention_bias;
   } else if (attention_bias) {
-    throw Error(ErrorKind::kUnsupported, source + ": attention_bias = true (bias on q/k/v/o projections) is not supported for " + c.architecture);
+    throw Error(ErrorKind::kUnsupported,
+                source +
+                    ": attention_bias = true (bias on q/k/v/o projections) is not supported for " +
+                    c.architecture);
   }
-  if (get_bool_or(j, "mlp_bias", false, source)) throw Error(ErrorKind::kUnsupported, source + ": mlp_bias is not supported");
+  if (get_bool_or(j, "mlp_bias", false, source)) {
+    throw Error(ErrorKind::kUnsupported, source + ": mlp_bias is not supported");
+  }
   // Gemma calls the field hidden_activation (older configs: hidden_act); GPT-OSS experts use
   // their own clamped SwiGLU whatever hidden_act says.
-  std::string act = gemma2 || gemma3n ? "gelu_pytorch_tanh" : "silu";
+  std::string act = f.gemma2 || f.gemma3n ? "gelu_pytorch_tanh" : "silu";
   for (const char* key : {"hidden_activation", "hidden_act"}) {
     if (auto it = j.find(key); it != j.end() && it->is_string()) {
       act = it->get<std::string>();
       break;
     }
   }
-  if (act == "gelu_pytorch_tanh" && !gpt_oss) {
+  if (act == "gelu_pytorch_tanh" && !f.gpt_oss) {
     c.ffn_act = FfnActivation::kGeluTanh;
-  } else if (act != "silu" && !gpt_oss) {
-    throw Error(ErrorKind::kUnsupported, source + ": hidden_act '" + act + "' is not supported (silu, gelu_pytorch_tanh)");
+  } else if (act != "silu" && !f.gpt_oss) {
+    throw Error(ErrorKind::kUnsupported,
+                source + ": hidden_act '" + act + "' is not supported (silu, gelu_pytorch_tanh)");
   }
-  if (gemma2) {
-    // models/gemma2/modeling_gemma2.py: Gemma2RMSNorm (1 + w), embeddings x sqrt(hidden_size),
-    // scaling = query_pre_attn_scalar ** -0.5, tanh softcaps on attention logits and logits,
-    // and the four norms per layer.
-    c.norm_add_one = true;
-    c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
-    c.sandwich_norms = true;
-    c.query_scale = static_cast<float>(std::pow(get_num_or(j, "query_pre_attn_scalar", 256.0, source), -0.5));
-    c.attn_softcap = static_cast<float>(get_num_or(j, "attn_logit_softcapping", 50.0, source));
-    c.final_softcap = static_cast<float>(get_num_or(j, "final_logit_softcapping", 30.0, source));
-    // An explicit null disables a softcap (get_num_or maps null to the default).
-    if (auto it = j.find("attn_logit_softcapping"); it != j.end() && it->is_null()) c.attn_softcap = 0.0f;
-    if (auto it = j.find("final_logit_softcapping"); it != j.end() && it->is_null()) c.final_softcap = 0.0f;
-  }
-  if (gemma3n) {
-    // models/gemma3n/modeling_gemma3n.py: Gemma3nRMSNorm multiplies by w (not 1 + w), the
-    // embedding by sqrt(hidden_size), attention scaling 1.0 with q/k/v norms, sandwich norms,
-    // final logit softcap, AltUp / Laurel / per-layer inputs (Gemma3nConfig).
-    c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
-    c.sandwich_norms = true;
-    c.qkv_norm = true;
-    c.query_scale = 1.0f;
-    c.final_softcap = static_cast<float>(get_num_or(j, "final_logit_softcapping", 30.0, source));
-    if (auto it = j.find("final_logit_softcapping"); it != j.end() && it->is_null()) c.final_softcap = 0.0f;
-    if (auto it = j.find("attn_logit_softcapping"); it != j.end() && !it->is_null()) {
-      throw Error(ErrorKind::kUnsupported, source + ": attn_logit_softcapping is not used by Gemma-3n; refusing a config that sets it");
-    }
-    Gemma3nConfig& g = c.gemma3n;
-    g.altup_num_inputs = get_count_or(j, "altup_num_inputs", 4, ConfigCount::kHeads, source);
-    g.altup_active_idx = get_int_or(j, "altup_active_idx", 0, source);
-    g.altup_coef_clip = static_cast<float>(get_num_or(j, "altup_coef_clip", 120.0, source));
-    g.altup_correct_scale = get_bool_or(j, "altup_correct_scale", true, source);
-    g.laurel_rank = get_count_or(j, "laurel_rank", 64, ConfigCount::kHeadDim, source);
-    g.hidden_size_per_layer_input =
-        get_count_or(j, "hidden_size_per_layer_input", 256, ConfigCount::kHiddenSize, source);
-    g.vocab_size_per_layer_input = get_count_or(j, "vocab_size_per_layer_input", 262144, ConfigCount::kVocab, source);
-    if (g.altup_active_idx != 0) {
-      throw Error(ErrorKind::kUnsupported, source + ": altup_active_idx = " + std::to_string(g.altup_active_idx) + " is not supported (0)");
-    }
-    if (g.altup_num_inputs < 1 || g.laurel_rank <= 0 || g.hidden_size_per_layer_input <= 0 || g.vocab_size_per_layer_input <= 0) {
-      bad(source, "altup_num_inputs, laurel_rank, hidden_size_per_layer_input and vocab_size_per_layer_input must be positive");
-    }
-    if (g.intermediate_sizes.empty()) g.intermediate_sizes.assign(static_cast<size_t>(c.n_layers), c.hidden_dim);
-    if (static_cast<int64_t>(g.intermediate_sizes.size()) != c.n_layers) {
-      bad(source, "intermediate_size has " + std::to_string(g.intermediate_sizes.size()) + " entries for " +
-                      std::to_string(c.n_layers) + " layers");
-    }
-    if (auto it = j.find("activation_sparsity_pattern"); it != j.end() && it->is_array()) {
-      for (const auto& v : *it) {
-        if (!v.is_number()) bad(source, "activation_sparsity_pattern entries must be numbers");
-        g.activation_sparsity.push_back(v.get<float>());
-      }
-    } else {
-      // Gemma3nTextConfig: 0.95 on the first 10 layers when there are more than 10.
-      const int64_t sparse = c.n_layers > 10 ? 10 : 0;
-      for (int64_t l = 0; l < c.n_layers; ++l) g.activation_sparsity.push_back(l < sparse ? 0.95f : 0.0f);
-    }
-    if (static_cast<int64_t>(g.activation_sparsity.size()) != c.n_layers) {
-      bad(source, "activation_sparsity_pattern has " + std::to_string(g.activation_sparsity.size()) + " entries for " +
-                      std::to_string(c.n_layers) + " layers");
-    }
-    for (float sp : g.activation_sparsity) {
-      if (!(sp >= 0.0f && sp < 1.0f)) bad(source, "activation_sparsity_pattern values must be in [0, 1)");
-    }
-  }
-  if (gpt_oss) {
-    // models/gpt_oss/modeling_gpt_oss.py: sinks per head, MoE of every layer.
-    c.attn_sinks = true;
-    MoeConfig& m = c.moe;
-    m.router = MoeRouter::kGptOss;
-    m.n_experts = get_count_or(j, "num_local_experts", 128, ConfigCount::kExperts, source);
-    m.n_experts_used = get_count_or(j, "num_experts_per_tok", 4, ConfigCount::kExperts, source);
-    m.expert_hidden_dim = c.hidden_dim;
-    m.swiglu_alpha = static_cast<float>(get_num_or(j, "swiglu_alpha", 1.702, source));
-    m.swiglu_limit = static_cast<float>(get_num_or(j, "swiglu_limit", 7.0, source));
-  }
-  if (deepseek) {
-    // models/deepseek_v3/modeling_deepseek_v3.py (and deepseek_v2): MLA attention, MoE after
-    // first_k_dense_replace dense layers.
-    MlaConfig& a = c.mla;
-    if (layout.kv_lora_rank == 0) bad(source, "config field 'kv_lora_rank' is missing: " + c.architecture + " uses MLA");
-    a.kv_lora_rank = layout.kv_lora_rank;
-    a.q_lora_rank = get_count_or(j, "q_lora_rank", 0, ConfigCount::kHeadDim, source);
-    a.qk_nope_head_dim = layout.qk_nope_head_dim;
-    a.qk_rope_head_dim = layout.qk_rope_head_dim;
-    a.v_head_dim = layout.v_head_dim;
-    a.rope_interleave = c.architecture == "deepseek_v2" || get_bool_or(j, "rope_interleave", true, source);
-    c.head_dim = a.qk_nope_head_dim + a.qk_rope_head_dim;
-    c.n_kv_heads = c.n_heads;  // MLA configs repeat the head count; the cache ignores it
-    c.query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-    MoeConfig& m = c.moe;
-    m.n_experts = get_count_or(j, "n_routed_experts", 0, ConfigCount::kExperts, source);
-    if (m.n_experts > 0) {
-      m.n_experts_used = get_count(j, "num_experts_per_tok", ConfigCount::kExperts, source);
-      m.expert_hidden_dim = get_count(j, "moe_intermediate_size", ConfigCount::kFfnSize, source);
-      m.n_shared_experts = get_count_or(j, "n_shared_experts", 0, ConfigCount::kExperts, source);
-      m.first_dense_layers = get_count_or(j, "first_k_dense_replace", 0, ConfigCount::kLayers, source);
-      m.norm_topk_prob = get_bool_or(j, "norm_topk_prob", c.architecture == "deepseek_v3", source);
-      m.routed_scaling_factor = static_cast<float>(get_num_or(j, "routed_scaling_factor", 1.0, source));
-      if (get_int_or(j, "moe_layer_freq", 1, source) != 1) {
-        throw Error(ErrorKind::kUnsupported, source + ": moe_layer_freq other than 1 is not supported");
-      }
-      if (c.architecture == "deepseek_v3") {
-        m.router = MoeRouter::kDeepseekV3;
-        m.n_group = get_count_or(j, "n_group", 1, ConfigCount::kExperts, source);
-        m.topk_group = get_count_or(j, "topk_group", 1, ConfigCount::kExperts, source);
-        const std::string scoring = j.value("scoring_func", std::string("sigmoid"));
-        if (scoring != "sigmoid") throw Error(ErrorKind::kUnsupported, source + ": scoring_func '" + scoring + "' is not supported for deepseek_v3 (sigmoid)");
-      } else {
-        m.router = MoeRouter::kSoftmaxGreedy;
-        const std::string scoring = j.value("scoring_func", std::string("softmax"));
-        if (scoring != "softmax") throw Error(ErrorKind::kUnsupported, source + ": scoring_func '" + scoring + "' is not supported for deepseek_v2 (softmax)");
-        const std::string method = j.value("topk_method", std::string("greedy"));
-        if (method != "greedy") {
-          throw Error(ErrorKind::kUnsupported, source + ": topk_method '" + method + "' is not supported for deepseek_v2 (greedy)");
-        }
-      }
-    }
-  }
+}
 
-  // RoPE: transformers v5 nests theta and scaling in rope_parameters; v4 has rope_theta and
-  // rope_scaling at the top level.
+// A logit softcap with its family's default when absent; an explicit null disables it.
+float softcap_or(const json& j, const char* key, double fallback, const std::string& source) {
+  if (auto it = j.find(key); it != j.end() && it->is_null()) return 0.0f;
+  return static_cast<float>(get_num_or(j, key, fallback, source));
+}
+
+// models/gemma2/modeling_gemma2.py: Gemma2RMSNorm (1 + w), embeddings x sqrt(hidden_size),
+// scaling = query_pre_attn_scalar ** -0.5, tanh softcaps on attention logits and logits, and
+// the four norms per layer.
+void read_gemma2_keys(const json& j, ModelConfig& c, const std::string& source) {
+  c.norm_add_one = true;
+  c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
+  c.sandwich_norms = true;
+  c.query_scale =
+      static_cast<float>(std::pow(get_num_or(j, "query_pre_attn_scalar", 256.0, source), -0.5));
+  c.attn_softcap = softcap_or(j, "attn_logit_softcapping", 50.0, source);
+  c.final_softcap = softcap_or(j, "final_logit_softcapping", 30.0, source);
+}
+
+// Gemma3nTextConfig's activation_sparsity_pattern: one value in [0, 1) per layer.
+void read_gemma3n_sparsity(const json& j, ModelConfig& c, const std::string& source) {
+  Gemma3nConfig& g = c.gemma3n;
+  if (auto it = j.find("activation_sparsity_pattern"); it != j.end() && it->is_array()) {
+    for (const auto& v : *it) {
+      if (!v.is_number()) bad(source, "activation_sparsity_pattern entries must be numbers");
+      g.activation_sparsity.push_back(v.get<float>());
+    }
+  } else {
+    // Gemma3nTextConfig: 0.95 on the first 10 layers when there are more than 10.
+    const int64_t sparse = c.n_layers > 10 ? 10 : 0;
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      g.activation_sparsity.push_back(l < sparse ? 0.95f : 0.0f);
+    }
+  }
+  if (static_cast<int64_t>(g.activation_sparsity.size()) != c.n_layers) {
+    bad(source, "activation_sparsity_pattern has " + std::to_string(g.activation_sparsity.size()) +
+                    " entries for " + std::to_string(c.n_layers) + " layers");
+  }
+  for (float sp : g.activation_sparsity) {
+    if (!(sp >= 0.0f && sp < 1.0f))
+      bad(source, "activation_sparsity_pattern values must be in [0, 1)");
+  }
+}
+
+// models/gemma3n/modeling_gemma3n.py: Gemma3nRMSNorm multiplies by w (not 1 + w), the embedding
+// by sqrt(hidden_size), attention scaling 1.0 with q/k/v norms, sandwich norms, final logit
+// softcap, AltUp / Laurel / per-layer inputs (Gemma3nConfig).
+void read_gemma3n_keys(const json& j, ModelConfig& c, const std::string& source) {
+  c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
+  c.sandwich_norms = true;
+  c.qkv_norm = true;
+  c.query_scale = 1.0f;
+  c.final_softcap = softcap_or(j, "final_logit_softcapping", 30.0, source);
+  if (auto it = j.find("attn_logit_softcapping"); it != j.end() && !it->is_null()) {
+    throw Error(
+        ErrorKind::kUnsupported,
+        source +
+            ": attn_logit_softcapping is not used by Gemma-3n; refusing a config that sets it");
+  }
+  Gemma3nConfig& g = c.gemma3n;
+  g.altup_num_inputs = get_count_or(j, "altup_num_inputs", 4, ConfigCount::kHeads, source);
+  g.altup_active_idx = get_int_or(j, "altup_active_idx", 0, source);
+  g.altup_coef_clip = static_cast<float>(get_num_or(j, "altup_coef_clip", 120.0, source));
+  g.altup_correct_scale = get_bool_or(j, "altup_correct_scale", true, source);
+  g.laurel_rank = get_count_or(j, "laurel_rank", 64, ConfigCount::kHeadDim, source);
+  g.hidden_size_per_layer_input =
+      get_count_or(j, "hidden_size_per_layer_input", 256, ConfigCount::kHiddenSize, source);
+  g.vocab_size_per_layer_input =
+      get_count_or(j, "vocab_size_per_layer_input", 262144, ConfigCount::kVocab, source);
+  if (g.altup_active_idx != 0) {
+    throw Error(ErrorKind::kUnsupported,
+                source + ": altup_active_idx = " + std::to_string(g.altup_active_idx) +
+                    " is not supported (0)");
+  }
+  if (g.altup_num_inputs < 1 || g.laurel_rank <= 0 || g.hidden_size_per_layer_input <= 0 ||
+      g.vocab_size_per_layer_input <= 0) {
+    bad(source,
+        "altup_num_inputs, laurel_rank, hidden_size_per_layer_input and vocab_size_per_layer_input "
+        "must be positive");
+  }
+  if (g.intermediate_sizes.empty()) {
+    g.intermediate_sizes.assign(static_cast<size_t>(c.n_layers), c.hidden_dim);
+  }
+  if (static_cast<int64_t>(g.intermediate_sizes.size()) != c.n_layers) {
+    bad(source, "intermediate_size has " + std::to_string(g.intermediate_sizes.size()) +
+                    " entries for " + std::to_string(c.n_layers) + " layers");
+  }
+  read_gemma3n_sparsity(j, c, source);
+}
+
+// models/gpt_oss/modeling_gpt_oss.py: sinks per head, MoE of every layer.
+void read_gpt_oss_keys(const json& j, ModelConfig& c, const std::string& source) {
+  c.attn_sinks = true;
+  MoeConfig& m = c.moe;
+  m.router = MoeRouter::kGptOss;
+  m.n_experts = get_count_or(j, "num_local_experts", 128, ConfigCount::kExperts, source);
+  m.n_experts_used = get_count_or(j, "num_experts_per_tok", 4, ConfigCount::kExperts, source);
+  m.expert_hidden_dim = c.hidden_dim;
+  m.swiglu_alpha = static_cast<float>(get_num_or(j, "swiglu_alpha", 1.702, source));
+  m.swiglu_limit = static_cast<float>(get_num_or(j, "swiglu_limit", 7.0, source));
+}
+
+// models/deepseek_v3/modeling_deepseek_v3.py (and deepseek_v2): MLA attention.
+void read_mla_keys(const json& j, const DecoderLayout& layout, ModelConfig& c,
+                   const std::string& source) {
+  MlaConfig& a = c.mla;
+  if (layout.kv_lora_rank == 0) {
+    bad(source, "config field 'kv_lora_rank' is missing: " + c.architecture + " uses MLA");
+  }
+  a.kv_lora_rank = layout.kv_lora_rank;
+  a.q_lora_rank = get_count_or(j, "q_lora_rank", 0, ConfigCount::kHeadDim, source);
+  a.qk_nope_head_dim = layout.qk_nope_head_dim;
+  a.qk_rope_head_dim = layout.qk_rope_head_dim;
+  a.v_head_dim = layout.v_head_dim;
+  a.rope_interleave =
+      c.architecture == "deepseek_v2" || get_bool_or(j, "rope_interleave", true, source);
+  c.head_dim = a.qk_nope_head_dim + a.qk_rope_head_dim;
+  c.n_kv_heads = c.n_heads;  // MLA configs repeat the head count; the cache ignores it
+  c.query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+}
+
+// DeepSeek's MoE (n_routed_experts > 0) after first_k_dense_replace dense layers: V3's grouped
+// sigmoid router, V2's softmax greedy one.
+void read_deepseek_moe_keys(const json& j, ModelConfig& c, const std::string& source) {
+  MoeConfig& m = c.moe;
+  m.n_experts = get_count_or(j, "n_routed_experts", 0, ConfigCount::kExperts, source);
+  if (m.n_experts <= 0) return;
+  m.n_experts_used = get_count(j, "num_experts_per_tok", ConfigCount::kExperts, source);
+  m.expert_hidden_dim = get_count(j, "moe_intermediate_size", ConfigCount::kFfnSize, source);
+  m.n_shared_experts = get_count_or(j, "n_shared_experts", 0, ConfigCount::kExperts, source);
+  m.first_dense_layers = get_count_or(j, "first_k_dense_replace", 0, ConfigCount::kLayers, source);
+  m.norm_topk_prob = get_bool_or(j, "norm_topk_prob", c.architecture == "deepseek_v3", source);
+  m.routed_scaling_factor = static_cast<float>(get_num_or(j, "routed_scaling_factor", 1.0, source));
+  if (get_int_or(j, "moe_layer_freq", 1, source) != 1) {
+    throw Error(ErrorKind::kUnsupported, source + ": moe_layer_freq other than 1 is not supported");
+  }
+  if (c.architecture == "deepseek_v3") {
+    m.router = MoeRouter::kDeepseekV3;
+    m.n_group = get_count_or(j, "n_group", 1, ConfigCount::kExperts, source);
+    m.topk_group = get_count_or(j, "topk_group", 1, ConfigCount::kExperts, source);
+    const std::string scoring = j.value("scoring_func", std::string("sigmoid"));
+    if (scoring != "sigmoid") {
+      throw Error(ErrorKind::kUnsupported, source + ": scoring_func '" + scoring +
+                                               "' is not supported for deepseek_v3 (sigmoid)");
+    }
+  } else {
+    m.router = MoeRouter::kSoftmaxGreedy;
+    const std::string scoring = j.value("scoring_func", std::string("softmax"));
+    if (scoring != "softmax") {
+      throw Error(ErrorKind::kUnsupported, source + ": scoring_func '" + scoring +
+                                               "' is not supported for deepseek_v2 (softmax)");
+    }
+    const std::string method = j.value("topk_method", std::string("greedy"));
+    if (method != "greedy") {
+      throw Error(ErrorKind::kUnsupported, source + ": topk_method '" + method +
+                                               "' is not supported for deepseek_v2 (greedy)");
+    }
+  }
+}
+
+// Gemma-3n: sliding layers rotate with rope_local_base_freq (v4) /
+// rope_parameters.sliding_attention (v5); full layers with rope_theta /
+// rope_parameters.full_attention. Only default RoPE. Returns the scaling object left to read
+// (none once v5's per-layer-type parameters were read).
+const json* read_gemma3n_rope_thetas(const json& j, const json* rope, ModelConfig& c,
+                                     const std::string& source) {
+  c.rope_local_theta = static_cast<float>(get_num_or(j, "rope_local_base_freq", 10000.0, source));
+  if (!rope || !rope->contains("full_attention")) return rope;
+  const json& full = (*rope)["full_attention"];
+  const json& local = rope->contains("sliding_attention") ? (*rope)["sliding_attention"] : full;
+  for (const json* r : {&full, &local}) {
+    if (!r->is_object() || r->value("rope_type", std::string("default")) != "default") {
+      throw Error(
+          ErrorKind::kUnsupported,
+          source + ": Gemma-3n rope_parameters other than rope_type 'default' are not supported");
+    }
+  }
+  c.rope_theta = static_cast<float>(get_num_or(full, "rope_theta", 1000000.0, source));
+  c.rope_local_theta = static_cast<float>(get_num_or(local, "rope_theta", 10000.0, source));
+  return nullptr;
+}
+
+// rope_scaling / rope_parameters' rope_type folded into rope_freq_factors (and YaRN's attention
+// factor).
+void read_rope_scaling(const json& rope, const FamilyKeys& f, ModelConfig& c,
+                       const std::string& source) {
+  std::string type = rope.value("rope_type", rope.value("type", std::string("default")));
+  RopeScaling& s = c.rope_scaling;
+  if (type == "default") {
+    // no scaling
+  } else if (type == "linear") {
+    s.type = RopeScalingType::kLinear;
+    s.factor = static_cast<float>(get_num_or(rope, "factor", 1.0, source));
+    if (!(s.factor > 0.0f)) bad(source, "rope_scaling.factor must be positive");
+    c.rope_freq_factors.assign(static_cast<size_t>(c.rope_dim() / 2), s.factor);
+  } else if (type == "llama3") {
+    s.type = RopeScalingType::kLlama3;
+    s.factor = static_cast<float>(get_num_or(rope, "factor", 8.0, source));
+    s.low_freq_factor = static_cast<float>(get_num_or(rope, "low_freq_factor", 1.0, source));
+    s.high_freq_factor = static_cast<float>(get_num_or(rope, "high_freq_factor", 4.0, source));
+    s.original_max_position_embeddings =
+        get_count_or(rope, "original_max_position_embeddings", 8192, ConfigCount::kContext, source);
+    if (!(s.factor > 0.0f) || !(s.high_freq_factor > s.low_freq_factor) ||
+        s.original_max_position_embeddings <= 0) {
+      bad(source,
+          "rope_scaling llama3 needs factor > 0, high_freq_factor > low_freq_factor, "
+          "original_max_position_embeddings > 0");
+    }
+    c.rope_freq_factors = llama3_rope_freq_factors(c.rope_theta, c.head_dim, s);
+  } else if (type == "yarn") {
+    s.type = RopeScalingType::kYarn;
+    YarnParams y;
+    y.factor = get_num_or(rope, "factor", 1.0, source);
+    y.beta_fast = get_num_or(rope, "beta_fast", 32.0, source);
+    y.beta_slow = get_num_or(rope, "beta_slow", 1.0, source);
+    y.mscale = get_num_or(rope, "mscale", 0.0, source);
+    y.mscale_all_dim = get_num_or(rope, "mscale_all_dim", 0.0, source);
+    y.attention_factor = get_num_or(rope, "attention_factor", 0.0, source);
+    y.truncate = get_bool_or(rope, "truncate", true, source);
+    y.original_max_position_embeddings = get_count_or(rope, "original_max_position_embeddings",
+                                                      c.max_seq_len, ConfigCount::kContext, source);
+    if (!(y.factor > 0.0) || y.original_max_position_embeddings <= 0) {
+      bad(source, "rope_scaling yarn needs factor > 0 and original_max_position_embeddings > 0");
+    }
+    s.factor = static_cast<float>(y.factor);
+    s.original_max_position_embeddings = y.original_max_position_embeddings;
+    const YarnResult r = yarn_rope(c.rope_theta, c.rope_dim(), y);
+    c.rope_freq_factors = r.freq_factors;
+    c.rope_attention_factor = static_cast<float>(r.attention_factor);
+    // DeepseekV3Attention: softmax scale times mscale^2 when mscale_all_dim is set.
+    if (f.deepseek && y.mscale_all_dim != 0.0) {
+      const double m = yarn_get_mscale(y.factor, y.mscale_all_dim);
+      c.query_scale = static_cast<float>(static_cast<double>(c.query_scale) * m * m);
+    }
+  } else {
+    throw Error(ErrorKind::kUnsupported, source + ": rope_scaling type '" + type +
+                                             "' is not supported (linear, llama3, yarn)");
+  }
+}
+
+// RoPE: transformers v5 nests theta and scaling in rope_parameters; v4 has rope_theta and
+// rope_scaling at the top level.
+void read_rope(const json& j, const FamilyKeys& f, ModelConfig& c, const std::string& source) {
   const json* rope = nullptr;
   if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object()) rope = &*it;
-  const double default_theta = gpt_oss ? 150000.0 : gemma3n ? 1000000.0 : 10000.0;  // GptOssConfig.default_theta
-  c.rope_theta = static_cast<float>(rope ? get_num_or(*rope, "rope_theta", get_num_or(j, "rope_theta", default_theta, source), source)
-                                         : get_num_or(j, "rope_theta", default_theta, source));
+  // GptOssConfig.default_theta, Gemma3nTextConfig's rope_theta, else transformers' default.
+  const double default_theta = f.gpt_oss ? 150000.0 : f.gemma3n ? 1000000.0 : 10000.0;
+  const double top_theta = get_num_or(j, "rope_theta", default_theta, source);
+  c.rope_theta =
+      static_cast<float>(rope ? get_num_or(*rope, "rope_theta", top_theta, source) : top_theta);
   if (!rope) {
     if (auto it = j.find("rope_scaling"); it != j.end() && it->is_object()) rope = &*it;
   }
-  if (gemma3n) {
-    // Sliding layers rotate with rope_local_base_freq (v4) / rope_parameters.sliding_attention
-    // (v5); full layers with rope_theta / rope_parameters.full_attention. Only default RoPE.
-    c.rope_local_theta = static_cast<float>(get_num_or(j, "rope_local_base_freq", 10000.0, source));
-    if (rope && rope->contains("full_attention")) {
-      const json& full = (*rope)["full_attention"];
-      const json& local = rope->contains("sliding_attention") ? (*rope)["sliding_attention"] : full;
-      for (const json* r : {&full, &local}) {
-        if (!r->is_object() || r->value("rope_type", std::string("default")) != "default") {
-          throw Error(ErrorKind::kUnsupported, source + ": Gemma-3n rope_parameters other than rope_type 'default' are not supported");
-        }
-      }
-      c.rope_theta = static_cast<float>(get_num_or(full, "rope_theta", 1000000.0, source));
-      c.rope_local_theta = static_cast<float>(get_num_or(local, "rope_theta", 10000.0, source));
-      rope = nullptr;
-    }
-  }
-  json gpt_oss_default_rope;
-  if (gpt_oss && (rope == nullptr || !rope->contains("rope_type"))) {
+  if (f.gemma3n) rope = read_gemma3n_rope_thetas(j, rope, c, source);
+  if (f.gpt_oss && (rope == nullptr || !rope->contains("rope_type"))) {
     // GptOssConfig.__post_init__ fills this in when the config has no rope_parameters.
-    gpt_oss_default_rope = {{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
-                            {"truncate", false}, {"original_max_position_embeddings", 4096}};
-    rope = &gpt_oss_default_rope;
+    const json gpt_oss_default_rope = {
+        {"rope_type", "yarn"}, {"factor", 32.0},    {"beta_fast", 32.0},
+        {"beta_slow", 1.0},    {"truncate", false}, {"original_max_position_embeddings", 4096}};
+    read_rope_scaling(gpt_oss_default_rope, f, c, source);
+  } else if (rope) {
+    read_rope_scaling(*rope, f, c, source);
   }
-  if (rope) {
-    std::string type = rope->value("rope_type", rope->value("type", std::string("default")));
-    RopeScaling& s = c.rope_scaling;
-    if (type == "default") {
-      // no scaling
-    } else if (type == "linear") {
-      s.type = RopeScalingType::kLinear;
-      s.factor = static_cast<float>(get_num_or(*rope, "factor", 1.0, source));
-      if (!(s.factor > 0.0f)) bad(source, "rope_scaling.factor must be positive");
-      c.rope_freq_factors.assign(static_cast<size_t>(c.rope_dim() / 2), s.factor);
-    } else if (type == "llama3") {
-      s.type = RopeScalingType::kLlama3;
-      s.factor = static_cast<float>(get_num_or(*rope, "factor", 8.0, source));
-      s.low_freq_factor = static_cast<float>(get_num_or(*rope, "low_freq_factor", 1.0, source));
-      s.high_freq_factor = static_cast<float>(get_num_or(*rope, "high_freq_factor", 4.0, source));
-      s.original_max_position_embeddings =
-          get_count_or(*rope, "original_max_position_embeddings", 8192, ConfigCount::kContext, source);
-      if (!(s.factor > 0.0f) || !(s.high_freq_factor > s.low_freq_factor) || s.original_max_position_embeddings <= 0) {
-        bad(source, "rope_scaling llama3 needs factor > 0, high_freq_factor > low_freq_factor, original_max_position_embeddings > 0");
-      }
-      c.rope_freq_factors = llama3_rope_freq_factors(c.rope_theta, c.head_dim, s);
-    } else if (type == "yarn") {
-      s.type = RopeScalingType::kYarn;
-      YarnParams y;
-      y.factor = get_num_or(*rope, "factor", 1.0, source);
-      y.beta_fast = get_num_or(*rope, "beta_fast", 32.0, source);
-      y.beta_slow = get_num_or(*rope, "beta_slow", 1.0, source);
-      y.mscale = get_num_or(*rope, "mscale", 0.0, source);
-      y.mscale_all_dim = get_num_or(*rope, "mscale_all_dim", 0.0, source);
-      y.attention_factor = get_num_or(*rope, "attention_factor", 0.0, source);
-      y.truncate = get_bool_or(*rope, "truncate", true, source);
-      y.original_max_position_embeddings =
-          get_count_or(*rope, "original_max_position_embeddings", c.max_seq_len, ConfigCount::kContext, source);
-      if (!(y.factor > 0.0) || y.original_max_position_embeddings <= 0) bad(source, "rope_scaling yarn needs factor > 0 and original_max_position_embeddings > 0");
-      s.factor = static_cast<float>(y.factor);
-      s.original_max_position_embeddings = y.original_max_position_embeddings;
-      const YarnResult r = yarn_rope(c.rope_theta, c.rope_dim(), y);
-      c.rope_freq_factors = r.freq_factors;
-      c.rope_attention_factor = static_cast<float>(r.attention_factor);
-      // DeepseekV3Attention: softmax scale times mscale^2 when mscale_all_dim is set.
-      if (deepseek && y.mscale_all_dim != 0.0) {
-        const double m = yarn_get_mscale(y.factor, y.mscale_all_dim);
-        c.query_scale = static_cast<float>(static_cast<double>(c.query_scale) * m * m);
-      }
-    } else {
-      throw Error(ErrorKind::kUnsupported, source + ": rope_scaling type '" + type + "' is not supported (linear, llama3, yarn)");
-    }
-  }
+}
 
+// Layer types, windows, chunks and cross-layer KV sharing, as the decoder layout read them.
+void read_layer_plan(const DecoderLayout& layout, const FamilyKeys& f, ModelConfig& c,
+                     const std::string& source) {
   c.layer_types = layout.layer_types;
   c.sliding_window = layout.sliding_window;
   c.attention_chunk_size = layout.attention_chunk_size;
   c.num_kv_shared_layers = layout.num_kv_shared_layers;
-  if (c.num_kv_shared_layers != 0 && !gemma3n) {
-    throw Error(ErrorKind::kUnsupported, source + ": num_kv_shared_layers = " + std::to_string(c.num_kv_shared_layers) +
-                                             " (Gemma-3n cross-layer KV sharing) is not supported for " + c.architecture);
+  if (c.num_kv_shared_layers != 0 && !f.gemma3n) {
+    throw Error(ErrorKind::kUnsupported,
+                source + ": num_kv_shared_layers = " + std::to_string(c.num_kv_shared_layers) +
+                    " (Gemma-3n cross-layer KV sharing) is not supported for " + c.architecture);
   }
+}
+
+ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string& source) {
+  const json root = parse_json_object(text, source);
+  std::string arch = first_architecture(root);
+  const std::string model_type = root.value("model_type", std::string());
+  json j = root;
+  if (is_multimodal_gemma3n(arch, model_type)) {
+    j = gemma3n_text_config(root, source);
+    arch = "Gemma3nForCausalLM";
+  }
+  ModelConfig c;
+  c.architecture = architecture_of(arch, model_type, source);
+  const FamilyKeys f = family_keys(c.architecture);
+  const DecoderLayout layout = read_common_keys(root, j, f, c, source);
+  read_bias_and_activation(j, f, c, source);
+  if (f.gemma2) read_gemma2_keys(j, c, source);
+  if (f.gemma3n) read_gemma3n_keys(j, c, source);
+  if (f.gpt_oss) read_gpt_oss_keys(j, c, source);
+  if (f.deepseek) {
+    read_mla_keys(j, layout, c, source);
+    read_deepseek_moe_keys(j, c, source);
+  }
+  read_rope(j, f, c, source);
+  read_layer_plan(layout, f, c, source);
   c.fill_defaults();
   c.validate(source);
   return c;

@@ -1,8 +1,9 @@
 // Hugging Face config.json -> ModelConfig for LlamaForCausalLM, MistralForCausalLM and
 // Qwen2ForCausalLM (the llama block with their variations: Mistral's sliding_window, Qwen2's QKV
 // bias and tied embeddings, rope_scaling linear/llama3/yarn, an explicit head_dim), and for
-// Gemma2ForCausalLM, GptOssForCausalLM, DeepseekV2ForCausalLM and DeepseekV3ForCausalLM with
-// each family's transformers defaults (layer_types, softcaps, sinks, MoE, MLA).
+// Gemma2ForCausalLM, Gemma3nForCausalLM (or the text_config of Gemma3nForConditionalGeneration),
+// GptOssForCausalLM, DeepseekV2ForCausalLM and DeepseekV3ForCausalLM with each family's
+// transformers defaults (layer_types, softcaps, sinks, AltUp/Laurel, MoE, MLA).
 #pragma once
 
 #include <string>
