@@ -62,6 +62,29 @@ std::string transport_error_message(int status, const httplib::Request& req, con
   }
 }
 
+// The request body as an ApiRequest, or nothing once the client's error is answered.
+std::optional<ApiRequest> read_api_request(const httplib::Request& req, bool chat,
+                                           const ServedModel& model, httplib::Response& res) {
+  json body;
+  try {
+    body = json::parse(req.body);
+  } catch (const json::exception& e) {  // syntax, or a number out of double's range (1e400)
+    send_error(res, 400, std::string("malformed JSON body: ") + e.what(), "invalid_request_error");
+    return std::nullopt;
+  }
+  try {
+    return parse_api_request(body, chat, model);
+  } catch (const ApiError& e) {
+    send_error(res, e.status, e.what(), e.type, e.code);
+  } catch (const Error& e) {
+    send_error(res, 400, e.what(), "invalid_request_error");
+  } catch (const json::exception& e) {
+    // A field of a type the parser did not check: still the client's error.
+    send_error(res, 400, std::string("malformed request: ") + e.what(), "invalid_request_error");
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 // Events of one request, handed from the engine thread to the handler thread.
@@ -71,6 +94,21 @@ struct HttpServer::Channel {
   std::deque<StreamEvent> events;       // output pointers cleared (the output is copied below)
   std::optional<RequestOutput> output;  // set with the request's last event
   bool token = false;                   // a token event arrived (the answer has begun)
+
+  // The engine's callback for a completion: queues the event and, with the last one, keeps
+  // the request's output.
+  void push(const StreamEvent& ev) {
+    std::lock_guard<std::mutex> lock(mu);
+    StreamEvent copy = ev;
+    copy.output = nullptr;
+    if (ev.output != nullptr) {
+      output = *ev.output;
+      copy.index = -1;  // marks the request's last event
+    }
+    token = token || ev.token >= 0;
+    events.push_back(std::move(copy));
+    cv.notify_all();
+  }
 };
 
 HttpServer::HttpServer(Engine& engine, const ServedModel& model, const HttpServerConfig& config)
@@ -256,9 +294,18 @@ std::string HttpServer::metrics_text() {
 }
 
 void HttpServer::install_routes() {
+  install_guards();
+  install_health();
+  install_models();
+  install_metrics();
+  install_completions();
+}
+
+void HttpServer::install_guards() {
   httplib::Server& s = *http_;
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (config_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (config_.api_key.empty() || req.path == "/health")
+      return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + config_.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, 401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key");
@@ -267,26 +314,31 @@ void HttpServer::install_routes() {
   s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty() || res.is_chunked_content_provider_) return;
     send_error(res, res.status, transport_error_message(res.status, req, config_.transport),
-               res.status >= 500 ? "server_error" : "invalid_request_error", res.status == 404 ? "not_found" : "");
+               res.status >= 500 ? "server_error" : "invalid_request_error",
+               res.status == 404 ? "not_found" : "");
   });
   // A handler that throws is a bug; the client still gets a JSON 500 that says what failed.
-  s.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-    ++handler_exceptions_;
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    std::fprintf(stderr, "kvcache serve: internal error in %s %s: %s\n", req.method.c_str(), req.path.c_str(),
-                 what.c_str());
-    send_error(res, 500, "internal error: " + what, "server_error");
-  });
-  // /health: 200 while the engine makes progress. After a failed forward it probes the engine
-  // with a one-token request before answering, so a lasting failure reads 503 with its cause and
-  // a passing one (a single allocation) does not keep the server out of rotation.
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  s.set_exception_handler(
+      [this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        ++handler_exceptions_;
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        std::fprintf(stderr, "kvcache serve: internal error in %s %s: %s\n", req.method.c_str(),
+                     req.path.c_str(), what.c_str());
+        send_error(res, 500, "internal error: " + what, "server_error");
+      });
+}
+
+// /health: 200 while the engine makes progress. After a failed forward it probes the engine
+// with a one-token request before answering, so a lasting failure reads 503 with its cause and
+// a passing one (a single allocation) does not keep the server out of rotation.
+void HttpServer::install_health() {
+  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (stopping_.load()) {
       res.status = 503;
       res.set_content(R"({"status":"draining"})", "application/json");
@@ -298,18 +350,23 @@ void HttpServer::install_routes() {
       res.status = 503;
       const std::string error = "the engine has been inside one step for " +
                                 std::to_string(static_cast<int64_t>(now_seconds() - began)) + " s";
-      res.set_content(to_json_text(json{{"status", "unhealthy"}, {"error", error}}), "application/json");
+      res.set_content(to_json_text(json{{"status", "unhealthy"}, {"error", error}}),
+                      "application/json");
       return;
     }
     std::string error;
     if (engine_.metrics().consecutive_failed_forwards > 0 && !probe_engine(error)) {
       res.status = 503;
-      res.set_content(to_json_text(json{{"status", "unhealthy"}, {"error", error}}), "application/json");
+      res.set_content(to_json_text(json{{"status", "unhealthy"}, {"error", error}}),
+                      "application/json");
       return;
     }
     res.set_content(R"({"status":"ok"})", "application/json");
   });
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+}
+
+void HttpServer::install_models() {
+  http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const json body{{"object", "list"},
                     {"data", json::array({json{{"id", model_.name},
                                                {"object", "model"},
@@ -318,204 +375,203 @@ void HttpServer::install_routes() {
                                                {"max_model_len", engine_.max_context()}}})}};
     res.set_content(to_json_text(body), "application/json");
   });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+}
+
+void HttpServer::install_metrics() {
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
+}
 
-  auto completions = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
-    if (stopping_.load()) return send_error(res, 503, "the server is shutting down", "server_error");
-    json body;
-    try {
-      body = json::parse(req.body);
-    } catch (const json::exception& e) {  // syntax, or a number out of double's range (1e400)
-      return send_error(res, 400, std::string("malformed JSON body: ") + e.what(), "invalid_request_error");
-    }
-    ApiRequest ar;
-    try {
-      ar = parse_api_request(body, chat, model_);
-    } catch (const ApiError& e) {
-      return send_error(res, e.status, e.what(), e.type, e.code);
-    } catch (const Error& e) {
-      return send_error(res, 400, e.what(), "invalid_request_error");
-    } catch (const json::exception& e) {  // a field of a type the parser did not check: still the client's
-      return send_error(res, 400, std::string("malformed request: ") + e.what(), "invalid_request_error");
-    }
-    auto ch = std::make_shared<Channel>();
-    uint64_t id = 0;
-    try {
-      id = engine_.submit(ar.params, [ch](const StreamEvent& ev) {
-        std::lock_guard<std::mutex> lock(ch->mu);
-        StreamEvent copy = ev;
-        copy.output = nullptr;
-        if (ev.output != nullptr) {
-          ch->output = *ev.output;
-          copy.index = -1;  // marks the request's last event
-        }
-        ch->token = ch->token || ev.token >= 0;
-        ch->events.push_back(std::move(copy));
-        ch->cv.notify_all();
-      });
-    } catch (const Error& e) {
-      return send_error(res, 400, e.what(), "invalid_request_error");
-    }
-    if (id == 0)
-      return send_error(res, 429, "the request queue is full; retry later", "rate_limit_error", "queue_full");
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_flight_.insert(id);
-    }
-    auto forget = [this, id] { this->forget(id); };
-    const std::string model_name = model_.name;
-    const int64_t created = unix_now();
-    if (!ar.stream) {
-      // cpp-httplib 0.11 gives a handler no view of its socket, so a client that goes away is
-      // only seen from a content provider (sink.is_writable() peeks at the socket), and a
-      // provider runs after the status line is sent. Hence two phases: the handler waits for
-      // the request's first token (queue + prefill; an admission error comes before any
-      // token and still gets its status), then, unless it already finished, a chunked
-      // provider waits for the rest in 100 ms slices and cancels the request (freeing its
-      // blocks) when the client is gone. A disconnect while queued or prefilling is noticed
-      // at the first token. Only a token ends the first phase: a request failed or cancelled
-      // before any token delivers its samples' finish events, then (separately) its output,
-      // and a handler waking between the two must still answer with the error's status.
-      {
-        std::unique_lock<std::mutex> lock(ch->mu);
-        ch->cv.wait(lock, [&] { return ch->token || ch->output.has_value(); });
-        if (ch->output.has_value()) {
-          lock.unlock();
-          forget();
-          const RequestOutput& out = *ch->output;
-          json err;
-          if (const int status = failed_status(out, stopping_.load(), err); status != 0) {
-            res.status = status;
-            res.set_content(to_json_text(err), "application/json");
-            return;
-          }
-          res.set_content(to_json_text(completion_response(ar, out, model_name, created)), "application/json");
-          return;
-        }
+void HttpServer::install_completions() {
+  http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    serve_completion(req, res, false);
+  });
+  http_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    serve_completion(req, res, true);
+  });
+}
+
+void HttpServer::serve_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  if (stopping_.load()) return send_error(res, 503, "the server is shutting down", "server_error");
+  std::optional<ApiRequest> ar = read_api_request(req, chat, model_, res);
+  if (!ar) return;
+  auto ch = std::make_shared<Channel>();
+  uint64_t id = 0;
+  try {
+    id = engine_.submit(ar->params, [ch](const StreamEvent& ev) { ch->push(ev); });
+  } catch (const Error& e) {
+    return send_error(res, 400, e.what(), "invalid_request_error");
+  }
+  if (id == 0)
+    return send_error(res, 429, "the request queue is full; retry later", "rate_limit_error",
+                      "queue_full");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.insert(id);
+  }
+  if (ar->stream) {
+    answer_stream(res, *ar, ch, id);
+  } else {
+    answer_whole(res, *ar, ch, id);
+  }
+}
+
+void HttpServer::release(uint64_t id, bool success) {
+  if (!success) engine_.cancel(id);
+  forget(id);
+}
+
+// cpp-httplib 0.11 gives a handler no view of its socket, so a client that goes away is only
+// seen from a content provider (sink.is_writable() peeks at the socket), and a provider runs
+// after the status line is sent. Hence two phases: the handler waits for the request's first
+// token (queue + prefill; an admission error comes before any token and still gets its status),
+// then, unless it already finished, a chunked provider waits for the rest in 100 ms slices and
+// cancels the request (freeing its blocks) when the client is gone. A disconnect while queued
+// or prefilling is noticed at the first token. Only a token ends the first phase: a request
+// failed or cancelled before any token delivers its samples' finish events, then (separately)
+// its output, and a handler waking between the two must still answer with the error's status.
+void HttpServer::answer_whole(httplib::Response& res, const ApiRequest& ar,
+                              const std::shared_ptr<Channel>& ch, uint64_t id) {
+  auto forget = [this, id] { this->forget(id); };
+  const std::string model_name = model_.name;
+  const int64_t created = unix_now();
+  {
+    std::unique_lock<std::mutex> lock(ch->mu);
+    ch->cv.wait(lock, [&] { return ch->token || ch->output.has_value(); });
+    if (ch->output.has_value()) {
+      lock.unlock();
+      forget();
+      const RequestOutput& out = *ch->output;
+      json err;
+      if (const int status = failed_status(out, stopping_.load(), err); status != 0) {
+        res.status = status;
+        res.set_content(to_json_text(err), "application/json");
+        return;
       }
-      res.set_chunked_content_provider(
-          "application/json",
-          [this, ch, ar, id, created, model_name, forget](size_t, httplib::DataSink& sink) {
-            {
-              std::unique_lock<std::mutex> lock(ch->mu);
-              ch->events.clear();  // only the final output is sent
-              if (!ch->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return ch->output.has_value(); })) {
-                lock.unlock();
-                if (sink.is_writable()) return true;
-                engine_.cancel(id);  // the client went away
-                forget();
-                return false;
-              }
-            }
-            forget();
-            const RequestOutput& out = *ch->output;  // final: no writer any more
-            // The status (200) is already out: a request that failed after its first token
-            // answers with an OpenAI error object as the body.
-            json err;
-            const std::string body = to_json_text(failed_status(out, stopping_.load(), err) != 0
-                                                      ? err
-                                                      : completion_response(ar, out, model_name, created));
-            if (!sink.write(body.data(), body.size())) return false;
-            sink.done();
-            return true;
-          },
-          [this, id, forget](bool success) {
-            if (!success) engine_.cancel(id);
-            forget();
-          });
+      res.set_content(to_json_text(completion_response(ar, out, model_name, created)),
+                      "application/json");
       return;
     }
-    res.set_header("Cache-Control", "no-cache");
-    auto first = std::make_shared<std::vector<bool>>(static_cast<size_t>(ar.params.n), true);
-    // Per sample: log-probabilities of tokens whose text is still held back (they go out with
-    // the next chunk), and the piece bytes of the tokens already sent (completions' text_offset,
-    // counted as the non-streamed response counts it).
-    struct Pending {
-      std::vector<TokenLogprob> logprobs;
-      size_t offset = 0;
-    };
-    auto pending = std::make_shared<std::vector<Pending>>(static_cast<size_t>(ar.params.n));
-    for (Pending& pd : *pending) pd.offset = ar.echo ? ar.prompt_text.size() : 0;
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, ch, ar, id, created, model_name, first, pending, forget, has_text = model_.tokenizer != nullptr](
-            size_t, httplib::DataSink& sink) {
-          std::deque<StreamEvent> batch;
-          {
-            std::unique_lock<std::mutex> lock(ch->mu);
-            ch->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return !ch->events.empty(); });
-            batch.swap(ch->events);
-          }
-          auto write = [&](const std::string& data) {
-            if (sink.write(data.data(), data.size())) return true;
-            engine_.cancel(id);  // the client went away
-            forget();
-            return false;
-          };
-          if (batch.empty()) {
+  }
+  res.set_chunked_content_provider(
+      "application/json",
+      [this, ch, ar, id, created, model_name, forget](size_t, httplib::DataSink& sink) {
+        {
+          std::unique_lock<std::mutex> lock(ch->mu);
+          ch->events.clear();  // only the final output is sent
+          if (!ch->cv.wait_for(lock, std::chrono::milliseconds(100),
+                               [&] { return ch->output.has_value(); })) {
+            lock.unlock();
             if (sink.is_writable()) return true;
-            engine_.cancel(id);
-            forget();
+            release(id, false);  // the client went away
             return false;
           }
-          bool done = false;
-          for (const StreamEvent& ev : batch) {
-            if (ev.index < 0) {  // the request's last event: ch->output is set
-              done = true;
-              continue;
-            }
-            Pending& pd = (*pending)[static_cast<size_t>(ev.index)];
-            if (ev.logprob) pd.logprobs.push_back(*ev.logprob);
-            // Text held back (a possible stop string, half a character) makes no chunk; without
-            // a tokenizer there is no text at all and every token gets its (empty) chunk.
-            if (ev.token >= 0 && ev.text.empty() && has_text && !(*first)[static_cast<size_t>(ev.index)]) continue;
-            const std::string finish = ev.finished ? openai_finish_reason(ev.reason) : "";
-            const bool is_first = (*first)[static_cast<size_t>(ev.index)];
-            (*first)[static_cast<size_t>(ev.index)] = false;
-            const json chunk = stream_chunk(ar, id, model_name, created, ev.index, ev.text, finish, is_first,
-                                            pd.logprobs, pd.offset, ev.prompt_logprobs.get());
-            for (const TokenLogprob& t : pd.logprobs) pd.offset += t.chosen.piece.size();
-            pd.logprobs.clear();
-            if (!write("data: " + to_json_text(chunk) + "\n\n")) return false;
-          }
-          if (!done) return true;
-          RequestStats stats;
-          json err;
-          int failed = 0;
-          {
-            std::lock_guard<std::mutex> lock(ch->mu);
-            stats = ch->output->stats;
-            failed = failed_status(*ch->output, stopping_.load(), err);
-          }
-          // A request that failed mid-stream says why in an error event, then ends as usual.
-          if (failed != 0 && !write("data: " + to_json_text(err) + "\n\n")) return false;
-          if (ar.include_usage) {
-            const json usage{{"id", response_id(ar, id)},
-                             {"object", ar.chat ? "chat.completion.chunk" : "text_completion"},
-                             {"created", created},
-                             {"model", model_name},
-                             {"choices", json::array()},
-                             {"usage", usage_json(stats)}};
-            if (!write("data: " + to_json_text(usage) + "\n\n")) return false;
-          }
-          if (!write("data: [DONE]\n\n")) return false;
-          forget();
-          sink.done();
-          return true;
-        },
-        [this, id, forget](bool success) {
-          if (!success) engine_.cancel(id);
-          forget();
-        });
+        }
+        forget();
+        const RequestOutput& out = *ch->output;  // final: no writer any more
+        // The status (200) is already out: a request that failed after its first token
+        // answers with an OpenAI error object as the body.
+        json err;
+        const std::string body =
+            to_json_text(failed_status(out, stopping_.load(), err) != 0
+                             ? err
+                             : completion_response(ar, out, model_name, created));
+        if (!sink.write(body.data(), body.size())) return false;
+        sink.done();
+        return true;
+      },
+      [this, id](bool success) { release(id, success); });
+}
+
+// Server-sent events: a chunk per token with text (or per finish), an error event if the
+// request fails mid-stream, the usage chunk when asked for, then `data: [DONE]`.
+void HttpServer::answer_stream(httplib::Response& res, const ApiRequest& ar,
+                               const std::shared_ptr<Channel>& ch, uint64_t id) {
+  auto forget = [this, id] { this->forget(id); };
+  const std::string model_name = model_.name;
+  const int64_t created = unix_now();
+  res.set_header("Cache-Control", "no-cache");
+  auto first = std::make_shared<std::vector<bool>>(static_cast<size_t>(ar.params.n), true);
+  // Per sample: log-probabilities of tokens whose text is still held back (they go out with
+  // the next chunk), and the piece bytes of the tokens already sent (completions' text_offset,
+  // counted as the non-streamed response counts it).
+  struct Pending {
+    std::vector<TokenLogprob> logprobs;
+    size_t offset = 0;
   };
-  s.Post("/v1/completions", [completions](const httplib::Request& req, httplib::Response& res) {
-    completions(req, res, false);
-  });
-  s.Post("/v1/chat/completions", [completions](const httplib::Request& req, httplib::Response& res) {
-    completions(req, res, true);
-  });
+  auto pending = std::make_shared<std::vector<Pending>>(static_cast<size_t>(ar.params.n));
+  for (Pending& pd : *pending) pd.offset = ar.echo ? ar.prompt_text.size() : 0;
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, ch, ar, id, created, model_name, first, pending, forget,
+       has_text = model_.tokenizer != nullptr](size_t, httplib::DataSink& sink) {
+        std::deque<StreamEvent> batch;
+        {
+          std::unique_lock<std::mutex> lock(ch->mu);
+          ch->cv.wait_for(lock, std::chrono::milliseconds(100),
+                          [&] { return !ch->events.empty(); });
+          batch.swap(ch->events);
+        }
+        auto write = [&](const std::string& data) {
+          if (sink.write(data.data(), data.size())) return true;
+          release(id, false);  // the client went away
+          return false;
+        };
+        if (batch.empty()) {
+          if (sink.is_writable()) return true;
+          release(id, false);
+          return false;
+        }
+        bool done = false;
+        for (const StreamEvent& ev : batch) {
+          if (ev.index < 0) {  // the request's last event: ch->output is set
+            done = true;
+            continue;
+          }
+          Pending& pd = (*pending)[static_cast<size_t>(ev.index)];
+          if (ev.logprob) pd.logprobs.push_back(*ev.logprob);
+          // Text held back (a possible stop string, half a character) makes no chunk; without
+          // a tokenizer there is no text at all and every token gets its (empty) chunk.
+          if (ev.token >= 0 && ev.text.empty() && has_text &&
+              !(*first)[static_cast<size_t>(ev.index)])
+            continue;
+          const std::string finish = ev.finished ? openai_finish_reason(ev.reason) : "";
+          const bool is_first = (*first)[static_cast<size_t>(ev.index)];
+          (*first)[static_cast<size_t>(ev.index)] = false;
+          const json chunk =
+              stream_chunk(ar, id, model_name, created, ev.index, ev.text, finish, is_first,
+                           pd.logprobs, pd.offset, ev.prompt_logprobs.get());
+          for (const TokenLogprob& t : pd.logprobs) pd.offset += t.chosen.piece.size();
+          pd.logprobs.clear();
+          if (!write("data: " + to_json_text(chunk) + "\n\n")) return false;
+        }
+        if (!done) return true;
+        RequestStats stats;
+        json err;
+        int failed = 0;
+        {
+          std::lock_guard<std::mutex> lock(ch->mu);
+          stats = ch->output->stats;
+          failed = failed_status(*ch->output, stopping_.load(), err);
+        }
+        // A request that failed mid-stream says why in an error event, then ends as usual.
+        if (failed != 0 && !write("data: " + to_json_text(err) + "\n\n")) return false;
+        if (ar.include_usage) {
+          const json usage{{"id", response_id(ar, id)},
+                           {"object", ar.chat ? "chat.completion.chunk" : "text_completion"},
+                           {"created", created},
+                           {"model", model_name},
+                           {"choices", json::array()},
+                           {"usage", usage_json(stats)}};
+          if (!write("data: " + to_json_text(usage) + "\n\n")) return false;
+        }
+        if (!write("data: [DONE]\n\n")) return false;
+        forget();
+        sink.done();
+        return true;
+      },
+      [this, id](bool success) { release(id, success); });
 }
 
 }  // namespace kvcache

@@ -63,7 +63,23 @@ class HttpServer {
 
  private:
   struct Channel;
+  // install_routes() wires the routes; each install_* below adds one route or route group.
   void install_routes();
+  void install_guards();  // the API key, JSON bodies of transport errors, handler exceptions
+  void install_health();
+  void install_models();
+  void install_metrics();
+  void install_completions();  // /v1/completions and /v1/chat/completions
+  // One completions (chat = false) or chat request: parse, submit, then answer it whole or as
+  // server-sent events; the answer cancels the request when the client goes away.
+  void serve_completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  void answer_whole(httplib::Response& res, const ApiRequest& ar,
+                    const std::shared_ptr<Channel>& ch, uint64_t id);
+  void answer_stream(httplib::Response& res, const ApiRequest& ar,
+                     const std::shared_ptr<Channel>& ch, uint64_t id);
+  // Ends the server's hold on a request: cancels it unless `success` (its answer went out
+  // whole), and forgets it.
+  void release(uint64_t id, bool success);
   void drive_engine();
   void forget(uint64_t id);
   // After a failed forward: whether a one-token request now goes through (see /health).
