@@ -106,9 +106,8 @@ constexpr size_t kHugeMinBytes = size_t{4} << 20;
 // Large buffers (KV storage, block pools, activations of long prompts) are aligned to 2 MiB
 // and offered to the kernel for transparent huge pages: a decode step streams the whole cache,
 // and with 4 KiB pages every 4 KiB of every K/V stream is a new TLB entry (a page walk per 16
-// keys of a D = 128 f16 head). Measured on decode attention at 16K keys, 2 threads: 3.97 ->
-// 3.67 ms median, 3.22 -> 2.93 ms best (throwaway A/B outside the repo, 2026-11-30). Rounding
-// up costs < 2 MiB of address space per buffer, and only buffers of at least 4 MiB take it.
+// keys of a D = 128 f16 head); huge pages cut those walks. Rounding up costs < 2 MiB of address
+// space per buffer, and only buffers of at least 4 MiB take it.
 // Where THP is disabled, madvise fails and nothing changes.
 std::unique_ptr<std::byte, AlignedFree> allocate_large(size_t bytes) {
   if (bytes == 0) return nullptr;

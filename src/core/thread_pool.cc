@@ -31,7 +31,7 @@ thread_local bool tl_in_pool_task = false;
 constexpr uint64_t kIndexMask = 0xffffffffull;
 
 // Polls pred with a pause per iteration until it holds or spin_ns elapsed (the clock is read
-// every 64 polls: ~20 ns each through the vDSO). Returns pred's last value.
+// every 64 polls, so its reads stay a small share of the spin). Returns pred's last value.
 template <typename Pred>
 bool spin_until(Pred pred, int64_t spin_ns) {
   if (pred()) return true;
@@ -48,10 +48,9 @@ bool spin_until(Pred pred, int64_t spin_ns) {
 
 // Where each new worker should start: the CPUs this thread may run on, the one it is running
 // on last, so worker i gets the i-th other CPU (empty: no placement, e.g. not Linux).
-// Why: a new thread starts on its creator's CPU, and on this 2-vCPU VM the scheduler left the
-// worker there, sharing that CPU with the caller, for the first ~20-300 ms of a process
-// (measured: the first parallel loops ran at one CPU's speed, both threads on the same CPU by
-// sched_getcpu()); short runs and first requests paid for it.
+// Why: a new thread starts on its creator's CPU, and the scheduler may leave it there, sharing
+// that CPU with the caller, for a while after the process starts: the first parallel loops then
+// run at one CPU's speed, which short runs and first requests would pay for.
 std::vector<int> start_cpus() {
   std::vector<int> cpus;
 #if defined(__linux__)

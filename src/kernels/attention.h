@@ -48,8 +48,9 @@ struct AttentionOptions {
   const int64_t* kv_valid_end = nullptr;
   // fused/flex: keys per split-KV partition (flash-decoding; rounded up to the 64-key tile).
   // 0: automatic (a sequence with one query tile and more than 1,024 keys is split into
-  // 1,024-key partitions; decided per sequence, so results never depend on the batch or the
-  // thread count), -1: never split (then a decode row is bit-identical to the same row of a prefill).
+  // partitions of a quarter of its keys in multiples of 64, between 1,024 and 4,096 keys:
+  // auto_split_keys; decided per sequence, so results never depend on the batch or the thread
+  // count), -1: never split (then a decode row is bit-identical to the same row of a prefill).
   int64_t kv_split = 0;
   // eager only: if set, receives the probabilities as f32 [B, H_q, S_q, S_kv].
   Tensor* weights_out = nullptr;

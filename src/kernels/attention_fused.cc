@@ -42,18 +42,15 @@ constexpr int64_t kTk = 64;           // keys per tile (a 64-key f16 tile of D=1
 // Pipelined decode (FusedTiles::run_pipelined): bytes of K (and of V) rows per alternation.
 constexpr int64_t kChunkBytes = 2048;
 // Target rows (heads x positions) per task. A task packs (transposes, widens) every key tile it
-// reads once for all its rows, so rows per task divide that work: 192 against 64 took prefill
-// attention of llama-125m's shape (12 over 4 heads, D = 64, f16 K/V) from 6.3 to 5.8 ms at
-// 208 x 2,000 and 13.2 to 12.1 ms at 464 x 2,000 (2 threads, Intel host, 3 alternations;
-// 128: half of that, 256-384: no better). The per-thread workspace stays in L2 (s, acc and
-// qs: 48 KiB each at D = 64).
+// reads once for all its rows, so more rows per task divide that work; past ~192 rows more do
+// not pay (docs/benchmarks.md, "Figures behind the code's constants"), and at 192 the per-thread
+// workspace stays in L2 (s, acc and qs: 48 KiB each at D = 64).
 constexpr int64_t kRowsPerTask = 192;
 constexpr int64_t kMinTransposedRows = 8;  // rows per task from which key tiles are transposed
-// Rows per register block of the transposed score kernel (x 16 keys: 10 accumulators). 6 rows
-// (12 accumulators) measured ~10 % slower per score on Zen 3 (66 rows x 64 keys, D = 64,
-// L1-resident tile): the lane tree keeps 3 partial sums per accumulator, which spill either
-// way, and 6-row blocks spill more of them. With AVX-512: 4 rows x 32 keys (two zmm registers
-// per row), see SimdOps::score_t_block16.
+// Rows per register block of the transposed score kernel (x 16 keys: 10 accumulators). Not 6
+// rows (12 accumulators): the lane tree keeps 3 partial sums per accumulator, which spill
+// either way, and 6-row blocks spill more of them. With AVX-512: 4 rows x 32 keys (two zmm
+// registers per row), see SimdOps::score_t_block16.
 constexpr int64_t kScoreRows = KVCACHE_ATTN_AVX512 ? 4 : 5;
 // What the transposed (many-row) score path prefetches while it packs a tile's keys: this
 // tile's V rows, and the K rows one tile (kTk keys) ahead.
@@ -68,14 +65,10 @@ struct Prefetch {
 // chunk at a time (FusedTiles::run_pipelined). The score loop and P.V's first column pass each
 // prefetch the row kAheadKeys ahead of the one they reach, continuing into what the kernel reads
 // next (`then`). Short on purpose: an L1 miss, load or software prefetch alike, holds one of
-// the core's few line fill buffers until its line arrives, so lines prefetched a tile ahead
-// (an earlier scheme: a whole V tile during the scores, the next K tile during P.V, 16 KiB
-// ahead) held them for a full DRAM latency and starved both the demand loads and the hardware
-// prefetcher's refills. f16 decode, 32 x 8 heads, D = 128, 2 threads, K/V from memory (Intel,
-// 48 KiB L1, 2 MiB L2): 4 keys ahead 8-10% faster than that scheme at 1K-64K keys, 8-16 keys
-// in between, 32 keys slower than both; equal with K/V in L2. (A "page lead", the first lines
-// of the row one 4 KiB page ahead, gained 3 % while K and V went a 16 KiB tile at a time; with
-// 2 KiB chunks the row a page ahead lies past the stream's next chunk, so it went.)
+// the core's few line fill buffers until its line arrives, so lines prefetched far ahead (a
+// tile, 16 KiB) would hold them for a full DRAM latency and starve both the demand loads and
+// the hardware prefetcher's refills. Nor a page ahead: with 2 KiB chunks (run_pipelined) the
+// row a 4 KiB page ahead lies past the stream's next chunk.
 constexpr int64_t kAheadKeys = 4;
 
 struct StreamAhead {
@@ -217,8 +210,7 @@ struct SimdOps {
     // two levels of it turn 4 accumulators into U = [the lane 0-3 and 4-7 partial sums of y[8g],
     // y[8g + 2], y[8g + 4], y[8g + 6] | the same for the odd y], and one add of 128-bit blocks
     // finishes ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)): the same adds as hsum8, in half the
-    // shuffles and without extracting the halves (4 x 8 block: 42 instructions instead of 100;
-    // ~15% of the score loop in L1).
+    // shuffles and without extracting the halves (4 x 8 block: 42 instructions instead of 100).
     static_assert(NR * NP % 4 == 0);
     constexpr int kGroups = NR * NP / 4;
     const auto zhadd = [](__m512 a, __m512 b) {
@@ -250,15 +242,13 @@ struct SimdOps {
 
   // Keys per score block for NR rows: as many independent accumulator chains as the 16 ymm
   // registers hold (NR * NK accumulators + NK keys + 1 query). A block's chains are only
-  // Dk / 8 FMAs long, so more chains hide the FMA latency and the horizontal-sum epilogue
-  // (decode, G = 4: 3 keys measured ~10 % faster than 2 on Zen 3).
+  // Dk / 8 FMAs long, so more chains hide the FMA latency and the horizontal-sum epilogue.
   static constexpr int keys_per_block(int NR) {
     return NR >= 3 ? 3 : NR == 2 ? 4 : 6;
   }
 
   // pf: null, or the stream to prefetch along the keys (see StreamAhead). Without software
-  // prefetch the first load of every K row stalled on memory (perf, decode f16: half the score
-  // loop's samples on it, Zen 3).
+  // prefetch the first load of every K row stalls on memory.
   template <int NR, int DC>
   static void score_rows(const float* qs, int64_t Dk, const std::byte* kb, int64_t kstride,
                          int64_t n, float* s, const StreamAhead* pf) {
@@ -312,8 +302,8 @@ struct SimdOps {
   template <int DC>
   static void scores_d(const float* qs, int64_t R, int64_t Dk, const std::byte* kb, int64_t kstride,
                        int64_t n, float* s, const StreamAhead& pf) {
-    // Written out rather than through by_row_blocks: the decode loops (this one and pv below)
-    // compiled through its lambda ran ~5% slower (f16 decode at 16K keys, 6 alternations).
+    // Written out rather than through by_row_blocks: GCC compiles the decode loops (this one
+    // and pv below) into slower code through its lambda.
     int64_t r = 0;
     const StreamAhead* p = &pf;  // prefetch during the first row block only
     for (; r + 4 <= R; r += 4, p = nullptr)
@@ -465,11 +455,9 @@ struct SimdOps {
 #if KVCACHE_ATTN_AVX512
   // score_t_block with AVX-512: NR rows x NV zmm registers of 16 keys (columns c0 .. c0 + 16 NV
   // - 1 of K^T). Every lane (key) runs the same passes and lane tree as the AVX2 version, so the
-  // same bits. Two registers per row halve the broadcasts of q per FMA: in isolation (L1, D =
-  // 64, Zen 5) 1.78 FMAs per cycle against 1.61 with one register per row (16 keys, 5 rows)
-  // and 0.97 (zmm units) for the AVX2 block. To fit 4 rows x 2 registers in the 32 registers,
-  // the first half's partial sum is parked in the output row after pass 3 and taken back for
-  // pass 7.
+  // same bits. Two registers per row halve the broadcasts of q per FMA. To fit 4 rows x 2
+  // registers in the 32 registers, the first half's partial sum is parked in the output row
+  // after pass 3 and taken back for pass 7.
   template <int NR, int NV, int DC>
   static void score_t_block16(const float* qs, int64_t dk, const float* kt, float* s) {
     const int64_t Dk = DC ? DC : dk;
@@ -645,8 +633,8 @@ struct SimdOps {
       }
   }
 
-  // out[c * Dv + d] = v_c[d] as f32 for rows c in [0, n) (exact). Inline F16C/shift loads: a
-  // convert_n call per row (dtype dispatch, no inlining) cost ~5 % of a prefill tile.
+  // out[c * Dv + d] = v_c[d] as f32 for rows c in [0, n) (exact). Inline F16C/shift loads, not
+  // a convert_n call per row: its dtype dispatch and call stay out of every prefill tile.
   static void widen_rows(const std::byte* vb, int64_t vstride, int64_t n, int64_t Dv, float* out) {
     for (int64_t c = 0; c < n; ++c) {
       const T* vr = reinterpret_cast<const T*>(vb + c * vstride);
@@ -963,11 +951,10 @@ int64_t FusedTiles<Ops>::next_tile(int64_t t0) {
 // non-empty tile go a chunk (kChunkBytes of rows) at a time, alternately, so both streams
 // advance together. The arithmetic is the tile loop's: logits are per pair, P.V accumulates
 // each element in key order (a chunk stores acc, the next reloads it), and the softmax still
-// takes whole kTk tiles, so the bits equal the plain loop's and a prefill row's. f16 decode,
-// 32 x 8 heads, D = 128, 2 threads, 16K and 64K keys, side by side (docs/benchmarks.md):
-// 0.82-0.83 of BM_ReadBandwidth with the tile loop, 1.04-1.08 with 2 KiB chunks; 4 KiB chunks
-// ~0.95-1.00, 1 KiB ~0.90. (16-key tiles in the tile loop also alternate 4 KiB at a time:
-// 0.91-0.97, but prefill lost 8-25 % to them.)
+// takes whole kTk tiles, so the bits equal the plain loop's and a prefill row's. Chunks, not
+// smaller tiles: the tile size is shared with prefill, which loses with smaller tiles.
+// kChunkBytes is the best of a sweep of chunk sizes (docs/benchmarks.md, "Figures behind the
+// code's constants").
 template <typename Ops>
 void FusedTiles<Ops>::run_pipelined() {
   const int64_t jlo = rows_.jlo, jhi = rows_.jhi;

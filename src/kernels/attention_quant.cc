@@ -88,8 +88,8 @@ struct Ahead {
     int64_t next_ = 0, line_ = 0;
   };
   // Deals both blocks' lines out over the n groups of a block, in group order. Every division
-  // happens here, once per block: computed per group of 16 keys they were ~7 integer divisions
-  // each (perf: ~1% of the 4-bit kernel's samples on the idivs; ~1% faster without them).
+  // happens here, once per block, not in each group of 16 keys (several integer divisions per
+  // group otherwise).
   class Dealer {
    public:
     Dealer(const Ahead& a, int64_t n, int64_t Dk) : a_(a) {
@@ -468,9 +468,9 @@ struct SimdOps {
   // ---- AVX-512: two neighbouring chunks per load ----
   // One zero-extending load puts the bytes of chunks c and c + 1 in lanes 0-7 and 8-15. Vector
   // K of that (a shift by K * BITS, a mask, a conversion) holds key_vec / extract's vector K of
-  // chunk c in lanes 0-7 and of chunk c + 1 in lanes 8-15: each lane the same code. (A vpermps
-  // of the table i -> i & mask masks and converts in one op, but on Zen 5 it competes with the
-  // FMAs: 4 of them beside 8 FMAs added 0.65 cycles, 4 and + cvtdq2ps pairs ~0.1, in isolation.)
+  // chunk c in lanes 0-7 and of chunk c + 1 in lanes 8-15: each lane the same code. (Not a
+  // vpermps of the table i -> i & mask, which masks and converts in one op: it competes with the
+  // FMAs for their execution units, where the and + cvtdq2ps pairs barely do.)
   static inline __m512i load_chunks2(const std::byte* p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
@@ -538,8 +538,8 @@ struct SimdOps {
   // chain over the channels in order (ScalarOps::packed_scores's arithmetic), then + qz[r].
   // No horizontal sums: the keys are the lanes.
   // `pf`: lines of the next block to prefetch, spread over the channel loop (one K and one V
-  // line every `step` channels): issued in one burst they filled the core's miss buffers and
-  // the burst itself stalled (perf, q8: 10% of the kernel on those prefetch instructions).
+  // line every `step` channels): issued in one burst they would fill the core's miss buffers
+  // and the burst itself would stall.
   template <int BITS, int NR, int NV>
   static void key_group(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
                         int64_t cb, int64_t g, float* s, int64_t st, const Ahead::Slice& pf) {

@@ -73,8 +73,8 @@ inline __m512 load16(const typename Elem<KD>::T* p) {
   }
 }
 // Keeps v in a register: GCC 12 folds a vector loaded straight from f32 memory into every FMA
-// that uses it (one load per use), which made the 4- and 6-row P.V over f32 values load-bound
-// (16 loads + 4 broadcasts per 16 FMAs; the prefill's P.V 12% slower at 2,048 x 2,048).
+// that uses it (one load per use), which makes the 4- and 6-row P.V over f32 values load-bound
+// (16 loads + 4 broadcasts per 16 FMAs).
 // Converted vectors (f16, bf16, codes) are in registers anyway.
 __attribute__((always_inline)) inline void pin(__m512& v) {
   asm("" : "+v"(v));
@@ -91,8 +91,8 @@ __attribute__((always_inline)) inline void pv_step64(const float* p, int64_t st,
 // load8<KD>(a) in lanes 0-7 and load8<KD>(b) in lanes 8-15: two rows' 8 elements side by side.
 // 16-bit types: b's 16 bytes broadcast to both halves (vbroadcasti128 from memory, a load) and
 // a's blended into the low half (vpblendd), instead of inserting b into the upper half
-// (vinserti128, a shuffle): the decode score block (4 rows x 8 keys, D = 128, in L1, Zen 5)
-// 27 -> 24 cycles per key in isolation; in the whole decode kernel within this host's noise.
+// (vinserti128, a shuffle): a broadcast from memory is a load and the blend runs on any vector
+// unit, which leaves the shuffle unit to the rest of the decode score block.
 template <DType KD>
 inline __m512 load8x2(const typename Elem<KD>::T* a, const typename Elem<KD>::T* b) {
   if constexpr (KD == DType::kF32) {
@@ -159,9 +159,8 @@ inline __m256 exp256(__m256 x) {
 // exp256's lanes for x <= 0 (its only use, softmax_update), in fewer ops: no upper clamp, and
 // vscalefps multiplies by 2^n in one op where exp256 builds 2^n's bits (convert, add the bias,
 // shift, multiply). Exact either way for these arguments (the product is a power-of-two scaling,
-// identical rounding), so the AVX2 and AVX-512 paths keep the same bits: checked bit for bit on
-// 4M vectors of x in [-100, 0] with -inf, -0 and the -87.3 boundary (throwaway harness); 6.5
-// instead of 7.5 cycles per vector, 16 independent vectors (Zen 5).
+// identical rounding), so the AVX2 and AVX-512 paths keep the same bits (checked bit for bit on
+// 4M vectors of x in [-100, 0] with -inf, -0 and the -87.3 boundary).
 inline __m512 exp512(__m512 x) {
   using C = ExpConst;
   const __m512 lo = _mm512_set1_ps(C::kLo);

@@ -93,12 +93,8 @@ inline __m512 load_w16(const std::byte* at, int64_t row_bytes, int i) {
 
 // Sixteen k steps of one micro-panel: dst[c * 16 + i] = W row i (at + i * row_bytes) element c,
 // the 16 x 16 transpose in four shuffle stages (32-bit pairs, 64-bit pairs, then 128-bit
-// blocks twice) done in place on sixteen named registers. (Written as arrays of 16 zmm
-// indexed in loops, GCC 12 kept both arrays on the stack, a store and a reload around every
-// shuffle: packing a forward's 80M f16 weights, one thread, took 24 ms hot and 47-50 ms from
-// memory against 12-14 and 28-34 ms now, and llama-125m's products of a forward at M = 16, two
-// threads, 35.8 against 29.5 ms (medians of 30 alternations in one process; throwaway
-// harnesses, the same panel bit for bit).)
+// blocks twice) done in place on sixteen named registers. (Not arrays of 16 zmm indexed in
+// loops: GCC 12 keeps such arrays on the stack, a store and a reload around every shuffle.)
 // The in-place stages leave column c in the register of row c with bits 0 and 1 of c swapped.
 template <bool kHalf>
 inline void transpose16_to_panel(const std::byte* at, int64_t row_bytes, float* dst) {
@@ -231,12 +227,11 @@ struct Zmm {
 // a[kk * 6 + i] is x row i at column kk (a packed tile of x) and b0 / b1 advance one micro-panel
 // step (kNr floats) per k: the two halves of one panel (Ymm: b0 = panel, b1 = panel + 8) or two
 // neighbouring panels (Zmm: 32 W rows, one panel per vector). Every output is the same FMA chain
-// over k in the same order either way, so the same bits; Zen 5 issues two 512-bit FMAs per cycle,
-// as many as 256-bit ones, so the zmm tile does the work in half the instructions.
-// Twelve named accumulators: with arrays indexed in a loop GCC kept them on the stack, a store
-// per FMA (33 GF/s on one core against 90 written out; the core's peak is ~100). MR < 6 is the
-// last tile of x: only its real rows are computed (each output is the same FMA chain over k
-// whatever MR, so the same bits as a full tile's row).
+// over k in the same order either way, so the same bits; a core with full-width 512-bit units
+// issues as many 512-bit FMAs per cycle as 256-bit ones, so the zmm tile does the work in half
+// the instructions. Twelve named accumulators: with arrays indexed in a loop GCC keeps them on
+// the stack, a store per FMA. MR < 6 is the last tile of x: only its real rows are computed
+// (each output is the same FMA chain over k whatever MR, so the same bits as a full tile's row).
 // Row R of a micro-tile (two accumulators), present when R < MR: load, one k step, store.
 template <class W, int R, int MR>
 __attribute__((always_inline)) inline void tile_row_load(const float* y, int64_t ldy,
@@ -290,8 +285,7 @@ inline void micro_kernel(const float* a, const float* b0p, const float* b1p, int
   tile_row_store<W, 5, MR>(y, ldy, c50, c51);
 }
 // A micro-tile of mr (1-6) real rows straight into y: a last tile of x gets a kernel of its own
-// height (20 rows of llama-125m's layers 26.3 -> 24.2 ms, 8 rows 17.0 -> 14.9 ms, against the
-// 6-row kernel on zero rows).
+// height rather than the 6-row kernel's FMAs on zero rows.
 template <class W>
 inline void micro_tile(int mr, const float* a, const float* b0p, const float* b1p, int64_t kc,
                        float* y, int64_t ldy, bool accumulate) {
@@ -324,8 +318,8 @@ constexpr bool kPanelPairs = false;
 
 // x rows [m0, m1) x k [k0, k0 + kc) as tiles of kMr rows: a[(t * kc + kk) * kMr + i] =
 // x[m0 + t * kMr + i][k0 + kk]. Unpacked, a tile's rows sit ldx apart — 8 KiB for K = 2,048, the
-// same L1 and L2 sets for every row — and thrash both caches (-25% measured on the FFN down
-// projection of llama-125m); packed, a tile is one contiguous stream.
+// same L1 and L2 sets for every row — and thrash both caches; packed, a tile is one contiguous
+// stream.
 void pack_x(const MatmulParams& p, int64_t m0, int64_t m1, int64_t k0, int64_t kc, float* a) {
   for (int64_t t0 = m0; t0 < m1; t0 += kMr) {
     const int64_t mr = std::min<int64_t>(kMr, m1 - t0);

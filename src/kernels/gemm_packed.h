@@ -5,14 +5,12 @@
 // two vectors of W, one broadcast of x): W is dequantised, a block of kPackRows rows x kPackK
 // columns at a time, straight into the micro-kernel's panel layout ([16 rows interleaved] per k,
 // L2-resident) and then meets every row of x, so each weight is converted once per call and
-// never written to memory as f32. The path it replaces (dequantise blocks of up to 2,048 rows
-// into an f32 scratch, then OpenBLAS sgemm, which packs both operands again) spent ~12% of a
-// pp512 prefill outside the multiply (perf: sgemm's two copy routines 7%, its beta pass 2.6%,
-// our widening 2.5%); here the packing of x and W is ~3%. One thread, in cache, the
-// micro-kernel runs at ~90% of the core's FMA peak. With AVX-512, two neighbouring full panels
-// go through a 6 x 32 zmm micro-kernel (12 zmm accumulators; each lane the same FMA chain as the
-// 6 x 16 kernel's, so the same bits): on Zen 5, which issues two 512-bit FMAs per cycle like two
-// 256-bit ones, pp512 of llama-125m went from ~1,010 to ~1,630 tokens/s (2 threads).
+// never written to memory as f32 — unlike dequantising W into an f32 scratch for OpenBLAS
+// sgemm, which then packs both operands again. With AVX-512, two neighbouring full panels go
+// through a 6 x 32 zmm micro-kernel (12 zmm accumulators; each lane the same FMA chain as the
+// 6 x 16 kernel's, so the same bits): a core with full-width 512-bit units issues as many
+// 512-bit FMAs per cycle as 256-bit ones, so that kernel does the work in half the
+// instructions.
 //
 // Arithmetic: each output is one fused multiply-add chain over k in increasing order, starting
 // from 0 (then + bias), whatever M, the tile it falls in or the thread count — so a row of x

@@ -63,11 +63,10 @@ float dot_simd(const T* w, const float* x, int64_t k, Load load) {
 // one accumulator fed chunk by chunk in ascending j, the same hsum, the same scalar tail — so a
 // row's result does not depend on how many rows share the call or on the tile shape (batch
 // invariance: the engine's batched decode equals each request run alone, bit for bit).
-// Until 2026-11-30 dot_simd kept four interleaved accumulators per output; a 4 x 3 tile could not
-// hold 48 of them, walked K in four phases and spilled between them. With one per output the
-// tile runs in one pass: in cache (f16, one thread) 36-45 vs 26-34 G MAC/s, and bench_decode's
-// 16-sequence step +26-30% (see docs/benchmarks.md). A single row keeps several chains in flight
-// by running as a tile of kRowTileW rows (gemv_rows).
+// One accumulator per output is what lets a 4 x 3 tile keep all of its accumulators in
+// registers and walk K in one pass (several interleaved accumulators per output would not fit
+// and would spill). A single row keeps several chains in flight by running as a tile of
+// kRowTileW rows (gemv_rows).
 // Prefetch while walking K (pf set): linear — the W bytes at pf, the tile's bytes per step
 // (a contiguous stretch ahead); else the same columns of the next tile's rows (pf = w + NW rows).
 template <int R, int NW, typename T, typename Load, typename Widen>
@@ -80,10 +79,8 @@ void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, L
   for (int64_t j = 0; j < k8; j += 8) {
     if (pf != nullptr) {
       if (pf_linear) {
-        // One prefetch per line (a 2-row f16 step covers half of one), into L2: the loads
-        // bring it on to L1 a few steps later. One-row f16 GEMV over 1.2 GB of llama-125m's
-        // shapes, 2 threads (Intel host, 4 alternations): 20.2-20.7 -> 20.1-22.1 GB/s against
-        // a T0 prefetch at every step.
+        // One prefetch per line (a 2-row f16 step covers half of one), into L2 rather than
+        // L1 at every step: the loads bring the line on to L1 a few steps later.
         constexpr size_t kStep = NW * 8 * sizeof(T);
         if (kStep >= 64 || ((j / 8) * kStep) % 64 == 0)
           for (size_t b = 0; b < kStep; b += 64)
@@ -102,8 +99,7 @@ void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, L
       __m256 xv = _mm256_loadu_ps(x + i * ldx + j);
       // Opaque to the optimiser, so xv stays in a register for its NW FMAs. Without it GCC
       // folds the load into every FMA (NW loads of the same chunk) and the tile is bound by
-      // the load ports, not the FMA units: +30-40% multiply-adds per second at K = 768
-      // (throwaway harness, thread CPU time, M = 16..24, f16, one thread).
+      // the load ports, not the FMA units.
       __asm__("" : "+x"(xv));
       for (int v = 0; v < NW; ++v) a[v][i] = _mm256_fmadd_ps(wv[v], xv, a[v][i]);
     }
@@ -236,7 +232,7 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
   const std::byte* pf = pf_bytes > 0 ? w + pf_bytes : nullptr;
   switch (p.w_dtype) {
     // Loaders as lambdas, not function pointers: a pointer template argument is called, not
-    // inlined (perf: a call per 8-element chunk, a quarter of the time).
+    // inlined, which would cost a call per 8-element chunk.
     case DType::kF32:
       dot_tile<R, NW>(reinterpret_cast<const float*>(w), p.k, x, p.ldx, p.k,
                       [](const float* q) { return _mm256_loadu_ps(q); }, [](float v) { return v; },
@@ -267,9 +263,8 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
 }
 
 // x rows per tile and W rows per tile (f32/f16/bf16; q8_0 uses one). 4 x 3 keeps 12 independent
-// FMA chains in flight (latency 4 x 2 ports needs 8) in 12 + 3 + 1 registers. Chosen when
-// dot_row still had four accumulators per output (throwaway harness, f16, M = 24, G MAC/s at
-// K = 768 / 2048: 4x2 29.7 / 21.7, 4x3 25.6 / 29.1, 6x2 24.0 / 26.6); not re-ranked since.
+// FMA chains in flight (latency 4 x 2 ports needs 8) in 12 + 3 + 1 registers, and widens each
+// W chunk for 4 rows of x.
 constexpr int kTileRows = 4;
 constexpr int kTileW = 3;
 constexpr size_t kGemvBlockBytes = 128 << 10;
@@ -296,9 +291,8 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
 #ifdef KVCACHE_MATMUL_AVX2
   if (p.m == 1 && p.w_dtype != DType::kQ8_0) {
     // One x row is bound by streaming W. Two rows per tile, prefetching the contiguous W
-    // kGemvPrefetchBytes ahead one line per step, streamed as fast as the old one-row dot
-    // products (tg64 medians 110.7 vs 108.1 t/s, 6 interleaved rounds); 3- and 4-row tiles lost
-    // 6-8% (more rows read side by side), one row per chain 15% (latency-bound).
+    // kGemvPrefetchBytes ahead one line per step: one row per chain is bound by the FMA
+    // latency, and taller tiles read more rows side by side.
     const size_t end = static_cast<size_t>(r1) * rb;
     int64_t r = r0;
     for (; r + kRowTileW <= r1; r += kRowTileW) {
@@ -320,9 +314,8 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
         int64_t r = b0;
         // The first x group's pass brings the block's W from memory (file-mapped, 4 KiB pages:
         // the hardware prefetcher stops at each page), so its tiles also fetch the next tile's
-        // rows, a 32-block at a time as they go. Issued as one burst before each tile it took
-        // bench_decode's 16-sequence step from 346 to 361 t/s (medians of 8 interleaved runs;
-        // 2 tiles ahead measured less) but spent 8% of the step's cycles issuing it.
+        // rows, a 32-block at a time as they go: spread over the tile's walk of K rather than
+        // issued in one burst before each tile, whose issuing would cost the step's cycles.
         for (; nw == kTileW && r + kTileW <= b1; r += kTileW)
           gemv_tile_rows<kTileW>(p, rb, r, i, rows, i == 0 && r + 2 * kTileW <= r1);
         if (nw == kTileW && r + 2 <= b1) {
@@ -338,9 +331,7 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
   // q8_0, one row of x (and every dtype in builds without AVX2): bound by streaming W. Weights
   // are usually a file mapping on 4 KiB pages (no transparent huge pages for files on common
   // kernels), where the hardware prefetcher stops at every page boundary; prefetching
-  // kGemvPrefetchBytes ahead within this block of rows keeps the stream going across pages
-  // (measured on f16 when this path served it: tg64 on dummy:llama-125m, 2 threads, 7
-  // interleaved rounds, +8% on average, never slower; 16 KiB ahead was erratic).
+  // kGemvPrefetchBytes ahead within this block of rows keeps the stream going across pages.
 #ifdef KVCACHE_MATMUL_AVX2
   const size_t end = static_cast<size_t>(r1) * rb;
 #endif
@@ -493,11 +484,9 @@ void matmul(const MatmulParams& p) {
     // Prefill over f16/bf16/q8_0 weights: dequantise a block of W rows once into a per-thread
     // f32 scratch and let sgemm do the M x block product (compute-bound), instead of
     // converting every W row M times in dot products.
-    // Blocks are large because sgemm packs all of x again on every call (M x K floats): one
-    // block per thread when it fits, else blocks of kMaxBlockRows (scratch <= kMaxBlockRows * K
-    // floats: 6 MiB per thread for llama-125m's FFN). perf on pp512, 1 thread, 512-row
-    // blocks: sgemm's two packing routines took ~10% of the time; 2048 rows measured +3.5% t/s
-    // over 512 (within the noise of the loaded box, same direction in both runs).
+    // Blocks are large because sgemm packs all of x again on every call (M x K floats), so
+    // fewer blocks pack x fewer times: one block per thread when it fits, else blocks of
+    // kMaxBlockRows (scratch <= kMaxBlockRows * K floats: 6 MiB per thread for llama-125m's FFN).
     set_blas_threads(1);
     constexpr int64_t kMaxBlockRows = 2048;
     const int64_t per_thread = (p.n + nt - 1) / nt;

@@ -202,7 +202,7 @@ std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text, EncodeCount
 
   // Greedy merges as run.c makes them — the adjacent pair whose concatenation is a vocabulary
   // piece of the highest score, leftmost on ties, until no pair merges — without rescanning
-  // every pair after each merge (O(n^2): 2 s of a core for 16,000 characters). The tokens form
+  // every pair after each merge (O(n^2) in the text's length). The tokens form
   // a linked list, every mergeable pair waits in a max-heap, and a merge queues only the two
   // pairs it creates; entries a merge made stale are skipped when they surface. Lookups:
   // n - 1 + 2 per merge; heap work O(n log n).

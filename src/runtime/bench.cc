@@ -82,8 +82,8 @@ std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& conf
       if (sc.max_cache_len <= 0 || sc.max_cache_len < need) sc.max_cache_len = need;
       Session s(model, sc);
       // Room for the whole test up front, as llama-bench's n_ctx-sized cache has: otherwise a
-      // growing container (dynamic, quantized) doubles inside the first timed run at a depth
-      // (tg32 at depth 16K, dynamic: 59 +- 31 tok/s against 94 static, one slow sample).
+      // growing container (dynamic, quantized) doubles inside the first timed run at a depth,
+      // and that run's copy makes it an outlier.
       s.cache().reserve(need);
       BenchResult r;
       // "quantized-q4" (KIVI) / "quantized-q8_0" (per-token): the format is what distinguishes
