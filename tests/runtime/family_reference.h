@@ -1,5 +1,5 @@
 // A deliberately plain no-cache forward for the non-llama families, written from the
-// transformers modeling files (cited per step) and sharing no code with model/llama.cc:
+// transformers modeling files (cited per step) and sharing no code with src/model:
 // double-free float loops over std::vector, every weight read by its Hugging Face name. The
 // tests hold the engine's forward (every container, every kernel) against it.
 #pragma once
