@@ -43,8 +43,8 @@ constexpr int64_t kTk = 64;           // keys per tile (a 64-key f16 tile of D=1
 constexpr int64_t kChunkBytes = 2048;
 // Target rows (heads x positions) per task. A task packs (transposes, widens) every key tile it
 // reads once for all its rows, so more rows per task divide that work; past ~192 rows more do
-// not pay (docs/benchmarks.md, "Figures behind the code's constants"), and at 192 the per-thread
-// workspace stays in L2 (s, acc and qs: 48 KiB each at D = 64).
+// not pay, and at 192 the per-thread workspace stays in L2 (s, acc and qs: 48 KiB each at
+// D = 64).
 constexpr int64_t kRowsPerTask = 192;
 constexpr int64_t kMinTransposedRows = 8;  // rows per task from which key tiles are transposed
 // Rows per register block of the transposed score kernel (x 16 keys: 10 accumulators). Not 6
@@ -953,8 +953,7 @@ int64_t FusedTiles<Ops>::next_tile(int64_t t0) {
 // each element in key order (a chunk stores acc, the next reloads it), and the softmax still
 // takes whole kTk tiles, so the bits equal the plain loop's and a prefill row's. Chunks, not
 // smaller tiles: the tile size is shared with prefill, which loses with smaller tiles.
-// kChunkBytes is the best of a sweep of chunk sizes (docs/benchmarks.md, "Figures behind the
-// code's constants").
+// kChunkBytes is the best of a sweep of chunk sizes (the commit that set it records the sweep).
 template <typename Ops>
 void FusedTiles<Ops>::run_pipelined() {
   const int64_t jlo = rows_.jlo, jhi = rows_.jhi;
