@@ -65,32 +65,34 @@ inline __m256 silu8(__m256 x) {
 
 // Channels [c0, c0 + nc), nc <= kBlock, every token; then their window in state.
 void conv_block(const CausalConv1dParams& p, int64_t T, int64_t K, int64_t c0, int64_t nc) {
-  alignas(32) float wt[kMaxConvKernel][kBlock] = {};  // wt[j][l] = w[c0 + l, j]
-  alignas(32) float bias[kBlock] = {};
-  alignas(32) float next[kMaxConvKernel][kBlock] = {};  // the new window, saved before y is written
-  const float* w = p.weight.data_as<const float>();
-  for (int64_t l = 0; l < nc; ++l)
-    for (int64_t j = 0; j < K; ++j) wt[j][l] = w[(c0 + l) * K + j];
-  if (p.bias.data() != nullptr) std::copy_n(p.bias.data_as<const float>() + c0, nc, bias);
+  const float* w = p.weight.data_as<const float>() + c0;
+  const int64_t ldw = p.weight.stride(0);
+  const float* bias = p.bias.data() != nullptr ? p.bias.data_as<const float>() + c0 : nullptr;
   float* state = K > 1 ? p.state.data_as<float>() + c0 : nullptr;  // K = 1: no window at all
   const int64_t lds = K > 1 ? p.state.stride(0) : 0;
   const Window in{p.x.data_as<const float>() + c0, p.x.stride(0), state, lds, K};
+  float next[kMaxConvKernel - 1][kBlock];  // the new window, saved before y is written
   for (int64_t r = 0; r + 1 < K; ++r) std::copy_n(in.row(T - (K - 1) + r), nc, next[r]);
 
   float* y = p.y.data_as<float>() + c0;
   const int64_t ldy = p.y.stride(0);
 #if KVCACHE_ATTN_AVX2
-  const __m256i m0 = lane_mask(nc), m1 = lane_mask(nc - 8);
   const bool full = nc == kBlock;
-  const __m256 b0 = _mm256_load_ps(bias), b1 = _mm256_load_ps(bias + 8);
+  const __m256i m0 = lane_mask(nc), m1 = lane_mask(nc - 8);
+  auto load = [&](const float* src, __m256* v) {
+    v[0] = full ? _mm256_loadu_ps(src) : _mm256_maskload_ps(src, m0);
+    v[1] = full ? _mm256_loadu_ps(src + 8) : _mm256_maskload_ps(src + 8, m1);
+  };
+  __m256 wv[kMaxConvKernel][2], b[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t j = 0; j < K; ++j) load(w + j * ldw, wv[j]);
+  if (bias) load(bias, b);
   for (int64_t t = T - 1; t >= 0; --t) {
-    __m256 a0 = b0, a1 = b1;
+    __m256 a0 = b[0], a1 = b[1];
     for (int64_t j = 0; j < K; ++j) {
-      const float* src = in.row(t - (K - 1) + j);
-      const __m256 x0 = full ? _mm256_loadu_ps(src) : _mm256_maskload_ps(src, m0);
-      const __m256 x1 = full ? _mm256_loadu_ps(src + 8) : _mm256_maskload_ps(src + 8, m1);
-      a0 = _mm256_fmadd_ps(_mm256_load_ps(wt[j]), x0, a0);
-      a1 = _mm256_fmadd_ps(_mm256_load_ps(wt[j] + 8), x1, a1);
+      __m256 x[2];
+      load(in.row(t - (K - 1) + j), x);
+      a0 = _mm256_fmadd_ps(wv[j][0], x[0], a0);
+      a1 = _mm256_fmadd_ps(wv[j][1], x[1], a1);
     }
     if (p.silu) {
       a0 = silu8(a0);
@@ -108,10 +110,10 @@ void conv_block(const CausalConv1dParams& p, int64_t T, int64_t K, int64_t c0, i
 #else
   for (int64_t t = T - 1; t >= 0; --t) {
     float acc[kBlock];
-    std::copy_n(bias, kBlock, acc);
+    for (int64_t l = 0; l < nc; ++l) acc[l] = bias ? bias[l] : 0.0f;
     for (int64_t j = 0; j < K; ++j) {
       const float* src = in.row(t - (K - 1) + j);
-      for (int64_t l = 0; l < nc; ++l) acc[l] = std::fma(wt[j][l], src[l], acc[l]);
+      for (int64_t l = 0; l < nc; ++l) acc[l] = std::fma(w[j * ldw + l], src[l], acc[l]);
     }
     float* dst = y + t * ldy;
     for (int64_t l = 0; l < nc; ++l) dst[l] = p.silu ? acc[l] * (1.0f / (1.0f + std::exp(-acc[l]))) : acc[l];
@@ -127,14 +129,15 @@ void causal_conv1d(const CausalConv1dParams& p) {
   require_2d("y", p.y);
   require_2d("weight", p.weight);
   require_2d("state", p.state);
-  const int64_t T = p.x.dim(0), C = p.x.dim(1), K = p.weight.dim(1);
+  const int64_t T = p.x.dim(0), C = p.x.dim(1), K = p.weight.dim(0);
   if (K < 1 || K > kMaxConvKernel) {
-    fail("kernel size K (weight's dim 1) must be in [1, " + std::to_string(kMaxConvKernel) +
+    fail("kernel size K (weight's dim 0) must be in [1, " + std::to_string(kMaxConvKernel) +
          "], got " + std::to_string(K));
   }
   if (!(p.y.shape() == p.x.shape())) fail("y must be " + p.x.shape().str() + " like x, got " + p.y.shape().str());
-  if (!(p.weight.shape() == Shape{C, K}) || !p.weight.is_contiguous()) {
-    fail("weight must be a contiguous [C, K] = [" + std::to_string(C) + ", K], got " + p.weight.shape().str());
+  if (p.weight.dim(1) != C) {
+    fail("weight must be [K, C] = [K, " + std::to_string(C) + "] (HF's [C, 1, K] transposed), got " +
+         p.weight.shape().str());
   }
   if (!(p.state.shape() == Shape{K - 1, C})) {
     fail("state must be [K - 1, C] = " + Shape{K - 1, C}.str() + " (the last K - 1 inputs), got " +

@@ -3,13 +3,14 @@
 // channels; transformers' Qwen3NextGatedDeltaNet.forward and torch_causal_conv1d_update in
 // models/qwen3_next/modeling_qwen3_next.py). Prefill is T tokens, decode is T = 1: one kernel.
 //
-//   y[t, c] = act(bias[c] + sum_{j < K} w[c, j] * in(t - (K - 1) + j, c))
+//   y[t, c] = act(bias[c] + sum_{j < K} w[j, c] * in(t - (K - 1) + j, c))
 //   in(s, c) = x[s, c] for s >= 0, state[K - 1 + s, c] for s < 0
 //
 // Layouts (f32, row-major, the channel dim contiguous: stride 1; the row stride is free):
 //   x, y    [T, C]       token-major, as the in_proj matmul writes them
-//   weight  [C, K]       HF's conv1d.weight [C, 1, K] without its middle dim; w[c, K - 1]
-//                        multiplies the current token
+//   weight  [K, C]       tap-major: w[j, c] = HF's conv1d.weight[c, 0, j] (the loader
+//                        transposes it once; the kernel then reads whole vectors of
+//                        channels); w[K - 1, c] multiplies the current token
 //   bias    [C], or a view without data (default-constructed): none (Qwen3-Next has none)
 //   state   [K - 1, C]   the last K - 1 inputs (pre-conv, pre-activation), oldest first; all
 //                        zeros at the start of a sequence (transformers' left zero padding).
@@ -41,7 +42,7 @@ inline constexpr int64_t kMaxConvKernel = 16;
 struct CausalConv1dParams {
   TensorView x;       // [T, C]
   TensorView y;       // [T, C]
-  TensorView weight;  // [C, K], contiguous
+  TensorView weight;  // [K, C] (HF's [C, 1, K] transposed)
   TensorView bias;    // [C], or no data: no bias
   TensorView state;   // [K - 1, C], in and out
   bool silu = true;   // Qwen3-Next: hidden_act "silu" after the conv

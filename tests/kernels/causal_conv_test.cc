@@ -43,7 +43,7 @@ std::vector<float> run(const Conv& c, int64_t t0, int64_t t1, std::vector<float>
   CausalConv1dParams p;
   p.x = view(c.x, {c.T, c.C}).slice(0, t0, t1);
   p.y = view(y, {t1 - t0, c.C});
-  p.weight = view(c.w, {c.C, c.K});
+  p.weight = view(c.w, {c.K, c.C});
   if (bias) p.bias = view(c.bias, {c.C});
   p.state = view(state, {c.K - 1, c.C});
   p.silu = silu;
@@ -74,7 +74,7 @@ TEST(CausalConv, MatchesDoubleOnOddSizes) {
               for (int64_t j = 0; j < K; ++j) {
                 const int64_t s = t - (K - 1) + j;
                 const float in = s >= 0 ? c.x[size_t(s * C + ch)] : c.state0[size_t((K - 1 + s) * C + ch)];
-                mag += std::fabs(double(c.w[size_t(ch * K + j)]) * in);
+                mag += std::fabs(double(c.w[size_t(j * C + ch)]) * in);
               }
               const double err = std::fabs(y[size_t(t * C + ch)] - ref[size_t(t * C + ch)]);
               EXPECT_LE(err, 1e-6 * mag + 1e-7) << "t=" << t << " c=" << ch;
@@ -138,7 +138,7 @@ TEST(CausalConv, InPlaceOnStridedRows) {
   CausalConv1dParams p;
   p.x = TensorView(buf.data(), DType::kF32, {T, C}, {ld, 1, 0, 0});
   p.y = p.x;
-  p.weight = view(c.w, {C, K});
+  p.weight = view(c.w, {K, C});
   p.state = view(s2, {K - 1, C});
   causal_conv1d(p);
   for (int64_t t = 0; t < T; ++t)
@@ -156,7 +156,7 @@ TEST(CausalConv, BadArgumentsThrowClearErrors) {
   CausalConv1dParams good;
   good.x = view(c.x, {6, 10});
   good.y = view(y, {6, 10});
-  good.weight = view(c.w, {10, 4});
+  good.weight = view(c.w, {4, 10});
   good.state = view(state, {3, 10});
   causal_conv1d(good);
 
@@ -168,15 +168,15 @@ TEST(CausalConv, BadArgumentsThrowClearErrors) {
   expect_error(p, "y must be [6, 10] like x, got [6, 9]");
   p = good;
   p.weight = view(c.w, {5, 8});
-  expect_error(p, "weight must be a contiguous [C, K] = [10, K], got [5, 8]");
+  expect_error(p, "weight must be [K, C] = [K, 10] (HF's [C, 1, K] transposed), got [5, 8]");
   p = good;
   p.bias = view(c.bias, {9});
   expect_error(p, "bias must be an f32 [C] = [10]");
-  std::vector<float> wide(10 * 17), st16(16 * 10);
+  std::vector<float> wide(17 * 10), st16(16 * 10);
   p = good;
-  p.weight = view(wide, {10, 17});
+  p.weight = view(wide, {17, 10});
   p.state = view(st16, {16, 10});
-  expect_error(p, "kernel size K (weight's dim 1) must be in [1, 16], got 17");
+  expect_error(p, "kernel size K (weight's dim 0) must be in [1, 16], got 17");
   std::vector<float> x2(70);
   p = good;
   p.x = view(x2, {6, 10});
@@ -188,7 +188,7 @@ TEST(CausalConv, BadArgumentsThrowClearErrors) {
   p = good;
   p.x = TensorView(const_cast<float*>(c.x.data()), DType::kF32, {6, 5}, {10, 2, 0, 0});
   p.y = view(y, {6, 5});
-  p.weight = view(c.w, {5, 4});
+  p.weight = view(c.w, {4, 5});
   p.state = view(state, {3, 5});
   expect_error(p, "x: the channel stride must be 1");
 }
