@@ -1,14 +1,19 @@
-// Helpers for the kernel tests: seeded normal samples and weight matrices of any dtype built
-// from f32 values (the layout matmul and gemm_packed read: one output feature per row).
+// Helpers for the kernel tests: seeded normal samples, weight matrices of any dtype built
+// from f32 values (the layout matmul and gemm_packed read: one output feature per row), and the
+// check of an argument error's kind and message.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/matmul.h"
 
 namespace kvcache::testing_util {
@@ -35,6 +40,18 @@ inline std::vector<std::byte> make_weights(const std::vector<float>& w, DType t,
     }
   }
   return out;
+}
+
+// fn() must throw Error(kInvalidArgument) whose message contains `needle`.
+template <typename Fn>
+void expect_invalid_argument(Fn&& fn, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "no Error; expected one saying '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace kvcache::testing_util
