@@ -25,9 +25,9 @@ std::vector<float> gather(const PagedKV& kv, int64_t b, bool values) {
   const int64_t H = pages.dim(1), D = pages.dim(3), S = kv.seq_len(b);
   std::vector<float> out(static_cast<size_t>(S * H * D));
   for (int64_t j = 0; j < S; ++j) {
-    const int32_t page = kv.indices[kv.indptr[b] + j / kv.page_size];
+    const int32_t page = kv.indices[kv.indptr[b] + j / kv.block_tokens];
     for (int64_t h = 0; h < H; ++h)
-      convert_n(pages.ptr(page, h, j % kv.page_size), pages.dtype(), out.data() + (j * H + h) * D,
+      convert_n(pages.ptr(page, h, j % kv.block_tokens), pages.dtype(), out.data() + (j * H + h) * D,
                 DType::kF32, static_cast<size_t>(D));
   }
   return out;
