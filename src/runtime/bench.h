@@ -68,7 +68,8 @@ struct PrefixReuseResult {
   size_t kv_bytes = 0;
 };
 
-// Throws Error unless config.cache is "paged" and the prompt fits the model's context.
+// Throws Error unless config.cache.implementation is "paged" and the prompt fits the model's
+// context.
 PrefixReuseResult run_prefix_reuse_bench(const Model& model, const SessionConfig& config,
                                          const PrefixReuseParams& params);
 
