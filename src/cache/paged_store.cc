@@ -100,7 +100,8 @@ Tensor gather_paged(const PagedKV& kv, bool values) {
 }
 
 PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
-  if (config_.block_tokens < 1) bad("--block-size must be >= 1, got " + std::to_string(config_.block_tokens));
+  if (config_.block_tokens < 1)
+    bad("--block-tokens must be >= 1, got " + std::to_string(config_.block_tokens));
   if (config_.num_kv_shared_layers < 0 ||
       config_.num_kv_shared_layers >= static_cast<int>(config_.layer_types.size()))
     bad("num_kv_shared_layers is " + std::to_string(config_.num_kv_shared_layers) + " for " +

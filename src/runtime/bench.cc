@@ -150,7 +150,7 @@ PrefixReuseResult run_prefix_reuse_bench(const Model& model, const SessionConfig
   r.kv_dtype = dtype_name(sc.cache.kv_dtype.value_or(DType::kF32));
   r.n_prompt = n;
   r.n_shared = shared;
-  r.block_size = sc.cache.paged.block_tokens;
+  r.block_tokens = sc.cache.paged.block_tokens;
   r.n_threads = default_pool().n_threads();
   uint64_t rng = params.seed;
   using Clock = std::chrono::steady_clock;

@@ -11,6 +11,7 @@
 #include "core/thread_pool.h"
 #include "kernels/kv_quant.h"
 #include "model/kv_plan.h"
+#include "tools/option_rules.h"
 
 namespace kvcache::tools {
 
@@ -34,7 +35,7 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--progress", o.progress,
                   "Model load progress on stderr for weights over 100 MB: auto (when stderr is a terminal), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
-  cmd->add_option("--block-size", o.block_size, "Paged cache: tokens per block (default 16)");
+  cmd->add_option("--block-tokens", o.block_tokens, "Paged cache: tokens per block (default 16)");
   cmd->add_option("--kv-budget", o.kv_budget,
                   "Paged cache: bytes for the block pool plus activations, e.g. 512MiB (default: blocks for --max-cache-len)");
   cmd->add_option("--kv-bits", o.kv_bits, "--cache quantized: bits per code, 2, 4 or 8 (KIVI; default 4)");
@@ -46,6 +47,7 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
       ->capture_default_str();
   cmd->add_option("--kv-residual", o.kv_residual, "--cache quantized: most recent tokens kept in full precision")
       ->capture_default_str();
+  add_renamed_options(cmd);
 }
 
 LoadOptions load_options(const ModelOptions& o, bool machine_output) {
@@ -86,8 +88,8 @@ SessionConfig session_config(const ModelOptions& o, const Model& model) {
   co.max_cache_len = o.max_cache_len;
   sc.kernel = o.kernel;
   sc.prefill_chunk = o.chunk;
-  if (o.block_size < 1) throw Error(ErrorKind::kInvalidArgument, "--block-size must be >= 1");
-  co.paged.block_tokens = o.block_size;
+  if (o.block_tokens < 1) throw Error(ErrorKind::kInvalidArgument, "--block-tokens must be >= 1");
+  co.paged.block_tokens = o.block_tokens;
   if (o.max_cache_len < 0)
     throw Error(ErrorKind::kInvalidArgument, "--max-cache-len must be >= 0 (0 or absent: the model's context), got " +
                                                  std::to_string(o.max_cache_len));
