@@ -384,11 +384,11 @@ void BM_DecodeAttentionQuant(benchmark::State& state, KVQuantScheme scheme, int 
     in.scheme = scheme;
     in.kv_len = kv_len;
     CacheConfig cc;
-    cc.implementation = "quantized";
+    cc.options.implementation = "quantized";
     cc.layer_types = {"full_attention"};
-    cc.kv_dtype = DType::kF16;
-    cc.kv_bits = bits;
-    cc.kv_quant = scheme;
+    cc.options.kv_dtype = DType::kF16;
+    cc.options.quantized.bits = bits;
+    cc.options.quantized.scheme = scheme;
     Cache cache(cc);
     Tensor k = Tensor::empty(DType::kF32, {1, kHkv, kChunk, kD});
     Tensor v = Tensor::empty(DType::kF32, {1, kHkv, kChunk, kD});

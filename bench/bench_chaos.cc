@@ -72,7 +72,7 @@ int run(const Args& a) {
     return 2;
   }
   kvcache::EngineConfig ec;
-  ec.kv_dtype = kvcache::DType::kF16;
+  ec.cache.kv_dtype = kvcache::DType::kF16;
   ec.num_blocks = a.blocks;
   ec.max_tokens_per_step = 128;
   ec.check_invariants_every_step = true;
@@ -109,7 +109,7 @@ int run(const Args& a) {
   server_thread.join();
 
   std::printf("model %s, %d clients x %d requests, %d blocks of %lld tokens\n", a.model.c_str(), a.clients,
-              a.requests, a.blocks, static_cast<long long>(ec.block_tokens));
+              a.requests, a.blocks, static_cast<long long>(ec.cache.paged.block_tokens));
   std::printf("requests %lld in %.1f s (%.1f/s): completed %lld, dropped mid-stream %lld, refused %lld, problems %zu\n",
               static_cast<long long>(r.requests), r.seconds, static_cast<double>(r.requests) / r.seconds,
               static_cast<long long>(r.completed), static_cast<long long>(r.disconnected),

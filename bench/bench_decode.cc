@@ -38,8 +38,9 @@ struct Result {
 
 Result run_batch(const kvcache::LoadedModel& lm, const Args& a, int batch, std::mt19937& rng) {
   kvcache::EngineConfig ec;
-  ec.kv_dtype = kvcache::DType::kF16;
-  ec.max_cached_tokens = static_cast<int64_t>(batch) * (a.load.prompt_tokens + a.load.max_tokens + 16) + 256;
+  ec.cache.kv_dtype = kvcache::DType::kF16;
+  ec.cache.max_cache_len =
+      static_cast<int64_t>(batch) * (a.load.prompt_tokens + a.load.max_tokens + 16) + 256;
   ec.max_running = std::max(64, batch);
   ec.batch_invariant = !a.load.fast;
   kvcache::Engine engine(*lm.model, nullptr, ec);

@@ -123,8 +123,8 @@ static int run(const Args& a) {
     if (access(vocab.c_str(), R_OK) == 0) lo.dummy_vocab = vocab;
     lm = std::make_unique<kvcache::LoadedModel>(kvcache::load_model(a.model, lo));
     kvcache::EngineConfig ec;
-    ec.kv_dtype = kvcache::DType::kF16;
-    ec.max_cached_tokens =
+    ec.cache.kv_dtype = kvcache::DType::kF16;
+    ec.cache.max_cache_len =
         static_cast<int64_t>(max_streams) * (a.load.prompt_tokens + a.load.max_tokens + 16) + 256;
     ec.max_running = std::max(64, max_streams);
     ec.batch_invariant = !a.load.fast;

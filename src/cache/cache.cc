@@ -74,7 +74,7 @@ Cache::Cache(const CacheConfig& config) : config_(config) {
     const std::string& type = config.layer_types[static_cast<size_t>(i)];
     if (i < first_shared) {
       layers_[static_cast<size_t>(i)] =
-          LayerRegistry::create(config.implementation, type, config, i);
+          LayerRegistry::create(config.options.implementation, type, config, i);
       source_[static_cast<size_t>(i)] = i;
       continue;
     }

@@ -15,39 +15,59 @@
 
 #include "cache/cache_layer.h"
 #include "core/dtype.h"
+#include "core/kv_span.h"
 
 namespace kvcache {
 
 class PagedKVStore;  // cache/paged_store.h
 
-struct CacheConfig {
-  // transformers' cache_implementation: "dynamic", "static" (more containers register later).
+// Options of the "paged" containers (cache/paged_layer.h).
+struct PagedOptions {
+  int64_t block_tokens = 16;  // tokens per block
+  // The store every layer writes into (built by the runtime from a memory plan). Unset: each
+  // paged layer builds a private store of block_tokens-token blocks sized for max_cache_len
+  // tokens per batch row (max_batch_size rows, at least 1).
+  std::shared_ptr<PagedKVStore> store = nullptr;
+};
+
+// Options of the "quantized" containers (cache/quantized_layer.h).
+struct QuantizedOptions {
+  // Packed format: KIVI (default) or llama.cpp's per-token q8_0 / q4_0 (which fix their own
+  // code width).
+  KVQuantScheme scheme = KVQuantScheme::kKivi;
+  int bits = 4;  // KIVI code width: 2, 4 or 8
+  // Tokens per key group (values: channels per group, clamped to a divisor of the head dim).
+  int64_t group = 64;
+  int64_t residual = 128;  // most recent tokens kept in full precision
+};
+
+// What a user chooses of a cache; CacheConfig adds what the model dictates. Every container
+// reads the common fields; a family's own struct (paged, quantized) is read by that family
+// only, so its options need no prefix and no other container has to know them.
+struct CacheOptions {
+  // transformers' cache_implementation: "dynamic", "static", ... (whatever the registry holds).
   std::string implementation = "dynamic";
+  int64_t max_cache_len = 0;      // capacity in tokens (static containers, private paged stores)
+  int64_t max_batch_size = 0;     // static containers: rows preallocated (0: from first update)
+  std::optional<DType> kv_dtype = std::nullopt;  // storage dtype; unset: the first update's
+  PagedOptions paged = {};
+  QuantizedOptions quantized = {};
+};
+
+// A cache for one model: the user's options and the model's layer plan. The registry hands it
+// unchanged to every layer factory.
+struct CacheConfig {
+  CacheOptions options;
   // One entry per model layer: "full_attention", "sliding_attention", "chunked_attention", ...
   std::vector<std::string> layer_types;
   int64_t sliding_window = 0;        // W: keys a query sees, itself included (sliding layers)
   int64_t attention_chunk_size = 0;  // chunk length (chunked layers)
-  int64_t max_cache_len = 0;         // capacity in tokens (static containers)
-  int64_t max_batch_size = 0;        // static containers: rows preallocated (0: from first update)
   int num_kv_shared_layers = 0;      // the last N layers store nothing
   // What update()'s (K, V) pair is: per-head keys and values, or MLA's one-head latent c_kv
   // [B, 1, S, d_c] and rotated key k_rot [B, 1, S, d_r] (DeepSeek-V2/V3). Containers that
   // need per-head K/V refuse kMlaLatent at construction.
   enum class KVContent { kPerHead, kMlaLatent };
   KVContent kv_content = KVContent::kPerHead;
-  std::optional<DType> kv_dtype;     // storage dtype; unset: the dtype of the first update
-  // "paged": the store every layer writes into (built by the runtime from a memory plan).
-  // Unset: each paged layer builds a private store of `block_size`-token blocks sized for
-  // max_cache_len tokens per batch row (max_batch_size rows, at least 1).
-  std::shared_ptr<PagedKVStore> paged_store;
-  int64_t block_size = 16;
-  // "quantized" containers (KIVI): code width, tokens per key group (values: channels per
-  // group, clamped to a divisor of the head dim), full-precision residual tokens.
-  int kv_bits = 4;
-  // Packed format: KIVI (default) or llama.cpp's per-token q8_0 / q4_0 (kv_bits then unused).
-  KVQuantScheme kv_quant = KVQuantScheme::kKivi;
-  int64_t kv_group = 64;
-  int64_t kv_residual = 128;
 };
 
 // Builds one layer of the given cache implementation and layer type.

@@ -13,8 +13,8 @@ DenseLayerParams dense_params(const CacheConfig& config, int layer_index, std::s
   DenseLayerParams p;
   p.name = std::move(name);
   p.layer_index = layer_index;
-  p.kv_dtype = config.kv_dtype;
-  p.max_batch_size = config.max_batch_size;
+  p.kv_dtype = config.options.kv_dtype;
+  p.max_batch_size = config.options.max_batch_size;
   p.fixed_storage = fixed_storage;
   if (p.kv_dtype && !dtype_is_float(*p.kv_dtype)) {
     throw Error(ErrorKind::kUnsupported,

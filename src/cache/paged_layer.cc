@@ -100,37 +100,39 @@ namespace {
 // (config.layer_types may be empty when a layer is built on its own).
 std::unique_ptr<CacheLayer> make_paged_layer(const CacheConfig& config, int layer_index,
                                              const std::string& layer_type) {
-  if (config.paged_store) {
-    const auto& types = config.paged_store->config().layer_types;
-    if (layer_index < 0 || layer_index >= static_cast<int>(types.size()) ||
-        types[static_cast<size_t>(layer_index)] != layer_type)
+  const CacheOptions& o = config.options;
+  if (o.paged.store) {
+    const PagedStoreConfig& store = o.paged.store->config();
+    if (layer_index < 0 || layer_index >= static_cast<int>(store.layer_types.size()) ||
+        store.layer_types[static_cast<size_t>(layer_index)] != layer_type)
       throw Error(ErrorKind::kInvalidArgument,
                   "paged cache: layer " + std::to_string(layer_index) +
                       " of the cache config does not match the store's layer types");
-    if (config.paged_store->config().num_kv_shared_layers != config.num_kv_shared_layers)
+    if (store.num_kv_shared_layers != config.num_kv_shared_layers)
       throw Error(ErrorKind::kInvalidArgument,
                   "paged cache: the store leaves the last " +
-                      std::to_string(config.paged_store->config().num_kv_shared_layers) +
+                      std::to_string(store.num_kv_shared_layers) +
                       " layers without pages but the cache config shares " +
-                      std::to_string(config.num_kv_shared_layers) + "; build both from the model's num_kv_shared_layers");
-    return std::make_unique<PagedLayer>(config.paged_store, layer_index);
+                      std::to_string(config.num_kv_shared_layers) +
+                      "; build both from the model's num_kv_shared_layers");
+    return std::make_unique<PagedLayer>(o.paged.store, layer_index);
   }
   // A private store for this one layer (protocol use without a runtime-built store).
-  if (config.max_cache_len <= 0)
+  if (o.max_cache_len <= 0)
     throw Error(ErrorKind::kInvalidArgument,
                 "paged cache: layer " + std::to_string(layer_index) +
                     " has no store and no max_cache_len to size one; set max_cache_len or build a "
-                    "PagedKVStore (CacheConfig::paged_store)");
+                    "PagedKVStore (CacheOptions::paged.store)");
   PagedStoreConfig sc;
-  sc.block_tokens = static_cast<int32_t>(config.block_size);
+  sc.block_tokens = static_cast<int32_t>(o.paged.block_tokens);
   sc.layer_types = {layer_type};
   sc.sliding_window = config.sliding_window;
-  sc.dtype = config.kv_dtype.value_or(DType::kF32);
-  if (config.max_batch_size > 0) {
-    sc.max_tokens = config.max_cache_len * config.max_batch_size;
+  sc.dtype = o.kv_dtype.value_or(DType::kF32);
+  if (o.max_batch_size > 0) {
+    sc.max_tokens = o.max_cache_len * o.max_batch_size;
     return std::make_unique<PagedLayer>(std::make_shared<PagedKVStore>(sc), 0);
   }
-  return std::make_unique<PagedLayer>(sc, config.max_cache_len);  // rows known at the first update
+  return std::make_unique<PagedLayer>(sc, o.max_cache_len);  // rows known at the first update
 }
 
 std::unique_ptr<CacheLayer> make_paged_full(const CacheConfig& config, int layer_index) {

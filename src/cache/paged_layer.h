@@ -1,7 +1,7 @@
 // PagedLayer ("paged" / "full_attention", "paged" / "sliding_attention"): the CacheLayer face of
 // a PagedKVStore. update() copies the new K/V into the store's pages (no gather of the history)
 // and returns a kPaged KVSpan — pages plus the batch's CSR page table — that paged_attention
-// reads in place. Every layer of a Cache shares one store (CacheConfig::paged_store); the store
+// reads in place. Every layer of a Cache shares one store (CacheOptions::paged.store); the store
 // owns pages, tables and sequences, the layer only its index into them.
 //
 // Lifecycle calls (crop, reset, reorder, select, repeat_interleave) act on the store's batch,

@@ -93,14 +93,15 @@ Tensor gather_paged(const PagedKV& kv, bool values) {
   const size_t row = dtype_bytes(pages.dtype(), D);
   for (int64_t b = 0; b < kv.batch; ++b)
     for (int64_t j = 0; j < kv.seq_len(b); ++j) {
-      const int32_t page = kv.indices[kv.indptr[b] + j / kv.page_size];
-      for (int64_t h = 0; h < H; ++h) std::memcpy(o.ptr(b, h, j), pages.ptr(page, h, j % kv.page_size), row);
+      const int32_t page = kv.indices[kv.indptr[b] + j / kv.block_tokens];
+      for (int64_t h = 0; h < H; ++h) std::memcpy(o.ptr(b, h, j), pages.ptr(page, h, j % kv.block_tokens), row);
     }
   return out;
 }
 
 PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
-  if (config_.block_tokens < 1) bad("--block-size must be >= 1, got " + std::to_string(config_.block_tokens));
+  if (config_.block_tokens < 1)
+    bad("--block-tokens must be >= 1, got " + std::to_string(config_.block_tokens));
   if (config_.num_kv_shared_layers < 0 ||
       config_.num_kv_shared_layers >= static_cast<int>(config_.layer_types.size()))
     bad("num_kv_shared_layers is " + std::to_string(config_.num_kv_shared_layers) + " for " +
@@ -439,7 +440,7 @@ KVSpan PagedKVStore::peek_span(int layer) const {
   p.k_pages = k_pages_[static_cast<size_t>(layer)].view();
   p.v_pages = v_pages_[static_cast<size_t>(layer)].view();
   p.batch = static_cast<int64_t>(batch_.size());
-  p.page_size = config_.block_tokens;
+  p.block_tokens = config_.block_tokens;
   p.indptr = indptr_[g].data();
   p.indices = indices_[g].data();
   p.last_page_len = last_len_[g].data();

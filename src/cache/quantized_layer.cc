@@ -16,11 +16,8 @@ std::unique_ptr<CacheLayer> make_quantized(const CacheConfig& c, int layer, bool
   QuantizedLayerParams p;
   p.name = sliding ? "quantized/sliding_attention" : "quantized/full_attention";
   p.layer_index = layer;
-  p.kv_dtype = c.kv_dtype;
-  p.bits = c.kv_bits;
-  p.scheme = c.kv_quant;
-  p.group = c.kv_group;
-  p.residual = c.kv_residual;
+  p.kv_dtype = c.options.kv_dtype;
+  p.quantized = c.options.quantized;
   if (c.kv_content == CacheConfig::KVContent::kMlaLatent) {
     // KIVI groups keys per channel of a head and the MLA step expands the latent from a dense
     // or paged span; a quantized latent would need its own error analysis and a dequantizing
@@ -57,12 +54,11 @@ QuantizedLayer::QuantizedLayer(QuantizedLayerParams params) : params_(std::move(
   const auto bad = [&](const std::string& what) {
     throw Error(ErrorKind::kInvalidArgument, where() + ": " + what);
   };
-  if (params_.scheme == KVQuantScheme::kKivi && params_.bits != 2 && params_.bits != 4 &&
-      params_.bits != 8)
-    bad("--kv-bits must be 2, 4 or 8, got " + std::to_string(params_.bits));
-  if (params_.group < 1) bad("--kv-group must be >= 1, got " + std::to_string(params_.group));
-  if (params_.residual < 0)
-    bad("--kv-residual must be >= 0, got " + std::to_string(params_.residual));
+  const QuantizedOptions& q = params_.quantized;
+  if (q.scheme == KVQuantScheme::kKivi && q.bits != 2 && q.bits != 4 && q.bits != 8)
+    bad("--kv-bits must be 2, 4 or 8, got " + std::to_string(q.bits));
+  if (q.group < 1) bad("--kv-group must be >= 1, got " + std::to_string(q.group));
+  if (q.residual < 0) bad("--kv-residual must be >= 0, got " + std::to_string(q.residual));
   if (params_.kv_dtype && !dtype_is_float(*params_.kv_dtype))
     bad(std::string("the residual is stored as f32, f16 or bf16, not ") +
         dtype_name(*params_.kv_dtype) + " (the packed part's format is set by --kv-bits)");
@@ -79,13 +75,14 @@ void QuantizedLayer::init(const TensorView& k, const TensorView& v) {
   dv_ = v.dim(3);
   res_dtype_ = params_.kv_dtype.value_or(k.dtype());
   try {
-    fmt_ = make_kv_block_format(params_.scheme, params_.bits, params_.group, dk_, dv_);
+    const QuantizedOptions& q = params_.quantized;
+    fmt_ = make_kv_block_format(q.scheme, q.bits, q.group, dk_, dv_);
   } catch (const Error& e) {
     throw Error(ErrorKind::kInvalidArgument, where() + ": " + e.what());
   }
   k_block_bytes_ = kv_k_block_bytes(fmt_);
   v_block_bytes_ = kv_v_block_bytes(fmt_);
-  scratch_.assign(static_cast<size_t>(params_.group * std::max(dk_, dv_)), 0.0f);
+  scratch_.assign(static_cast<size_t>(params_.quantized.group * std::max(dk_, dv_)), 0.0f);
   initialized_ = true;
 }
 
@@ -94,12 +91,12 @@ int64_t QuantizedLayer::blocks_to_drop(int64_t p) const {
   const int64_t first_visible = std::max<int64_t>(p - params_.sliding_window + 1, 0);
   const int64_t pos0 = first_position();
   // Block i (from blk_begin_) covers [pos0 + i G, pos0 + (i + 1) G).
-  const int64_t dead = (first_visible - pos0) / params_.group;
+  const int64_t dead = (first_visible - pos0) / params_.quantized.group;
   return std::clamp<int64_t>(dead, 0, blk_end_ - blk_begin_);
 }
 
 MaskSizes QuantizedLayer::mask_sizes(int64_t query_len) const {
-  const int64_t start = first_position() + blocks_to_drop(seq_length_) * params_.group;
+  const int64_t start = first_position() + blocks_to_drop(seq_length_) * params_.quantized.group;
   return {seq_length_ + query_len - start, start};
 }
 
@@ -107,7 +104,7 @@ void QuantizedLayer::reserve(int64_t tokens) {
   if (tokens < 0)
     throw Error(ErrorKind::kInvalidArgument,
                 where() + ": reserve(" + std::to_string(tokens) + "): tokens must be >= 0");
-  const int64_t G = params_.group;
+  const int64_t G = params_.quantized.group;
   // A sliding layer holds at most its window plus the block straddling its start.
   if (params_.sliding_window > 0) tokens = std::min(tokens, params_.sliding_window + G);
   reserved_blocks_ = std::max(reserved_blocks_, (tokens + G - 1) / G);
@@ -160,7 +157,7 @@ void QuantizedLayer::reserve_blocks(int64_t extra, bool exact) {
 
 void QuantizedLayer::reserve_residual(int64_t tokens) {
   const int64_t cap = res_k_.defined() && res_k_.shape().ndim == 4 ? res_k_.dim(2) : 0;
-  const int64_t base = std::max(params_.residual, params_.group);
+  const int64_t base = std::max(params_.quantized.residual, params_.quantized.group);
   // Shrink back after a long prefill chunk was flushed, so that bytes() stays near the steady
   // state (R tokens) instead of keeping the largest chunk's residual forever.
   const bool shrink = cap > 2 * base && tokens <= base;
@@ -179,7 +176,7 @@ void QuantizedLayer::reserve_residual(int64_t tokens) {
 }
 
 void QuantizedLayer::flush(int64_t tokens) {
-  const int64_t G = params_.group, nb = tokens / G;
+  const int64_t G = params_.quantized.group, nb = tokens / G;
   KV_CHECK(tokens % G == 0 && tokens <= n_res_, "flush of whole residual groups only");
   reserve_blocks(nb);
   float* s = scratch_.data();
@@ -243,8 +240,8 @@ KVSpan QuantizedLayer::update(const TensorView& k, const TensorView& v) {
   // 1. Sliding layers: drop the whole blocks no query from now on can see.
   blk_begin_ += blocks_to_drop(seq_length_);
   // 2. Deferred flush of the residual's oldest whole groups.
-  const int64_t G = params_.group;
-  if (n_res_ >= std::max(params_.residual, G)) flush(n_res_ / G * G);
+  const int64_t G = params_.quantized.group;
+  if (n_res_ >= std::max(params_.quantized.residual, G)) flush(n_res_ / G * G);
   // 3. Append the new tokens in full precision.
   reserve_residual(n_res_ + n);
   if (n > 0) {
@@ -304,7 +301,7 @@ void QuantizedLayer::crop(int64_t n) {
   } else {
     // Cut inside the packed store: keep whole blocks before the cut and dequantize the tokens
     // of the cut block that stay into a fresh residual.
-    const int64_t G = params_.group;
+    const int64_t G = params_.quantized.group;
     const int64_t i = (keep - first) / G, part = (keep - first) % G;
     n_res_ = 0;
     reserve_residual(part);

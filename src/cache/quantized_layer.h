@@ -1,13 +1,13 @@
 // QuantizedLayer ("quantized" / "full_attention" and "sliding_attention"): a KIVI-style cache.
 // The most recent tokens stay in full precision in a residual buffer; once it holds R tokens
-// (kv_residual, default 128) the next update first moves its oldest whole groups of G tokens
-// (kv_group, default 64) into the packed store, quantized with kernels/kv_quant.h (KIVI: keys
-// per channel, values per token, 2/4/8 bits; or llama.cpp's per-token q8_0 / q4_0 for
-// comparison, --kv-quant). update() returns a kQuantized span (packed blocks +
-// residual, read in place by the fused dequantizing attention): nothing is ever dequantized
-// into a copy. transformers' QuantizedLayer (cache_utils.py:703, KV cache notes "Quantized")
-// dequantizes the whole cache on every update and serves full attention only; this one does
-// neither.
+// (QuantizedOptions::residual, default 128) the next update first moves its oldest whole groups
+// of G tokens (QuantizedOptions::group, default 64) into the packed store, quantized with
+// kernels/kv_quant.h (KIVI: keys per channel, values per token, 2/4/8 bits; or llama.cpp's
+// per-token q8_0 / q4_0 for comparison, --kv-quant). update() returns a kQuantized span
+// (packed blocks + residual, read in place by the fused dequantizing attention): nothing is
+// ever dequantized into a copy. transformers' QuantizedLayer (cache_utils.py:703, KV cache
+// notes "Quantized") dequantizes the whole cache on every update and serves full attention
+// only; this one does neither.
 //
 // Residual cycle. Let n_res be the residual length before an update. If n_res >= max(R, G) (or
 // >= G when R < G), floor(n_res / G) * G oldest residual tokens are flushed first; then the new
@@ -44,10 +44,8 @@ struct QuantizedLayerParams {
   std::string name;                // registry name, "quantized/full_attention"
   int layer_index = -1;            // for error messages
   std::optional<DType> kv_dtype;   // residual dtype; unset: the first update's
-  KVQuantScheme scheme = KVQuantScheme::kKivi;  // kQ8_0 / kQ4_0: llama.cpp's per-token types
-  int bits = 4;                    // KIVI: 2, 4 or 8 (per-token schemes fix their own)
-  int64_t group = 64;              // G: tokens per key group (values: channels per group)
-  int64_t residual = 128;          // R: full-precision tokens before a flush
+  // Scheme, code bits, G: tokens per key group, R: full-precision tokens before a flush.
+  QuantizedOptions quantized;
   int64_t sliding_window = 0;      // > 0: a sliding layer of window W
 };
 
@@ -78,7 +76,7 @@ class QuantizedLayer final : public CacheLayer {
   CopyStats stats() const override { return stats_; }
 
   int64_t residual_length() const { return n_res_; }
-  int64_t packed_length() const { return (blk_end_ - blk_begin_) * params_.group; }
+  int64_t packed_length() const { return (blk_end_ - blk_begin_) * params_.quantized.group; }
   int64_t value_group() const { return fmt_.v_group; }
   int64_t packed_capacity_blocks() const { return blk_cap_; }  // per (b, h)
   int64_t residual_capacity() const {

@@ -37,7 +37,7 @@ namespace {
 std::unique_ptr<CacheLayer> make_static_full(const CacheConfig& config, int layer_index) {
   return std::make_unique<StaticLayer>(
       dense_params(config, layer_index, "static/full_attention", /*fixed_storage=*/true),
-      config.max_cache_len);
+      config.options.max_cache_len);
 }
 }  // namespace
 

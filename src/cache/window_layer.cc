@@ -166,7 +166,7 @@ std::unique_ptr<CacheLayer> make_window(const CacheConfig& config, int layer_ind
   WindowLayerParams w;
   w.kind = kKind;
   w.window = sliding ? config.sliding_window : config.attention_chunk_size;
-  w.max_cache_len = kFixed ? config.max_cache_len : 0;
+  w.max_cache_len = kFixed ? config.options.max_cache_len : 0;
   return std::make_unique<WindowLayer>(dense_params(config, layer_index, std::move(name), kFixed),
                                        w);
 }

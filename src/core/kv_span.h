@@ -15,20 +15,23 @@ namespace kvcache {
 enum class KVSpanKind { kDense, kPaged, kQuantized };
 
 // Paged K/V read in place through a CSR page table (FlashInfer's layout, "page table" in its
-// BatchPrefill/BatchDecode wrappers). Sequence b owns pages indices[indptr[b] .. indptr[b+1]) in
-// order; its length is (n_pages - 1) * page_size + last_page_len[b] (0 when it has no page).
+// BatchPrefill/BatchDecode wrappers). A page is one layer's storage of one cache block, so it
+// holds block_tokens slots (FlashInfer's page_size). Sequence b owns pages
+// indices[indptr[b] .. indptr[b+1]) in order; its length is
+// (n_pages - 1) * block_tokens + last_page_len[b] (0 when it has no page).
 // Non-owning: the pool and the table arrays belong to the cache layer that produced the span.
 struct PagedKV {
-  TensorView k_pages;     // [num_pages, H_kv, page_size, D_k] f32/f16/bf16, unit innermost stride
-  TensorView v_pages;     // [num_pages, H_kv, page_size, D_v] same dtype as k_pages
-  int64_t batch = 0;      // B, number of sequences
-  int64_t page_size = 0;  // slots per page (= k_pages.dim(2))
+  // [num_pages, H_kv, block_tokens, D_k] f32/f16/bf16, unit innermost stride
+  TensorView k_pages;
+  TensorView v_pages;         // [num_pages, H_kv, block_tokens, D_v] same dtype as k_pages
+  int64_t batch = 0;          // B, number of sequences
+  int64_t block_tokens = 0;   // slots per page (= k_pages.dim(2))
   const int32_t* indptr = nullptr;         // [B + 1], indptr[0] = 0, non-decreasing
   const int32_t* indices = nullptr;        // [indptr[B]] page ids in [0, num_pages)
-  const int32_t* last_page_len = nullptr;  // [B] in [1, page_size]; 0 for a page-less sequence
+  const int32_t* last_page_len = nullptr;  // [B] in [1, block_tokens]; 0: a page-less sequence
   int64_t seq_len(int64_t b) const {
     const int64_t n = indptr[b + 1] - indptr[b];
-    return n == 0 ? 0 : (n - 1) * page_size + last_page_len[b];
+    return n == 0 ? 0 : (n - 1) * block_tokens + last_page_len[b];
   }
 };
 

@@ -776,7 +776,7 @@ class FusedTiles {
   const std::byte* kbase_ = nullptr;
   const std::byte* vbase_ = nullptr;
   const int32_t* table_ = nullptr;
-  int64_t ps_ = 0;  // page size
+  int64_t ps_ = 0;  // tokens per page (PagedKV::block_tokens)
   int64_t j_end_;   // end of the partition's keys
   bool transposed_, widen_v_;
   int64_t chunk_;  // keys per pipelined chunk
@@ -802,7 +802,7 @@ FusedTiles<Ops>::FusedTiles(const Params& kp, TaskRows& rows, Arena& arena)
   const int64_t b = rows.t.b;
   if (kp.paged) {
     table_ = kp.paged->indices + kp.paged->indptr[b];
-    ps_ = kp.paged->page_size;
+    ps_ = kp.paged->block_tokens;
   } else {
     kbase_ = static_cast<const std::byte*>(kp.k.ptr(b, hk_));
     vbase_ = static_cast<const std::byte*>(kp.v.ptr(b, hk_));

@@ -30,8 +30,8 @@ void read_kv_rows(const KVSpan& span, KVPart part, int64_t b, int64_t h, int64_t
       const PagedKV& pk = span.paged;
       const TensorView& pages = part == KVPart::kK ? pk.k_pages : pk.v_pages;
       for (int64_t j = 0; j < n; ++j) {
-        const int64_t page = pk.indices[pk.indptr[b] + j / pk.page_size];
-        convert_n(pages.ptr(page, h, j % pk.page_size), pages.dtype(), dst + j * ld_dst, DType::kF32,
+        const int64_t bt = pk.block_tokens, page = pk.indices[pk.indptr[b] + j / bt];
+        convert_n(pages.ptr(page, h, j % bt), pages.dtype(), dst + j * ld_dst, DType::kF32,
                   static_cast<size_t>(pages.dim(3)));
       }
       return;

@@ -32,17 +32,17 @@ bool inner_unit(const TensorView& t) {
 void validate_paged_attention_args(const PagedAttentionArgs& a, const AttentionOptions& o) {
   const PagedKV& kv = a.kv;
   if (kv.k_pages.ndim() != 4 || kv.v_pages.ndim() != 4)
-    bad("k_pages/v_pages must be 4-D [num_pages, H_kv, page_size, D]");
+    bad("k_pages/v_pages must be 4-D [num_pages, H_kv, block_tokens, D]");
   if (kv.k_pages.dtype() != kv.v_pages.dtype()) bad("k_pages and v_pages must have the same dtype");
   const DType dt = kv.k_pages.dtype();
   if (dt != DType::kF32 && dt != DType::kF16 && dt != DType::kBF16)
     bad("pages must be f32, f16 or bf16", ErrorKind::kUnsupported);
   const int64_t P = kv.k_pages.dim(0), Hkv = kv.k_pages.dim(1);
   if (kv.v_pages.dim(0) != P || kv.v_pages.dim(1) != Hkv || kv.v_pages.dim(2) != kv.k_pages.dim(2))
-    bad("v_pages must match k_pages in num_pages, H_kv and page_size");
-  if (kv.page_size <= 0 || kv.k_pages.dim(2) != kv.page_size)
-    bad("page_size " + std::to_string(kv.page_size) + " must be > 0 and equal k_pages.dim(2) (" +
-        std::to_string(kv.k_pages.dim(2)) + ")");
+    bad("v_pages must match k_pages in num_pages, H_kv and block_tokens");
+  if (kv.block_tokens <= 0 || kv.k_pages.dim(2) != kv.block_tokens)
+    bad("block_tokens " + std::to_string(kv.block_tokens) +
+        " must be > 0 and equal k_pages.dim(2) (" + std::to_string(kv.k_pages.dim(2)) + ")");
   if (!inner_unit(kv.k_pages) || !inner_unit(kv.v_pages) || !inner_unit(a.q) || !inner_unit(a.out))
     bad("q, out, k_pages and v_pages need a unit innermost stride");
   if (kv.batch < 0) bad("batch must be >= 0");
@@ -56,9 +56,9 @@ void validate_paged_attention_args(const PagedAttentionArgs& a, const AttentionO
     if (a.cu_seqlens_q[b + 1] < a.cu_seqlens_q[b])
       bad("cu_seqlens_q must be non-decreasing" + where);
     const int64_t n = kv.indptr[b + 1] - kv.indptr[b], last = kv.last_page_len[b];
-    if (n == 0 ? last != 0 : (last < 1 || last > kv.page_size))
-      bad("last_page_len " + std::to_string(last) + " must be in [1, page_size=" +
-          std::to_string(kv.page_size) + "] (0 for a sequence without pages)" + where);
+    if (n == 0 ? last != 0 : (last < 1 || last > kv.block_tokens))
+      bad("last_page_len " + std::to_string(last) + " must be in [1, block_tokens=" +
+          std::to_string(kv.block_tokens) + "] (0 for a sequence without pages)" + where);
     for (int64_t p = kv.indptr[b]; p < kv.indptr[b + 1]; ++p)
       if (kv.indices[p] < 0 || kv.indices[p] >= P)
         bad("page id " + std::to_string(kv.indices[p]) + " at indices[" + std::to_string(p) +
@@ -88,7 +88,7 @@ namespace {
 void paged_eager(const PagedAttentionArgs& a, const AttentionOptions& o) {
   const PagedKV& kv = a.kv;
   const int64_t B = kv.batch, Hq = a.q.dim(1), Dk = a.q.dim(2), Dv = a.out.dim(2);
-  const int64_t Hkv = kv.k_pages.dim(1), G = Hq / Hkv, ps = kv.page_size;
+  const int64_t Hkv = kv.k_pages.dim(1), G = Hq / Hkv, ps = kv.block_tokens;
   const float scale = o.scale > 0 ? o.scale : 1.0f / std::sqrt(static_cast<float>(Dk));
   const MaskSpec spec = attention_mask_spec(o);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();

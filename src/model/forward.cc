@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/error.h"
 
@@ -20,15 +21,9 @@ int64_t forward_widest_input(const ModelConfig& c) {
   return std::max({c.dim, c.n_heads * c.qk_head_dim(), c.n_heads * c.v_head_dim()});
 }
 
+// kv_dtype unset: the f32 of the projections, so the container holds them bit for bit.
 CacheConfig recompute_config(const ModelConfig& c) {
-  CacheConfig cc;
-  cc.implementation = "recompute";
-  cc.layer_types = c.layer_types;
-  cc.sliding_window = c.sliding_window;
-  cc.attention_chunk_size = c.attention_chunk_size;
-  cc.num_kv_shared_layers = static_cast<int>(c.num_kv_shared_layers);
-  if (c.mla.enabled()) cc.kv_content = CacheConfig::KVContent::kMlaLatent;
-  return cc;  // kv_dtype unset: the f32 of the projections, so it holds them bit for bit
+  return model_cache_config(c, CacheOptions{.implementation = "recompute"});
 }
 
 void softcap_inplace(float* a, int64_t n, float cap) {
@@ -37,6 +32,17 @@ void softcap_inplace(float* a, int64_t n, float cap) {
 }
 
 }  // namespace
+
+CacheConfig model_cache_config(const ModelConfig& model, CacheOptions options) {
+  CacheConfig cc;
+  cc.options = std::move(options);
+  cc.layer_types = model.layer_types;
+  cc.sliding_window = model.sliding_window;
+  cc.attention_chunk_size = model.attention_chunk_size;
+  cc.num_kv_shared_layers = static_cast<int>(model.num_kv_shared_layers);
+  if (model.mla.enabled()) cc.kv_content = CacheConfig::KVContent::kMlaLatent;
+  return cc;
+}
 
 const ScratchKind kForwardScratch{"forward", &forward_buffers, &forward_widest_input};
 

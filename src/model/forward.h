@@ -48,6 +48,11 @@ struct ForwardParams {
   bool batch_invariant = false;
 };
 
+// The config of a cache for `model`: its layer types, sliding window, chunk size, KV-shared
+// tail and what its attention stores (per-head K/V or MLA's latent), with the user's `options`.
+// The caches Forward runs on are built from it.
+CacheConfig model_cache_config(const ModelConfig& model, CacheOptions options);
+
 class Forward {
  public:
   // kernel: an attention kernel name ("eager", "fused", ...; Error listing them otherwise).

@@ -328,7 +328,7 @@ double plan_request_bytes(const PlanModel& model, const PlanOptions& o, int64_t 
 PlanResult compute_plan(const PlanModel& model, const PlanOptions& o) {
   if (o.context < 0 || o.batch < 1 || o.block_tokens < 1) {
     throw Error(ErrorKind::kInvalidArgument,
-                "plan needs --context >= 0, --batch >= 1 and --block >= 1");
+                "plan needs --context >= 0, --batch >= 1 and --block-tokens >= 1");
   }
   PlanResult r;
   std::map<std::string, size_t> index;

@@ -10,7 +10,7 @@
 namespace kvcache {
 
 PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptions& o) {
-  if (o.block_tokens < 1) throw Error(ErrorKind::kInvalidArgument, "--block-size must be >= 1");
+  if (o.block_tokens < 1) throw Error(ErrorKind::kInvalidArgument, "--block-tokens must be >= 1");
   if (o.max_tokens_per_step < 1)
     throw Error(ErrorKind::kInvalidArgument, "paged plan: max tokens per step must be >= 1");
   PagedMemoryPlan plan;
@@ -44,7 +44,7 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
   // 100,000-token block for a 2,048-token context allocated 49x the cache it serves. (A
   // capacity that is not a whole number of blocks rounds up to one: a block's worth at most.)
   if (model.max_seq_len > 0 && o.block_tokens > model.max_seq_len)
-    throw Error(ErrorKind::kInvalidArgument, "--block-size " + std::to_string(o.block_tokens) +
+    throw Error(ErrorKind::kInvalidArgument, "--block-tokens " + std::to_string(o.block_tokens) +
                                                  " is larger than the model's context of " +
                                                  std::to_string(model.max_seq_len) +
                                                  " tokens: no sequence could fill a block; use at most " +

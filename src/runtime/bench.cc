@@ -79,7 +79,7 @@ std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& conf
                                                      std::to_string(ctx));
       }
       SessionConfig sc = config;
-      if (sc.max_cache_len <= 0 || sc.max_cache_len < need) sc.max_cache_len = need;
+      if (sc.cache.max_cache_len < need) sc.cache.max_cache_len = need;
       Session s(model, sc);
       // Room for the whole test up front, as llama-bench's n_ctx-sized cache has: otherwise a
       // growing container (dynamic, quantized) doubles inside the first timed run at a depth,
@@ -88,11 +88,13 @@ std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& conf
       BenchResult r;
       // "quantized-q4" (KIVI) / "quantized-q8_0" (per-token): the format is what distinguishes
       // quantized runs in a table.
-      r.cache = sc.cache != "quantized"                  ? sc.cache
-                : sc.kv_quant == KVQuantScheme::kKivi ? "quantized-q" + std::to_string(sc.kv_bits)
-                                                      : std::string("quantized-") + kv_quant_scheme_name(sc.kv_quant);
+      const CacheOptions& co = sc.cache;
+      r.cache = co.implementation != "quantized" ? co.implementation
+                : co.quantized.scheme == KVQuantScheme::kKivi
+                    ? "quantized-q" + std::to_string(co.quantized.bits)
+                    : std::string("quantized-") + kv_quant_scheme_name(co.quantized.scheme);
       r.kernel = sc.kernel;
-      r.kv_dtype = dtype_name(sc.kv_dtype.value_or(DType::kF32));
+      r.kv_dtype = dtype_name(co.kv_dtype.value_or(DType::kF32));
       r.n_prompt = t.pp;
       r.n_gen = t.tg;
       r.n_depth = depth;
@@ -126,8 +128,9 @@ std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& conf
 
 PrefixReuseResult run_prefix_reuse_bench(const Model& model, const SessionConfig& config,
                                          const PrefixReuseParams& params) {
-  if (config.cache != "paged")
-    throw Error(ErrorKind::kInvalidArgument, "bench --prefix-reuse needs --cache paged (got '" + config.cache + "')");
+  if (config.cache.implementation != "paged")
+    throw Error(ErrorKind::kInvalidArgument, "bench --prefix-reuse needs --cache paged (got '" +
+                                                 config.cache.implementation + "')");
   if (params.repetitions <= 0) throw Error(ErrorKind::kInvalidArgument, "bench: -r must be positive");
   if (params.n_prompt < 2 || params.n_prompt > model.config().max_seq_len)
     throw Error(ErrorKind::kInvalidArgument, "bench --prefix-reuse: prompt length " + std::to_string(params.n_prompt) +
@@ -139,15 +142,15 @@ PrefixReuseResult run_prefix_reuse_bench(const Model& model, const SessionConfig
   SessionConfig sc = config;
   // Room for the primed prompt (cached), a whole cold prompt and the cached request's suffix,
   // so no request evicts the prefix the cached one is measured on.
-  if (sc.max_cache_len < 3 * n) sc.max_cache_len = 3 * n;
+  if (sc.cache.max_cache_len < 3 * n) sc.cache.max_cache_len = 3 * n;
   Session s(model, sc);
   PrefixReuseResult r;
-  r.cache = sc.cache;
+  r.cache = sc.cache.implementation;
   r.kernel = sc.kernel;
-  r.kv_dtype = dtype_name(sc.kv_dtype.value_or(DType::kF32));
+  r.kv_dtype = dtype_name(sc.cache.kv_dtype.value_or(DType::kF32));
   r.n_prompt = n;
   r.n_shared = shared;
-  r.block_size = sc.block_size;
+  r.block_tokens = sc.cache.paged.block_tokens;
   r.n_threads = default_pool().n_threads();
   uint64_t rng = params.seed;
   using Clock = std::chrono::steady_clock;

@@ -49,7 +49,7 @@ struct PrefixReuseResult {
   int64_t n_prompt = 0;
   int64_t n_shared = 0;   // tokens the two prompts have in common
   int64_t n_cached = 0;   // tokens actually reused (last token excluded)
-  int64_t block_size = 0;
+  int64_t block_tokens = 0;
   int n_threads = 0;
   std::vector<double> cold_ms, cached_ms;
   double ttft_cold_ms = 0, ttft_cached_ms = 0;  // averages
@@ -68,7 +68,8 @@ struct PrefixReuseResult {
   size_t kv_bytes = 0;
 };
 
-// Throws Error unless config.cache is "paged" and the prompt fits the model's context.
+// Throws Error unless config.cache.implementation is "paged" and the prompt fits the model's
+// context.
 PrefixReuseResult run_prefix_reuse_bench(const Model& model, const SessionConfig& config,
                                          const PrefixReuseParams& params);
 

@@ -44,11 +44,11 @@ std::vector<ContainerRow> container_report(const Model& model, const ContainerRe
     if (LayerRegistry::contains("dynamic", "sliding_attention")) variants.push_back("dynamic+window");
     for (const std::string& name : variants) {
       SessionConfig sc;
-      sc.cache = name == "dynamic+window" ? "dynamic" : name;
+      sc.cache.implementation = name == "dynamic+window" ? "dynamic" : name;
       sc.sliding_window_override = name == "dynamic+window" ? total : 0;
-      sc.kv_dtype = dt;
+      sc.cache.kv_dtype = dt;
       sc.kernel = p.kernel;
-      sc.max_cache_len = total;
+      sc.cache.max_cache_len = total;
       Session s(model, sc);
       std::vector<int32_t> seq = prompt;
       std::vector<float> step_logits;  // [new_tokens, vocab]: logits that chose each new token

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <utility>
 
 #include "core/error.h"
 #include "core/fault.h"
@@ -16,6 +17,9 @@ namespace kvcache {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Tokens the pool holds when neither a budget nor cache.max_cache_len sizes it.
+constexpr int64_t kDefaultPoolTokens = 16384;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -102,8 +106,16 @@ bool Engine::Seq::scores_prompt() const { return index == 0 && req->params.promp
 Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config)
     : model_(model), tokenizer_(tokenizer), config_(config) {
   const ModelConfig& mc = model.config();
-  if (config_.max_running < 1 || config_.max_tokens_per_step < 1 || config_.block_tokens < 1)
-    throw Error(ErrorKind::kInvalidArgument, "engine: max_running, max_tokens_per_step and block_tokens must be >= 1");
+  const CacheOptions& co = config_.cache;
+  if (config_.max_running < 1 || config_.max_tokens_per_step < 1 || co.paged.block_tokens < 1)
+    throw Error(ErrorKind::kInvalidArgument,
+                "engine: max_running, max_tokens_per_step and cache.paged.block_tokens must be "
+                ">= 1");
+  if (co.implementation != "paged" || co.paged.store || co.max_batch_size != 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "engine: it serves from a paged store it builds itself, batching max_running "
+                "sequences: cache.implementation must be \"paged\", cache.paged.store unset and "
+                "cache.max_batch_size 0");
   if (!is_paged_attention_kernel(config_.kernel)) {
     std::string names;
     for (const std::string& k : paged_attention_kernel_names()) names += (names.empty() ? "" : ", ") + k;
@@ -112,14 +124,14 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   }
   PagedPlanOptions po;
   po.budget_bytes = config_.kv_budget_bytes;
-  po.block_tokens = config_.block_tokens;
-  po.kv_dtype = config_.kv_dtype;
+  po.block_tokens = co.paged.block_tokens;
+  po.kv_dtype = co.kv_dtype.value_or(DType::kF32);
   po.max_tokens_per_step = config_.max_tokens_per_step;
-  po.max_cached_tokens = config_.max_cached_tokens;
+  po.max_cached_tokens = co.max_cache_len > 0 ? co.max_cache_len : kDefaultPoolTokens;
   PagedMemoryPlan plan = plan_paged_memory(mc, po);
   if (config_.num_blocks > 0) {
     for (int32_t& b : plan.store.group_blocks) b = config_.num_blocks;
-    plan.max_cached_tokens = static_cast<int64_t>(config_.num_blocks) * config_.block_tokens;
+    plan.max_cached_tokens = static_cast<int64_t>(config_.num_blocks) * co.paged.block_tokens;
   }
   config_.max_tokens_per_step = plan.max_tokens_per_step;
   max_context_ = std::min<int64_t>(mc.max_seq_len, plan.max_cached_tokens);
@@ -129,17 +141,12 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
       full_group_ = g;
       break;
     }
-  CacheConfig cc;
-  cc.implementation = "paged";
-  cc.layer_types = mc.layer_types;
-  cc.sliding_window = mc.sliding_window;
-  cc.num_kv_shared_layers = static_cast<int>(mc.num_kv_shared_layers);  // as the store was planned
-  if (mc.mla.enabled()) cc.kv_content = CacheConfig::KVContent::kMlaLatent;
-  cc.max_cache_len = max_context_;
-  cc.kv_dtype = config_.kv_dtype;
-  cc.paged_store = store_;
-  cc.block_size = config_.block_tokens;
-  cache_ = std::make_unique<Cache>(cc);
+  // The layers see the store; a sequence's capacity is what the pool can give one request.
+  CacheOptions layers = co;
+  layers.max_cache_len = max_context_;
+  layers.kv_dtype = po.kv_dtype;
+  layers.paged.store = store_;
+  cache_ = std::make_unique<Cache>(model_cache_config(mc, std::move(layers)));
   forward_ = std::make_unique<Forward>(
       model, config_.kernel, std::max<int64_t>(config_.max_tokens_per_step, config_.max_running));
   update_metrics();
@@ -503,7 +510,7 @@ void Engine::leave_queue(Request& r) {
 void Engine::admit_batched(int64_t& budget) {
   step_seqs_.clear();
   int64_t n = 0;
-  const auto bt = static_cast<size_t>(config_.block_tokens);
+  const auto bt = static_cast<size_t>(config_.cache.paged.block_tokens);
   auto shares_first_block = [&](const Seq& s) {
     if (s.tokens.size() < bt) return false;
     for (const Seq* o : step_seqs_)

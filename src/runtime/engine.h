@@ -39,10 +39,12 @@ namespace kvcache {
 
 struct EngineConfig {
   std::string kernel = "fused";      // attention kernel for paged spans (eager, fused)
-  int64_t block_tokens = 16;
-  DType kv_dtype = DType::kF32;
+  // The paged cache every request shares. The engine reads paged.block_tokens, kv_dtype
+  // (unset: f32) and max_cache_len: without a budget, the tokens the pool holds (0: 16384).
+  // It builds the store itself and batches max_running sequences: implementation stays
+  // "paged", paged.store unset and max_batch_size 0 (Error otherwise).
+  CacheOptions cache{.implementation = "paged"};
   uint64_t kv_budget_bytes = 0;      // > 0: the planner splits it (blocks + activations)
-  int64_t max_cached_tokens = 16384; // without a budget: tokens the pool holds
   int32_t num_blocks = 0;            // > 0: override the block count (tests forcing preemption)
   int64_t max_tokens_per_step = 256; // token budget of one step (decodes + prefill chunks)
   int32_t max_running = 64;          // sequences resident at once

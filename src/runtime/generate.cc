@@ -57,9 +57,9 @@ GenerateStats generate(Session& session, std::span<const int32_t> prompt, const 
   if (params.verify) {
     oracle = std::make_unique<Forward>(session.model(), session.config().kernel,
                                             static_cast<int64_t>(seq.capacity()));
-    st.verify_tolerance = params.verify_tolerance > 0
-                              ? params.verify_tolerance
-                              : verify_tolerance_for(session.config().kv_dtype.value_or(DType::kF32));
+    const DType kv_dtype = session.config().cache.kv_dtype.value_or(DType::kF32);
+    st.verify_tolerance =
+        params.verify_tolerance > 0 ? params.verify_tolerance : verify_tolerance_for(kv_dtype);
   }
   double verify_seconds = 0.0;  // kept out of the decode speed
   auto check = [&](std::span<const float> logits) {

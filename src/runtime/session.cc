@@ -11,45 +11,45 @@ namespace {
 
 PagedPlanOptions paged_plan_options(const CacheConfig& cc, const SessionConfig& config) {
   PagedPlanOptions po;
-  po.block_tokens = config.block_size;
-  po.kv_dtype = cc.kv_dtype.value_or(DType::kF32);
+  po.block_tokens = cc.options.paged.block_tokens;
+  po.kv_dtype = cc.options.kv_dtype.value_or(DType::kF32);
   po.budget_bytes = config.kv_budget_bytes;
   po.max_tokens_per_step = std::max<int64_t>(1, config.prefill_chunk);
-  po.max_cached_tokens = cc.max_cache_len;
+  po.max_cached_tokens = cc.options.max_cache_len;
   po.layer_types = cc.layer_types;
   po.sliding_window = cc.sliding_window;
   return po;
 }
 
 CacheConfig base_cache_config(const ModelConfig& model, const SessionConfig& config) {
-  CacheConfig cc;
-  cc.implementation = config.cache;
-  cc.layer_types = model.layer_types;
-  cc.sliding_window = model.sliding_window;
-  cc.attention_chunk_size = model.attention_chunk_size;
-  cc.num_kv_shared_layers = static_cast<int>(model.num_kv_shared_layers);
-  if (model.mla.enabled()) cc.kv_content = CacheConfig::KVContent::kMlaLatent;
+  if (config.cache.max_batch_size > 1)
+    throw Error(ErrorKind::kInvalidArgument,
+                "session: cache.max_batch_size " + std::to_string(config.cache.max_batch_size) +
+                    ": a session holds one sequence (leave it 0 or 1)");
+  if (config.cache.paged.store)
+    throw Error(ErrorKind::kInvalidArgument,
+                "session: cache.paged.store is built by the session from its memory plan; leave "
+                "it unset");
+  CacheConfig cc = model_cache_config(model, config.cache);
   if (config.sliding_window_override > 0) {
     cc.layer_types.assign(static_cast<size_t>(model.n_layers), "sliding_attention");
     cc.sliding_window = config.sliding_window_override;
   }
-  cc.max_cache_len = config.max_cache_len > 0 ? config.max_cache_len : model.max_seq_len;
-  cc.max_batch_size = 1;
-  cc.kv_dtype = config.kv_dtype.value_or(DType::kF32);
-  cc.kv_bits = config.kv_bits;
-  cc.kv_quant = config.kv_quant;
-  cc.kv_group = config.kv_group;
-  cc.kv_residual = config.kv_residual;
-  cc.block_size = config.block_size;
+  CacheOptions& o = cc.options;
+  if (o.max_cache_len <= 0) o.max_cache_len = model.max_seq_len;
+  o.max_batch_size = 1;
+  o.kv_dtype = o.kv_dtype.value_or(DType::kF32);
   return cc;
 }
 
 // With a paged budget, the planner may shrink the step: prefill chunks follow it, so that the
 // activations stay within what was planned.
 SessionConfig effective_config(const ModelConfig& model, SessionConfig config) {
-  if (config.cache == "paged" && config.kv_budget_bytes > 0 && config.prefill_chunk > 0) {
+  if (config.cache.implementation == "paged" && config.kv_budget_bytes > 0 &&
+      config.prefill_chunk > 0) {
     const CacheConfig cc = base_cache_config(model, config);
-    config.prefill_chunk = plan_paged_memory(model, paged_plan_options(cc, config)).max_tokens_per_step;
+    config.prefill_chunk =
+        plan_paged_memory(model, paged_plan_options(cc, config)).max_tokens_per_step;
   }
   return config;
 }
@@ -58,8 +58,9 @@ SessionConfig effective_config(const ModelConfig& model, SessionConfig config) {
 
 CacheConfig make_cache_config(const ModelConfig& model, const SessionConfig& config) {
   CacheConfig cc = base_cache_config(model, config);
-  if (config.cache == "paged") {
-    cc.paged_store = std::make_shared<PagedKVStore>(plan_paged_memory(model, paged_plan_options(cc, config)).store);
+  if (config.cache.implementation == "paged") {
+    const PagedMemoryPlan plan = plan_paged_memory(model, paged_plan_options(cc, config));
+    cc.options.paged.store = std::make_shared<PagedKVStore>(plan.store);
   }
   return cc;
 }
@@ -72,7 +73,7 @@ Session::Session(const Model& model, const SessionConfig& config)
     throw Error(ErrorKind::kInvalidArgument, "prefill chunk must be positive");
   }
   CacheConfig cc = make_cache_config(model.config(), config_);
-  paged_ = cc.paged_store;
+  paged_ = cc.options.paged.store;
   cache_ = std::make_unique<Cache>(cc);
 }
 

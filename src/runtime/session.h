@@ -18,22 +18,19 @@
 namespace kvcache {
 
 struct SessionConfig {
-  std::string cache = "dynamic";  // "dynamic", "static", ... (whatever the registry offers)
-  int64_t max_cache_len = 0;      // static containers; 0: the model's context length
-  std::optional<DType> kv_dtype;  // unset: f32 (the activations' dtype)
+  // The cache over the model's layers (cache.implementation: "dynamic", "static", "paged",
+  // ...). A session holds one sequence and resolves what the options leave open from the model:
+  // max_cache_len 0 is the model's context, an unset kv_dtype is f32 (the activations' dtype),
+  // max_batch_size is 1 (0 or 1 accepted). "paged": the session builds the store from the
+  // memory plan (paged.store must stay unset).
+  CacheOptions cache;
   std::string kernel = "fused";   // attention kernel name
-  // cache "quantized" (KIVI): code bits, key group in tokens, full-precision residual tokens.
-  int kv_bits = 4;
-  KVQuantScheme kv_quant = KVQuantScheme::kKivi;  // or llama.cpp's per-token q8_0 / q4_0
-  int64_t kv_group = 64;
-  int64_t kv_residual = 128;
   int64_t prefill_chunk = 512;    // tokens per forward during prefill
   // > 0: force every layer to "sliding_attention" with this window (tests/demos showing that
   // a window covering the whole sequence changes nothing).
   int64_t sliding_window_override = 0;
-  // "paged": tokens per block, and the byte budget the memory planner splits between the
-  // block pool and the forward's activations (0: blocks for max_cache_len tokens).
-  int64_t block_size = 16;
+  // "paged": the byte budget the memory planner splits between the block pool and the
+  // forward's activations (0: blocks for cache.max_cache_len tokens).
   uint64_t kv_budget_bytes = 0;
 };
 

@@ -62,7 +62,7 @@ void run_prefix_reuse_cmd(BenchOptions& o, const Model& model) {
                               {"cache", r.cache},
                               {"attention_kernel", r.kernel},
                               {"type_kv", r.kv_dtype},
-                              {"block_size", r.block_size},
+                              {"block_tokens", r.block_tokens},
                               {"n_threads", r.n_threads},
                               {"n_prompt", r.n_prompt},
                               {"n_shared", r.n_shared},
@@ -90,7 +90,7 @@ void run_prefix_reuse_cmd(BenchOptions& o, const Model& model) {
         "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     std::printf("| %s | %s | %s | %s | %lld | %lld | %lld | %.2f | %.2f | %.2fx | %.2fx | %.3g |\n",
                 o.model.model.c_str(), r.cache.c_str(), r.kernel.c_str(), r.kv_dtype.c_str(),
-                static_cast<long long>(r.block_size), static_cast<long long>(r.n_prompt),
+                static_cast<long long>(r.block_tokens), static_cast<long long>(r.n_prompt),
                 static_cast<long long>(r.n_cached), r.ttft_cold_ms, r.ttft_cached_ms, r.speedup,
                 r.speedup_paired, r.max_abs_logit_diff);
   }

@@ -142,18 +142,18 @@ void run_generate(const GenerateOptions& o) {
                "cache: %s (%s, kv %s) | KV bytes: %zu\n",
                model.config().summary().c_str(), static_cast<long long>(st.prompt_tokens),
                static_cast<long long>(st.new_tokens), st.stopped ? " (stopped at end token)" : "",
-               st.prefill_tps(), st.decode_tps(), sc.cache.c_str(), sc.kernel.c_str(),
-               dtype_name(sc.kv_dtype.value_or(DType::kF32)), st.kv_bytes);
+               st.prefill_tps(), st.decode_tps(), sc.cache.implementation.c_str(),
+               sc.kernel.c_str(), dtype_name(sc.cache.kv_dtype.value_or(DType::kF32)), st.kv_bytes);
   if (o.verify) {
     std::fprintf(stderr, "verify: max relative logit difference vs no-cache recompute: %.3g (tolerance %.3g)%s\n",
                  st.verify_max_rel_diff, st.verify_tolerance, st.verify_failures ? " FAILED" : " ok");
     if (st.verify_failures > 0) {
-      if (sc.cache == "quantized" && o.verify_tol <= 0)
+      if (sc.cache.implementation == "quantized" && o.verify_tol <= 0)
         std::fprintf(stderr,
                      "verify: the quantized cache is lossy by design; the tolerance above is the %s KV dtype's. "
                      "The difference measures quantization error (a defect shows as far larger); set the error "
                      "you accept with --verify-tol\n",
-                     dtype_name(sc.kv_dtype.value_or(DType::kF32)));
+                     dtype_name(sc.cache.kv_dtype.value_or(DType::kF32)));
       std::fflush(stderr);
       std::exit(3);
     }

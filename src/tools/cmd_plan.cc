@@ -23,7 +23,7 @@ struct PlanArgs {
   int64_t batch = 1;
   std::string kv_dtype = "f16";
   int64_t kv_group = 64;
-  int64_t block = 1;
+  int64_t block_tokens = 1;
   std::string budget;
   std::string weight_dtype = "bf16";
   std::string output = "table";
@@ -64,7 +64,7 @@ void run_plan(const CLI::App& cmd, const PlanArgs& a) {
   o.context = a.context;
   o.batch = a.batch;
   o.format = parse_kv_format(a.kv_dtype, a.kv_group);
-  o.block_tokens = a.block;
+  o.block_tokens = a.block_tokens;
   if (a.weight_dtype == "f32") {
     o.weight_bytes_per_param = 4;
   } else if (a.weight_dtype == "f16" || a.weight_dtype == "bf16") {
@@ -110,7 +110,8 @@ void register_plan(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--kv-group", args->kv_group, "elements per scale group for q8/q4/q2")
       ->capture_default_str();
-  cmd->add_option("--block", args->block, "paged block size in tokens (rounds kept tokens up)")
+  cmd->add_option("--block-tokens", args->block_tokens,
+                  "tokens per paged block (rounds kept tokens up)")
       ->capture_default_str();
   cmd->add_option("--budget", args->budget,
                   "memory budget, e.g. 24GiB: how many requests fit, "
@@ -122,6 +123,7 @@ void register_plan(CLI::App& app) {
   cmd->add_flag_callback(
       "--json", [args] { args->output = "json"; }, "same as -o json");
   cmd->add_option("--svg", args->svg, "write a log-log plot of KV bytes against context here");
+  add_renamed_options(cmd);
   cmd->callback([args, cmd] { run_plan(*cmd, *args); });
 }
 

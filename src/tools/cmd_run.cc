@@ -102,8 +102,8 @@ CacheConfig base_config(const RunOptions& o) {
   CacheConfig c;
   c.sliding_window = o.window;
   c.attention_chunk_size = o.chunk;
-  c.max_cache_len = o.prefill + o.decode;
-  c.kv_dtype = parse_dtype(o.dtype);
+  c.options.max_cache_len = o.prefill + o.decode;
+  c.options.kv_dtype = parse_dtype(o.dtype);
   return c;
 }
 
@@ -115,7 +115,7 @@ void run_demo(const RunOptions& o) {
   const int64_t total = o.prefill + o.decode;
   const Stream stream = make_stream(o);
   const CacheConfig config = base_config(o);
-  const size_t token_bytes = dtype_bytes(*config.kv_dtype, 2 * o.kv_heads * o.head_dim);
+  const size_t token_bytes = dtype_bytes(*config.options.kv_dtype, 2 * o.kv_heads * o.head_dim);
 
   fmt::print("kvcache run: each registered container alone, fed random K/V (no model)\n");
   fmt::print(
@@ -125,7 +125,7 @@ void run_demo(const RunOptions& o) {
   fmt::print(
       "  stream: prefill {} tokens, then decode {} one at a time ({} tokens); "
       "sliding window W={}, chunk C={}, static max_cache_len={}\n\n",
-      o.prefill, o.decode, total, o.window, o.chunk, config.max_cache_len);
+      o.prefill, o.decode, total, o.window, o.chunk, config.options.max_cache_len);
 
   // Reference: the plain dynamic cache keeps everything.
   auto reference = LayerRegistry::create("dynamic", "full_attention", config, 0);
@@ -211,7 +211,7 @@ void run_demo(const RunOptions& o) {
              "vs. 8 dynamic full layers");
   const size_t all_full = 8 * token_bytes * static_cast<size_t>(o.batch * total);
   for (const char* impl : {"dynamic", "static"}) {
-    model.implementation = impl;
+    model.options.implementation = impl;
     Cache cache(model);
     int owning = 0;
     for (int l = 0; l < cache.num_layers(); ++l) owning += cache.is_shared(l) ? 0 : 1;

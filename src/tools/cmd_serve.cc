@@ -153,7 +153,8 @@ void run_serve(const ServeOptions& o) {
   server.bind();
   std::fprintf(stderr, "kvcache serve: model %s, %s KV blocks of %lld tokens, context %lld, chat template %s (from %s)%s\n",
                sm.name.c_str(), std::to_string(engine.metrics().blocks_total).c_str(),
-               static_cast<long long>(ec.block_tokens), static_cast<long long>(engine.max_context()),
+               static_cast<long long>(ec.cache.paged.block_tokens),
+               static_cast<long long>(engine.max_context()),
                chat_template_name(sm.chat_template), template_source.c_str(), lm.tokenizer ? "" : " (no tokenizer: token-id prompts only)");
   std::fprintf(stderr, "listening on http://%s:%d\n", o.host.c_str(), server.port());
   std::fflush(stderr);

@@ -35,13 +35,11 @@ void check_engine_options(const EngineOptions& o, const LoadedModel* loaded) {
 EngineConfig engine_config(const EngineOptions& o, const Model& model) {
   ModelOptions mo = o.model;
   mo.cache = "paged";
-  const SessionConfig sc = session_config(mo, model);  // -t, dtype, block size, budget checks
+  const SessionConfig sc = session_config(mo, model);  // -t, dtype, block tokens, budget checks
   EngineConfig c;
   c.kernel = sc.kernel;
-  c.block_tokens = sc.block_size;
-  c.kv_dtype = sc.kv_dtype.value_or(DType::kF16);
+  c.cache = sc.cache;  // "paged"; max_cache_len 0: the engine's default pool
   c.kv_budget_bytes = sc.kv_budget_bytes;
-  c.max_cached_tokens = o.model.max_cache_len > 0 ? o.model.max_cache_len : 16384;
   if (o.model.chunk < 1) throw Error(ErrorKind::kInvalidArgument, "--chunk must be >= 1");
   c.max_tokens_per_step = o.model.chunk;
   if (o.max_running < 1) throw Error(ErrorKind::kInvalidArgument, "--max-running must be >= 1");

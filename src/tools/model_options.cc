@@ -11,6 +11,7 @@
 #include "core/thread_pool.h"
 #include "kernels/kv_quant.h"
 #include "model/kv_plan.h"
+#include "tools/option_rules.h"
 
 namespace kvcache::tools {
 
@@ -34,7 +35,7 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--progress", o.progress,
                   "Model load progress on stderr for weights over 100 MB: auto (when stderr is a terminal), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
-  cmd->add_option("--block-size", o.block_size, "Paged cache: tokens per block (default 16)");
+  cmd->add_option("--block-tokens", o.block_tokens, "Paged cache: tokens per block (default 16)");
   cmd->add_option("--kv-budget", o.kv_budget,
                   "Paged cache: bytes for the block pool plus activations, e.g. 512MiB (default: blocks for --max-cache-len)");
   cmd->add_option("--kv-bits", o.kv_bits, "--cache quantized: bits per code, 2, 4 or 8 (KIVI; default 4)");
@@ -46,6 +47,7 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
       ->capture_default_str();
   cmd->add_option("--kv-residual", o.kv_residual, "--cache quantized: most recent tokens kept in full precision")
       ->capture_default_str();
+  add_renamed_options(cmd);
 }
 
 LoadOptions load_options(const ModelOptions& o, bool machine_output) {
@@ -81,12 +83,13 @@ SessionConfig session_config(const ModelOptions& o, const Model& model) {
   if (o.threads > 0) set_default_threads(o.threads);
   (void)default_pool();  // start the workers now: a thread limit is reported before any output
   SessionConfig sc;
-  sc.cache = o.cache;
-  sc.max_cache_len = o.max_cache_len;
+  CacheOptions& co = sc.cache;
+  co.implementation = o.cache;
+  co.max_cache_len = o.max_cache_len;
   sc.kernel = o.kernel;
   sc.prefill_chunk = o.chunk;
-  if (o.block_size < 1) throw Error(ErrorKind::kInvalidArgument, "--block-size must be >= 1");
-  sc.block_size = o.block_size;
+  if (o.block_tokens < 1) throw Error(ErrorKind::kInvalidArgument, "--block-tokens must be >= 1");
+  co.paged.block_tokens = o.block_tokens;
   if (o.max_cache_len < 0)
     throw Error(ErrorKind::kInvalidArgument, "--max-cache-len must be >= 0 (0 or absent: the model's context), got " +
                                                  std::to_string(o.max_cache_len));
@@ -110,26 +113,26 @@ SessionConfig session_config(const ModelOptions& o, const Model& model) {
   const std::optional<KVQuantScheme> scheme = parse_kv_quant_scheme(o.kv_quant);
   if (!scheme)
     throw Error(ErrorKind::kInvalidArgument, "--kv-quant must be kivi, q8_0 or q4_0, got '" + o.kv_quant + "'");
-  sc.kv_quant = *scheme;
+  co.quantized.scheme = *scheme;
   if (*scheme == KVQuantScheme::kKivi) {
-    sc.kv_bits = o.kv_bits != 0 ? o.kv_bits : 4;
+    co.quantized.bits = o.kv_bits != 0 ? o.kv_bits : 4;
   } else {
     const int fixed = *scheme == KVQuantScheme::kQ8_0 ? 8 : 4;
     if (o.kv_bits != 0 && o.kv_bits != fixed)
       throw Error(ErrorKind::kInvalidArgument, "--kv-quant " + o.kv_quant + " stores " + std::to_string(fixed) +
                                                    "-bit codes; --kv-bits " + std::to_string(o.kv_bits) +
                                                    " contradicts it (drop --kv-bits)");
-    sc.kv_bits = fixed;
+    co.quantized.bits = fixed;
   }
-  sc.kv_group = o.kv_group;
-  sc.kv_residual = o.kv_residual;
+  co.quantized.group = o.kv_group;
+  co.quantized.residual = o.kv_residual;
   if (!o.kv_dtype.empty()) {
-    sc.kv_dtype = parse_dtype(o.kv_dtype);
-    if (!dtype_is_float(*sc.kv_dtype)) {
+    co.kv_dtype = parse_dtype(o.kv_dtype);
+    if (!dtype_is_float(*co.kv_dtype)) {
       throw Error(ErrorKind::kUnsupported, "--kv-dtype " + o.kv_dtype + ": dense caches store f32, f16 or bf16");
     }
   } else {
-    sc.kv_dtype = model.embeddings().dtype() == DType::kF32 ? DType::kF32 : DType::kF16;
+    co.kv_dtype = model.embeddings().dtype() == DType::kF32 ? DType::kF32 : DType::kF16;
   }
   return sc;
 }

@@ -23,7 +23,7 @@ struct ModelOptions {
   int threads = 0;
   int64_t chunk = 512;
   std::string progress = "auto";  // model load progress on stderr: auto (when a terminal), on, off
-  int64_t block_size = 16;  // --cache paged: tokens per block
+  int64_t block_tokens = 16;  // --cache paged: tokens per block
   std::string kv_budget;    // --cache paged: bytes for pool + activations ("512MiB"); empty: none
   int kv_bits = 0;                 // --cache quantized, KIVI; 0: unset (4)
   std::string kv_quant = "kivi";   // --cache quantized: kivi, q8_0, q4_0
@@ -34,8 +34,9 @@ struct ModelOptions {
 };
 
 // Adds --model, --tokenizer, --cache, --max-cache-len, --kernel, --kv-dtype, -t, --chunk,
-// --progress, --block-size, --kv-budget, --kv-bits, --kv-quant, --kv-group, --kv-residual.
-// Which of them take effect in which run: option_rules.h.
+// --progress, --block-tokens, --kv-budget, --kv-bits, --kv-quant, --kv-group, --kv-residual,
+// and the old spellings of renamed ones. Which of them take effect in which run (the old
+// spellings: none): option_rules.h.
 void add_model_options(CLI::App* cmd, ModelOptions& o);
 // --tokenizer, plus for dummy:NAME models the SentencePiece vocabulary of ../shared/vocab
 // when it exists (so text prompts work on dummy models), plus the load progress printer

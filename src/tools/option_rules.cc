@@ -1,6 +1,7 @@
 #include "tools/option_rules.h"
 
 #include <algorithm>
+#include <iterator>
 #include <string_view>
 
 #include "cache/cache.h"
@@ -77,6 +78,28 @@ std::string situation(const Given& g) {
 
 std::string no_effect(const Given& g, const std::string& when, const std::string& honoured) {
   return g.command + ": " + g.option + " has no effect " + when + ": " + honoured;
+}
+
+// Renamed options: the old spelling stays registered only to be refused naming the new one.
+struct Renamed {
+  unsigned commands;
+  const char* old_name;
+  const char* new_name;
+};
+constexpr Renamed kRenamed[] = {
+    // One name for a block's token count in the code, the flags and the JSON.
+    {kModel, "--block-size", "--block-tokens"},
+    {kPlan, "--block", "--block-tokens"},
+};
+
+std::optional<std::string> renamed(const Given& g) {
+  const Renamed* r = std::find_if(std::begin(kRenamed), std::end(kRenamed), [&](const Renamed& x) {
+    return (x.commands & command_bit(g.command)) != 0 && g.option == x.old_name;
+  });
+  KV_CHECK(r != std::end(kRenamed), "option_rules: " + g.command + " " + g.option +
+                                        " is refused as renamed but has no kRenamed entry");
+  return g.command + ": " + g.option + " was renamed " + r->new_name + "; use " + r->new_name +
+         " " + g.value;
 }
 
 // The no-cache reference's container (cache/recompute_layer.h) keeps only one forward's tokens:
@@ -252,6 +275,9 @@ std::optional<std::string> plan_weight_dtype(const Given& g) {
 // The table. Order matters only for which of several refused options is named: values that no
 // cache can use first, then the rest in roughly the order of --help.
 const OptionRule kRules[] = {
+    // Old spellings (kRenamed), refused before anything else.
+    {kModel, "--block-size", renamed},
+    {kPlan, "--block", renamed},
     // Every subcommand that runs a model (add_model_options; serve and batch through
     // add_engine_options).
     {kModel, "--cache", cache_value},
@@ -264,7 +290,7 @@ const OptionRule kRules[] = {
     {kModel, "--threads", nullptr},
     {kModel, "--chunk", chunk},
     {kModel, "--progress", nullptr},
-    {kModel, "--block-size", needs_paged},
+    {kModel, "--block-tokens", needs_paged},
     {kModel, "--kv-budget", needs_paged},
     {kModel, "--kv-bits", needs_quantized},
     {kModel, "--kv-quant", needs_quantized},
@@ -333,7 +359,7 @@ const OptionRule kRules[] = {
     {kPlan, "--batch", plan_option},
     {kPlan, "--kv-dtype", plan_option},
     {kPlan, "--kv-group", plan_kv_group},
-    {kPlan, "--block", plan_option},
+    {kPlan, "--block-tokens", plan_option},
     {kPlan, "--budget", plan_option},
     {kPlan, "--weight-dtype", plan_weight_dtype},
     {kPlan, "--output", plan_option},
@@ -355,6 +381,12 @@ bool is_help(const CLI::App& cmd, const CLI::Option* option) {
 
 }  // namespace
 
+void add_renamed_options(CLI::App* cmd) {
+  const unsigned bit = command_bit(cmd->get_name());
+  for (const Renamed& r : kRenamed)
+    if ((r.commands & bit) != 0) cmd->add_option(r.old_name)->group("");
+}
+
 void check_options(const CLI::App& cmd, const RunShape& shape) {
   const std::string& command = cmd.get_name();
   const unsigned bit = command_bit(command);
@@ -370,6 +402,7 @@ void check_options(const CLI::App& cmd, const RunShape& shape) {
     std::string value;
     for (const std::string& v : option->results()) value += (value.empty() ? "" : ",") + v;
     std::string name = option->get_name(false, true);
+    if (name.empty()) name = r.option;  // CLI11 names no hidden option (renamed ones)
     std::replace(name.begin(), name.end(), ',', '/');
     if (const std::optional<std::string> why = r.refusal(Given{command, name, value, shape}))
       throw Error(ErrorKind::kInvalidArgument, *why);

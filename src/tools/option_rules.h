@@ -34,6 +34,11 @@ struct RunShape {
   std::optional<bool> embeds_vocab;         // convert: the tokenizer is a llama2.c vocabulary
 };
 
+// Registers on `cmd` the old spellings of its renamed options (hidden from --help), which
+// check_options then refuses naming the new spelling: a user's old command line fails saying
+// what to write instead, rather than as an unknown option.
+void add_renamed_options(CLI::App* cmd);
+
 // Throws Error(kInvalidArgument) for the first option given to `cmd` (in the table's order)
 // that has no effect in `shape`, or whose value no cache of the run can use (--cache nonsense,
 // --kernel flex on the paged cache). Options left at their defaults are never refused.

@@ -41,9 +41,9 @@ TEST(Cache, UnknownTypeNamesLayerTypeAndKnownNames) {
     EXPECT_NE(msg.find("dynamic/full_attention"), std::string::npos) << msg;
   }
   cfg.layer_types = {"full_attention"};
-  cfg.implementation = "nonsense";
+  cfg.options.implementation = "nonsense";
   EXPECT_THROW(Cache{cfg}, Error);
-  cfg.implementation = "dynamic";
+  cfg.options.implementation = "dynamic";
   cfg.layer_types = {};
   EXPECT_THROW(Cache{cfg}, Error);
 }

@@ -23,8 +23,8 @@ using testing_util::views_equal;
 constexpr int64_t B = 3, H = 5, DK = 7, DV = 9;
 
 std::unique_ptr<CacheLayer> make(const std::string& impl, CacheConfig cfg = {}) {
-  cfg.implementation = impl;
-  if (impl == "static" && cfg.max_cache_len == 0) cfg.max_cache_len = 61;
+  cfg.options.implementation = impl;
+  if (impl == "static" && cfg.options.max_cache_len == 0) cfg.options.max_cache_len = 61;
   return LayerRegistry::create(impl, "full_attention", cfg, 0);
 }
 
@@ -126,7 +126,7 @@ TEST_P(FullAttention, ResetKeepsMemoryAndIsReusable) {
 
 TEST_P(FullAttention, ReorderSelectRepeatMoveWholeRows) {
   CacheConfig cfg;
-  cfg.max_batch_size = 7;
+  cfg.options.max_batch_size = 7;
   auto layer = make(GetParam(), cfg);
   std::mt19937 rng(4);
   History hist(DType::kBF16);
@@ -172,7 +172,7 @@ TEST_P(FullAttention, ReorderSelectRepeatMoveWholeRows) {
 
 TEST_P(FullAttention, ConvertsInputToStorageDtype) {
   CacheConfig cfg;
-  cfg.kv_dtype = DType::kF16;
+  cfg.options.kv_dtype = DType::kF16;
   auto layer = make(GetParam(), cfg);
   std::mt19937 rng(5);
   Tensor k = random_tensor(DType::kF32, {B, H, 3, DK}, rng);
@@ -299,8 +299,8 @@ TEST(DynamicLayer, ReserveGrowsOnceAndKeepsTheContent) {
 
 TEST(StaticLayer, PointerNeverChangesAndBytesAreThePreallocation) {
   CacheConfig cfg;
-  cfg.max_cache_len = 37;
-  cfg.max_batch_size = 4;
+  cfg.options.max_cache_len = 37;
+  cfg.options.max_batch_size = 4;
   auto layer = make("static", cfg);
   EXPECT_EQ(layer->max_length(), 37);
   EXPECT_EQ(layer->bytes(), 0u);  // lazy: nothing before the first update
@@ -347,7 +347,7 @@ TEST(StaticLayer, PointerNeverChangesAndBytesAreThePreallocation) {
 
 TEST(StaticLayer, OverflowIsAClearErrorAndLeavesTheCacheIntact) {
   CacheConfig cfg;
-  cfg.max_cache_len = 13;
+  cfg.options.max_cache_len = 13;
   auto layer = make("static", cfg);
   std::mt19937 rng(9);
   Tensor k = random_tensor(DType::kF16, {B, H, 11, DK}, rng);
@@ -376,10 +376,10 @@ TEST(StaticLayer, OverflowIsAClearErrorAndLeavesTheCacheIntact) {
 
 TEST(StaticLayer, NeedsMaxCacheLen) {
   CacheConfig cfg;
-  cfg.implementation = "static";
+  cfg.options.implementation = "static";
   EXPECT_THROW(LayerRegistry::create("static", "full_attention", cfg, 4), Error);
-  cfg.max_batch_size = 2;
-  cfg.max_cache_len = 8;
+  cfg.options.max_batch_size = 2;
+  cfg.options.max_cache_len = 8;
   auto layer = LayerRegistry::create("static", "full_attention", cfg, 4);
   std::mt19937 rng(10);
   Tensor k = random_tensor(DType::kF16, {3, 1, 1, 2}, rng);

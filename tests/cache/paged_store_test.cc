@@ -25,9 +25,9 @@ std::vector<float> gather(const PagedKV& kv, int64_t b, bool values) {
   const int64_t H = pages.dim(1), D = pages.dim(3), S = kv.seq_len(b);
   std::vector<float> out(static_cast<size_t>(S * H * D));
   for (int64_t j = 0; j < S; ++j) {
-    const int32_t page = kv.indices[kv.indptr[b] + j / kv.page_size];
+    const int32_t page = kv.indices[kv.indptr[b] + j / kv.block_tokens];
     for (int64_t h = 0; h < H; ++h)
-      convert_n(pages.ptr(page, h, j % kv.page_size), pages.dtype(), out.data() + (j * H + h) * D,
+      convert_n(pages.ptr(page, h, j % kv.block_tokens), pages.dtype(), out.data() + (j * H + h) * D,
                 DType::kF32, static_cast<size_t>(D));
   }
   return out;
@@ -48,11 +48,11 @@ std::vector<float> dense_rows(const TensorView& t, int64_t b, int64_t from = 0) 
 
 CacheConfig two_layer_config(const std::string& impl) {
   CacheConfig c;
-  c.implementation = impl;
+  c.options.implementation = impl;
   c.layer_types = {"full_attention", "full_attention"};
-  c.max_cache_len = 96;
-  c.max_batch_size = 3;
-  c.block_size = 4;
+  c.options.max_cache_len = 96;
+  c.options.max_batch_size = 3;
+  c.options.paged.block_tokens = 4;
   return c;
 }
 
@@ -60,13 +60,14 @@ TEST(PagedLayer, SpansEqualTheDynamicCacheThroughLifecycleCalls) {
   for (const DType dt : {DType::kF32, DType::kF16}) {
     std::mt19937 rng(7);
     CacheConfig pc = two_layer_config("paged"), dc = two_layer_config("dynamic");
-    pc.kv_dtype = dc.kv_dtype = dt;
+    pc.options.kv_dtype = dc.options.kv_dtype = dt;
     PagedStoreConfig sc;
     sc.block_tokens = 4;
     sc.layer_types = pc.layer_types;
     sc.dtype = dt;
     sc.max_tokens = 3 * 96;
-    pc.paged_store = std::make_shared<PagedKVStore>(sc);
+    pc.options.paged.store = std::make_shared<PagedKVStore>(sc);
+    PagedKVStore& store = *pc.options.paged.store;
     Cache paged(pc), dense(dc);
     EXPECT_EQ(paged.layer(0).name(), "paged/full_attention");
     auto step = [&](int64_t B, int64_t S) {
@@ -84,13 +85,13 @@ TEST(PagedLayer, SpansEqualTheDynamicCacheThroughLifecycleCalls) {
           ASSERT_EQ(gather(ps.paged, b, true), dense_rows(ds.v, b));
         }
       }
-      ASSERT_EQ(pc.paged_store->check_invariants(), "");
+      ASSERT_EQ(store.check_invariants(), "");
     };
     step(2, 7);
     step(2, 1);
     step(2, 5);  // 13 tokens: 3 full blocks + 1 partial
     for (auto* c : {&paged, &dense}) c->repeat_interleave(2);  // rows 0 0 1 1: forks
-    EXPECT_EQ(pc.paged_store->batch().size(), 4u);
+    EXPECT_EQ(store.batch().size(), 4u);
     step(4, 2);
     const std::vector<int64_t> beams = {3, 0, 0, 1};
     for (auto* c : {&paged, &dense}) c->reorder(beams);
@@ -103,14 +104,14 @@ TEST(PagedLayer, SpansEqualTheDynamicCacheThroughLifecycleCalls) {
     const std::vector<int64_t> keep = {2, 0};
     for (auto* c : {&paged, &dense}) c->select(keep);
     step(2, 4);
-    EXPECT_EQ(pc.paged_store->check_invariants(), "");
+    EXPECT_EQ(store.check_invariants(), "");
     // Waste: at most one partial block per sequence and group.
-    const PagedGroupStats st = pc.paged_store->stats(0);
+    const PagedGroupStats st = store.stats(0);
     EXPECT_LT(st.allocated_slots - st.live_tokens, 2 * 4);
     paged.reset();
-    EXPECT_EQ(pc.paged_store->stats(0).pool.used, 0);
-    EXPECT_GT(pc.paged_store->bytes(), pc.paged_store->pool_bytes());
-    EXPECT_EQ(paged.bytes(), pc.paged_store->bytes());  // leader counts the shared parts once
+    EXPECT_EQ(store.stats(0).pool.used, 0);
+    EXPECT_GT(store.bytes(), store.pool_bytes());
+    EXPECT_EQ(paged.bytes(), store.bytes());  // leader counts the shared parts once
   }
 }
 
@@ -124,7 +125,7 @@ TEST(PagedLayer, PrivateStoreFromTheRegistryAndClearErrors) {
   EXPECT_EQ(cache.seq_length(0), 5);
   const Tensor k3 = testing_util::random_tensor(DType::kF32, {3, 2, 1, 8}, rng);
   EXPECT_THROW(cache.update(0, k3.view(), k3.view()), Error);  // batch changed
-  c.max_cache_len = 0;
+  c.options.max_cache_len = 0;
   EXPECT_THROW(Cache{c}, Error);  // no store, nothing to size one from
   c.layer_types = {"chunked_attention", "full_attention"};
   c.attention_chunk_size = 4;
@@ -139,13 +140,13 @@ TEST(PagedStore, KAndVOfDifferentWidthsAndSharedLayersWithoutPages) {
   const int64_t dc = 7, dr = 3, bt = 4, blocks = 30;
   std::mt19937 rng(5);
   CacheConfig pc;
-  pc.implementation = "paged";
+  pc.options.implementation = "paged";
   pc.layer_types = {"full_attention", "sliding_attention", "full_attention", "sliding_attention"};
   pc.sliding_window = 6;
   pc.num_kv_shared_layers = 2;  // layer 2 reads 0, layer 3 reads 1
-  pc.block_size = bt;
+  pc.options.paged.block_tokens = bt;
   CacheConfig dc_cfg = pc;
-  dc_cfg.implementation = "dynamic";
+  dc_cfg.options.implementation = "dynamic";
   PagedStoreConfig sc;
   sc.block_tokens = static_cast<int32_t>(bt);
   sc.layer_types = pc.layer_types;
@@ -155,14 +156,15 @@ TEST(PagedStore, KAndVOfDifferentWidthsAndSharedLayersWithoutPages) {
   sc.head_dim = dc;
   sc.head_dim_v = dr;
   sc.group_blocks = {blocks, blocks};
-  pc.paged_store = std::make_shared<PagedKVStore>(sc);
+  pc.options.paged.store = std::make_shared<PagedKVStore>(sc);
+  PagedKVStore& store = *pc.options.paged.store;
   // Allocated up front (shapes given): storing layers only, K and V at their own widths.
-  EXPECT_EQ(pc.paged_store->layer_page_bytes(0), static_cast<size_t>(blocks * bt * (dc + dr) * 4));
-  EXPECT_EQ(pc.paged_store->layer_page_bytes(1), static_cast<size_t>(blocks * bt * (dc + dr) * 4));
-  EXPECT_EQ(pc.paged_store->layer_page_bytes(2), 0u);
-  EXPECT_EQ(pc.paged_store->layer_page_bytes(3), 0u);
-  EXPECT_EQ(pc.paged_store->stats(0).block_bytes, static_cast<size_t>(bt * (dc + dr) * 4));
-  EXPECT_EQ(predict_pool_bytes(sc), pc.paged_store->pool_bytes());
+  EXPECT_EQ(store.layer_page_bytes(0), static_cast<size_t>(blocks * bt * (dc + dr) * 4));
+  EXPECT_EQ(store.layer_page_bytes(1), static_cast<size_t>(blocks * bt * (dc + dr) * 4));
+  EXPECT_EQ(store.layer_page_bytes(2), 0u);
+  EXPECT_EQ(store.layer_page_bytes(3), 0u);
+  EXPECT_EQ(store.stats(0).block_bytes, static_cast<size_t>(bt * (dc + dr) * 4));
+  EXPECT_EQ(predict_pool_bytes(sc), store.pool_bytes());
   Cache paged(pc), dense(dc_cfg);
   dense.activate_past_recording();  // the window container may then crop back (paged always can)
   EXPECT_TRUE(paged.is_shared(2) && paged.is_shared(3));
@@ -185,7 +187,7 @@ TEST(PagedStore, KAndVOfDifferentWidthsAndSharedLayersWithoutPages) {
       const KVSpan sh = paged.shared_kv(l + 2);
       EXPECT_EQ(sh.paged.k_pages.data(), ps.paged.k_pages.data());
     }
-    ASSERT_EQ(pc.paged_store->check_invariants(), "");
+    ASSERT_EQ(store.check_invariants(), "");
   };
   step(1, 5);
   step(1, 1);

@@ -26,12 +26,12 @@ using testing_util::random_tensor;
 
 CacheConfig quant_config(int bits, int64_t G, int64_t R, DType dt = DType::kF32) {
   CacheConfig c;
-  c.implementation = "quantized";
+  c.options.implementation = "quantized";
   c.layer_types = {"full_attention"};
-  c.kv_bits = bits;
-  c.kv_group = G;
-  c.kv_residual = R;
-  c.kv_dtype = dt;
+  c.options.quantized.bits = bits;
+  c.options.quantized.group = G;
+  c.options.quantized.residual = R;
+  c.options.kv_dtype = dt;
   return c;
 }
 
@@ -262,15 +262,15 @@ TEST(QuantizedLayer, RefusesOtherLayerTypesAndBadOptions) {
     EXPECT_NE(m.find("quantized"), std::string::npos) << m;
   }
   c.layer_types = {"full_attention"};
-  c.kv_bits = 3;
+  c.options.quantized.bits = 3;
   try {
     Cache cache(c);
     FAIL() << "3 bits must be refused";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("layer 0 (quantized/full_attention)"), std::string::npos);
   }
-  c.kv_bits = 4;
-  c.kv_dtype = DType::kQ8_0;
+  c.options.quantized.bits = 4;
+  c.options.kv_dtype = DType::kQ8_0;
   EXPECT_THROW(Cache{c}, Error);
 }
 
@@ -330,7 +330,7 @@ TEST(QuantizedLayer, MemoryAt16KAgainstF16) {
   const Tensor k = random_tensor(DType::kF16, {1, kH, kChunk, kD}, rng);
   CacheConfig dyn;
   dyn.layer_types = {"full_attention"};
-  dyn.kv_dtype = DType::kF16;
+  dyn.options.kv_dtype = DType::kF16;
   Cache f16(dyn);
   for (int64_t t = 0; t < kTokens; t += kChunk) f16.update(0, k.view(), k.view());
   const double f16_bytes = static_cast<double>(f16.bytes());
@@ -363,7 +363,7 @@ TEST(QuantizedLayer, PerTokenSchemes) {
   std::mt19937 rng(11);
   for (KVQuantScheme sch : {KVQuantScheme::kQ8_0, KVQuantScheme::kQ4_0}) {
     CacheConfig cfg = quant_config(4, 16, 32);
-    cfg.kv_quant = sch;
+    cfg.options.quantized.scheme = sch;
     Cache cache(cfg);
     History h(DType::kF32);
     KVSpan span;
@@ -407,7 +407,7 @@ TEST(QuantizedLayer, PerTokenSchemes) {
   for (auto [sch, limit] : {std::pair<KVQuantScheme, double>{KVQuantScheme::kQ8_0, 0.55},
                             {KVQuantScheme::kQ4_0, 0.30}}) {
     CacheConfig cfg = quant_config(4, 64, 128, DType::kF16);
-    cfg.kv_quant = sch;
+    cfg.options.quantized.scheme = sch;
     Cache q(cfg);
     for (int64_t t = 0; t < kTokens; t += kChunk) q.update(0, k.view(), k.view());
     const QuantizedLayer& L = qlayer(q);
@@ -420,7 +420,7 @@ TEST(QuantizedLayer, PerTokenSchemes) {
     EXPECT_LE(ratio, limit);
   }
   CacheConfig bad = quant_config(4, 16, 32);
-  bad.kv_quant = KVQuantScheme::kQ8_0;
+  bad.options.quantized.scheme = KVQuantScheme::kQ8_0;
   Cache c(bad);
   const Tensor k40 = random_tensor(DType::kF32, {1, 1, 3, 40}, rng);
   try {

@@ -45,7 +45,7 @@ TEST(RecomputeLayer, EachUpdateIsAWholeSequenceHeldAsACopy) {
 
 TEST(RecomputeLayer, SharedLayersReadTheSourcesLatestTokens) {
   CacheConfig cfg;
-  cfg.implementation = "recompute";
+  cfg.options.implementation = "recompute";
   cfg.layer_types = {"sliding_attention", "full_attention", "sliding_attention"};
   cfg.sliding_window = 3;
   cfg.num_kv_shared_layers = 1;

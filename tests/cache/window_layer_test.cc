@@ -27,11 +27,11 @@ constexpr int64_t B = 3, H = 5, DK = 7, DV = 9;
 std::unique_ptr<WindowLayer> make(const std::string& impl, const std::string& type, int64_t window,
                                   int64_t max_cache_len = 0, int64_t max_batch_size = 0) {
   CacheConfig cfg;
-  cfg.max_batch_size = max_batch_size;
-  cfg.implementation = impl;
+  cfg.options.max_batch_size = max_batch_size;
+  cfg.options.implementation = impl;
   cfg.sliding_window = window;
   cfg.attention_chunk_size = window;
-  cfg.max_cache_len = max_cache_len;
+  cfg.options.max_cache_len = max_cache_len;
   auto layer = LayerRegistry::create(impl, type, cfg, 1);
   return std::unique_ptr<WindowLayer>(dynamic_cast<WindowLayer*>(layer.release()));
 }

@@ -61,7 +61,7 @@ struct Served {
 
   Served() {
     EngineConfig ec;
-    ec.max_cached_tokens = 128;
+    ec.cache.max_cache_len = 128;
     ec.max_tokens_per_step = 32;
     ec.max_running = 4;
     ec.max_waiting = 8;

@@ -80,7 +80,7 @@ struct PagedSpan {
     s.paged.k_pages = kpool.view();
     s.paged.v_pages = vpool.view();
     s.paged.batch = kB;
-    s.paged.page_size = 16;
+    s.paged.block_tokens = 16;
     s.paged.indptr = indptr.data();
     s.paged.indices = indices.data();
     s.paged.last_page_len = last.data();

@@ -403,7 +403,7 @@ TEST(AttentionWorkspace, QuantizedAndPagedKernels) {
   a.kv.k_pages = kp.view();
   a.kv.v_pages = vp.view();
   a.kv.batch = 2;
-  a.kv.page_size = page;
+  a.kv.block_tokens = page;
   a.kv.indptr = indptr.data();
   a.kv.indices = indices.data();
   a.kv.last_page_len = last.data();

@@ -94,7 +94,7 @@ Paged make_paged(const PCase& c, uint32_t seed) {
   kv.k_pages = p.kpool.view();
   kv.v_pages = p.vpool.view();
   kv.batch = c.B;
-  kv.page_size = c.page;
+  kv.block_tokens = c.page;
   kv.indptr = p.indptr.data();
   kv.indices = p.indices.data();
   kv.last_page_len = p.last.data();
@@ -323,14 +323,14 @@ TEST(PagedAttention, BadTablesThrow) {
   {
     Paged p = make_paged(c, 5);
     p.last[1] = static_cast<int32_t>(c.page + 1);
-    expect_error(p, "last_page_len > page_size");
+    expect_error(p, "last_page_len > block_tokens");
     p.last[1] = 0;
     expect_error(p, "last_page_len 0 on a non-empty sequence");
   }
   {
     Paged p = make_paged(c, 6);
-    p.args.kv.page_size = c.page + 1;
-    expect_error(p, "page_size disagrees with the pool");
+    p.args.kv.block_tokens = c.page + 1;
+    expect_error(p, "block_tokens disagrees with the pool");
   }
   {
     Paged p = make_paged(c, 9);

@@ -21,7 +21,7 @@ TEST(Bench, RunsEveryTestAtEveryDepthWithLlamaBenchFields) {
   p.repetitions = 2;
   for (const char* cache : {"dynamic", "static"}) {
     SessionConfig sc;
-    sc.cache = cache;
+    sc.cache.implementation = cache;
     const std::vector<BenchResult> r = run_bench(model, sc, p);
     ASSERT_EQ(r.size(), 4u);
     EXPECT_EQ(r[0].name(), "pp16");

@@ -59,9 +59,9 @@ void expect_agreement(const ModelConfig& mc, const PlanModel& plan, const std::s
   ASSERT_EQ(static_cast<int64_t>(plan.layers.size()), mc.n_layers) << name;
   constexpr int64_t kHuge = int64_t{1} << 40;
   SessionConfig sc;
-  sc.cache = "static";
-  sc.max_cache_len = kHuge;
-  sc.kv_dtype = DType::kF16;
+  sc.cache.implementation = "static";
+  sc.cache.max_cache_len = kHuge;
+  sc.cache.kv_dtype = DType::kF16;
   const Cache shape(make_cache_config(mc, sc));
   for (int i = 0; i < static_cast<int>(mc.n_layers); ++i) {
     const PlanLayer& pl = plan.layers[static_cast<size_t>(i)];
@@ -72,7 +72,7 @@ void expect_agreement(const ModelConfig& mc, const PlanModel& plan, const std::s
     EXPECT_EQ(window == kHuge ? 0 : window, pl.window) << name << " layer " << i << " (" << pl.type << ")";
   }
   constexpr int64_t kTokens = 2;
-  sc.max_cache_len = kTokens;
+  sc.cache.max_cache_len = kTokens;
   Cache cache(make_cache_config(mc, sc));
   const bool mla = mc.mla.enabled();
   const int64_t heads = mla ? 1 : mc.n_kv_heads;

@@ -56,7 +56,7 @@ TEST(DummyModel, CacheMatchesNoCacheRecomputeForEveryWeightType) {
     LoadedModel m = load_model(spec, lo);
     for (const char* cache : {"dynamic", "static"}) {
       SessionConfig sc;
-      sc.cache = cache;
+      sc.cache.implementation = cache;
       Session s(*m.model, sc);
       GenerateParams gp;
       gp.max_new_tokens = 24;
@@ -97,14 +97,14 @@ TEST(DummyModel, LastLogitsEqualTheAllLogitsRowBitForBit) {
           for (size_t i = 0; i < ids.size(); ++i)
             ids[i] = static_cast<int32_t>((i * 7919 + 3) % static_cast<size_t>(vocab));
           SessionConfig sc;
-          sc.cache = cache;
-          sc.kv_bits = 8;
+          sc.cache.implementation = cache;
+          sc.cache.quantized.bits = 8;
           std::vector<float> all, last;
           for (const LogitsMode mode : {LogitsMode::kAll, LogitsMode::kLast, LogitsMode::kNone}) {
             std::unique_ptr<Cache> kv;
-            if (sc.cache != "none") {
+            if (sc.cache.implementation != "none") {
               CacheConfig cc = make_cache_config(m.model->config(), sc);
-              cc.max_batch_size = B;
+              cc.options.max_batch_size = B;
               kv = std::make_unique<Cache>(cc);
             }
             Forward fw(*m.model, kernel, B * S);

@@ -44,7 +44,7 @@ std::vector<std::vector<int32_t>> prompts(int n, uint32_t seed) {
 
 EngineConfig small_engine() {
   EngineConfig c;
-  c.max_cached_tokens = 1024;
+  c.cache.max_cache_len = 1024;
   c.max_tokens_per_step = 48;
   return c;
 }

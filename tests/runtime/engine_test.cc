@@ -74,7 +74,7 @@ RunResult run_all(Engine& e, const std::vector<RequestParams>& reqs) {
 
 std::vector<int32_t> run_alone(const Model& model, const RequestParams& rp) {
   EngineConfig c;
-  c.max_cached_tokens = 512;
+  c.cache.max_cache_len = 512;
   c.max_tokens_per_step = 64;
   Engine e(model, nullptr, c);
   return run_all(e, {rp}).tokens[0];
@@ -82,7 +82,7 @@ std::vector<int32_t> run_alone(const Model& model, const RequestParams& rp) {
 
 EngineConfig holding(int64_t tokens) {
   EngineConfig c;
-  c.max_cached_tokens = tokens;
+  c.cache.max_cache_len = tokens;
   return c;
 }
 
@@ -93,7 +93,7 @@ TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAlone) {
   for (size_t i = 0; i < prompts.size(); ++i) reqs.push_back(greedy(prompts[i], 6 + static_cast<int64_t>(i % 9)));
 
   EngineConfig c;
-  c.max_cached_tokens = 64 * 80;
+  c.cache.max_cache_len = 64 * 80;
   c.max_tokens_per_step = 96;  // forces chunked prefill alongside running decodes
   Engine batched(model, nullptr, c);
   const RunResult got = run_all(batched, reqs);
@@ -125,7 +125,7 @@ TEST(Engine, EqualLengthPromptsArePrefilledInOneForwardAndEqualEachRunAlone) {
     reqs.push_back(greedy(p, 5));
   }
   EngineConfig c;
-  c.max_cached_tokens = 14 * 32;
+  c.cache.max_cache_len = 14 * 32;
   c.max_tokens_per_step = 96;
   Engine e(model, nullptr, c);
   std::vector<std::vector<int32_t>> got(reqs.size());
@@ -169,7 +169,7 @@ TEST(Engine, EqualLengthPromptsSharingABlockStillHitThePrefixCache) {
     reqs.push_back(greedy(p, 3));
   }
   EngineConfig c;
-  c.max_cached_tokens = 512;  // blocks of 16: the common 32 tokens are two full blocks
+  c.cache.max_cache_len = 512;  // blocks of 16: the common 32 tokens are two full blocks
   c.max_tokens_per_step = 256;
   Engine e(model, nullptr, c);
   const RunResult got = run_all(e, reqs);
@@ -185,7 +185,7 @@ TEST(Engine, APrefixEndingInsideABlockIsReusedWhole) {
   std::vector<int32_t> b(a.begin(), a.begin() + 37);  // 2 full blocks of 16 and 5 more tokens
   while (b.size() < 45) b.push_back(static_cast<int32_t>(rng() % 31000) + 3);
   EngineConfig c;
-  c.max_cached_tokens = 512;
+  c.cache.max_cache_len = 512;
   c.max_tokens_per_step = 256;
   Engine e(model, nullptr, c);
   ASSERT_EQ(run_all(e, {greedy(a, 2)}).tokens[0], run_alone(model, greedy(a, 2)));
@@ -202,7 +202,7 @@ TEST(Engine, TheNextTurnOfAConversationReusesEverythingComputed) {
   std::vector<int32_t> a = {1};
   while (a.size() < 40) a.push_back(static_cast<int32_t>(rng() % 31000) + 3);
   EngineConfig c;
-  c.max_cached_tokens = 512;
+  c.cache.max_cache_len = 512;
   c.max_tokens_per_step = 256;
   Engine e(model, nullptr, c);
   const std::vector<int32_t> out = run_all(e, {greedy(a, 3)}).tokens[0];
@@ -227,7 +227,7 @@ TEST(Engine, PreemptionUnderATinyBlockBudgetChangesNothing) {
   for (size_t i = 1; i < reqs.size(); i += 2) reqs[i].prompt_logprobs = 1;  // scored: recomputed
 
   EngineConfig c;
-  c.block_tokens = 4;
+  c.cache.paged.block_tokens = 4;
   c.num_blocks = 40;  // 160 token slots for 24 requests of up to ~60 tokens
   c.max_tokens_per_step = 64;
   Engine e(model, nullptr, c);
@@ -258,7 +258,7 @@ TEST(Engine, CancellationFreesBlocksAndOthersAreUnaffected) {
   const Model& model = *tiny_model().model;
   const auto prompts = make_prompts(16, 5);
   EngineConfig c;
-  c.block_tokens = 4;
+  c.cache.paged.block_tokens = 4;
   c.num_blocks = 48;
   c.max_tokens_per_step = 48;
   Engine e(model, nullptr, c);
@@ -299,7 +299,7 @@ TEST(Engine, ParallelSamplesForkAndFollowTheirSeeds) {
   rp.sampler.top_k = 40;
   rp.sampler.seed = 100;
   EngineConfig c;
-  c.max_cached_tokens = 512;
+  c.cache.max_cache_len = 512;
   Engine e(model, nullptr, c);
   const RunResult got = run_all(e, {rp});
   const RequestOutput& out = got.outputs[0];
@@ -443,7 +443,7 @@ TEST(Engine, PromptLogprobsScoreEveryPromptTokenEvenWhenCached) {
 TEST(Engine, BoundedQueueRefuses) {
   const Model& model = *tiny_model().model;
   EngineConfig c;
-  c.max_cached_tokens = 256;
+  c.cache.max_cache_len = 256;
   c.max_waiting = 2;
   Engine e(model, nullptr, c);
   EXPECT_NE(e.submit(greedy({1, 5, 6}, 2), {}), 0u);

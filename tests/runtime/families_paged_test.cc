@@ -56,11 +56,11 @@ std::vector<int32_t> prompt(int64_t n, int32_t vocab, int32_t salt = 11) {
 
 SessionConfig config_of(const char* cache, const char* kernel) {
   SessionConfig sc;
-  sc.cache = cache;
+  sc.cache.implementation = cache;
   sc.kernel = kernel;
-  sc.max_cache_len = 64;
+  sc.cache.max_cache_len = 64;
   sc.prefill_chunk = 5;
-  sc.block_size = 3;  // chunks, windows (8) and blocks all straddle each other
+  sc.cache.paged.block_tokens = 3;  // chunks, windows (8) and blocks all straddle each other
   return sc;
 }
 
@@ -153,8 +153,8 @@ TEST_P(PagedFamilies, KvBytesPerBlockEqualTheNotesFormulas) {
   const int64_t b = 4, bt = 4, M = 20, e = layer_bytes_per_token(c, b);
   const int64_t L_store = c.n_layers - c.num_kv_shared_layers;
   SessionConfig sc = config_of("paged", "fused");
-  sc.block_size = bt;
-  sc.max_cache_len = M;
+  sc.cache.paged.block_tokens = bt;
+  sc.cache.max_cache_len = M;
   Session s(*model, sc);
   const PagedKVStore& store = *s.paged_store();
   int64_t pages = 0;
@@ -210,8 +210,8 @@ TEST_P(PagedFamilies, EngineBatchEqualsEachRequestAlone) {
   const int32_t vocab = static_cast<int32_t>(model->config().vocab_size);
   EngineConfig ec;
   ec.kernel = "eager";
-  ec.block_tokens = 4;
-  ec.max_cached_tokens = 256;
+  ec.cache.paged.block_tokens = 4;
+  ec.cache.max_cache_len = 256;
   ec.max_tokens_per_step = 16;  // prompts of 11 and 19 tokens prefill in chunks beside decodes
   std::vector<RequestParams> reqs;
   for (const int64_t n : {int64_t{11}, int64_t{19}, int64_t{6}}) {

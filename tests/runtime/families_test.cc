@@ -80,11 +80,11 @@ TEST_P(Families, CachedDecodeEqualsNoCacheForward) {
   for (const char* cache : {"dynamic", "static", "paged"}) {
     for (const char* kernel : {"eager", "fused"}) {
       SessionConfig sc;
-      sc.cache = cache;
+      sc.cache.implementation = cache;
       sc.kernel = kernel;
-      sc.max_cache_len = 64;
+      sc.cache.max_cache_len = 64;
       sc.prefill_chunk = 5;  // chunks straddle the windows
-      sc.block_size = 3;     // paged: chunks and windows straddle the blocks
+      sc.cache.paged.block_tokens = 3;  // paged: chunks and windows straddle the blocks
       Session prefill_then_decode(*model, sc), token_by_token(*model, sc);
       const size_t split = 13;
       prefill_then_decode.prefill({ids.data(), split});
@@ -118,8 +118,8 @@ TEST_P(Families, KvBytesEqualTheNotesFormulas) {
                                            : static_cast<double>(2 * L * c.n_kv_heads * c.head_dim * b);
   const int64_t S = c.sliding_window > 0 ? c.sliding_window - 1 : 7;
   SessionConfig sc;
-  sc.cache = "static";
-  sc.max_cache_len = S;
+  sc.cache.implementation = "static";
+  sc.cache.max_cache_len = S;
   Session s(*model, sc);
   s.prefill(prompt(S, static_cast<int32_t>(c.vocab_size)));
   EXPECT_EQ(static_cast<double>(s.kv_bytes()), per_token * static_cast<double>(S)) << GetParam();
@@ -178,10 +178,10 @@ TEST(KvSharing, SharedLayersReadTheirSourceAndStoreNothing) {
   const std::vector<float> last(ref.end() - c.vocab_size, ref.end());
   for (const char* cache : {"dynamic", "static", "paged"}) {
     SessionConfig sc;
-    sc.cache = cache;
-    sc.max_cache_len = 64;
+    sc.cache.implementation = cache;
+    sc.cache.max_cache_len = 64;
     sc.prefill_chunk = 4;
-    sc.block_size = 3;
+    sc.cache.paged.block_tokens = 3;
     Session s(model, sc);
     EXPECT_TRUE(s.cache().is_shared(2) && s.cache().is_shared(3));
     s.prefill({ids.data(), 11});
@@ -192,8 +192,8 @@ TEST(KvSharing, SharedLayersReadTheirSourceAndStoreNothing) {
   // 2·(L − L_s)·H_kv·d_h·b per token.
   const int64_t S = c.sliding_window - 1;
   SessionConfig sc;
-  sc.cache = "static";
-  sc.max_cache_len = S;
+  sc.cache.implementation = "static";
+  sc.cache.max_cache_len = S;
   Session s(model, sc);
   s.prefill(prompt(S, static_cast<int32_t>(c.vocab_size)));
   EXPECT_EQ(s.kv_bytes(), static_cast<size_t>(2 * (c.n_layers - 2) * c.n_kv_heads * c.head_dim * 4 * S));
@@ -220,8 +220,8 @@ TEST(MixedWindows, ChunkedSlidingAndFullLayersMatchTheReference) {
   const std::vector<float> ref = testing_util::FamilyReference(model.file()).logits(ids);
   for (const char* cache : {"dynamic", "static"}) {
     SessionConfig sc;
-    sc.cache = cache;
-    sc.max_cache_len = 32;
+    sc.cache.implementation = cache;
+    sc.cache.max_cache_len = 32;
     sc.prefill_chunk = 7;
     Session s(model, sc);
     const std::span<const float> all = s.forward_all({ids.data(), 9});

@@ -43,7 +43,7 @@ TEST_P(GoldenIdsTest, GreedyIdsMatchLlama2c) {
   for (const char* name : {"once_upon_a_time", "empty"}) {
     const auto golden = read_golden_ids(name);
     SessionConfig sc;
-    sc.cache = var.cache;
+    sc.cache.implementation = var.cache;
     sc.kernel = var.kernel;
     sc.sliding_window_override = var.window;
     Session s(stories(), sc);

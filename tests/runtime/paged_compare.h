@@ -55,11 +55,11 @@ inline std::shared_ptr<PagedKVStore> expect_paged_equals_dense(const Model& mode
   }
 
   CacheConfig cc = make_cache_config(model.config(), c.paged);
-  if (!cc.paged_store) {
+  if (!cc.options.paged.store) {
     ADD_FAILURE() << "not a paged configuration" << c.note;
     return nullptr;
   }
-  PagedKVStore& store = *cc.paged_store;
+  PagedKVStore& store = *cc.options.paged.store;
   Cache cache(cc);
   Forward fwd(model, "eager", 64);
   std::vector<SeqId> seqs;
@@ -104,7 +104,7 @@ inline std::shared_ptr<PagedKVStore> expect_paged_equals_dense(const Model& mode
     }
   }
   EXPECT_EQ(store.check_invariants(), "") << c.note;
-  return cc.paged_store;
+  return cc.options.paged.store;
 }
 
 }  // namespace kvcache::testing_util

@@ -41,12 +41,12 @@ void expect_paged_equals_dense(const Model& model, const std::vector<int64_t>& p
   testing_util::PagedVsDense c;
   for (int64_t i = 0; i < B; ++i) c.prompts.push_back(ids_of(prompt_lens[static_cast<size_t>(i)], vocab, 11 + static_cast<uint64_t>(i)));
   c.decode_steps = decode_steps;
-  c.dense.cache = "dynamic";
+  c.dense.cache.implementation = "dynamic";
   c.dense.kernel = "eager";
   c.paged = c.dense;
-  c.paged.cache = "paged";
-  c.paged.block_size = 4;  // odd lengths straddle blocks
-  c.paged.max_cache_len = 256;
+  c.paged.cache.implementation = "paged";
+  c.paged.cache.paged.block_tokens = 4;  // odd lengths straddle blocks
+  c.paged.cache.max_cache_len = 256;
   c.note = layer_override_note;
   const std::shared_ptr<PagedKVStore> store = testing_util::expect_paged_equals_dense(model, c);
   ASSERT_NE(store, nullptr);
@@ -78,7 +78,7 @@ TEST(PagedRuntime, RowsAtDifferentPositionsNeedAPagedCache) {
   SessionConfig sc;
   sc.kernel = "eager";
   CacheConfig cc = make_cache_config(m.model->config(), sc);
-  cc.max_batch_size = 2;
+  cc.options.max_batch_size = 2;
   Cache cache(cc);
   Forward fwd(*m.model, "eager");
   const int32_t ids[] = {1, 2};
@@ -96,9 +96,9 @@ TEST(PagedRuntime, SharedPrefixOf2000TokensPrefillsOnlyTheSuffixAndEqualsAColdRu
   const LoadedModel m = load_model("dummy:tiny");
   const Model& model = *m.model;
   SessionConfig sc;
-  sc.cache = "paged";
+  sc.cache.implementation = "paged";
   sc.kernel = "eager";
-  sc.max_cache_len = 4096;
+  sc.cache.max_cache_len = 4096;
   // Chunks of 256: the cold run's last chunk is [1792, 2000); the cached run prefills
   // [1800, 2000) in one go. The shapes differ and the bits must not: the prefill GEMM and the
   // attention kernels compute each row the same way whatever the number of rows.
@@ -145,8 +145,8 @@ TEST(PagedRuntime, RecomputedPromptKeepsItsPrefixUnderPressure) {
   const LoadedModel m = load_model("dummy:tiny");
   const Model& model = *m.model;
   SessionConfig sc;
-  sc.cache = "paged";
-  sc.max_cache_len = 4000;  // room for two 2,000-token prompts
+  sc.cache.implementation = "paged";
+  sc.cache.max_cache_len = 4000;  // room for two 2,000-token prompts
   const int64_t vocab = model.config().vocab_size;
   const std::vector<int32_t> a = ids_of(2000, vocab, 11), cold = ids_of(2000, vocab, 12);
   std::vector<int32_t> b(a.begin(), a.begin() + 1800);
@@ -183,8 +183,8 @@ TEST(PagedRuntime, PlannerPredictionIsWhatGetsAllocated) {
     EXPECT_EQ(fwd.workspace_bytes(), plan.activation_bytes);
     // Through a session: --kv-budget sizes the pool the same way.
     SessionConfig sc;
-    sc.cache = "paged";
-    sc.kv_dtype = DType::kF16;
+    sc.cache.implementation = "paged";
+    sc.cache.kv_dtype = DType::kF16;
     sc.kv_budget_bytes = budget;
     const Session s(*m.model, sc);
     EXPECT_EQ(s.paged_store()->pool_bytes(), plan.pool_bytes);

@@ -21,9 +21,9 @@ TEST(PlanRuntime, PredictionEqualsStaticCacheBytesAfterARun) {
                                     std::pair{DType::kBF16, "bf16"}}) {
     for (int64_t len : {64, 200}) {
       SessionConfig sc;
-      sc.cache = "static";
-      sc.max_cache_len = len;
-      sc.kv_dtype = dtype;
+      sc.cache.implementation = "static";
+      sc.cache.max_cache_len = len;
+      sc.cache.kv_dtype = dtype;
       Session session(model, sc);
       session.prefill(ids);
       PlanOptions o;

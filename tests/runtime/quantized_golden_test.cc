@@ -28,10 +28,10 @@ const Model& stories() {
 
 SessionConfig quant(int bits, int64_t group, int64_t residual) {
   SessionConfig sc;
-  sc.cache = "quantized";
-  sc.kv_bits = bits;
-  sc.kv_group = group;
-  sc.kv_residual = residual;
+  sc.cache.implementation = "quantized";
+  sc.cache.quantized.bits = bits;
+  sc.cache.quantized.group = group;
+  sc.cache.quantized.residual = residual;
   return sc;
 }
 

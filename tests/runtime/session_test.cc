@@ -23,7 +23,7 @@ TEST(Session, PrefillThenDecodeEqualsTokenByTokenAndRecompute) {
   for (const char* cache : {"dynamic", "static"}) {
     for (const char* kernel : {"eager", "fused"}) {
       SessionConfig sc;
-      sc.cache = cache;
+      sc.cache.implementation = cache;
       sc.kernel = kernel;
       sc.prefill_chunk = 16;  // two chunks: the second attends to keys cached by the first
       Session a(model, sc), b(model, sc);
@@ -60,8 +60,8 @@ TEST(Session, StaticCacheFullIsAnErrorNotACrash) {
   KVCACHE_REQUIRE_STORIES();
   const Model model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
   SessionConfig sc;
-  sc.cache = "static";
-  sc.max_cache_len = 4;
+  sc.cache.implementation = "static";
+  sc.cache.max_cache_len = 4;
   Session s(model, sc);
   const std::vector<int32_t> ids = {1, 403, 407, 261};
   s.prefill(ids);

@@ -324,7 +324,7 @@ TEST(ServerRobustness, AClientThatStopsReadingIsCutAfterTheWriteTimeout) {
   // A fixed 16 KB send buffer (no autotuning to 4 MB): the stream outgrows it within a few
   // tokens however slowly the build runs (ASan, a loaded CI host).
   o.http.transport.send_buffer_bytes = 16 * 1024;
-  o.engine.max_cached_tokens = 32 * 1024 + 64;
+  o.engine.cache.max_cache_len = 32 * 1024 + 64;
   TestServer ts(*lm, o);
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   const int small = 4096;

@@ -44,7 +44,8 @@ struct TestServer {
       : TestServer(lm, TestServerOptions{api_key, ec, {}, {}}) {}
   TestServer(const LoadedModel& lm, TestServerOptions o) {
     std::signal(SIGPIPE, SIG_IGN);  // a write to a closed client must fail, not kill the test
-    if (o.engine.max_cached_tokens == 16384) o.engine.max_cached_tokens = 1024;
+    // A small pool unless the test sized one (0: the engine's default).
+    if (o.engine.cache.max_cache_len == 0) o.engine.cache.max_cache_len = 1024;
     engine = std::make_unique<Engine>(*lm.model, lm.tokenizer.get(), o.engine);
     specials = std::make_unique<SpecialTokens>(*lm.tokenizer);
     ServedModel sm;

@@ -81,7 +81,7 @@ TEST_P(CliFamilies, LogitsAndGenerateOnAHuggingFaceFolder) {
 TEST_P(CliFamilies, DummyPresetVerifies) {
   Scratch s;
   std::string ids;
-  for (const std::string extra : {"", " --cache paged --block-size 4"}) {
+  for (const std::string extra : {"", " --cache paged --block-tokens 4"}) {
     CliResult g = s.run("generate --model dummy:" + GetParam() + " --prompt-ids '2 5 9 14 20 27 35 44 54' -n 10 --temp 0 "
                         "--output ids --verify --kv-dtype f32" + extra);
     ASSERT_EQ(g.exit_code, 0) << extra << "\n" << g.err;

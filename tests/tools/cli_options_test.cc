@@ -66,14 +66,14 @@ TEST(CliOptions, OptionsWithoutEffectExitWith2NamingTheOption) {
       {batch + "--kernel flex", "--kernel flex"},
       {batch + "--max-waiting 10", "--max-waiting"},
       // Cache options without the cache they configure.
-      {gen + "--block-size 8", "--block-size"},
+      {gen + "--block-tokens 8", "--block-tokens"},
       {gen + "--cache static --kv-budget 64MiB", "--kv-budget"},
       {gen + "--kv-bits 2", "--kv-bits"},
       {gen + "--cache paged --kv-quant q8_0", "--kv-quant"},
       {gen + "--max-cache-len 64", "--max-cache-len"},
       {gen + "--cache quantized --max-cache-len 64", "--max-cache-len"},
       {gen + "--cache paged --kv-budget 64MiB --max-cache-len 64", "--max-cache-len"},
-      {gen + "--cache nosuch --block-size 8", "--cache nosuch"},
+      {gen + "--cache nosuch --block-tokens 8", "--cache nosuch"},
       // The no-cache reference's container is no cache to generate with.
       {gen + "--cache recompute", "--cache recompute"},
       {bench + "--cache dynamic,recompute", "--cache recompute"},
@@ -92,7 +92,7 @@ TEST(CliOptions, OptionsWithoutEffectExitWith2NamingTheOption) {
       {logits + "--chunk 4", "--chunk"},
       {logits + "--tokenizer /nonexistent/tokenizer.bin", "--tokenizer"},
       {logits + "--kv-residual 16", "--kv-residual"},
-      {bench + "--cache dynamic,static --block-size 8", "--block-size"},
+      {bench + "--cache dynamic,static --block-tokens 8", "--block-tokens"},
       {bench + "--cache dynamic,paged --kernel flex", "--kernel flex"},
       {bench + "--cache paged --prefix-reuse 300:0.9 -p 64", "--n-prompt"},
       {bench + "--cache paged --prefix-reuse 300:0.9 -d 16", "--n-depth"},
@@ -118,9 +118,42 @@ TEST(CliOptions, TheMessageSaysWhoHonoursTheOption) {
   EXPECT_NE(r.err.find("generate, logits and bench"), std::string::npos) << r.err;
   r = run_cli("serve --model dummy:tiny --port 0 --kv-bits 5");
   EXPECT_NE(r.err.find("--cache quantized"), std::string::npos) << r.err;
-  r = run_cli("generate --model dummy:tiny -n 2 --block-size 8");
+  r = run_cli("generate --model dummy:tiny -n 2 --block-tokens 8");
   EXPECT_NE(r.err.find("with --cache dynamic"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--cache paged"), std::string::npos) << r.err;
+}
+
+// A renamed option's old spelling is refused, before anything loads, naming the new one with
+// the value given; --help shows only the new spelling.
+TEST(CliOptions, RenamedOptionsAreRefusedNamingTheNewSpelling) {
+  const struct {
+    std::string args, old_name, new_name, value;
+  } cases[] = {
+      {"generate --model dummy:tiny --prompt-ids '1 2 3' -n 2 --output ids --cache paged "
+       "--block-size 8",
+       "--block-size", "--block-tokens", "8"},
+      {"bench --model dummy:tiny -r 1 --cache dynamic --block-size 8", "--block-size",
+       "--block-tokens", "8"},  // refused first, though it would have no effect anyway
+      {"serve --model dummy:tiny --port 0 --block-size 32", "--block-size", "--block-tokens",
+       "32"},
+      {"plan --preset llama2-7b --block 16", "--block", "--block-tokens", "16"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_cli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.old_name + " was renamed " + c.new_name + "; use " + c.new_name + " " +
+                         c.value),
+              std::string::npos)
+        << c.args << "\nstderr: " << r.err;
+    EXPECT_EQ(r.out, "") << c.args;
+  }
+  for (const char* cmd : {"generate", "plan"}) {
+    const auto r = run_cli(std::string(cmd) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << cmd;
+    EXPECT_NE(r.out.find("--block-tokens"), std::string::npos) << cmd;
+    EXPECT_EQ(r.out.find("--block-size"), std::string::npos) << cmd;
+    EXPECT_EQ(r.out.find("--block "), std::string::npos) << cmd;
+  }
 }
 
 // The same options where they take effect. Dummy models are built in a scratch folder.
@@ -166,7 +199,7 @@ TEST_F(CliOptionsAccepted, EachOptionWhereItTakesEffect) {
   std::ofstream(jsonl) << R"({"prompt": [1, 450, 4996], "max_tokens": 3, "temperature": 0})"
                        << "\n";
   const std::string accepted[] = {
-      gen + "--cache paged --kernel eager --block-size 8 --kv-budget 64MiB",
+      gen + "--cache paged --kernel eager --block-tokens 8 --kv-budget 64MiB",
       gen + "--cache paged --max-cache-len 64",
       gen + "--cache static --max-cache-len 64 --kernel flex",
       gen + "--cache quantized --kv-bits 2 --kv-group 32 --kv-residual 32",
@@ -179,7 +212,7 @@ TEST_F(CliOptionsAccepted, EachOptionWhereItTakesEffect) {
       "16",
       "bench --model dummy:tiny -p 8 -n 2 -r 1 --cache dynamic,quantized --kv-bits 2",
       "bench --model dummy:tiny -p 0 -n 2 -d 8 -r 1 --chunk 4",
-      "batch --model dummy:tiny --cache paged --kernel eager --block-size 8 --kv-budget 64MiB "
+      "batch --model dummy:tiny --cache paged --kernel eager --block-tokens 8 --kv-budget 64MiB "
       "--chunk 32 --input " +
           jsonl,
       "plan --preset llama2-7b --kv-dtype q4 --kv-group 32",

@@ -20,7 +20,7 @@ TEST(CliPaged, GenerateEqualsLlama2cWithOddBlockSizes) {
   KVCACHE_REQUIRE_STORIES();
   for (const char* block : {"16", "7"}) {
     const auto r = run_cli("generate --model '" + kModel +
-                           "' --prompt 'Once upon a time' -n 252 --temp 0 --cache paged --kernel eager --block-size " + block);
+                           "' --prompt 'Once upon a time' -n 252 --temp 0 --cache paged --kernel eager --block-tokens " + block);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out, read_file(kGolden + "/once_upon_a_time.txt")) << "block size " << block;
   }
@@ -57,14 +57,14 @@ TEST(CliPaged, BadValuesExitWith2AndSayWhy) {
   r = run_cli("bench --model '" + kModel + "' --cache paged --kernel eager --prefix-reuse 300x -r 1");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("TOKENS:FRACTION"), std::string::npos) << r.err;
-  r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --block-size 0");
+  r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --block-tokens 0");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("--block-size"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--block-tokens"), std::string::npos) << r.err;
   // A block larger than the model's context can never fill, with or without a budget.
   for (const char* budget : {"", " --kv-budget 64MiB"}) {
-    r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --block-size 100000" + budget);
+    r = run_cli("generate --model '" + kModel + "' -n 4 --cache paged --kernel eager --block-tokens 100000" + budget);
     EXPECT_EQ(r.exit_code, 2) << budget;
-    EXPECT_NE(r.err.find("--block-size 100000 is larger than the model's context"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--block-tokens 100000 is larger than the model's context"), std::string::npos) << r.err;
   }
   // Budgets that cannot be honoured: none at all, more than the machine has, more than a number holds.
   for (const char* budget : {"0", "100000TiB", "1e30"}) {

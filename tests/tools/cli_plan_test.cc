@@ -103,9 +103,9 @@ TEST(CliPlan, DummyFamiliesAgreeWithCacheBytes) {
     const ModelConfig& c = model.config();
     const int64_t S = c.sliding_window > 0 ? c.sliding_window - 1 : 7;
     SessionConfig sc;
-    sc.cache = "static";
-    sc.max_cache_len = S;
-    sc.kv_dtype = DType::kF32;
+    sc.cache.implementation = "static";
+    sc.cache.max_cache_len = S;
+    sc.cache.kv_dtype = DType::kF32;
     Session s(model, sc);
     std::vector<int32_t> ids(static_cast<size_t>(S));
     for (int64_t i = 0; i < S; ++i)
