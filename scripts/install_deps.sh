@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kvcache builds with (each one included or linked somewhere;
-# libgmock-dev because the GTest CMake package declares its targets), only those missing.
+# libgmock-dev because the GTest CMake package declares its targets; clang-format for
+# make format / format-check), only those missing.
 # Uses sudo when not root. Safe to run again: does nothing when all are present.
 # --fuzz adds what `make fuzz` needs (clang and libFuzzer's runtime), only for that target.
 set -euo pipefail
@@ -10,6 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libopenblas-dev libcpp-httplib-dev libb2-dev
+  clang-format
 )
 if [ "${1:-}" = "--fuzz" ]; then
   PACKAGES+=(clang libclang-rt-14-dev)
