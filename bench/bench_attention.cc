@@ -309,7 +309,7 @@ void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len)
   // q/out: [B, S, H, D] buffers seen as [B, H, S, D] views, as the model runtime passes them.
   const TensorView q(in.qbuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
   const TensorView out(in.obuf.data(), DType::kF32, {1, kHq, 1, kD}, {kHq * kD, kD, kHq * kD, 1});
-  AttentionOptions o;  // causal, bottom-right: decode needs no mask
+  AttentionOptions o;     // causal, bottom-right: decode needs no mask
   AttentionWorkspace ws;  // planned once, as a model's forward keeps it
   o.workspace = ws.reserve_for(q, in.k[0].view(), in.v[0].view(), o);
   const AttentionFn fused = get_attention_kernel("fused");
@@ -513,9 +513,9 @@ void BM_PrefixSuffixAttention(benchmark::State& state) {
   }
   const double pairs = static_cast<double>(sq) * static_cast<double>(skv - sq) +
                        static_cast<double>(sq) * static_cast<double>(sq + 1) / 2;
-  state.counters["GFLOP"] = benchmark::Counter(
-      4.0 * kHq * kD * pairs * static_cast<double>(state.iterations()) * 1e-9,
-      benchmark::Counter::kIsRate);
+  state.counters["GFLOP"] =
+      benchmark::Counter(4.0 * kHq * kD * pairs * static_cast<double>(state.iterations()) * 1e-9,
+                         benchmark::Counter::kIsRate);
 }
 
 // ---- flex: a user mask_mod (packed documents of 256 tokens, causal) at prefill, 2048 x 2048 ----

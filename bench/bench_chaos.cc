@@ -39,21 +39,26 @@ struct Args {
 
 // One non-streamed greedy completion's text (the determinism probe).
 std::string probe_text(int port) {
-  const std::string body = R"({"prompt": "Once upon a time there was", "max_tokens": 24, "temperature": 0,
+  const std::string body =
+      R"({"prompt": "Once upon a time there was", "max_tokens": 24, "temperature": 0,
                                "ignore_eos": true})";
   const int fd = kvcache::testing_util::chaos_detail::connect_to(port, 120);
   if (fd < 0) return "<no connection>";
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                          "Content-Type: application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   std::string all;
   char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) all.append(buf, static_cast<size_t>(n));
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+    all.append(buf, static_cast<size_t>(n));
   ::close(fd);
   const size_t split = all.find("\r\n\r\n");
-  const nlohmann::json j = nlohmann::json::parse(split == std::string::npos ? "" : all.substr(split + 4), nullptr, false);
-  return j.is_object() && j.contains("choices") ? j["choices"][0]["text"].get<std::string>() : "<bad reply>";
+  const nlohmann::json j = nlohmann::json::parse(
+      split == std::string::npos ? "" : all.substr(split + 4), nullptr, false);
+  return j.is_object() && j.contains("choices") ? j["choices"][0]["text"].get<std::string>()
+                                                : "<bad reply>";
 }
 
 int run(const Args& a) {
@@ -108,20 +113,25 @@ int run(const Args& a) {
   server.stop();
   server_thread.join();
 
-  std::printf("model %s, %d clients x %d requests, %d blocks of %lld tokens\n", a.model.c_str(), a.clients,
-              a.requests, a.blocks, static_cast<long long>(ec.cache.paged.block_tokens));
-  std::printf("requests %lld in %.1f s (%.1f/s): completed %lld, dropped mid-stream %lld, refused %lld, problems %zu\n",
-              static_cast<long long>(r.requests), r.seconds, static_cast<double>(r.requests) / r.seconds,
-              static_cast<long long>(r.completed), static_cast<long long>(r.disconnected),
-              static_cast<long long>(r.refused), r.problems.size());
-  std::printf("engine: steps %lld, preemptions %lld, cancelled %lld, failed %lld, tokens generated %lld\n",
-              static_cast<long long>(m.steps), static_cast<long long>(m.preemptions),
-              static_cast<long long>(m.requests_cancelled), static_cast<long long>(m.requests_failed),
-              static_cast<long long>(m.generation_tokens));
-  std::printf("blocks after: used %lld, free %lld, cached %lld of %lld; invariants checked every step\n",
-              static_cast<long long>(m.blocks_used), static_cast<long long>(m.blocks_free),
-              static_cast<long long>(m.blocks_cached), static_cast<long long>(m.blocks_total));
-  std::printf("deterministic probe: %s\n", before == after ? "same text before and after" : "CHANGED");
+  std::printf("model %s, %d clients x %d requests, %d blocks of %lld tokens\n", a.model.c_str(),
+              a.clients, a.requests, a.blocks, static_cast<long long>(ec.cache.paged.block_tokens));
+  std::printf(
+      "requests %lld in %.1f s (%.1f/s): completed %lld, dropped mid-stream %lld, refused %lld, "
+      "problems %zu\n",
+      static_cast<long long>(r.requests), r.seconds, static_cast<double>(r.requests) / r.seconds,
+      static_cast<long long>(r.completed), static_cast<long long>(r.disconnected),
+      static_cast<long long>(r.refused), r.problems.size());
+  std::printf(
+      "engine: steps %lld, preemptions %lld, cancelled %lld, failed %lld, tokens generated %lld\n",
+      static_cast<long long>(m.steps), static_cast<long long>(m.preemptions),
+      static_cast<long long>(m.requests_cancelled), static_cast<long long>(m.requests_failed),
+      static_cast<long long>(m.generation_tokens));
+  std::printf(
+      "blocks after: used %lld, free %lld, cached %lld of %lld; invariants checked every step\n",
+      static_cast<long long>(m.blocks_used), static_cast<long long>(m.blocks_free),
+      static_cast<long long>(m.blocks_cached), static_cast<long long>(m.blocks_total));
+  std::printf("deterministic probe: %s\n",
+              before == after ? "same text before and after" : "CHANGED");
   for (const std::string& p : r.problems) std::printf("problem: %s\n", p.c_str());
   const bool lost = !r.problems.empty() || m.blocks_used != 0 || m.running != 0 || m.waiting != 0 ||
                     before != after || m.requests_failed != 0;
@@ -132,10 +142,17 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{"bench_chaos: chaotic concurrent clients against kvcache serve; exits 2 when anything was lost"};
-  app.add_option("--model", a.model, "model to serve in-process (path or dummy:PRESET)")->capture_default_str();
-  app.add_option("--clients", a.clients, "concurrent clients")->check(CLI::Range(1, 4096))->capture_default_str();
-  app.add_option("--requests", a.requests, "requests per client")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  CLI::App app{
+      "bench_chaos: chaotic concurrent clients against kvcache serve; exits 2 when anything was "
+      "lost"};
+  app.add_option("--model", a.model, "model to serve in-process (path or dummy:PRESET)")
+      ->capture_default_str();
+  app.add_option("--clients", a.clients, "concurrent clients")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--requests", a.requests, "requests per client")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--blocks", a.blocks, "KV blocks in the pool (small: preemption)")
       ->check(CLI::Range(8, 1 << 24))
       ->capture_default_str();

@@ -33,9 +33,16 @@ struct Inputs {
   int64_t T, Hk, Hv;
   std::vector<float> q, k, v, g, beta, state, out;
   Inputs(int64_t t, int64_t hk, int64_t hv)
-      : T(t), Hk(hk), Hv(hv), q(normal(size_t(t * hk * kD), 1)), k(normal(q.size(), 2)),
-        v(normal(size_t(t * hv * kD), 3)), g(size_t(t * hv), -0.1f), beta(g.size(), 0.5f),
-        state(normal(size_t(hv * kD * kD), 4, 0.1f)), out(v.size()) {}
+      : T(t),
+        Hk(hk),
+        Hv(hv),
+        q(normal(size_t(t * hk * kD), 1)),
+        k(normal(q.size(), 2)),
+        v(normal(size_t(t * hv * kD), 3)),
+        g(size_t(t * hv), -0.1f),
+        beta(g.size(), 0.5f),
+        state(normal(size_t(hv * kD * kD), 4, 0.1f)),
+        out(v.size()) {}
   GatedDeltaParams params(ThreadPool* pool) {
     GatedDeltaParams p;
     p.q = TensorView(q.data(), DType::kF32, {T, Hk, kD});
@@ -53,7 +60,8 @@ struct Inputs {
 void per_token(benchmark::State& state, int64_t tokens, int threads) {
   state.SetItemsProcessed(state.iterations() * tokens);
   state.counters["ns_per_token"] = benchmark::Counter(
-      static_cast<double>(tokens) * 1e-9, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+      static_cast<double>(tokens) * 1e-9,
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   state.counters["threads"] = threads;
 }
 

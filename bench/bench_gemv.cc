@@ -21,17 +21,22 @@ void BM_Gemv(benchmark::State& state, DType t) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   std::mt19937 rng(7);
   std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(m * k)), wf(static_cast<size_t>(n * k)), y(static_cast<size_t>(m * n));
+  std::vector<float> x(static_cast<size_t>(m * k)), wf(static_cast<size_t>(n * k)),
+      y(static_cast<size_t>(m * n));
   for (float& v : x) v = d(rng);
   for (float& v : wf) v = d(rng);
   std::vector<std::byte> w(dtype_bytes(t, n * k));
   for (int64_t r = 0; r < n; ++r) {
     const float* src = wf.data() + r * k;
     std::byte* dst = w.data() + static_cast<size_t>(r) * dtype_bytes(t, k);
-    if (t == DType::kF16) f32_to_f16_n(src, reinterpret_cast<f16_t*>(dst), static_cast<size_t>(k));
-    else if (t == DType::kBF16) f32_to_bf16_n(src, reinterpret_cast<bf16_t*>(dst), static_cast<size_t>(k));
-    else if (t == DType::kQ8_0) quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k);
-    else std::copy(src, src + k, reinterpret_cast<float*>(dst));
+    if (t == DType::kF16)
+      f32_to_f16_n(src, reinterpret_cast<f16_t*>(dst), static_cast<size_t>(k));
+    else if (t == DType::kBF16)
+      f32_to_bf16_n(src, reinterpret_cast<bf16_t*>(dst), static_cast<size_t>(k));
+    else if (t == DType::kQ8_0)
+      quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k);
+    else
+      std::copy(src, src + k, reinterpret_cast<float*>(dst));
   }
   ThreadPool pool(1);
   MatmulParams p;

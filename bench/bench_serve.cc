@@ -49,7 +49,8 @@ StreamTiming run_stream(int port, const std::string& body, Clock::time_point t0)
   StreamTiming st;
   const int fd = kvcache::testing_util::connect_loopback(port);
   if (fd < 0) return st;
-  if (!kvcache::testing_util::send_all(fd, kvcache::testing_util::request_text("POST", "/v1/completions", body, ""))) {
+  if (!kvcache::testing_util::send_all(
+          fd, kvcache::testing_util::request_text("POST", "/v1/completions", body, ""))) {
     ::close(fd);
     return st;
   }

@@ -23,7 +23,8 @@ class ScratchDir {
   explicit ScratchDir(const std::string& tag, Scope scope = Scope::kTest) {
     std::string name = "kvcache_" + tag + "_" + std::to_string(::getpid());
     const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
-    if (scope == Scope::kTest && t != nullptr) name += std::string("_") + t->test_suite_name() + "_" + t->name();
+    if (scope == Scope::kTest && t != nullptr)
+      name += std::string("_") + t->test_suite_name() + "_" + t->name();
     for (char& c : name)
       if (c == '/') c = '_';
     path_ = std::filesystem::temp_directory_path() / name;

@@ -12,12 +12,21 @@
 
 namespace kvcache::testing_util {
 
-inline std::string shared_dir() { return KVCACHE_SHARED_DIR; }
-inline std::string stories_dir() { return shared_dir() + "/models/stories260K"; }
-inline std::string stories_model() { return stories_dir() + "/stories260K.bin"; }
-inline std::string golden_dir() { return shared_dir() + "/golden/stories260K"; }
+inline std::string shared_dir() {
+  return KVCACHE_SHARED_DIR;
+}
+inline std::string stories_dir() {
+  return shared_dir() + "/models/stories260K";
+}
+inline std::string stories_model() {
+  return stories_dir() + "/stories260K.bin";
+}
+inline std::string golden_dir() {
+  return shared_dir() + "/golden/stories260K";
+}
 inline bool have_stories() {
-  return std::filesystem::exists(stories_model()) && std::filesystem::exists(stories_dir() + "/tok512.bin") &&
+  return std::filesystem::exists(stories_model()) &&
+         std::filesystem::exists(stories_dir() + "/tok512.bin") &&
          std::filesystem::exists(golden_dir() + "/once_upon_a_time.ids") &&
          std::filesystem::exists(golden_dir() + "/once_upon_a_time.txt");
 }

@@ -97,10 +97,14 @@ void BlockPool::list_push_back(int32_t id) {
 void BlockPool::list_remove(int32_t id) {
   Block& b = blocks_[static_cast<size_t>(id)];
   KV_CHECK(b.on_free_list, "removing a block that is not on the free list");
-  if (b.prev >= 0) blocks_[static_cast<size_t>(b.prev)].next = b.next;
-  else head_ = b.next;
-  if (b.next >= 0) blocks_[static_cast<size_t>(b.next)].prev = b.prev;
-  else tail_ = b.prev;
+  if (b.prev >= 0)
+    blocks_[static_cast<size_t>(b.prev)].next = b.next;
+  else
+    head_ = b.next;
+  if (b.next >= 0)
+    blocks_[static_cast<size_t>(b.next)].prev = b.prev;
+  else
+    tail_ = b.prev;
   b.prev = b.next = -1;
   b.on_free_list = false;
 }
@@ -417,10 +421,12 @@ std::string BlockPool::check_invariants() const {
     if ((b.ref == 0) != b.on_free_list)
       return "block " + std::to_string(id) + ": ref " + std::to_string(b.ref) +
              (b.on_free_list ? " but on" : " but not on") + " the free list";
-    if (b.ref > 0) ++used;
+    if (b.ref > 0)
+      ++used;
     else if (kept(b))
       ++cached;
-    else ++free;
+    else
+      ++free;
     if (b.keyed && b.tail > 0) return "block " + std::to_string(id) + " is both keyed and a tail";
     tails += b.tail > 0;
     if (b.keyed) {
@@ -469,8 +475,9 @@ std::string BlockPool::check_invariants() const {
     if (id >= num_blocks() || !blocks_[static_cast<size_t>(id)].keyed)
       return "index entry " + std::to_string(id) + " is not a keyed block";
   }
-  if (entries != keyed) return "index holds " + std::to_string(entries) + " entries for " +
-                                std::to_string(keyed) + " keyed blocks";
+  if (entries != keyed)
+    return "index holds " + std::to_string(entries) + " entries for " + std::to_string(keyed) +
+           " keyed blocks";
   // Walk the free list: well linked, exactly the ref-0 blocks, unkeyed ones before keyed ones.
   int32_t n = 0, prev = -1;
   bool seen_kept = false;

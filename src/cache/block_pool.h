@@ -171,11 +171,11 @@ class BlockPool {
 
   int32_t block_tokens_ = 0;
   int32_t group_ = 0;
-  std::vector<Block> blocks_;       // [num_blocks]
-  std::vector<int32_t> tokens_;     // [num_blocks, block_tokens] token ids of keyed blocks
-  std::vector<int32_t> index_;      // open addressing, linear probing: block id or -1
-  std::vector<int32_t> families_;   // the same over (parent, first token): a family's head
-  int32_t head_ = -1, tail_ = -1;   // free list: allocate() takes from head_
+  std::vector<Block> blocks_;      // [num_blocks]
+  std::vector<int32_t> tokens_;    // [num_blocks, block_tokens] token ids of keyed blocks
+  std::vector<int32_t> index_;     // open addressing, linear probing: block id or -1
+  std::vector<int32_t> families_;  // the same over (parent, first token): a family's head
+  int32_t head_ = -1, tail_ = -1;  // free list: allocate() takes from head_
   int32_t n_free_ = 0, n_cached_ = 0;
   BlockPoolStats counters_;
 };

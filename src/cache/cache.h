@@ -47,8 +47,8 @@ struct QuantizedOptions {
 struct CacheOptions {
   // transformers' cache_implementation: "dynamic", "static", ... (whatever the registry holds).
   std::string implementation = "dynamic";
-  int64_t max_cache_len = 0;      // capacity in tokens (static containers, private paged stores)
-  int64_t max_batch_size = 0;     // static containers: rows preallocated (0: from first update)
+  int64_t max_cache_len = 0;   // capacity in tokens (static containers, private paged stores)
+  int64_t max_batch_size = 0;  // static containers: rows preallocated (0: from first update)
   std::optional<DType> kv_dtype = std::nullopt;  // storage dtype; unset: the first update's
   PagedOptions paged = {};
   QuantizedOptions quantized = {};

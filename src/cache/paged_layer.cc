@@ -14,8 +14,8 @@ PagedLayer::PagedLayer(std::shared_ptr<PagedKVStore> store, int layer)
   const auto& types = store_->config().layer_types;
   if (layer < 0 || layer >= static_cast<int>(types.size()))
     throw Error(ErrorKind::kInvalidArgument, "paged cache: layer " + std::to_string(layer) +
-                                                 " outside the store's " + std::to_string(types.size()) +
-                                                 " layers");
+                                                 " outside the store's " +
+                                                 std::to_string(types.size()) + " layers");
   name_ = "paged/" + types[static_cast<size_t>(layer)];
   store_->attach_layer(layer);
 }
@@ -28,16 +28,20 @@ PagedLayer::PagedLayer(const PagedStoreConfig& pending, int64_t tokens_per_row)
 }
 
 PagedKVStore& PagedLayer::store() const {
-  if (!store_) throw Error(ErrorKind::kInvalidArgument, name_ + ": no store before the first update");
+  if (!store_)
+    throw Error(ErrorKind::kInvalidArgument, name_ + ": no store before the first update");
   return *store_;
 }
 
 // Private stores: every lifecycle call before the first update has nothing to act on.
-bool PagedLayer::is_leader() const { return store_ && store_->leader_layer() == layer_; }
+bool PagedLayer::is_leader() const {
+  return store_ && store_->leader_layer() == layer_;
+}
 
 KVSpan PagedLayer::update(const TensorView& k, const TensorView& v) {
   if (!store_) {
-    if (k.ndim() != 4) throw Error(ErrorKind::kInvalidArgument, name_ + ": k must be [B, H_kv, S, D]");
+    if (k.ndim() != 4)
+      throw Error(ErrorKind::kInvalidArgument, name_ + ": k must be [B, H_kv, S, D]");
     PagedStoreConfig c = pending_;
     c.max_tokens = tokens_per_row_ * std::max<int64_t>(1, k.dim(0));
     store_ = std::make_shared<PagedKVStore>(c);
@@ -46,11 +50,17 @@ KVSpan PagedLayer::update(const TensorView& k, const TensorView& v) {
   return store_->write(layer_, k, v);
 }
 
-MaskSizes PagedLayer::mask_sizes(int64_t query_len) const { return {seq_length() + query_len, 0}; }
+MaskSizes PagedLayer::mask_sizes(int64_t query_len) const {
+  return {seq_length() + query_len, 0};
+}
 
-int64_t PagedLayer::seq_length() const { return store_ ? store_->layer_length(layer_) : 0; }
+int64_t PagedLayer::seq_length() const {
+  return store_ ? store_->layer_length(layer_) : 0;
+}
 
-bool PagedLayer::is_initialized() const { return store_ && store_->allocated(); }
+bool PagedLayer::is_initialized() const {
+  return store_ && store_->allocated();
+}
 
 void PagedLayer::crop(int64_t n) {
   if (is_leader()) store_->crop(n);

@@ -1,8 +1,8 @@
 #include "cache/paged_store.h"
 
 #include <algorithm>
-#include <numeric>
 #include <cstring>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/fault.h"
@@ -11,7 +11,9 @@ namespace kvcache {
 
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 [[noreturn]] void bad(const std::string& msg, ErrorKind kind = ErrorKind::kInvalidArgument) {
   throw Error(kind, "paged cache: " + msg);
@@ -38,7 +40,8 @@ std::vector<PagedGroup> paged_groups(const std::vector<std::string>& layer_types
       proto.window = sliding_window;
     } else {
       bad("layer " + std::to_string(l) + " has type '" + t +
-              "'; the paged cache serves full_attention and sliding_attention layers (use the dynamic "
+              "'; the paged cache serves full_attention and sliding_attention layers (use the "
+              "dynamic "
               "or static cache for this model)",
           ErrorKind::kUnsupported);
     }
@@ -73,11 +76,13 @@ size_t paged_block_bytes(const PagedStoreConfig& c, const PagedGroup& g) {
 
 size_t predict_pool_bytes(const PagedStoreConfig& c) {
   const std::vector<PagedGroup> groups = paged_groups(c.layer_types, c.sliding_window);
-  const std::vector<int32_t> blocks = c.group_blocks.empty() ? default_group_blocks(c) : c.group_blocks;
+  const std::vector<int32_t> blocks =
+      c.group_blocks.empty() ? default_group_blocks(c) : c.group_blocks;
   size_t total = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     total += static_cast<size_t>(blocks[g]) * paged_block_bytes(c, groups[g]);
-    total += BlockPool::predict_bytes({.num_blocks = blocks[g], .block_tokens = c.block_tokens,
+    total += BlockPool::predict_bytes({.num_blocks = blocks[g],
+                                       .block_tokens = c.block_tokens,
                                        .group = static_cast<int32_t>(g)});
   }
   return total;
@@ -94,7 +99,8 @@ Tensor gather_paged(const PagedKV& kv, bool values) {
   for (int64_t b = 0; b < kv.batch; ++b)
     for (int64_t j = 0; j < kv.seq_len(b); ++j) {
       const int32_t page = kv.indices[kv.indptr[b] + j / kv.block_tokens];
-      for (int64_t h = 0; h < H; ++h) std::memcpy(o.ptr(b, h, j), pages.ptr(page, h, j % kv.block_tokens), row);
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(o.ptr(b, h, j), pages.ptr(page, h, j % kv.block_tokens), row);
     }
   return out;
 }
@@ -105,7 +111,8 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
   if (config_.num_kv_shared_layers < 0 ||
       config_.num_kv_shared_layers >= static_cast<int>(config_.layer_types.size()))
     bad("num_kv_shared_layers is " + std::to_string(config_.num_kv_shared_layers) + " for " +
-        std::to_string(config_.layer_types.size()) + " layers; it must leave at least one layer that stores");
+        std::to_string(config_.layer_types.size()) +
+        " layers; it must leave at least one layer that stores");
   if (!dtype_is_float(config_.dtype)) bad("pages store f32, f16 or bf16", ErrorKind::kUnsupported);
   groups_ = paged_groups(config_.layer_types, config_.sliding_window);
   if (groups_.empty()) bad("no layers");
@@ -126,9 +133,11 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
         .num_blocks = nb, .block_tokens = config_.block_tokens, .group = static_cast<int32_t>(g)}));
     if (groups_[g].kind == GroupKind::kSliding) {
       std::vector<int32_t> null_block;
-      KV_CHECK(pools_[g]->allocate(1, null_block) && null_block[0] == 0, "null block must be block 0");
+      KV_CHECK(pools_[g]->allocate(1, null_block) && null_block[0] == 0,
+               "null block must be block 0");
     }
-    for (const int l : groups_[g].layers) layer_group_[static_cast<size_t>(l)] = static_cast<int>(g);
+    for (const int l : groups_[g].layers)
+      layer_group_[static_cast<size_t>(l)] = static_cast<int>(g);
   }
   k_pages_.resize(n_layers);
   v_pages_.resize(n_layers);
@@ -138,7 +147,8 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
   indices_.resize(groups_.size());
   last_len_.resize(groups_.size());
   if (config_.kv_heads > 0 && config_.head_dim > 0)
-    allocate_pages(config_.kv_heads, config_.head_dim, config_.head_dim_v > 0 ? config_.head_dim_v : config_.head_dim);
+    allocate_pages(config_.kv_heads, config_.head_dim,
+                   config_.head_dim_v > 0 ? config_.head_dim_v : config_.head_dim);
   build_tables();
 }
 
@@ -149,9 +159,11 @@ void PagedKVStore::allocate_pages(int64_t kv_heads, int64_t head_dim, int64_t he
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (const int l : groups_[g].layers) {
       if (!paged_layer_owns_pages(config_, l)) continue;  // KV-shared: reads its source's pages
-      for (const auto& [pages, d] : {std::pair{&k_pages_, head_dim}, std::pair{&v_pages_, head_dim_v}}) {
+      for (const auto& [pages, d] :
+           {std::pair{&k_pages_, head_dim}, std::pair{&v_pages_, head_dim_v}}) {
         Tensor& t = (*pages)[static_cast<size_t>(l)];
-        t = Tensor::empty(config_.dtype, {config_.group_blocks[g], kv_heads, config_.block_tokens, d});
+        t = Tensor::empty(config_.dtype,
+                          {config_.group_blocks[g], kv_heads, config_.block_tokens, d});
         if (groups_[g].kind == GroupKind::kSliding)  // the null page reads as zeros
           std::memset(t.data(), 0, dtype_bytes(config_.dtype, kv_heads * config_.block_tokens * d));
       }
@@ -185,7 +197,9 @@ bool PagedKVStore::is_live(SeqId seq) const {
   return seq >= 0 && seq < static_cast<SeqId>(seqs_.size()) && seqs_[static_cast<size_t>(seq)].live;
 }
 
-int64_t PagedKVStore::length(SeqId seq) const { return seq_ref(seq).len; }
+int64_t PagedKVStore::length(SeqId seq) const {
+  return seq_ref(seq).len;
+}
 
 SeqId PagedKVStore::add_sequence(std::span<const uint8_t> salt) {
   SeqId id = 0;
@@ -235,7 +249,8 @@ void PagedKVStore::set_batch(std::span<const SeqId> seqs) {
   for (size_t i = 0; i < seqs.size(); ++i) {
     seq_ref(seqs[i]);
     for (size_t j = 0; j < i; ++j)
-      if (seqs[j] == seqs[i]) bad("sequence " + std::to_string(seqs[i]) + " appears twice in the batch");
+      if (seqs[j] == seqs[i])
+        bad("sequence " + std::to_string(seqs[i]) + " appears twice in the batch");
   }
   batch_.assign(seqs.begin(), seqs.end());
   build_tables();
@@ -271,7 +286,8 @@ void PagedKVStore::build_tables() {
     for (const SeqId id : batch_) {
       const Seq& s = seqs_[static_cast<size_t>(id)];
       const std::vector<int32_t>& t = s.tables[g];
-      KV_CHECK(static_cast<int64_t>(t.size()) == ceil_div(s.len, bt), "table size != ceil(len / block)");
+      KV_CHECK(static_cast<int64_t>(t.size()) == ceil_div(s.len, bt),
+               "table size != ceil(len / block)");
       indices.insert(indices.end(), t.begin(), t.end());
       indptr.push_back(static_cast<int32_t>(indices.size()));
       last.push_back(s.len == 0 ? 0 : static_cast<int32_t>((s.len - 1) % bt + 1));
@@ -291,7 +307,8 @@ StepStatus PagedKVStore::plan_step(int64_t n_tokens, std::span<const int32_t> to
   // Blocks out of every window are dropped first: no later query of the sequence can see them,
   // so this is neutral even when the step is then refused.
   for (const SeqId id : batch_)
-    for (int g = 0; g < num_groups(); ++g) drop_out_of_window(g, seqs_[static_cast<size_t>(id)], seqs_[static_cast<size_t>(id)].len);
+    for (int g = 0; g < num_groups(); ++g)
+      drop_out_of_window(g, seqs_[static_cast<size_t>(id)], seqs_[static_cast<size_t>(id)].len);
   for (size_t g = 0; g < groups_.size(); ++g) {
     int64_t need = 0;
     for (const SeqId id : batch_) {
@@ -304,14 +321,17 @@ StepStatus PagedKVStore::plan_step(int64_t n_tokens, std::span<const int32_t> to
   for (size_t b = 0; b < batch_.size(); ++b) {
     Seq& s = seqs_[static_cast<size_t>(batch_[b])];
     for (size_t g = 0; g < groups_.size(); ++g) {
-      const int64_t need = ceil_div(s.len + n_tokens, bt) - static_cast<int64_t>(s.tables[g].size());
-      KV_CHECK(pools_[g]->allocate(static_cast<int32_t>(need), s.tables[g]), "blocks checked above");
+      const int64_t need =
+          ceil_div(s.len + n_tokens, bt) - static_cast<int64_t>(s.tables[g].size());
+      KV_CHECK(pools_[g]->allocate(static_cast<int32_t>(need), s.tables[g]),
+               "blocks checked above");
     }
     if (tokens.empty()) {
       s.tokens_known = false;
       s.tokens.clear();
     } else if (s.tokens_known) {
-      const auto row = tokens.subspan(b * static_cast<size_t>(n_tokens), static_cast<size_t>(n_tokens));
+      const auto row =
+          tokens.subspan(b * static_cast<size_t>(n_tokens), static_cast<size_t>(n_tokens));
       s.tokens.insert(s.tokens.end(), row.begin(), row.end());
     }
     step_base_[b] = s.len;
@@ -334,10 +354,13 @@ int64_t PagedKVStore::layer_length(int layer) const {
 KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) {
   fault::point("paged_store.write");
   const std::string where = "layer " + std::to_string(layer) + ": ";
-  if (k.ndim() != 4 || v.ndim() != 4 || k.dim(0) != v.dim(0) || k.dim(1) != v.dim(1) || k.dim(2) != v.dim(2))
+  if (k.ndim() != 4 || v.ndim() != 4 || k.dim(0) != v.dim(0) || k.dim(1) != v.dim(1) ||
+      k.dim(2) != v.dim(2))
     bad(where + "k and v must be [B, H_kv, S, D_k] and [B, H_kv, S, D_v] (same B, H_kv, S)");
-  if (!dtype_is_float(k.dtype()) || !dtype_is_float(v.dtype())) bad(where + "k and v must be float tensors");
-  if (layer < 0 || layer >= static_cast<int>(k_pages_.size())) bad(where + "outside the store's layers");
+  if (!dtype_is_float(k.dtype()) || !dtype_is_float(v.dtype()))
+    bad(where + "k and v must be float tensors");
+  if (layer < 0 || layer >= static_cast<int>(k_pages_.size()))
+    bad(where + "outside the store's layers");
   if (!paged_layer_owns_pages(config_, layer))
     bad(where + "is KV-shared (one of the last " + std::to_string(config_.num_kv_shared_layers) +
         " layers) and owns no pages; it reads its source layer's span");
@@ -348,11 +371,13 @@ KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) 
   if (!allocated()) {
     if (config_.kv_heads > 0 &&
         (k.dim(1) != config_.kv_heads || k.dim(3) != config_.head_dim || v.dim(3) != want_dv))
-      bad(where + "k/v have " + shape_text(k.dim(1), k.dim(3), v.dim(3)) + ", the store was configured for " +
+      bad(where + "k/v have " + shape_text(k.dim(1), k.dim(3), v.dim(3)) +
+          ", the store was configured for " +
           shape_text(config_.kv_heads, config_.head_dim, want_dv));
     allocate_pages(k.dim(1), k.dim(3), v.dim(3));
   }
-  if (k.dim(1) != config_.kv_heads || k.dim(3) != config_.head_dim || v.dim(3) != config_.head_dim_v)
+  if (k.dim(1) != config_.kv_heads || k.dim(3) != config_.head_dim ||
+      v.dim(3) != config_.head_dim_v)
     bad(where + "k/v have " + shape_text(k.dim(1), k.dim(3), v.dim(3)) + ", the pages hold " +
         shape_text(config_.kv_heads, config_.head_dim, config_.head_dim_v));
   if (batch_.empty() && !step_open_) {
@@ -376,9 +401,11 @@ KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) 
   const int64_t bt = config_.block_tokens, H = config_.kv_heads;
   const TensorView kp = k_pages_[static_cast<size_t>(layer)].view();
   const TensorView vp = v_pages_[static_cast<size_t>(layer)].view();
-  const auto dk = static_cast<size_t>(config_.head_dim), dv = static_cast<size_t>(config_.head_dim_v);
+  const auto dk = static_cast<size_t>(config_.head_dim),
+             dv = static_cast<size_t>(config_.head_dim_v);
   for (size_t b = 0; b < batch_.size(); ++b) {
-    const std::vector<int32_t>& table = seqs_[static_cast<size_t>(batch_[b])].tables[static_cast<size_t>(g)];
+    const std::vector<int32_t>& table =
+        seqs_[static_cast<size_t>(batch_[b])].tables[static_cast<size_t>(g)];
     const auto bi = static_cast<int64_t>(b);
     for (int64_t s = 0; s < step_tokens_; ++s) {
       const int64_t pos = step_base_[b] + s;
@@ -431,7 +458,8 @@ void PagedKVStore::abort_step() {
 
 KVSpan PagedKVStore::peek_span(int layer) const {
   KV_CHECK(allocated(), "peek_span before the pages exist");
-  KV_CHECK(paged_layer_owns_pages(config_, layer), "peek_span of a KV-shared layer (it owns no pages)");
+  KV_CHECK(paged_layer_owns_pages(config_, layer),
+           "peek_span of a KV-shared layer (it owns no pages)");
   const auto g = static_cast<size_t>(layer_group_[static_cast<size_t>(layer)]);
   KVSpan span;
   span.kind = KVSpanKind::kPaged;
@@ -459,7 +487,8 @@ void PagedKVStore::commit_full_blocks(Seq& s) {
       const BlockKey key = block_key(parent, static_cast<int32_t>(g), s.salt, tok);
       const int32_t id = s.tables[g][static_cast<size_t>(i)];
       if (!is_null(static_cast<int>(g), id)) {
-        if (pool.is_keyed(id)) KV_CHECK(pool.key(id) == key, "a shared block under a different key");
+        if (pool.is_keyed(id))
+          KV_CHECK(pool.key(id) == key, "a shared block under a different key");
         else
           pool.commit(id, key, parent, tok);  // false: the same content is indexed elsewhere
       }
@@ -475,7 +504,8 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
   hit.blocks.resize(groups_.size());
   if (tokens.size() <= 1) return hit;
   const int64_t bt = config_.block_tokens;
-  const int64_t nj = static_cast<int64_t>(tokens.size() - 1) / bt;  // full blocks, last token excluded
+  const int64_t nj =
+      static_cast<int64_t>(tokens.size() - 1) / bt;  // full blocks, last token excluded
   // ok[j]: every group can serve the first j blocks.
   std::vector<uint8_t> ok(static_cast<size_t>(nj + 1), 1);
   std::vector<std::vector<BlockKey>>& keys = hit.keys;  // of every full block, cut to j below
@@ -483,7 +513,8 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
   for (int g = 0; g < num_groups(); ++g) {
     BlockKey parent;
     for (int64_t i = 0; i < nj; ++i) {
-      const std::span<const int32_t> tok = tokens.subspan(static_cast<size_t>(i * bt), static_cast<size_t>(bt));
+      const std::span<const int32_t> tok =
+          tokens.subspan(static_cast<size_t>(i * bt), static_cast<size_t>(bt));
       parent = block_key(parent, g, salt, tok);
       keys[static_cast<size_t>(g)].push_back(parent);
       ids[static_cast<size_t>(g)].push_back(pools_[static_cast<size_t>(g)]->lookup(parent, tok));
@@ -587,7 +618,8 @@ void PagedKVStore::copy_block(int g, int32_t src, int32_t dst, int64_t slots) {
       if (!pages->defined() || pages->size_bytes() == 0) continue;
       const TensorView p = pages->view();
       const size_t n = dtype_bytes(config_.dtype, slots * p.dim(3));  // K and V widths may differ
-      for (int64_t h = 0; h < config_.kv_heads; ++h) std::memcpy(p.ptr(dst, h, 0), p.ptr(src, h, 0), n);
+      for (int64_t h = 0; h < config_.kv_heads; ++h)
+        std::memcpy(p.ptr(dst, h, 0), p.ptr(src, h, 0), n);
     }
   }
 }
@@ -640,9 +672,12 @@ void PagedKVStore::crop(int64_t n) {
       const std::vector<int32_t>& t = s.tables[static_cast<size_t>(g)];
       for (int64_t i = first_visible(g, target[b]) / bt; i < ceil_div(target[b], bt); ++i)
         if (is_null(g, t[static_cast<size_t>(i)]))
-          bad("crop to " + std::to_string(target[b]) + " tokens: the sliding window already dropped "
-              "the keys those positions need", ErrorKind::kOutOfRange);
-      if (target[b] % bt != 0 && pools_[static_cast<size_t>(g)]->ref_count(t[static_cast<size_t>(target[b] / bt)]) > 1)
+          bad("crop to " + std::to_string(target[b]) +
+                  " tokens: the sliding window already dropped "
+                  "the keys those positions need",
+              ErrorKind::kOutOfRange);
+      if (target[b] % bt != 0 &&
+          pools_[static_cast<size_t>(g)]->ref_count(t[static_cast<size_t>(target[b] / bt)]) > 1)
         ++copies[static_cast<size_t>(g)];
     }
   }
@@ -695,7 +730,8 @@ void PagedKVStore::remap(std::span<const int64_t> rows) {
   const auto B = static_cast<int64_t>(batch_.size());
   std::vector<int> uses(batch_.size(), 0);
   for (const int64_t r : rows) {
-    if (r < 0 || r >= B) bad("row index " + std::to_string(r) + " outside the batch of " + std::to_string(B));
+    if (r < 0 || r >= B)
+      bad("row index " + std::to_string(r) + " outside the batch of " + std::to_string(B));
     ++uses[static_cast<size_t>(r)];
   }
   const int64_t bt = config_.block_tokens;
@@ -756,7 +792,8 @@ size_t PagedKVStore::used_bytes() const {
 }
 
 size_t PagedKVStore::layer_page_bytes(int layer) const {
-  return k_pages_[static_cast<size_t>(layer)].size_bytes() + v_pages_[static_cast<size_t>(layer)].size_bytes();
+  return k_pages_[static_cast<size_t>(layer)].size_bytes() +
+         v_pages_[static_cast<size_t>(layer)].size_bytes();
 }
 
 size_t PagedKVStore::pool_bytes() const {
@@ -775,7 +812,8 @@ size_t PagedKVStore::bytes() const {
     for (const auto& k : s.keys) total += k.capacity() * sizeof(BlockKey);
   }
   for (size_t g = 0; g < groups_.size(); ++g)
-    total += (indptr_[g].capacity() + indices_[g].capacity() + last_len_[g].capacity()) * sizeof(int32_t);
+    total += (indptr_[g].capacity() + indices_[g].capacity() + last_len_[g].capacity()) *
+             sizeof(int32_t);
   return total;
 }
 
@@ -786,7 +824,8 @@ std::string PagedKVStore::check_invariants() const {
     std::string e = pool.check_invariants();
     if (!e.empty()) return "group " + std::to_string(g) + ": " + e;
     std::vector<int32_t> refs(static_cast<size_t>(pool.num_blocks()), 0);
-    if (groups_[static_cast<size_t>(g)].kind == GroupKind::kSliding) refs[0] = 1;  // the store's hold
+    if (groups_[static_cast<size_t>(g)].kind == GroupKind::kSliding)
+      refs[0] = 1;  // the store's hold
     for (size_t id = 0; id < seqs_.size(); ++id) {
       const Seq& s = seqs_[id];
       if (!s.live) continue;
@@ -795,7 +834,8 @@ std::string PagedKVStore::check_invariants() const {
         return "sequence " + std::to_string(id) + ": " + std::to_string(t.size()) + " blocks for " +
                std::to_string(s.len) + " tokens";
       for (const int32_t b : t) {
-        if (b < 0 || b >= pool.num_blocks()) return "sequence " + std::to_string(id) + ": bad block id";
+        if (b < 0 || b >= pool.num_blocks())
+          return "sequence " + std::to_string(id) + ": bad block id";
         ++refs[static_cast<size_t>(b)];
       }
       if (s.tokens_known && static_cast<int64_t>(s.tokens.size()) != s.len)
@@ -804,8 +844,8 @@ std::string PagedKVStore::check_invariants() const {
     for (int32_t b = 0; b < pool.num_blocks(); ++b)
       if (pool.ref_count(b) != refs[static_cast<size_t>(b)])
         return "group " + std::to_string(g) + " block " + std::to_string(b) + ": ref count " +
-               std::to_string(pool.ref_count(b)) + " but " + std::to_string(refs[static_cast<size_t>(b)]) +
-               " table entries";
+               std::to_string(pool.ref_count(b)) + " but " +
+               std::to_string(refs[static_cast<size_t>(b)]) + " table entries";
   }
   return {};
 }

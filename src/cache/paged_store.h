@@ -110,7 +110,9 @@ class PagedKVStore {
   const PagedGroup& group(int g) const { return groups_[static_cast<size_t>(g)]; }
   int group_of_layer(int layer) const { return layer_group_[static_cast<size_t>(layer)]; }
   int32_t block_tokens() const { return config_.block_tokens; }
-  bool allocated() const { return !k_pages_.empty() && k_pages_[0].defined() && k_pages_[0].size_bytes() > 0; }
+  bool allocated() const {
+    return !k_pages_.empty() && k_pages_[0].defined() && k_pages_[0].size_bytes() > 0;
+  }
 
   // --- sequences and the batch -----------------------------------------------------------
   // A new empty sequence. `salt` (e.g. a tenant id) is folded into its block keys: prefixes
@@ -196,8 +198,8 @@ class PagedKVStore {
   struct Seq {
     bool live = false;
     int64_t len = 0;
-    bool tokens_known = true;            // every token id so far recorded
-    std::vector<int32_t> tokens;         // [len] while tokens_known
+    bool tokens_known = true;     // every token id so far recorded
+    std::vector<int32_t> tokens;  // [len] while tokens_known
     std::vector<uint8_t> salt;
     std::vector<std::vector<int32_t>> tables;  // [group][blocks]
     std::vector<std::vector<BlockKey>> keys;   // [group][committed blocks]
@@ -217,7 +219,9 @@ class PagedKVStore {
   Seq& seq_ref(SeqId seq);
   const Seq& seq_ref(SeqId seq) const;
   void allocate_pages(int64_t kv_heads, int64_t head_dim, int64_t head_dim_v);
-  bool is_null(int g, int32_t id) const { return groups_[static_cast<size_t>(g)].kind == GroupKind::kSliding && id == 0; }
+  bool is_null(int g, int32_t id) const {
+    return groups_[static_cast<size_t>(g)].kind == GroupKind::kSliding && id == 0;
+  }
   // First position a query at `pos` (or later) can see in group g.
   int64_t first_visible(int g, int64_t pos) const;
   void drop_out_of_window(int g, Seq& s, int64_t next_pos);
@@ -228,9 +232,9 @@ class PagedKVStore {
 
   PagedStoreConfig config_;
   std::vector<PagedGroup> groups_;
-  std::vector<int> layer_group_;                    // [n_layers]
-  std::vector<std::unique_ptr<BlockPool>> pools_;   // [groups]
-  std::vector<Tensor> k_pages_, v_pages_;           // [n_layers] [blocks_g, H_kv, bt, D_k | D_v]
+  std::vector<int> layer_group_;                   // [n_layers]
+  std::vector<std::unique_ptr<BlockPool>> pools_;  // [groups]
+  std::vector<Tensor> k_pages_, v_pages_;          // [n_layers] [blocks_g, H_kv, bt, D_k | D_v]
   std::vector<Seq> seqs_;
   std::vector<SeqId> batch_;
   // The open step: tokens per row, each batch row's length before it, which layers wrote.
@@ -239,7 +243,7 @@ class PagedKVStore {
   std::vector<int64_t> step_base_;   // [batch]
   std::vector<uint8_t> step_wrote_;  // [n_layers]
   int step_writes_ = 0;
-  std::vector<uint8_t> attached_;    // [n_layers]
+  std::vector<uint8_t> attached_;  // [n_layers]
   int n_attached_ = 0;
   // CSR page tables of the batch per group, rebuilt when a step opens.
   std::vector<std::vector<int32_t>> indptr_, indices_, last_len_;

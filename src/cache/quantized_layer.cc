@@ -22,18 +22,19 @@ std::unique_ptr<CacheLayer> make_quantized(const CacheConfig& c, int layer, bool
     // KIVI groups keys per channel of a head and the MLA step expands the latent from a dense
     // or paged span; a quantized latent would need its own error analysis and a dequantizing
     // expansion, which do not exist.
-    throw Error(ErrorKind::kUnsupported,
-                "layer " + std::to_string(layer) + " (" + p.name +
-                    "): this model uses MLA — the cache holds a latent c_kv and a rotated key k_rot, "
-                    "not per-head K/V — which the quantized (KIVI) container does not store; use "
-                    "--cache dynamic, static or paged");
+    throw Error(
+        ErrorKind::kUnsupported,
+        "layer " + std::to_string(layer) + " (" + p.name +
+            "): this model uses MLA — the cache holds a latent c_kv and a rotated key k_rot, "
+            "not per-head K/V — which the quantized (KIVI) container does not store; use "
+            "--cache dynamic, static or paged");
   }
   if (sliding) {
     if (c.sliding_window < 1) {
-      throw Error(ErrorKind::kInvalidArgument,
-                  "layer " + std::to_string(layer) + " (" + p.name +
-                      "): sliding_window must be >= 1, got " + std::to_string(c.sliding_window) +
-                      " (set it from the model config)");
+      throw Error(ErrorKind::kInvalidArgument, "layer " + std::to_string(layer) + " (" + p.name +
+                                                   "): sliding_window must be >= 1, got " +
+                                                   std::to_string(c.sliding_window) +
+                                                   " (set it from the model config)");
     }
     p.sliding_window = c.sliding_window;
   }
@@ -199,10 +200,8 @@ void QuantizedLayer::flush(int64_t tokens) {
   if (rest > 0) {
     for (int64_t b = 0; b < batch_; ++b)
       for (int64_t h = 0; h < heads_; ++h) {
-        std::memmove(rk.ptr(b, h, 0), rk.ptr(b, h, tokens),
-                     dtype_bytes(res_dtype_, rest * dk_));
-        std::memmove(rv.ptr(b, h, 0), rv.ptr(b, h, tokens),
-                     dtype_bytes(res_dtype_, rest * dv_));
+        std::memmove(rk.ptr(b, h, 0), rk.ptr(b, h, tokens), dtype_bytes(res_dtype_, rest * dk_));
+        std::memmove(rv.ptr(b, h, 0), rv.ptr(b, h, tokens), dtype_bytes(res_dtype_, rest * dv_));
       }
     stats_.bytes_copied += dtype_bytes(res_dtype_, batch_ * heads_ * rest * (dk_ + dv_));
   }
@@ -218,8 +217,8 @@ KVSpan QuantizedLayer::update(const TensorView& k, const TensorView& v) {
   if (k.dim(0) != v.dim(0) || k.dim(1) != v.dim(1) || k.dim(2) != v.dim(2))
     fail("k " + k.shape().str() + " and v " + v.shape().str() + " disagree on B, H_kv or S");
   if (k.dim(3) < 1 || v.dim(3) < 1) fail("head dims must be >= 1");
-  if (initialized_ && (k.dim(0) != batch_ || k.dim(1) != heads_ || k.dim(3) != dk_ ||
-                       v.dim(3) != dv_)) {
+  if (initialized_ &&
+      (k.dim(0) != batch_ || k.dim(1) != heads_ || k.dim(3) != dk_ || v.dim(3) != dv_)) {
     if (seq_length_ == 0 && k.dim(1) == heads_ && k.dim(3) == dk_ && v.dim(3) == dv_) {
       // An empty layer may take a new batch size (memory reallocated on demand).
       batch_ = k.dim(0);
@@ -229,9 +228,8 @@ KVSpan QuantizedLayer::update(const TensorView& k, const TensorView& v) {
       res_k_ = Tensor();
       res_v_ = Tensor();
     } else {
-      fail("shape " + k.shape().str() + " does not match the layer's [" +
-           std::to_string(batch_) + ", " + std::to_string(heads_) + ", S, " +
-           std::to_string(dk_) + "]");
+      fail("shape " + k.shape().str() + " does not match the layer's [" + std::to_string(batch_) +
+           ", " + std::to_string(heads_) + ", S, " + std::to_string(dk_) + "]");
     }
   }
   if (!initialized_) init(k, v);
@@ -286,9 +284,8 @@ void QuantizedLayer::crop(int64_t n) {
   const int64_t keep = n < 0 ? seq_length_ + n : std::min(n, seq_length_);
   if (keep == seq_length_) return;
   const int64_t first = first_position();
-  const int64_t need = params_.sliding_window > 0
-                           ? std::max<int64_t>(keep - params_.sliding_window + 1, 0)
-                           : 0;
+  const int64_t need =
+      params_.sliding_window > 0 ? std::max<int64_t>(keep - params_.sliding_window + 1, 0) : 0;
   if (need < first) {
     throw Error(ErrorKind::kOutOfRange,
                 where() + ": cannot crop to " + std::to_string(keep) +
@@ -358,28 +355,31 @@ void QuantizedLayer::gather(std::span<const int64_t> rows) {
   res_k_ = std::move(rk);
   res_v_ = std::move(rv);
   batch_ = nb;
-  stats_.bytes_copied += static_cast<size_t>(nb * (kr + vr)) + res_k_.size_bytes() +
-                         res_v_.size_bytes();
+  stats_.bytes_copied +=
+      static_cast<size_t>(nb * (kr + vr)) + res_k_.size_bytes() + res_v_.size_bytes();
 }
 
 void QuantizedLayer::reorder(std::span<const int64_t> beam_idx) {
   if (initialized_ && static_cast<int64_t>(beam_idx.size()) != batch_) {
-    throw Error(ErrorKind::kInvalidArgument,
-                where() + ": reorder needs one index per batch row (" + std::to_string(batch_) +
-                    "), got " + std::to_string(beam_idx.size()));
+    throw Error(ErrorKind::kInvalidArgument, where() + ": reorder needs one index per batch row (" +
+                                                 std::to_string(batch_) + "), got " +
+                                                 std::to_string(beam_idx.size()));
   }
   gather(beam_idx);
 }
 
 void QuantizedLayer::repeat_interleave(int64_t r) {
-  if (r < 1) throw Error(ErrorKind::kInvalidArgument, where() + ": repeat_interleave(r) needs r >= 1");
+  if (r < 1)
+    throw Error(ErrorKind::kInvalidArgument, where() + ": repeat_interleave(r) needs r >= 1");
   std::vector<int64_t> rows;
   for (int64_t b = 0; b < batch_; ++b)
     for (int64_t i = 0; i < r; ++i) rows.push_back(b);
   gather(rows);
 }
 
-void QuantizedLayer::select(std::span<const int64_t> indices) { gather(indices); }
+void QuantizedLayer::select(std::span<const int64_t> indices) {
+  gather(indices);
+}
 
 size_t QuantizedLayer::bytes() const {
   return kbuf_.size() + vbuf_.size() + res_k_.size_bytes() + res_v_.size_bytes() +

@@ -41,12 +41,12 @@
 namespace kvcache {
 
 struct QuantizedLayerParams {
-  std::string name;                // registry name, "quantized/full_attention"
-  int layer_index = -1;            // for error messages
-  std::optional<DType> kv_dtype;   // residual dtype; unset: the first update's
+  std::string name;               // registry name, "quantized/full_attention"
+  int layer_index = -1;           // for error messages
+  std::optional<DType> kv_dtype;  // residual dtype; unset: the first update's
   // Scheme, code bits, G: tokens per key group, R: full-precision tokens before a flush.
   QuantizedOptions quantized;
-  int64_t sliding_window = 0;      // > 0: a sliding layer of window W
+  int64_t sliding_window = 0;  // > 0: a sliding layer of window W
 };
 
 class QuantizedLayer final : public CacheLayer {
@@ -79,9 +79,7 @@ class QuantizedLayer final : public CacheLayer {
   int64_t packed_length() const { return (blk_end_ - blk_begin_) * params_.quantized.group; }
   int64_t value_group() const { return fmt_.v_group; }
   int64_t packed_capacity_blocks() const { return blk_cap_; }  // per (b, h)
-  int64_t residual_capacity() const {
-    return res_k_.shape().ndim == 4 ? res_k_.dim(2) : 0;
-  }
+  int64_t residual_capacity() const { return res_k_.shape().ndim == 4 ? res_k_.dim(2) : 0; }
   // Absolute position of the first token held (packed or residual).
   int64_t first_position() const { return seq_length_ - n_res_ - packed_length(); }
 
@@ -111,7 +109,7 @@ class QuantizedLayer final : public CacheLayer {
   int64_t blk_cap_ = 0, blk_begin_ = 0, blk_end_ = 0;  // per (b, h) block slots
   int64_t reserved_blocks_ = 0;                        // the largest reserve(), in blocks
   ByteBuffer kbuf_, vbuf_;                             // [B][H_kv][blk_cap][block bytes]
-  Tensor res_k_, res_v_;                              // [B, H_kv, res_cap, D], slots [0, n_res)
+  Tensor res_k_, res_v_;                               // [B, H_kv, res_cap, D], slots [0, n_res)
   int64_t n_res_ = 0;
   std::vector<float> scratch_;  // [G, max(D_k, D_v)] f32 rows for quantize / dequantize
   int64_t seq_length_ = 0;

@@ -19,8 +19,8 @@ KVSpan RecomputeLayer::update(const TensorView& k, const TensorView& v) {
 namespace {
 template <const char* kType>
 std::unique_ptr<CacheLayer> make_recompute(const CacheConfig& config, int layer_index) {
-  return std::make_unique<RecomputeLayer>(
-      dense_params(config, layer_index, std::string("recompute/") + kType, /*fixed_storage=*/false));
+  return std::make_unique<RecomputeLayer>(dense_params(
+      config, layer_index, std::string("recompute/") + kType, /*fixed_storage=*/false));
 }
 constexpr char kFull[] = "full_attention";
 constexpr char kSliding[] = "sliding_attention";

@@ -62,9 +62,9 @@ f16_t f32_to_f16(float f) {
   const int32_t exp = static_cast<int32_t>(abs >> 23) - 127 + 15;  // half's biased exponent
   const uint32_t mant = abs & 0x7fffffu;
   if (exp >= 31) return static_cast<f16_t>(sign | 0x7c00u);  // too large even before rounding
-  uint32_t full;   // significand to shift, implicit bit included for normal floats
-  int32_t shift;   // right shift that leaves 10 (normal) or fewer (subnormal) mantissa bits
-  uint32_t base;   // exponent bits placed above the shifted significand
+  uint32_t full;  // significand to shift, implicit bit included for normal floats
+  int32_t shift;  // right shift that leaves 10 (normal) or fewer (subnormal) mantissa bits
+  uint32_t base;  // exponent bits placed above the shifted significand
   if (exp >= 1) {
     full = mant;
     shift = 13;
@@ -146,16 +146,32 @@ void convert_n(const void* src, DType src_t, void* dst, DType dst_t, size_t n) {
     const size_t m = std::min(kChunk, n - off);
     const float* f;
     switch (src_t) {
-      case DType::kF32: f = reinterpret_cast<const float*>(s + off * ss); break;
-      case DType::kF16: f16_to_f32_n(reinterpret_cast<const f16_t*>(s + off * ss), tmp, m); f = tmp; break;
-      case DType::kBF16: bf16_to_f32_n(reinterpret_cast<const bf16_t*>(s + off * ss), tmp, m); f = tmp; break;
-      default: KV_CHECK(false, "unreachable");
+      case DType::kF32:
+        f = reinterpret_cast<const float*>(s + off * ss);
+        break;
+      case DType::kF16:
+        f16_to_f32_n(reinterpret_cast<const f16_t*>(s + off * ss), tmp, m);
+        f = tmp;
+        break;
+      case DType::kBF16:
+        bf16_to_f32_n(reinterpret_cast<const bf16_t*>(s + off * ss), tmp, m);
+        f = tmp;
+        break;
+      default:
+        KV_CHECK(false, "unreachable");
     }
     switch (dst_t) {
-      case DType::kF32: std::memcpy(d + off * ds, f, m * sizeof(float)); break;
-      case DType::kF16: f32_to_f16_n(f, reinterpret_cast<f16_t*>(d + off * ds), m); break;
-      case DType::kBF16: f32_to_bf16_n(f, reinterpret_cast<bf16_t*>(d + off * ds), m); break;
-      default: KV_CHECK(false, "unreachable");
+      case DType::kF32:
+        std::memcpy(d + off * ds, f, m * sizeof(float));
+        break;
+      case DType::kF16:
+        f32_to_f16_n(f, reinterpret_cast<f16_t*>(d + off * ds), m);
+        break;
+      case DType::kBF16:
+        f32_to_bf16_n(f, reinterpret_cast<bf16_t*>(d + off * ds), m);
+        break;
+      default:
+        KV_CHECK(false, "unreachable");
     }
   }
 }

@@ -26,8 +26,12 @@ struct DTypeInfo {
 };
 
 const DTypeInfo& dtype_info(DType t);
-inline const char* dtype_name(DType t) { return dtype_info(t).name; }
-inline bool dtype_is_float(DType t) { return dtype_info(t).is_float; }
+inline const char* dtype_name(DType t) {
+  return dtype_info(t).name;
+}
+inline bool dtype_is_float(DType t) {
+  return dtype_info(t).is_float;
+}
 // Bytes of `n` elements; n must be a multiple of the block size (checked).
 size_t dtype_bytes(DType t, int64_t n);
 // Element size for float types; aborts for block types (their elements have no own address).
@@ -48,7 +52,9 @@ inline bf16_t f32_to_bf16(float f) {
   const uint32_t bias = 0x7fffu + ((x >> 16) & 1u);
   return static_cast<bf16_t>((x + bias) >> 16);
 }
-inline float bf16_to_f32(bf16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_f32(bf16_t h) {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
 
 // ---- bulk conversions of contiguous runs (SIMD where the build allows) ----
 void f32_to_f16_n(const float* src, f16_t* dst, size_t n);

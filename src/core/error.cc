@@ -7,11 +7,16 @@ namespace kvcache {
 
 const char* error_kind_name(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kInvalidArgument: return "invalid argument";
-    case ErrorKind::kOutOfRange: return "out of range";
-    case ErrorKind::kFormat: return "bad format";
-    case ErrorKind::kIo: return "i/o error";
-    case ErrorKind::kUnsupported: return "unsupported";
+    case ErrorKind::kInvalidArgument:
+      return "invalid argument";
+    case ErrorKind::kOutOfRange:
+      return "out of range";
+    case ErrorKind::kFormat:
+      return "bad format";
+    case ErrorKind::kIo:
+      return "i/o error";
+    case ErrorKind::kUnsupported:
+      return "unsupported";
   }
   return "error";
 }

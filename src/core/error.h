@@ -22,8 +22,7 @@ const char* error_kind_name(ErrorKind kind);
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message)
-      : std::runtime_error(message), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
   ErrorKind kind() const { return kind_; }
 
  private:
@@ -36,7 +35,7 @@ class Error : public std::runtime_error {
 }  // namespace kvcache
 
 // Always-on invariant check for tier-3 errors (bugs). Never use it for user input.
-#define KV_CHECK(cond, msg)                                          \
-  do {                                                               \
+#define KV_CHECK(cond, msg)                                                 \
+  do {                                                                      \
     if (!(cond)) ::kvcache::check_failed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)

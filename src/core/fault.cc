@@ -53,7 +53,8 @@ void hit(std::string_view name) {
 
 }  // namespace detail
 
-Scoped::Scoped(std::string name, std::function<void()> action, int skip, int times) : name_(std::move(name)) {
+Scoped::Scoped(std::string name, std::function<void()> action, int skip, int times)
+    : name_(std::move(name)) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   KV_CHECK(registry().count(name_) == 0, "fault point '" + name_ + "' armed twice");
   registry()[name_] = Armed{std::move(action), skip, times, 0};

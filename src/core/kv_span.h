@@ -23,11 +23,11 @@ enum class KVSpanKind { kDense, kPaged, kQuantized };
 struct PagedKV {
   // [num_pages, H_kv, block_tokens, D_k] f32/f16/bf16, unit innermost stride
   TensorView k_pages;
-  TensorView v_pages;         // [num_pages, H_kv, block_tokens, D_v] same dtype as k_pages
-  int64_t batch = 0;          // B, number of sequences
-  int64_t block_tokens = 0;   // slots per page (= k_pages.dim(2))
-  const int32_t* indptr = nullptr;         // [B + 1], indptr[0] = 0, non-decreasing
-  const int32_t* indices = nullptr;        // [indptr[B]] page ids in [0, num_pages)
+  TensorView v_pages;                // [num_pages, H_kv, block_tokens, D_v] same dtype as k_pages
+  int64_t batch = 0;                 // B, number of sequences
+  int64_t block_tokens = 0;          // slots per page (= k_pages.dim(2))
+  const int32_t* indptr = nullptr;   // [B + 1], indptr[0] = 0, non-decreasing
+  const int32_t* indices = nullptr;  // [indptr[B]] page ids in [0, num_pages)
   const int32_t* last_page_len = nullptr;  // [B] in [1, block_tokens]; 0: a page-less sequence
   int64_t seq_len(int64_t b) const {
     const int64_t n = indptr[b + 1] - indptr[b];

@@ -1,10 +1,10 @@
 #include "core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
-
-#include <sys/mman.h>
 
 #include "core/error.h"
 
@@ -81,10 +81,9 @@ int64_t TensorView::byte_offset(int64_t i0, int64_t i1, int64_t i2, int64_t i3) 
 
 TensorView TensorView::slice(int axis, int64_t begin, int64_t end) const {
   if (axis < 0 || axis >= shape_.ndim || begin < 0 || end < begin || end > shape_[axis]) {
-    throw Error(ErrorKind::kOutOfRange, "slice [" + std::to_string(begin) + ", " +
-                                            std::to_string(end) + ") on axis " +
-                                            std::to_string(axis) + " of a tensor of shape " +
-                                            shape_.str());
+    throw Error(ErrorKind::kOutOfRange,
+                "slice [" + std::to_string(begin) + ", " + std::to_string(end) + ") on axis " +
+                    std::to_string(axis) + " of a tensor of shape " + shape_.str());
   }
   Shape s = shape_;
   s.dims[static_cast<size_t>(axis)] = end - begin;
@@ -154,12 +153,14 @@ Tensor Tensor::clone() const {
   return t;
 }
 
-TensorView Tensor::view() const { return TensorView(data_.get(), dtype_, shape_); }
+TensorView Tensor::view() const {
+  return TensorView(data_.get(), dtype_, shape_);
+}
 
 size_t copy_view(const TensorView& src, const TensorView& dst) {
   if (!(src.shape() == dst.shape())) {
-    throw Error(ErrorKind::kInvalidArgument, "copy between shapes " + src.shape().str() + " and " +
-                                                 dst.shape().str());
+    throw Error(ErrorKind::kInvalidArgument,
+                "copy between shapes " + src.shape().str() + " and " + dst.shape().str());
   }
   if (src.numel() == 0) return 0;
   // Iterate over the outer three dims; the innermost dim is a contiguous run when stride == 1.
@@ -169,7 +170,8 @@ size_t copy_view(const TensorView& src, const TensorView& dst) {
   auto idx4 = [&](const TensorView& v, int64_t a, int64_t b, int64_t c, int64_t d) {
     Dims full{a, b, c, d};
     Dims out{0, 0, 0, 0};
-    for (int i = 0; i < nd; ++i) out[static_cast<size_t>(i)] = full[static_cast<size_t>(4 - nd + i)];
+    for (int i = 0; i < nd; ++i)
+      out[static_cast<size_t>(i)] = full[static_cast<size_t>(4 - nd + i)];
     return v.ptr(out[0], out[1], out[2], out[3]);
   };
   const bool inner_contig = src.stride(nd - 1) == 1 && dst.stride(nd - 1) == 1;

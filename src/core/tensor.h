@@ -43,7 +43,9 @@ class TensorView {
 
   void* data() const { return data_; }
   template <typename T>
-  T* data_as() const { return static_cast<T*>(data_); }
+  T* data_as() const {
+    return static_cast<T*>(data_);
+  }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   int ndim() const { return shape_.ndim; }
@@ -119,7 +121,9 @@ class Tensor {
   TensorView view() const;
   void* data() const { return data_.get(); }
   template <typename T>
-  T* data_as() const { return reinterpret_cast<T*>(data_.get()); }
+  T* data_as() const {
+    return reinterpret_cast<T*>(data_.get());
+  }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   int64_t dim(int i) const { return shape_[i]; }

@@ -104,9 +104,9 @@ ThreadPool::ThreadPool(const ThreadPoolOptions& options) : options_(options) {
       // The system's thread limit: stop the workers already started (a joinable std::thread
       // left behind would terminate the process) and say what to change.
       stop_workers();
-      throw Error(ErrorKind::kInvalidArgument, "cannot start thread " + std::to_string(i + 1) + " of " +
-                                                   std::to_string(n) + " (" + e.what() +
-                                                   "); ask for fewer threads (-t, KVCACHE_THREADS)");
+      throw Error(ErrorKind::kInvalidArgument,
+                  "cannot start thread " + std::to_string(i + 1) + " of " + std::to_string(n) +
+                      " (" + e.what() + "); ask for fewer threads (-t, KVCACHE_THREADS)");
     }
   }
 }
@@ -119,7 +119,9 @@ void ThreadPool::stop_workers() {
   workers_.clear();
 }
 
-ThreadPool::~ThreadPool() { stop_workers(); }
+ThreadPool::~ThreadPool() {
+  stop_workers();
+}
 
 int64_t ThreadPool::drain(uint32_t gen) {
   const Job& job = jobs_[gen & 1];
@@ -131,7 +133,8 @@ int64_t ThreadPool::drain(uint32_t gen) {
   int64_t ran = 0;
   uint64_t s = next_.load(std::memory_order_acquire);
   while ((s >> 32) == gen && (s & kIndexMask) < n) {
-    if (next_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+    if (next_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel,
+                                    std::memory_order_acquire)) {
       fn(ctx, static_cast<int64_t>(s & kIndexMask));
       ++ran;
       s = next_.load(std::memory_order_acquire);
@@ -149,7 +152,8 @@ void ThreadPool::worker_loop() {
       // Announce the sleep before the last check: the caller reads sleepers_ after publishing
       // (both seq_cst), so either it sees us and notifies, or we see its new epoch.
       sleepers_.fetch_add(1, std::memory_order_seq_cst);
-      while (epoch_.load(std::memory_order_seq_cst) == seen) epoch_.wait(seen, std::memory_order_seq_cst);
+      while (epoch_.load(std::memory_order_seq_cst) == seen)
+        epoch_.wait(seen, std::memory_order_seq_cst);
       sleepers_.fetch_sub(1, std::memory_order_relaxed);
     }
     if (stop_.load(std::memory_order_acquire)) return;

@@ -43,7 +43,8 @@ class ThreadPool {
   template <typename Fn>
   void parallel_for(int64_t n_tasks, Fn&& fn) {
     using F = std::remove_reference_t<Fn>;
-    run(n_tasks, [](void* ctx, int64_t t) { (*static_cast<F*>(ctx))(t); },
+    run(
+        n_tasks, [](void* ctx, int64_t t) { (*static_cast<F*>(ctx))(t); },
         const_cast<void*>(static_cast<const void*>(&fn)));
   }
 

@@ -1,8 +1,8 @@
-// Pointwise activations of the feed-forward block (Llama SwiGLU, Gemma GeGLU, GPT-OSS's clamp). SwiGLU (Llama's FFN gate):
-// out = silu(gate) * up with silu(g) = g * (1 / (1 + exp(-g))), in float, in llama2.c's order;
-// exp is the kernels' 8-lane polynomial (detail::exp256, ~1e-7 relative) where AVX2 is built,
-// libm's expf otherwise. Tolerance against double: 1e-6 relative + 1e-7. An element's value
-// depends only on its own inputs (not on n or its position).
+// Pointwise activations of the feed-forward block (Llama SwiGLU, Gemma GeGLU, GPT-OSS's clamp).
+// SwiGLU (Llama's FFN gate): out = silu(gate) * up with silu(g) = g * (1 / (1 + exp(-g))), in
+// float, in llama2.c's order; exp is the kernels' 8-lane polynomial (detail::exp256, ~1e-7
+// relative) where AVX2 is built, libm's expf otherwise. Tolerance against double: 1e-6 relative +
+// 1e-7. An element's value depends only on its own inputs (not on n or its position).
 #pragma once
 
 #include <cstdint>

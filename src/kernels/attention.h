@@ -23,16 +23,16 @@ using ScoreFn =
     std::function<float(float score, int64_t b, int64_t h, int64_t q_pos, int64_t kv_pos)>;
 
 struct AttentionOptions {
-  float scale = 0.0f;              // logit scale; 0 means 1/sqrt(D_k)
-  bool causal = true;              // kv_pos <= q_pos
-  int64_t sliding_window = 0;      // > 0: kv_pos > q_pos - sliding_window (W keys, itself included)
-  int64_t chunk_size = 0;          // > 0: kv_pos / chunk_size == q_pos / chunk_size
-  float softcap = 0.0f;            // > 0: logit = softcap * tanh(logit / softcap)
-  const float* sinks = nullptr;    // [H_q] learned sink logits (denominator only), or nullptr
-  int64_t kv_offset = 0;           // absolute position of k[:, :, 0]
-  int64_t q_offset = -1;           // absolute position of q[:, :, 0]; -1: bottom-right aligned,
-                                   // i.e. kv_offset + S_kv - S_q
-  const MaskFn* mask = nullptr;    // extra mask ANDed with the above (flex; eager honours it)
+  float scale = 0.0f;            // logit scale; 0 means 1/sqrt(D_k)
+  bool causal = true;            // kv_pos <= q_pos
+  int64_t sliding_window = 0;    // > 0: kv_pos > q_pos - sliding_window (W keys, itself included)
+  int64_t chunk_size = 0;        // > 0: kv_pos / chunk_size == q_pos / chunk_size
+  float softcap = 0.0f;          // > 0: logit = softcap * tanh(logit / softcap)
+  const float* sinks = nullptr;  // [H_q] learned sink logits (denominator only), or nullptr
+  int64_t kv_offset = 0;         // absolute position of k[:, :, 0]
+  int64_t q_offset = -1;         // absolute position of q[:, :, 0]; -1: bottom-right aligned,
+                                 // i.e. kv_offset + S_kv - S_q
+  const MaskFn* mask = nullptr;  // extra mask ANDed with the above (flex; eager honours it)
   // The same, evaluated once (kernels/mask.h BlockMask; its geometry must be this call's).
   // fused/flex read its bits instead of calling a function; at most one of mask, block_mask.
   const BlockMask* block_mask = nullptr;

@@ -38,7 +38,7 @@
 namespace kvcache::detail {
 namespace {
 
-constexpr int64_t kTk = 64;           // keys per tile (a 64-key f16 tile of D=128 is 16 KiB)
+constexpr int64_t kTk = 64;  // keys per tile (a 64-key f16 tile of D=128 is 16 KiB)
 // Pipelined decode (FusedTiles::run_pipelined): bytes of K (and of V) rows per alternation.
 constexpr int64_t kChunkBytes = 2048;
 // Target rows (heads x positions) per task. A task packs (transposes, widens) every key tile it
@@ -503,7 +503,8 @@ struct SimdOps {
 #endif
 
   template <int DC>
-  static void scores_t_d(const float* qs, int64_t R, int64_t Dk, const float* kt, int64_t n, float* s) {
+  static void scores_t_d(const float* qs, int64_t R, int64_t Dk, const float* kt, int64_t n,
+                         float* s) {
 #if KVCACHE_ATTN_AVX512
     // 32 keys per block, then 16 for the rest of round16(n).
     const int64_t n16 = (n + 15) / 16 * 16;
@@ -518,11 +519,20 @@ struct SimdOps {
       const float* q = qs + r * Dk;
       float* o = s + r * kTk + c;
       switch (R - r) {
-        case 4: score_t_block<4, DC>(q, Dk, kt + c, o); break;
-        case 3: score_t_block<3, DC>(q, Dk, kt + c, o); break;
-        case 2: score_t_block<2, DC>(q, Dk, kt + c, o); break;
-        case 1: score_t_block<1, DC>(q, Dk, kt + c, o); break;
-        default: break;
+        case 4:
+          score_t_block<4, DC>(q, Dk, kt + c, o);
+          break;
+        case 3:
+          score_t_block<3, DC>(q, Dk, kt + c, o);
+          break;
+        case 2:
+          score_t_block<2, DC>(q, Dk, kt + c, o);
+          break;
+        case 1:
+          score_t_block<1, DC>(q, Dk, kt + c, o);
+          break;
+        default:
+          break;
       }
     }
 #endif
@@ -530,11 +540,17 @@ struct SimdOps {
 
   // Scores of R rows against the n keys packed in kt (columns [n, round16(n)) must be
   // readable; their scores land in s's spare columns and are ignored). Dk % 8 == 0.
-  static void scores_t(const float* qs, int64_t R, int64_t Dk, const float* kt, int64_t n, float* s) {
+  static void scores_t(const float* qs, int64_t R, int64_t Dk, const float* kt, int64_t n,
+                       float* s) {
     switch (Dk) {
-      case 64: scores_t_d<64>(qs, R, Dk, kt, n, s); break;
-      case 128: scores_t_d<128>(qs, R, Dk, kt, n, s); break;
-      default: scores_t_d<0>(qs, R, Dk, kt, n, s);
+      case 64:
+        scores_t_d<64>(qs, R, Dk, kt, n, s);
+        break;
+      case 128:
+        scores_t_d<128>(qs, R, Dk, kt, n, s);
+        break;
+      default:
+        scores_t_d<0>(qs, R, Dk, kt, n, s);
     }
   }
 
@@ -649,7 +665,8 @@ struct SimdOps {
   static void pv_f32(const float* p, int64_t R, const std::byte* vb, int64_t vstride, int64_t n,
                      int64_t Dv, float* acc) {
     int64_t r = 0;
-    for (; r + 6 <= R; r += 6) SimdOps<DType::kF32>::template pv_rows<6>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv);
+    for (; r + 6 <= R; r += 6)
+      SimdOps<DType::kF32>::template pv_rows<6>(p + r * kTk, vb, vstride, n, Dv, acc + r * Dv);
     SimdOps<DType::kF32>::pv(p + r * kTk, R - r, vb, vstride, n, Dv, acc + r * Dv);
   }
 

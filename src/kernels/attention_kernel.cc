@@ -47,21 +47,25 @@ void check_positions(const std::string& kernel, const TensorView& q, const KVSpa
   if (span.kind != KVSpanKind::kPaged) {
     for (int64_t b = 1; b < B; ++b)
       if (at.of(b) != at.of(0))
-        throw Error(ErrorKind::kInvalidArgument,
-                    "attention: batch rows at different positions need a paged cache (--cache paged)");
+        throw Error(
+            ErrorKind::kInvalidArgument,
+            "attention: batch rows at different positions need a paged cache (--cache paged)");
   } else if (span.paged.batch != B) {
-    throw Error(ErrorKind::kInvalidArgument, "attention: the paged span holds " + std::to_string(span.paged.batch) +
-                                                 " sequences for a batch of " + std::to_string(B) + " query rows");
+    throw Error(ErrorKind::kInvalidArgument,
+                "attention: the paged span holds " + std::to_string(span.paged.batch) +
+                    " sequences for a batch of " + std::to_string(B) + " query rows");
   }
   for (int64_t b = 0; b < (span.kind == KVSpanKind::kPaged ? B : 1); ++b) {
     const int64_t q_end = at.of(b) + S, k_end = span_end(span, b);
     if (q_end != k_end)
-      throw Error(ErrorKind::kInvalidArgument,
-                  "attention ('" + kernel + "', " + kind_name(span.kind) + " span): the queries of batch row " +
-                      std::to_string(b) + " end at position " + std::to_string(q_end) +
-                      " but the span's keys end at " + std::to_string(k_end) +
-                      "; a span must end with the keys of the queries it serves (a forward continues where its "
-                      "cache stopped; a recompute cache holds only its call's tokens, from position 0)");
+      throw Error(
+          ErrorKind::kInvalidArgument,
+          "attention ('" + kernel + "', " + kind_name(span.kind) +
+              " span): the queries of batch row " + std::to_string(b) + " end at position " +
+              std::to_string(q_end) + " but the span's keys end at " + std::to_string(k_end) +
+              "; a span must end with the keys of the queries it serves (a forward continues where "
+              "its "
+              "cache stopped; a recompute cache holds only its call's tokens, from position 0)");
   }
 }
 
@@ -77,10 +81,12 @@ bool AttentionKernel::reads(KVSpanKind kind) const {
 void AttentionKernel::attend(const TensorView& q, const KVSpan& span, const TensorView& out,
                              AttentionOptions options, const QueryPositions& at) {
   if (!reads(span.kind))
-    throw Error(ErrorKind::kUnsupported, "attention kernel '" + name_ + "' cannot read a " + kind_name(span.kind) +
-                                             " KV span (kernels for paged spans: " +
-                                             joined(paged_attention_kernel_names()) + ")");
-  if (q.ndim() == 4 && (span.kind != KVSpanKind::kDense || span.k.ndim() == 4)) check_positions(name_, q, span, at);
+    throw Error(ErrorKind::kUnsupported,
+                "attention kernel '" + name_ + "' cannot read a " + kind_name(span.kind) +
+                    " KV span (kernels for paged spans: " + joined(paged_attention_kernel_names()) +
+                    ")");
+  if (q.ndim() == 4 && (span.kind != KVSpanKind::kDense || span.k.ndim() == 4))
+    check_positions(name_, q, span, at);
   options.kv_offset = span.kv_offset;
   switch (span.kind) {
     case KVSpanKind::kDense:
@@ -111,7 +117,8 @@ void AttentionKernel::attend_paged(const TensorView& q, const KVSpan& span, cons
   pa.out = TensorView(out.data(), DType::kF32, {B * S, H, Dv}, {out.stride(2), out.stride(1), 1});
   pa.kv = span.paged;
   cu_seqlens_q_.resize(static_cast<size_t>(B + 1));
-  for (int64_t b = 0; b <= B; ++b) cu_seqlens_q_[static_cast<size_t>(b)] = static_cast<int32_t>(b * S);
+  for (int64_t b = 0; b <= B; ++b)
+    cu_seqlens_q_[static_cast<size_t>(b)] = static_cast<int32_t>(b * S);
   pa.cu_seqlens_q = cu_seqlens_q_.data();
   // Each sequence's queries sit at its own last positions (bottom-right; check_positions made
   // sure): the paged kernels take no q_offset.
@@ -120,9 +127,9 @@ void AttentionKernel::attend_paged(const TensorView& q, const KVSpan& span, cons
   paged_(pa, options);
 }
 
-void AttentionKernel::attend_last(const TensorView& q, const KVSpan& span, const TensorView& out_all,
-                                  const TensorView& out_last, const AttentionOptions& options,
-                                  const QueryPositions& at) {
+void AttentionKernel::attend_last(const TensorView& q, const KVSpan& span,
+                                  const TensorView& out_all, const TensorView& out_last,
+                                  const AttentionOptions& options, const QueryPositions& at) {
   const int64_t B = q.dim(0), H = q.dim(1), S = q.dim(2), D = q.dim(3), Dv = out_all.dim(3);
   if (span.kind == KVSpanKind::kQuantized) {
     // Its one-query path is not promised to give a prefill row's bits: every row, then the
@@ -130,12 +137,14 @@ void AttentionKernel::attend_last(const TensorView& q, const KVSpan& span, const
     attend(q, span, out_all, options, at);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
-        std::memmove(out_last.ptr(b, h, 0), out_all.ptr(b, h, S - 1), static_cast<size_t>(Dv) * sizeof(float));
+        std::memmove(out_last.ptr(b, h, 0), out_all.ptr(b, h, S - 1),
+                     static_cast<size_t>(Dv) * sizeof(float));
     return;
   }
   // One query per batch row; its query stride is the batch stride, so that the view is also
   // the packed varlen layout of one-query sequences.
-  const TensorView q_last(q.ptr(0, 0, S - 1), DType::kF32, {B, H, 1, D}, {q.stride(0), q.stride(1), q.stride(0), 1});
+  const TensorView q_last(q.ptr(0, 0, S - 1), DType::kF32, {B, H, 1, D},
+                          {q.stride(0), q.stride(1), q.stride(0), 1});
   QueryPositions last = at;
   last.shift += S - 1;
   attend(q_last, span, out_last, options, last);

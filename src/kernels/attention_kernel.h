@@ -49,8 +49,8 @@ class AttentionKernel {
   // Error otherwise: such a span cannot be what the cache returned for these queries). Rows at
   // different positions need a paged span. `options` gives the scale, window, chunk, softcap
   // and sinks; kv_offset and q_offset come from the span and `at`.
-  void attend(const TensorView& q, const KVSpan& span, const TensorView& out, AttentionOptions options,
-              const QueryPositions& at);
+  void attend(const TensorView& q, const KVSpan& span, const TensorView& out,
+              AttentionOptions options, const QueryPositions& at);
 
   // Only the last query of each batch row of q (as in attend()), with the bits that row gets
   // from attend() over all of q: one query per row where the kernel promises it (a decode
@@ -61,7 +61,8 @@ class AttentionKernel {
                    const QueryPositions& at);
 
  private:
-  void attend_paged(const TensorView& q, const KVSpan& span, const TensorView& out, AttentionOptions options);
+  void attend_paged(const TensorView& q, const KVSpan& span, const TensorView& out,
+                    AttentionOptions options);
 
   std::string name_;
   AttentionFn dense_ = nullptr;

@@ -335,22 +335,22 @@ struct SimdOps {
     }
     for (int r = 0; r < NR; ++r) z[r] = _mm256_add_ps(za[r], zb[r]);
 #endif
-      for (; d + 8 <= Dk; d += 8) {
-        const __m256 ksv = load8<DType::kF16>(ks + d), kzv = load8<DType::kF16>(kz + d);
-        for (int r = 0; r < NR; ++r) {
-          const __m256 qv = _mm256_loadu_ps(q + r * Dk + d);
-          _mm256_storeu_ps(o + r * Dk + d, _mm256_mul_ps(qv, ksv));
-          z[r] = _mm256_fmadd_ps(qv, kzv, z[r]);
-        }
-      }
+    for (; d + 8 <= Dk; d += 8) {
+      const __m256 ksv = load8<DType::kF16>(ks + d), kzv = load8<DType::kF16>(kz + d);
       for (int r = 0; r < NR; ++r) {
-        float zz = hsum(z[r]);
-        for (int64_t e = d; e < Dk; ++e) {
-          o[r * Dk + e] = q[r * Dk + e] * f16_to_f32(ks[e]);
-          zz = std::fma(q[r * Dk + e], f16_to_f32(kz[e]), zz);
-        }
-        qz[r] = zz;
+        const __m256 qv = _mm256_loadu_ps(q + r * Dk + d);
+        _mm256_storeu_ps(o + r * Dk + d, _mm256_mul_ps(qv, ksv));
+        z[r] = _mm256_fmadd_ps(qv, kzv, z[r]);
       }
+    }
+    for (int r = 0; r < NR; ++r) {
+      float zz = hsum(z[r]);
+      for (int64_t e = d; e < Dk; ++e) {
+        o[r * Dk + e] = q[r * Dk + e] * f16_to_f32(ks[e]);
+        zz = std::fma(q[r * Dk + e], f16_to_f32(kz[e]), zz);
+      }
+      qz[r] = zz;
+    }
   }
   static void block_query(const float* qs, int64_t R, int64_t Dk, const f16_t* ks, const f16_t* kz,
                           float* qk, float* qz) {

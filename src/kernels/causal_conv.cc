@@ -19,7 +19,8 @@ namespace {
 
 void require_2d(const char* name, const TensorView& t) {
   if (t.ndim() != 2) fail(std::string(name) + " must be 2-d, got " + t.shape().str());
-  if (t.dtype() != DType::kF32) fail(std::string(name) + " must be f32, got " + dtype_name(t.dtype()));
+  if (t.dtype() != DType::kF32)
+    fail(std::string(name) + " must be f32, got " + dtype_name(t.dtype()));
   if (t.dim(1) > 1 && t.stride(1) != 1) fail(std::string(name) + ": the channel stride must be 1");
   if (t.data() == nullptr && t.numel() > 0) fail(std::string(name) + " has no data");
 }
@@ -116,7 +117,8 @@ void conv_block(const CausalConv1dParams& p, int64_t T, int64_t K, int64_t c0, i
       for (int64_t l = 0; l < nc; ++l) acc[l] = std::fma(w[j * ldw + l], src[l], acc[l]);
     }
     float* dst = y + t * ldy;
-    for (int64_t l = 0; l < nc; ++l) dst[l] = p.silu ? acc[l] * (1.0f / (1.0f + std::exp(-acc[l]))) : acc[l];
+    for (int64_t l = 0; l < nc; ++l)
+      dst[l] = p.silu ? acc[l] * (1.0f / (1.0f + std::exp(-acc[l]))) : acc[l];
   }
 #endif
   for (int64_t r = 0; r + 1 < K; ++r) std::copy_n(next[r], nc, state + r * lds);
@@ -134,10 +136,11 @@ void causal_conv1d(const CausalConv1dParams& p) {
     fail("kernel size K (weight's dim 0) must be in [1, " + std::to_string(kMaxConvKernel) +
          "], got " + std::to_string(K));
   }
-  if (!(p.y.shape() == p.x.shape())) fail("y must be " + p.x.shape().str() + " like x, got " + p.y.shape().str());
+  if (!(p.y.shape() == p.x.shape()))
+    fail("y must be " + p.x.shape().str() + " like x, got " + p.y.shape().str());
   if (p.weight.dim(1) != C) {
-    fail("weight must be [K, C] = [K, " + std::to_string(C) + "] (HF's [C, 1, K] transposed), got " +
-         p.weight.shape().str());
+    fail("weight must be [K, C] = [K, " + std::to_string(C) +
+         "] (HF's [C, 1, K] transposed), got " + p.weight.shape().str());
   }
   if (!(p.state.shape() == Shape{K - 1, C})) {
     fail("state must be [K - 1, C] = " + Shape{K - 1, C}.str() + " (the last K - 1 inputs), got " +
@@ -145,11 +148,13 @@ void causal_conv1d(const CausalConv1dParams& p) {
   }
   if (p.bias.data() != nullptr) {
     if (!(p.bias.shape() == Shape{C}) || p.bias.dtype() != DType::kF32) {
-      fail("bias must be an f32 [C] = [" + std::to_string(C) + "] or a view without data, got " + p.bias.shape().str());
+      fail("bias must be an f32 [C] = [" + std::to_string(C) + "] or a view without data, got " +
+           p.bias.shape().str());
     }
   }
   const bool in_place = p.y.data() == p.x.data() && p.y.stride(0) == p.x.stride(0);
-  if (!in_place && overlap(p.x, p.y)) fail("y overlaps x (allowed only as x itself, same data and strides)");
+  if (!in_place && overlap(p.x, p.y))
+    fail("y overlaps x (allowed only as x itself, same data and strides)");
   if (overlap(p.state, p.x) || overlap(p.state, p.y)) fail("state overlaps x or y");
   if (T == 0 || C == 0) return;
 

@@ -40,12 +40,12 @@ class ThreadPool;
 inline constexpr int64_t kMaxConvKernel = 16;
 
 struct CausalConv1dParams {
-  TensorView x;       // [T, C]
-  TensorView y;       // [T, C]
-  TensorView weight;  // [K, C] (HF's [C, 1, K] transposed)
-  TensorView bias;    // [C], or no data: no bias
-  TensorView state;   // [K - 1, C], in and out
-  bool silu = true;   // Qwen3-Next: hidden_act "silu" after the conv
+  TensorView x;                // [T, C]
+  TensorView y;                // [T, C]
+  TensorView weight;           // [K, C] (HF's [C, 1, K] transposed)
+  TensorView bias;             // [C], or no data: no bias
+  TensorView state;            // [K - 1, C], in and out
+  bool silu = true;            // Qwen3-Next: hidden_act "silu" after the conv
   ThreadPool* pool = nullptr;  // nullptr: default_pool() (used only for large T * C)
 };
 

@@ -23,9 +23,11 @@ namespace {
 
 void require_view(const char* who, const char* name, const TensorView& t, int ndim) {
   if (t.ndim() != ndim) {
-    fail(who, std::string(name) + " must be " + std::to_string(ndim) + "-d, got " + t.shape().str());
+    fail(who,
+         std::string(name) + " must be " + std::to_string(ndim) + "-d, got " + t.shape().str());
   }
-  if (t.dtype() != DType::kF32) fail(who, std::string(name) + " must be f32, got " + dtype_name(t.dtype()));
+  if (t.dtype() != DType::kF32)
+    fail(who, std::string(name) + " must be f32, got " + dtype_name(t.dtype()));
   if (t.dim(ndim - 1) > 1 && t.stride(ndim - 1) != 1) {
     fail(who, std::string(name) + ": the innermost stride must be 1");
   }
@@ -100,7 +102,8 @@ struct SmallGemm {
 // The common fields; the flags are set by the caller.
 SmallGemm gemm_of(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, const float* b,
                   int64_t ldb, float* c, int64_t ldc) {
-  return SmallGemm{.m = m, .n = n, .k = k, .a = a, .a_row = a_row, .b = b, .ldb = ldb, .c = c, .ldc = ldc};
+  return SmallGemm{
+      .m = m, .n = n, .k = k, .a = a, .a_row = a_row, .b = b, .ldb = ldb, .c = c, .ldc = ldc};
 }
 
 constexpr int kTileRows = 6;
@@ -115,7 +118,9 @@ inline __m256i lane_mask(int64_t n) {  // lanes [0, n) set, n clamped to [0, 8]
 // (one load per use; attention_simd.h's pin() for the 512-bit case), so every FMA of the tile
 // reloaded its B vector and the loop was bound by loads (perf: the chunked form spent 70% in
 // it; pinned, it took ~0.6x the time).
-__attribute__((always_inline)) inline void pin(__m256& v) { asm("" : "+x"(v)); }
+__attribute__((always_inline)) inline void pin(__m256& v) {
+  asm("" : "+x"(v));
+}
 
 // NR rows x 16 columns at (i0, j0); kTail: columns masked by m0, m1. Six rows: 12 accumulators,
 // two B vectors and a broadcast fill 15 of the 16 AVX2 registers.
@@ -160,12 +165,24 @@ template <bool kTail>
 void gemm_tile_rows(int nr, const SmallGemm& g, int64_t i0, int64_t j0, int64_t kend, __m256i m0,
                     __m256i m1) {
   switch (nr) {
-    case 1: gemm_tile<1, kTail>(g, i0, j0, kend, m0, m1); break;
-    case 2: gemm_tile<2, kTail>(g, i0, j0, kend, m0, m1); break;
-    case 3: gemm_tile<3, kTail>(g, i0, j0, kend, m0, m1); break;
-    case 4: gemm_tile<4, kTail>(g, i0, j0, kend, m0, m1); break;
-    case 5: gemm_tile<5, kTail>(g, i0, j0, kend, m0, m1); break;
-    default: gemm_tile<6, kTail>(g, i0, j0, kend, m0, m1); break;
+    case 1:
+      gemm_tile<1, kTail>(g, i0, j0, kend, m0, m1);
+      break;
+    case 2:
+      gemm_tile<2, kTail>(g, i0, j0, kend, m0, m1);
+      break;
+    case 3:
+      gemm_tile<3, kTail>(g, i0, j0, kend, m0, m1);
+      break;
+    case 4:
+      gemm_tile<4, kTail>(g, i0, j0, kend, m0, m1);
+      break;
+    case 5:
+      gemm_tile<5, kTail>(g, i0, j0, kend, m0, m1);
+      break;
+    default:
+      gemm_tile<6, kTail>(g, i0, j0, kend, m0, m1);
+      break;
   }
 }
 #endif
@@ -237,11 +254,13 @@ inline const float* row_of(const TensorView& t, int64_t i0, int64_t i1) {
 inline float* mut_row_of(const TensorView& t, int64_t i0, int64_t i1) {
   return t.data_as<float>() + i0 * t.stride(0) + i1 * t.stride(1);
 }
-inline float at2(const TensorView& t, int64_t i0, int64_t i1) { return *row_of(t, i0, i1); }
+inline float at2(const TensorView& t, int64_t i0, int64_t i1) {
+  return *row_of(t, i0, i1);
+}
 
 // Normalises the q and k rows of tokens [t0, t0 + n) of key head hk into qn, kn ([n, dk]).
-void normalize_qk(const GatedDeltaParams& p, const Geometry& geo, int64_t hk, int64_t t0,
-                  int64_t n, float* qn, float* kn) {
+void normalize_qk(const GatedDeltaParams& p, const Geometry& geo, int64_t hk, int64_t t0, int64_t n,
+                  float* qn, float* kn) {
   for (int64_t t = 0; t < n; ++t) {
     normalize_row(row_of(p.q, t0 + t, hk), geo.dk, p.qk_l2norm, p.l2norm_eps, geo.scale,
                   qn + t * geo.dk);
@@ -262,8 +281,8 @@ constexpr int64_t kStrip = 32;          // state columns kept in L1 across a tok
 #if KVCACHE_ATTN_AVX2
 template <bool kTail>
 void recurrent_strip(const GatedDeltaParams& p, const Geometry& geo, int64_t h, int64_t t0,
-                     int64_t n, const float* qn, const float* kn, float* S, int64_t lds,
-                     int64_t j0, int64_t w) {
+                     int64_t n, const float* qn, const float* kn, float* S, int64_t lds, int64_t j0,
+                     int64_t w) {
   constexpr int NV = kStrip / 8;
   __m256i mask[NV];
   for (int r = 0; r < NV; ++r) mask[r] = lane_mask(w - 8 * r);
@@ -321,8 +340,8 @@ void recurrent_strip(const GatedDeltaParams& p, const Geometry& geo, int64_t h, 
 #else
 template <bool kTail>
 void recurrent_strip(const GatedDeltaParams& p, const Geometry& geo, int64_t h, int64_t t0,
-                     int64_t n, const float* qn, const float* kn, float* S, int64_t lds,
-                     int64_t j0, int64_t w) {
+                     int64_t n, const float* qn, const float* kn, float* S, int64_t lds, int64_t j0,
+                     int64_t w) {
   const int64_t dk = geo.dk;
   float kv[kStrip], delta[kStrip], o[kStrip];
   for (int64_t t = 0; t < n; ++t) {
@@ -383,19 +402,19 @@ void chunked_head(const GatedDeltaParams& p, const Geometry& geo, int64_t h) {
   const int64_t C = std::min(p.chunk_size, geo.T), dk = geo.dk, dv = geo.dv;
   const int64_t hk = h / geo.group;
   float* base = scratch(static_cast<size_t>(5 * C * dk + 2 * C * dv + 4 * C * C + 2 * C));
-  float* qn = base;             // [C, dk]  normalised, scaled q; then exp(gc) q
-  float* kn = qn + C * dk;      // [C, dk]  normalised k
-  float* kt = kn + C * dk;      // [dk, C]  kn transposed
-  float* kb = kt + C * dk;      // [C, dk]  beta exp(gc) k; then exp(gc_last - gc) k
-  float* w = kb + C * dk;       // [C, dk]
-  float* vb = w + C * dk;       // [C, dv]  beta v
-  float* u = vb + C * dv;       // [C, dv]  U, then V'
-  float* qk = u + C * dv;       // [C, C]   Q K^T, then tril(Q K^T * D)
-  float* kk = qk + C * C;       // [C, C]   K K^T, then -beta K K^T * D (strictly lower)
-  float* tm = kk + C * C;       // [C, C]   T
-  float* dec = tm + C * C;      // [C, C]   D
-  float* gc = dec + C * C;      // [C]
-  float* eg = gc + C;           // [C]      exp(gc)
+  float* qn = base;         // [C, dk]  normalised, scaled q; then exp(gc) q
+  float* kn = qn + C * dk;  // [C, dk]  normalised k
+  float* kt = kn + C * dk;  // [dk, C]  kn transposed
+  float* kb = kt + C * dk;  // [C, dk]  beta exp(gc) k; then exp(gc_last - gc) k
+  float* w = kb + C * dk;   // [C, dk]
+  float* vb = w + C * dk;   // [C, dv]  beta v
+  float* u = vb + C * dv;   // [C, dv]  U, then V'
+  float* qk = u + C * dv;   // [C, C]   Q K^T, then tril(Q K^T * D)
+  float* kk = qk + C * C;   // [C, C]   K K^T, then -beta K K^T * D (strictly lower)
+  float* tm = kk + C * C;   // [C, C]   T
+  float* dec = tm + C * C;  // [C, C]   D
+  float* gc = dec + C * C;  // [C]
+  float* eg = gc + C;       // [C]      exp(gc)
   float* S = p.state.data_as<float>() + h * p.state.stride(0);
   const int64_t lds = p.state.stride(1);
 
@@ -505,7 +524,8 @@ void validate_gated_delta(const GatedDeltaParams& p, const char* who) {
   const int64_t T = p.q.dim(0), Hk = p.q.dim(1), dk = p.q.dim(2);
   const int64_t Hv = p.v.dim(1), dv = p.v.dim(2);
   if (Hk <= 0 || dk <= 0 || Hv <= 0 || dv <= 0) {
-    fail(who, "heads and head dims must be > 0 (q " + p.q.shape().str() + ", v " + p.v.shape().str() + ")");
+    fail(who, "heads and head dims must be > 0 (q " + p.q.shape().str() + ", v " +
+                  p.v.shape().str() + ")");
   }
   require_shape(who, "k", p.k, p.q.shape());
   if (p.v.dim(0) != T) {

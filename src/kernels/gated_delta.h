@@ -52,14 +52,14 @@ namespace kvcache {
 class ThreadPool;
 
 struct GatedDeltaParams {
-  TensorView q, k, v;     // [T, H_k, d_k], [T, H_k, d_k], [T, H_v, d_v]
-  TensorView g, beta;     // [T, H_v]: log-decay (<= 0 for Qwen3-Next) and write strength
-  TensorView state;       // [H_v, d_k, d_v], in and out
-  TensorView out;         // [T, H_v, d_v]
-  bool qk_l2norm = true;  // use_qk_l2norm_in_kernel (Qwen3-Next: true)
-  float l2norm_eps = 1e-6f;  // transformers' l2norm eps (added to the sum of squares)
-  float scale = 0.0f;        // q scale; 0: 1 / sqrt(d_k)
-  int64_t chunk_size = 64;   // gated_delta_chunked only: tokens per chunk (transformers: 64)
+  TensorView q, k, v;          // [T, H_k, d_k], [T, H_k, d_k], [T, H_v, d_v]
+  TensorView g, beta;          // [T, H_v]: log-decay (<= 0 for Qwen3-Next) and write strength
+  TensorView state;            // [H_v, d_k, d_v], in and out
+  TensorView out;              // [T, H_v, d_v]
+  bool qk_l2norm = true;       // use_qk_l2norm_in_kernel (Qwen3-Next: true)
+  float l2norm_eps = 1e-6f;    // transformers' l2norm eps (added to the sum of squares)
+  float scale = 0.0f;          // q scale; 0: 1 / sqrt(d_k)
+  int64_t chunk_size = 64;     // gated_delta_chunked only: tokens per chunk (transformers: 64)
   ThreadPool* pool = nullptr;  // nullptr: default_pool()
 };
 

@@ -24,7 +24,8 @@ constexpr int64_t kBlockM = 96;  // x rows per pass over a micro-panel (which st
 
 // Elements [k0, k0 + kc) of W row r as f32 (k0 a multiple of 32 for q8_0's blocks).
 void dequantize_segment(const MatmulParams& p, int64_t r, int64_t k0, int64_t kc, float* dst) {
-  const auto* row = static_cast<const std::byte*>(p.w) + static_cast<size_t>(r) * dtype_bytes(p.w_dtype, p.k);
+  const auto* row =
+      static_cast<const std::byte*>(p.w) + static_cast<size_t>(r) * dtype_bytes(p.w_dtype, p.k);
   dequantize_row(row + dtype_bytes(p.w_dtype, k0), p.w_dtype, dst, kc);
 }
 
@@ -143,8 +144,8 @@ void pack_panel_zmm(const MatmulParams& p, int64_t row0, int64_t k0, int64_t kc,
 
 // Packs W rows [r0, r0 + rows) x k [k0, k0 + kc) as micro-panels of kNr rows:
 // panel[(s * kc + kk) * kNr + c] = W[r0 + s * kNr + c][k0 + kk]; rows past the end are zero.
-void pack_block(const MatmulParams& p, int64_t r0, int64_t rows, int64_t k0, int64_t kc, float* panel,
-                float* tmp) {
+void pack_block(const MatmulParams& p, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
+                float* panel, float* tmp) {
   for (int64_t s0 = 0; s0 < rows; s0 += kNr) {
     const int64_t nr = std::min<int64_t>(kNr, rows - s0);
 #if defined(__AVX512F__)
@@ -168,7 +169,8 @@ void pack_block(const MatmulParams& p, int64_t r0, int64_t rows, int64_t k0, int
           for (int i = 0; i < 8; ++i) {
             const int64_t at = first + (8 * h + i) * p.k + kk;
             r[i] = p.w_dtype == DType::kF16
-                       ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const f16_t*>(p.w) + at)))
+                       ? _mm256_cvtph_ps(_mm_loadu_si128(
+                             reinterpret_cast<const __m128i*>(static_cast<const f16_t*>(p.w) + at)))
                        : _mm256_loadu_ps(static_cast<const float*>(p.w) + at);
           }
           transpose_to_panel(r, dst + kk * kNr + 8 * h);
@@ -357,7 +359,8 @@ float* scratch(std::vector<float>& v, size_t n) {
 }
 
 // W rows [b0, b0 + rows) for every row of x, from x packed by pack_x (chunk k0 at m_pad * k0).
-void gemm_block(const MatmulParams& p, const float* a_pack, int64_t m_pad, int64_t b0, int64_t rows) {
+void gemm_block(const MatmulParams& p, const float* a_pack, int64_t m_pad, int64_t b0,
+                int64_t rows) {
   thread_local std::vector<float> panel_buf, tmp_buf;
   float* panel = scratch(panel_buf, static_cast<size_t>(kPackRows * kPackK));
   float* tmp = scratch(tmp_buf, static_cast<size_t>(kNr * kPackK));
@@ -396,7 +399,8 @@ void gemm_block(const MatmulParams& p, const float* a_pack, int64_t m_pad, int64
             continue;
           }
           for (int r = 0; r < mr; ++r)
-            for (int64_t c = 0; c < nr; ++c) edge[r * kNr + c] = accumulate ? y[r * p.ldy + c] : 0.0f;
+            for (int64_t c = 0; c < nr; ++c)
+              edge[r * kNr + c] = accumulate ? y[r * p.ldy + c] : 0.0f;
           micro_kernel<Ymm, kMr>(a_tile, sub, sub + 8, kc, edge, kNr, accumulate);
           for (int r = 0; r < mr; ++r)
             for (int64_t c = 0; c < nr; ++c) y[r * p.ldy + c] = edge[r * kNr + c];
@@ -413,14 +417,19 @@ void gemm_block(const MatmulParams& p, const float* a_pack, int64_t m_pad, int64
 
 }  // namespace
 
-bool gemm_packed_available() { return true; }
+bool gemm_packed_available() {
+  return true;
+}
 
 void gemm_packed(std::span<const MatmulParams> group, ThreadPool* pool) {
-  KV_CHECK(!group.empty() && group.size() <= kMaxMatmulGroup, "gemm_packed: 1 to kMaxMatmulGroup products");
+  KV_CHECK(!group.empty() && group.size() <= kMaxMatmulGroup,
+           "gemm_packed: 1 to kMaxMatmulGroup products");
   const MatmulParams& p = group[0];
   for (const MatmulParams& g : group) {
-    KV_CHECK(g.x == p.x && g.ldx == p.ldx && g.m == p.m && g.k == p.k, "gemm_packed: a group must share x");
-    KV_CHECK(g.w_dtype != DType::kQ8_0 || g.k % 32 == 0, "q8_0 row length must be a multiple of 32");
+    KV_CHECK(g.x == p.x && g.ldx == p.ldx && g.m == p.m && g.k == p.k,
+             "gemm_packed: a group must share x");
+    KV_CHECK(g.w_dtype != DType::kQ8_0 || g.k % 32 == 0,
+             "q8_0 row length must be a multiple of 32");
   }
   // x is packed once per call, shared by every product and task (the caller's buffer: the
   // pool's workers only read it while the caller waits in parallel_for).
@@ -428,8 +437,9 @@ void gemm_packed(std::span<const MatmulParams> group, ThreadPool* pool) {
   const int64_t m_tiles = (p.m + kMr - 1) / kMr, m_pad = m_tiles * kMr;
   static_assert(kMr == 6, "gemm_packed_scratch_floats pads rows to 6");
   const size_t need = gemm_packed_scratch_floats(p.m, p.k);
-  float* a_pack = p.pack_scratch != nullptr && p.pack_scratch_floats >= need ? align64(p.pack_scratch)
-                                                                             : scratch(a_buf, need - 16);
+  float* a_pack = p.pack_scratch != nullptr && p.pack_scratch_floats >= need
+                      ? align64(p.pack_scratch)
+                      : scratch(a_buf, need - 16);
   const int64_t n_chunks = (p.k + kPackK - 1) / kPackK;
   constexpr int64_t kPackTiles = 16;  // tiles of x per packing task
   const int64_t tile_groups = (m_tiles + kPackTiles - 1) / kPackTiles;
@@ -461,7 +471,9 @@ void gemm_packed(std::span<const MatmulParams> group, ThreadPool* pool) {
 
 #else  // no AVX2: matmul() falls back to OpenBLAS sgemm
 
-bool gemm_packed_available() { return false; }
+bool gemm_packed_available() {
+  return false;
+}
 
 void gemm_packed(std::span<const MatmulParams>, ThreadPool*) {
   KV_CHECK(false, "gemm_packed: this build has no AVX2/FMA/F16C");

@@ -38,7 +38,9 @@ bool gemm_packed_available();
 // blocks of kPackRows W rows of all products are handed out in one loop, each thread packing
 // its block's weights into its own L2-sized scratch.
 void gemm_packed(std::span<const MatmulParams> group, ThreadPool* pool);
-inline void gemm_packed(const MatmulParams& p, ThreadPool* pool) { gemm_packed({&p, 1}, pool); }
+inline void gemm_packed(const MatmulParams& p, ThreadPool* pool) {
+  gemm_packed({&p, 1}, pool);
+}
 
 // Floats of the packed copy of x for m rows of k (rows padded to the 6-row tile, 64-byte
 // alignment slack): what a caller passes as MatmulParams::pack_scratch to own that memory (the

@@ -74,8 +74,7 @@ int64_t kivi_value_group(int64_t d, int64_t g) {
   return 1;
 }
 
-void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p,
-                        std::byte* block) {
+void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p, std::byte* block) {
   check_params(p);
   const int64_t D = p.d, G = p.group, cb = kivi_col_bytes(G, p.bits);
   auto* scales = reinterpret_cast<f16_t*>(block);
@@ -145,9 +144,9 @@ void kivi_dequantize_values(const std::byte* block, const KiviBlockParams& p, fl
   for (int64_t t = 0; t < G; ++t)
     for (int64_t c = 0; c < D; ++c) {
       const int64_t g = c / p.v_group;
-      out[t * ld + c] = f16_to_f32(scales[g * G + t]) *
-                            static_cast<float>(kivi_code(codes + t * rb, c, p.bits)) +
-                        f16_to_f32(zeros[g * G + t]);
+      out[t * ld + c] =
+          f16_to_f32(scales[g * G + t]) * static_cast<float>(kivi_code(codes + t * rb, c, p.bits)) +
+          f16_to_f32(zeros[g * G + t]);
     }
 }
 
@@ -242,8 +241,9 @@ KVBlockFormat make_kv_block_format(KVQuantScheme scheme, int bits, int64_t group
 
 namespace {
 int64_t per_token_row_bytes(const KVBlockFormat& f, int64_t d) {
-  return d / 32 * (f.scheme == KVQuantScheme::kQ8_0 ? int64_t{sizeof(BlockQ8_0)}
-                                                    : int64_t{sizeof(BlockQ4_0)});
+  return d / 32 *
+         (f.scheme == KVQuantScheme::kQ8_0 ? int64_t{sizeof(BlockQ8_0)}
+                                           : int64_t{sizeof(BlockQ4_0)});
 }
 void per_token_quantize(const KVBlockFormat& f, int64_t d, const float* rows, int64_t ld,
                         std::byte* block) {
@@ -295,15 +295,13 @@ void kv_quantize_v_block(const KVBlockFormat& f, const float* rows, int64_t ld, 
   else
     kivi_quantize_values(rows, ld, kivi_params(f, false), block);
 }
-void kv_dequantize_k_block(const KVBlockFormat& f, const std::byte* block, float* out,
-                           int64_t ld) {
+void kv_dequantize_k_block(const KVBlockFormat& f, const std::byte* block, float* out, int64_t ld) {
   if (kv_quant_per_token(f.scheme))
     per_token_dequantize(f, f.dk, block, out, ld);
   else
     kivi_dequantize_keys(block, kivi_params(f, true), out, ld);
 }
-void kv_dequantize_v_block(const KVBlockFormat& f, const std::byte* block, float* out,
-                           int64_t ld) {
+void kv_dequantize_v_block(const KVBlockFormat& f, const std::byte* block, float* out, int64_t ld) {
   if (kv_quant_per_token(f.scheme))
     per_token_dequantize(f, f.dv, block, out, ld);
   else

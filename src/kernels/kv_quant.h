@@ -46,13 +46,15 @@
 
 namespace kvcache {
 
-// ---- f16 rounding with a direction (the KIVI bound needs zero <= min, zero + 15 scale >= max) ----
-// Largest f16 <= x / smallest f16 >= x (finite x within the f16 range).
+// ---- f16 rounding with a direction (the KIVI bound needs zero <= min, zero + 15 scale >= max)
+// ---- Largest f16 <= x / smallest f16 >= x (finite x within the f16 range).
 f16_t f16_round_down(float x);
 f16_t f16_round_up(float x);
 
 // ---- KIVI layout ----
-inline int64_t kivi_codes_per_word(int bits) { return 32 / bits; }
+inline int64_t kivi_codes_per_word(int bits) {
+  return 32 / bits;
+}
 inline int64_t kivi_row_bytes(int64_t d, int bits) {
   const int64_t per = kivi_codes_per_word(bits);
   return 4 * ((d + per - 1) / per);
@@ -109,8 +111,7 @@ void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p,
 void kivi_quantize_values(const float* values, int64_t ld, const KiviBlockParams& p,
                           std::byte* block);
 // Inverse: out [G, D] f32 rows (stride ld): scale * code + zero, computed in float.
-void kivi_dequantize_keys(const std::byte* block, const KiviBlockParams& p, float* out,
-                          int64_t ld);
+void kivi_dequantize_keys(const std::byte* block, const KiviBlockParams& p, float* out, int64_t ld);
 void kivi_dequantize_values(const std::byte* block, const KiviBlockParams& p, float* out,
                             int64_t ld);
 
@@ -135,16 +136,18 @@ void dequantize_row_q4_0(const BlockQ4_0* src, float* dst, int64_t k);
 // K rows then nothing else (no block header).
 struct KVBlockFormat {
   KVQuantScheme scheme = KVQuantScheme::kKivi;
-  int bits = 4;          // KIVI: 2, 4, 8; q8_0: 8; q4_0: 4
-  int64_t group = 64;    // tokens per block
+  int bits = 4;        // KIVI: 2, 4, 8; q8_0: 8; q4_0: 4
+  int64_t group = 64;  // tokens per block
   int64_t dk = 0, dv = 0;
-  int64_t v_group = 0;   // KIVI value channels per scale/zero (kivi_value_group); else 0
+  int64_t v_group = 0;  // KIVI value channels per scale/zero (kivi_value_group); else 0
 };
 // "kivi", "q8_0", "q4_0".
 const char* kv_quant_scheme_name(KVQuantScheme s);
 // Parses a scheme name; nullopt for anything else.
 std::optional<KVQuantScheme> parse_kv_quant_scheme(std::string_view name);
-inline bool kv_quant_per_token(KVQuantScheme s) { return s != KVQuantScheme::kKivi; }
+inline bool kv_quant_per_token(KVQuantScheme s) {
+  return s != KVQuantScheme::kKivi;
+}
 // The format for these shapes; `bits` is used by KIVI only (per-token schemes fix it). Throws
 // Error(kInvalidArgument) naming the problem: KIVI bits not 2/4/8, group < 1, D not a multiple
 // of 32 for a per-token scheme.

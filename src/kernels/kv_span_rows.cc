@@ -18,12 +18,14 @@ int64_t kv_span_length(const KVSpan& span, int64_t b) {
   return 0;
 }
 
-void read_kv_rows(const KVSpan& span, KVPart part, int64_t b, int64_t h, int64_t n, float* dst, int64_t ld_dst) {
+void read_kv_rows(const KVSpan& span, KVPart part, int64_t b, int64_t h, int64_t n, float* dst,
+                  int64_t ld_dst) {
   switch (span.kind) {
     case KVSpanKind::kDense: {
       const TensorView& t = part == KVPart::kK ? span.k : span.v;
       for (int64_t j = 0; j < n; ++j)
-        convert_n(t.ptr(b, h, j), t.dtype(), dst + j * ld_dst, DType::kF32, static_cast<size_t>(t.dim(3)));
+        convert_n(t.ptr(b, h, j), t.dtype(), dst + j * ld_dst, DType::kF32,
+                  static_cast<size_t>(t.dim(3)));
       return;
     }
     case KVSpanKind::kPaged: {
@@ -40,7 +42,8 @@ void read_kv_rows(const KVSpan& span, KVPart part, int64_t b, int64_t h, int64_t
       break;
   }
   throw Error(ErrorKind::kUnsupported,
-              "read_kv_rows: a quantized KV span is read in place by quantized_attention only; its rows can be "
+              "read_kv_rows: a quantized KV span is read in place by quantized_attention only; its "
+              "rows can be "
               "read from dense and paged spans (use --cache dynamic, static or paged)");
 }
 

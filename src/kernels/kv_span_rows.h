@@ -18,6 +18,7 @@ int64_t kv_span_length(const KVSpan& span, int64_t b);
 
 // Rows [0, n) of `part`, batch row b, KV head h, as f32: row j goes to dst + j * ld_dst
 // (n <= kv_span_length(span, b); head dim floats per row).
-void read_kv_rows(const KVSpan& span, KVPart part, int64_t b, int64_t h, int64_t n, float* dst, int64_t ld_dst);
+void read_kv_rows(const KVSpan& span, KVPart part, int64_t b, int64_t h, int64_t n, float* dst,
+                  int64_t ld_dst);
 
 }  // namespace kvcache

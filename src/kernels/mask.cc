@@ -146,7 +146,8 @@ BlockMask BlockMask::create(const MaskFn& fn, const MaskGeometry& g, bool per_he
     const int64_t b = row / (g.q_len * d->planes);
     uint64_t* w = words + row * tiles;
     for (int64_t j = 0; j < g.kv_len; ++j)
-      if (fn(b, plane, g.q_offset + qi, g.kv_offset + j)) w[j / kTile] |= uint64_t{1} << (j % kTile);
+      if (fn(b, plane, g.q_offset + qi, g.kv_offset + j))
+        w[j / kTile] |= uint64_t{1} << (j % kTile);
   });
   // Captures the data by address (the function lives inside it: a shared_ptr would be a cycle).
   const Data* raw = d.get();

@@ -132,9 +132,8 @@ class BlockMask {
   // Bits of query index qi (0-based in the call) over tile t: bit c = key index t * 64 + c.
   uint64_t word(int64_t b, int64_t h, int64_t qi, int64_t t) const {
     const int64_t plane = d_->per_head ? h : 0;
-    return d_->words[static_cast<size_t>(((b * d_->planes + plane) * d_->geo.q_len + qi) *
-                                             d_->tiles +
-                                         t)];
+    return d_->words[static_cast<size_t>(
+        ((b * d_->planes + plane) * d_->geo.q_len + qi) * d_->tiles + t)];
   }
   bool visible(int64_t b, int64_t h, int64_t qi, int64_t kj) const {
     return (word(b, h, qi, kj / kTile) >> (kj % kTile)) & 1;

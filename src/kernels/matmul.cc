@@ -54,7 +54,8 @@ inline __m256 load_i8x8(const int8_t* p) {
 template <typename Load, typename T>
 float dot_simd(const T* w, const float* x, int64_t k, Load load) {
   __m256 a = _mm256_setzero_ps();
-  for (int64_t j = 0; j + 8 <= k; j += 8) a = _mm256_fmadd_ps(load(w + j), _mm256_loadu_ps(x + j), a);
+  for (int64_t j = 0; j + 8 <= k; j += 8)
+    a = _mm256_fmadd_ps(load(w + j), _mm256_loadu_ps(x + j), a);
   return hsum(a);
 }
 // GEMV tile: NW W rows x R x rows. Each W chunk of 8 is widened to f32 once and multiplied into
@@ -70,8 +71,8 @@ float dot_simd(const T* w, const float* x, int64_t k, Load load) {
 // Prefetch while walking K (pf set): linear — the W bytes at pf, the tile's bytes per step
 // (a contiguous stretch ahead); else the same columns of the next tile's rows (pf = w + NW rows).
 template <int R, int NW, typename T, typename Load, typename Widen>
-void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, Load load, Widen widen,
-              const std::byte* pf, bool pf_linear, float (&s)[NW][R]) {
+void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, Load load,
+              Widen widen, const std::byte* pf, bool pf_linear, float (&s)[NW][R]) {
   const int64_t k8 = k / 8 * 8;
   __m256 a[NW][R];
   for (int v = 0; v < NW; ++v)
@@ -125,7 +126,8 @@ void dot_tile_q8_0(const BlockQ8_0* w, const float* x, int64_t ldx, int64_t k, f
   for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const int8_t* q = w[b].qs;
-    const __m256 q0 = load_i8x8(q), q1 = load_i8x8(q + 8), q2 = load_i8x8(q + 16), q3 = load_i8x8(q + 24);
+    const __m256 q0 = load_i8x8(q), q1 = load_i8x8(q + 8), q2 = load_i8x8(q + 16),
+                 q3 = load_i8x8(q + 24);
     const __m256 d = _mm256_set1_ps(f16_to_f32(w[b].d));
     for (int i = 0; i < R; ++i) {
       const float* xb = x + i * ldx + b * 32;
@@ -209,7 +211,9 @@ float dot_q8_0(const BlockQ8_0* w, const float* x, int64_t k) {
 #endif
 }
 
-size_t row_bytes(DType t, int64_t k) { return dtype_bytes(t, k); }
+size_t row_bytes(DType t, int64_t k) {
+  return dtype_bytes(t, k);
+}
 
 void validate(const MatmulParams& p) {
   KV_CHECK(p.x != nullptr && p.w != nullptr && p.y != nullptr, "matmul: null pointer");
@@ -225,7 +229,8 @@ int g_blas_threads = -1;
 // bytes; pf_bytes > 0: prefetch from w + pf_bytes while computing, linearly (the contiguous W
 // ahead, one-row GEMV) or at the next tile's rows (dot_tile's pf_linear).
 template <int R, int NW>
-void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf_bytes, bool linear) {
+void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf_bytes,
+               bool linear) {
   float s[NW][R] = {};
   const auto* w = static_cast<const std::byte*>(p.w) + static_cast<size_t>(r) * rb;
   const float* x = p.x + i * p.ldx;
@@ -234,19 +239,22 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
     // Loaders as lambdas, not function pointers: a pointer template argument is called, not
     // inlined, which would cost a call per 8-element chunk.
     case DType::kF32:
-      dot_tile<R, NW>(reinterpret_cast<const float*>(w), p.k, x, p.ldx, p.k,
-                      [](const float* q) { return _mm256_loadu_ps(q); }, [](float v) { return v; },
-                      pf, linear, s);
+      dot_tile<R, NW>(
+          reinterpret_cast<const float*>(w), p.k, x, p.ldx, p.k,
+          [](const float* q) { return _mm256_loadu_ps(q); }, [](float v) { return v; }, pf, linear,
+          s);
       break;
     case DType::kF16:
-      dot_tile<R, NW>(reinterpret_cast<const f16_t*>(w), p.k, x, p.ldx, p.k,
-                      [](const f16_t* q) { return load_f16x8(q); }, [](f16_t v) { return f16_to_f32(v); },
-                      pf, linear, s);
+      dot_tile<R, NW>(
+          reinterpret_cast<const f16_t*>(w), p.k, x, p.ldx, p.k,
+          [](const f16_t* q) { return load_f16x8(q); }, [](f16_t v) { return f16_to_f32(v); }, pf,
+          linear, s);
       break;
     case DType::kBF16:
-      dot_tile<R, NW>(reinterpret_cast<const bf16_t*>(w), p.k, x, p.ldx, p.k,
-                      [](const bf16_t* q) { return load_bf16x8(q); }, [](bf16_t v) { return bf16_to_f32(v); },
-                      pf, linear, s);
+      dot_tile<R, NW>(
+          reinterpret_cast<const bf16_t*>(w), p.k, x, p.ldx, p.k,
+          [](const bf16_t* q) { return load_bf16x8(q); }, [](bf16_t v) { return bf16_to_f32(v); },
+          pf, linear, s);
       break;
     case DType::kQ8_0:
       if constexpr (NW == 1) {
@@ -269,11 +277,12 @@ constexpr int kTileRows = 4;
 constexpr int kTileW = 3;
 constexpr size_t kGemvBlockBytes = 128 << 10;
 constexpr size_t kGemvPrefetchBytes = 8 << 10;  // one-row GEMV: software prefetch distance in W
-constexpr int kRowTileW = 2;  // one-row GEMV (f32/f16/bf16): W rows per tile
+constexpr int kRowTileW = 2;                    // one-row GEMV (f32/f16/bf16): W rows per tile
 
 // rows (1..R) of x from row i: the tile of that height (remainders of M use smaller tiles).
 template <int NW, int R = kTileRows>
-void gemv_tile_rows(const MatmulParams& p, size_t rb, int64_t r, int64_t i, int64_t rows, bool prefetch = false) {
+void gemv_tile_rows(const MatmulParams& p, size_t rb, int64_t r, int64_t i, int64_t rows,
+                    bool prefetch = false) {
   if constexpr (R > 1) {
     if (rows < R) return gemv_tile_rows<NW, R - 1>(p, rb, r, i, rows, prefetch);
   }
@@ -297,7 +306,9 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
     int64_t r = r0;
     for (; r + kRowTileW <= r1; r += kRowTileW) {
       const size_t at = static_cast<size_t>(r) * rb;
-      gemv_tile<1, kRowTileW>(p, rb, r, 0, at + kGemvPrefetchBytes + kRowTileW * rb <= end ? kGemvPrefetchBytes : 0, true);
+      gemv_tile<1, kRowTileW>(
+          p, rb, r, 0, at + kGemvPrefetchBytes + kRowTileW * rb <= end ? kGemvPrefetchBytes : 0,
+          true);
     }
     for (; r < r1; ++r) gemv_tile<1, 1>(p, rb, r, 0, 0, false);
     return;
@@ -306,7 +317,8 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
     const int nw = p.w_dtype == DType::kQ8_0 ? 1 : kTileW;
     // A block of W rows (kGemvBlockBytes, meant to stay in L2) meets each group of kTileRows
     // x rows in turn, so W comes from memory once per call whatever M.
-    const int64_t block = std::max<int64_t>(kTileW, static_cast<int64_t>(kGemvBlockBytes / std::max<size_t>(rb, 1)) / kTileW * kTileW);
+    const int64_t block = std::max<int64_t>(
+        kTileW, static_cast<int64_t>(kGemvBlockBytes / std::max<size_t>(rb, 1)) / kTileW * kTileW);
     for (int64_t b0 = r0; b0 < r1; b0 += block) {
       const int64_t b1 = std::min(r1, b0 + block);
       for (int64_t i = 0; i < p.m; i += kTileRows) {
@@ -339,11 +351,13 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
     const size_t off = static_cast<size_t>(r) * rb;
     const std::byte* wr = w + off;
 #ifdef KVCACHE_MATMUL_AVX2
-    for (size_t o = off + kGemvPrefetchBytes; o < std::min(off + kGemvPrefetchBytes + rb, end); o += 64)
+    for (size_t o = off + kGemvPrefetchBytes; o < std::min(off + kGemvPrefetchBytes + rb, end);
+         o += 64)
       prefetch_l1(reinterpret_cast<const char*>(w + o));
 #endif
     const float b = p.bias != nullptr ? p.bias[r] : 0.0f;
-    for (int64_t i = 0; i < p.m; ++i) p.y[i * p.ldy + r] = dot_row(wr, p.w_dtype, p.x + i * p.ldx, p.k) + b;
+    for (int64_t i = 0; i < p.m; ++i)
+      p.y[i * p.ldy + r] = dot_row(wr, p.w_dtype, p.x + i * p.ldx, p.k) + b;
   }
 }
 
@@ -377,10 +391,14 @@ void gemv_group(std::span<const MatmulParams> group, ThreadPool& pool) {
 
 float dot_row(const void* w_row, DType t, const float* x, int64_t k) {
   switch (t) {
-    case DType::kF32: return dot_f32(static_cast<const float*>(w_row), x, k);
-    case DType::kF16: return dot_f16(static_cast<const f16_t*>(w_row), x, k);
-    case DType::kBF16: return dot_bf16(static_cast<const bf16_t*>(w_row), x, k);
-    case DType::kQ8_0: return dot_q8_0(static_cast<const BlockQ8_0*>(w_row), x, k);
+    case DType::kF32:
+      return dot_f32(static_cast<const float*>(w_row), x, k);
+    case DType::kF16:
+      return dot_f16(static_cast<const f16_t*>(w_row), x, k);
+    case DType::kBF16:
+      return dot_bf16(static_cast<const bf16_t*>(w_row), x, k);
+    case DType::kQ8_0:
+      return dot_q8_0(static_cast<const BlockQ8_0*>(w_row), x, k);
   }
   KV_CHECK(false, "dot_row: unknown dtype");
   return 0.0f;
@@ -388,9 +406,15 @@ float dot_row(const void* w_row, DType t, const float* x, int64_t k) {
 
 void dequantize_row(const void* src, DType t, float* dst, int64_t k) {
   switch (t) {
-    case DType::kF32: std::memcpy(dst, src, static_cast<size_t>(k) * sizeof(float)); return;
-    case DType::kF16: f16_to_f32_n(static_cast<const f16_t*>(src), dst, static_cast<size_t>(k)); return;
-    case DType::kBF16: bf16_to_f32_n(static_cast<const bf16_t*>(src), dst, static_cast<size_t>(k)); return;
+    case DType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(k) * sizeof(float));
+      return;
+    case DType::kF16:
+      f16_to_f32_n(static_cast<const f16_t*>(src), dst, static_cast<size_t>(k));
+      return;
+    case DType::kBF16:
+      bf16_to_f32_n(static_cast<const bf16_t*>(src), dst, static_cast<size_t>(k));
+      return;
     case DType::kQ8_0: {
       KV_CHECK(k % 32 == 0, "q8_0 row length must be a multiple of 32");
       const auto* b = static_cast<const BlockQ8_0*>(src);
@@ -456,10 +480,10 @@ void matmul(const MatmulParams& p) {
     // (OpenBLAS's own pool busy-waits and fights ours for the cores).
     set_blas_threads(1);
     auto gemm = [&](int64_t r0, int64_t r1) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.m), static_cast<int>(r1 - r0),
-                  static_cast<int>(p.k), 1.0f, p.x, static_cast<int>(p.ldx),
-                  static_cast<const float*>(p.w) + r0 * p.k, static_cast<int>(p.k), 0.0f, p.y + r0,
-                  static_cast<int>(p.ldy));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.m),
+                  static_cast<int>(r1 - r0), static_cast<int>(p.k), 1.0f, p.x,
+                  static_cast<int>(p.ldx), static_cast<const float*>(p.w) + r0 * p.k,
+                  static_cast<int>(p.k), 0.0f, p.y + r0, static_cast<int>(p.ldy));
       if (p.bias != nullptr) {
         for (int64_t i = 0; i < p.m; ++i)
           for (int64_t r = r0; r < r1; ++r) p.y[i * p.ldy + r] += p.bias[r];
@@ -470,7 +494,8 @@ void matmul(const MatmulParams& p) {
       return;
     }
     // Blocks of >= 64 rows keep sgemm's packing worthwhile; ~2 blocks per thread balance.
-    const int64_t rows_per_task = std::max<int64_t>(64, (p.n + 2 * nt - 1) / (2 * nt) / 16 * 16 + 16);
+    const int64_t rows_per_task =
+        std::max<int64_t>(64, (p.n + 2 * nt - 1) / (2 * nt) / 16 * 16 + 16);
     const int64_t n_tasks = (p.n + rows_per_task - 1) / rows_per_task;
     pool.parallel_for(n_tasks, [&](int64_t t) {
       const int64_t r0 = t * rows_per_task;
@@ -498,10 +523,12 @@ void matmul(const MatmulParams& p) {
       const size_t need = static_cast<size_t>((r1 - r0) * p.k);
       if (scratch.size() < need) scratch.resize(need);
       for (int64_t r = r0; r < r1; ++r)
-        dequantize_row(w + static_cast<size_t>(r) * rb, p.w_dtype, scratch.data() + (r - r0) * p.k, p.k);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.m), static_cast<int>(r1 - r0),
-                  static_cast<int>(p.k), 1.0f, p.x, static_cast<int>(p.ldx), scratch.data(), static_cast<int>(p.k),
-                  0.0f, p.y + r0, static_cast<int>(p.ldy));
+        dequantize_row(w + static_cast<size_t>(r) * rb, p.w_dtype, scratch.data() + (r - r0) * p.k,
+                       p.k);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.m),
+                  static_cast<int>(r1 - r0), static_cast<int>(p.k), 1.0f, p.x,
+                  static_cast<int>(p.ldx), scratch.data(), static_cast<int>(p.k), 0.0f, p.y + r0,
+                  static_cast<int>(p.ldy));
       if (p.bias != nullptr) {
         for (int64_t i = 0; i < p.m; ++i)
           for (int64_t r = r0; r < r1; ++r) p.y[i * p.ldy + r] += p.bias[r];

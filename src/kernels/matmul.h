@@ -25,7 +25,7 @@ class ThreadPool;
 struct MatmulParams {
   const float* x = nullptr;  // [M, K] f32, row stride ldx (>= K)
   int64_t ldx = 0;
-  const void* w = nullptr;   // [N, K] in w_dtype, rows contiguous (row bytes = dtype_bytes(K))
+  const void* w = nullptr;  // [N, K] in w_dtype, rows contiguous (row bytes = dtype_bytes(K))
   DType w_dtype = DType::kF32;
   const float* bias = nullptr;  // [N] or nullptr (Qwen2's QKV bias)
   float* y = nullptr;           // [M, N] f32, row stride ldy (>= N); must not alias x

@@ -7,7 +7,8 @@
 namespace kvcache {
 
 void rms_norm(const RmsNormParams& p) {
-  KV_CHECK(p.x != nullptr && p.weight != nullptr && p.y != nullptr && p.dim > 0, "rms_norm: bad params");
+  KV_CHECK(p.x != nullptr && p.weight != nullptr && p.y != nullptr && p.dim > 0,
+           "rms_norm: bad params");
   const int64_t ldx = p.ld_x > 0 ? p.ld_x : p.dim;
   const int64_t ldy = p.ld_y > 0 ? p.ld_y : p.dim;
   for (int64_t r = 0; r < p.rows; ++r) {

@@ -12,7 +12,7 @@ struct RmsNormParams {
   const float* weight = nullptr;  // [dim]
   float* y = nullptr;             // [rows, dim], row stride ld_y; may alias x (in place)
   int64_t rows = 1, dim = 0;
-  int64_t ld_x = 0, ld_y = 0;     // 0: dim
+  int64_t ld_x = 0, ld_y = 0;  // 0: dim
   float eps = 1e-5f;
 };
 

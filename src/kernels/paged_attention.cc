@@ -76,8 +76,8 @@ void validate_paged_attention_args(const PagedAttentionArgs& a, const AttentionO
   if (a.out.ndim() != 3 || a.out.dtype() != DType::kF32 || a.out.dim(0) != total_q ||
       a.out.dim(1) != a.q.dim(1) || a.out.dim(2) != kv.v_pages.dim(3))
     bad("out must be f32 [total_q, H_q, D_v]");
-  if (o.q_offset != -1 || o.mask || o.block_mask || o.score || o.doc_ids || o.kv_valid_begin || o.kv_valid_end ||
-      o.weights_out)
+  if (o.q_offset != -1 || o.mask || o.block_mask || o.score || o.doc_ids || o.kv_valid_begin ||
+      o.kv_valid_end || o.weights_out)
     bad("q_offset, mask, block_mask, score, doc_ids, kv_valid_* and weights_out are not supported",
         ErrorKind::kUnsupported);
   if (o.sliding_window < 0 || o.chunk_size < 0) bad("sliding_window/chunk_size must be >= 0");
@@ -209,9 +209,11 @@ void paged_attention(std::string_view kernel, const PagedAttentionArgs& args,
   fault::point("paged_attention");
   validate_paged_attention_args(args, options);
   std::string known;
-  for (const std::string& name : paged_attention_kernel_names()) known += (known.empty() ? "" : ", ") + name;
-  throw Error(ErrorKind::kInvalidArgument,
-              "paged_attention: unknown kernel '" + std::string(kernel) + "' (paged kernels: " + known + ")");
+  for (const std::string& name : paged_attention_kernel_names())
+    known += (known.empty() ? "" : ", ") + name;
+  throw Error(ErrorKind::kInvalidArgument, "paged_attention: unknown kernel '" +
+                                               std::string(kernel) + "' (paged kernels: " + known +
+                                               ")");
 }
 
 }  // namespace kvcache

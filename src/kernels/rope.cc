@@ -82,7 +82,8 @@ void rope_apply(const RopeParams& p) {
       cs[i] = std::cos(angle) * p.attention_factor;
       sn[i] = std::sin(angle) * p.attention_factor;
     }
-    for (int64_t h = 0; h < p.n_heads; ++h) rotate_head(p.x + t * ld + h * p.head_dim, cs, sn, half, p.style);
+    for (int64_t h = 0; h < p.n_heads; ++h)
+      rotate_head(p.x + t * ld + h * p.head_dim, cs, sn, half, p.style);
   }
 }
 
@@ -96,7 +97,8 @@ void rope_reference(const RopeParams& p) {
       float* v = p.x + t * ld + h * p.head_dim;
       for (int64_t i = 0; i < half; ++i) {
         const float angle = static_cast<float>(pos) * p.inv_freq[i];
-        const float c = std::cos(angle) * p.attention_factor, s = std::sin(angle) * p.attention_factor;
+        const float c = std::cos(angle) * p.attention_factor,
+                    s = std::sin(angle) * p.attention_factor;
         const int64_t i0 = p.style == RopeStyle::kInterleaved ? 2 * i : i;
         const int64_t i1 = p.style == RopeStyle::kInterleaved ? 2 * i + 1 : i + half;
         const float a = v[i0], b = v[i1];

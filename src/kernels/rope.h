@@ -1,5 +1,6 @@
 // Rotary position embeddings (RoPE). Two pairings of the head dimensions exist in the wild:
-//  - kInterleaved: pairs (2i, 2i+1) — Meta's original layout, llama2.c, GGUF `llama` (ROPE_TYPE_NORM);
+//  - kInterleaved: pairs (2i, 2i+1) — Meta's original layout, llama2.c, GGUF `llama`
+//  (ROPE_TYPE_NORM);
 //  - kHalf: pairs (i, i + rot_dim/2) — HF transformers' rotate_half, GGUF NeoX-style models.
 // The frequencies inv_freq[i] = 1 / theta^(2i / rot_dim) are computed once per model in float
 // (HF's and llama2.c's arithmetic), divided by optional per-pair factors (rope scaling).
@@ -32,10 +33,10 @@ struct RopeLlama3Params {
 std::vector<float> rope_llama3_freq_factors(const RopeLlama3Params& p);
 
 struct RopeParams {
-  float* x = nullptr;        // [n_tokens, n_heads, head_dim], rotated in place
+  float* x = nullptr;  // [n_tokens, n_heads, head_dim], rotated in place
   int64_t n_tokens = 0, n_heads = 0, head_dim = 0;
-  int64_t ld_token = 0;      // elements between consecutive tokens (0: n_heads * head_dim)
-  int64_t pos0 = 0;          // position of token t is pos0 + t ...
+  int64_t ld_token = 0;  // elements between consecutive tokens (0: n_heads * head_dim)
+  int64_t pos0 = 0;      // position of token t is pos0 + t ...
   const int64_t* positions = nullptr;  // ... unless given here: [n_tokens]
   const float* inv_freq = nullptr;     // [rot_dim / 2]
   int64_t rot_dim = 0;                 // <= head_dim, even; dims past rot_dim pass through

@@ -29,7 +29,7 @@ struct Step {
   // last layer when only next-token logits are wanted), written as rows 0..B-1; or none (the
   // last layer when the call only fills the cache: K/V enter the cache, nothing else).
   enum class Rows { kAll, kLast, kKvOnly } rows = Rows::kAll;
-  Cache* cache = nullptr;            // never null: the forward's recompute container without one
+  Cache* cache = nullptr;  // never null: the forward's recompute container without one
   AttentionKernel* kernel = nullptr;
   LinearOptions linear;
   Workspace* ws = nullptr;
@@ -106,8 +106,8 @@ class Stack {
   // the last row of each batch row (logits kLast, moved to rows 0..B-1). `keep_last` says the
   // caller wants only those rows (or, with kv_only, none: the last layer may stop after its
   // cache update).
-  virtual int64_t run(Step& st, const std::vector<Block>& blocks, const int32_t* tokens, bool keep_last,
-                      bool kv_only) const = 0;
+  virtual int64_t run(Step& st, const std::vector<Block>& blocks, const int32_t* tokens,
+                      bool keep_last, bool kv_only) const = 0;
 };
 
 // Row helpers shared by the blocks.
@@ -117,7 +117,9 @@ inline void add_inplace(float* a, const float* b, int64_t n) {
 // Rows of B blocks of S (width floats each): row S - 1 of block b, the last position of batch
 // row b, moves to row b.
 void keep_last_rows(float* rows, int64_t B, int64_t S, int64_t width);
-// RMSNorm of `rows` rows of `dim` floats from x into y (may alias x), rows ld floats apart (0: dim).
-void norm_rows(const float* x, float* y, int64_t rows, int64_t dim, float eps, const float* weight, int64_t ld = 0);
+// RMSNorm of `rows` rows of `dim` floats from x into y (may alias x), rows ld floats apart (0:
+// dim).
+void norm_rows(const float* x, float* y, int64_t rows, int64_t dim, float eps, const float* weight,
+               int64_t ld = 0);
 
 }  // namespace kvcache

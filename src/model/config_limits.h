@@ -35,7 +35,8 @@ ConfigCountLimit config_count_limit(ConfigCount kind);
 // Returns `value` when it is in [0, max] for `kind`; otherwise throws Error(kFormat)
 // "<source>: <field> = <value> ..." naming the maximum (positivity, where a field needs it, is
 // the reader's own check with its own message).
-int64_t check_config_count(const std::string& source, std::string_view field, int64_t value, ConfigCount kind);
+int64_t check_config_count(const std::string& source, std::string_view field, int64_t value,
+                           ConfigCount kind);
 
 // Every count of a parsed ModelConfig (the fields named as the runtime calls them), for loaders
 // that fill a ModelConfig before they size anything from it (GGUF, llama2.c); also part of

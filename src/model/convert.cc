@@ -19,8 +19,8 @@ Tensor convert_matrix(const TensorView& src, DType dst_t) {
   std::vector<float> row(static_cast<size_t>(cols));
   const size_t src_rb = dtype_bytes(src.dtype(), cols), dst_rb = dtype_bytes(dst_t, cols);
   for (int64_t r = 0; r < rows; ++r) {
-    dequantize_row(static_cast<const std::byte*>(src.data()) + static_cast<size_t>(r) * src_rb, src.dtype(),
-                   row.data(), cols);
+    dequantize_row(static_cast<const std::byte*>(src.data()) + static_cast<size_t>(r) * src_rb,
+                   src.dtype(), row.data(), cols);
     void* dst = static_cast<std::byte*>(out.data()) + static_cast<size_t>(r) * dst_rb;
     if (dst_t == DType::kQ8_0) {
       quantize_row_q8_0(row.data(), static_cast<BlockQ8_0*>(dst), cols);
@@ -39,7 +39,8 @@ Tensor convert_matrix(const TensorView& src, DType dst_t) {
 // Works on whole rows, so any row-wise dtype (q8_0 included); a 1-D tensor is a bias.
 Tensor permute_rope_rows(const TensorView& t, int64_t n_heads, int64_t head_dim) {
   const int64_t rows = t.dim(0);
-  KV_CHECK(rows == n_heads * head_dim && head_dim % 2 == 0, "permute_rope_rows: shape does not match the heads");
+  KV_CHECK(rows == n_heads * head_dim && head_dim % 2 == 0,
+           "permute_rope_rows: shape does not match the heads");
   const size_t rb = t.ndim() == 2 ? dtype_bytes(t.dtype(), t.dim(1)) : dtype_bytes(t.dtype(), 1);
   Tensor out = Tensor::empty(t.dtype(), t.shape());
   const auto* src = static_cast<const std::byte*>(t.data());
@@ -95,7 +96,8 @@ void add_vocabulary(GgufWriter& w, const Llama2cTokenizer& tok) {
 
 }  // namespace
 
-void convert_to_gguf(const ModelFile& model, const GgufConvertOptions& options, const std::string& out_path) {
+void convert_to_gguf(const ModelFile& model, const GgufConvertOptions& options,
+                     const std::string& out_path) {
   GgufWriter w;
   const ModelConfig& c = model.config();
   ModelConfig written = c;
@@ -105,13 +107,14 @@ void convert_to_gguf(const ModelFile& model, const GgufConvertOptions& options, 
   w.set("general.file_type", GgufValue::u32(0));
   if (options.tokenizer != nullptr) {
     if (options.tokenizer->vocab_size() != model.config().vocab_size) {
-      throw Error(ErrorKind::kInvalidArgument,
-                  options.tokenizer->path() + ": tokenizer has " + std::to_string(options.tokenizer->vocab_size()) +
-                      " tokens, the model " + std::to_string(model.config().vocab_size));
+      throw Error(ErrorKind::kInvalidArgument, options.tokenizer->path() + ": tokenizer has " +
+                                                   std::to_string(options.tokenizer->vocab_size()) +
+                                                   " tokens, the model " +
+                                                   std::to_string(model.config().vocab_size));
     }
     add_vocabulary(w, *options.tokenizer);
   }
-  std::vector<Tensor> owned;  // converted copies, alive until write()
+  std::vector<Tensor> owned;                  // converted copies, alive until write()
   owned.reserve(2 * model.tensors().size());  // a permuted and a re-encoded copy at most
   for (const auto& [name, original] : model.tensors()) {
     TensorView view = original;

@@ -36,9 +36,9 @@ struct Family {
   std::string_view model_type;
   std::string_view architecture;  // architectures[0] of its CausalLM checkpoints
   TypesRule rule;
-  int64_t default_window = 0;     // the config class's sliding_window default
-  int64_t default_chunk = 0;      // attention_chunk_size default
-  int64_t default_head_dim = 0;   // 0: hidden_size / num_attention_heads
+  int64_t default_window = 0;    // the config class's sliding_window default
+  int64_t default_chunk = 0;     // attention_chunk_size default
+  int64_t default_head_dim = 0;  // 0: hidden_size / num_attention_heads
 };
 
 // Defaults are those of each transformers configuration_<family>.py.
@@ -100,7 +100,8 @@ std::optional<int64_t> opt_int(const json& j, const char* key, const std::string
   bad(source, std::string("config field '") + key + "' must be an integer");
 }
 
-std::optional<int64_t> opt_count(const json& j, const char* key, ConfigCount kind, const std::string& source) {
+std::optional<int64_t> opt_count(const json& j, const char* key, ConfigCount kind,
+                                 const std::string& source) {
   std::optional<int64_t> v = opt_int(j, key, source);
   if (v) check_config_count(source, key, *v, kind);
   return v;
@@ -108,19 +109,22 @@ std::optional<int64_t> opt_count(const json& j, const char* key, ConfigCount kin
 
 int64_t req_count(const json& j, const char* key, ConfigCount kind, const std::string& source) {
   const std::optional<int64_t> v = opt_count(j, key, kind, source);
-  if (!v || *v <= 0) bad(source, std::string("config field '") + key + "' is missing or not a positive integer");
+  if (!v || *v <= 0)
+    bad(source, std::string("config field '") + key + "' is missing or not a positive integer");
   return *v;
 }
 
 bool bool_or(const json& j, const char* key, bool fallback, const std::string& source) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) bad(source, std::string("config field '") + key + "' must be true or false");
+  if (!it->is_boolean())
+    bad(source, std::string("config field '") + key + "' must be true or false");
   return it->get<bool>();
 }
 
 std::string family_of(const json& root, const json& config) {
-  if (auto it = root.find("architectures"); it != root.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
+  if (auto it = root.find("architectures");
+      it != root.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
     const std::string arch = (*it)[0].get<std::string>();
     for (const Family& f : kFamilies)
       if (f.architecture == arch) return std::string(f.model_type);
@@ -137,8 +141,8 @@ std::string family_of(const json& root, const json& config) {
   return std::string(canonical_model_type(t));
 }
 
-std::vector<std::string> derived_layer_types(const json& j, const Family* fam, const DecoderLayout& d,
-                                             const std::string& source) {
+std::vector<std::string> derived_layer_types(const json& j, const Family* fam,
+                                             const DecoderLayout& d, const std::string& source) {
   const int64_t n = d.n_layers;
   std::vector<std::string> t(static_cast<size_t>(n), "full_attention");
   const TypesRule rule = fam ? fam->rule : TypesRule::kGeneric;
@@ -150,7 +154,8 @@ std::vector<std::string> derived_layer_types(const json& j, const Family* fam, c
       // Qwen2Config: sliding_window is kept only with use_sliding_window; layers from
       // max_window_layers on use it.
       if (!bool_or(j, "use_sliding_window", false, source)) break;
-      const int64_t from = opt_count(j, "max_window_layers", ConfigCount::kLayers, source).value_or(28);
+      const int64_t from =
+          opt_count(j, "max_window_layers", ConfigCount::kLayers, source).value_or(28);
       set([&](int64_t i) { return i >= from ? "sliding_attention" : "full_attention"; });
       break;
     }
@@ -158,8 +163,11 @@ std::vector<std::string> derived_layer_types(const json& j, const Family* fam, c
       set([](int64_t i) { return (i + 1) % 2 ? "sliding_attention" : "full_attention"; });
       break;
     case TypesRule::kPattern: {
-      const int64_t p = opt_count(j, "sliding_window_pattern", ConfigCount::kLayers, source).value_or(6);
-      set([&](int64_t i) { return p == 0 || (i + 1) % p ? "sliding_attention" : "full_attention"; });
+      const int64_t p =
+          opt_count(j, "sliding_window_pattern", ConfigCount::kLayers, source).value_or(6);
+      set([&](int64_t i) {
+        return p == 0 || (i + 1) % p ? "sliding_attention" : "full_attention";
+      });
       break;
     }
     case TypesRule::kEveryFifthFull:
@@ -169,7 +177,8 @@ std::vector<std::string> derived_layer_types(const json& j, const Family* fam, c
       std::vector<int64_t> rope_layers;
       if (auto it = j.find("no_rope_layers"); it != j.end() && it->is_array() && !it->empty()) {
         for (const json& v : *it) {
-          if (!v.is_number_integer()) bad(source, "config field 'no_rope_layers' must be a list of 0/1 integers");
+          if (!v.is_number_integer())
+            bad(source, "config field 'no_rope_layers' must be a list of 0/1 integers");
           rope_layers.push_back(v.get<int64_t>());
         }
         if (static_cast<int64_t>(rope_layers.size()) != n)
@@ -181,16 +190,21 @@ std::vector<std::string> derived_layer_types(const json& j, const Family* fam, c
         if (every <= 0) bad(source, "config field 'no_rope_layer_interval' must be positive");
         for (int64_t i = 0; i < n; ++i) rope_layers.push_back((i + 1) % every != 0);
       }
-      set([&](int64_t i) { return rope_layers[static_cast<size_t>(i)] ? "chunked_attention" : "full_attention"; });
+      set([&](int64_t i) {
+        return rope_layers[static_cast<size_t>(i)] ? "chunked_attention" : "full_attention";
+      });
       break;
     }
     case TypesRule::kFullInterval:
     case TypesRule::kGeneric: {
-      std::optional<int64_t> interval = opt_count(j, "full_attention_interval", ConfigCount::kLayers, source);
+      std::optional<int64_t> interval =
+          opt_count(j, "full_attention_interval", ConfigCount::kLayers, source);
       if (!interval && rule == TypesRule::kFullInterval) interval = 4;  // Qwen3NextConfig
       if (interval) {
         if (*interval <= 0) bad(source, "config field 'full_attention_interval' must be positive");
-        set([&](int64_t i) { return (i + 1) % *interval == 0 ? "full_attention" : "linear_attention"; });
+        set([&](int64_t i) {
+          return (i + 1) % *interval == 0 ? "full_attention" : "linear_attention";
+        });
       } else {
         t = generic_layer_types(n, d.sliding_window, d.attention_chunk_size);
       }
@@ -212,7 +226,8 @@ void check_layer_types(DecoderLayout& d, const std::string& source, bool explici
     if (std::find(known.begin(), known.end(), t) == known.end()) {
       std::string list;
       for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-      bad(source, where + "[" + std::to_string(i) + "] is '" + t + "', a layer type no cache defines (" + list +
+      bad(source, where + "[" + std::to_string(i) + "] is '" + t +
+                      "', a layer type no cache defines (" + list +
                       ", or a compressed type named in compress_rates)");
     }
     if (t == "sliding_attention" || t == "hybrid_sliding") {
@@ -225,7 +240,8 @@ void check_layer_types(DecoderLayout& d, const std::string& source, bool explici
       chunked = true;
       if (d.attention_chunk_size <= 0)
         bad(source, where + "[" + std::to_string(i) +
-                        "] is 'chunked_attention' but 'attention_chunk_size' is missing, null or not positive");
+                        "] is 'chunked_attention' but 'attention_chunk_size' is missing, null or "
+                        "not positive");
     }
   }
   if (!sliding) d.sliding_window = 0;
@@ -235,15 +251,23 @@ void check_layer_types(DecoderLayout& d, const std::string& source, bool explici
 }  // namespace
 
 const std::vector<std::string>& known_layer_types() {
-  static const std::vector<std::string> kTypes = {
-      "full_attention", "sliding_attention",         "chunked_attention",     "linear_attention",
-      "conv",           "hybrid",                    "hybrid_sliding",        "deepseek_sparse_attention",
-      "qwen_sparse_attention", "moe",                "mlp"};
+  static const std::vector<std::string> kTypes = {"full_attention",
+                                                  "sliding_attention",
+                                                  "chunked_attention",
+                                                  "linear_attention",
+                                                  "conv",
+                                                  "hybrid",
+                                                  "hybrid_sliding",
+                                                  "deepseek_sparse_attention",
+                                                  "qwen_sparse_attention",
+                                                  "moe",
+                                                  "mlp"};
   return kTypes;
 }
 
-std::vector<std::string> generic_layer_types(int64_t n_layers, int64_t sliding_window, int64_t attention_chunk_size) {
-  const char* t = sliding_window > 0 ? "sliding_attention"
+std::vector<std::string> generic_layer_types(int64_t n_layers, int64_t sliding_window,
+                                             int64_t attention_chunk_size) {
+  const char* t = sliding_window > 0         ? "sliding_attention"
                   : attention_chunk_size > 0 ? "chunked_attention"
                                              : "full_attention";
   return std::vector<std::string>(static_cast<size_t>(std::max<int64_t>(n_layers, 0)), t);
@@ -264,24 +288,30 @@ DecoderLayout read_decoder_layout(const json& root, const json& j, const std::st
   const Family* fam = find_family(d.family);
   d.n_layers = req_count(j, "num_hidden_layers", ConfigCount::kLayers, source);
   d.n_heads = req_count(j, "num_attention_heads", ConfigCount::kHeads, source);
-  d.n_kv_heads = opt_count(j, "num_key_value_heads", ConfigCount::kHeads, source).value_or(d.n_heads);
+  d.n_kv_heads =
+      opt_count(j, "num_key_value_heads", ConfigCount::kHeads, source).value_or(d.n_heads);
   if (d.n_kv_heads <= 0) bad(source, "config field 'num_key_value_heads' must be positive");
   d.hidden_size = opt_count(j, "hidden_size", ConfigCount::kHiddenSize, source).value_or(0);
-  d.max_position_embeddings = opt_count(j, "max_position_embeddings", ConfigCount::kContext, source).value_or(0);
-  const int64_t default_head_dim = fam && fam->default_head_dim ? fam->default_head_dim : d.hidden_size / d.n_heads;
+  d.max_position_embeddings =
+      opt_count(j, "max_position_embeddings", ConfigCount::kContext, source).value_or(0);
+  const int64_t default_head_dim =
+      fam && fam->default_head_dim ? fam->default_head_dim : d.hidden_size / d.n_heads;
   d.head_dim = opt_count(j, "head_dim", ConfigCount::kHeadDim, source).value_or(default_head_dim);
   if (d.head_dim <= 0) bad(source, "neither 'head_dim' nor 'hidden_size' gives the head dim");
 
   d.sliding_window = opt_count(j, "sliding_window", ConfigCount::kContext, source)
                          .value_or(j.contains("sliding_window") || !fam ? 0 : fam->default_window);
-  d.attention_chunk_size = opt_count(j, "attention_chunk_size", ConfigCount::kContext, source)
-                               .value_or(j.contains("attention_chunk_size") || !fam ? 0 : fam->default_chunk);
+  d.attention_chunk_size =
+      opt_count(j, "attention_chunk_size", ConfigCount::kContext, source)
+          .value_or(j.contains("attention_chunk_size") || !fam ? 0 : fam->default_chunk);
   if (auto it = j.find("compress_rates"); it != j.end() && !it->is_null()) {
-    if (!it->is_object()) bad(source, "config field 'compress_rates' must be an object of layer type -> rate");
+    if (!it->is_object())
+      bad(source, "config field 'compress_rates' must be an object of layer type -> rate");
     for (auto& [k, v] : it->items()) {
       if (!v.is_number_integer() || v.get<int64_t>() < 1)
         bad(source, "compress_rates." + k + " must be a positive integer");
-      d.compress_rates[k] = check_config_count(source, "compress_rates." + k, v.get<int64_t>(), ConfigCount::kContext);
+      d.compress_rates[k] = check_config_count(source, "compress_rates." + k, v.get<int64_t>(),
+                                               ConfigCount::kContext);
     }
   }
 
@@ -294,19 +324,21 @@ DecoderLayout read_decoder_layout(const json& root, const json& j, const std::st
       d.layer_types.push_back(t.get<std::string>());
     }
     if (static_cast<int64_t>(d.layer_types.size()) != d.n_layers)
-      bad(source, "'layer_types' has " + std::to_string(d.layer_types.size()) + " entries but num_hidden_layers is " +
-                      std::to_string(d.n_layers));
+      bad(source, "'layer_types' has " + std::to_string(d.layer_types.size()) +
+                      " entries but num_hidden_layers is " + std::to_string(d.n_layers));
   } else {
     d.layer_types = derived_layer_types(j, fam, d, source);
   }
   check_layer_types(d, source, explicit_types);
 
-  d.num_kv_shared_layers = opt_count(j, "num_kv_shared_layers", ConfigCount::kLayers, source).value_or(0);
+  d.num_kv_shared_layers =
+      opt_count(j, "num_kv_shared_layers", ConfigCount::kLayers, source).value_or(0);
   if (d.num_kv_shared_layers < 0 || d.num_kv_shared_layers >= d.n_layers)
     bad(source, "config field 'num_kv_shared_layers' = " + std::to_string(d.num_kv_shared_layers) +
                     " must be in [0, num_hidden_layers)");
 
-  if (const std::optional<int64_t> r = opt_count(j, "kv_lora_rank", ConfigCount::kHeadDim, source)) {
+  if (const std::optional<int64_t> r =
+          opt_count(j, "kv_lora_rank", ConfigCount::kHeadDim, source)) {
     d.kv_lora_rank = *r;
     if (d.kv_lora_rank <= 0) bad(source, "config field 'kv_lora_rank' must be positive");
     d.qk_rope_head_dim = req_count(j, "qk_rope_head_dim", ConfigCount::kHeadDim, source);

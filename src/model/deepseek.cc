@@ -16,7 +16,9 @@ std::unique_ptr<Mlp> mlp(Weights& w, int64_t l) {
   return DeepseekMoe::hf(w, l);
 }
 
-void build(Weights& w, ModelParts& parts) { build_hf_residual(w, parts, &make_hf_mla, &mlp); }
+void build(Weights& w, ModelParts& parts) {
+  build_hf_residual(w, parts, &make_hf_mla, &mlp);
+}
 
 std::vector<const ScratchKind*> scratch(const ModelConfig& c) {
   std::vector<const ScratchKind*> kinds = {&kMlaScratch, &kDenseMlpScratch};
@@ -26,6 +28,7 @@ std::vector<const ScratchKind*> scratch(const ModelConfig& c) {
 
 }  // namespace
 
-KVCACHE_REGISTER_FAMILY(deepseek, Family{"deepseek", {"deepseek_v2", "deepseek_v3"}, &build, &scratch});
+KVCACHE_REGISTER_FAMILY(deepseek,
+                        Family{"deepseek", {"deepseek_v2", "deepseek_v3"}, &build, &scratch});
 
 }  // namespace kvcache

@@ -19,7 +19,8 @@ DenseMlpWeights DenseMlpWeights::canonical(Weights& w, int64_t l) {
 }
 
 DenseMlpWeights DenseMlpWeights::hf(Weights& w, int64_t l, const std::string& prefix) {
-  return {w.matrix(hf_layer_tensor(l, prefix + "gate_proj.weight")), w.matrix(hf_layer_tensor(l, prefix + "up_proj.weight")),
+  return {w.matrix(hf_layer_tensor(l, prefix + "gate_proj.weight")),
+          w.matrix(hf_layer_tensor(l, prefix + "up_proj.weight")),
           w.matrix(hf_layer_tensor(l, prefix + "down_proj.weight"))};
 }
 
@@ -47,7 +48,8 @@ void DenseMlp::sparsify(float* hb, int64_t rows, int64_t hidden) const {
   }
 }
 
-void DenseMlp::run(const LinearOptions& linear_options, Workspace& ws, int64_t rows, const float* in, float* out) const {
+void DenseMlp::run(const LinearOptions& linear_options, Workspace& ws, int64_t rows,
+                   const float* in, float* out) const {
   const int64_t hidden = w_.gate.dim(0);
   float* hb = ws.data(kDenseMlpScratch, kHb);
   float* hb2 = ws.data(kDenseMlpScratch, kHb2);
@@ -67,7 +69,8 @@ void DenseMlp::run(const LinearOptions& linear_options, Workspace& ws, int64_t r
   };
   if (rows >= 16) {
     // Prefill: ~1M exp/tanh per layer at 512 tokens, worth splitting; bit-identical per element.
-    default_pool().parallel_for((rows + 7) / 8, [&](int64_t t) { act(t * 8, std::min(rows, t * 8 + 8)); });
+    default_pool().parallel_for((rows + 7) / 8,
+                                [&](int64_t t) { act(t * 8, std::min(rows, t * 8 + 8)); });
   } else {
     act(0, rows);
   }
@@ -77,9 +80,12 @@ void DenseMlp::run(const LinearOptions& linear_options, Workspace& ws, int64_t r
 namespace {
 // The widest dense MLP of the config: its own layers', or DeepSeek's shared experts.
 int64_t widest_hidden(const ModelConfig& c) {
-  return std::max({c.hidden_dim, c.moe.expert_hidden_dim * std::max<int64_t>(1, c.moe.n_shared_experts)});
+  return std::max(
+      {c.hidden_dim, c.moe.expert_hidden_dim * std::max<int64_t>(1, c.moe.n_shared_experts)});
 }
-std::vector<ScratchBuffer> dense_buffers(const ModelConfig& c) { return {{widest_hidden(c), 0}, {widest_hidden(c), 0}}; }
+std::vector<ScratchBuffer> dense_buffers(const ModelConfig& c) {
+  return {{widest_hidden(c), 0}, {widest_hidden(c), 0}};
+}
 }  // namespace
 
 const ScratchKind kDenseMlpScratch{"dense mlp", &dense_buffers, &widest_hidden};

@@ -33,7 +33,8 @@ class DenseMlp final : public Mlp {
   void forward(Step& st, int64_t rows) const override;
   // The product itself on `rows` rows: out [rows, dim] from in [rows, dim] (may alias), through
   // the workspace's hidden buffers (MoE experts run it one row at a time).
-  void run(const LinearOptions& linear, Workspace& ws, int64_t rows, const float* in, float* out) const;
+  void run(const LinearOptions& linear, Workspace& ws, int64_t rows, const float* in,
+           float* out) const;
 
  private:
   void sparsify(float* gate, int64_t rows, int64_t hidden) const;

@@ -1,11 +1,12 @@
 #include "model/dummy.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <filesystem>
-#include <unistd.h>
+#include <fstream>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -41,7 +42,8 @@ Tensor random_matrix(int64_t rows, int64_t cols, DType dtype, uint64_t seed, flo
     const uint64_t base = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(r)));
     for (int64_t c = 0; c < cols; ++c) {
       const uint64_t x = splitmix64(base + static_cast<uint64_t>(c));
-      row[static_cast<size_t>(c)] = (static_cast<float>(x >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * a;
+      row[static_cast<size_t>(c)] =
+          (static_cast<float>(x >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * a;
     }
     void* dst = static_cast<std::byte*>(t.data()) + static_cast<size_t>(r) * rb;
     if (dtype == DType::kQ8_0) {
@@ -134,14 +136,19 @@ const char* hf_preset_json(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> dummy_preset_names() {
-  return {"tiny", "llama-125m", "gemma2-tiny", "gptoss-tiny", "mla-tiny", "deepseek-v2-tiny", "gemma3n-tiny"};
+  return {"tiny",     "llama-125m",       "gemma2-tiny", "gptoss-tiny",
+          "mla-tiny", "deepseek-v2-tiny", "gemma3n-tiny"};
 }
 
-bool dummy_preset_is_hf(const std::string& name) { return hf_preset_json(name) != nullptr; }
+bool dummy_preset_is_hf(const std::string& name) {
+  return hf_preset_json(name) != nullptr;
+}
 
 std::string dummy_preset_config_json(const std::string& name) {
   const char* j = hf_preset_json(name);
-  if (j == nullptr) throw Error(ErrorKind::kInvalidArgument, "dummy preset '" + name + "' is not a config.json preset");
+  if (j == nullptr)
+    throw Error(ErrorKind::kInvalidArgument,
+                "dummy preset '" + name + "' is not a config.json preset");
   return j;
 }
 
@@ -158,7 +165,8 @@ ModelConfig dummy_preset(const std::string& name) {
   } else {
     std::string known;
     for (const auto& n : dummy_preset_names()) known += (known.empty() ? "" : ", ") + n;
-    throw Error(ErrorKind::kInvalidArgument, "unknown dummy model preset '" + name + "'; known: " + known);
+    throw Error(ErrorKind::kInvalidArgument,
+                "unknown dummy model preset '" + name + "'; known: " + known);
   }
   c.rope_theta = 10000.0f;
   c.rope_interleaved = true;
@@ -174,10 +182,12 @@ std::string build_dummy_hf(const DummyModelOptions& o) {
   const ModelConfig c = dummy_preset(o.preset);
   const DType wt = o.weight_dtype;
   if (wt != DType::kF32 && wt != DType::kF16 && wt != DType::kBF16) {
-    throw Error(ErrorKind::kUnsupported, "dummy:" + o.preset + ": safetensors weights are f32, f16 or bf16");
+    throw Error(ErrorKind::kUnsupported,
+                "dummy:" + o.preset + ": safetensors weights are f32, f16 or bf16");
   }
   const std::string dir = o.cache_dir.empty() ? default_cache_dir() : o.cache_dir;
-  const std::string path = dir + "/dummy-" + o.preset + "-" + dtype_name(wt) + "-s" + std::to_string(o.seed);
+  const std::string path =
+      dir + "/dummy-" + o.preset + "-" + dtype_name(wt) + "-s" + std::to_string(o.seed);
   std::error_code ec;
   if (fs::exists(fs::path(path) / "model.safetensors", ec)) return path;  // deterministic: reuse
   fs::create_directories(dir, ec);
@@ -192,14 +202,18 @@ std::string build_dummy_hf(const DummyModelOptions& o) {
     if (w.role == WeightRole::kMatrix) {
       // Embeddings O(1); projections small enough that the residual stream stays O(1).
       const bool embed = w.name == "model.embed_tokens.weight";
-      const bool qk = w.name.find("q_proj") != std::string::npos || w.name.find("k_proj") != std::string::npos ||
-                      w.name.find("q_b_proj") != std::string::npos || w.name.find("kv_") != std::string::npos;
+      const bool qk = w.name.find("q_proj") != std::string::npos ||
+                      w.name.find("k_proj") != std::string::npos ||
+                      w.name.find("q_b_proj") != std::string::npos ||
+                      w.name.find("kv_") != std::string::npos;
       t = random_matrix(rows, cols, wt, seed, embed ? 1.0f : qk ? 0.08f : 0.05f);
     } else {
       // Norm weights near their identity (Gemma stores w with (1 + w): near 0), biases and
       // sinks of moderate size so they matter.
       const bool gemma_norm = w.role == WeightRole::kNorm && c.norm_add_one;
-      const float stddev = w.role == WeightRole::kNorm ? 0.1f : w.name.ends_with("sinks") ? 1.0f : 0.05f;
+      const float stddev = w.role == WeightRole::kNorm ? 0.1f
+                           : w.name.ends_with("sinks") ? 1.0f
+                                                       : 0.05f;
       t = random_matrix(rows, cols, DType::kF32, seed, stddev);
       if (w.role == WeightRole::kNorm && !gemma_norm) {
         for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] += 1.0f;
@@ -237,20 +251,22 @@ std::string build_dummy_gguf(const DummyModelOptions& o) {
   const ModelConfig c = dummy_preset(o.preset);
   const DType wt = o.weight_dtype;
   if (wt == DType::kQ8_0 && (c.dim % 32 != 0 || c.hidden_dim % 32 != 0)) {
-    throw Error(ErrorKind::kUnsupported, "dummy:" + o.preset + ": q8_0 needs dims that are multiples of 32");
+    throw Error(ErrorKind::kUnsupported,
+                "dummy:" + o.preset + ": q8_0 needs dims that are multiples of 32");
   }
   const std::string dir = o.cache_dir.empty() ? default_cache_dir() : o.cache_dir;
   std::error_code ec;
   fs::create_directories(dir, ec);
   const bool with_vocab = !o.vocab_gguf.empty();
-  const std::string path = dir + "/dummy-" + o.preset + "-" + dtype_name(wt) + "-s" + std::to_string(o.seed) +
-                           (with_vocab ? "-spm" : "") + ".gguf";
+  const std::string path = dir + "/dummy-" + o.preset + "-" + dtype_name(wt) + "-s" +
+                           std::to_string(o.seed) + (with_vocab ? "-spm" : "") + ".gguf";
   if (fs::exists(path, ec)) return path;  // deterministic content: reuse
 
   GgufWriter w;
   gguf_write_llama_config(w, c);
-  w.set("general.name", GgufValue::str("kvcache dummy " + o.preset + " (seeded random weights, seed " +
-                                       std::to_string(o.seed) + ")"));
+  w.set("general.name",
+        GgufValue::str("kvcache dummy " + o.preset + " (seeded random weights, seed " +
+                       std::to_string(o.seed) + ")"));
   if (with_vocab) {
     auto vocab = GgufFile::open(o.vocab_gguf);
     for (const auto& [key, value] : vocab->metadata()) {
@@ -258,7 +274,8 @@ std::string build_dummy_gguf(const DummyModelOptions& o) {
     }
     const GgufValue* toks = vocab->find("tokenizer.ggml.tokens");
     if (toks == nullptr || static_cast<int64_t>(toks->array_size()) != c.vocab_size) {
-      throw Error(ErrorKind::kFormat, o.vocab_gguf + ": expected a " + std::to_string(c.vocab_size) +
+      throw Error(ErrorKind::kFormat, o.vocab_gguf + ": expected a " +
+                                          std::to_string(c.vocab_size) +
                                           "-token vocabulary for dummy:" + o.preset);
     }
   }
@@ -266,7 +283,8 @@ std::string build_dummy_gguf(const DummyModelOptions& o) {
   owned.reserve(static_cast<size_t>(4 + 9 * c.n_layers));
   uint64_t tensor_id = 0;
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, float stddev) {
-    owned.push_back(random_matrix(rows, cols, wt, splitmix64(o.seed * 1000003ull + ++tensor_id), stddev));
+    owned.push_back(
+        random_matrix(rows, cols, wt, splitmix64(o.seed * 1000003ull + ++tensor_id), stddev));
     w.add_tensor(name, owned.back().view());
   };
   auto ones = [&](const std::string& name, int64_t n) {
@@ -295,7 +313,8 @@ std::string build_dummy_gguf(const DummyModelOptions& o) {
   const std::string tmp = path + ".tmp" + std::to_string(::getpid());
   w.write(tmp);
   fs::rename(tmp, path, ec);
-  if (ec) throw Error(ErrorKind::kIo, path + ": cannot move the dummy model into place: " + ec.message());
+  if (ec)
+    throw Error(ErrorKind::kIo, path + ": cannot move the dummy model into place: " + ec.message());
   return path;
 }
 

@@ -3,7 +3,8 @@
 // and demos exercise exactly the code a downloaded model would, without downloading one.
 // Presets: "tiny" (tests: dim 64, 2 layers) and "llama-125m" (dim 768, 12 layers, 12 query
 // heads over 4 KV heads, FFN 2048, vocab 32000) as GGUF; "gemma2-tiny", "gptoss-tiny" and
-// "mla-tiny" (DeepSeek-V3 MLA + MoE) as Hugging Face folders through the safetensors loader. When a SentencePiece vocabulary GGUF is given
+// "mla-tiny" (DeepSeek-V3 MLA + MoE) as Hugging Face folders through the safetensors loader. When a
+// SentencePiece vocabulary GGUF is given
 // (../shared/vocab/ggml-vocab-llama-spm.gguf), its tokenizer.ggml.* metadata is embedded so
 // text prompts work.
 #pragma once
@@ -22,7 +23,8 @@ struct DummyModelOptions {
   DType weight_dtype = DType::kF16;  // matrices; norms stay f32
   uint64_t seed = 0;
   std::string vocab_gguf;  // optional GGUF whose tokenizer.ggml.* keys are copied
-  std::string cache_dir;   // where the GGUF goes; empty: $KVCACHE_CACHE_DIR, $XDG_CACHE_HOME/kvcache, ~/.cache/kvcache
+  std::string cache_dir;   // where the GGUF goes; empty: $KVCACHE_CACHE_DIR,
+                           // $XDG_CACHE_HOME/kvcache, ~/.cache/kvcache
 };
 
 std::vector<std::string> dummy_preset_names();

@@ -20,7 +20,8 @@ std::map<std::string, Family>& families() {
 void register_family(const Family& family) {
   for (const std::string& arch : family.architectures) {
     const bool inserted = families().emplace(arch, family).second;
-    KV_CHECK(inserted, std::string("model family ") + family.name + ": architecture " + arch + " registered twice");
+    KV_CHECK(inserted, std::string("model family ") + family.name + ": architecture " + arch +
+                           " registered twice");
   }
 }
 

@@ -21,8 +21,8 @@ namespace kvcache {
 struct ModelParts {
   std::vector<Block> blocks;  // one per layer
   std::unique_ptr<Stack> stack;
-  TensorView embeddings;      // [vocab, dim]
-  TensorView output;          // [vocab, dim] (the embeddings when tied)
+  TensorView embeddings;               // [vocab, dim]
+  TensorView output;                   // [vocab, dim] (the embeddings when tied)
   const float* output_norm = nullptr;  // [dim]
 };
 
@@ -40,10 +40,10 @@ void register_family(const Family& family);
 // Error(kUnsupported) naming the registered architectures when none serves `architecture`.
 const Family& find_family(const std::string& architecture);
 
-#define KVCACHE_REGISTER_FAMILY(ident, ...)                 \
-  static const bool kvcache_family_##ident = [] {           \
-    ::kvcache::register_family(__VA_ARGS__);                \
-    return true;                                            \
+#define KVCACHE_REGISTER_FAMILY(ident, ...)       \
+  static const bool kvcache_family_##ident = [] { \
+    ::kvcache::register_family(__VA_ARGS__);      \
+    return true;                                  \
   }()
 
 // --- shared by the families with transformers tensor names ---
@@ -56,7 +56,8 @@ BlockNorms load_hf_norms(Weights& w, int64_t layer);
 
 // The transformers-named families on the residual stack: embeddings and head, then per layer
 // the norms and the modules the family's factories make (rope: the config's RoPE table).
-using AttentionFactory = std::unique_ptr<Attention> (*)(Weights& w, int64_t layer, const float* rope);
+using AttentionFactory = std::unique_ptr<Attention> (*)(Weights& w, int64_t layer,
+                                                        const float* rope);
 using MlpFactory = std::unique_ptr<Mlp> (*)(Weights& w, int64_t layer);
 void build_hf_residual(Weights& w, ModelParts& parts, AttentionFactory attention, MlpFactory mlp);
 

@@ -13,7 +13,10 @@ namespace {
 std::vector<ScratchBuffer> forward_buffers(const ModelConfig& c) {
   const int64_t qd = c.n_heads * c.qk_head_dim(), od = c.n_heads * c.v_head_dim();
   // MoE sums its routed experts into att: [R, dim] at least.
-  return {{c.dim, 0}, {std::max({c.dim, qd, od}), 0}, {std::max({qd, od, c.dim}), 0}, {c.vocab_size, 0}};
+  return {{c.dim, 0},
+          {std::max({c.dim, qd, od}), 0},
+          {std::max({qd, od, c.dim}), 0},
+          {c.vocab_size, 0}};
 }
 
 // x and every attention input are dim wide; o_proj reads H*D_v, and no linear is wider here.
@@ -66,20 +69,21 @@ Step Forward::begin(const ForwardParams& p, Cache& cache) {
   for (int64_t i = 0; i < p.batch * p.n_tokens; ++i) {
     if (p.tokens[i] < 0 || p.tokens[i] >= c.vocab_size) {
       throw Error(ErrorKind::kInvalidArgument, "token id " + std::to_string(p.tokens[i]) +
-                                                   " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
-                                                   ")");
+                                                   " is outside the vocabulary [0, " +
+                                                   std::to_string(c.vocab_size) + ")");
     }
   }
   if (cache.num_layers() != c.n_layers) {
-    throw Error(ErrorKind::kInvalidArgument, "forward: the cache has " + std::to_string(cache.num_layers()) +
-                                                 " layers for a model of " + std::to_string(c.n_layers));
+    throw Error(ErrorKind::kInvalidArgument,
+                "forward: the cache has " + std::to_string(cache.num_layers()) +
+                    " layers for a model of " + std::to_string(c.n_layers));
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     if (cache.source_layer(static_cast<int>(l)) != model_.kv_source(l)) {
       throw Error(ErrorKind::kInvalidArgument,
                   "layer " + std::to_string(l) + ": the cache shares KV from layer " +
-                      std::to_string(cache.source_layer(static_cast<int>(l))) + " but the model reads layer " +
-                      std::to_string(model_.kv_source(l)) +
+                      std::to_string(cache.source_layer(static_cast<int>(l))) +
+                      " but the model reads layer " + std::to_string(model_.kv_source(l)) +
                       " (build the cache with the model's num_kv_shared_layers)");
     }
   }
@@ -90,7 +94,8 @@ Step Forward::begin(const ForwardParams& p, Cache& cache) {
   st.pos0 = p.pos0;
   if (p.row_pos0 != nullptr) {
     for (int64_t b = 0; b < p.batch; ++b)
-      if (p.row_pos0[b] < 0) throw Error(ErrorKind::kInvalidArgument, "forward: negative row position");
+      if (p.row_pos0[b] < 0)
+        throw Error(ErrorKind::kInvalidArgument, "forward: negative row position");
     st.row_pos0 = p.row_pos0;
     st.pos0 = p.row_pos0[0];
   }
@@ -111,8 +116,9 @@ void Forward::embed(const Step& st, const int32_t* tokens) {
   const TensorView& emb = model_.embeddings();
   const size_t emb_row = dtype_bytes(emb.dtype(), dim);
   for (int64_t r = 0; r < st.R; ++r) {
-    dequantize_row(static_cast<const std::byte*>(emb.data()) + static_cast<size_t>(tokens[r]) * emb_row, emb.dtype(),
-                   x + r * dim, dim);
+    dequantize_row(
+        static_cast<const std::byte*>(emb.data()) + static_cast<size_t>(tokens[r]) * emb_row,
+        emb.dtype(), x + r * dim, dim);
   }
   if (c.embed_scale != 1.0f) {
     // Gemma2Model: hidden_states * normalizer, normalizer = hidden_size ** 0.5 in the dtype.
@@ -139,8 +145,8 @@ std::span<const float> Forward::head(const Step& st, int64_t kept, LogitsMode mo
 std::span<const float> Forward::forward(const ForwardParams& p) {
   Step st = begin(p, p.cache != nullptr ? *p.cache : *recompute_);
   embed(st, p.tokens);
-  const int64_t kept =
-      model_.stack().run(st, model_.blocks(), p.tokens, p.logits != LogitsMode::kAll, p.logits == LogitsMode::kNone);
+  const int64_t kept = model_.stack().run(
+      st, model_.blocks(), p.tokens, p.logits != LogitsMode::kAll, p.logits == LogitsMode::kNone);
   if (p.logits == LogitsMode::kNone) return {};
   return head(st, kept, p.logits);
 }

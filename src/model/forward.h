@@ -32,8 +32,8 @@ enum class LogitsMode {
 struct ForwardParams {
   const int32_t* tokens = nullptr;  // [batch, n_tokens], row-major
   int64_t batch = 1;
-  int64_t n_tokens = 0;             // S: a prefill chunk, or 1 for decode
-  int64_t pos0 = 0;                 // absolute position of tokens[:, 0]
+  int64_t n_tokens = 0;  // S: a prefill chunk, or 1 for decode
+  int64_t pos0 = 0;      // absolute position of tokens[:, 0]
   // [batch] absolute position of tokens[b, 0] when rows are at different positions (a varlen
   // batch through a paged cache); nullptr: every row starts at pos0.
   const int64_t* row_pos0 = nullptr;

@@ -13,10 +13,13 @@ namespace {
 
 void build(Weights& w, ModelParts& parts) {
   build_hf_residual(
-      w, parts, [](Weights& w, int64_t l, const float* rope) { return make_hf_gqa(w, l, rope); }, &make_hf_dense_mlp);
+      w, parts, [](Weights& w, int64_t l, const float* rope) { return make_hf_gqa(w, l, rope); },
+      &make_hf_dense_mlp);
 }
 
-std::vector<const ScratchKind*> scratch(const ModelConfig&) { return {&kGqaScratch, &kDenseMlpScratch}; }
+std::vector<const ScratchKind*> scratch(const ModelConfig&) {
+  return {&kGqaScratch, &kDenseMlpScratch};
+}
 
 }  // namespace
 

@@ -29,10 +29,10 @@ namespace {
 
 // Model-level tensors.
 struct AltUpWeights {
-  TensorView embed_per_layer;              // [vocab_pl, L*P]
-  TensorView per_layer_projection;         // [L*P, dim]
-  const float* per_layer_norm = nullptr;   // [P]
-  std::vector<TensorView> proj, unembed;   // A-1 of [dim, dim]
+  TensorView embed_per_layer;             // [vocab_pl, L*P]
+  TensorView per_layer_projection;        // [L*P, dim]
+  const float* per_layer_norm = nullptr;  // [P]
+  std::vector<TensorView> proj, unembed;  // A-1 of [dim, dim]
 };
 
 // Per-layer tensors around the block.
@@ -73,7 +73,8 @@ float mean_sq(const float* x, int64_t n) {
   return s / static_cast<float>(n);
 }
 
-// AltUp's rescale of a projected stream row to a target RMS: x * target / sqrt(max(mean(x^2), 1e-5)).
+// AltUp's rescale of a projected stream row to a target RMS: x * target / sqrt(max(mean(x^2),
+// 1e-5)).
 void rescale_row(float* x, int64_t n, float target) {
   const float mag = std::sqrt(std::max(mean_sq(x, n), 1e-5f));
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] * target / mag;
@@ -86,7 +87,8 @@ class AltUpStack final : public Stack {
 
   // Every row goes through every layer (no last-rows shortcut): the streams of all rows mix
   // only through attention, but the shortcut was not worth a second decoder loop here.
-  int64_t run(Step& st, const std::vector<Block>& blocks, const int32_t* tokens, bool, bool) const override;
+  int64_t run(Step& st, const std::vector<Block>& blocks, const int32_t* tokens, bool,
+              bool) const override;
 
  private:
   struct Buffers {
@@ -99,7 +101,8 @@ class AltUpStack final : public Stack {
   // Stream 0 is the embedding, the others its projections rescaled to its RMS.
   void spread(Step& st, const Buffers& b) const;
   // tanh(modality_router(router_norm(v) * dim^-1)) for every row of v into out [R, A].
-  void modalities(Step& st, const Buffers& b, const AltUpLayer& L, const float* v, float* out) const;
+  void modalities(Step& st, const Buffers& b, const AltUpLayer& L, const float* v,
+                  float* out) const;
   // pred_b = s_b + sum_a C[b][a] s_a, C = prediction_coefs(modalities(s_0)) as [A, A].
   void predict(Step& st, const Buffers& b, const AltUpLayer& L, float* mods, float* coefs) const;
   // Laurel on the normed input xb: g2 = xb + norm(right(left(xb))).
@@ -119,8 +122,9 @@ class AltUpStack final : public Stack {
 
 AltUpStack::Buffers AltUpStack::buffers(Step& st) const {
   Workspace& ws = *st.ws;
-  return {ws.data(kForwardScratch, kX), ws.data(kForwardScratch, kXb), ws.data(kAltUpScratch, kStreams),
-          ws.data(kAltUpScratch, kPreds), ws.data(kAltUpScratch, kPle),  ws.data(kAltUpScratch, kG1),
+  return {ws.data(kForwardScratch, kX),     ws.data(kForwardScratch, kXb),
+          ws.data(kAltUpScratch, kStreams), ws.data(kAltUpScratch, kPreds),
+          ws.data(kAltUpScratch, kPle),     ws.data(kAltUpScratch, kG1),
           ws.data(kAltUpScratch, kG2)};
 }
 
@@ -138,7 +142,8 @@ void AltUpStack::per_layer_inputs(Step& st, const Buffers& b, const int32_t* tok
   for (int64_t r = 0; r < R; ++r) {
     // Gemma3nModel maps ids outside the per-layer vocabulary to 0.
     const int32_t t = tokens[r] < g_.vocab_size_per_layer_input ? tokens[r] : 0;
-    const std::byte* src = static_cast<const std::byte*>(E.data()) + static_cast<size_t>(t) * pl_row;
+    const std::byte* src =
+        static_cast<const std::byte*>(E.data()) + static_cast<size_t>(t) * pl_row;
     for (int64_t l = 0; l < NL; ++l) {
       float* dst = ple + r * NL * P + l * P;
       dequantize_row(src + dtype_bytes(E.dtype(), l * P), E.dtype(), b.g2, P);
@@ -153,11 +158,13 @@ void AltUpStack::spread(Step& st, const Buffers& b) const {
   for (int64_t i = 1; i < g_.altup_num_inputs; ++i) {
     float* si = stream(b.streams, st, i);
     linear(st.linear, b.x, R, w_.proj[static_cast<size_t>(i - 1)], nullptr, si);
-    for (int64_t r = 0; r < R; ++r) rescale_row(si + r * dim, dim, std::sqrt(mean_sq(b.x + r * dim, dim)));
+    for (int64_t r = 0; r < R; ++r)
+      rescale_row(si + r * dim, dim, std::sqrt(mean_sq(b.x + r * dim, dim)));
   }
 }
 
-void AltUpStack::modalities(Step& st, const Buffers& b, const AltUpLayer& L, const float* v, float* out) const {
+void AltUpStack::modalities(Step& st, const Buffers& b, const AltUpLayer& L, const float* v,
+                            float* out) const {
   const int64_t R = st.R, dim = c_.dim, A = g_.altup_num_inputs;
   const float router_scale = 1.0f / static_cast<float>(dim);  // hidden_size ** -1.0
   norm_rows(v, b.g1, R, dim, c_.rms_eps, L.router_norm);
@@ -166,7 +173,8 @@ void AltUpStack::modalities(Step& st, const Buffers& b, const AltUpLayer& L, con
   for (int64_t i = 0; i < R * A; ++i) out[i] = std::tanh(out[i]);
 }
 
-void AltUpStack::predict(Step& st, const Buffers& b, const AltUpLayer& L, float* mods, float* coefs) const {
+void AltUpStack::predict(Step& st, const Buffers& b, const AltUpLayer& L, float* mods,
+                         float* coefs) const {
   const int64_t R = st.R, dim = c_.dim, A = g_.altup_num_inputs;
   modalities(st, b, L, b.streams, mods);
   for (int64_t r = 0; r < R; ++r) {
@@ -181,7 +189,8 @@ void AltUpStack::predict(Step& st, const Buffers& b, const AltUpLayer& L, float*
       const float* sj = stream(b.streams, st, j) + r * dim;
       for (int64_t d = 0; d < dim; ++d) {
         float acc = 0.0f;
-        for (int64_t a = 0; a < A; ++a) acc += stream(b.streams, st, a)[r * dim + d] * coefs[j * A + a];
+        for (int64_t a = 0; a < A; ++a)
+          acc += stream(b.streams, st, a)[r * dim + d] * coefs[j * A + a];
         pj[d] = acc + sj[d];
       }
     }
@@ -196,7 +205,8 @@ void AltUpStack::laurel(Step& st, const Buffers& b, const AltUpLayer& L) const {
   add_inplace(b.g2, b.xb, R * dim);
 }
 
-void AltUpStack::correct(Step& st, const Buffers& b, const AltUpLayer& L, float* mods, float* coefs) const {
+void AltUpStack::correct(Step& st, const Buffers& b, const AltUpLayer& L, float* mods,
+                         float* coefs) const {
   const int64_t R = st.R, dim = c_.dim, A = g_.altup_num_inputs;
   const float* active = b.preds;  // altup_active_idx == 0
   modalities(st, b, L, b.x, mods);
@@ -210,28 +220,34 @@ void AltUpStack::correct(Step& st, const Buffers& b, const AltUpLayer& L, float*
     for (int64_t i = 0; i < A; ++i) {
       float* si = stream(b.streams, st, i) + r * dim;
       const float* pi = stream(b.preds, st, i) + r * dim;
-      for (int64_t d = 0; d < dim; ++d) si[d] = (b.x[r * dim + d] - active[r * dim + d]) * coefs[i] + pi[d];
+      for (int64_t d = 0; d < dim; ++d)
+        si[d] = (b.x[r * dim + d] - active[r * dim + d]) * coefs[i] + pi[d];
     }
   }
 }
 
-void AltUpStack::add_per_layer_input(Step& st, const Buffers& b, const AltUpLayer& L, int64_t l) const {
+void AltUpStack::add_per_layer_input(Step& st, const Buffers& b, const AltUpLayer& L,
+                                     int64_t l) const {
   const int64_t R = st.R, dim = c_.dim, P = g_.hidden_size_per_layer_input, NL = c_.n_layers;
   for (int64_t i = 0; i < R * dim; ++i)
     b.g1[i] = g_.altup_correct_scale ? b.streams[i] * L.out_scale[i % dim] : b.streams[i];
   linear(st.linear, b.g1, R, L.ple_gate, nullptr, b.g2);  // [R, P]
-  for (int64_t r = 0; r < R; ++r) geglu_tanh(b.g2 + r * P, b.ple + r * NL * P + l * P, b.g2 + r * P, P);
+  for (int64_t r = 0; r < R; ++r)
+    geglu_tanh(b.g2 + r * P, b.ple + r * NL * P + l * P, b.g2 + r * P, P);
   linear(st.linear, b.g2, R, L.ple_proj, nullptr, b.g1);  // [R, dim]
   norm_rows(b.g1, b.g1, R, dim, c_.rms_eps, L.ple_norm);
-  for (int64_t i = 1; i < g_.altup_num_inputs; ++i) add_inplace(stream(b.streams, st, i), b.g1, R * dim);
+  for (int64_t i = 1; i < g_.altup_num_inputs; ++i)
+    add_inplace(stream(b.streams, st, i), b.g1, R * dim);
 }
 
 void AltUpStack::unembed(Step& st, const Buffers& b) const {
   const int64_t R = st.R, dim = c_.dim, A = g_.altup_num_inputs;
   for (int64_t i = 1; i < A; ++i) {
     float* pi = stream(b.preds, st, i);
-    linear(st.linear, stream(b.streams, st, i), R, w_.unembed[static_cast<size_t>(i - 1)], nullptr, pi);
-    for (int64_t r = 0; r < R; ++r) rescale_row(pi + r * dim, dim, std::sqrt(mean_sq(b.streams + r * dim, dim)));
+    linear(st.linear, stream(b.streams, st, i), R, w_.unembed[static_cast<size_t>(i - 1)], nullptr,
+           pi);
+    for (int64_t r = 0; r < R; ++r)
+      rescale_row(pi + r * dim, dim, std::sqrt(mean_sq(b.streams + r * dim, dim)));
   }
   for (int64_t e = 0; e < R * dim; ++e) {
     float acc = b.streams[e];
@@ -240,7 +256,8 @@ void AltUpStack::unembed(Step& st, const Buffers& b) const {
   }
 }
 
-int64_t AltUpStack::run(Step& st, const std::vector<Block>& blocks, const int32_t* tokens, bool, bool) const {
+int64_t AltUpStack::run(Step& st, const std::vector<Block>& blocks, const int32_t* tokens, bool,
+                        bool) const {
   const int64_t R = st.R, dim = c_.dim, A = g_.altup_num_inputs;
   const Buffers b = buffers(st);
   st.rows = Step::Rows::kAll;
@@ -301,7 +318,8 @@ AltUpWeights load_altup(Weights& w) {
   a.per_layer_norm = w.vector("model.per_layer_projection_norm.weight");
   for (int64_t i = 0; i + 1 < w.config().gemma3n.altup_num_inputs; ++i) {
     a.proj.push_back(w.matrix("model.altup_projections." + std::to_string(i) + ".weight"));
-    a.unembed.push_back(w.matrix("model.altup_unembed_projections." + std::to_string(i) + ".weight"));
+    a.unembed.push_back(
+        w.matrix("model.altup_unembed_projections." + std::to_string(i) + ".weight"));
   }
   return a;
 }
@@ -324,21 +342,25 @@ void build(Weights& w, ModelParts& parts) {
   load_hf_embeddings(w, parts);
   const float* global = rope_table(w);
   // Sliding layers rotate with rope_local_theta (no frequency factors).
-  const float* local =
-      c.rope_local_theta > 0.0f ? w.keep(rope_inv_freq(c.rope_dim(), c.rope_local_theta, nullptr)) : nullptr;
+  const float* local = c.rope_local_theta > 0.0f
+                           ? w.keep(rope_inv_freq(c.rope_dim(), c.rope_local_theta, nullptr))
+                           : nullptr;
   std::vector<AltUpLayer> layers;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     Block& block = parts.blocks.emplace_back();
     block.attention = make_hf_gqa(w, l, global, local);
-    block.mlp = std::make_unique<DenseMlp>(DenseMlpWeights::hf(w, l, "mlp."), c.ffn_act,
-                                           sparsity_z(c.gemma3n.activation_sparsity[static_cast<size_t>(l)]));
+    block.mlp = std::make_unique<DenseMlp>(
+        DenseMlpWeights::hf(w, l, "mlp."), c.ffn_act,
+        sparsity_z(c.gemma3n.activation_sparsity[static_cast<size_t>(l)]));
     block.norms = load_hf_norms(w, l);
     layers.push_back(load_altup_layer(w, l));
   }
   parts.stack = std::make_unique<AltUpStack>(c, load_altup(w), std::move(layers));
 }
 
-std::vector<const ScratchKind*> scratch(const ModelConfig&) { return {&kGqaScratch, &kDenseMlpScratch, &kAltUpScratch}; }
+std::vector<const ScratchKind*> scratch(const ModelConfig&) {
+  return {&kGqaScratch, &kDenseMlpScratch, &kAltUpScratch};
+}
 
 }  // namespace
 

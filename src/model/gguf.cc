@@ -39,7 +39,8 @@ class Reader {
   }
   std::string read_string(std::string_view what) {
     const auto n = read<uint64_t>(what);
-    if (n > kMaxStringBytes) fail(f_.path(), std::string(what) + " has an implausible length " + std::to_string(n));
+    if (n > kMaxStringBytes)
+      fail(f_.path(), std::string(what) + " has an implausible length " + std::to_string(n));
     const std::byte* p = f_.at(pos_, n, what);
     pos_ += n;
     return std::string(reinterpret_cast<const char*>(p), n);
@@ -61,22 +62,43 @@ class Reader {
 
 uint64_t scalar_size(GgufType t) {
   switch (t) {
-    case GgufType::kUint8: case GgufType::kInt8: case GgufType::kBool: return 1;
-    case GgufType::kUint16: case GgufType::kInt16: return 2;
-    case GgufType::kUint32: case GgufType::kInt32: case GgufType::kFloat32: return 4;
-    case GgufType::kUint64: case GgufType::kInt64: case GgufType::kFloat64: return 8;
-    case GgufType::kString: return 8;  // at least the length
-    case GgufType::kArray: return 12;  // at least type + count
+    case GgufType::kUint8:
+    case GgufType::kInt8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kUint16:
+    case GgufType::kInt16:
+      return 2;
+    case GgufType::kUint32:
+    case GgufType::kInt32:
+    case GgufType::kFloat32:
+      return 4;
+    case GgufType::kUint64:
+    case GgufType::kInt64:
+    case GgufType::kFloat64:
+      return 8;
+    case GgufType::kString:
+      return 8;  // at least the length
+    case GgufType::kArray:
+      return 12;  // at least type + count
   }
   return 0;
 }
 
-bool valid_type(uint32_t t) { return t <= 12; }
+bool valid_type(uint32_t t) {
+  return t <= 12;
+}
 
 bool is_int_type(GgufType t) {
   switch (t) {
-    case GgufType::kUint8: case GgufType::kInt8: case GgufType::kUint16: case GgufType::kInt16:
-    case GgufType::kUint32: case GgufType::kInt32: case GgufType::kUint64: case GgufType::kInt64:
+    case GgufType::kUint8:
+    case GgufType::kInt8:
+    case GgufType::kUint16:
+    case GgufType::kInt16:
+    case GgufType::kUint32:
+    case GgufType::kInt32:
+    case GgufType::kUint64:
+    case GgufType::kInt64:
     case GgufType::kBool:
       return true;
     default:
@@ -91,16 +113,44 @@ bool is_unsigned(GgufType t) {
 // Reads one scalar of integer/bool type into (i, u).
 void read_int(Reader& r, GgufType t, int64_t& i, uint64_t& u, std::string_view what) {
   switch (t) {
-    case GgufType::kUint8: u = r.read<uint8_t>(what); i = static_cast<int64_t>(u); return;
-    case GgufType::kInt8: i = r.read<int8_t>(what); u = static_cast<uint64_t>(i); return;
-    case GgufType::kUint16: u = r.read<uint16_t>(what); i = static_cast<int64_t>(u); return;
-    case GgufType::kInt16: i = r.read<int16_t>(what); u = static_cast<uint64_t>(i); return;
-    case GgufType::kUint32: u = r.read<uint32_t>(what); i = static_cast<int64_t>(u); return;
-    case GgufType::kInt32: i = r.read<int32_t>(what); u = static_cast<uint64_t>(i); return;
-    case GgufType::kUint64: u = r.read<uint64_t>(what); i = static_cast<int64_t>(u); return;
-    case GgufType::kInt64: i = r.read<int64_t>(what); u = static_cast<uint64_t>(i); return;
-    case GgufType::kBool: u = r.read<uint8_t>(what); i = static_cast<int64_t>(u); return;
-    default: break;
+    case GgufType::kUint8:
+      u = r.read<uint8_t>(what);
+      i = static_cast<int64_t>(u);
+      return;
+    case GgufType::kInt8:
+      i = r.read<int8_t>(what);
+      u = static_cast<uint64_t>(i);
+      return;
+    case GgufType::kUint16:
+      u = r.read<uint16_t>(what);
+      i = static_cast<int64_t>(u);
+      return;
+    case GgufType::kInt16:
+      i = r.read<int16_t>(what);
+      u = static_cast<uint64_t>(i);
+      return;
+    case GgufType::kUint32:
+      u = r.read<uint32_t>(what);
+      i = static_cast<int64_t>(u);
+      return;
+    case GgufType::kInt32:
+      i = r.read<int32_t>(what);
+      u = static_cast<uint64_t>(i);
+      return;
+    case GgufType::kUint64:
+      u = r.read<uint64_t>(what);
+      i = static_cast<int64_t>(u);
+      return;
+    case GgufType::kInt64:
+      i = r.read<int64_t>(what);
+      u = static_cast<uint64_t>(i);
+      return;
+    case GgufType::kBool:
+      u = r.read<uint8_t>(what);
+      i = static_cast<int64_t>(u);
+      return;
+    default:
+      break;
   }
   KV_CHECK(false, "read_int on a non-integer type");
 }
@@ -112,7 +162,8 @@ GgufValue read_value(Reader& r, GgufType t, const std::string& path, const std::
   const std::string what = "metadata '" + key + "'";
   if (is_int_type(t)) {
     read_int(r, t, v.i, v.u, what);
-    if (t == GgufType::kBool && v.u > 1) fail(path, what + " is a bool with value " + std::to_string(v.u));
+    if (t == GgufType::kBool && v.u > 1)
+      fail(path, what + " is a bool with value " + std::to_string(v.u));
   } else if (t == GgufType::kFloat32) {
     v.f = r.read<float>(what);
   } else if (t == GgufType::kFloat64) {
@@ -122,7 +173,8 @@ GgufValue read_value(Reader& r, GgufType t, const std::string& path, const std::
   } else if (t == GgufType::kArray) {
     if (depth > 4) fail(path, what + " nests arrays too deeply");
     const auto et = r.read<uint32_t>(what);
-    if (!valid_type(et)) fail(path, what + " is an array of unknown value type " + std::to_string(et));
+    if (!valid_type(et))
+      fail(path, what + " is an array of unknown value type " + std::to_string(et));
     v.array_type = static_cast<GgufType>(et);
     const auto n = r.read<uint64_t>(what);
     r.require(n, scalar_size(v.array_type), what);
@@ -163,33 +215,45 @@ uint64_t tensor_bytes(uint32_t type, const std::vector<uint64_t>& ne, bool* ok) 
     n *= d;
   }
   switch (type) {
-    case kGgmlF32: return n * 4;
-    case kGgmlF16: case kGgmlBF16: return n * 2;
+    case kGgmlF32:
+      return n * 4;
+    case kGgmlF16:
+    case kGgmlBF16:
+      return n * 2;
     case kGgmlQ8_0:
       if (!ne.empty() && ne[0] % 32 != 0) {
         *ok = false;
         return 0;
       }
       return n / 32 * 34;
-    default: return 0;
+    default:
+      return 0;
   }
 }
 
 DType ggml_to_dtype(uint32_t t) {
   switch (t) {
-    case kGgmlF32: return DType::kF32;
-    case kGgmlF16: return DType::kF16;
-    case kGgmlBF16: return DType::kBF16;
-    default: return DType::kQ8_0;
+    case kGgmlF32:
+      return DType::kF32;
+    case kGgmlF16:
+      return DType::kF16;
+    case kGgmlBF16:
+      return DType::kBF16;
+    default:
+      return DType::kQ8_0;
   }
 }
 
 uint32_t dtype_to_ggml(DType t) {
   switch (t) {
-    case DType::kF32: return kGgmlF32;
-    case DType::kF16: return kGgmlF16;
-    case DType::kBF16: return kGgmlBF16;
-    case DType::kQ8_0: return kGgmlQ8_0;
+    case DType::kF32:
+      return kGgmlF32;
+    case DType::kF16:
+      return kGgmlF16;
+    case DType::kBF16:
+      return kGgmlBF16;
+    case DType::kQ8_0:
+      return kGgmlQ8_0;
   }
   return kGgmlF32;
 }
@@ -201,48 +265,99 @@ bool is_supported(uint32_t t) {
 }  // namespace
 
 const char* gguf_type_name(GgufType t) {
-  static const char* kNames[] = {"uint8", "int8",   "uint16", "int16", "uint32", "int32", "float32",
-                                 "bool",  "string", "array",  "uint64", "int64", "float64"};
+  static const char* kNames[] = {"uint8",  "int8",    "uint16", "int16",  "uint32",
+                                 "int32",  "float32", "bool",   "string", "array",
+                                 "uint64", "int64",   "float64"};
   const auto i = static_cast<uint32_t>(t);
   return i < 13 ? kNames[i] : "unknown";
 }
 
 const char* ggml_type_name(uint32_t t) {
   // ggml.h's enum ggml_type; ids 4 and 5 (q4_2, q4_3) were removed upstream.
-  static const char* kNames[] = {"f32",  "f16",  "q4_0", "q4_1", "type 4", "type 5", "q5_0",
-                                 "q5_1", "q8_0", "q8_1", "q2_K", "q3_K",   "q4_K",   "q5_K",
-                                 "q6_K", "q8_K", "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s",
-                                 "iq4_nl", "iq3_s", "iq2_s", "iq4_xs", "i8", "i16", "i32",
-                                 "i64", "f64", "iq1_m", "bf16"};
+  static const char* kNames[] = {
+      "f32",     "f16",    "q4_0",    "q4_1",  "type 4", "type 5", "q5_0",  "q5_1",
+      "q8_0",    "q8_1",   "q2_K",    "q3_K",  "q4_K",   "q5_K",   "q6_K",  "q8_K",
+      "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq4_nl", "iq3_s",  "iq2_s", "iq4_xs",
+      "i8",      "i16",    "i32",     "i64",   "f64",    "iq1_m",  "bf16"};
   return t < std::size(kNames) ? kNames[t] : "an unknown ggml type";
 }
 
 // ---- GgufValue ----
-GgufValue GgufValue::u32(uint32_t v) { GgufValue x; x.type = GgufType::kUint32; x.u = v; x.i = v; return x; }
-GgufValue GgufValue::i32(int32_t v) { GgufValue x; x.type = GgufType::kInt32; x.i = v; x.u = static_cast<uint64_t>(v); return x; }
-GgufValue GgufValue::u64(uint64_t v) { GgufValue x; x.type = GgufType::kUint64; x.u = v; x.i = static_cast<int64_t>(v); return x; }
-GgufValue GgufValue::f32(float v) { GgufValue x; x.type = GgufType::kFloat32; x.f = v; return x; }
-GgufValue GgufValue::boolean(bool v) { GgufValue x; x.type = GgufType::kBool; x.i = v; x.u = v; return x; }
-GgufValue GgufValue::str(std::string v) { GgufValue x; x.type = GgufType::kString; x.s = std::move(v); return x; }
+GgufValue GgufValue::u32(uint32_t v) {
+  GgufValue x;
+  x.type = GgufType::kUint32;
+  x.u = v;
+  x.i = v;
+  return x;
+}
+GgufValue GgufValue::i32(int32_t v) {
+  GgufValue x;
+  x.type = GgufType::kInt32;
+  x.i = v;
+  x.u = static_cast<uint64_t>(v);
+  return x;
+}
+GgufValue GgufValue::u64(uint64_t v) {
+  GgufValue x;
+  x.type = GgufType::kUint64;
+  x.u = v;
+  x.i = static_cast<int64_t>(v);
+  return x;
+}
+GgufValue GgufValue::f32(float v) {
+  GgufValue x;
+  x.type = GgufType::kFloat32;
+  x.f = v;
+  return x;
+}
+GgufValue GgufValue::boolean(bool v) {
+  GgufValue x;
+  x.type = GgufType::kBool;
+  x.i = v;
+  x.u = v;
+  return x;
+}
+GgufValue GgufValue::str(std::string v) {
+  GgufValue x;
+  x.type = GgufType::kString;
+  x.s = std::move(v);
+  return x;
+}
 GgufValue GgufValue::str_array(std::vector<std::string> v) {
-  GgufValue x; x.type = GgufType::kArray; x.array_type = GgufType::kString; x.strs = std::move(v); return x;
+  GgufValue x;
+  x.type = GgufType::kArray;
+  x.array_type = GgufType::kString;
+  x.strs = std::move(v);
+  return x;
 }
 GgufValue GgufValue::f32_array(std::vector<float> v) {
-  GgufValue x; x.type = GgufType::kArray; x.array_type = GgufType::kFloat32;
-  x.floats.assign(v.begin(), v.end()); return x;
+  GgufValue x;
+  x.type = GgufType::kArray;
+  x.array_type = GgufType::kFloat32;
+  x.floats.assign(v.begin(), v.end());
+  return x;
 }
 GgufValue GgufValue::i32_array(std::vector<int32_t> v) {
-  GgufValue x; x.type = GgufType::kArray; x.array_type = GgufType::kInt32;
-  x.ints.assign(v.begin(), v.end()); return x;
+  GgufValue x;
+  x.type = GgufType::kArray;
+  x.array_type = GgufType::kInt32;
+  x.ints.assign(v.begin(), v.end());
+  return x;
 }
-bool GgufValue::is_integer() const { return is_int_type(type); }
-bool GgufValue::is_float() const { return type == GgufType::kFloat32 || type == GgufType::kFloat64; }
+bool GgufValue::is_integer() const {
+  return is_int_type(type);
+}
+bool GgufValue::is_float() const {
+  return type == GgufType::kFloat32 || type == GgufType::kFloat64;
+}
 uint64_t GgufValue::array_size() const {
   return ints.size() + floats.size() + strs.size() + items.size();
 }
 
 // ---- GgufFile ----
-std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path) { return open(MappedFile(path)); }
+std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path) {
+  return open(MappedFile(path));
+}
 
 std::shared_ptr<const GgufFile> GgufFile::open(MappedFile file) {
   std::shared_ptr<GgufFile> f(new GgufFile(std::move(file)));
@@ -253,18 +368,22 @@ std::shared_ptr<const GgufFile> GgufFile::open(MappedFile file) {
 void GgufFile::parse() {
   const std::string& path = file_.path();
   Reader r(file_);
-  if (file_.size() < 4) fail(path, "not a GGUF file: " + std::to_string(file_.size()) + " bytes, too short for the magic");
+  if (file_.size() < 4)
+    fail(path,
+         "not a GGUF file: " + std::to_string(file_.size()) + " bytes, too short for the magic");
   const auto magic = r.read<uint32_t>("the magic");
   if (magic != kGgufMagic) {
     std::string got(reinterpret_cast<const char*>(file_.data()), 4);
-    for (char& c : got) if (static_cast<unsigned char>(c) < 32 || static_cast<unsigned char>(c) > 126) c = '?';
+    for (char& c : got)
+      if (static_cast<unsigned char>(c) < 32 || static_cast<unsigned char>(c) > 126) c = '?';
     fail(path, "not a GGUF file: magic is \"" + got + "\", expected \"GGUF\"");
   }
   version_ = r.read<uint32_t>("the version");
   if (version_ != 2 && version_ != 3) {
     fail(path, "unsupported GGUF version " + std::to_string(version_) +
                    (version_ > 0xffff ? " (a big-endian file?)" : "") +
-                   ": this reader handles versions 2 and 3 (little-endian); re-convert the model with a current llama.cpp");
+                   ": this reader handles versions 2 and 3 (little-endian); re-convert the model "
+                   "with a current llama.cpp");
   }
   const auto n_tensors = r.read<uint64_t>("the tensor count");
   const auto n_kv = r.read<uint64_t>("the metadata count");
@@ -273,7 +392,8 @@ void GgufFile::parse() {
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key = r.read_string("a metadata key");
     const auto t = r.read<uint32_t>("metadata type");
-    if (!valid_type(t)) fail(path, "metadata '" + key + "' has unknown value type " + std::to_string(t));
+    if (!valid_type(t))
+      fail(path, "metadata '" + key + "' has unknown value type " + std::to_string(t));
     GgufValue v = read_value(r, static_cast<GgufType>(t), path, key, 0);
     if (kv_index_.count(key)) fail(path, "metadata key '" + key + "' appears twice");
     kv_index_.emplace(key, kv_.size());
@@ -292,11 +412,13 @@ void GgufFile::parse() {
     info.name = r.read_string("a tensor name");
     const std::string what = "tensor '" + info.name + "'";
     const auto n_dims = r.read<uint32_t>(what);
-    if (n_dims > 4) fail(path, what + " has " + std::to_string(n_dims) + " dims; GGUF allows at most 4");
+    if (n_dims > 4)
+      fail(path, what + " has " + std::to_string(n_dims) + " dims; GGUF allows at most 4");
     info.ne.resize(n_dims);
     for (auto& d : info.ne) {
       d = r.read<uint64_t>(what);
-      if (d > (uint64_t{1} << 40)) fail(path, what + " has an implausible dimension " + std::to_string(d));
+      if (d > (uint64_t{1} << 40))
+        fail(path, what + " has an implausible dimension " + std::to_string(d));
     }
     info.ggml_type = r.read<uint32_t>(what);
     info.offset = r.read<uint64_t>(what);
@@ -308,8 +430,8 @@ void GgufFile::parse() {
                      " has a shape that does not fit the type (q8_0 rows must be multiples of 32)");
     }
     if (info.offset % alignment_ != 0) {
-      fail(path, what + " data offset " + std::to_string(info.offset) + " is not a multiple of the alignment " +
-                     std::to_string(alignment_));
+      fail(path, what + " data offset " + std::to_string(info.offset) +
+                     " is not a multiple of the alignment " + std::to_string(alignment_));
     }
     tensor_index_.emplace(info.name, tensors_.size());
     tensors_.push_back(std::move(info));
@@ -320,7 +442,8 @@ void GgufFile::parse() {
   for (const GgufTensorInfo& t : tensors_) {
     if (!is_supported(t.ggml_type)) continue;
     const uint64_t size = file_.size();
-    if (data_offset_ > size || t.offset > size - data_offset_ || t.size_bytes > size - data_offset_ - t.offset) {
+    if (data_offset_ > size || t.offset > size - data_offset_ ||
+        t.size_bytes > size - data_offset_ - t.offset) {
       fail(path, "tensor '" + t.name + "' data [" + std::to_string(data_offset_ + t.offset) + ", " +
                      std::to_string(data_offset_ + t.offset + t.size_bytes) +
                      ") lies outside the file of " + std::to_string(size) + " bytes (truncated?)");
@@ -339,7 +462,8 @@ namespace {
 }
 [[noreturn]] void wrong_type(const std::string& path, std::string_view key, const GgufValue& v,
                              const char* expected) {
-  fail(path, "metadata '" + std::string(key) + "' has type " + gguf_type_name(v.type) + ", expected " + expected);
+  fail(path, "metadata '" + std::string(key) + "' has type " + gguf_type_name(v.type) +
+                 ", expected " + expected);
 }
 }  // namespace
 
@@ -383,12 +507,13 @@ std::string GgufFile::get_string_or(std::string_view key, const std::string& fal
 const GgufValue& GgufFile::get_array(std::string_view key, GgufType elem) const {
   const GgufValue* v = find(key);
   if (!v) missing(path(), key);
-  const bool elem_ok = v->array_type == elem ||
-                       (is_int_type(elem) && is_int_type(v->array_type)) ||
-                       ((elem == GgufType::kFloat32 || elem == GgufType::kFloat64) &&
-                        (v->array_type == GgufType::kFloat32 || v->array_type == GgufType::kFloat64));
+  const bool elem_ok =
+      v->array_type == elem || (is_int_type(elem) && is_int_type(v->array_type)) ||
+      ((elem == GgufType::kFloat32 || elem == GgufType::kFloat64) &&
+       (v->array_type == GgufType::kFloat32 || v->array_type == GgufType::kFloat64));
   if (v->type != GgufType::kArray || !elem_ok) {
-    fail(path(), "metadata '" + std::string(key) + "' should be an array of " + gguf_type_name(elem));
+    fail(path(),
+         "metadata '" + std::string(key) + "' should be an array of " + gguf_type_name(elem));
   }
   return *v;
 }
@@ -400,14 +525,16 @@ const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {
 
 TensorView GgufFile::tensor_view(const GgufTensorInfo& info) const {
   if (!is_supported(info.ggml_type)) {
-    throw Error(ErrorKind::kUnsupported,
-                path() + ": tensor '" + info.name + "' has type " + ggml_type_name(info.ggml_type) +
-                    "; supported: f32, f16, bf16, q8_0 (re-quantize the model, e.g. llama-quantize ... q8_0)");
+    throw Error(ErrorKind::kUnsupported, path() + ": tensor '" + info.name + "' has type " +
+                                             ggml_type_name(info.ggml_type) +
+                                             "; supported: f32, f16, bf16, q8_0 (re-quantize the "
+                                             "model, e.g. llama-quantize ... q8_0)");
   }
   Shape shape;
   shape.ndim = info.ne.empty() ? 1 : static_cast<int>(info.ne.size());
   for (int d = 0; d < static_cast<int>(info.ne.size()); ++d) {
-    shape.dims[static_cast<size_t>(d)] = static_cast<int64_t>(info.ne[info.ne.size() - 1 - static_cast<size_t>(d)]);
+    shape.dims[static_cast<size_t>(d)] =
+        static_cast<int64_t>(info.ne[info.ne.size() - 1 - static_cast<size_t>(d)]);
   }
   // Views are typed non-const; the mapping is PROT_READ, so weights are read-only in fact.
   auto* p = const_cast<std::byte*>(file_.data() + data_offset_ + info.offset);
@@ -416,7 +543,8 @@ TensorView GgufFile::tensor_view(const GgufTensorInfo& info) const {
 
 // ---- writer ----
 GgufWriter::GgufWriter(uint32_t alignment) : alignment_(alignment) {
-  KV_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0, "GGUF alignment must be a power of two");
+  KV_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0,
+           "GGUF alignment must be a power of two");
   if (alignment != 32) set("general.alignment", GgufValue::u32(alignment));
 }
 
@@ -431,9 +559,11 @@ void GgufWriter::set(const std::string& key, GgufValue value) {
 }
 
 void GgufWriter::add_tensor(const std::string& name, const TensorView& view) {
-  if (!view.is_contiguous()) throw Error(ErrorKind::kInvalidArgument, "GGUF tensor '" + name + "' must be contiguous");
+  if (!view.is_contiguous())
+    throw Error(ErrorKind::kInvalidArgument, "GGUF tensor '" + name + "' must be contiguous");
   for (const auto& t : tensors_) {
-    if (t.first == name) throw Error(ErrorKind::kInvalidArgument, "GGUF tensor '" + name + "' added twice");
+    if (t.first == name)
+      throw Error(ErrorKind::kInvalidArgument, "GGUF tensor '" + name + "' added twice");
   }
   tensors_.emplace_back(name, view);
 }
@@ -443,9 +573,16 @@ class Out {
  public:
   void raw(const void* p, size_t n) { buf_.append(static_cast<const char*>(p), n); }
   template <typename T>
-  void put(T v) { raw(&v, sizeof(T)); }
-  void str(const std::string& s) { put<uint64_t>(s.size()); raw(s.data(), s.size()); }
-  void pad(uint64_t alignment) { buf_.resize((buf_.size() + alignment - 1) / alignment * alignment, '\0'); }
+  void put(T v) {
+    raw(&v, sizeof(T));
+  }
+  void str(const std::string& s) {
+    put<uint64_t>(s.size());
+    raw(s.data(), s.size());
+  }
+  void pad(uint64_t alignment) {
+    buf_.resize((buf_.size() + alignment - 1) / alignment * alignment, '\0');
+  }
   std::string& buf() { return buf_; }
 
  private:
@@ -454,15 +591,33 @@ class Out {
 
 void put_int(Out& o, GgufType t, int64_t i, uint64_t u) {
   switch (t) {
-    case GgufType::kUint8: case GgufType::kBool: o.put<uint8_t>(static_cast<uint8_t>(u)); break;
-    case GgufType::kInt8: o.put<int8_t>(static_cast<int8_t>(i)); break;
-    case GgufType::kUint16: o.put<uint16_t>(static_cast<uint16_t>(u)); break;
-    case GgufType::kInt16: o.put<int16_t>(static_cast<int16_t>(i)); break;
-    case GgufType::kUint32: o.put<uint32_t>(static_cast<uint32_t>(u)); break;
-    case GgufType::kInt32: o.put<int32_t>(static_cast<int32_t>(i)); break;
-    case GgufType::kUint64: o.put<uint64_t>(u); break;
-    case GgufType::kInt64: o.put<int64_t>(i); break;
-    default: KV_CHECK(false, "put_int on a non-integer type");
+    case GgufType::kUint8:
+    case GgufType::kBool:
+      o.put<uint8_t>(static_cast<uint8_t>(u));
+      break;
+    case GgufType::kInt8:
+      o.put<int8_t>(static_cast<int8_t>(i));
+      break;
+    case GgufType::kUint16:
+      o.put<uint16_t>(static_cast<uint16_t>(u));
+      break;
+    case GgufType::kInt16:
+      o.put<int16_t>(static_cast<int16_t>(i));
+      break;
+    case GgufType::kUint32:
+      o.put<uint32_t>(static_cast<uint32_t>(u));
+      break;
+    case GgufType::kInt32:
+      o.put<int32_t>(static_cast<int32_t>(i));
+      break;
+    case GgufType::kUint64:
+      o.put<uint64_t>(u);
+      break;
+    case GgufType::kInt64:
+      o.put<int64_t>(i);
+      break;
+    default:
+      KV_CHECK(false, "put_int on a non-integer type");
   }
 }
 

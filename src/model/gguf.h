@@ -53,14 +53,14 @@ const char* ggml_type_name(uint32_t ggml_type);  // "q4_K", "f16", ... or "type 
 struct GgufValue {
   GgufType type = GgufType::kUint32;
   GgufType array_type = GgufType::kUint8;  // element type when type == kArray
-  int64_t i = 0;                            // signed integer types and bool
-  uint64_t u = 0;                           // unsigned integer types
-  double f = 0.0;                           // float32 / float64
-  std::string s;                            // kString
-  std::vector<int64_t> ints;                // arrays of integer types / bool (uint64 > 2^63: wraps)
-  std::vector<double> floats;               // arrays of float32 / float64
-  std::vector<std::string> strs;            // arrays of strings
-  std::vector<GgufValue> items;             // arrays of arrays
+  int64_t i = 0;                           // signed integer types and bool
+  uint64_t u = 0;                          // unsigned integer types
+  double f = 0.0;                          // float32 / float64
+  std::string s;                           // kString
+  std::vector<int64_t> ints;               // arrays of integer types / bool (uint64 > 2^63: wraps)
+  std::vector<double> floats;              // arrays of float32 / float64
+  std::vector<std::string> strs;           // arrays of strings
+  std::vector<GgufValue> items;            // arrays of arrays
 
   // Constructors for the writer.
   static GgufValue u32(uint32_t v);

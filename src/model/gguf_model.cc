@@ -17,15 +17,19 @@ namespace {
 
 }  // namespace
 
-std::unique_ptr<ModelFile> load_gguf_model(const std::string& path) { return load_gguf_model(GgufFile::open(path)); }
+std::unique_ptr<ModelFile> load_gguf_model(const std::string& path) {
+  return load_gguf_model(GgufFile::open(path));
+}
 
 std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> g) {
   const std::string& path = g->path();
   const std::string arch = g->get_string_or("general.architecture", "");
-  if (arch.empty()) bad(path, "metadata 'general.architecture' is missing: not a model GGUF (a vocabulary-only file?)");
+  if (arch.empty())
+    bad(path,
+        "metadata 'general.architecture' is missing: not a model GGUF (a vocabulary-only file?)");
   if (arch != "llama" && arch != "mistral" && arch != "qwen2") {
-    throw Error(ErrorKind::kUnsupported, path + ": architecture '" + arch +
-                                             "' is not supported (llama, mistral, qwen2)");
+    throw Error(ErrorKind::kUnsupported,
+                path + ": architecture '" + arch + "' is not supported (llama, mistral, qwen2)");
   }
   auto mf = std::make_unique<ModelFile>(path, "gguf");
   ModelConfig& c = mf->mutable_config();
@@ -34,7 +38,9 @@ std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> g) {
   // Counts are checked against config_limits.h under their GGUF names as they are read, before
   // anything is sized from them (a fuzzed block_count of 2^32 once asked for 137 GB of
   // layer types).
-  auto count = [&](const std::string& key, ConfigCount kind) { return check_config_count(path, key, g->get_int(key), kind); };
+  auto count = [&](const std::string& key, ConfigCount kind) {
+    return check_config_count(path, key, g->get_int(key), kind);
+  };
   auto count_or = [&](const std::string& key, int64_t fallback, ConfigCount kind) {
     return check_config_count(path, key, g->get_int_or(key, fallback), kind);
   };
@@ -55,8 +61,9 @@ std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> g) {
   }
   const int64_t rope_dims = g->get_int_or(p + "rope.dimension_count", c.head_dim);
   if (rope_dims != c.head_dim) {
-    throw Error(ErrorKind::kUnsupported, path + ": partial RoPE (rope.dimension_count " + std::to_string(rope_dims) +
-                                             " < head_dim " + std::to_string(c.head_dim) + ") is not supported");
+    throw Error(ErrorKind::kUnsupported, path + ": partial RoPE (rope.dimension_count " +
+                                             std::to_string(rope_dims) + " < head_dim " +
+                                             std::to_string(c.head_dim) + ") is not supported");
   }
   c.rope_theta = static_cast<float>(g->get_float_or(p + "rope.freq_base", 10000.0));
   c.rms_eps = static_cast<float>(g->get_float_or(p + "attention.layer_norm_rms_epsilon", 1e-5));
@@ -77,18 +84,22 @@ std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> g) {
     c.rope_scaling.type = RopeScalingType::kLinear;
     c.rope_scaling.factor = factor;
   } else if (scaling != "none" && scaling != "linear") {
-    throw Error(ErrorKind::kUnsupported, path + ": rope scaling type '" + scaling + "' is not supported (none, linear)");
+    throw Error(ErrorKind::kUnsupported,
+                path + ": rope scaling type '" + scaling + "' is not supported (none, linear)");
   }
 
   // Tokenizer-derived values.
-  if (const GgufValue* toks = g->find("tokenizer.ggml.tokens")) c.vocab_size = static_cast<int64_t>(toks->array_size());
+  if (const GgufValue* toks = g->find("tokenizer.ggml.tokens"))
+    c.vocab_size = static_cast<int64_t>(toks->array_size());
   c.vocab_size = count_or(p + "vocab_size", c.vocab_size, ConfigCount::kVocab);
   c.bos_id = static_cast<int32_t>(g->get_int_or("tokenizer.ggml.bos_token_id", -1));
   c.eos_id = static_cast<int32_t>(g->get_int_or("tokenizer.ggml.eos_token_id", -1));
 
-  for (const GgufTensorInfo& info : g->tensor_infos()) mf->add_tensor(info.name, g->tensor_view(info));
+  for (const GgufTensorInfo& info : g->tensor_infos())
+    mf->add_tensor(info.name, g->tensor_view(info));
   if (c.vocab_size == 0) {
-    if (const TensorView* e = mf->find("token_embd.weight"); e && e->ndim() == 2) c.vocab_size = e->dim(0);
+    if (const TensorView* e = mf->find("token_embd.weight"); e && e->ndim() == 2)
+      c.vocab_size = e->dim(0);
   }
   c.tie_word_embeddings = mf->find("output.weight") == nullptr;
   c.qkv_bias = mf->find("blk.0.attn_q.bias") != nullptr;
@@ -96,8 +107,9 @@ std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> g) {
   // Llama 3.1 scaling: llama.cpp's converter stores per-pair divisors as rope_freqs.weight.
   if (const TensorView* rf = mf->find("rope_freqs.weight")) {
     if (rf->dtype() != DType::kF32 || rf->ndim() != 1 || rf->dim(0) != c.head_dim / 2) {
-      bad(path, "tensor 'rope_freqs.weight' must be f32 [head_dim/2 = " + std::to_string(c.head_dim / 2) +
-                    "], got " + dtype_name(rf->dtype()) + " " + rf->shape().str());
+      bad(path,
+          "tensor 'rope_freqs.weight' must be f32 [head_dim/2 = " + std::to_string(c.head_dim / 2) +
+              "], got " + dtype_name(rf->dtype()) + " " + rf->shape().str());
     }
     const float* f = rf->data_as<const float>();
     c.rope_freq_factors.assign(f, f + rf->dim(0));
@@ -113,9 +125,10 @@ std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> g) {
 
 void gguf_write_llama_config(GgufWriter& w, const ModelConfig& c) {
   if (!c.rope_interleaved) {
-    throw Error(ErrorKind::kInvalidArgument,
-                "a GGUF of architecture llama expects Q/K rows permuted for interleaved RoPE; this config "
-                "uses half-split RoPE (HF layout): permute attn_q/attn_k rows first");
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        "a GGUF of architecture llama expects Q/K rows permuted for interleaved RoPE; this config "
+        "uses half-split RoPE (HF layout): permute attn_q/attn_k rows first");
   }
   const std::string p = "llama.";
   w.set("general.architecture", GgufValue::str("llama"));
@@ -132,8 +145,10 @@ void gguf_write_llama_config(GgufWriter& w, const ModelConfig& c) {
   w.set(p + "rope.dimension_count", GgufValue::u32(static_cast<uint32_t>(c.head_dim)));
   w.set(p + "rope.freq_base", GgufValue::f32(c.rope_theta));
   w.set(p + "attention.layer_norm_rms_epsilon", GgufValue::f32(c.rms_eps));
-  if (c.vocab_size > 0) w.set(p + "vocab_size", GgufValue::u32(static_cast<uint32_t>(c.vocab_size)));
-  if (c.sliding_window > 0) w.set(p + "attention.sliding_window", GgufValue::u32(static_cast<uint32_t>(c.sliding_window)));
+  if (c.vocab_size > 0)
+    w.set(p + "vocab_size", GgufValue::u32(static_cast<uint32_t>(c.vocab_size)));
+  if (c.sliding_window > 0)
+    w.set(p + "attention.sliding_window", GgufValue::u32(static_cast<uint32_t>(c.sliding_window)));
   if (c.rope_scaling.type == RopeScalingType::kLinear) {
     w.set(p + "rope.scaling.type", GgufValue::str("linear"));
     w.set(p + "rope.scaling.factor", GgufValue::f32(c.rope_scaling.factor));
@@ -142,8 +157,10 @@ void gguf_write_llama_config(GgufWriter& w, const ModelConfig& c) {
     w.set(p + "rope.scaling.original_context_length",
           GgufValue::u32(static_cast<uint32_t>(c.rope_scaling.original_max_position_embeddings)));
   }
-  if (c.bos_id >= 0) w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<uint32_t>(c.bos_id)));
-  if (c.eos_id >= 0) w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<uint32_t>(c.eos_id)));
+  if (c.bos_id >= 0)
+    w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<uint32_t>(c.bos_id)));
+  if (c.eos_id >= 0)
+    w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<uint32_t>(c.eos_id)));
   // Llama 3 factors travel as the tensor rope_freqs.weight, which the caller adds (its data must
   // outlive write()).
 }

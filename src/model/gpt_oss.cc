@@ -17,7 +17,8 @@ std::unique_ptr<Mlp> mlp(Weights& w, int64_t l) {
 
 void build(Weights& w, ModelParts& parts) {
   build_hf_residual(
-      w, parts, [](Weights& w, int64_t l, const float* rope) { return make_hf_gqa(w, l, rope); }, &mlp);
+      w, parts, [](Weights& w, int64_t l, const float* rope) { return make_hf_gqa(w, l, rope); },
+      &mlp);
 }
 
 std::vector<const ScratchKind*> scratch(const ModelConfig& c) {

@@ -36,20 +36,24 @@ GqaWeights GqaWeights::load(Weights& w, int64_t l, TensorNames names) {
   return g;
 }
 
-std::unique_ptr<Attention> make_hf_gqa(Weights& w, int64_t l, const float* rope, const float* local_rope) {
+std::unique_ptr<Attention> make_hf_gqa(Weights& w, int64_t l, const float* rope,
+                                       const float* local_rope) {
   const ModelConfig& c = w.config();
   const bool sliding = c.layer_types[static_cast<size_t>(l)] == "sliding_attention";
   const RopeTable table{sliding && local_rope != nullptr ? local_rope : rope,
-                        c.rope_interleaved ? RopeStyle::kInterleaved : RopeStyle::kHalf, c.rope_attention_factor};
-  return std::make_unique<GqaAttention>(w.file(), l, GqaWeights::load(w, l, TensorNames::kHf), table);
+                        c.rope_interleaved ? RopeStyle::kInterleaved : RopeStyle::kHalf,
+                        c.rope_attention_factor};
+  return std::make_unique<GqaAttention>(w.file(), l, GqaWeights::load(w, l, TensorNames::kHf),
+                                        table);
 }
 
 void refuse_kv_sharing(const ModelFile& file, int64_t l) {
   const ModelConfig& c = file.config();
-  throw Error(ErrorKind::kFormat, file.path() + ": layer " + std::to_string(l) +
-                                      " shares KV (num_kv_shared_layers = " + std::to_string(c.num_kv_shared_layers) +
-                                      ") but no earlier non-shared " + (c.mla.enabled() ? "GQA " : "") +
-                                      "layer of type '" + c.layer_types[static_cast<size_t>(l)] + "' exists");
+  throw Error(ErrorKind::kFormat,
+              file.path() + ": layer " + std::to_string(l) +
+                  " shares KV (num_kv_shared_layers = " + std::to_string(c.num_kv_shared_layers) +
+                  ") but no earlier non-shared " + (c.mla.enabled() ? "GQA " : "") +
+                  "layer of type '" + c.layer_types[static_cast<size_t>(l)] + "' exists");
 }
 
 int64_t kv_source_layer(const ModelFile& file, int64_t l) {
@@ -63,7 +67,8 @@ int64_t kv_source_layer(const ModelFile& file, int64_t l) {
   refuse_kv_sharing(file, l);
 }
 
-GqaAttention::GqaAttention(const ModelFile& file, int64_t layer, const GqaWeights& weights, const RopeTable& rope)
+GqaAttention::GqaAttention(const ModelFile& file, int64_t layer, const GqaWeights& weights,
+                           const RopeTable& rope)
     : w_(weights),
       H_(file.config().n_heads),
       Hkv_(file.config().n_kv_heads),
@@ -163,7 +168,9 @@ std::vector<ScratchBuffer> gqa_buffers(const ModelConfig& c) {
   const int64_t kvd = c.n_kv_heads * c.head_dim;
   return {{c.n_heads * c.qk_head_dim(), 0}, {kvd, 0}, {kvd, 0}};
 }
-int64_t gqa_widest_input(const ModelConfig&) { return 0; }  // dim and H*D: the forward's
+int64_t gqa_widest_input(const ModelConfig&) {
+  return 0;
+}  // dim and H*D: the forward's
 }  // namespace
 
 const ScratchKind kGqaScratch{"gqa attention", &gqa_buffers, &gqa_widest_input};

@@ -23,13 +23,13 @@
 namespace kvcache {
 
 struct GqaWeights {
-  TensorView wq;                // [H*D, dim]
-  TensorView wk, wv;            // [H_kv*D, dim] each (present, unused, in KV-shared layers)
-  TensorView wo;                // [dim, H*D]
-  const float* bq = nullptr;    // [H*D] (qkv_bias: Qwen2, GPT-OSS) or null
-  const float* bk = nullptr;    // [H_kv*D]
-  const float* bv = nullptr;    // [H_kv*D]
-  const float* bo = nullptr;    // [dim] (attention_bias: GPT-OSS) or null
+  TensorView wq;                  // [H*D, dim]
+  TensorView wk, wv;              // [H_kv*D, dim] each (present, unused, in KV-shared layers)
+  TensorView wo;                  // [dim, H*D]
+  const float* bq = nullptr;      // [H*D] (qkv_bias: Qwen2, GPT-OSS) or null
+  const float* bk = nullptr;      // [H_kv*D]
+  const float* bv = nullptr;      // [H_kv*D]
+  const float* bo = nullptr;      // [dim] (attention_bias: GPT-OSS) or null
   const float* sinks = nullptr;   // [H] GPT-OSS sink logits or null
   const float* q_norm = nullptr;  // [D] per-head RMSNorm weights (Gemma-3n) or null
   const float* k_norm = nullptr;  // [D]
@@ -42,13 +42,15 @@ struct GqaWeights {
 
 // A layer of a transformers-named family: its weights, this layer type's RoPE table (rope:
 // [D/2], or local_rope for sliding layers when the family has one) in the config's pair order.
-std::unique_ptr<Attention> make_hf_gqa(Weights& w, int64_t layer, const float* rope, const float* local_rope = nullptr);
+std::unique_ptr<Attention> make_hf_gqa(Weights& w, int64_t layer, const float* rope,
+                                       const float* local_rope = nullptr);
 
 class GqaAttention final : public Attention {
  public:
   // rope: this layer's RoPE ([D/2] frequencies). Error(kFormat) for a KV-shared layer with no
   // earlier layer of its type to read.
-  GqaAttention(const ModelFile& file, int64_t layer, const GqaWeights& weights, const RopeTable& rope);
+  GqaAttention(const ModelFile& file, int64_t layer, const GqaWeights& weights,
+               const RopeTable& rope);
 
   int64_t forward(Step& st, int64_t layer) const override;
   int64_t kv_source() const override { return kv_source_; }

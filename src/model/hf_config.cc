@@ -23,10 +23,13 @@ using nlohmann::json;
 
 int64_t get_int(const json& j, const char* key, const std::string& source) {
   auto it = j.find(key);
-  if (it == j.end() || it->is_null()) bad(source, std::string("config field '") + key + "' is missing");
-  if (!it->is_number_integer()) bad(source, std::string("config field '") + key + "' must be an integer");
+  if (it == j.end() || it->is_null())
+    bad(source, std::string("config field '") + key + "' is missing");
+  if (!it->is_number_integer())
+    bad(source, std::string("config field '") + key + "' must be an integer");
   if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-    bad(source, std::string("config field '") + key + "' = " + std::to_string(it->get<uint64_t>()) + " is too large");
+    bad(source, std::string("config field '") + key + "' = " + std::to_string(it->get<uint64_t>()) +
+                    " is too large");
   }
   return it->get<int64_t>();
 }
@@ -40,7 +43,8 @@ int64_t get_int_or(const json& j, const char* key, int64_t fallback, const std::
 int64_t get_count(const json& j, const char* key, ConfigCount kind, const std::string& source) {
   return check_config_count(source, key, get_int(j, key, source), kind);
 }
-int64_t get_count_or(const json& j, const char* key, int64_t fallback, ConfigCount kind, const std::string& source) {
+int64_t get_count_or(const json& j, const char* key, int64_t fallback, ConfigCount kind,
+                     const std::string& source) {
   return check_config_count(source, key, get_int_or(j, key, fallback, source), kind);
 }
 double get_num_or(const json& j, const char* key, double fallback, const std::string& source) {
@@ -52,21 +56,24 @@ double get_num_or(const json& j, const char* key, double fallback, const std::st
 bool get_bool_or(const json& j, const char* key, bool fallback, const std::string& source) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) bad(source, std::string("config field '") + key + "' must be true or false");
+  if (!it->is_boolean())
+    bad(source, std::string("config field '") + key + "' must be true or false");
   return it->get<bool>();
 }
 // bos/eos ids may be an int or a list of ints (Llama 3.1 lists several EOS ids): take the first.
 int32_t token_id(const json& j, const char* key, const std::string& source) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return -1;
-  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) return (*it)[0].get<int32_t>();
+  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer())
+    return (*it)[0].get<int32_t>();
   if (it->is_number_integer()) return it->get<int32_t>();
   bad(source, std::string("config field '") + key + "' must be an integer or a list of integers");
 }
 
 }  // namespace
 
-std::vector<float> llama3_rope_freq_factors(float rope_theta, int64_t head_dim, const RopeScaling& s) {
+std::vector<float> llama3_rope_freq_factors(float rope_theta, int64_t head_dim,
+                                            const RopeScaling& s) {
   // Follows the definition in Meta's Llama 3.1 reference (apply_scaling) as restated by
   // llama.cpp's converter (per-pair divisors); computed in double, stored as float.
   std::vector<float> out(static_cast<size_t>(head_dim / 2));
@@ -74,7 +81,8 @@ std::vector<float> llama3_rope_freq_factors(float rope_theta, int64_t head_dim, 
   const double low_wavelen = orig / s.low_freq_factor;
   const double high_wavelen = orig / s.high_freq_factor;
   for (int64_t i = 0; i < head_dim / 2; ++i) {
-    const double freq = std::pow(static_cast<double>(rope_theta), -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    const double freq = std::pow(static_cast<double>(rope_theta),
+                                 -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
     const double wavelen = 2.0 * std::numbers::pi / freq;
     double f;
     if (wavelen < high_wavelen) {
@@ -82,7 +90,8 @@ std::vector<float> llama3_rope_freq_factors(float rope_theta, int64_t head_dim, 
     } else if (wavelen > low_wavelen) {
       f = s.factor;
     } else {
-      const double smooth = (orig / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      const double smooth =
+          (orig / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
       f = 1.0 / ((1.0 - smooth) / s.factor + smooth);
     }
     out[static_cast<size_t>(i)] = static_cast<float>(f);
@@ -104,12 +113,14 @@ YarnResult yarn_rope(float rope_theta, int64_t dim, const YarnParams& y) {
   if (y.attention_factor > 0.0) {
     r.attention_factor = y.attention_factor;
   } else if (y.mscale != 0.0 && y.mscale_all_dim != 0.0) {
-    r.attention_factor = yarn_get_mscale(y.factor, y.mscale) / yarn_get_mscale(y.factor, y.mscale_all_dim);
+    r.attention_factor =
+        yarn_get_mscale(y.factor, y.mscale) / yarn_get_mscale(y.factor, y.mscale_all_dim);
   } else {
     r.attention_factor = yarn_get_mscale(y.factor, 1.0);
   }
   auto correction_dim = [&](double rotations) {
-    return (static_cast<double>(dim) * std::log(orig / (rotations * 2.0 * std::numbers::pi))) / (2.0 * std::log(base));
+    return (static_cast<double>(dim) * std::log(orig / (rotations * 2.0 * std::numbers::pi))) /
+           (2.0 * std::log(base));
   };
   double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
   if (y.truncate) {
@@ -596,7 +607,8 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& source) 
   try {
     return parse_hf_config_unchecked(text, source);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorKind::kFormat, source + ": a field has the wrong JSON type (" + e.what() + ")");
+    throw Error(ErrorKind::kFormat,
+                source + ": a field has the wrong JSON type (" + e.what() + ")");
   }
 }
 

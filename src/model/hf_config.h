@@ -20,7 +20,8 @@ ModelConfig load_hf_config(const std::string& config_json_path);
 // Llama 3.1 per-pair divisors (the rope_freqs.weight values llama.cpp's converter writes):
 // wavelength 2*pi/freq_i < orig/high_freq_factor -> 1; > orig/low_freq_factor -> factor;
 // otherwise 1 / ((1 - s)/factor + s) with s = (orig/wavelength - low)/(high - low).
-std::vector<float> llama3_rope_freq_factors(float rope_theta, int64_t head_dim, const RopeScaling& s);
+std::vector<float> llama3_rope_freq_factors(float rope_theta, int64_t head_dim,
+                                            const RopeScaling& s);
 
 // rope_type "yarn" (GPT-OSS, DeepSeek-V3), after transformers' _compute_yarn_parameters.
 struct YarnParams {

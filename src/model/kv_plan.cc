@@ -19,14 +19,22 @@ using nlohmann::json;
 
 const char* plan_layer_kind_name(PlanLayerKind k) {
   switch (k) {
-    case PlanLayerKind::kAttention: return "attention";
-    case PlanLayerKind::kWindowed: return "windowed";
-    case PlanLayerKind::kMla: return "mla";
-    case PlanLayerKind::kCompressed: return "compressed";
-    case PlanLayerKind::kLinear: return "linear";
-    case PlanLayerKind::kHybrid: return "hybrid";
-    case PlanLayerKind::kEmpty: return "empty";
-    case PlanLayerKind::kShared: return "shared";
+    case PlanLayerKind::kAttention:
+      return "attention";
+    case PlanLayerKind::kWindowed:
+      return "windowed";
+    case PlanLayerKind::kMla:
+      return "mla";
+    case PlanLayerKind::kCompressed:
+      return "compressed";
+    case PlanLayerKind::kLinear:
+      return "linear";
+    case PlanLayerKind::kHybrid:
+      return "hybrid";
+    case PlanLayerKind::kEmpty:
+      return "empty";
+    case PlanLayerKind::kShared:
+      return "shared";
   }
   return "unknown";
 }
@@ -60,7 +68,8 @@ std::optional<int64_t> opt_int(const json& j, const char* key) {
 
 // A count (layers, heads, sizes, ...): absent, or checked against config_limits.h before the
 // planner loops over it or multiplies it.
-std::optional<int64_t> opt_count(const json& j, const char* key, ConfigCount kind, const std::string& source) {
+std::optional<int64_t> opt_count(const json& j, const char* key, ConfigCount kind,
+                                 const std::string& source) {
   const std::optional<int64_t> v = opt_int(j, key);
   if (v) check_config_count(source, key, *v, kind);
   return v;
@@ -94,8 +103,9 @@ void add_plan_layers(const DecoderLayout& d, PlanModel& m) {
       L.kind = PlanLayerKind::kCompressed;
       L.compress_rate = rate->second;
       L.v_dim = 0;  // compressed entries are K==V (notes, CSA/HCA)
-    } else if (t == "full_attention" || t == "deepseek_sparse_attention" || t == "qwen_sparse_attention" ||
-               t == "sliding_attention" || t == "chunked_attention") {
+    } else if (t == "full_attention" || t == "deepseek_sparse_attention" ||
+               t == "qwen_sparse_attention" || t == "sliding_attention" ||
+               t == "chunked_attention") {
       L.kind = PlanLayerKind::kAttention;
       if (t == "sliding_attention" || t == "chunked_attention") {
         // read_decoder_layout refused these types without their window.
@@ -109,14 +119,16 @@ void add_plan_layers(const DecoderLayout& d, PlanModel& m) {
         L.v_dim = 0;
       }
     } else if (t == "linear_attention" || t == "conv" || t == "hybrid" || t == "hybrid_sliding") {
-      L.kind = (t == "hybrid" || t == "hybrid_sliding") ? PlanLayerKind::kHybrid : PlanLayerKind::kLinear;
+      L.kind = (t == "hybrid" || t == "hybrid_sliding") ? PlanLayerKind::kHybrid
+                                                        : PlanLayerKind::kLinear;
       L.state_elems = state_elems;
       if (t == "hybrid_sliding") L.window = d.sliding_window;
       if (state_elems == 0 && !noted_state) {
         noted_state = true;
-        m.notes.push_back("linear-attention state size unknown (needs linear_num_value_heads, "
-                          "linear_num_key_heads, linear_key_head_dim, linear_value_head_dim, "
-                          "linear_conv_kernel_dim): counted as 0");
+        m.notes.push_back(
+            "linear-attention state size unknown (needs linear_num_value_heads, "
+            "linear_num_key_heads, linear_key_head_dim, linear_value_head_dim, "
+            "linear_conv_kernel_dim): counted as 0");
       }
     } else {  // moe, mlp: placeholders that store nothing
       L.kind = PlanLayerKind::kEmpty;
@@ -124,11 +136,13 @@ void add_plan_layers(const DecoderLayout& d, PlanModel& m) {
     m.layers.push_back(L);
   }
   if (mla) {
-    m.mha_equivalent_elems_per_token = d.n_heads * (d.qk_nope_head_dim + d.qk_rope_head_dim + d.v_head_dim);
+    m.mha_equivalent_elems_per_token =
+        d.n_heads * (d.qk_nope_head_dim + d.qk_rope_head_dim + d.v_head_dim);
   }
 }
 
-PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text, const std::string& source) {
+PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text,
+                                            const std::string& source) {
   json root;
   try {
     root = json::parse(json_text);
@@ -145,7 +159,8 @@ PlanModel plan_model_from_hf_json_unchecked(const std::string& json_text, const 
   if (m.name.empty()) m.name = d.family.empty() ? "model" : d.family;
   m.max_context = d.max_position_embeddings;
   add_plan_layers(d, m);
-  const int64_t n_layers = d.n_layers, n_heads = d.n_heads, n_kv = d.n_kv_heads, head_dim = d.head_dim;
+  const int64_t n_layers = d.n_layers, n_heads = d.n_heads, n_kv = d.n_kv_heads,
+                head_dim = d.head_dim;
   const int64_t hidden = d.hidden_size;
   const bool mla = d.kv_lora_rank > 0;
   const int64_t state_elems = d.linear_state_elems;
@@ -174,7 +189,8 @@ PlanModel plan_model_from_hf_json(const std::string& json_text, const std::strin
   try {
     return plan_model_from_hf_json_unchecked(json_text, source);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorKind::kFormat, source + ": a field has the wrong JSON type (" + e.what() + ")");
+    throw Error(ErrorKind::kFormat,
+                source + ": a field has the wrong JSON type (" + e.what() + ")");
   }
 }
 
@@ -206,7 +222,9 @@ PlanModel plan_model_from_config(const ModelConfig& c, const std::string& name) 
   return m;
 }
 
-PlanModel plan_model_from_gguf(const std::string& path) { return plan_model_from_gguf(*GgufFile::open(path)); }
+PlanModel plan_model_from_gguf(const std::string& path) {
+  return plan_model_from_gguf(*GgufFile::open(path));
+}
 
 PlanModel plan_model_from_gguf(const GgufFile& g) {
   const std::string& path = g.path();
@@ -230,8 +248,9 @@ PlanModel plan_model_from_path(const std::string& path) {
   }
   std::ifstream in(p, std::ios::binary);
   if (!in) {
-    throw Error(ErrorKind::kIo, path + ": cannot open (expected a config.json, a folder holding "
-                                       "one, or a GGUF file)");
+    throw Error(ErrorKind::kIo, path +
+                                    ": cannot open (expected a config.json, a folder holding "
+                                    "one, or a GGUF file)");
   }
   char magic[4] = {};
   in.read(magic, 4);
@@ -284,8 +303,10 @@ double layer_token_bytes(const PlanLayer& L, const KvFormat& f) {
     case PlanLayerKind::kWindowed:
     case PlanLayerKind::kMla:
     case PlanLayerKind::kHybrid:
-    case PlanLayerKind::kCompressed: return kv;
-    default: return 0;
+    case PlanLayerKind::kCompressed:
+      return kv;
+    default:
+      return 0;
   }
 }
 
@@ -296,7 +317,9 @@ double layer_state_bytes(const PlanLayer& L, const KvFormat& f) {
   return static_cast<double>(L.state_elems) * b;
 }
 
-int64_t round_up(int64_t n, int64_t m) { return m <= 1 ? n : (n + m - 1) / m * m; }
+int64_t round_up(int64_t n, int64_t m) {
+  return m <= 1 ? n : (n + m - 1) / m * m;
+}
 
 // Tokens (entries, for compressed layers) one request keeps at `context`.
 int64_t stored_tokens(const PlanLayer& L, int64_t context, int64_t block) {
@@ -305,11 +328,13 @@ int64_t stored_tokens(const PlanLayer& L, int64_t context, int64_t block) {
     case PlanLayerKind::kMla:
     case PlanLayerKind::kHybrid:
       return round_up(L.window > 0 ? std::min(context, L.window - 1) : context, block);
-    case PlanLayerKind::kWindowed: return round_up(std::min(context, L.window - 1), block);
+    case PlanLayerKind::kWindowed:
+      return round_up(std::min(context, L.window - 1), block);
     case PlanLayerKind::kCompressed:
       // Emitted entries plus the tokens still waiting in the compression buffer.
       return context / L.compress_rate + context % L.compress_rate;
-    default: return 0;
+    default:
+      return 0;
   }
 }
 
@@ -343,10 +368,9 @@ PlanResult compute_plan(const PlanModel& model, const PlanOptions& o) {
     }
     PlanRow& row = r.rows[it->second];
     row.count += 1;
-    const double per_token = layer_token_bytes(L, o.format) /
-                             static_cast<double>(L.kind == PlanLayerKind::kCompressed
-                                                     ? L.compress_rate
-                                                     : 1);
+    const double per_token =
+        layer_token_bytes(L, o.format) /
+        static_cast<double>(L.kind == PlanLayerKind::kCompressed ? L.compress_rate : 1);
     row.bytes_per_token += per_token;
     row.state_bytes += layer_state_bytes(L, o.format);
     row.total_bytes += static_cast<double>(o.batch) *
@@ -379,8 +403,8 @@ PlanResult compute_plan(const PlanModel& model, const PlanOptions& o) {
       r.max_requests = 0;
       r.max_context = 0;
     } else {
-      r.max_requests = per_request > 0 ? static_cast<int64_t>(std::floor(free / per_request))
-                                       : int64_t{-1};
+      r.max_requests =
+          per_request > 0 ? static_cast<int64_t>(std::floor(free / per_request)) : int64_t{-1};
       auto fits = [&](int64_t s) {
         return static_cast<double>(o.batch) * plan_request_bytes(model, o, s) <= free;
       };
@@ -411,15 +435,25 @@ uint64_t parse_byte_size(const std::string& text) {
     pos = 0;
   }
   std::string unit = text.substr(pos);
-  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char c) { return std::isspace(c); }),
-             unit.end());
+  unit.erase(
+      std::remove_if(unit.begin(), unit.end(), [](unsigned char c) { return std::isspace(c); }),
+      unit.end());
   std::string lower = unit;
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  static const std::map<std::string, double> kUnits = {
-      {"", 1},           {"b", 1},          {"kb", 1e3},   {"mb", 1e6},   {"gb", 1e9},
-      {"tb", 1e12},      {"kib", 1024.0},   {"mib", 1048576.0},           {"gib", 1073741824.0},
-      {"tib", 1099511627776.0}, {"k", 1024.0}, {"m", 1048576.0}, {"g", 1073741824.0}};
+  static const std::map<std::string, double> kUnits = {{"", 1},
+                                                       {"b", 1},
+                                                       {"kb", 1e3},
+                                                       {"mb", 1e6},
+                                                       {"gb", 1e9},
+                                                       {"tb", 1e12},
+                                                       {"kib", 1024.0},
+                                                       {"mib", 1048576.0},
+                                                       {"gib", 1073741824.0},
+                                                       {"tib", 1099511627776.0},
+                                                       {"k", 1024.0},
+                                                       {"m", 1048576.0},
+                                                       {"g", 1073741824.0}};
   auto it = kUnits.find(lower);
   if (pos == 0 || it == kUnits.end() || !(value >= 0)) {
     throw Error(ErrorKind::kInvalidArgument,
@@ -430,7 +464,8 @@ uint64_t parse_byte_size(const std::string& text) {
   // wrapped-around number.
   const double bytes = value * it->second;
   if (!(bytes < 9223372036854775808.0))
-    throw Error(ErrorKind::kInvalidArgument, "the size '" + text + "' is too large: at most 8 EiB (2^63 bytes)");
+    throw Error(ErrorKind::kInvalidArgument,
+                "the size '" + text + "' is too large: at most 8 EiB (2^63 bytes)");
   return static_cast<uint64_t>(std::llround(bytes));
 }
 

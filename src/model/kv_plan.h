@@ -46,8 +46,8 @@ struct PlanModel {
   std::string name;
   std::string source;  // "preset", a file path
   std::vector<PlanLayer> layers;
-  int64_t max_context = 0;            // 0: unknown
-  std::optional<int64_t> params;      // parameter count when known
+  int64_t max_context = 0;                     // 0: unknown
+  std::optional<int64_t> params;               // parameter count when known
   std::optional<uint64_t> weight_bytes_exact;  // GGUF: the stored tensor bytes
   // MLA configs: bytes/token per element of the equivalent per-head MHA (for comparison).
   int64_t mha_equivalent_elems_per_token = 0;
@@ -69,7 +69,7 @@ PlanModel plan_model_from_config(const ModelConfig& config, const std::string& n
 
 // Embedded presets with public config values (see kv_plan_presets.cc for sources).
 std::vector<std::string> plan_preset_names();
-PlanModel plan_preset(const std::string& name);  // throws Error listing the names
+PlanModel plan_preset(const std::string& name);                // throws Error listing the names
 const std::string& plan_preset_json(const std::string& name);  // its config.json text
 
 // How KV elements are stored. Float formats: `elem_bits` per element. Quantized formats
@@ -107,9 +107,9 @@ struct PlanRow {
 
 struct PlanResult {
   std::vector<PlanRow> rows;
-  double kv_bytes_per_token = 0;   // the notes' per-token figure (no caps)
+  double kv_bytes_per_token = 0;  // the notes' per-token figure (no caps)
   double state_bytes_per_request = 0;
-  double kv_bytes_total = 0;       // the real bill for context × batch, states included
+  double kv_bytes_total = 0;                  // the real bill for context × batch, states included
   double mha_equivalent_bytes_per_token = 0;  // MLA models only
   double uncompressed_bytes_per_token = 0;    // compressed models: every rate taken as 1
   std::optional<double> weight_bytes;

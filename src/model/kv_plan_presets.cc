@@ -60,16 +60,16 @@ const std::map<std::string, std::string>& presets() {
         "num_attention_heads":64,"num_key_value_heads":8,"head_dim":64,"hidden_size":2880,
         "sliding_window":128,"num_local_experts":128,"max_position_embeddings":131072,
         "kvcache_params":116800000000,"layer_types":)" +
-                              pattern(36, {"sliding_attention", "full_attention"}) + "}"},
+                           pattern(36, {"sliding_attention", "full_attention"}) + "}"},
       // google/gemma-3n-E4B (text_config): 35 layers, 8/2 heads of 256, sliding 512 in a
       // 4:1 pattern, the last 15 layers share KV (num_kv_shared_layers); ~8B raw parameters.
       {"gemma3n", R"({"model_type":"gemma3n","text_config":{"model_type":"gemma3n_text",
         "num_hidden_layers":35,"num_attention_heads":8,"num_key_value_heads":2,"head_dim":256,
         "hidden_size":2048,"sliding_window":512,"num_kv_shared_layers":15,
         "max_position_embeddings":32768,"layer_types":)" +
-                         pattern(35, {"sliding_attention", "sliding_attention", "sliding_attention",
-                                      "sliding_attention", "full_attention"}) +
-                         R"(},"kvcache_params":7850000000})"},
+                      pattern(35, {"sliding_attention", "sliding_attention", "sliding_attention",
+                                   "sliding_attention", "full_attention"}) +
+                      R"(},"kvcache_params":7850000000})"},
       // Qwen3.5-MoE as the KV cache notes describe it: 40 layers, one full-attention layer in
       // four (10 layers, 2 KV heads of 256); Gated DeltaNet linear layers with Qwen3-Next's
       // dims (16 key / 32 value heads of 128, conv kernel 4). 35B total parameters.
@@ -85,9 +85,11 @@ const std::map<std::string, std::string>& presets() {
         "num_attention_heads":64,"num_key_value_heads":1,"head_dim":512,"hidden_size":4096,
         "sliding_window":128,"max_position_embeddings":1048576,"n_routed_experts":256,
         "compress_rates":{"compressed_sparse_attention":4,"heavily_compressed_attention":128},
-        "layer_types":)" + runs({{2, "sliding_attention"},
-                                        {21, "compressed_sparse_attention"},
-                                        {20, "heavily_compressed_attention"}}) + "}"},
+        "layer_types":)" +
+                                runs({{2, "sliding_attention"},
+                                      {21, "compressed_sparse_attention"},
+                                      {20, "heavily_compressed_attention"}}) +
+                                "}"},
   };
   return kPresets;
 }

@@ -41,8 +41,7 @@ std::string plan_table(const PlanModel& m, const PlanOptions& o, const PlanResul
   std::ostringstream out;
   out << "model: " << m.name << " (" << m.source << ")   KV dtype: " << o.format.name;
   if (o.format.group > 0) out << " (groups of " << o.format.group << ")";
-  out << "   context: " << with_commas(static_cast<double>(o.context))
-      << "   batch: " << o.batch;
+  out << "   context: " << with_commas(static_cast<double>(o.context)) << "   batch: " << o.batch;
   if (o.block_tokens > 1) out << "   block: " << o.block_tokens << " tokens";
   out << "\n\n";
   out << pad("layer type", 30) << pad("layers", 7, true) << pad("bytes/token", 14, true)
@@ -81,9 +80,10 @@ std::string plan_table(const PlanModel& m, const PlanOptions& o, const PlanResul
     char gb[32];
     std::snprintf(gb, sizeof gb, "%.2f GB", *r.weight_bytes / 1e9);
     out << "weights:        " << format_bytes(*r.weight_bytes) << " = " << gb << " ("
-        << (m.weight_bytes_exact ? "as stored" : "parameters x " +
-                                                     std::to_string(static_cast<int>(o.weight_bytes_per_param)) +
-                                                     " B")
+        << (m.weight_bytes_exact
+                ? "as stored"
+                : "parameters x " + std::to_string(static_cast<int>(o.weight_bytes_per_param)) +
+                      " B")
         << ")\n";
   }
   if (o.budget_bytes && r.weight_bytes && *r.weight_bytes >= static_cast<double>(*o.budget_bytes)) {
@@ -98,8 +98,8 @@ std::string plan_table(const PlanModel& m, const PlanOptions& o, const PlanResul
     if (*r.max_context < 0) {
       out << "context unbounded for " << o.batch << " request(s) (KV stops growing)\n";
     } else {
-      out << "longest context for " << o.batch << " request(s): "
-          << with_commas(static_cast<double>(*r.max_context)) << " tokens";
+      out << "longest context for " << o.batch
+          << " request(s): " << with_commas(static_cast<double>(*r.max_context)) << " tokens";
       if (m.max_context > 0 && *r.max_context > m.max_context) {
         out << " (the model is trained for " << with_commas(static_cast<double>(m.max_context))
             << ")";
@@ -152,8 +152,8 @@ std::string plan_json(const PlanModel& m, const PlanOptions& o, const PlanResult
 std::string plan_svg(const PlanModel& m, const PlanOptions& o) {
   constexpr double kW = 720, kH = 440, kLeft = 90, kRight = 170, kTop = 40, kBottom = 60;
   const double x_min = 1024;
-  const double x_max = std::max(x_min * 4, m.max_context > 0 ? static_cast<double>(m.max_context)
-                                                             : 1048576.0);
+  const double x_max =
+      std::max(x_min * 4, m.max_context > 0 ? static_cast<double>(m.max_context) : 1048576.0);
   struct Series {
     std::string label, color;
     PlanOptions opts;
@@ -191,10 +191,15 @@ std::string plan_svg(const PlanModel& m, const PlanOptions& o) {
     }
   }
   // Round the y range out to powers of 2 so gridlines land on KiB/MiB/GiB marks.
-  const double ly0 = std::floor(std::log2(y_min)), ly1 = std::max(ly0 + 1, std::ceil(std::log2(y_max)));
+  const double ly0 = std::floor(std::log2(y_min)),
+               ly1 = std::max(ly0 + 1, std::ceil(std::log2(y_max)));
   const double lx0 = std::log2(x_min), lx1 = std::log2(x_max);
-  auto X = [&](double ctx) { return kLeft + (std::log2(ctx) - lx0) / (lx1 - lx0) * (kW - kLeft - kRight); };
-  auto Y = [&](double b) { return kH - kBottom - (std::log2(b) - ly0) / (ly1 - ly0) * (kH - kTop - kBottom); };
+  auto X = [&](double ctx) {
+    return kLeft + (std::log2(ctx) - lx0) / (lx1 - lx0) * (kW - kLeft - kRight);
+  };
+  auto Y = [&](double b) {
+    return kH - kBottom - (std::log2(b) - ly0) / (ly1 - ly0) * (kH - kTop - kBottom);
+  };
 
   std::ostringstream s;
   s.precision(1);
@@ -208,8 +213,9 @@ std::string plan_svg(const PlanModel& m, const PlanOptions& o) {
   for (double lx = std::ceil(lx0); lx <= lx1 + 1e-9; lx += 2) {
     const double x = X(std::exp2(lx));
     const double tokens = std::exp2(lx);
-    std::string label = tokens >= 1048576 ? std::to_string(static_cast<long long>(tokens / 1048576)) + "M"
-                                          : std::to_string(static_cast<long long>(tokens / 1024)) + "K";
+    std::string label = tokens >= 1048576
+                            ? std::to_string(static_cast<long long>(tokens / 1048576)) + "M"
+                            : std::to_string(static_cast<long long>(tokens / 1024)) + "K";
     s << "<line x1=\"" << x << "\" y1=\"" << kTop << "\" x2=\"" << x << "\" y2=\"" << kH - kBottom
       << "\" stroke=\"#ddd\"/>\n<text x=\"" << x << "\" y=\"" << kH - kBottom + 16
       << "\" text-anchor=\"middle\">" << label << "</text>\n";
@@ -226,7 +232,8 @@ std::string plan_svg(const PlanModel& m, const PlanOptions& o) {
   s << "<text transform=\"translate(18," << (kTop + kH - kBottom) / 2
     << ") rotate(-90)\" text-anchor=\"middle\">KV bytes (log scale)</text>\n";
   for (size_t i = 0; i < series.size(); ++i) {
-    s << "<polyline fill=\"none\" stroke=\"" << series[i].color << "\" stroke-width=\"2\" points=\"";
+    s << "<polyline fill=\"none\" stroke=\"" << series[i].color
+      << "\" stroke-width=\"2\" points=\"";
     for (const auto& [c, b] : pts[i]) s << X(c) << "," << Y(b) << " ";
     s << "\"/>\n";
     const double ly = kTop + 20 + 20 * static_cast<double>(i);

@@ -11,8 +11,8 @@ LinearOptions LinearOptions::as_rows(int64_t whole_rows) const {
   return o;
 }
 
-MatmulParams linear_params(const LinearOptions& o, const float* x, int64_t rows, const TensorView& w,
-                           const float* bias, float* y, int64_t ldx) {
+MatmulParams linear_params(const LinearOptions& o, const float* x, int64_t rows,
+                           const TensorView& w, const float* bias, float* y, int64_t ldx) {
   MatmulParams p;
   p.x = x;
   p.ldx = ldx > 0 ? ldx : w.dim(1);
@@ -31,8 +31,8 @@ MatmulParams linear_params(const LinearOptions& o, const float* x, int64_t rows,
   return p;
 }
 
-void linear(const LinearOptions& o, const float* x, int64_t rows, const TensorView& w, const float* bias, float* y,
-            int64_t ldx) {
+void linear(const LinearOptions& o, const float* x, int64_t rows, const TensorView& w,
+            const float* bias, float* y, int64_t ldx) {
   matmul(linear_params(o, x, rows, w, bias, y, ldx));
 }
 

@@ -29,9 +29,9 @@ struct LinearOptions {
 };
 
 // matmul()'s parameters for y [rows, out] = x [rows, in] (row stride ldx, 0: in) W^T + bias.
-MatmulParams linear_params(const LinearOptions& o, const float* x, int64_t rows, const TensorView& w,
-                           const float* bias, float* y, int64_t ldx = 0);
-void linear(const LinearOptions& o, const float* x, int64_t rows, const TensorView& w, const float* bias, float* y,
-            int64_t ldx = 0);
+MatmulParams linear_params(const LinearOptions& o, const float* x, int64_t rows,
+                           const TensorView& w, const float* bias, float* y, int64_t ldx = 0);
+void linear(const LinearOptions& o, const float* x, int64_t rows, const TensorView& w,
+            const float* bias, float* y, int64_t ldx = 0);
 
 }  // namespace kvcache

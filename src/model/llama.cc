@@ -16,20 +16,23 @@ void build(Weights& w, ModelParts& parts) {
   parts.embeddings = w.matrix("token_embd.weight");
   parts.output = c.tie_word_embeddings ? parts.embeddings : w.matrix("output.weight");
   parts.output_norm = w.vector("output_norm.weight");
-  const RopeTable rope{rope_table(w), c.rope_interleaved ? RopeStyle::kInterleaved : RopeStyle::kHalf,
+  const RopeTable rope{rope_table(w),
+                       c.rope_interleaved ? RopeStyle::kInterleaved : RopeStyle::kHalf,
                        c.rope_attention_factor};
   for (int64_t l = 0; l < c.n_layers; ++l) {
     Block& block = parts.blocks.emplace_back();
     block.norms.attn = w.vector(layer_tensor(l, "attn_norm.weight"));
-    block.attention =
-        std::make_unique<GqaAttention>(w.file(), l, GqaWeights::load(w, l, TensorNames::kCanonical), rope);
+    block.attention = std::make_unique<GqaAttention>(
+        w.file(), l, GqaWeights::load(w, l, TensorNames::kCanonical), rope);
     block.norms.ffn = w.vector(layer_tensor(l, "ffn_norm.weight"));
     block.mlp = std::make_unique<DenseMlp>(DenseMlpWeights::canonical(w, l), c.ffn_act);
   }
   parts.stack = std::make_unique<ResidualStack>();
 }
 
-std::vector<const ScratchKind*> scratch(const ModelConfig&) { return {&kGqaScratch, &kDenseMlpScratch}; }
+std::vector<const ScratchKind*> scratch(const ModelConfig&) {
+  return {&kGqaScratch, &kDenseMlpScratch};
+}
 
 }  // namespace
 

@@ -53,7 +53,9 @@ std::vector<Segment> layout(const Header& h, bool shared) {
   return s;
 }
 
-int64_t segment_floats(const Segment& s) { return s.shape.numel() * (s.layers > 0 ? s.layers : 1); }
+int64_t segment_floats(const Segment& s) {
+  return s.shape.numel() * (s.layers > 0 ? s.layers : 1);
+}
 
 Header read_header(const MappedFile& f) {
   Header h;
@@ -64,35 +66,39 @@ Header read_header(const MappedFile& f) {
 // Returns an empty string when the header is plausible, else what is wrong.
 std::string header_problem(const Header& h) {
   const std::array<std::pair<const char*, int32_t>, 6> positive = {{{"dim", h.dim},
-                                                                     {"hidden_dim", h.hidden_dim},
-                                                                     {"n_layers", h.n_layers},
-                                                                     {"n_heads", h.n_heads},
-                                                                     {"n_kv_heads", h.n_kv_heads},
-                                                                     {"seq_len", h.seq_len}}};
+                                                                    {"hidden_dim", h.hidden_dim},
+                                                                    {"n_layers", h.n_layers},
+                                                                    {"n_heads", h.n_heads},
+                                                                    {"n_kv_heads", h.n_kv_heads},
+                                                                    {"seq_len", h.seq_len}}};
   for (const auto& [name, v] : positive) {
     if (v <= 0 || v > kMaxDim) {
-      return std::string("header field ") + name + " = " + std::to_string(v) + " is out of range [1, " +
-             std::to_string(kMaxDim) + "]";
+      return std::string("header field ") + name + " = " + std::to_string(v) +
+             " is out of range [1, " + std::to_string(kMaxDim) + "]";
     }
   }
   if (h.vocab_size == 0 || h.vocab_size > kMaxDim || h.vocab_size < -kMaxDim) {
     return "header field vocab_size = " + std::to_string(h.vocab_size) + " is out of range";
   }
-  if (h.n_layers > 4096) return "header field n_layers = " + std::to_string(h.n_layers) + " is implausible";
+  if (h.n_layers > 4096)
+    return "header field n_layers = " + std::to_string(h.n_layers) + " is implausible";
   if (h.dim % h.n_heads != 0) {
-    return "dim " + std::to_string(h.dim) + " is not a multiple of n_heads " + std::to_string(h.n_heads);
+    return "dim " + std::to_string(h.dim) + " is not a multiple of n_heads " +
+           std::to_string(h.n_heads);
   }
   if (h.n_heads % h.n_kv_heads != 0) {
     return "n_heads " + std::to_string(h.n_heads) + " is not a multiple of n_kv_heads " +
            std::to_string(h.n_kv_heads);
   }
-  if ((h.dim / h.n_heads) % 2 != 0) return "head size " + std::to_string(h.dim / h.n_heads) + " is odd";
+  if ((h.dim / h.n_heads) % 2 != 0)
+    return "head size " + std::to_string(h.dim / h.n_heads) + " is odd";
   return "";
 }
 
 uint64_t expected_bytes(const Header& h) {
   uint64_t floats = 0;
-  for (const Segment& s : layout(h, h.vocab_size > 0)) floats += static_cast<uint64_t>(segment_floats(s));
+  for (const Segment& s : layout(h, h.vocab_size > 0))
+    floats += static_cast<uint64_t>(segment_floats(s));
   return kHeaderBytes + floats * sizeof(float);
 }
 
@@ -109,7 +115,9 @@ bool is_llama2c_checkpoint(const std::string& path) {
   return in && header_problem(h).empty() && expected_bytes(h) == size;
 }
 
-std::unique_ptr<ModelFile> load_llama2c(const std::string& path) { return load_llama2c(MappedFile(path)); }
+std::unique_ptr<ModelFile> load_llama2c(const std::string& path) {
+  return load_llama2c(MappedFile(path));
+}
 
 std::unique_ptr<ModelFile> load_llama2c(MappedFile mapped) {
   auto file = std::make_shared<MappedFile>(std::move(mapped));
@@ -119,7 +127,8 @@ std::unique_ptr<ModelFile> load_llama2c(MappedFile mapped) {
                   " bytes, smaller than its 28-byte header");
   }
   const Header h = read_header(*file);
-  if (const std::string p = header_problem(h); !p.empty()) bad(path, "not a valid llama2.c checkpoint: " + p);
+  if (const std::string p = header_problem(h); !p.empty())
+    bad(path, "not a valid llama2.c checkpoint: " + p);
   const bool shared = h.vocab_size > 0;
   const uint64_t want = expected_bytes(h);
   const std::vector<Segment> segs = layout(h, shared);
@@ -130,18 +139,19 @@ std::unique_ptr<ModelFile> load_llama2c(MappedFile mapped) {
     for (const Segment& s : segs) {
       const uint64_t end = off + static_cast<uint64_t>(segment_floats(s)) * sizeof(float);
       if (end > file->size()) {
-        where = "; tensor '" + std::string(s.name) + "' needs bytes [" + std::to_string(off) + ", " +
-                std::to_string(end) + ")";
+        where = "; tensor '" + std::string(s.name) + "' needs bytes [" + std::to_string(off) +
+                ", " + std::to_string(end) + ")";
         break;
       }
       off = end;
     }
     bad(path, std::string(file->size() < want ? "truncated" : "oversized") +
-                  " llama2.c checkpoint: the header (dim " + std::to_string(h.dim) + ", hidden_dim " +
-                  std::to_string(h.hidden_dim) + ", " + std::to_string(h.n_layers) + " layers, " +
-                  std::to_string(h.n_heads) + "/" + std::to_string(h.n_kv_heads) + " heads, vocab " +
-                  std::to_string(h.vocab_size) + ", seq_len " + std::to_string(h.seq_len) + ") implies " +
-                  std::to_string(want) + " bytes but the file has " + std::to_string(file->size()) + where);
+                  " llama2.c checkpoint: the header (dim " + std::to_string(h.dim) +
+                  ", hidden_dim " + std::to_string(h.hidden_dim) + ", " +
+                  std::to_string(h.n_layers) + " layers, " + std::to_string(h.n_heads) + "/" +
+                  std::to_string(h.n_kv_heads) + " heads, vocab " + std::to_string(h.vocab_size) +
+                  ", seq_len " + std::to_string(h.seq_len) + ") implies " + std::to_string(want) +
+                  " bytes but the file has " + std::to_string(file->size()) + where);
   }
 
   auto model = std::make_unique<ModelFile>(path, "llama2c");
@@ -155,9 +165,9 @@ std::unique_ptr<ModelFile> load_llama2c(MappedFile mapped) {
   c.head_dim = h.dim / h.n_heads;
   c.vocab_size = shared ? h.vocab_size : -int64_t{h.vocab_size};
   c.max_seq_len = h.seq_len;
-  c.rope_theta = 10000.0f;       // run.c hard-codes 10000
-  c.rope_interleaved = true;     // run.c rotates pairs (2i, 2i+1)
-  c.rms_eps = 1e-5f;             // run.c hard-codes 1e-5
+  c.rope_theta = 10000.0f;    // run.c hard-codes 10000
+  c.rope_interleaved = true;  // run.c rotates pairs (2i, 2i+1)
+  c.rms_eps = 1e-5f;          // run.c hard-codes 1e-5
   c.tie_word_embeddings = shared;
   c.bos_id = 1;
   c.eos_id = 2;

@@ -14,7 +14,9 @@
 namespace kvcache {
 
 namespace {
-std::string os_reason() { return std::strerror(errno); }
+std::string os_reason() {
+  return std::strerror(errno);
+}
 }  // namespace
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
@@ -37,8 +39,8 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
       const std::string reason = os_reason();
       ::close(fd);
       size_ = 0;
-      throw Error(ErrorKind::kIo, path + ": cannot mmap " + std::to_string(st.st_size) +
-                                      " bytes: " + reason);
+      throw Error(ErrorKind::kIo,
+                  path + ": cannot mmap " + std::to_string(st.st_size) + " bytes: " + reason);
     }
     data_ = static_cast<std::byte*>(p);
   }
@@ -58,7 +60,9 @@ MappedFile MappedFile::copy_of(std::string name, std::string_view bytes) {
   return f;
 }
 
-MappedFile::~MappedFile() { release(); }
+MappedFile::~MappedFile() {
+  release();
+}
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)),
@@ -89,10 +93,9 @@ void MappedFile::release() {
 
 const std::byte* MappedFile::at(uint64_t offset, uint64_t n, std::string_view what) const {
   if (offset > size_ || n > size_ - offset) {
-    throw Error(ErrorKind::kFormat,
-                path_ + ": truncated: " + std::string(what) + " needs bytes [" +
-                    std::to_string(offset) + ", " + std::to_string(offset + n) +
-                    ") but the file has " + std::to_string(size_) + " bytes");
+    throw Error(ErrorKind::kFormat, path_ + ": truncated: " + std::string(what) + " needs bytes [" +
+                                        std::to_string(offset) + ", " + std::to_string(offset + n) +
+                                        ") but the file has " + std::to_string(size_) + " bytes");
   }
   return data_ + offset;
 }

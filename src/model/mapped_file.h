@@ -33,9 +33,7 @@ class MappedFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
   bool is_open() const { return !path_.empty(); }
-  std::string_view bytes() const {
-    return {reinterpret_cast<const char*>(data_), size_};
-  }
+  std::string_view bytes() const { return {reinterpret_cast<const char*>(data_), size_}; }
 
   // Bounds-checked access for format readers: throws Error(kFormat) "<path>: truncated: <what>
   // needs bytes [offset, offset+n) but the file has <size>" when the range does not fit.

@@ -38,21 +38,21 @@ std::unique_ptr<Attention> make_hf_mla(Weights& w, int64_t l, const float* rope)
   // 2i+1). V3 first permutes them to halves (apply_rotary_pos_emb_interleave) and leaves
   // q_rot/k_rot in that permuted order — the same permutation on both sides, so the scores
   // equal those of interleaved RoPE applied in place, which is what runs.
-  const RopeTable table{rope, w.config().mla.rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalf,
+  const RopeTable table{rope,
+                        w.config().mla.rope_interleave ? RopeStyle::kInterleaved : RopeStyle::kHalf,
                         w.config().rope_attention_factor};
   return std::make_unique<MlaAttention>(w.file(), l, MlaWeights::hf(w, l), table);
 }
 
-MlaAttention::MlaAttention(const ModelFile& file, int64_t layer, const MlaWeights& weights, const RopeTable& rope)
-    : w_(weights),
-      layer_(layer),
-      m_(file.config().mla),
-      H_(file.config().n_heads),
-      rope_(rope) {
+MlaAttention::MlaAttention(const ModelFile& file, int64_t layer, const MlaWeights& weights,
+                           const RopeTable& rope)
+    : w_(weights), layer_(layer), m_(file.config().mla), H_(file.config().n_heads), rope_(rope) {
   if (kv_source_layer(file, layer) != layer) refuse_kv_sharing(file, layer);
   const ModelConfig& c = file.config();
   options_.scale =
-      c.query_scale > 0 ? c.query_scale : 1.0f / std::sqrt(static_cast<float>(m_.qk_nope_head_dim + m_.qk_rope_head_dim));
+      c.query_scale > 0
+          ? c.query_scale
+          : 1.0f / std::sqrt(static_cast<float>(m_.qk_nope_head_dim + m_.qk_rope_head_dim));
   options_.causal = true;
 }
 
@@ -69,7 +69,7 @@ void MlaAttention::project_q(Step& st, const float* xb, float* q) const {
 
 void MlaAttention::compress_kv(Step& st, const float* xb, float* ckv) const {
   const int64_t dc = m_.kv_lora_rank, ckd = dc + m_.qk_rope_head_dim;
-  linear(st.linear, xb, st.R, w_.wkv_a, nullptr, ckv);  // [R, d_c + d_r]: latent | k_rot
+  linear(st.linear, xb, st.R, w_.wkv_a, nullptr, ckv);             // [R, d_c + d_r]: latent | k_rot
   norm_rows(ckv, ckv, st.R, dc, kLoraNormEps, w_.kv_a_norm, ckd);  // the latent part of each row
 }
 
@@ -103,11 +103,13 @@ KVSpan MlaAttention::expand(Step& st, const KVSpan& span, int64_t b) const {
   linear(st.linear, lat32, Skv, w_.wkv_b, nullptr, kvb);  // [S_kv, H * (d_kn + d_v)]
   for (int64_t j = 0; j < Skv; ++j)
     for (int64_t h = 0; h < H; ++h)
-      std::memcpy(kfull + j * qd + h * dqk, kvb + j * H * kvbd + h * kvbd, static_cast<size_t>(dn) * sizeof(float));
+      std::memcpy(kfull + j * qd + h * dqk, kvb + j * H * kvbd + h * kvbd,
+                  static_cast<size_t>(dn) * sizeof(float));
   read_kv_rows(span, KVPart::kV, b, 0, Skv, kfull + dn, qd);  // k_rot into head 0, then every head
   for (int64_t j = 0; j < Skv; ++j) {
     float* kj = kfull + j * qd;
-    for (int64_t h = 1; h < H; ++h) std::memcpy(kj + h * dqk + dn, kj + dn, static_cast<size_t>(dr) * sizeof(float));
+    for (int64_t h = 1; h < H; ++h)
+      std::memcpy(kj + h * dqk + dn, kj + dn, static_cast<size_t>(dr) * sizeof(float));
   }
   KVSpan dense;
   dense.k = TensorView(kfull, DType::kF32, {1, H, Skv, dqk}, {Skv * qd, dqk, qd, 1});
@@ -118,7 +120,8 @@ KVSpan MlaAttention::expand(Step& st, const KVSpan& span, int64_t b) const {
 
 int64_t MlaAttention::forward(Step& st, int64_t layer) const {
   const int64_t B = st.B, S = st.S, R = st.R, H = H_;
-  const int64_t dc = m_.kv_lora_rank, dr = m_.qk_rope_head_dim, dn = m_.qk_nope_head_dim, dv = m_.v_head_dim;
+  const int64_t dc = m_.kv_lora_rank, dr = m_.qk_rope_head_dim, dn = m_.qk_nope_head_dim,
+                dv = m_.v_head_dim;
   const int64_t dqk = dn + dr, qd = H * dqk, ckd = dc + dr, kvbd = dn + dv;
   Workspace& ws = *st.ws;
   float* xb = ws.data(kForwardScratch, kXb);
@@ -141,8 +144,10 @@ int64_t MlaAttention::forward(Step& st, int64_t layer) const {
   for (int64_t b = 0; b < B; ++b) {
     const KVSpan expanded = expand(st, span, b);
     const TensorView q_view(q + b * S * qd, DType::kF32, {1, H, S, dqk}, {S * qd, dqk, qd, 1});
-    const TensorView out_view(att + b * S * H * dv, DType::kF32, {1, H, S, dv}, {S * H * dv, dv, H * dv, 1});
-    st.kernel->attend(q_view, expanded, out_view, options_, QueryPositions{st.row_pos(b), nullptr, 0});
+    const TensorView out_view(att + b * S * H * dv, DType::kF32, {1, H, S, dv},
+                              {S * H * dv, dv, H * dv, 1});
+    st.kernel->attend(q_view, expanded, out_view, options_,
+                      QueryPositions{st.row_pos(b), nullptr, 0});
   }
   linear(st.linear, att, R, w_.wo, nullptr, xb);
   return R;
@@ -151,9 +156,16 @@ int64_t MlaAttention::forward(Step& st, int64_t layer) const {
 namespace {
 std::vector<ScratchBuffer> mla_buffers(const ModelConfig& c) {
   const MlaConfig& m = c.mla;
-  return {{c.n_heads * c.qk_head_dim(), 0}, {m.kv_lora_rank + m.qk_rope_head_dim, 0}, {m.q_lora_rank, 0}, {}, {}, {}};
+  return {{c.n_heads * c.qk_head_dim(), 0},
+          {m.kv_lora_rank + m.qk_rope_head_dim, 0},
+          {m.q_lora_rank, 0},
+          {},
+          {},
+          {}};
 }
-int64_t mla_widest_input(const ModelConfig& c) { return std::max(c.mla.q_lora_rank, c.mla.kv_lora_rank); }
+int64_t mla_widest_input(const ModelConfig& c) {
+  return std::max(c.mla.q_lora_rank, c.mla.kv_lora_rank);
+}
 }  // namespace
 
 const ScratchKind kMlaScratch{"mla attention", &mla_buffers, &mla_widest_input};

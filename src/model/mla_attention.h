@@ -30,14 +30,14 @@
 namespace kvcache {
 
 struct MlaWeights {
-  TensorView wq;                   // [H*D_qk, dim] without q_lora, else empty
-  TensorView wq_a;                 // [q_lora, dim] with q_lora
-  const float* q_a_norm = nullptr;  // [q_lora]
-  TensorView wq_b;                 // [H*D_qk, q_lora]
-  TensorView wkv_a;                // [d_c + d_r, dim]
+  TensorView wq;                     // [H*D_qk, dim] without q_lora, else empty
+  TensorView wq_a;                   // [q_lora, dim] with q_lora
+  const float* q_a_norm = nullptr;   // [q_lora]
+  TensorView wq_b;                   // [H*D_qk, q_lora]
+  TensorView wkv_a;                  // [d_c + d_r, dim]
   const float* kv_a_norm = nullptr;  // [d_c]
-  TensorView wkv_b;                // [H*(d_kn + d_v), d_c]
-  TensorView wo;                   // [dim, H*d_v]
+  TensorView wkv_b;                  // [H*(d_kn + d_v), d_c]
+  TensorView wo;                     // [dim, H*d_v]
 
   static MlaWeights hf(Weights& w, int64_t layer);
 };
@@ -49,7 +49,8 @@ std::unique_ptr<Attention> make_hf_mla(Weights& w, int64_t layer, const float* r
 class MlaAttention final : public Attention {
  public:
   // rope: [d_r / 2] frequencies. Error(kFormat) for a layer the config makes KV-shared.
-  MlaAttention(const ModelFile& file, int64_t layer, const MlaWeights& weights, const RopeTable& rope);
+  MlaAttention(const ModelFile& file, int64_t layer, const MlaWeights& weights,
+               const RopeTable& rope);
 
   // Attends every row (Rows::kLast and kKvOnly are not specialised): returns st.R.
   int64_t forward(Step& st, int64_t layer) const override;

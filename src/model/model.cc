@@ -17,14 +17,15 @@ const ModelFile& validated(const std::unique_ptr<ModelFile>& file) {
 Model::Model(std::unique_ptr<ModelFile> file)
     : file_(std::move(file)), weights_(validated(file_)), scratch_(scratch_for(file_->config())) {
   find_family(config().architecture).build(weights_, parts_);
-  KV_CHECK(static_cast<int64_t>(parts_.blocks.size()) == config().n_layers && parts_.stack != nullptr &&
-               parts_.output_norm != nullptr,
+  KV_CHECK(static_cast<int64_t>(parts_.blocks.size()) == config().n_layers &&
+               parts_.stack != nullptr && parts_.output_norm != nullptr,
            "a model family built an incomplete model");
 }
 
 std::vector<const ScratchKind*> Model::scratch_for(const ModelConfig& config) {
   std::vector<const ScratchKind*> kinds = {&kForwardScratch};
-  for (const ScratchKind* kind : find_family(config.architecture).scratch(config)) kinds.push_back(kind);
+  for (const ScratchKind* kind : find_family(config.architecture).scratch(config))
+    kinds.push_back(kind);
   return kinds;
 }
 
@@ -34,7 +35,8 @@ int64_t Model::kv_source(int64_t layer) const {
 
 DType Model::weight_dtype() const {
   std::map<DType, size_t> bytes;
-  for (const auto& [name, t] : file_->tensors()) bytes[t.dtype()] += dtype_bytes(t.dtype(), t.numel());
+  for (const auto& [name, t] : file_->tensors())
+    bytes[t.dtype()] += dtype_bytes(t.dtype(), t.numel());
   DType most = DType::kF32;
   size_t best = 0;
   for (const auto& [dtype, n] : bytes)

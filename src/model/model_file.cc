@@ -15,10 +15,14 @@ namespace kvcache {
 
 const char* rope_scaling_name(RopeScalingType t) {
   switch (t) {
-    case RopeScalingType::kNone: return "none";
-    case RopeScalingType::kLinear: return "linear";
-    case RopeScalingType::kLlama3: return "llama3";
-    case RopeScalingType::kYarn: return "yarn";
+    case RopeScalingType::kNone:
+      return "none";
+    case RopeScalingType::kLinear:
+      return "linear";
+    case RopeScalingType::kLlama3:
+      return "llama3";
+    case RopeScalingType::kYarn:
+      return "yarn";
   }
   return "?";
 }
@@ -32,13 +36,16 @@ namespace {
 void ModelConfig::fill_defaults() {
   if (head_dim == 0 && n_heads > 0 && dim % n_heads == 0) head_dim = dim / n_heads;
   if (n_kv_heads == 0) n_kv_heads = n_heads;
-  if (layer_types.empty() && n_layers > 0) layer_types = generic_layer_types(n_layers, sliding_window, attention_chunk_size);
+  if (layer_types.empty() && n_layers > 0)
+    layer_types = generic_layer_types(n_layers, sliding_window, attention_chunk_size);
 }
 
 void ModelConfig::validate(const std::string& source) const {
   check_config_limits(*this, source);
   auto positive = [&](int64_t v, const char* name) {
-    if (v <= 0) bad(source, std::string("model config: ") + name + " must be positive, got " + std::to_string(v));
+    if (v <= 0)
+      bad(source,
+          std::string("model config: ") + name + " must be positive, got " + std::to_string(v));
   };
   positive(dim, "dim (hidden size)");
   positive(n_layers, "n_layers");
@@ -49,23 +56,25 @@ void ModelConfig::validate(const std::string& source) const {
   positive(vocab_size, "vocab_size");
   positive(max_seq_len, "max_seq_len (context length)");
   if (n_heads % n_kv_heads != 0) {
-    bad(source, "model config: n_heads " + std::to_string(n_heads) + " is not a multiple of n_kv_heads " +
-                    std::to_string(n_kv_heads));
+    bad(source, "model config: n_heads " + std::to_string(n_heads) +
+                    " is not a multiple of n_kv_heads " + std::to_string(n_kv_heads));
   }
-  if (head_dim % 2 != 0) bad(source, "model config: head_dim " + std::to_string(head_dim) + " is odd; RoPE needs pairs");
+  if (head_dim % 2 != 0)
+    bad(source, "model config: head_dim " + std::to_string(head_dim) + " is odd; RoPE needs pairs");
   if (!(rope_theta > 0.0f)) bad(source, "model config: rope_theta must be positive");
   if (!(rms_eps > 0.0f)) bad(source, "model config: rms_eps must be positive");
   if (sliding_window < 0) bad(source, "model config: sliding_window must be >= 0");
   if (static_cast<int64_t>(layer_types.size()) != n_layers) {
-    bad(source, "model config: layer_types has " + std::to_string(layer_types.size()) + " entries for " +
-                    std::to_string(n_layers) + " layers");
+    bad(source, "model config: layer_types has " + std::to_string(layer_types.size()) +
+                    " entries for " + std::to_string(n_layers) + " layers");
   }
   for (size_t i = 0; i < layer_types.size(); ++i) {
     const std::string& t = layer_types[i];
     if (t != "full_attention" && t != "sliding_attention" && t != "chunked_attention") {
-      bad(source, "model config: layer_types[" + std::to_string(i) + "] is '" + t +
-                      "', a layer type this engine does not run (full_attention, sliding_attention, "
-                      "chunked_attention)");
+      bad(source,
+          "model config: layer_types[" + std::to_string(i) + "] is '" + t +
+              "', a layer type this engine does not run (full_attention, sliding_attention, "
+              "chunked_attention)");
     }
     if (t == "sliding_attention" && sliding_window <= 0) {
       bad(source, "model config: sliding_attention layers need a positive sliding_window");
@@ -82,7 +91,8 @@ void ModelConfig::validate(const std::string& source) const {
     bad(source, "model config: num_kv_shared_layers " + std::to_string(num_kv_shared_layers) +
                     " must be in [0, num_hidden_layers)");
   }
-  if (!rope_freq_factors.empty() && static_cast<int64_t>(rope_freq_factors.size()) != rope_dim() / 2) {
+  if (!rope_freq_factors.empty() &&
+      static_cast<int64_t>(rope_freq_factors.size()) != rope_dim() / 2) {
     bad(source, "model config: rope_freq_factors has " + std::to_string(rope_freq_factors.size()) +
                     " entries, expected rope_dim/2 = " + std::to_string(rope_dim() / 2));
   }
@@ -92,29 +102,36 @@ void ModelConfig::validate(const std::string& source) const {
   if (moe.n_experts > 0) {
     positive(moe.n_experts_used, "num_experts_per_tok");
     positive(moe.expert_hidden_dim, "moe intermediate size");
-    if (moe.n_experts_used > moe.n_experts) bad(source, "model config: num_experts_per_tok exceeds the number of experts");
-    if (moe.n_group <= 0 || moe.n_experts % moe.n_group != 0 || moe.topk_group <= 0 || moe.topk_group > moe.n_group) {
-      bad(source, "model config: n_group must divide the routed experts and 0 < topk_group <= n_group");
+    if (moe.n_experts_used > moe.n_experts)
+      bad(source, "model config: num_experts_per_tok exceeds the number of experts");
+    if (moe.n_group <= 0 || moe.n_experts % moe.n_group != 0 || moe.topk_group <= 0 ||
+        moe.topk_group > moe.n_group) {
+      bad(source,
+          "model config: n_group must divide the routed experts and 0 < topk_group <= n_group");
     }
   }
   if (mla.enabled()) {
     positive(mla.qk_nope_head_dim, "qk_nope_head_dim");
     positive(mla.qk_rope_head_dim, "qk_rope_head_dim");
     positive(mla.v_head_dim, "v_head_dim");
-    if (mla.qk_rope_head_dim % 2 != 0) bad(source, "model config: qk_rope_head_dim must be even (RoPE pairs)");
-    if (head_dim != qk_head_dim()) bad(source, "model config: MLA head_dim must equal qk_nope_head_dim + qk_rope_head_dim");
+    if (mla.qk_rope_head_dim % 2 != 0)
+      bad(source, "model config: qk_rope_head_dim must be even (RoPE pairs)");
+    if (head_dim != qk_head_dim())
+      bad(source, "model config: MLA head_dim must equal qk_nope_head_dim + qk_rope_head_dim");
   }
 }
 
 std::string ModelConfig::summary() const {
-  std::string s = architecture + " dim=" + std::to_string(dim) + " layers=" + std::to_string(n_layers) +
-                  " heads=" + std::to_string(n_heads) + "/" + std::to_string(n_kv_heads) +
-                  " head_dim=" + std::to_string(head_dim) + " ffn=" + std::to_string(hidden_dim) +
-                  " vocab=" + std::to_string(vocab_size) + " ctx=" + std::to_string(max_seq_len) +
+  std::string s = architecture + " dim=" + std::to_string(dim) +
+                  " layers=" + std::to_string(n_layers) + " heads=" + std::to_string(n_heads) +
+                  "/" + std::to_string(n_kv_heads) + " head_dim=" + std::to_string(head_dim) +
+                  " ffn=" + std::to_string(hidden_dim) + " vocab=" + std::to_string(vocab_size) +
+                  " ctx=" + std::to_string(max_seq_len) +
                   " rope_theta=" + std::to_string(rope_theta) +
                   (rope_interleaved ? " rope=interleaved" : " rope=half-split");
   if (rope_scaling.type != RopeScalingType::kNone) {
-    s += std::string(" rope_scaling=") + rope_scaling_name(rope_scaling.type) + "x" + std::to_string(rope_scaling.factor);
+    s += std::string(" rope_scaling=") + rope_scaling_name(rope_scaling.type) + "x" +
+         std::to_string(rope_scaling.factor);
   }
   if (sliding_window > 0) s += " sliding_window=" + std::to_string(sliding_window);
   if (qkv_bias) s += " qkv_bias";
@@ -123,10 +140,13 @@ std::string ModelConfig::summary() const {
   if (final_softcap > 0) s += " final_softcap=" + std::to_string(final_softcap);
   if (attn_sinks) s += " sinks";
   if (num_kv_shared_layers > 0) s += " kv_shared=" + std::to_string(num_kv_shared_layers);
-  if (moe.n_experts > 0) s += " experts=" + std::to_string(moe.n_experts_used) + "/" + std::to_string(moe.n_experts);
+  if (moe.n_experts > 0)
+    s += " experts=" + std::to_string(moe.n_experts_used) + "/" + std::to_string(moe.n_experts);
   if (mla.enabled()) {
-    s += " mla(d_c=" + std::to_string(mla.kv_lora_rank) + " d_r=" + std::to_string(mla.qk_rope_head_dim) +
-         " d_kn=" + std::to_string(mla.qk_nope_head_dim) + " d_v=" + std::to_string(mla.v_head_dim) + ")";
+    s += " mla(d_c=" + std::to_string(mla.kv_lora_rank) +
+         " d_r=" + std::to_string(mla.qk_rope_head_dim) +
+         " d_kn=" + std::to_string(mla.qk_nope_head_dim) +
+         " d_v=" + std::to_string(mla.v_head_dim) + ")";
   }
   if (tie_word_embeddings) s += " tied";
   return s;
@@ -150,7 +170,8 @@ const TensorView& ModelFile::tensor(const std::string& name) const {
 const TensorView& ModelFile::tensor(const std::string& name, const Shape& expected) const {
   const TensorView& t = tensor(name);
   if (!(t.shape() == expected)) {
-    bad(path_, "tensor '" + name + "' has shape " + t.shape().str() + " but the config implies " + expected.str());
+    bad(path_, "tensor '" + name + "' has shape " + t.shape().str() + " but the config implies " +
+                   expected.str());
   }
   return t;
 }
@@ -174,7 +195,8 @@ void ModelFile::validate_weights() const {
   for (const WeightSpec& w : hf_weight_specs(config_)) {
     const TensorView& t = tensor(w.name, w.shape);
     if (!w.matrix && !dtype_is_float(t.dtype())) {
-      bad(path_, "tensor '" + w.name + "' has type " + dtype_name(t.dtype()) + "; norms, biases and sinks must be f32/f16/bf16");
+      bad(path_, "tensor '" + w.name + "' has type " + dtype_name(t.dtype()) +
+                     "; norms, biases and sinks must be f32/f16/bf16");
     }
     if (w.matrix && t.dtype() == DType::kQ8_0 && t.shape().dims[t.ndim() - 1] % 32 != 0) {
       bad(path_, "tensor '" + w.name + "' is q8_0 with a row length not a multiple of 32");
@@ -187,12 +209,14 @@ void ModelFile::validate_llama_weights() const {
   const ModelConfig& c = config_;
   c.validate(path_);
   if (!c.is_llama_family()) {
-    bad(path_, "architecture '" + c.architecture + "' is not a llama-family block (use validate_weights)");
+    bad(path_,
+        "architecture '" + c.architecture + "' is not a llama-family block (use validate_weights)");
   }
   auto check = [&](const std::string& name, const Shape& shape, bool matrix) {
     const TensorView& t = tensor(name, shape);
     if (!matrix && !dtype_is_float(t.dtype())) {
-      bad(path_, "tensor '" + name + "' has type " + dtype_name(t.dtype()) + "; norms and biases must be f32/f16/bf16");
+      bad(path_, "tensor '" + name + "' has type " + dtype_name(t.dtype()) +
+                     "; norms and biases must be f32/f16/bf16");
     }
     if (!t.is_contiguous()) bad(path_, "tensor '" + name + "' is not contiguous");
   };
@@ -232,9 +256,12 @@ std::unique_ptr<ModelFile> open_model_file(const std::string& path) {
   if (std::string_view(magic, 4) == "GGUF") return load_gguf_model(path);
   if (path.size() > 12 && path.ends_with(".safetensors")) return load_hf_model(path);
   if (is_llama2c_checkpoint(path)) return load_llama2c(path);
-  throw Error(ErrorKind::kFormat,
-              path + ": unrecognised model file: expected a GGUF file, a llama2.c checkpoint, a Hugging "
-                     "Face folder (config.json + *.safetensors) or a .safetensors file with config.json beside it");
+  throw Error(
+      ErrorKind::kFormat,
+      path +
+          ": unrecognised model file: expected a GGUF file, a llama2.c checkpoint, a Hugging "
+          "Face folder (config.json + *.safetensors) or a .safetensors file with config.json "
+          "beside it");
 }
 
 }  // namespace kvcache

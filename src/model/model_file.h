@@ -7,11 +7,10 @@
 // whatever the file format (other families keep their transformers names: model/weight_spec.h):
 //   token_embd.weight        [vocab, dim]
 //   blk.N.attn_norm.weight   [dim]
-//   blk.N.attn_q.weight      [n_heads * head_dim, dim]      (+ blk.N.attn_q.bias [n_heads*head_dim])
-//   blk.N.attn_k.weight      [n_kv_heads * head_dim, dim]   (+ .bias when qkv_bias, Qwen2)
-//   blk.N.attn_v.weight      [n_kv_heads * head_dim, dim]   (+ .bias when qkv_bias)
-//   blk.N.attn_output.weight [dim, n_heads * head_dim]
-//   blk.N.ffn_norm.weight    [dim]
+//   blk.N.attn_q.weight      [n_heads * head_dim, dim]      (+ blk.N.attn_q.bias
+//   [n_heads*head_dim]) blk.N.attn_k.weight      [n_kv_heads * head_dim, dim]   (+ .bias when
+//   qkv_bias, Qwen2) blk.N.attn_v.weight      [n_kv_heads * head_dim, dim]   (+ .bias when
+//   qkv_bias) blk.N.attn_output.weight [dim, n_heads * head_dim] blk.N.ffn_norm.weight    [dim]
 //   blk.N.ffn_gate.weight    [hidden_dim, dim]   (w1; SwiGLU: down(silu(gate x) * up x))
 //   blk.N.ffn_up.weight      [hidden_dim, dim]   (w3)
 //   blk.N.ffn_down.weight    [dim, hidden_dim]   (w2)
@@ -70,14 +69,14 @@ enum class FfnActivation {
 //                top-k (n_group / topk_group), optional renormalisation, x routed_scaling_factor,
 //                plus shared experts (models/deepseek_v3/modeling_deepseek_v3.py)
 //   kSoftmaxGreedy: DeepSeek-V2's topk_method "greedy" (its MoEGate): softmax scores, top-k,
-//                then either renormalised (top_k > 1 and norm_topk_prob) or x routed_scaling_factor,
-//                plus shared experts
+//                then either renormalised (top_k > 1 and norm_topk_prob) or x
+//                routed_scaling_factor, plus shared experts
 enum class MoeRouter { kGptOss, kDeepseekV3, kSoftmaxGreedy };
 struct MoeConfig {
-  int64_t n_experts = 0;         // routed experts; 0: no MoE
-  int64_t n_experts_used = 0;    // top-k per token
-  int64_t expert_hidden_dim = 0; // FFN size of one expert
-  int64_t n_shared_experts = 0;  // DeepSeek: always-on experts of n_shared * expert_hidden_dim
+  int64_t n_experts = 0;           // routed experts; 0: no MoE
+  int64_t n_experts_used = 0;      // top-k per token
+  int64_t expert_hidden_dim = 0;   // FFN size of one expert
+  int64_t n_shared_experts = 0;    // DeepSeek: always-on experts of n_shared * expert_hidden_dim
   int64_t first_dense_layers = 0;  // DeepSeek first_k_dense_replace: layers before it are dense
   MoeRouter router = MoeRouter::kGptOss;
   int64_t n_group = 1, topk_group = 1;  // DeepSeek-V3 group-limited routing
@@ -113,8 +112,8 @@ struct Gemma3nConfig {
   int64_t laurel_rank = 0;
   int64_t hidden_size_per_layer_input = 0;
   int64_t vocab_size_per_layer_input = 0;
-  std::vector<float> activation_sparsity;  // [n_layers]
-  std::vector<int64_t> intermediate_sizes; // [n_layers]
+  std::vector<float> activation_sparsity;   // [n_layers]
+  std::vector<int64_t> intermediate_sizes;  // [n_layers]
   bool enabled() const { return altup_num_inputs > 0; }
 };
 
@@ -122,7 +121,7 @@ struct ModelConfig {
   // The block structure: llama family (llama/mistral/qwen2), gemma2, gpt_oss, deepseek_v2,
   // deepseek_v3 (is_llama_family() tells the GGUF-canonical-name families apart).
   std::string architecture = "llama";
-  int64_t dim = 0;                     // hidden size (embedding length)
+  int64_t dim = 0;  // hidden size (embedding length)
   int64_t n_layers = 0;
   int64_t n_heads = 0;     // query heads
   int64_t n_kv_heads = 0;  // key/value heads (GQA when < n_heads)
@@ -148,27 +147,27 @@ struct ModelConfig {
   // "chunked_attention" (chunks of attention_chunk_size, Llama-4's layer type).
   std::vector<std::string> layer_types;
   int64_t attention_chunk_size = 0;  // 0: none
-  int32_t bos_id = -1;                   // -1: unknown
+  int32_t bos_id = -1;               // -1: unknown
   int32_t eos_id = -1;
 
   // --- Families beyond Llama (gemma2, gpt_oss, deepseek_v2/v3). The defaults are Llama's, so
   // a llama/mistral/qwen2 config leaves all of this untouched. Each family's file
   // (model/gemma2.cc, gpt_oss.cc, deepseek.cc) builds its blocks from them.
-  bool norm_add_one = false;     // Gemma: RMSNorm scales by (1 + w) instead of w
-  float embed_scale = 1.0f;      // Gemma: embeddings multiplied by sqrt(hidden_size)
-  bool sandwich_norms = false;   // Gemma-2: post-attention, pre- and post-feedforward norms
+  bool norm_add_one = false;    // Gemma: RMSNorm scales by (1 + w) instead of w
+  float embed_scale = 1.0f;     // Gemma: embeddings multiplied by sqrt(hidden_size)
+  bool sandwich_norms = false;  // Gemma-2: post-attention, pre- and post-feedforward norms
   FfnActivation ffn_act = FfnActivation::kSilu;
-  float query_scale = 0.0f;      // attention logit scale; 0: 1/sqrt(query-key head dim)
-  float attn_softcap = 0.0f;     // Gemma-2 attn_logit_softcapping; 0: none
-  float final_softcap = 0.0f;    // Gemma-2 final_logit_softcapping on the logits; 0: none
-  bool attn_out_bias = false;    // o_proj has a bias (attention_bias = true: GPT-OSS)
-  bool attn_sinks = false;       // GPT-OSS: one learned sink logit per query head
+  float query_scale = 0.0f;          // attention logit scale; 0: 1/sqrt(query-key head dim)
+  float attn_softcap = 0.0f;         // Gemma-2 attn_logit_softcapping; 0: none
+  float final_softcap = 0.0f;        // Gemma-2 final_logit_softcapping on the logits; 0: none
+  bool attn_out_bias = false;        // o_proj has a bias (attention_bias = true: GPT-OSS)
+  bool attn_sinks = false;           // GPT-OSS: one learned sink logit per query head
   int64_t num_kv_shared_layers = 0;  // the last N layers read an earlier layer's cache
   // YaRN (rope_type "yarn": GPT-OSS, DeepSeek-V3): cos/sin multiplied by this attention factor
   // (transformers' _compute_yarn_parameters); the frequencies go to rope_freq_factors.
   float rope_attention_factor = 1.0f;
-  bool qkv_norm = false;         // Gemma-3n: q_norm/k_norm (weighted) and v_norm (unweighted) per head
-  float rope_local_theta = 0.0f; // Gemma-3n: theta of sliding layers (0: rope_theta everywhere)
+  bool qkv_norm = false;  // Gemma-3n: q_norm/k_norm (weighted) and v_norm (unweighted) per head
+  float rope_local_theta = 0.0f;  // Gemma-3n: theta of sliding layers (0: rope_theta everywhere)
   Gemma3nConfig gemma3n;
   MoeConfig moe;  // n_experts == 0: every FFN is dense
   MlaConfig mla;  // kv_lora_rank == 0: plain multi-head / grouped-query attention
@@ -185,7 +184,9 @@ struct ModelConfig {
     return architecture == "llama" || architecture == "mistral" || architecture == "qwen2";
   }
   // Query/key head dim (MLA: qk_nope + qk_rope) and value head dim.
-  int64_t qk_head_dim() const { return mla.enabled() ? mla.qk_nope_head_dim + mla.qk_rope_head_dim : head_dim; }
+  int64_t qk_head_dim() const {
+    return mla.enabled() ? mla.qk_nope_head_dim + mla.qk_rope_head_dim : head_dim;
+  }
   int64_t v_head_dim() const { return mla.enabled() ? mla.v_head_dim : head_dim; }
   // Dims RoPE rotates per head (MLA: only the qk_rope part).
   int64_t rope_dim() const { return mla.enabled() ? mla.qk_rope_head_dim : head_dim; }
@@ -193,7 +194,8 @@ struct ModelConfig {
 
 class ModelFile {
  public:
-  ModelFile(std::string path, std::string format) : path_(std::move(path)), format_(std::move(format)) {}
+  ModelFile(std::string path, std::string format)
+      : path_(std::move(path)), format_(std::move(format)) {}
   ModelFile(const ModelFile&) = delete;
   ModelFile& operator=(const ModelFile&) = delete;
 

@@ -33,14 +33,15 @@ struct MoeBuffers {
 // The top k experts by `by` into rs.idx[0, k), ties to the lower expert id.
 void top_k(const float* by, int64_t k, std::vector<int64_t>& idx) {
   std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int64_t a, int64_t b) { return by[a] > by[b] || (by[a] == by[b] && a < b); });
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) {
+    return by[a] > by[b] || (by[a] == by[b] && a < b);
+  });
 }
 
 // y[out] = x[in] @ W[in, out] (+ bias): GPT-OSS experts store weights input-major. Each W row
 // is widened into `row` ([out] scratch) and accumulated, so any weight dtype works.
-void linear_in_out(const float* x, int64_t in, const std::byte* w, DType t, int64_t out, const float* bias, float* y,
-                   float* row) {
+void linear_in_out(const float* x, int64_t in, const std::byte* w, DType t, int64_t out,
+                   const float* bias, float* y, float* row) {
   const size_t row_bytes = dtype_bytes(t, out);
   if (bias) {
     std::memcpy(y, bias, static_cast<size_t>(out) * sizeof(float));
@@ -61,9 +62,12 @@ void RoutedMoe::forward(Step& st, int64_t rows) const {
   float* xb = st.ws->data(kForwardScratch, kXb);
   float* acc = st.ws->data(kForwardScratch, kAtt);
   const MoeBuffers buf(*st.ws, m_, dim);
-  RouteScratch rs{std::vector<int64_t>(static_cast<size_t>(E)), std::vector<float>(static_cast<size_t>(E)),
-                  std::vector<float>(static_cast<size_t>(E)),   std::vector<int64_t>(static_cast<size_t>(m_.n_group)),
-                  std::vector<float>(static_cast<size_t>(m_.n_group)), std::vector<char>(static_cast<size_t>(m_.n_group))};
+  RouteScratch rs{std::vector<int64_t>(static_cast<size_t>(E)),
+                  std::vector<float>(static_cast<size_t>(E)),
+                  std::vector<float>(static_cast<size_t>(E)),
+                  std::vector<int64_t>(static_cast<size_t>(m_.n_group)),
+                  std::vector<float>(static_cast<size_t>(m_.n_group)),
+                  std::vector<char>(static_cast<size_t>(m_.n_group))};
   Routing picked(static_cast<size_t>(m_.n_experts_used));
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = xb + r * dim;
@@ -116,15 +120,19 @@ void GptOssMoe::expert(Step& st, int64_t e, const float* x, float* out) const {
   const MoeBuffers buf(*st.ws, m_, dim);
   const size_t gu_bytes = dtype_bytes(w_.gate_up.dtype(), dim * 2 * I);
   const size_t dn_bytes = dtype_bytes(w_.down.dtype(), I * dim);
-  linear_in_out(x, dim, static_cast<const std::byte*>(w_.gate_up.data()) + static_cast<size_t>(e) * gu_bytes,
-                w_.gate_up.dtype(), 2 * I, w_.gate_up_bias + e * 2 * I, buf.gu, buf.row);
-  swiglu_oss(buf.gu, buf.gu, I, m_.swiglu_alpha, m_.swiglu_limit);  // in place: out[i] reads [2i, 2i+1] first
-  linear_in_out(buf.gu, I, static_cast<const std::byte*>(w_.down.data()) + static_cast<size_t>(e) * dn_bytes,
+  linear_in_out(
+      x, dim, static_cast<const std::byte*>(w_.gate_up.data()) + static_cast<size_t>(e) * gu_bytes,
+      w_.gate_up.dtype(), 2 * I, w_.gate_up_bias + e * 2 * I, buf.gu, buf.row);
+  swiglu_oss(buf.gu, buf.gu, I, m_.swiglu_alpha,
+             m_.swiglu_limit);  // in place: out[i] reads [2i, 2i+1] first
+  linear_in_out(buf.gu, I,
+                static_cast<const std::byte*>(w_.down.data()) + static_cast<size_t>(e) * dn_bytes,
                 w_.down.dtype(), dim, w_.down_bias + e * dim, out, buf.row);
 }
 
 void GptOssMoe::finish(Step& st, int64_t rows, const float* routed) const {
-  std::memcpy(st.ws->data(kForwardScratch, kXb), routed, static_cast<size_t>(rows * dim_) * sizeof(float));
+  std::memcpy(st.ws->data(kForwardScratch, kXb), routed,
+              static_cast<size_t>(rows * dim_) * sizeof(float));
 }
 
 // ---- DeepSeek ----
@@ -140,14 +148,18 @@ std::unique_ptr<DeepseekMoe> DeepseekMoe::hf(Weights& w, int64_t l) {
   const ModelConfig& c = w.config();
   const MoeConfig& m = c.moe;
   const TensorView router = w.matrix(hf_layer_tensor(l, "mlp.gate.weight"));
-  const float* score_bias =
-      m.router == MoeRouter::kDeepseekV3 ? w.vector(hf_layer_tensor(l, "mlp.gate.e_score_correction_bias")) : nullptr;
+  const float* score_bias = m.router == MoeRouter::kDeepseekV3
+                                ? w.vector(hf_layer_tensor(l, "mlp.gate.e_score_correction_bias"))
+                                : nullptr;
   std::vector<DenseMlp> experts;
   for (int64_t e = 0; e < m.n_experts; ++e)
-    experts.emplace_back(DenseMlpWeights::hf(w, l, "mlp.experts." + std::to_string(e) + "."), c.ffn_act);
+    experts.emplace_back(DenseMlpWeights::hf(w, l, "mlp.experts." + std::to_string(e) + "."),
+                         c.ffn_act);
   std::optional<DenseMlp> shared;
-  if (m.n_shared_experts > 0) shared.emplace(DenseMlpWeights::hf(w, l, "mlp.shared_experts."), c.ffn_act);
-  return std::make_unique<DeepseekMoe>(c, router, score_bias, std::move(experts), std::move(shared));
+  if (m.n_shared_experts > 0)
+    shared.emplace(DenseMlpWeights::hf(w, l, "mlp.shared_experts."), c.ffn_act);
+  return std::make_unique<DeepseekMoe>(c, router, score_bias, std::move(experts),
+                                       std::move(shared));
 }
 
 void DeepseekMoe::route(const float* logits, RouteScratch& rs, Routing& picked) const {
@@ -178,17 +190,21 @@ void DeepseekMoe::route(const float* logits, RouteScratch& rs, Routing& picked) 
       }
       top_k(rs.gscore.data(), m_.topk_group, rs.groups);
       std::fill(rs.keep.begin(), rs.keep.end(), 0);
-      for (int64_t i = 0; i < m_.topk_group; ++i) rs.keep[static_cast<size_t>(rs.groups[static_cast<size_t>(i)])] = true;
+      for (int64_t i = 0; i < m_.topk_group; ++i)
+        rs.keep[static_cast<size_t>(rs.groups[static_cast<size_t>(i)])] = true;
       for (int64_t e = 0; e < E; ++e) {
-        if (!rs.keep[static_cast<size_t>(e / per)]) choice[static_cast<size_t>(e)] = 0.0f;  // masked_fill(.., 0.0)
+        if (!rs.keep[static_cast<size_t>(e / per)])
+          choice[static_cast<size_t>(e)] = 0.0f;  // masked_fill(.., 0.0)
       }
     }
   } else {
     // DeepSeek-V2 greedy: softmax scores, chosen by themselves.
     const float mx = *std::max_element(logits, logits + E);
     float den = 0.0f;
-    for (int64_t e = 0; e < E; ++e) den += scores[static_cast<size_t>(e)] = std::exp(logits[e] - mx);
-    for (int64_t e = 0; e < E; ++e) choice[static_cast<size_t>(e)] = scores[static_cast<size_t>(e)] /= den;
+    for (int64_t e = 0; e < E; ++e)
+      den += scores[static_cast<size_t>(e)] = std::exp(logits[e] - mx);
+    for (int64_t e = 0; e < E; ++e)
+      choice[static_cast<size_t>(e)] = scores[static_cast<size_t>(e)] /= den;
   }
   top_k(choice.data(), K, rs.idx);
   float sum = 0.0f;
@@ -232,7 +248,9 @@ std::vector<ScratchBuffer> moe_buffers(const ModelConfig& c) {
   const int64_t I = c.moe.expert_hidden_dim;
   return {{0, 2 * c.moe.n_experts + c.dim + 2 * I + std::max(c.dim, 2 * I)}};
 }
-int64_t moe_widest_input(const ModelConfig&) { return 0; }  // router: dim; experts: one-row GEMVs
+int64_t moe_widest_input(const ModelConfig&) {
+  return 0;
+}  // router: dim; experts: one-row GEMVs
 }  // namespace
 
 const ScratchKind kMoeScratch{"moe", &moe_buffers, &moe_widest_input};

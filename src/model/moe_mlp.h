@@ -84,8 +84,8 @@ class GptOssMoe final : public RoutedMoe {
 class DeepseekMoe final : public RoutedMoe {
  public:
   // shared: the shared experts as one MLP (n_shared_experts x expert size), if any.
-  DeepseekMoe(const ModelConfig& config, TensorView router, const float* score_bias, std::vector<DenseMlp> experts,
-              std::optional<DenseMlp> shared);
+  DeepseekMoe(const ModelConfig& config, TensorView router, const float* score_bias,
+              std::vector<DenseMlp> experts, std::optional<DenseMlp> shared);
   // mlp.gate (+ e_score_correction_bias for V3), mlp.experts.<e>.*, mlp.shared_experts.*.
   static std::unique_ptr<DeepseekMoe> hf(Weights& w, int64_t layer);
 

@@ -36,22 +36,24 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
   // The eager paged kernel's per-thread f32 copy of one sequence's K and V (plus a score) per
   // token. MLA does not run it (it expands the latent into the forward's own buffers), so this
   // is an upper bound there.
-  const size_t scratch_per_token =
-      static_cast<size_t>(n_threads) * static_cast<size_t>(sc.head_dim + sc.head_dim_v + 1) * sizeof(float);
+  const size_t scratch_per_token = static_cast<size_t>(n_threads) *
+                                   static_cast<size_t>(sc.head_dim + sc.head_dim_v + 1) *
+                                   sizeof(float);
 
   plan.max_tokens_per_step = o.max_tokens_per_step;
   // A block no sequence can fill is memory nobody can use: with the default capacity, a
   // 100,000-token block for a 2,048-token context allocated 49x the cache it serves. (A
   // capacity that is not a whole number of blocks rounds up to one: a block's worth at most.)
   if (model.max_seq_len > 0 && o.block_tokens > model.max_seq_len)
-    throw Error(ErrorKind::kInvalidArgument, "--block-tokens " + std::to_string(o.block_tokens) +
-                                                 " is larger than the model's context of " +
-                                                 std::to_string(model.max_seq_len) +
-                                                 " tokens: no sequence could fill a block; use at most " +
-                                                 std::to_string(model.max_seq_len) + " (default 16)");
+    throw Error(ErrorKind::kInvalidArgument,
+                "--block-tokens " + std::to_string(o.block_tokens) +
+                    " is larger than the model's context of " + std::to_string(model.max_seq_len) +
+                    " tokens: no sequence could fill a block; use at most " +
+                    std::to_string(model.max_seq_len) + " (default 16)");
   if (o.budget_bytes == 0) {
     if (o.max_cached_tokens <= 0)
-      throw Error(ErrorKind::kInvalidArgument, "paged plan: give a byte budget or a token capacity");
+      throw Error(ErrorKind::kInvalidArgument,
+                  "paged plan: give a byte budget or a token capacity");
     sc.max_tokens = o.max_cached_tokens;
     sc.group_blocks = default_group_blocks(sc);
   } else {
@@ -66,7 +68,8 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
     auto blocks = static_cast<int64_t>(left / per_block);
     const auto fits = [&](int64_t n) {
       sc.group_blocks.assign(groups.size(), static_cast<int32_t>(n));
-      return predict_pool_bytes(sc) + scratch_per_token * static_cast<size_t>(n * o.block_tokens) <= left;
+      return predict_pool_bytes(sc) + scratch_per_token * static_cast<size_t>(n * o.block_tokens) <=
+             left;
     };
     while (blocks >= 2 && !fits(blocks)) --blocks;  // pool metadata: a few bytes per block
     if (blocks < 2)
@@ -75,7 +78,8 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
                       " bytes cannot hold one forward step (" + std::to_string(activations) +
                       " bytes of activations) and two blocks of " + std::to_string(per_block) +
                       " bytes; raise --kv-budget");
-    sc.group_blocks.assign(groups.size(), static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX)));
+    sc.group_blocks.assign(groups.size(),
+                           static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX)));
   }
   plan.activation_bytes = Forward::workspace_bytes_for(model, plan.max_tokens_per_step);
   plan.pool_bytes = predict_pool_bytes(sc);

@@ -19,28 +19,28 @@
 namespace kvcache {
 
 struct PagedPlanOptions {
-  uint64_t budget_bytes = 0;          // 0: no budget, size for max_cached_tokens
+  uint64_t budget_bytes = 0;  // 0: no budget, size for max_cached_tokens
   int64_t block_tokens = 16;
   DType kv_dtype = DType::kF16;
   // Upper bound on tokens per forward (batch x chunk); with a budget it is halved until the
   // activations take at most half of it.
   int64_t max_tokens_per_step = 512;
-  int64_t max_cached_tokens = 0;      // without a budget: tokens the pool must hold (> 0)
+  int64_t max_cached_tokens = 0;  // without a budget: tokens the pool must hold (> 0)
   // Empty: the model's layer types and window.
   std::vector<std::string> layer_types;
   int64_t sliding_window = 0;
-  int n_threads = 0;                  // attention scratch per thread; 0: the default pool's
+  int n_threads = 0;  // attention scratch per thread; 0: the default pool's
 };
 
 struct PagedMemoryPlan {
-  PagedStoreConfig store;             // what to build (group_blocks, shapes, dtype)
+  PagedStoreConfig store;  // what to build (group_blocks, shapes, dtype)
   int64_t max_tokens_per_step = 0;
-  size_t activation_bytes = 0;        // Forward workspaces for max_tokens_per_step rows
+  size_t activation_bytes = 0;  // Forward workspaces for max_tokens_per_step rows
   // The eager paged kernel widens one sequence's keys and values to f32 per thread: at most
   // n_threads x cached tokens x (D_k + D_v + 1) floats.
   size_t attention_scratch_bytes = 0;
-  size_t pool_bytes = 0;              // pages + pool metadata of the store
-  int64_t max_cached_tokens = 0;      // tokens the full-attention group can hold
+  size_t pool_bytes = 0;          // pages + pool metadata of the store
+  int64_t max_cached_tokens = 0;  // tokens the full-attention group can hold
   size_t total_bytes() const { return activation_bytes + attention_scratch_bytes + pool_bytes; }
 };
 

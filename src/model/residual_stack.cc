@@ -2,8 +2,8 @@
 
 namespace kvcache {
 
-int64_t ResidualStack::run(Step& st, const std::vector<Block>& blocks, const int32_t*, bool keep_last,
-                           bool kv_only) const {
+int64_t ResidualStack::run(Step& st, const std::vector<Block>& blocks, const int32_t*,
+                           bool keep_last, bool kv_only) const {
   const int64_t B = st.B, S = st.S, R = st.R, L = static_cast<int64_t>(blocks.size());
   const ModelConfig& c = st.ws->config();
   const int64_t dim = c.dim;

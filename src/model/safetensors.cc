@@ -4,8 +4,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -25,19 +25,27 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit is
 }
 
 bool parse_dtype_name(const std::string& s, DType* out) {
-  if (s == "F32") *out = DType::kF32;
-  else if (s == "F16") *out = DType::kF16;
-  else if (s == "BF16") *out = DType::kBF16;
-  else return false;
+  if (s == "F32")
+    *out = DType::kF32;
+  else if (s == "F16")
+    *out = DType::kF16;
+  else if (s == "BF16")
+    *out = DType::kBF16;
+  else
+    return false;
   return true;
 }
 
 const char* dtype_st_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    default: return nullptr;
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    default:
+      return nullptr;
   }
 }
 
@@ -53,7 +61,9 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(MappedFile file) {
   const std::string& path = m.path();
   uint64_t n = 0;
   std::memcpy(&n, m.at(0, 8, "the header length"), 8);
-  if (n > kMaxHeaderBytes) bad(path, "safetensors header length " + std::to_string(n) + " is implausible (not a safetensors file?)");
+  if (n > kMaxHeaderBytes)
+    bad(path, "safetensors header length " + std::to_string(n) +
+                  " is implausible (not a safetensors file?)");
   const char* hdr = reinterpret_cast<const char*>(m.at(8, n, "the JSON header"));
   json j;
   try {
@@ -76,35 +86,39 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(MappedFile file) {
     }
     const std::string what = "tensor '" + name + "'";
     const json& e = *it;
-    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets") ||
-        !e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() ||
-        e["data_offsets"].size() != 2) {
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
+        !e.contains("data_offsets") || !e["dtype"].is_string() || !e["shape"].is_array() ||
+        !e["data_offsets"].is_array() || e["data_offsets"].size() != 2) {
       bad(path, what + " needs dtype (string), shape (list) and data_offsets ([begin, end])");
     }
     DType dt;
     const std::string dts = e["dtype"].get<std::string>();
     if (!parse_dtype_name(dts, &dt)) {
-      throw Error(ErrorKind::kUnsupported, path + ": " + what + " has dtype " + dts + "; supported: F32, F16, BF16");
+      throw Error(ErrorKind::kUnsupported,
+                  path + ": " + what + " has dtype " + dts + "; supported: F32, F16, BF16");
     }
     const json& shp = e["shape"];
-    if (shp.size() > static_cast<size_t>(kMaxDims)) bad(path, what + " has " + std::to_string(shp.size()) + " dims; at most 4 are supported");
+    if (shp.size() > static_cast<size_t>(kMaxDims))
+      bad(path, what + " has " + std::to_string(shp.size()) + " dims; at most 4 are supported");
     Shape shape;
     shape.ndim = static_cast<int>(shp.size());
     uint64_t numel = 1;
     for (size_t d = 0; d < shp.size(); ++d) {
-      if (!shp[d].is_number_unsigned() || shp[d].get<uint64_t>() > (uint64_t{1} << 40)) bad(path, what + " has an invalid dimension");
+      if (!shp[d].is_number_unsigned() || shp[d].get<uint64_t>() > (uint64_t{1} << 40))
+        bad(path, what + " has an invalid dimension");
       shape.dims[d] = shp[d].get<int64_t>();
       numel *= shp[d].get<uint64_t>();
       if (numel > (uint64_t{1} << 44)) bad(path, what + " is implausibly large");
     }
     const json& off = e["data_offsets"];
-    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) bad(path, what + " has invalid data_offsets");
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      bad(path, what + " has invalid data_offsets");
     const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
     const uint64_t need = numel * dtype_elem_size(dt);
     if (en < b || en - b != need) {
-      bad(path, what + " data_offsets [" + std::to_string(b) + ", " + std::to_string(en) + ") hold " +
-                    std::to_string(en - std::min(b, en)) + " bytes but dtype " + dts + " and shape " + shape.str() +
-                    " need " + std::to_string(need));
+      bad(path, what + " data_offsets [" + std::to_string(b) + ", " + std::to_string(en) +
+                    ") hold " + std::to_string(en - std::min(b, en)) + " bytes but dtype " + dts +
+                    " and shape " + shape.str() + " need " + std::to_string(need));
     }
     if (en > data_size) {
       bad(path, "truncated: " + what + " data [" + std::to_string(b) + ", " + std::to_string(en) +
@@ -121,15 +135,21 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(MappedFile file) {
   return f;
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, TensorView>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json j = json::object();
   if (!metadata.empty()) j["__metadata__"] = metadata;
   uint64_t off = 0;
   for (const auto& [name, v] : tensors) {
     const char* dt = dtype_st_name(v.dtype());
-    if (!dt) throw Error(ErrorKind::kInvalidArgument, "safetensors cannot store " + std::string(dtype_name(v.dtype())) + " tensor '" + name + "'");
-    if (!v.is_contiguous()) throw Error(ErrorKind::kInvalidArgument, "safetensors tensor '" + name + "' must be contiguous");
+    if (!dt)
+      throw Error(ErrorKind::kInvalidArgument, "safetensors cannot store " +
+                                                   std::string(dtype_name(v.dtype())) +
+                                                   " tensor '" + name + "'");
+    if (!v.is_contiguous())
+      throw Error(ErrorKind::kInvalidArgument,
+                  "safetensors tensor '" + name + "' must be contiguous");
     const uint64_t n = dtype_bytes(v.dtype(), v.numel());
     std::vector<int64_t> shape(v.shape().dims.begin(), v.shape().dims.begin() + v.ndim());
     j[name] = {{"dtype", dt}, {"shape", shape}, {"data_offsets", {off, off + n}}};
@@ -143,7 +163,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   f.write(reinterpret_cast<const char*>(&n), 8);
   f.write(hdr.data(), static_cast<std::streamsize>(hdr.size()));
   for (const auto& [name, v] : tensors) {
-    f.write(static_cast<const char*>(v.data()), static_cast<std::streamsize>(dtype_bytes(v.dtype(), v.numel())));
+    f.write(static_cast<const char*>(v.data()),
+            static_cast<std::streamsize>(dtype_bytes(v.dtype(), v.numel())));
   }
   f.flush();
   if (!f) throw Error(ErrorKind::kIo, path + ": write failed (disk full?)");
@@ -180,14 +201,16 @@ std::string hf_to_canonical_name(const std::string& n) {
   return "";
 }
 
-std::vector<std::string> parse_safetensors_index(const std::string& text, const std::string& source) {
+std::vector<std::string> parse_safetensors_index(const std::string& text,
+                                                 const std::string& source) {
   json j;
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
     bad(source, std::string("invalid JSON: ") + e.what());
   }
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) bad(source, "needs a weight_map object");
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    bad(source, "needs a weight_map object");
   std::vector<std::string> shards;
   std::set<std::string> seen;  // a real index names each of a few shards thousands of times
   for (const auto& [name, file] : j["weight_map"].items()) {
@@ -208,8 +231,9 @@ std::unique_ptr<ModelFile> load_hf_model(const std::string& path) {
   const fs::path dir = is_dir ? fs::path(path) : fs::path(path).parent_path();
   const fs::path config_path = (dir.empty() ? fs::path(".") : dir) / "config.json";
   if (!fs::exists(config_path, ec)) {
-    throw Error(ErrorKind::kIo, path + ": no config.json " + (is_dir ? "in this folder" : "beside this file") +
-                                    " (a Hugging Face model needs config.json with its safetensors)");
+    throw Error(ErrorKind::kIo,
+                path + ": no config.json " + (is_dir ? "in this folder" : "beside this file") +
+                    " (a Hugging Face model needs config.json with its safetensors)");
   }
   ModelConfig config = load_hf_config(config_path.string());
 
@@ -223,9 +247,11 @@ std::unique_ptr<ModelFile> load_hf_model(const std::string& path) {
     std::ifstream in(index_path, std::ios::binary);
     std::stringstream ss;
     ss << in.rdbuf();
-    for (const std::string& f : parse_safetensors_index(ss.str(), index_path)) shards.push_back((dir / f).string());
+    for (const std::string& f : parse_safetensors_index(ss.str(), index_path))
+      shards.push_back((dir / f).string());
   } else {
-    throw Error(ErrorKind::kIo, path + ": no model.safetensors or model.safetensors.index.json in this folder");
+    throw Error(ErrorKind::kIo,
+                path + ": no model.safetensors or model.safetensors.index.json in this folder");
   }
 
   std::vector<std::shared_ptr<const SafetensorsFile>> files;
@@ -233,8 +259,9 @@ std::unique_ptr<ModelFile> load_hf_model(const std::string& path) {
   return hf_model_from_safetensors(path, std::move(config), files);
 }
 
-std::unique_ptr<ModelFile> hf_model_from_safetensors(const std::string& path, ModelConfig config,
-                                                     const std::vector<std::shared_ptr<const SafetensorsFile>>& shards) {
+std::unique_ptr<ModelFile> hf_model_from_safetensors(
+    const std::string& path, ModelConfig config,
+    const std::vector<std::shared_ptr<const SafetensorsFile>>& shards) {
   auto mf = std::make_unique<ModelFile>(path, "safetensors");
   mf->mutable_config() = std::move(config);
   // Llama-family names become the canonical GGUF names; other families keep theirs.

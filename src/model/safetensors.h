@@ -39,7 +39,8 @@ class SafetensorsFile {
 };
 
 // Writes one .safetensors file from named contiguous f32/f16/bf16 views (tests, converters).
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, TensorView>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 // Maps one HF tensor name to its canonical name ("model.layers.3.self_attn.q_proj.weight" ->
@@ -50,7 +51,8 @@ std::string hf_to_canonical_name(const std::string& hf_name);
 // The shard file names of a model.safetensors.index.json ({"weight_map": {tensor: file}}), in
 // first-seen order without repeats. Throws Error(kFormat) naming `source` for bad JSON, a
 // missing or empty weight_map, or a name that is not a plain file name (no '/', no "..").
-std::vector<std::string> parse_safetensors_index(const std::string& json_text, const std::string& source);
+std::vector<std::string> parse_safetensors_index(const std::string& json_text,
+                                                 const std::string& source);
 
 // Loads a HF model: `path` is a folder with config.json and model.safetensors or
 // model.safetensors.index.json, or a .safetensors file with config.json in its folder.
@@ -58,7 +60,8 @@ std::vector<std::string> parse_safetensors_index(const std::string& json_text, c
 std::unique_ptr<ModelFile> load_hf_model(const std::string& path);
 // The ModelFile of a parsed config and its opened shards (load_hf_model's second half, also for
 // fuzzers): tensor names mapped, the ModelFile keeps the shards alive, weights validated.
-std::unique_ptr<ModelFile> hf_model_from_safetensors(const std::string& path, ModelConfig config,
-                                                     const std::vector<std::shared_ptr<const SafetensorsFile>>& shards);
+std::unique_ptr<ModelFile> hf_model_from_safetensors(
+    const std::string& path, ModelConfig config,
+    const std::vector<std::shared_ptr<const SafetensorsFile>>& shards);
 
 }  // namespace kvcache

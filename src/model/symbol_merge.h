@@ -19,10 +19,10 @@ namespace kvcache {
 
 // One symbol of a run: a view into the run's text, which must outlive the symbols.
 struct MergeSymbol {
-  int prev;          // -1 at the start of the list
-  int next;          // -1 at the end
+  int prev;  // -1 at the start of the list
+  int next;  // -1 at the end
   const char* text;
-  size_t n;          // bytes; 0 once merged into its left neighbour
+  size_t n;  // bytes; 0 once merged into its left neighbour
   std::string_view view() const { return {text, n}; }
 };
 
@@ -32,7 +32,8 @@ inline std::vector<MergeSymbol> utf8_symbols(std::string_view text) {
   std::vector<MergeSymbol> sym;
   sym.reserve(text.size());
   for (size_t off = 0; off < text.size();) {
-    const size_t n = std::min(utf8_sequence_length(static_cast<unsigned char>(text[off])), text.size() - off);
+    const size_t n =
+        std::min(utf8_sequence_length(static_cast<unsigned char>(text[off])), text.size() - off);
     const int idx = static_cast<int>(sym.size());
     sym.push_back({idx - 1, off + n == text.size() ? -1 : idx + 1, text.data() + off, n});
     off += n;
@@ -71,7 +72,8 @@ void merge_symbol_pairs(std::vector<MergeSymbol>& sym, Propose propose, Fresh fr
 // Calls f(symbol) for each symbol left in the list, in text order.
 template <class F>
 void for_each_symbol(const std::vector<MergeSymbol>& sym, F f) {
-  for (int i = sym.empty() ? -1 : 0; i != -1; i = sym[static_cast<size_t>(i)].next) f(sym[static_cast<size_t>(i)]);
+  for (int i = sym.empty() ? -1 : 0; i != -1; i = sym[static_cast<size_t>(i)].next)
+    f(sym[static_cast<size_t>(i)]);
 }
 
 }  // namespace kvcache

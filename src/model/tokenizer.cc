@@ -1,16 +1,16 @@
 #include "model/tokenizer.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
 #include "core/error.h"
 #include "model/gguf.h"
 #include "model/llama2c.h"
-#include "model/tokenizer_llama2c.h"
 #include "model/tokenizer_bpe.h"
+#include "model/tokenizer_llama2c.h"
 #include "model/tokenizer_spm.h"
 
 namespace kvcache {
@@ -24,7 +24,8 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 std::string Tokenizer::piece_after(int32_t prev, int32_t id) const {
   std::string piece = decode(id);
   const std::string_view k = kind();
-  if (prev >= 0 && prev == bos_id() && (k == "llama" || k == "llama2c") && !piece.empty() && piece[0] == ' ')
+  if (prev >= 0 && prev == bos_id() && (k == "llama" || k == "llama2c") && !piece.empty() &&
+      piece[0] == ' ')
     piece.erase(0, 1);
   return piece;
 }
@@ -59,18 +60,24 @@ Vocabulary gguf_vocabulary(const GgufFile& g) {
   if (n == 0) bad(g.path(), "tokenizer.ggml.tokens is empty");
   if (const GgufValue* s = g.find("tokenizer.ggml.scores")) {
     const GgufValue& a = g.get_array("tokenizer.ggml.scores", GgufType::kFloat32);
-    if (a.floats.size() != n) bad(g.path(), "tokenizer.ggml.scores has " + std::to_string(a.floats.size()) + " entries for " + std::to_string(n) + " tokens");
+    if (a.floats.size() != n)
+      bad(g.path(), "tokenizer.ggml.scores has " + std::to_string(a.floats.size()) +
+                        " entries for " + std::to_string(n) + " tokens");
     v.scores.assign(s->floats.begin(), s->floats.end());
   }
   if (g.find("tokenizer.ggml.token_type")) {
     const GgufValue& a = g.get_array("tokenizer.ggml.token_type", GgufType::kInt32);
-    if (a.ints.size() != n) bad(g.path(), "tokenizer.ggml.token_type has " + std::to_string(a.ints.size()) + " entries for " + std::to_string(n) + " tokens");
+    if (a.ints.size() != n)
+      bad(g.path(), "tokenizer.ggml.token_type has " + std::to_string(a.ints.size()) +
+                        " entries for " + std::to_string(n) + " tokens");
     v.types.reserve(n);
-    for (int64_t t : a.ints) v.types.push_back(t >= 0 && t <= 6 ? static_cast<TokenType>(t) : TokenType::kUndefined);
+    for (int64_t t : a.ints)
+      v.types.push_back(t >= 0 && t <= 6 ? static_cast<TokenType>(t) : TokenType::kUndefined);
   }
   auto id = [&](const char* key) {
     const int64_t x = g.get_int_or(key, -1);
-    if (x >= static_cast<int64_t>(n)) bad(g.path(), std::string(key) + " " + std::to_string(x) + " is outside the vocabulary");
+    if (x >= static_cast<int64_t>(n))
+      bad(g.path(), std::string(key) + " " + std::to_string(x) + " is outside the vocabulary");
     return static_cast<int32_t>(x);
   };
   v.bos = id("tokenizer.ggml.bos_token_id");
@@ -82,17 +89,20 @@ Vocabulary gguf_vocabulary(const GgufFile& g) {
 }  // namespace
 
 std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& g) {
-  if (!g.find("tokenizer.ggml.model")) bad(g.path(), "no tokenizer in this GGUF (tokenizer.ggml.model is missing)");
+  if (!g.find("tokenizer.ggml.model"))
+    bad(g.path(), "no tokenizer in this GGUF (tokenizer.ggml.model is missing)");
   const std::string& model = g.get_string("tokenizer.ggml.model");
   if (model == "llama") {
     Vocabulary v = gguf_vocabulary(g);
     for (size_t i = 0; i < v.types.size(); ++i) {
       if (v.types[i] == TokenType::kByte && spm_byte_token_value(v.tokens[i]) < 0) {
-        bad(g.path(), "tokenizer.ggml.tokens[" + std::to_string(i) + "] '" + printable_prefix(v.tokens[i]) +
+        bad(g.path(), "tokenizer.ggml.tokens[" + std::to_string(i) + "] '" +
+                          printable_prefix(v.tokens[i]) +
                           "' has token_type byte but is not of the form <0xNN> (two hex digits)");
       }
     }
-    return std::make_unique<SpmTokenizer>(std::move(v), g.get_bool_or("tokenizer.ggml.add_space_prefix", true));
+    return std::make_unique<SpmTokenizer>(std::move(v),
+                                          g.get_bool_or("tokenizer.ggml.add_space_prefix", true));
   }
   if (model == "gpt2") {
     const std::string pre = g.get_string_or("tokenizer.ggml.pre", "gpt-2");
@@ -104,17 +114,20 @@ std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& g) {
       p.ignore_merges = true;
       p.kind = "gpt2/llama3";
     } else {
-      throw Error(ErrorKind::kUnsupported, g.path() + ": BPE pre-tokenizer '" + pre + "' is not supported (gpt-2, llama-bpe)");
+      throw Error(ErrorKind::kUnsupported, g.path() + ": BPE pre-tokenizer '" + pre +
+                                               "' is not supported (gpt-2, llama-bpe)");
     }
     for (const std::string& m : g.get_array("tokenizer.ggml.merges", GgufType::kString).strs) {
       // llama.cpp splits at the first space after the first byte.
       const size_t sp = m.find(' ', 1);
-      if (sp == std::string::npos) bad(g.path(), "tokenizer.ggml.merges entry '" + m + "' has no space");
+      if (sp == std::string::npos)
+        bad(g.path(), "tokenizer.ggml.merges entry '" + m + "' has no space");
       p.merges.emplace_back(m.substr(0, sp), m.substr(sp + 1));
     }
     return std::make_unique<BpeTokenizer>(gguf_vocabulary(g), std::move(p));
   }
-  throw Error(ErrorKind::kUnsupported, g.path() + ": tokenizer model '" + model + "' is not supported (llama, gpt2)");
+  throw Error(ErrorKind::kUnsupported,
+              g.path() + ": tokenizer model '" + model + "' is not supported (llama, gpt2)");
 }
 
 namespace {
@@ -167,24 +180,32 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int32_t llama
     throw Error(ErrorKind::kIo, path + ": no tokenizer.json in this folder");
   }
   if (path.starts_with("dummy:") && !fs::exists(path, ec))
-    throw Error(ErrorKind::kInvalidArgument,
-                path + ": the built-in dummy models have no tokenizer of their own (generate borrows llama.cpp's "
-                       "SentencePiece test vocabulary, vocab/ggml-vocab-llama-spm.gguf in the shared folder); "
-                       "pass a tokenizer file instead");
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        path +
+            ": the built-in dummy models have no tokenizer of their own (generate borrows "
+            "llama.cpp's "
+            "SentencePiece test vocabulary, vocab/ggml-vocab-llama-spm.gguf in the shared folder); "
+            "pass a tokenizer file instead");
   if (!fs::exists(path, ec)) throw Error(ErrorKind::kIo, path + ": no such file");
   if (has_gguf_magic(path)) return tokenizer_from_gguf(*GgufFile::open(path));
   if (path.ends_with(".json")) return load_hf_tokenizer(path);
   if (is_llama2c_checkpoint(path)) {
     const std::string tok = find_tokenizer_for_model(path);
     if (tok.empty()) {
-      throw Error(ErrorKind::kIo, path + ": a llama2.c checkpoint without tokenizer.bin or tok512.bin beside it");
+      throw Error(ErrorKind::kIo,
+                  path + ": a llama2.c checkpoint without tokenizer.bin or tok512.bin beside it");
     }
-    return std::make_unique<Llama2cTokenizer>(tok, static_cast<int32_t>(load_llama2c(path)->config().vocab_size));
+    return std::make_unique<Llama2cTokenizer>(
+        tok, static_cast<int32_t>(load_llama2c(path)->config().vocab_size));
   }
-  const int32_t n = llama2c_vocab_size > 0 ? llama2c_vocab_size : count_llama2c_tokenizer_entries(read_bytes(path));
+  const int32_t n = llama2c_vocab_size > 0 ? llama2c_vocab_size
+                                           : count_llama2c_tokenizer_entries(read_bytes(path));
   if (n <= 0) {
-    throw Error(ErrorKind::kFormat, path + ": not a tokenizer this loader knows (GGUF, tokenizer.json, a folder "
-                                           "with tokenizer.json, a llama2.c checkpoint or tokenizer.bin)");
+    throw Error(ErrorKind::kFormat,
+                path +
+                    ": not a tokenizer this loader knows (GGUF, tokenizer.json, a folder "
+                    "with tokenizer.json, a llama2.c checkpoint or tokenizer.bin)");
   }
   return std::make_unique<Llama2cTokenizer>(path, n);
 }

@@ -74,7 +74,8 @@ std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& gguf);
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& tokenizer_json_path);
 // The same from the texts of tokenizer.json and of tokenizer_config.json ("" when there is
 // none); `source` names the file in errors.
-std::unique_ptr<Tokenizer> parse_hf_tokenizer(const std::string& tokenizer_json, const std::string& tokenizer_config_json,
+std::unique_ptr<Tokenizer> parse_hf_tokenizer(const std::string& tokenizer_json,
+                                              const std::string& tokenizer_config_json,
                                               const std::string& source);
 
 }  // namespace kvcache

@@ -79,8 +79,9 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
       out.push_back(f.token);
       continue;
     }
-    const std::vector<std::string> words =
-        params_.pre == BpePreTokenizer::kGpt2 ? pretokenize_gpt2(f.text) : pretokenize_llama3(f.text);
+    const std::vector<std::string> words = params_.pre == BpePreTokenizer::kGpt2
+                                               ? pretokenize_gpt2(f.text)
+                                               : pretokenize_llama3(f.text);
     std::string encoded;
     for (const std::string& w : words) {
       encoded.clear();
@@ -95,8 +96,10 @@ std::string BpeTokenizer::decode_piece(int32_t, const std::string& t) const {
   std::string out;
   for (uint32_t cp : utf8_to_codepoints(t)) {
     const int b = unicode_to_byte(cp);
-    if (b >= 0) out.push_back(static_cast<char>(b));
-    else append_utf8(out, cp);  // not in the byte alphabet: keep the character
+    if (b >= 0)
+      out.push_back(static_cast<char>(b));
+    else
+      append_utf8(out, cp);  // not in the byte alphabet: keep the character
   }
   return out;
 }

@@ -19,10 +19,14 @@ int parse_byte_piece(std::string_view s) {
   for (size_t i = 3; i < s.size() && digits < 2; ++i, ++digits) {
     const char c = s[i];
     int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-    else break;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      d = c - 'A' + 10;
+    else
+      break;
     v = v * 16 + d;
   }
   return digits > 0 ? v : -1;
@@ -54,7 +58,8 @@ int32_t count_llama2c_tokenizer_entries(std::string_view b) {
 Llama2cTokenizer::Llama2cTokenizer(const std::string& path, int32_t vocab_size)
     : Llama2cTokenizer(path, read_file(path), vocab_size) {}
 
-Llama2cTokenizer::Llama2cTokenizer(const std::string& path, std::string_view bytes, int32_t vocab_size)
+Llama2cTokenizer::Llama2cTokenizer(const std::string& path, std::string_view bytes,
+                                   int32_t vocab_size)
     : path_(path) {
   if (vocab_size <= 0) {
     throw Error(ErrorKind::kInvalidArgument,
@@ -63,10 +68,11 @@ Llama2cTokenizer::Llama2cTokenizer(const std::string& path, std::string_view byt
   // Every entry takes at least its 8-byte score and length: a count the bytes cannot hold is
   // refused before the tables are allocated.
   if (bytes.size() < 4 || static_cast<uint64_t>(vocab_size) > (bytes.size() - 4) / 8) {
-    throw Error(ErrorKind::kFormat,
-                path + ": truncated llama2.c tokenizer: " + std::to_string(bytes.size()) +
-                    " bytes cannot hold " + std::to_string(vocab_size) +
-                    " entries of at least 8 bytes each (does the tokenizer match the model's vocabulary?)");
+    throw Error(
+        ErrorKind::kFormat,
+        path + ": truncated llama2.c tokenizer: " + std::to_string(bytes.size()) +
+            " bytes cannot hold " + std::to_string(vocab_size) +
+            " entries of at least 8 bytes each (does the tokenizer match the model's vocabulary?)");
   }
   size_t off = 0;
   auto read = [&](void* dst, size_t n, const std::string& what) {
@@ -94,9 +100,9 @@ Llama2cTokenizer::Llama2cTokenizer(const std::string& path, std::string_view byt
     int32_t len = 0;
     read(&len, 4, what + "'s length");
     if (len < 0 || len > max_len) {
-      throw Error(ErrorKind::kFormat, path + ": " + what + " has length " + std::to_string(len) +
-                                          ", outside [0, max_token_length=" +
-                                          std::to_string(max_len) + "]");
+      throw Error(ErrorKind::kFormat,
+                  path + ": " + what + " has length " + std::to_string(len) +
+                      ", outside [0, max_token_length=" + std::to_string(max_len) + "]");
     }
     std::string piece(static_cast<size_t>(len), '\0');
     read(piece.data(), static_cast<size_t>(len), what + "'s bytes");
@@ -129,13 +135,17 @@ const std::string& Llama2cTokenizer::checked(int32_t id) const {
   return pieces_[static_cast<size_t>(id)];
 }
 
-const std::string& Llama2cTokenizer::token_text(int32_t id) const { return checked(id); }
+const std::string& Llama2cTokenizer::token_text(int32_t id) const {
+  return checked(id);
+}
 float Llama2cTokenizer::score(int32_t id) const {
   checked(id);
   return scores_[static_cast<size_t>(id)];
 }
 
-std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text) const { return encode(text, nullptr); }
+std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text) const {
+  return encode(text, nullptr);
+}
 
 namespace {
 
@@ -244,7 +254,8 @@ std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text, EncodeCount
   // Node 0 is never retired (it is nobody's right neighbour): the list starts there.
   std::vector<int32_t> out;
   out.reserve(static_cast<size_t>(count - n.merges));
-  for (int32_t i = 0; i >= 0; i = next[static_cast<size_t>(i)]) out.push_back(ids[static_cast<size_t>(i)]);
+  for (int32_t i = 0; i >= 0; i = next[static_cast<size_t>(i)])
+    out.push_back(ids[static_cast<size_t>(i)]);
   return out;
 }
 

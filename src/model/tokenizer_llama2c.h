@@ -33,7 +33,7 @@ class Llama2cTokenizer final : public Tokenizer {
   std::vector<int32_t> encode(std::string_view text) const override;
   // What one encode did, so that tests can bound its cost without a clock.
   struct EncodeCounts {
-    int64_t symbols = 0;       // tokens before merging: the space piece, code points, fallback bytes
+    int64_t symbols = 0;  // tokens before merging: the space piece, code points, fallback bytes
     int64_t pair_lookups = 0;  // vocabulary lookups of a merged pair
     int64_t merges = 0;
   };
@@ -61,8 +61,8 @@ class Llama2cTokenizer final : public Tokenizer {
   std::vector<std::string> pieces_;  // [vocab] as stored (up to a NUL, as run.c's C strings)
   std::vector<float> scores_;        // [vocab]
   std::unordered_map<std::string_view, int32_t> index_;  // piece -> lowest id with that piece
-  int32_t byte_ids_[256];            // <0xNN> -> id (llama2.c assumes 3 + NN)
-  int32_t space_id_ = -1;            // the " " piece prepended to non-empty text
+  int32_t byte_ids_[256];                                // <0xNN> -> id (llama2.c assumes 3 + NN)
+  int32_t space_id_ = -1;  // the " " piece prepended to non-empty text
 };
 
 }  // namespace kvcache

@@ -16,8 +16,10 @@ std::string escape_spaces(std::string_view s) {
   std::string out;
   out.reserve(s.size() + 16);
   for (char c : s) {
-    if (c == ' ') out += kSpaceMarker;
-    else out.push_back(c);
+    if (c == ' ')
+      out += kSpaceMarker;
+    else
+      out.push_back(c);
   }
   return out;
 }
@@ -78,8 +80,10 @@ SpmTokenizer::SpmTokenizer(Vocabulary vocab, bool add_space_prefix)
 void SpmTokenizer::push_bytes(std::string_view piece, std::vector<int32_t>& out) const {
   for (char c : piece) {
     const int32_t id = byte_tokens_[static_cast<unsigned char>(c)];
-    if (id >= 0) out.push_back(id);
-    else if (vocab_.unk >= 0) out.push_back(vocab_.unk);  // a vocabulary without byte fallback
+    if (id >= 0)
+      out.push_back(id);
+    else if (vocab_.unk >= 0)
+      out.push_back(vocab_.unk);  // a vocabulary without byte fallback
   }
 }
 
@@ -90,8 +94,9 @@ void SpmTokenizer::encode_run(const std::string& text, std::vector<int32_t>& out
   merge_symbol_pairs<Bigram, BigramLess>(
       sym,
       [&](int left, int right) -> std::optional<Bigram> {
-        const std::string_view merged(sym[static_cast<size_t>(left)].text,
-                                      sym[static_cast<size_t>(left)].n + sym[static_cast<size_t>(right)].n);
+        const std::string_view merged(
+            sym[static_cast<size_t>(left)].text,
+            sym[static_cast<size_t>(left)].n + sym[static_cast<size_t>(right)].n);
         const int32_t id = vocab_.find(merged);
         if (id < 0) return std::nullopt;
         rev_merge[std::string(merged)] = {left, right};
@@ -142,7 +147,8 @@ std::string SpmTokenizer::decode_piece(int32_t id, const std::string& t) const {
     case TokenType::kUnknown:
       return "\xE2\x96\x85";  // U+2585, llama.cpp's rendering of <unk>
     case TokenType::kByte:
-      if (const int b = spm_byte_token_value(t); b >= 0) return std::string(1, static_cast<char>(b));
+      if (const int b = spm_byte_token_value(t); b >= 0)
+        return std::string(1, static_cast<char>(b));
       return t;  // loaders refuse such vocabularies; a hand-built one decodes the text as is
     default:
       return unescape_spaces(t);

@@ -32,8 +32,8 @@ UnicodeClass unicode_class(uint32_t cp) {
 bool unicode_is_whitespace(uint32_t cp) {
   // PropList.txt White_Space (stable since Unicode 6.3).
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
-         cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000;
 }
 
 size_t utf8_sequence_length(unsigned char lead) {
@@ -44,11 +44,15 @@ size_t utf8_sequence_length(unsigned char lead) {
 std::vector<uint32_t> utf8_to_codepoints(std::string_view s) {
   std::vector<uint32_t> out;
   out.reserve(s.size());
-  auto cont = [&](size_t i) { return i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80; };
+  auto cont = [&](size_t i) {
+    return i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80;
+  };
   size_t i = 0;
   while (i < s.size()) {
     const auto b = static_cast<unsigned char>(s[i]);
-    auto at = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(s[i + k]) & 0x3F); };
+    auto at = [&](size_t k) {
+      return static_cast<uint32_t>(static_cast<unsigned char>(s[i + k]) & 0x3F);
+    };
     if (b < 0x80) {
       out.push_back(b);
       i += 1;
@@ -115,7 +119,9 @@ std::vector<std::string> pieces(const Cpts& c, const std::vector<size_t>& ends) 
   return out;
 }
 
-uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
+uint32_t ascii_lower(uint32_t c) {
+  return (c >= 'A' && c <= 'Z') ? c + 32 : c;
+}
 
 // Length of a contraction ('s 't 'm 'd 're 've 'll) at pos, 0 if none.
 size_t contraction(const Cpts& c, size_t pos, bool fold_case) {
@@ -250,7 +256,8 @@ struct ByteMaps {
     to_byte.fill(-1);
     uint32_t next = 256;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       to_cp[static_cast<size_t>(b)] = printable ? static_cast<uint32_t>(b) : next++;
       to_byte[to_cp[static_cast<size_t>(b)]] = static_cast<int16_t>(b);
     }
@@ -262,7 +269,11 @@ const ByteMaps& byte_maps() {
 }
 }  // namespace
 
-uint32_t byte_to_unicode(uint8_t b) { return byte_maps().to_cp[b]; }
-int unicode_to_byte(uint32_t cp) { return cp < 512 ? byte_maps().to_byte[cp] : -1; }
+uint32_t byte_to_unicode(uint8_t b) {
+  return byte_maps().to_cp[b];
+}
+int unicode_to_byte(uint32_t cp) {
+  return cp < 512 ? byte_maps().to_byte[cp] : -1;
+}
 
 }  // namespace kvcache

@@ -41,7 +41,8 @@ void append_utf8(std::string& out, uint32_t cp);
 // back as U+FFFD, as in llama.cpp). Concatenating the pieces gives that re-encoded text.
 std::vector<std::string> pretokenize_gpt2(std::string_view text);
 // Llama 3's regex
-//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+//   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 // (ASCII case folding for the contractions).
 std::vector<std::string> pretokenize_llama3(std::string_view text);
 

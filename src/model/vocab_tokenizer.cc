@@ -4,11 +4,14 @@
 
 namespace kvcache {
 
-VocabTokenizer::VocabTokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) { vocab_.build_index(); }
+VocabTokenizer::VocabTokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
+  vocab_.build_index();
+}
 
 const std::string& VocabTokenizer::token_text(int32_t id) const {
   if (id < 0 || id >= vocab_.size()) {
-    throw Error(ErrorKind::kInvalidArgument, "token id " + std::to_string(id) + " is outside the vocabulary of " +
+    throw Error(ErrorKind::kInvalidArgument, "token id " + std::to_string(id) +
+                                                 " is outside the vocabulary of " +
                                                  std::to_string(vocab_.size()));
   }
   return vocab_.tokens[static_cast<size_t>(id)];

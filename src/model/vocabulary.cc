@@ -12,7 +12,8 @@ void Vocabulary::build_index() {
   user_defined_.clear();
   for (size_t i = 0; i < tokens.size(); ++i) {
     index_[tokens[i]] = static_cast<int32_t>(i);
-    if (types[i] == TokenType::kUserDefined && !tokens[i].empty()) user_defined_.push_back(static_cast<int32_t>(i));
+    if (types[i] == TokenType::kUserDefined && !tokens[i].empty())
+      user_defined_.push_back(static_cast<int32_t>(i));
   }
   std::stable_sort(user_defined_.begin(), user_defined_.end(), [&](int32_t a, int32_t b) {
     return tokens[static_cast<size_t>(a)].size() > tokens[static_cast<size_t>(b)].size();

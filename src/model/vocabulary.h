@@ -18,7 +18,7 @@ enum class TokenType : uint8_t {
   kControl = 3,      // BOS, EOS, <|endoftext|>: never produced from text, decode to ""
   kUserDefined = 4,  // added tokens matched verbatim in text before the BPE runs
   kUnused = 5,
-  kByte = 6,         // SentencePiece byte-fallback tokens <0xNN>
+  kByte = 6,  // SentencePiece byte-fallback tokens <0xNN>
 };
 
 struct StringHash {

@@ -14,9 +14,15 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
                 "hf_weight_specs: " + c.architecture + " files use the canonical llama names");
   }
   std::vector<WeightSpec> out;
-  auto matrix = [&](const std::string& name, Shape s) { out.push_back({name, s, true, WeightRole::kMatrix}); };
-  auto norm = [&](const std::string& name, int64_t n) { out.push_back({name, Shape{n}, false, WeightRole::kNorm}); };
-  auto bias = [&](const std::string& name, Shape s) { out.push_back({name, s, false, WeightRole::kBias}); };
+  auto matrix = [&](const std::string& name, Shape s) {
+    out.push_back({name, s, true, WeightRole::kMatrix});
+  };
+  auto norm = [&](const std::string& name, int64_t n) {
+    out.push_back({name, Shape{n}, false, WeightRole::kNorm});
+  };
+  auto bias = [&](const std::string& name, Shape s) {
+    out.push_back({name, s, false, WeightRole::kBias});
+  };
   const int64_t dim = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim;
   matrix("model.embed_tokens.weight", {c.vocab_size, dim});
   const Gemma3nConfig& g = c.gemma3n;
@@ -38,7 +44,7 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
       // Gemma3nTextDecoderLayer: AltUp, Laurel, per-layer input gate/projection, q/k norms.
       const int64_t A = g.altup_num_inputs, P = g.hidden_size_per_layer_input;
       bias(L("altup.correct_output_scale"), {dim});
-      bias(L("altup.correction_coefs.weight"), {A, A});      // tiny: read as f32
+      bias(L("altup.correction_coefs.weight"), {A, A});  // tiny: read as f32
       bias(L("altup.prediction_coefs.weight"), {A * A, A});
       matrix(L("altup.modality_router.weight"), {A, dim});
       norm(L("altup.router_norm.weight"), dim);
@@ -66,7 +72,8 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
       }
       matrix(L("self_attn.kv_a_proj_with_mqa.weight"), {m.kv_lora_rank + m.qk_rope_head_dim, dim});
       norm(L("self_attn.kv_a_layernorm.weight"), m.kv_lora_rank);
-      matrix(L("self_attn.kv_b_proj.weight"), {H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
+      matrix(L("self_attn.kv_b_proj.weight"),
+             {H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
       matrix(L("self_attn.o_proj.weight"), {dim, H * m.v_head_dim});
     } else {
       matrix(L("self_attn.q_proj.weight"), {H * D, dim});
@@ -88,7 +95,8 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
     }
     const MoeConfig& moe = c.moe;
     if (!moe.is_moe_layer(l)) {
-      const int64_t I = g.intermediate_sizes.empty() ? c.hidden_dim : g.intermediate_sizes[static_cast<size_t>(l)];
+      const int64_t I = g.intermediate_sizes.empty() ? c.hidden_dim
+                                                     : g.intermediate_sizes[static_cast<size_t>(l)];
       matrix(L("mlp.gate_proj.weight"), {I, dim});
       matrix(L("mlp.up_proj.weight"), {I, dim});
       matrix(L("mlp.down_proj.weight"), {dim, I});

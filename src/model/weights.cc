@@ -9,8 +9,8 @@ namespace kvcache {
 TensorView Weights::matrix(const std::string& name) const {
   const TensorView& t = file_.tensor(name);
   if (t.ndim() >= 2 && t.dtype() == DType::kQ8_0 && t.dim(t.ndim() - 1) % 32 != 0) {
-    throw Error(ErrorKind::kFormat,
-                file_.path() + ": tensor '" + name + "' is q8_0 with a row length not a multiple of 32");
+    throw Error(ErrorKind::kFormat, file_.path() + ": tensor '" + name +
+                                        "' is q8_0 with a row length not a multiple of 32");
   }
   return t;
 }

@@ -52,7 +52,8 @@ class Workspace {
 
   size_t bytes() const;  // everything allocated, self-sized buffers included
   // What bytes() is after reserve(rows) for these kinds (self-sized buffers not counted).
-  static size_t bytes_for(const ModelConfig& config, std::span<const ScratchKind* const> kinds, int64_t rows);
+  static size_t bytes_for(const ModelConfig& config, std::span<const ScratchKind* const> kinds,
+                          int64_t rows);
 
  private:
   struct Part {

@@ -1,7 +1,7 @@
 #include "runtime/bench.h"
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <ctime>
 
@@ -46,8 +46,10 @@ std::string BenchResult::name() const {
   return s;
 }
 
-std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& config, const BenchParams& params) {
-  if (params.repetitions <= 0) throw Error(ErrorKind::kInvalidArgument, "bench: -r must be positive");
+std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& config,
+                                   const BenchParams& params) {
+  if (params.repetitions <= 0)
+    throw Error(ErrorKind::kInvalidArgument, "bench: -r must be positive");
   const int64_t vocab = model.config().vocab_size, ctx = model.config().max_seq_len;
   struct Test {
     int64_t pp, tg;
@@ -55,8 +57,9 @@ std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& conf
   const auto check = [](const std::vector<int64_t>& v, const char* flag, const char* zero) {
     for (const int64_t x : v)
       if (x < 0)
-        throw Error(ErrorKind::kInvalidArgument, std::string("bench: ") + flag + " " + std::to_string(x) +
-                                                     ": token counts must be >= 0 (0: " + zero + ")");
+        throw Error(ErrorKind::kInvalidArgument,
+                    std::string("bench: ") + flag + " " + std::to_string(x) +
+                        ": token counts must be >= 0 (0: " + zero + ")");
   };
   check(params.n_prompt, "-p", "no prompt test");
   check(params.n_gen, "-n", "no generation test");
@@ -67,15 +70,17 @@ std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& conf
   for (int64_t g : params.n_gen)
     if (g > 0) tests.push_back({0, g});
   if (tests.empty() || params.depths.empty())
-    throw Error(ErrorKind::kInvalidArgument, "bench: nothing to measure: give a positive -p or -n, and a -d");
+    throw Error(ErrorKind::kInvalidArgument,
+                "bench: nothing to measure: give a positive -p or -n, and a -d");
   std::vector<BenchResult> out;
   uint64_t rng = params.seed;
   for (int64_t depth : params.depths) {
     for (const Test& t : tests) {
       const int64_t need = depth + t.pp + t.tg;
       if (need > ctx) {
-        throw Error(ErrorKind::kInvalidArgument, "bench: depth " + std::to_string(depth) + " + test " +
-                                                     std::to_string(t.pp + t.tg) + " tokens exceed the model's context " +
+        throw Error(ErrorKind::kInvalidArgument, "bench: depth " + std::to_string(depth) +
+                                                     " + test " + std::to_string(t.pp + t.tg) +
+                                                     " tokens exceed the model's context " +
                                                      std::to_string(ctx));
       }
       SessionConfig sc = config;
@@ -99,21 +104,24 @@ std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& conf
       r.n_gen = t.tg;
       r.n_depth = depth;
       r.n_threads = default_pool().n_threads();
-      const std::vector<int32_t> ctx_tokens = random_tokens(std::max<int64_t>(depth, 1), vocab, rng);
+      const std::vector<int32_t> ctx_tokens =
+          random_tokens(std::max<int64_t>(depth, 1), vocab, rng);
       const std::vector<int32_t> test_tokens = random_tokens(std::max(t.pp, t.tg), vocab, rng);
       for (int rep = -1; rep < params.repetitions; ++rep) {  // rep -1: warm-up, not recorded
         s.reset();
         // The warm-up runs its few tokens on an empty cache: it is there to touch the code
         // and the weights, and refilling a 16K depth only for it doubled the cost of a run.
         if (depth > 0 && rep >= 0) s.prefill({ctx_tokens.data(), static_cast<size_t>(depth)});
-        const int64_t n = rep < 0 ? std::min<int64_t>(std::max(t.pp, t.tg), 4) : std::max(t.pp, t.tg);
+        const int64_t n =
+            rep < 0 ? std::min<int64_t>(std::max(t.pp, t.tg), 4) : std::max(t.pp, t.tg);
         const auto t0 = std::chrono::steady_clock::now();
         if (t.pp > 0) {
           s.prefill({test_tokens.data(), static_cast<size_t>(n)});
         } else {
           for (int64_t i = 0; i < n; ++i) s.decode(test_tokens[static_cast<size_t>(i)]);
         }
-        const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+        const double ns =
+            std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
         if (rep < 0) continue;
         r.samples_ns.push_back(ns);
         r.samples_ts.push_back(static_cast<double>(n) * 1e9 / ns);
@@ -131,12 +139,15 @@ PrefixReuseResult run_prefix_reuse_bench(const Model& model, const SessionConfig
   if (config.cache.implementation != "paged")
     throw Error(ErrorKind::kInvalidArgument, "bench --prefix-reuse needs --cache paged (got '" +
                                                  config.cache.implementation + "')");
-  if (params.repetitions <= 0) throw Error(ErrorKind::kInvalidArgument, "bench: -r must be positive");
+  if (params.repetitions <= 0)
+    throw Error(ErrorKind::kInvalidArgument, "bench: -r must be positive");
   if (params.n_prompt < 2 || params.n_prompt > model.config().max_seq_len)
-    throw Error(ErrorKind::kInvalidArgument, "bench --prefix-reuse: prompt length " + std::to_string(params.n_prompt) +
-                                                 " must be in [2, " + std::to_string(model.config().max_seq_len) + "]");
+    throw Error(ErrorKind::kInvalidArgument,
+                "bench --prefix-reuse: prompt length " + std::to_string(params.n_prompt) +
+                    " must be in [2, " + std::to_string(model.config().max_seq_len) + "]");
   if (!(params.shared_fraction >= 0 && params.shared_fraction <= 1))
-    throw Error(ErrorKind::kInvalidArgument, "bench --prefix-reuse: the shared fraction must be in [0, 1]");
+    throw Error(ErrorKind::kInvalidArgument,
+                "bench --prefix-reuse: the shared fraction must be in [0, 1]");
   const int64_t n = params.n_prompt, vocab = model.config().vocab_size;
   const auto shared = static_cast<int64_t>(static_cast<double>(n) * params.shared_fraction);
   SessionConfig sc = config;
@@ -189,7 +200,8 @@ PrefixReuseResult run_prefix_reuse_bench(const Model& model, const SessionConfig
     c0 = cpu_ms();
     t0 = Clock::now();
     const int64_t m = s.reuse_prefix(prompt_b);
-    const std::span<const float> logits = s.prefill(std::span<const int32_t>(prompt_b).subspan(static_cast<size_t>(m)));
+    const std::span<const float> logits =
+        s.prefill(std::span<const int32_t>(prompt_b).subspan(static_cast<size_t>(m)));
     const double cached_ms = ms_since(t0), cached_cpu = cpu_ms() - c0;
     r.n_cached = m;
     if (rep < 0) continue;
@@ -207,8 +219,10 @@ PrefixReuseResult run_prefix_reuse_bench(const Model& model, const SessionConfig
   for (int g = 0; g < s.paged_store()->num_groups(); ++g) s.paged_store()->pool(g).clear_index();
   const std::span<const float> ref = s.prefill(prompt_b);
   for (size_t i = 0; i < ref.size(); ++i)
-    r.max_abs_logit_diff = std::max(r.max_abs_logit_diff, static_cast<double>(std::fabs(ref[i] - cached_logits[i])));
-  for (size_t i = 0; i < r.cold_ms.size(); ++i) r.ttft_cold_ms += r.cold_ms[i], r.ttft_cached_ms += r.cached_ms[i];
+    r.max_abs_logit_diff =
+        std::max(r.max_abs_logit_diff, static_cast<double>(std::fabs(ref[i] - cached_logits[i])));
+  for (size_t i = 0; i < r.cold_ms.size(); ++i)
+    r.ttft_cold_ms += r.cold_ms[i], r.ttft_cached_ms += r.cached_ms[i];
   r.ttft_cold_ms /= static_cast<double>(r.cold_ms.size());
   r.ttft_cached_ms /= static_cast<double>(r.cached_ms.size());
   r.speedup = r.ttft_cold_ms / r.ttft_cached_ms;
@@ -223,7 +237,8 @@ PrefixReuseResult run_prefix_reuse_bench(const Model& model, const SessionConfig
   std::vector<double> pairs;
   for (size_t i = 0; i < r.cold_ms.size(); ++i) pairs.push_back(r.cold_ms[i] / r.cached_ms[i]);
   r.speedup_paired = median(pairs);
-  for (size_t i = 0; i < r.cold_cpu_ms.size(); ++i) r.ttft_cold_cpu_ms += r.cold_cpu_ms[i], r.ttft_cached_cpu_ms += r.cached_cpu_ms[i];
+  for (size_t i = 0; i < r.cold_cpu_ms.size(); ++i)
+    r.ttft_cold_cpu_ms += r.cold_cpu_ms[i], r.ttft_cached_cpu_ms += r.cached_cpu_ms[i];
   r.ttft_cold_cpu_ms /= static_cast<double>(r.cold_cpu_ms.size());
   r.ttft_cached_cpu_ms /= static_cast<double>(r.cached_cpu_ms.size());
   r.speedup_cpu = r.ttft_cold_cpu_ms / r.ttft_cached_cpu_ms;

@@ -28,7 +28,7 @@ struct BenchResult {
   int n_threads = 0;
   std::vector<double> samples_ns, samples_ts;
   double avg_ns = 0, stddev_ns = 0, avg_ts = 0, stddev_ts = 0;
-  size_t kv_bytes = 0;  // resident KV bytes at the end of the test
+  size_t kv_bytes = 0;       // resident KV bytes at the end of the test
   std::string name() const;  // "pp512", "tg128", "pp512 @ d4096"
 };
 
@@ -47,8 +47,8 @@ struct PrefixReuseParams {
 struct PrefixReuseResult {
   std::string cache, kernel, kv_dtype;
   int64_t n_prompt = 0;
-  int64_t n_shared = 0;   // tokens the two prompts have in common
-  int64_t n_cached = 0;   // tokens actually reused (last token excluded)
+  int64_t n_shared = 0;  // tokens the two prompts have in common
+  int64_t n_cached = 0;  // tokens actually reused (last token excluded)
   int64_t block_tokens = 0;
   int n_threads = 0;
   std::vector<double> cold_ms, cached_ms;
@@ -75,6 +75,7 @@ PrefixReuseResult run_prefix_reuse_bench(const Model& model, const SessionConfig
 
 // Runs every (test, depth) pair with `config` (static caches are sized to depth + test).
 // Throws Error when a test does not fit the model's context.
-std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& config, const BenchParams& params);
+std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& config,
+                                   const BenchParams& params);
 
 }  // namespace kvcache

@@ -14,8 +14,9 @@ namespace kvcache {
 std::vector<ContainerRow> container_report(const Model& model, const ContainerReportParams& p) {
   const ModelConfig& c = model.config();
   if (p.prompt_tokens <= 0 || p.new_tokens <= 0 || p.prompt_tokens + p.new_tokens > c.max_seq_len) {
-    throw Error(ErrorKind::kInvalidArgument, "container report: prompt + new tokens must fit the context (" +
-                                                 std::to_string(c.max_seq_len) + ")");
+    throw Error(ErrorKind::kInvalidArgument,
+                "container report: prompt + new tokens must fit the context (" +
+                    std::to_string(c.max_seq_len) + ")");
   }
   // Implementations that have a container for every layer type of this model.
   std::vector<std::string> caches = p.caches;
@@ -41,7 +42,8 @@ std::vector<ContainerRow> container_report(const Model& model, const ContainerRe
   for (DType dt : p.kv_dtypes) {
     // "+window": every layer made sliding with a window covering the whole run.
     std::vector<std::string> variants = caches;
-    if (LayerRegistry::contains("dynamic", "sliding_attention")) variants.push_back("dynamic+window");
+    if (LayerRegistry::contains("dynamic", "sliding_attention"))
+      variants.push_back("dynamic+window");
     for (const std::string& name : variants) {
       SessionConfig sc;
       sc.cache.implementation = name == "dynamic+window" ? "dynamic" : name;
@@ -79,8 +81,9 @@ std::vector<ContainerRow> container_report(const Model& model, const ContainerRe
       r.tolerance = verify_tolerance_for(dt);
       for (int64_t i = 0; i < p.new_tokens; ++i) {
         const size_t row = static_cast<size_t>(p.prompt_tokens - 1 + i);
-        r.max_rel_diff = std::max(r.max_rel_diff, max_rel_diff({step_logits.data() + i * vocab, vocab},
-                                                               all.subspan(row * vocab, vocab)));
+        r.max_rel_diff = std::max(
+            r.max_rel_diff,
+            max_rel_diff({step_logits.data() + i * vocab, vocab}, all.subspan(row * vocab, vocab)));
       }
       const std::vector<int32_t> ids(seq.begin() + p.prompt_tokens, seq.end());
       auto [it, inserted] = first_ids.emplace(dt, ids);

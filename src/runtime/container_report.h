@@ -15,8 +15,8 @@
 namespace kvcache {
 
 struct ContainerReportParams {
-  int64_t prompt_tokens = 32;  // seeded random ids
-  int64_t new_tokens = 64;     // greedy decode steps
+  int64_t prompt_tokens = 32;       // seeded random ids
+  int64_t new_tokens = 64;          // greedy decode steps
   std::vector<std::string> caches;  // empty: every implementation registered for the layer types
   std::vector<DType> kv_dtypes = {DType::kF32, DType::kF16, DType::kBF16};
   std::string kernel = "fused";
@@ -24,7 +24,7 @@ struct ContainerReportParams {
 };
 
 struct ContainerRow {
-  std::string cache;    // implementation ("dynamic", "static", "dynamic+window")
+  std::string cache;  // implementation ("dynamic", "static", "dynamic+window")
   DType kv_dtype = DType::kF32;
   int64_t tokens = 0;   // positions in the cache at the end
   size_t kv_bytes = 0;  // resident at the end

@@ -40,7 +40,8 @@ size_t incomplete_utf8_tail(const std::string& s) {
 
 // An exception's message for a client: what failed, not the C++ type.
 std::string describe(const std::exception& e) {
-  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) return "out of memory (" + std::string(e.what()) + ")";
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr)
+    return "out of memory (" + std::string(e.what()) + ")";
   return e.what();
 }
 
@@ -59,11 +60,16 @@ std::string logprob_piece(const Tokenizer* tokenizer, int32_t token) {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
   }
   return "none";
 }
@@ -74,13 +80,13 @@ struct Engine::Seq {
   Request* req = nullptr;
   int32_t index = 0;
   SeqState state = SeqState::kWaiting;
-  SeqId sid = -1;                // store sequence while resident
-  std::vector<int32_t> tokens;   // prompt + generated (the last one not yet fed)
-  int64_t computed = 0;          // tokens whose K/V are in the cache
-  uint64_t admit_order = 0;      // larger: admitted later (preempted first)
+  SeqId sid = -1;               // store sequence while resident
+  std::vector<int32_t> tokens;  // prompt + generated (the last one not yet fed)
+  int64_t computed = 0;         // tokens whose K/V are in the cache
+  uint64_t admit_order = 0;     // larger: admitted later (preempted first)
   std::unique_ptr<Sampler> sampler;
-  size_t sent = 0;               // bytes of out.text already streamed
-  bool reported = false;         // an event of this sample went out
+  size_t sent = 0;        // bytes of out.text already streamed
+  bool reported = false;  // an event of this sample went out
   SampleOutput* out = nullptr;
   int64_t needs() const { return static_cast<int64_t>(tokens.size()) - computed; }
   bool scores_prompt() const;  // computes the prompt's logprobs (never from the prefix cache)
@@ -101,7 +107,9 @@ struct Engine::Request {
 
 // The first sample scores the prompt; the other samples share what it computed (or, when a
 // fork found no block, recompute it from the cache like any request).
-bool Engine::Seq::scores_prompt() const { return index == 0 && req->params.prompt_logprobs >= 0; }
+bool Engine::Seq::scores_prompt() const {
+  return index == 0 && req->params.prompt_logprobs >= 0;
+}
 
 Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config)
     : model_(model), tokenizer_(tokenizer), config_(config) {
@@ -118,9 +126,11 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
                 "cache.max_batch_size 0");
   if (!is_paged_attention_kernel(config_.kernel)) {
     std::string names;
-    for (const std::string& k : paged_attention_kernel_names()) names += (names.empty() ? "" : ", ") + k;
-    throw Error(ErrorKind::kInvalidArgument, "engine: the attention kernel '" + config_.kernel +
-                                                 "' cannot read paged KV blocks; the paged kernels are " + names);
+    for (const std::string& k : paged_attention_kernel_names())
+      names += (names.empty() ? "" : ", ") + k;
+    throw Error(ErrorKind::kInvalidArgument,
+                "engine: the attention kernel '" + config_.kernel +
+                    "' cannot read paged KV blocks; the paged kernels are " + names);
   }
   PagedPlanOptions po;
   po.budget_bytes = config_.kv_budget_bytes;
@@ -156,12 +166,15 @@ Engine::~Engine() = default;
 
 uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
   const int64_t vocab = model_.config().vocab_size;
-  if (params.prompt.empty()) throw Error(ErrorKind::kInvalidArgument, "request: the prompt is empty");
+  if (params.prompt.empty())
+    throw Error(ErrorKind::kInvalidArgument, "request: the prompt is empty");
   for (int32_t id : params.prompt)
     if (id < 0 || id >= vocab)
       throw Error(ErrorKind::kInvalidArgument, "request: prompt token id " + std::to_string(id) +
-                                                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-  if (params.max_tokens < 0) throw Error(ErrorKind::kInvalidArgument, "request: max_tokens must be >= 0");
+                                                   " is outside the vocabulary [0, " +
+                                                   std::to_string(vocab) + ")");
+  if (params.max_tokens < 0)
+    throw Error(ErrorKind::kInvalidArgument, "request: max_tokens must be >= 0");
   if (params.n < 1 || params.n > config_.max_running)
     throw Error(ErrorKind::kInvalidArgument,
                 "request: n must be in [1, " + std::to_string(config_.max_running) + "]");
@@ -169,16 +182,18 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
   if (static_cast<int64_t>(params.prompt.size()) > max_context_ ||
       params.max_tokens > max_context_ - static_cast<int64_t>(params.prompt.size()))
     throw Error(ErrorKind::kInvalidArgument,
-                "request: prompt (" + std::to_string(params.prompt.size()) + " tokens) + max_tokens (" +
-                    std::to_string(params.max_tokens) + ") exceeds the context of " + std::to_string(max_context_) +
+                "request: prompt (" + std::to_string(params.prompt.size()) +
+                    " tokens) + max_tokens (" + std::to_string(params.max_tokens) +
+                    ") exceeds the context of " + std::to_string(max_context_) +
                     " tokens; shorten the prompt or lower max_tokens");
   if (params.logprobs < -1 || params.logprobs > kMaxTopLogprobs)
-    throw Error(ErrorKind::kInvalidArgument, "request: logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) +
-                                                 "] (or -1: none), got " + std::to_string(params.logprobs));
+    throw Error(ErrorKind::kInvalidArgument,
+                "request: logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) +
+                    "] (or -1: none), got " + std::to_string(params.logprobs));
   if (params.prompt_logprobs < -1 || params.prompt_logprobs > kMaxTopLogprobs)
-    throw Error(ErrorKind::kInvalidArgument, "request: prompt_logprobs must be in [0, " +
-                                                 std::to_string(kMaxTopLogprobs) + "] (or -1: none), got " +
-                                                 std::to_string(params.prompt_logprobs));
+    throw Error(ErrorKind::kInvalidArgument,
+                "request: prompt_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) +
+                    "] (or -1: none), got " + std::to_string(params.prompt_logprobs));
   if (!params.stop_strings.empty() && tokenizer_ == nullptr)
     throw Error(ErrorKind::kInvalidArgument, "request: stop strings need a tokenizer");
   for (const std::string& s : params.stop_strings)
@@ -232,7 +247,9 @@ void Engine::wait_for_work(double seconds) {
                [&] { return !inbox_.empty() || !cancels_.empty() || !requests_.empty(); });
 }
 
-void Engine::notify() { cv_.notify_all(); }
+void Engine::notify() {
+  cv_.notify_all();
+}
 
 void Engine::drain_inbox() {
   std::vector<std::unique_ptr<Request>> incoming;
@@ -313,12 +330,14 @@ bool Engine::forward_chunk(Seq& s, int64_t n) {
       const int32_t k = s.req->params.prompt_logprobs;
       for (int64_t j = 0; j < n && s.computed + j + 1 < prompt_size; ++j) {
         const auto at = static_cast<size_t>(s.computed + j);
-        out[at] = named_logprob(logits.subspan(static_cast<size_t>(j) * V, V), s.req->params.prompt[at + 1], k);
+        out[at] = named_logprob(logits.subspan(static_cast<size_t>(j) * V, V),
+                                s.req->params.prompt[at + 1], k);
       }
       if (s.computed + n >= prompt_size - 1)  // scored whole: the samples' first events carry it
         s.req->prompt_scores = std::make_shared<const std::vector<TokenLogprob>>(out);
     } catch (const std::exception& e) {
-      fail_request(*s.req, RequestErrorKind::kEngine, std::string("scoring the prompt failed: ") + describe(e));
+      fail_request(*s.req, RequestErrorKind::kEngine,
+                   std::string("scoring the prompt failed: ") + describe(e));
       check_after_failure("scoring a prompt");
       return true;  // the forward itself went through
     }
@@ -329,7 +348,8 @@ bool Engine::forward_chunk(Seq& s, int64_t n) {
   return true;
 }
 
-bool Engine::forward_contained(const ForwardParams& p, std::span<Seq* const> seqs, std::span<const float>& logits) {
+bool Engine::forward_contained(const ForwardParams& p, std::span<Seq* const> seqs,
+                               std::span<const float>& logits) {
   try {
     logits = forward_->forward(p);
   } catch (const std::exception& e) {
@@ -343,7 +363,8 @@ bool Engine::forward_contained(const ForwardParams& p, std::span<Seq* const> seq
       if (std::find(reqs.begin(), reqs.end(), s->req) == reqs.end()) reqs.push_back(s->req);
     const std::string message = "the model's forward (" + std::to_string(p.batch) + " x " +
                                 std::to_string(p.n_tokens) + " tokens) failed: " + why;
-    std::fprintf(stderr, "kvcache engine: %s; failing %zu request(s)\n", message.c_str(), reqs.size());
+    std::fprintf(stderr, "kvcache engine: %s; failing %zu request(s)\n", message.c_str(),
+                 reqs.size());
     for (Request* r : reqs) fail_request(*r, RequestErrorKind::kEngine, message);
     check_after_failure("a failed forward");
     return false;
@@ -358,7 +379,8 @@ void Engine::sample_contained(Seq& s, std::span<const float> logits) {
   try {
     after_logits(s, logits);
   } catch (const std::exception& e) {
-    fail_request(*s.req, RequestErrorKind::kEngine, std::string("sampling or detokenizing failed: ") + describe(e));
+    fail_request(*s.req, RequestErrorKind::kEngine,
+                 std::string("sampling or detokenizing failed: ") + describe(e));
     check_after_failure("a failed sample");
   }
 }
@@ -391,7 +413,8 @@ void Engine::invoke_callback(Request& r, const StreamEvent& ev) {
 void Engine::run_decodes(int64_t& budget) {
   step_seqs_.clear();
   for (Seq* s : running_)
-    if (s->needs() == 1 && static_cast<int64_t>(step_seqs_.size()) < budget) step_seqs_.push_back(s);
+    if (s->needs() == 1 && static_cast<int64_t>(step_seqs_.size()) < budget)
+      step_seqs_.push_back(s);
   while (!step_seqs_.empty()) {
     batch_.clear();
     step_tokens_.clear();
@@ -449,7 +472,8 @@ void Engine::admit_and_prefill(int64_t& budget) {
   // Then new (or preempted) sequences, while the budget and the blocks last: runs of equal
   // uncached lengths batched, the rest one by one.
   if (budget > 0) admit_batched(budget);
-  while (budget > 0 && !waiting_.empty() && static_cast<int32_t>(running_.size()) < config_.max_running) {
+  while (budget > 0 && !waiting_.empty() &&
+         static_cast<int32_t>(running_.size()) < config_.max_running) {
     Seq* s = waiting_.front();
     Request& r = *s->req;
     s->sid = store_->add_sequence();
@@ -462,7 +486,8 @@ void Engine::admit_and_prefill(int64_t& budget) {
       if (running_.empty())  // alone and still too big: it can never run
         fail_request(r, RequestErrorKind::kCapacity,
                      "the request needs more KV blocks than the cache has (" +
-                         std::to_string(s->tokens.size()) + " tokens); shorten the prompt or lower max_tokens");
+                         std::to_string(s->tokens.size()) +
+                         " tokens); shorten the prompt or lower max_tokens");
       return;
     }
     // Planned: admitted now, before the forward, which may finish the request (max_tokens 1)
@@ -514,7 +539,9 @@ void Engine::admit_batched(int64_t& budget) {
   auto shares_first_block = [&](const Seq& s) {
     if (s.tokens.size() < bt) return false;
     for (const Seq* o : step_seqs_)
-      if (o->tokens.size() >= bt && std::equal(s.tokens.begin(), s.tokens.begin() + bt, o->tokens.begin())) return true;
+      if (o->tokens.size() >= bt &&
+          std::equal(s.tokens.begin(), s.tokens.begin() + bt, o->tokens.begin()))
+        return true;
     return false;
   };
   for (Seq* s : waiting_) {
@@ -526,7 +553,9 @@ void Engine::admit_batched(int64_t& budget) {
         static_cast<int64_t>(s->tokens.size()) -
         store_->match_prefix(s->tokens, {}, PagedKVStore::PrefixMatch::kFullBlocks);
     if (step_seqs_.empty()) n = need;
-    if (need != n || static_cast<int64_t>(step_seqs_.size() + 1) * n > budget || shares_first_block(*s)) break;
+    if (need != n || static_cast<int64_t>(step_seqs_.size() + 1) * n > budget ||
+        shares_first_block(*s))
+      break;
     step_seqs_.push_back(s);
   }
   if (step_seqs_.size() < 2) return;
@@ -593,7 +622,8 @@ void Engine::fork_samples(Seq& parent) {
     Seq& c = *r.seqs[static_cast<size_t>(i)];
     if (c.state != SeqState::kPendingFork) continue;
     c.tokens = parent.tokens;
-    if (forked && i <= n_forked) {  // shares the prompt's blocks; samples from the parent's logits below
+    if (forked &&
+        i <= n_forked) {  // shares the prompt's blocks; samples from the parent's logits below
       c.sid = children[static_cast<size_t>(i - 1)];
       c.computed = parent.computed;
       c.state = SeqState::kRunning;
@@ -633,7 +663,8 @@ void Engine::after_logits(Seq& s, std::span<const float> logits) {
     r.output.stats.ttft_seconds = seconds_since(r.t_submit);
   }
   ++counters_.generation_tokens;
-  if (std::find(r.params.stop_ids.begin(), r.params.stop_ids.end(), tok) != r.params.stop_ids.end()) {
+  if (std::find(r.params.stop_ids.begin(), r.params.stop_ids.end(), tok) !=
+      r.params.stop_ids.end()) {
     finish_seq(s, FinishReason::kStop);
     return;
   }
@@ -704,7 +735,8 @@ void Engine::finish_seq(Seq& s, FinishReason reason, std::optional<TokenLogprob>
     store_->free_sequence(s.sid);  // frees at once; full blocks stay cached
     s.sid = -1;
   }
-  if (s.state == SeqState::kRunning) running_.erase(std::find(running_.begin(), running_.end(), &s));
+  if (s.state == SeqState::kRunning)
+    running_.erase(std::find(running_.begin(), running_.end(), &s));
   if (s.state == SeqState::kWaiting) {
     auto it = std::find(waiting_.begin(), waiting_.end(), &s);
     if (it != waiting_.end()) waiting_.erase(it);
@@ -755,11 +787,13 @@ bool Engine::step() {
     admit_and_prefill(budget);
     ++counters_.steps;
     if (config_.check_invariants_every_step)
-      if (const std::string inv = check_invariants(); !inv.empty()) fatal("after step " + std::to_string(counters_.steps) + ": " + inv);
+      if (const std::string inv = check_invariants(); !inv.empty())
+        fatal("after step " + std::to_string(counters_.steps) + ": " + inv);
   }
   // Finished requests leave (their callbacks have run).
-  requests_.erase(std::remove_if(requests_.begin(), requests_.end(), [](const auto& r) { return r->done; }),
-                  requests_.end());
+  requests_.erase(
+      std::remove_if(requests_.begin(), requests_.end(), [](const auto& r) { return r->done; }),
+      requests_.end());
   if (work) counters_.busy_seconds += seconds_since(t0);
   update_metrics();
   return work;
@@ -790,7 +824,8 @@ std::string Engine::check_invariants() const {
   std::string err = store_->check_invariants();
   if (!err.empty()) return err;
   for (const Seq* s : running_) {
-    if (s->sid < 0 || !store_->is_live(s->sid)) return "running sequence without a live store sequence";
+    if (s->sid < 0 || !store_->is_live(s->sid))
+      return "running sequence without a live store sequence";
     if (store_->length(s->sid) != s->computed)
       return "sequence length " + std::to_string(store_->length(s->sid)) + " != computed " +
              std::to_string(s->computed);
@@ -802,7 +837,8 @@ std::string Engine::check_invariants() const {
       const int32_t used = store_->stats(g).pool.used;
       const int32_t null_blocks = store_->group(g).kind == GroupKind::kSliding ? 1 : 0;
       if (used != null_blocks)
-        return "group " + std::to_string(g) + ": " + std::to_string(used) + " blocks used with no sequence resident";
+        return "group " + std::to_string(g) + ": " + std::to_string(used) +
+               " blocks used with no sequence resident";
     }
   }
   return {};

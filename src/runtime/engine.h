@@ -18,6 +18,7 @@
 // are bugs too; callers end the process rather than step again.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -25,7 +26,6 @@
 #include <mutex>
 #include <optional>
 #include <span>
-#include <condition_variable>
 #include <string>
 #include <vector>
 
@@ -38,17 +38,17 @@
 namespace kvcache {
 
 struct EngineConfig {
-  std::string kernel = "fused";      // attention kernel for paged spans (eager, fused)
+  std::string kernel = "fused";  // attention kernel for paged spans (eager, fused)
   // The paged cache every request shares. The engine reads paged.block_tokens, kv_dtype
   // (unset: f32) and max_cache_len: without a budget, the tokens the pool holds (0: 16384).
   // It builds the store itself and batches max_running sequences: implementation stays
   // "paged", paged.store unset and max_batch_size 0 (Error otherwise).
   CacheOptions cache{.implementation = "paged"};
-  uint64_t kv_budget_bytes = 0;      // > 0: the planner splits it (blocks + activations)
-  int32_t num_blocks = 0;            // > 0: override the block count (tests forcing preemption)
-  int64_t max_tokens_per_step = 256; // token budget of one step (decodes + prefill chunks)
-  int32_t max_running = 64;          // sequences resident at once
-  int64_t max_waiting = 1024;        // submit() refuses beyond this many queued requests
+  uint64_t kv_budget_bytes = 0;       // > 0: the planner splits it (blocks + activations)
+  int32_t num_blocks = 0;             // > 0: override the block count (tests forcing preemption)
+  int64_t max_tokens_per_step = 256;  // token budget of one step (decodes + prefill chunks)
+  int32_t max_running = 64;           // sequences resident at once
+  int64_t max_waiting = 1024;         // submit() refuses beyond this many queued requests
   // Linears never use BLAS, so every row's result is independent of the batch and of the
   // chunking: batched, preempted and prefix-cached runs are bit-identical to a request run
   // alone. Costs prefill speed (row-wise GEMV instead of sgemm); decode batches are unaffected
@@ -65,12 +65,12 @@ const char* finish_reason_name(FinishReason r);  // "length", "stop", "cancelled
 std::string logprob_piece(const Tokenizer* tokenizer, int32_t token);
 
 struct RequestParams {
-  std::vector<int32_t> prompt;        // token ids (BOS included by the caller)
-  int64_t max_tokens = 16;            // new tokens per sample (0: the prompt only, nothing sampled)
-  SamplerParams sampler;              // sample i uses seed + i
-  std::vector<int32_t> stop_ids;      // sampled -> stop (not emitted)
+  std::vector<int32_t> prompt;    // token ids (BOS included by the caller)
+  int64_t max_tokens = 16;        // new tokens per sample (0: the prompt only, nothing sampled)
+  SamplerParams sampler;          // sample i uses seed + i
+  std::vector<int32_t> stop_ids;  // sampled -> stop (not emitted)
   std::vector<std::string> stop_strings;  // needs a tokenizer; text is cut before the match
-  int32_t n = 1;                      // parallel samples (forked after the prompt)
+  int32_t n = 1;                          // parallel samples (forked after the prompt)
   // -1: none; k in [0, kMaxTopLogprobs]: each generated token's log-probability and the k most
   // likely tokens at its step (see TokenLogprob).
   int32_t logprobs = -1;
@@ -85,18 +85,18 @@ struct RequestParams {
 // Per-request statistics, final when the request finishes.
 struct RequestStats {
   int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;     // prompt tokens taken from the prefix cache at first admission
-  int64_t completion_tokens = 0; // over all samples, stop tokens excluded
+  int64_t cached_tokens = 0;      // prompt tokens taken from the prefix cache at first admission
+  int64_t completion_tokens = 0;  // over all samples, stop tokens excluded
   int64_t preemptions = 0;
-  double queue_seconds = 0;      // submit -> first admission
-  double ttft_seconds = 0;       // submit -> first token
-  double total_seconds = 0;      // submit -> finished
+  double queue_seconds = 0;  // submit -> first admission
+  double ttft_seconds = 0;   // submit -> first token
+  double total_seconds = 0;  // submit -> finished
 };
 
 // One sample's outcome.
 struct SampleOutput {
-  std::vector<int32_t> tokens;   // generated ids, stop id excluded
-  std::string text;              // with a tokenizer: decoded, cut before a stop string
+  std::vector<int32_t> tokens;  // generated ids, stop id excluded
+  std::string text;             // with a tokenizer: decoded, cut before a stop string
   FinishReason reason = FinishReason::kNone;
   std::vector<TokenLogprob> logprobs;  // one per token when RequestParams::logprobs >= 0
 };
@@ -114,7 +114,7 @@ struct RequestOutput {
   // With RequestParams::prompt_logprobs >= 0: [prompt size - 1], entry i for prompt token i + 1.
   std::vector<TokenLogprob> prompt_logprobs;
   RequestStats stats;
-  std::string error;                  // reason kError: why
+  std::string error;  // reason kError: why
   RequestErrorKind error_kind = RequestErrorKind::kNone;
 };
 
@@ -123,7 +123,7 @@ struct RequestOutput {
 // one event with finished = true. After every sample finished, one event with `output` set.
 struct StreamEvent {
   uint64_t id = 0;
-  int32_t index = 0;              // sample
+  int32_t index = 0;  // sample
   int32_t token = -1;
   std::string text;
   bool finished = false;
@@ -142,22 +142,24 @@ using StreamCallback = std::function<void(const StreamEvent&)>;
 struct EngineMetrics {
   int64_t running = 0, waiting = 0;
   int64_t blocks_total = 0, blocks_free = 0, blocks_used = 0, blocks_cached = 0;
-  int64_t prompt_tokens = 0;          // all prompts admitted (first admissions)
-  int64_t cached_prompt_tokens = 0;   // of which from the prefix cache
-  int64_t computed_prompt_tokens = 0; // prefill tokens actually run (recomputation included)
+  int64_t prompt_tokens = 0;           // all prompts admitted (first admissions)
+  int64_t cached_prompt_tokens = 0;    // of which from the prefix cache
+  int64_t computed_prompt_tokens = 0;  // prefill tokens actually run (recomputation included)
   int64_t generation_tokens = 0;
   int64_t preemptions = 0;
   int64_t requests_finished = 0, requests_cancelled = 0;
   int64_t steps = 0;
-  int64_t requests_failed = 0;        // ended with an error (capacity or engine)
-  int64_t failed_forwards = 0;        // forwards that threw (their requests failed)
+  int64_t requests_failed = 0;              // ended with an error (capacity or engine)
+  int64_t failed_forwards = 0;              // forwards that threw (their requests failed)
   int64_t consecutive_failed_forwards = 0;  // since the last forward that succeeded
-  std::string last_error;             // the latest failed forward's message
-  int64_t forwards = 0;               // model forwards: per step one for the decodes, one per
-                                      // prefill chunk or batch of equal-length chunks
-  double busy_seconds = 0;            // time spent inside step()
+  std::string last_error;                   // the latest failed forward's message
+  int64_t forwards = 0;                     // model forwards: per step one for the decodes, one per
+                                            // prefill chunk or batch of equal-length chunks
+  double busy_seconds = 0;                  // time spent inside step()
   double prefix_hit_rate() const {
-    return prompt_tokens > 0 ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens) : 0.0;
+    return prompt_tokens > 0
+               ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens)
+               : 0.0;
   }
 };
 
@@ -209,7 +211,8 @@ class Engine {
   bool forward_chunk(Seq& s, int64_t n);     // the planned chunk; false: it failed (contained)
   // Runs a planned forward of `seqs`; on an exception fails their requests, undoes the store's
   // step and returns false.
-  bool forward_contained(const ForwardParams& p, std::span<Seq* const> seqs, std::span<const float>& logits);
+  bool forward_contained(const ForwardParams& p, std::span<Seq* const> seqs,
+                         std::span<const float>& logits);
   // after_logits, failing the sequence's request when it throws.
   void sample_contained(Seq& s, std::span<const float> logits);
   void after_logits(Seq& s, std::span<const float> logits);
@@ -226,7 +229,8 @@ class Engine {
   void finish_seq(Seq& s, FinishReason reason, std::optional<TokenLogprob> logprob = std::nullopt);
   void finish_request_if_done(Request& r);
   void emit_text(Seq& s, int32_t token, std::optional<TokenLogprob> logprob);
-  void deliver(Seq& s, StreamEvent& ev);  // to the callback; the sample's first carries the prompt scores
+  void deliver(Seq& s,
+               StreamEvent& ev);  // to the callback; the sample's first carries the prompt scores
   void fork_samples(Seq& parent);
   void update_metrics();
 
@@ -241,8 +245,8 @@ class Engine {
 
   // Engine-thread state.
   std::vector<std::unique_ptr<Request>> requests_;
-  std::deque<Seq*> waiting_;     // front first
-  std::vector<Seq*> running_;    // admission order (newest last)
+  std::deque<Seq*> waiting_;   // front first
+  std::vector<Seq*> running_;  // admission order (newest last)
   uint64_t admit_counter_ = 0;
   // Step scratch (reused, no allocation once grown).
   std::vector<SeqId> batch_;
@@ -256,7 +260,7 @@ class Engine {
   std::vector<std::unique_ptr<Request>> inbox_;
   std::vector<uint64_t> cancels_;
   uint64_t next_id_ = 1;
-  int64_t queued_ = 0;  // inbox + waiting requests (bounded by max_waiting)
+  int64_t queued_ = 0;     // inbox + waiting requests (bounded by max_waiting)
   EngineMetrics metrics_;  // snapshot published by update_metrics()
   // Engine-thread counters (copied into metrics_ under mu_ after each step).
   EngineMetrics counters_;

@@ -33,19 +33,25 @@ double max_rel_diff(std::span<const float> a, std::span<const float> b) {
 
 double verify_tolerance_for(DType kv_dtype) {
   switch (kv_dtype) {
-    case DType::kF32: return 1e-4;
-    case DType::kF16: return 1e-2;
-    case DType::kBF16: return 5e-2;
-    default: return 1e-1;
+    case DType::kF32:
+      return 1e-4;
+    case DType::kF16:
+      return 1e-2;
+    case DType::kBF16:
+      return 5e-2;
+    default:
+      return 1e-1;
   }
 }
 
-GenerateStats generate(Session& session, std::span<const int32_t> prompt, const GenerateParams& params,
-                       const std::function<void(int32_t)>& on_token, std::vector<int32_t>* generated) {
+GenerateStats generate(Session& session, std::span<const int32_t> prompt,
+                       const GenerateParams& params, const std::function<void(int32_t)>& on_token,
+                       std::vector<int32_t>* generated) {
   if (prompt.empty()) {
     throw Error(ErrorKind::kInvalidArgument, "generate: the prompt has no tokens (BOS at least)");
   }
-  if (params.max_new_tokens < 0) throw Error(ErrorKind::kInvalidArgument, "generate: -n must be >= 0");
+  if (params.max_new_tokens < 0)
+    throw Error(ErrorKind::kInvalidArgument, "generate: -n must be >= 0");
   GenerateStats st;
   st.prompt_tokens = static_cast<int64_t>(prompt.size());
   const int64_t vocab = session.model().config().vocab_size;
@@ -56,7 +62,7 @@ GenerateStats generate(Session& session, std::span<const int32_t> prompt, const 
   std::unique_ptr<Forward> oracle;
   if (params.verify) {
     oracle = std::make_unique<Forward>(session.model(), session.config().kernel,
-                                            static_cast<int64_t>(seq.capacity()));
+                                       static_cast<int64_t>(seq.capacity()));
     const DType kv_dtype = session.config().cache.kv_dtype.value_or(DType::kF32);
     st.verify_tolerance =
         params.verify_tolerance > 0 ? params.verify_tolerance : verify_tolerance_for(kv_dtype);

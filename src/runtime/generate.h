@@ -14,7 +14,7 @@
 namespace kvcache {
 
 struct GenerateParams {
-  int64_t max_new_tokens = 256;   // llama.cpp's -n: new tokens, the prompt not counted
+  int64_t max_new_tokens = 256;  // llama.cpp's -n: new tokens, the prompt not counted
   SamplerParams sampler;
   std::vector<int32_t> stop_ids;  // end tokens: sampled -> stop (not fed back)
   bool ignore_eos = false;        // generate all max_new_tokens regardless of stop_ids
@@ -24,11 +24,11 @@ struct GenerateParams {
 
 struct GenerateStats {
   int64_t prompt_tokens = 0;
-  int64_t new_tokens = 0;         // sampled, the stop token included
-  bool stopped = false;           // ended on a stop token
+  int64_t new_tokens = 0;  // sampled, the stop token included
+  bool stopped = false;    // ended on a stop token
   double prefill_seconds = 0.0;
-  double decode_seconds = 0.0;    // decode forwards + sampling after the first token
-  size_t kv_bytes = 0;            // the cache's resident bytes at the end
+  double decode_seconds = 0.0;       // decode forwards + sampling after the first token
+  size_t kv_bytes = 0;               // the cache's resident bytes at the end
   double verify_max_rel_diff = 0.0;  // largest normwise relative logit difference (--verify)
   int64_t verify_failures = 0;       // steps past the tolerance
   double verify_tolerance = 0.0;
@@ -48,8 +48,8 @@ double verify_tolerance_for(DType kv_dtype);
 // Runs the loop. on_token(id) is called for every sampled token that is not a stop token, as
 // soon as it is known (streaming). `generated`, if given, receives every sampled id, a final
 // stop token included. The session must be empty (position 0) or continue a conversation.
-GenerateStats generate(Session& session, std::span<const int32_t> prompt, const GenerateParams& params,
-                       const std::function<void(int32_t)>& on_token,
+GenerateStats generate(Session& session, std::span<const int32_t> prompt,
+                       const GenerateParams& params, const std::function<void(int32_t)>& on_token,
                        std::vector<int32_t>* generated = nullptr);
 
 }  // namespace kvcache

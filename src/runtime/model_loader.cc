@@ -38,7 +38,8 @@ std::string hf_chat_template(const fs::path& config) {
   if (t.is_string()) return t.get<std::string>();
   if (t.is_array()) {
     for (const nlohmann::json& e : t)
-      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+          e["template"].is_string())
         return e["template"].get<std::string>();
   }
   return "";
@@ -55,8 +56,9 @@ std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, const ModelFi
 
 }  // namespace
 
-uint64_t page_in_weights(const ModelFile& file,
-                         const std::function<void(uint64_t done_bytes, uint64_t total_bytes)>& on_progress) {
+uint64_t page_in_weights(
+    const ModelFile& file,
+    const std::function<void(uint64_t done_bytes, uint64_t total_bytes)>& on_progress) {
   // Distinct byte ranges in address order, so the reads stream through each mapping once.
   std::vector<std::pair<const std::byte*, size_t>> ranges;
   for (const auto& [name, view] : file.tensors()) {
@@ -102,7 +104,8 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
   std::unique_ptr<ModelFile> file;
   // GGUF (magic), safetensors and HF folders go to the model layer's loader; anything else
   // must be a llama2.c checkpoint (it has no magic), whose header checks then name the problem.
-  if (fs::is_directory(path, ec) || starts_with_gguf_magic(path) || path.ends_with(".safetensors")) {
+  if (fs::is_directory(path, ec) || starts_with_gguf_magic(path) ||
+      path.ends_with(".safetensors")) {
     file = open_model_file(path);
   } else {
     file = load_llama2c(path);
@@ -124,23 +127,28 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
     const std::shared_ptr<const GgufFile> g = GgufFile::open(path);
     if (tok_path.empty() && g->find("tokenizer.ggml.model") != nullptr) tok_path = path;
     out.chat_template = g->get_string_or("tokenizer.chat_template", "");
-  } else if (tok_path.empty() && fs::is_directory(path, ec) && fs::exists(fs::path(path) / "tokenizer.json", ec)) {
+  } else if (tok_path.empty() && fs::is_directory(path, ec) &&
+             fs::exists(fs::path(path) / "tokenizer.json", ec)) {
     tok_path = (fs::path(path) / "tokenizer.json").string();
   }
   if (!tok_path.empty()) out.tokenizer = open_tokenizer(tok_path, *file);
   if (out.chat_template.empty() && tok_path.ends_with("tokenizer.json")) {
-    out.chat_template = hf_chat_template(fs::path(tok_path).parent_path() / "tokenizer_config.json");
+    out.chat_template =
+        hf_chat_template(fs::path(tok_path).parent_path() / "tokenizer_config.json");
   }
   if (out.tokenizer != nullptr && out.tokenizer->vocab_size() > file->config().vocab_size) {
-    throw Error(ErrorKind::kFormat, tok_path + ": the tokenizer has " + std::to_string(out.tokenizer->vocab_size()) +
+    throw Error(ErrorKind::kFormat, tok_path + ": the tokenizer has " +
+                                        std::to_string(out.tokenizer->vocab_size()) +
                                         " tokens but the model's vocabulary is " +
                                         std::to_string(file->config().vocab_size));
   }
   if (out.tokenizer == nullptr && options.require_tokenizer) {
-    throw Error(ErrorKind::kInvalidArgument,
-                path + ": no tokenizer found (tokenizer.bin / tok512.bin beside a llama2.c checkpoint, "
-                       "tokenizer.ggml.* in a GGUF, tokenizer.json in a folder); pass --tokenizer FILE, or "
-                       "give token ids with --prompt-ids and --output ids");
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        path +
+            ": no tokenizer found (tokenizer.bin / tok512.bin beside a llama2.c checkpoint, "
+            "tokenizer.ggml.* in a GGUF, tokenizer.json in a folder); pass --tokenizer FILE, or "
+            "give token ids with --prompt-ids and --output ids");
   }
   out.tokenizer_path = tok_path;
   const ModelConfig& c = file->config();
@@ -150,7 +158,8 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
     out.stop_ids = {c.eos_id};
   }
   out.add_bos = file->format() == "llama2c" || c.bos_id >= 0;
-  if (options.on_progress && file->weight_bytes() > kProgressMinBytes) page_in_weights(*file, options.on_progress);
+  if (options.on_progress && file->weight_bytes() > kProgressMinBytes)
+    page_in_weights(*file, options.on_progress);
   out.model = std::make_unique<Model>(std::move(file));
   return out;
 }

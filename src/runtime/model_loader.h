@@ -29,7 +29,7 @@ struct LoadedModel {
 };
 
 struct LoadOptions {
-  std::string tokenizer_path;  // empty: look beside the model (tokenizer.bin, tok512.bin)
+  std::string tokenizer_path;      // empty: look beside the model (tokenizer.bin, tok512.bin)
   bool require_tokenizer = false;  // throw when none is found
   // For --model dummy:NAME[:DTYPE]: the SentencePiece vocabulary GGUF to embed (empty: none)
   // and where the generated GGUF is kept (empty: the user's cache folder).
@@ -48,8 +48,9 @@ inline constexpr uint64_t kProgressChunkBytes = 8ull << 20;
 // Reads one byte of every page under every weight of `file` (so later first-touch page faults
 // do not land inside the timed forward pass), reporting progress as above. Returns the bytes
 // paged in (weights, shared tensors counted once).
-uint64_t page_in_weights(const ModelFile& file,
-                         const std::function<void(uint64_t done_bytes, uint64_t total_bytes)>& on_progress);
+uint64_t page_in_weights(
+    const ModelFile& file,
+    const std::function<void(uint64_t done_bytes, uint64_t total_bytes)>& on_progress);
 
 // `path` may also be "dummy:NAME[:DTYPE]" (model/dummy.h: a seeded random-weight GGUF, f16
 // unless DTYPE says f32/bf16/q8_0). Throws Error naming the file and the problem (format,

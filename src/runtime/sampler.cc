@@ -1,10 +1,10 @@
 #include "runtime/sampler.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 #include "kernels/softmax.h"
@@ -25,14 +25,18 @@ uint32_t Pcg32::next_u32() {
   return (xorshifted >> rot) | (xorshifted << ((32u - rot) & 31u));
 }
 
-float Pcg32::next_f32() { return static_cast<float>(next_u32() >> 8) * (1.0f / 16777216.0f); }
+float Pcg32::next_f32() {
+  return static_cast<float>(next_u32() >> 8) * (1.0f / 16777216.0f);
+}
 
 TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t k) {
   const auto n = static_cast<int64_t>(logits.size());
   KV_CHECK(token >= 0 && token < n, "token_logprob: token outside the vocabulary");
   KV_CHECK(k >= 0 && k <= kMaxTopLogprobs, "token_logprob: k outside [0, kMaxTopLogprobs]");
   const double lse = log_sum_exp(logits.data(), n);
-  const auto lp = [&](int32_t id) { return static_cast<float>(logits[static_cast<size_t>(id)] - lse); };
+  const auto lp = [&](int32_t id) {
+    return static_cast<float>(logits[static_cast<size_t>(id)] - lse);
+  };
   TokenLogprob r;
   r.chosen = {token, lp(token), {}};
   // The k best in one pass: a small list kept sorted (k <= 20, so insertion beats a heap).
@@ -54,21 +58,26 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t
 void validate_sampler_params(const SamplerParams& params) {
   // Each range written so that NaN fails it too.
   const auto bad = [](const std::string& what, double got) {
-    throw Error(ErrorKind::kInvalidArgument, "sampler: " + what + ", got " + fmt::format("{}", got));
+    throw Error(ErrorKind::kInvalidArgument,
+                "sampler: " + what + ", got " + fmt::format("{}", got));
   };
   if (!(params.temperature >= 0.0f && std::isfinite(params.temperature)))
     bad("--temp must be >= 0 (0 = greedy)", params.temperature);
   if (params.top_k < 0) bad("--top-k must be >= 0 (0 = off)", params.top_k);
-  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) bad("--top-p must be in (0, 1] (1 = off)", params.top_p);
-  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) bad("--min-p must be in [0, 1] (0 = off)", params.min_p);
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f))
+    bad("--top-p must be in (0, 1] (1 = off)", params.top_p);
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f))
+    bad("--min-p must be in [0, 1] (0 = off)", params.min_p);
   if (!(params.repeat_penalty > 0.0f && std::isfinite(params.repeat_penalty)))
     bad("--repeat-penalty must be positive (1 = off)", params.repeat_penalty);
-  if (params.repeat_last_n < -1) bad("--repeat-last-n must be >= -1 (-1 = all)", params.repeat_last_n);
+  if (params.repeat_last_n < -1)
+    bad("--repeat-last-n must be >= -1 (-1 = all)", params.repeat_last_n);
 }
 
 Sampler::Sampler(const SamplerParams& params, int64_t vocab_size)
     : params_(params), vocab_(vocab_size), rng_(params.seed) {
-  if (vocab_size <= 0) throw Error(ErrorKind::kInvalidArgument, "sampler: vocabulary size must be positive");
+  if (vocab_size <= 0)
+    throw Error(ErrorKind::kInvalidArgument, "sampler: vocabulary size must be positive");
   validate_sampler_params(params);
   work_.resize(static_cast<size_t>(vocab_size));
   cand_.reserve(static_cast<size_t>(vocab_size));
@@ -96,12 +105,16 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
 
   // Candidates sorted by logit, descending (ties: lower id first, for determinism).
   cand_.clear();
-  for (int64_t i = 0; i < vocab_; ++i) cand_.emplace_back(work_[static_cast<size_t>(i)], static_cast<int32_t>(i));
-  auto desc = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  for (int64_t i = 0; i < vocab_; ++i)
+    cand_.emplace_back(work_[static_cast<size_t>(i)], static_cast<int32_t>(i));
+  auto desc = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
   size_t keep = cand_.size();
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
     keep = static_cast<size_t>(params_.top_k);
-    std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep), cand_.end(), desc);
+    std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep), cand_.end(),
+                      desc);
     cand_.resize(keep);
   } else {
     std::sort(cand_.begin(), cand_.end(), desc);

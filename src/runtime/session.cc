@@ -99,10 +99,11 @@ std::span<const float> Session::prefill(std::span<const int32_t> ids) {
     const size_t n = std::min(ids.size() - off, static_cast<size_t>(config_.prefill_chunk));
     if (paged_) {  // plan the step with its token ids, so full blocks enter the prefix index
       ensure_sequence();
-      if (paged_->plan_step(static_cast<int64_t>(n), ids.subspan(off, n)) == StepStatus::kOutOfBlocks)
-        throw Error(ErrorKind::kOutOfRange,
-                    "paged cache: out of blocks at position " + std::to_string(pos_) +
-                        "; raise --kv-budget / --max-cache-len");
+      if (paged_->plan_step(static_cast<int64_t>(n), ids.subspan(off, n)) ==
+          StepStatus::kOutOfBlocks)
+        throw Error(ErrorKind::kOutOfRange, "paged cache: out of blocks at position " +
+                                                std::to_string(pos_) +
+                                                "; raise --kv-budget / --max-cache-len");
     }
     ForwardParams p;
     p.tokens = ids.data() + off;
@@ -121,7 +122,8 @@ std::span<const float> Session::forward_all(std::span<const int32_t> ids) {
   if (paged_) {
     ensure_sequence();
     if (paged_->plan_step(static_cast<int64_t>(ids.size()), ids) == StepStatus::kOutOfBlocks)
-      throw Error(ErrorKind::kOutOfRange, "paged cache: out of blocks; raise --kv-budget / --max-cache-len");
+      throw Error(ErrorKind::kOutOfRange,
+                  "paged cache: out of blocks; raise --kv-budget / --max-cache-len");
   }
   ForwardParams p;
   p.tokens = ids.data();

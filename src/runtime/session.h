@@ -24,8 +24,8 @@ struct SessionConfig {
   // max_batch_size is 1 (0 or 1 accepted). "paged": the session builds the store from the
   // memory plan (paged.store must stay unset).
   CacheOptions cache;
-  std::string kernel = "fused";   // attention kernel name
-  int64_t prefill_chunk = 512;    // tokens per forward during prefill
+  std::string kernel = "fused";  // attention kernel name
+  int64_t prefill_chunk = 512;   // tokens per forward during prefill
   // > 0: force every layer to "sliding_attention" with this window (tests/demos showing that
   // a window covering the whole sequence changes nothing).
   int64_t sliding_window_override = 0;
@@ -66,7 +66,7 @@ class Session {
   void ensure_sequence();
 
   std::shared_ptr<PagedKVStore> paged_;  // "paged": shared with every layer of cache_
-  SeqId seq_ = -1;                        // "paged": this session's sequence
+  SeqId seq_ = -1;                       // "paged": this session's sequence
   std::unique_ptr<Cache> cache_;
   Forward forward_;
   int64_t pos_ = 0;

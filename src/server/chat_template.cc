@@ -8,8 +8,14 @@ namespace kvcache {
 
 namespace {
 
-constexpr const char* kSpecialTexts[] = {"<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
-                                         "<|end_header_id|>", "<|eot_id|>", "<s>", "</s>"};
+constexpr const char* kSpecialTexts[] = {"<|im_start|>",
+                                         "<|im_end|>",
+                                         "<|begin_of_text|>",
+                                         "<|start_header_id|>",
+                                         "<|end_header_id|>",
+                                         "<|eot_id|>",
+                                         "<s>",
+                                         "</s>"};
 
 struct Segment {
   bool special;
@@ -85,14 +91,18 @@ ChatTemplate parse_chat_template(const std::string& name) {
   if (name == "chatml") return ChatTemplate::kChatML;
   if (name == "llama2") return ChatTemplate::kLlama2;
   if (name == "llama3") return ChatTemplate::kLlama3;
-  throw Error(ErrorKind::kInvalidArgument, "unknown chat template '" + name + "'; known: chatml, llama2, llama3");
+  throw Error(ErrorKind::kInvalidArgument,
+              "unknown chat template '" + name + "'; known: chatml, llama2, llama3");
 }
 
 const char* chat_template_name(ChatTemplate t) {
   switch (t) {
-    case ChatTemplate::kChatML: return "chatml";
-    case ChatTemplate::kLlama2: return "llama2";
-    case ChatTemplate::kLlama3: return "llama3";
+    case ChatTemplate::kChatML:
+      return "chatml";
+    case ChatTemplate::kLlama2:
+      return "llama2";
+    case ChatTemplate::kLlama3:
+      return "llama3";
   }
   return "chatml";
 }
@@ -137,11 +147,14 @@ ChatTemplateChoice choose_chat_template(const std::string& flag, const std::stri
     // Quote the start on one line (templates are multi-line Jinja).
     std::string quote;
     for (char c : model_template.substr(0, 120)) quote += c == '\n' ? ' ' : c;
-    throw Error(ErrorKind::kInvalidArgument,
-                "the model's chat template (tokenizer.chat_template, " + std::to_string(model_template.size()) +
-                    " chars: \"" + quote + (model_template.size() > 120 ? "..." : "") +
-                    "\") is none of the built-in families (ChatML <|im_start|>, Llama-2 [INST], Llama-3 "
-                    "<|start_header_id|>); pass --chat-template chatml, llama2 or llama3 to choose the format");
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        "the model's chat template (tokenizer.chat_template, " +
+            std::to_string(model_template.size()) + " chars: \"" + quote +
+            (model_template.size() > 120 ? "..." : "") +
+            "\") is none of the built-in families (ChatML <|im_start|>, Llama-2 [INST], Llama-3 "
+            "<|start_header_id|>); pass --chat-template chatml, llama2 or llama3 to choose the "
+            "format");
   }
   return {detect_chat_template(tokenizer), "vocabulary"};
 }
@@ -162,7 +175,9 @@ std::vector<int32_t> encode_chat(ChatTemplate t, const std::vector<ChatMessage>&
 }
 
 std::vector<int32_t> chat_stop_ids(ChatTemplate t, const SpecialTokens& specials) {
-  const char* name = t == ChatTemplate::kChatML ? "<|im_end|>" : t == ChatTemplate::kLlama3 ? "<|eot_id|>" : "</s>";
+  const char* name = t == ChatTemplate::kChatML   ? "<|im_end|>"
+                     : t == ChatTemplate::kLlama3 ? "<|eot_id|>"
+                                                  : "</s>";
   const int32_t id = specials.find(name);
   return id >= 0 ? std::vector<int32_t>{id} : std::vector<int32_t>{};
 }

@@ -18,7 +18,7 @@ namespace kvcache {
 enum class ChatTemplate { kChatML, kLlama2, kLlama3 };
 
 struct ChatMessage {
-  std::string role;     // "system", "user", "assistant"
+  std::string role;  // "system", "user", "assistant"
   std::string content;
 };
 

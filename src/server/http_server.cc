@@ -23,11 +23,13 @@ double now_seconds() {
 }
 
 int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
-void send_error(httplib::Response& res, int status, const std::string& message, const std::string& type,
-                const std::string& code = "") {
+void send_error(httplib::Response& res, int status, const std::string& message,
+                const std::string& type, const std::string& code = "") {
   res.status = status;
   res.set_content(to_json_text(error_body(message, type, code)), "application/json");
 }
@@ -43,7 +45,8 @@ int failed_status(const RequestOutput& out, bool stopping, nlohmann::json& body)
   }
   for (const SampleOutput& s : out.samples)
     if (s.reason == FinishReason::kCancelled) {
-      body = error_body(stopping ? "the server is shutting down; the request was cancelled" : "the request was cancelled",
+      body = error_body(stopping ? "the server is shutting down; the request was cancelled"
+                                 : "the request was cancelled",
                         "server_error", "");
       return 503;
     }
@@ -51,14 +54,22 @@ int failed_status(const RequestOutput& out, bool stopping, nlohmann::json& body)
 }
 
 // Messages for the statuses cpp-httplib sets itself (it leaves their bodies empty).
-std::string transport_error_message(int status, const httplib::Request& req, const TransportLimits& l) {
+std::string transport_error_message(int status, const httplib::Request& req,
+                                    const TransportLimits& l) {
   switch (status) {
-    case 400: return "malformed HTTP request";
-    case 404: return "no route " + req.method + " " + req.path;
-    case 413: return "the request body is larger than " + std::to_string(l.max_body_bytes) + " bytes (--max-body-bytes)";
-    case 414: return "the request URI is too long";
-    case 416: return "range not satisfiable";
-    default: return "HTTP error " + std::to_string(status);
+    case 400:
+      return "malformed HTTP request";
+    case 404:
+      return "no route " + req.method + " " + req.path;
+    case 413:
+      return "the request body is larger than " + std::to_string(l.max_body_bytes) +
+             " bytes (--max-body-bytes)";
+    case 414:
+      return "the request URI is too long";
+    case 416:
+      return "range not satisfiable";
+    default:
+      return "HTTP error " + std::to_string(status);
   }
 }
 
@@ -112,7 +123,10 @@ struct HttpServer::Channel {
 };
 
 HttpServer::HttpServer(Engine& engine, const ServedModel& model, const HttpServerConfig& config)
-    : engine_(engine), model_(model), config_(config), http_(std::make_unique<HttpTransport>(config.transport)) {
+    : engine_(engine),
+      model_(model),
+      config_(config),
+      http_(std::make_unique<HttpTransport>(config.transport)) {
   created_ = unix_now();
   last_scrape_s_ = now_seconds();
   if (model_.limits.max_context <= 0) model_.limits.max_context = engine_.max_context();
@@ -130,8 +144,9 @@ void HttpServer::bind() {
     if (port_ <= 0) throw Error(ErrorKind::kIo, "cannot bind " + config_.host + " to a free port");
   } else {
     if (!http_->bind_to_port(config_.host, config_.port))
-      throw Error(ErrorKind::kIo, "cannot bind " + config_.host + ":" + std::to_string(config_.port) +
-                                      " (address in use or not local?); pick another --port or --host");
+      throw Error(ErrorKind::kIo,
+                  "cannot bind " + config_.host + ":" + std::to_string(config_.port) +
+                      " (address in use or not local?); pick another --port or --host");
     port_ = config_.port;
   }
   http_->widen_backlog(std::max(512, config_.transport.max_connections));
@@ -151,7 +166,8 @@ void HttpServer::drive_engine() {
     } catch (const std::exception& e) {
       // The engine contains every failure it can attribute to requests; what escapes is a bug,
       // and stepping again from an unknown state could spin or serve wrong answers.
-      std::fprintf(stderr, "kvcache serve: fatal: the engine failed outside any request: %s\n", e.what());
+      std::fprintf(stderr, "kvcache serve: fatal: the engine failed outside any request: %s\n",
+                   e.what());
       std::fflush(stderr);
       std::abort();
     }
@@ -170,8 +186,9 @@ void HttpServer::stop() {
   if (stopping_.exchange(true)) return;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(static_cast<int64_t>(config_.drain_timeout_s * 1000));
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::milliseconds(static_cast<int64_t>(config_.drain_timeout_s * 1000));
     drained_.wait_until(lock, deadline, [&] { return in_flight_.empty() || drain_cut_; });
     for (uint64_t id : in_flight_) engine_.cancel(id);
     // Cancelled requests end at the engine's next step; their handlers then answer and leave.
@@ -193,7 +210,9 @@ void HttpServer::forget(uint64_t id) {
   drained_.notify_all();
 }
 
-std::string HttpServer::handle_raw(std::string_view request) { return http_->handle_raw(request); }
+std::string HttpServer::handle_raw(std::string_view request) {
+  return http_->handle_raw(request);
+}
 
 bool HttpServer::probe_engine(std::string& error) {
   std::lock_guard<std::mutex> probe_lock(probe_mu_);
@@ -221,10 +240,13 @@ bool HttpServer::probe_engine(std::string& error) {
     return false;
   }
   std::unique_lock<std::mutex> lock(ch->mu);
-  if (!ch->cv.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(config_.health_probe_timeout_s * 1000)),
-                       [&] { return ch->output.has_value(); })) {
+  if (!ch->cv.wait_for(
+          lock,
+          std::chrono::milliseconds(static_cast<int64_t>(config_.health_probe_timeout_s * 1000)),
+          [&] { return ch->output.has_value(); })) {
     engine_.cancel(id);
-    error = "a one-token probe did not finish within " + std::to_string(config_.health_probe_timeout_s) +
+    error = "a one-token probe did not finish within " +
+            std::to_string(config_.health_probe_timeout_s) +
             " s after a failed forward: " + engine_.metrics().last_error;
     return false;
   }
@@ -253,43 +275,59 @@ std::string HttpServer::metrics_text() {
   auto metric = [&](const char* name, const char* type, const char* help, double v) {
     char line[160];
     std::snprintf(line, sizeof line, "%.17g", v);
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + line + "\n";
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+           name + " " + line + "\n";
   };
-  metric("kvcache_requests_running", "gauge", "Sequences resident in the KV cache.", static_cast<double>(m.running));
-  metric("kvcache_requests_waiting", "gauge", "Sequences queued (new or preempted).", static_cast<double>(m.waiting));
-  metric("kvcache_kv_blocks_total", "gauge", "KV blocks in the pool.", static_cast<double>(m.blocks_total));
-  metric("kvcache_kv_blocks_used", "gauge", "KV blocks held by sequences.", static_cast<double>(m.blocks_used));
-  metric("kvcache_kv_blocks_free", "gauge", "KV blocks free and unkeyed.", static_cast<double>(m.blocks_free));
-  metric("kvcache_kv_blocks_cached", "gauge", "Free KV blocks kept in the prefix index.", static_cast<double>(m.blocks_cached));
-  metric("kvcache_prefix_cache_hit_rate", "gauge", "Prompt tokens served from the prefix cache / prompt tokens.",
-         m.prefix_hit_rate());
-  metric("kvcache_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", static_cast<double>(m.prompt_tokens));
-  metric("kvcache_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix cache.",
-         static_cast<double>(m.cached_prompt_tokens));
+  metric("kvcache_requests_running", "gauge", "Sequences resident in the KV cache.",
+         static_cast<double>(m.running));
+  metric("kvcache_requests_waiting", "gauge", "Sequences queued (new or preempted).",
+         static_cast<double>(m.waiting));
+  metric("kvcache_kv_blocks_total", "gauge", "KV blocks in the pool.",
+         static_cast<double>(m.blocks_total));
+  metric("kvcache_kv_blocks_used", "gauge", "KV blocks held by sequences.",
+         static_cast<double>(m.blocks_used));
+  metric("kvcache_kv_blocks_free", "gauge", "KV blocks free and unkeyed.",
+         static_cast<double>(m.blocks_free));
+  metric("kvcache_kv_blocks_cached", "gauge", "Free KV blocks kept in the prefix index.",
+         static_cast<double>(m.blocks_cached));
+  metric("kvcache_prefix_cache_hit_rate", "gauge",
+         "Prompt tokens served from the prefix cache / prompt tokens.", m.prefix_hit_rate());
+  metric("kvcache_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+         static_cast<double>(m.prompt_tokens));
+  metric("kvcache_prompt_tokens_cached_total", "counter",
+         "Prompt tokens taken from the prefix cache.", static_cast<double>(m.cached_prompt_tokens));
   metric("kvcache_prefill_tokens_total", "counter", "Tokens prefilled (recomputation included).",
          static_cast<double>(m.computed_prompt_tokens));
-  metric("kvcache_generation_tokens_total", "counter", "Tokens sampled.", static_cast<double>(m.generation_tokens));
-  metric("kvcache_prompt_tokens_per_second", "gauge", "Prefill tokens/s since the previous scrape.", prompt_rate);
-  metric("kvcache_generation_tokens_per_second", "gauge", "Sampled tokens/s since the previous scrape.", gen_rate);
-  metric("kvcache_preemptions_total", "counter", "Sequences preempted (blocks freed, recomputed later).",
+  metric("kvcache_generation_tokens_total", "counter", "Tokens sampled.",
+         static_cast<double>(m.generation_tokens));
+  metric("kvcache_prompt_tokens_per_second", "gauge", "Prefill tokens/s since the previous scrape.",
+         prompt_rate);
+  metric("kvcache_generation_tokens_per_second", "gauge",
+         "Sampled tokens/s since the previous scrape.", gen_rate);
+  metric("kvcache_preemptions_total", "counter",
+         "Sequences preempted (blocks freed, recomputed later).",
          static_cast<double>(m.preemptions));
   metric("kvcache_requests_finished_total", "counter", "Requests finished (cancelled included).",
          static_cast<double>(m.requests_finished));
-  metric("kvcache_requests_cancelled_total", "counter", "Requests cancelled (client gone, shutdown).",
-         static_cast<double>(m.requests_cancelled));
-  metric("kvcache_engine_steps_total", "counter", "Scheduling steps.", static_cast<double>(m.steps));
+  metric("kvcache_requests_cancelled_total", "counter",
+         "Requests cancelled (client gone, shutdown).", static_cast<double>(m.requests_cancelled));
+  metric("kvcache_engine_steps_total", "counter", "Scheduling steps.",
+         static_cast<double>(m.steps));
   metric("kvcache_requests_failed_total", "counter", "Requests that ended with an error.",
          static_cast<double>(m.requests_failed));
-  metric("kvcache_engine_failed_forwards_total", "counter", "Model forwards that threw (their requests failed).",
+  metric("kvcache_engine_failed_forwards_total", "counter",
+         "Model forwards that threw (their requests failed).",
          static_cast<double>(m.failed_forwards));
-  metric("kvcache_http_handler_exceptions_total", "counter", "Handlers that threw (a bug; each answered 500).",
+  metric("kvcache_http_handler_exceptions_total", "counter",
+         "Handlers that threw (a bug; each answered 500).",
          static_cast<double>(handler_exceptions_.load()));
   const TransportStats t = http_->stats();
-  metric("kvcache_http_connections", "gauge", "HTTP connections open.", static_cast<double>(t.open));
-  metric("kvcache_http_connections_rejected_total", "counter", "Connections answered 503 past --max-connections.",
-         static_cast<double>(t.rejected));
-  metric("kvcache_http_request_timeouts_total", "counter", "Requests not received whole within --request-timeout.",
-         static_cast<double>(t.timed_out));
+  metric("kvcache_http_connections", "gauge", "HTTP connections open.",
+         static_cast<double>(t.open));
+  metric("kvcache_http_connections_rejected_total", "counter",
+         "Connections answered 503 past --max-connections.", static_cast<double>(t.rejected));
+  metric("kvcache_http_request_timeouts_total", "counter",
+         "Requests not received whole within --request-timeout.", static_cast<double>(t.timed_out));
   return out;
 }
 

@@ -27,12 +27,12 @@ namespace kvcache {
 
 struct HttpServerConfig {
   std::string host = "127.0.0.1";
-  int port = 8080;               // 0: any free port (see port())
-  std::string api_key;           // non-empty: "Authorization: Bearer <key>" on every route but /health
-  TransportLimits transport;     // connections, timeouts, body size
-  double drain_timeout_s = 5;    // stop(): in-flight requests may finish for this long
+  int port = 8080;            // 0: any free port (see port())
+  std::string api_key;        // non-empty: "Authorization: Bearer <key>" on every route but /health
+  TransportLimits transport;  // connections, timeouts, body size
+  double drain_timeout_s = 5;         // stop(): in-flight requests may finish for this long
   double health_probe_timeout_s = 5;  // /health after a failed forward: the probe's deadline
-  double health_stall_s = 60;    // /health: one engine step running longer than this is a stall
+  double health_stall_s = 60;  // /health: one engine step running longer than this is a stall
 };
 
 class HttpServer {

@@ -14,8 +14,8 @@
 #include <deque>
 #include <functional>
 #include <system_error>
-#include <utility>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace kvcache {
@@ -28,7 +28,9 @@ using Clock = std::chrono::steady_clock;
 // connection is answered 503 and closed (see ConnectionPool::enqueue).
 thread_local bool t_over_capacity = false;
 
-int to_ms(double seconds) { return static_cast<int>(std::clamp(seconds * 1000.0, 0.0, 3.6e6)); }
+int to_ms(double seconds) {
+  return static_cast<int>(std::clamp(seconds * 1000.0, 0.0, 3.6e6));
+}
 
 // poll() for one event, retried on EINTR; > 0 ready, 0 timed out, < 0 error.
 int wait_for(int fd, short events, int timeout_ms) {
@@ -37,8 +39,8 @@ int wait_for(int fd, short events, int timeout_ms) {
   for (;;) {
     const int r = ::poll(&p, 1, timeout_ms);
     if (r >= 0 || errno != EINTR) return r;
-    timeout_ms = static_cast<int>(
-        std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count()));
+    timeout_ms = static_cast<int>(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count()));
   }
 }
 
@@ -83,7 +85,9 @@ class SocketStream final : public httplib::Stream {
   }
   bool timed_out() const { return timed_out_; }
 
-  bool is_readable() const override { return begin_ < end_ || wait_for(fd_, POLLIN, read_wait_ms().first) > 0; }
+  bool is_readable() const override {
+    return begin_ < end_ || wait_for(fd_, POLLIN, read_wait_ms().first) > 0;
+  }
   bool is_writable() const override {
     if (wait_for(fd_, POLLOUT, to_ms(limits_.write_timeout_s)) <= 0) return false;
     // Writable also when the peer has gone; a peek tells (EOF or reset: gone).
@@ -123,8 +127,12 @@ class SocketStream final : public httplib::Stream {
     }
     return static_cast<ssize_t>(size);
   }
-  void get_remote_ip_and_port(std::string& ip, int& port) const override { address_of(fd_, true, ip, port); }
-  void get_local_ip_and_port(std::string& ip, int& port) const override { address_of(fd_, false, ip, port); }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    address_of(fd_, true, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    address_of(fd_, false, ip, port);
+  }
   socket_t socket() const override { return fd_; }
 
  private:
@@ -133,7 +141,8 @@ class SocketStream final : public httplib::Stream {
   std::pair<int, bool> read_wait_ms() const {
     const int ms = to_ms(limits_.request_timeout_s);
     if (!reading_) return {ms, false};
-    const auto left_us = std::chrono::duration_cast<std::chrono::microseconds>(deadline_ - Clock::now()).count();
+    const auto left_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(deadline_ - Clock::now()).count();
     const int64_t left = left_us <= 0 ? 0 : (left_us + 999) / 1000;
     return left < ms ? std::pair{static_cast<int>(left), true} : std::pair{ms, false};
   }
@@ -268,10 +277,12 @@ void HttpTransport::reject(socket_t sock) {
   ++rejected_;
   static const std::string body =
       R"({"error":{"message":"too many open connections; retry later","type":"server_error","param":null,"code":"too_many_connections"}})";
-  const std::string response = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " +
-                               std::to_string(body.size()) + "\r\nConnection: close\r\nRetry-After: 1\r\n\r\n" + body;
+  const std::string response =
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\nConnection: close\r\nRetry-After: 1\r\n\r\n" + body;
   // On the accepting thread: never block. A fresh socket's send buffer takes this whole.
-  [[maybe_unused]] const ssize_t sent = ::send(sock, response.data(), response.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  [[maybe_unused]] const ssize_t sent =
+      ::send(sock, response.data(), response.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   // Reading what already arrived lets close() end with FIN rather than a reset that could
   // discard the 503 before the client reads it.
   char drain[4096];
@@ -288,7 +299,8 @@ bool HttpTransport::process_and_close_socket(socket_t sock) {
   }
   ++accepted_;
   if (limits_.send_buffer_bytes > 0)
-    ::setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &limits_.send_buffer_bytes, sizeof limits_.send_buffer_bytes);
+    ::setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &limits_.send_buffer_bytes,
+                 sizeof limits_.send_buffer_bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
     open_.insert(sock);

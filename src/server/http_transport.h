@@ -26,14 +26,14 @@ struct TransportLimits {
   double idle_timeout_s = 5;      // between keep-alive requests
   double write_timeout_s = 10;    // one write may block this long (a client not reading)
   size_t max_body_bytes = size_t{8} << 20;
-  int send_buffer_bytes = 0;      // SO_SNDBUF of each connection; 0 keeps the kernel's autotuning
+  int send_buffer_bytes = 0;  // SO_SNDBUF of each connection; 0 keeps the kernel's autotuning
 };
 
 struct TransportStats {
-  int64_t open = 0;      // connections open now
-  int64_t accepted = 0;  // served (not rejected) since the start
-  int64_t rejected = 0;  // answered 503 because max_connections were open
-  int64_t timed_out = 0; // requests cut by the request deadline
+  int64_t open = 0;       // connections open now
+  int64_t accepted = 0;   // served (not rejected) since the start
+  int64_t rejected = 0;   // answered 503 because max_connections were open
+  int64_t timed_out = 0;  // requests cut by the request deadline
 };
 
 class HttpTransport : public httplib::Server {

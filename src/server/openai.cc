@@ -11,7 +11,9 @@ using nlohmann::json;
 
 namespace {
 
-ApiError bad(const std::string& message) { return ApiError(400, "invalid_request_error", "", message); }
+ApiError bad(const std::string& message) {
+  return ApiError(400, "invalid_request_error", "", message);
+}
 ApiError too_long(const std::string& message) {
   return ApiError(400, "invalid_request_error", "context_length_exceeded", message);
 }
@@ -46,7 +48,8 @@ bool get_bool(const json& b, const char* key, bool def) {
 
 // The most prompt tokens a request may have: --max-prompt-tokens, else the context (0: none).
 int64_t prompt_token_limit(const RequestLimits& l) {
-  if (l.max_prompt_tokens > 0 && l.max_context > 0) return std::min(l.max_prompt_tokens, l.max_context);
+  if (l.max_prompt_tokens > 0 && l.max_context > 0)
+    return std::min(l.max_prompt_tokens, l.max_context);
   return l.max_prompt_tokens > 0 ? l.max_prompt_tokens : l.max_context;
 }
 
@@ -59,19 +62,22 @@ void check_text_fits(size_t bytes, const char* what, const ServedModel& m) {
   const auto at_least = static_cast<int64_t>((bytes + per_token - 1) / per_token);
   if (at_least > limit)
     throw too_long(std::string(what) + " has " + std::to_string(bytes) + " bytes, at least " +
-                   std::to_string(at_least) + " tokens of this vocabulary (at most " + std::to_string(per_token) +
-                   " bytes each); a prompt may have at most " + std::to_string(limit) + " tokens: shorten it");
+                   std::to_string(at_least) + " tokens of this vocabulary (at most " +
+                   std::to_string(per_token) + " bytes each); a prompt may have at most " +
+                   std::to_string(limit) + " tokens: shorten it");
 }
 
 void check_prompt_tokens(size_t tokens, const ServedModel& m) {
   const int64_t limit = prompt_token_limit(m.limits);
   if (limit > 0 && static_cast<int64_t>(tokens) > limit)
-    throw too_long("the prompt has " + std::to_string(tokens) + " tokens; at most " + std::to_string(limit) +
+    throw too_long("the prompt has " + std::to_string(tokens) + " tokens; at most " +
+                   std::to_string(limit) +
                    " are allowed (--max-prompt-tokens or the context): shorten it");
 }
 
 std::vector<int32_t> encode_text(const std::string& text, const ServedModel& m) {
-  if (m.tokenizer == nullptr) throw bad("this model has no tokenizer: send 'prompt' as an array of token ids");
+  if (m.tokenizer == nullptr)
+    throw bad("this model has no tokenizer: send 'prompt' as an array of token ids");
   check_text_fits(text.size(), "'prompt'", m);
   std::vector<int32_t> ids;
   if (m.add_bos && m.tokenizer->bos_id() >= 0) ids.push_back(m.tokenizer->bos_id());
@@ -96,9 +102,11 @@ std::vector<int32_t> parse_prompt(const json& b, const ServedModel& m) {
     }
     std::vector<int32_t> ids;
     for (const json& e : p) {
-      if (!e.is_number_integer()) throw bad("'prompt' must be a string, or an array of token ids (one prompt per request)");
+      if (!e.is_number_integer())
+        throw bad("'prompt' must be a string, or an array of token ids (one prompt per request)");
       const auto v = e.get<int64_t>();
-      if (v < 0 || v > INT32_MAX) throw bad("'prompt' holds token id " + std::to_string(v) + " outside the vocabulary");
+      if (v < 0 || v > INT32_MAX)
+        throw bad("'prompt' holds token id " + std::to_string(v) + " outside the vocabulary");
       ids.push_back(static_cast<int32_t>(v));
     }
     return ids;
@@ -108,7 +116,8 @@ std::vector<int32_t> parse_prompt(const json& b, const ServedModel& m) {
 
 // The text of token ids as the engine streams it (Tokenizer::piece_after; BOS adds none);
 // offsets[i]: where token i's text starts. Without a tokenizer: no text.
-std::string ids_text(std::span<const int32_t> ids, const ServedModel& m, std::vector<size_t>& offsets) {
+std::string ids_text(std::span<const int32_t> ids, const ServedModel& m,
+                     std::vector<size_t>& offsets) {
   offsets.clear();
   std::string text;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -128,13 +137,15 @@ std::vector<ChatMessage> parse_messages(const json& b) {
       throw bad("each message needs a string 'role'");
     for (const auto& [key, value] : m.items()) {
       if (key == "role" || key == "content") continue;
-      if (key == "name")  // chat templates here have no place for it; dropping it changes the prompt
+      if (key ==
+          "name")  // chat templates here have no place for it; dropping it changes the prompt
         throw bad("message 'name' is not supported by this server; omit it");
       throw bad("unrecognized message field '" + key + "'; messages take 'role' and 'content'");
     }
     ChatMessage cm;
     cm.role = m["role"].get<std::string>();
-    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "developer")
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" &&
+        cm.role != "developer")
       throw bad("unknown message role '" + cm.role + "'");
     if (cm.role == "developer") cm.role = "system";
     const auto c = m.find("content");
@@ -171,7 +182,8 @@ void refuse_unsupported(const json& body, bool chat) {
   };
   for (const char* key : {"presence_penalty", "frequency_penalty"})
     if (const json* v = given(key); v && !(v->is_number() && v->get<double>() == 0.0)) refuse(key);
-  if (const json* v = given("logit_bias"); v && !(v->is_object() && v->empty())) refuse("logit_bias");
+  if (const json* v = given("logit_bias"); v && !(v->is_object() && v->empty()))
+    refuse("logit_bias");
   if (chat) {
     for (const char* key : {"tools", "functions"})
       if (const json* v = given(key); v && !(v->is_array() && v->empty())) refuse(key);
@@ -179,7 +191,8 @@ void refuse_unsupported(const json& body, bool chat) {
       if (const json* v = given(key); v && *v != "none") refuse(key);
     if (const json* v = given("response_format")) {
       const auto type = v->is_object() ? v->find("type") : v->end();
-      if (!v->is_object() || type == v->end() || !type->is_string() || *type != "text") refuse("response_format");
+      if (!v->is_object() || type == v->end() || !type->is_string() || *type != "text")
+        refuse("response_format");
     }
     if (const json* v = given("modalities"); v && *v != json::array({"text"})) refuse("modalities");
   } else {
@@ -189,20 +202,38 @@ void refuse_unsupported(const json& body, bool chat) {
   // A tenant's salt must keep its prefixes apart from other tenants'; ignoring it would share
   // them. Refused until the server implements it.
   if (given("cache_salt"))
-    throw bad("'cache_salt' is not supported by this server yet: prefixes are shared between all its requests; omit it");
+    throw bad(
+        "'cache_salt' is not supported by this server yet: prefixes are shared between all its "
+        "requests; omit it");
 }
 
 // Every field a request may carry; anything else is refused, as OpenAI refuses an
 // unrecognized argument, so that a misspelt or unimplemented parameter never goes unnoticed.
 void refuse_unknown(const json& body, bool chat) {
-  static const std::set<std::string, std::less<>> common = {
-      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "n", "stop",
-      "stop_token_ids", "stream", "stream_options", "logprobs", "ignore_eos", "presence_penalty",
-      "frequency_penalty", "logit_bias", "cache_salt"};
-  static const std::set<std::string, std::less<>> completions = {"prompt", "echo", "best_of", "suffix"};
+  static const std::set<std::string, std::less<>> common = {"model",
+                                                            "max_tokens",
+                                                            "temperature",
+                                                            "top_p",
+                                                            "top_k",
+                                                            "min_p",
+                                                            "repetition_penalty",
+                                                            "seed",
+                                                            "n",
+                                                            "stop",
+                                                            "stop_token_ids",
+                                                            "stream",
+                                                            "stream_options",
+                                                            "logprobs",
+                                                            "ignore_eos",
+                                                            "presence_penalty",
+                                                            "frequency_penalty",
+                                                            "logit_bias",
+                                                            "cache_salt"};
+  static const std::set<std::string, std::less<>> completions = {"prompt", "echo", "best_of",
+                                                                 "suffix"};
   static const std::set<std::string, std::less<>> chat_only = {
-      "messages", "max_completion_tokens", "top_logprobs", "tools", "functions", "tool_choice", "function_call",
-      "response_format", "modalities"};
+      "messages",    "max_completion_tokens", "top_logprobs",    "tools",     "functions",
+      "tool_choice", "function_call",         "response_format", "modalities"};
   for (const auto& item : body.items()) {
     const std::string& key = item.key();  // not a structured binding: clang 14 cannot capture one
     if (common.count(key) != 0 || (chat ? chat_only : completions).count(key) != 0) continue;
@@ -211,7 +242,8 @@ void refuse_unknown(const json& body, bool chat) {
       continue;
     throw bad("unrecognized request argument '" + key + "'" +
               ((chat ? completions : chat_only).count(key) != 0
-                   ? std::string(chat ? " (a /v1/completions parameter)" : " (a /v1/chat/completions parameter)")
+                   ? std::string(chat ? " (a /v1/completions parameter)"
+                                      : " (a /v1/chat/completions parameter)")
                    : std::string()) +
               "; remove it");
   }
@@ -219,10 +251,16 @@ void refuse_unknown(const json& body, bool chat) {
 
 }  // namespace
 
-std::string to_json_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string to_json_text(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 json error_body(const std::string& message, const std::string& type, const std::string& code) {
-  return json{{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", code.empty() ? json() : json(code)}}}};
+  return json{{"error",
+               {{"message", message},
+                {"type", type},
+                {"param", nullptr},
+                {"code", code.empty() ? json() : json(code)}}}};
 }
 
 ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& model) {
@@ -233,13 +271,15 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
     if (!it->is_string()) throw bad("'model' must be a string");
     if (it->get<std::string>() != model.name)
       throw ApiError(404, "invalid_request_error", "model_not_found",
-                     "The model '" + it->get<std::string>() + "' does not exist; this server serves '" + model.name + "'");
+                     "The model '" + it->get<std::string>() +
+                         "' does not exist; this server serves '" + model.name + "'");
   }
   refuse_unknown(body, chat);
   refuse_unsupported(body, chat);
   RequestParams& p = r.params;
   if (chat) {
-    if (model.tokenizer == nullptr) throw bad("chat completions need a tokenizer; this model has none");
+    if (model.tokenizer == nullptr)
+      throw bad("chat completions need a tokenizer; this model has none");
     const std::vector<ChatMessage> messages = parse_messages(body);
     size_t bytes = 0;
     for (const ChatMessage& m : messages) bytes += m.content.size();
@@ -253,23 +293,28 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
   if (p.prompt.empty()) throw bad("the prompt encodes to no tokens");
   check_prompt_tokens(p.prompt.size(), model);
   if (!chat) r.echo = get_bool(body, "echo", false);
-  const char* max_key = chat && given(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  const char* max_key =
+      chat && given(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   const int64_t least = r.echo ? 0 : 1;
   const int64_t context = model.limits.max_context;
   // Without a max_tokens the default shrinks to what the context leaves after the prompt.
   p.max_tokens = given(body, max_key) ? get_int(body, max_key, 0)
-                 : context > 0 ? std::max(least, std::min(model.default_max_tokens, context - static_cast<int64_t>(p.prompt.size())))
-                               : model.default_max_tokens;
+                 : context > 0
+                     ? std::max(least, std::min(model.default_max_tokens,
+                                                context - static_cast<int64_t>(p.prompt.size())))
+                     : model.default_max_tokens;
   if (p.max_tokens < least || (context > 0 && p.max_tokens > context))
     throw bad("'" + std::string(max_key) + "' must be in [" + std::to_string(least) + ", " +
-              (context > 0 ? std::to_string(context) + "] (the context)" : std::string("...]")) + ", got " +
-              std::to_string(p.max_tokens) + (r.echo ? "" : " (0 only with \"echo\": true)"));
+              (context > 0 ? std::to_string(context) + "] (the context)" : std::string("...]")) +
+              ", got " + std::to_string(p.max_tokens) +
+              (r.echo ? "" : " (0 only with \"echo\": true)"));
   if (context > 0 && p.max_tokens > context - static_cast<int64_t>(p.prompt.size()))
-    throw too_long("the prompt (" + std::to_string(p.prompt.size()) + " tokens) + '" + max_key + "' (" +
-                   std::to_string(p.max_tokens) + ") exceed the context of " + std::to_string(context) +
-                   " tokens; shorten the prompt or lower " + max_key);
+    throw too_long("the prompt (" + std::to_string(p.prompt.size()) + " tokens) + '" + max_key +
+                   "' (" + std::to_string(p.max_tokens) + ") exceed the context of " +
+                   std::to_string(context) + " tokens; shorten the prompt or lower " + max_key);
   p.sampler.temperature = static_cast<float>(get_number(body, "temperature", 1.0));
-  if (p.sampler.temperature < 0 || p.sampler.temperature > 2) throw bad("'temperature' must be in [0, 2]");
+  if (p.sampler.temperature < 0 || p.sampler.temperature > 2)
+    throw bad("'temperature' must be in [0, 2]");
   p.sampler.top_p = static_cast<float>(get_number(body, "top_p", 1.0));
   if (p.sampler.top_p <= 0 || p.sampler.top_p > 1) throw bad("'top_p' must be in (0, 1]");
   const int64_t top_k = get_int(body, "top_k", 0);
@@ -297,7 +342,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
   if (r.echo) {
     const auto it = body.find("prompt");
     const std::string decoded = ids_text(p.prompt, model, r.prompt_offsets);
-    r.prompt_text = it->is_string() ? it->get<std::string>()
+    r.prompt_text = it->is_string()                             ? it->get<std::string>()
                     : (it->size() == 1 && (*it)[0].is_string()) ? (*it)[0].get<std::string>()
                                                                 : decoded;
     r.first_piece = logprob_piece(model.tokenizer, p.prompt[0]);
@@ -305,13 +350,15 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
   }
   const int64_t n = get_int(body, "n", 1);
   if (n < 1 || n > model.limits.max_n)
-    throw bad("'n' must be in [1, " + std::to_string(model.limits.max_n) + "] (--max-n), got " + std::to_string(n));
+    throw bad("'n' must be in [1, " + std::to_string(model.limits.max_n) + "] (--max-n), got " +
+              std::to_string(n));
   p.n = static_cast<int32_t>(n);
   r.stream = get_bool(body, "stream", false);
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) throw bad("'stream_options' must be an object");
     for (const auto& [key, value] : it->items())
-      if (key != "include_usage") throw bad("unrecognized 'stream_options' field '" + key + "'; remove it");
+      if (key != "include_usage")
+        throw bad("unrecognized 'stream_options' field '" + key + "'; remove it");
     r.include_usage = get_bool(*it, "include_usage", false);
   }
   if (const auto it = body.find("stop"); it != body.end() && !it->is_null()) {
@@ -327,14 +374,16 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
     }
     if (static_cast<int64_t>(p.stop_strings.size()) > model.limits.max_stop_strings)
       throw bad("'stop' has " + std::to_string(p.stop_strings.size()) + " strings; at most " +
-                std::to_string(model.limits.max_stop_strings) + " are allowed (--max-stop-strings)");
+                std::to_string(model.limits.max_stop_strings) +
+                " are allowed (--max-stop-strings)");
     for (const std::string& s : p.stop_strings) {
       if (s.empty()) throw bad("'stop' strings must not be empty");
       if (static_cast<int64_t>(s.size()) > model.limits.max_stop_bytes)
         throw bad("a 'stop' string has " + std::to_string(s.size()) + " bytes; at most " +
                   std::to_string(model.limits.max_stop_bytes) + " are allowed (--max-stop-bytes)");
     }
-    if (!p.stop_strings.empty() && model.tokenizer == nullptr) throw bad("'stop' strings need a tokenizer");
+    if (!p.stop_strings.empty() && model.tokenizer == nullptr)
+      throw bad("'stop' strings need a tokenizer");
   }
   if (const auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
     if (!it->is_array()) throw bad("'stop_token_ids' must be an array of integers");
@@ -352,9 +401,12 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
 
 std::string openai_finish_reason(FinishReason r) {
   switch (r) {
-    case FinishReason::kLength: return "length";
-    case FinishReason::kError: return "error";
-    default: return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kError:
+      return "error";
+    default:
+      return "stop";
   }
 }
 
@@ -370,9 +422,11 @@ json usage_json(const RequestStats& s) {
 }
 
 json logprobs_json(bool chat, std::span<const TokenLogprob> lps, size_t offset) {
-  if (chat) {  // {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
+  if (chat) {  // {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
+               // "bytes"}]}]}
     const auto entry = [](const LogprobEntry& e) {
-      json bytes = json::array();  // the piece's UTF-8 bytes (a byte token may hold half a character)
+      json bytes =
+          json::array();  // the piece's UTF-8 bytes (a byte token may hold half a character)
       for (const unsigned char ch : e.piece) bytes.push_back(static_cast<int>(ch));
       return json{{"token", e.piece}, {"logprob", e.logprob}, {"bytes", std::move(bytes)}};
     };
@@ -431,7 +485,8 @@ json choice_logprobs(const ApiRequest& req, const RequestOutput& out, size_t i) 
   return echo_logprobs_json(req, out.prompt_logprobs, out.samples[i].logprobs);
 }
 
-json completion_response(const ApiRequest& req, const RequestOutput& out, const std::string& model, int64_t created) {
+json completion_response(const ApiRequest& req, const RequestOutput& out, const std::string& model,
+                         int64_t created) {
   json choices = json::array();
   for (size_t i = 0; i < out.samples.size(); ++i) {
     const SampleOutput& s = out.samples[i];
@@ -453,10 +508,13 @@ json completion_response(const ApiRequest& req, const RequestOutput& out, const 
               {"usage", usage_json(out.stats)}};
 }
 
-json stream_chunk(const ApiRequest& req, uint64_t id, const std::string& model, int64_t created, int32_t index,
-                  const std::string& text, const std::string& finish, bool first, std::span<const TokenLogprob> logprobs,
-                  size_t text_offset, const std::vector<TokenLogprob>* prompt_logprobs) {
-  json c{{"index", index}, {"finish_reason", finish.empty() ? json() : json(finish)}, {"logprobs", nullptr}};
+json stream_chunk(const ApiRequest& req, uint64_t id, const std::string& model, int64_t created,
+                  int32_t index, const std::string& text, const std::string& finish, bool first,
+                  std::span<const TokenLogprob> logprobs, size_t text_offset,
+                  const std::vector<TokenLogprob>* prompt_logprobs) {
+  json c{{"index", index},
+         {"finish_reason", finish.empty() ? json() : json(finish)},
+         {"logprobs", nullptr}};
   const bool echo = req.echo && first;  // the echoed prompt leads the sample's first chunk
   // A chunk without tokens (the finish chunk, mostly) keeps "logprobs": null.
   if (echo && req.params.logprobs >= 0 && prompt_logprobs != nullptr)

@@ -3,9 +3,8 @@
 // ApiError carrying the HTTP status and OpenAI's error body fields.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -31,7 +30,8 @@ struct ApiError : std::runtime_error {
 std::string to_json_text(const nlohmann::json& j);
 
 // {"error": {"message", "type", "param": null, "code"}}
-nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& code);
+nlohmann::json error_body(const std::string& message, const std::string& type,
+                          const std::string& code);
 
 // Bounds on what one request may ask for (serve's flags), each checked before the work it
 // bounds: a prompt's bytes before it is tokenized, its tokens before it is queued.
@@ -40,18 +40,18 @@ struct RequestLimits {
   int64_t max_context = 0;        // prompt + max_tokens (the engine's); 0: left to the engine
   int32_t max_n = 64;
   int32_t max_stop_strings = 16;
-  int64_t max_stop_bytes = 256;   // per stop string
+  int64_t max_stop_bytes = 256;  // per stop string
 };
 
 // What the server knows of its model to turn requests into token ids.
 struct ServedModel {
-  std::string name;                  // the "model" id clients send and /v1/models lists
+  std::string name;                      // the "model" id clients send and /v1/models lists
   const Tokenizer* tokenizer = nullptr;  // nullptr: prompts must be token id arrays
   bool add_bos = true;
-  std::vector<int32_t> stop_ids;     // the model's end tokens (always stop)
+  std::vector<int32_t> stop_ids;  // the model's end tokens (always stop)
   ChatTemplate chat_template = ChatTemplate::kChatML;
   const SpecialTokens* specials = nullptr;  // with tokenizer
-  int64_t default_max_tokens = 16;   // OpenAI's completions default
+  int64_t default_max_tokens = 16;          // OpenAI's completions default
   RequestLimits limits;
 };
 
@@ -63,7 +63,7 @@ struct ApiRequest {
   // pieces), and with logprobs its tokens come first in them (the first one with null scores).
   bool echo = false;
   std::string prompt_text;
-  std::string first_piece;  // the prompt's first token, as logprobs name it
+  std::string first_piece;             // the prompt's first token, as logprobs name it
   std::vector<size_t> prompt_offsets;  // where each prompt token's text starts (text_offset)
   RequestParams params;
 };
@@ -77,19 +77,21 @@ struct ApiRequest {
 // other field is a 400 naming it, as OpenAI answers an unrecognized argument.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const ServedModel& model);
 // Request fields accepted and ignored: they name or label a request but never change its answer.
-inline constexpr const char* kIgnoredFields[] = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"};
+inline constexpr const char* kIgnoredFields[] = {"user", "metadata", "store", "service_tier",
+                                                 "parallel_tool_calls"};
 
 // Response bodies. created: unix seconds.
 nlohmann::json usage_json(const RequestStats& stats);
-nlohmann::json completion_response(const ApiRequest& req, const RequestOutput& out, const std::string& model,
-                                   int64_t created);
+nlohmann::json completion_response(const ApiRequest& req, const RequestOutput& out,
+                                   const std::string& model, int64_t created);
 // One streamed chunk (choices[0] = sample `index`). finish: empty while streaming. With
 // logprobs requested, the tokens this chunk covers (text_offset: bytes of the sample's text
 // before the first of them). With echo, the sample's first chunk starts with the prompt's text
 // and, given prompt_logprobs (StreamEvent::prompt_logprobs), its scores (text_offset is then
 // the echoed text's length).
-nlohmann::json stream_chunk(const ApiRequest& req, uint64_t id, const std::string& model, int64_t created,
-                            int32_t index, const std::string& text, const std::string& finish, bool first,
+nlohmann::json stream_chunk(const ApiRequest& req, uint64_t id, const std::string& model,
+                            int64_t created, int32_t index, const std::string& text,
+                            const std::string& finish, bool first,
                             std::span<const TokenLogprob> logprobs = {}, size_t text_offset = 0,
                             const std::vector<TokenLogprob>* prompt_logprobs = nullptr);
 // OpenAI's "logprobs" object: chat's {"content": [...]}, or completions' tokens /
@@ -99,7 +101,8 @@ nlohmann::json logprobs_json(bool chat, std::span<const TokenLogprob> logprobs, 
 // with echo, the prompt's text and scores first (echo_logprobs_json).
 std::string choice_text(const ApiRequest& req, const RequestOutput& out, size_t i);
 nlohmann::json choice_logprobs(const ApiRequest& req, const RequestOutput& out, size_t i);
-nlohmann::json echo_logprobs_json(const ApiRequest& req, std::span<const TokenLogprob> prompt_logprobs,
+nlohmann::json echo_logprobs_json(const ApiRequest& req,
+                                  std::span<const TokenLogprob> prompt_logprobs,
                                   std::span<const TokenLogprob> generated);
 std::string response_id(const ApiRequest& req, uint64_t id);  // "cmpl-N" / "chatcmpl-N"
 // "length"/"stop" as OpenAI names them (cancelled and error map to "stop"/"error").

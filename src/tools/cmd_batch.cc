@@ -2,14 +2,13 @@
 // "prompt" text or token ids, or chat "messages"; plus an optional "id"), runs them all through
 // one engine, and writes one JSON line per input line, in input order, with per-request stats.
 // A bad line gets {"error": ...} in its place; the others still run.
-#include <nlohmann/json.hpp>
-
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -85,14 +84,21 @@ void run_batch(const BatchOptions& o) {
           if (reqs[i]->params.logprobs >= 0) c["logprobs"] = choice_logprobs(*reqs[i], out, s);
           choices.push_back(std::move(c));
         }
-        json r{{"id", id}, {"line", i + 1}, {"choices", choices}, {"usage", usage_json(out.stats)},
-               {"stats", {{"queue_s", out.stats.queue_seconds}, {"ttft_s", out.stats.ttft_seconds},
-                          {"total_s", out.stats.total_seconds}, {"preemptions", out.stats.preemptions}}}};
+        json r{{"id", id},
+               {"line", i + 1},
+               {"choices", choices},
+               {"usage", usage_json(out.stats)},
+               {"stats",
+                {{"queue_s", out.stats.queue_seconds},
+                 {"ttft_s", out.stats.ttft_seconds},
+                 {"total_s", out.stats.total_seconds},
+                 {"preemptions", out.stats.preemptions}}}};
         if (!out.error.empty()) r["error"] = out.error;
         results[i] = std::move(r);
       });
     } catch (const json::exception& e) {
-      results[i] = {{"id", id}, {"line", i + 1}, {"error", std::string("malformed JSON: ") + e.what()}};
+      results[i] = {
+          {"id", id}, {"line", i + 1}, {"error", std::string("malformed JSON: ") + e.what()}};
     } catch (const ApiError& e) {
       results[i] = {{"id", id}, {"line", i + 1}, {"error", e.what()}};
     } catch (const Error& e) {
@@ -112,10 +118,13 @@ void run_batch(const BatchOptions& o) {
   out.flush();
   const EngineMetrics m = engine.metrics();
   std::fprintf(stderr,
-               "kvcache batch: %zu requests in %.3f s: %lld prompt tokens (%lld from the prefix cache), %lld generated "
+               "kvcache batch: %zu requests in %.3f s: %lld prompt tokens (%lld from the prefix "
+               "cache), %lld generated "
                "(%.1f tok/s), %lld preemptions, %lld steps\n",
-               lines.size(), secs, static_cast<long long>(m.prompt_tokens), static_cast<long long>(m.cached_prompt_tokens),
-               static_cast<long long>(m.generation_tokens), secs > 0 ? static_cast<double>(m.generation_tokens) / secs : 0.0,
+               lines.size(), secs, static_cast<long long>(m.prompt_tokens),
+               static_cast<long long>(m.cached_prompt_tokens),
+               static_cast<long long>(m.generation_tokens),
+               secs > 0 ? static_cast<double>(m.generation_tokens) / secs : 0.0,
                static_cast<long long>(m.preemptions), static_cast<long long>(m.steps));
 }
 
@@ -123,12 +132,18 @@ void run_batch(const BatchOptions& o) {
 
 void register_batch(CLI::App& app) {
   auto o = std::make_shared<BatchOptions>();
-  CLI::App* cmd = app.add_subcommand("batch", "Offline continuous batching: JSON lines of requests -> JSON lines of completions");
+  CLI::App* cmd = app.add_subcommand(
+      "batch", "Offline continuous batching: JSON lines of requests -> JSON lines of completions");
   add_engine_options(cmd, o->engine);
-  cmd->get_option("--max-waiting")->description("Refused: batch queues every input line at once (serve's queue limit)");
-  cmd->add_option("--input,-i", o->input, "JSON lines: {\"prompt\": ... | \"messages\": [...], \"max_tokens\", ...}")->required();
+  cmd->get_option("--max-waiting")
+      ->description("Refused: batch queues every input line at once (serve's queue limit)");
+  cmd->add_option("--input,-i", o->input,
+                  "JSON lines: {\"prompt\": ... | \"messages\": [...], \"max_tokens\", ...}")
+      ->required();
   cmd->add_option("--output,-o", o->output, "Where to write the results (default: stdout)");
-  cmd->add_option("--chat-template", o->chat_template, "chatml, llama2 or llama3 (default: the model's tokenizer.chat_template, else its vocabulary)");
+  cmd->add_option("--chat-template", o->chat_template,
+                  "chatml, llama2 or llama3 (default: the model's tokenizer.chat_template, else "
+                  "its vocabulary)");
   cmd->callback([o] { run_batch(*o); });
 }
 

@@ -35,7 +35,8 @@ PrefixReuseParams parse_prefix_reuse(const std::string& text, int repetitions) {
   try {
     size_t used = 0;
     p.n_prompt = std::stoll(text.substr(0, colon), &used);
-    if (used != (colon == std::string::npos ? text.size() : colon)) throw std::invalid_argument("n");
+    if (used != (colon == std::string::npos ? text.size() : colon))
+      throw std::invalid_argument("n");
     if (colon != std::string::npos) {
       const std::string f = text.substr(colon + 1);
       p.shared_fraction = std::stod(f, &used);
@@ -50,11 +51,13 @@ PrefixReuseParams parse_prefix_reuse(const std::string& text, int repetitions) {
 
 void run_prefix_reuse_cmd(BenchOptions& o, const Model& model) {
   if (o.caches.size() != 1)
-    throw Error(ErrorKind::kInvalidArgument, "--prefix-reuse measures one cache: pass --cache paged");
+    throw Error(ErrorKind::kInvalidArgument,
+                "--prefix-reuse measures one cache: pass --cache paged");
   ModelOptions mo = o.model;
   mo.cache = o.caches[0];
   const SessionConfig sc = session_config(mo, model);
-  const PrefixReuseResult r = run_prefix_reuse_bench(model, sc, parse_prefix_reuse(o.prefix_reuse, o.params.repetitions));
+  const PrefixReuseResult r =
+      run_prefix_reuse_bench(model, sc, parse_prefix_reuse(o.prefix_reuse, o.params.repetitions));
   if (o.output == "json") {
     const nlohmann::json j = {{"test", "prefix_reuse"},
                               {"model_filename", o.model.model},
@@ -96,11 +99,14 @@ void run_prefix_reuse_cmd(BenchOptions& o, const Model& model) {
   }
 }
 
-std::string mib(size_t n) { return fmt::format("{:.2f} MiB", static_cast<double>(n) / (1 << 20)); }
+std::string mib(size_t n) {
+  return fmt::format("{:.2f} MiB", static_cast<double>(n) / (1 << 20));
+}
 
 void run_bench_cmd(BenchOptions& o) {
   if (o.output != "table" && o.output != "json") {
-    throw Error(ErrorKind::kInvalidArgument, "-o must be 'table' or 'json', got '" + o.output + "'");
+    throw Error(ErrorKind::kInvalidArgument,
+                "-o must be 'table' or 'json', got '" + o.output + "'");
   }
   RunShape shape;  // random token ids, no text
   shape.caches = o.caches;
@@ -128,13 +134,15 @@ void run_bench_cmd(BenchOptions& o) {
     std::vector<BenchResult> r = run_bench(model, sc, o.params);
     if (o.output == "table") {
       if (all.empty()) {
-        std::printf("| model | size | params | weights | cache | kv | threads | test | t/s | KV bytes |\n");
+        std::printf(
+            "| model | size | params | weights | cache | kv | threads | test | t/s | KV bytes |\n");
         std::printf("| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |\n");
       }
       for (const BenchResult& b : r) {
-        std::printf("| %s | %s | %.2f M | %s | %s | %s | %d | %s | %.2f ± %.2f | %zu |\n", o.model.model.c_str(),
-                    mib(model.weight_bytes()).c_str(), static_cast<double>(n_params) / 1e6, wdtype.c_str(),
-                    b.cache.c_str(), b.kv_dtype.c_str(), b.n_threads, b.name().c_str(), b.avg_ts, b.stddev_ts,
+        std::printf("| %s | %s | %.2f M | %s | %s | %s | %d | %s | %.2f ± %.2f | %zu |\n",
+                    o.model.model.c_str(), mib(model.weight_bytes()).c_str(),
+                    static_cast<double>(n_params) / 1e6, wdtype.c_str(), b.cache.c_str(),
+                    b.kv_dtype.c_str(), b.n_threads, b.name().c_str(), b.avg_ts, b.stddev_ts,
                     b.kv_bytes);
         std::fflush(stdout);
       }
@@ -172,18 +180,24 @@ void run_bench_cmd(BenchOptions& o) {
 
 void register_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  CLI::App* cmd = app.add_subcommand("bench", "Prompt processing / token generation speed (llama-bench style)");
+  CLI::App* cmd =
+      app.add_subcommand("bench", "Prompt processing / token generation speed (llama-bench style)");
   add_model_options(cmd, o->model);
   cmd->remove_option(cmd->get_option("--cache"));
-  cmd->add_option("--cache", o->caches, "Cache implementations to compare, comma-separated")->delimiter(',');
-  cmd->add_option("-p,--n-prompt", o->params.n_prompt, "Prompt lengths (pp tests), comma-separated")->delimiter(',');
-  cmd->add_option("-n,--n-gen", o->params.n_gen, "Generation lengths (tg tests), comma-separated")->delimiter(',');
-  cmd->add_option("-d,--n-depth", o->params.depths, "Tokens already in the cache, comma-separated")->delimiter(',');
+  cmd->add_option("--cache", o->caches, "Cache implementations to compare, comma-separated")
+      ->delimiter(',');
+  cmd->add_option("-p,--n-prompt", o->params.n_prompt, "Prompt lengths (pp tests), comma-separated")
+      ->delimiter(',');
+  cmd->add_option("-n,--n-gen", o->params.n_gen, "Generation lengths (tg tests), comma-separated")
+      ->delimiter(',');
+  cmd->add_option("-d,--n-depth", o->params.depths, "Tokens already in the cache, comma-separated")
+      ->delimiter(',');
   cmd->add_option("-r,--repetitions", o->params.repetitions, "Repetitions per test");
   cmd->add_option("-o,--output", o->output, "table or json");
-  cmd->add_option("--prefix-reuse", o->prefix_reuse,
-                  "TOKENS:FRACTION, e.g. 2000:0.9: time to first token cold vs with FRACTION of the prompt "
-                  "cached (--cache paged); replaces the pp/tg tests");
+  cmd->add_option(
+      "--prefix-reuse", o->prefix_reuse,
+      "TOKENS:FRACTION, e.g. 2000:0.9: time to first token cold vs with FRACTION of the prompt "
+      "cached (--cache paged); replaces the pp/tg tests");
   cmd->callback([o] { run_bench_cmd(*o); });
 }
 

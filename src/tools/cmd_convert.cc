@@ -49,10 +49,13 @@ void run_convert(const CLI::App& cmd, const ConvertOptions& o) {
 void register_convert(CLI::App& app) {
   auto o = std::make_shared<ConvertOptions>();
   CLI::App* cmd = app.add_subcommand("convert", "Convert a model (llama2.c .bin) to GGUF v3");
-  cmd->add_option("--model,-m", o->model, "Input model (llama2.c checkpoint, GGUF, HF folder)")->required();
-  cmd->add_option("--tokenizer", o->tokenizer, "llama2.c tokenizer.bin (default: beside the checkpoint)");
+  cmd->add_option("--model,-m", o->model, "Input model (llama2.c checkpoint, GGUF, HF folder)")
+      ->required();
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "llama2.c tokenizer.bin (default: beside the checkpoint)");
   cmd->add_option("-o,--output", o->out, "Output .gguf path")->required();
-  cmd->add_option("--dtype", o->dtype, "Re-encode weight matrices: f32, f16, bf16, q8_0 (default: keep)");
+  cmd->add_option("--dtype", o->dtype,
+                  "Re-encode weight matrices: f32, f16, bf16, q8_0 (default: keep)");
   cmd->callback([o, cmd] { run_convert(*cmd, *o); });
 }
 

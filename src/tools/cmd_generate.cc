@@ -40,21 +40,24 @@ struct GenerateOptions {
 // Text of token `id` following `prev` as the stream shows it: llama2.c's decode + safe_printf
 // for its tokenizer; otherwise the token's bytes, minus the SentencePiece space after BOS.
 std::string piece(const Tokenizer& tok, int32_t prev, int32_t id) {
-  if (const auto* l2c = dynamic_cast<const Llama2cTokenizer*>(&tok)) return l2c->decode_for_print(prev, id);
+  if (const auto* l2c = dynamic_cast<const Llama2cTokenizer*>(&tok))
+    return l2c->decode_for_print(prev, id);
   return tok.piece_after(prev, id);
 }
 
 void run_generate(const GenerateOptions& o) {
   if (o.output != "text" && o.output != "ids") {
-    throw Error(ErrorKind::kInvalidArgument, "--output must be 'text' or 'ids', got '" + o.output + "'");
+    throw Error(ErrorKind::kInvalidArgument,
+                "--output must be 'text' or 'ids', got '" + o.output + "'");
   }
   if (o.has_prompt && !o.prompt_ids.empty()) {
     throw Error(ErrorKind::kInvalidArgument, "give either --prompt or --prompt-ids, not both");
   }
   validate_sampler_params(o.sampler);  // before the model loads and the prompt is echoed
   if (!(o.verify_tol >= 0 && std::isfinite(o.verify_tol)))  // 0: the default for the KV dtype
-    throw Error(ErrorKind::kInvalidArgument, "--verify-tol must be a positive relative tolerance, got " +
-                                                 fmt::format("{}", o.verify_tol));
+    throw Error(ErrorKind::kInvalidArgument,
+                "--verify-tol must be a positive relative tolerance, got " +
+                    fmt::format("{}", o.verify_tol));
   RunShape shape;
   shape.caches = {o.model.cache};
   shape.kv_budget = !o.model.kv_budget.empty();
@@ -100,11 +103,13 @@ void run_generate(const GenerateOptions& o) {
   const int64_t room = ctx - static_cast<int64_t>(prompt.size()) + 1;
   if (room <= 0) {
     throw Error(ErrorKind::kInvalidArgument, "the prompt has " + std::to_string(prompt.size()) +
-                                                 " tokens; the model's context is " + std::to_string(ctx));
+                                                 " tokens; the model's context is " +
+                                                 std::to_string(ctx));
   }
   if (gp.max_new_tokens > room) {
     std::fprintf(stderr, "kvcache: -n %lld exceeds the context (%lld positions); generating %lld\n",
-                 static_cast<long long>(gp.max_new_tokens), static_cast<long long>(ctx), static_cast<long long>(room));
+                 static_cast<long long>(gp.max_new_tokens), static_cast<long long>(ctx),
+                 static_cast<long long>(room));
     gp.max_new_tokens = room;
   }
 
@@ -114,7 +119,8 @@ void run_generate(const GenerateOptions& o) {
   if (text) {
     const Tokenizer& tok = *lm.tokenizer;
     for (size_t i = 0; i < prompt.size(); ++i) {
-      if (!(i == 0 && prompt[i] == tok.bos_id())) std::fputs(piece(tok, prev, prompt[i]).c_str(), stdout);
+      if (!(i == 0 && prompt[i] == tok.bos_id()))
+        std::fputs(piece(tok, prev, prompt[i]).c_str(), stdout);
       prev = prompt[i];
     }
     std::fflush(stdout);
@@ -137,21 +143,26 @@ void run_generate(const GenerateOptions& o) {
   std::fputs("\n", stdout);
   std::fflush(stdout);
 
-  std::fprintf(stderr,
-               "%s\nprompt tokens: %lld | new tokens: %lld%s | prefill: %.1f tok/s | decode: %.1f tok/s | "
-               "cache: %s (%s, kv %s) | KV bytes: %zu\n",
-               model.config().summary().c_str(), static_cast<long long>(st.prompt_tokens),
-               static_cast<long long>(st.new_tokens), st.stopped ? " (stopped at end token)" : "",
-               st.prefill_tps(), st.decode_tps(), sc.cache.implementation.c_str(),
-               sc.kernel.c_str(), dtype_name(sc.cache.kv_dtype.value_or(DType::kF32)), st.kv_bytes);
+  std::fprintf(
+      stderr,
+      "%s\nprompt tokens: %lld | new tokens: %lld%s | prefill: %.1f tok/s | decode: %.1f tok/s | "
+      "cache: %s (%s, kv %s) | KV bytes: %zu\n",
+      model.config().summary().c_str(), static_cast<long long>(st.prompt_tokens),
+      static_cast<long long>(st.new_tokens), st.stopped ? " (stopped at end token)" : "",
+      st.prefill_tps(), st.decode_tps(), sc.cache.implementation.c_str(), sc.kernel.c_str(),
+      dtype_name(sc.cache.kv_dtype.value_or(DType::kF32)), st.kv_bytes);
   if (o.verify) {
-    std::fprintf(stderr, "verify: max relative logit difference vs no-cache recompute: %.3g (tolerance %.3g)%s\n",
-                 st.verify_max_rel_diff, st.verify_tolerance, st.verify_failures ? " FAILED" : " ok");
+    std::fprintf(
+        stderr,
+        "verify: max relative logit difference vs no-cache recompute: %.3g (tolerance %.3g)%s\n",
+        st.verify_max_rel_diff, st.verify_tolerance, st.verify_failures ? " FAILED" : " ok");
     if (st.verify_failures > 0) {
       if (sc.cache.implementation == "quantized" && o.verify_tol <= 0)
         std::fprintf(stderr,
-                     "verify: the quantized cache is lossy by design; the tolerance above is the %s KV dtype's. "
-                     "The difference measures quantization error (a defect shows as far larger); set the error "
+                     "verify: the quantized cache is lossy by design; the tolerance above is the "
+                     "%s KV dtype's. "
+                     "The difference measures quantization error (a defect shows as far larger); "
+                     "set the error "
                      "you accept with --verify-tol\n",
                      dtype_name(sc.cache.kv_dtype.value_or(DType::kF32)));
       std::fflush(stderr);
@@ -164,10 +175,13 @@ void run_generate(const GenerateOptions& o) {
 
 void register_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate text with a model through a KV cache container");
+  CLI::App* cmd =
+      app.add_subcommand("generate", "Generate text with a model through a KV cache container");
   add_model_options(cmd, o->model);
-  cmd->add_option("--prompt,-p", o->prompt, "Prompt text (BOS is prepended)")->each([o](const std::string&) { o->has_prompt = true; });
-  cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids, e.g. \"1 403 407\" (no BOS added)");
+  cmd->add_option("--prompt,-p", o->prompt, "Prompt text (BOS is prepended)")
+      ->each([o](const std::string&) { o->has_prompt = true; });
+  cmd->add_option("--prompt-ids", o->prompt_ids,
+                  "Prompt as token ids, e.g. \"1 403 407\" (no BOS added)");
   cmd->add_option("-n,--n-predict", o->n, "New tokens to generate (the prompt not counted)");
   cmd->add_option("--temp", o->sampler.temperature, "Temperature; 0 = greedy");
   cmd->add_option("--top-k", o->sampler.top_k, "Top-k (0 = off)");
@@ -178,8 +192,9 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", o->sampler.seed, "Sampler seed (PCG32)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Generate all N tokens, past end tokens");
   cmd->add_option("--output", o->output, "text (default) or ids");
-  cmd->add_flag("--verify", o->verify,
-                "After each step compare logits with a no-cache recompute; exit 3 past the tolerance");
+  cmd->add_flag(
+      "--verify", o->verify,
+      "After each step compare logits with a no-cache recompute; exit 3 past the tolerance");
   cmd->add_option("--verify-tol", o->verify_tol,
                   "Relative tolerance of --verify (default: 1e-4 for f32 KV, 1e-2 f16, 5e-2 bf16)");
   cmd->callback([o] { run_generate(*o); });

@@ -62,7 +62,8 @@ void run_logits(LogitsOptions& o) {
 
 void register_logits(CLI::App& app) {
   auto o = std::make_shared<LogitsOptions>();
-  CLI::App* cmd = app.add_subcommand("logits", "Write the next-token logits of every position (float32 [n][vocab])");
+  CLI::App* cmd = app.add_subcommand(
+      "logits", "Write the next-token logits of every position (float32 [n][vocab])");
   add_model_options(cmd, o->model);
   cmd->add_option("--prompt-ids", o->prompt_ids, "Token ids, e.g. \"1 403 407\"")->required();
   cmd->add_option("-o,--output", o->out, "Output file")->required();

@@ -59,7 +59,8 @@ double max_abs_diff(const TensorView& a, const TensorView& b) {
   copy_view(b, fb.view());
   double err = 0;
   for (int64_t i = 0; i < fa.numel(); ++i)
-    err = std::max(err, static_cast<double>(std::fabs(fa.data_as<float>()[i] - fb.data_as<float>()[i])));
+    err = std::max(err,
+                   static_cast<double>(std::fabs(fa.data_as<float>()[i] - fb.data_as<float>()[i])));
   return err;
 }
 
@@ -149,7 +150,8 @@ void run_demo(const RunOptions& o) {
       // query may see (W - 1 keys).
       const Tensor k = gather_paged(span.paged, false), v = gather_paged(span.paged, true);
       n = k.view().dim(2);
-      first = name.find("sliding") != std::string::npos ? std::max<int64_t>(0, total - o.window + 1) : 0;
+      first = name.find("sliding") != std::string::npos ? std::max<int64_t>(0, total - o.window + 1)
+                                                        : 0;
       ok = n == total && same_bits(k.view().slice(2, first, total), ref.k.slice(2, first, total)) &&
            same_bits(v.view().slice(2, first, total), ref.v.slice(2, first, total));
       n = total - first;
@@ -166,13 +168,12 @@ void run_demo(const RunOptions& o) {
            same_bits(qk.v_residual, ref.v.slice(2, p, total));
       Tensor dk, dv;
       dequantize_quant_kv(qk, &dk, &dv);
-      const double err =
-          qk.packed_len() == 0
-              ? 0.0
-              : std::max(max_abs_diff(dk.view().slice(2, 0, qk.packed_len()),
-                                      ref.k.slice(2, span.kv_offset, p)),
-                         max_abs_diff(dv.view().slice(2, 0, qk.packed_len()),
-                                      ref.v.slice(2, span.kv_offset, p)));
+      const double err = qk.packed_len() == 0
+                             ? 0.0
+                             : std::max(max_abs_diff(dk.view().slice(2, 0, qk.packed_len()),
+                                                     ref.k.slice(2, span.kv_offset, p)),
+                                        max_abs_diff(dv.view().slice(2, 0, qk.packed_len()),
+                                                     ref.v.slice(2, span.kv_offset, p)));
       verdict = ok ? fmt::format("residual equal, packed max|err| {:.3g}", err) : "DIFFERENT";
       const auto* quant = dynamic_cast<const QuantizedLayer*>(layer.get());
       stored = quant ? quant->packed_length() + quant->residual_length() : -1;
@@ -257,7 +258,8 @@ void register_run(CLI::App& app) {
   // --model FILE; --model none skips it.
   auto model = std::make_shared<ModelTableOptions>();
   model->model = "dummy:tiny";
-  cmd->add_option("--model", model->model, "model for the per-container table (file, folder, dummy:NAME, none)")
+  cmd->add_option("--model", model->model,
+                  "model for the per-container table (file, folder, dummy:NAME, none)")
       ->capture_default_str();
   cmd->callback([cmd, opts, model] {
     check_options(*cmd, RunShape{});  // every option takes effect

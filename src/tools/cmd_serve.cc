@@ -7,10 +7,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <chrono>
-
-#include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -60,8 +59,9 @@ void check_positive(double v, const char* flag) {
 
 void check_at_least(int64_t v, int64_t least, const char* flag) {
   if (v < least)
-    throw Error(ErrorKind::kInvalidArgument,
-                std::string(flag) + " must be >= " + std::to_string(least) + ", got " + std::to_string(v));
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        std::string(flag) + " must be >= " + std::to_string(least) + ", got " + std::to_string(v));
 }
 
 // SIGINT/SIGTERM -> one byte on a pipe (write() is async-signal-safe); a watcher thread turns
@@ -75,7 +75,8 @@ extern "C" void on_stop_signal(int) {
 }
 
 void run_serve(const ServeOptions& o) {
-  if (::pipe(g_signal_pipe) != 0) throw Error(ErrorKind::kIo, "serve: cannot create the signal pipe");
+  if (::pipe(g_signal_pipe) != 0)
+    throw Error(ErrorKind::kIo, "serve: cannot create the signal pipe");
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
@@ -83,14 +84,16 @@ void run_serve(const ServeOptions& o) {
   sigaction(SIGTERM, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-stream is a failed write, not a crash
 
-  if (o.port < 0 || o.port > 65535) throw Error(ErrorKind::kInvalidArgument, "--port must be in [0, 65535]");
+  if (o.port < 0 || o.port > 65535)
+    throw Error(ErrorKind::kInvalidArgument, "--port must be in [0, 65535]");
   if (o.default_max_tokens < 1)  // every request without max_tokens would be refused
     throw Error(ErrorKind::kInvalidArgument,
                 "--default-max-tokens must be >= 1, got " + std::to_string(o.default_max_tokens));
   check_engine_options(o.engine);
   check_at_least(o.max_connections, 1, "--max-connections");
   if (o.max_connections > 65536)
-    throw Error(ErrorKind::kInvalidArgument, "--max-connections must be at most 65536 (a thread each)");
+    throw Error(ErrorKind::kInvalidArgument,
+                "--max-connections must be at most 65536 (a thread each)");
   check_positive(o.request_timeout_s, "--request-timeout");
   check_positive(o.idle_timeout_s, "--idle-timeout");
   check_positive(o.write_timeout_s, "--write-timeout");
@@ -106,14 +109,16 @@ void run_serve(const ServeOptions& o) {
     throw Error(e.kind(), std::string("--max-body-bytes: ") + e.what());
   }
   if (max_body < 1024 || max_body > (uint64_t{1} << 32))
-    throw Error(ErrorKind::kInvalidArgument, "--max-body-bytes must be in [1KiB, 4GiB], got " + o.max_body);
+    throw Error(ErrorKind::kInvalidArgument,
+                "--max-body-bytes must be in [1KiB, 4GiB], got " + o.max_body);
   LoadedModel lm = load_model(o.engine.model.model, load_options(o.engine.model));
   check_engine_options(o.engine, &lm);
   EngineConfig ec = engine_config(o.engine, *lm.model);
   ec.check_invariants_every_step = o.check_invariants;
   if (o.max_n > ec.max_running)
-    throw Error(ErrorKind::kInvalidArgument, "--max-n " + std::to_string(o.max_n) + " is more than --max-running " +
-                                                 std::to_string(ec.max_running) + ": a request's samples run at once");
+    throw Error(ErrorKind::kInvalidArgument,
+                "--max-n " + std::to_string(o.max_n) + " is more than --max-running " +
+                    std::to_string(ec.max_running) + ": a request's samples run at once");
   Engine engine(*lm.model, lm.tokenizer.get(), ec);
 
   ServedModel sm;
@@ -132,7 +137,8 @@ void run_serve(const ServeOptions& o) {
   if (lm.tokenizer) {
     specials = std::make_unique<SpecialTokens>(*lm.tokenizer);
     sm.specials = specials.get();
-    const ChatTemplateChoice choice = choose_chat_template(o.chat_template, lm.chat_template, *lm.tokenizer);
+    const ChatTemplateChoice choice =
+        choose_chat_template(o.chat_template, lm.chat_template, *lm.tokenizer);
     sm.chat_template = choice.tmpl;
     template_source = choice.source;
   } else if (!o.chat_template.empty()) {
@@ -151,11 +157,14 @@ void run_serve(const ServeOptions& o) {
   hc.drain_timeout_s = o.drain_timeout_s;
   HttpServer server(engine, sm, hc);
   server.bind();
-  std::fprintf(stderr, "kvcache serve: model %s, %s KV blocks of %lld tokens, context %lld, chat template %s (from %s)%s\n",
+  std::fprintf(stderr,
+               "kvcache serve: model %s, %s KV blocks of %lld tokens, context %lld, chat template "
+               "%s (from %s)%s\n",
                sm.name.c_str(), std::to_string(engine.metrics().blocks_total).c_str(),
                static_cast<long long>(ec.cache.paged.block_tokens),
-               static_cast<long long>(engine.max_context()),
-               chat_template_name(sm.chat_template), template_source.c_str(), lm.tokenizer ? "" : " (no tokenizer: token-id prompts only)");
+               static_cast<long long>(engine.max_context()), chat_template_name(sm.chat_template),
+               template_source.c_str(),
+               lm.tokenizer ? "" : " (no tokenizer: token-id prompts only)");
   std::fprintf(stderr, "listening on http://%s:%d\n", o.host.c_str(), server.port());
   std::fflush(stderr);
 
@@ -170,12 +179,14 @@ void run_serve(const ServeOptions& o) {
       int timeout_ms = -1;
       if (signals > 0)
         timeout_ms = static_cast<int>(std::max<int64_t>(
-            0, std::chrono::duration_cast<std::chrono::milliseconds>(hard_deadline - Clock::now()).count()));
+            0, std::chrono::duration_cast<std::chrono::milliseconds>(hard_deadline - Clock::now())
+                   .count()));
       pollfd p{g_signal_pipe[0], POLLIN, 0};
       const int r = ::poll(&p, 1, timeout_ms);
       if (r < 0 && errno == EINTR) continue;
       if (r == 0) {
-        std::fprintf(stderr, "kvcache serve: still running %.0f s after the stop signal; exiting now\n",
+        std::fprintf(stderr,
+                     "kvcache serve: still running %.0f s after the stop signal; exiting now\n",
                      o.drain_timeout_s + 10);
         std::fflush(stderr);
         std::_Exit(1);
@@ -184,8 +195,11 @@ void run_serve(const ServeOptions& o) {
       if (::read(g_signal_pipe[0], &c, 1) < 0 && errno == EINTR) continue;
       if (c == 0) return;  // run() returned
       if (++signals == 1) {
-        std::fprintf(stderr, "kvcache serve: stopping: draining in-flight requests for up to %.0f s\n", o.drain_timeout_s);
-        hard_deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>((o.drain_timeout_s + 10) * 1000));
+        std::fprintf(stderr,
+                     "kvcache serve: stopping: draining in-flight requests for up to %.0f s\n",
+                     o.drain_timeout_s);
+        hard_deadline = Clock::now() + std::chrono::milliseconds(
+                                           static_cast<int64_t>((o.drain_timeout_s + 10) * 1000));
         stopper = std::thread([&server] { server.stop(); });
       } else {
         server.stop_now();
@@ -204,41 +218,56 @@ void run_serve(const ServeOptions& o) {
 
 void register_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
-  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
+  CLI::App* cmd =
+      app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
   add_engine_options(cmd, o->engine);
   cmd->add_option("--host", o->host, "Address to bind (default 127.0.0.1)");
-  cmd->add_option("--port", o->port, "Port (0: any free port; the ready line shows it)")->required();
-  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
-  cmd->add_option("--chat-template", o->chat_template, "chatml, llama2 or llama3 (default: the model's tokenizer.chat_template, else its vocabulary)");
-  cmd->add_option("--served-model-name", o->served_name, "The model id clients send (default: the --model string)");
-  cmd->add_option("--default-max-tokens", o->default_max_tokens,
-                  "max_tokens of requests that give none (default 256, cut to what the context leaves)");
+  cmd->add_option("--port", o->port, "Port (0: any free port; the ready line shows it)")
+      ->required();
+  cmd->add_option("--api-key", o->api_key,
+                  "Require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--chat-template", o->chat_template,
+                  "chatml, llama2 or llama3 (default: the model's tokenizer.chat_template, else "
+                  "its vocabulary)");
+  cmd->add_option("--served-model-name", o->served_name,
+                  "The model id clients send (default: the --model string)");
+  cmd->add_option(
+      "--default-max-tokens", o->default_max_tokens,
+      "max_tokens of requests that give none (default 256, cut to what the context leaves)");
   cmd->add_option("--max-connections", o->max_connections,
                   "Open HTTP connections (a thread each); past it a connection gets 503 at once")
       ->capture_default_str();
   cmd->add_option("--request-timeout", o->request_timeout_s,
                   "Seconds to receive a whole request (headers and body) once it starts")
       ->capture_default_str();
-  cmd->add_option("--idle-timeout", o->idle_timeout_s, "Seconds a keep-alive connection may wait for its next request")
+  cmd->add_option("--idle-timeout", o->idle_timeout_s,
+                  "Seconds a keep-alive connection may wait for its next request")
       ->capture_default_str();
-  cmd->add_option("--write-timeout", o->write_timeout_s,
-                  "Seconds one write to a client may block (a client not reading its stream is cut)")
+  cmd->add_option(
+         "--write-timeout", o->write_timeout_s,
+         "Seconds one write to a client may block (a client not reading its stream is cut)")
       ->capture_default_str();
   cmd->add_option("--max-body-bytes", o->max_body, "Largest request body, e.g. 8MiB (larger: 413)")
       ->capture_default_str();
-  cmd->add_option("--drain-timeout", o->drain_timeout_s,
-                  "On SIGTERM/SIGINT, seconds in-flight requests may finish before they are cancelled")
+  cmd->add_option(
+         "--drain-timeout", o->drain_timeout_s,
+         "On SIGTERM/SIGINT, seconds in-flight requests may finish before they are cancelled")
       ->capture_default_str();
   cmd->add_option("--max-prompt-tokens", o->max_prompt_tokens,
-                  "Most prompt tokens a request may have (0: the context); longer text is refused before it is tokenized")
+                  "Most prompt tokens a request may have (0: the context); longer text is refused "
+                  "before it is tokenized")
       ->capture_default_str();
-  cmd->add_option("--max-n", o->max_n, "Most samples ('n') one request may ask for (at most --max-running)")
+  cmd->add_option("--max-n", o->max_n,
+                  "Most samples ('n') one request may ask for (at most --max-running)")
       ->capture_default_str();
-  cmd->add_option("--max-stop-strings", o->max_stop_strings, "Most 'stop' strings one request may give")
+  cmd->add_option("--max-stop-strings", o->max_stop_strings,
+                  "Most 'stop' strings one request may give")
       ->capture_default_str();
-  cmd->add_option("--max-stop-bytes", o->max_stop_bytes, "Longest 'stop' string in bytes")->capture_default_str();
-  cmd->add_flag("--check-invariants", o->check_invariants,
-                "Debug: check the engine's invariants after every step; a broken one ends the process");
+  cmd->add_option("--max-stop-bytes", o->max_stop_bytes, "Longest 'stop' string in bytes")
+      ->capture_default_str();
+  cmd->add_flag(
+      "--check-invariants", o->check_invariants,
+      "Debug: check the engine's invariants after every step; a broken one ends the process");
   cmd->callback([o] { run_serve(*o); });
 }
 

@@ -18,13 +18,15 @@ void register_tokenize(CLI::App& app) {
   auto* cmd = app.add_subcommand("tokenize", "Print the token ids of the UTF-8 text on stdin");
   auto model = std::make_shared<std::string>();
   auto show_pieces = std::make_shared<bool>(false);
-  cmd->add_option("--model,-m", *model, "GGUF, tokenizer.json (or its folder), llama2.c checkpoint or tokenizer.bin")
+  cmd->add_option("--model,-m", *model,
+                  "GGUF, tokenizer.json (or its folder), llama2.c checkpoint or tokenizer.bin")
       ->required();
   cmd->add_flag("--pieces", *show_pieces, "Also print each token's text on stderr, one per line");
   cmd->callback([cmd, model, show_pieces] {
     check_options(*cmd, RunShape{});  // every option takes effect
     std::unique_ptr<Tokenizer> tok = load_tokenizer(*model);
-    const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    const std::string text((std::istreambuf_iterator<char>(std::cin)),
+                           std::istreambuf_iterator<char>());
     const std::vector<int32_t> ids = tok->encode(text);
     std::string line;
     for (int32_t id : ids) {

@@ -10,16 +10,23 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   o.model.chunk = 256;
   add_model_options(cmd, o.model);
   // Help as the engine reads these options; what it refuses, see option_rules.cc.
-  cmd->get_option("--cache")->description("Always the paged cache: only 'paged' is accepted (it changes nothing)");
-  cmd->get_option("--kernel")->description("Paged attention kernel: eager or fused (default fused)");
-  cmd->get_option("--max-cache-len")->description("Tokens the paged pool holds, without --kv-budget (default 16384)");
-  cmd->get_option("--chunk")->description("Token budget of one step: decodes plus prefill chunks (default 256)");
+  cmd->get_option("--cache")->description(
+      "Always the paged cache: only 'paged' is accepted (it changes nothing)");
+  cmd->get_option("--kernel")
+      ->description("Paged attention kernel: eager or fused (default fused)");
+  cmd->get_option("--max-cache-len")
+      ->description("Tokens the paged pool holds, without --kv-budget (default 16384)");
+  cmd->get_option("--chunk")->description(
+      "Token budget of one step: decodes plus prefill chunks (default 256)");
   for (const char* quantized : {"--kv-bits", "--kv-quant", "--kv-group", "--kv-residual"})
-    cmd->get_option(quantized)->description("Refused: the paged cache is not quantized (--cache quantized: generate, logits, bench)");
+    cmd->get_option(quantized)->description(
+        "Refused: the paged cache is not quantized (--cache quantized: generate, logits, bench)");
   cmd->add_option("--max-running", o.max_running, "Sequences resident at once (default 64)");
-  cmd->add_option("--max-waiting", o.max_waiting, "Queued requests before refusing with 429 (default 256)");
+  cmd->add_option("--max-waiting", o.max_waiting,
+                  "Queued requests before refusing with 429 (default 256)");
   cmd->add_flag("--fast-prefill", o.fast_prefill,
-                "Prefill through BLAS: faster, but batched results may differ from a request run alone in the last bits");
+                "Prefill through BLAS: faster, but batched results may differ from a request run "
+                "alone in the last bits");
 }
 
 void check_engine_options(const EngineOptions& o, const LoadedModel* loaded) {

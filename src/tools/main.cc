@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
-                 "kvcache: out of memory: an allocation failed; lower --max-cache-len, --kv-budget, the batch or "
+                 "kvcache: out of memory: an allocation failed; lower --max-cache-len, "
+                 "--kv-budget, the batch or "
                  "the prompt length\n");
     return 1;
   } catch (const std::exception& e) {

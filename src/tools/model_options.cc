@@ -21,31 +21,47 @@ constexpr int kMaxThreads = 1024;  // far past any machine here; beyond it -t is
 
 void add_model_options(CLI::App* cmd, ModelOptions& o) {
   o.cmd = cmd;
-  cmd->add_option("--model,-m", o.model, "Model: llama2.c .bin, GGUF file, Hugging Face folder, or dummy:PRESET[:f16|f32|bf16|q8_0] (tiny, llama-125m, gemma2-tiny, gptoss-tiny, mla-tiny)")->required();
-  cmd->add_option("--tokenizer", o.tokenizer,
-                  "Tokenizer file (default: tokenizer.bin / tok512.bin beside a llama2.c checkpoint)");
-  cmd->add_option("--cache", o.cache, "Cache implementation (transformers' names): dynamic, static, paged, quantized, ...");
+  cmd->add_option(
+         "--model,-m", o.model,
+         "Model: llama2.c .bin, GGUF file, Hugging Face folder, or "
+         "dummy:PRESET[:f16|f32|bf16|q8_0] (tiny, llama-125m, gemma2-tiny, gptoss-tiny, mla-tiny)")
+      ->required();
+  cmd->add_option(
+      "--tokenizer", o.tokenizer,
+      "Tokenizer file (default: tokenizer.bin / tok512.bin beside a llama2.c checkpoint)");
+  cmd->add_option(
+      "--cache", o.cache,
+      "Cache implementation (transformers' names): dynamic, static, paged, quantized, ...");
   cmd->add_option("--max-cache-len", o.max_cache_len,
-                  "Capacity in tokens of --cache static, and of the paged pool without --kv-budget (default: context "
+                  "Capacity in tokens of --cache static, and of the paged pool without --kv-budget "
+                  "(default: context "
                   "length)");
-  cmd->add_option("--kernel", o.kernel, "Attention kernel: eager or fused, or flex (dynamic and static caches only)");
-  cmd->add_option("--kv-dtype", o.kv_dtype, "KV storage dtype: f32, f16, bf16 (default: f32 for f32 weights, else f16)");
+  cmd->add_option("--kernel", o.kernel,
+                  "Attention kernel: eager or fused, or flex (dynamic and static caches only)");
+  cmd->add_option("--kv-dtype", o.kv_dtype,
+                  "KV storage dtype: f32, f16, bf16 (default: f32 for f32 weights, else f16)");
   cmd->add_option("-t,--threads", o.threads, "Threads (default: all cores)");
   cmd->add_option("--chunk", o.chunk, "Prefill chunk in tokens");
   cmd->add_option("--progress", o.progress,
-                  "Model load progress on stderr for weights over 100 MB: auto (when stderr is a terminal), on, off")
+                  "Model load progress on stderr for weights over 100 MB: auto (when stderr is a "
+                  "terminal), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--block-tokens", o.block_tokens, "Paged cache: tokens per block (default 16)");
   cmd->add_option("--kv-budget", o.kv_budget,
-                  "Paged cache: bytes for the block pool plus activations, e.g. 512MiB (default: blocks for --max-cache-len)");
-  cmd->add_option("--kv-bits", o.kv_bits, "--cache quantized: bits per code, 2, 4 or 8 (KIVI; default 4)");
-  cmd->add_option("--kv-quant", o.kv_quant,
-                  "--cache quantized: packed format, kivi (per-channel keys, per-token values; default) or "
-                  "llama.cpp's per-token q8_0 / q4_0 (for comparison)")
+                  "Paged cache: bytes for the block pool plus activations, e.g. 512MiB (default: "
+                  "blocks for --max-cache-len)");
+  cmd->add_option("--kv-bits", o.kv_bits,
+                  "--cache quantized: bits per code, 2, 4 or 8 (KIVI; default 4)");
+  cmd->add_option(
+         "--kv-quant", o.kv_quant,
+         "--cache quantized: packed format, kivi (per-channel keys, per-token values; default) or "
+         "llama.cpp's per-token q8_0 / q4_0 (for comparison)")
       ->capture_default_str();
-  cmd->add_option("--kv-group", o.kv_group, "--cache quantized: tokens per key group (values: channels per group)")
+  cmd->add_option("--kv-group", o.kv_group,
+                  "--cache quantized: tokens per key group (values: channels per group)")
       ->capture_default_str();
-  cmd->add_option("--kv-residual", o.kv_residual, "--cache quantized: most recent tokens kept in full precision")
+  cmd->add_option("--kv-residual", o.kv_residual,
+                  "--cache quantized: most recent tokens kept in full precision")
       ->capture_default_str();
   add_renamed_options(cmd);
 }
@@ -56,15 +72,17 @@ LoadOptions load_options(const ModelOptions& o, bool machine_output) {
   const bool tty = ::isatty(STDERR_FILENO) == 1;
   if (o.progress == "on" || (o.progress == "auto" && tty && !machine_output)) {
     // A terminal gets one line rewritten in place; a file or pipe gets a line per quarter.
-    lo.on_progress = [name = o.model, tty, last_quarter = -1](uint64_t done, uint64_t total) mutable {
+    lo.on_progress = [name = o.model, tty, last_quarter = -1](uint64_t done,
+                                                              uint64_t total) mutable {
       const double mib = 1.0 / (1 << 20);
       const int pct = total > 0 ? static_cast<int>(100 * done / total) : 100;
       if (tty) {
-        std::fprintf(stderr, "\rloading %s: %3d%% (%.0f / %.0f MiB)%s", name.c_str(), pct, done * mib, total * mib,
-                     done == total ? "\n" : "");
+        std::fprintf(stderr, "\rloading %s: %3d%% (%.0f / %.0f MiB)%s", name.c_str(), pct,
+                     done * mib, total * mib, done == total ? "\n" : "");
       } else if (pct / 25 != last_quarter) {
         last_quarter = pct / 25;
-        std::fprintf(stderr, "loading %s: %d%% (%.0f / %.0f MiB)\n", name.c_str(), pct, done * mib, total * mib);
+        std::fprintf(stderr, "loading %s: %d%% (%.0f / %.0f MiB)\n", name.c_str(), pct, done * mib,
+                     total * mib);
       }
       std::fflush(stderr);
     };
@@ -91,8 +109,9 @@ SessionConfig session_config(const ModelOptions& o, const Model& model) {
   if (o.block_tokens < 1) throw Error(ErrorKind::kInvalidArgument, "--block-tokens must be >= 1");
   co.paged.block_tokens = o.block_tokens;
   if (o.max_cache_len < 0)
-    throw Error(ErrorKind::kInvalidArgument, "--max-cache-len must be >= 0 (0 or absent: the model's context), got " +
-                                                 std::to_string(o.max_cache_len));
+    throw Error(ErrorKind::kInvalidArgument,
+                "--max-cache-len must be >= 0 (0 or absent: the model's context), got " +
+                    std::to_string(o.max_cache_len));
   if (!o.kv_budget.empty()) {
     try {
       sc.kv_budget_bytes = parse_byte_size(o.kv_budget);
@@ -100,28 +119,34 @@ SessionConfig session_config(const ModelOptions& o, const Model& model) {
       throw Error(e.kind(), std::string("--kv-budget: ") + e.what());
     }
     if (sc.kv_budget_bytes == 0)
-      throw Error(ErrorKind::kInvalidArgument,
-                  "--kv-budget " + o.kv_budget + " leaves no memory for the cache; omit it to size the pool from --max-cache-len");
+      throw Error(
+          ErrorKind::kInvalidArgument,
+          "--kv-budget " + o.kv_budget +
+              " leaves no memory for the cache; omit it to size the pool from --max-cache-len");
     // The pool is allocated up front: a budget past the machine's memory cannot be honoured
     // (`plan --budget` still sizes hypothetical machines).
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    const uint64_t ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+    const uint64_t ram =
+        pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
     if (ram > 0 && sc.kv_budget_bytes > ram)
-      throw Error(ErrorKind::kInvalidArgument, "--kv-budget " + o.kv_budget + " is more than this machine's " +
-                                                   format_bytes(static_cast<double>(ram)) + " of memory; give at most that");
+      throw Error(ErrorKind::kInvalidArgument,
+                  "--kv-budget " + o.kv_budget + " is more than this machine's " +
+                      format_bytes(static_cast<double>(ram)) + " of memory; give at most that");
   }
   const std::optional<KVQuantScheme> scheme = parse_kv_quant_scheme(o.kv_quant);
   if (!scheme)
-    throw Error(ErrorKind::kInvalidArgument, "--kv-quant must be kivi, q8_0 or q4_0, got '" + o.kv_quant + "'");
+    throw Error(ErrorKind::kInvalidArgument,
+                "--kv-quant must be kivi, q8_0 or q4_0, got '" + o.kv_quant + "'");
   co.quantized.scheme = *scheme;
   if (*scheme == KVQuantScheme::kKivi) {
     co.quantized.bits = o.kv_bits != 0 ? o.kv_bits : 4;
   } else {
     const int fixed = *scheme == KVQuantScheme::kQ8_0 ? 8 : 4;
     if (o.kv_bits != 0 && o.kv_bits != fixed)
-      throw Error(ErrorKind::kInvalidArgument, "--kv-quant " + o.kv_quant + " stores " + std::to_string(fixed) +
-                                                   "-bit codes; --kv-bits " + std::to_string(o.kv_bits) +
-                                                   " contradicts it (drop --kv-bits)");
+      throw Error(ErrorKind::kInvalidArgument,
+                  "--kv-quant " + o.kv_quant + " stores " + std::to_string(fixed) +
+                      "-bit codes; --kv-bits " + std::to_string(o.kv_bits) +
+                      " contradicts it (drop --kv-bits)");
     co.quantized.bits = fixed;
   }
   co.quantized.group = o.kv_group;
@@ -129,7 +154,8 @@ SessionConfig session_config(const ModelOptions& o, const Model& model) {
   if (!o.kv_dtype.empty()) {
     co.kv_dtype = parse_dtype(o.kv_dtype);
     if (!dtype_is_float(*co.kv_dtype)) {
-      throw Error(ErrorKind::kUnsupported, "--kv-dtype " + o.kv_dtype + ": dense caches store f32, f16 or bf16");
+      throw Error(ErrorKind::kUnsupported,
+                  "--kv-dtype " + o.kv_dtype + ": dense caches store f32, f16 or bf16");
     }
   } else {
     co.kv_dtype = model.embeddings().dtype() == DType::kF32 ? DType::kF32 : DType::kF16;
@@ -148,9 +174,11 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     char* end = nullptr;
     errno = 0;
     const long v = std::strtol(p, &end, 10);
-    if (end == p || errno != 0 || v < 0 || v > INT32_MAX || (*end != '\0' && *end != ' ' && *end != ',' && *end != '\t' && *end != '\n')) {
+    if (end == p || errno != 0 || v < 0 || v > INT32_MAX ||
+        (*end != '\0' && *end != ' ' && *end != ',' && *end != '\t' && *end != '\n')) {
       throw Error(ErrorKind::kInvalidArgument,
-                  "--prompt-ids: '" + text + "' is not a list of non-negative token ids (at: '" + std::string(p) + "')");
+                  "--prompt-ids: '" + text + "' is not a list of non-negative token ids (at: '" +
+                      std::string(p) + "')");
     }
     ids.push_back(static_cast<int32_t>(v));
     p = end;

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,10 +22,10 @@ struct ModelOptions {
   int threads = 0;
   int64_t chunk = 512;
   std::string progress = "auto";  // model load progress on stderr: auto (when a terminal), on, off
-  int64_t block_tokens = 16;  // --cache paged: tokens per block
-  std::string kv_budget;    // --cache paged: bytes for pool + activations ("512MiB"); empty: none
-  int kv_bits = 0;                 // --cache quantized, KIVI; 0: unset (4)
-  std::string kv_quant = "kivi";   // --cache quantized: kivi, q8_0, q4_0
+  int64_t block_tokens = 16;      // --cache paged: tokens per block
+  std::string kv_budget;  // --cache paged: bytes for pool + activations ("512MiB"); empty: none
+  int kv_bits = 0;        // --cache quantized, KIVI; 0: unset (4)
+  std::string kv_quant = "kivi";  // --cache quantized: kivi, q8_0, q4_0
   int64_t kv_group = 64;
   int64_t kv_residual = 128;
   // The subcommand that registered these options: which of them the user gave (option_rules.h).

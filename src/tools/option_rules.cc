@@ -126,8 +126,9 @@ std::optional<std::string> cache_value(const Given& g) {
   const std::vector<std::string> known = cache_names();
   for (const std::string& c : g.shape.caches) {
     if (c == kRecompute)
-      return g.command + ": --cache recompute is the no-cache reference of --verify: it keeps only one "
-                         "forward's tokens, so nothing after the first chunk could attend to them; use " +
+      return g.command +
+             ": --cache recompute is the no-cache reference of --verify: it keeps only one "
+             "forward's tokens, so nothing after the first chunk could attend to them; use " +
              join(known);
     if (!contains(known, c))
       return g.command + ": --cache " + c + ": no such cache; registered: " + join(known);

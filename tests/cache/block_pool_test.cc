@@ -1,7 +1,6 @@
 // BlockPool: free list / ref counts / lazy LRU eviction / prefix index, unit tests and a
 // randomized property test against a plain model of the pool.
 #include "cache/block_pool.h"
-#include "core/error.h"
 
 #include <gtest/gtest.h>
 
@@ -10,6 +9,8 @@
 #include <map>
 #include <random>
 #include <vector>
+
+#include "core/error.h"
 
 namespace kvcache {
 namespace {
@@ -27,7 +28,7 @@ TEST(BlockKey, ChainsParentGroupExtraAndTokens) {
   EXPECT_NE(ka, block_key({}, 0, {}, b));
   EXPECT_NE(ka, block_key({}, 1, {}, a));  // layer group
   const std::vector<uint8_t> salt = {7};
-  EXPECT_NE(ka, block_key({}, 0, salt, a));  // tenant salt
+  EXPECT_NE(ka, block_key({}, 0, salt, a));                     // tenant salt
   EXPECT_NE(block_key(ka, 0, {}, a), block_key({}, 0, {}, a));  // parent
   EXPECT_FALSE(ka == BlockKey{});
 }
@@ -198,7 +199,8 @@ void expect_agree(const BlockPool& pool, const Model& m, const std::string& op) 
   const std::vector<int32_t> refs = m.refs();
   int32_t used = 0;
   for (int32_t id = 0; id < m.n; ++id) {
-    ASSERT_EQ(pool.ref_count(id), refs[static_cast<size_t>(id)]) << "block " << id << " after " << op;
+    ASSERT_EQ(pool.ref_count(id), refs[static_cast<size_t>(id)])
+        << "block " << id << " after " << op;
     ASSERT_EQ(pool.is_keyed(id), m.keyed.count(id) > 0) << "block " << id << " after " << op;
     used += refs[static_cast<size_t>(id)] > 0;
   }
@@ -337,7 +339,8 @@ TEST(BlockPool, RandomizedAgainstAModel) {
       release_table(static_cast<size_t>(rnd(0, static_cast<int>(m.tables.size()) - 1)));
     } else if (op == 6 && !m.tables.empty()) {  // fork: share every block but copy the last
       name = "fork";
-      const auto& src = m.tables[static_cast<size_t>(rnd(0, static_cast<int>(m.tables.size()) - 1))];
+      const auto& src =
+          m.tables[static_cast<size_t>(rnd(0, static_cast<int>(m.tables.size()) - 1))];
       std::vector<int32_t> child;
       if (pool.num_available() >= 1 && !src.empty()) {
         for (size_t i = 0; i + 1 < src.size(); ++i) {

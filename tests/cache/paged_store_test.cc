@@ -2,6 +2,8 @@
 // spans; fork, prefix sharing, sliding groups, crop/reorder/select; out of blocks is a status;
 // and a randomized end-to-end property test whose K/V content is a function of (token, pos),
 // so that every shared, forked or cropped block can be checked for content.
+#include "cache/paged_store.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +14,6 @@
 
 #include "cache/cache.h"
 #include "cache/paged_layer.h"
-#include "cache/paged_store.h"
 #include "cache_test_util.h"
 #include "core/error.h"
 
@@ -27,8 +28,8 @@ std::vector<float> gather(const PagedKV& kv, int64_t b, bool values) {
   for (int64_t j = 0; j < S; ++j) {
     const int32_t page = kv.indices[kv.indptr[b] + j / kv.block_tokens];
     for (int64_t h = 0; h < H; ++h)
-      convert_n(pages.ptr(page, h, j % kv.block_tokens), pages.dtype(), out.data() + (j * H + h) * D,
-                DType::kF32, static_cast<size_t>(D));
+      convert_n(pages.ptr(page, h, j % kv.block_tokens), pages.dtype(),
+                out.data() + (j * H + h) * D, DType::kF32, static_cast<size_t>(D));
   }
   return out;
 }
@@ -180,8 +181,12 @@ TEST(PagedStore, KAndVOfDifferentWidthsAndSharedLayersWithoutPages) {
         // Sliding layers: the dense window keeps positions [kv_offset, S); compare those.
         const std::vector<float> pk = gather(ps.paged, b, false), pv = gather(ps.paged, b, true);
         const auto from = static_cast<size_t>(ds.kv_offset);
-        ASSERT_EQ(std::vector<float>(pk.begin() + static_cast<int64_t>(from * dc), pk.end()), dense_rows(ds.k, b)) << l;
-        ASSERT_EQ(std::vector<float>(pv.begin() + static_cast<int64_t>(from * dr), pv.end()), dense_rows(ds.v, b)) << l;
+        ASSERT_EQ(std::vector<float>(pk.begin() + static_cast<int64_t>(from * dc), pk.end()),
+                  dense_rows(ds.k, b))
+            << l;
+        ASSERT_EQ(std::vector<float>(pv.begin() + static_cast<int64_t>(from * dr), pv.end()),
+                  dense_rows(ds.v, b))
+            << l;
       }
       // The shared layers read exactly their source's span.
       const KVSpan sh = paged.shared_kv(l + 2);
@@ -191,7 +196,8 @@ TEST(PagedStore, KAndVOfDifferentWidthsAndSharedLayersWithoutPages) {
   };
   step(1, 5);
   step(1, 1);
-  for (auto* c : {&paged, &dense}) c->repeat_interleave(2);  // the partial block is copied (both widths)
+  for (auto* c : {&paged, &dense})
+    c->repeat_interleave(2);  // the partial block is copied (both widths)
   step(2, 2);
   for (auto* c : {&paged, &dense}) c->crop(-1);
   step(2, 3);
@@ -264,7 +270,8 @@ struct Harness {
     for (const auto& r : ids) flat.insert(flat.end(), r.begin(), r.end());
     if (store.plan_step(S, flat) == StepStatus::kOutOfBlocks) return false;
     const auto B = static_cast<int64_t>(seqs.size());
-    Tensor k = Tensor::empty(DType::kF32, {B, kH, S, kD}), v = Tensor::empty(DType::kF32, {B, kH, S, kD});
+    Tensor k = Tensor::empty(DType::kF32, {B, kH, S, kD}),
+           v = Tensor::empty(DType::kF32, {B, kH, S, kD});
     for (int64_t b = 0; b < B; ++b) {
       const int64_t pos0 = static_cast<int64_t>(tokens[seqs[static_cast<size_t>(b)]].size());
       for (int64_t h = 0; h < kH; ++h)
@@ -298,7 +305,8 @@ struct Harness {
         const int g = store.group_of_layer(l);
         const PagedKV kv = span_of(l);
         const int64_t lo = store.group(g).kind == GroupKind::kSliding
-                               ? std::max<int64_t>(0, static_cast<int64_t>(toks.size()) - store.group(g).window + 1)
+                               ? std::max<int64_t>(0, static_cast<int64_t>(toks.size()) -
+                                                          store.group(g).window + 1)
                                : 0;
         const std::vector<float> kg = gather(kv, 0, false), vg = gather(kv, 0, true);
         for (int64_t j = lo; j < static_cast<int64_t>(toks.size()); ++j)
@@ -307,8 +315,8 @@ struct Harness {
               const size_t at = static_cast<size_t>((j * kH + h) * kD + d);
               if (kg[at] != content(toks[static_cast<size_t>(j)], j, h, d, false) ||
                   vg[at] != content(toks[static_cast<size_t>(j)], j, h, d, true))
-                return ::testing::AssertionFailure()
-                       << "sequence " << seq << " layer " << l << " position " << j << " holds wrong K/V";
+                return ::testing::AssertionFailure() << "sequence " << seq << " layer " << l
+                                                     << " position " << j << " holds wrong K/V";
             }
       }
     }

@@ -54,7 +54,8 @@ void expect_close(const Tensor& got_k, const Tensor& got_v, const History& h, in
   const TensorView gk = got_k.view(), gv = got_v.view();
   const int64_t B = gk.dim(0), H = gk.dim(1), S = gk.dim(2), D = gk.dim(3), Dv = gv.dim(3);
   const float levels = static_cast<float>((1 << bits) - 1);
-  Tensor hk = Tensor::empty(DType::kF32, {B, H, S, D}), hv = Tensor::empty(DType::kF32, {B, H, S, Dv});
+  Tensor hk = Tensor::empty(DType::kF32, {B, H, S, D}),
+         hv = Tensor::empty(DType::kF32, {B, H, S, Dv});
   copy_view(h.k(span_first, span_first + S), hk.view());
   copy_view(h.v(span_first, span_first + S), hv.view());
   for (int64_t b = 0; b < B; ++b)
@@ -73,7 +74,8 @@ void expect_close(const Tensor& got_k, const Tensor& got_v, const History& h, in
             lo = std::min(lo, hk.view().ptr_as<float>(b, hh, u)[d]);
             hi = std::max(hi, hk.view().ptr_as<float>(b, hh, u)[d]);
           }
-          ASSERT_LE(std::fabs(x - y), 0.5f * (hi - lo) / levels * 1.01f + 2e-3f * std::fabs(lo) + 1e-6f)
+          ASSERT_LE(std::fabs(x - y),
+                    0.5f * (hi - lo) / levels * 1.01f + 2e-3f * std::fabs(lo) + 1e-6f)
               << "key at " << pos << " channel " << d;
         }
         for (int64_t d = 0; d < Dv; ++d) {
@@ -84,7 +86,8 @@ void expect_close(const Tensor& got_k, const Tensor& got_v, const History& h, in
           }
           const float* row = hv.view().ptr_as<float>(b, hh, t) + d / vg * vg;
           const float lo = *std::min_element(row, row + vg), hi = *std::max_element(row, row + vg);
-          ASSERT_LE(std::fabs(x - y), 0.5f * (hi - lo) / levels * 1.01f + 2e-3f * std::fabs(lo) + 1e-6f)
+          ASSERT_LE(std::fabs(x - y),
+                    0.5f * (hi - lo) / levels * 1.01f + 2e-3f * std::fabs(lo) + 1e-6f)
               << "value at " << pos << " channel " << d;
         }
       }
@@ -219,7 +222,8 @@ TEST(QuantizedLayer, CropIntoPackedBlockDequantizesTheKeptPart) {
                 0.5f * (hi - lo) / 255.0f * 1.01f + 2e-3f * std::fabs(lo) + 1e-6f);
       EXPECT_EQ(dk.view().ptr_as<float>(0, h, 25)[d], k.view().ptr_as<float>(0, h, 0)[d]);
     }
-  Tensor pk = Tensor::empty(DType::kF32, {1, 2, 24, 8}), pv = Tensor::empty(DType::kF32, {1, 2, 24, 8});
+  Tensor pk = Tensor::empty(DType::kF32, {1, 2, 24, 8}),
+         pv = Tensor::empty(DType::kF32, {1, 2, 24, 8});
   copy_view(dk.view().slice(2, 0, 24), pk.view());
   copy_view(dv.view().slice(2, 0, 24), pv.view());
   expect_close(pk, pv, hist, 0, 24, 8, 4, qlayer(cache).value_group());
@@ -306,8 +310,10 @@ TEST(QuantizedLayer, ReserveSizesThePackedStoreOnce) {
   Tensor k2, v2;
   dense_of(span, &k2, &v2);
   // The packed tokens read back the same after the move.
-  EXPECT_TRUE(testing_util::views_equal(k2.view().slice(2, 0, packed), k0.view().slice(2, 0, packed)));
-  EXPECT_TRUE(testing_util::views_equal(v2.view().slice(2, 0, packed), v0.view().slice(2, 0, packed)));
+  EXPECT_TRUE(
+      testing_util::views_equal(k2.view().slice(2, 0, packed), k0.view().slice(2, 0, packed)));
+  EXPECT_TRUE(
+      testing_util::views_equal(v2.view().slice(2, 0, packed), v0.view().slice(2, 0, packed)));
   EXPECT_THROW(cache.reserve(-5), Error);
   // A sliding layer reserves no more than its window (plus the block straddling its start).
   CacheConfig sc = quant_config(4, G, R);
@@ -353,7 +359,6 @@ TEST(QuantizedLayer, MemoryAt16KAgainstF16) {
     EXPECT_LE(ratio, limit) << bits << " bits";
   }
 }
-
 
 // llama.cpp's per-token formats through the same container (--kv-quant q8_0 / q4_0): the span's
 // packed rows are exactly the codec's round trip of the history, bytes() is exact, the 16K
@@ -412,11 +417,14 @@ TEST(QuantizedLayer, PerTokenSchemes) {
     for (int64_t t = 0; t < kTokens; t += kChunk) q.update(0, k.view(), k.view());
     const QuantizedLayer& L = qlayer(q);
     const int64_t per32 = sch == KVQuantScheme::kQ8_0 ? 34 : 18;
-    const size_t want = static_cast<size_t>(kH * L.packed_capacity_blocks() * 2 * 64 * kD / 32 * per32 +
-                                            2 * kH * L.residual_capacity() * kD * 2 + 64 * kD * 4);
+    const size_t want =
+        static_cast<size_t>(kH * L.packed_capacity_blocks() * 2 * 64 * kD / 32 * per32 +
+                            2 * kH * L.residual_capacity() * kD * 2 + 64 * kD * 4);
     EXPECT_EQ(L.bytes(), want);
-    const double ratio = static_cast<double>(q.bytes()) / static_cast<double>(kTokens * kH * kD * 2 * 2);
-    std::printf("[quantized %s] 16K tokens: %zu bytes, %.4f x f16\n", kv_quant_scheme_name(sch), q.bytes(), ratio);
+    const double ratio =
+        static_cast<double>(q.bytes()) / static_cast<double>(kTokens * kH * kD * 2 * 2);
+    std::printf("[quantized %s] 16K tokens: %zu bytes, %.4f x f16\n", kv_quant_scheme_name(sch),
+                q.bytes(), ratio);
     EXPECT_LE(ratio, limit);
   }
   CacheConfig bad = quant_config(4, 16, 32);

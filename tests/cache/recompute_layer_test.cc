@@ -27,7 +27,8 @@ TEST(RecomputeLayer, EachUpdateIsAWholeSequenceHeldAsACopy) {
     for (const auto& [B, S] : {std::pair<int64_t, int64_t>{2, 9}, {3, 5}, {3, 12}}) {
       EXPECT_EQ(layer->mask_sizes(S).kv_length, S);
       EXPECT_EQ(layer->mask_sizes(S).kv_offset, 0);
-      Tensor k = random_tensor(DType::kF32, {B, 2, S, 8}, rng), v = random_tensor(DType::kF32, {B, 2, S, 6}, rng);
+      Tensor k = random_tensor(DType::kF32, {B, 2, S, 8}, rng),
+             v = random_tensor(DType::kF32, {B, 2, S, 6}, rng);
       const KVSpan span = layer->update(k.view(), v.view());
       EXPECT_EQ(span.kind, KVSpanKind::kDense);
       EXPECT_EQ(span.kv_offset, 0);
@@ -52,7 +53,8 @@ TEST(RecomputeLayer, SharedLayersReadTheSourcesLatestTokens) {
   Cache cache(cfg);
   std::mt19937 rng(5);
   for (int call = 0; call < 2; ++call) {
-    const Tensor k = random_tensor(DType::kF32, {1, 2, 4 + call, 8}, rng), v = random_tensor(DType::kF32, {1, 2, 4 + call, 8}, rng);
+    const Tensor k = random_tensor(DType::kF32, {1, 2, 4 + call, 8}, rng),
+                 v = random_tensor(DType::kF32, {1, 2, 4 + call, 8}, rng);
     const KVSpan own = cache.update_or_share(0, k.view(), v.view());
     cache.update_or_share(1, v.view(), k.view());
     const KVSpan shared = cache.update_or_share(2, TensorView(), TensorView());

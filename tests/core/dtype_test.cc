@@ -13,7 +13,9 @@
 namespace kvcache {
 namespace {
 
-float from_bits(uint32_t b) { return std::bit_cast<float>(b); }
+float from_bits(uint32_t b) {
+  return std::bit_cast<float>(b);
+}
 
 TEST(F16, ExactValuesRoundTrip) {
   for (float f : {0.0f, -0.0f, 1.0f, -2.0f, 0.5f, 65504.0f, -65504.0f, 6.103515625e-05f}) {
@@ -28,7 +30,7 @@ TEST(F16, ExactValuesRoundTrip) {
 TEST(F16, Subnormals) {
   EXPECT_EQ(f32_to_f16(5.9604644775390625e-08f), 0x0001);  // 2^-24, smallest subnormal
   EXPECT_EQ(f16_to_f32(0x0001), 5.9604644775390625e-08f);
-  EXPECT_EQ(f32_to_f16(6.097555160522461e-05f), 0x03ff);   // largest subnormal
+  EXPECT_EQ(f32_to_f16(6.097555160522461e-05f), 0x03ff);  // largest subnormal
   EXPECT_EQ(f16_to_f32(0x03ff), 6.097555160522461e-05f);
   // Half of the smallest subnormal is a tie between 0 and 1: rounds to even (0).
   EXPECT_EQ(f32_to_f16(2.98023223876953125e-08f), 0x0000);

@@ -26,8 +26,11 @@ TEST(ThreadPoolTest, EveryTaskOnceForOddCountsAndPoolSizes) {
     EXPECT_EQ(pool.n_threads(), threads);
     for (int64_t n : {0, 1, 2, 3, 7, 64, 1001}) {
       std::vector<int> hits(static_cast<size_t>(n), 0);  // plain ints: visibility is the pool's job
-      for (int rep = 0; rep < 30; ++rep) pool.parallel_for(n, [&](int64_t t) { hits[static_cast<size_t>(t)]++; });
-      for (int64_t t = 0; t < n; ++t) ASSERT_EQ(hits[static_cast<size_t>(t)], 30) << threads << " threads, task " << t << "/" << n;
+      for (int rep = 0; rep < 30; ++rep)
+        pool.parallel_for(n, [&](int64_t t) { hits[static_cast<size_t>(t)]++; });
+      for (int64_t t = 0; t < n; ++t)
+        ASSERT_EQ(hits[static_cast<size_t>(t)], 30)
+            << threads << " threads, task " << t << "/" << n;
     }
   }
 }
@@ -65,7 +68,8 @@ TEST(ThreadPoolTest, DoesNotWaitForWorkersThatHaveNotWoken) {
   ThreadPool pool(o);
   std::vector<int> hits(100, 0);
   auto loops = std::async(std::launch::async, [&] {
-    for (int rep = 0; rep < 5; ++rep) pool.parallel_for(100, [&](int64_t t) { hits[static_cast<size_t>(t)]++; });
+    for (int rep = 0; rep < 5; ++rep)
+      pool.parallel_for(100, [&](int64_t t) { hits[static_cast<size_t>(t)]++; });
   });
   const bool finished = loops.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
   gate.open.store(true);  // release the workers (and an old pool stuck in its join) either way
@@ -94,7 +98,8 @@ TEST(ThreadPoolTest, SleepingWorkersWakeAndTakeTasks) {
       }
       entered.fetch_add(1);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      while (entered.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      while (entered.load() < 2 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
       if (entered.load() >= 2) saw_two.store(true);
     });
     EXPECT_TRUE(saw_two.load());
@@ -115,9 +120,11 @@ TEST(ThreadPoolTest, TwoCallerThreadsShareOnePool) {
   ThreadPool pool(3);
   std::vector<int> a(500, 0), b(500, 0);
   std::thread other([&] {
-    for (int rep = 0; rep < 50; ++rep) pool.parallel_for(500, [&](int64_t t) { a[static_cast<size_t>(t)]++; });
+    for (int rep = 0; rep < 50; ++rep)
+      pool.parallel_for(500, [&](int64_t t) { a[static_cast<size_t>(t)]++; });
   });
-  for (int rep = 0; rep < 50; ++rep) pool.parallel_for(500, [&](int64_t t) { b[static_cast<size_t>(t)]++; });
+  for (int rep = 0; rep < 50; ++rep)
+    pool.parallel_for(500, [&](int64_t t) { b[static_cast<size_t>(t)]++; });
   other.join();
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(a[i], 50);

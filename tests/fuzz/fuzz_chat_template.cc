@@ -27,7 +27,8 @@ int fuzz_chat_template(const uint8_t* data, size_t size) {
   std::vector<ChatMessage> messages;
   for (size_t i = 1; i < parts.size(); ++i) {
     if (parts[i].empty()) continue;
-    messages.push_back({kRoles[static_cast<unsigned char>(parts[i][0]) % 3], std::string(parts[i].substr(1))});
+    messages.push_back(
+        {kRoles[static_cast<unsigned char>(parts[i][0]) % 3], std::string(parts[i].substr(1))});
   }
 
   (void)classify_chat_template(jinja);
@@ -41,7 +42,8 @@ int fuzz_chat_template(const uint8_t* data, size_t size) {
     } catch (const Error&) {
     }
   }
-  for (const ChatTemplate t : {ChatTemplate::kChatML, ChatTemplate::kLlama2, ChatTemplate::kLlama3}) {
+  for (const ChatTemplate t :
+       {ChatTemplate::kChatML, ChatTemplate::kLlama2, ChatTemplate::kLlama3}) {
     for (int32_t id : encode_chat(t, messages, tok, specials)) (void)tok.decode(id);
     (void)chat_stop_ids(t, specials);
   }

@@ -15,13 +15,34 @@ namespace {
 // Each typed getter on each key: wrong types must be Errors, never library exceptions.
 void read_every_key(const GgufFile& g) {
   for (const auto& [key, value] : g.metadata()) {
-    try { (void)g.get_int(key); } catch (const Error&) {}
-    try { (void)g.get_float(key); } catch (const Error&) {}
-    try { (void)g.get_bool_or(key, false); } catch (const Error&) {}
-    try { (void)g.get_string(key); } catch (const Error&) {}
-    try { (void)g.get_array(key, GgufType::kString); } catch (const Error&) {}
-    try { (void)g.get_array(key, GgufType::kInt32); } catch (const Error&) {}
-    try { (void)g.get_array(key, GgufType::kFloat32); } catch (const Error&) {}
+    try {
+      (void)g.get_int(key);
+    } catch (const Error&) {
+    }
+    try {
+      (void)g.get_float(key);
+    } catch (const Error&) {
+    }
+    try {
+      (void)g.get_bool_or(key, false);
+    } catch (const Error&) {
+    }
+    try {
+      (void)g.get_string(key);
+    } catch (const Error&) {
+    }
+    try {
+      (void)g.get_array(key, GgufType::kString);
+    } catch (const Error&) {
+    }
+    try {
+      (void)g.get_array(key, GgufType::kInt32);
+    } catch (const Error&) {
+    }
+    try {
+      (void)g.get_array(key, GgufType::kFloat32);
+    } catch (const Error&) {
+    }
     (void)value.array_size();
   }
   for (const GgufTensorInfo& info : g.tensor_infos()) {

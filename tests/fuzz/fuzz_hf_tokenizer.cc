@@ -11,7 +11,8 @@ int fuzz_hf_tokenizer(const uint8_t* data, size_t size) {
   const std::string_view all = as_text(data, size);
   const size_t nul = all.find('\0');
   const std::string json(all.substr(0, nul));
-  const std::string config(nul == std::string_view::npos ? std::string_view() : all.substr(nul + 1));
+  const std::string config(nul == std::string_view::npos ? std::string_view()
+                                                         : all.substr(nul + 1));
   std::unique_ptr<Tokenizer> tok;
   try {
     tok = parse_hf_tokenizer(json, config, "fuzz/tokenizer.json");

@@ -19,8 +19,8 @@
 #include "core/tensor.h"
 #include "fuzz_targets.h"
 #include "fuzz_util.h"
-#include "model/gguf.h"
 #include "model/forward.h"
+#include "model/gguf.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
 #include "server/chat_template.h"
@@ -85,7 +85,8 @@ struct Served {
         }
         engine->step();
       }
-    }).detach();
+    })
+        .detach();
   }
 };
 
@@ -101,13 +102,16 @@ int fuzz_http(const uint8_t* data, size_t size) {
   const int64_t threw = s.server->handler_exceptions();
   const std::string reply = s.server->handle_raw(as_text(data, size));
   // A handler that threw answered a JSON 500 (the exception handler counts it).
-  if (s.server->handler_exceptions() != threw) throw std::logic_error("a handler threw: " + reply.substr(0, 400));
+  if (s.server->handler_exceptions() != threw)
+    throw std::logic_error("a handler threw: " + reply.substr(0, 400));
   // handle_raw returns once the response is written; the request's end reaches the engine at
   // its next step. Wait for it, then every block must be free again.
   for (int i = 0; i < 2000; ++i) {
     const EngineMetrics m = s.engine->metrics();
     if (m.running == 0 && m.waiting == 0) {
-      if (m.blocks_used != 0) throw std::logic_error("blocks still held after the request: " + std::to_string(m.blocks_used));
+      if (m.blocks_used != 0)
+        throw std::logic_error("blocks still held after the request: " +
+                               std::to_string(m.blocks_used));
       return 0;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));

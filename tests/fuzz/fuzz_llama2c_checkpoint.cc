@@ -10,7 +10,8 @@ namespace kvcache::fuzz {
 
 int fuzz_llama2c_checkpoint(const uint8_t* data, size_t size) {
   try {
-    const std::unique_ptr<ModelFile> m = load_llama2c(MappedFile::copy_of("fuzz.bin", as_text(data, size)));
+    const std::unique_ptr<ModelFile> m =
+        load_llama2c(MappedFile::copy_of("fuzz.bin", as_text(data, size)));
     (void)m->weight_bytes();
   } catch (const Error&) {
   }

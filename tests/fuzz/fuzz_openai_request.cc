@@ -35,12 +35,15 @@ Served served(const Tokenizer* tok) {
 }  // namespace
 
 int fuzz_openai_request(const uint8_t* data, size_t size) {
-  static const Served kModels[] = {served(&tiny_spm_tokenizer()), served(&tiny_bpe_tokenizer()), served(nullptr)};
-  const nlohmann::json body = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
+  static const Served kModels[] = {served(&tiny_spm_tokenizer()), served(&tiny_bpe_tokenizer()),
+                                   served(nullptr)};
+  const nlohmann::json body =
+      nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return 0;
   for (const Served& s : kModels) {
     for (const bool chat : {false, true}) {
-      for (const ChatTemplate t : {ChatTemplate::kChatML, ChatTemplate::kLlama2, ChatTemplate::kLlama3}) {
+      for (const ChatTemplate t :
+           {ChatTemplate::kChatML, ChatTemplate::kLlama2, ChatTemplate::kLlama3}) {
         if (!chat && t != ChatTemplate::kChatML) break;  // completions ignore the template
         ServedModel m = s.model;
         m.chat_template = t;

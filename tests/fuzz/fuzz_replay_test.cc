@@ -42,7 +42,9 @@ class FuzzReplay : public ::testing::TestWithParam<Target> {};
 }  // namespace
 
 // gtest prints a failing parameter with this (else as raw bytes).
-void PrintTo(const Target& t, std::ostream* os) { *os << t.name; }
+void PrintTo(const Target& t, std::ostream* os) {
+  *os << t.name;
+}
 
 namespace {
 
@@ -60,8 +62,11 @@ TEST_P(FuzzReplay, EveryCheckedInInputRunsClean) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, FuzzReplay, ::testing::ValuesIn(all_targets().begin(), all_targets().end()),
-                         [](const ::testing::TestParamInfo<Target>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Targets, FuzzReplay,
+                         ::testing::ValuesIn(all_targets().begin(), all_targets().end()),
+                         [](const ::testing::TestParamInfo<Target>& info) {
+                           return std::string(info.param.name);
+                         });
 
 }  // namespace
 }  // namespace kvcache::fuzz

@@ -14,8 +14,15 @@ namespace kvcache::fuzz {
 
 namespace {
 
-constexpr const char* kControlTexts[] = {"<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
-                                         "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+constexpr const char* kControlTexts[] = {"<unk>",
+                                         "<s>",
+                                         "</s>",
+                                         "<|im_start|>",
+                                         "<|im_end|>",
+                                         "<|begin_of_text|>",
+                                         "<|start_header_id|>",
+                                         "<|end_header_id|>",
+                                         "<|eot_id|>"};
 
 void add(Vocabulary& v, std::string text, TokenType type, float score = 0.0f) {
   v.tokens.push_back(std::move(text));
@@ -26,7 +33,8 @@ void add(Vocabulary& v, std::string text, TokenType type, float score = 0.0f) {
 // unk 0, bos 1, eos 2, then the chat control tokens, one user-defined token, the words.
 Vocabulary control_tokens() {
   Vocabulary v;
-  for (const char* t : kControlTexts) add(v, t, t == std::string_view("<unk>") ? TokenType::kUnknown : TokenType::kControl);
+  for (const char* t : kControlTexts)
+    add(v, t, t == std::string_view("<unk>") ? TokenType::kUnknown : TokenType::kControl);
   v.unk = 0;
   v.bos = 1;
   v.eos = 2;
@@ -57,7 +65,9 @@ void exercise_tokenizer(const Tokenizer& tok) {
     }
     for (int32_t id : ids) {
       // An id outside the vocabulary is a finding: decode would refuse what encode produced.
-      if (id < 0 || id >= n) throw std::logic_error("encode produced id " + std::to_string(id) + " outside the vocabulary");
+      if (id < 0 || id >= n)
+        throw std::logic_error("encode produced id " + std::to_string(id) +
+                               " outside the vocabulary");
       (void)tok.decode(id);
     }
   }
@@ -76,10 +86,39 @@ Vocabulary tiny_spm_vocabulary() {
     add(v, name, TokenType::kByte);
   }
   // Pieces and merges (higher score merges first), in SentencePiece's U+2581 spelling.
-  const char* kPieces[] = {"\xE2\x96\x81", "h", "e", "l", "o", "w", "r", "d", "t", "a", "s", "i", "n", "u",
-                           "he", "ll", "llo", "\xE2\x96\x81h", "\xE2\x96\x81he", "\xE2\x96\x81hello",
-                           "or", "ld", "\xE2\x96\x81w", "\xE2\x96\x81wor", "\xE2\x96\x81world", "us", "er",
-                           "as", "ss", "ant", "is", "\xE2\x96\x81\xE2\x96\x81", "\xE4\xBD\xA0"};
+  const char* kPieces[] = {"\xE2\x96\x81",
+                           "h",
+                           "e",
+                           "l",
+                           "o",
+                           "w",
+                           "r",
+                           "d",
+                           "t",
+                           "a",
+                           "s",
+                           "i",
+                           "n",
+                           "u",
+                           "he",
+                           "ll",
+                           "llo",
+                           "\xE2\x96\x81h",
+                           "\xE2\x96\x81he",
+                           "\xE2\x96\x81hello",
+                           "or",
+                           "ld",
+                           "\xE2\x96\x81w",
+                           "\xE2\x96\x81wor",
+                           "\xE2\x96\x81world",
+                           "us",
+                           "er",
+                           "as",
+                           "ss",
+                           "ant",
+                           "is",
+                           "\xE2\x96\x81\xE2\x96\x81",
+                           "\xE4\xBD\xA0"};
   float score = 0.0f;
   for (const char* p : kPieces) add(v, p, TokenType::kNormal, score += 0.5f);
   return v;
@@ -88,8 +127,19 @@ Vocabulary tiny_spm_vocabulary() {
 std::vector<std::pair<std::string, std::string>> tiny_bpe_merges() {
   std::string space;  // GPT-2's printable stand-in for ' ' ("\u0120")
   append_utf8(space, byte_to_unicode(' '));
-  return {{"h", "e"}, {"l", "l"},  {"ll", "o"},        {space, "he"}, {"he", "llo"}, {space, "hello"}, {"o", "r"},
-          {"w", "or"}, {space, "wor"}, {"l", "d"}, {space + "wor", "ld"}, {"'", "s"}, {"1", "2"}};
+  return {{"h", "e"},
+          {"l", "l"},
+          {"ll", "o"},
+          {space, "he"},
+          {"he", "llo"},
+          {space, "hello"},
+          {"o", "r"},
+          {"w", "or"},
+          {space, "wor"},
+          {"l", "d"},
+          {space + "wor", "ld"},
+          {"'", "s"},
+          {"1", "2"}};
 }
 
 Vocabulary tiny_bpe_vocabulary() {

@@ -7,12 +7,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <random>
 
 #include "core/tensor.h"
 #include "model/gguf.h"

@@ -35,10 +35,31 @@ void collect(json& j, json* parent, const std::string& key, size_t index, std::v
 
 // Values of every JSON type, the ends of the integer ranges and numbers past them.
 json random_value(std::mt19937& rng, const std::vector<Node>& nodes) {
-  static const char* kScalars[] = {"null", "true", "false", "0", "-1", "1", "2", "0.5", "-0.0", "1e300", "-1e300",
-                                   "65536", "4294967296", "9223372036854775807", "-9223372036854775808",
-                                   "18446744073709551615", "26666666666000000600", "\"\"", "\"x\"", "\"text\"",
-                                   "[]", "{}", "[1]", "[\"a\"]", "{\"type\":\"text\"}"};
+  static const char* kScalars[] = {"null",
+                                   "true",
+                                   "false",
+                                   "0",
+                                   "-1",
+                                   "1",
+                                   "2",
+                                   "0.5",
+                                   "-0.0",
+                                   "1e300",
+                                   "-1e300",
+                                   "65536",
+                                   "4294967296",
+                                   "9223372036854775807",
+                                   "-9223372036854775808",
+                                   "18446744073709551615",
+                                   "26666666666000000600",
+                                   "\"\"",
+                                   "\"x\"",
+                                   "\"text\"",
+                                   "[]",
+                                   "{}",
+                                   "[1]",
+                                   "[\"a\"]",
+                                   "{\"type\":\"text\"}"};
   const unsigned pick = rng() % (std::size(kScalars) + 1);
   if (pick < std::size(kScalars)) return json::parse(kScalars[pick]);
   return *nodes[rng() % nodes.size()].value;  // a copy of another node of the document
@@ -65,8 +86,10 @@ bool mutate_once(json& doc, std::mt19937& rng) {
       return false;
     case 2:  // remove the node
       if (n.parent == nullptr) return false;
-      if (n.parent->is_object()) n.parent->erase(n.key);
-      else n.parent->erase(n.index);
+      if (n.parent->is_object())
+        n.parent->erase(n.key);
+      else
+        n.parent->erase(n.index);
       return true;
     default:  // duplicate an array element / wrap the node in an array
       if (n.parent != nullptr && n.parent->is_array()) {

@@ -43,7 +43,8 @@ TEST(JsonMutator, WritesJsonKeepsTheTailAndChangesTheDocument) {
   EXPECT_GT(changed, structural / 2);
   std::vector<uint8_t> bad = {'{', '"', 'x'};
   g_byte_mutations = 0;
-  for (unsigned seed = 0; seed < 20; ++seed) mutate_json(bad.data(), bad.size(), bad.size(), seed, count_byte_mutation);
+  for (unsigned seed = 0; seed < 20; ++seed)
+    mutate_json(bad.data(), bad.size(), bad.size(), seed, count_byte_mutation);
   EXPECT_EQ(g_byte_mutations, 20);
 }
 

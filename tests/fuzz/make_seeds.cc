@@ -121,7 +121,8 @@ void gguf_seeds(const fs::path& dir) {
   // The start of the real vocabularies: the fuzzer mutates from a real header and key layout.
   for (const char* name : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"}) {
     const fs::path real = fs::path(KVCACHE_SHARED_DIR) / "vocab" / name;
-    if (fs::exists(real)) write_file(dir / (std::string("head_of_") + name), read_file(real).substr(0, 16384));
+    if (fs::exists(real))
+      write_file(dir / (std::string("head_of_") + name), read_file(real).substr(0, 16384));
   }
 }
 
@@ -152,7 +153,8 @@ void safetensors_seeds(const fs::path& dir) {
   {  // the tiny llama of tiny_llama_config, f32
     Weights ws;
     std::vector<std::pair<std::string, TensorView>> tensors;
-    for (const WeightSpec& s : llama_hf_tensors(c)) tensors.emplace_back(s.name, ws.add(DType::kF32, s.shape));
+    for (const WeightSpec& s : llama_hf_tensors(c))
+      tensors.emplace_back(s.name, ws.add(DType::kF32, s.shape));
     write_safetensors((dir / "llama_f32.safetensors").string(), tensors, {{"format", "pt"}});
   }
   {  // f16 matrices, bf16 norms, an extra tensor the llama block does not use
@@ -165,7 +167,8 @@ void safetensors_seeds(const fs::path& dir) {
   }
   json index = {{"metadata", {{"total_size", 1234}}}, {"weight_map", json::object()}};
   for (const WeightSpec& s : llama_hf_tensors(c))
-    index["weight_map"][s.name] = s.matrix ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    index["weight_map"][s.name] =
+        s.matrix ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   write_file(dir / "model.safetensors.index.json", index.dump(1));
 }
 
@@ -175,8 +178,9 @@ void llama2c_checkpoint_seeds(const fs::path& dir) {
   for (const int32_t vocab : {32, -32}) {
     const int32_t h[7] = {8, 16, 2, 2, 1, vocab, 16};
     const int64_t dim = 8, hidden = 16, layers = 2, hd = 4, kv = 4, v = 32, seq = 16;
-    int64_t floats = v * dim + layers * (dim + dim * dim + 2 * kv * dim + dim * dim + dim + 3 * hidden * dim) + dim +
-                     seq * hd;  // freq_cis real + imag
+    int64_t floats =
+        v * dim + layers * (dim + dim * dim + 2 * kv * dim + dim * dim + dim + 3 * hidden * dim) +
+        dim + seq * hd;  // freq_cis real + imag
     if (vocab < 0) floats += v * dim;
     std::string bytes(reinterpret_cast<const char*>(h), sizeof(h));
     std::mt19937 rng(7);
@@ -188,22 +192,24 @@ void llama2c_checkpoint_seeds(const fs::path& dir) {
     write_file(dir / (vocab > 0 ? "tiny_shared.bin" : "tiny_own_classifier.bin"), bytes);
   }
   const fs::path real = fs::path(KVCACHE_SHARED_DIR) / "models/stories260K/stories260K.bin";
-  if (fs::exists(real)) write_file(dir / "head_of_stories260K.bin", read_file(real).substr(0, 4096));
+  if (fs::exists(real))
+    write_file(dir / "head_of_stories260K.bin", read_file(real).substr(0, 4096));
 }
 
 void llama2c_tokenizer_seeds(const fs::path& dir) {
   const fs::path real = fs::path(KVCACHE_SHARED_DIR) / "models/stories260K/tok512.bin";
   if (fs::exists(real)) write_file(dir / "tok512.bin", read_file(real));
   // <unk> <s> </s>, the 256 byte tokens, some pieces with scores (the llama2.c layout).
-  std::vector<std::pair<std::string, float>> entries = {{"<unk>", 0}, {"\n<s>\n", 0}, {"\n</s>\n", 0}};
+  std::vector<std::pair<std::string, float>> entries = {
+      {"<unk>", 0}, {"\n<s>\n", 0}, {"\n</s>\n", 0}};
   for (int b = 0; b < 256; ++b) {
     char name[8];
     std::snprintf(name, sizeof(name), "<0x%02X>", b);
     entries.emplace_back(name, 0.0f);
   }
   float score = -100.0f;
-  for (const char* p : {" ", "e", "h", "l", "o", " h", "he", "ll", "llo", "hello", " hello", " w", "or", " wor",
-                        "ld", " world", "\xE4\xBD\xA0"})
+  for (const char* p : {" ", "e", "h", "l", "o", " h", "he", "ll", "llo", "hello", " hello", " w",
+                        "or", " wor", "ld", " world", "\xE4\xBD\xA0"})
     entries.emplace_back(p, score += 1.0f);
   std::string bytes;
   const int32_t max_len = 8;
@@ -282,26 +288,33 @@ void hf_tokenizer_seeds(const fs::path& dir) {
       }
     }
     json merges = json::array();
-    for (const auto& [a, b] : tiny_bpe_merges()) merges.push_back(llama3 ? json::array({a, b}) : json(a + " " + b));
+    for (const auto& [a, b] : tiny_bpe_merges())
+      merges.push_back(llama3 ? json::array({a, b}) : json(a + " " + b));
     json pre = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
     if (llama3) {
       const char* kLlama3Regex =
-          "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+          "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+          "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
           "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
       pre = {{"type", "Sequence"},
              {"pretokenizers",
-              {{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+              {{{"type", "Split"},
+                {"pattern", {{"Regex", kLlama3Regex}}},
+                {"behavior", "Isolated"},
+                {"invert", false}},
                {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
     }
     json j = {{"version", "1.0"},
               {"added_tokens", added},
               {"normalizer", nullptr},
               {"pre_tokenizer", pre},
-              {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}, {"ignore_merges", llama3}}}};
+              {"model",
+               {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}, {"ignore_merges", llama3}}}};
     return j.dump();
   };
   const std::string config = R"({"bos_token":"<s>","eos_token":{"content":"</s>","special":true}})";
-  write_file(dir / "gpt2_bytelevel_with_config.json", tokenizer_json(false) + std::string(1, '\0') + config);
+  write_file(dir / "gpt2_bytelevel_with_config.json",
+             tokenizer_json(false) + std::string(1, '\0') + config);
   write_file(dir / "llama3_split_regex.json", tokenizer_json(true));
 }
 
@@ -325,22 +338,33 @@ void openai_request_seeds(const fs::path& dir) {
 
 void chat_template_seeds(const fs::path& dir) {
   // Byte 0: bits 0-1 the --chat-template flag, bit 2 the BPE tokenizer (fuzz_chat_template.cc).
-  auto input = [](uint8_t flag, const std::string& jinja, const std::vector<std::pair<uint8_t, std::string>>& msgs) {
+  auto input = [](uint8_t flag, const std::string& jinja,
+                  const std::vector<std::pair<uint8_t, std::string>>& msgs) {
     std::string s(1, static_cast<char>(flag));
     s += jinja;
-    for (const auto& [role, content] : msgs) s += std::string(1, '\0') + static_cast<char>(role) + content;
+    for (const auto& [role, content] : msgs)
+      s += std::string(1, '\0') + static_cast<char>(role) + content;
     return s;
   };
-  const std::vector<std::pair<uint8_t, std::string>> msgs = {
-      {0, "You are terse."}, {1, "Hello world <s> [INST]"}, {2, "hello"}, {1, "\xE4\xBD\xA0 <|im_end|>"}};
-  write_file(dir / "chatml_jinja.bin",
-             input(0, "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}", msgs));
+  const std::vector<std::pair<uint8_t, std::string>> msgs = {{0, "You are terse."},
+                                                             {1, "Hello world <s> [INST]"},
+                                                             {2, "hello"},
+                                                             {1, "\xE4\xBD\xA0 <|im_end|>"}};
+  write_file(dir / "chatml_jinja.bin", input(0,
+                                             "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ "
+                                             "m.content }}<|im_end|>\n{% endfor %}",
+                                             msgs));
   write_file(dir / "llama3_jinja_bpe.bin",
-             input(4, "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
-                      "{{ m.content }}<|eot_id|>{% endfor %}",
+             input(4,
+                   "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role "
+                   "}}<|end_header_id|>\n\n"
+                   "{{ m.content }}<|eot_id|>{% endfor %}",
                    msgs));
-  write_file(dir / "llama2_jinja.bin", input(0, "{{ bos_token + '[INST] ' + content + ' [/INST]' }}", msgs));
-  write_file(dir / "unknown_jinja_bpe.bin", input(4, "{% for m in messages %}### {{ m.role }}: {{ m.content }}{% endfor %}", msgs));
+  write_file(dir / "llama2_jinja.bin",
+             input(0, "{{ bos_token + '[INST] ' + content + ' [/INST]' }}", msgs));
+  write_file(
+      dir / "unknown_jinja_bpe.bin",
+      input(4, "{% for m in messages %}### {{ m.role }}: {{ m.content }}{% endfor %}", msgs));
   write_file(dir / "flag_llama3_system_only.bin", input(3, "", {{0, "only a system prompt"}}));
   write_file(dir / "flag_llama2_no_messages_bpe.bin", input(6, "", {}));
 }
@@ -349,7 +373,8 @@ void http_seeds(const fs::path& dir) {
   // One request per seed (one file holds two, kept alive): every route, streamed and not, a
   // chunked body, a range, refusals.
   const auto post = [](const std::string& path, const std::string& body) {
-    return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+    return "POST " + path +
+           " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
            std::to_string(body.size()) + "\r\n\r\n" + body;
   };
   const auto get = [](const std::string& path, const std::string& extra = "") {
@@ -361,19 +386,36 @@ void http_seeds(const fs::path& dir) {
   write_file(dir / "range_header", get("/metrics", "Range: bytes=0-10\r\n"));
   write_file(dir / "keep_alive_two", get("/health") + get("/v1/models"));
   write_file(dir / "not_found", "DELETE /v1/nothing HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
-  write_file(dir / "completion", post("/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})"));
-  write_file(dir / "completion_stream_logprobs",
-             post("/v1/completions", R"({"prompt": "hello", "max_tokens": 3, "stream": true, "logprobs": 2, "stream_options": {"include_usage": true}})"));
-  write_file(dir / "completion_ids_echo", post("/v1/completions", R"({"prompt": [1, 5, 9], "max_tokens": 0, "echo": true, "logprobs": 1})"));
-  write_file(dir / "completion_n_stop",
-             post("/v1/completions", R"({"prompt": "a b c", "max_tokens": 5, "n": 2, "stop": [" b", "c"], "seed": 3, "temperature": 0.7})"));
-  write_file(dir / "chat", post("/v1/chat/completions",
-                                R"({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 3})"));
-  write_file(dir / "chat_stream", post("/v1/chat/completions",
-                                       R"({"messages": [{"role": "user", "content": "hi"}], "stream": true, "logprobs": true, "top_logprobs": 2, "max_completion_tokens": 2})"));
+  write_file(dir / "completion",
+             post("/v1/completions",
+                  R"({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})"));
+  write_file(
+      dir / "completion_stream_logprobs",
+      post(
+          "/v1/completions",
+          R"({"prompt": "hello", "max_tokens": 3, "stream": true, "logprobs": 2, "stream_options": {"include_usage": true}})"));
+  write_file(dir / "completion_ids_echo",
+             post("/v1/completions",
+                  R"({"prompt": [1, 5, 9], "max_tokens": 0, "echo": true, "logprobs": 1})"));
+  write_file(
+      dir / "completion_n_stop",
+      post(
+          "/v1/completions",
+          R"({"prompt": "a b c", "max_tokens": 5, "n": 2, "stop": [" b", "c"], "seed": 3, "temperature": 0.7})"));
+  write_file(
+      dir / "chat",
+      post(
+          "/v1/chat/completions",
+          R"({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 3})"));
+  write_file(
+      dir / "chat_stream",
+      post(
+          "/v1/chat/completions",
+          R"({"messages": [{"role": "user", "content": "hi"}], "stream": true, "logprobs": true, "top_logprobs": 2, "max_completion_tokens": 2})"));
   write_file(dir / "bad_json", post("/v1/completions", R"({"prompt": )"));
   write_file(dir / "chunked_body",
-             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
+             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+             "chunked\r\nContent-Type: application/json\r\n\r\n"
              "10\r\n{\"prompt\": \"hi\",\r\nf\r\n \"max_tokens\": 2\r\n1\r\n}\r\n0\r\n\r\n");
 }
 
@@ -403,7 +445,8 @@ int run(const fs::path& root) {
       total += bytes.size();
       std::printf("%8zu  %s\n", bytes.size(), e.path().string().c_str());
       if (bytes.size() > kMaxSeedBytes) {
-        std::fprintf(stderr, "seed larger than %zu bytes: %s\n", kMaxSeedBytes, e.path().string().c_str());
+        std::fprintf(stderr, "seed larger than %zu bytes: %s\n", kMaxSeedBytes,
+                     e.path().string().c_str());
         ++bad;
       }
       t.run(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());

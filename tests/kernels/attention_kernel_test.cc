@@ -50,21 +50,26 @@ TEST(AttentionKernel, DenseSpanIsTheNamedKernelAtTheQueriesPositions) {
     KVSpan span;
     span.k = k.view();
     span.v = v.view();
-    Tensor got = Tensor::zeros(DType::kF32, {kB * kS, kH * kD}), want = Tensor::zeros(DType::kF32, {kB * kS, kH * kD});
+    Tensor got = Tensor::zeros(DType::kF32, {kB * kS, kH * kD}),
+           want = Tensor::zeros(DType::kF32, {kB * kS, kH * kD});
     AttentionKernel kernel(name);
-    kernel.attend(rows_view(q, kS), span, rows_view(got, kS), options(), QueryPositions{pos0, nullptr, 0});
+    kernel.attend(rows_view(q, kS), span, rows_view(got, kS), options(),
+                  QueryPositions{pos0, nullptr, 0});
     AttentionOptions o = options();
     o.q_offset = pos0;
     get_attention_kernel(name)(rows_view(q, kS), k.view(), v.view(), rows_view(want, kS), o);
     EXPECT_TRUE(same_bits(got, want)) << name;
     // The last query of each row alone: the bits it has in the whole call.
     Tensor last = Tensor::zeros(DType::kF32, {kB, kH * kD});
-    const TensorView last_view(last.data(), DType::kF32, {kB, kH, 1, kD}, {kH * kD, kD, kH * kD, 1});
-    kernel.attend_last(rows_view(q, kS), span, rows_view(got, kS), last_view, options(), QueryPositions{pos0, nullptr, 0});
+    const TensorView last_view(last.data(), DType::kF32, {kB, kH, 1, kD},
+                               {kH * kD, kD, kH * kD, 1});
+    kernel.attend_last(rows_view(q, kS), span, rows_view(got, kS), last_view, options(),
+                       QueryPositions{pos0, nullptr, 0});
     for (int64_t b = 0; b < kB; ++b)
-      EXPECT_EQ(std::memcmp(last.data_as<float>() + b * kH * kD, want.data_as<float>() + (b * kS + kS - 1) * kH * kD,
-                            kH * kD * sizeof(float)),
-                0)
+      EXPECT_EQ(
+          std::memcmp(last.data_as<float>() + b * kH * kD,
+                      want.data_as<float>() + (b * kS + kS - 1) * kH * kD, kH * kD * sizeof(float)),
+          0)
           << name << " row " << b;
   }
 }
@@ -92,10 +97,12 @@ TEST(AttentionKernel, PagedSpanGoesToPagedAttentionUnderTheSameName) {
   const PagedSpan p;
   const Tensor q = random_tensor({kB * kS, kH * kD}, 6);
   for (const char* name : {"eager", "fused"}) {
-    Tensor got = Tensor::zeros(DType::kF32, {kB * kS, kH * kD}), want = Tensor::zeros(DType::kF32, {kB * kS, kH * kD});
+    Tensor got = Tensor::zeros(DType::kF32, {kB * kS, kH * kD}),
+           want = Tensor::zeros(DType::kF32, {kB * kS, kH * kD});
     AttentionKernel kernel(name);
     EXPECT_TRUE(kernel.reads(KVSpanKind::kPaged));
-    kernel.attend(rows_view(q, kS), p.span(), rows_view(got, kS), options(), QueryPositions{0, p.pos.data(), 0});
+    kernel.attend(rows_view(q, kS), p.span(), rows_view(got, kS), options(),
+                  QueryPositions{0, p.pos.data(), 0});
     const int32_t cu[] = {0, kS, 2 * kS};
     PagedAttentionArgs a;
     a.q = TensorView(q.data(), DType::kF32, {kB * kS, kH, kD});
@@ -115,7 +122,8 @@ TEST(AttentionKernel, RefusesASpanKindItCannotReadNamingBoth) {
   EXPECT_FALSE(flex.reads(KVSpanKind::kPaged));
   EXPECT_TRUE(flex.reads(KVSpanKind::kDense) && flex.reads(KVSpanKind::kQuantized));
   try {
-    flex.attend(rows_view(q, kS), p.span(), rows_view(out, kS), options(), QueryPositions{0, p.pos.data(), 0});
+    flex.attend(rows_view(q, kS), p.span(), rows_view(out, kS), options(),
+                QueryPositions{0, p.pos.data(), 0});
     FAIL() << "flex read a paged span";
   } catch (const Error& e) {
     const std::string msg = e.what();
@@ -140,7 +148,8 @@ TEST(AttentionKernel, ASpanThatDoesNotEndWithItsQueriesIsAnError) {
   // before them.
   for (const int64_t pos0 : {Skv, int64_t{0}}) {
     try {
-      kernel.attend(rows_view(q, kS), span, rows_view(out, kS), options(), QueryPositions{pos0, nullptr, 0});
+      kernel.attend(rows_view(q, kS), span, rows_view(out, kS), options(),
+                    QueryPositions{pos0, nullptr, 0});
       FAIL() << "queries at " << pos0 << " served by keys [0, " << Skv << ")";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
@@ -149,11 +158,14 @@ TEST(AttentionKernel, ASpanThatDoesNotEndWithItsQueriesIsAnError) {
   }
   // Rows at different positions share no dense span.
   const int64_t pos[] = {Skv - kS, Skv - kS - 1};
-  EXPECT_THROW(kernel.attend(rows_view(q, kS), span, rows_view(out, kS), options(), QueryPositions{0, pos, 0}), Error);
+  EXPECT_THROW(kernel.attend(rows_view(q, kS), span, rows_view(out, kS), options(),
+                             QueryPositions{0, pos, 0}),
+               Error);
   // A paged sequence whose keys end elsewhere than its queries.
   PagedSpan p;
   p.pos[1] += 1;
-  EXPECT_THROW(kernel.attend(rows_view(q, kS), p.span(), rows_view(out, kS), options(), QueryPositions{0, p.pos.data(), 0}),
+  EXPECT_THROW(kernel.attend(rows_view(q, kS), p.span(), rows_view(out, kS), options(),
+                             QueryPositions{0, p.pos.data(), 0}),
                Error);
 }
 

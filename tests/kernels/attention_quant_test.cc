@@ -37,7 +37,8 @@ struct QCase {
     o << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Sq" << Sq << " D" << D << " Dv"
       << (Dv ? Dv : D) << " G" << G << " blocks" << n_blocks << " res" << n_res << " bits" << bits
       << " " << dtype_name(res) << " window" << window << " chunk" << chunk << " kv_offset"
-      << kv_offset << " split" << kv_split << " " << kv_quant_scheme_name(scheme) << (sinks ? " sinks" : "") << " softcap" << softcap;
+      << kv_offset << " split" << kv_split << " " << kv_quant_scheme_name(scheme)
+      << (sinks ? " sinks" : "") << " softcap" << softcap;
     return o.str();
   }
 };

@@ -389,7 +389,8 @@ TEST(Attention, DecodeEqualsLastRowOfPrefill) {
 
 // Query i of `in` alone against keys [0, i], one decode row per head, for each i in `rows`:
 // the fused kernel's row must equal row i of its prefill output `in.out` bit for bit.
-void expect_fused_decode_rows_equal(const Inputs& in, const AttentionOptions& o, const std::vector<int64_t>& rows) {
+void expect_fused_decode_rows_equal(const Inputs& in, const AttentionOptions& o,
+                                    const std::vector<int64_t>& rows) {
   const Case& c = in.c;
   for (int64_t i : rows) {
     const std::vector<double> want = out_as_double(in.out.slice(2, i, i + 1));

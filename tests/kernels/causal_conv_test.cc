@@ -3,6 +3,8 @@
 // several threads give the same bits as one call; bad views throw clear errors.
 //
 // Tolerance (the header's): |y - y_ref| <= 1e-6 * (|bias| + sum_j |w x|) + 1e-7 per output.
+#include "kernels/causal_conv.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 #include "core/thread_pool.h"
 #include "gated_delta_reference.h"
 #include "kernel_test_util.h"
-#include "kernels/causal_conv.h"
 
 namespace kvcache {
 namespace {
@@ -32,7 +33,12 @@ struct Conv {
 };
 
 Conv make_conv(int64_t T, int64_t C, int64_t K, uint32_t seed) {
-  return {T, C, K, randn(size_t(T * C), seed), randn(size_t(C * K), seed + 1), randn(size_t(C), seed + 2),
+  return {T,
+          C,
+          K,
+          randn(size_t(T * C), seed),
+          randn(size_t(C * K), seed + 1),
+          randn(size_t(C), seed + 2),
           randn(size_t((K - 1) * C), seed + 3)};
 }
 
@@ -60,20 +66,21 @@ TEST(CausalConv, MatchesDoubleOnOddSizes) {
       for (int64_t K : {1, 2, 4, 5}) {
         for (int flags = 0; flags < 4; ++flags) {
           const bool bias = flags & 1, silu = flags & 2;
-          SCOPED_TRACE("T=" + std::to_string(T) + " C=" + std::to_string(C) + " K=" + std::to_string(K) +
-                       (bias ? " bias" : "") + (silu ? " silu" : ""));
+          SCOPED_TRACE("T=" + std::to_string(T) + " C=" + std::to_string(C) +
+                       " K=" + std::to_string(K) + (bias ? " bias" : "") + (silu ? " silu" : ""));
           const Conv c = make_conv(T, C, K, seed += 10);
           std::vector<float> state = c.state0;
           const std::vector<float> y = run(c, 0, T, state, bias, silu);
           std::vector<double> rs(c.state0.begin(), c.state0.end());
-          const std::vector<double> ref =
-              gdn_ref::causal_conv(T, C, K, c.x.data(), c.w.data(), bias ? c.bias.data() : nullptr, rs, silu);
+          const std::vector<double> ref = gdn_ref::causal_conv(
+              T, C, K, c.x.data(), c.w.data(), bias ? c.bias.data() : nullptr, rs, silu);
           for (int64_t t = 0; t < T; ++t) {
             for (int64_t ch = 0; ch < C; ++ch) {
               double mag = bias ? std::fabs(c.bias[size_t(ch)]) : 0.0;  // |bias| + sum |w x|
               for (int64_t j = 0; j < K; ++j) {
                 const int64_t s = t - (K - 1) + j;
-                const float in = s >= 0 ? c.x[size_t(s * C + ch)] : c.state0[size_t((K - 1 + s) * C + ch)];
+                const float in =
+                    s >= 0 ? c.x[size_t(s * C + ch)] : c.state0[size_t((K - 1 + s) * C + ch)];
                 mag += std::fabs(double(c.w[size_t(j * C + ch)]) * in);
               }
               const double err = std::fabs(y[size_t(t * C + ch)] - ref[size_t(t * C + ch)]);
@@ -142,7 +149,8 @@ TEST(CausalConv, InPlaceOnStridedRows) {
   p.state = view(s2, {K - 1, C});
   causal_conv1d(p);
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t ch = 0; ch < C; ++ch) EXPECT_EQ(buf[size_t(t * ld + ch)], want[size_t(t * C + ch)]);
+    for (int64_t ch = 0; ch < C; ++ch)
+      EXPECT_EQ(buf[size_t(t * ld + ch)], want[size_t(t * C + ch)]);
   EXPECT_EQ(s2, s1);
 }
 

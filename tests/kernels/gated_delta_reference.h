@@ -54,7 +54,8 @@ inline std::vector<double> recurrent(const Sizes& s, const float* q, const float
       }
       const float* vs = v + (t * s.Hv + h) * s.dv;
       for (int64_t i = 0; i < s.dk; ++i)
-        for (int64_t j = 0; j < s.dv; ++j) S[i * s.dv + j] += kn[size_t(i)] * ((vs[j] - kv[size_t(j)]) * b);
+        for (int64_t j = 0; j < s.dv; ++j)
+          S[i * s.dv + j] += kn[size_t(i)] * ((vs[j] - kv[size_t(j)]) * b);
       double* o = out.data() + (t * s.Hv + h) * s.dv;
       for (int64_t j = 0; j < s.dv; ++j) {
         double acc = 0, m = 0;
@@ -70,8 +71,8 @@ inline std::vector<double> recurrent(const Sizes& s, const float* q, const float
   return out;
 }
 
-// x [T, C], weight [K, C] (w[j, c] = HF's conv1d.weight[c, 0, j]), bias [C] or nullptr, state [K - 1, C] (last K - 1 inputs, oldest
-// first), updated in place. Returns y [T, C].
+// x [T, C], weight [K, C] (w[j, c] = HF's conv1d.weight[c, 0, j]), bias [C] or nullptr, state [K -
+// 1, C] (last K - 1 inputs, oldest first), updated in place. Returns y [T, C].
 inline std::vector<double> causal_conv(int64_t T, int64_t C, int64_t K, const float* x,
                                        const float* weight, const float* bias,
                                        std::vector<double>& state, bool silu) {
@@ -82,7 +83,8 @@ inline std::vector<double> causal_conv(int64_t T, int64_t C, int64_t K, const fl
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t c = 0; c < C; ++c) {
       double acc = bias ? bias[c] : 0.0;
-      for (int64_t j = 0; j < K; ++j) acc += double(weight[j * C + c]) * in[size_t((t + j) * C + c)];
+      for (int64_t j = 0; j < K; ++j)
+        acc += double(weight[j * C + c]) * in[size_t((t + j) * C + c)];
       y[size_t(t * C + c)] = silu ? acc / (1.0 + std::exp(-acc)) : acc;
     }
   }

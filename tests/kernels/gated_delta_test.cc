@@ -8,6 +8,8 @@
 // cancel to ~1e-3 of their size, so its own value is no scale for a float sum) and
 // max |S - S_ref| <= 2e-5 * max |S_ref| for the final state. The largest ratios measured are
 // printed by the tests ("measured ...") so a change in the arithmetic shows up in the log.
+#include "kernels/gated_delta.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,7 +23,6 @@
 #include "core/thread_pool.h"
 #include "gated_delta_reference.h"
 #include "kernel_test_util.h"
-#include "kernels/gated_delta.h"
 
 namespace kvcache {
 namespace {
@@ -31,7 +32,9 @@ using testing_util::randn;
 constexpr double kTol = 2e-5;
 
 enum class Form { kRecurrent, kChunked };
-const char* form_name(Form f) { return f == Form::kRecurrent ? "recurrent" : "chunked"; }
+const char* form_name(Form f) {
+  return f == Form::kRecurrent ? "recurrent" : "chunked";
+}
 
 struct Case {
   gdn_ref::Sizes s;
@@ -66,7 +69,7 @@ struct Result {
 
 // Runs one form over tokens [t0, t1) of c from `state` (the whole [Hv, dk, dv]).
 Result run(const Case& c, Form form, int64_t t0, int64_t t1, std::vector<float> state,
-        int64_t chunk = 64, ThreadPool* pool = nullptr) {
+           int64_t chunk = 64, ThreadPool* pool = nullptr) {
   const auto& s = c.s;
   Result r;
   r.out.assign(size_t((t1 - t0) * s.Hv * s.dv), -1.0f);
@@ -156,8 +159,8 @@ TEST(GatedDelta, BothFormsMatchDoubleOnOddSizes) {
           const Case c = make_case(T, hh[0], hh[1], d[0], d[1], seed += 10, rg.g_lo, rg.g_hi);
           const Ref ref = reference(c);
           for (Form f : {Form::kRecurrent, Form::kChunked}) {
-            SCOPED_TRACE(std::string(form_name(f)) + " T=" + std::to_string(T) + " Hk=" +
-                         std::to_string(hh[0]) + " Hv=" + std::to_string(hh[1]) + " dk=" +
+            SCOPED_TRACE(std::string(form_name(f)) + " T=" + std::to_string(T) +
+                         " Hk=" + std::to_string(hh[0]) + " Hv=" + std::to_string(hh[1]) + " dk=" +
                          std::to_string(d[0]) + " dv=" + std::to_string(d[1]) + " " + rg.name);
             const Result r = run(c, f, 0, T, c.state0);
             const double eo = out_error(r.out, ref, c.s), es = state_error(r.state, ref.state, c.s);
@@ -170,9 +173,11 @@ TEST(GatedDelta, BothFormsMatchDoubleOnOddSizes) {
       }
     }
   }
-  std::printf("measured (max over cases and heads; out: relative to sum |q S|, state: to max |S|): recurrent out %.2e "
-              "state %.2e; chunked out %.2e state %.2e\n",
-              worst[0][0], worst[0][1], worst[1][0], worst[1][1]);
+  std::printf(
+      "measured (max over cases and heads; out: relative to sum |q S|, state: to max |S|): "
+      "recurrent out %.2e "
+      "state %.2e; chunked out %.2e state %.2e\n",
+      worst[0][0], worst[0][1], worst[1][0], worst[1][1]);
 }
 
 // Chunk sizes other than 64 (1: every chunk a single token; 7 and 16: odd and even splits of
@@ -188,7 +193,8 @@ TEST(GatedDelta, ChunkSizesAgreeWithRecurrent) {
     EXPECT_LE(out_error(ch.out, ref, c.s), kTol);
     EXPECT_LE(state_error(ch.state, ref.state, c.s), kTol);
     // f32 against f32: the same bound, taken against the recurrent form's values.
-    const double e = std::max(out_error(ch.out, rec.out, ref, c.s), state_error(ch.state, rec.state, c.s));
+    const double e =
+        std::max(out_error(ch.out, rec.out, ref, c.s), state_error(ch.state, rec.state, c.s));
     EXPECT_LE(e, kTol);
     worst = std::max(worst, e);
   }
@@ -200,7 +206,8 @@ TEST(GatedDelta, ChunkSizesAgreeWithRecurrent) {
 TEST(GatedDelta, ToleranceCatchesAWrongStateOrDecay) {
   const Case c = make_case(65, 2, 4, 17, 33, 8);
   const Ref ref = reference(c);
-  const Result zero_state = run(c, Form::kChunked, 0, c.s.T, std::vector<float>(c.state0.size(), 0.0f));
+  const Result zero_state =
+      run(c, Form::kChunked, 0, c.s.T, std::vector<float>(c.state0.size(), 0.0f));
   EXPECT_GT(out_error(zero_state.out, ref, c.s), 100 * kTol);
   Case no_decay = c;
   std::fill(no_decay.g.begin(), no_decay.g.end(), 0.0f);
@@ -267,8 +274,10 @@ TEST(GatedDelta, StridedViewsInPlaceAndThreadsGiveTheSameBits) {
   std::vector<float> mixed(size_t(s.T * width), 0.0f);
   for (int64_t t = 0; t < s.T; ++t) {
     std::copy_n(c.q.begin() + t * s.Hk * s.dk, s.Hk * s.dk, mixed.begin() + t * width);
-    std::copy_n(c.k.begin() + t * s.Hk * s.dk, s.Hk * s.dk, mixed.begin() + t * width + s.Hk * s.dk);
-    std::copy_n(c.v.begin() + t * s.Hv * s.dv, s.Hv * s.dv, mixed.begin() + t * width + 2 * s.Hk * s.dk);
+    std::copy_n(c.k.begin() + t * s.Hk * s.dk, s.Hk * s.dk,
+                mixed.begin() + t * width + s.Hk * s.dk);
+    std::copy_n(c.v.begin() + t * s.Hv * s.dv, s.Hv * s.dv,
+                mixed.begin() + t * width + 2 * s.Hk * s.dk);
   }
   for (Form f : {Form::kRecurrent, Form::kChunked}) {
     SCOPED_TRACE(form_name(f));
@@ -346,8 +355,10 @@ TEST(GatedDelta, NoTokensKeepsTheState) {
 }
 
 void expect_error(const GatedDeltaParams& p, const std::string& needle) {
-  testing_util::expect_invalid_argument([&] { gated_delta_recurrent(p); }, "gated_delta_recurrent: " + needle);
-  testing_util::expect_invalid_argument([&] { gated_delta_chunked(p); }, "gated_delta_chunked: " + needle);
+  testing_util::expect_invalid_argument([&] { gated_delta_recurrent(p); },
+                                        "gated_delta_recurrent: " + needle);
+  testing_util::expect_invalid_argument([&] { gated_delta_chunked(p); },
+                                        "gated_delta_chunked: " + needle);
 }
 
 TEST(GatedDelta, BadArgumentsThrowClearErrors) {
@@ -431,7 +442,8 @@ TEST(GatedDeltaGates, MatchDouble) {
 
 TEST(RmsNormGated, MatchesDoubleInPlaceToo) {
   const int64_t T = 3, H = 5, D = 37;
-  const std::vector<float> x = randn(size_t(T * H * D), 31), z = randn(x.size(), 32), w = randn(D, 33);
+  const std::vector<float> x = randn(size_t(T * H * D), 31), z = randn(x.size(), 32),
+                           w = randn(D, 33);
   std::vector<float> y(x.size());
   RmsNormGatedParams p;
   p.x = view(x, {T, H, D});
@@ -440,8 +452,10 @@ TEST(RmsNormGated, MatchesDoubleInPlaceToo) {
   p.y = view(y, {T, H, D});
   p.eps = 1e-6f;
   rms_norm_gated(p);
-  const std::vector<double> ref = gdn_ref::rms_norm_gated(T * H, D, x.data(), z.data(), w.data(), 1e-6);
-  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], ref[i], 1e-5 * std::fabs(ref[i]) + 1e-6) << i;
+  const std::vector<double> ref =
+      gdn_ref::rms_norm_gated(T * H, D, x.data(), z.data(), w.data(), 1e-6);
+  for (size_t i = 0; i < y.size(); ++i)
+    EXPECT_NEAR(y[i], ref[i], 1e-5 * std::fabs(ref[i]) + 1e-6) << i;
   std::vector<float> inplace = x;
   p.x = view(inplace, {T, H, D});
   p.y = p.x;

@@ -49,7 +49,8 @@ struct Problem {
 // acc = 0, then + bias — exactly, for any M, tile position, block of k and thread count.
 float fma_chain(const Problem& pr, int64_t i, int64_t r) {
   std::vector<float> wrow(static_cast<size_t>(pr.k));
-  dequantize_row(pr.w.data() + static_cast<size_t>(r) * dtype_bytes(pr.t, pr.k), pr.t, wrow.data(), pr.k);
+  dequantize_row(pr.w.data() + static_cast<size_t>(r) * dtype_bytes(pr.t, pr.k), pr.t, wrow.data(),
+                 pr.k);
   float acc = 0.0f;
   for (int64_t j = 0; j < pr.k; ++j) acc = std::fmaf(pr.x[i * pr.ldx + j], wrow[j], acc);
   return acc;
@@ -73,7 +74,7 @@ TEST_P(GemmPackedTest, EachOutputIsOneFmaChainOverK) {
   };
   const Case cases[] = {{1, 17, 64},  {7, 131, 288}, {13, 269, 544}, {100, 45, 96},
                         {6, 16, 800}, {8, 33, 96},   {15, 40, 288},  {200, 20, 64},
-                        {10, 50, 96}, {11, 64, 320}, {9, 96, 64},   {14, 48, 264}};
+                        {10, 50, 96}, {11, 64, 320}, {9, 96, 64},    {14, 48, 264}};
   uint32_t seed = 40;
   for (const Case& c : cases) {
     if (t == DType::kQ8_0 && c.k % 32 != 0) continue;
@@ -83,9 +84,11 @@ TEST_P(GemmPackedTest, EachOutputIsOneFmaChainOverK) {
     for (int64_t i = 0; i < c.m; ++i) {
       for (int64_t r = 0; r < c.n; ++r) {
         const float want = fma_chain(pr, i, r) + (c.m % 2 ? pr.bias[r] : 0.0f);
-        ASSERT_EQ(y[i * pr.ldy + r], want) << "m " << c.m << " n " << c.n << " k " << c.k << " at " << i << "," << r;
+        ASSERT_EQ(y[i * pr.ldy + r], want)
+            << "m " << c.m << " n " << c.n << " k " << c.k << " at " << i << "," << r;
       }
-      for (int64_t r = c.n; r < pr.ldy; ++r) ASSERT_EQ(y[i * pr.ldy + r], -7.0f) << "padding written";
+      for (int64_t r = c.n; r < pr.ldy; ++r)
+        ASSERT_EQ(y[i * pr.ldy + r], -7.0f) << "padding written";
     }
   }
 }
@@ -106,7 +109,8 @@ TEST_P(GemmPackedTest, RowsOfABatchEqualEachRowAloneForAnyThreadCount) {
     p.m = 1;
     p.y = alone.data();
     gemm_packed(p, nullptr);
-    for (int64_t r = 0; r < pr.n; ++r) ASSERT_EQ(alone[r], batch[i * pr.ldy + r]) << "row " << i << " col " << r;
+    for (int64_t r = 0; r < pr.n; ++r)
+      ASSERT_EQ(alone[r], batch[i * pr.ldy + r]) << "row " << i << " col " << r;
   }
 }
 
@@ -114,10 +118,12 @@ TEST(GemmPackedGroup, EqualsEachProductAloneBitForBit) {
   if (!gemm_packed_available()) GTEST_SKIP() << "build without AVX2/FMA/F16C: matmul keeps sgemm";
   // Q/K/V-like: one x, three weight matrices of different heights and dtypes; plus matmul_group
   // routing prefill products through the same path.
-  const Problem q(31, 200, 288, DType::kF16, 90), k(31, 70, 288, DType::kBF16, 91), v(31, 133, 288, DType::kQ8_0, 92);
+  const Problem q(31, 200, 288, DType::kF16, 90), k(31, 70, 288, DType::kBF16, 91),
+      v(31, 133, 288, DType::kQ8_0, 92);
   ThreadPool pool(2);
   std::vector<float> yq(31 * q.ldy), yk(31 * k.ldy), yv(31 * v.ldy);
-  MatmulParams ps[3] = {q.params(yq.data(), q.bias.data()), k.params(yk.data(), nullptr), v.params(yv.data(), nullptr)};
+  MatmulParams ps[3] = {q.params(yq.data(), q.bias.data()), k.params(yk.data(), nullptr),
+                        v.params(yv.data(), nullptr)};
   for (MatmulParams& p : ps) {
     p.x = q.x.data();  // one shared x
     p.pool = &pool;

@@ -3,14 +3,14 @@
 // check of an argument error's kind and message.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -27,16 +27,25 @@ inline std::vector<float> randn(size_t n, uint32_t seed) {
 }
 
 // W [n, k] of dtype t from f32 values w (row-major); returns the raw bytes.
-inline std::vector<std::byte> make_weights(const std::vector<float>& w, DType t, int64_t n, int64_t k) {
+inline std::vector<std::byte> make_weights(const std::vector<float>& w, DType t, int64_t n,
+                                           int64_t k) {
   std::vector<std::byte> out(dtype_bytes(t, n * k));
   for (int64_t r = 0; r < n; ++r) {
     const float* src = w.data() + r * k;
     std::byte* dst = out.data() + static_cast<size_t>(r) * dtype_bytes(t, k);
     switch (t) {
-      case DType::kF32: std::memcpy(dst, src, static_cast<size_t>(k) * 4); break;
-      case DType::kF16: f32_to_f16_n(src, reinterpret_cast<f16_t*>(dst), static_cast<size_t>(k)); break;
-      case DType::kBF16: f32_to_bf16_n(src, reinterpret_cast<bf16_t*>(dst), static_cast<size_t>(k)); break;
-      case DType::kQ8_0: quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k); break;
+      case DType::kF32:
+        std::memcpy(dst, src, static_cast<size_t>(k) * 4);
+        break;
+      case DType::kF16:
+        f32_to_f16_n(src, reinterpret_cast<f16_t*>(dst), static_cast<size_t>(k));
+        break;
+      case DType::kBF16:
+        f32_to_bf16_n(src, reinterpret_cast<bf16_t*>(dst), static_cast<size_t>(k));
+        break;
+      case DType::kQ8_0:
+        quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k);
+        break;
     }
   }
   return out;

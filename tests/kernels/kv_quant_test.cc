@@ -1,19 +1,17 @@
 // Round trip of the KV quantization formats: every element's error is at most half a step of
 // its group (plus float rounding), for KIVI keys (per channel) and values (per token) at 2/4/8
 // bits on odd sizes, and for the llama.cpp-like q8_0 / q4_0 per-token blocks.
+#include "kernels/kv_quant.h"
+
 #include <gtest/gtest.h>
 
-#include "core/error.h"
-
-#include <string>
-
-#include <cstring>
-
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
-#include "kernels/kv_quant.h"
+#include "core/error.h"
 #include "kernels/matmul.h"
 
 namespace kvcache {
@@ -37,8 +35,8 @@ float slack(float x, float zero, float step) {
 }
 
 TEST(KvQuant, F16DirectedRounding) {
-  for (float x : {0.0f, 1.0f, -1.0f, 0.1f, -0.1f, 3.14159f, -65000.0f, 65000.0f, 1e-6f, -1e-6f,
-                  6.1e-5f}) {
+  for (float x :
+       {0.0f, 1.0f, -1.0f, 0.1f, -0.1f, 3.14159f, -65000.0f, 65000.0f, 1e-6f, -1e-6f, 6.1e-5f}) {
     const float lo = f16_to_f32(f16_round_down(x)), hi = f16_to_f32(f16_round_up(x));
     EXPECT_LE(lo, x) << x;
     EXPECT_GE(hi, x) << x;
@@ -82,8 +80,7 @@ TEST_P(KiviRoundTrip, KeysPerChannelWithinHalfStep) {
                           std::fabs(lo) * 1e-3f + 1e-7f);
       for (int64_t t = 0; t < G; ++t) {
         const float xv = x[static_cast<size_t>(t * ld + c)], yv = y[static_cast<size_t>(t * D + c)];
-        ASSERT_LE(std::fabs(xv - yv),
-                  0.5f * step + slack(xv, f16_to_f32(zeros[c]), step))
+        ASSERT_LE(std::fabs(xv - yv), 0.5f * step + slack(xv, f16_to_f32(zeros[c]), step))
             << "bits " << bits << " G " << G << " D " << D << " t " << t << " c " << c;
       }
     }
@@ -92,10 +89,8 @@ TEST_P(KiviRoundTrip, KeysPerChannelWithinHalfStep) {
 
 TEST_P(KiviRoundTrip, ValuesPerTokenWithinHalfStep) {
   const int bits = GetParam();
-  for (auto [G, D, VG] : {std::tuple<int64_t, int64_t, int64_t>{64, 128, 64},
-                          {11, 80, 40},
-                          {5, 8, 8},
-                          {3, 30, 6}}) {
+  for (auto [G, D, VG] :
+       {std::tuple<int64_t, int64_t, int64_t>{64, 128, 64}, {11, 80, 40}, {5, 8, 8}, {3, 30, 6}}) {
     KiviBlockParams p;
     p.group = G;
     p.d = D;
@@ -202,7 +197,8 @@ TEST(KvQuant, Q8_0WithinHalfStep) {
   dequantize_row(blocks.data(), DType::kQ8_0, y.data(), k);
   for (int64_t i = 0; i < k; ++i) {
     float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[static_cast<size_t>(i / 32 * 32 + j)]));
+    for (int j = 0; j < 32; ++j)
+      amax = std::max(amax, std::fabs(x[static_cast<size_t>(i / 32 * 32 + j)]));
     const float d = amax / 127.0f, d16 = f16_to_f32(blocks[static_cast<size_t>(i / 32)].d);
     // Codes come from the unrounded d (as in ggml), values from the stored f16 d: half a step
     // plus 127 times the scale's rounding.
@@ -233,7 +229,6 @@ TEST(KvQuant, Q4_0WithinHalfStepExceptTopClamp) {
       EXPECT_LE(err, 0.5f * d * 1.001f + 1e-6f) << i;
   }
 }
-
 
 // The block codec both the cache and the kernel use: per-token blocks are G rows of llama.cpp
 // blocks, bit for bit what the row functions write; KIVI blocks are the kivi_* layouts.

@@ -41,7 +41,8 @@ class MatmulTest : public ::testing::TestWithParam<DType> {};
 TEST_P(MatmulTest, MatchesReferenceOnOddSizes) {
   const DType t = GetParam();
   ThreadPool pool(3);
-  const Case cases[] = {{1, 37, 96}, {1, 301, 160}, {2, 61, 32}, {3, 129, 64}, {5, 77, 224}, {9, 200, 96}};
+  const Case cases[] = {{1, 37, 96},  {1, 301, 160}, {2, 61, 32},
+                        {3, 129, 64}, {5, 77, 224},  {9, 200, 96}};
   uint32_t seed = 1;
   for (const Case& c : cases) {
     const int64_t ldx = c.k + 3, ldy = c.n + 5;  // strided rows
@@ -136,7 +137,8 @@ TEST(QuantQ8_0, RoundTripWithinHalfAStep) {
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
     const float d = f16_to_f32(q[b].d);
     EXPECT_NEAR(d, amax / 127.0f, amax / 127.0f * 1e-3);  // f16 scale
-    for (int j = 0; j < 32; ++j) EXPECT_NEAR(back[b * 32 + j], x[b * 32 + j], 0.5f * d + 1e-3f * amax);
+    for (int j = 0; j < 32; ++j)
+      EXPECT_NEAR(back[b * 32 + j], x[b * 32 + j], 0.5f * d + 1e-3f * amax);
   }
   std::vector<float> zeros(32, 0.0f);
   quantize_row_q8_0(zeros.data(), q.data(), 32);
@@ -184,7 +186,8 @@ TEST(MatmulGroup, EqualsSeparateMatmulsForEveryDtype) {
         p.y = ys[g].data();
       }
       matmul_group(ps);
-      for (int g = 0; g < 3; ++g) EXPECT_EQ(ys[g], want[g]) << dtype_name(t) << " m=" << m << " product " << g;
+      for (int g = 0; g < 3; ++g)
+        EXPECT_EQ(ys[g], want[g]) << dtype_name(t) << " m=" << m << " product " << g;
     }
   }
 }
@@ -204,12 +207,15 @@ TEST(MatmulGemv, RowsOfABatchEqualEachRowAloneBitForBit) {
   ThreadPool pool(3);
   uint32_t seed = 100;
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
-    for (int64_t k : {int64_t{64}, int64_t{96}, int64_t{2048 + 32}, int64_t{1139}, int64_t{43}, int64_t{7}}) {
+    for (int64_t k :
+         {int64_t{64}, int64_t{96}, int64_t{2048 + 32}, int64_t{1139}, int64_t{43}, int64_t{7}}) {
       if (t == DType::kQ8_0 && k % 32 != 0) continue;
-      for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, int64_t{16}, int64_t{37}}) {
+      for (int64_t m :
+           {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, int64_t{16}, int64_t{37}}) {
         const int64_t n = k > 1000 ? 33 : 71, ldx = k + 5, ldy = n + 2;
         const std::vector<float> x = randn(static_cast<size_t>(m * ldx), seed++);
-        const std::vector<std::byte> w = make_weights(randn(static_cast<size_t>(n * k), seed++), t, n, k);
+        const std::vector<std::byte> w =
+            make_weights(randn(static_cast<size_t>(n * k), seed++), t, n, k);
         const std::vector<float> bias = randn(static_cast<size_t>(n), seed++);
         MatmulParams p;
         p.x = x.data();
@@ -239,8 +245,9 @@ TEST(MatmulGemv, RowsOfABatchEqualEachRowAloneBitForBit) {
           one.ldy = n;
           matmul(one);
           for (int64_t r = 0; r < n; ++r) {
-            const float dot = dot_row(w.data() + static_cast<size_t>(r) * rb, t, x.data() + i * ldx, k) +
-                              (p.bias != nullptr ? bias[static_cast<size_t>(r)] : 0.0f);
+            const float dot =
+                dot_row(w.data() + static_cast<size_t>(r) * rb, t, x.data() + i * ldx, k) +
+                (p.bias != nullptr ? bias[static_cast<size_t>(r)] : 0.0f);
             ASSERT_EQ(y[static_cast<size_t>(i * ldy + r)], alone[static_cast<size_t>(r)])
                 << dtype_name(t) << " m=" << m << " k=" << k << " row " << i << " col " << r;
             ASSERT_EQ(alone[static_cast<size_t>(r)], dot) << dtype_name(t) << " k=" << k;

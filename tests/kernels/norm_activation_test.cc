@@ -4,10 +4,10 @@
 #include <random>
 #include <vector>
 
+#include "kernel_test_util.h"
 #include "kernels/activation.h"
 #include "kernels/norm.h"
 #include "kernels/softmax.h"
-#include "kernel_test_util.h"
 
 namespace kvcache {
 namespace {
@@ -32,7 +32,8 @@ TEST(RmsNorm, MatchesDoubleOnOddRowsInPlaceToo) {
     for (int64_t j = 0; j < dim; ++j) ss += double(x[r * ld + j]) * x[r * ld + j];
     const double s = 1.0 / std::sqrt(ss / dim + 1e-5);
     for (int64_t j = 0; j < dim; ++j)  // tolerance: a few float ulps of the sum
-      EXPECT_NEAR(y[r * dim + j], w[j] * s * x[r * ld + j], 1e-5 * std::fabs(w[j] * s * x[r * ld + j]) + 1e-7);
+      EXPECT_NEAR(y[r * dim + j], w[j] * s * x[r * ld + j],
+                  1e-5 * std::fabs(w[j] * s * x[r * ld + j]) + 1e-7);
   }
   std::vector<float> inplace(x.begin(), x.begin() + dim);
   p.x = inplace.data();

@@ -183,7 +183,8 @@ TEST(PagedAttention, EagerMatchesDenseDecode) {
 
 // `base` over every page size, window and sink setting (kv_offset 5 with a window) and each of
 // `dtypes`, checked with `kernel`; `seed` advances once per case.
-void check_window_sinks(const PCase& base, std::initializer_list<DType> dtypes, const char* kernel, uint32_t& seed) {
+void check_window_sinks(const PCase& base, std::initializer_list<DType> dtypes, const char* kernel,
+                        uint32_t& seed) {
   for (int64_t page : {16, 7})
     for (int64_t window : {0, 37})
       for (bool sinks : {false, true})
@@ -200,8 +201,8 @@ void check_window_sinks(const PCase& base, std::initializer_list<DType> dtypes, 
 
 TEST(PagedAttention, EagerMatchesDensePrefillWindowSinks) {
   uint32_t seed = 100;
-  check_window_sinks({.B = 3, .Hq = 4, .Hkv = 2, .D = 80, .max_len = 120, .max_q = 40}, {DType::kF32, DType::kF16},
-                     "eager", seed);
+  check_window_sinks({.B = 3, .Hq = 4, .Hkv = 2, .D = 80, .max_len = 120, .max_q = 40},
+                     {DType::kF32, DType::kF16}, "eager", seed);
 }
 
 TEST(PagedAttention, SingleTokenSequencesAndFullPages) {
@@ -256,8 +257,8 @@ TEST(PagedAttention, FusedMatchesDensePrefillWindowSinks) {
   uint32_t seed = 400;
   for (const char* kernel : {"fused", "fused_scalar"}) {
     // max_q 70 mixes decode-like and prefill sequences in one batch.
-    check_window_sinks({.B = 3, .Hq = 4, .Hkv = 2, .D = 80, .max_len = 150, .max_q = 70}, {DType::kF32, DType::kBF16},
-                       kernel, seed);
+    check_window_sinks({.B = 3, .Hq = 4, .Hkv = 2, .D = 80, .max_len = 150, .max_q = 70},
+                       {DType::kF32, DType::kBF16}, kernel, seed);
   }
 }
 

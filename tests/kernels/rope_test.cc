@@ -76,7 +76,8 @@ TEST(Rope, HalfStyleIsInterleavedUnderPermutation) {
 }
 
 TEST(Rope, RelativePositionAndNorm) {
-  // <rope(q, m), rope(k, n)> depends on m - n only; rotations keep the norm; position 0 is identity.
+  // <rope(q, m), rope(k, n)> depends on m - n only; rotations keep the norm; position 0 is
+  // identity.
   const int64_t D = 16;
   const std::vector<float> inv = rope_inv_freq(D, 10000.0f, nullptr);
   const std::vector<float> q0 = randn(D, 4), k0 = randn(D, 5);

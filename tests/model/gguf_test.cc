@@ -16,13 +16,29 @@ using namespace testing_util;  // model_test_util.h
 
 TEST(Gguf, MetadataOfEveryTypeRoundTrips) {
   GgufWriter w(64);
-  GgufValue u8; u8.type = GgufType::kUint8; u8.u = 250; u8.i = 250;
-  GgufValue i8; i8.type = GgufType::kInt8; i8.i = -100;
-  GgufValue u16; u16.type = GgufType::kUint16; u16.u = 65000; u16.i = 65000;
-  GgufValue i16; i16.type = GgufType::kInt16; i16.i = -30000;
-  GgufValue i64; i64.type = GgufType::kInt64; i64.i = -(int64_t{1} << 40);
-  GgufValue f64; f64.type = GgufType::kFloat64; f64.f = 0.1;
-  GgufValue nested; nested.type = GgufType::kArray; nested.array_type = GgufType::kArray;
+  GgufValue u8;
+  u8.type = GgufType::kUint8;
+  u8.u = 250;
+  u8.i = 250;
+  GgufValue i8;
+  i8.type = GgufType::kInt8;
+  i8.i = -100;
+  GgufValue u16;
+  u16.type = GgufType::kUint16;
+  u16.u = 65000;
+  u16.i = 65000;
+  GgufValue i16;
+  i16.type = GgufType::kInt16;
+  i16.i = -30000;
+  GgufValue i64;
+  i64.type = GgufType::kInt64;
+  i64.i = -(int64_t{1} << 40);
+  GgufValue f64;
+  f64.type = GgufType::kFloat64;
+  f64.f = 0.1;
+  GgufValue nested;
+  nested.type = GgufType::kArray;
+  nested.array_type = GgufType::kArray;
   nested.items = {GgufValue::i32_array({1, 2}), GgufValue::str_array({"x"})};
   w.set("a.u8", u8);
   w.set("a.i8", i8);
@@ -59,7 +75,8 @@ TEST(Gguf, MetadataOfEveryTypeRoundTrips) {
   EXPECT_EQ(g->get_float("a.f64"), 0.1);
   EXPECT_TRUE(g->get_bool_or("a.bool", false));
   EXPECT_EQ(g->get_string("a.str"), std::string("h\xc3\xa9llo\0x", 8));
-  EXPECT_EQ(g->get_array("a.strs", GgufType::kString).strs, (std::vector<std::string>{"", "a", "\xe2\x96\x81"}));
+  EXPECT_EQ(g->get_array("a.strs", GgufType::kString).strs,
+            (std::vector<std::string>{"", "a", "\xe2\x96\x81"}));
   EXPECT_EQ(g->get_array("a.f32s", GgufType::kFloat32).floats, (std::vector<double>{0.25, -3.0}));
   EXPECT_EQ(g->get_array("a.i32s", GgufType::kInt32).ints, (std::vector<int64_t>{-1, 7}));
   const GgufValue& n = g->get_array("a.nested", GgufType::kArray);
@@ -266,7 +283,8 @@ TEST_F(GgufBadFiles, UnsupportedDtypeNamesTensorAndType) {
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
-    for (const char* n : {"output.weight", "q4_K"}) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    for (const char* n : {"output.weight", "q4_K"})
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
   }
 }
 
@@ -277,7 +295,8 @@ TEST_F(GgufBadFiles, ShapeMismatchWithConfig) {
   gguf_write_llama_config(gw, c);
   for (const auto& [n, v] : w_.views()) gw.add_tensor(n, v);
   gw.write(bad_);
-  expect_error([&] { load_gguf_model(bad_); }, {bad_, "blk.0.ffn_gate.weight", "[96, 64]", "[128, 64]"});
+  expect_error([&] { load_gguf_model(bad_); },
+               {bad_, "blk.0.ffn_gate.weight", "[96, 64]", "[128, 64]"});
 }
 
 TEST_F(GgufBadFiles, MissingTensorAndMissingMetadata) {
@@ -299,10 +318,14 @@ TEST_F(GgufBadFiles, MissingTensorAndMissingMetadata) {
 // as it is read: the answer is an Error naming the key (std::bad_alloc before the check).
 TEST_F(GgufBadFiles, HostileCountsAreRefusedBeforeAnyAllocation) {
   const std::pair<const char*, uint32_t> kHostile[] = {
-      {"llama.block_count", 0xFFFFFFFFu},          {"llama.embedding_length", 0x40000000u},
-      {"llama.attention.head_count", 1u << 20},    {"llama.attention.head_count_kv", 1u << 20},
-      {"llama.attention.key_length", 0x7FFFFFFFu}, {"llama.feed_forward_length", 0xFFFFFFF0u},
-      {"llama.context_length", 0xFFFFFFFFu},       {"llama.vocab_size", 0x7FFFFFFFu},
+      {"llama.block_count", 0xFFFFFFFFu},
+      {"llama.embedding_length", 0x40000000u},
+      {"llama.attention.head_count", 1u << 20},
+      {"llama.attention.head_count_kv", 1u << 20},
+      {"llama.attention.key_length", 0x7FFFFFFFu},
+      {"llama.feed_forward_length", 0xFFFFFFF0u},
+      {"llama.context_length", 0xFFFFFFFFu},
+      {"llama.vocab_size", 0x7FFFFFFFu},
       {"llama.attention.sliding_window", 0xFFFFFFFFu}};
   for (const auto& [key, value] : kHostile) {
     GgufWriter gw;
@@ -335,7 +358,8 @@ TEST(Gguf, ParsesFromMemoryLikeFromAFile) {
   gw.write(p);
   const std::string bytes = read_file(p);
   std::filesystem::remove(p);
-  const std::unique_ptr<ModelFile> m = load_gguf_model(GgufFile::open(MappedFile::copy_of("in-memory.gguf", bytes)));
+  const std::unique_ptr<ModelFile> m =
+      load_gguf_model(GgufFile::open(MappedFile::copy_of("in-memory.gguf", bytes)));
   EXPECT_EQ(m->config().n_layers, c.n_layers);
   EXPECT_EQ(m->path(), "in-memory.gguf");
   try {

@@ -36,7 +36,8 @@ TEST(JsonTypes, PlanConfigWrongFieldType) {
   expect_format_error_naming(
       [] {
         plan_model_from_hf_json(R"({"num_hidden_layers":2,"num_attention_heads":2,"hidden_size":8,
-          "intermediate_size":16,"vocab_size":10,"tie_word_embeddings":"yes"})", "plan.json");
+          "intermediate_size":16,"vocab_size":10,"tie_word_embeddings":"yes"})",
+                                "plan.json");
       },
       "plan.json");
 }

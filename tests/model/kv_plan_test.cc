@@ -28,19 +28,21 @@ double row_total(const PlanResult& r, PlanLayerKind kind) {
 
 TEST(KvPlan, Llama2_7B) {
   const PlanResult r = plan("llama2-7b", 4096);
-  EXPECT_EQ(r.kv_bytes_per_token, 512.0 * 1024);                 // 512 KiB/token
-  EXPECT_EQ(r.kv_bytes_total, 2.0 * 1024 * 1024 * 1024);         // 2.0 GiB at 4,096
+  EXPECT_EQ(r.kv_bytes_per_token, 512.0 * 1024);          // 512 KiB/token
+  EXPECT_EQ(r.kv_bytes_total, 2.0 * 1024 * 1024 * 1024);  // 2.0 GiB at 4,096
   ASSERT_EQ(r.rows.size(), 1u);
   EXPECT_EQ(r.rows[0].count, 32);
   ASSERT_TRUE(r.weight_bytes.has_value());
   EXPECT_EQ(*r.weight_bytes, 6738415616.0 * 2);  // the published 6.74B parameters in bf16
 }
 
-TEST(KvPlan, Llama2_70B) { EXPECT_EQ(plan("llama2-70b", 4096).kv_bytes_per_token, 320.0 * 1024); }
+TEST(KvPlan, Llama2_70B) {
+  EXPECT_EQ(plan("llama2-70b", 4096).kv_bytes_per_token, 320.0 * 1024);
+}
 
 TEST(KvPlan, DeepSeekV3MlaHasNoFactorTwo) {
   const PlanResult r = plan("deepseek-v3", 4096);
-  EXPECT_EQ(r.kv_bytes_per_token, (512.0 + 64) * 61 * 2);         // 70,272 B ~ 70 KB
+  EXPECT_EQ(r.kv_bytes_per_token, (512.0 + 64) * 61 * 2);             // 70,272 B ~ 70 KB
   EXPECT_EQ(r.mha_equivalent_bytes_per_token, 128.0 * 320 * 61 * 2);  // 4,997,120 B ~ 4.9 MB
 }
 
@@ -69,13 +71,12 @@ TEST(KvPlan, BudgetConcurrencyExampleFromTheNotes) {
   const PlanResult r = compute_plan(plan_preset("llama2-7b"), o);
   EXPECT_EQ(*r.max_requests, 5);  // 24 GB card, 13.4 GB of weights, 2 GiB per request
   // Longest single request: (24 GiB - weights) / 512 KiB.
-  EXPECT_EQ(*r.max_context,
-            static_cast<int64_t>((24.0 * 1073741824 - 6738415616.0 * 2) / 524288));
+  EXPECT_EQ(*r.max_context, static_cast<int64_t>((24.0 * 1073741824 - 6738415616.0 * 2) / 524288));
 }
 
 TEST(KvPlan, SlidingWindowsCapAndSharedLayersStoreNothing) {
   const PlanResult mistral = plan("mistral-7b", 32768);
-  EXPECT_EQ(mistral.kv_bytes_per_token, 2.0 * 32 * 8 * 128 * 2);  // counted like full
+  EXPECT_EQ(mistral.kv_bytes_per_token, 2.0 * 32 * 8 * 128 * 2);     // counted like full
   EXPECT_EQ(mistral.kv_bytes_total, 2.0 * 32 * 8 * 128 * 2 * 4095);  // capped at W-1
   const PlanResult g = plan("gemma3n", 8192);
   int64_t shared = 0;
@@ -117,17 +118,22 @@ TEST(KvPlan, ConfigJsonUnknownFieldsAndTypes) {
   EXPECT_EQ(compute_plan(m, o).kv_bytes_per_token, 2.0 * 2 * 2 * 64 * 2);
   // A layer type nobody defines is not billed as 0 bytes: it is refused, by name.
   try {
-    plan_model_from_hf_json(R"({"model_type":"newthing","num_hidden_layers":2,"num_attention_heads":8,
-      "hidden_size":512,"layer_types":["full_attention","mystery_attention"]})", "config.json");
+    plan_model_from_hf_json(
+        R"({"model_type":"newthing","num_hidden_layers":2,"num_attention_heads":8,
+      "hidden_size":512,"layer_types":["full_attention","mystery_attention"]})",
+        "config.json");
     FAIL() << "an unknown layer type must be refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("layer_types[1] is 'mystery_attention'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("layer_types[1] is 'mystery_attention'"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(plan_model_from_hf_json("{not json", "bad.json"), Error);
   EXPECT_THROW(plan_model_from_hf_json(R"({"num_attention_heads":8})", "c.json"), Error);
   try {
     plan_model_from_hf_json(R"({"num_hidden_layers":2,"num_attention_heads":8,"hidden_size":64,
-      "layer_types":["full_attention"]})", "c.json");
+      "layer_types":["full_attention"]})",
+                            "c.json");
     FAIL() << "a layer_types list of the wrong length must be refused";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("c.json"), std::string::npos);
@@ -139,14 +145,16 @@ TEST(KvPlan, ConfigJsonUnknownFieldsAndTypes) {
 // before any loop or product; a float beyond int64 is too large, not undefined behaviour.
 TEST(KvPlan, CountsAreBoundedBeforeTheLayersAreBuilt) {
   auto refused = [](const std::string& fields, std::initializer_list<std::string> needles) {
-    const std::string cfg = R"({"model_type":"llama","num_hidden_layers":2,"num_attention_heads":8,"hidden_size":64)" +
-                            fields + "}";
+    const std::string cfg =
+        R"({"model_type":"llama","num_hidden_layers":2,"num_attention_heads":8,"hidden_size":64)" +
+        fields + "}";
     try {
       plan_model_from_hf_json(cfg, "c.json");
       ADD_FAILURE() << "planned: " << cfg;
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kFormat);
-      for (const std::string& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+      for (const std::string& n : needles)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
     }
   };
   refused(R"(,"num_hidden_layers":1e12)", {"c.json", "num_hidden_layers", "1000000000000", "4096"});
@@ -204,7 +212,7 @@ TEST(KvPlan, ByteSizes) {
   EXPECT_THROW(parse_byte_size("5 parsecs"), Error);
   EXPECT_THROW(parse_byte_size("inf"), Error);
   EXPECT_THROW(parse_byte_size("1e30"), Error);
-  EXPECT_THROW(parse_byte_size("8EiB"), Error);  // no such unit
+  EXPECT_THROW(parse_byte_size("8EiB"), Error);        // no such unit
   EXPECT_THROW(parse_byte_size("8388608TiB"), Error);  // 2^63 bytes
   EXPECT_EQ(parse_byte_size("8388607TiB"), uint64_t{8388607} << 40);
 

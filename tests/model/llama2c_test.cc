@@ -1,9 +1,11 @@
 // llama2.c checkpoint loader and tokenizer: the real stories260K files and synthetic ones,
 // good and broken.
+#include "model/llama2c.h"
+
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -12,7 +14,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/llama2c.h"
 #include "model/mapped_file.h"
 #include "model/tokenizer_llama2c.h"
 #include "scratch_dir.h"
@@ -38,10 +39,12 @@ std::string checkpoint_bytes(std::array<int32_t, 7> h, size_t floats) {
   return s;
 }
 // Floats a checkpoint of this header holds (llama2.c's memory_map_weights order).
-size_t checkpoint_floats(int dim, int hidden, int layers, int heads, int kv_heads, int vocab, int seq) {
+size_t checkpoint_floats(int dim, int hidden, int layers, int heads, int kv_heads, int vocab,
+                         int seq) {
   const size_t hd = static_cast<size_t>(dim / heads), kv = static_cast<size_t>(kv_heads) * hd;
   const size_t v = static_cast<size_t>(vocab < 0 ? -vocab : vocab);
-  size_t n = v * dim + layers * (2 * dim + dim * dim * 2 + 2 * dim * kv + 3 * dim * hidden) + dim + seq * hd;
+  size_t n = v * dim + layers * (2 * dim + dim * dim * 2 + 2 * dim * kv + 3 * dim * hidden) + dim +
+             seq * hd;
   if (vocab < 0) n += v * dim;
   return n;
 }
@@ -81,10 +84,13 @@ TEST(Llama2cLoader, Stories260KConfigAndZeroCopyViews) {
   const std::string raw = read_file(path);
   const TensorView& emb = m->tensor("token_embd.weight");
   EXPECT_EQ(std::memcmp(emb.data(), raw.data() + 28, 512 * 64 * 4), 0);
-  const size_t w1_off = 28 + 4 * (512 * 64 + 5 * 64 + 5 * 64 * 64 + 2 * 5 * 64 * 32 + 5 * 64 * 64 + 5 * 64);
-  EXPECT_EQ(std::memcmp(m->tensor("blk.0.ffn_gate.weight").data(), raw.data() + w1_off, 4 * 172 * 64), 0);
+  const size_t w1_off =
+      28 + 4 * (512 * 64 + 5 * 64 + 5 * 64 * 64 + 2 * 5 * 64 * 32 + 5 * 64 * 64 + 5 * 64);
+  EXPECT_EQ(
+      std::memcmp(m->tensor("blk.0.ffn_gate.weight").data(), raw.data() + w1_off, 4 * 172 * 64), 0);
   const size_t w2_l1 = w1_off + 4 * (5 * 172 * 64 + 172 * 64);
-  EXPECT_EQ(std::memcmp(m->tensor("blk.1.ffn_down.weight").data(), raw.data() + w2_l1, 4 * 64 * 172), 0);
+  EXPECT_EQ(
+      std::memcmp(m->tensor("blk.1.ffn_down.weight").data(), raw.data() + w2_l1, 4 * 64 * 172), 0);
   EXPECT_EQ(m->tensor("blk.3.attn_k.weight").shape(), (Shape{32, 64}));
 }
 
@@ -173,7 +179,8 @@ TEST(Llama2cTokenizer, Stories260KPromptsAsLlama2c) {
   for (int32_t id : tok.encode(text)) back += tok.decode(id);
   EXPECT_EQ(back, " " + text);
   // Not in the vocabulary: UTF-8 bytes fall back to <0xNN> tokens (3 + byte in llama2.c).
-  EXPECT_EQ(tok.encode("\xC3\xA9"), (std::vector<int32_t>{tok.encode(" ")[0], 485}));  // é is a piece
+  EXPECT_EQ(tok.encode("\xC3\xA9"),
+            (std::vector<int32_t>{tok.encode(" ")[0], 485}));   // é is a piece
   const std::vector<int32_t> ids = tok.encode("\xE4\xB8\xAD");  // U+4E2D is not
   ASSERT_EQ(ids.size(), 4u);
   EXPECT_EQ(ids[1], 3 + 0xE4);
@@ -186,7 +193,8 @@ TEST(Llama2cTokenizer, Stories260KPromptsAsLlama2c) {
 }
 
 // A hand-made vocabulary: <unk> <s> </s>, 256 byte tokens, then scored pieces.
-std::string tokenizer_bytes(const std::vector<std::pair<std::string, float>>& extra, int32_t max_len = 8) {
+std::string tokenizer_bytes(const std::vector<std::pair<std::string, float>>& extra,
+                            int32_t max_len = 8) {
   std::vector<std::pair<std::string, float>> v = {{"<unk>", 0}, {"\n<s>\n", 0}, {"\n</s>\n", 0}};
   for (int b = 0; b < 256; ++b) {
     char name[8];
@@ -207,12 +215,14 @@ std::string tokenizer_bytes(const std::vector<std::pair<std::string, float>>& ex
 
 TEST(Llama2cTokenizer, MergesHighestScoreFirstLeftmostOnTies) {
   const testing_util::ScratchDir dir("llama2c");
-  const std::vector<std::pair<std::string, float>> extra = {
-      {" ", -1}, {"a", -2}, {"b", -3}, {"ab", -10}, {"ba", -5}, {"aba", -4}, {" aba", -20}, {"bb", -10}};
+  const std::vector<std::pair<std::string, float>> extra = {{" ", -1},     {"a", -2},  {"b", -3},
+                                                            {"ab", -10},   {"ba", -5}, {"aba", -4},
+                                                            {" aba", -20}, {"bb", -10}};
   const int32_t base = 259;  // ids of `extra` start here
   write_file(dir.file("tok.bin"), tokenizer_bytes(extra));
   const Llama2cTokenizer tok(dir.file("tok.bin"), base + static_cast<int32_t>(extra.size()));
-  // " aba": pairs " a"(absent) "ab"(-10) "ba"(-5) -> ba first; then a+ba = "aba"(-4); then " "+"aba" (-20).
+  // " aba": pairs " a"(absent) "ab"(-10) "ba"(-5) -> ba first; then a+ba = "aba"(-4); then "
+  // "+"aba" (-20).
   EXPECT_EQ(tok.encode("aba"), (std::vector<int32_t>{base + 6}));
   // "abb": "ab"(-10) vs "bb"(-10): equal scores, the leftmost pair merges.
   EXPECT_EQ(tok.encode("abb"), (std::vector<int32_t>{base, base + 3, base + 2}));
@@ -237,7 +247,9 @@ std::vector<int32_t> reference_encode(const Llama2cTokenizer& tok, std::string_v
     const auto c = static_cast<unsigned char>(text[i]);
     if ((c & 0xC0) != 0x80) cp.clear();
     cp.push_back(static_cast<char>(c));
-    if (i + 1 < text.size() && (static_cast<unsigned char>(text[i + 1]) & 0xC0) == 0x80 && cp.size() < 4) continue;
+    if (i + 1 < text.size() && (static_cast<unsigned char>(text[i + 1]) & 0xC0) == 0x80 &&
+        cp.size() < 4)
+      continue;
     if (lookup(cp) >= 0) {
       ids.push_back(lookup(cp));
     } else {
@@ -272,14 +284,19 @@ std::vector<int32_t> reference_encode(const Llama2cTokenizer& tok, std::string_v
 // characters mixed in.
 std::string random_text(const Llama2cTokenizer& tok, std::mt19937& rng, size_t pieces) {
   std::string s;
-  std::uniform_int_distribution<int32_t> id(3 + 256 < tok.vocab_size() ? 3 + 256 : 0, tok.vocab_size() - 1);
+  std::uniform_int_distribution<int32_t> id(3 + 256 < tok.vocab_size() ? 3 + 256 : 0,
+                                            tok.vocab_size() - 1);
   std::uniform_int_distribution<int> kind(0, 19), byte(0, 255);
   for (size_t i = 0; i < pieces; ++i) {
     const int k = kind(rng);
-    if (k == 0) s.push_back(static_cast<char>(byte(rng)));
-    else if (k == 1) s += "\xC3\xA9";
-    else if (k == 2) s += ' ';
-    else s += tok.token_text(id(rng));
+    if (k == 0)
+      s.push_back(static_cast<char>(byte(rng)));
+    else if (k == 1)
+      s += "\xC3\xA9";
+    else if (k == 2)
+      s += ' ';
+    else
+      s += tok.token_text(id(rng));
   }
   return s;
 }
@@ -288,15 +305,18 @@ TEST(Llama2cTokenizer, HeapMergesGiveRunCsIdsOnRealAndRandomTexts) {
   KVCACHE_REQUIRE_STORIES();
   const Llama2cTokenizer tok(stories_dir() + "/tok512.bin", 512);
   std::vector<std::string> texts;
-  for (const char* f : {"/golden/stories260K/once_upon_a_time.txt", "/golden/stories260K/empty.txt",
-                        "/vocab/ggml-vocab-llama-spm.gguf.inp", "/vocab/ggml-vocab-gpt-2.gguf.inp"}) {
+  for (const char* f :
+       {"/golden/stories260K/once_upon_a_time.txt", "/golden/stories260K/empty.txt",
+        "/vocab/ggml-vocab-llama-spm.gguf.inp", "/vocab/ggml-vocab-gpt-2.gguf.inp"}) {
     const std::string t = read_file(testing_util::shared_dir() + f);
     if (!t.empty()) texts.push_back(t.substr(0, 2000));
   }
   ASSERT_FALSE(texts.empty());
   std::mt19937 rng(11);
-  for (int i = 0; i < 300; ++i) texts.push_back(random_text(tok, rng, 1 + static_cast<size_t>(rng() % 60)));
-  for (const std::string& t : texts) EXPECT_EQ(tok.encode(t), reference_encode(tok, t)) << "\"" << t << "\"";
+  for (int i = 0; i < 300; ++i)
+    texts.push_back(random_text(tok, rng, 1 + static_cast<size_t>(rng() % 60)));
+  for (const std::string& t : texts)
+    EXPECT_EQ(tok.encode(t), reference_encode(tok, t)) << "\"" << t << "\"";
 }
 
 // A vocabulary of every string of 2 to 4 letters over {a, b, c, space} with scores from a set
@@ -316,7 +336,9 @@ TEST(Llama2cTokenizer, HeapMergesBreakTiesLeftmostAsRunC) {
     if (len < 2) continue;
     for (const std::string& w : words) {
       const unsigned r = rng() % 40;
-      const float score = r == 0 ? -1e10f : r == 1 ? std::numeric_limits<float>::quiet_NaN() : kScores[rng() % 4];
+      const float score = r == 0   ? -1e10f
+                          : r == 1 ? std::numeric_limits<float>::quiet_NaN()
+                                   : kScores[rng() % 4];
       extra.emplace_back(w, score);
     }
   }
@@ -339,7 +361,8 @@ TEST(Llama2cTokenizer, EncodeLooksUpEachPairOnceAndTwoPerMerge) {
   KVCACHE_REQUIRE_STORIES();
   const Llama2cTokenizer tok(stories_dir() + "/tok512.bin", 512);
   std::string text;
-  while (text.size() < 16000) text += "Once upon a time, there was a little girl named Lily. She loved to play outside. ";
+  while (text.size() < 16000)
+    text += "Once upon a time, there was a little girl named Lily. She loved to play outside. ";
   Llama2cTokenizer::EncodeCounts counts;
   const std::vector<int32_t> ids = tok.encode(text, &counts);
   EXPECT_EQ(counts.symbols, static_cast<int64_t>(text.size()) + 1);

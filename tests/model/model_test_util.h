@@ -19,9 +19,10 @@
 namespace kvcache::testing_util {
 
 inline std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("kvcache_model_" + std::to_string(::getpid()) + "_" + name)).string();
+  return (std::filesystem::temp_directory_path() /
+          ("kvcache_model_" + std::to_string(::getpid()) + "_" + name))
+      .string();
 }
-
 
 // Expects `fn` to throw Error whose message contains every needle.
 template <typename Fn>
@@ -30,7 +31,8 @@ void expect_error(Fn&& fn, std::initializer_list<std::string> needles) {
     fn();
     ADD_FAILURE() << "expected an Error";
   } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\n  lacks: " << n;
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\n  lacks: " << n;
   }
 }
 

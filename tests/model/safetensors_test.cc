@@ -29,7 +29,8 @@ std::string to_hf(const std::string& canon) {
   if (rest == "attn_norm.weight") return p + "input_layernorm.weight";
   if (rest == "ffn_norm.weight") return p + "post_attention_layernorm.weight";
   if (rest == "attn_output.weight") return p + "self_attn.o_proj.weight";
-  if (rest.starts_with("attn_")) return p + "self_attn." + rest.substr(5, 1) + "_proj" + rest.substr(6);
+  if (rest.starts_with("attn_"))
+    return p + "self_attn." + rest.substr(5, 1) + "_proj" + rest.substr(6);
   if (rest == "ffn_gate.weight") return p + "mlp.gate_proj.weight";
   if (rest == "ffn_up.weight") return p + "mlp.up_proj.weight";
   if (rest == "ffn_down.weight") return p + "mlp.down_proj.weight";
@@ -38,11 +39,14 @@ std::string to_hf(const std::string& canon) {
 
 std::string config_json(const ModelConfig& c, const std::string& arch, const std::string& extra) {
   return "{\"architectures\": [\"" + arch + "\"], \"hidden_size\": " + std::to_string(c.dim) +
-         ", \"num_hidden_layers\": " + std::to_string(c.n_layers) + ", \"num_attention_heads\": " +
-         std::to_string(c.n_heads) + ", \"num_key_value_heads\": " + std::to_string(c.n_kv_heads) +
-         ", \"intermediate_size\": " + std::to_string(c.hidden_dim) + ", \"vocab_size\": " +
-         std::to_string(c.vocab_size) + ", \"max_position_embeddings\": " + std::to_string(c.max_seq_len) +
-         ", \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"bos_token_id\": 1, \"eos_token_id\": [2, 5]" +
+         ", \"num_hidden_layers\": " + std::to_string(c.n_layers) +
+         ", \"num_attention_heads\": " + std::to_string(c.n_heads) +
+         ", \"num_key_value_heads\": " + std::to_string(c.n_kv_heads) +
+         ", \"intermediate_size\": " + std::to_string(c.hidden_dim) +
+         ", \"vocab_size\": " + std::to_string(c.vocab_size) +
+         ", \"max_position_embeddings\": " + std::to_string(c.max_seq_len) +
+         ", \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"bos_token_id\": 1, "
+         "\"eos_token_id\": [2, 5]" +
          extra + "}";
 }
 
@@ -56,7 +60,8 @@ void write_model(const std::string& dir, const testing_util::TinyWeights& w, int
   std::string index = "{\"metadata\": {}, \"weight_map\": {";
   for (int s = 0; s < n_shards; ++s) {
     std::vector<std::pair<std::string, TensorView>> part;
-    const std::string file = "model-0000" + std::to_string(s + 1) + "-of-0000" + std::to_string(n_shards) + ".safetensors";
+    const std::string file = "model-0000" + std::to_string(s + 1) + "-of-0000" +
+                             std::to_string(n_shards) + ".safetensors";
     for (size_t i = static_cast<size_t>(s); i < hf.size(); i += static_cast<size_t>(n_shards)) {
       part.push_back(hf[i]);
       index += (index.back() == '{' ? "\"" : ", \"") + hf[i].first + "\": \"" + file + "\"";
@@ -107,10 +112,12 @@ TEST(Safetensors, Qwen2TiedWithBiasAndSlidingLayers) {
   const testing_util::ScratchDir d("hf");
   auto w = tiny_weights(c, DType::kBF16);
   write_model(d.str(), w, 1);
-  write_file(d.str() + "/config.json",
-             config_json(c, "Qwen2ForCausalLM",
-                         ", \"tie_word_embeddings\": true, \"use_sliding_window\": true, \"sliding_window\": 32, "
-                         "\"max_window_layers\": 1"));
+  write_file(
+      d.str() + "/config.json",
+      config_json(
+          c, "Qwen2ForCausalLM",
+          ", \"tie_word_embeddings\": true, \"use_sliding_window\": true, \"sliding_window\": 32, "
+          "\"max_window_layers\": 1"));
   auto m = open_model_file(d.str() + "/model.safetensors");  // a file with config.json beside it
   const ModelConfig& r = m->config();
   EXPECT_EQ(r.architecture, "qwen2");
@@ -124,25 +131,31 @@ TEST(Safetensors, Qwen2TiedWithBiasAndSlidingLayers) {
 
 TEST(HfConfig, MistralSlidingWindowMakesEverySlidingLayer) {
   ModelConfig c = tiny_config();
-  ModelConfig r = parse_hf_config(config_json(c, "MistralForCausalLM", ", \"sliding_window\": 4096"), "config.json");
+  ModelConfig r = parse_hf_config(
+      config_json(c, "MistralForCausalLM", ", \"sliding_window\": 4096"), "config.json");
   EXPECT_EQ(r.architecture, "mistral");
   EXPECT_EQ(r.sliding_window, 4096);
   EXPECT_EQ(r.layer_types, (std::vector<std::string>(2, "sliding_attention")));
-  ModelConfig r2 = parse_hf_config(config_json(c, "MistralForCausalLM", ", \"sliding_window\": null"), "config.json");
+  ModelConfig r2 = parse_hf_config(
+      config_json(c, "MistralForCausalLM", ", \"sliding_window\": null"), "config.json");
   EXPECT_EQ(r2.layer_types, (std::vector<std::string>(2, "full_attention")));
 }
 
 TEST(HfConfig, HeadDimFieldAndRopeScaling) {
   ModelConfig c = tiny_config();
   ModelConfig r = parse_hf_config(
-      config_json(c, "LlamaForCausalLM", ", \"head_dim\": 32, \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}"), "x");
+      config_json(c, "LlamaForCausalLM",
+                  ", \"head_dim\": 32, \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}"),
+      "x");
   EXPECT_EQ(r.head_dim, 32);
   EXPECT_EQ(r.rope_scaling.type, RopeScalingType::kLinear);
   EXPECT_EQ(r.rope_freq_factors, std::vector<float>(16, 2.0f));
 
   const std::string llama3 =
-      ", \"head_dim\": 128, \"rope_theta\": 500000.0, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, "
-      "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}";
+      ", \"head_dim\": 128, \"rope_theta\": 500000.0, \"rope_scaling\": {\"rope_type\": "
+      "\"llama3\", \"factor\": 8.0, "
+      "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": "
+      "8192}";
   ModelConfig c3 = c;
   c3.n_heads = 4;
   ModelConfig r3 = parse_hf_config(config_json(c3, "LlamaForCausalLM", llama3), "x");
@@ -152,9 +165,12 @@ TEST(HfConfig, HeadDimFieldAndRopeScaling) {
     const double freq = std::pow(500000.0, -2.0 * static_cast<double>(i) / 128.0);
     const double wl = 2 * std::numbers::pi / freq;
     const float f = r3.rope_freq_factors[i];
-    if (wl < 8192.0 / 4.0) EXPECT_EQ(f, 1.0f) << i;
-    else if (wl > 8192.0) EXPECT_EQ(f, 8.0f) << i;
-    else EXPECT_TRUE(f > 1.0f && f < 8.0f) << i;
+    if (wl < 8192.0 / 4.0)
+      EXPECT_EQ(f, 1.0f) << i;
+    else if (wl > 8192.0)
+      EXPECT_EQ(f, 8.0f) << i;
+    else
+      EXPECT_TRUE(f > 1.0f && f < 8.0f) << i;
   }
   EXPECT_EQ(r3.rope_freq_factors.front(), 1.0f);
   EXPECT_EQ(r3.rope_freq_factors.back(), 8.0f);
@@ -162,7 +178,8 @@ TEST(HfConfig, HeadDimFieldAndRopeScaling) {
   for (size_t i = 1; i < 64; ++i) EXPECT_GE(r3.rope_freq_factors[i], r3.rope_freq_factors[i - 1]);
   // The smooth regime's formula at one point, by hand: 1 / ((1 - s)/8 + s).
   for (size_t i = 0; i < 64; ++i) {
-    const double wl = 2 * std::numbers::pi / std::pow(500000.0, -2.0 * static_cast<double>(i) / 128.0);
+    const double wl =
+        2 * std::numbers::pi / std::pow(500000.0, -2.0 * static_cast<double>(i) / 128.0);
     if (wl >= 2048.0 && wl <= 8192.0) {
       const double s = (8192.0 / wl - 1.0) / 3.0;
       EXPECT_NEAR(r3.rope_freq_factors[i], 1.0 / ((1 - s) / 8.0 + s), 1e-6);
@@ -173,53 +190,88 @@ TEST(HfConfig, HeadDimFieldAndRopeScaling) {
 TEST(HfConfig, ErrorsNameTheFileAndField) {
   ModelConfig c = tiny_config();
   expect_error([&] { parse_hf_config("{not json", "cfg.json"); }, {"cfg.json", "invalid JSON"});
-  expect_error([&] { parse_hf_config(config_json(c, "GPT2LMHeadModel", ""), "cfg.json"); }, {"cfg.json", "GPT2LMHeadModel"});
-  expect_error([&] { parse_hf_config("{\"architectures\": [\"LlamaForCausalLM\"]}", "cfg.json"); }, {"cfg.json", "hidden_size"});
-  expect_error([&] {
-    parse_hf_config(config_json(c, "LlamaForCausalLM", ", \"rope_scaling\": {\"type\": \"longrope\", \"factor\": 4}"), "cfg.json");
-  }, {"cfg.json", "longrope"});
+  expect_error([&] { parse_hf_config(config_json(c, "GPT2LMHeadModel", ""), "cfg.json"); },
+               {"cfg.json", "GPT2LMHeadModel"});
+  expect_error([&] { parse_hf_config("{\"architectures\": [\"LlamaForCausalLM\"]}", "cfg.json"); },
+               {"cfg.json", "hidden_size"});
+  expect_error(
+      [&] {
+        parse_hf_config(config_json(c, "LlamaForCausalLM",
+                                    ", \"rope_scaling\": {\"type\": \"longrope\", \"factor\": 4}"),
+                        "cfg.json");
+      },
+      {"cfg.json", "longrope"});
   ModelConfig bad = c;
   bad.n_kv_heads = 3;
-  expect_error([&] { parse_hf_config(config_json(bad, "LlamaForCausalLM", ""), "cfg.json"); }, {"cfg.json", "n_kv_heads 3"});
+  expect_error([&] { parse_hf_config(config_json(bad, "LlamaForCausalLM", ""), "cfg.json"); },
+               {"cfg.json", "n_kv_heads 3"});
 }
 
 // Counts are checked against config_limits.h as they are read, before anything is sized from
 // them: 2^40 layers, a head_dim whose RoPE factor table would take 8 GiB, a negative layer count
 // that Gemma-3n's per-layer lists were sized from (std::length_error before).
 TEST(HfConfig, CountsAreBoundedWhereTheyAreRead) {
-  const std::string base = R"("hidden_size":64,"intermediate_size":96,"num_attention_heads":4,"vocab_size":40)";
-  expect_error([&] { parse_hf_config(R"({"model_type":"llama","num_hidden_layers":1099511627776,)" + base + "}", "cfg.json"); },
-               {"cfg.json", "num_hidden_layers", "1099511627776", "4096"});
-  expect_error([&] {
-    parse_hf_config(R"({"model_type":"llama","num_hidden_layers":2,"head_dim":4294967296,)"
-                    R"("rope_scaling":{"type":"linear","factor":2},)" + base + "}", "cfg.json");
-  }, {"cfg.json", "head_dim", "65536"});
-  expect_error([&] { parse_hf_config(R"({"model_type":"gemma3n_text","num_hidden_layers":-1,)" + base + "}", "cfg.json"); },
-               {"cfg.json", "num_hidden_layers", "negative"});
-  expect_error([&] {
-    parse_hf_config(R"({"model_type":"llama","num_hidden_layers":2,"vocab_size":18446744073709551615,)"
-                    R"("hidden_size":64,"intermediate_size":96,"num_attention_heads":4})", "cfg.json");
-  }, {"cfg.json", "vocab_size", "too large"});
-  expect_error([&] {
-    parse_hf_config(R"({"model_type":"deepseek_v3","num_hidden_layers":2,"kv_lora_rank":8,"qk_nope_head_dim":8,)"
-                    R"("qk_rope_head_dim":8,"v_head_dim":8,"n_routed_experts":1000000,"num_experts_per_tok":2,)"
-                    R"("moe_intermediate_size":8,)" + base + "}", "cfg.json");
-  }, {"cfg.json", "n_routed_experts", "65536"});
+  const std::string base =
+      R"("hidden_size":64,"intermediate_size":96,"num_attention_heads":4,"vocab_size":40)";
+  expect_error(
+      [&] {
+        parse_hf_config(R"({"model_type":"llama","num_hidden_layers":1099511627776,)" + base + "}",
+                        "cfg.json");
+      },
+      {"cfg.json", "num_hidden_layers", "1099511627776", "4096"});
+  expect_error(
+      [&] {
+        parse_hf_config(R"({"model_type":"llama","num_hidden_layers":2,"head_dim":4294967296,)"
+                        R"("rope_scaling":{"type":"linear","factor":2},)" +
+                            base + "}",
+                        "cfg.json");
+      },
+      {"cfg.json", "head_dim", "65536"});
+  expect_error(
+      [&] {
+        parse_hf_config(R"({"model_type":"gemma3n_text","num_hidden_layers":-1,)" + base + "}",
+                        "cfg.json");
+      },
+      {"cfg.json", "num_hidden_layers", "negative"});
+  expect_error(
+      [&] {
+        parse_hf_config(
+            R"({"model_type":"llama","num_hidden_layers":2,"vocab_size":18446744073709551615,)"
+            R"("hidden_size":64,"intermediate_size":96,"num_attention_heads":4})",
+            "cfg.json");
+      },
+      {"cfg.json", "vocab_size", "too large"});
+  expect_error(
+      [&] {
+        parse_hf_config(
+            R"({"model_type":"deepseek_v3","num_hidden_layers":2,"kv_lora_rank":8,"qk_nope_head_dim":8,)"
+            R"("qk_rope_head_dim":8,"v_head_dim":8,"n_routed_experts":1000000,"num_experts_per_tok":2,)"
+            R"("moe_intermediate_size":8,)" +
+                base + "}",
+            "cfg.json");
+      },
+      {"cfg.json", "n_routed_experts", "65536"});
 }
 
 TEST(Safetensors, ParsesFromMemoryAndTheIndexNamesPlainFiles) {
   const std::string hdr = "{\"x\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}";
   const uint64_t hn = hdr.size();
-  const std::string bytes = std::string(reinterpret_cast<const char*>(&hn), 8) + hdr + std::string(8, '\0');
+  const std::string bytes =
+      std::string(reinterpret_cast<const char*>(&hn), 8) + hdr + std::string(8, '\0');
   const auto f = SafetensorsFile::open(MappedFile::copy_of("mem.safetensors", bytes));
   ASSERT_EQ(f->tensors().size(), 1u);
   EXPECT_EQ(f->tensors().at("x").numel(), 2);
-  expect_error([&] { SafetensorsFile::open(MappedFile::copy_of("mem.safetensors", bytes.substr(0, 20))); },
-               {"mem.safetensors", "truncated"});
-  EXPECT_EQ(parse_safetensors_index(R"({"weight_map":{"a":"m1.safetensors","b":"m2.safetensors","c":"m1.safetensors"}})", "i.json"),
-            (std::vector<std::string>{"m1.safetensors", "m2.safetensors"}));
-  for (const char* bad : {R"({"weight_map":{"a":"../x"}})", R"({"weight_map":{"a":"d/x"}})", R"({"weight_map":{"a":""}})",
-                          R"({"weight_map":{}})", R"({"weight_map":{"a":3}})", "[1]", "{"}) {
+  expect_error(
+      [&] { SafetensorsFile::open(MappedFile::copy_of("mem.safetensors", bytes.substr(0, 20))); },
+      {"mem.safetensors", "truncated"});
+  EXPECT_EQ(
+      parse_safetensors_index(
+          R"({"weight_map":{"a":"m1.safetensors","b":"m2.safetensors","c":"m1.safetensors"}})",
+          "i.json"),
+      (std::vector<std::string>{"m1.safetensors", "m2.safetensors"}));
+  for (const char* bad : {R"({"weight_map":{"a":"../x"}})", R"({"weight_map":{"a":"d/x"}})",
+                          R"({"weight_map":{"a":""}})", R"({"weight_map":{}})",
+                          R"({"weight_map":{"a":3}})", "[1]", "{"}) {
     expect_error([&] { parse_safetensors_index(bad, "i.json"); }, {"i.json"});
   }
 }

@@ -48,7 +48,8 @@ std::vector<Case> read_cases(const std::string& vocab) {
     for (int32_t id; ids >> id;) c.ids.push_back(id);
     cases.push_back(std::move(c));
   }
-  EXPECT_EQ(texts.size(), cases.size()) << vocab << ": .inp and .out disagree on the number of cases";
+  EXPECT_EQ(texts.size(), cases.size())
+      << vocab << ": .inp and .out disagree on the number of cases";
   return cases;
 }
 
@@ -63,14 +64,16 @@ std::string ids_str(const std::vector<int32_t>& ids) {
 
 void check_vectors(const std::string& vocab, const char* kind) {
   const std::string path = kVocabDir + "/" + vocab;
-  if (!fs::exists(path)) GTEST_SKIP() << path << " is absent (../shared not present): vocabulary test vectors skipped";
+  if (!fs::exists(path))
+    GTEST_SKIP() << path << " is absent (../shared not present): vocabulary test vectors skipped";
   auto tok = load_tokenizer(path);
   EXPECT_STREQ(tok->kind(), kind);
   const auto cases = read_cases(vocab);
   ASSERT_GT(cases.size(), 30u);
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto got = tok->encode(cases[i].text);
-    EXPECT_EQ(ids_str(got), ids_str(cases[i].ids)) << vocab << " case " << i << ": \"" << cases[i].text << "\"";
+    EXPECT_EQ(ids_str(got), ids_str(cases[i].ids))
+        << vocab << " case " << i << ": \"" << cases[i].text << "\"";
     // Decoding the ids restores the text, up to the SentencePiece space prefix.
     std::string dec = tok->decode(got);
     if (std::string(kind) == "llama" && !cases[i].text.empty()) {
@@ -82,8 +85,12 @@ void check_vectors(const std::string& vocab, const char* kind) {
   }
 }
 
-TEST(TokenizerVectors, LlamaSpmMatchesLlamaCpp) { check_vectors("ggml-vocab-llama-spm.gguf", "llama"); }
-TEST(TokenizerVectors, Gpt2MatchesLlamaCpp) { check_vectors("ggml-vocab-gpt-2.gguf", "gpt2"); }
+TEST(TokenizerVectors, LlamaSpmMatchesLlamaCpp) {
+  check_vectors("ggml-vocab-llama-spm.gguf", "llama");
+}
+TEST(TokenizerVectors, Gpt2MatchesLlamaCpp) {
+  check_vectors("ggml-vocab-gpt-2.gguf", "gpt2");
+}
 
 TEST(TokenizerVectors, SpmDetails) {
   const std::string path = kVocabDir + "/ggml-vocab-llama-spm.gguf";
@@ -92,7 +99,7 @@ TEST(TokenizerVectors, SpmDetails) {
   EXPECT_EQ(tok->vocab_size(), 32000);
   EXPECT_EQ(tok->bos_id(), 1);
   EXPECT_EQ(tok->eos_id(), 2);
-  EXPECT_EQ(tok->decode(1), "");      // control
+  EXPECT_EQ(tok->decode(1), "");          // control
   EXPECT_EQ(tok->decode(3 + 0x41), "A");  // <0x41>
   // A character outside the vocabulary falls back to its UTF-8 bytes: U+10FFFF (private use).
   const auto ids = tok->encode("\xF4\x8F\xBF\xBF");
@@ -129,8 +136,8 @@ TEST(TokenizerVectors, Gpt2KeepsTheSpaceAfterBos) {  // byte-level BPE prefixes 
 TEST(Unicode, ClassesAndSplitters) {
   EXPECT_EQ(unicode_class('a'), UnicodeClass::kLetter);
   EXPECT_EQ(unicode_class('7'), UnicodeClass::kNumber);
-  EXPECT_EQ(unicode_class(0x00BD), UnicodeClass::kNumber);   // ½ (No)
-  EXPECT_EQ(unicode_class(0x4E2D), UnicodeClass::kLetter);   // 中
+  EXPECT_EQ(unicode_class(0x00BD), UnicodeClass::kNumber);  // ½ (No)
+  EXPECT_EQ(unicode_class(0x4E2D), UnicodeClass::kLetter);  // 中
   EXPECT_EQ(unicode_class(0x0301), UnicodeClass::kMark);
   EXPECT_EQ(unicode_class(0x1F600), UnicodeClass::kSymbol);  // 😀
   EXPECT_EQ(unicode_class(0x0378), UnicodeClass::kUndefined);
@@ -138,11 +145,13 @@ TEST(Unicode, ClassesAndSplitters) {
   EXPECT_TRUE(unicode_is_whitespace(0x3000));
   EXPECT_FALSE(unicode_is_whitespace(0x200B));
   EXPECT_EQ(pretokenize_gpt2("Hello world's  3.14!!\n\n x"),
-            (std::vector<std::string>{"Hello", " world", "'s", " ", " 3", ".", "14", "!!", "\n\n", " x"}));
+            (std::vector<std::string>{"Hello", " world", "'s", " ", " 3", ".", "14", "!!", "\n\n",
+                                      " x"}));
   EXPECT_EQ(pretokenize_llama3("I'M 12345 hi!\r\n  x"),
             (std::vector<std::string>{"I", "'M", " ", "123", "45", " hi", "!\r\n", " ", " x"}));
   EXPECT_EQ(utf8_to_codepoints("\xE2\x96"), (std::vector<uint32_t>{0xFFFD, 0xFFFD}));
-  for (int b = 0; b < 256; ++b) EXPECT_EQ(unicode_to_byte(byte_to_unicode(static_cast<uint8_t>(b))), b);
+  for (int b = 0; b < 256; ++b)
+    EXPECT_EQ(unicode_to_byte(byte_to_unicode(static_cast<uint8_t>(b))), b);
   EXPECT_EQ(byte_to_unicode(' '), 0x120u);  // 'Ġ'
 }
 
@@ -155,28 +164,37 @@ TEST(HfTokenizer, Gpt2TokenizerJsonReproducesTheGgufVectors) {
   const auto& types = g->get_array("tokenizer.ggml.token_type", GgufType::kInt32).ints;
   nlohmann::json vocab = nlohmann::json::object(), added = nlohmann::json::array();
   for (size_t i = 0; i < tokens.size(); ++i) {
-    if (types[i] == 3) added.push_back({{"id", i}, {"content", tokens[i]}, {"special", true}});
-    else vocab[tokens[i]] = i;
+    if (types[i] == 3)
+      added.push_back({{"id", i}, {"content", tokens[i]}, {"special", true}});
+    else
+      vocab[tokens[i]] = i;
   }
   nlohmann::json merges = nlohmann::json::array();
   bool as_pairs = false;
   for (const auto& m : g->get_array("tokenizer.ggml.merges", GgufType::kString).strs) {
     const size_t sp = m.find(' ', 1);
-    if (as_pairs) merges.push_back({m.substr(0, sp), m.substr(sp + 1)});
-    else merges.push_back(m);
+    if (as_pairs)
+      merges.push_back({m.substr(0, sp), m.substr(sp + 1)});
+    else
+      merges.push_back(m);
     as_pairs = !as_pairs;  // both spellings of a merge in one file
   }
   const nlohmann::json tj = {
       {"version", "1.0"},
       {"added_tokens", added},
       {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"pre_tokenizer",
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", false},
+        {"trim_offsets", true},
+        {"use_regex", true}}},
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
   };
   const std::string dir = testing_util::temp_path("hf_tok");
   fs::create_directories(dir);
   std::ofstream(dir + "/tokenizer.json") << tj.dump();
-  std::ofstream(dir + "/tokenizer_config.json") << R"({"bos_token": "<|endoftext|>", "eos_token": {"content": "<|endoftext|>"}})";
+  std::ofstream(dir + "/tokenizer_config.json")
+      << R"({"bos_token": "<|endoftext|>", "eos_token": {"content": "<|endoftext|>"}})";
   auto hf = load_tokenizer(dir);
   auto ref = load_tokenizer(path);
   EXPECT_STREQ(hf->kind(), "hf-bpe");
@@ -197,8 +215,9 @@ TEST(HfTokenizer, Gpt2TokenizerJsonReproducesTheGgufVectors) {
 // (parsed as a double) was converted with undefined behaviour (found by fuzz_hf_tokenizer).
 TEST(HfTokenizer, AddedTokenIdsMustBeIntegers) {
   for (const char* id : {"1.5", "26666666666000000600", "\"1\""}) {
-    const std::string j = std::string(R"({"added_tokens":[{"content":"<x>","id":)") + id +
-                          R"(}],"model":{"vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}})";
+    const std::string j =
+        std::string(R"({"added_tokens":[{"content":"<x>","id":)") + id +
+        R"(}],"model":{"vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}})";
     try {
       parse_hf_tokenizer(j, "", "tok.json");
       ADD_FAILURE() << "accepted id " << id;
@@ -212,7 +231,8 @@ TEST(HfTokenizer, AddedTokenIdsMustBeIntegers) {
 // 2 KB tokenizer.json sized 16.6M tokens and took fuzz_hf_tokenizer past its 10 s timeout) is
 // refused before the vocabulary is sized.
 TEST(HfTokenizer, IdsAreBoundedByTheFileLength) {
-  const std::string j = R"({"model":{"vocab":{"a":0,"b":16655367},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}})";
+  const std::string j =
+      R"({"model":{"vocab":{"a":0,"b":16655367},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}})";
   try {
     parse_hf_tokenizer(j, "", "tok.json");
     ADD_FAILURE() << "accepted";
@@ -221,8 +241,9 @@ TEST(HfTokenizer, IdsAreBoundedByTheFileLength) {
       EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
   }
   // A dense vocabulary always fits: every entry takes more bytes than one id.
-  const auto tok = parse_hf_tokenizer(R"({"model":{"vocab":{"a":0,"b":1},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}})",
-                                      "", "tok.json");
+  const auto tok = parse_hf_tokenizer(
+      R"({"model":{"vocab":{"a":0,"b":1},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}})", "",
+      "tok.json");
   EXPECT_EQ(tok->vocab_size(), 2);
 }
 
@@ -243,7 +264,18 @@ TEST(Tokenizer, GgufWithoutTokenizerIsAnError) {
 // A tiny hand-made SentencePiece vocabulary: merges follow scores, not order.
 TEST(Tokenizer, SpmMergesByScore) {
   Vocabulary v;
-  v.tokens = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", "c", "ab", "bc", "\xE2\x96\x81" "a", "abc"};
+  v.tokens = {"<unk>",
+              "<s>",
+              "</s>",
+              "\xE2\x96\x81",
+              "a",
+              "b",
+              "c",
+              "ab",
+              "bc",
+              "\xE2\x96\x81"
+              "a",
+              "abc"};
   v.scores = {0, 0, 0, -1, -2, -2, -2, -5, -1, -3, -4};
   v.types = {TokenType::kUnknown, TokenType::kControl, TokenType::kControl};
   v.types.resize(v.tokens.size(), TokenType::kNormal);
@@ -273,8 +305,8 @@ TEST(Tokenizer, SpmMergesAgainAfterAMerge) {
 TEST(Tokenizer, SpmByteTokenThatIsNotHexIsAFormatError) {
   Vocabulary v;
   v.tokens = {"<unk>", "<s>", "</s>", "<0x41>", "<0x`A>", "<0xZZ>", "<0x4>"};
-  v.types = {TokenType::kUnknown, TokenType::kControl, TokenType::kControl, TokenType::kByte, TokenType::kByte,
-             TokenType::kByte, TokenType::kByte};
+  v.types = {TokenType::kUnknown, TokenType::kControl, TokenType::kControl, TokenType::kByte,
+             TokenType::kByte,    TokenType::kByte,    TokenType::kByte};
   GgufWriter w;
   w.set("tokenizer.ggml.model", GgufValue::str("llama"));
   w.set("tokenizer.ggml.tokens", GgufValue::str_array(v.tokens));

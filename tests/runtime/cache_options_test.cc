@@ -18,7 +18,9 @@
 namespace kvcache {
 namespace {
 
-const Model& tiny() { return *testing_util::tiny_model().model; }
+const Model& tiny() {
+  return *testing_util::tiny_model().model;
+}
 
 std::vector<int32_t> ids(int n) {
   std::vector<int32_t> v(static_cast<size_t>(n));

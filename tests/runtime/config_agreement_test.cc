@@ -28,7 +28,8 @@ struct NamedConfig {
 
 std::vector<NamedConfig> known_configs() {
   std::vector<NamedConfig> out;
-  for (const std::string& p : plan_preset_names()) out.push_back({"preset " + p, plan_preset_json(p)});
+  for (const std::string& p : plan_preset_names())
+    out.push_back({"preset " + p, plan_preset_json(p)});
   const std::filesystem::path dir =
       std::filesystem::path(__FILE__).parent_path().parent_path() / "fuzz" / "corpus" / "hf_config";
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
@@ -45,8 +46,10 @@ std::vector<NamedConfig> known_configs() {
 std::string with_weight_fields(const std::string& text) {
   json root = json::parse(text);
   json& j = root.contains("text_config") ? root["text_config"] : root;
-  for (const auto& [key, value] : {std::pair<const char*, int>{"intermediate_size", 64}, {"vocab_size", 256},
-                                   {"moe_intermediate_size", 32}, {"num_experts_per_tok", 2}}) {
+  for (const auto& [key, value] : {std::pair<const char*, int>{"intermediate_size", 64},
+                                   {"vocab_size", 256},
+                                   {"moe_intermediate_size", 32},
+                                   {"num_experts_per_tok", 2}}) {
     if (!j.contains(key)) j[key] = value;
   }
   return root.dump();
@@ -69,14 +72,16 @@ void expect_agreement(const ModelConfig& mc, const PlanModel& plan, const std::s
     EXPECT_EQ(shape.is_shared(i), pl.kind == PlanLayerKind::kShared) << name << " layer " << i;
     if (shape.is_shared(i)) continue;
     const int64_t window = shape.layer(i).max_length();
-    EXPECT_EQ(window == kHuge ? 0 : window, pl.window) << name << " layer " << i << " (" << pl.type << ")";
+    EXPECT_EQ(window == kHuge ? 0 : window, pl.window)
+        << name << " layer " << i << " (" << pl.type << ")";
   }
   constexpr int64_t kTokens = 2;
   sc.cache.max_cache_len = kTokens;
   Cache cache(make_cache_config(mc, sc));
   const bool mla = mc.mla.enabled();
   const int64_t heads = mla ? 1 : mc.n_kv_heads;
-  const int64_t dk = mla ? mc.mla.kv_lora_rank : mc.head_dim, dv = mla ? mc.mla.qk_rope_head_dim : mc.head_dim;
+  const int64_t dk = mla ? mc.mla.kv_lora_rank : mc.head_dim,
+                dv = mla ? mc.mla.qk_rope_head_dim : mc.head_dim;
   std::vector<float> kbuf(static_cast<size_t>(heads * dk)), vbuf(static_cast<size_t>(heads * dv));
   const TensorView k(kbuf.data(), DType::kF32, {1, heads, 1, dk});
   const TensorView v(vbuf.data(), DType::kF32, {1, heads, 1, dv});
@@ -84,7 +89,8 @@ void expect_agreement(const ModelConfig& mc, const PlanModel& plan, const std::s
     if (!cache.is_shared(i)) cache.update(i, k, v);
   PlanOptions o;
   o.format = parse_kv_format("f16");
-  EXPECT_EQ(static_cast<double>(cache.bytes()), kTokens * compute_plan(plan, o).kv_bytes_per_token) << name;
+  EXPECT_EQ(static_cast<double>(cache.bytes()), kTokens * compute_plan(plan, o).kv_bytes_per_token)
+      << name;
 }
 
 TEST(ConfigAgreement, RuntimeCacheAndPlanAgreeOnEveryKnownConfig) {
@@ -114,7 +120,8 @@ TEST(ConfigAgreement, RuntimeCacheAndPlanAgreeOnEveryKnownConfig) {
 std::string qwen2(const std::string& extra) {
   return R"({"architectures":["Qwen2ForCausalLM"],"model_type":"qwen2","hidden_size":64,
     "num_hidden_layers":4,"num_attention_heads":4,"num_key_value_heads":2,"intermediate_size":128,
-    "vocab_size":256,"max_position_embeddings":4096)" + extra + "}";
+    "vocab_size":256,"max_position_embeddings":4096)" +
+         extra + "}";
 }
 
 std::vector<std::string> plan_types(const PlanModel& m) {
@@ -124,24 +131,29 @@ std::vector<std::string> plan_types(const PlanModel& m) {
 }
 
 TEST(ConfigAgreement, Qwen2MaxWindowLayersSlideOnlyFromThatLayerInBoth) {
-  const std::string text = qwen2(R"(,"use_sliding_window":true,"sliding_window":256,"max_window_layers":2)");
+  const std::string text =
+      qwen2(R"(,"use_sliding_window":true,"sliding_window":256,"max_window_layers":2)");
   const ModelConfig mc = parse_hf_config(text, "qwen2.json");
-  const std::vector<std::string> want = {"full_attention", "full_attention", "sliding_attention", "sliding_attention"};
+  const std::vector<std::string> want = {"full_attention", "full_attention", "sliding_attention",
+                                         "sliding_attention"};
   EXPECT_EQ(mc.layer_types, want);
   const PlanModel plan = plan_model_from_hf_json(text, "qwen2.json");
   EXPECT_EQ(plan_types(plan), want);
   expect_agreement(mc, plan, "qwen2");
   // Without use_sliding_window the window is ignored, as Qwen2Config does.
-  EXPECT_EQ(parse_hf_config(qwen2(R"(,"sliding_window":256,"max_window_layers":2)"), "q").layer_types,
-            std::vector<std::string>(4, "full_attention"));
+  EXPECT_EQ(
+      parse_hf_config(qwen2(R"(,"sliding_window":256,"max_window_layers":2)"), "q").layer_types,
+      std::vector<std::string>(4, "full_attention"));
 }
 
 TEST(ConfigAgreement, GptOssWithoutLayerTypesAlternatesInBoth) {
-  const std::string text = R"({"architectures":["GptOssForCausalLM"],"model_type":"gpt_oss","hidden_size":64,
+  const std::string text =
+      R"({"architectures":["GptOssForCausalLM"],"model_type":"gpt_oss","hidden_size":64,
     "num_hidden_layers":4,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,
     "intermediate_size":32,"vocab_size":256,"num_local_experts":4,"num_experts_per_tok":2,
     "sliding_window":8,"max_position_embeddings":4096})";
-  const std::vector<std::string> want = {"sliding_attention", "full_attention", "sliding_attention", "full_attention"};
+  const std::vector<std::string> want = {"sliding_attention", "full_attention", "sliding_attention",
+                                         "full_attention"};
   const ModelConfig mc = parse_hf_config(text, "gpt_oss.json");
   EXPECT_EQ(mc.layer_types, want);
   const PlanModel plan = plan_model_from_hf_json(text, "gpt_oss.json");
@@ -152,7 +164,8 @@ TEST(ConfigAgreement, GptOssWithoutLayerTypesAlternatesInBoth) {
 TEST(ConfigAgreement, AttentionChunkSizeWithoutLayerTypesBuildsChunkedLayers) {
   // cache_utils' generic rule: no layer_types, no sliding_window, attention_chunk_size set ->
   // every layer chunked.
-  const std::string text = R"({"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":64,
+  const std::string text =
+      R"({"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":64,
     "num_hidden_layers":3,"num_attention_heads":4,"intermediate_size":128,"vocab_size":256,
     "attention_chunk_size":32,"max_position_embeddings":4096})";
   const ModelConfig mc = parse_hf_config(text, "llama.json");
@@ -176,7 +189,8 @@ void expect_format_error_naming(const std::string& text, const std::string& key)
       } else {
         plan_model_from_hf_json(text, "c.json");
       }
-      ADD_FAILURE() << (reader ? "plan" : "runtime") << " accepted a config it cannot interpret: " << text;
+      ADD_FAILURE() << (reader ? "plan" : "runtime")
+                    << " accepted a config it cannot interpret: " << text;
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kFormat) << e.what();
       EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
@@ -185,12 +199,15 @@ void expect_format_error_naming(const std::string& text, const std::string& key)
 }
 
 TEST(ConfigAgreement, WhatCannotBeInterpretedIsAnErrorNamingTheKey) {
-  const std::string base = R"({"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":64,
+  const std::string base =
+      R"({"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":64,
     "num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":128,"vocab_size":256)";
-  expect_format_error_naming(base + R"(,"layer_types":["full_attention","sliding_attention"]})", "sliding_window");
+  expect_format_error_naming(base + R"(,"layer_types":["full_attention","sliding_attention"]})",
+                             "sliding_window");
   expect_format_error_naming(base + R"(,"layer_types":["chunked_attention","full_attention"]})",
                              "attention_chunk_size");
-  expect_format_error_naming(base + R"(,"layer_types":["full_attention","mystery_attention"]})", "layer_types[1]");
+  expect_format_error_naming(base + R"(,"layer_types":["full_attention","mystery_attention"]})",
+                             "layer_types[1]");
   expect_format_error_naming(base + R"(,"sliding_window":"4096"})", "sliding_window");
   // Gemma-2 derives sliding layers; an explicit null window leaves them without one.
   expect_format_error_naming(R"({"model_type":"gemma2","hidden_size":64,"num_hidden_layers":2,

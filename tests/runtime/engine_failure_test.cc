@@ -99,7 +99,8 @@ TEST(EngineFailure, AKernelThatCannotReadTheSpanFailsItsForwardOnly) {
   ASSERT_EQ(e.metrics().running, 3);
   {
     fault::Scoped f("paged_attention", [] {
-      throw Error(ErrorKind::kUnsupported, "paged_attention: this kernel cannot read the span (injected)");
+      throw Error(ErrorKind::kUnsupported,
+                  "paged_attention: this kernel cannot read the span (injected)");
     });
     h.step_checked();
     EXPECT_EQ(f.fired(), 1);
@@ -125,7 +126,8 @@ TEST(EngineFailure, AKernelThatCannotReadTheSpanFailsItsForwardOnly) {
   for (int i = 0; i < 6; ++i) {
     const RequestOutput& out = h.outputs.at(again[static_cast<size_t>(i)]);
     EXPECT_EQ(out.samples[0].reason, FinishReason::kLength);
-    EXPECT_EQ(out.samples[0].tokens, clean_run(greedy(ps[static_cast<size_t>(i)], 8))) << "prompt " << i;
+    EXPECT_EQ(out.samples[0].tokens, clean_run(greedy(ps[static_cast<size_t>(i)], 8)))
+        << "prompt " << i;
   }
   m = e.metrics();
   EXPECT_EQ(m.consecutive_failed_forwards, 0);
@@ -142,13 +144,15 @@ TEST(EngineFailure, AnAllocationFailingMidForwardLeavesNoHalfWrittenBlock) {
   const uint64_t victim = h.submit(greedy(ps[0], 5));
   {
     // dummy:tiny has two layers: layer 0 writes the prompt's K/V, layer 1 fails.
-    fault::Scoped f("paged_store.write", [] { throw std::bad_alloc(); }, /*skip=*/1);
+    fault::Scoped f(
+        "paged_store.write", [] { throw std::bad_alloc(); }, /*skip=*/1);
     h.step_checked();
     EXPECT_EQ(f.fired(), 1);
   }
   ASSERT_EQ(h.outputs.count(victim), 1u);
   EXPECT_EQ(h.outputs.at(victim).samples[0].reason, FinishReason::kError);
-  EXPECT_NE(h.outputs.at(victim).error.find("out of memory"), std::string::npos) << h.outputs.at(victim).error;
+  EXPECT_NE(h.outputs.at(victim).error.find("out of memory"), std::string::npos)
+      << h.outputs.at(victim).error;
   expect_no_block_held(e);
   EXPECT_EQ(e.metrics().blocks_cached, 0) << "a block of the failed step entered the prefix index";
 
@@ -156,7 +160,8 @@ TEST(EngineFailure, AnAllocationFailingMidForwardLeavesNoHalfWrittenBlock) {
   for (const auto& p : ps) ids.push_back(h.submit(greedy(p, 5)));
   h.run();
   for (size_t i = 0; i < ps.size(); ++i)
-    EXPECT_EQ(h.outputs.at(ids[i]).samples[0].tokens, clean_run(greedy(ps[i], 5))) << "prompt " << i;
+    EXPECT_EQ(h.outputs.at(ids[i]).samples[0].tokens, clean_run(greedy(ps[i], 5)))
+        << "prompt " << i;
   expect_no_block_held(e);
 }
 
@@ -173,8 +178,10 @@ TEST(EngineFailure, ATokenizerErrorInTheMiddleOfABatchFailsThatRequestOnly) {
   ASSERT_EQ(e.metrics().running, 3);
   {
     // The decode batch's second row fails to detokenize.
-    fault::Scoped f("engine.detokenize", [] { throw Error(ErrorKind::kInvalidArgument, "token text (injected)"); },
-                    /*skip=*/1);
+    fault::Scoped f(
+        "engine.detokenize",
+        [] { throw Error(ErrorKind::kInvalidArgument, "token text (injected)"); },
+        /*skip=*/1);
     h.step_checked();
     EXPECT_EQ(f.fired(), 1);
   }
@@ -222,7 +229,8 @@ TEST(EngineFailure, TheQueueLimitHoldsAfterManyOneTokenRequests) {
     h.run();
   }
   for (size_t i = 1; i < ids.size(); ++i)
-    EXPECT_GT(h.outputs.at(ids[i]).stats.cached_tokens, 0) << "request " << i << " found its prefix cached";
+    EXPECT_GT(h.outputs.at(ids[i]).stats.cached_tokens, 0)
+        << "request " << i << " found its prefix cached";
   EXPECT_NE(e.submit(greedy(ps[0], 1), {}), 0u);
   EXPECT_NE(e.submit(greedy(ps[0], 1), {}), 0u);
   EXPECT_EQ(e.submit(greedy(ps[0], 1), {}), 0u) << "a third queued request passed --max-waiting 2";

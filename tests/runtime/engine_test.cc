@@ -90,7 +90,8 @@ TEST(Engine, SixtyFourConcurrentGreedyRequestsEqualEachRunAlone) {
   const Model& model = *tiny_model().model;
   const auto prompts = make_prompts(64, 7);
   std::vector<RequestParams> reqs;
-  for (size_t i = 0; i < prompts.size(); ++i) reqs.push_back(greedy(prompts[i], 6 + static_cast<int64_t>(i % 9)));
+  for (size_t i = 0; i < prompts.size(); ++i)
+    reqs.push_back(greedy(prompts[i], 6 + static_cast<int64_t>(i % 9)));
 
   EngineConfig c;
   c.cache.max_cache_len = 64 * 80;
@@ -174,7 +175,8 @@ TEST(Engine, EqualLengthPromptsSharingABlockStillHitThePrefixCache) {
   Engine e(model, nullptr, c);
   const RunResult got = run_all(e, reqs);
   EXPECT_EQ(e.metrics().cached_prompt_tokens, 3 * 32);
-  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_EQ(got.tokens[i], run_alone(model, reqs[i])) << "request " << i;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    ASSERT_EQ(got.tokens[i], run_alone(model, reqs[i])) << "request " << i;
 }
 
 TEST(Engine, APrefixEndingInsideABlockIsReusedWhole) {
@@ -244,7 +246,8 @@ TEST(Engine, PreemptionUnderATinyBlockBudgetChangesNothing) {
     const RequestOutput ref = run_all(alone, {reqs[i]}).outputs[0];
     ASSERT_EQ(got.outputs[i].prompt_logprobs.size(), reqs[i].prompt.size() - 1);
     for (size_t j = 0; j < ref.prompt_logprobs.size(); ++j) {
-      ASSERT_EQ(got.outputs[i].prompt_logprobs[j].chosen.logprob, ref.prompt_logprobs[j].chosen.logprob)
+      ASSERT_EQ(got.outputs[i].prompt_logprobs[j].chosen.logprob,
+                ref.prompt_logprobs[j].chosen.logprob)
           << "request " << i << ", prompt token " << j + 1;
     }
   }
@@ -276,7 +279,8 @@ TEST(Engine, CancellationFreesBlocksAndOthersAreUnaffected) {
   for (int s = 0; s < 6; ++s) e.step();
   for (size_t i = 0; i < prompts.size(); i += 3) e.cancel(ids[i]);
   e.step();  // cancellations apply at the start of a step
-  for (size_t i = 0; i < prompts.size(); i += 3) EXPECT_EQ(outs[i].samples.at(0).reason, FinishReason::kCancelled);
+  for (size_t i = 0; i < prompts.size(); i += 3)
+    EXPECT_EQ(outs[i].samples.at(0).reason, FinishReason::kCancelled);
   EXPECT_EQ(e.check_invariants(), "");
   e.run_until_idle();
   EXPECT_EQ(e.check_invariants(), "");
@@ -286,7 +290,8 @@ TEST(Engine, CancellationFreesBlocksAndOthersAreUnaffected) {
   EXPECT_EQ(m.requests_cancelled, 6);
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (i % 3 == 0) continue;
-    EXPECT_EQ(outs[i].samples[0].tokens, run_alone(model, greedy(prompts[i], 20))) << "request " << i;
+    EXPECT_EQ(outs[i].samples[0].tokens, run_alone(model, greedy(prompts[i], 20)))
+        << "request " << i;
     EXPECT_EQ(tokens_seen[i], 20);
   }
 }

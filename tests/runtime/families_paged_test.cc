@@ -11,7 +11,6 @@
 //     its type and what to use instead.
 // Paged vs the no-cache reference forward (1e-5, eager and fused): families_test.cc.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
@@ -22,10 +21,10 @@
 
 #include "cache/paged_store.h"
 #include "core/error.h"
-#include "model/dummy.h"
-#include "model/model_file.h"
 #include "family_presets.h"
 #include "golden_util.h"
+#include "model/dummy.h"
+#include "model/model_file.h"
 #include "paged_compare.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -86,7 +85,8 @@ TEST_P(PagedFamilies, PagedEqualsDenseBitForBit) {
     const auto d = dense.decode(ids[i]);
     want.assign(d.begin(), d.end());
     const auto got = paged.decode(ids[i]);
-    EXPECT_TRUE(bits_equal(got, want)) << GetParam() << " token " << i << " rel " << max_rel_diff(got, want);
+    EXPECT_TRUE(bits_equal(got, want))
+        << GetParam() << " token " << i << " rel " << max_rel_diff(got, want);
   }
   EXPECT_EQ(paged.paged_store()->check_invariants(), "");
 }
@@ -99,7 +99,8 @@ TEST_P(PagedFamilies, VarlenBatchEqualsDenseRunsAlone) {
   const auto vocab = static_cast<int32_t>(model->config().vocab_size);
   const std::vector<int64_t> lens = {5, 12, 9};
   testing_util::PagedVsDense c;
-  for (size_t i = 0; i < lens.size(); ++i) c.prompts.push_back(prompt(lens[i], vocab, static_cast<int32_t>(5 + 7 * i)));
+  for (size_t i = 0; i < lens.size(); ++i)
+    c.prompts.push_back(prompt(lens[i], vocab, static_cast<int32_t>(5 + 7 * i)));
   c.decode_steps = 6;
   c.dense = config_of("dynamic", "eager");
   c.dense.prefill_chunk = 64;  // one forward per prompt, like the paged prefill
@@ -137,7 +138,8 @@ TEST_P(PagedFamilies, PrefixHitEqualsColdRun) {
 // Bytes per token of one storing layer: H_kv · (D_k + D_v) · b — GQA 2·H_kv·d_h·b, MLA
 // (d_c + d_r)·b (one head each, no factor 2).
 int64_t layer_bytes_per_token(const ModelConfig& c, int64_t b) {
-  return c.mla.enabled() ? (c.mla.kv_lora_rank + c.mla.qk_rope_head_dim) * b : 2 * c.n_kv_heads * c.head_dim * b;
+  return c.mla.enabled() ? (c.mla.kv_lora_rank + c.mla.qk_rope_head_dim) * b
+                         : 2 * c.n_kv_heads * c.head_dim * b;
 }
 
 // The pages equal blocks · block_tokens · the notes' per-token formula, and after S tokens the
@@ -172,7 +174,8 @@ TEST_P(PagedFamilies, KvBytesPerBlockEqualTheNotesFormulas) {
     for (int l : grp.layers) owners += l < L_store ? 1 : 0;
     const int64_t blocks = grp.kind == GroupKind::kSliding ? M / bt + 1 : M / bt;  // + null block
     want_pages += blocks * bt * owners * e;
-    EXPECT_EQ(static_cast<int64_t>(store.stats(g).block_bytes), bt * owners * e) << GetParam() << " group " << g;
+    EXPECT_EQ(static_cast<int64_t>(store.stats(g).block_bytes), bt * owners * e)
+        << GetParam() << " group " << g;
   }
   EXPECT_EQ(pages, want_pages) << GetParam();
   EXPECT_EQ(s.kv_bytes(), store.bytes()) << GetParam();  // the leader layer counts the tables once
@@ -249,7 +252,8 @@ TEST_P(PagedFamilies, EngineBatchEqualsEachRequestAlone) {
   EXPECT_EQ(together[0], greedy) << GetParam();
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, PagedFamilies, ::testing::ValuesIn(testing_util::family_presets()),
+INSTANTIATE_TEST_SUITE_P(Presets, PagedFamilies,
+                         ::testing::ValuesIn(testing_util::family_presets()),
                          testing_util::preset_test_name);
 
 std::string construction_error(const Model& model, const SessionConfig& sc) {
@@ -279,7 +283,8 @@ TEST(PagedFamiliesRefusals, ChunkedLayersOnThePagedCacheAreRefusedAtConstruction
   o.weight_dtype = DType::kF32;
   o.cache_dir = testing_util::process_scratch().file("families_paged");
   std::unique_ptr<ModelFile> file = open_model_file(build_dummy_model(o));
-  file->mutable_config().layer_types = {"full_attention", "chunked_attention", "sliding_attention", "full_attention"};
+  file->mutable_config().layer_types = {"full_attention", "chunked_attention", "sliding_attention",
+                                        "full_attention"};
   file->mutable_config().attention_chunk_size = 6;
   const Model model(std::move(file));
   const std::string msg = construction_error(model, config_of("paged", "fused"));

@@ -7,7 +7,6 @@
 //     relative); paged vs dense bit for bit in families_paged_test.cc,
 //   - KV bytes from Cache::bytes() against the notes' formulas.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
@@ -46,7 +45,6 @@ std::unique_ptr<Model> load_preset(const std::string& preset) {
   return std::make_unique<Model>(open_model_file(build_dummy_model(o)));
 }
 
-
 std::vector<int32_t> prompt(int64_t n, int32_t vocab) {
   std::vector<int32_t> ids;
   for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 11) % vocab));
@@ -58,7 +56,8 @@ class Families : public ::testing::TestWithParam<std::string> {};
 TEST_P(Families, ForwardMatchesIndependentReference) {
   const auto model = load_preset(GetParam());
   const ModelConfig& c = model->config();
-  const std::vector<int32_t> ids = prompt(21, static_cast<int32_t>(c.vocab_size));  // > 2 windows of 8
+  const std::vector<int32_t> ids =
+      prompt(21, static_cast<int32_t>(c.vocab_size));  // > 2 windows of 8
   const std::vector<float> ref = testing_util::FamilyReference(model->file()).logits(ids);
   for (const char* kernel : {"eager", "fused"}) {
     Forward fwd(*model, kernel, 32);
@@ -83,7 +82,7 @@ TEST_P(Families, CachedDecodeEqualsNoCacheForward) {
       sc.cache.implementation = cache;
       sc.kernel = kernel;
       sc.cache.max_cache_len = 64;
-      sc.prefill_chunk = 5;  // chunks straddle the windows
+      sc.prefill_chunk = 5;             // chunks straddle the windows
       sc.cache.paged.block_tokens = 3;  // paged: chunks and windows straddle the blocks
       Session prefill_then_decode(*model, sc), token_by_token(*model, sc);
       const size_t split = 13;
@@ -97,9 +96,11 @@ TEST_P(Families, CachedDecodeEqualsNoCacheForward) {
         const auto b = token_by_token.decode(ids[i]);
         const std::vector<int32_t> head(ids.begin(), ids.begin() + static_cast<int64_t>(i) + 1);
         const auto want = recompute_last_logits(oracle, head);
-        EXPECT_LE(max_rel_diff(b, want), 1e-5) << GetParam() << " " << cache << " " << kernel << " token " << i;
+        EXPECT_LE(max_rel_diff(b, want), 1e-5)
+            << GetParam() << " " << cache << " " << kernel << " token " << i;
         if (!a.empty()) {
-          EXPECT_LE(max_rel_diff(a, want), 1e-5) << GetParam() << " " << cache << " " << kernel << " token " << i;
+          EXPECT_LE(max_rel_diff(a, want), 1e-5)
+              << GetParam() << " " << cache << " " << kernel << " token " << i;
         }
       }
     }
@@ -114,8 +115,9 @@ TEST_P(Families, KvBytesEqualTheNotesFormulas) {
   const auto model = load_preset(GetParam());
   const ModelConfig& c = model->config();
   const int64_t L = c.n_layers - c.num_kv_shared_layers, b = 4;  // layers that store; f32 storage
-  const double per_token = c.mla.enabled() ? static_cast<double>(L * (c.mla.kv_lora_rank + c.mla.qk_rope_head_dim) * b)
-                                           : static_cast<double>(2 * L * c.n_kv_heads * c.head_dim * b);
+  const double per_token =
+      c.mla.enabled() ? static_cast<double>(L * (c.mla.kv_lora_rank + c.mla.qk_rope_head_dim) * b)
+                      : static_cast<double>(2 * L * c.n_kv_heads * c.head_dim * b);
   const int64_t S = c.sliding_window > 0 ? c.sliding_window - 1 : 7;
   SessionConfig sc;
   sc.cache.implementation = "static";
@@ -127,8 +129,10 @@ TEST_P(Families, KvBytesEqualTheNotesFormulas) {
   // preset's config.json text for the whole request.
   PlanOptions po;
   po.format = parse_kv_format("f32");
-  EXPECT_EQ(compute_plan(plan_model_from_config(c, GetParam()), po).kv_bytes_per_token, per_token) << GetParam();
-  const PlanModel from_json = plan_model_from_hf_json(dummy_preset_config_json(GetParam()), GetParam());
+  EXPECT_EQ(compute_plan(plan_model_from_config(c, GetParam()), po).kv_bytes_per_token, per_token)
+      << GetParam();
+  const PlanModel from_json =
+      plan_model_from_hf_json(dummy_preset_config_json(GetParam()), GetParam());
   EXPECT_EQ(compute_plan(from_json, po).kv_bytes_per_token, per_token) << GetParam();
   po.context = S;
   EXPECT_EQ(plan_request_bytes(from_json, po, S), static_cast<double>(s.kv_bytes())) << GetParam();
@@ -142,7 +146,8 @@ TEST_P(Families, KvBytesEqualTheNotesFormulas) {
       const auto* w = dynamic_cast<const WindowLayer*>(&d.cache().layer(static_cast<int>(l)));
       if (c.layer_types[static_cast<size_t>(l)] == "sliding_attention") {
         ASSERT_NE(w, nullptr);
-        EXPECT_EQ(d.cache().layer(static_cast<int>(l)).seq_length() - w->first_stored_position(), c.sliding_window - 1);
+        EXPECT_EQ(d.cache().layer(static_cast<int>(l)).seq_length() - w->first_stored_position(),
+                  c.sliding_window - 1);
       } else {
         EXPECT_EQ(w, nullptr);
       }
@@ -196,7 +201,8 @@ TEST(KvSharing, SharedLayersReadTheirSourceAndStoreNothing) {
   sc.cache.max_cache_len = S;
   Session s(model, sc);
   s.prefill(prompt(S, static_cast<int32_t>(c.vocab_size)));
-  EXPECT_EQ(s.kv_bytes(), static_cast<size_t>(2 * (c.n_layers - 2) * c.n_kv_heads * c.head_dim * 4 * S));
+  EXPECT_EQ(s.kv_bytes(),
+            static_cast<size_t>(2 * (c.n_layers - 2) * c.n_kv_heads * c.head_dim * 4 * S));
   PlanOptions po;
   po.format = parse_kv_format("f32");
   EXPECT_EQ(compute_plan(plan_model_from_config(c, "shared"), po).kv_bytes_per_token,
@@ -212,7 +218,8 @@ TEST(MixedWindows, ChunkedSlidingAndFullLayersMatchTheReference) {
   o.seed = 4;
   o.cache_dir = temp_dir();
   std::unique_ptr<ModelFile> file = open_model_file(build_dummy_model(o));
-  file->mutable_config().layer_types = {"chunked_attention", "full_attention", "sliding_attention", "chunked_attention"};
+  file->mutable_config().layer_types = {"chunked_attention", "full_attention", "sliding_attention",
+                                        "chunked_attention"};
   file->mutable_config().attention_chunk_size = 6;
   const Model model(std::move(file));
   const ModelConfig& c = model.config();
@@ -228,17 +235,22 @@ TEST(MixedWindows, ChunkedSlidingAndFullLayersMatchTheReference) {
     EXPECT_LE(max_rel_diff(all, {ref.data(), all.size()}), 1e-5) << cache;
     for (size_t i = 9; i < ids.size(); ++i) {
       const auto l = s.decode(ids[i]);
-      EXPECT_LE(max_rel_diff(l, {ref.data() + i * static_cast<size_t>(c.vocab_size), l.size()}), 1e-5) << cache << " " << i;
+      EXPECT_LE(max_rel_diff(l, {ref.data() + i * static_cast<size_t>(c.vocab_size), l.size()}),
+                1e-5)
+          << cache << " " << i;
     }
   }
 }
 
 TEST(FamilyConfig, TransformersDefaults) {
   // Gemma2Config without layer_types: even layers slide; query_pre_attn_scalar ** -0.5.
-  const ModelConfig g = parse_hf_config(R"({"architectures": ["Gemma2ForCausalLM"], "hidden_size": 32,
+  const ModelConfig g =
+      parse_hf_config(R"({"architectures": ["Gemma2ForCausalLM"], "hidden_size": 32,
       "num_hidden_layers": 3, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 64,
-      "vocab_size": 10, "head_dim": 16})", "g.json");
-  EXPECT_EQ(g.layer_types, (std::vector<std::string>{"sliding_attention", "full_attention", "sliding_attention"}));
+      "vocab_size": 10, "head_dim": 16})",
+                      "g.json");
+  EXPECT_EQ(g.layer_types,
+            (std::vector<std::string>{"sliding_attention", "full_attention", "sliding_attention"}));
   EXPECT_EQ(g.sliding_window, 4096);
   EXPECT_FLOAT_EQ(g.query_scale, 1.0f / 16.0f);  // 256 ** -0.5
   EXPECT_FLOAT_EQ(g.attn_softcap, 50.0f);
@@ -247,9 +259,11 @@ TEST(FamilyConfig, TransformersDefaults) {
   EXPECT_TRUE(g.norm_add_one);
   EXPECT_EQ(g.ffn_act, FfnActivation::kGeluTanh);
   // GptOssConfig: yarn by default, sinks, attention_bias, theta 150000.
-  const ModelConfig o = parse_hf_config(R"({"architectures": ["GptOssForCausalLM"], "hidden_size": 32,
+  const ModelConfig o =
+      parse_hf_config(R"({"architectures": ["GptOssForCausalLM"], "hidden_size": 32,
       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 16,
-      "vocab_size": 10, "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2})", "o.json");
+      "vocab_size": 10, "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2})",
+                      "o.json");
   EXPECT_EQ(o.rope_scaling.type, RopeScalingType::kYarn);
   EXPECT_FLOAT_EQ(o.rope_theta, 150000.0f);
   EXPECT_TRUE(o.attn_sinks && o.qkv_bias && o.attn_out_bias);
@@ -257,8 +271,8 @@ TEST(FamilyConfig, TransformersDefaults) {
   EXPECT_EQ(o.sliding_window, 128);
   // truncate=false, factor 32, original 4096: attention factor 0.1 ln 32 + 1.
   EXPECT_NEAR(o.rope_attention_factor, 0.1 * std::log(32.0) + 1.0, 1e-6);
-  EXPECT_FLOAT_EQ(o.rope_freq_factors.front(), 1.0f);   // high frequencies extrapolate
-  EXPECT_FLOAT_EQ(o.rope_freq_factors.back(), 32.0f);   // low frequencies interpolate
+  EXPECT_FLOAT_EQ(o.rope_freq_factors.front(), 1.0f);  // high frequencies extrapolate
+  EXPECT_FLOAT_EQ(o.rope_freq_factors.back(), 32.0f);  // low frequencies interpolate
   // DeepSeek-V3 MLA: softmax scale times mscale(factor, mscale_all_dim)^2.
   const ModelConfig d = parse_hf_config(dummy_preset_config_json("mla-tiny"), "mla.json");
   const double m = 0.1 * std::log(4.0) + 1.0;
@@ -271,7 +285,8 @@ TEST(FamilyConfig, TransformersDefaults) {
   const ModelConfig n = parse_hf_config(R"({"architectures": ["Gemma3nForConditionalGeneration"],
       "text_config": {"hidden_size": 32, "num_hidden_layers": 12, "num_attention_heads": 2,
       "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 64, "vocab_size": 10,
-      "num_kv_shared_layers": 4}})", "n.json");
+      "num_kv_shared_layers": 4}})",
+                                        "n.json");
   EXPECT_EQ(n.architecture, "gemma3n");
   EXPECT_EQ(n.layer_types[4], "full_attention");
   EXPECT_EQ(n.layer_types[5], "sliding_attention");
@@ -297,18 +312,23 @@ TEST(FamilyConfig, RefusesWhatTheEngineDoesNotRun) {
   const std::string base = R"("hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
       "intermediate_size": 64, "vocab_size": 10, "head_dim": 16)";
   EXPECT_NE(msg(R"({"architectures": ["Gemma2ForCausalLM"], )" + base +
-                R"(, "layer_types": ["full_attention", "linear_attention"]})").find("layer_types[1] is 'linear_attention'"),
+                R"(, "layer_types": ["full_attention", "linear_attention"]})")
+                .find("layer_types[1] is 'linear_attention'"),
             std::string::npos);
-  EXPECT_NE(msg(R"({"architectures": ["Gemma2ForCausalLM"], )" + base + R"(, "num_kv_shared_layers": 1})")
-                .find("num_kv_shared_layers"),
-            std::string::npos);
+  EXPECT_NE(
+      msg(R"({"architectures": ["Gemma2ForCausalLM"], )" + base + R"(, "num_kv_shared_layers": 1})")
+          .find("num_kv_shared_layers"),
+      std::string::npos);
   EXPECT_NE(msg(R"({"architectures": ["LlamaForCausalLM"], )" + base +
-                R"(, "layer_types": ["chunked_attention", "full_attention"]})").find("attention_chunk_size"),
+                R"(, "layer_types": ["chunked_attention", "full_attention"]})")
+                .find("attention_chunk_size"),
             std::string::npos);
-  EXPECT_NE(msg(R"({"architectures": ["Gemma3nForCausalLM"], )" + base + R"(, "altup_active_idx": 1})")
-                .find("altup_active_idx"),
-            std::string::npos);
-  EXPECT_NE(msg(R"({"architectures": ["Gemma2ForCausalLM"], )" + base + R"(, "hidden_activation": "relu"})")
+  EXPECT_NE(
+      msg(R"({"architectures": ["Gemma3nForCausalLM"], )" + base + R"(, "altup_active_idx": 1})")
+          .find("altup_active_idx"),
+      std::string::npos);
+  EXPECT_NE(msg(R"({"architectures": ["Gemma2ForCausalLM"], )" + base +
+                R"(, "hidden_activation": "relu"})")
                 .find("hidden_act 'relu'"),
             std::string::npos);
 }

@@ -30,20 +30,25 @@ class FamilyReference {
     // Gemma2Model.forward: hidden_states * hidden_size ** 0.5.
     const float scale = gemma ? static_cast<float>(std::sqrt(static_cast<double>(dim))) : 1.0f;
     for (int64_t t = 0; t < S; ++t)
-      for (int64_t d = 0; d < dim; ++d) x[idx(t, d, dim)] = emb[idx(ids[static_cast<size_t>(t)], d, dim)] * scale;
+      for (int64_t d = 0; d < dim; ++d)
+        x[idx(t, d, dim)] = emb[idx(ids[static_cast<size_t>(t)], d, dim)] * scale;
     for (int64_t l = 0; l < c_.n_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       std::vector<float> h = norm(x, S, dim, p + "input_layernorm.weight", c_.rms_eps);
       std::vector<float> a = c_.mla.enabled() ? mla(h, S, l, p) : gqa(h, S, l, p);
       if (gemma) a = norm(a, S, dim, p + "post_attention_layernorm.weight", c_.rms_eps);
       for (size_t i = 0; i < x.size(); ++i) x[i] += a[i];
-      h = norm(x, S, dim, p + (gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"), c_.rms_eps);
-      std::vector<float> m = c_.moe.is_moe_layer(l) ? moe(h, S, p) : mlp(h, S, p + "mlp.", c_.hidden_dim);
+      h = norm(x, S, dim,
+               p + (gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
+               c_.rms_eps);
+      std::vector<float> m =
+          c_.moe.is_moe_layer(l) ? moe(h, S, p) : mlp(h, S, p + "mlp.", c_.hidden_dim);
       if (gemma) m = norm(m, S, dim, p + "post_feedforward_layernorm.weight", c_.rms_eps);
       for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
     }
     const std::vector<float> h = norm(x, S, dim, "model.norm.weight", c_.rms_eps);
-    std::vector<float> out = linear(h, S, c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+    std::vector<float> out =
+        linear(h, S, c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
     if (c_.final_softcap > 0) {
       for (float& v : out) v = std::tanh(v / c_.final_softcap) * c_.final_softcap;
     }
@@ -71,22 +76,26 @@ class FamilyReference {
     for (int64_t t = 0; t < S; ++t)
       for (int64_t o = 0; o < out; ++o) {
         double acc = b.empty() ? 0.0 : b[static_cast<size_t>(o)];
-        for (int64_t i = 0; i < in; ++i) acc += static_cast<double>(w[idx(o, i, in)]) * x[idx(t, i, in)];
+        for (int64_t i = 0; i < in; ++i)
+          acc += static_cast<double>(w[idx(o, i, in)]) * x[idx(t, i, in)];
         y[idx(t, o, out)] = static_cast<float>(acc);
       }
     return y;
   }
 
   // RMSNorm rows of x ([S, n] with row stride ld, from column off): Gemma's (1 + w) variant.
-  std::vector<float> norm(const std::vector<float>& x, int64_t S, int64_t n, const std::string& w_name, float eps,
-                          int64_t ld = 0, int64_t off = 0, bool gemma_form = true) const {
+  std::vector<float> norm(const std::vector<float>& x, int64_t S, int64_t n,
+                          const std::string& w_name, float eps, int64_t ld = 0, int64_t off = 0,
+                          bool gemma_form = true) const {
     if (ld == 0) ld = n;
-    const std::vector<float> w = w_name.empty() ? std::vector<float>(static_cast<size_t>(n), 1.0f) : get(w_name);
+    const std::vector<float> w =
+        w_name.empty() ? std::vector<float>(static_cast<size_t>(n), 1.0f) : get(w_name);
     const bool plus_one = gemma_form && c_.architecture == "gemma2";
     std::vector<float> y(static_cast<size_t>(S * n));
     for (int64_t t = 0; t < S; ++t) {
       double ss = 0;
-      for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[idx(t, off + i, ld)]) * x[idx(t, off + i, ld)];
+      for (int64_t i = 0; i < n; ++i)
+        ss += static_cast<double>(x[idx(t, off + i, ld)]) * x[idx(t, off + i, ld)];
       const double r = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
       for (int64_t i = 0; i < n; ++i) {
         const double wi = plus_one ? 1.0 + w[static_cast<size_t>(i)] : w[static_cast<size_t>(i)];
@@ -99,7 +108,8 @@ class FamilyReference {
   // cos/sin of position t for pair i of a rot_dim-wide rotary part (HF inv_freq with the
   // config's per-pair divisors, times yarn's attention factor).
   void cos_sin(int64_t t, int64_t i, int64_t rot_dim, double* cs, double* sn) const {
-    double inv = 1.0 / std::pow(static_cast<double>(theta_), 2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
+    double inv = 1.0 / std::pow(static_cast<double>(theta_),
+                                2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
     if (!c_.rope_freq_factors.empty()) inv /= c_.rope_freq_factors[static_cast<size_t>(i)];
     const double ang = static_cast<double>(t) * inv;
     *cs = std::cos(ang) * c_.rope_attention_factor;
@@ -130,14 +140,15 @@ class FamilyReference {
     if (j > t) return false;
     const std::string& type = c_.layer_types[static_cast<size_t>(l)];
     if (type == "sliding_attention") return j > t - c_.sliding_window;  // sliding_window_overlay
-    if (type == "chunked_attention") return j / c_.attention_chunk_size == t / c_.attention_chunk_size;
+    if (type == "chunked_attention")
+      return j / c_.attention_chunk_size == t / c_.attention_chunk_size;
     return true;
   }
 
   // softmax over visible keys (+ sink column dropped after), softcap before, per (t, head).
-  void attend(int64_t l, int64_t S, int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv, const std::vector<float>& q,
-              const std::vector<float>& k, const std::vector<float>& v, const std::vector<float>& sinks, double scale,
-              std::vector<float>& out) const {
+  void attend(int64_t l, int64_t S, int64_t H, int64_t Hkv, int64_t Dk, int64_t Dv,
+              const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+              const std::vector<float>& sinks, double scale, std::vector<float>& out) const {
     out.assign(static_cast<size_t>(S * H * Dv), 0.0f);
     std::vector<double> s(static_cast<size_t>(S));
     for (int64_t h = 0; h < H; ++h) {
@@ -147,7 +158,9 @@ class FamilyReference {
         for (int64_t j = 0; j <= t; ++j) {
           if (!visible(l, t, j)) continue;
           double d = 0;
-          for (int64_t e = 0; e < Dk; ++e) d += static_cast<double>(q[idx(t, h * Dk + e, H * Dk)]) * k[idx(j, hk * Dk + e, Hkv * Dk)];
+          for (int64_t e = 0; e < Dk; ++e)
+            d += static_cast<double>(q[idx(t, h * Dk + e, H * Dk)]) *
+                 k[idx(j, hk * Dk + e, Hkv * Dk)];
           d *= scale;
           if (c_.attn_softcap > 0) d = c_.attn_softcap * std::tanh(d / c_.attn_softcap);
           s[static_cast<size_t>(j)] = d;
@@ -159,21 +172,29 @@ class FamilyReference {
         for (int64_t j = 0; j <= t; ++j) {
           if (!visible(l, t, j)) continue;
           const double p = std::exp(s[static_cast<size_t>(j)] - mx) / den;
-          for (int64_t e = 0; e < Dv; ++e) out[idx(t, h * Dv + e, H * Dv)] += static_cast<float>(p * v[idx(j, hk * Dv + e, Hkv * Dv)]);
+          for (int64_t e = 0; e < Dv; ++e)
+            out[idx(t, h * Dv + e, H * Dv)] +=
+                static_cast<float>(p * v[idx(j, hk * Dv + e, Hkv * Dv)]);
         }
       }
     }
   }
 
-  std::vector<float> gqa(const std::vector<float>& h, int64_t S, int64_t l, const std::string& p) const {
+  std::vector<float> gqa(const std::vector<float>& h, int64_t S, int64_t l,
+                         const std::string& p) const {
     const int64_t H = c_.n_heads, Hkv = c_.n_kv_heads, D = c_.head_dim;
     const bool b = c_.qkv_bias;
     // Gemma-3n: sliding layers rotate with rope_local_base_freq.
-    theta_ = c_.rope_local_theta > 0 && c_.layer_types[static_cast<size_t>(l)] == "sliding_attention" ? c_.rope_local_theta
-                                                                                                      : c_.rope_theta;
-    std::vector<float> q = linear(h, S, p + "self_attn.q_proj.weight", b ? p + "self_attn.q_proj.bias" : "");
-    std::vector<float> k = linear(h, S, p + "self_attn.k_proj.weight", b ? p + "self_attn.k_proj.bias" : "");
-    std::vector<float> v = linear(h, S, p + "self_attn.v_proj.weight", b ? p + "self_attn.v_proj.bias" : "");
+    theta_ =
+        c_.rope_local_theta > 0 && c_.layer_types[static_cast<size_t>(l)] == "sliding_attention"
+            ? c_.rope_local_theta
+            : c_.rope_theta;
+    std::vector<float> q =
+        linear(h, S, p + "self_attn.q_proj.weight", b ? p + "self_attn.q_proj.bias" : "");
+    std::vector<float> k =
+        linear(h, S, p + "self_attn.k_proj.weight", b ? p + "self_attn.k_proj.bias" : "");
+    std::vector<float> v =
+        linear(h, S, p + "self_attn.v_proj.weight", b ? p + "self_attn.v_proj.bias" : "");
     if (c_.qkv_norm) {  // Gemma3nTextAttention: q_norm, k_norm, v_norm (no scale) per head
       q = norm(q, S * H, D, p + "self_attn.q_norm.weight", c_.rms_eps);
       k = norm(k, S * Hkv, D, p + "self_attn.k_norm.weight", c_.rms_eps);
@@ -188,7 +209,8 @@ class FamilyReference {
     const int64_t first_shared = c_.n_layers - c_.num_kv_shared_layers;
     if (l >= first_shared) {
       int64_t src = first_shared - 1;
-      while (c_.layer_types[static_cast<size_t>(src)] != c_.layer_types[static_cast<size_t>(l)]) --src;
+      while (c_.layer_types[static_cast<size_t>(src)] != c_.layer_types[static_cast<size_t>(l)])
+        --src;
       k = kept_k_[static_cast<size_t>(src)];
       v = kept_v_[static_cast<size_t>(src)];
     } else {
@@ -198,38 +220,55 @@ class FamilyReference {
       kept_v_[static_cast<size_t>(l)] = v;
     }
     // Gemma2Attention: query_pre_attn_scalar ** -0.5; others head_dim ** -0.5.
-    const double scale = c_.query_scale > 0 ? c_.query_scale : 1.0 / std::sqrt(static_cast<double>(D));
+    const double scale =
+        c_.query_scale > 0 ? c_.query_scale : 1.0 / std::sqrt(static_cast<double>(D));
     std::vector<float> att;
-    attend(l, S, H, Hkv, D, D, q, k, v, c_.attn_sinks ? get(p + "self_attn.sinks") : std::vector<float>(), scale, att);
-    return linear(att, S, p + "self_attn.o_proj.weight", c_.attn_out_bias ? p + "self_attn.o_proj.bias" : "");
+    attend(l, S, H, Hkv, D, D, q, k, v,
+           c_.attn_sinks ? get(p + "self_attn.sinks") : std::vector<float>(), scale, att);
+    return linear(att, S, p + "self_attn.o_proj.weight",
+                  c_.attn_out_bias ? p + "self_attn.o_proj.bias" : "");
   }
 
   // DeepseekV3Attention.forward with the per-head K/V expanded from the latent.
-  std::vector<float> mla(const std::vector<float>& h, int64_t S, int64_t l, const std::string& p) const {
+  std::vector<float> mla(const std::vector<float>& h, int64_t S, int64_t l,
+                         const std::string& p) const {
     const MlaConfig& m = c_.mla;
-    const int64_t H = c_.n_heads, dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim, dv = m.v_head_dim, dc = m.kv_lora_rank;
+    const int64_t H = c_.n_heads, dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim,
+                  dv = m.v_head_dim, dc = m.kv_lora_rank;
     const int64_t dqk = dn + dr;
     std::vector<float> q;
     if (m.q_lora_rank > 0) {
       const std::vector<float> qa = linear(h, S, p + "self_attn.q_a_proj.weight");
-      q = linear(norm(qa, S, m.q_lora_rank, p + "self_attn.q_a_layernorm.weight", 1e-6f, 0, 0, false), S,
-                 p + "self_attn.q_b_proj.weight");
+      q = linear(
+          norm(qa, S, m.q_lora_rank, p + "self_attn.q_a_layernorm.weight", 1e-6f, 0, 0, false), S,
+          p + "self_attn.q_b_proj.weight");
     } else {
       q = linear(h, S, p + "self_attn.q_proj.weight");
     }
     const std::vector<float> ckv = linear(h, S, p + "self_attn.kv_a_proj_with_mqa.weight");
-    const std::vector<float> lat = norm(ckv, S, dc, p + "self_attn.kv_a_layernorm.weight", 1e-6f, dc + dr, 0, false);
-    const std::vector<float> kvb = linear(lat, S, p + "self_attn.kv_b_proj.weight");  // [S, H*(dn+dv)]
+    const std::vector<float> lat =
+        norm(ckv, S, dc, p + "self_attn.kv_a_layernorm.weight", 1e-6f, dc + dr, 0, false);
+    const std::vector<float> kvb =
+        linear(lat, S, p + "self_attn.kv_b_proj.weight");  // [S, H*(dn+dv)]
     std::vector<float> K(static_cast<size_t>(S * H * dqk)), V(static_cast<size_t>(S * H * dv));
     for (int64_t t = 0; t < S; ++t) {
       std::vector<float> kr(ckv.begin() + t * (dc + dr) + dc, ckv.begin() + (t + 1) * (dc + dr));
-      if (m.rope_interleave) rope_deepseek(kr.data(), t, dr); else rope_half(kr.data(), t, dr);
+      if (m.rope_interleave)
+        rope_deepseek(kr.data(), t, dr);
+      else
+        rope_half(kr.data(), t, dr);
       for (int64_t hh = 0; hh < H; ++hh) {
         float* qr = &q[idx(t, hh * dqk + dn, H * dqk)];
-        if (m.rope_interleave) rope_deepseek(qr, t, dr); else rope_half(qr, t, dr);
-        for (int64_t e = 0; e < dn; ++e) K[idx(t, hh * dqk + e, H * dqk)] = kvb[idx(t, hh * (dn + dv) + e, H * (dn + dv))];
-        for (int64_t e = 0; e < dr; ++e) K[idx(t, hh * dqk + dn + e, H * dqk)] = kr[static_cast<size_t>(e)];
-        for (int64_t e = 0; e < dv; ++e) V[idx(t, hh * dv + e, H * dv)] = kvb[idx(t, hh * (dn + dv) + dn + e, H * (dn + dv))];
+        if (m.rope_interleave)
+          rope_deepseek(qr, t, dr);
+        else
+          rope_half(qr, t, dr);
+        for (int64_t e = 0; e < dn; ++e)
+          K[idx(t, hh * dqk + e, H * dqk)] = kvb[idx(t, hh * (dn + dv) + e, H * (dn + dv))];
+        for (int64_t e = 0; e < dr; ++e)
+          K[idx(t, hh * dqk + dn + e, H * dqk)] = kr[static_cast<size_t>(e)];
+        for (int64_t e = 0; e < dv; ++e)
+          V[idx(t, hh * dv + e, H * dv)] = kvb[idx(t, hh * (dn + dv) + dn + e, H * (dn + dv))];
       }
     }
     std::vector<float> att;
@@ -237,7 +276,8 @@ class FamilyReference {
     return linear(att, S, p + "self_attn.o_proj.weight");
   }
 
-  std::vector<float> mlp(const std::vector<float>& h, int64_t S, const std::string& p, int64_t I, double sparsity = 0) const {
+  std::vector<float> mlp(const std::vector<float>& h, int64_t S, const std::string& p, int64_t I,
+                         double sparsity = 0) const {
     std::vector<float> g = linear(h, S, p + "gate_proj.weight");
     if (sparsity > 0) {
       // Gemma3nTextMLP._gaussian_topk with z = Phi^-1(sparsity) found by bisection.
@@ -254,15 +294,17 @@ class FamilyReference {
         mean /= static_cast<double>(n);
         for (int64_t i = 0; i < n; ++i) var += (g[idx(t, i, n)] - mean) * (g[idx(t, i, n)] - mean);
         const double cut = mean + std::sqrt(var / static_cast<double>(n)) * z;
-        for (int64_t i = 0; i < n; ++i) g[idx(t, i, n)] = static_cast<float>(std::max(g[idx(t, i, n)] - cut, 0.0));
+        for (int64_t i = 0; i < n; ++i)
+          g[idx(t, i, n)] = static_cast<float>(std::max(g[idx(t, i, n)] - cut, 0.0));
       }
     }
     const std::vector<float> u = linear(h, S, p + "up_proj.weight");
     for (size_t i = 0; i < g.size(); ++i) {
       const double x = g[i];
-      const double a = c_.ffn_act == FfnActivation::kGeluTanh
-                           ? 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)))
-                           : x / (1.0 + std::exp(-x));
+      const double a =
+          c_.ffn_act == FfnActivation::kGeluTanh
+              ? 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)))
+              : x / (1.0 + std::exp(-x));
       g[i] = static_cast<float>(a * u[i]);
     }
     (void)I;
@@ -274,8 +316,9 @@ class FamilyReference {
     const int64_t dim = c_.dim, E = m.n_experts, K = m.n_experts_used, I = m.expert_hidden_dim;
     std::vector<float> out(static_cast<size_t>(S * dim), 0.0f);
     const bool oss = m.router == MoeRouter::kGptOss;
-    const std::vector<float> logits = linear(h, S, p + (oss ? "mlp.router.weight" : "mlp.gate.weight"),
-                                             oss ? p + "mlp.router.bias" : "");
+    const std::vector<float> logits =
+        linear(h, S, p + (oss ? "mlp.router.weight" : "mlp.gate.weight"),
+               oss ? p + "mlp.router.bias" : "");
     for (int64_t t = 0; t < S; ++t) {
       std::vector<double> score(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
       for (int64_t e = 0; e < E; ++e) score[static_cast<size_t>(e)] = logits[idx(t, e, E)];
@@ -283,7 +326,8 @@ class FamilyReference {
         const std::vector<float> bias = get(p + "mlp.gate.e_score_correction_bias");
         for (int64_t e = 0; e < E; ++e) {
           score[static_cast<size_t>(e)] = 1.0 / (1.0 + std::exp(-score[static_cast<size_t>(e)]));
-          choice[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] + bias[static_cast<size_t>(e)];
+          choice[static_cast<size_t>(e)] =
+              score[static_cast<size_t>(e)] + bias[static_cast<size_t>(e)];
         }
         const int64_t G = m.n_group, per = E / G;
         std::vector<std::pair<double, int64_t>> gs;
@@ -292,31 +336,45 @@ class FamilyReference {
           std::sort(v.rbegin(), v.rend());
           gs.push_back({v[0] + (per > 1 ? v[1] : 0.0), g});
         }
-        std::sort(gs.begin(), gs.end(), [](auto a, auto b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+        std::sort(gs.begin(), gs.end(), [](auto a, auto b) {
+          return a.first > b.first || (a.first == b.first && a.second < b.second);
+        });
         for (int64_t e = 0; e < E; ++e) {
           bool kept = false;
-          for (int64_t i = 0; i < m.topk_group; ++i) kept |= gs[static_cast<size_t>(i)].second == e / per;
+          for (int64_t i = 0; i < m.topk_group; ++i)
+            kept |= gs[static_cast<size_t>(i)].second == e / per;
           if (!kept) choice[static_cast<size_t>(e)] = 0.0;
         }
       } else if (m.router == MoeRouter::kSoftmaxGreedy) {
         const double mx = *std::max_element(score.begin(), score.end());
         double den = 0;
         for (double& s : score) den += (s = std::exp(s - mx));
-        for (int64_t e = 0; e < E; ++e) choice[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] /= den;
+        for (int64_t e = 0; e < E; ++e)
+          choice[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] /= den;
       } else {
         choice = score;
       }
       std::vector<int64_t> order(static_cast<size_t>(E));
       std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return choice[static_cast<size_t>(a)] > choice[static_cast<size_t>(b)]; });
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        return choice[static_cast<size_t>(a)] > choice[static_cast<size_t>(b)];
+      });
       std::vector<double> w(static_cast<size_t>(K));
       if (oss) {  // softmax over the top-k logits
         double den = 0;
-        for (int64_t i = 0; i < K; ++i) den += std::exp(score[static_cast<size_t>(order[static_cast<size_t>(i)])] - score[static_cast<size_t>(order[0])]);
-        for (int64_t i = 0; i < K; ++i) w[static_cast<size_t>(i)] = std::exp(score[static_cast<size_t>(order[static_cast<size_t>(i)])] - score[static_cast<size_t>(order[0])]) / den;
+        for (int64_t i = 0; i < K; ++i)
+          den += std::exp(score[static_cast<size_t>(order[static_cast<size_t>(i)])] -
+                          score[static_cast<size_t>(order[0])]);
+        for (int64_t i = 0; i < K; ++i)
+          w[static_cast<size_t>(i)] =
+              std::exp(score[static_cast<size_t>(order[static_cast<size_t>(i)])] -
+                       score[static_cast<size_t>(order[0])]) /
+              den;
       } else {
         double sum = 0;
-        for (int64_t i = 0; i < K; ++i) sum += w[static_cast<size_t>(i)] = score[static_cast<size_t>(order[static_cast<size_t>(i)])];
+        for (int64_t i = 0; i < K; ++i)
+          sum += w[static_cast<size_t>(i)] =
+              score[static_cast<size_t>(order[static_cast<size_t>(i)])];
         for (double& x : w) {
           if (m.router == MoeRouter::kDeepseekV3) {  // DeepseekV3TopkRouter
             x = (m.norm_topk_prob ? x / (sum + 1e-20) : x) * m.routed_scaling_factor;
@@ -331,30 +389,40 @@ class FamilyReference {
         std::vector<float> y;
         if (oss) {
           // GptOssExperts: gate_up = x @ W[e] + b; gate/up interleaved; clamp; (up + 1) * glu.
-          const std::vector<float> gu_w = get(p + "mlp.experts.gate_up_proj"), gu_b = get(p + "mlp.experts.gate_up_proj_bias");
-          const std::vector<float> dn_w = get(p + "mlp.experts.down_proj"), dn_b = get(p + "mlp.experts.down_proj_bias");
+          const std::vector<float> gu_w = get(p + "mlp.experts.gate_up_proj"),
+                                   gu_b = get(p + "mlp.experts.gate_up_proj_bias");
+          const std::vector<float> dn_w = get(p + "mlp.experts.down_proj"),
+                                   dn_b = get(p + "mlp.experts.down_proj_bias");
           std::vector<double> gu(static_cast<size_t>(2 * I));
           for (int64_t j = 0; j < 2 * I; ++j) {
             double a = gu_b[idx(e, j, 2 * I)];
-            for (int64_t d = 0; d < dim; ++d) a += static_cast<double>(ht[static_cast<size_t>(d)]) * gu_w[static_cast<size_t>((e * dim + d) * 2 * I + j)];
+            for (int64_t d = 0; d < dim; ++d)
+              a += static_cast<double>(ht[static_cast<size_t>(d)]) *
+                   gu_w[static_cast<size_t>((e * dim + d) * 2 * I + j)];
             gu[static_cast<size_t>(j)] = a;
           }
           std::vector<double> act(static_cast<size_t>(I));
           for (int64_t j = 0; j < I; ++j) {
-            const double g = std::min(gu[static_cast<size_t>(2 * j)], static_cast<double>(m.swiglu_limit));
-            const double u = std::clamp(gu[static_cast<size_t>(2 * j + 1)], -static_cast<double>(m.swiglu_limit), static_cast<double>(m.swiglu_limit));
+            const double g =
+                std::min(gu[static_cast<size_t>(2 * j)], static_cast<double>(m.swiglu_limit));
+            const double u =
+                std::clamp(gu[static_cast<size_t>(2 * j + 1)], -static_cast<double>(m.swiglu_limit),
+                           static_cast<double>(m.swiglu_limit));
             act[static_cast<size_t>(j)] = (u + 1.0) * g / (1.0 + std::exp(-g * m.swiglu_alpha));
           }
           y.resize(static_cast<size_t>(dim));
           for (int64_t d = 0; d < dim; ++d) {
             double a = dn_b[idx(e, d, dim)];
-            for (int64_t j = 0; j < I; ++j) a += act[static_cast<size_t>(j)] * dn_w[static_cast<size_t>((e * I + j) * dim + d)];
+            for (int64_t j = 0; j < I; ++j)
+              a += act[static_cast<size_t>(j)] * dn_w[static_cast<size_t>((e * I + j) * dim + d)];
             y[static_cast<size_t>(d)] = static_cast<float>(a);
           }
         } else {
           y = mlp(ht, 1, p + "mlp.experts." + std::to_string(e) + ".", I);
         }
-        for (int64_t d = 0; d < dim; ++d) out[idx(t, d, dim)] += static_cast<float>(w[static_cast<size_t>(i)] * y[static_cast<size_t>(d)]);
+        for (int64_t d = 0; d < dim; ++d)
+          out[idx(t, d, dim)] +=
+              static_cast<float>(w[static_cast<size_t>(i)] * y[static_cast<size_t>(d)]);
       }
     }
     if (!oss && m.n_shared_experts > 0) {
@@ -369,30 +437,38 @@ class FamilyReference {
     const Gemma3nConfig& g = c_.gemma3n;
     const int64_t S = static_cast<int64_t>(ids.size()), dim = c_.dim, A = g.altup_num_inputs;
     const int64_t P = g.hidden_size_per_layer_input, NL = c_.n_layers;
-    const std::vector<float> emb = get("model.embed_tokens.weight"), emb_pl = get("model.embed_tokens_per_layer.weight");
+    const std::vector<float> emb = get("model.embed_tokens.weight"),
+                             emb_pl = get("model.embed_tokens_per_layer.weight");
     std::vector<float> e(static_cast<size_t>(S * dim));
     for (int64_t t = 0; t < S; ++t)
-      for (int64_t d = 0; d < dim; ++d) e[idx(t, d, dim)] = emb[idx(ids[static_cast<size_t>(t)], d, dim)] * std::sqrt(static_cast<float>(dim));
+      for (int64_t d = 0; d < dim; ++d)
+        e[idx(t, d, dim)] =
+            emb[idx(ids[static_cast<size_t>(t)], d, dim)] * std::sqrt(static_cast<float>(dim));
     // per-layer inputs [S, NL, P]
     std::vector<float> proj = linear(e, S, "model.per_layer_model_projection.weight");
     for (float& v : proj) v *= static_cast<float>(std::pow(static_cast<double>(dim), -0.5));
     proj = norm(proj, S * NL, P, "model.per_layer_projection_norm.weight", c_.rms_eps);
     for (int64_t t = 0; t < S; ++t) {
-      const int32_t id = ids[static_cast<size_t>(t)] < g.vocab_size_per_layer_input ? ids[static_cast<size_t>(t)] : 0;
+      const int32_t id = ids[static_cast<size_t>(t)] < g.vocab_size_per_layer_input
+                             ? ids[static_cast<size_t>(t)]
+                             : 0;
       for (int64_t i = 0; i < NL * P; ++i) {
         const double pl = emb_pl[idx(id, i, NL * P)] * std::sqrt(static_cast<double>(P));
-        proj[idx(t, i, NL * P)] = static_cast<float>((proj[idx(t, i, NL * P)] + pl) / std::sqrt(2.0));
+        proj[idx(t, i, NL * P)] =
+            static_cast<float>((proj[idx(t, i, NL * P)] + pl) / std::sqrt(2.0));
       }
     }
     auto rms = [&](const std::vector<float>& v, int64_t t) {
       double s2 = 0;
-      for (int64_t d = 0; d < dim; ++d) s2 += static_cast<double>(v[idx(t, d, dim)]) * v[idx(t, d, dim)];
+      for (int64_t d = 0; d < dim; ++d)
+        s2 += static_cast<double>(v[idx(t, d, dim)]) * v[idx(t, d, dim)];
       return s2 / static_cast<double>(dim);
     };
     auto rescale = [&](std::vector<float>& v, const std::vector<float>& target) {
       for (int64_t t = 0; t < S; ++t) {
         const double tm = std::sqrt(rms(target, t)), m = std::sqrt(std::max(rms(v, t), 1e-5));
-        for (int64_t d = 0; d < dim; ++d) v[idx(t, d, dim)] = static_cast<float>(v[idx(t, d, dim)] * tm / m);
+        for (int64_t d = 0; d < dim; ++d)
+          v[idx(t, d, dim)] = static_cast<float>(v[idx(t, d, dim)] * tm / m);
       }
     };
     std::vector<std::vector<float>> hs{e};
@@ -418,22 +494,28 @@ class FamilyReference {
             double acc = hs[static_cast<size_t>(b)][idx(t, d, dim)];
             for (int64_t a = 0; a < A; ++a) {
               double coef = 0;
-              for (int64_t k = 0; k < A; ++k) coef += static_cast<double>(pc[idx(b * A + a, k, A)]) * mp[idx(t, k, A)];
+              for (int64_t k = 0; k < A; ++k)
+                coef += static_cast<double>(pc[idx(b * A + a, k, A)]) * mp[idx(t, k, A)];
               acc += coef * hs[static_cast<size_t>(a)][idx(t, d, dim)];
             }
             pred[static_cast<size_t>(b)][idx(t, d, dim)] = static_cast<float>(acc);
           }
       const std::vector<float>& active = pred[0];
       const std::vector<float> xn = norm(active, S, dim, p + "input_layernorm.weight", c_.rms_eps);
-      std::vector<float> laurel = norm(linear(linear(xn, S, p + "laurel.linear_left.weight"), S, p + "laurel.linear_right.weight"),
+      std::vector<float> laurel = norm(linear(linear(xn, S, p + "laurel.linear_left.weight"), S,
+                                              p + "laurel.linear_right.weight"),
                                        S, dim, p + "laurel.post_laurel_norm.weight", c_.rms_eps);
       for (size_t i = 0; i < laurel.size(); ++i) laurel[i] += xn[i];
-      const std::vector<float> attn = norm(gqa(xn, S, l, p), S, dim, p + "post_attention_layernorm.weight", c_.rms_eps);
+      const std::vector<float> attn =
+          norm(gqa(xn, S, l, p), S, dim, p + "post_attention_layernorm.weight", c_.rms_eps);
       std::vector<float> x(static_cast<size_t>(S * dim));
-      for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((static_cast<double>(active[i]) + attn[i] + laurel[i]) / std::sqrt(2.0));
-      const std::vector<float> f = norm(mlp(norm(x, S, dim, p + "pre_feedforward_layernorm.weight", c_.rms_eps), S, p + "mlp.", 0,
-                                            g.activation_sparsity[static_cast<size_t>(l)]),
-                                        S, dim, p + "post_feedforward_layernorm.weight", c_.rms_eps);
+      for (size_t i = 0; i < x.size(); ++i)
+        x[i] = static_cast<float>((static_cast<double>(active[i]) + attn[i] + laurel[i]) /
+                                  std::sqrt(2.0));
+      const std::vector<float> f =
+          norm(mlp(norm(x, S, dim, p + "pre_feedforward_layernorm.weight", c_.rms_eps), S,
+                   p + "mlp.", 0, g.activation_sparsity[static_cast<size_t>(l)]),
+               S, dim, p + "post_feedforward_layernorm.weight", c_.rms_eps);
       for (size_t i = 0; i < x.size(); ++i) x[i] += f[i];
       const std::vector<float> mc = modal(x);
       std::vector<float> cc = get(p + "altup.correction_coefs.weight");  // [A, A], clipped
@@ -441,10 +523,12 @@ class FamilyReference {
       for (int64_t t = 0; t < S; ++t)
         for (int64_t i = 0; i < A; ++i) {
           double coef = 1.0;
-          for (int64_t k = 0; k < A; ++k) coef += static_cast<double>(cc[idx(i, k, A)]) * mc[idx(t, k, A)];
+          for (int64_t k = 0; k < A; ++k)
+            coef += static_cast<double>(cc[idx(i, k, A)]) * mc[idx(t, k, A)];
           for (int64_t d = 0; d < dim; ++d)
             hs[static_cast<size_t>(i)][idx(t, d, dim)] = static_cast<float>(
-                pred[static_cast<size_t>(i)][idx(t, d, dim)] + (static_cast<double>(x[idx(t, d, dim)]) - active[idx(t, d, dim)]) * coef);
+                pred[static_cast<size_t>(i)][idx(t, d, dim)] +
+                (static_cast<double>(x[idx(t, d, dim)]) - active[idx(t, d, dim)]) * coef);
         }
       std::vector<float> first = hs[0];
       const std::vector<float> scale = get(p + "altup.correct_output_scale");
@@ -455,7 +539,8 @@ class FamilyReference {
       for (int64_t t = 0; t < S; ++t)
         for (int64_t i = 0; i < P; ++i) {
           const double v = gate[idx(t, i, P)];
-          const double gl = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+          const double gl =
+              0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
           gate[idx(t, i, P)] = static_cast<float>(gl * proj[idx(t, l * P + i, NL * P)]);
         }
       const std::vector<float> pl = norm(linear(gate, S, p + "per_layer_projection.weight"), S, dim,
@@ -465,13 +550,16 @@ class FamilyReference {
     }
     std::vector<float> avg = hs[0];
     for (int64_t i = 1; i < A; ++i) {
-      std::vector<float> u = linear(hs[static_cast<size_t>(i)], S, "model.altup_unembed_projections." + std::to_string(i - 1) + ".weight");
+      std::vector<float> u =
+          linear(hs[static_cast<size_t>(i)], S,
+                 "model.altup_unembed_projections." + std::to_string(i - 1) + ".weight");
       rescale(u, hs[0]);
       for (size_t k = 0; k < u.size(); ++k) avg[k] += u[k];
     }
     for (float& v : avg) v = static_cast<float>(v / static_cast<double>(A));
     const std::vector<float> h = norm(avg, S, dim, "model.norm.weight", c_.rms_eps);
-    std::vector<float> out = linear(h, S, c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+    std::vector<float> out =
+        linear(h, S, c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
     if (c_.final_softcap > 0)
       for (float& v : out) v = std::tanh(v / c_.final_softcap) * c_.final_softcap;
     return out;

@@ -59,7 +59,8 @@ TEST(GgufRoundTrip, F32SameIdsSameLogitsSameTokens) {
   ASSERT_NE(g.tokenizer, nullptr);
   EXPECT_EQ(std::string(g.tokenizer->kind()), "llama");
   // The GGUF's SentencePiece tokenizer reproduces llama2.c's encode.
-  for (const char* text : {"Once upon a time", "Lily and Ben went to the park. They saw a big dog!", "x"}) {
+  for (const char* text :
+       {"Once upon a time", "Lily and Ben went to the park. They saw a big dog!", "x"}) {
     EXPECT_EQ(g.tokenizer->encode(text), l.tokenizer->encode(text)) << text;
   }
   for (const char* name : {"once_upon_a_time", "empty"}) {
@@ -89,7 +90,8 @@ TEST(GgufRoundTrip, ReducedPrecisionWeightsStayClose) {
   // Tolerances: normwise relative logit error over 32 positions. f16 weights round to 11
   // significant bits (~5e-4 relative each); q8_0 to 8 bits per block (~4e-3): measured
   // 5.2e-4 (f16), 4.0e-3 (bf16) and 1.2e-2 (q8_0) on this model; bounds ~10x above.
-  const std::pair<DType, double> cases[] = {{DType::kF16, 5e-3}, {DType::kBF16, 5e-2}, {DType::kQ8_0, 1e-1}};
+  const std::pair<DType, double> cases[] = {
+      {DType::kF16, 5e-3}, {DType::kBF16, 5e-2}, {DType::kQ8_0, 1e-1}};
   for (const auto& [dtype, tol] : cases) {
     Converted gguf(dtype);
     LoadedModel g = load_model(gguf.path);
@@ -97,7 +99,8 @@ TEST(GgufRoundTrip, ReducedPrecisionWeightsStayClose) {
     const std::vector<float> got = logits_by_token(*g.model, seq, 32);
     const double d = max_rel_diff(got, want);
     EXPECT_LE(d, tol) << dtype_name(dtype);
-    std::printf("[%s weights] max relative logit difference vs f32 over 32 positions: %.3g\n", dtype_name(dtype), d);
+    std::printf("[%s weights] max relative logit difference vs f32 over 32 positions: %.3g\n",
+                dtype_name(dtype), d);
   }
 }
 
@@ -129,8 +132,10 @@ TEST(GgufRoundTrip, ConvertedModelStopsAtEosNotBos) {
   std::vector<int32_t> ids;
   const GenerateStats st = generate(s, golden.prompt, gp, nullptr, &ids);
   EXPECT_TRUE(st.stopped);
-  EXPECT_EQ(ids, std::vector<int32_t>(golden.generated.begin(), golden.generated.begin() + first + 1));
-  EXPECT_EQ(s.position(), static_cast<int64_t>(golden.prompt.size() + first));  // the stop id was not fed
+  EXPECT_EQ(ids,
+            std::vector<int32_t>(golden.generated.begin(), golden.generated.begin() + first + 1));
+  EXPECT_EQ(s.position(),
+            static_cast<int64_t>(golden.prompt.size() + first));  // the stop id was not fed
   // --ignore-eos: all N tokens, the same greedy continuation.
   Session s2(*g.model, SessionConfig{});
   gp.ignore_eos = true;

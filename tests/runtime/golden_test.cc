@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "cache/cache.h"
 #include "golden_util.h"
 #include "kernels/softmax.h"
 #include "model/forward.h"
 #include "model/llama2c.h"
-#include "cache/cache.h"
 #include "runtime/session.h"
 
 namespace kvcache {
@@ -54,8 +54,10 @@ TEST_P(GoldenIdsTest, GreedyIdsMatchLlama2c) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Containers, GoldenIdsTest,
-                         ::testing::Values(Variant{"dynamic", "eager", 0}, Variant{"dynamic", "fused", 0},
-                                           Variant{"static", "eager", 0}, Variant{"static", "fused", 0},
+                         ::testing::Values(Variant{"dynamic", "eager", 0},
+                                           Variant{"dynamic", "fused", 0},
+                                           Variant{"static", "eager", 0},
+                                           Variant{"static", "fused", 0},
                                            Variant{"dynamic", "fused", 256}),
                          [](const auto& info) {
                            return std::string(info.param.cache) + "_" + info.param.kernel +
@@ -78,7 +80,8 @@ TEST(Golden, FirstEightLogitsWithin1e4) {
     double worst = 0;
     for (int p = 0; p < 8; ++p) {  // token by token, as llama2.c
       std::span<const float> got = s.decode(seq[p]);
-      for (int i = 0; i < 512; ++i) worst = std::max(worst, double(std::fabs(got[i] - want[p * 512 + i])));
+      for (int i = 0; i < 512; ++i)
+        worst = std::max(worst, double(std::fabs(got[i] - want[p * 512 + i])));
     }
     EXPECT_LE(worst, 1e-4) << kernel;
     std::printf("[%s] max |logit - llama2.c| over 8 positions: %.3g\n", kernel, worst);
@@ -86,7 +89,8 @@ TEST(Golden, FirstEightLogitsWithin1e4) {
     Session s2(stories(), sc);
     std::span<const float> all = s2.forward_all({seq.data(), 8});
     double worst_all = 0;
-    for (int i = 0; i < 8 * 512; ++i) worst_all = std::max(worst_all, double(std::fabs(all[i] - want[i])));
+    for (int i = 0; i < 8 * 512; ++i)
+      worst_all = std::max(worst_all, double(std::fabs(all[i] - want[i])));
     EXPECT_LE(worst_all, 1e-4) << kernel;
   }
 }

@@ -34,7 +34,9 @@ inline GoldenIds read_golden_ids(const std::string& name) {
     std::istringstream ls(line);
     std::string key;
     ls >> key;
-    std::vector<int32_t>* dst = key == "prompt_ids:" ? &g.prompt : key == "generated_ids:" ? &g.generated : nullptr;
+    std::vector<int32_t>* dst = key == "prompt_ids:"      ? &g.prompt
+                                : key == "generated_ids:" ? &g.generated
+                                                          : nullptr;
     if (dst == nullptr) continue;
     int32_t id;
     while (ls >> id) dst->push_back(id);
@@ -45,11 +47,13 @@ inline GoldenIds read_golden_ids(const std::string& name) {
 // Greedy ids as llama2.c's generate() picks them, up to `new_tokens` or BOS (which separates
 // stories: llama2.c stops there). llama2.c forces the prompt token by token; this prefills it in
 // one chunk instead.
-inline std::vector<int32_t> greedy_ids(Session& s, const std::vector<int32_t>& prompt, int64_t new_tokens) {
+inline std::vector<int32_t> greedy_ids(Session& s, const std::vector<int32_t>& prompt,
+                                       int64_t new_tokens) {
   std::vector<int32_t> out;
   std::span<const float> logits = s.prefill(prompt);
   for (int64_t i = 0; i < new_tokens; ++i) {
-    const auto next = static_cast<int32_t>(argmax(logits.data(), static_cast<int64_t>(logits.size())));
+    const auto next =
+        static_cast<int32_t>(argmax(logits.data(), static_cast<int64_t>(logits.size())));
     out.push_back(next);
     if (next == 1) break;
     if (i + 1 < new_tokens) logits = s.decode(next);

@@ -31,14 +31,21 @@ std::string hf_name(const std::string& canon) {
   if (canon == "output_norm.weight") return "model.norm.weight";
   if (canon == "output.weight") return "lm_head.weight";
   const size_t dot = canon.find('.', 4);
-  const std::string p = "model.layers." + canon.substr(4, dot - 4) + ".", rest = canon.substr(dot + 1);
+  const std::string p = "model.layers." + canon.substr(4, dot - 4) + ".",
+                    rest = canon.substr(dot + 1);
   static const std::pair<const char*, const char*> kMap[] = {
-      {"attn_norm.weight", "input_layernorm.weight"},  {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"attn_q.weight", "self_attn.q_proj.weight"},    {"attn_k.weight", "self_attn.k_proj.weight"},
-      {"attn_v.weight", "self_attn.v_proj.weight"},    {"attn_q.bias", "self_attn.q_proj.bias"},
-      {"attn_k.bias", "self_attn.k_proj.bias"},        {"attn_v.bias", "self_attn.v_proj.bias"},
-      {"attn_output.weight", "self_attn.o_proj.weight"}, {"ffn_gate.weight", "mlp.gate_proj.weight"},
-      {"ffn_up.weight", "mlp.up_proj.weight"},         {"ffn_down.weight", "mlp.down_proj.weight"}};
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_q.bias", "self_attn.q_proj.bias"},
+      {"attn_k.bias", "self_attn.k_proj.bias"},
+      {"attn_v.bias", "self_attn.v_proj.bias"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"}};
   for (const auto& [c, h] : kMap)
     if (rest == c) return p + h;
   ADD_FAILURE() << "no HF name for " << canon;
@@ -65,7 +72,9 @@ void write_hf_model(const std::string& dir, const ModelConfig& c, DType dt, cons
   scaled.reserve(w.tensors.size());
   for (auto& [name, t] : w.tensors) {
     const bool norm = name.ends_with("norm.weight");
-    const float s = norm ? 1.0f : t.view().ndim() == 2 ? 1.7f / std::sqrt(static_cast<float>(t.view().dim(1))) : 0.1f;
+    const float s = norm                   ? 1.0f
+                    : t.view().ndim() == 2 ? 1.7f / std::sqrt(static_cast<float>(t.view().dim(1)))
+                                           : 0.1f;
     Tensor f = Tensor::empty(DType::kF32, t.view().shape());
     for (int64_t i = 0; i < f.numel(); ++i) {
       const float x = t.data_as<float>()[i];
@@ -82,10 +91,12 @@ void write_hf_model(const std::string& dir, const ModelConfig& c, DType dt, cons
       "{\"architectures\": [\"" + arch + "\"], \"hidden_size\": " + std::to_string(c.dim) +
           ", \"num_hidden_layers\": " + std::to_string(c.n_layers) + ", \"num_attention_heads\": " +
           std::to_string(c.n_heads) + ", \"num_key_value_heads\": " + std::to_string(c.n_kv_heads) +
-          ", \"intermediate_size\": " + std::to_string(c.hidden_dim) + ", \"vocab_size\": " +
-          std::to_string(c.vocab_size) + ", \"max_position_embeddings\": " + std::to_string(c.max_seq_len) +
-          ", \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"bos_token_id\": 1, \"eos_token_id\": 2" + extra +
-          "}");
+          ", \"intermediate_size\": " + std::to_string(c.hidden_dim) +
+          ", \"vocab_size\": " + std::to_string(c.vocab_size) +
+          ", \"max_position_embeddings\": " + std::to_string(c.max_seq_len) +
+          ", \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"bos_token_id\": 1, "
+          "\"eos_token_id\": 2" +
+          extra + "}");
 }
 
 std::vector<float> logits_token_by_token(const Model& m, const std::vector<int32_t>& ids) {
@@ -162,12 +173,13 @@ TEST_P(HfRoundTrip, SameLogitsAndIdsAsTheConvertedGguf) {
   EXPECT_GT(spread, 0.1) << "degenerate logits would make the comparison meaningless";
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, HfRoundTrip,
-                         ::testing::Values(Case{"llama_f32", DType::kF32, "LlamaForCausalLM", false, false, 1e-5},
-                                           Case{"llama_f16", DType::kF16, "LlamaForCausalLM", false, false, 1e-5},
-                                           Case{"qwen2_bf16_bias_tied", DType::kBF16, "Qwen2ForCausalLM", true,
-                                                true, 1e-5}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Formats, HfRoundTrip,
+    ::testing::Values(Case{"llama_f32", DType::kF32, "LlamaForCausalLM", false, false, 1e-5},
+                      Case{"llama_f16", DType::kF16, "LlamaForCausalLM", false, false, 1e-5},
+                      Case{"qwen2_bf16_bias_tied", DType::kBF16, "Qwen2ForCausalLM", true, true,
+                           1e-5}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // Converting without the permutation would be a different model: a GGUF whose Q/K rows are
 // the HF rows as they are gives different logits (guards against the test passing trivially).
@@ -183,7 +195,9 @@ TEST(HfRoundTripNegative, UnpermutedRowsDiffer) {
   f.mutable_config().rope_interleaved = false;
   LoadedModel gg = load_model(d.gguf);
   const std::vector<int32_t> seq = {1, 17, 5, 33, 9, 41, 3, 8};
-  EXPECT_GT(max_rel_diff(logits_token_by_token(*hf.model, seq), logits_token_by_token(*gg.model, seq)), 1e-3);
+  EXPECT_GT(
+      max_rel_diff(logits_token_by_token(*hf.model, seq), logits_token_by_token(*gg.model, seq)),
+      1e-3);
 }
 
 }  // namespace

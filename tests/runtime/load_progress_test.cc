@@ -23,7 +23,8 @@ TEST(LoadProgress, PageInReportsMonotonicProgressUpToTheWeightBytes) {
   LoadedModel m = load_model("dummy:tiny", lo);
   const ModelFile& f = m.model->file();
   std::vector<std::pair<uint64_t, uint64_t>> calls;
-  const uint64_t total = page_in_weights(f, [&](uint64_t done, uint64_t all) { calls.emplace_back(done, all); });
+  const uint64_t total =
+      page_in_weights(f, [&](uint64_t done, uint64_t all) { calls.emplace_back(done, all); });
   // dummy:tiny is untied: every tensor is distinct, so the total is the file's weight bytes.
   EXPECT_EQ(total, f.weight_bytes());
   ASSERT_FALSE(calls.empty());

@@ -36,7 +36,8 @@ struct PagedVsDense {
 // Runs `c` and expects the paged logits to equal the dense ones bit for bit, and the store's
 // invariants to hold. Returns the paged store, for checks of the caller's own; nullptr after a
 // failure that ends the run (no paged store, no room for a step).
-inline std::shared_ptr<PagedKVStore> expect_paged_equals_dense(const Model& model, const PagedVsDense& c) {
+inline std::shared_ptr<PagedKVStore> expect_paged_equals_dense(const Model& model,
+                                                               const PagedVsDense& c) {
   const auto B = static_cast<int64_t>(c.prompts.size());
   const auto V = static_cast<size_t>(model.config().vocab_size);
   // Dense reference: per sequence, the prefill logits then each greedy step's logits.
@@ -76,14 +77,16 @@ inline std::shared_ptr<PagedKVStore> expect_paged_equals_dense(const Model& mode
     fp.tokens = p.data();
     fp.n_tokens = static_cast<int64_t>(p.size());
     fp.cache = &cache;
-    EXPECT_TRUE(bits_equal(fwd.forward(fp), ref[static_cast<size_t>(i)][0])) << "prefill of sequence " << i << c.note;
+    EXPECT_TRUE(bits_equal(fwd.forward(fp), ref[static_cast<size_t>(i)][0]))
+        << "prefill of sequence " << i << c.note;
   }
   store.set_batch(seqs);
   std::vector<int64_t> pos;
   for (const auto& p : c.prompts) pos.push_back(static_cast<int64_t>(p.size()));
   for (int t = 0; t < c.decode_steps; ++t) {
     std::vector<int32_t> ids;
-    for (int64_t i = 0; i < B; ++i) ids.push_back(next[static_cast<size_t>(i)][static_cast<size_t>(t)]);
+    for (int64_t i = 0; i < B; ++i)
+      ids.push_back(next[static_cast<size_t>(i)][static_cast<size_t>(t)]);
     if (store.plan_step(1, ids) != StepStatus::kOk) {
       ADD_FAILURE() << "no room for decode step " << t << c.note;
       return nullptr;
@@ -98,8 +101,9 @@ inline std::shared_ptr<PagedKVStore> expect_paged_equals_dense(const Model& mode
     for (int64_t i = 0; i < B; ++i) {
       const auto row = l.subspan(static_cast<size_t>(i) * V, V);
       const auto& want = ref[static_cast<size_t>(i)][static_cast<size_t>(t + 1)];
-      EXPECT_TRUE(bits_equal(row, want)) << "decode step " << t << " of sequence " << i << ", relative difference "
-                                         << max_rel_diff(row, want) << c.note;
+      EXPECT_TRUE(bits_equal(row, want))
+          << "decode step " << t << " of sequence " << i << ", relative difference "
+          << max_rel_diff(row, want) << c.note;
       ++pos[static_cast<size_t>(i)];
     }
   }

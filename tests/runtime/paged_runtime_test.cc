@@ -34,12 +34,14 @@ std::vector<int32_t> ids_of(int64_t n, int64_t vocab, uint64_t seed) {
 // Three sequences of different prompt lengths: dense sessions one by one vs one paged cache
 // that prefills each sequence alone and then decodes all three as one varlen batch (B = 3:
 // below the sgemm threshold, so every projection row is the same GEMV as for B = 1).
-void expect_paged_equals_dense(const Model& model, const std::vector<int64_t>& prompt_lens, int decode_steps,
-                               const std::string& layer_override_note = "") {
+void expect_paged_equals_dense(const Model& model, const std::vector<int64_t>& prompt_lens,
+                               int decode_steps, const std::string& layer_override_note = "") {
   const int64_t vocab = model.config().vocab_size;
   const auto B = static_cast<int64_t>(prompt_lens.size());
   testing_util::PagedVsDense c;
-  for (int64_t i = 0; i < B; ++i) c.prompts.push_back(ids_of(prompt_lens[static_cast<size_t>(i)], vocab, 11 + static_cast<uint64_t>(i)));
+  for (int64_t i = 0; i < B; ++i)
+    c.prompts.push_back(
+        ids_of(prompt_lens[static_cast<size_t>(i)], vocab, 11 + static_cast<uint64_t>(i)));
   c.decode_steps = decode_steps;
   c.dense.cache.implementation = "dynamic";
   c.dense.kernel = "eager";
@@ -208,7 +210,8 @@ TEST(ForwardWorkspace, GrowingDuringAPrefillChangesNothing) {
   ForwardParams fp;
   fp.tokens = tokens.data();
   fp.n_tokens = static_cast<int64_t>(tokens.size());
-  Forward grown(*m.model, "fused", 8), sized(*m.model, "fused", 64);  // 8 rows: a scratch to outgrow
+  Forward grown(*m.model, "fused", 8),
+      sized(*m.model, "fused", 64);  // 8 rows: a scratch to outgrow
   const std::span<const float> ga = grown.forward(fp);
   const std::vector<float> a(ga.begin(), ga.end());
   const std::span<const float> b = sized.forward(fp);

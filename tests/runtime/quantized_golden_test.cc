@@ -44,7 +44,8 @@ TEST(QuantizedGolden, EightBitReproducesGreedyIds) {
       const auto golden = read_golden_ids(name);
       Session s(stories(), quant(8, G, R));
       const int64_t n = 256 - static_cast<int64_t>(golden.prompt.size()) + 1;
-      EXPECT_EQ(testing_util::greedy_ids(s, golden.prompt, n), golden.generated) << name << " G " << G << " R " << R;
+      EXPECT_EQ(testing_util::greedy_ids(s, golden.prompt, n), golden.generated)
+          << name << " G " << G << " R " << R;
     }
   }
 }
@@ -80,14 +81,17 @@ TEST(QuantizedGolden, LogitErrorAgainstFp32) {
         for (int64_t i = 0; i < V; ++i)
           if (i != top) second = std::max(second, r[i]);
         const double margin = r[top] - second;
-        // A flip needs the two logits to move by margin in total: impossible if each moved < margin/2.
+        // A flip needs the two logits to move by margin in total: impossible if each moved <
+        // margin/2.
         EXPECT_LE(margin, 2 * err) << "q" << bits << " G " << G << " R " << R << " position " << p;
         if (margin <= 2 * err) ++allowed;
-        std::printf("[q%d G%lld R%lld] argmax flip at position %zu: fp32 margin %.4f, logit error %.4f\n",
-                    bits, static_cast<long long>(G), static_cast<long long>(R), p, margin, err);
+        std::printf(
+            "[q%d G%lld R%lld] argmax flip at position %zu: fp32 margin %.4f, logit error %.4f\n",
+            bits, static_cast<long long>(G), static_cast<long long>(R), p, margin, err);
       }
-      std::printf("[q%d G%lld R%lld] max |logit - fp32| over %zu positions: %.4g, argmax flips %d\n",
-                  bits, static_cast<long long>(G), static_cast<long long>(R), seq.size(), worst, flips);
+      std::printf(
+          "[q%d G%lld R%lld] max |logit - fp32| over %zu positions: %.4g, argmax flips %d\n", bits,
+          static_cast<long long>(G), static_cast<long long>(R), seq.size(), worst, flips);
       // Bounds = about 2x the errors measured when this test was written (G64/R128 and G16/R0:
       // q8 0.072 / 0.077, q4 0.63 / 1.26, q2 7.7 / 7.0; stories260K's head dim is 8, so a
       // key channel group carries a large share of each score): a regression in the quantizer
@@ -132,7 +136,8 @@ TEST(QuantizedSession, ChunkedPrefillCloseToTokenByToken) {
   std::span<const float> b;
   for (int32_t id : seq) b = t.decode(id);
   double err = 0;
-  for (size_t i = 0; i < chunked.size(); ++i) err = std::max(err, double(std::fabs(chunked[i] - b[i])));
+  for (size_t i = 0; i < chunked.size(); ++i)
+    err = std::max(err, double(std::fabs(chunked[i] - b[i])));
   EXPECT_LE(err, 1.0);
 }
 

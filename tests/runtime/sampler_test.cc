@@ -150,7 +150,8 @@ TEST(Sampler, TokenLogprobIsTheLogSoftmaxAndTheTopK) {
 
 TEST(Sampler, RejectsNonsenseParameters) {
   // Out of range on either side, or NaN: each an error naming the option.
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
   struct Case {
     void (*set)(SamplerParams&, float);
     float value;
@@ -172,7 +173,8 @@ TEST(Sampler, RejectsNonsenseParameters) {
       {[](SamplerParams& q, float v) { q.top_k = static_cast<int32_t>(v); }, -3.0f, "--top-k"},
       {penalty, 0.0f, "--repeat-penalty"},
       {penalty, nan, "--repeat-penalty"},
-      {[](SamplerParams& q, float v) { q.repeat_last_n = static_cast<int32_t>(v); }, -2.0f, "--repeat-last-n"},
+      {[](SamplerParams& q, float v) { q.repeat_last_n = static_cast<int32_t>(v); }, -2.0f,
+       "--repeat-last-n"},
   };
   for (const Case& c : cases) {
     SamplerParams q;

@@ -1,14 +1,15 @@
 // Prefill-then-decode equals token-by-token decode equals a no-cache recompute.
+#include "runtime/session.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
+#include "core/error.h"
 #include "golden_util.h"
 #include "model/llama2c.h"
 #include "runtime/generate.h"
-#include "runtime/session.h"
-#include "core/error.h"
 
 namespace kvcache {
 namespace {
@@ -50,8 +51,8 @@ TEST(Session, PrefillThenDecodeEqualsTokenByTokenAndRecompute) {
       EXPECT_EQ(a.position(), static_cast<int64_t>(seq.size()));
       EXPECT_LE(worst, 1e-5) << cache << "/" << kernel;
       EXPECT_LE(worst_oracle, 1e-5) << cache << "/" << kernel;
-      std::printf("[%s/%s] prefill+decode vs token-by-token: %.3g, vs no-cache recompute: %.3g\n", cache,
-                  kernel, worst, worst_oracle);
+      std::printf("[%s/%s] prefill+decode vs token-by-token: %.3g, vs no-cache recompute: %.3g\n",
+                  cache, kernel, worst, worst_oracle);
     }
   }
 }

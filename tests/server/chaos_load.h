@@ -23,11 +23,11 @@ struct ChaosOptions {
   int clients = 64;
   int requests_per_client = 2;
   uint32_t seed = 1;
-  int max_tokens = 24;               // each request: uniform in [1, max_tokens]
-  int max_n = 3;                     // each request: uniform in [1, max_n]
-  double disconnect_share = 0.25;    // streams dropped after a random number of events
+  int max_tokens = 24;             // each request: uniform in [1, max_tokens]
+  int max_n = 3;                   // each request: uniform in [1, max_n]
+  double disconnect_share = 0.25;  // streams dropped after a random number of events
   double non_streamed_share = 0.2;
-  double timeout_s = 120;            // a reply stalled this long is a problem
+  double timeout_s = 120;  // a reply stalled this long is a problem
 };
 
 struct ChaosResult {
@@ -45,19 +45,20 @@ inline int connect_to(int port, double timeout_s) {
 }
 
 inline nlohmann::json random_body(std::mt19937& rng, const ChaosOptions& o, bool stream) {
-  static const char* const kWords[] = {"Once", "upon", "a", "time", "there", "was", "little", "girl", "named",
-                                       "Lily", "she", "liked", "to", "play", "in", "the", "park", "with",
-                                       "her", "dog", "."};
+  static const char* const kWords[] = {"Once", "upon",  "a",    "time", "there", "was", "little",
+                                       "girl", "named", "Lily", "she",  "liked", "to",  "play",
+                                       "in",   "the",   "park", "with", "her",   "dog", "."};
   constexpr int kNumWords = static_cast<int>(sizeof kWords / sizeof kWords[0]);
   std::string prompt;
   const int words = 2 + static_cast<int>(rng() % 40);
   for (int i = 0; i < words; ++i) prompt += std::string(i ? " " : "") + kWords[rng() % kNumWords];
-  nlohmann::json b = {{"prompt", prompt},
-                      {"max_tokens", 1 + static_cast<int>(rng() % static_cast<uint32_t>(o.max_tokens))},
-                      {"n", 1 + static_cast<int>(rng() % static_cast<uint32_t>(o.max_n))},
-                      {"temperature", rng() % 2 ? 0.0 : 0.9},
-                      {"seed", static_cast<int>(rng() % 1000)},
-                      {"stream", stream}};
+  nlohmann::json b = {
+      {"prompt", prompt},
+      {"max_tokens", 1 + static_cast<int>(rng() % static_cast<uint32_t>(o.max_tokens))},
+      {"n", 1 + static_cast<int>(rng() % static_cast<uint32_t>(o.max_n))},
+      {"temperature", rng() % 2 ? 0.0 : 0.9},
+      {"seed", static_cast<int>(rng() % 1000)},
+      {"stream", stream}};
   if (rng() % 3 == 0) {
     nlohmann::json stops = nlohmann::json::array();
     const int k = 1 + static_cast<int>(rng() % 3);
@@ -72,7 +73,8 @@ inline nlohmann::json random_body(std::mt19937& rng, const ChaosOptions& o, bool
 inline std::string check_reply(const std::string& all, bool stream, bool& refused) {
   refused = false;
   const size_t split = all.find("\r\n\r\n");
-  if (all.size() < 12 || split == std::string::npos) return "no complete HTTP reply (" + std::to_string(all.size()) + " bytes)";
+  if (all.size() < 12 || split == std::string::npos)
+    return "no complete HTTP reply (" + std::to_string(all.size()) + " bytes)";
   const int status = std::atoi(all.substr(9, 3).c_str());
   if (status == 429 || status == 503) {
     refused = true;
@@ -95,14 +97,16 @@ inline std::string check_reply(const std::string& all, bool stream, bool& refuse
   }
   if (!stream) {
     const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-    if (!j.is_object() || j.contains("error") || !j.contains("choices")) return "bad reply: " + body.substr(0, 300);
+    if (!j.is_object() || j.contains("error") || !j.contains("choices"))
+      return "bad reply: " + body.substr(0, 300);
     return "";
   }
   size_t pos = 0;
   std::string last;
   while (pos < body.size()) {
     const size_t end = body.find("\n\n", pos);
-    if (end == std::string::npos || body.compare(pos, 6, "data: ") != 0) return "broken SSE framing";
+    if (end == std::string::npos || body.compare(pos, 6, "data: ") != 0)
+      return "broken SSE framing";
     last = body.substr(pos + 6, end - pos - 6);
     pos = end + 2;
     if (last == "[DONE]") break;
@@ -135,16 +139,19 @@ inline ChaosResult run_chaos(int port, const ChaosOptions& o) {
         if (fd < 0) {
           problem = "cannot connect";
         } else {
-          const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                                  "Content-Type: application/json\r\nContent-Length: " +
-                                  std::to_string(body.size()) + "\r\n\r\n" + body;
+          const std::string req =
+              "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+              "Content-Type: application/json\r\nContent-Length: " +
+              std::to_string(body.size()) + "\r\n\r\n" + body;
           ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
           char buf[4096];
           for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
             all.append(buf, static_cast<size_t>(n));
             if (drop) {
               size_t events = 0;
-              for (size_t p = all.find("data: "); p != std::string::npos; p = all.find("data: ", p + 1)) ++events;
+              for (size_t p = all.find("data: "); p != std::string::npos;
+                   p = all.find("data: ", p + 1))
+                ++events;
               if (events >= static_cast<size_t>(drop_after)) {
                 dropped = true;
                 break;
@@ -156,10 +163,14 @@ inline ChaosResult run_chaos(int port, const ChaosOptions& o) {
         }
         std::lock_guard<std::mutex> lock(mu);
         ++res.requests;
-        if (dropped) ++res.disconnected;
-        else if (refused) ++res.refused;
-        else if (problem.empty()) ++res.completed;
-        if (!problem.empty() && res.problems.size() < 20) res.problems.push_back(problem + " <- " + body);
+        if (dropped)
+          ++res.disconnected;
+        else if (refused)
+          ++res.refused;
+        else if (problem.empty())
+          ++res.completed;
+        if (!problem.empty() && res.problems.size() < 20)
+          res.problems.push_back(problem + " <- " + body);
       }
     });
   }

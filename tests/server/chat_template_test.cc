@@ -19,18 +19,26 @@ namespace {
 
 // Abridged from the templates these families ship (the markers are what classification reads).
 constexpr const char* kChatMLJinja =
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] "
+    "+ "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' "
+    "}}{% endif %}";
 constexpr const char* kLlama2Jinja =
-    "{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n' + messages[0]['content'] + "
-    "'\\n<</SYS>>\\n\\n' %}{% endif %}{% for message in messages %}{% if message['role'] == 'user' %}"
-    "{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n' + "
+    "messages[0]['content'] + "
+    "'\\n<</SYS>>\\n\\n' %}{% endif %}{% for message in messages %}{% if message['role'] == 'user' "
+    "%}"
+    "{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
+    "'assistant' %}"
     "{{ ' ' + message['content'] + ' ' + eos_token }}{% endif %}{% endfor %}";
 constexpr const char* kLlama3Jinja =
     "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
-    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
+    "trim + "
+    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ "
+    "content }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
 constexpr const char* kGemmaJinja =
     "{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\\n' + "
     "message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}";
@@ -63,8 +71,10 @@ std::string gguf_with_template(const std::string& jinja, const std::string& name
 }
 
 TEST(ChatTemplate, ChosenFromGgufMetadataOverriddenByTheFlagRefusedWhenUnknown) {
-  if (!std::filesystem::exists(std::string(KVCACHE_SHARED_DIR) + "/vocab/ggml-vocab-llama-spm.gguf"))
-    GTEST_SKIP() << "needs " KVCACHE_SHARED_DIR "/vocab/ggml-vocab-llama-spm.gguf (a tokenizer for the GGUF)";
+  if (!std::filesystem::exists(std::string(KVCACHE_SHARED_DIR) +
+                               "/vocab/ggml-vocab-llama-spm.gguf"))
+    GTEST_SKIP() << "needs " KVCACHE_SHARED_DIR
+                    "/vocab/ggml-vocab-llama-spm.gguf (a tokenizer for the GGUF)";
   const LoadedModel llama3 = load_model(gguf_with_template(kLlama3Jinja, "llama3"));
   ASSERT_NE(llama3.tokenizer, nullptr);
   EXPECT_EQ(llama3.chat_template, kLlama3Jinja);  // read back from the GGUF as written
@@ -79,7 +89,8 @@ TEST(ChatTemplate, ChosenFromGgufMetadataOverriddenByTheFlagRefusedWhenUnknown) 
   EXPECT_EQ(c.source, "--chat-template");
 
   const LoadedModel chatml = load_model(gguf_with_template(kChatMLJinja, "chatml"));
-  EXPECT_EQ(choose_chat_template("", chatml.chat_template, *chatml.tokenizer).tmpl, ChatTemplate::kChatML);
+  EXPECT_EQ(choose_chat_template("", chatml.chat_template, *chatml.tokenizer).tmpl,
+            ChatTemplate::kChatML);
 
   const LoadedModel gemma = load_model(gguf_with_template(kGemmaJinja, "gemma"));
   try {
@@ -91,7 +102,8 @@ TEST(ChatTemplate, ChosenFromGgufMetadataOverriddenByTheFlagRefusedWhenUnknown) 
     EXPECT_NE(msg.find("<start_of_turn>"), std::string::npos) << msg;  // quotes what was found
     EXPECT_NE(msg.find("--chat-template"), std::string::npos) << msg;  // and the way out
   }
-  EXPECT_EQ(choose_chat_template("llama2", gemma.chat_template, *gemma.tokenizer).tmpl, ChatTemplate::kLlama2);
+  EXPECT_EQ(choose_chat_template("llama2", gemma.chat_template, *gemma.tokenizer).tmpl,
+            ChatTemplate::kLlama2);
   EXPECT_THROW(choose_chat_template("gemma", gemma.chat_template, *gemma.tokenizer), Error);
 
   // No template in the metadata: the vocabulary decides (the plain dummy GGUF).

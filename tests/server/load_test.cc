@@ -30,9 +30,11 @@ TEST(LoadTest, SixtyFourChaoticClientsLeaveNoBlockBehindAndChangeNoAnswer) {
   o.http.transport.max_connections = 512;
   testing_util::TestServer ts(*lm, o);
 
-  const std::string probe = R"({"prompt": "Once upon a time there was", "max_tokens": 16, "temperature": 0,
+  const std::string probe =
+      R"({"prompt": "Once upon a time there was", "max_tokens": 16, "temperature": 0,
                                 "ignore_eos": true})";
-  const testing_util::HttpReply before = testing_util::http(ts.port, "POST", "/v1/completions", probe, "", 30);
+  const testing_util::HttpReply before =
+      testing_util::http(ts.port, "POST", "/v1/completions", probe, "", 30);
   ASSERT_EQ(before.status, 200) << before.body;
   const std::string text = json::parse(before.body)["choices"][0]["text"];
 
@@ -41,9 +43,10 @@ TEST(LoadTest, SixtyFourChaoticClientsLeaveNoBlockBehindAndChangeNoAnswer) {
   co.requests_per_client = 2;
   co.seed = 36;
   const testing_util::ChaosResult r = testing_util::run_chaos(ts.port, co);
-  std::printf("chaos: %lld requests in %.1f s: %lld completed, %lld dropped mid-stream, %lld refused\n",
-              static_cast<long long>(r.requests), r.seconds, static_cast<long long>(r.completed),
-              static_cast<long long>(r.disconnected), static_cast<long long>(r.refused));
+  std::printf(
+      "chaos: %lld requests in %.1f s: %lld completed, %lld dropped mid-stream, %lld refused\n",
+      static_cast<long long>(r.requests), r.seconds, static_cast<long long>(r.completed),
+      static_cast<long long>(r.disconnected), static_cast<long long>(r.refused));
   for (const std::string& p : r.problems) ADD_FAILURE() << p;
   EXPECT_EQ(r.requests, 128);
   EXPECT_GT(r.completed, 64);
@@ -59,13 +62,15 @@ TEST(LoadTest, SixtyFourChaoticClientsLeaveNoBlockBehindAndChangeNoAnswer) {
   EXPECT_EQ(m.waiting, 0);
   EXPECT_EQ(m.blocks_used, 0) << "blocks leaked";
   EXPECT_EQ(m.blocks_free + m.blocks_cached, m.blocks_total);
-  std::printf("engine: %lld preemptions, %lld cancelled, %lld steps\n", static_cast<long long>(m.preemptions),
-              static_cast<long long>(m.requests_cancelled), static_cast<long long>(m.steps));
+  std::printf("engine: %lld preemptions, %lld cancelled, %lld steps\n",
+              static_cast<long long>(m.preemptions), static_cast<long long>(m.requests_cancelled),
+              static_cast<long long>(m.steps));
   EXPECT_GT(m.preemptions, 0) << "the pool was meant to force preemption";
   EXPECT_GT(m.requests_cancelled, 0);
   EXPECT_EQ(m.requests_failed, 0);
 
-  const testing_util::HttpReply after = testing_util::http(ts.port, "POST", "/v1/completions", probe, "", 30);
+  const testing_util::HttpReply after =
+      testing_util::http(ts.port, "POST", "/v1/completions", probe, "", 30);
   ASSERT_EQ(after.status, 200) << after.body;
   EXPECT_EQ(json::parse(after.body)["choices"][0]["text"], text);
   ts.shutdown();

@@ -34,10 +34,13 @@ inline int connect_loopback(int port) {
   return fd;
 }
 
-inline std::string request_text(const std::string& method, const std::string& path, const std::string& body,
-                                const std::string& extra_headers) {
-  std::string r = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + extra_headers;
-  if (method == "POST") r += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+inline std::string request_text(const std::string& method, const std::string& path,
+                                const std::string& body, const std::string& extra_headers) {
+  std::string r =
+      method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + extra_headers;
+  if (method == "POST")
+    r +=
+        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
   return r + "\r\n" + body;
 }
 
@@ -72,7 +75,8 @@ inline HttpReply parse_reply(const std::string& all) {
   r.headers = all.substr(0, split);
   r.status = std::atoi(all.substr(9, 3).c_str());
   r.raw_body = all.substr(split + 4);
-  r.body = r.headers.find("Transfer-Encoding: chunked") != std::string::npos ? dechunk(r.raw_body) : r.raw_body;
+  r.body = r.headers.find("Transfer-Encoding: chunked") != std::string::npos ? dechunk(r.raw_body)
+                                                                             : r.raw_body;
   return r;
 }
 
@@ -85,15 +89,17 @@ inline void set_receive_timeout(int fd, double timeout_s) {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
 
-inline HttpReply http(int port, const std::string& method, const std::string& path, const std::string& body = "",
-                      const std::string& extra_headers = "", double timeout_s = 60) {
+inline HttpReply http(int port, const std::string& method, const std::string& path,
+                      const std::string& body = "", const std::string& extra_headers = "",
+                      double timeout_s = 60) {
   const int fd = connect_loopback(port);
   if (fd < 0) return {};
   set_receive_timeout(fd, timeout_s);
   send_all(fd, request_text(method, path, body, extra_headers));
   std::string all;
   char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) all.append(buf, static_cast<size_t>(n));
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+    all.append(buf, static_cast<size_t>(n));
   ::close(fd);
   return parse_reply(all);
 }

@@ -2,8 +2,6 @@
 // client (raw_http.h): SSE framing and [DONE], usage with cached tokens, OpenAI error bodies and
 // statuses, API keys, client disconnects cancelling, /metrics. dummy:tiny with the shared
 // SentencePiece vocabulary (skipped without it: text prompts need a tokenizer).
-#include "server/http_server.h"
-
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -12,11 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "runtime/model_loader.h"
-#include "server/chat_template.h"
-#include "server/openai.h"
 #include "raw_http.h"
+#include "runtime/model_loader.h"
 #include "scratch_dir.h"
+#include "server/chat_template.h"
+#include "server/http_server.h"
+#include "server/openai.h"
 #include "server_test_util.h"
 
 namespace kvcache {
@@ -40,8 +39,9 @@ TEST(Server, StreamsAChatCompletionAsServerSentEventsEndingInDone) {
   EXPECT_EQ(json::parse(models.body)["data"][0]["id"], "dummy:tiny");
 
   const json req{{"model", "dummy:tiny"},
-                 {"messages", {{{"role", "system"}, {"content", "You are terse."}},
-                               {{"role", "user"}, {"content", "Tell me a story about a cat and a dog."}}}},
+                 {"messages",
+                  {{{"role", "system"}, {"content", "You are terse."}},
+                   {{"role", "user"}, {"content", "Tell me a story about a cat and a dog."}}}},
                  {"max_tokens", 12},
                  {"temperature", 0},
                  {"stream", true},
@@ -96,14 +96,17 @@ TEST(Server, StreamsAChatCompletionAsServerSentEventsEndingInDone) {
   EXPECT_LT(cached, body["usage"]["prompt_tokens"].get<int>());
 
   // Completions with a stop string: the text ends before it.
-  const HttpReply free_run = http(ts.port, "POST", "/v1/completions",
-                                  json{{"prompt", "Once upon a time"}, {"max_tokens", 10}, {"temperature", 0}}.dump());
+  const HttpReply free_run =
+      http(ts.port, "POST", "/v1/completions",
+           json{{"prompt", "Once upon a time"}, {"max_tokens", 10}, {"temperature", 0}}.dump());
   ASSERT_EQ(free_run.status, 200);
   const std::string text = json::parse(free_run.body)["choices"][0]["text"];
   ASSERT_GE(text.size(), 4u);
   const std::string stop = text.substr(text.size() / 2, 2);
-  const HttpReply cut = http(ts.port, "POST", "/v1/completions",
-                             json{{"prompt", "Once upon a time"}, {"max_tokens", 10}, {"temperature", 0}, {"stop", stop}}.dump());
+  const HttpReply cut = http(
+      ts.port, "POST", "/v1/completions",
+      json{{"prompt", "Once upon a time"}, {"max_tokens", 10}, {"temperature", 0}, {"stop", stop}}
+          .dump());
   ASSERT_EQ(cut.status, 200);
   const json cj = json::parse(cut.body);
   EXPECT_EQ(cj["choices"][0]["text"], text.substr(0, text.find(stop)));
@@ -123,9 +126,12 @@ TEST(Server, LogprobsInOpenAIsShapesStreamedOrNot) {
   const LoadedModel* lm = tiny_with_vocab();
   if (lm == nullptr) GTEST_SKIP() << "needs " KVCACHE_SHARED_DIR "/vocab/ggml-vocab-llama-spm.gguf";
   TestServer ts(*lm);
-  auto post = [&](const std::string& path, const json& body) { return http(ts.port, "POST", path, body.dump()); };
+  auto post = [&](const std::string& path, const json& body) {
+    return http(ts.port, "POST", path, body.dump());
+  };
   // Completions: four parallel arrays, one entry per generated token; greedy takes the top one.
-  const json req{{"prompt", "Once upon a time"}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 2}};
+  const json req{
+      {"prompt", "Once upon a time"}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 2}};
   const HttpReply r = post("/v1/completions", req);
   ASSERT_EQ(r.status, 200) << r.body;
   const json body = json::parse(r.body);
@@ -142,7 +148,8 @@ TEST(Server, LogprobsInOpenAIsShapesStreamedOrNot) {
     const float chosen = lp["token_logprobs"][i];
     EXPECT_LT(chosen, 0.0f);
     float best = -1e30f;
-    for (const auto& [piece, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<float>());
+    for (const auto& [piece, v] : lp["top_logprobs"][i].items())
+      best = std::max(best, v.get<float>());
     EXPECT_EQ(chosen, best) << i;
   }
   EXPECT_EQ(joined, body["choices"][0]["text"]);
@@ -178,7 +185,8 @@ TEST(Server, LogprobsInOpenAIsShapesStreamedOrNot) {
     EXPECT_LE(t["logprob"].get<float>(), t["top_logprobs"][0]["logprob"].get<float>());
   }
   // Without the parameters the field stays null.
-  EXPECT_TRUE(json::parse(post("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 2}}).body)["choices"][0]["logprobs"]
+  EXPECT_TRUE(json::parse(post("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 2}})
+                              .body)["choices"][0]["logprobs"]
                   .is_null());
   ts.shutdown();
 }
@@ -190,18 +198,23 @@ TEST(Server, EchoReturnsThePromptAndItsLogprobs) {
   const LoadedModel* lm = tiny_with_vocab();
   if (lm == nullptr) GTEST_SKIP() << "needs " KVCACHE_SHARED_DIR "/vocab/ggml-vocab-llama-spm.gguf";
   TestServer ts(*lm);
-  auto post = [&](const json& body) { return http(ts.port, "POST", "/v1/completions", body.dump()); };
+  auto post = [&](const json& body) {
+    return http(ts.port, "POST", "/v1/completions", body.dump());
+  };
   const std::string prompt = "Once upon a time";
-  const HttpReply gen = post(json{{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 1}});
+  const HttpReply gen =
+      post(json{{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 1}});
   ASSERT_EQ(gen.status, 200) << gen.body;
   const json g = json::parse(gen.body)["choices"][0];
   const std::string next = g["text"];
 
-  EXPECT_EQ(post(json{{"prompt", json::array()}, {"max_tokens", 0}, {"echo", true}}).status, 400);  // still empty
+  EXPECT_EQ(post(json{{"prompt", json::array()}, {"max_tokens", 0}, {"echo", true}}).status,
+            400);  // still empty
   json ids = json::array();
   for (const int32_t t : lm->tokenizer->encode(prompt)) ids.push_back(t);
   ids.insert(ids.begin(), lm->tokenizer->bos_id());
-  const HttpReply sr = post(json{{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}});
+  const HttpReply sr =
+      post(json{{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}});
   ASSERT_EQ(sr.status, 200) << sr.body;
   const json body = json::parse(sr.body);
   const json& c = body["choices"][0];
@@ -235,8 +248,8 @@ TEST(Server, EchoReturnsThePromptAndItsLogprobs) {
   }
   // Echo with a generated token: the prompt's entries, then the token's, as the plain request
   // reported it; the text is the prompt's then the token's.
-  const HttpReply er =
-      post(json{{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"echo", true}, {"logprobs", 1}});
+  const HttpReply er = post(json{
+      {"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"echo", true}, {"logprobs", 1}});
   ASSERT_EQ(er.status, 200) << er.body;
   const json e = json::parse(er.body)["choices"][0];
   EXPECT_EQ(e["text"], prompt + next);
@@ -249,13 +262,19 @@ TEST(Server, EchoReturnsThePromptAndItsLogprobs) {
   // Streamed: the first chunk carries the prompt's text and scores, and the chunks joined give
   // the reply above; with max_tokens 0 the one chunk is the prompt.
   for (const int max_tokens : {3, 0}) {
-    json req{{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"echo", true}, {"logprobs", 1}};
+    json req{{"prompt", prompt},
+             {"max_tokens", max_tokens},
+             {"temperature", 0},
+             {"echo", true},
+             {"logprobs", 1}};
     const json whole = json::parse(post(req).body)["choices"][0];
     req["stream"] = true;
     const HttpReply st = post(req);
     ASSERT_EQ(st.status, 200) << st.body;
     std::string text;
-    json joined{{"tokens", json::array()}, {"token_logprobs", json::array()}, {"text_offset", json::array()}};
+    json joined{{"tokens", json::array()},
+                {"token_logprobs", json::array()},
+                {"text_offset", json::array()}};
     for (const std::string& ev : sse_events(st.body)) {
       if (ev == "[DONE]") break;
       const json ch = json::parse(ev)["choices"][0];
@@ -281,7 +300,9 @@ TEST(Server, BadRequestsGetOpenAIErrorsWithTheRightStatus) {
   const LoadedModel* lm = tiny_with_vocab();
   if (lm == nullptr) GTEST_SKIP() << "needs the shared SentencePiece vocabulary";
   TestServer ts(*lm);
-  auto post = [&](const std::string& path, const std::string& body) { return http(ts.port, "POST", path, body); };
+  auto post = [&](const std::string& path, const std::string& body) {
+    return http(ts.port, "POST", path, body);
+  };
   auto expect_error = [](const HttpReply& r, int status) {
     EXPECT_EQ(r.status, status) << r.body;
     const json b = json::parse(r.body, nullptr, false);
@@ -289,29 +310,35 @@ TEST(Server, BadRequestsGetOpenAIErrorsWithTheRightStatus) {
     EXPECT_TRUE(b["error"]["message"].is_string());
     EXPECT_TRUE(b["error"]["type"].is_string());
   };
-  expect_error(post("/v1/completions", "{\"prompt\": \"hi\""), 400);                      // malformed
-  expect_error(post("/v1/completions", R"({"prompt": "hi", "max_tokens": "ten"})"), 400);  // wrong type
+  expect_error(post("/v1/completions", "{\"prompt\": \"hi\""), 400);  // malformed
+  expect_error(post("/v1/completions", R"({"prompt": "hi", "max_tokens": "ten"})"),
+               400);  // wrong type
   expect_error(post("/v1/completions", R"({"prompt": "hi", "stream": 1})"), 400);
-  expect_error(post("/v1/completions", R"({"prompt": ""})"), 400);                        // empty
-  expect_error(post("/v1/completions", R"({"max_tokens": 3})"), 400);                     // missing
+  expect_error(post("/v1/completions", R"({"prompt": ""})"), 400);     // empty
+  expect_error(post("/v1/completions", R"({"max_tokens": 3})"), 400);  // missing
   // Features this server does not implement are refused, not silently dropped; their no-op
   // values (which clients send by default) are accepted.
-  for (const char* b : {R"({"prompt": "hi", "max_tokens": 0})",  // 0 only with echo
-                        R"({"prompt": "hi", "echo": "yes"})",    // a boolean
-                        R"({"prompt": "hi", "presence_penalty": 0.5})",
-                        R"({"prompt": "hi", "logit_bias": {"50": 10}})", R"({"prompt": "hi", "logprobs": 21})",
-                        R"({"prompt": "hi", "logprobs": -2})"})
+  for (const char* b :
+       {R"({"prompt": "hi", "max_tokens": 0})",  // 0 only with echo
+        R"({"prompt": "hi", "echo": "yes"})",    // a boolean
+        R"({"prompt": "hi", "presence_penalty": 0.5})",
+        R"({"prompt": "hi", "logit_bias": {"50": 10}})", R"({"prompt": "hi", "logprobs": 21})",
+        R"({"prompt": "hi", "logprobs": -2})"})
     expect_error(post("/v1/completions", b), 400);
-  expect_error(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})"),
-               400);  // without "logprobs": true
   expect_error(post("/v1/chat/completions",
-                    R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]})"),
-               400);
-  EXPECT_EQ(post("/v1/completions", R"({"prompt": "hi", "max_tokens": 1, "presence_penalty": 0, "frequency_penalty": 0,
+                    R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})"),
+               400);  // without "logprobs": true
+  expect_error(
+      post("/v1/chat/completions",
+           R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]})"),
+      400);
+  EXPECT_EQ(post("/v1/completions",
+                 R"({"prompt": "hi", "max_tokens": 1, "presence_penalty": 0, "frequency_penalty": 0,
                                         "logit_bias": {}, "echo": false, "best_of": 1, "logprobs": null})")
                 .status,
             200);
-  EXPECT_EQ(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+  EXPECT_EQ(post("/v1/chat/completions",
+                 R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
                                              "logprobs": false, "tools": [], "response_format": {"type": "text"}})")
                 .status,
             200);
@@ -321,7 +348,8 @@ TEST(Server, BadRequestsGetOpenAIErrorsWithTheRightStatus) {
   expect_error(post("/v1/chat/completions", R"({"messages": [{"role": 3}]})"), 400);
   std::string long_prompt;
   for (int i = 0; i < 1200; ++i) long_prompt += "cat ";
-  expect_error(post("/v1/completions", json{{"prompt", long_prompt}}.dump()), 400);  // beyond the context
+  expect_error(post("/v1/completions", json{{"prompt", long_prompt}}.dump()),
+               400);  // beyond the context
   const HttpReply nf = post("/v1/completions", R"({"model": "gpt-9", "prompt": "hi"})");
   expect_error(nf, 404);
   EXPECT_EQ(json::parse(nf.body)["error"]["code"], "model_not_found");
@@ -347,9 +375,13 @@ TEST(Server, ClientDisconnectMidStreamCancelsAndFreesBlocks) {
   TestServer ts(*lm);
   const int fd = testing_util::connect_loopback(ts.port);
   ASSERT_GE(fd, 0);
-  const std::string body = json{{"prompt", "The quick brown fox"}, {"max_tokens", 900}, {"stream", true},
-                                {"ignore_eos", true}}.dump();
-  ASSERT_TRUE(testing_util::send_all(fd, testing_util::request_text("POST", "/v1/completions", body, "")));
+  const std::string body = json{
+      {"prompt", "The quick brown fox"},
+      {"max_tokens", 900},
+      {"stream", true},
+      {"ignore_eos", true}}.dump();
+  ASSERT_TRUE(
+      testing_util::send_all(fd, testing_util::request_text("POST", "/v1/completions", body, "")));
   std::string got;
   char buf[512];
   while (got.find("data: {") == std::string::npos) {
@@ -387,9 +419,13 @@ std::string wait_metric(int port, const std::string& name, double want, int poll
 int open_stream_until_first_token(int port, int max_tokens) {
   const int fd = testing_util::connect_loopback(port);
   if (fd < 0) return -1;
-  const std::string body = json{{"prompt", "The quick brown fox"}, {"max_tokens", max_tokens}, {"stream", true},
-                                {"ignore_eos", true}}.dump();
-  if (!testing_util::send_all(fd, testing_util::request_text("POST", "/v1/completions", body, ""))) return -1;
+  const std::string body = json{
+      {"prompt", "The quick brown fox"},
+      {"max_tokens", max_tokens},
+      {"stream", true},
+      {"ignore_eos", true}}.dump();
+  if (!testing_util::send_all(fd, testing_util::request_text("POST", "/v1/completions", body, "")))
+    return -1;
   std::string got;
   char buf[512];
   while (got.find("data: {") == std::string::npos) {
@@ -413,16 +449,19 @@ TEST(Server, FullQueueAnswers429) {
   TestServer ts(*lm, "", ec);
   bool refused = false;
   for (int attempt = 0; attempt < 5 && !refused; ++attempt) {
-    const int running = open_stream_until_first_token(ts.port, 1000);  // admitted: holds the only slot
+    const int running =
+        open_stream_until_first_token(ts.port, 1000);  // admitted: holds the only slot
     ASSERT_GE(running, 0);
     const int queued = testing_util::connect_loopback(ts.port);
     ASSERT_GE(queued, 0);
     ASSERT_TRUE(testing_util::send_all(
-        queued, testing_util::request_text("POST", "/v1/completions",
-                                           json{{"prompt", "hello"}, {"max_tokens", 1000}, {"stream", true}}.dump(), "")));
+        queued, testing_util::request_text(
+                    "POST", "/v1/completions",
+                    json{{"prompt", "hello"}, {"max_tokens", 1000}, {"stream", true}}.dump(), "")));
     const std::string m = wait_metric(ts.port, "kvcache_requests_waiting", 1, 40);
     if (metric(m, "kvcache_requests_waiting") == 1) {
-      const HttpReply full = http(ts.port, "POST", "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})");
+      const HttpReply full =
+          http(ts.port, "POST", "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})");
       if (full.status == 429) {
         refused = true;
         const json b = json::parse(full.body, nullptr, false);
@@ -438,7 +477,9 @@ TEST(Server, FullQueueAnswers429) {
     // Both streams end (cancelled, or finished already); nothing stays queued or resident.
     for (int i = 0; i < 200; ++i) {
       const std::string mm = http(ts.port, "GET", "/metrics").body;
-      if (metric(mm, "kvcache_requests_running") == 0 && metric(mm, "kvcache_requests_waiting") == 0) break;
+      if (metric(mm, "kvcache_requests_running") == 0 &&
+          metric(mm, "kvcache_requests_waiting") == 0)
+        break;
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
   }
@@ -447,7 +488,8 @@ TEST(Server, FullQueueAnswers429) {
   EXPECT_EQ(metric(m, "kvcache_requests_running"), 0) << m;
   EXPECT_EQ(metric(m, "kvcache_kv_blocks_used"), 0) << m;
   // With room again, a request goes through.
-  EXPECT_EQ(http(ts.port, "POST", "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 200);
+  EXPECT_EQ(http(ts.port, "POST", "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status,
+            200);
   ts.shutdown();
   EXPECT_EQ(ts.engine->check_invariants(), "");
 }
@@ -460,8 +502,10 @@ TEST(Server, NonStreamingClientDisconnectCancelsAndFreesBlocks) {
   TestServer ts(*lm);
   const int fd = testing_util::connect_loopback(ts.port);
   ASSERT_GE(fd, 0);
-  const std::string body = json{{"prompt", "The quick brown fox"}, {"max_tokens", 900}, {"ignore_eos", true}}.dump();
-  ASSERT_TRUE(testing_util::send_all(fd, testing_util::request_text("POST", "/v1/completions", body, "")));
+  const std::string body =
+      json{{"prompt", "The quick brown fox"}, {"max_tokens", 900}, {"ignore_eos", true}}.dump();
+  ASSERT_TRUE(
+      testing_util::send_all(fd, testing_util::request_text("POST", "/v1/completions", body, "")));
   std::string m = wait_metric(ts.port, "kvcache_generation_tokens_total", 1);
   ASSERT_GE(metric(m, "kvcache_generation_tokens_total"), 1) << m;
   ::close(fd);
@@ -470,8 +514,9 @@ TEST(Server, NonStreamingClientDisconnectCancelsAndFreesBlocks) {
   EXPECT_EQ(metric(m, "kvcache_kv_blocks_used"), 0) << m;
   EXPECT_LT(metric(m, "kvcache_generation_tokens_total"), 900) << m;
   // A client that stays gets its whole JSON body (chunked once generation outlives the wait).
-  const HttpReply ok = http(ts.port, "POST", "/v1/completions",
-                            json{{"prompt", "The quick brown fox"}, {"max_tokens", 40}, {"ignore_eos", true}}.dump());
+  const HttpReply ok = http(
+      ts.port, "POST", "/v1/completions",
+      json{{"prompt", "The quick brown fox"}, {"max_tokens", 40}, {"ignore_eos", true}}.dump());
   EXPECT_EQ(ok.status, 200) << ok.body;
   const json r = json::parse(ok.body, nullptr, false);
   ASSERT_TRUE(r.is_object()) << ok.body;

@@ -34,8 +34,8 @@ inline const LoadedModel* tiny_with_vocab() {
 struct TestServerOptions {
   std::string api_key;
   EngineConfig engine;
-  HttpServerConfig http;      // port and api_key are set from here
-  RequestLimits limits;       // max_context: the engine's
+  HttpServerConfig http;  // port and api_key are set from here
+  RequestLimits limits;   // max_context: the engine's
 };
 
 // A server on a free port, serving on its own thread until destroyed.

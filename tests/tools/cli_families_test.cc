@@ -59,7 +59,8 @@ TEST_P(CliFamilies, LogitsAndGenerateOnAHuggingFaceFolder) {
   p.logits = kvcache::LogitsMode::kAll;
   const std::span<const float> want = fwd.forward(p);
   for (const std::string extra : {"", " --cache static", " --cache dynamic"}) {
-    CliResult r = s.run("logits --model '" + folder + "' --prompt-ids '" + ids_arg + "' -o '" + s.file("l.f32") + "'" + extra);
+    CliResult r = s.run("logits --model '" + folder + "' --prompt-ids '" + ids_arg + "' -o '" +
+                        s.file("l.f32") + "'" + extra);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const std::string got = read_file(s.file("l.f32"));
     ASSERT_EQ(got.size(), want.size() * sizeof(float)) << extra;
@@ -82,8 +83,10 @@ TEST_P(CliFamilies, DummyPresetVerifies) {
   Scratch s;
   std::string ids;
   for (const std::string extra : {"", " --cache paged --block-tokens 4"}) {
-    CliResult g = s.run("generate --model dummy:" + GetParam() + " --prompt-ids '2 5 9 14 20 27 35 44 54' -n 10 --temp 0 "
-                        "--output ids --verify --kv-dtype f32" + extra);
+    CliResult g = s.run("generate --model dummy:" + GetParam() +
+                        " --prompt-ids '2 5 9 14 20 27 35 44 54' -n 10 --temp 0 "
+                        "--output ids --verify --kv-dtype f32" +
+                        extra);
     ASSERT_EQ(g.exit_code, 0) << extra << "\n" << g.err;
     EXPECT_NE(g.err.find("ok"), std::string::npos) << extra << "\n" << g.err;
     if (ids.empty()) ids = g.out;

@@ -134,8 +134,7 @@ TEST(CliOptions, RenamedOptionsAreRefusedNamingTheNewSpelling) {
        "--block-size", "--block-tokens", "8"},
       {"bench --model dummy:tiny -r 1 --cache dynamic --block-size 8", "--block-size",
        "--block-tokens", "8"},  // refused first, though it would have no effect anyway
-      {"serve --model dummy:tiny --port 0 --block-size 32", "--block-size", "--block-tokens",
-       "32"},
+      {"serve --model dummy:tiny --port 0 --block-size 32", "--block-size", "--block-tokens", "32"},
       {"plan --preset llama2-7b --block 16", "--block", "--block-tokens", "16"},
   };
   for (const auto& c : cases) {

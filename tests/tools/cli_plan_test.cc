@@ -83,7 +83,8 @@ TEST(CliPlan, HugeCountsAreRefusedAtOnce) {
     "num_key_value_heads":8,"hidden_size":4096})";
   const auto r = run_cli("plan --config " + cfg);
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  for (const std::string& n : {cfg, std::string("num_hidden_layers"), std::string("1000000000000"), std::string("4096")})
+  for (const std::string& n :
+       {cfg, std::string("num_hidden_layers"), std::string("1000000000000"), std::string("4096")})
     EXPECT_NE(r.err.find(n), std::string::npos) << r.err << "\n  lacks: " << n;
   EXPECT_TRUE(r.out.empty()) << r.out;
 }

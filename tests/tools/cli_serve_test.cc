@@ -34,8 +34,9 @@ TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
     ::close(err_pipe[0]);
     ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
     // --cache paged: accepted (it is what serve uses anyway); --max-cache-len sizes the pool.
-    ::execl(KVCACHE_CLI, KVCACHE_CLI, "serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len", "512",
-            "--cache", "paged", "--kernel", "eager", static_cast<char*>(nullptr));
+    ::execl(KVCACHE_CLI, KVCACHE_CLI, "serve", "--model", "dummy:tiny", "--port", "0",
+            "--max-cache-len", "512", "--cache", "paged", "--kernel", "eager",
+            static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(err_pipe[1]);
@@ -53,7 +54,8 @@ TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
   EXPECT_EQ(testing_util::http(port, "GET", "/health").status, 200);
   // Token-id prompts work with or without a vocabulary.
   const testing_util::HttpReply r =
-      testing_util::http(port, "POST", "/v1/completions", R"({"prompt": [1, 450, 4996, 17354], "max_tokens": 5, "temperature": 0})");
+      testing_util::http(port, "POST", "/v1/completions",
+                         R"({"prompt": [1, 450, 4996, 17354], "max_tokens": 5, "temperature": 0})");
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], 4);
 
@@ -85,30 +87,40 @@ TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
 }
 
 TEST(CliServe, BadSettingsExitWith2BeforeListening) {
-  for (const char* args : {"--port 70000", "--port 0 --default-max-tokens 0", "--port 0 --max-running 0",
-                           "--port 0 --max-connections 0", "--port 0 --request-timeout 0",
-                           "--port 0 --idle-timeout -1", "--port 0 --write-timeout 0", "--port 0 --drain-timeout 0",
-                           "--port 0 --max-body-bytes 10", "--port 0 --max-prompt-tokens -1",
-                           "--port 0 --max-running 4 --max-n 8", "--port 0 --max-stop-bytes 0",
-                           "--port 0 --max-stop-strings -1"}) {
+  for (const char* args :
+       {"--port 70000", "--port 0 --default-max-tokens 0", "--port 0 --max-running 0",
+        "--port 0 --max-connections 0", "--port 0 --request-timeout 0",
+        "--port 0 --idle-timeout -1", "--port 0 --write-timeout 0", "--port 0 --drain-timeout 0",
+        "--port 0 --max-body-bytes 10", "--port 0 --max-prompt-tokens -1",
+        "--port 0 --max-running 4 --max-n 8", "--port 0 --max-stop-bytes 0",
+        "--port 0 --max-stop-strings -1"}) {
     const auto r = testing_util::run_cli(std::string("serve --model dummy:tiny ") + args);
     EXPECT_EQ(r.exit_code, 2) << args;
     const std::string flag = std::string(args).substr(std::string(args).rfind("--"));
-    EXPECT_NE(r.err.find(flag.substr(0, flag.find(' '))), std::string::npos) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(flag.substr(0, flag.find(' '))), std::string::npos)
+        << args << ": " << r.err;
   }
 }
 
 TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
   const testing_util::ScratchDir scratch("cli_batch");
   const std::string in = scratch.file("in.jsonl");
-  std::ofstream(in) << R"({"id": "a", "prompt": [1, 450, 4996], "max_tokens": 4, "temperature": 0, "logprobs": 1})" << "\n"
-                    << R"({"prompt": [1, 450, 4996], "max_tokens": 6, "temperature": 0, "n": 2})" << "\n"
-                    << R"({"prompt": [], "max_tokens": 2})" << "\n"
-                    << "not json\n"
-                    << R"({"prompt": [1, 450], "max_tokens": 1e400})" << "\n"  // parses, out of range
-                    << R"({"prompt": [1, 450], "max_tokens": 2, "top_k": -1})" << "\n"
-                    << R"({"prompt": [1, 450, 4996], "max_tokens": 0, "echo": true, "logprobs": 0})" << "\n";
-  const auto r = testing_util::run_cli("batch --model dummy:tiny --max-cache-len 256 --input '" + in + "'");
+  std::ofstream(in)
+      << R"({"id": "a", "prompt": [1, 450, 4996], "max_tokens": 4, "temperature": 0, "logprobs": 1})"
+      << "\n"
+      << R"({"prompt": [1, 450, 4996], "max_tokens": 6, "temperature": 0, "n": 2})"
+      << "\n"
+      << R"({"prompt": [], "max_tokens": 2})"
+      << "\n"
+      << "not json\n"
+      << R"({"prompt": [1, 450], "max_tokens": 1e400})"
+      << "\n"  // parses, out of range
+      << R"({"prompt": [1, 450], "max_tokens": 2, "top_k": -1})"
+      << "\n"
+      << R"({"prompt": [1, 450, 4996], "max_tokens": 0, "echo": true, "logprobs": 0})"
+      << "\n";
+  const auto r =
+      testing_util::run_cli("batch --model dummy:tiny --max-cache-len 256 --input '" + in + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::vector<json> lines;
   std::istringstream ss(r.out);
@@ -117,11 +129,12 @@ TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
   EXPECT_EQ(lines[0]["id"], "a");
   EXPECT_EQ(lines[0]["choices"][0]["tokens"].size(), 4u);
   EXPECT_EQ(lines[0]["choices"][0]["logprobs"]["token_logprobs"].size(), 4u);  // asked for
-  EXPECT_FALSE(lines[1]["choices"][0].contains("logprobs"));                      // not asked for
+  EXPECT_FALSE(lines[1]["choices"][0].contains("logprobs"));                   // not asked for
   EXPECT_EQ(lines[0]["usage"]["prompt_tokens"], 3);
   EXPECT_EQ(lines[1]["choices"].size(), 2u);
   // Greedy: the 4 tokens of request a are the start of request b's 6.
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(lines[1]["choices"][0]["tokens"][i], lines[0]["choices"][0]["tokens"][i]);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(lines[1]["choices"][0]["tokens"][i], lines[0]["choices"][0]["tokens"][i]);
   EXPECT_TRUE(lines[1]["stats"].contains("ttft_s"));
   EXPECT_TRUE(lines[2].contains("error"));
   EXPECT_TRUE(lines[3].contains("error"));

@@ -23,8 +23,8 @@ const std::string kShared = kvcache::testing_util::shared_dir();
 class CliTokenize : public ::testing::Test {
  public:
   CliResult tokenize(const std::string& model, const std::string& text) const {
-    return kvcache::testing_util::run_cli("tokenize --model " + kvcache::testing_util::shell_quote(model),
-                                          {.stdin_text = text});
+    return kvcache::testing_util::run_cli(
+        "tokenize --model " + kvcache::testing_util::shell_quote(model), {.stdin_text = text});
   }
   // Made with the fixture, so named after the running test; removed with it.
   const kvcache::testing_util::ScratchDir scratch_{"tok"};
@@ -57,7 +57,8 @@ void check_vocab(const CliTokenize& t, const std::string& vocab, size_t stride,
 }
 
 TEST_F(CliTokenize, GgufVocabulariesReproduceLlamaCppVectors) {
-  if (!fs::exists(kShared + "/vocab/ggml-vocab-llama-spm.gguf")) GTEST_SKIP() << "../shared/vocab is absent";
+  if (!fs::exists(kShared + "/vocab/ggml-vocab-llama-spm.gguf"))
+    GTEST_SKIP() << "../shared/vocab is absent";
   check_vocab(*this, "ggml-vocab-llama-spm.gguf", 1, &CliTokenize::tokenize);
   check_vocab(*this, "ggml-vocab-gpt-2.gguf", 3, &CliTokenize::tokenize);
 }
@@ -66,7 +67,8 @@ TEST_F(CliTokenize, Llama2cCheckpointAndTokenizerFile) {
   const std::string model = kvcache::testing_util::stories_model();
   if (!fs::exists(model)) GTEST_SKIP() << "stories260K is absent";
   const CliResult a = tokenize(model, "Once upon a time");
-  const CliResult b = tokenize(kvcache::testing_util::stories_dir() + "/tok512.bin", "Once upon a time");
+  const CliResult b =
+      tokenize(kvcache::testing_util::stories_dir() + "/tok512.bin", "Once upon a time");
   ASSERT_EQ(a.exit_code, 0) << a.err;
   ASSERT_EQ(b.exit_code, 0) << b.err;
   EXPECT_EQ(a.out, b.out);
@@ -78,7 +80,8 @@ TEST_F(CliTokenize, Llama2cCheckpointAndTokenizerFile) {
 
 TEST_F(CliTokenize, BadFilesExitWithCode2AndNameTheFile) {
   const std::string bad = scratch_.file("bad.gguf");
-  std::ofstream(bad, std::ios::binary) << std::string("GGUF\x07\x00\x00\x00", 8) << std::string(16, '\0');
+  std::ofstream(bad, std::ios::binary)
+      << std::string("GGUF\x07\x00\x00\x00", 8) << std::string(16, '\0');
   const CliResult r = tokenize(bad, "x");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find(bad), std::string::npos) << r.err;

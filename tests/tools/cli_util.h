@@ -42,8 +42,8 @@ inline std::string shell_quote(const std::string& s) {
 inline CliResult run_cli(const std::string& args, const CliRun& run = {}) {
   static int counter = 0;
   // pid in the name: ctest runs test cases of one binary as parallel processes.
-  const std::string base = ::testing::TempDir() + "kvcache_cli_" + std::to_string(getpid()) +
-                           "_" + std::to_string(++counter);
+  const std::string base = ::testing::TempDir() + "kvcache_cli_" + std::to_string(getpid()) + "_" +
+                           std::to_string(++counter);
   const std::string in_path = base + ".in", out_path = base + ".out", err_path = base + ".err";
   write_file(in_path, run.stdin_text);
   std::string cmd;
