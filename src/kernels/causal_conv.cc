@@ -9,20 +9,17 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/attention_simd.h"
+#include "kernels/view_checks.h"
 
 namespace kvcache {
 namespace {
 
+constexpr const char* kWho = "causal_conv1d";
 [[noreturn]] void fail(const std::string& msg) {
-  throw Error(ErrorKind::kInvalidArgument, "causal_conv1d: " + msg);
+  view_checks::fail(kWho, msg);
 }
-
 void require_2d(const char* name, const TensorView& t) {
-  if (t.ndim() != 2) fail(std::string(name) + " must be 2-d, got " + t.shape().str());
-  if (t.dtype() != DType::kF32)
-    fail(std::string(name) + " must be f32, got " + dtype_name(t.dtype()));
-  if (t.dim(1) > 1 && t.stride(1) != 1) fail(std::string(name) + ": the channel stride must be 1");
-  if (t.data() == nullptr && t.numel() > 0) fail(std::string(name) + " has no data");
+  view_checks::require_f32_rows(kWho, name, t, 2);
 }
 
 // [first, last) bytes a 2-d f32 view touches (empty: {0, 0}).

@@ -11,34 +11,13 @@
 #include "core/thread_pool.h"
 #include "kernels/activation.h"
 #include "kernels/attention_simd.h"
+#include "kernels/view_checks.h"
 
 namespace kvcache {
 namespace {
 
-// ---- checks ----
-
-[[noreturn]] void fail(const char* who, const std::string& msg) {
-  throw Error(ErrorKind::kInvalidArgument, std::string(who) + ": " + msg);
-}
-
-void require_view(const char* who, const char* name, const TensorView& t, int ndim) {
-  if (t.ndim() != ndim) {
-    fail(who,
-         std::string(name) + " must be " + std::to_string(ndim) + "-d, got " + t.shape().str());
-  }
-  if (t.dtype() != DType::kF32)
-    fail(who, std::string(name) + " must be f32, got " + dtype_name(t.dtype()));
-  if (t.dim(ndim - 1) > 1 && t.stride(ndim - 1) != 1) {
-    fail(who, std::string(name) + ": the innermost stride must be 1");
-  }
-  if (t.data() == nullptr && t.numel() > 0) fail(who, std::string(name) + " has no data");
-}
-
-void require_shape(const char* who, const char* name, const TensorView& t, const Shape& want) {
-  if (!(t.shape() == want)) {
-    fail(who, std::string(name) + " must be " + want.str() + ", got " + t.shape().str());
-  }
-}
+using view_checks::fail;
+using view_checks::require_shape;
 
 // ---- small vector helpers ----
 
@@ -514,13 +493,13 @@ void run_heads(const GatedDeltaParams& p, int64_t Hv, HeadFn&& fn) {
 }  // namespace
 
 void validate_gated_delta(const GatedDeltaParams& p, const char* who) {
-  require_view(who, "q", p.q, 3);
-  require_view(who, "k", p.k, 3);
-  require_view(who, "v", p.v, 3);
-  require_view(who, "g", p.g, 2);
-  require_view(who, "beta", p.beta, 2);
-  require_view(who, "state", p.state, 3);
-  require_view(who, "out", p.out, 3);
+  view_checks::require_f32_rows(who, "q", p.q, 3);
+  view_checks::require_f32_rows(who, "k", p.k, 3);
+  view_checks::require_f32_rows(who, "v", p.v, 3);
+  view_checks::require_f32_rows(who, "g", p.g, 2);
+  view_checks::require_f32_rows(who, "beta", p.beta, 2);
+  view_checks::require_f32_rows(who, "state", p.state, 3);
+  view_checks::require_f32_rows(who, "out", p.out, 3);
   const int64_t T = p.q.dim(0), Hk = p.q.dim(1), dk = p.q.dim(2);
   const int64_t Hv = p.v.dim(1), dv = p.v.dim(2);
   if (Hk <= 0 || dk <= 0 || Hv <= 0 || dv <= 0) {
@@ -560,12 +539,12 @@ void gated_delta_chunked(const GatedDeltaParams& p) {
 
 void gated_delta_gates(const GatedDeltaGateParams& p) {
   const char* who = "gated_delta_gates";
-  require_view(who, "a", p.a, 2);
-  require_view(who, "b", p.b, 2);
-  require_view(who, "a_log", p.a_log, 1);
-  require_view(who, "dt_bias", p.dt_bias, 1);
-  require_view(who, "g", p.g, 2);
-  require_view(who, "beta", p.beta, 2);
+  view_checks::require_f32_rows(who, "a", p.a, 2);
+  view_checks::require_f32_rows(who, "b", p.b, 2);
+  view_checks::require_f32_rows(who, "a_log", p.a_log, 1);
+  view_checks::require_f32_rows(who, "dt_bias", p.dt_bias, 1);
+  view_checks::require_f32_rows(who, "g", p.g, 2);
+  view_checks::require_f32_rows(who, "beta", p.beta, 2);
   const Shape& s = p.a.shape();
   require_shape(who, "b", p.b, s);
   require_shape(who, "g", p.g, s);
@@ -591,10 +570,10 @@ void gated_delta_gates(const GatedDeltaGateParams& p) {
 
 void rms_norm_gated(const RmsNormGatedParams& p) {
   const char* who = "rms_norm_gated";
-  require_view(who, "x", p.x, 3);
-  require_view(who, "z", p.z, 3);
-  require_view(who, "weight", p.weight, 1);
-  require_view(who, "y", p.y, 3);
+  view_checks::require_f32_rows(who, "x", p.x, 3);
+  view_checks::require_f32_rows(who, "z", p.z, 3);
+  view_checks::require_f32_rows(who, "weight", p.weight, 1);
+  view_checks::require_f32_rows(who, "y", p.y, 3);
   const Shape& s = p.x.shape();
   require_shape(who, "z", p.z, s);
   require_shape(who, "y", p.y, s);

@@ -198,7 +198,7 @@ TEST(CausalConv, BadArgumentsThrowClearErrors) {
   p.y = view(y, {6, 5});
   p.weight = view(c.w, {4, 5});
   p.state = view(state, {3, 5});
-  expect_error(p, "x: the channel stride must be 1");
+  expect_error(p, "x: the innermost stride must be 1");
 }
 
 }  // namespace
