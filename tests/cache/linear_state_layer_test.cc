@@ -381,22 +381,29 @@ TEST(LinearStateLayer, CropFollowsRowOperations) {
 
 TEST(LinearStateLayer, CacheCropChecksLinearLayersBeforeChangingAny) {
   std::mt19937 rng(10);
-  Cache cache(hybrid_config("dynamic"));
+  // The attention layer first: a refusal found while cropping layer by layer would come after
+  // it had been cropped.
+  CacheConfig cfg = hybrid_config("dynamic");
+  cfg.layer_types = {"full_attention", "linear_attention", "linear_attention"};
+  Cache cache(cfg);
   const Tensor x = random_tensor(DType::kF32, {1, 4, kC}, rng);
   const Tensor k = random_tensor(DType::kF32, {1, 2, 4, 8}, rng);
-  for (int i = 0; i < 3; ++i) cache.update_conv_state(i, x.view());
-  cache.update(3, k.view(), k.view());
+  auto step = [&] {
+    cache.update(0, k.view(), k.view());
+    for (int i = 1; i < 3; ++i) cache.update_conv_state(i, x.view());
+  };
+  step();
   const std::string msg = error_of([&] { cache.crop(-2); });
-  EXPECT_TRUE(has(msg, "layer 0 (dynamic/linear_attention)")) << msg;
-  EXPECT_EQ(cache.seq_length(3), 4) << "the attention layer was cropped before the refusal";
+  EXPECT_TRUE(has(msg, "layer 1 (dynamic/linear_attention)")) << msg;
+  EXPECT_EQ(cache.seq_length(0), 4) << "the attention layer was cropped before the refusal";
   // With recording and a snapshot there, the whole cache goes back together.
   cache.activate_past_recording();
   cache.snapshot_linear_states();
-  for (int i = 0; i < 3; ++i) cache.update_conv_state(i, x.view());
-  cache.update(3, k.view(), k.view());
+  step();
   cache.crop(4);
   EXPECT_EQ(cache.seq_length(), 4);
   EXPECT_EQ(cache.seq_length(1), 4);
+  EXPECT_EQ(cache.seq_length(2), 4);
 }
 
 TEST(LinearStateLayer, SharedLinearLayersAreRefused) {
