@@ -43,6 +43,13 @@ struct QuantizedOptions {
   int64_t residual = 128;  // most recent tokens kept in full precision
 };
 
+// Options of the "linear_attention" containers (cache/linear_state_layer.h).
+struct LinearStateOptions {
+  // While past recording is on: snapshot the recurrent state at every update_recurrent_state
+  // and keep the newest N snapshots (0: only explicit snapshot() calls, all kept).
+  int64_t auto_snapshots = 0;
+};
+
 // What a user chooses of a cache; CacheConfig adds what the model dictates. Every container
 // reads the common fields; a family's own struct (paged, quantized) is read by that family
 // only, so its options need no prefix and no other container has to know them.
@@ -54,6 +61,7 @@ struct CacheOptions {
   std::optional<DType> kv_dtype = std::nullopt;  // storage dtype; unset: the first update's
   PagedOptions paged = {};
   QuantizedOptions quantized = {};
+  LinearStateOptions linear_state = {};
 };
 
 // The state of one "linear_attention" layer (Gated DeltaNet, Qwen3-Next) per batch row: the

@@ -34,6 +34,13 @@ LinearStateLayer::LinearStateLayer(LinearStateParams params) : params_(std::move
     throw Error(ErrorKind::kInvalidArgument, where() + ": max_batch_size must be >= 0, got " +
                                                  std::to_string(params_.max_batch_size));
   }
+  if (params_.auto_snapshots < 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                where() +
+                    ": linear_state.auto_snapshots must be >= 0 (0: explicit snapshots "
+                    "only), got " +
+                    std::to_string(params_.auto_snapshots));
+  }
   if (params_.max_batch_size > 0) allocate(params_.max_batch_size);
 }
 
@@ -180,7 +187,23 @@ TensorView LinearStateLayer::update_recurrent_state(const TensorView& state) {
     copy_view(state, stored);
   }
   has_previous_ = true;
+  if (recording_ && params_.auto_snapshots > 0) {
+    snapshot();
+    forget_oldest_snapshots();
+  }
   return stored;
+}
+
+void LinearStateLayer::forget_oldest_snapshots() {
+  while (static_cast<int64_t>(snapshots_.size()) > params_.auto_snapshots)
+    snapshots_.erase(snapshots_.begin());
+  if (snapshots_.empty() || snapshots_.begin()->first <= record_from_) return;
+  // No crop can return before the oldest snapshot (except to 0): drop the inputs before its
+  // window.
+  const int64_t oldest = snapshots_.begin()->first;
+  const auto drop = static_cast<size_t>((oldest - record_from_) * batch_ * params_.shape.conv_dim);
+  history_.erase(history_.begin(), history_.begin() + static_cast<std::ptrdiff_t>(drop));
+  record_from_ = oldest;
 }
 
 TensorView LinearStateLayer::rows_in_use(const Tensor& storage, const char* what) const {
@@ -229,10 +252,12 @@ void LinearStateLayer::check_crop(int64_t n) const {
                     "at the positions to return to (or crop to 0 to start over)");
   }
   if (keep < record_from_) {
-    throw Error(ErrorKind::kUnsupported, what + "past recording started at position " +
-                                             std::to_string(record_from_) +
-                                             "; the state before it is lost (crop to " +
-                                             std::to_string(record_from_) + " or later, or to 0)");
+    throw Error(ErrorKind::kUnsupported,
+                what + "the recorded conv inputs start at position " +
+                    std::to_string(record_from_) +
+                    " (where past recording started, or the oldest snapshot kept); the state "
+                    "before it is lost (crop to " +
+                    std::to_string(record_from_) + " or later, or to 0)");
   }
   if (snapshots_.count(keep) == 0) {
     throw Error(ErrorKind::kUnsupported,
@@ -391,6 +416,7 @@ std::unique_ptr<CacheLayer> make_linear(const CacheConfig& config, int layer_ind
   p.shape = config.linear;
   p.max_batch_size = config.options.max_batch_size;
   p.fixed_rows = kStatic;
+  p.auto_snapshots = config.options.linear_state.auto_snapshots;
   return std::make_unique<LinearStateLayer>(std::move(p));
 }
 }  // namespace

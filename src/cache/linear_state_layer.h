@@ -29,6 +29,10 @@
 // snapshot at p (speculative decoding: snapshot before the verify forward, crop back to it and
 // re-run the accepted tokens); anything else is an Error naming the positions it could go back
 // to, never a wrong state. crop to 0 (the zero state) and to seq_length() (no-op) always work.
+// With CacheOptions::linear_state.auto_snapshots = N > 0, every update_recurrent_state while
+// recording snapshots too and only the newest N snapshots are kept (the conv inputs before the
+// oldest are dropped), so crop() can return to any of the last N forward boundaries in
+// bounded memory.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +62,7 @@ struct LinearStateParams {
   LinearStateShape shape;      // checked at construction
   int64_t max_batch_size = 0;  // rows allocated at construction (0: the first update's batch)
   bool fixed_rows = false;     // never reallocate: a larger batch is an Error (static)
+  int64_t auto_snapshots = 0;  // LinearStateOptions::auto_snapshots
 };
 
 class LinearStateLayer final : public CacheLayer {
@@ -135,6 +140,8 @@ class LinearStateLayer final : public CacheLayer {
   // Restarts the history with the current window at the current position.
   void restart_history();
   int64_t crop_target(int64_t n) const;
+  // auto_snapshots: keeps the newest ones and drops the conv inputs no crop can use any more.
+  void forget_oldest_snapshots();
 
   LinearStateParams params_;
   int64_t rows_ = 0;   // rows allocated

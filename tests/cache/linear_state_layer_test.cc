@@ -346,7 +346,7 @@ TEST(LinearStateLayer, CropRestoresConvWindowAndSnapshottedRecurrentState) {
     std::string msg = error_of([&] { layer->crop(6); });
     EXPECT_TRUE(has(msg, "crop to 6 of 8") && has(msg, "snapshots at: 3, 5")) << msg;
     msg = error_of([&] { layer->crop(2); });
-    EXPECT_TRUE(has(msg, "recording started at position 3")) << msg;
+    EXPECT_TRUE(has(msg, "conv inputs start at position 3")) << msg;
     EXPECT_EQ(layer->seq_length(), 8);  // refusals change nothing
     layer->crop(-3);                    // back to 5
     EXPECT_EQ(layer->seq_length(), 5);
@@ -363,6 +363,37 @@ TEST(LinearStateLayer, CropRestoresConvWindowAndSnapshottedRecurrentState) {
     EXPECT_TRUE(testing_util::views_equal(layer->recurrent_state(), states[0].view()));
     EXPECT_EQ(layer->snapshot_positions(), (std::vector<int64_t>{3}));
   }
+}
+
+TEST(LinearStateLayer, AutoSnapshotsKeepTheNewestForwardBoundaries) {
+  std::mt19937 rng(12);
+  CacheConfig cfg = hybrid_config("dynamic");
+  cfg.layer_types = {"linear_attention"};
+  cfg.options.linear_state.auto_snapshots = 2;
+  Cache cache(cfg);
+  LinearStateLayer& layer = cache.linear_layer(0);
+  cache.activate_past_recording();
+  ConvHistory h;
+  std::vector<Tensor> states;
+  for (int64_t t : {2, 1, 3}) {  // forward boundaries 2, 3, 6
+    const Tensor x = random_tensor(DType::kF32, {1, t, kC}, rng);
+    cache.update_conv_state(0, x.view());
+    h.append(x.view());
+    states.push_back(random_tensor(DType::kF32, {1, kHv, kDk, kDv}, rng));
+    cache.update_recurrent_state(0, states.back().view());
+  }
+  EXPECT_EQ(layer.snapshot_positions(), (std::vector<int64_t>{3, 6}));
+  // The inputs before the oldest snapshot's window are gone: position 2 cannot come back.
+  const std::string msg = error_of([&] { cache.crop(2); });
+  EXPECT_TRUE(has(msg, "conv inputs start at position 3")) << msg;
+  const size_t before = layer.bytes();
+  cache.crop(-3);
+  EXPECT_EQ(cache.seq_length(), 3);
+  EXPECT_TRUE(window_is(layer.conv_state(), h, 3));
+  EXPECT_TRUE(testing_util::views_equal(layer.recurrent_state(), states[1].view()));
+  EXPECT_LE(layer.bytes(), before);
+  cfg.options.linear_state.auto_snapshots = -1;
+  EXPECT_TRUE(has(error_of([&] { Cache c(cfg); }), "auto_snapshots must be >= 0"));
 }
 
 TEST(LinearStateLayer, CropFollowsRowOperations) {
