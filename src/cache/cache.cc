@@ -4,6 +4,7 @@
 #include <map>
 #include <utility>
 
+#include "cache/linear_state_layer.h"
 #include "core/error.h"
 
 namespace kvcache {
@@ -77,6 +78,13 @@ Cache::Cache(const CacheConfig& config) : config_(config) {
           LayerRegistry::create(config.options.implementation, type, config, i);
       source_[static_cast<size_t>(i)] = i;
       continue;
+    }
+    if (type == "linear_attention") {
+      throw Error(ErrorKind::kUnsupported,
+                  "layer " + std::to_string(i) +
+                      " is KV-shared (num_kv_shared_layers = " + std::to_string(shared) +
+                      ") but a linear_attention layer has its own state and cannot read another "
+                      "layer's; only attention layers can be shared");
     }
     // Gemma-3n: a shared layer reads the last non-shared layer of the same attention type.
     int src = -1;
@@ -169,12 +177,81 @@ MaskSizes Cache::mask_sizes(int layer, int64_t query_len) const {
   return layers_[static_cast<size_t>(source_layer(layer))]->mask_sizes(query_len);
 }
 
-int64_t Cache::seq_length(int layer) const {
-  return layers_[static_cast<size_t>(source_layer(layer))]->seq_length();
+namespace {
+// The layer the cache-wide lengths come from: layer 0, or the first owning non-linear layer
+// when layer 0 is linear (layer 0 itself when there is none).
+int length_layer(const Cache& cache) {
+  if (!cache.is_linear(0)) return 0;
+  for (int i = 1; i < cache.num_layers(); ++i)
+    if (!cache.is_shared(i) && !cache.is_linear(i)) return i;
+  return 0;
+}
+}  // namespace
+
+int64_t Cache::seq_length(std::optional<int> layer) const {
+  const int l = layer ? *layer : length_layer(*this);
+  return layers_[static_cast<size_t>(source_layer(l))]->seq_length();
 }
 
-int64_t Cache::max_length(int layer) const {
-  return layers_[static_cast<size_t>(source_layer(layer))]->max_length();
+int64_t Cache::max_length(std::optional<int> layer) const {
+  const int l = layer ? *layer : length_layer(*this);
+  return layers_[static_cast<size_t>(source_layer(l))]->max_length();
+}
+
+bool Cache::is_linear(int layer) const {
+  const CacheLayer* l = layers_[static_cast<size_t>(source_layer(layer))].get();
+  return dynamic_cast<const LinearStateLayer*>(l) != nullptr;
+}
+
+const LinearStateLayer& Cache::linear_layer(int layer) const {
+  const auto* l = dynamic_cast<const LinearStateLayer*>(&this->layer(layer));
+  if (l == nullptr) {
+    std::string linear;
+    for (int i = 0; i < num_layers(); ++i)
+      if (!is_shared(i) && is_linear(i)) linear += (linear.empty() ? "" : ", ") + std::to_string(i);
+    throw Error(ErrorKind::kInvalidArgument,
+                "layer " + std::to_string(layer) + " is a '" +
+                    config_.layer_types[static_cast<size_t>(layer)] + "' layer (" +
+                    std::string(this->layer(layer).name()) +
+                    "), not a linear_attention layer: linear-state calls (update_conv_state, "
+                    "update_recurrent_state, has_previous_state) need one of the layers " +
+                    (linear.empty() ? std::string("(none in this cache)") : linear));
+  }
+  return *l;
+}
+
+LinearStateLayer& Cache::linear_layer(int layer) {
+  return const_cast<LinearStateLayer&>(static_cast<const Cache&>(*this).linear_layer(layer));
+}
+
+ConvStateUpdate Cache::update_conv_state(int layer, const TensorView& x) {
+  return linear_layer(layer).update_conv_state(x);
+}
+
+TensorView Cache::update_recurrent_state(int layer, const TensorView& state) {
+  return linear_layer(layer).update_recurrent_state(state);
+}
+
+bool Cache::has_previous_state(std::optional<int> layer) const {
+  if (!layer) {
+    for (int i = num_layers() - 1; i >= 0; --i) {
+      if (!is_shared(i) && is_linear(i)) {
+        layer = i;
+        break;
+      }
+    }
+    if (!layer) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "has_previous_state() asks the last linear_attention layer, and this cache has "
+                  "none (layer_types lists attention layers only)");
+    }
+  }
+  return linear_layer(*layer).has_previous_state();
+}
+
+void Cache::snapshot_linear_states() {
+  for (auto& l : layers_)
+    if (auto* lin = dynamic_cast<LinearStateLayer*>(l.get())) lin->snapshot();
 }
 
 void Cache::invalidate_spans() {
@@ -182,6 +259,9 @@ void Cache::invalidate_spans() {
 }
 
 void Cache::crop(int64_t n) {
+  // A linear layer may refuse (no recording, no snapshot there): before any layer changes.
+  for (auto& l : layers_)
+    if (auto* lin = dynamic_cast<LinearStateLayer*>(l.get())) lin->check_crop(n);
   invalidate_spans();
   for (auto& l : layers_)
     if (l) l->crop(n);

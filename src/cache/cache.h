@@ -19,7 +19,9 @@
 
 namespace kvcache {
 
-class PagedKVStore;  // cache/paged_store.h
+class PagedKVStore;      // cache/paged_store.h
+class LinearStateLayer;  // cache/linear_state_layer.h
+struct ConvStateUpdate;  // cache/linear_state_layer.h
 
 // Options of the "paged" containers (cache/paged_layer.h).
 struct PagedOptions {
@@ -41,6 +43,13 @@ struct QuantizedOptions {
   int64_t residual = 128;  // most recent tokens kept in full precision
 };
 
+// Options of the "linear_attention" containers (cache/linear_state_layer.h).
+struct LinearStateOptions {
+  // While past recording is on: snapshot the recurrent state at every update_recurrent_state
+  // and keep the newest N snapshots (0: only explicit snapshot() calls, all kept).
+  int64_t auto_snapshots = 0;
+};
+
 // What a user chooses of a cache; CacheConfig adds what the model dictates. Every container
 // reads the common fields; a family's own struct (paged, quantized) is read by that family
 // only, so its options need no prefix and no other container has to know them.
@@ -52,6 +61,19 @@ struct CacheOptions {
   std::optional<DType> kv_dtype = std::nullopt;  // storage dtype; unset: the first update's
   PagedOptions paged = {};
   QuantizedOptions quantized = {};
+  LinearStateOptions linear_state = {};
+};
+
+// The state of one "linear_attention" layer (Gated DeltaNet, Qwen3-Next) per batch row: the
+// causal conv's window, the last K-1 inputs [K-1, C] (kernels/causal_conv.h), and the recurrent
+// state [H_v, d_k, d_v] (kernels/gated_delta.h), both f32. The planner bills the same
+// H_v·d_k·d_v + (K-1)·C elements per sequence (model/kv_plan.cc). All zero: no linear layers.
+struct LinearStateShape {
+  int64_t conv_kernel = 0;  // K, the conv's taps (linear_conv_kernel_dim)
+  int64_t conv_dim = 0;     // C = 2·H_k·d_k + H_v·d_v, the q, k, v channels the conv reads
+  int64_t heads_v = 0;      // H_v (linear_num_value_heads)
+  int64_t head_dim_k = 0;   // d_k (linear_key_head_dim)
+  int64_t head_dim_v = 0;   // d_v (linear_value_head_dim)
 };
 
 // A cache for one model: the user's options and the model's layer plan. The registry hands it
@@ -68,6 +90,8 @@ struct CacheConfig {
   // need per-head K/V refuse kMlaLatent at construction.
   enum class KVContent { kPerHead, kMlaLatent };
   KVContent kv_content = KVContent::kPerHead;
+  // Read by the "linear_attention" containers only (cache/linear_state_layer.h).
+  LinearStateShape linear = {};
 };
 
 // Builds one layer of the given cache implementation and layer type.
@@ -119,13 +143,33 @@ class Cache {
   // For a shared layer: its source's (the kernel reads the source's span). Call before the
   // step's updates, like transformers builds masks before the forward.
   MaskSizes mask_sizes(int layer, int64_t query_len) const;
-  int64_t seq_length(int layer = 0) const;
-  int64_t max_length(int layer = 0) const;
+  // No layer given: layer 0, or, when layer 0 is a linear-attention layer, the first other
+  // owning layer (transformers v5: the cache's lengths are its attention layers'; a static
+  // cache's max_length ignores linear layers). A linear layer's own: tokens fed to its conv
+  // (seq_length) and -1 (max_length: it holds a fixed-size state, no token axis).
+  int64_t seq_length(std::optional<int> layer = std::nullopt) const;
+  int64_t max_length(std::optional<int> layer = std::nullopt) const;
+
+  // Linear-attention layers (transformers v5's LinearAttentionCacheLayerMixin calls).
+  bool is_linear(int layer) const;
+  // The layer's state container; Error naming the layer's type when it is not linear.
+  LinearStateLayer& linear_layer(int layer);
+  const LinearStateLayer& linear_layer(int layer) const;
+  // See LinearStateLayer::update_conv_state / update_recurrent_state.
+  ConvStateUpdate update_conv_state(int layer, const TensorView& x);
+  TensorView update_recurrent_state(int layer, const TensorView& state);
+  // Whether the linear layer has state from earlier tokens (its first update has been made
+  // since the cache was built or reset). No layer: the last linear layer. Error for an
+  // attention layer, or when the cache has no linear layer.
+  bool has_previous_state(std::optional<int> layer = std::nullopt) const;
+  // Every linear layer's LinearStateLayer::snapshot(): crop() may come back to this position.
+  void snapshot_linear_states();
 
   // Lifecycle over every owning layer; each also forgets the spans shared_kv() would return
   // (they may point at moved data). A failing layer throws; earlier layers have then been
   // changed already: validate arguments (e.g. crop lengths) against one layer first if that
-  // matters.
+  // matters. crop() checks every linear layer can go back (LinearStateLayer::check_crop)
+  // before it changes any layer.
   void crop(int64_t n);
   void reset();
   // Every layer's CacheLayer::reserve(tokens): room for `tokens` tokens per batch row without
