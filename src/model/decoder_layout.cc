@@ -354,6 +354,11 @@ DecoderLayout read_decoder_layout(const json& root, const json& j, const std::st
   if (hv && hk && dk && dv && kc) {
     const int64_t d_qkv = 2 * *hk * *dk + *hv * *dv;
     d.linear_state_elems = *hv * *dk * *dv + (*kc - 1) * d_qkv;
+    d.linear_heads_k = *hk;
+    d.linear_heads_v = *hv;
+    d.linear_head_dim_k = *dk;
+    d.linear_head_dim_v = *dv;
+    d.linear_conv_kernel = *kc;
   }
   return d;
 }

@@ -44,9 +44,11 @@ struct DecoderLayout {
   int64_t kv_lora_rank = 0, qk_rope_head_dim = 0, qk_nope_head_dim = 0, v_head_dim = 0;
   // Compressed layer types (CSA/HCA) -> tokens per stored entry.
   std::map<std::string, int64_t> compress_rates;
-  // Linear attention (Gated DeltaNet) state: H_v·d_k·d_v + (k−1)·d_qkv elements; 0 if the dims
-  // are not all given.
+  // Linear attention (Gated DeltaNet) state: H_v·d_k·d_v + (k−1)·d_qkv elements with
+  // d_qkv = 2·H_k·d_k + H_v·d_v; 0 if the dims are not all given.
   int64_t linear_state_elems = 0;
+  int64_t linear_heads_k = 0, linear_heads_v = 0, linear_head_dim_k = 0, linear_head_dim_v = 0,
+          linear_conv_kernel = 0;
 };
 
 // The layer types transformers' cache knows (cache_utils' DYNAMIC_LAYER_TYPE_MAPPING), the

@@ -90,6 +90,10 @@ void add_plan_layers(const DecoderLayout& d, PlanModel& m) {
   const bool k_eq_v = d.family == "deepseek_v4";  // V4: `self.values = self.keys` (notes)
   const int64_t state_elems = d.linear_state_elems;
   bool noted_state = false;
+  if (state_elems > 0) {
+    m.linear = PlanModel::LinearDims{d.linear_heads_k, d.linear_heads_v, d.linear_head_dim_k,
+                                     d.linear_head_dim_v, d.linear_conv_kernel};
+  }
   for (int64_t i = 0; i < n_layers; ++i) {
     const std::string& t = d.layer_types[static_cast<size_t>(i)];
     PlanLayer L;
@@ -310,11 +314,11 @@ double layer_token_bytes(const PlanLayer& L, const KvFormat& f) {
   }
 }
 
-// Constant state bytes: recurrent states are kept in float (f16/bf16 size for quantized KV).
-double layer_state_bytes(const PlanLayer& L, const KvFormat& f) {
+// Constant state bytes: the runtime keeps conv windows and recurrent states in f32 whatever the
+// KV format (cache/linear_state_layer.h), so the bill does too.
+double layer_state_bytes(const PlanLayer& L, const KvFormat&) {
   if (L.kind != PlanLayerKind::kLinear && L.kind != PlanLayerKind::kHybrid) return 0;
-  const double b = f.group > 0 ? 2.0 : static_cast<double>(f.elem_bits) / 8.0;
-  return static_cast<double>(L.state_elems) * b;
+  return static_cast<double>(L.state_elems) * static_cast<double>(sizeof(float));
 }
 
 int64_t round_up(int64_t n, int64_t m) {

@@ -4,6 +4,8 @@
 // a context/batch turn them into bytes. The formulas are the KV cache notes' (section
 // "结构×cache主表"): 2·L·H_kv·d_h·b for GQA, L·(d_c+d_r)·b for MLA, b·d·Σ1/r for compressed
 // K==V layers, a constant H_v·d_k·d_v·b + (k−1)·d_qkv·b for linear attention, 0 for moe/mlp.
+// kvcache keeps linear-attention state in f32 whatever the KV format (cache/linear_state_layer.h),
+// so b = 4 for it.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +51,11 @@ struct PlanModel {
   int64_t max_context = 0;                     // 0: unknown
   std::optional<int64_t> params;               // parameter count when known
   std::optional<uint64_t> weight_bytes_exact;  // GGUF: the stored tensor bytes
+  // Gated DeltaNet dims when the model has linear-attention layers (for the derivation shown).
+  struct LinearDims {
+    int64_t heads_k = 0, heads_v = 0, head_dim_k = 0, head_dim_v = 0, conv_kernel = 0;
+  };
+  std::optional<LinearDims> linear;
   // MLA configs: bytes/token per element of the equivalent per-head MHA (for comparison).
   int64_t mha_equivalent_elems_per_token = 0;
   std::vector<std::string> notes;  // assumptions and ignored fields, shown to the user

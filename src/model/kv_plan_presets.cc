@@ -78,6 +78,18 @@ const std::map<std::string, std::string>& presets() {
         "full_attention_interval":4,"linear_num_key_heads":16,"linear_num_value_heads":32,
         "linear_key_head_dim":128,"linear_value_head_dim":128,"linear_conv_kernel_dim":4,
         "num_experts":256,"max_position_embeddings":262144,"kvcache_params":35000000000})"},
+      // Qwen/Qwen3-Next-80B-A3B-Instruct config.json (Hugging Face): 48 layers, one
+      // full-attention layer in four (12 layers, 16 query / 2 KV heads of 256), 36 Gated
+      // DeltaNet layers (16 key / 32 value heads of 128, conv kernel 4), 512 experts, 262,144
+      // positions; 80B parameters in total (model card).
+      {"qwen3-next-80b-a3b", R"({"architectures":["Qwen3NextForCausalLM"],
+        "model_type":"qwen3_next","num_hidden_layers":48,"num_attention_heads":16,
+        "num_key_value_heads":2,"head_dim":256,"hidden_size":2048,"intermediate_size":5120,
+        "full_attention_interval":4,"linear_num_key_heads":16,"linear_num_value_heads":32,
+        "linear_key_head_dim":128,"linear_value_head_dim":128,"linear_conv_kernel_dim":4,
+        "num_experts":512,"num_experts_per_tok":10,"moe_intermediate_size":512,
+        "shared_expert_intermediate_size":512,"partial_rotary_factor":0.25,
+        "vocab_size":151936,"max_position_embeddings":262144,"kvcache_params":80000000000})"},
       // DeepSeek-V4-Flash as the KV cache notes give it: 43 layers = 2 sliding + 21 CSA (rate 4)
       // + 20 HCA (rate 128), one shared K==V head of 512. Window 128 assumed for the sliding
       // layers; 1M context. The parameter count is not in the notes: weights not shown.

@@ -35,6 +35,28 @@ std::string pad(const std::string& s, size_t w, bool right = false) {
   return right ? std::string(w - s.size(), ' ') + s : s + std::string(w - s.size(), ' ');
 }
 
+// How a Gated DeltaNet layer's state comes from the config, with the numbers.
+std::string linear_state_derivation(const PlanModel& m) {
+  const PlanModel::LinearDims& l = *m.linear;
+  int64_t layers = 0;
+  for (const PlanLayer& L : m.layers)
+    layers += L.kind == PlanLayerKind::kLinear || L.kind == PlanLayerKind::kHybrid;
+  const int64_t recurrent = l.heads_v * l.head_dim_k * l.head_dim_v;
+  const int64_t d_qkv = 2 * l.heads_k * l.head_dim_k + l.heads_v * l.head_dim_v;
+  const int64_t conv = (l.conv_kernel - 1) * d_qkv;
+  const double per_layer = static_cast<double>(recurrent + conv) * sizeof(float);
+  std::ostringstream out;
+  out << "  per linear layer: recurrent H_v*d_k*d_v = " << l.heads_v << "*" << l.head_dim_k << "*"
+      << l.head_dim_v << " = " << with_commas(static_cast<double>(recurrent))
+      << "\n                  + conv (k-1)*(2*H_k*d_k + H_v*d_v) = " << l.conv_kernel - 1 << "*(2*"
+      << l.heads_k << "*" << l.head_dim_k << " + " << l.heads_v << "*" << l.head_dim_v
+      << ") = " << with_commas(static_cast<double>(conv))
+      << "\n                  = " << with_commas(static_cast<double>(recurrent + conv))
+      << " f32 = " << with_commas(per_layer) << " B; x " << layers
+      << " layers, the same at every context length\n";
+  return out.str();
+}
+
 }  // namespace
 
 std::string plan_table(const PlanModel& m, const PlanOptions& o, const PlanResult& r) {
@@ -72,6 +94,7 @@ std::string plan_table(const PlanModel& m, const PlanOptions& o, const PlanResul
   if (r.state_bytes_per_request > 0) {
     out << "constant state: " << with_commas(r.state_bytes_per_request) << " B ("
         << format_bytes(r.state_bytes_per_request) << ") per request\n";
+    if (m.linear) out << linear_state_derivation(m);
   }
   out << "KV total:       " << with_commas(r.kv_bytes_total) << " B ("
       << format_bytes(r.kv_bytes_total) << ") for " << o.batch << " x "

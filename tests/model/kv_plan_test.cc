@@ -51,9 +51,28 @@ TEST(KvPlan, Qwen35MoeAttentionLayersAndStateApart) {
   EXPECT_EQ(r.kv_bytes_per_token, 20.0 * 1024);  // 10 layers x 2 heads x 256 x 2 x 2 B
   const double attention = row_total(r, PlanLayerKind::kAttention);
   EXPECT_EQ(attention, 5.0 * 1024 * 1024 * 1024);  // 5.0 GiB (5.4 GB) at 256K
-  // 30 Gated DeltaNet layers: 32*128*128 + (4-1)*(2*16*128 + 32*128) elements of 2 B each.
-  EXPECT_EQ(r.state_bytes_per_request, 30.0 * (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128)) * 2);
+  // 30 Gated DeltaNet layers: 32*128*128 + (4-1)*(2*16*128 + 32*128) elements of 4 B each
+  // (kvcache keeps linear state in f32 whatever the KV dtype).
+  EXPECT_EQ(r.state_bytes_per_request, 30.0 * (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128)) * 4);
   EXPECT_EQ(r.kv_bytes_total, attention + r.state_bytes_per_request);
+}
+
+TEST(KvPlan, Qwen3NextStateIsF32AndConstantInContext) {
+  const PlanResult a = plan("qwen3-next-80b-a3b", 4096);
+  const PlanResult b = plan("qwen3-next-80b-a3b", 262144);
+  // 12 full-attention layers x 2 KV heads x 256 x (K, V) x 2 B.
+  EXPECT_EQ(a.kv_bytes_per_token, 12.0 * 2 * 256 * 2 * 2);
+  // 36 linear layers x (32*128*128 + 3*(2*16*128 + 32*128)) f32 = 79,036,416 B (75.4 MiB).
+  EXPECT_EQ(a.state_bytes_per_request, 36.0 * (524288 + 3 * 8192) * 4);
+  EXPECT_EQ(b.state_bytes_per_request, a.state_bytes_per_request);
+  PlanOptions q;
+  q.context = 4096;
+  q.format = parse_kv_format("q4");
+  EXPECT_EQ(compute_plan(plan_preset("qwen3-next-80b-a3b"), q).state_bytes_per_request,
+            a.state_bytes_per_request);
+  const std::string table = plan_table(plan_preset("qwen3-next-80b-a3b"), PlanOptions{}, a);
+  EXPECT_NE(table.find("32*128*128 = 524,288"), std::string::npos) << table;
+  EXPECT_NE(table.find("x 36 layers"), std::string::npos) << table;
 }
 
 TEST(KvPlan, DeepSeekV4FlashCompressedExact) {
