@@ -1,7 +1,11 @@
 // Grouped-query attention (multi-head and multi-query as its ends): Llama, Mistral, Qwen2,
-// Gemma-2, GPT-OSS, Gemma-3n.
+// Gemma-2, GPT-OSS, Gemma-3n, Qwen3-Next's full-attention layers.
 //
 //   Q, K, V (+ biases) -> [q/k/v norms per head] -> RoPE(Q, K) -> cache -> kernel -> O (+ bias)
+//
+// Qwen3-Next (models/qwen3_next/modeling_qwen3_next.py, Qwen3NextAttention): q_proj yields
+// [query (D), gate (D)] per head; the attention output is multiplied by sigmoid(gate) before
+// o_proj; q_norm / k_norm (1 + w) without v_norm; RoPE on the first rope_dim() dims only.
 //
 // The kernel applies the layer type's window or chunk, the softcap (Gemma-2) and the sinks
 // (GPT-OSS: one logit per head in the softmax denominator, no cache slot). RoPE rotates the new

@@ -460,6 +460,11 @@ void read_deepseek_moe_keys(const json& j, ModelConfig& c, const std::string& so
 // RMSNorm (1 + w), gated attention (q_proj doubled, sigmoid output gate) with q/k norms,
 // partial RoPE, Gated DeltaNet layers (linear_*), MoE with a gated shared expert.
 void read_qwen3_next_keys(const json& j, ModelConfig& c, const std::string& source) {
+  if (c.ffn_act != FfnActivation::kSilu) {
+    // Qwen3NextGatedDeltaNet's conv activation is hidden_act too; only SiLU is run.
+    throw Error(ErrorKind::kUnsupported,
+                source + ": hidden_act other than silu is not supported for qwen3_next");
+  }
   c.norm_add_one = true;
   c.qk_norm = true;
   c.attn_output_gate = true;
