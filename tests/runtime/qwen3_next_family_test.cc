@@ -89,6 +89,29 @@ TEST(Qwen3Next, PresetConfig) {
   EXPECT_EQ(big.moe.n_experts, 0);
 }
 
+TEST(Qwen3Next, TransformersDefaults) {
+  // Qwen3NextConfig: head_dim 256, partial_rotary_factor 0.25, full_attention_interval 4,
+  // the linear_* dims, 512 experts of 512 with 10 per token and a shared expert of 512,
+  // norm_topk_prob.
+  const ModelConfig c = parse_hf_config(R"({"architectures": ["Qwen3NextForCausalLM"],
+      "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 2,
+      "num_key_value_heads": 1, "intermediate_size": 96, "vocab_size": 100})",
+                                        "c.json");
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.rope_dim(), 64);
+  EXPECT_EQ(c.layer_types[3], "full_attention");
+  EXPECT_EQ(c.layer_types[2], "linear_attention");
+  EXPECT_EQ(c.linear_attn.num_key_heads, 16);
+  EXPECT_EQ(c.linear_attn.num_value_heads, 32);
+  EXPECT_EQ(c.linear_attn.key_head_dim, 128);
+  EXPECT_EQ(c.linear_attn.conv_kernel, 4);
+  EXPECT_EQ(c.moe.n_experts, 512);
+  EXPECT_EQ(c.moe.n_experts_used, 10);
+  EXPECT_EQ(c.moe.shared_expert_hidden_dim, 512);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_TRUE(c.moe.is_moe_layer(0));
+}
+
 TEST(Qwen3Next, BadLinearKeysAreRefusedByName) {
   const std::string base = R"({"architectures": ["Qwen3NextForCausalLM"], "hidden_size": 32,
       "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
