@@ -49,7 +49,7 @@ constexpr Family kFamilies[] = {
     {"qwen2_moe", "Qwen2MoeForCausalLM", TypesRule::kMaxWindowLayers, 4096},
     {"qwen3", "Qwen3ForCausalLM", TypesRule::kMaxWindowLayers, 4096},
     {"qwen3_moe", "Qwen3MoeForCausalLM", TypesRule::kMaxWindowLayers, 4096},
-    {"qwen3_next", "Qwen3NextForCausalLM", TypesRule::kFullInterval},
+    {"qwen3_next", "Qwen3NextForCausalLM", TypesRule::kFullInterval, 0, 0, 256},
     {"gemma2", "Gemma2ForCausalLM", TypesRule::kAlternate, 4096, 0, 256},
     {"gemma3_text", "Gemma3ForCausalLM", TypesRule::kPattern, 4096, 0, 256},
     {"gemma3n_text", "Gemma3nForCausalLM", TypesRule::kEveryFifthFull, 512, 0, 256},

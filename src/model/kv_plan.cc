@@ -220,6 +220,13 @@ PlanModel plan_model_from_config(const ModelConfig& c, const std::string& name) 
     j["qk_nope_head_dim"] = c.mla.qk_nope_head_dim;
     j["v_head_dim"] = c.mla.v_head_dim;
   }
+  if (const LinearAttentionConfig& a = c.linear_attn; a.enabled()) {
+    j["linear_num_key_heads"] = a.num_key_heads;
+    j["linear_num_value_heads"] = a.num_value_heads;
+    j["linear_key_head_dim"] = a.key_head_dim;
+    j["linear_value_head_dim"] = a.value_head_dim;
+    j["linear_conv_kernel_dim"] = a.conv_kernel;
+  }
   if (c.moe.n_experts > 0) j["num_local_experts"] = c.moe.n_experts;  // no dense parameter count
   PlanModel m = plan_model_from_hf_json(j.dump(), name);
   m.name = name;

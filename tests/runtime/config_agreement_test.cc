@@ -71,6 +71,16 @@ void expect_agreement(const ModelConfig& mc, const PlanModel& plan, const std::s
     EXPECT_EQ(pl.type, mc.layer_types[static_cast<size_t>(i)]) << name << " layer " << i;
     EXPECT_EQ(shape.is_shared(i), pl.kind == PlanLayerKind::kShared) << name << " layer " << i;
     if (shape.is_shared(i)) continue;
+    if (shape.is_linear(i)) {
+      // A linear-attention layer (Qwen3-Next): a constant state per sequence, no token axis;
+      // its elements are what the plan bills (the runtime keeps them in f32).
+      const LinearStateShape& ls = make_cache_config(mc, sc).linear;
+      EXPECT_EQ(pl.kind, PlanLayerKind::kLinear) << name << " layer " << i;
+      EXPECT_EQ(pl.state_elems,
+                ls.heads_v * ls.head_dim_k * ls.head_dim_v + (ls.conv_kernel - 1) * ls.conv_dim)
+          << name << " layer " << i;
+      continue;
+    }
     const int64_t window = shape.layer(i).max_length();
     EXPECT_EQ(window == kHuge ? 0 : window, pl.window)
         << name << " layer " << i << " (" << pl.type << ")";
@@ -85,11 +95,29 @@ void expect_agreement(const ModelConfig& mc, const PlanModel& plan, const std::s
   std::vector<float> kbuf(static_cast<size_t>(heads * dk)), vbuf(static_cast<size_t>(heads * dv));
   const TensorView k(kbuf.data(), DType::kF32, {1, heads, 1, dk});
   const TensorView v(vbuf.data(), DType::kF32, {1, heads, 1, dv});
+  // Linear layers hold no tokens: the per-token figure is the attention layers' (their states
+  // are compared above).
   for (int i = 0; i < cache.num_layers(); ++i)
-    if (!cache.is_shared(i)) cache.update(i, k, v);
+    if (!cache.is_shared(i) && !cache.is_linear(i)) cache.update(i, k, v);
   PlanOptions o;
   o.format = parse_kv_format("f16");
-  EXPECT_EQ(static_cast<double>(cache.bytes()), kTokens * compute_plan(plan, o).kv_bytes_per_token)
+  // A linear layer's bytes (allocated for the session's batch at construction): its states in
+  // f32 plus the conv window's workspace copy (ConvStateUpdate::previous), which the plan does
+  // not bill.
+  size_t linear_bytes = 0;
+  for (int i = 0; i < cache.num_layers(); ++i) {
+    if (!cache.is_linear(i)) continue;
+    const LinearStateShape& ls = make_cache_config(mc, sc).linear;
+    const size_t window = static_cast<size_t>((ls.conv_kernel - 1) * ls.conv_dim) * sizeof(float);
+    const size_t state =
+        static_cast<size_t>(plan.layers[static_cast<size_t>(i)].state_elems) * sizeof(float);
+    if (cache.layer(i).bytes() > 0) {
+      EXPECT_EQ(cache.layer(i).bytes(), state + window) << name << " layer " << i;
+    }
+    linear_bytes += cache.layer(i).bytes();
+  }
+  EXPECT_EQ(static_cast<double>(cache.bytes() - linear_bytes),
+            kTokens * compute_plan(plan, o).kv_bytes_per_token)
       << name;
 }
 
