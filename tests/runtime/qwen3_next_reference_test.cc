@@ -65,7 +65,10 @@ double max_abs_diff(const A& a, const B& b) {
 
 std::string ids_text(const std::vector<int32_t>& ids) {
   std::string s;
-  for (int32_t id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
+  for (int32_t id : ids) {
+    if (!s.empty()) s += ' ';
+    s += std::to_string(id);
+  }
   return s;
 }
 
