@@ -97,11 +97,12 @@ bool has(const std::string& s, const std::string& what) {
   return s.find(what) != std::string::npos;
 }
 
-TEST(LinearStateLayer, RegisteredForDynamicAndStaticOnly) {
+TEST(LinearStateLayer, RegisteredForDynamicStaticAndRecomputeOnly) {
   EXPECT_TRUE(LayerRegistry::contains("dynamic", "linear_attention"));
   EXPECT_TRUE(LayerRegistry::contains("static", "linear_attention"));
+  EXPECT_TRUE(LayerRegistry::contains("recompute", "linear_attention"));
   EXPECT_FALSE(LayerRegistry::contains("paged", "linear_attention"));
-  for (const char* impl : {"paged", "quantized", "recompute"}) {
+  for (const char* impl : {"paged", "quantized"}) {
     const std::string msg = error_of([&] { Cache c(hybrid_config(impl)); });
     EXPECT_TRUE(has(msg, "layer 0") && has(msg, "linear_attention") &&
                 has(msg, "dynamic/linear_attention"))
