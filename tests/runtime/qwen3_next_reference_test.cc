@@ -20,7 +20,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <ostream>
 #include <random>
@@ -61,6 +63,23 @@ double max_abs_diff(const A& a, const B& b) {
   for (size_t i = 0; i < std::min<size_t>(a.size(), b.size()); ++i)
     m = std::max(m, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
   return m;
+}
+
+// The largest |engine - reference| over every logit, recorded as a test property (the XML
+// output: --gtest_output=xml) and held to kTol.
+template <typename A>
+void expect_close(const std::string& what, const A& got, const q3n::Vec& want) {
+  const double d = max_abs_diff(got, want);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", d);
+  std::string key;
+  for (char ch : what)
+    if (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_')
+      key += ch;
+    else if (!key.empty() && key.back() != '_')
+      key += '_';
+  ::testing::Test::RecordProperty(key, buf);
+  EXPECT_LE(d, kTol) << what;
 }
 
 std::string ids_text(const std::vector<int32_t>& ids) {
@@ -209,7 +228,7 @@ TEST_P(Qwen3Next, EngineLogitsAndGreedyIdsEqualTheReference) {
     p.n_tokens = static_cast<int64_t>(ids.size());
     p.logits = LogitsMode::kAll;
     const std::span<const float> got = fwd.forward(p);
-    EXPECT_LE(max_abs_diff(got, want), kTol) << "no-cache forward";
+    expect_close("no_cache_forward", got, want);
   }
   for (const char* cache : {"dynamic", "static"}) {
     SessionConfig sc;
@@ -218,7 +237,7 @@ TEST_P(Qwen3Next, EngineLogitsAndGreedyIdsEqualTheReference) {
     {  // the prompt in one forward
       Session s(model, sc);
       const std::span<const float> got = s.forward_all(ids);
-      EXPECT_LE(max_abs_diff(got, want), kTol) << cache << " forward_all";
+      expect_close(std::string(cache) + "_forward_all", got, want);
     }
     {  // token by token: the linear layers' conv window and recurrent state carried
       Session s(model, sc);
@@ -227,7 +246,7 @@ TEST_P(Qwen3Next, EngineLogitsAndGreedyIdsEqualTheReference) {
         const std::span<const float> l = s.decode(id);
         got.insert(got.end(), l.begin(), l.end());
       }
-      EXPECT_LE(max_abs_diff(got, want), kTol) << cache << " token by token";
+      expect_close(std::string(cache) + "_token_by_token", got, want);
     }
     {  // chunked prefill (5 tokens per forward) then greedy decode
       sc.prefill_chunk = 5;
@@ -250,7 +269,9 @@ TEST_P(Qwen3Next, CliLogitsAndGenerateEqualTheReference) {
   const std::string model =
       " --model " + testing_util::shell_quote(dir_) + " --prompt-ids '" + ids_text(ids) + "'";
   const std::string out = scratch_.file("logits.f32");
-  for (const std::string extra : {"", " --cache static"}) {
+  // --kv-dtype f32: for a bf16 model the CLI's default KV dtype is f16, whose rounding of the
+  // attention layers' K/V alone moves these logits by ~2e-3 (measured), past kTol.
+  for (const std::string extra : {" --kv-dtype f32", " --cache static --kv-dtype f32"}) {
     const testing_util::CliResult r =
         testing_util::run_cli("logits" + model + " -o " + testing_util::shell_quote(out) + extra);
     ASSERT_EQ(r.exit_code, 0) << extra << "\n" << r.err;
@@ -258,7 +279,7 @@ TEST_P(Qwen3Next, CliLogitsAndGenerateEqualTheReference) {
     ASSERT_EQ(bytes.size(), want.size() * sizeof(float)) << extra;
     std::vector<float> got(want.size());
     std::memcpy(got.data(), bytes.data(), bytes.size());
-    EXPECT_LE(max_abs_diff(got, want), kTol) << "kvcache logits" << extra;
+    expect_close("cli_logits" + extra, got, want);
   }
   std::vector<std::string> caches = {"", " --cache static"};
   if (kPagedLinearState) caches.push_back(" --cache paged --block-tokens 4");
@@ -268,6 +289,13 @@ TEST_P(Qwen3Next, CliLogitsAndGenerateEqualTheReference) {
                               " --temp 0 --ignore-eos --output ids --kv-dtype f32" + extra);
     ASSERT_EQ(r.exit_code, 0) << extra << "\n" << r.err;
     EXPECT_EQ(r.out, want_ids + "\n") << "kvcache generate" << extra;
+  }
+  if (!kPagedLinearState) {  // today: exit 2 naming the linear-attention layer and the way out
+    const testing_util::CliResult r =
+        testing_util::run_cli("generate" + model + " -n 2 --temp 0 --output ids --cache paged");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("'linear_attention'"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("use the dynamic or static cache"), std::string::npos) << r.err;
   }
 }
 
@@ -310,8 +338,8 @@ TEST_P(Qwen3Next, PagedPrefixHitInTheMiddleOfThePrompt) {
   EXPECT_LT(hit, static_cast<int64_t>(ids.size()));
   const std::span<const float> tail =
       s.forward_all({ids.data() + hit, ids.size() - static_cast<size_t>(hit)});
-  const std::vector<double> want_tail(want.begin() + hit * static_cast<int64_t>(V), want.end());
-  EXPECT_LE(max_abs_diff(tail, want_tail), kTol) << "tail after a prefix hit of " << hit;
+  const q3n::Vec want_tail(want.begin() + hit * static_cast<int64_t>(V), want.end());
+  expect_close("paged_tail_after_hit_" + std::to_string(hit), tail, want_tail);
   std::vector<int32_t> got;
   std::vector<float> last(tail.end() - static_cast<int64_t>(V), tail.end());
   for (int i = 0; i < kNewTokens; ++i) {
