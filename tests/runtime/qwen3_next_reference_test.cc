@@ -30,7 +30,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/dummy.h"
 #include "model/forward.h"
+#include "model/model_file.h"
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
@@ -348,6 +350,49 @@ TEST_P(Qwen3Next, PagedPrefixHitInTheMiddleOfThePrompt) {
     last.assign(l.begin(), l.end());
   }
   EXPECT_EQ(got, ref.greedy(ids, kNewTokens));
+}
+
+// The runtime's own preset (dummy:qwen3next-tiny, written by src/model/dummy.cc) read by the
+// reference as any Hugging Face folder: other shapes (full_attention_interval 3, head_dim 24
+// with a quarter rotated, d_k 12 != d_v 10, 5 experts) and the preset writer's tensor names.
+TEST(Qwen3NextDummyPreset, EngineEqualsTheReference) {
+  const ScratchDir scratch("q3nref_dummy");
+  DummyModelOptions o;
+  o.preset = "qwen3next-tiny";
+  o.weight_dtype = DType::kF32;
+  o.seed = 5;
+  o.cache_dir = scratch.file("cache");
+  const std::string dir = build_dummy_model(o);
+  const q3n::Reference ref(dir);
+  EXPECT_EQ(ref.config().layer_types[2], "full_attention");
+  const std::vector<int32_t> ids = prompt17(ref.config().vocab_size);
+  const q3n::Vec want = ref.logits(ids);
+  double spread = 0;
+  for (double x : want) spread = std::max(spread, std::fabs(x));
+  EXPECT_GT(spread, 0.05) << "degenerate logits would make the comparison meaningless";
+  const Model model(open_model_file(dir));
+  Forward fwd(model, "eager", static_cast<int64_t>(ids.size()));
+  ForwardParams p;
+  p.tokens = ids.data();
+  p.n_tokens = static_cast<int64_t>(ids.size());
+  p.logits = LogitsMode::kAll;
+  expect_close("dummy_no_cache_forward", fwd.forward(p), want);
+  SessionConfig sc;
+  sc.cache.max_cache_len = 64;
+  Session s(model, sc);
+  std::vector<float> got;
+  for (int32_t id : ids) {
+    const std::span<const float> l = s.decode(id);
+    got.insert(got.end(), l.begin(), l.end());
+  }
+  expect_close("dummy_dynamic_token_by_token", got, want);
+  Session g(model, sc);
+  GenerateParams gp;
+  gp.max_new_tokens = kNewTokens;
+  gp.ignore_eos = true;
+  std::vector<int32_t> ids_out;
+  generate(g, ids, gp, nullptr, &ids_out);
+  EXPECT_EQ(ids_out, ref.greedy(ids, kNewTokens));
 }
 
 INSTANTIATE_TEST_SUITE_P(Folders, Qwen3Next, ::testing::ValuesIn(variants()),
