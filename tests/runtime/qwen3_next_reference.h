@@ -717,6 +717,9 @@ struct TinySpec {
   int64_t decoder_sparse_step = 1;
   bool norm_topk_prob = true, tied = false;
   int64_t max_positions = 256;
+  // The published checkpoints also carry the multi-token-prediction head (mtp.*), which
+  // transformers skips (_keys_to_ignore_on_load_unexpected = [r"^mtp.*"]).
+  bool mtp_tensors = false;
   uint64_t seed = 7;
   DType dtype = DType::kF32;  // of the matrices (vectors stay f32)
 };
@@ -833,6 +836,12 @@ inline void write_tiny_folder(const std::string& dir, const TinySpec& s) {
   }
   vector_of("model.norm.weight", D, 0.0, 0.1);
   if (!s.tied) matrix("lm_head.weight", s.vocab, D);
+  if (s.mtp_tensors) {
+    matrix("mtp.fc.weight", D, 2 * D);
+    vector_of("mtp.pre_fc_norm_embedding.weight", D, 0.0, 0.1);
+    vector_of("mtp.pre_fc_norm_hidden.weight", D, 0.0, 0.1);
+    vector_of("mtp.norm.weight", D, 0.0, 0.1);
+  }
   write_safetensors(dir + "/model.safetensors", named, {{"format", "pt"}});
 }
 

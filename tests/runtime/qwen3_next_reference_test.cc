@@ -188,6 +188,7 @@ std::vector<Variant> variants() {
   s.tied = true;
   s.mlp_only_layers = {0, 3};
   s.seed = 23;
+  s.mtp_tensors = true;
   v.push_back({"layer_types_bf16_tied", s});
   return v;
 }
