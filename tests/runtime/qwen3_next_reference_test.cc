@@ -189,7 +189,7 @@ std::vector<Variant> variants() {
   s.mlp_only_layers = {0, 3};
   s.seed = 23;
   s.mtp_tensors = true;
-  v.push_back({"layer_types_bf16_tied", s});
+  v.push_back({"layer_types_bf16_tied_mtp", s});
   return v;
 }
 
