@@ -88,7 +88,12 @@ void add_plan_layers(const DecoderLayout& d, PlanModel& m) {
   const int64_t n_layers = d.n_layers, n_kv = d.n_kv_heads, head_dim = d.head_dim;
   const bool mla = d.kv_lora_rank > 0;
   const bool k_eq_v = d.family == "deepseek_v4";  // V4: `self.values = self.keys` (notes)
-  const int64_t state_elems = d.linear_state_elems;
+  // The layer also keeps a copy of the conv window as it was before the update, for the conv
+  // kernel (cache/linear_state_layer.h, ConvStateUpdate::previous): billed with the state.
+  const int64_t conv_window =
+      (d.linear_conv_kernel - 1) *
+      (2 * d.linear_heads_k * d.linear_head_dim_k + d.linear_heads_v * d.linear_head_dim_v);
+  const int64_t state_elems = d.linear_state_elems > 0 ? d.linear_state_elems + conv_window : 0;
   bool noted_state = false;
   if (state_elems > 0) {
     m.linear = PlanModel::LinearDims{d.linear_heads_k, d.linear_heads_v, d.linear_head_dim_k,

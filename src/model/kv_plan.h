@@ -40,7 +40,8 @@ struct PlanLayer {
   int64_t v_dim = 0;          // per head; 0 when K==V (MLA, compressed, V4's shared KV)
   int64_t window = 0;         // kWindowed: sliding window or chunk size W (keeps W-1)
   int64_t compress_rate = 1;  // kCompressed: tokens per stored entry
-  // kLinear/kHybrid: constant state, in elements: H_v·d_k·d_v + (k−1)·d_qkv.
+  // kLinear/kHybrid: constant state, in elements: H_v·d_k·d_v + (k−1)·d_qkv, plus the
+  // (k−1)·d_qkv copy of the conv window kvcache's layer keeps for the conv kernel.
   int64_t state_elems = 0;
 };
 

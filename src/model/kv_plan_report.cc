@@ -44,14 +44,16 @@ std::string linear_state_derivation(const PlanModel& m) {
   const int64_t recurrent = l.heads_v * l.head_dim_k * l.head_dim_v;
   const int64_t d_qkv = 2 * l.heads_k * l.head_dim_k + l.heads_v * l.head_dim_v;
   const int64_t conv = (l.conv_kernel - 1) * d_qkv;
-  const double per_layer = static_cast<double>(recurrent + conv) * sizeof(float);
+  const double per_layer = static_cast<double>(recurrent + 2 * conv) * sizeof(float);
   std::ostringstream out;
   out << "  per linear layer: recurrent H_v*d_k*d_v = " << l.heads_v << "*" << l.head_dim_k << "*"
       << l.head_dim_v << " = " << with_commas(static_cast<double>(recurrent))
       << "\n                  + conv (k-1)*(2*H_k*d_k + H_v*d_v) = " << l.conv_kernel - 1 << "*(2*"
       << l.heads_k << "*" << l.head_dim_k << " + " << l.heads_v << "*" << l.head_dim_v
       << ") = " << with_commas(static_cast<double>(conv))
-      << "\n                  = " << with_commas(static_cast<double>(recurrent + conv))
+      << "\n                  + the window's copy for the conv kernel = "
+      << with_commas(static_cast<double>(conv))
+      << "\n                  = " << with_commas(static_cast<double>(recurrent + 2 * conv))
       << " f32 = " << with_commas(per_layer) << " B; x " << layers
       << " layers, the same at every context length\n";
   return out.str();

@@ -52,8 +52,9 @@ TEST(KvPlan, Qwen35MoeAttentionLayersAndStateApart) {
   const double attention = row_total(r, PlanLayerKind::kAttention);
   EXPECT_EQ(attention, 5.0 * 1024 * 1024 * 1024);  // 5.0 GiB (5.4 GB) at 256K
   // 30 Gated DeltaNet layers: 32*128*128 + (4-1)*(2*16*128 + 32*128) elements of 4 B each
-  // (kvcache keeps linear state in f32 whatever the KV dtype).
-  EXPECT_EQ(r.state_bytes_per_request, 30.0 * (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128)) * 4);
+  // (kvcache keeps linear state in f32 whatever the KV dtype), plus the conv window's copy.
+  EXPECT_EQ(r.state_bytes_per_request,
+            30.0 * (32 * 128 * 128 + 2 * 3 * (2 * 16 * 128 + 32 * 128)) * 4);
   EXPECT_EQ(r.kv_bytes_total, attention + r.state_bytes_per_request);
 }
 
@@ -62,8 +63,9 @@ TEST(KvPlan, Qwen3NextStateIsF32AndConstantInContext) {
   const PlanResult b = plan("qwen3-next-80b-a3b", 262144);
   // 12 full-attention layers x 2 KV heads x 256 x (K, V) x 2 B.
   EXPECT_EQ(a.kv_bytes_per_token, 12.0 * 2 * 256 * 2 * 2);
-  // 36 linear layers x (32*128*128 + 3*(2*16*128 + 32*128)) f32 = 79,036,416 B (75.4 MiB).
-  EXPECT_EQ(a.state_bytes_per_request, 36.0 * (524288 + 3 * 8192) * 4);
+  // 36 linear layers x (32*128*128 + 2*3*(2*16*128 + 32*128)) f32 = 82,575,360 B (78.8 MiB):
+  // recurrent state, conv window and the window's copy for the conv kernel.
+  EXPECT_EQ(a.state_bytes_per_request, 36.0 * (524288 + 2 * 3 * 8192) * 4);
   EXPECT_EQ(b.state_bytes_per_request, a.state_bytes_per_request);
   PlanOptions q;
   q.context = 4096;

@@ -73,11 +73,12 @@ void expect_agreement(const ModelConfig& mc, const PlanModel& plan, const std::s
     if (shape.is_shared(i)) continue;
     if (shape.is_linear(i)) {
       // A linear-attention layer (Qwen3-Next): a constant state per sequence, no token axis;
-      // its elements are what the plan bills (the runtime keeps them in f32).
+      // its elements are what the plan bills (the runtime keeps them in f32): the recurrent
+      // state, the conv window and the window's copy for the conv kernel.
       const LinearStateShape& ls = make_cache_config(mc, sc).linear;
       EXPECT_EQ(pl.kind, PlanLayerKind::kLinear) << name << " layer " << i;
       EXPECT_EQ(pl.state_elems,
-                ls.heads_v * ls.head_dim_k * ls.head_dim_v + (ls.conv_kernel - 1) * ls.conv_dim)
+                ls.heads_v * ls.head_dim_k * ls.head_dim_v + 2 * (ls.conv_kernel - 1) * ls.conv_dim)
           << name << " layer " << i;
       continue;
     }
@@ -101,18 +102,15 @@ void expect_agreement(const ModelConfig& mc, const PlanModel& plan, const std::s
     if (!cache.is_shared(i) && !cache.is_linear(i)) cache.update(i, k, v);
   PlanOptions o;
   o.format = parse_kv_format("f16");
-  // A linear layer's bytes (allocated for the session's batch at construction): its states in
-  // f32 plus the conv window's workspace copy (ConvStateUpdate::previous), which the plan does
-  // not bill.
+  // A linear layer's bytes (allocated for the session's batch at construction): exactly what
+  // the plan bills, in f32.
   size_t linear_bytes = 0;
   for (int i = 0; i < cache.num_layers(); ++i) {
     if (!cache.is_linear(i)) continue;
-    const LinearStateShape& ls = make_cache_config(mc, sc).linear;
-    const size_t window = static_cast<size_t>((ls.conv_kernel - 1) * ls.conv_dim) * sizeof(float);
     const size_t state =
         static_cast<size_t>(plan.layers[static_cast<size_t>(i)].state_elems) * sizeof(float);
     if (cache.layer(i).bytes() > 0) {
-      EXPECT_EQ(cache.layer(i).bytes(), state + window) << name << " layer " << i;
+      EXPECT_EQ(cache.layer(i).bytes(), state) << name << " layer " << i;
     }
     linear_bytes += cache.layer(i).bytes();
   }
