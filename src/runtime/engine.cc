@@ -138,6 +138,11 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   po.kv_dtype = co.kv_dtype.value_or(DType::kF32);
   po.max_tokens_per_step = config_.max_tokens_per_step;
   po.max_cached_tokens = co.max_cache_len > 0 ? co.max_cache_len : kDefaultPoolTokens;
+  // Hybrid models: one state slot per running sequence, snapshots for the prefix cache.
+  po.linear = model_cache_config(mc, co).linear;
+  po.linear_slots = config_.max_running;
+  po.snapshot_every_blocks = co.paged.snapshot_every_blocks;
+  po.max_snapshots = co.paged.max_snapshots;
   PagedMemoryPlan plan = plan_paged_memory(mc, po);
   if (config_.num_blocks > 0) {
     for (int32_t& b : plan.store.group_blocks) b = config_.num_blocks;
@@ -459,7 +464,7 @@ void Engine::admit_and_prefill(int64_t& budget) {
   for (Seq* s : step_seqs_) {
     if (budget <= 0) return;
     if (s->state != SeqState::kRunning) continue;  // preempted meanwhile
-    const int64_t n = std::min(s->needs(), budget);
+    const int64_t n = snapshot_aligned(*s, std::min(s->needs(), budget));
     ChunkStatus st = run_chunk(*s, n);
     while (st == ChunkStatus::kOutOfBlocks) {
       Seq* victim = newest_running();
@@ -478,7 +483,7 @@ void Engine::admit_and_prefill(int64_t& budget) {
     Request& r = *s->req;
     s->sid = store_->add_sequence();
     s->computed = s->scores_prompt() ? 0 : store_->attach_prefix(s->sid, s->tokens);
-    const int64_t n = std::min(s->needs(), budget);
+    const int64_t n = snapshot_aligned(*s, std::min(s->needs(), budget));
     if (!plan_chunk(*s, n)) {  // the uncached tail does not fit now: it stays first in the queue
       store_->free_sequence(s->sid);
       s->sid = -1;
@@ -500,6 +505,19 @@ void Engine::admit_and_prefill(int64_t& budget) {
     budget -= n;
     forward_chunk(*s, n);
   }
+}
+
+// Hybrid models: a prefill chunk that does not finish the sequence's tokens stops at the last
+// snapshot boundary it reaches (a multiple of snapshot_every_blocks blocks), so that the store
+// snapshots the linear layers' state there for later prefix hits. Other models: n unchanged.
+int64_t Engine::snapshot_aligned(const Seq& s, int64_t n) const {
+  const PagedStoreConfig& sc = store_->config();
+  if (!store_->has_linear() || sc.max_snapshots == 0) return n;
+  const int64_t every = static_cast<int64_t>(sc.snapshot_every_blocks) * sc.block_tokens;
+  const int64_t end = s.computed + n;
+  if (end >= static_cast<int64_t>(s.tokens.size())) return n;
+  const int64_t aligned = end / every * every;
+  return aligned > s.computed ? aligned - s.computed : n;
 }
 
 void Engine::note_admitted(Seq& s, int64_t matched) {
@@ -534,6 +552,10 @@ void Engine::leave_queue(Request& r) {
 // one-by-one path also takes everything else (a single candidate, out of blocks) and preempts.
 void Engine::admit_batched(int64_t& budget) {
   step_seqs_.clear();
+  // Hybrid models: a batched prefill takes each tail whole, past the block boundaries where
+  // the linear layers' state must be snapshotted for the prefix cache; one by one, chunks end
+  // there (snapshot_aligned).
+  if (store_->has_linear()) return;
   int64_t n = 0;
   const auto bt = static_cast<size_t>(config_.cache.paged.block_tokens);
   auto shares_first_block = [&](const Seq& s) {
@@ -813,6 +835,12 @@ void Engine::update_metrics() {
   metrics_.blocks_free = ps.free;
   metrics_.blocks_used = ps.used;
   metrics_.blocks_cached = ps.cached;
+  metrics_.linear_state_bytes = static_cast<int64_t>(store_->linear_state_bytes());
+  metrics_.snapshot_bytes = static_cast<int64_t>(store_->snapshot_bytes());
+  if (const LinearSnapshotStore* snaps = store_->snapshots()) {
+    metrics_.snapshots = snaps->size();
+    metrics_.snapshots_dropped = snaps->stats().dropped_with_block;
+  }
 }
 
 EngineMetrics Engine::metrics() const {
