@@ -139,6 +139,7 @@ ConvStateUpdate LinearStateLayer::update_conv_state(const TensorView& x) {
                     std::to_string(c) + "] (T >= 1, f32, f16 or bf16); got " + x.shape().str() +
                     " " + dtype_name(x.dtype()));
   }
+  if (params_.per_call) reset();
   ensure_rows(x.dim(0), "update_conv_state");
   const int64_t t = x.dim(1);
   const int64_t w = window();
@@ -419,9 +420,19 @@ std::unique_ptr<CacheLayer> make_linear(const CacheConfig& config, int layer_ind
   p.auto_snapshots = config.options.linear_state.auto_snapshots;
   return std::make_unique<LinearStateLayer>(std::move(p));
 }
+// The no-cache forward's container: each call's conv and recurrent state start from zero.
+std::unique_ptr<CacheLayer> make_recompute_linear(const CacheConfig& config, int layer_index) {
+  LinearStateParams p;
+  p.name = "recompute/linear_attention";
+  p.layer_index = layer_index;
+  p.shape = config.linear;
+  p.per_call = true;
+  return std::make_unique<LinearStateLayer>(std::move(p));
+}
 }  // namespace
 
 KVCACHE_REGISTER_LAYER(dynamic_linear, "dynamic", "linear_attention", make_linear<false>);
 KVCACHE_REGISTER_LAYER(static_linear, "static", "linear_attention", make_linear<true>);
+KVCACHE_REGISTER_LAYER(recompute_linear, "recompute", "linear_attention", make_recompute_linear);
 
 }  // namespace kvcache

@@ -84,6 +84,9 @@ struct LinearStateParams {
   int64_t max_batch_size = 0;  // rows allocated at construction (0: the first update's batch)
   bool fixed_rows = false;     // never reallocate: a larger batch is an Error (static)
   int64_t auto_snapshots = 0;  // LinearStateOptions::auto_snapshots
+  // "recompute": every update_conv_state starts a new sequence from the zero state (reset()
+  // first), as RecomputeLayer keeps only the current call's keys: the no-cache forward.
+  bool per_call = false;
 };
 
 class LinearStateLayer final : public LinearCacheLayer {

@@ -80,8 +80,9 @@ void DenseMlp::run(const LinearOptions& linear_options, Workspace& ws, int64_t r
 namespace {
 // The widest dense MLP of the config: its own layers', or DeepSeek's shared experts.
 int64_t widest_hidden(const ModelConfig& c) {
-  return std::max(
-      {c.hidden_dim, c.moe.expert_hidden_dim * std::max<int64_t>(1, c.moe.n_shared_experts)});
+  return std::max({c.hidden_dim,
+                   c.moe.expert_hidden_dim * std::max<int64_t>(1, c.moe.n_shared_experts),
+                   c.moe.shared_expert_hidden_dim});
 }
 std::vector<ScratchBuffer> dense_buffers(const ModelConfig& c) {
   return {{widest_hidden(c), 0}, {widest_hidden(c), 0}};

@@ -130,14 +130,42 @@ const char* hf_preset_json(const std::string& name) {
                        "mscale_all_dim": 1.0, "original_max_position_embeddings": 64},
       "tie_word_embeddings": false, "bos_token_id": 2, "eos_token_id": 1})";
   }
+  if (name == "qwen3next-tiny") {
+    // Qwen3NextForCausalLM: Gated DeltaNet layers 0, 1, 3, 4 and gated attention on layer 2
+    // (full_attention_interval 3); H_v = 2 H_k, d_k != d_v; partial RoPE on 6 of 24 dims; layer
+    // 0 dense (mlp_only_layers), the others MoE 2 of 5 with a gated shared expert.
+    return R"({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+      "hidden_size": 40, "num_hidden_layers": 5, "num_attention_heads": 3, "num_key_value_heads": 1,
+      "head_dim": 24, "partial_rotary_factor": 0.25, "intermediate_size": 36,
+      "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 12,
+      "linear_value_head_dim": 10, "linear_conv_kernel_dim": 4, "full_attention_interval": 3,
+      "num_experts": 5, "num_experts_per_tok": 2, "moe_intermediate_size": 14,
+      "shared_expert_intermediate_size": 18, "norm_topk_prob": true, "decoder_sparse_step": 1,
+      "mlp_only_layers": [0], "hidden_act": "silu", "vocab_size": 512,
+      "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+      "tie_word_embeddings": false, "bos_token_id": 2, "eos_token_id": 1})";
+  }
+  if (name == "qwen3next-125m") {
+    // Qwen3NextForCausalLM at ~125M parameters for decode benchmarks: 12 layers, every fourth
+    // gated attention, dense MLPs (no experts).
+    return R"({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+      "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 2,
+      "head_dim": 64, "partial_rotary_factor": 0.25, "intermediate_size": 2048,
+      "linear_num_key_heads": 6, "linear_num_value_heads": 12, "linear_key_head_dim": 64,
+      "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+      "num_experts": 0, "hidden_act": "silu", "vocab_size": 32000,
+      "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000000.0,
+      "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2})";
+  }
   return nullptr;
 }
 
 }  // namespace
 
 std::vector<std::string> dummy_preset_names() {
-  return {"tiny",     "llama-125m",       "gemma2-tiny", "gptoss-tiny",
-          "mla-tiny", "deepseek-v2-tiny", "gemma3n-tiny"};
+  return {"tiny",         "llama-125m",     "gemma2-tiny",
+          "gptoss-tiny",  "mla-tiny",       "deepseek-v2-tiny",
+          "gemma3n-tiny", "qwen3next-tiny", "qwen3next-125m"};
 }
 
 bool dummy_preset_is_hf(const std::string& name) {
@@ -210,10 +238,14 @@ std::string build_dummy_hf(const DummyModelOptions& o) {
     } else {
       // Norm weights near their identity (Gemma stores w with (1 + w): near 0), biases and
       // sinks of moderate size so they matter.
-      const bool gemma_norm = w.role == WeightRole::kNorm && c.norm_add_one;
-      const float stddev = w.role == WeightRole::kNorm ? 0.1f
-                           : w.name.ends_with("sinks") ? 1.0f
-                                                       : 0.05f;
+      // Qwen3-Next's gated norm in its linear layers uses w as is.
+      const bool gemma_norm = w.role == WeightRole::kNorm && c.norm_add_one &&
+                              !w.name.ends_with("linear_attn.norm.weight");
+      // The Gated DeltaNet's conv taps large enough that the conv matters.
+      const float stddev = w.role == WeightRole::kNorm         ? 0.1f
+                           : w.name.ends_with("sinks")         ? 1.0f
+                           : w.name.ends_with("conv1d.weight") ? 0.4f
+                                                               : 0.05f;
       t = random_matrix(rows, cols, DType::kF32, seed, stddev);
       if (w.role == WeightRole::kNorm && !gemma_norm) {
         for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] += 1.0f;

@@ -44,6 +44,10 @@ CacheConfig model_cache_config(const ModelConfig& model, CacheOptions options) {
   cc.attention_chunk_size = model.attention_chunk_size;
   cc.num_kv_shared_layers = static_cast<int>(model.num_kv_shared_layers);
   if (model.mla.enabled()) cc.kv_content = CacheConfig::KVContent::kMlaLatent;
+  if (const LinearAttentionConfig& a = model.linear_attn; a.enabled()) {
+    cc.linear = LinearStateShape{a.conv_kernel, a.conv_dim(), a.num_value_heads, a.key_head_dim,
+                                 a.value_head_dim};
+  }
   return cc;
 }
 

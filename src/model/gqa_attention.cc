@@ -1,6 +1,7 @@
 #include "model/gqa_attention.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "model/weight_spec.h"
@@ -28,11 +29,12 @@ GqaWeights GqaWeights::load(Weights& w, int64_t l, TensorNames names) {
   // Only transformers-named families have these (the llama family's configs never ask).
   if (c.attn_out_bias) g.bo = w.vector(hf_layer_tensor(l, "self_attn.o_proj.bias"));
   if (c.attn_sinks) g.sinks = w.vector(hf_layer_tensor(l, "self_attn.sinks"));
-  if (c.qkv_norm) {
-    g.q_norm = w.vector(hf_layer_tensor(l, "self_attn.q_norm.weight"));
-    g.k_norm = w.vector(hf_layer_tensor(l, "self_attn.k_norm.weight"));
-    g.v_norm = w.keep(std::vector<float>(static_cast<size_t>(c.head_dim), 1.0f));
+  if (c.qkv_norm || c.qk_norm) {
+    // w.norm: Qwen3-Next's zero-centred norms scale by (1 + w) (norm_add_one).
+    g.q_norm = w.norm(hf_layer_tensor(l, "self_attn.q_norm.weight"));
+    g.k_norm = w.norm(hf_layer_tensor(l, "self_attn.k_norm.weight"));
   }
+  if (c.qkv_norm) g.v_norm = w.keep(std::vector<float>(static_cast<size_t>(c.head_dim), 1.0f));
   return g;
 }
 
@@ -76,7 +78,9 @@ GqaAttention::GqaAttention(const ModelFile& file, int64_t layer, const GqaWeight
       eps_(file.config().rms_eps),
       rope_(rope),
       kv_source_(kv_source_layer(file, layer)),
-      kv_shared_(kv_source_ != layer) {
+      kv_shared_(kv_source_ != layer),
+      gated_(file.config().attn_output_gate),
+      rot_dim_(file.config().rope_dim()) {
   const ModelConfig& c = file.config();
   const std::string& type = c.layer_types[static_cast<size_t>(layer)];
   options_.scale = c.query_scale > 0 ? c.query_scale : 1.0f / std::sqrt(static_cast<float>(D_));
@@ -105,12 +109,36 @@ void GqaAttention::norm_heads(const Step& st, float* q, float* k, float* v) cons
   norm_rows(q, q, st.R * H_, D_, eps_, w_.q_norm);
   if (kv_shared_) return;
   norm_rows(k, k, st.R * Hkv_, D_, eps_, w_.k_norm);
-  norm_rows(v, v, st.R * Hkv_, D_, eps_, w_.v_norm);
+  if (w_.v_norm != nullptr) norm_rows(v, v, st.R * Hkv_, D_, eps_, w_.v_norm);
+}
+
+void GqaAttention::split_gate(const Step& st, float* q, float* gate) const {
+  // Qwen3NextAttention: q_proj(x).view(.., H, 2D) chunked into query and gate per head. Rows
+  // [R, H, 2D] -> q [R, H*D] (compacted in place, moving down) and gate [R, H*D].
+  const int64_t H = H_, D = D_;
+  for (int64_t r = 0; r < st.R; ++r) {
+    for (int64_t h = 0; h < H; ++h) {
+      const float* src = q + (r * H + h) * 2 * D;
+      std::memcpy(gate + (r * H + h) * D, src + D, static_cast<size_t>(D) * sizeof(float));
+      std::memmove(q + (r * H + h) * D, src, static_cast<size_t>(D) * sizeof(float));
+    }
+  }
+}
+
+void GqaAttention::apply_gate(float* att, const float* gate, int64_t rows, int64_t S,
+                              bool last_rows) const {
+  // attn_output * sigmoid(gate); with last_rows, att row b is the chunk's row b*S + S-1.
+  const int64_t n = H_ * D_;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate + (last_rows ? r * S + S - 1 : r) * n;
+    float* a = att + r * n;
+    for (int64_t i = 0; i < n; ++i) a[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+  }
 }
 
 void GqaAttention::rotate(const Step& st, float* q, float* k) const {
   const int64_t S = st.S, qd = H_ * D_, kvd = Hkv_ * D_;
-  RopeParams rope = rope_.params(S, D_);
+  RopeParams rope = rope_.params(S, rot_dim_);
   rope.head_dim = D_;
   for (int64_t b = 0; b < st.B; ++b) {
     rope.pos0 = st.row_pos(b);
@@ -134,6 +162,8 @@ int64_t GqaAttention::forward(Step& st, int64_t layer) const {
   float* k = ws.data(kGqaScratch, kGqaK);
   float* v = ws.data(kGqaScratch, kGqaV);
   project(st, xb, q, k, v);
+  float* gate = gated_ ? ws.data(kGqaScratch, kGqaGate) : nullptr;
+  if (gated_) split_gate(st, q, gate);
   if (w_.q_norm != nullptr) norm_heads(st, q, k, v);
   rotate(st, q, k);
 
@@ -152,6 +182,7 @@ int64_t GqaAttention::forward(Step& st, int64_t layer) const {
       // whole chunk; o_proj on them takes the kernel the whole chunk's product would.
       const TensorView out_last(att, DType::kF32, {B, H, 1, D}, {qd, D, qd, 1});
       st.kernel->attend_last(q_view, span, out_view, out_last, options_, st.positions());
+      if (gated_) apply_gate(att, gate, B, S, /*last_rows=*/true);
       linear(st.linear.as_rows(R), att, B, w_.wo, w_.bo, xb);
       return B;
     }
@@ -159,6 +190,7 @@ int64_t GqaAttention::forward(Step& st, int64_t layer) const {
       break;
   }
   st.kernel->attend(q_view, span, out_view, options_, st.positions());
+  if (gated_) apply_gate(att, gate, R, S, /*last_rows=*/false);
   linear(st.linear, att, R, w_.wo, w_.bo, xb);
   return R;
 }
@@ -166,7 +198,9 @@ int64_t GqaAttention::forward(Step& st, int64_t layer) const {
 namespace {
 std::vector<ScratchBuffer> gqa_buffers(const ModelConfig& c) {
   const int64_t kvd = c.n_kv_heads * c.head_dim;
-  return {{c.n_heads * c.qk_head_dim(), 0}, {kvd, 0}, {kvd, 0}};
+  // Gated attention: q_proj writes [query, gate] per head (2x), the gate is kept apart.
+  const int64_t gate = c.attn_output_gate ? c.n_heads * c.head_dim : 0;
+  return {{c.n_heads * c.qk_head_dim() + gate, 0}, {kvd, 0}, {kvd, 0}, {gate, 0}};
 }
 int64_t gqa_widest_input(const ModelConfig&) {
   return 0;

@@ -33,7 +33,7 @@ struct GqaWeights {
   const float* sinks = nullptr;   // [H] GPT-OSS sink logits or null
   const float* q_norm = nullptr;  // [D] per-head RMSNorm weights (Gemma-3n) or null
   const float* k_norm = nullptr;  // [D]
-  const float* v_norm = nullptr;  // [D] of ones: Gemma-3n's v_norm has no weight
+  const float* v_norm = nullptr;  // [D] of ones: Gemma-3n's v_norm has no weight (else null)
 
   // Biases, sinks and norms as the config asks for them, by llama.cpp's canonical names
   // (blk.<l>.attn_q ...) or transformers' (model.layers.<l>.self_attn.q_proj ...).
@@ -60,6 +60,10 @@ class GqaAttention final : public Attention {
   void project(Step& st, const float* xb, float* q, float* k, float* v) const;
   void norm_heads(const Step& st, float* q, float* k, float* v) const;
   void rotate(const Step& st, float* q, float* k) const;
+  // Gated attention (Qwen3-Next): q [R, H, 2D] -> q [R, H*D] and gate [R, H*D].
+  void split_gate(const Step& st, float* q, float* gate) const;
+  // att rows *= sigmoid(gate); last_rows: att row b holds the chunk's row b*S + S-1.
+  void apply_gate(float* att, const float* gate, int64_t rows, int64_t S, bool last_rows) const;
 
   GqaWeights w_;
   int64_t H_, Hkv_, D_;
@@ -67,12 +71,15 @@ class GqaAttention final : public Attention {
   RopeTable rope_;
   int64_t kv_source_;
   bool kv_shared_;
+  bool gated_;                // attn_output_gate
+  int64_t rot_dim_;           // dims RoPE rotates per head (partial_rotary_factor)
   AttentionOptions options_;  // scale, window or chunk, softcap, sinks
 };
 
-// q [R, H*D], k and v [R, H_kv*D].
+// q [R, H*D] (gated attention: [R, 2*H*D], q_proj's output), k and v [R, H_kv*D], the output
+// gate [R, H*D] (gated attention only, else empty).
 extern const ScratchKind kGqaScratch;
-enum GqaBuffer : size_t { kGqaQ, kGqaK, kGqaV };
+enum GqaBuffer : size_t { kGqaQ, kGqaK, kGqaV, kGqaGate };
 
 // The layer whose K/V `layer` reads (itself unless among the last num_kv_shared_layers);
 // Error(kFormat) naming the file and layer when a shared layer has no earlier layer of its type.

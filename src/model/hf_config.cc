@@ -157,11 +157,12 @@ constexpr HfArchitecture kHfArchitectures[] = {
     {"Gemma3nForCausalLM", "gemma3n_text", "gemma3n"},
     {"DeepseekV3ForCausalLM", "deepseek_v3", "deepseek_v3"},
     {"DeepseekV2ForCausalLM", "deepseek_v2", "deepseek_v2"},
+    {"Qwen3NextForCausalLM", "qwen3_next", "qwen3_next"},
 };
 
 // Which family-specific keys and defaults apply.
 struct FamilyKeys {
-  bool gemma2 = false, gemma3n = false, gpt_oss = false, deepseek = false;
+  bool gemma2 = false, gemma3n = false, gpt_oss = false, deepseek = false, qwen3_next = false;
 };
 FamilyKeys family_keys(const std::string& architecture) {
   FamilyKeys f;
@@ -169,6 +170,7 @@ FamilyKeys family_keys(const std::string& architecture) {
   f.gemma3n = architecture == "gemma3n";
   f.gpt_oss = architecture == "gpt_oss";
   f.deepseek = architecture == "deepseek_v2" || architecture == "deepseek_v3";
+  f.qwen3_next = architecture == "qwen3_next";
   return f;
 }
 
@@ -217,7 +219,8 @@ std::string architecture_of(const std::string& arch, const std::string& model_ty
               source + ": architecture '" + (arch.empty() ? model_type : arch) +
                   "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
                   "Gemma2ForCausalLM, Gemma3nForCausalLM, Gemma3nForConditionalGeneration (text), "
-                  "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
+                  "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
+                  "Qwen3NextForCausalLM)");
 }
 
 // intermediate_size: one FFN size, or (Gemma3nTextConfig) one per layer or one for all.
@@ -453,6 +456,54 @@ void read_deepseek_moe_keys(const json& j, ModelConfig& c, const std::string& so
   }
 }
 
+// models/qwen3_next/configuration_qwen3_next.py and modeling_qwen3_next.py: zero-centred
+// RMSNorm (1 + w), gated attention (q_proj doubled, sigmoid output gate) with q/k norms,
+// partial RoPE, Gated DeltaNet layers (linear_*), MoE with a gated shared expert.
+void read_qwen3_next_keys(const json& j, ModelConfig& c, const std::string& source) {
+  c.norm_add_one = true;
+  c.qk_norm = true;
+  c.attn_output_gate = true;
+  double partial = get_num_or(j, "partial_rotary_factor", 0.25, source);
+  if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object())
+    partial = get_num_or(*it, "partial_rotary_factor", partial, source);
+  c.partial_rotary_factor = static_cast<float>(partial);
+  LinearAttentionConfig& a = c.linear_attn;
+  a.num_key_heads = get_count_or(j, "linear_num_key_heads", 16, ConfigCount::kHeads, source);
+  a.num_value_heads = get_count_or(j, "linear_num_value_heads", 32, ConfigCount::kHeads, source);
+  a.key_head_dim = get_count_or(j, "linear_key_head_dim", 128, ConfigCount::kHeadDim, source);
+  a.value_head_dim = get_count_or(j, "linear_value_head_dim", 128, ConfigCount::kHeadDim, source);
+  a.conv_kernel = get_count_or(j, "linear_conv_kernel_dim", 4, ConfigCount::kHeadDim, source);
+  if (a.num_key_heads <= 0 || a.num_value_heads <= 0 || a.key_head_dim <= 0 ||
+      a.value_head_dim <= 0 || a.conv_kernel <= 0) {
+    bad(source,
+        "linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, "
+        "linear_value_head_dim and linear_conv_kernel_dim must be positive");
+  }
+  MoeConfig& m = c.moe;
+  m.n_experts = get_count_or(j, "num_experts", 512, ConfigCount::kExperts, source);
+  if (m.n_experts <= 0) return;
+  m.router = MoeRouter::kSoftmaxTopK;
+  m.n_experts_used = get_count_or(j, "num_experts_per_tok", 10, ConfigCount::kExperts, source);
+  m.expert_hidden_dim =
+      get_count_or(j, "moe_intermediate_size", 512, ConfigCount::kFfnSize, source);
+  m.shared_expert_hidden_dim =
+      get_count_or(j, "shared_expert_intermediate_size", 512, ConfigCount::kFfnSize, source);
+  m.shared_expert_gate = m.shared_expert_hidden_dim > 0;
+  m.norm_topk_prob = get_bool_or(j, "norm_topk_prob", true, source);
+  m.sparse_step = get_count_or(j, "decoder_sparse_step", 1, ConfigCount::kLayers, source);
+  if (m.sparse_step <= 0) bad(source, "config field 'decoder_sparse_step' must be positive");
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) bad(source, "config field 'mlp_only_layers' must be a list of layers");
+    for (const auto& v : *it) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.n_layers) {
+        bad(source, "mlp_only_layers entries must be layer indices in [0, " +
+                        std::to_string(c.n_layers) + ")");
+      }
+      m.dense_layers.push_back(v.get<int64_t>());
+    }
+  }
+}
+
 // Gemma-3n: sliding layers rotate with rope_local_base_freq (v4) /
 // rope_parameters.sliding_attention (v5); full layers with rope_theta /
 // rope_parameters.full_attention. Only default RoPE. Returns the scaling object left to read
@@ -593,6 +644,7 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     read_mla_keys(j, layout, c, source);
     read_deepseek_moe_keys(j, c, source);
   }
+  if (f.qwen3_next) read_qwen3_next_keys(j, c, source);
   read_rope(j, f, c, source);
   read_layer_plan(layout, f, c, source);
   c.fill_defaults();

@@ -70,11 +70,12 @@ void ModelConfig::validate(const std::string& source) const {
   }
   for (size_t i = 0; i < layer_types.size(); ++i) {
     const std::string& t = layer_types[i];
-    if (t != "full_attention" && t != "sliding_attention" && t != "chunked_attention") {
+    const bool linear = t == "linear_attention" && linear_attn.enabled();
+    if (t != "full_attention" && t != "sliding_attention" && t != "chunked_attention" && !linear) {
       bad(source,
           "model config: layer_types[" + std::to_string(i) + "] is '" + t +
               "', a layer type this engine does not run (full_attention, sliding_attention, "
-              "chunked_attention)");
+              "chunked_attention; linear_attention with the linear_* keys of Qwen3-Next)");
     }
     if (t == "sliding_attention" && sliding_window <= 0) {
       bad(source, "model config: sliding_attention layers need a positive sliding_window");
@@ -110,6 +111,28 @@ void ModelConfig::validate(const std::string& source) const {
           "model config: n_group must divide the routed experts and 0 < topk_group <= n_group");
     }
   }
+  if (linear_attn.enabled()) {
+    const LinearAttentionConfig& a = linear_attn;
+    positive(a.num_key_heads, "linear_num_key_heads");
+    positive(a.key_head_dim, "linear_key_head_dim");
+    positive(a.value_head_dim, "linear_value_head_dim");
+    positive(a.conv_kernel, "linear_conv_kernel_dim");
+    if (a.num_value_heads % a.num_key_heads != 0) {
+      bad(source, "model config: linear_num_value_heads " + std::to_string(a.num_value_heads) +
+                      " is not a multiple of linear_num_key_heads " +
+                      std::to_string(a.num_key_heads));
+    }
+    if (a.conv_kernel > 16) {
+      bad(source, "model config: linear_conv_kernel_dim " + std::to_string(a.conv_kernel) +
+                      " is larger than the 16 taps the causal conv kernel runs");
+    }
+  }
+  if (!(partial_rotary_factor > 0.0f && partial_rotary_factor <= 1.0f) || rope_dim() < 2 ||
+      rope_dim() % 2 != 0) {
+    bad(source, "model config: partial_rotary_factor " + std::to_string(partial_rotary_factor) +
+                    " must be in (0, 1] and leave an even number (>= 2) of rotated dims of " +
+                    "head_dim " + std::to_string(head_dim));
+  }
   if (mla.enabled()) {
     positive(mla.qk_nope_head_dim, "qk_nope_head_dim");
     positive(mla.qk_rope_head_dim, "qk_rope_head_dim");
@@ -142,6 +165,13 @@ std::string ModelConfig::summary() const {
   if (num_kv_shared_layers > 0) s += " kv_shared=" + std::to_string(num_kv_shared_layers);
   if (moe.n_experts > 0)
     s += " experts=" + std::to_string(moe.n_experts_used) + "/" + std::to_string(moe.n_experts);
+  if (linear_attn.enabled()) {
+    s += " gated_deltanet(h_k=" + std::to_string(linear_attn.num_key_heads) +
+         " h_v=" + std::to_string(linear_attn.num_value_heads) +
+         " d_k=" + std::to_string(linear_attn.key_head_dim) +
+         " d_v=" + std::to_string(linear_attn.value_head_dim) +
+         " conv=" + std::to_string(linear_attn.conv_kernel) + ")";
+  }
   if (mla.enabled()) {
     s += " mla(d_c=" + std::to_string(mla.kv_lora_rank) +
          " d_r=" + std::to_string(mla.qk_rope_head_dim) +

@@ -71,7 +71,10 @@ enum class FfnActivation {
 //   kSoftmaxGreedy: DeepSeek-V2's topk_method "greedy" (its MoEGate): softmax scores, top-k,
 //                then either renormalised (top_k > 1 and norm_topk_prob) or x
 //                routed_scaling_factor, plus shared experts
-enum class MoeRouter { kGptOss, kDeepseekV3, kSoftmaxGreedy };
+//   kSoftmaxTopK: Qwen2-MoE / Qwen3-Next (Qwen2MoeTopKRouter): softmax over every expert in
+//                float, top-k, renormalised when norm_topk_prob; plus one shared expert of
+//                shared_expert_hidden_dim scaled by sigmoid(shared_expert_gate(x))
+enum class MoeRouter { kGptOss, kDeepseekV3, kSoftmaxGreedy, kSoftmaxTopK };
 struct MoeConfig {
   int64_t n_experts = 0;           // routed experts; 0: no MoE
   int64_t n_experts_used = 0;      // top-k per token
@@ -83,7 +86,26 @@ struct MoeConfig {
   bool norm_topk_prob = false;
   float routed_scaling_factor = 1.0f;
   float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;  // GPT-OSS experts
-  bool is_moe_layer(int64_t layer) const { return n_experts > 0 && layer >= first_dense_layers; }
+  // Qwen2-MoE / Qwen3-Next: one shared expert of this FFN size (0: n_shared_experts x
+  // expert_hidden_dim, DeepSeek's), gated by sigmoid(shared_expert_gate(x)) when set.
+  int64_t shared_expert_hidden_dim = 0;
+  bool shared_expert_gate = false;
+  // Qwen2-MoE / Qwen3-Next: MoE only on layers with (layer + 1) % sparse_step == 0 and not in
+  // dense_layers (decoder_sparse_step, mlp_only_layers).
+  int64_t sparse_step = 1;
+  std::vector<int64_t> dense_layers;
+  bool is_moe_layer(int64_t layer) const {
+    if (n_experts <= 0 || layer < first_dense_layers || (layer + 1) % sparse_step != 0)
+      return false;
+    for (int64_t d : dense_layers)
+      if (d == layer) return false;
+    return true;
+  }
+  // The shared experts' FFN size (0: none).
+  int64_t shared_hidden_dim() const {
+    return shared_expert_hidden_dim > 0 ? shared_expert_hidden_dim
+                                        : n_shared_experts * expert_hidden_dim;
+  }
 };
 
 // Multi-head latent attention (DeepSeek-V2/V3). The cache stores, per token, the normalised
@@ -115,6 +137,22 @@ struct Gemma3nConfig {
   std::vector<float> activation_sparsity;   // [n_layers]
   std::vector<int64_t> intermediate_sizes;  // [n_layers]
   bool enabled() const { return altup_num_inputs > 0; }
+};
+
+// Gated DeltaNet (Qwen3-Next's "linear_attention" layers, models/qwen3_next/
+// modeling_qwen3_next.py Qwen3NextGatedDeltaNet): in_proj_qkvz / in_proj_ba, a causal depthwise
+// conv over the q, k, v channels, the gated delta rule, a gated RMSNorm, out_proj.
+struct LinearAttentionConfig {
+  int64_t num_key_heads = 0;    // H_k (linear_num_key_heads); 0: no linear-attention layers
+  int64_t num_value_heads = 0;  // H_v (linear_num_value_heads), a multiple of H_k
+  int64_t key_head_dim = 0;     // d_k (linear_key_head_dim)
+  int64_t value_head_dim = 0;   // d_v (linear_value_head_dim)
+  int64_t conv_kernel = 0;      // K (linear_conv_kernel_dim)
+  bool enabled() const { return num_value_heads > 0; }
+  // C = 2 H_k d_k + H_v d_v: the channels of the conv (q, k, v).
+  int64_t conv_dim() const {
+    return 2 * num_key_heads * key_head_dim + num_value_heads * value_head_dim;
+  }
 };
 
 struct ModelConfig {
@@ -171,6 +209,14 @@ struct ModelConfig {
   Gemma3nConfig gemma3n;
   MoeConfig moe;  // n_experts == 0: every FFN is dense
   MlaConfig mla;  // kv_lora_rank == 0: plain multi-head / grouped-query attention
+  // Qwen3-Next: q_norm / k_norm per head without Gemma-3n's v_norm.
+  bool qk_norm = false;
+  // Qwen3-Next's gated attention: q_proj yields [query (D), gate (D)] per head; the attention
+  // output is multiplied by sigmoid(gate) before o_proj.
+  bool attn_output_gate = false;
+  // RoPE rotates the first head_dim * partial_rotary_factor dims of each head (Qwen3-Next 0.25).
+  float partial_rotary_factor = 1.0f;
+  LinearAttentionConfig linear_attn;  // Qwen3-Next's Gated DeltaNet layers
 
   // Checks positivity and divisibility (n_heads % n_kv_heads, layer_types size, ...); throws
   // Error(kFormat) prefixed with `source` (the file) naming the bad field.
@@ -189,7 +235,12 @@ struct ModelConfig {
   }
   int64_t v_head_dim() const { return mla.enabled() ? mla.v_head_dim : head_dim; }
   // Dims RoPE rotates per head (MLA: only the qk_rope part).
-  int64_t rope_dim() const { return mla.enabled() ? mla.qk_rope_head_dim : head_dim; }
+  // (partial_rotary_factor: int(head_dim * factor), as transformers truncates it).
+  int64_t rope_dim() const {
+    return mla.enabled() ? mla.qk_rope_head_dim
+                         : static_cast<int64_t>(static_cast<double>(head_dim) *
+                                                static_cast<double>(partial_rotary_factor));
+  }
 };
 
 class ModelFile {

@@ -243,10 +243,81 @@ void DeepseekMoe::finish(Step& st, int64_t rows, const float* routed) const {
   add_inplace(xb, routed, rows * dim_);
 }
 
+// ---- Qwen2-MoE / Qwen3-Next ----
+
+QwenMoe::QwenMoe(const ModelConfig& c, TensorView router, std::vector<DenseMlp> experts,
+                 std::optional<DenseMlp> shared, TensorView shared_gate)
+    : RoutedMoe(c.moe, c.dim, router, nullptr),
+      experts_(std::move(experts)),
+      shared_(std::move(shared)),
+      shared_gate_(shared_gate) {}
+
+std::unique_ptr<QwenMoe> QwenMoe::hf(Weights& w, int64_t l) {
+  const ModelConfig& c = w.config();
+  const MoeConfig& m = c.moe;
+  const TensorView router = w.matrix(hf_layer_tensor(l, "mlp.gate.weight"));
+  std::vector<DenseMlp> experts;
+  for (int64_t e = 0; e < m.n_experts; ++e)
+    experts.emplace_back(DenseMlpWeights::hf(w, l, "mlp.experts." + std::to_string(e) + "."),
+                         c.ffn_act);
+  std::optional<DenseMlp> shared;
+  TensorView gate;
+  if (m.shared_expert_hidden_dim > 0) {
+    shared.emplace(DenseMlpWeights::hf(w, l, "mlp.shared_expert."), c.ffn_act);
+    gate = w.matrix(hf_layer_tensor(l, "mlp.shared_expert_gate.weight"));
+  }
+  return std::make_unique<QwenMoe>(c, router, std::move(experts), std::move(shared), gate);
+}
+
+void QwenMoe::route(const float* logits, RouteScratch& rs, Routing& picked) const {
+  // Qwen2MoeTopKRouter: softmax over all experts (float), top-k of the probabilities, then
+  // divided by their sum when norm_topk_prob.
+  const int64_t E = m_.n_experts, K = m_.n_experts_used;
+  std::vector<float>& p = rs.scores;
+  const float mx = *std::max_element(logits, logits + E);
+  float den = 0.0f;
+  for (int64_t e = 0; e < E; ++e) den += p[static_cast<size_t>(e)] = std::exp(logits[e] - mx);
+  for (int64_t e = 0; e < E; ++e) p[static_cast<size_t>(e)] /= den;
+  top_k(p.data(), K, rs.idx);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < K; ++i) {
+    const int64_t e = rs.idx[static_cast<size_t>(i)];
+    picked[static_cast<size_t>(i)] = {e, p[static_cast<size_t>(e)]};
+    sum += p[static_cast<size_t>(e)];
+  }
+  if (m_.norm_topk_prob)
+    for (auto& q : picked) q.second /= sum;
+}
+
+void QwenMoe::expert(Step& st, int64_t e, const float* x, float* out) const {
+  experts_[static_cast<size_t>(e)].run(st.linear, *st.ws, 1, x, out);
+}
+
+void QwenMoe::finish(Step& st, int64_t rows, const float* routed) const {
+  float* xb = st.ws->data(kForwardScratch, kXb);
+  if (!shared_) {
+    std::memcpy(xb, routed, static_cast<size_t>(rows * dim_) * sizeof(float));
+    return;
+  }
+  // Qwen2MoeSparseMoeBlock: routed + sigmoid(shared_expert_gate(x)) * shared_expert(x). The
+  // gate logits ([rows, 1]) are taken before the shared expert overwrites xb.
+  float* gates = st.ws->data(kMoeScratch, 1);
+  linear(st.linear.as_rows(st.R), xb, rows, shared_gate_, nullptr, gates);
+  shared_->run(st.linear.as_rows(st.R), *st.ws, rows, xb, xb);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = 1.0f / (1.0f + std::exp(-gates[r]));
+    float* o = xb + r * dim_;
+    const float* a = routed + r * dim_;
+    for (int64_t d = 0; d < dim_; ++d) o[d] = a[d] + s * o[d];
+  }
+}
+
 namespace {
 std::vector<ScratchBuffer> moe_buffers(const ModelConfig& c) {
   const int64_t I = c.moe.expert_hidden_dim;
-  return {{0, 2 * c.moe.n_experts + c.dim + 2 * I + std::max(c.dim, 2 * I)}};
+  // Buffer 1: QwenMoe's shared-expert gate logit per row.
+  return {{0, 2 * c.moe.n_experts + c.dim + 2 * I + std::max(c.dim, 2 * I)},
+          {c.moe.shared_expert_gate ? 1 : 0, 0}};
 }
 int64_t moe_widest_input(const ModelConfig&) {
   return 0;

@@ -99,6 +99,27 @@ class DeepseekMoe final : public RoutedMoe {
   std::optional<DenseMlp> shared_;
 };
 
+// Qwen2-MoE / Qwen3-Next (models/qwen2_moe/modeling_qwen2_moe.py Qwen2MoeTopKRouter and
+// Qwen2MoeSparseMoeBlock, used by models/qwen3_next): softmax over every expert's logit in
+// float, top-k, renormalised when norm_topk_prob; the routed sum plus
+// sigmoid(shared_expert_gate(x)) * shared_expert(x).
+class QwenMoe final : public RoutedMoe {
+ public:
+  QwenMoe(const ModelConfig& config, TensorView router, std::vector<DenseMlp> experts,
+          std::optional<DenseMlp> shared, TensorView shared_gate);
+  // mlp.gate, mlp.experts.<e>.*, mlp.shared_expert.*, mlp.shared_expert_gate.
+  static std::unique_ptr<QwenMoe> hf(Weights& w, int64_t layer);
+
+ private:
+  void route(const float* logits, RouteScratch& rs, Routing& picked) const override;
+  void expert(Step& st, int64_t e, const float* x, float* out) const override;
+  void finish(Step& st, int64_t rows, const float* routed) const override;
+
+  std::vector<DenseMlp> experts_;
+  std::optional<DenseMlp> shared_;
+  TensorView shared_gate_;  // [1, dim]
+};
+
 // [2E + dim + 2I + max(dim, 2I)]: router logits and ranking, one expert's output, GPT-OSS's
 // gate_up row and a widened weight row.
 extern const ScratchKind kMoeScratch;

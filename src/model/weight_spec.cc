@@ -55,11 +55,26 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
       matrix(L("per_layer_projection.weight"), {dim, P});
       norm(L("post_per_layer_input_norm.weight"), dim);
     }
-    if (c.qkv_norm) {
+    const bool linear = c.layer_types[static_cast<size_t>(l)] == "linear_attention";
+    if ((c.qkv_norm || c.qk_norm) && !linear) {
       norm(L("self_attn.q_norm.weight"), D);
       norm(L("self_attn.k_norm.weight"), D);
     }
-    if (c.mla.enabled()) {
+    if (linear) {
+      // models/qwen3_next/modeling_qwen3_next.py, Qwen3NextGatedDeltaNet.__init__: in_proj_qkvz
+      // and in_proj_ba rows grouped per key head (the loader reorders them), conv1d [C, 1, K]
+      // (read as floats and transposed at load), A_log, dt_bias, the gated norm (w as is).
+      const LinearAttentionConfig& a = c.linear_attn;
+      const int64_t Hk = a.num_key_heads, Hv = a.num_value_heads;
+      const int64_t kd = Hk * a.key_head_dim, vd = Hv * a.value_head_dim;
+      matrix(L("linear_attn.in_proj_qkvz.weight"), {2 * kd + 2 * vd, dim});
+      matrix(L("linear_attn.in_proj_ba.weight"), {2 * Hv, dim});
+      bias(L("linear_attn.conv1d.weight"), {a.conv_dim(), 1, a.conv_kernel});
+      bias(L("linear_attn.A_log"), {Hv});
+      bias(L("linear_attn.dt_bias"), {Hv});
+      norm(L("linear_attn.norm.weight"), a.value_head_dim);
+      matrix(L("linear_attn.out_proj.weight"), {dim, vd});
+    } else if (c.mla.enabled()) {
       // models/deepseek_v3/modeling_deepseek_v3.py, DeepseekV3Attention.__init__
       const MlaConfig& m = c.mla;
       const int64_t qk = c.qk_head_dim();
@@ -76,7 +91,8 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
              {H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
       matrix(L("self_attn.o_proj.weight"), {dim, H * m.v_head_dim});
     } else {
-      matrix(L("self_attn.q_proj.weight"), {H * D, dim});
+      // Qwen3-Next's gated attention: q_proj yields [query, gate] per head.
+      matrix(L("self_attn.q_proj.weight"), {H * D * (c.attn_output_gate ? 2 : 1), dim});
       matrix(L("self_attn.k_proj.weight"), {Hkv * D, dim});
       matrix(L("self_attn.v_proj.weight"), {Hkv * D, dim});
       matrix(L("self_attn.o_proj.weight"), {dim, H * D});
@@ -120,7 +136,15 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
         matrix(L(p + "up_proj.weight"), {I, dim});
         matrix(L(p + "down_proj.weight"), {dim, I});
       }
-      if (moe.n_shared_experts > 0) {
+      if (moe.router == MoeRouter::kSoftmaxTopK && moe.shared_expert_hidden_dim > 0) {
+        // models/qwen2_moe (Qwen3-Next's Qwen2MoeSparseMoeBlock): shared_expert,
+        // shared_expert_gate [1, dim].
+        const int64_t Is = moe.shared_expert_hidden_dim;
+        matrix(L("mlp.shared_expert.gate_proj.weight"), {Is, dim});
+        matrix(L("mlp.shared_expert.up_proj.weight"), {Is, dim});
+        matrix(L("mlp.shared_expert.down_proj.weight"), {dim, Is});
+        matrix(L("mlp.shared_expert_gate.weight"), {1, dim});
+      } else if (moe.n_shared_experts > 0) {
         const int64_t Is = I * moe.n_shared_experts;
         matrix(L("mlp.shared_experts.gate_proj.weight"), {Is, dim});
         matrix(L("mlp.shared_experts.up_proj.weight"), {Is, dim});

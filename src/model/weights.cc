@@ -29,6 +29,11 @@ const float* Weights::keep(std::vector<float> values) {
   return kept_.back().data_as<const float>();
 }
 
+TensorView Weights::keep(Tensor tensor) {
+  kept_.push_back(std::move(tensor));
+  return kept_.back().view();
+}
+
 const float* Weights::vector(const std::string& name) {
   const TensorView& t = file_.tensor(name);
   if (t.dtype() == DType::kF32) return t.data_as<const float>();

@@ -36,6 +36,8 @@ class Weights {
   std::vector<float> read(const std::string& name) const;
   // Keeps computed values alive with the model.
   const float* keep(std::vector<float> values);
+  // Keeps a tensor built at load (a matrix with reordered rows, ...) and returns its view.
+  TensorView keep(Tensor tensor);
 
  private:
   const ModelFile& file_;

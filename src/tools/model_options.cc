@@ -21,10 +21,10 @@ constexpr int kMaxThreads = 1024;  // far past any machine here; beyond it -t is
 
 void add_model_options(CLI::App* cmd, ModelOptions& o) {
   o.cmd = cmd;
-  cmd->add_option(
-         "--model,-m", o.model,
-         "Model: llama2.c .bin, GGUF file, Hugging Face folder, or "
-         "dummy:PRESET[:f16|f32|bf16|q8_0] (tiny, llama-125m, gemma2-tiny, gptoss-tiny, mla-tiny)")
+  cmd->add_option("--model,-m", o.model,
+                  "Model: llama2.c .bin, GGUF file, Hugging Face folder, or "
+                  "dummy:PRESET[:f16|f32|bf16|q8_0] (tiny, llama-125m, gemma2-tiny, gptoss-tiny, "
+                  "mla-tiny, qwen3next-tiny, ...)")
       ->required();
   cmd->add_option(
       "--tokenizer", o.tokenizer,

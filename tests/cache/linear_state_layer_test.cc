@@ -97,14 +97,15 @@ bool has(const std::string& s, const std::string& what) {
   return s.find(what) != std::string::npos;
 }
 
-TEST(LinearStateLayer, RegisteredForDynamicStaticAndPaged) {
+TEST(LinearStateLayer, RegisteredForDynamicStaticRecomputeAndPaged) {
   EXPECT_TRUE(LayerRegistry::contains("dynamic", "linear_attention"));
   EXPECT_TRUE(LayerRegistry::contains("static", "linear_attention"));
+  EXPECT_TRUE(LayerRegistry::contains("recompute", "linear_attention"));
   // The paged one needs the shared store (tests/cache/paged_linear_test.cc).
   EXPECT_TRUE(LayerRegistry::contains("paged", "linear_attention"));
   const std::string paged = error_of([&] { Cache c(hybrid_config("paged")); });
   EXPECT_TRUE(has(paged, "layer 0 (paged/linear_attention)") && has(paged, "paged.store")) << paged;
-  for (const char* impl : {"quantized", "recompute"}) {
+  for (const char* impl : {"quantized"}) {
     const std::string msg = error_of([&] { Cache c(hybrid_config(impl)); });
     EXPECT_TRUE(has(msg, "layer 0") && has(msg, "linear_attention") &&
                 has(msg, "dynamic/linear_attention"))
@@ -174,6 +175,29 @@ TEST(LinearStateLayer, ConvStateKeepsTheLastInputsAndReturnsThePreviousWindow) {
   EXPECT_TRUE(has(msg, "layer 7") && has(msg, "[B, T, 5]")) << msg;
   const Tensor other_batch = random_tensor(DType::kF32, {3, 1, kC}, rng);
   EXPECT_TRUE(has(error_of([&] { layer->update_conv_state(other_batch.view()); }), "batch 3"));
+}
+
+// recompute/linear_attention (the no-cache forward): each update_conv_state is a new sequence
+// from the zero state, of any batch; the recurrent state is zeroed with it.
+TEST(LinearStateLayer, RecomputeStartsEveryCallFromTheZeroState) {
+  std::mt19937 rng(12);
+  CacheConfig cfg = hybrid_config("recompute");
+  Cache cache(cfg);
+  ASSERT_TRUE(cache.is_linear(0));
+  EXPECT_EQ(cache.linear_layer(0).name(), "recompute/linear_attention");
+  for (int64_t batch : {2, 1, 3}) {
+    const Tensor x = random_tensor(DType::kF32, {batch, 2, kC}, rng);
+    const ConvStateUpdate u = cache.update_conv_state(0, x.view());
+    for (int64_t i = 0; i < u.previous.numel(); ++i)
+      EXPECT_EQ(u.previous.data_as<float>()[i], 0.0f) << "batch " << batch;
+    const TensorView rec = cache.linear_layer(0).recurrent_state();
+    for (int64_t i = 0; i < rec.numel(); ++i)
+      ASSERT_EQ(rec.data_as<float>()[i], 0.0f) << "batch " << batch;
+    EXPECT_EQ(cache.seq_length(0), 2);
+    // What a kernel would leave in the state: the next call must not see it.
+    rec.data_as<float>()[0] = 3.0f;
+    cache.update_recurrent_state(0, rec);
+  }
 }
 
 TEST(LinearStateLayer, RecurrentStateIsCopiedIntoAStableStore) {
