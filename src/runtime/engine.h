@@ -210,9 +210,9 @@ class Engine {
   void leave_queue(Request& r);  // once per request: admitted, or finished while queued
   void run_decodes(int64_t& budget);
   enum class ChunkStatus { kOk, kOutOfBlocks, kFailed };
-  ChunkStatus run_chunk(Seq& s, int64_t n);                 // plan_chunk, then forward_chunk
-  int64_t snapshot_aligned(const Seq& s, int64_t n) const;  // hybrid chunk ends
-  bool plan_chunk(Seq& s, int64_t n);                       // false: out of blocks, nothing changed
+  ChunkStatus run_chunk(Seq& s, int64_t n);                  // plan_chunk, then forward_chunk
+  int64_t hybrid_chunk(const Seq& s, int64_t budget) const;  // the next prefill chunk's tokens
+  bool plan_chunk(Seq& s, int64_t n);     // false: out of blocks, nothing changed
   bool forward_chunk(Seq& s, int64_t n);  // the planned chunk; false: it failed (contained)
   // Runs a planned forward of `seqs`; on an exception fails their requests, undoes the store's
   // step and returns false.
