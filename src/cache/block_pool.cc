@@ -194,10 +194,13 @@ void BlockPool::drop_content(int32_t id) {
     erase_slot(index_, i,
                [this](int32_t e) { return slot_of(blocks_[static_cast<size_t>(e)].key); });
   }
+  const bool was_keyed = b.keyed;
+  const BlockKey key = b.key;
   b.keyed = false;
   b.tail = 0;
   b.key = {};
   b.parent = {};
+  if (was_keyed && key_dropped_) key_dropped_(key);
 }
 
 void BlockPool::keep_tail(int32_t id, const BlockKey& parent, std::span<const uint8_t> extra,

@@ -24,8 +24,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvcache {
@@ -121,6 +123,12 @@ class BlockPool {
   void forget(int32_t id);
   // Drops every key and tail (the indexes forget everything; used blocks keep their content).
   void clear_index();
+  // Called with a block's key whenever the pool drops it (eviction by allocate() or evict(),
+  // forget(), clear_index()); not when commit() hands a key from a cached copy to a live one.
+  // The store drops what it attached to that key (hybrid models' state snapshots).
+  void set_key_drop_hook(std::function<void(const BlockKey&)> hook) {
+    key_dropped_ = std::move(hook);
+  }
 
   int32_t ref_count(int32_t id) const { return blocks_[check_id(id)].ref; }
   bool is_keyed(int32_t id) const { return blocks_[check_id(id)].keyed; }
@@ -178,6 +186,7 @@ class BlockPool {
   int32_t head_ = -1, tail_ = -1;  // free list: allocate() takes from head_
   int32_t n_free_ = 0, n_cached_ = 0;
   BlockPoolStats counters_;
+  std::function<void(const BlockKey&)> key_dropped_;
 };
 
 }  // namespace kvcache

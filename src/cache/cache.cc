@@ -200,11 +200,11 @@ int64_t Cache::max_length(std::optional<int> layer) const {
 
 bool Cache::is_linear(int layer) const {
   const CacheLayer* l = layers_[static_cast<size_t>(source_layer(layer))].get();
-  return dynamic_cast<const LinearStateLayer*>(l) != nullptr;
+  return dynamic_cast<const LinearCacheLayer*>(l) != nullptr;
 }
 
-const LinearStateLayer& Cache::linear_layer(int layer) const {
-  const auto* l = dynamic_cast<const LinearStateLayer*>(&this->layer(layer));
+const LinearCacheLayer& Cache::linear_layer(int layer) const {
+  const auto* l = dynamic_cast<const LinearCacheLayer*>(&this->layer(layer));
   if (l == nullptr) {
     std::string linear;
     for (int i = 0; i < num_layers(); ++i)
@@ -220,8 +220,8 @@ const LinearStateLayer& Cache::linear_layer(int layer) const {
   return *l;
 }
 
-LinearStateLayer& Cache::linear_layer(int layer) {
-  return const_cast<LinearStateLayer&>(static_cast<const Cache&>(*this).linear_layer(layer));
+LinearCacheLayer& Cache::linear_layer(int layer) {
+  return const_cast<LinearCacheLayer&>(static_cast<const Cache&>(*this).linear_layer(layer));
 }
 
 ConvStateUpdate Cache::update_conv_state(int layer, const TensorView& x) {
@@ -251,7 +251,7 @@ bool Cache::has_previous_state(std::optional<int> layer) const {
 
 void Cache::snapshot_linear_states() {
   for (auto& l : layers_)
-    if (auto* lin = dynamic_cast<LinearStateLayer*>(l.get())) lin->snapshot();
+    if (auto* lin = dynamic_cast<LinearCacheLayer*>(l.get())) lin->snapshot();
 }
 
 void Cache::invalidate_spans() {
@@ -261,7 +261,7 @@ void Cache::invalidate_spans() {
 void Cache::crop(int64_t n) {
   // A linear layer may refuse (no recording, no snapshot there): before any layer changes.
   for (auto& l : layers_)
-    if (auto* lin = dynamic_cast<LinearStateLayer*>(l.get())) lin->check_crop(n);
+    if (auto* lin = dynamic_cast<LinearCacheLayer*>(l.get())) lin->check_crop(n);
   invalidate_spans();
   for (auto& l : layers_)
     if (l) l->crop(n);

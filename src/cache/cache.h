@@ -20,7 +20,7 @@
 namespace kvcache {
 
 class PagedKVStore;      // cache/paged_store.h
-class LinearStateLayer;  // cache/linear_state_layer.h
+class LinearCacheLayer;  // cache/linear_state_layer.h
 struct ConvStateUpdate;  // cache/linear_state_layer.h
 
 // Options of the "paged" containers (cache/paged_layer.h).
@@ -30,6 +30,14 @@ struct PagedOptions {
   // paged layer builds a private store of block_tokens-token blocks sized for max_cache_len
   // tokens per batch row (max_batch_size rows, at least 1).
   std::shared_ptr<PagedKVStore> store = nullptr;
+  // Hybrid models (linear_attention layers): the linear layers' state is snapshotted for the
+  // prefix cache each time a sequence reaches a multiple of snapshot_every_blocks blocks (the
+  // runtime ends prefill chunks there), and at most max_snapshots snapshots are kept (each one
+  // sequence's whole state, e.g. 64 KiB on dummy:qwen3next-tiny, ~75 MiB on Qwen3-Next-80B;
+  // billed by the planner). A prefix hit restores the latest snapshot at or before it. 0: none
+  // (a hybrid model never hits). Read only when the model has linear layers.
+  int32_t snapshot_every_blocks = 4;
+  int32_t max_snapshots = 16;
 };
 
 // Options of the "quantized" containers (cache/quantized_layer.h).
@@ -153,8 +161,8 @@ class Cache {
   // Linear-attention layers (transformers v5's LinearAttentionCacheLayerMixin calls).
   bool is_linear(int layer) const;
   // The layer's state container; Error naming the layer's type when it is not linear.
-  LinearStateLayer& linear_layer(int layer);
-  const LinearStateLayer& linear_layer(int layer) const;
+  LinearCacheLayer& linear_layer(int layer);
+  const LinearCacheLayer& linear_layer(int layer) const;
   // See LinearStateLayer::update_conv_state / update_recurrent_state.
   ConvStateUpdate update_conv_state(int layer, const TensorView& x);
   TensorView update_recurrent_state(int layer, const TensorView& state);
@@ -162,7 +170,8 @@ class Cache {
   // since the cache was built or reset). No layer: the last linear layer. Error for an
   // attention layer, or when the cache has no linear layer.
   bool has_previous_state(std::optional<int> layer = std::nullopt) const;
-  // Every linear layer's LinearStateLayer::snapshot(): crop() may come back to this position.
+  // Every linear layer's snapshot(): crop() may come back to this position (the paged
+  // container refuses: it snapshots at block boundaries for the prefix cache on its own).
   void snapshot_linear_states();
 
   // Lifecycle over every owning layer; each also forgets the spans shared_kv() would return

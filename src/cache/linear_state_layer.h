@@ -56,6 +56,27 @@ struct ConvStateUpdate {
   TensorView state;
 };
 
+// The linear-attention face every container of "linear_attention" layers shows the model and
+// Cache (transformers v5's LinearAttentionCacheLayerMixin): LinearStateLayer (dynamic, static)
+// and PagedLinearLayer (paged, cache/paged_linear_layer.h).
+class LinearCacheLayer : public CacheLayer {
+ public:
+  // x: the new conv inputs [B, T, C]; see LinearStateLayer::update_conv_state.
+  virtual ConvStateUpdate update_conv_state(const TensorView& x) = 0;
+  // state [B, H_v, d_k, d_v]; returns the stored state (no copy when state is it).
+  virtual TensorView update_recurrent_state(const TensorView& state) = 0;
+  // The batch's stored states, [B, K-1, C] and [B, H_v, d_k, d_v] f32, writable.
+  virtual TensorView conv_state() const = 0;
+  virtual TensorView recurrent_state() const = 0;
+  virtual bool has_previous_state() const = 0;
+  virtual const LinearStateShape& shape() const = 0;
+  // The Error crop(n) would throw, without changing anything.
+  virtual void check_crop(int64_t n) const = 0;
+  // Keep the state at seq_length() so that crop() may come back here (Error where the
+  // container cannot).
+  virtual void snapshot() = 0;
+};
+
 struct LinearStateParams {
   std::string name;            // registry name, "dynamic/linear_attention"
   int layer_index = -1;        // model layer, for error messages
@@ -68,7 +89,7 @@ struct LinearStateParams {
   bool per_call = false;
 };
 
-class LinearStateLayer final : public CacheLayer {
+class LinearStateLayer final : public LinearCacheLayer {
  public:
   // Throws Error naming the layer when the shape is missing or invalid.
   explicit LinearStateLayer(LinearStateParams params);
@@ -86,28 +107,28 @@ class LinearStateLayer final : public CacheLayer {
   // window becomes the last K-1 inputs of (window, x); seq_length() grows by T; with past
   // recording on, x is kept for crop(). The batch must match the stored one unless the layer is
   // empty (seq_length() 0), where it may change.
-  ConvStateUpdate update_conv_state(const TensorView& x);
+  ConvStateUpdate update_conv_state(const TensorView& x) override;
   // state: [B, H_v, d_k, d_v], any float dtype. Copied into the stored state (no copy when it is
   // the stored state itself, e.g. recurrent_state() updated in place by the kernel); returns
   // the stored state [B, H_v, d_k, d_v] f32.
-  TensorView update_recurrent_state(const TensorView& state);
+  TensorView update_recurrent_state(const TensorView& state) override;
   // The stored states, [B, K-1, C] and [B, H_v, d_k, d_v] f32 (writable: the kernels update
   // them in place). Error before the first update.
-  TensorView conv_state() const;
-  TensorView recurrent_state() const;
+  TensorView conv_state() const override;
+  TensorView recurrent_state() const override;
   // True once update_conv_state or update_recurrent_state has run since construction, reset()
   // or a crop to 0 (transformers sets it on the conv update; a layer that only has a recurrent
   // state counts too).
-  bool has_previous_state() const { return has_previous_; }
+  bool has_previous_state() const override { return has_previous_; }
   int64_t batch() const { return batch_; }
-  const LinearStateShape& shape() const { return params_.shape; }
+  const LinearStateShape& shape() const override { return params_.shape; }
 
   // n < 0: drop the last |n| tokens; n >= 0: keep the first n. See the header comment for which
   // positions can be restored; Error (nothing changed) otherwise.
   void crop(int64_t n) override;
   // The Error crop(n) would throw, without changing anything (Cache checks all linear layers
   // before cropping any layer).
-  void check_crop(int64_t n) const;
+  void check_crop(int64_t n) const override;
   // Zeroes both states in place (same addresses); seq_length() 0; drops history and snapshots
   // (past recording stays on).
   void reset() override;
@@ -119,7 +140,7 @@ class LinearStateLayer final : public CacheLayer {
   bool is_recording() const { return recording_; }
   // Copies the recurrent state at seq_length(), so that crop() may come back here. Error unless
   // past recording is on (without it the conv window could not be rebuilt).
-  void snapshot();
+  void snapshot() override;
   // Positions crop() can restore besides 0 and seq_length(), ascending.
   std::vector<int64_t> snapshot_positions() const;
 

@@ -94,14 +94,7 @@ void PagedLayer::select(std::span<const int64_t> indices) {
 
 size_t PagedLayer::bytes() const {
   if (!store_) return 0;
-  size_t own = store_->layer_page_bytes(layer_);
-  if (is_leader()) {
-    size_t pages = 0;
-    for (int l = 0; l < static_cast<int>(store_->config().layer_types.size()); ++l)
-      pages += store_->layer_page_bytes(l);
-    own += store_->bytes() - pages;
-  }
-  return own;
+  return store_->layer_page_bytes(layer_) + (is_leader() ? store_->leader_extra_bytes() : 0);
 }
 
 namespace {

@@ -29,6 +29,7 @@ std::vector<PagedGroup> paged_groups(const std::vector<std::string>& layer_types
     const std::string& t = layer_types[l];
     int* slot = nullptr;
     PagedGroup proto;
+    if (t == "linear_attention") continue;  // state per sequence, no blocks (see the header)
     if (t == "full_attention") {
       slot = &full;
     } else if (t == "sliding_attention") {
@@ -40,9 +41,8 @@ std::vector<PagedGroup> paged_groups(const std::vector<std::string>& layer_types
       proto.window = sliding_window;
     } else {
       bad("layer " + std::to_string(l) + " has type '" + t +
-              "'; the paged cache serves full_attention and sliding_attention layers (use the "
-              "dynamic "
-              "or static cache for this model)",
+              "'; the paged cache serves full_attention, sliding_attention and "
+              "linear_attention layers (use the dynamic or static cache for this model)",
           ErrorKind::kUnsupported);
     }
     if (*slot < 0) {
@@ -88,6 +88,40 @@ size_t predict_pool_bytes(const PagedStoreConfig& c) {
   return total;
 }
 
+std::vector<int> paged_linear_layers(const PagedStoreConfig& c) {
+  std::vector<int> out;
+  for (size_t l = 0; l < c.layer_types.size(); ++l)
+    if (c.layer_types[l] == "linear_attention") out.push_back(static_cast<int>(l));
+  return out;
+}
+
+namespace {
+LinearSlotLayout linear_layout(const PagedStoreConfig& c) {
+  return {.shape = c.linear, .n_layers = static_cast<int>(paged_linear_layers(c).size())};
+}
+int32_t linear_slot_count(const PagedStoreConfig& c) {
+  return std::max<int32_t>(1, c.linear_slots);
+}
+}  // namespace
+
+size_t paged_linear_bytes_per_sequence(const PagedStoreConfig& c) {
+  return paged_linear_layers(c).empty() ? 0 : linear_layout(c).slot_bytes();
+}
+
+size_t predict_linear_state_bytes(const PagedStoreConfig& c) {
+  if (paged_linear_layers(c).empty()) return 0;
+  const LinearSlotLayout l = linear_layout(c);
+  const auto n = static_cast<size_t>(linear_slot_count(c));
+  // Workspaces: `previous` and the gathered windows, and the gathered recurrent states.
+  const size_t ws = n * static_cast<size_t>(2 * l.conv_elems() + l.rec_elems()) * sizeof(float);
+  return LinearStateSlots::predict_bytes(l, linear_slot_count(c)) + ws;
+}
+
+size_t predict_snapshot_bytes(const PagedStoreConfig& c) {
+  if (paged_linear_layers(c).empty()) return 0;
+  return LinearSnapshotStore::predict_bytes(linear_layout(c).slot_elems(), c.max_snapshots);
+}
+
 Tensor gather_paged(const PagedKV& kv, bool values) {
   const TensorView& pages = values ? kv.v_pages : kv.k_pages;
   int64_t S = 0;
@@ -115,7 +149,11 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
         " layers; it must leave at least one layer that stores");
   if (!dtype_is_float(config_.dtype)) bad("pages store f32, f16 or bf16", ErrorKind::kUnsupported);
   groups_ = paged_groups(config_.layer_types, config_.sliding_window);
-  if (groups_.empty()) bad("no layers");
+  if (groups_.empty())
+    bad("no attention layers: the paged cache pages K/V blocks and keys its prefix cache by "
+        "them; a model without full or sliding attention layers has nothing to page (use the "
+        "dynamic or static cache)",
+        ErrorKind::kUnsupported);
   if (config_.group_blocks.empty()) {
     if (config_.max_tokens <= 0) bad("needs a block count per group or max_tokens");
     config_.group_blocks = default_group_blocks(config_);
@@ -146,6 +184,37 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
   indptr_.resize(groups_.size());
   indices_.resize(groups_.size());
   last_len_.resize(groups_.size());
+  linear_index_.assign(n_layers, -1);
+  const std::vector<int> linear = paged_linear_layers(config_);
+  if (!linear.empty()) {
+    const LinearStateShape& ls = config_.linear;
+    if (ls.conv_kernel < 1 || ls.conv_dim < 1 || ls.heads_v < 1 || ls.head_dim_k < 1 ||
+        ls.head_dim_v < 1)
+      bad("layer " + std::to_string(linear[0]) +
+          " is linear_attention but the store has no valid linear state shape (conv_kernel " +
+          std::to_string(ls.conv_kernel) + ", conv_dim " + std::to_string(ls.conv_dim) +
+          ", heads_v " + std::to_string(ls.heads_v) + ", head_dim_k " +
+          std::to_string(ls.head_dim_k) + ", head_dim_v " + std::to_string(ls.head_dim_v) +
+          "); set PagedStoreConfig::linear from the model's cache config");
+    if (config_.linear_slots < 0 || config_.max_snapshots < 0 || config_.snapshot_every_blocks < 1)
+      bad("linear_slots and max_snapshots must be >= 0 and snapshot_every_blocks >= 1 (got " +
+          std::to_string(config_.linear_slots) + ", " + std::to_string(config_.max_snapshots) +
+          ", " + std::to_string(config_.snapshot_every_blocks) + ")");
+    for (size_t i = 0; i < linear.size(); ++i)
+      linear_index_[static_cast<size_t>(linear[i])] = static_cast<int>(i);
+    const LinearSlotLayout layout = linear_layout(config_);
+    const int32_t n = linear_slot_count(config_);
+    slots_ = std::make_unique<LinearStateSlots>(layout, n);
+    snaps_ = std::make_unique<LinearSnapshotStore>(layout.slot_elems(), config_.max_snapshots);
+    conv_prev_ws_ = Tensor::zeros(DType::kF32, {n, ls.conv_kernel - 1, ls.conv_dim});
+    conv_ws_ = Tensor::zeros(DType::kF32, {n, ls.conv_kernel - 1, ls.conv_dim});
+    rec_ws_ = Tensor::zeros(DType::kF32, {n, ls.heads_v, ls.head_dim_k, ls.head_dim_v});
+    // A snapshot is keyed by group 0's block ending at its position: it goes when that key
+    // goes (eviction), so no snapshot outlives the blocks a hit needs with it.
+    pools_[0]->set_key_drop_hook([this](const BlockKey& key) {
+      if (snaps_) snaps_->drop_with_block(key);
+    });
+  }
   if (config_.kv_heads > 0 && config_.head_dim > 0)
     allocate_pages(config_.kv_heads, config_.head_dim,
                    config_.head_dim_v > 0 ? config_.head_dim_v : config_.head_dim);
@@ -202,6 +271,12 @@ int64_t PagedKVStore::length(SeqId seq) const {
 }
 
 SeqId PagedKVStore::add_sequence(std::span<const uint8_t> salt) {
+  if (slots_ && slots_->num_free() == 0)
+    bad("all " + std::to_string(slots_->num_slots()) +
+            " linear-attention state slots are in use (one per live sequence of a hybrid "
+            "model); free a sequence first or build the store with more linear_slots (the "
+            "engine's max_running)",
+        ErrorKind::kOutOfRange);
   SeqId id = 0;
   while (id < static_cast<SeqId>(seqs_.size()) && seqs_[static_cast<size_t>(id)].live) ++id;
   if (id == static_cast<SeqId>(seqs_.size())) seqs_.emplace_back();
@@ -211,7 +286,14 @@ SeqId PagedKVStore::add_sequence(std::span<const uint8_t> salt) {
   s.salt.assign(salt.begin(), salt.end());
   s.tables.resize(groups_.size());
   s.keys.resize(groups_.size());
+  if (slots_) s.slot = slots_->acquire();
   return id;
+}
+
+void PagedKVStore::drop_seq(Seq& s) {
+  release_seq_blocks(s);
+  if (slots_ && s.slot >= 0) slots_->release(s.slot);
+  s = Seq{};
 }
 
 void PagedKVStore::release_seq_blocks(Seq& s) {
@@ -234,9 +316,7 @@ void PagedKVStore::release_seq_blocks(Seq& s) {
 
 void PagedKVStore::free_sequence(SeqId seq) {
   if (step_open_) bad("free_sequence during an unfinished step");
-  Seq& s = seq_ref(seq);
-  release_seq_blocks(s);
-  s = Seq{};
+  drop_seq(seq_ref(seq));
   const auto it = std::find(batch_.begin(), batch_.end(), seq);
   if (it != batch_.end()) {
     batch_.erase(it);
@@ -304,6 +384,11 @@ StepStatus PagedKVStore::plan_step(int64_t n_tokens, std::span<const int32_t> to
     bad("plan_step: " + std::to_string(tokens.size()) + " token ids for a batch of " +
         std::to_string(B) + " x " + std::to_string(n_tokens));
   const int64_t bt = config_.block_tokens;
+  for (const SeqId id : batch_)
+    if (seqs_[static_cast<size_t>(id)].state_lost)
+      bad("plan_step: sequence " + std::to_string(id) +
+          " lost its linear-attention state in an aborted step; free it (or crop it to 0) and "
+          "recompute it");
   // Blocks out of every window are dropped first: no later query of the sequence can see them,
   // so this is neutral even when the step is then refused.
   for (const SeqId id : batch_)
@@ -380,21 +465,7 @@ KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) 
       v.dim(3) != config_.head_dim_v)
     bad(where + "k/v have " + shape_text(k.dim(1), k.dim(3), v.dim(3)) + ", the pages hold " +
         shape_text(config_.kv_heads, config_.head_dim, config_.head_dim_v));
-  if (batch_.empty() && !step_open_) {
-    // Protocol use without a runtime: the batch rows become fresh sequences (lazy init).
-    for (int64_t b = 0; b < k.dim(0); ++b) batch_.push_back(add_sequence());
-    build_tables();
-  }
-  if (k.dim(0) != static_cast<int64_t>(batch_.size()))
-    bad(where + "update of " + std::to_string(k.dim(0)) + " rows for a batch of " +
-        std::to_string(batch_.size()) + " sequences");
-  if (!step_open_ && plan_step(k.dim(2)) == StepStatus::kOutOfBlocks)
-    bad(where + "out of blocks for " + std::to_string(k.dim(2)) + " more tokens of " +
-            std::to_string(batch_.size()) + " sequences; raise the KV budget or free sequences",
-        ErrorKind::kOutOfRange);
-  if (k.dim(2) != step_tokens_)
-    bad(where + "update of " + std::to_string(k.dim(2)) + " tokens in a step planned for " +
-        std::to_string(step_tokens_));
+  open_step_if_needed(where, k.dim(0), k.dim(2));
   if (step_wrote_[static_cast<size_t>(layer)]) bad(where + "updated twice in one step");
 
   const int g = layer_group_[static_cast<size_t>(layer)];
@@ -417,6 +488,31 @@ KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) 
       }
     }
   }
+  layer_done(layer);
+  return peek_span(layer);
+}
+
+void PagedKVStore::open_step_if_needed(const std::string& where, int64_t rows, int64_t tokens) {
+  if (batch_.empty() && !step_open_) {
+    // Protocol use without a runtime: the batch rows become fresh sequences (lazy init).
+    for (int64_t b = 0; b < rows; ++b) batch_.push_back(add_sequence());
+    build_tables();
+  }
+  if (rows != static_cast<int64_t>(batch_.size()))
+    bad(where + "update of " + std::to_string(rows) + " rows for a batch of " +
+        std::to_string(batch_.size()) + " sequences");
+  if (!step_open_ && plan_step(tokens) == StepStatus::kOutOfBlocks)
+    bad(where + "out of blocks for " + std::to_string(tokens) + " more tokens of " +
+            std::to_string(batch_.size()) + " sequences; raise the KV budget or free sequences",
+        ErrorKind::kOutOfRange);
+  if (tokens != step_tokens_)
+    bad(where + "update of " + std::to_string(tokens) + " tokens in a step planned for " +
+        std::to_string(step_tokens_));
+}
+
+void PagedKVStore::layer_done(int layer) {
+  if (step_wrote_[static_cast<size_t>(layer)])
+    bad("layer " + std::to_string(layer) + ": updated twice in one step");
   step_wrote_[static_cast<size_t>(layer)] = 1;
   if (!attached_[static_cast<size_t>(layer)]) attach_layer(layer);  // direct store use
   if (++step_writes_ >= n_attached_) {
@@ -427,11 +523,19 @@ KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) 
     for (const SeqId id : batch_) {
       Seq& s = seqs_[static_cast<size_t>(id)];
       commit_full_blocks(s);
+      take_snapshot(s);
       for (int gg = 0; gg < num_groups(); ++gg) drop_out_of_window(gg, s, s.len);
     }
   }
+}
 
-  return peek_span(layer);
+void PagedKVStore::take_snapshot(const Seq& s) {
+  if (!snaps_ || snaps_->capacity() == 0 || !s.tokens_known || s.len == 0) return;
+  const int64_t every = static_cast<int64_t>(config_.snapshot_every_blocks) * config_.block_tokens;
+  if (s.len % every != 0) return;
+  const std::vector<BlockKey>& keys = s.keys[0];
+  if (static_cast<int64_t>(keys.size()) * config_.block_tokens != s.len) return;
+  snaps_->put(keys.back(), s.len, slots_->slot_data(s.slot));
 }
 
 void PagedKVStore::abort_step() {
@@ -439,6 +543,9 @@ void PagedKVStore::abort_step() {
   const int64_t bt = config_.block_tokens;
   for (size_t b = 0; b < batch_.size(); ++b) {
     Seq& s = seqs_[static_cast<size_t>(batch_[b])];
+    // Linear layers may have updated the state in place: it is no longer the state at the
+    // restored length (plan_step refuses the sequence until it is freed or cropped to 0).
+    if (slots_) s.state_lost = true;
     s.len = step_base_[b];
     if (s.tokens_known) s.tokens.resize(static_cast<size_t>(s.len));
     for (size_t g = 0; g < groups_.size(); ++g) {
@@ -534,12 +641,21 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
     }
   }
   int64_t j = nj;
-  while (j > 0 && !ok[static_cast<size_t>(j)]) --j;
+  // Hybrid models: the linear layers need their state at the hit, which exists only where a
+  // snapshot was taken: the latest such block boundary that every group can serve (none: no
+  // hit, never a state that does not belong to the tokens).
+  const auto usable = [&](int64_t n) {
+    if (!ok[static_cast<size_t>(n)]) return false;
+    return !slots_ || snaps_->contains(keys[0][static_cast<size_t>(n - 1)]);
+  };
+  while (j > 0 && !usable(j)) --j;
   hit.full = j * bt;
+  if (slots_ && j > 0) hit.snapshot = keys[0][static_cast<size_t>(j - 1)];
   for (size_t g = 0; g < groups_.size(); ++g) {
     keys[g].resize(static_cast<size_t>(j));
     ids[g].resize(static_cast<size_t>(j));
   }
+  if (slots_) return hit;  // no tail: a partial block has no state snapshot
   const auto head_len =
       std::min<int64_t>(bt - 1, static_cast<int64_t>(tokens.size()) - 1 - hit.full);
   if (mode == PrefixMatch::kFullBlocks || head_len <= 0) return hit;
@@ -606,6 +722,11 @@ int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens, 
       pool.release(src);
     }
   }
+  if (slots_) {
+    const float* snap = snaps_->get(hit.snapshot);
+    KV_CHECK(snap != nullptr, "find_prefix promised a state snapshot");
+    std::memcpy(slots_->slot_data(s.slot), snap, slots_->layout().slot_bytes());
+  }
   s.tokens.assign(tokens.begin(), tokens.begin() + m);
   s.len = m;
   if (std::find(batch_.begin(), batch_.end(), seq) != batch_.end()) build_tables();
@@ -632,6 +753,7 @@ bool PagedKVStore::fork(SeqId seq, int n, std::vector<SeqId>& children) {
   if (partial != 0)
     for (const auto& pool : pools_)
       if (pool->num_available() < n) return false;
+  if (slots_ && slots_->num_free() < n) return false;
   for (int c = 0; c < n; ++c) {
     const SeqId child = add_sequence(seq_ref(seq).salt);  // may reallocate seqs_
     const Seq& s = seq_ref(seq);
@@ -640,6 +762,7 @@ bool PagedKVStore::fork(SeqId seq, int n, std::vector<SeqId>& children) {
     d.tokens_known = s.tokens_known;
     d.tokens = s.tokens;
     d.keys = s.keys;
+    if (slots_) slots_->copy(s.slot, d.slot);
     for (int g = 0; g < num_groups(); ++g) {
       BlockPool& pool = *pools_[static_cast<size_t>(g)];
       const std::vector<int32_t>& src = s.tables[static_cast<size_t>(g)];
@@ -668,6 +791,12 @@ void PagedKVStore::crop(int64_t n) {
     const Seq& s = seqs_[static_cast<size_t>(batch_[b])];
     target[b] = n < 0 ? std::max<int64_t>(0, s.len + n) : std::min(n, s.len);
     if (target[b] == s.len) continue;
+    if (slots_ && target[b] != 0)
+      bad("crop to " + std::to_string(target[b]) + " of " + std::to_string(s.len) +
+              " tokens: a hybrid model's linear-attention state cannot go back (the paged "
+              "store keeps no per-token history); crop to 0 or keep the length, or use the "
+              "dynamic cache with activate_past_recording() and snapshots",
+          ErrorKind::kUnsupported);
     for (int g = 0; g < num_groups(); ++g) {
       const std::vector<int32_t>& t = s.tables[static_cast<size_t>(g)];
       for (int64_t i = first_visible(g, target[b]) / bt; i < ceil_div(target[b], bt); ++i)
@@ -710,16 +839,17 @@ void PagedKVStore::crop(int64_t n) {
     }
     if (s.tokens_known) s.tokens.resize(static_cast<size_t>(target[b]));
     s.len = target[b];
+    if (slots_) {  // target 0 (checked above): the zero state
+      slots_->zero(s.slot);
+      s.state_lost = false;
+    }
   }
   build_tables();
 }
 
 void PagedKVStore::reset() {
   for (Seq& s : seqs_)
-    if (s.live) {
-      release_seq_blocks(s);
-      s = Seq{};
-    }
+    if (s.live) drop_seq(s);
   batch_.clear();
   step_open_ = false;
   build_tables();
@@ -742,6 +872,14 @@ void PagedKVStore::remap(std::span<const int64_t> rows) {
     if (copies > pool->num_available())
       bad("out of blocks for the partial blocks of " + std::to_string(copies) + " copied rows",
           ErrorKind::kOutOfRange);
+  if (slots_) {
+    int64_t forks = 0;
+    for (const int u : uses) forks += std::max(0, u - 1);
+    if (forks > slots_->num_free())
+      bad("out of linear-attention state slots for " + std::to_string(forks) + " repeated rows (" +
+              std::to_string(slots_->num_free()) + " free)",
+          ErrorKind::kOutOfRange);
+  }
   const std::vector<SeqId> old = batch_;
   std::vector<SeqId> next;
   std::vector<uint8_t> taken(old.size(), 0);
@@ -758,11 +896,7 @@ void PagedKVStore::remap(std::span<const int64_t> rows) {
   }
   batch_ = next;
   for (size_t r = 0; r < old.size(); ++r)
-    if (!taken[r]) {
-      Seq& s = seqs_[static_cast<size_t>(old[r])];
-      release_seq_blocks(s);
-      s = Seq{};
-    }
+    if (!taken[r]) drop_seq(seqs_[static_cast<size_t>(old[r])]);
   build_tables();
 }
 
@@ -803,8 +937,32 @@ size_t PagedKVStore::pool_bytes() const {
   return total;
 }
 
+size_t PagedKVStore::linear_state_bytes() const {
+  if (!slots_) return 0;
+  return slots_->bytes() + conv_prev_ws_.size_bytes() + conv_ws_.size_bytes() +
+         rec_ws_.size_bytes();
+}
+
+size_t PagedKVStore::snapshot_bytes() const {
+  return snaps_ ? snaps_->bytes() : 0;
+}
+
+size_t PagedKVStore::layer_state_bytes(int layer) const {
+  if (linear_index(layer) < 0) return 0;
+  const auto per = static_cast<size_t>(slots_->layout().layer_elems()) * sizeof(float);
+  return per * static_cast<size_t>(slots_->num_slots() + snaps_->capacity());
+}
+
+size_t PagedKVStore::leader_extra_bytes() const {
+  size_t own = 0;
+  for (int l = 0; l < static_cast<int>(config_.layer_types.size()); ++l)
+    own += layer_page_bytes(l) + layer_state_bytes(l);
+  return bytes() - own;
+}
+
 size_t PagedKVStore::bytes() const {
-  size_t total = pool_bytes() + seqs_.capacity() * sizeof(Seq) + batch_.capacity() * sizeof(SeqId) +
+  size_t total = pool_bytes() + linear_state_bytes() + snapshot_bytes() +
+                 seqs_.capacity() * sizeof(Seq) + batch_.capacity() * sizeof(SeqId) +
                  step_base_.capacity() * sizeof(int64_t);
   for (const Seq& s : seqs_) {
     total += s.tokens.capacity() * sizeof(int32_t) + s.salt.capacity();
@@ -819,6 +977,21 @@ size_t PagedKVStore::bytes() const {
 
 std::string PagedKVStore::check_invariants() const {
   const int64_t bt = config_.block_tokens;
+  if (slots_) {
+    int32_t live = 0;
+    std::vector<uint8_t> seen(static_cast<size_t>(slots_->num_slots()), 0);
+    for (size_t id = 0; id < seqs_.size(); ++id) {
+      const Seq& s = seqs_[id];
+      if (!s.live) continue;
+      ++live;
+      if (!slots_->in_use(s.slot) || seen[static_cast<size_t>(s.slot)]++)
+        return "sequence " + std::to_string(id) + ": linear state slot " + std::to_string(s.slot) +
+               " not in use or held twice";
+    }
+    if (live + slots_->num_free() != slots_->num_slots())
+      return "linear state slots: " + std::to_string(live) + " live sequences + " +
+             std::to_string(slots_->num_free()) + " free != " + std::to_string(slots_->num_slots());
+  }
   for (int g = 0; g < num_groups(); ++g) {
     const BlockPool& pool = *pools_[static_cast<size_t>(g)];
     std::string e = pool.check_invariants();
@@ -848,6 +1021,154 @@ std::string PagedKVStore::check_invariants() const {
                std::to_string(refs[static_cast<size_t>(b)]) + " table entries";
   }
   return {};
+}
+
+int PagedKVStore::linear_index(int layer) const {
+  if (layer < 0 || layer >= static_cast<int>(linear_index_.size())) return -1;
+  return linear_index_[static_cast<size_t>(layer)];
+}
+
+void PagedKVStore::check_linear_call(int layer, const char* what) const {
+  if (linear_index(layer) < 0)
+    bad(std::string(what) + ": layer " + std::to_string(layer) +
+        " is not a linear_attention layer");
+}
+
+bool PagedKVStore::batch_slots_consecutive() const {
+  for (size_t b = 1; b < batch_.size(); ++b)
+    if (seqs_[static_cast<size_t>(batch_[b])].slot !=
+        seqs_[static_cast<size_t>(batch_[0])].slot + static_cast<int32_t>(b))
+      return false;
+  return true;
+}
+
+// Layer li's states of `rows` consecutive slots from the batch's first one, as one view.
+TensorView PagedKVStore::slot_view(int li, bool recurrent, int64_t rows) const {
+  const LinearStateShape& ls = config_.linear;
+  const int64_t se = slots_->layout().slot_elems();
+  float* base =
+      const_cast<LinearStateSlots&>(*slots_).conv(seqs_[static_cast<size_t>(batch_[0])].slot, li);
+  if (!recurrent)
+    return TensorView(base, DType::kF32, {rows, ls.conv_kernel - 1, ls.conv_dim},
+                      Dims{se, ls.conv_dim, 1, 0});
+  return TensorView(base + slots_->layout().conv_elems(), DType::kF32,
+                    {rows, ls.heads_v, ls.head_dim_k, ls.head_dim_v},
+                    Dims{se, ls.head_dim_k * ls.head_dim_v, ls.head_dim_v, 1});
+}
+
+ConvStateUpdate PagedKVStore::linear_conv_update(int layer, const TensorView& x) {
+  check_linear_call(layer, "update_conv_state");
+  const LinearStateShape& ls = config_.linear;
+  const std::string where = "layer " + std::to_string(layer) + " (paged/linear_attention): ";
+  if (x.ndim() != 3 || x.dim(2) != ls.conv_dim || x.dim(1) < 1 || x.dim(0) < 1 ||
+      !dtype_is_float(x.dtype()))
+    bad(where + "update_conv_state(x): x must be the new conv inputs [B, T, " +
+        std::to_string(ls.conv_dim) + "] (B, T >= 1, f32, f16 or bf16); got " + x.shape().str() +
+        " " + dtype_name(x.dtype()));
+  if (x.dim(0) > slots_->num_slots())
+    bad(where + "update_conv_state: batch " + std::to_string(x.dim(0)) + " but the store has " +
+            std::to_string(slots_->num_slots()) + " linear state slots",
+        ErrorKind::kOutOfRange);
+  open_step_if_needed(where, x.dim(0), x.dim(1));
+  if (step_wrote_[static_cast<size_t>(layer)]) bad(where + "updated twice in one step");
+  const int li = linear_index(layer);
+  const int64_t B = x.dim(0), T = x.dim(1), w = ls.conv_kernel - 1, C = ls.conv_dim;
+  ConvStateUpdate out;
+  out.previous = conv_prev_ws_.view().slice(0, 0, B);
+  for (int64_t b = 0; b < B; ++b) {
+    float* win = slots_->conv(seqs_[static_cast<size_t>(batch_[static_cast<size_t>(b)])].slot, li);
+    const TensorView stored(win, DType::kF32, {w, C});
+    const TensorView prev = out.previous.slice(0, b, b + 1);
+    const TensorView prev2(prev.data(), DType::kF32, {w, C});
+    copy_view(stored, prev2);
+    const int64_t keep = std::max<int64_t>(0, w - T);  // rows of the old window that stay
+    if (keep > 0) copy_view(prev2.slice(0, w - keep, w), stored.slice(0, 0, keep));
+    if (w - keep > 0) {
+      const TensorView xb(x.ptr(b, T - (w - keep), 0), x.dtype(), {w - keep, C},
+                          Dims{x.stride(1), x.stride(2), 0, 0});
+      copy_view(xb, stored.slice(0, keep, w));
+    }
+  }
+  out.state = linear_conv_state(layer);
+  return out;
+}
+
+TensorView PagedKVStore::linear_conv_state(int layer) {
+  check_linear_call(layer, "conv_state");
+  if (batch_.empty()) bad("conv_state: the batch is empty (no update yet)");
+  const auto B = static_cast<int64_t>(batch_.size());
+  if (batch_slots_consecutive()) return slot_view(linear_index(layer), false, B);
+  const TensorView ws = conv_ws_.view().slice(0, 0, B);
+  const int64_t n = slots_->layout().conv_elems();
+  for (int64_t b = 0; b < B; ++b)
+    std::memcpy(ws.ptr(b),
+                slots_->conv(seqs_[static_cast<size_t>(batch_[b])].slot, linear_index(layer)),
+                static_cast<size_t>(n) * sizeof(float));
+  return ws;
+}
+
+TensorView PagedKVStore::linear_recurrent_state(int layer) {
+  check_linear_call(layer, "recurrent_state");
+  if (batch_.empty()) bad("recurrent_state: the batch is empty (no update yet)");
+  const auto B = static_cast<int64_t>(batch_.size());
+  if (batch_slots_consecutive()) return slot_view(linear_index(layer), true, B);
+  const TensorView ws = rec_ws_.view().slice(0, 0, B);
+  const int64_t n = slots_->layout().rec_elems();
+  for (int64_t b = 0; b < B; ++b)
+    std::memcpy(ws.ptr(b),
+                slots_->rec(seqs_[static_cast<size_t>(batch_[b])].slot, linear_index(layer)),
+                static_cast<size_t>(n) * sizeof(float));
+  return ws;
+}
+
+TensorView PagedKVStore::linear_recurrent_update(int layer, const TensorView& st) {
+  check_linear_call(layer, "update_recurrent_state");
+  const LinearStateShape& ls = config_.linear;
+  const std::string where = "layer " + std::to_string(layer) + " (paged/linear_attention): ";
+  if (st.ndim() != 4 || st.dim(1) != ls.heads_v || st.dim(2) != ls.head_dim_k ||
+      st.dim(3) != ls.head_dim_v || !dtype_is_float(st.dtype()))
+    bad(where + "update_recurrent_state(state): state must be [B, " + std::to_string(ls.heads_v) +
+        ", " + std::to_string(ls.head_dim_k) + ", " + std::to_string(ls.head_dim_v) +
+        "] (f32, f16 or bf16); got " + st.shape().str() + " " + dtype_name(st.dtype()));
+  if (st.dim(0) > slots_->num_slots())
+    bad(where + "update_recurrent_state: batch " + std::to_string(st.dim(0)) +
+            " but the store has " + std::to_string(slots_->num_slots()) + " linear state slots",
+        ErrorKind::kOutOfRange);
+  open_step_if_needed(where, st.dim(0), step_open_ ? step_tokens_ : 1);
+  if (step_wrote_[static_cast<size_t>(layer)]) bad(where + "updated twice in one step");
+  const int li = linear_index(layer);
+  const auto B = static_cast<int64_t>(batch_.size());
+  const bool direct = batch_slots_consecutive();
+  const TensorView stored = direct ? slot_view(li, true, B) : rec_ws_.view().slice(0, 0, B);
+  const bool same =
+      st.data() == stored.data() && st.dtype() == DType::kF32 && st.strides() == stored.strides();
+  if (!same) {
+    const auto* p = static_cast<const std::byte*>(st.data());
+    const auto* lo = static_cast<const std::byte*>(rec_ws_.data());
+    const bool in_ws = p >= lo && p < lo + rec_ws_.size_bytes();
+    if (in_ws && !direct && p != lo)
+      bad(where +
+          "update_recurrent_state(state): state overlaps the workspace without being "
+          "it; pass recurrent_state() itself or a separate tensor");
+    if (!in_ws || direct) copy_view(st, stored);
+  }
+  if (!direct) {  // scatter the batch rows back into their slots
+    const int64_t n = slots_->layout().rec_elems();
+    for (int64_t b = 0; b < B; ++b)
+      std::memcpy(slots_->rec(seqs_[static_cast<size_t>(batch_[b])].slot, li), stored.ptr(b),
+                  static_cast<size_t>(n) * sizeof(float));
+  }
+  layer_done(layer);
+  return stored;
+}
+
+bool PagedKVStore::linear_has_previous() const {
+  for (size_t b = 0; b < batch_.size(); ++b) {
+    const Seq& s = seqs_[static_cast<size_t>(batch_[b])];
+    const int64_t before = step_open_ ? step_base_[b] : s.len;
+    if (before > 0) return true;
+  }
+  return false;
 }
 
 }  // namespace kvcache

@@ -26,6 +26,18 @@
 // KV-shared layers (num_kv_shared_layers, Gemma-3n) belong to their type's group for the
 // tables but own no pages: they read their source layer's span.
 //
+// Hybrid models (issue 38): "linear_attention" layers belong to no group and own no pages. Their
+// state is per sequence, outside the block pool: a fixed arena of `linear_slots` slots
+// (cache/paged_linear_state.h), one per live sequence, taken by add_sequence (zeroed) and given
+// back when the sequence is freed; fork / remap copy slots; crop goes to 0 (zeroes) or nowhere
+// (the recurrent state cannot go back). PagedLinearLayer (cache/paged_linear_layer.h) reads and
+// writes the batch's slots. Prefix caching: when a step ends with a sequence exactly at a
+// multiple of snapshot_every_blocks blocks and its blocks are keyed, every linear layer's state
+// is copied into the snapshot store under the key of the block ending there; a prefix hit is
+// then cut to the latest block boundary that has a snapshot (no snapshot: no hit) and
+// attach_prefix restores it, so the linear layers continue exactly where the cached blocks end
+// (no tail copy: a tail has no state). A snapshot is erased when its block's key is dropped.
+//
 // Ownership: the store owns pages, pools and tables; spans point into them and are valid until
 // the next step or lifecycle call. Not thread-safe (one runtime thread drives it).
 #pragma once
@@ -38,6 +50,8 @@
 #include <vector>
 
 #include "cache/block_pool.h"
+#include "cache/linear_state_layer.h"
+#include "cache/paged_linear_state.h"
 #include "core/dtype.h"
 #include "core/kv_span.h"
 #include "core/tensor.h"
@@ -71,6 +85,16 @@ struct PagedStoreConfig {
   // for `max_tokens` tokens (full) or one window plus a step (sliding).
   std::vector<int32_t> group_blocks;
   int64_t max_tokens = 0;
+  // Hybrid models: the linear layers' state shape (CacheConfig::linear), required when a layer
+  // is "linear_attention", and the sequences that may hold state at once (one slot each; the
+  // engine's max_running; add_sequence refuses beyond, 0 = 1 slot).
+  LinearStateShape linear = {};
+  int32_t linear_slots = 0;
+  // Snapshot the state each time a sequence reaches a multiple of this many blocks (the
+  // runtime ends prefill chunks there), keeping at most max_snapshots (least recently used
+  // replaced). max_snapshots 0: none, and a hybrid model never hits the prefix cache.
+  int32_t snapshot_every_blocks = 4;
+  int32_t max_snapshots = 0;
 };
 
 // Blocks each group gets when config.group_blocks is empty (kept here so the planner, the
@@ -83,6 +107,14 @@ size_t paged_block_bytes(const PagedStoreConfig& config, const PagedGroup& group
 bool paged_layer_owns_pages(const PagedStoreConfig& config, int layer);
 // Exact pool_bytes() of a store built from `config` (kv_heads/head_dim must be set).
 size_t predict_pool_bytes(const PagedStoreConfig& config);
+// Model layer indices of the "linear_attention" layers, in order.
+std::vector<int> paged_linear_layers(const PagedStoreConfig& config);
+// Exact linear_state_bytes() and snapshot_bytes() of a store built from `config` (0 without
+// linear layers): slots + the batch workspaces, and the snapshot arena.
+size_t predict_linear_state_bytes(const PagedStoreConfig& config);
+size_t predict_snapshot_bytes(const PagedStoreConfig& config);
+// Bytes of one sequence's state (every linear layer), what the planner bills per sequence.
+size_t paged_linear_bytes_per_sequence(const PagedStoreConfig& config);
 
 enum class StepStatus { kOk, kOutOfBlocks };
 
@@ -110,8 +142,9 @@ class PagedKVStore {
   const PagedGroup& group(int g) const { return groups_[static_cast<size_t>(g)]; }
   int group_of_layer(int layer) const { return layer_group_[static_cast<size_t>(layer)]; }
   int32_t block_tokens() const { return config_.block_tokens; }
-  bool allocated() const {
-    return !k_pages_.empty() && k_pages_[0].defined() && k_pages_[0].size_bytes() > 0;
+  bool allocated() const {  // the first attention layer's pages (linear layers own none)
+    const auto l = static_cast<size_t>(groups_.empty() ? 0 : groups_[0].layers[0]);
+    return l < k_pages_.size() && k_pages_[l].defined() && k_pages_[l].size_bytes() > 0;
   }
 
   // --- sequences and the batch -----------------------------------------------------------
@@ -174,6 +207,35 @@ class PagedKVStore {
   // repeat_interleave): a row used again is forked, rows not listed are freed.
   void remap(std::span<const int64_t> rows);
 
+  // --- linear-attention state (hybrid models; PagedLinearLayer) ---------------------------
+  bool has_linear() const { return slots_ != nullptr; }
+  int linear_index(int layer) const;  // among the linear layers; -1 for other layers
+  int32_t slot_of(SeqId seq) const { return seq_ref(seq).slot; }
+  int32_t free_linear_slots() const { return slots_ ? slots_->num_free() : 0; }
+  // update_conv_state of `layer` for the batch: x [B, T, C]; T must be the open step's tokens
+  // (no open step and no batch: protocol use, the rows become new sequences and the step is
+  // planned, as write() does). previous: the windows before x, in a workspace; state: the
+  // stored windows (a view of the slots when the batch's slots are consecutive, else a copy).
+  ConvStateUpdate linear_conv_update(int layer, const TensorView& x);
+  // The batch's recurrent states [B, H_v, d_k, d_v]: a writable view of the slots when
+  // consecutive, else a gathered copy in a workspace (valid until the next linear call).
+  TensorView linear_recurrent_state(int layer);
+  TensorView linear_conv_state(int layer);
+  // Stores s [B, H_v, d_k, d_v] into the batch's slots (nothing to copy when s is the view
+  // linear_recurrent_state returned over the slots) and ends this layer's part of the step.
+  TensorView linear_recurrent_update(int layer, const TensorView& s);
+  // Whether any batch sequence had tokens (or a restored snapshot) before the open step.
+  bool linear_has_previous() const;
+  const LinearSnapshotStore* snapshots() const { return snaps_.get(); }
+  size_t linear_state_bytes() const;  // slots + workspaces (constant)
+  size_t snapshot_bytes() const;      // the snapshot arena (constant)
+  // A linear layer's share of the slots and snapshot arenas (its state in every slot and
+  // snapshot); 0 for other layers.
+  size_t layer_state_bytes(int layer) const;
+  // bytes() minus every layer's pages and state shares: what the leader layer reports on top
+  // of its own, so the layers' bytes() add up to bytes().
+  size_t leader_extra_bytes() const;
+
   // --- accounting -------------------------------------------------------------------------
   PagedGroupStats stats(int g) const;
   size_t used_bytes() const;  // sum over groups
@@ -203,6 +265,8 @@ class PagedKVStore {
     std::vector<uint8_t> salt;
     std::vector<std::vector<int32_t>> tables;  // [group][blocks]
     std::vector<std::vector<BlockKey>> keys;   // [group][committed blocks]
+    int32_t slot = -1;                         // linear state slot (hybrid models)
+    bool state_lost = false;                   // abort_step left its linear state half-updated
   };
 
   // What match_prefix found: `full` tokens in shared blocks (per group, their keys and ids; -1
@@ -212,6 +276,7 @@ class PagedKVStore {
     std::vector<std::vector<BlockKey>> keys;   // [group][full / block_tokens]
     std::vector<std::vector<int32_t>> blocks;  // [group][full / block_tokens]
     std::vector<int32_t> tail_src;             // [group] (when tail > 0)
+    BlockKey snapshot;                         // hybrid: the snapshot at `full`
   };
   PrefixHit find_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt,
                         PrefixMatch mode);
@@ -229,6 +294,16 @@ class PagedKVStore {
   void copy_block(int g, int32_t src, int32_t dst, int64_t slots);
   void build_tables();
   void release_seq_blocks(Seq& s);
+  void drop_seq(Seq& s);  // blocks and slot released, the entry emptied
+  // Protocol use: the first update of a step plans it (rows become sequences when none).
+  void open_step_if_needed(const std::string& where, int64_t rows, int64_t tokens);
+  // A layer finished its part of the open step; the last one closes it.
+  void layer_done(int layer);
+  void take_snapshot(const Seq& s);
+  // Slots of the batch; whether they are consecutive (one strided view).
+  bool batch_slots_consecutive() const;
+  TensorView slot_view(int li, bool recurrent, int64_t rows) const;
+  void check_linear_call(int layer, const char* what) const;
 
   PagedStoreConfig config_;
   std::vector<PagedGroup> groups_;
@@ -247,6 +322,11 @@ class PagedKVStore {
   int n_attached_ = 0;
   // CSR page tables of the batch per group, rebuilt when a step opens.
   std::vector<std::vector<int32_t>> indptr_, indices_, last_len_;
+  // Hybrid models.
+  std::vector<int> linear_index_;  // [n_layers]: index among the linear layers, -1
+  std::unique_ptr<LinearStateSlots> slots_;
+  std::unique_ptr<LinearSnapshotStore> snaps_;
+  Tensor conv_prev_ws_, conv_ws_, rec_ws_;  // [linear_slots, ...] batch workspaces
 };
 
 }  // namespace kvcache

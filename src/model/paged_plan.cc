@@ -31,6 +31,15 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
     sc.head_dim_v = model.head_dim;
   }
   sc.num_kv_shared_layers = static_cast<int>(model.num_kv_shared_layers);
+  sc.linear = o.linear;
+  sc.linear_slots = o.linear_slots;
+  sc.snapshot_every_blocks = o.snapshot_every_blocks;
+  sc.max_snapshots = o.max_snapshots;
+  // Constant per running sequence and per snapshot: billed before any block.
+  plan.linear_bytes_per_sequence = paged_linear_bytes_per_sequence(sc);
+  plan.linear_state_bytes = predict_linear_state_bytes(sc);
+  plan.snapshot_bytes = predict_snapshot_bytes(sc);
+  const size_t state_bytes = plan.linear_state_bytes + plan.snapshot_bytes;
   const std::vector<PagedGroup> groups = paged_groups(sc.layer_types, sc.sliding_window);
   const int n_threads = o.n_threads > 0 ? o.n_threads : default_pool().n_threads();
   // The eager paged kernel's per-thread f32 copy of one sequence's K and V (plus a score) per
@@ -63,7 +72,8 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
     const size_t activations = act(plan.max_tokens_per_step);
     size_t per_block = scratch_per_token * static_cast<size_t>(o.block_tokens);
     for (const PagedGroup& g : groups) per_block += paged_block_bytes(sc, g);
-    const size_t left = o.budget_bytes > activations ? o.budget_bytes - activations : 0;
+    const size_t fixed = activations + state_bytes;
+    const size_t left = o.budget_bytes > fixed ? o.budget_bytes - fixed : 0;
     // Every group gets the same block count (a sliding group's block 0 is its null block).
     auto blocks = static_cast<int64_t>(left / per_block);
     const auto fits = [&](int64_t n) {
@@ -76,8 +86,10 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
       throw Error(ErrorKind::kInvalidArgument,
                   "paged plan: a budget of " + std::to_string(o.budget_bytes) +
                       " bytes cannot hold one forward step (" + std::to_string(activations) +
-                      " bytes of activations) and two blocks of " + std::to_string(per_block) +
-                      " bytes; raise --kv-budget");
+                      " bytes of activations), the linear-attention state (" +
+                      std::to_string(plan.linear_state_bytes) + " bytes) and snapshots (" +
+                      std::to_string(plan.snapshot_bytes) + " bytes) and two blocks of " +
+                      std::to_string(per_block) + " bytes; raise --kv-budget");
     sc.group_blocks.assign(groups.size(),
                            static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX)));
   }

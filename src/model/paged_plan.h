@@ -30,6 +30,13 @@ struct PagedPlanOptions {
   std::vector<std::string> layer_types;
   int64_t sliding_window = 0;
   int n_threads = 0;  // attention scratch per thread; 0: the default pool's
+  // Hybrid models (linear_attention layers): the state shape (CacheConfig::linear), the
+  // sequences holding state at once (one slot each: the engine's max_running, a session's 1)
+  // and the snapshot policy (PagedOptions). Billed: slots (+ workspaces) and the snapshots.
+  LinearStateShape linear = {};
+  int32_t linear_slots = 1;
+  int32_t snapshot_every_blocks = 4;
+  int32_t max_snapshots = 0;
 };
 
 struct PagedMemoryPlan {
@@ -41,7 +48,15 @@ struct PagedMemoryPlan {
   size_t attention_scratch_bytes = 0;
   size_t pool_bytes = 0;          // pages + pool metadata of the store
   int64_t max_cached_tokens = 0;  // tokens the full-attention group can hold
-  size_t total_bytes() const { return activation_bytes + attention_scratch_bytes + pool_bytes; }
+  // Hybrid models: one sequence's state (every linear layer), constant per running sequence;
+  // the slots of every running sequence plus the store's workspaces; the snapshot arena.
+  size_t linear_bytes_per_sequence = 0;
+  size_t linear_state_bytes = 0;
+  size_t snapshot_bytes = 0;
+  size_t total_bytes() const {
+    return activation_bytes + attention_scratch_bytes + pool_bytes + linear_state_bytes +
+           snapshot_bytes;
+  }
 };
 
 // Throws Error(kInvalidArgument) when the budget cannot hold one step and two blocks, or the

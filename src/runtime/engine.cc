@@ -138,6 +138,11 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   po.kv_dtype = co.kv_dtype.value_or(DType::kF32);
   po.max_tokens_per_step = config_.max_tokens_per_step;
   po.max_cached_tokens = co.max_cache_len > 0 ? co.max_cache_len : kDefaultPoolTokens;
+  // Hybrid models: one state slot per running sequence, snapshots for the prefix cache.
+  po.linear = model_cache_config(mc, co).linear;
+  po.linear_slots = config_.max_running;
+  po.snapshot_every_blocks = co.paged.snapshot_every_blocks;
+  po.max_snapshots = co.paged.max_snapshots;
   PagedMemoryPlan plan = plan_paged_memory(mc, po);
   if (config_.num_blocks > 0) {
     for (int32_t& b : plan.store.group_blocks) b = config_.num_blocks;
@@ -459,15 +464,22 @@ void Engine::admit_and_prefill(int64_t& budget) {
   for (Seq* s : step_seqs_) {
     if (budget <= 0) return;
     if (s->state != SeqState::kRunning) continue;  // preempted meanwhile
-    const int64_t n = std::min(s->needs(), budget);
-    ChunkStatus st = run_chunk(*s, n);
-    while (st == ChunkStatus::kOutOfBlocks) {
-      Seq* victim = newest_running();
-      preempt(*victim);
-      if (victim == s) break;
-      st = run_chunk(*s, n);
-    }
-    if (st != ChunkStatus::kOutOfBlocks) budget -= n;  // a failed chunk spent its time too
+    // Hybrid chunks stop at snapshot boundaries: the sequence goes on while the budget lasts.
+    do {
+      const int64_t n = hybrid_chunk(*s, budget);
+      if (n == 0) break;  // its segment waits for a step with room for it
+      ChunkStatus st = run_chunk(*s, n);
+      while (st == ChunkStatus::kOutOfBlocks) {
+        Seq* victim = newest_running();
+        preempt(*victim);
+        if (victim == s) break;
+        st = run_chunk(*s, n);
+      }
+      if (st == ChunkStatus::kOutOfBlocks) break;
+      budget -= n;  // a failed chunk spent its time too
+      if (st == ChunkStatus::kFailed) break;
+    } while (store_->has_linear() && budget > 0 && s->state == SeqState::kRunning &&
+             s->needs() > 1);
   }
   // Then new (or preempted) sequences, while the budget and the blocks last: runs of equal
   // uncached lengths batched, the rest one by one.
@@ -478,7 +490,13 @@ void Engine::admit_and_prefill(int64_t& budget) {
     Request& r = *s->req;
     s->sid = store_->add_sequence();
     s->computed = s->scores_prompt() ? 0 : store_->attach_prefix(s->sid, s->tokens);
-    const int64_t n = std::min(s->needs(), budget);
+    const int64_t n = hybrid_chunk(*s, budget);
+    if (n == 0) {  // a hybrid segment that waits for a step with room: it stays first
+      store_->free_sequence(s->sid);
+      s->sid = -1;
+      s->computed = 0;
+      return;
+    }
     if (!plan_chunk(*s, n)) {  // the uncached tail does not fit now: it stays first in the queue
       store_->free_sequence(s->sid);
       s->sid = -1;
@@ -500,6 +518,31 @@ void Engine::admit_and_prefill(int64_t& budget) {
     budget -= n;
     forward_chunk(*s, n);
   }
+}
+
+// The tokens of s's next prefill chunk within `budget`; 0: wait for the next step.
+// Other models: as many as fit. Hybrid models: the store can snapshot the linear layers' state
+// only where a forward ends, and the chunked delta rule's bits depend on where a prefill is
+// split; so a chunk is a whole segment — from the position to the next snapshot boundary (a
+// multiple of snapshot_every_blocks blocks, counted from position 0) or to the end of the
+// tokens: every boundary gets its snapshot and the chunking is a function of the positions
+// alone, the same whether the prompt started from a prefix hit or from 0, batched or alone. A
+// segment that does not fit the budget left waits for a later step when a step can always
+// hold it (max_tokens_per_step minus max_running decodes: the oldest prefilling sequence,
+// served first, then always progresses); a longer one is cut to the budget.
+int64_t Engine::hybrid_chunk(const Seq& s, int64_t budget) const {
+  const int64_t n = std::min(s.needs(), budget);
+  if (!store_->has_linear()) return n;
+  const PagedStoreConfig& sc = store_->config();
+  int64_t end = static_cast<int64_t>(s.tokens.size());
+  if (sc.max_snapshots > 0) {
+    const int64_t every = static_cast<int64_t>(sc.snapshot_every_blocks) * sc.block_tokens;
+    end = std::min(end, (s.computed / every + 1) * every);
+  }
+  const int64_t segment = end - s.computed;
+  if (segment <= budget) return segment;
+  if (segment <= config_.max_tokens_per_step - config_.max_running) return 0;
+  return n;
 }
 
 void Engine::note_admitted(Seq& s, int64_t matched) {
@@ -534,6 +577,10 @@ void Engine::leave_queue(Request& r) {
 // one-by-one path also takes everything else (a single candidate, out of blocks) and preempts.
 void Engine::admit_batched(int64_t& budget) {
   step_seqs_.clear();
+  // Hybrid models: a batched prefill takes each tail whole, past the block boundaries where
+  // the linear layers' state must be snapshotted for the prefix cache; one by one, chunks end
+  // there (hybrid_chunk).
+  if (store_->has_linear()) return;
   int64_t n = 0;
   const auto bt = static_cast<size_t>(config_.cache.paged.block_tokens);
   auto shares_first_block = [&](const Seq& s) {
@@ -813,6 +860,12 @@ void Engine::update_metrics() {
   metrics_.blocks_free = ps.free;
   metrics_.blocks_used = ps.used;
   metrics_.blocks_cached = ps.cached;
+  metrics_.linear_state_bytes = static_cast<int64_t>(store_->linear_state_bytes());
+  metrics_.snapshot_bytes = static_cast<int64_t>(store_->snapshot_bytes());
+  if (const LinearSnapshotStore* snaps = store_->snapshots()) {
+    metrics_.snapshots = snaps->size();
+    metrics_.snapshots_dropped = snaps->stats().dropped_with_block;
+  }
 }
 
 EngineMetrics Engine::metrics() const {

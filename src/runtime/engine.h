@@ -156,6 +156,10 @@ struct EngineMetrics {
   int64_t forwards = 0;                     // model forwards: per step one for the decodes, one per
                                             // prefill chunk or batch of equal-length chunks
   double busy_seconds = 0;                  // time spent inside step()
+  // Hybrid models (0 otherwise): the linear-attention state slots (+ workspaces) and the
+  // snapshot arena, both constant; snapshots held now, and dropped with their blocks so far.
+  int64_t linear_state_bytes = 0, snapshot_bytes = 0;
+  int64_t snapshots = 0, snapshots_dropped = 0;
   double prefix_hit_rate() const {
     return prompt_tokens > 0
                ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens)
@@ -206,9 +210,10 @@ class Engine {
   void leave_queue(Request& r);  // once per request: admitted, or finished while queued
   void run_decodes(int64_t& budget);
   enum class ChunkStatus { kOk, kOutOfBlocks, kFailed };
-  ChunkStatus run_chunk(Seq& s, int64_t n);  // plan_chunk, then forward_chunk
-  bool plan_chunk(Seq& s, int64_t n);        // false: out of blocks, nothing changed
-  bool forward_chunk(Seq& s, int64_t n);     // the planned chunk; false: it failed (contained)
+  ChunkStatus run_chunk(Seq& s, int64_t n);                  // plan_chunk, then forward_chunk
+  int64_t hybrid_chunk(const Seq& s, int64_t budget) const;  // the next prefill chunk's tokens
+  bool plan_chunk(Seq& s, int64_t n);     // false: out of blocks, nothing changed
+  bool forward_chunk(Seq& s, int64_t n);  // the planned chunk; false: it failed (contained)
   // Runs a planned forward of `seqs`; on an exception fails their requests, undoes the store's
   // step and returns false.
   bool forward_contained(const ForwardParams& p, std::span<Seq* const> seqs,

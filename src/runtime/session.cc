@@ -18,6 +18,11 @@ PagedPlanOptions paged_plan_options(const CacheConfig& cc, const SessionConfig& 
   po.max_cached_tokens = cc.options.max_cache_len;
   po.layer_types = cc.layer_types;
   po.sliding_window = cc.sliding_window;
+  // Hybrid models: the one sequence's state. No snapshots: the session's prefill chunks do not
+  // stop at block boundaries, so a session's reuse_prefix never hits on a hybrid model (0).
+  po.linear = cc.linear;
+  po.linear_slots = 1;
+  po.max_snapshots = 0;
   return po;
 }
 

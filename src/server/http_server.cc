@@ -290,6 +290,14 @@ std::string HttpServer::metrics_text() {
          static_cast<double>(m.blocks_free));
   metric("kvcache_kv_blocks_cached", "gauge", "Free KV blocks kept in the prefix index.",
          static_cast<double>(m.blocks_cached));
+  if (m.linear_state_bytes > 0) {  // hybrid models only
+    metric("kvcache_linear_state_bytes", "gauge",
+           "Linear-attention state slots of the running sequences (constant).",
+           static_cast<double>(m.linear_state_bytes));
+    metric("kvcache_linear_snapshots", "gauge",
+           "Linear-attention state snapshots held for the prefix cache.",
+           static_cast<double>(m.snapshots));
+  }
   metric("kvcache_prefix_cache_hit_rate", "gauge",
          "Prompt tokens served from the prefix cache / prompt tokens.", m.prefix_hit_rate());
   metric("kvcache_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",

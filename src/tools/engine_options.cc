@@ -1,5 +1,9 @@
 #include "tools/engine_options.h"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "core/error.h"
 #include "tools/option_rules.h"
 
@@ -24,6 +28,12 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--max-running", o.max_running, "Sequences resident at once (default 64)");
   cmd->add_option("--max-waiting", o.max_waiting,
                   "Queued requests before refusing with 429 (default 256)");
+  cmd->add_option("--snapshot-every-blocks", o.snapshot_every_blocks,
+                  "Hybrid models (linear_attention layers): snapshot the linear state for the "
+                  "prefix cache every N blocks; prefill chunks end there (default 4)");
+  cmd->add_option("--max-snapshots", o.max_snapshots,
+                  "Hybrid models: linear-state snapshots kept for the prefix cache, each one "
+                  "sequence's state, billed in the memory plan; 0: no prefix hits (default 16)");
   cmd->add_flag("--fast-prefill", o.fast_prefill,
                 "Prefill through BLAS: faster, but batched results may differ from a request run "
                 "alone in the last bits");
@@ -35,7 +45,11 @@ void check_engine_options(const EngineOptions& o, const LoadedModel* loaded) {
   shape.kv_budget = !o.model.kv_budget.empty();
   shape.prefill = true;  // --chunk: each step's token budget
   shape.text = true;     // text prompts and chat messages
-  if (loaded != nullptr) shape.has_tokenizer = loaded->tokenizer != nullptr;
+  if (loaded != nullptr) {
+    shape.has_tokenizer = loaded->tokenizer != nullptr;
+    const std::vector<std::string>& types = loaded->model->config().layer_types;
+    shape.hybrid = std::find(types.begin(), types.end(), "linear_attention") != types.end();
+  }
   check_options(*o.model.cmd, shape);
 }
 
@@ -54,6 +68,15 @@ EngineConfig engine_config(const EngineOptions& o, const Model& model) {
   if (o.max_waiting < 1) throw Error(ErrorKind::kInvalidArgument, "--max-waiting must be >= 1");
   c.max_waiting = o.max_waiting;
   c.batch_invariant = !o.fast_prefill;
+  if (o.snapshot_every_blocks < 1)
+    throw Error(ErrorKind::kInvalidArgument, "--snapshot-every-blocks must be >= 1, got " +
+                                                 std::to_string(o.snapshot_every_blocks));
+  if (o.max_snapshots < 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "--max-snapshots must be >= 0 (0: no prefix hits for hybrid models), got " +
+                    std::to_string(o.max_snapshots));
+  c.cache.paged.snapshot_every_blocks = o.snapshot_every_blocks;
+  c.cache.paged.max_snapshots = o.max_snapshots;
   return c;
 }
 

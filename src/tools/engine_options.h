@@ -16,6 +16,9 @@ struct EngineOptions {
   int32_t max_running = 64;
   int64_t max_waiting = 256;
   bool fast_prefill = false;
+  // Hybrid models: PagedOptions::snapshot_every_blocks / max_snapshots.
+  int32_t snapshot_every_blocks = 4;
+  int32_t max_snapshots = 16;
 };
 
 // Adds the model options (the paged cache is implied: --cache takes only "paged") and

@@ -255,6 +255,13 @@ std::optional<std::string> chat_template(const Given& g) {
                    "--tokenizer FILE");
 }
 
+std::optional<std::string> hybrid_snapshots(const Given& g) {
+  if (g.shape.hybrid.value_or(true)) return std::nullopt;
+  return no_effect(g, "with a model that has no linear_attention layers",
+                   "state snapshots serve the prefix cache of hybrid models (Qwen3-Next); "
+                   "attention layers' blocks need none");
+}
+
 std::optional<std::string> plan_option(const Given& g) {
   if (!g.shape.list_presets) return std::nullopt;
   return no_effect(g, "with --list-presets", "it only prints the preset names");
@@ -324,6 +331,8 @@ const OptionRule kRules[] = {
     {kBatch, "--max-waiting", batch_queue},
     {kEngine, "--fast-prefill", nullptr},
     {kEngine, "--chat-template", chat_template},
+    {kEngine, "--snapshot-every-blocks", hybrid_snapshots},
+    {kEngine, "--max-snapshots", hybrid_snapshots},
     {kServe, "--host", nullptr},
     {kServe, "--port", nullptr},
     {kServe, "--api-key", nullptr},

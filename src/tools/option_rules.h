@@ -20,16 +20,17 @@ namespace kvcache::tools {
 struct RunShape {
   // Cache implementations the run builds (bench: each listed; serve, batch: paged).
   std::vector<std::string> caches;
-  bool kv_budget = false;                   // --kv-budget sizes the paged pool
-  bool prefill = false;                     // chunked prefills (serve, batch: step budgets)
-  bool text = false;                        // text is tokenised or printed
-  bool sampling = false;                    // generate: --temp > 0
-  bool repeat_penalty = false;              // generate: --repeat-penalty other than 1
-  bool verify = false;                      // generate --verify
-  bool prefix_reuse = false;                // bench --prefix-reuse
-  bool list_presets = false;                // plan --list-presets
-  bool grouped_kv = false;                  // plan: a --kv-dtype with scale groups (q8, q4, q2)
-  std::optional<bool> has_tokenizer;        // serve, batch: the loaded model has a tokenizer
+  bool kv_budget = false;             // --kv-budget sizes the paged pool
+  bool prefill = false;               // chunked prefills (serve, batch: step budgets)
+  bool text = false;                  // text is tokenised or printed
+  bool sampling = false;              // generate: --temp > 0
+  bool repeat_penalty = false;        // generate: --repeat-penalty other than 1
+  bool verify = false;                // generate --verify
+  bool prefix_reuse = false;          // bench --prefix-reuse
+  bool list_presets = false;          // plan --list-presets
+  bool grouped_kv = false;            // plan: a --kv-dtype with scale groups (q8, q4, q2)
+  std::optional<bool> has_tokenizer;  // serve, batch: the loaded model has a tokenizer
+  std::optional<bool> hybrid;         // serve, batch: the loaded model has linear_attention layers
   std::optional<bool> weights_from_params;  // plan: weights priced as parameters x bytes
   std::optional<bool> embeds_vocab;         // convert: the tokenizer is a llama2.c vocabulary
 };

@@ -97,12 +97,15 @@ bool has(const std::string& s, const std::string& what) {
   return s.find(what) != std::string::npos;
 }
 
-TEST(LinearStateLayer, RegisteredForDynamicStaticAndRecomputeOnly) {
+TEST(LinearStateLayer, RegisteredForDynamicStaticRecomputeAndPaged) {
   EXPECT_TRUE(LayerRegistry::contains("dynamic", "linear_attention"));
   EXPECT_TRUE(LayerRegistry::contains("static", "linear_attention"));
   EXPECT_TRUE(LayerRegistry::contains("recompute", "linear_attention"));
-  EXPECT_FALSE(LayerRegistry::contains("paged", "linear_attention"));
-  for (const char* impl : {"paged", "quantized"}) {
+  // The paged one needs the shared store (tests/cache/paged_linear_test.cc).
+  EXPECT_TRUE(LayerRegistry::contains("paged", "linear_attention"));
+  const std::string paged = error_of([&] { Cache c(hybrid_config("paged")); });
+  EXPECT_TRUE(has(paged, "layer 0 (paged/linear_attention)") && has(paged, "paged.store")) << paged;
+  for (const char* impl : {"quantized"}) {
     const std::string msg = error_of([&] { Cache c(hybrid_config(impl)); });
     EXPECT_TRUE(has(msg, "layer 0") && has(msg, "linear_attention") &&
                 has(msg, "dynamic/linear_attention"))
@@ -395,7 +398,7 @@ TEST(LinearStateLayer, AutoSnapshotsKeepTheNewestForwardBoundaries) {
   cfg.layer_types = {"linear_attention"};
   cfg.options.linear_state.auto_snapshots = 2;
   Cache cache(cfg);
-  LinearStateLayer& layer = cache.linear_layer(0);
+  auto& layer = dynamic_cast<LinearStateLayer&>(cache.linear_layer(0));
   cache.activate_past_recording();
   ConvHistory h;
   std::vector<Tensor> states;

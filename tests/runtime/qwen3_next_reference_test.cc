@@ -47,7 +47,7 @@ using testing_util::ScratchDir;
 
 // Flip to true once paged caches serve linear-attention layers (another branch): the paged
 // test then runs the prefix-hit comparison instead of asserting today's refusal.
-constexpr bool kPagedLinearState = false;
+constexpr bool kPagedLinearState = true;
 
 constexpr double kTol = 5e-4;
 constexpr int kNewTokens = 8;
