@@ -9,8 +9,8 @@
 //     by token) within 5e-4 of the reference, and 8 greedy ids equal to the reference's;
 //   - the CLI: `kvcache logits` (one forward and --cache static) and `kvcache generate
 //     --output ids` (dynamic and static);
-//   - paged with a prefix hit in the middle of the prompt, guarded by kPagedLinearState (see
-//     there): until paged serves linear-attention layers, the test asserts the refusal.
+//   - the paged engine with a prefix hit in the middle of the prompt (a linear-state snapshot
+//     restored at a block boundary) and `kvcache generate --cache paged`.
 //
 // Tolerance 5e-4 (max abs over every logit): the engine computes in f32 against f64 here;
 // its rounding (~1e-7 relative per operation, summed over 5 layers, a 17-25 step recurrence and
@@ -33,6 +33,7 @@
 #include "model/dummy.h"
 #include "model/forward.h"
 #include "model/model_file.h"
+#include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
@@ -44,10 +45,6 @@ namespace {
 
 namespace q3n = testing_util::q3n;
 using testing_util::ScratchDir;
-
-// Flip to true once paged caches serve linear-attention layers (another branch): the paged
-// test then runs the prefix-hit comparison instead of asserting today's refusal.
-constexpr bool kPagedLinearState = true;
 
 constexpr double kTol = 5e-4;
 constexpr int kNewTokens = 8;
@@ -284,8 +281,8 @@ TEST_P(Qwen3Next, CliLogitsAndGenerateEqualTheReference) {
     std::memcpy(got.data(), bytes.data(), bytes.size());
     expect_close("cli_logits" + extra, got, want);
   }
-  std::vector<std::string> caches = {"", " --cache static"};
-  if (kPagedLinearState) caches.push_back(" --cache paged --block-tokens 4");
+  const std::vector<std::string> caches = {"", " --cache static",
+                                           " --cache paged --block-tokens 4"};
   for (const std::string& extra : caches) {
     const testing_util::CliResult r =
         testing_util::run_cli("generate" + model + " -n " + std::to_string(kNewTokens) +
@@ -293,64 +290,61 @@ TEST_P(Qwen3Next, CliLogitsAndGenerateEqualTheReference) {
     ASSERT_EQ(r.exit_code, 0) << extra << "\n" << r.err;
     EXPECT_EQ(r.out, want_ids + "\n") << "kvcache generate" << extra;
   }
-  if (!kPagedLinearState) {  // today: exit 2 naming the linear-attention layer and the way out
-    const testing_util::CliResult r =
-        testing_util::run_cli("generate" + model + " -n 2 --temp 0 --output ids --cache paged");
-    EXPECT_EQ(r.exit_code, 2) << r.err;
-    EXPECT_NE(r.err.find("'linear_attention'"), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find("use the dynamic or static cache"), std::string::npos) << r.err;
-  }
 }
 
-// Paged: a first request caches the blocks of a prompt sharing the first 10 tokens; the
-// second request (the test prompt) takes the shared full blocks from the prefix index (a hit
-// in the middle of the prompt, linear state included) and computes only the rest. Its tail
-// logits and greedy ids must equal the reference's.
+// Through the paged engine (continuous batching, prefix cache with linear-state snapshots at
+// block boundaries): a first request shares the prompt's first 10 tokens, so the second hits
+// two blocks of 4 in the middle of its prompt, restores the snapshot at 8 and recomputes the
+// rest. Its greedy ids must equal the reference's and each step's chosen logprob the
+// reference's log-softmax within kTol.
 TEST_P(Qwen3Next, PagedPrefixHitInTheMiddleOfThePrompt) {
   const q3n::Reference ref(dir_);
   const std::vector<int32_t> ids = prompt17(ref.config().vocab_size);
   LoadedModel lm = load_model(dir_);
-  const Model& model = *lm.model;
-  SessionConfig sc;
-  sc.cache.implementation = "paged";
-  sc.cache.max_cache_len = 64;
-  sc.cache.paged.block_tokens = 4;
-  sc.kernel = "eager";
-  if (!kPagedLinearState) {
-    // Today: refused when the cache is built, naming a linear-attention layer.
-    try {
-      Session s(model, sc);
-      ADD_FAILURE() << "the paged cache now accepts Qwen3-Next's linear-attention layers: set "
-                       "kPagedLinearState = true to run the prefix-hit comparison";
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find("linear_attention"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("layer"), std::string::npos) << msg;
-    }
-    return;
-  }
-  const q3n::Vec want = ref.logits(ids);
-  const auto V = static_cast<size_t>(ref.config().vocab_size);
-  Session s(model, sc);
+  EngineConfig c;
+  c.cache.max_cache_len = 256;
+  c.cache.kv_dtype = DType::kF32;
+  c.cache.paged.block_tokens = 4;
+  c.cache.paged.snapshot_every_blocks = 1;
+  c.max_running = 4;
+  c.kernel = "eager";
+  Engine engine(*lm.model, nullptr, c);
+  const auto run = [&engine](const std::vector<int32_t>& prompt, int64_t n) {
+    RequestParams rp;
+    rp.prompt = prompt;
+    rp.max_tokens = n;
+    rp.logprobs = 1;
+    RequestOutput out;
+    engine.submit(rp, [&out](const StreamEvent& ev) {
+      if (ev.output != nullptr) out = *ev.output;
+    });
+    while (engine.has_work()) engine.step();
+    return out;
+  };
   std::vector<int32_t> first(ids.begin(), ids.begin() + 10);
   for (int32_t t : {5, 6, 7, 8, 9}) first.push_back(t);
-  s.prefill(first);
-  s.reset();  // full blocks stay in the prefix index
-  const int64_t hit = s.reuse_prefix(ids);
-  EXPECT_GE(hit, 8) << "two full blocks of 4 shared";
-  EXPECT_LT(hit, static_cast<int64_t>(ids.size()));
-  const std::span<const float> tail =
-      s.forward_all({ids.data() + hit, ids.size() - static_cast<size_t>(hit)});
-  const q3n::Vec want_tail(want.begin() + hit * static_cast<int64_t>(V), want.end());
-  expect_close("paged_tail_after_hit_" + std::to_string(hit), tail, want_tail);
-  std::vector<int32_t> got;
-  std::vector<float> last(tail.end() - static_cast<int64_t>(V), tail.end());
-  for (int i = 0; i < kNewTokens; ++i) {
-    got.push_back(static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
-    const std::span<const float> l = s.decode(got.back());
-    last.assign(l.begin(), l.end());
+  EXPECT_EQ(run(first, 1).stats.cached_tokens, 0);
+  const RequestOutput out = run(ids, kNewTokens);
+  EXPECT_EQ(out.stats.cached_tokens, 8) << "two full blocks of 4 shared, snapshot at 8";
+  const std::vector<int32_t> want = ref.greedy(ids, kNewTokens);
+  ASSERT_EQ(out.samples.at(0).tokens.size(), want.size());
+  EXPECT_EQ(std::vector<int32_t>(out.samples.at(0).tokens.begin(), out.samples.at(0).tokens.end()),
+            want);
+  const auto V = static_cast<size_t>(ref.config().vocab_size);
+  std::vector<int32_t> seq = ids;
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const q3n::Vec l = ref.logits(seq);
+    const auto last = l.end() - static_cast<std::ptrdiff_t>(V);
+    const double mx = *std::max_element(last, l.end());
+    double sum = 0;
+    for (auto it = last; it != l.end(); ++it) sum += std::exp(*it - mx);
+    const double want_lp = last[want[i]] - mx - std::log(sum);
+    worst = std::max(worst, std::fabs(out.samples.at(0).logprobs.at(i).chosen.logprob - want_lp));
+    seq.push_back(want[i]);
   }
-  EXPECT_EQ(got, ref.greedy(ids, kNewTokens));
+  RecordProperty("paged_hit_logprob_max_abs_diff", std::to_string(worst));
+  EXPECT_LE(worst, kTol);
 }
 
 // The runtime's own preset (dummy:qwen3next-tiny, written by src/model/dummy.cc) read by the
