@@ -131,6 +131,7 @@ void add_plan_layers(const DecoderLayout& d, PlanModel& m) {
       L.kind = (t == "hybrid" || t == "hybrid_sliding") ? PlanLayerKind::kHybrid
                                                         : PlanLayerKind::kLinear;
       L.state_elems = state_elems;
+      L.snapshot_elems = d.linear_state_elems;
       if (t == "hybrid_sliding") L.window = d.sliding_window;
       if (state_elems == 0 && !noted_state) {
         noted_state = true;
@@ -396,7 +397,13 @@ PlanResult compute_plan(const PlanModel& model, const PlanOptions& o) {
     r.kv_bytes_per_token += per_token;
     r.uncompressed_bytes_per_token += layer_token_bytes(L, o.format);
     r.state_bytes_per_request += layer_state_bytes(L, o.format);
+    r.snapshot_bytes_each += static_cast<double>(L.snapshot_elems) * sizeof(float);
   }
+  if (o.snapshot_every_blocks < 1 || o.max_snapshots < 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "plan needs --snapshot-every-blocks >= 1 and --max-snapshots >= 0");
+  }
+  r.snapshot_bytes = r.snapshot_bytes_each * static_cast<double>(o.max_snapshots);
   for (const PlanRow& row : r.rows) r.kv_bytes_total += row.total_bytes;
   bool any_compressed = false;
   for (const PlanLayer& L : model.layers) any_compressed |= L.kind == PlanLayerKind::kCompressed;
@@ -413,7 +420,8 @@ PlanResult compute_plan(const PlanModel& model, const PlanOptions& o) {
     r.weight_bytes = static_cast<double>(*model.params) * o.weight_bytes_per_param;
   }
   if (o.budget_bytes) {
-    const double free = static_cast<double>(*o.budget_bytes) - r.weight_bytes.value_or(0.0);
+    const double free =
+        static_cast<double>(*o.budget_bytes) - r.weight_bytes.value_or(0.0) - r.snapshot_bytes;
     const double per_request = plan_request_bytes(model, o, o.context);
     if (free <= 0) {
       r.max_requests = 0;

@@ -43,6 +43,9 @@ struct PlanLayer {
   // kLinear/kHybrid: constant state, in elements: H_v·d_k·d_v + (k−1)·d_qkv, plus the
   // (k−1)·d_qkv copy of the conv window kvcache's layer keeps for the conv kernel.
   int64_t state_elems = 0;
+  // kLinear/kHybrid: what a prefix-cache snapshot of the layer keeps (the state without the
+  // kernel's copy): H_v·d_k·d_v + (k−1)·d_qkv.
+  int64_t snapshot_elems = 0;
 };
 
 struct PlanModel {
@@ -101,6 +104,11 @@ struct PlanOptions {
   int64_t block_tokens = 1;           // paged rounding: stored tokens rounded up to a multiple
   double weight_bytes_per_param = 2;  // when weights come from a parameter count (bf16)
   std::optional<uint64_t> budget_bytes;
+  // Hybrid models on the paged prefix cache (serve/batch's options of the same names): a
+  // snapshot of one sequence's linear state every snapshot_every_blocks blocks of block_tokens,
+  // at most max_snapshots kept (an arena allocated up front, outside the per-request bill).
+  int64_t snapshot_every_blocks = 4;
+  int64_t max_snapshots = 16;
 };
 
 struct PlanRow {
@@ -117,7 +125,9 @@ struct PlanResult {
   std::vector<PlanRow> rows;
   double kv_bytes_per_token = 0;  // the notes' per-token figure (no caps)
   double state_bytes_per_request = 0;
-  double kv_bytes_total = 0;                  // the real bill for context × batch, states included
+  double snapshot_bytes_each = 0;  // hybrid models: one sequence's linear state (f32)
+  double snapshot_bytes = 0;       // max_snapshots of them, once per server (not per request)
+  double kv_bytes_total = 0;       // the real bill for context × batch, states included
   double mha_equivalent_bytes_per_token = 0;  // MLA models only
   double uncompressed_bytes_per_token = 0;    // compressed models: every rate taken as 1
   std::optional<double> weight_bytes;

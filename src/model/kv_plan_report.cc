@@ -98,6 +98,21 @@ std::string plan_table(const PlanModel& m, const PlanOptions& o, const PlanResul
         << format_bytes(r.state_bytes_per_request) << ") per request\n";
     if (m.linear) out << linear_state_derivation(m);
   }
+  if (r.snapshot_bytes_each > 0) {
+    const int64_t every = o.snapshot_every_blocks * o.block_tokens;
+    out << "prefix snapshots: " << o.max_snapshots << " x " << format_bytes(r.snapshot_bytes_each)
+        << " = " << format_bytes(r.snapshot_bytes) << " per server\n"
+        << "                  (paged prefix cache: the linear state every "
+        << o.snapshot_every_blocks << " block" << (o.snapshot_every_blocks > 1 ? "s" : "") << " of "
+        << o.block_tokens << " = " << every << " token" << (every > 1 ? "s" : "")
+        << "; a hit resumes at the latest one)\n";
+    if (r.kv_bytes_per_token > 0) {
+      out << "                  one snapshot per " << every
+          << " tokens = " << format_bytes(r.snapshot_bytes_each / static_cast<double>(every))
+          << " per cached token, against " << format_bytes(r.kv_bytes_per_token)
+          << " of KV per token\n";
+    }
+  }
   out << "KV total:       " << with_commas(r.kv_bytes_total) << " B ("
       << format_bytes(r.kv_bytes_total) << ") for " << o.batch << " x "
       << with_commas(static_cast<double>(o.context)) << " tokens\n";
@@ -148,6 +163,12 @@ std::string plan_json(const PlanModel& m, const PlanOptions& o, const PlanResult
   j["kv_bytes_per_token"] = number(r.kv_bytes_per_token);
   j["kv_bytes_total"] = number(r.kv_bytes_total);
   j["state_bytes_per_request"] = number(r.state_bytes_per_request);
+  if (r.snapshot_bytes_each > 0) {
+    j["snapshot_every_blocks"] = o.snapshot_every_blocks;
+    j["max_snapshots"] = o.max_snapshots;
+    j["snapshot_bytes_each"] = number(r.snapshot_bytes_each);
+    j["snapshot_bytes"] = number(r.snapshot_bytes);
+  }
   if (r.mha_equivalent_bytes_per_token > 0)
     j["mha_equivalent_bytes_per_token"] = number(r.mha_equivalent_bytes_per_token);
   if (r.uncompressed_bytes_per_token > 0)

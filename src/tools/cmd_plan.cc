@@ -24,6 +24,8 @@ struct PlanArgs {
   std::string kv_dtype = "f16";
   int64_t kv_group = 64;
   int64_t block_tokens = 1;
+  int64_t snapshot_every_blocks = 4;
+  int64_t max_snapshots = 16;
   std::string budget;
   std::string weight_dtype = "bf16";
   std::string output = "table";
@@ -59,12 +61,15 @@ void run_plan(const CLI::App& cmd, const PlanArgs& a) {
   }
   const PlanModel model = a.preset.empty() ? plan_model_for(a.config) : plan_preset(a.preset);
   shape.weights_from_params = !model.weight_bytes_exact.has_value() && model.params.has_value();
+  shape.hybrid = model.linear.has_value();
   check_options(cmd, shape);
   PlanOptions o;
   o.context = a.context;
   o.batch = a.batch;
   o.format = parse_kv_format(a.kv_dtype, a.kv_group);
   o.block_tokens = a.block_tokens;
+  o.snapshot_every_blocks = a.snapshot_every_blocks;
+  o.max_snapshots = a.max_snapshots;
   if (a.weight_dtype == "f32") {
     o.weight_bytes_per_param = 4;
   } else if (a.weight_dtype == "f16" || a.weight_dtype == "bf16") {
@@ -112,6 +117,13 @@ void register_plan(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--block-tokens", args->block_tokens,
                   "tokens per paged block (rounds kept tokens up)")
+      ->capture_default_str();
+  cmd->add_option("--snapshot-every-blocks", args->snapshot_every_blocks,
+                  "hybrid models: a prefix-cache snapshot of the linear state every N blocks "
+                  "(as serve's option)")
+      ->capture_default_str();
+  cmd->add_option("--max-snapshots", args->max_snapshots,
+                  "hybrid models: snapshots kept (as serve's option), billed once per server")
       ->capture_default_str();
   cmd->add_option("--budget", args->budget,
                   "memory budget, e.g. 24GiB: how many requests fit, "

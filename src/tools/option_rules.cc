@@ -267,6 +267,11 @@ std::optional<std::string> plan_option(const Given& g) {
   return no_effect(g, "with --list-presets", "it only prints the preset names");
 }
 
+std::optional<std::string> plan_snapshots(const Given& g) {
+  if (g.shape.list_presets) return plan_option(g);
+  return hybrid_snapshots(g);
+}
+
 std::optional<std::string> plan_kv_group(const Given& g) {
   if (g.shape.list_presets || g.shape.grouped_kv) return plan_option(g);
   return no_effect(g, "with a float --kv-dtype",
@@ -371,6 +376,8 @@ const OptionRule kRules[] = {
     {kPlan, "--kv-group", plan_kv_group},
     {kPlan, "--block-tokens", plan_option},
     {kPlan, "--budget", plan_option},
+    {kPlan, "--snapshot-every-blocks", plan_snapshots},
+    {kPlan, "--max-snapshots", plan_snapshots},
     {kPlan, "--weight-dtype", plan_weight_dtype},
     {kPlan, "--output", plan_option},
     {kPlan, "--json", plan_option},

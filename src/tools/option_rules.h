@@ -30,7 +30,7 @@ struct RunShape {
   bool list_presets = false;          // plan --list-presets
   bool grouped_kv = false;            // plan: a --kv-dtype with scale groups (q8, q4, q2)
   std::optional<bool> has_tokenizer;  // serve, batch: the loaded model has a tokenizer
-  std::optional<bool> hybrid;         // serve, batch: the loaded model has linear_attention layers
+  std::optional<bool> hybrid;         // serve, batch, plan: the model has linear_attention layers
   std::optional<bool> weights_from_params;  // plan: weights priced as parameters x bytes
   std::optional<bool> embeds_vocab;         // convert: the tokenizer is a llama2.c vocabulary
 };

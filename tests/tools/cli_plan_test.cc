@@ -37,6 +37,29 @@ TEST(CliPlan, JsonFlagAndBudget) {
   EXPECT_EQ(j["max_requests"].get<int64_t>(), 5);  // the notes' 24 GB card example
 }
 
+TEST(CliPlan, HybridSnapshotsBilledOncePerServerAndRefusedForOtherModels) {
+  const auto r = run_cli(
+      "plan --preset qwen3-next-80b-a3b --block-tokens 16 --snapshot-every-blocks 2 "
+      "--max-snapshots 8 --budget 200GiB -o json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  // One snapshot: 36 linear layers x (32*128*128 + 3*(2*16*128 + 32*128)) f32 (no kernel copy).
+  const int64_t each = int64_t{36} * (524288 + 3 * 8192) * 4;
+  EXPECT_EQ(j["snapshot_bytes_each"].get<int64_t>(), each);
+  EXPECT_EQ(j["snapshot_bytes"].get<int64_t>(), 8 * each);
+  // The budget left for requests is what the weights and the snapshot arena leave.
+  const double per_request = j["kv_bytes_total"].get<double>();
+  const double free = 200.0 * 1073741824 - 80e9 * 2 - 8.0 * static_cast<double>(each);
+  EXPECT_EQ(j["max_requests"].get<int64_t>(), static_cast<int64_t>(free / per_request));
+  const auto t = run_cli("plan --preset qwen3-next-80b-a3b --block-tokens 16");
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(t.out.find("prefix snapshots: 16 x"), std::string::npos) << t.out;
+  const auto bad = run_cli("plan --preset llama2-7b --max-snapshots 4");
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--max-snapshots"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("no linear_attention layers"), std::string::npos) << bad.err;
+}
+
 TEST(CliPlan, ConfigFileAndSvg) {
   const testing_util::ScratchDir scratch("cli_plan");
   const std::string cfg = scratch.file("plan_config.json");
