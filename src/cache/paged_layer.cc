@@ -71,21 +71,11 @@ void PagedLayer::reset() {
 }
 
 void PagedLayer::reorder(std::span<const int64_t> beam_idx) {
-  if (!is_leader()) return;
-  if (beam_idx.size() != store_->batch().size())
-    throw Error(ErrorKind::kInvalidArgument, "reorder: " + std::to_string(beam_idx.size()) +
-                                                 " indices for a batch of " +
-                                                 std::to_string(store_->batch().size()));
-  store_->remap(beam_idx);
+  if (is_leader()) store_->reorder(beam_idx);
 }
 
 void PagedLayer::repeat_interleave(int64_t r) {
-  if (!is_leader()) return;
-  if (r < 1) throw Error(ErrorKind::kInvalidArgument, "repeat_interleave: r must be >= 1");
-  std::vector<int64_t> rows;
-  for (int64_t b = 0; b < static_cast<int64_t>(store_->batch().size()); ++b)
-    for (int64_t i = 0; i < r; ++i) rows.push_back(b);
-  store_->remap(rows);
+  if (is_leader()) store_->repeat_interleave(r);
 }
 
 void PagedLayer::select(std::span<const int64_t> indices) {

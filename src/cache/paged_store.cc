@@ -855,6 +855,22 @@ void PagedKVStore::reset() {
   build_tables();
 }
 
+void PagedKVStore::reorder(std::span<const int64_t> beam_idx) {
+  if (beam_idx.size() != batch_.size())
+    throw Error(ErrorKind::kInvalidArgument, "reorder: " + std::to_string(beam_idx.size()) +
+                                                 " indices for a batch of " +
+                                                 std::to_string(batch_.size()));
+  remap(beam_idx);
+}
+
+void PagedKVStore::repeat_interleave(int64_t r) {
+  if (r < 1) throw Error(ErrorKind::kInvalidArgument, "repeat_interleave: r must be >= 1");
+  std::vector<int64_t> rows;
+  for (int64_t b = 0; b < static_cast<int64_t>(batch_.size()); ++b)
+    for (int64_t i = 0; i < r; ++i) rows.push_back(b);
+  remap(rows);
+}
+
 void PagedKVStore::remap(std::span<const int64_t> rows) {
   if (step_open_) bad("reorder/select during an unfinished step");
   const auto B = static_cast<int64_t>(batch_.size());

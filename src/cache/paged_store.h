@@ -206,6 +206,9 @@ class PagedKVStore {
   // Batch row i becomes a continuation of old row rows[i] (reorder, select,
   // repeat_interleave): a row used again is forked, rows not listed are freed.
   void remap(std::span<const int64_t> rows);
+  // reorder (one index per batch row, checked) and repeat_interleave (r >= 1) as remaps.
+  void reorder(std::span<const int64_t> beam_idx);
+  void repeat_interleave(int64_t r);
 
   // --- linear-attention state (hybrid models; PagedLinearLayer) ---------------------------
   bool has_linear() const { return slots_ != nullptr; }
