@@ -97,5 +97,9 @@ TEST_P(CliFamilies, DummyPresetVerifies) {
 INSTANTIATE_TEST_SUITE_P(Presets, CliFamilies,
                          ::testing::ValuesIn(kvcache::testing_util::family_presets()),
                          kvcache::testing_util::preset_test_name);
+// The hybrid family: the same folder and --verify checks (dense and paged); its reference
+// comparison is tests/runtime/qwen3_next_reference_test.cc, not FamilyReference.
+INSTANTIATE_TEST_SUITE_P(Hybrid, CliFamilies, ::testing::Values(std::string("qwen3next-tiny")),
+                         kvcache::testing_util::preset_test_name);
 
 }  // namespace
