@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -21,6 +22,8 @@ namespace kvcache {
 
 class PagedKVStore;      // cache/paged_store.h
 class LinearCacheLayer;  // cache/linear_state_layer.h
+class CompressedCacheLayer;  // cache/compressed_cache_layer.h
+class IndexedCacheLayer;     // cache/compressed_cache_layer.h
 struct ConvStateUpdate;  // cache/linear_state_layer.h
 
 // Options of the "paged" containers (cache/paged_layer.h).
@@ -84,6 +87,14 @@ struct LinearStateShape {
   int64_t head_dim_v = 0;   // d_v (linear_value_head_dim)
 };
 
+// Read by the compressed and indexed containers (cache/compressed_cache_layer.h): the tokens
+// per entry of each compressed layer type (DeepSeek-V4: compressed_sparse_attention 4,
+// heavily_compressed_attention 128) and the indexer key width (CSA, deepseek_sparse_attention).
+struct CompressedShape {
+  std::map<std::string, int64_t> rates;
+  int64_t index_head_dim = 0;
+};
+
 // A cache for one model: the user's options and the model's layer plan. The registry hands it
 // unchanged to every layer factory.
 struct CacheConfig {
@@ -100,6 +111,7 @@ struct CacheConfig {
   KVContent kv_content = KVContent::kPerHead;
   // Read by the "linear_attention" containers only (cache/linear_state_layer.h).
   LinearStateShape linear = {};
+  CompressedShape compressed = {};
 };
 
 // Builds one layer of the given cache implementation and layer type.
@@ -173,6 +185,11 @@ class Cache {
   // Every linear layer's snapshot(): crop() may come back to this position (the paged
   // container refuses: it snapshots at block boundaries for the prefix cache on its own).
   void snapshot_linear_states();
+
+  // Compressed (CSA/HCA) and indexed (DSA) layers: the layer's face; Error naming the layer's
+  // type when it is not one.
+  CompressedCacheLayer& compressed_layer(int layer);
+  IndexedCacheLayer& indexed_layer(int layer);
 
   // Lifecycle over every owning layer; each also forgets the spans shared_kv() would return
   // (they may point at moved data). A failing layer throws; earlier layers have then been
