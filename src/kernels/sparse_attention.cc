@@ -325,6 +325,19 @@ void transpose_tile(const float* rows, int64_t n, int64_t D, float* kt) {
 // s[h * kTile + j] = q[h * D ..] . kt[., j] for h < G, all kTile lanes.
 void tile_scores(const float* q, int64_t G, int64_t D, const float* kt, float* s) {
   int64_t h = 0;
+#if KVCACHE_ATTN_AVX512
+  // A zmm holds the tile's 16 keys: 8 heads in registers, one load and 8 broadcasts per d.
+  for (; h + 8 <= G; h += 8) {
+    __m512 a[8];
+    for (auto& r : a) r = _mm512_setzero_ps();
+    const float* q0 = q + h * D;
+    for (int64_t d = 0; d < D; ++d) {
+      const __m512 k = _mm512_loadu_ps(kt + d * kTile);
+      for (int r = 0; r < 8; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(q0[r * D + d]), k, a[r]);
+    }
+    for (int r = 0; r < 8; ++r) _mm512_storeu_ps(s + (h + r) * kTile, a[r]);
+  }
+#endif
 #if KVCACHE_ATTN_AVX2
   for (; h + 4 <= G; h += 4) {
     __m256 a[4][2];
@@ -361,6 +374,24 @@ void tile_pv(const float* p, int64_t G, int64_t n, const float* v, int64_t Dv, f
     const float* p0 = p + h * kTile;
     float* a0 = acc + h * Dv;
     int64_t d = 0;
+#if KVCACHE_ATTN_AVX512
+    // 4 heads x 64 columns in 16 registers: 4 loads and 4 broadcasts per 16 FMAs.
+    for (; d + 64 <= Dv; d += 64) {
+      __m512 a[4][4];
+      for (int r = 0; r < 4; ++r)
+        for (int i = 0; i < 4; ++i) a[r][i] = _mm512_loadu_ps(a0 + r * Dv + d + 16 * i);
+      for (int64_t j = 0; j < n; ++j) {
+        __m512 vv[4];
+        for (int i = 0; i < 4; ++i) {
+          vv[i] = _mm512_loadu_ps(v + j * Dv + d + 16 * i);
+          detail::pin(vv[i]);
+        }
+        detail::pv_step64<4>(p0 + j, kTile, vv, a);
+      }
+      for (int r = 0; r < 4; ++r)
+        for (int i = 0; i < 4; ++i) _mm512_storeu_ps(a0 + r * Dv + d + 16 * i, a[r][i]);
+    }
+#endif
     for (; d + 16 <= Dv; d += 16) {
       __m256 a[4][2];
       for (int r = 0; r < 4; ++r) {
