@@ -319,8 +319,8 @@ DecoderLayout read_decoder_layout(const json& root, const json& j, const std::st
   d.n_layers = req_count(j, "num_hidden_layers", ConfigCount::kLayers, source);
   d.n_heads = req_count(j, "num_attention_heads", ConfigCount::kHeads, source);
   const bool v4 = d.family == "deepseek_v4";  // one shared K==V head by default
-  d.n_kv_heads = opt_count(j, "num_key_value_heads", ConfigCount::kHeads, source)
-                     .value_or(v4 ? 1 : d.n_heads);
+  d.n_kv_heads =
+      opt_count(j, "num_key_value_heads", ConfigCount::kHeads, source).value_or(v4 ? 1 : d.n_heads);
   if (d.n_kv_heads <= 0) bad(source, "config field 'num_key_value_heads' must be positive");
   d.hidden_size = opt_count(j, "hidden_size", ConfigCount::kHiddenSize, source).value_or(0);
   d.max_position_embeddings =
@@ -350,8 +350,9 @@ DecoderLayout read_decoder_layout(const json& root, const json& j, const std::st
     // DeepseekV4Config: compress_rates defaults per type; the legacy scalars override them.
     d.compress_rates.try_emplace("compressed_sparse_attention", 4);
     d.compress_rates.try_emplace("heavily_compressed_attention", 128);
-    for (const auto& [key, type] : {std::pair{"compress_rate_csa", "compressed_sparse_attention"},
-                                    std::pair{"compress_rate_hca", "heavily_compressed_attention"}}) {
+    for (const auto& [key, type] :
+         {std::pair{"compress_rate_csa", "compressed_sparse_attention"},
+          std::pair{"compress_rate_hca", "heavily_compressed_attention"}}) {
       if (const std::optional<int64_t> r = opt_count(j, key, ConfigCount::kContext, source)) {
         if (*r < 1) bad(source, std::string("config field '") + key + "' must be positive");
         d.compress_rates[type] = *r;

@@ -53,13 +53,13 @@ TensorView expert_matrix(const TensorView& t, int64_t e) {
 }
 
 struct V4MoeWeights {
-  TensorView router;                   // [E, dim]
-  const float* score_bias = nullptr;   // [E] (top-k layers)
-  std::vector<int32_t> tid2eid;        // [vocab * K] (hash layers)
-  TensorView gate_up;                  // [E, 2I, dim]
-  TensorView down;                     // [E, dim, I]
-  TensorView shared_gate, shared_up;   // [I, dim]
-  TensorView shared_down;              // [dim, I]
+  TensorView router;                  // [E, dim]
+  const float* score_bias = nullptr;  // [E] (top-k layers)
+  std::vector<int32_t> tid2eid;       // [vocab * K] (hash layers)
+  TensorView gate_up;                 // [E, 2I, dim]
+  TensorView down;                    // [E, dim, I]
+  TensorView shared_gate, shared_up;  // [I, dim]
+  TensorView shared_down;             // [dim, I]
 };
 
 V4MoeWeights load_moe(Weights& w, int64_t l) {
@@ -71,10 +71,10 @@ V4MoeWeights load_moe(Weights& w, int64_t l) {
     const std::vector<float> ids = w.read(name("mlp.gate.tid2eid"));
     for (float f : ids) {
       if (!(f >= 0.0f && f < static_cast<float>(c.moe.n_experts)) || f != std::floor(f)) {
-        throw Error(ErrorKind::kFormat,
-                    w.file().path() + ": tensor '" + name("mlp.gate.tid2eid") +
-                        "' holds " + std::to_string(f) + ", not an expert id in [0, " +
-                        std::to_string(c.moe.n_experts) + ")");
+        throw Error(ErrorKind::kFormat, w.file().path() + ": tensor '" + name("mlp.gate.tid2eid") +
+                                            "' holds " + std::to_string(f) +
+                                            ", not an expert id in [0, " +
+                                            std::to_string(c.moe.n_experts) + ")");
       }
       m.tid2eid.push_back(static_cast<int32_t>(f));
     }
@@ -189,8 +189,8 @@ class DeepseekV4Moe final : public Mlp {
 
 // One DeepseekV4HyperConnection's parameters.
 struct HyperConnection {
-  TensorView fn;               // [(2+hc)*hc, hc*dim]
-  const float* base = nullptr;  // [(2+hc)*hc]
+  TensorView fn;                 // [(2+hc)*hc, hc*dim]
+  const float* base = nullptr;   // [(2+hc)*hc]
   const float* scale = nullptr;  // [3]: pre, post, comb
 };
 
@@ -371,10 +371,9 @@ void build(Weights& w, ModelParts& parts) {
   load_hf_embeddings(w, parts);
   const int64_t rd = c.rope_dim();
   const float* main_rope = w.keep(rope_inv_freq(rd, c.rope_theta, nullptr));
-  const float* compress_rope =
-      w.keep(rope_inv_freq(rd, v.compress_rope_theta,
-                           v.compress_freq_factors.empty() ? nullptr
-                                                           : v.compress_freq_factors.data()));
+  const float* compress_rope = w.keep(
+      rope_inv_freq(rd, v.compress_rope_theta,
+                    v.compress_freq_factors.empty() ? nullptr : v.compress_freq_factors.data()));
   const int64_t n_ones = std::max({c.head_dim, v.index_head_dim, v.hc_mult * c.dim});
   const float* ones = w.keep(std::vector<float>(static_cast<size_t>(n_ones), 1.0f));
   std::vector<HyperConnection> attn_hc, ffn_hc;
@@ -382,8 +381,8 @@ void build(Weights& w, ModelParts& parts) {
     Block& block = parts.blocks.emplace_back();
     block.norms.attn = w.norm(hf_layer_tensor(l, "input_layernorm.weight"));
     block.norms.ffn = w.norm(hf_layer_tensor(l, "post_attention_layernorm.weight"));
-    block.attention = std::make_unique<DeepseekV4Attention>(
-        c, l, V4AttentionWeights::hf(w, l), main_rope, compress_rope, ones);
+    block.attention = std::make_unique<DeepseekV4Attention>(c, l, V4AttentionWeights::hf(w, l),
+                                                            main_rope, compress_rope, ones);
     block.mlp = std::make_unique<DeepseekV4Moe>(c, load_moe(w, l));
     attn_hc.push_back(load_hc(w, l, "attn_hc."));
     ffn_hc.push_back(load_hc(w, l, "ffn_hc."));

@@ -16,8 +16,8 @@ namespace kvcache {
 
 namespace {
 
-V4CompressorWeights load_compressor(Weights& w, int64_t l, const std::string& prefix,
-                                    int64_t width, int64_t d) {
+V4CompressorWeights load_compressor(Weights& w, int64_t l, const std::string& prefix, int64_t width,
+                                    int64_t d) {
   auto name = [&](const char* suffix) { return hf_layer_tensor(l, prefix + suffix); };
   V4CompressorWeights c;
   c.kv_proj = w.matrix(name("kv_proj.weight"));
@@ -80,8 +80,8 @@ DeepseekV4Attention::DeepseekV4Attention(const ModelConfig& config, int64_t laye
       ones_(ones) {}
 
 void DeepseekV4Attention::rope_trailing(float* x, int64_t n, int64_t n_heads, int64_t head_dim,
-                                        int64_t ld, int64_t first, int64_t step,
-                                        bool compress_rope, bool inverse) const {
+                                        int64_t ld, int64_t first, int64_t step, bool compress_rope,
+                                        bool inverse) const {
   // apply_rotary_pos_emb: interleaved pairs of the last rd dims of each head ([nope | rope]);
   // the inverse (cos, -sin) is the rotation at -position.
   RopeParams p;
@@ -103,8 +103,8 @@ void DeepseekV4Attention::rope_trailing(float* x, int64_t n, int64_t n_heads, in
 
 void DeepseekV4Attention::fold(const V4CompressorWeights& c, const float* kv, int64_t kv_ld,
                                const float* gate, int64_t gate_ld, const float* prior_kv,
-                               int64_t prior_kv_ld, const float* prior_gate,
-                               int64_t prior_gate_ld, int64_t n_windows, float* entries) const {
+                               int64_t prior_kv_ld, const float* prior_gate, int64_t prior_gate_ld,
+                               int64_t n_windows, float* entries) const {
   // DeepseekV4HCACompressor / DeepseekV4CSACompressor.forward: per window and channel, the
   // softmax (f32) over its slots of gate + position_bias weights the kv rows. CSA slots: the
   // previous window's Ca half (channels [0, d)), then this window's Cb half ([d, 2d)); the
@@ -263,8 +263,7 @@ int64_t DeepseekV4Attention::forward(Step& st, int64_t layer) const {
       ip.index_scale = static_cast<float>(std::pow(static_cast<double>(ci), -0.5));
       const TensorView q_index(qi, DType::kF32, {B, S, HI, ci}, {S * HI * ci, HI * ci, ci, 1});
       const TensorView weights(wi, DType::kF32, {B, S, HI}, {S * HI, HI, 1, 1});
-      indexer_topk(q_index, weights, cl.compressed(CompressedStream::kIndexer), pos, ip,
-                   selected);
+      indexer_topk(q_index, weights, cl.compressed(CompressedStream::kIndexer), pos, ip, selected);
       ap.selected = selected;
       ap.top_k = v.index_topk;
     }
@@ -298,30 +297,30 @@ std::vector<ScratchBuffer> v4_buffers(const ModelConfig& c) {
   const int64_t hc = v.hc_mult, dim = c.dim, D = c.head_dim, ci = v.index_head_dim;
   const int64_t E = c.moe.n_experts, I = c.moe.expert_hidden_dim;
   return {
-      {hc * dim, 0},                         // kV4Streams
-      {hc * dim, 0},                         // kV4Flat
-      {(2 + hc) * hc, 0},                    // kV4Mix
-      {v.q_lora_rank, 0},                    // kV4QRes
-      {c.n_heads * D, 0},                    // kV4Q
-      {D, 0},                                // kV4Kv
-      {c.n_heads * D, 0},                    // kV4Out
-      {v.o_groups * v.o_lora_rank, 0},       // kV4OA
-      {2 * D, 0},                            // kV4CompKv
-      {2 * D, 0},                            // kV4CompGate
-      {2 * ci, 0},                           // kV4IdxKv
-      {2 * ci, 0},                           // kV4IdxGate
-      {v.index_n_heads * ci, 0},             // kV4QIdx
-      {v.index_n_heads, 0},                  // kV4IdxW
-      {v.index_topk, 0},                     // kV4Selected (int32)
-      {std::max(D, ci), std::max(D, ci)},    // kV4Entries
-      {0, 2 * E + 3 * I + dim},              // kV4Moe: logits, scores, gate_up, act, out
-      {2 * I, 0},                            // kV4Shared
+      {hc * dim, 0},                       // kV4Streams
+      {hc * dim, 0},                       // kV4Flat
+      {(2 + hc) * hc, 0},                  // kV4Mix
+      {v.q_lora_rank, 0},                  // kV4QRes
+      {c.n_heads * D, 0},                  // kV4Q
+      {D, 0},                              // kV4Kv
+      {c.n_heads * D, 0},                  // kV4Out
+      {v.o_groups * v.o_lora_rank, 0},     // kV4OA
+      {2 * D, 0},                          // kV4CompKv
+      {2 * D, 0},                          // kV4CompGate
+      {2 * ci, 0},                         // kV4IdxKv
+      {2 * ci, 0},                         // kV4IdxGate
+      {v.index_n_heads * ci, 0},           // kV4QIdx
+      {v.index_n_heads, 0},                // kV4IdxW
+      {v.index_topk, 0},                   // kV4Selected (int32)
+      {std::max(D, ci), std::max(D, ci)},  // kV4Entries
+      {0, 2 * E + 3 * I + dim},            // kV4Moe: logits, scores, gate_up, act, out
+      {2 * I, 0},                          // kV4Shared
   };
 }
 int64_t v4_widest_input(const ModelConfig& c) {
   const DeepseekV4Config& v = c.deepseek_v4;
-  return std::max({v.q_lora_rank, v.o_groups * v.o_lora_rank, v.hc_mult * c.dim,
-                   c.moe.expert_hidden_dim});
+  return std::max(
+      {v.q_lora_rank, v.o_groups * v.o_lora_rank, v.hc_mult * c.dim, c.moe.expert_hidden_dim});
 }
 }  // namespace
 

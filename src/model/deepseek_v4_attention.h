@@ -33,23 +33,23 @@ namespace kvcache {
 
 // One compressor (the attention's, or CSA's indexer's): width = 2 * d (CSA) or d (HCA).
 struct V4CompressorWeights {
-  TensorView kv_proj, gate_proj;           // [width, dim]
-  const float* position_bias = nullptr;    // [rate, width]
-  const float* kv_norm = nullptr;          // [d]
+  TensorView kv_proj, gate_proj;         // [width, dim]
+  const float* position_bias = nullptr;  // [rate, width]
+  const float* kv_norm = nullptr;        // [d]
   int64_t width = 0, d = 0;
 };
 
 struct V4AttentionWeights {
-  TensorView q_a, q_b;                   // [q_lora, dim], [H*D, q_lora]
-  const float* q_a_norm = nullptr;       // [q_lora]
-  TensorView kv_proj;                    // [D, dim]
-  const float* kv_norm = nullptr;        // [D]
-  TensorView o_a, o_b;                   // [G*o_lora, H*D/G], [dim, G*o_lora]
-  const float* sinks = nullptr;          // [H]
-  V4CompressorWeights compressor;        // CSA / HCA layers
-  V4CompressorWeights indexer;           // CSA layers
-  TensorView index_q_b;                  // [H_I*c, q_lora]
-  TensorView index_weights;              // [H_I, dim] (scorer.weights_proj)
+  TensorView q_a, q_b;              // [q_lora, dim], [H*D, q_lora]
+  const float* q_a_norm = nullptr;  // [q_lora]
+  TensorView kv_proj;               // [D, dim]
+  const float* kv_norm = nullptr;   // [D]
+  TensorView o_a, o_b;              // [G*o_lora, H*D/G], [dim, G*o_lora]
+  const float* sinks = nullptr;     // [H]
+  V4CompressorWeights compressor;   // CSA / HCA layers
+  V4CompressorWeights indexer;      // CSA layers
+  TensorView index_q_b;             // [H_I*c, q_lora]
+  TensorView index_weights;         // [H_I, dim] (scorer.weights_proj)
 
   static V4AttentionWeights hf(Weights& w, int64_t layer);
 };
@@ -71,8 +71,8 @@ class DeepseekV4Attention final : public Attention {
                      int64_t first, int64_t step, bool compress_rope, bool inverse) const;
   // One compressed series of every batch row through the cache: project, buffer, fold, norm,
   // RoPE, store.
-  void compress(Step& st, int64_t layer, int stream, const V4CompressorWeights& c,
-                const float* xb, float* kv, float* gate, float* entries) const;
+  void compress(Step& st, int64_t layer, int stream, const V4CompressorWeights& c, const float* xb,
+                float* kv, float* gate, float* entries) const;
   // entries [n_windows, d] from the window-aligned chunk (CSA: with the previous Ca half).
   void fold(const V4CompressorWeights& c, const float* kv, int64_t kv_ld, const float* gate,
             int64_t gate_ld, const float* prior_kv, int64_t prior_kv_ld, const float* prior_gate,

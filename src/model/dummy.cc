@@ -190,9 +190,9 @@ const char* hf_preset_json(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> dummy_preset_names() {
-  return {"tiny",         "llama-125m",     "gemma2-tiny",
-          "gptoss-tiny",  "mla-tiny",       "deepseek-v2-tiny",
-          "gemma3n-tiny", "qwen3next-tiny", "qwen3next-125m", "deepseekv4-tiny"};
+  return {"tiny",           "llama-125m",       "gemma2-tiny",  "gptoss-tiny",
+          "mla-tiny",       "deepseek-v2-tiny", "gemma3n-tiny", "qwen3next-tiny",
+          "qwen3next-125m", "deepseekv4-tiny"};
 }
 
 bool dummy_preset_is_hf(const std::string& name) {

@@ -576,11 +576,11 @@ void read_deepseek_v4_keys(const json& j, const DecoderLayout& layout, ModelConf
   m.n_experts = get_count_or(j, "n_routed_experts", 256, ConfigCount::kExperts, source);
   m.n_experts_used = get_count_or(j, "num_experts_per_tok", 6, ConfigCount::kExperts, source);
   m.expert_hidden_dim = c.hidden_dim;
-  m.routed_scaling_factor =
-      static_cast<float>(get_num_or(j, "routed_scaling_factor", 1.5, source));
+  m.routed_scaling_factor = static_cast<float>(get_num_or(j, "routed_scaling_factor", 1.5, source));
   m.norm_topk_prob = true;  // DeepseekV4TopKRouter always renormalises
   if (m.n_experts <= 0 || m.n_experts_used <= 0 || m.n_experts_used > m.n_experts)
-    bad(source, "n_routed_experts must be positive and num_experts_per_tok in [1, n_routed_experts]");
+    bad(source,
+        "n_routed_experts must be positive and num_experts_per_tok in [1, n_routed_experts]");
 
   // mlp_layer_types: explicit (truncated to the layers), else num_hash_layers (default 3)
   // hash_moe layers first, then moe.
@@ -616,7 +616,8 @@ void read_deepseek_v4_rope(const json& j, const FamilyKeys& f, ModelConfig& c,
                            const std::string& source) {
   DeepseekV4Config& v = c.deepseek_v4;
   c.rope_theta = static_cast<float>(get_num_or(j, "rope_theta", 10000.0, source));
-  v.compress_rope_theta = static_cast<float>(get_num_or(j, "compress_rope_theta", 160000.0, source));
+  v.compress_rope_theta =
+      static_cast<float>(get_num_or(j, "compress_rope_theta", 160000.0, source));
   const json* rp = nullptr;
   if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object()) {
     rp = &*it;
@@ -627,7 +628,8 @@ void read_deepseek_v4_rope(const json& j, const FamilyKeys& f, ModelConfig& c,
   if (rp && rp->contains("main") && (*rp)["main"].is_object() && rp->contains("compress") &&
       (*rp)["compress"].is_object()) {
     const json& main = (*rp)["main"];
-    const std::string main_type = main.value("rope_type", main.value("type", std::string("default")));
+    const std::string main_type =
+        main.value("rope_type", main.value("type", std::string("default")));
     if (main_type != "default")
       throw Error(ErrorKind::kUnsupported, source + ": rope_parameters.main rope_type '" +
                                                main_type + "' is not supported (default)");
@@ -644,7 +646,8 @@ void read_deepseek_v4_rope(const json& j, const FamilyKeys& f, ModelConfig& c,
   }
   if (!(c.rope_theta > 0.0f) || !(v.compress_rope_theta > 0.0f))
     bad(source, "rope_theta and compress_rope_theta must be positive");
-  const std::string type = compress.value("rope_type", compress.value("type", std::string("default")));
+  const std::string type =
+      compress.value("rope_type", compress.value("type", std::string("default")));
   if (type == "default") return;
   if (type != "yarn")
     throw Error(ErrorKind::kUnsupported, source + ": the compress rope's rope_type '" + type +

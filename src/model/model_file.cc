@@ -151,8 +151,10 @@ void ModelConfig::validate(const std::string& source) const {
     positive(v.hca_rate, "compress_rates.heavily_compressed_attention");
     positive(sliding_window, "sliding_window");
     if (n_kv_heads != 1)
-      bad(source, "model config: DeepSeek-V4 attention has one shared K==V head, "
-                  "num_key_value_heads is " + std::to_string(n_kv_heads));
+      bad(source,
+          "model config: DeepSeek-V4 attention has one shared K==V head, "
+          "num_key_value_heads is " +
+              std::to_string(n_kv_heads));
     if ((n_heads * head_dim) % v.o_groups != 0)
       bad(source, "model config: o_groups " + std::to_string(v.o_groups) +
                       " does not divide num_attention_heads * head_dim " +

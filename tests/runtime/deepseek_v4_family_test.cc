@@ -166,12 +166,12 @@ TEST(DeepseekV4, LegacyKeysFoldIn) {
   EXPECT_FLOAT_EQ(c.rope_theta, 5000.0f);
   EXPECT_FLOAT_EQ(c.deepseek_v4.compress_rope_theta, 7000.0f);
   // compress_rates as a dict and explicit mlp_layer_types; partial_rotary_factor wins.
-  const ModelConfig d = parse_hf_config(
-      v4_json(R"("compress_rates": {"compressed_sparse_attention": 3,
+  const ModelConfig d =
+      parse_hf_config(v4_json(R"("compress_rates": {"compressed_sparse_attention": 3,
           "heavily_compressed_attention": 9}, "partial_rotary_factor": 0.5,
           "mlp_layer_types": ["moe", "hash_moe", "moe", "moe", "moe", "moe"],
           "scoring_func": "sigmoid",)"),
-      "d.json");
+                      "d.json");
   EXPECT_EQ(d.deepseek_v4.csa_rate, 3);
   EXPECT_EQ(d.deepseek_v4.hca_rate, 9);
   EXPECT_EQ(d.rope_dim(), 16);
@@ -183,8 +183,7 @@ TEST(DeepseekV4, BadValuesAreRefusedByName) {
   const std::map<std::string, std::string> cases = {
       {R"("scoring_func": "relu",)", "scoring_func 'relu'"},
       {R"("compress_ratios": [0, 4, 64, 4, 0, 4],)", "compress_ratios[2]"},
-      {R"("mlp_layer_types": ["moe", "dense", "moe", "moe", "moe", "moe"],)",
-       "mlp_layer_types[1]"},
+      {R"("mlp_layer_types": ["moe", "dense", "moe", "moe", "moe", "moe"],)", "mlp_layer_types[1]"},
       {R"("mlp_layer_types": ["moe"],)", "mlp_layer_types"},
       {R"("o_groups": 3,)", "o_groups 3"},
       {R"("num_key_value_heads": 2,)", "num_key_value_heads is 2"},
@@ -367,7 +366,8 @@ TEST(DeepseekV4, IndexerSelectionAndCompressionMatter) {
     std::ofstream(dst + "/config.json") << text;
     return dst;
   };
-  const Model all_entries(open_model_file(variant("topk64", "\"index_topk\": 3", "\"index_topk\": 64")));
+  const Model all_entries(
+      open_model_file(variant("topk64", "\"index_topk\": 3", "\"index_topk\": 64")));
   const std::vector<float> a = all_logits(all_entries, ids);
   EXPECT_GT(max_rel_diff(a, want), 1e-4) << "index_topk 3 must drop entries at 28 tokens";
   // The prefix before any CSA layer has 4 entries (position 15) is the same.
