@@ -243,7 +243,10 @@ int64_t DeepseekV4Attention::forward(Step& st, int64_t layer) const {
     }
     CompressedCacheLayer& cl = st.cache->compressed_layer(static_cast<int>(layer));
     entries = cl.compressed(CompressedStream::kCompressor);
-    if (csa_) {
+    // No entry emitted yet: a container may return no span at all (no k view); then there is
+    // nothing to select from (every query's limit is 0).
+    const bool any = entries.kind != KVSpanKind::kDense || entries.k.ndim() != 0;
+    if (csa_ && any) {
       // DeepseekV4Indexer: queries q_b_proj(q_res) per index head, rotated with the compress
       // rope at the query positions; weights_proj(x) * index_n_heads^-0.5; scores
       // relu(q . k) * index_head_dim^-0.5 summed with the weights; top index_topk.

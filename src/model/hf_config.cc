@@ -560,6 +560,7 @@ void read_deepseek_v4_keys(const json& j, const DecoderLayout& layout, ModelConf
   c.partial_rotary_factor = static_cast<float>(partial);
   c.query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   c.attn_sinks = true;
+  c.rope_interleaved = true;  // pairs (2i, 2i + 1) of the trailing rope dims
 
   const std::string scoring = j.value("scoring_func", std::string("sqrtsoftplus"));
   if (scoring == "sqrtsoftplus") {
