@@ -252,7 +252,12 @@ void check_layer_types(DecoderLayout& d, const std::string& source, bool explici
   const std::vector<std::string>& known = known_layer_types();
   for (size_t i = 0; i < d.layer_types.size(); ++i) {
     const std::string& t = d.layer_types[i];
-    if (d.compress_rates.count(t)) continue;
+    if (d.compress_rates.count(t)) {
+      // DeepSeek-V4's CSA/HCA layers keep a sliding K==V window next to their entries
+      // (DeepseekV4HCACache is a DynamicSlidingWindowLayer of config.sliding_window).
+      sliding = true;
+      continue;
+    }
     if (std::find(known.begin(), known.end(), t) == known.end()) {
       std::string list;
       for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
@@ -378,6 +383,11 @@ DecoderLayout read_decoder_layout(const json& root, const json& j, const std::st
     d.layer_types = derived_layer_types(j, fam, d, source);
   }
   check_layer_types(d, source, explicit_types);
+  if (std::find(d.layer_types.begin(), d.layer_types.end(), "compressed_sparse_attention") !=
+      d.layer_types.end()) {
+    d.index_head_dim = opt_count(j, "index_head_dim", ConfigCount::kHeadDim, source).value_or(128);
+    if (d.index_head_dim <= 0) bad(source, "config field 'index_head_dim' must be positive");
+  }
 
   d.num_kv_shared_layers =
       opt_count(j, "num_kv_shared_layers", ConfigCount::kLayers, source).value_or(0);
