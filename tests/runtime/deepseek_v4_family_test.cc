@@ -72,7 +72,7 @@ std::string v4_json(const std::string& extra) {
       "head_dim": 32, "vocab_size": 100, "moe_intermediate_size": 16})";
 }
 
-TEST(DeepseekV4, PresetConfig) {
+TEST(DeepseekV4Family, PresetConfig) {
   const ModelConfig c = dummy_preset("deepseekv4-tiny");
   EXPECT_EQ(c.architecture, "deepseek_v4");
   const std::vector<std::string> types = {kSliding, kCsa, kHca, kCsa, kHca};
@@ -114,7 +114,7 @@ TEST(DeepseekV4, PresetConfig) {
   EXPECT_EQ(cc.sliding_window, 8);
 }
 
-TEST(DeepseekV4, TransformersDefaults) {
+TEST(DeepseekV4Family, TransformersDefaults) {
   // DeepseekV4Config: 2 HCA layers then HCA / CSA alternating, rates 4 / 128, 3 hash layers,
   // partial rotary 64 / 512, one KV head, window 128, hc 4 x 20 iterations.
   const ModelConfig c = parse_hf_config(v4_json(""), "c.json");
@@ -148,7 +148,7 @@ TEST(DeepseekV4, TransformersDefaults) {
   EXPECT_EQ(d.hidden_dim, 2048);
 }
 
-TEST(DeepseekV4, LegacyKeysFoldIn) {
+TEST(DeepseekV4Family, LegacyKeysFoldIn) {
   // compress_ratios per layer (one more than the layers: the MTP layer, dropped), the scalar
   // rates, num_hash_layers and qk_rope_head_dim; a nested rope_parameters.
   const ModelConfig c = parse_hf_config(
@@ -179,7 +179,7 @@ TEST(DeepseekV4, LegacyKeysFoldIn) {
   EXPECT_EQ(d.deepseek_v4.scoring, V4Scoring::kSigmoid);
 }
 
-TEST(DeepseekV4, BadValuesAreRefusedByName) {
+TEST(DeepseekV4Family, BadValuesAreRefusedByName) {
   const std::map<std::string, std::string> cases = {
       {R"("scoring_func": "relu",)", "scoring_func 'relu'"},
       {R"("compress_ratios": [0, 4, 64, 4, 0, 4],)", "compress_ratios[2]"},
@@ -206,7 +206,7 @@ TEST(DeepseekV4, BadValuesAreRefusedByName) {
 
 // The names and shapes of transformers' DeepseekV4ForCausalLM state dict (as the loader checks
 // them), for one layer of each kind.
-TEST(DeepseekV4, TensorNamesAndShapes) {
+TEST(DeepseekV4Family, TensorNamesAndShapes) {
   const ModelConfig c = dummy_preset("deepseekv4-tiny");
   std::map<std::string, Shape> specs;
   for (const WeightSpec& w : hf_weight_specs(c)) specs[w.name] = w.shape;
@@ -260,7 +260,7 @@ TEST(DeepseekV4, TensorNamesAndShapes) {
 
 // tid2eid is int64 in checkpoints: the dummy writes it so, the loader reads it as exact floats,
 // and ids outside the experts are refused naming the tensor.
-TEST(DeepseekV4, Tid2eidIsInt64) {
+TEST(DeepseekV4Family, Tid2eidIsInt64) {
   const std::string folder = tiny_folder();
   const auto st = SafetensorsFile::open(folder + "/model.safetensors");
   const TensorView& t = st->tensors().at("model.layers.0.mlp.gate.tid2eid");
@@ -311,7 +311,7 @@ std::vector<float> all_logits(const Model& model, const std::vector<int32_t>& id
 // One prefill, prefill in chunks of 3 and 5, and token-by-token decode, each against the
 // no-cache forward of the prefix, for prompt lengths around the rates (4: CSA, 8: HCA and the
 // window), then greedy decoding equal to the recompute's greedy choice.
-TEST(DeepseekV4, CachedDecodeEqualsNoCacheForward) {
+TEST(DeepseekV4Family, CachedDecodeEqualsNoCacheForward) {
   const Model model(open_model_file(tiny_folder()));
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
   Forward oracle(model, "eager", 64);
@@ -348,7 +348,7 @@ TEST(DeepseekV4, CachedDecodeEqualsNoCacheForward) {
 // The structures change the logits: a folder whose config keeps every indexer entry
 // (index_topk 64) or turns the compressors off (all layers sliding) gives other logits at a
 // length where the CSA layers hold more than 3 entries, so selection and compression are live.
-TEST(DeepseekV4, IndexerSelectionAndCompressionMatter) {
+TEST(DeepseekV4Family, IndexerSelectionAndCompressionMatter) {
   const std::string src = tiny_folder();
   const Model base(open_model_file(src));
   const std::vector<int32_t> ids = prompt(28, static_cast<int32_t>(base.config().vocab_size));
