@@ -75,6 +75,9 @@ class CompressedCacheLayer : public CacheLayer {
   // Every batch row's entries (k == v); kv_offset 0.
   virtual KVSpan compressed(CompressedStream s) const = 0;
   virtual int64_t entry_count(CompressedStream s, int64_t row) const = 0;
+  // The Error crop(n) would throw, without changing anything (Cache::crop checks every
+  // compressed layer before it changes any layer). Default: crop never refuses.
+  virtual void check_crop(int64_t n) const { (void)n; }
 };
 
 class IndexedCacheLayer : public CacheLayer {
