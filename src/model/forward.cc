@@ -49,7 +49,9 @@ CacheConfig model_cache_config(const ModelConfig& model, CacheOptions options) {
                                  a.value_head_dim};
   }
   if (const DeepseekV4Config& v = model.deepseek_v4; v.enabled()) {
-    // DeepSeek-V4: the compressed layers' rates and the CSA indexer's key width.
+    // DeepSeek-V4: K == V (update(kv, kv) with one view, stored once), the compressed
+    // layers' rates and the CSA indexer's key width.
+    cc.kv_content = CacheConfig::KVContent::kSharedKV;
     cc.compressed.rates = {{"compressed_sparse_attention", v.csa_rate},
                            {"heavily_compressed_attention", v.hca_rate}};
     cc.compressed.index_head_dim = v.index_head_dim;

@@ -10,27 +10,35 @@ std::string hf_layer_tensor(int64_t layer, const std::string& suffix) {
 
 namespace {
 
+// Appends specs by role.
+struct SpecList {
+  std::vector<WeightSpec>& out;
+  void matrix(const std::string& name, Shape s) {
+    out.push_back({name, s, true, WeightRole::kMatrix});
+  }
+  void norm(const std::string& name, int64_t n) {
+    out.push_back({name, Shape{n}, false, WeightRole::kNorm});
+  }
+  void bias(const std::string& name, Shape s) {
+    out.push_back({name, s, false, WeightRole::kBias});
+  }
+};
+
 // models/deepseek_v4/modeling_deepseek_v4.py: DeepseekV4Model (embed_tokens, layers, norm,
 // hc_head), DeepseekV4DecoderLayer (attn_hc, ffn_hc, the two norms), DeepseekV4Attention
 // (q_a/q_b, kv_proj/kv_norm, o_a/o_b, sinks, compressor), DeepseekV4CSACompressor /
 // DeepseekV4HCACompressor / DeepseekV4Indexer, DeepseekV4SparseMoeBlock (gate: TopKRouter or
 // HashRouter, experts as 3D gate_up_proj / down_proj, shared_experts).
-void deepseek_v4_weight_specs(const ModelConfig& c, std::vector<WeightSpec>& out) {
-  auto matrix = [&](const std::string& name, Shape s) {
-    out.push_back({name, s, true, WeightRole::kMatrix});
-  };
-  auto norm = [&](const std::string& name, int64_t n) {
-    out.push_back({name, Shape{n}, false, WeightRole::kNorm});
-  };
-  auto bias = [&](const std::string& name, Shape s) {
-    out.push_back({name, s, false, WeightRole::kBias});
-  };
+void deepseek_v4_weight_specs(const ModelConfig& c, SpecList& list) {
+  auto matrix = [&](const std::string& name, Shape s) { list.matrix(name, s); };
+  auto norm = [&](const std::string& name, int64_t n) { list.norm(name, n); };
+  auto bias = [&](const std::string& name, Shape s) { list.bias(name, s); };
   const DeepseekV4Config& v = c.deepseek_v4;
   const int64_t dim = c.dim, H = c.n_heads, D = c.head_dim, hc = v.hc_mult;
   const int64_t E = c.moe.n_experts, I = c.moe.expert_hidden_dim, K = c.moe.n_experts_used;
   const int64_t ci = v.index_head_dim, G = v.o_groups;
   const int64_t mix = (2 + hc) * hc;  // pre (hc) | post (hc) | comb (hc * hc)
-  matrix("model.embed_tokens.weight", {c.vocab_size, dim});
+  // (model.embed_tokens.weight: listed by hf_weight_specs before)
   for (int64_t l = 0; l < c.n_layers; ++l) {
     auto L = [&](const std::string& suffix) { return hf_layer_tensor(l, suffix); };
     const std::string& type = c.layer_types[static_cast<size_t>(l)];
@@ -95,15 +103,10 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
                 "hf_weight_specs: " + c.architecture + " files use the canonical llama names");
   }
   std::vector<WeightSpec> out;
-  auto matrix = [&](const std::string& name, Shape s) {
-    out.push_back({name, s, true, WeightRole::kMatrix});
-  };
-  auto norm = [&](const std::string& name, int64_t n) {
-    out.push_back({name, Shape{n}, false, WeightRole::kNorm});
-  };
-  auto bias = [&](const std::string& name, Shape s) {
-    out.push_back({name, s, false, WeightRole::kBias});
-  };
+  SpecList list{out};
+  auto matrix = [&](const std::string& name, Shape s) { list.matrix(name, s); };
+  auto norm = [&](const std::string& name, int64_t n) { list.norm(name, n); };
+  auto bias = [&](const std::string& name, Shape s) { list.bias(name, s); };
   const int64_t dim = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim;
   matrix("model.embed_tokens.weight", {c.vocab_size, dim});
   const Gemma3nConfig& g = c.gemma3n;
@@ -119,7 +122,7 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
     }
   }
   if (c.deepseek_v4.enabled()) {
-    deepseek_v4_weight_specs(c, out);
+    deepseek_v4_weight_specs(c, list);
     return out;
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "family_test_util.h"
 #include "model/dummy.h"
 #include "model/forward.h"
 #include "model/hf_config.h"
@@ -36,33 +37,16 @@ const char* kCsa = "compressed_sparse_attention";
 const char* kHca = "heavily_compressed_attention";
 const char* kSliding = "sliding_attention";
 
-std::string temp_dir() {
-  static const std::string d = testing_util::process_scratch().file("deepseekv4");
+using testing_util::error_message;
+using testing_util::ramp_prompt;
+
+const std::string& temp_dir() {
+  static const std::string d = testing_util::family_scratch("deepseekv4");
   return d;
 }
 
 std::string tiny_folder() {
-  DummyModelOptions o;
-  o.preset = "deepseekv4-tiny";
-  o.weight_dtype = DType::kF32;
-  o.seed = 7;
-  o.cache_dir = temp_dir();
-  return build_dummy_model(o);
-}
-
-std::vector<int32_t> prompt(int64_t n, int32_t vocab) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 11) % vocab));
-  return ids;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
+  return testing_util::family_folder("deepseekv4-tiny", "deepseekv4");
 }
 
 // A small V4 config with `extra` keys (JSON members, with a trailing comma) spliced in.
@@ -112,6 +96,7 @@ TEST(DeepseekV4Family, PresetConfig) {
   EXPECT_EQ(cc.compressed.rates.at(kHca), 8);
   EXPECT_EQ(cc.compressed.index_head_dim, 16);
   EXPECT_EQ(cc.sliding_window, 8);
+  EXPECT_EQ(cc.kv_content, CacheConfig::KVContent::kSharedKV);
 }
 
 TEST(DeepseekV4Family, TransformersDefaults) {
@@ -198,7 +183,7 @@ TEST(DeepseekV4Family, BadValuesAreRefusedByName) {
       {R"("hidden_act": "gelu",)", "hidden_act 'gelu'"},
   };
   for (const auto& [extra, want] : cases) {
-    const std::string m = error_of([&] { parse_hf_config(v4_json(extra), "c.json"); });
+    const std::string m = error_message([&] { parse_hf_config(v4_json(extra), "c.json"); });
     EXPECT_NE(m.find(want), std::string::npos) << extra << " -> " << m;
     EXPECT_NE(m.find("c.json"), std::string::npos) << m;
   }
@@ -248,6 +233,7 @@ TEST(DeepseekV4Family, TensorNamesAndShapes) {
       {"model.layers.2.self_attn.compressor.kv_proj.weight", Shape{32, 64}},
       {"model.layers.2.self_attn.compressor.position_bias", Shape{8, 32}},
   };
+  EXPECT_EQ(specs.size(), hf_weight_specs(c).size()) << "every name listed once";
   for (const auto& [name, shape] : want) {
     ASSERT_TRUE(specs.count(name)) << name;
     EXPECT_EQ(specs[name], shape) << name;
@@ -293,7 +279,7 @@ TEST(DeepseekV4Family, Tid2eidIsInt64) {
     views.emplace_back(name, owned.back().view());
   }
   write_safetensors(bad + "/model.safetensors", views, {}, {"model.layers.0.mlp.gate.tid2eid"});
-  const std::string m = error_of([&] { Model model(open_model_file(bad)); });
+  const std::string m = error_message([&] { Model model(open_model_file(bad)); });
   EXPECT_NE(m.find("model.layers.0.mlp.gate.tid2eid"), std::string::npos) << m;
   EXPECT_NE(m.find("not an expert id"), std::string::npos) << m;
 }
@@ -316,7 +302,7 @@ TEST(DeepseekV4Family, CachedDecodeEqualsNoCacheForward) {
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
   Forward oracle(model, "eager", 64);
   for (int64_t n : {1, 3, 4, 7, 8, 9, 16, 23, 24, 27}) {
-    const std::vector<int32_t> ids = prompt(n, vocab);
+    const std::vector<int32_t> ids = ramp_prompt(n, vocab);
     const auto want_span = recompute_last_logits(oracle, ids);
     const std::vector<float> want(want_span.begin(), want_span.end());
     for (int64_t chunk : {int64_t{512}, int64_t{3}, int64_t{5}, int64_t{1}}) {
@@ -351,7 +337,7 @@ TEST(DeepseekV4Family, CachedDecodeEqualsNoCacheForward) {
 TEST(DeepseekV4Family, IndexerSelectionAndCompressionMatter) {
   const std::string src = tiny_folder();
   const Model base(open_model_file(src));
-  const std::vector<int32_t> ids = prompt(28, static_cast<int32_t>(base.config().vocab_size));
+  const std::vector<int32_t> ids = ramp_prompt(28, static_cast<int32_t>(base.config().vocab_size));
   const std::vector<float> want = all_logits(base, ids);
   auto variant = [&](const std::string& tag, const std::string& from, const std::string& to) {
     const std::string dst = temp_dir() + "/" + tag;
