@@ -107,7 +107,8 @@ struct CacheConfig {
   // What update()'s (K, V) pair is: per-head keys and values, or MLA's one-head latent c_kv
   // [B, 1, S, d_c] and rotated key k_rot [B, 1, S, d_r] (DeepSeek-V2/V3). Containers that
   // need per-head K/V refuse kMlaLatent at construction.
-  enum class KVContent { kPerHead, kMlaLatent };
+  // kSharedKV: K==V (DeepSeek-V4): update(kv, kv) passes one view twice; stored once.
+  enum class KVContent { kPerHead, kMlaLatent, kSharedKV };
   KVContent kv_content = KVContent::kPerHead;
   // Read by the "linear_attention" containers only (cache/linear_state_layer.h).
   LinearStateShape linear = {};
