@@ -4,6 +4,7 @@
 #include <map>
 #include <utility>
 
+#include "cache/compressed_cache_layer.h"
 #include "cache/linear_state_layer.h"
 #include "core/error.h"
 
@@ -247,6 +248,37 @@ bool Cache::has_previous_state(std::optional<int> layer) const {
     }
   }
   return linear_layer(*layer).has_previous_state();
+}
+
+namespace {
+// The layer as face T, or Error naming its type and the layers that are one.
+template <typename T>
+T& layer_as(Cache& cache, int layer, const char* what, const char* calls) {
+  auto* l = dynamic_cast<T*>(&cache.layer(layer));
+  if (l != nullptr) return *l;
+  std::string ok;
+  for (int i = 0; i < cache.num_layers(); ++i)
+    if (!cache.is_shared(i) && dynamic_cast<T*>(&cache.layer(i)) != nullptr)
+      ok += (ok.empty() ? "" : ", ") + std::to_string(i);
+  throw Error(ErrorKind::kInvalidArgument,
+              "layer " + std::to_string(layer) + " is a '" +
+                  cache.config().layer_types[static_cast<size_t>(layer)] + "' layer (" +
+                  std::string(cache.layer(layer).name()) + "), not " + what + ": " + calls +
+                  " need one of the layers " +
+                  (ok.empty() ? std::string("(none in this cache)") : ok));
+}
+}  // namespace
+
+CompressedCacheLayer& Cache::compressed_layer(int layer) {
+  return layer_as<CompressedCacheLayer>(
+      *this, layer,
+      "a compressed layer (compressed_sparse_attention, heavily_compressed_attention)",
+      "compressor calls (store_compression_weights, update_compressor_states, compressed)");
+}
+
+IndexedCacheLayer& Cache::indexed_layer(int layer) {
+  return layer_as<IndexedCacheLayer>(*this, layer, "an indexed layer (deepseek_sparse_attention)",
+                                     "update_indexer calls");
 }
 
 void Cache::snapshot_linear_states() {

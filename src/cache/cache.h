@@ -20,11 +20,11 @@
 
 namespace kvcache {
 
-class PagedKVStore;      // cache/paged_store.h
-class LinearCacheLayer;  // cache/linear_state_layer.h
+class PagedKVStore;          // cache/paged_store.h
+class LinearCacheLayer;      // cache/linear_state_layer.h
 class CompressedCacheLayer;  // cache/compressed_cache_layer.h
 class IndexedCacheLayer;     // cache/compressed_cache_layer.h
-struct ConvStateUpdate;  // cache/linear_state_layer.h
+struct ConvStateUpdate;      // cache/linear_state_layer.h
 
 // Options of the "paged" containers (cache/paged_layer.h).
 struct PagedOptions {
@@ -106,8 +106,10 @@ struct CacheConfig {
   int num_kv_shared_layers = 0;      // the last N layers store nothing
   // What update()'s (K, V) pair is: per-head keys and values, or MLA's one-head latent c_kv
   // [B, 1, S, d_c] and rotated key k_rot [B, 1, S, d_r] (DeepSeek-V2/V3). Containers that
-  // need per-head K/V refuse kMlaLatent at construction.
-  // kSharedKV: K==V (DeepSeek-V4): update(kv, kv) passes one view twice; stored once.
+  // need per-head K/V refuse kMlaLatent at construction. kSharedKV: K and V are one tensor
+  // (DeepSeek-V4's sliding layers: update(kv, kv) with the same view); the dense containers
+  // store it once (half the bytes) and return a span whose v aliases k; containers that cannot
+  // (quantized) refuse it at construction.
   enum class KVContent { kPerHead, kMlaLatent, kSharedKV };
   KVContent kv_content = KVContent::kPerHead;
   // Read by the "linear_attention" containers only (cache/linear_state_layer.h).

@@ -16,6 +16,7 @@ DenseLayerParams dense_params(const CacheConfig& config, int layer_index, std::s
   p.kv_dtype = config.options.kv_dtype;
   p.max_batch_size = config.options.max_batch_size;
   p.fixed_storage = fixed_storage;
+  p.shared_kv = config.kv_content == CacheConfig::KVContent::kSharedKV;
   if (p.kv_dtype && !dtype_is_float(*p.kv_dtype)) {
     throw Error(ErrorKind::kUnsupported,
                 "layer " + std::to_string(layer_index) + " (" + p.name + "): kv_dtype " +
@@ -48,6 +49,12 @@ int64_t DenseLayer::check_update(const TensorView& k, const TensorView& v) const
   }
   if (k.dim(0) < 1 || k.dim(1) < 1 || k.dim(3) < 1 || v.dim(3) < 1) {
     fail("empty batch, heads or head dim: k " + k.shape().str() + ", v " + v.shape().str());
+  }
+  if (params_.shared_kv && !(k.shape() == v.shape())) {
+    fail(
+        "this layer stores K == V once (kv_content kSharedKV): k and v must be the same tensor "
+        "(update(kv, kv)); got k " +
+        k.shape().str() + ", v " + v.shape().str());
   }
   if (!dtype_is_float(k.dtype()) || !dtype_is_float(v.dtype())) {
     fail(std::string("k and v must be f32, f16 or bf16; got ") + dtype_name(k.dtype()) + ", " +
@@ -87,6 +94,7 @@ void DenseLayer::prepare_rows(const TensorView& k, const TensorView& v, int64_t 
     s.head_dim_k = k.dim(3);
     s.head_dim_v = v.dim(3);
     s.dtype = params_.kv_dtype.value_or(k.dtype());
+    s.shared_kv = params_.shared_kv;
     buf_.allocate(s, rows, capacity);
     return;
   }
@@ -111,11 +119,15 @@ void DenseLayer::workspace(int64_t tokens, TensorView* k, TensorView* v) {
     ws_k_ = Tensor();
     ws_v_ = Tensor();
     ws_k_ = Tensor::empty(s.dtype, {s.batch, s.heads, tokens, s.head_dim_k});
-    ws_v_ = Tensor::empty(s.dtype, {s.batch, s.heads, tokens, s.head_dim_v});
+    if (!s.shared_kv) ws_v_ = Tensor::empty(s.dtype, {s.batch, s.heads, tokens, s.head_dim_v});
   }
   const int64_t cap = ws_k_.dim(2);
   *k = TensorView(ws_k_.data(), s.dtype, {s.batch, s.heads, tokens, s.head_dim_k},
                   Dims{s.heads * cap * s.head_dim_k, cap * s.head_dim_k, s.head_dim_k, 1});
+  if (s.shared_kv) {
+    *v = *k;
+    return;
+  }
   *v = TensorView(ws_v_.data(), s.dtype, {s.batch, s.heads, tokens, s.head_dim_v},
                   Dims{s.heads * cap * s.head_dim_v, cap * s.head_dim_v, s.head_dim_v, 1});
 }

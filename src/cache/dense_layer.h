@@ -22,6 +22,10 @@ struct DenseLayerParams {
   std::optional<DType> kv_dtype;  // storage dtype; unset: the first update's dtype
   int64_t max_batch_size = 0;     // fixed-storage containers: rows to preallocate (0: first batch)
   bool fixed_storage = false;     // never reallocate: the storage pointer is stable (static)
+  // K == V (CacheConfig::KVContent::kSharedKV): update(k, v) takes k and v of one shape, stores
+  // k only (v is not read: the caller passes the same tensor twice) and returns spans whose v
+  // is k; bytes() halves.
+  bool shared_kv = false;
 };
 
 DenseLayerParams dense_params(const CacheConfig& config, int layer_index, std::string name,
@@ -41,12 +45,13 @@ class DenseLayer : public CacheLayer {
   const SequenceBuffer& buffer() const { return buf_; }
   // Tokens physically held (<= seq_length() for windows).
   int64_t stored_tokens() const { return buf_.size(); }
+  bool shared_kv() const { return params_.shared_kv; }
 
  protected:
   explicit DenseLayer(DenseLayerParams params) : params_(std::move(params)) {}
 
   // Checks k and v ([B, H_kv, n, D], float, matching each other and the storage once
-  // initialised); returns n. Throws Error naming the layer.
+  // initialised; of one shape when shared_kv); returns n. Throws Error naming the layer.
   int64_t check_update(const TensorView& k, const TensorView& v) const;
   // First update: allocates `capacity` slots (rows: max_batch_size or k's batch). Later
   // updates on an empty layer may change the batch (within the row capacity, or by
@@ -58,7 +63,7 @@ class DenseLayer : public CacheLayer {
   // "layer 3 (static/full_attention)"
   std::string where() const;
   // Grows the workspace to hold `tokens` slots for the current rows and returns views
-  // [batch, H_kv, tokens, D] over it.
+  // [batch, H_kv, tokens, D] over it (shared_kv: *v is *k, one workspace).
   void workspace(int64_t tokens, TensorView* k, TensorView* v);
   // Subclasses' position bookkeeping after a row gather (nothing by default).
   virtual void after_rows_changed() {}

@@ -29,6 +29,15 @@ std::unique_ptr<CacheLayer> make_quantized(const CacheConfig& c, int layer, bool
             "not per-head K/V — which the quantized (KIVI) container does not store; use "
             "--cache dynamic, static or paged");
   }
+  if (c.kv_content == CacheConfig::KVContent::kSharedKV) {
+    // The packed format quantizes keys per channel and values per token, so one stored copy
+    // cannot serve as both; two copies would lose the point of K == V.
+    throw Error(ErrorKind::kUnsupported,
+                "layer " + std::to_string(layer) + " (" + p.name +
+                    "): this model's K and V are one tensor (K == V, stored once), which the "
+                    "quantized (KIVI) container does not store; use --cache dynamic, static or "
+                    "paged");
+  }
   if (sliding) {
     if (c.sliding_window < 1) {
       throw Error(ErrorKind::kInvalidArgument, "layer " + std::to_string(layer) + " (" + p.name +

@@ -10,10 +10,12 @@ void SequenceBuffer::allocate(const SequenceBufferShape& shape, int64_t batch_ca
                               int64_t capacity) {
   KV_CHECK(shape.batch <= batch_capacity && capacity >= 0, "bad SequenceBuffer geometry");
   KV_CHECK(dtype_is_float(shape.dtype), "SequenceBuffer stores float dtypes only");
+  KV_CHECK(!shape.shared_kv || shape.head_dim_k == shape.head_dim_v, "K == V needs D_k == D_v");
   k_ = Tensor();  // release first: peak memory is one buffer, not two
   v_ = Tensor();
   k_ = Tensor::empty(shape.dtype, {batch_capacity, shape.heads, capacity, shape.head_dim_k});
-  v_ = Tensor::empty(shape.dtype, {batch_capacity, shape.heads, capacity, shape.head_dim_v});
+  if (!shape.shared_kv)
+    v_ = Tensor::empty(shape.dtype, {batch_capacity, shape.heads, capacity, shape.head_dim_v});
   shape_ = shape;
   batch_capacity_ = batch_capacity;
   capacity_ = capacity;
@@ -37,18 +39,19 @@ TensorView SequenceBuffer::k_slots(int64_t from, int64_t to) const {
   return slots(k_, shape_.head_dim_k, from, to);
 }
 TensorView SequenceBuffer::v_slots(int64_t from, int64_t to) const {
-  return slots(v_, shape_.head_dim_v, from, to);
+  return slots(shape_.shared_kv ? k_ : v_, shape_.head_dim_v, from, to);
 }
 
 size_t SequenceBuffer::token_bytes() const {
-  return dtype_bytes(shape_.dtype, shape_.heads * (shape_.head_dim_k + shape_.head_dim_v));
+  const int64_t dims = shape_.head_dim_k + (shape_.shared_kv ? 0 : shape_.head_dim_v);
+  return dtype_bytes(shape_.dtype, shape_.heads * dims);
 }
 
 void SequenceBuffer::append(const TensorView& k, const TensorView& v) {
   const int64_t n = k.dim(2);
   KV_CHECK(end_ + n <= capacity_, "append past the capacity (the container must check)");
   copy_view(k, k_slots(end_, end_ + n));
-  copy_view(v, v_slots(end_, end_ + n));
+  if (!shape_.shared_kv) copy_view(v, v_slots(end_, end_ + n));
   end_ += n;
 }
 
@@ -71,6 +74,7 @@ size_t SequenceBuffer::compact() {
   // destination overlap when n > begin_.
   for (const auto& [t, d] :
        {std::pair{&k_, shape_.head_dim_k}, std::pair{&v_, shape_.head_dim_v}}) {
+    if (t == &v_ && shape_.shared_kv) continue;
     const TensorView dst = slots(*t, d, 0, n);
     const TensorView src = slots(*t, d, begin_, end_);
     const size_t run = dtype_bytes(shape_.dtype, n * d);
@@ -91,8 +95,9 @@ void SequenceBuffer::reallocate(int64_t batch_capacity, int64_t capacity) {
   KV_CHECK(capacity >= size() && batch_capacity >= shape_.batch, "reallocate would lose tokens");
   Tensor nk =
       Tensor::empty(shape_.dtype, {batch_capacity, shape_.heads, capacity, shape_.head_dim_k});
-  Tensor nv =
-      Tensor::empty(shape_.dtype, {batch_capacity, shape_.heads, capacity, shape_.head_dim_v});
+  Tensor nv = shape_.shared_kv ? Tensor()
+                               : Tensor::empty(shape_.dtype, {batch_capacity, shape_.heads,
+                                                              capacity, shape_.head_dim_v});
   SequenceBuffer next;
   next.k_ = std::move(nk);
   next.v_ = std::move(nv);
@@ -102,7 +107,8 @@ void SequenceBuffer::reallocate(int64_t batch_capacity, int64_t capacity) {
   const int64_t n = size();
   if (n > 0) {
     stats_.bytes_copied += copy_view(k_slots(begin_, end_), next.k_slots(0, n));
-    stats_.bytes_copied += copy_view(v_slots(begin_, end_), next.v_slots(0, n));
+    if (!shape_.shared_kv)
+      stats_.bytes_copied += copy_view(v_slots(begin_, end_), next.v_slots(0, n));
   }
   k_ = std::move(next.k_);
   v_ = std::move(next.v_);
@@ -128,8 +134,9 @@ void SequenceBuffer::gather_rows(std::span<const int64_t> rows) {
       const auto r = rows[static_cast<size_t>(i)];
       stats_.bytes_copied += copy_view(k_slots(begin_, end_).slice(0, r, r + 1),
                                        next.k_slots(0, n).slice(0, i, i + 1));
-      stats_.bytes_copied += copy_view(v_slots(begin_, end_).slice(0, r, r + 1),
-                                       next.v_slots(0, n).slice(0, i, i + 1));
+      if (!shape_.shared_kv)
+        stats_.bytes_copied += copy_view(v_slots(begin_, end_).slice(0, r, r + 1),
+                                         next.v_slots(0, n).slice(0, i, i + 1));
     }
     k_ = std::move(next.k_);
     v_ = std::move(next.v_);
@@ -142,19 +149,21 @@ void SequenceBuffer::gather_rows(std::span<const int64_t> rows) {
   }
   // In place: snapshot the live window of the old rows, then write the selected rows back.
   // The scratch is allocated per call: reorder/select run once per beam step, not per token.
+  const bool shared = shape_.shared_kv;
   const TensorView old_k = k_slots(begin_, end_);
   const TensorView old_v = v_slots(begin_, end_);
   Tensor sk = Tensor::empty(shape_.dtype, old_k.shape());
-  Tensor sv = Tensor::empty(shape_.dtype, old_v.shape());
+  Tensor sv = shared ? Tensor() : Tensor::empty(shape_.dtype, old_v.shape());
   stats_.bytes_copied += copy_view(old_k, sk.view());
-  stats_.bytes_copied += copy_view(old_v, sv.view());
+  if (!shared) stats_.bytes_copied += copy_view(old_v, sv.view());
   shape_.batch = new_batch;
   const TensorView new_k = k_slots(begin_, end_);
   const TensorView new_v = v_slots(begin_, end_);
   for (int64_t i = 0; i < new_batch; ++i) {
     const auto r = rows[static_cast<size_t>(i)];
     stats_.bytes_copied += copy_view(sk.view().slice(0, r, r + 1), new_k.slice(0, i, i + 1));
-    stats_.bytes_copied += copy_view(sv.view().slice(0, r, r + 1), new_v.slice(0, i, i + 1));
+    if (!shared)
+      stats_.bytes_copied += copy_view(sv.view().slice(0, r, r + 1), new_v.slice(0, i, i + 1));
   }
 }
 

@@ -7,8 +7,9 @@
 //   k storage: [B_cap, H_kv, capacity, D_k]      v storage: [B_cap, H_kv, capacity, D_v]
 //
 // D_k and D_v may differ (MLA caches a 512-wide latent in one slot and a 64-wide rope key in
-// the other). Rows [0, batch) are live; B_cap >= batch lets select() shrink without a copy of
-// the storage and a later repeat_interleave() regrow into it.
+// the other). With shape.shared_kv there is no V storage: V is K. Rows [0, batch) are live; B_cap
+// >= batch lets select() shrink without a copy of the storage and a later repeat_interleave()
+// regrow into it.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +28,9 @@ struct SequenceBufferShape {
   int64_t head_dim_k = 0;  // D_k
   int64_t head_dim_v = 0;  // D_v
   DType dtype = DType::kF16;
+  // K == V (CacheConfig::KVContent::kSharedKV): only K is stored (head_dim_v must equal
+  // head_dim_k); v_slots() are views of the K storage and append() reads k only.
+  bool shared_kv = false;
 };
 
 class SequenceBuffer {
@@ -67,9 +71,9 @@ class SequenceBuffer {
   // reallocated with batch capacity rows.size(). The caller validated the indices.
   void gather_rows(std::span<const int64_t> rows);
 
-  // Bytes of the K and V storage (capacity, not live size).
+  // Bytes of the K and V storage (capacity, not live size; K only when shared_kv).
   size_t bytes() const { return k_.size_bytes() + v_.size_bytes(); }
-  // Bytes of one token of one row, K plus V.
+  // Bytes of one token of one row, K plus V (K only when shared_kv).
   size_t token_bytes() const;
   const CopyStats& stats() const { return stats_; }
   CopyStats& mutable_stats() { return stats_; }
@@ -78,7 +82,7 @@ class SequenceBuffer {
   TensorView slots(const Tensor& t, int64_t head_dim, int64_t from, int64_t to) const;
 
   Tensor k_;  // [batch_capacity_, H_kv, capacity_, D_k]
-  Tensor v_;  // [batch_capacity_, H_kv, capacity_, D_v]
+  Tensor v_;  // [batch_capacity_, H_kv, capacity_, D_v]; empty when shape_.shared_kv
   SequenceBufferShape shape_;
   int64_t batch_capacity_ = 0;
   int64_t capacity_ = 0;

@@ -111,10 +111,12 @@ KVSpan WindowLayer::update(const TensorView& k, const TensorView& v) {
     workspace(needed, &wk, &wv);
     const int64_t kept = buf_.size();
     CopyStats& st = buf_.mutable_stats();
+    const bool shared = shared_kv();  // wv is wk: V is not written
     st.bytes_copied += copy_view(buf_.k_slots(buf_.begin(), buf_.end()), wk.slice(2, 0, kept));
-    st.bytes_copied += copy_view(buf_.v_slots(buf_.begin(), buf_.end()), wv.slice(2, 0, kept));
+    if (!shared)
+      st.bytes_copied += copy_view(buf_.v_slots(buf_.begin(), buf_.end()), wv.slice(2, 0, kept));
     copy_view(k, wk.slice(2, kept, needed));
-    copy_view(v, wv.slice(2, kept, needed));
+    if (!shared) copy_view(v, wv.slice(2, kept, needed));
     st.workspace_uses += 1;
     buf_.set_window(0, 0);
     if (held > buf_.capacity()) {  // dynamic only (static checked above); nothing live to copy
@@ -122,7 +124,8 @@ KVSpan WindowLayer::update(const TensorView& k, const TensorView& v) {
                       std::min(std::max(2 * buf_.capacity(), held), capacity_limit()));
     }
     st.bytes_copied += copy_view(wk.slice(2, needed - held, needed), buf_.k_slots(0, held));
-    st.bytes_copied += copy_view(wv.slice(2, needed - held, needed), buf_.v_slots(0, held));
+    if (!shared)
+      st.bytes_copied += copy_view(wv.slice(2, needed - held, needed), buf_.v_slots(0, held));
     buf_.set_window(0, held);
     span.k = wk;
     span.v = wv;

@@ -30,6 +30,7 @@ enum class TypesRule {
   kEveryFifthFull,   // Gemma-3n
   kFullInterval,     // Qwen3-Next: one full-attention layer every full_attention_interval
   kNoRopeLayers,     // Llama-4: chunked where no_rope_layers[i] (RoPE layers), else full
+  kDeepseekV4,       // DeepSeek-V4: compress_ratios (legacy), else 2 HCA then CSA/HCA alternating
 };
 
 struct Family {
@@ -57,6 +58,7 @@ constexpr Family kFamilies[] = {
     {"llama4_text", "Llama4ForCausalLM", TypesRule::kNoRopeLayers, 0, 8192},
     {"deepseek_v2", "DeepseekV2ForCausalLM", TypesRule::kGeneric},
     {"deepseek_v3", "DeepseekV3ForCausalLM", TypesRule::kGeneric},
+    {"deepseek_v4", "DeepseekV4ForCausalLM", TypesRule::kDeepseekV4, 128, 0, 512},
 };
 
 // Multimodal wrappers name their text decoder's family differently.
@@ -195,6 +197,33 @@ std::vector<std::string> derived_layer_types(const json& j, const Family* fam,
       });
       break;
     }
+    case TypesRule::kDeepseekV4: {
+      // DeepseekV4Config.__post_init__: legacy per-layer compress_ratios (0 / 4 / 128, a fixed
+      // map to the three types, truncated to the layer count: checkpoints list the MTP layer
+      // too), else two HCA layers then HCA / CSA alternating (CSA on odd i of the rest).
+      if (auto it = j.find("compress_ratios"); it != j.end() && !it->is_null()) {
+        if (!it->is_array() || static_cast<int64_t>(it->size()) < n)
+          bad(source, "config field 'compress_ratios' must list at least num_hidden_layers (" +
+                          std::to_string(n) + ") rates");
+        set([&](int64_t i) {
+          const json& r = (*it)[static_cast<size_t>(i)];
+          const int64_t v = r.is_number_integer() ? r.get<int64_t>() : -1;
+          if (v != 0 && v != 4 && v != 128)
+            bad(source, "compress_ratios[" + std::to_string(i) +
+                            "] must be 0 (sliding_attention), 4 (compressed_sparse_attention) or "
+                            "128 (heavily_compressed_attention)");
+          return v == 0   ? "sliding_attention"
+                 : v == 4 ? "compressed_sparse_attention"
+                          : "heavily_compressed_attention";
+        });
+      } else {
+        set([](int64_t i) {
+          return i >= 2 && (i - 2) % 2 ? "compressed_sparse_attention"
+                                       : "heavily_compressed_attention";
+        });
+      }
+      break;
+    }
     case TypesRule::kFullInterval:
     case TypesRule::kGeneric: {
       std::optional<int64_t> interval =
@@ -218,11 +247,17 @@ std::vector<std::string> derived_layer_types(const json& j, const Family* fam,
 // sliding_window that its layer types do not use, as Qwen2's do).
 void check_layer_types(DecoderLayout& d, const std::string& source, bool explicit_types) {
   const std::string where = explicit_types ? "layer_types" : "the derived layer types";
-  bool sliding = false, chunked = false;
+  // DeepSeek-V4's compressed layers keep a sliding window of raw K==V rows too.
+  bool sliding = d.family == "deepseek_v4", chunked = false;
   const std::vector<std::string>& known = known_layer_types();
   for (size_t i = 0; i < d.layer_types.size(); ++i) {
     const std::string& t = d.layer_types[i];
-    if (d.compress_rates.count(t)) continue;
+    if (d.compress_rates.count(t)) {
+      // DeepSeek-V4's CSA/HCA layers keep a sliding K==V window next to their entries
+      // (DeepseekV4HCACache is a DynamicSlidingWindowLayer of config.sliding_window).
+      sliding = true;
+      continue;
+    }
     if (std::find(known.begin(), known.end(), t) == known.end()) {
       std::string list;
       for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
@@ -288,8 +323,9 @@ DecoderLayout read_decoder_layout(const json& root, const json& j, const std::st
   const Family* fam = find_family(d.family);
   d.n_layers = req_count(j, "num_hidden_layers", ConfigCount::kLayers, source);
   d.n_heads = req_count(j, "num_attention_heads", ConfigCount::kHeads, source);
+  const bool v4 = d.family == "deepseek_v4";  // one shared K==V head by default
   d.n_kv_heads =
-      opt_count(j, "num_key_value_heads", ConfigCount::kHeads, source).value_or(d.n_heads);
+      opt_count(j, "num_key_value_heads", ConfigCount::kHeads, source).value_or(v4 ? 1 : d.n_heads);
   if (d.n_kv_heads <= 0) bad(source, "config field 'num_key_value_heads' must be positive");
   d.hidden_size = opt_count(j, "hidden_size", ConfigCount::kHiddenSize, source).value_or(0);
   d.max_position_embeddings =
@@ -315,6 +351,20 @@ DecoderLayout read_decoder_layout(const json& root, const json& j, const std::st
     }
   }
 
+  if (v4) {
+    // DeepseekV4Config: compress_rates defaults per type; the legacy scalars override them.
+    d.compress_rates.try_emplace("compressed_sparse_attention", 4);
+    d.compress_rates.try_emplace("heavily_compressed_attention", 128);
+    for (const auto& [key, type] :
+         {std::pair{"compress_rate_csa", "compressed_sparse_attention"},
+          std::pair{"compress_rate_hca", "heavily_compressed_attention"}}) {
+      if (const std::optional<int64_t> r = opt_count(j, key, ConfigCount::kContext, source)) {
+        if (*r < 1) bad(source, std::string("config field '") + key + "' must be positive");
+        d.compress_rates[type] = *r;
+      }
+    }
+  }
+
   const bool explicit_types = j.contains("layer_types") && !j["layer_types"].is_null();
   if (explicit_types) {
     const json& lt = j["layer_types"];
@@ -323,6 +373,9 @@ DecoderLayout read_decoder_layout(const json& root, const json& j, const std::st
       if (!t.is_string()) bad(source, "config field 'layer_types' must be a list of strings");
       d.layer_types.push_back(t.get<std::string>());
     }
+    // DeepseekV4Config keeps the first num_hidden_layers entries.
+    if (v4 && static_cast<int64_t>(d.layer_types.size()) > d.n_layers)
+      d.layer_types.resize(static_cast<size_t>(d.n_layers));
     if (static_cast<int64_t>(d.layer_types.size()) != d.n_layers)
       bad(source, "'layer_types' has " + std::to_string(d.layer_types.size()) +
                       " entries but num_hidden_layers is " + std::to_string(d.n_layers));
@@ -330,6 +383,11 @@ DecoderLayout read_decoder_layout(const json& root, const json& j, const std::st
     d.layer_types = derived_layer_types(j, fam, d, source);
   }
   check_layer_types(d, source, explicit_types);
+  if (std::find(d.layer_types.begin(), d.layer_types.end(), "compressed_sparse_attention") !=
+      d.layer_types.end()) {
+    d.index_head_dim = opt_count(j, "index_head_dim", ConfigCount::kHeadDim, source).value_or(128);
+    if (d.index_head_dim <= 0) bad(source, "config field 'index_head_dim' must be positive");
+  }
 
   d.num_kv_shared_layers =
       opt_count(j, "num_kv_shared_layers", ConfigCount::kLayers, source).value_or(0);

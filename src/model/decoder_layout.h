@@ -44,6 +44,10 @@ struct DecoderLayout {
   int64_t kv_lora_rank = 0, qk_rope_head_dim = 0, qk_nope_head_dim = 0, v_head_dim = 0;
   // Compressed layer types (CSA/HCA) -> tokens per stored entry.
   std::map<std::string, int64_t> compress_rates;
+  // DeepSeek-V4's lightning indexer (compressed_sparse_attention layers): the width c^I of its
+  // compressed keys, one per entry (config index_head_dim, 128 by default as in
+  // configuration_deepseek_v4.py); 0 when no layer has an indexer.
+  int64_t index_head_dim = 0;
   // Linear attention (Gated DeltaNet) state: H_v·d_k·d_v + (k−1)·d_qkv elements with
   // d_qkv = 2·H_k·d_k + H_v·d_v; 0 if the dims are not all given.
   int64_t linear_state_elems = 0;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -157,15 +158,41 @@ const char* hf_preset_json(const std::string& name) {
       "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000000.0,
       "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2})";
   }
+  if (name == "deepseekv4-tiny") {
+    // DeepseekV4ForCausalLM: layers sliding, CSA, HCA, CSA, HCA (rates 4 and 8, window 8, so
+    // short prompts emit and evict); one K==V head of 32 with RoPE on its last 8 dims, 4 query
+    // heads through q_lora 32, output in 2 groups of rank 16, sinks; the indexer 2 heads x 16
+    // keeping the top 3 entries (fewer than a 24-token prompt's 6 CSA entries); YaRN on the
+    // compress rope (attention factor 1); 2 hyper-connection streams; MoE 2 of 4 experts,
+    // hash-routed on layer 0, sqrtsoftplus scores, swiglu_limit 0.3 (reached by these weights).
+    return R"({"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+      "hidden_size": 64, "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 1,
+      "head_dim": 32, "qk_rope_head_dim": 8, "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16,
+      "layer_types": ["sliding_attention", "compressed_sparse_attention",
+                      "heavily_compressed_attention", "compressed_sparse_attention",
+                      "heavily_compressed_attention"],
+      "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+      "sliding_window": 8, "index_n_heads": 2, "index_head_dim": 16, "index_topk": 3,
+      "hc_mult": 2, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
+      "mlp_layer_types": ["hash_moe", "moe", "moe", "moe", "moe"],
+      "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+      "n_shared_experts": 1, "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5,
+      "swiglu_limit": 0.3, "hidden_act": "silu", "vocab_size": 512,
+      "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+      "compress_rope_theta": 160000.0,
+      "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                          "original_max_position_embeddings": 64},
+      "tie_word_embeddings": false, "bos_token_id": 2, "eos_token_id": 1})";
+  }
   return nullptr;
 }
 
 }  // namespace
 
 std::vector<std::string> dummy_preset_names() {
-  return {"tiny",         "llama-125m",     "gemma2-tiny",
-          "gptoss-tiny",  "mla-tiny",       "deepseek-v2-tiny",
-          "gemma3n-tiny", "qwen3next-tiny", "qwen3next-125m"};
+  return {"tiny",           "llama-125m",       "gemma2-tiny",  "gptoss-tiny",
+          "mla-tiny",       "deepseek-v2-tiny", "gemma3n-tiny", "qwen3next-tiny",
+          "qwen3next-125m", "deepseekv4-tiny"};
 }
 
 bool dummy_preset_is_hf(const std::string& name) {
@@ -221,13 +248,25 @@ std::string build_dummy_hf(const DummyModelOptions& o) {
   fs::create_directories(dir, ec);
   std::vector<Tensor> owned;
   std::vector<std::pair<std::string, TensorView>> views;
+  std::set<std::string> int64_tensors;
   uint64_t tensor_id = 0;
   for (const WeightSpec& w : hf_weight_specs(c)) {
     const int64_t cols = w.shape.dims[w.shape.ndim - 1];
     const int64_t rows = w.shape.numel() / cols;
     const uint64_t seed = splitmix64(o.seed * 1000003ull + ++tensor_id);
     Tensor t;
-    if (w.role == WeightRole::kMatrix) {
+    if (w.name.ends_with("mlp.gate.tid2eid")) {
+      // DeepSeek-V4's hash routing table [vocab, top_k]: distinct expert ids per token, I64.
+      t = Tensor::empty(DType::kF32, {rows, cols});
+      const int64_t E = c.moe.n_experts;
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint64_t h = splitmix64(seed + static_cast<uint64_t>(r));
+        for (int64_t k = 0; k < cols; ++k)
+          t.data_as<float>()[r * cols + k] =
+              static_cast<float>((static_cast<int64_t>(h % static_cast<uint64_t>(E)) + k) % E);
+      }
+      int64_tensors.insert(w.name);
+    } else if (w.role == WeightRole::kMatrix) {
       // Embeddings O(1); projections small enough that the residual stream stays O(1).
       const bool embed = w.name == "model.embed_tokens.weight";
       const bool qk = w.name.find("q_proj") != std::string::npos ||
@@ -247,7 +286,9 @@ std::string build_dummy_hf(const DummyModelOptions& o) {
                            : w.name.ends_with("conv1d.weight") ? 0.4f
                                                                : 0.05f;
       t = random_matrix(rows, cols, DType::kF32, seed, stddev);
-      if (w.role == WeightRole::kNorm && !gemma_norm) {
+      // DeepSeek-V4's hyper-connection scales start at 1 (DeepseekV4PreTrainedModel).
+      const bool hc_scale = w.name.ends_with("hc.scale") || w.name.ends_with("hc_scale");
+      if ((w.role == WeightRole::kNorm && !gemma_norm) || hc_scale) {
         for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] += 1.0f;
       }
     }
@@ -259,7 +300,7 @@ std::string build_dummy_hf(const DummyModelOptions& o) {
   // Write into a private folder, then rename: concurrent builders never see a partial model.
   const std::string tmp = path + ".tmp" + std::to_string(::getpid());
   fs::create_directories(tmp, ec);
-  write_safetensors(tmp + "/model.safetensors", views);
+  write_safetensors(tmp + "/model.safetensors", views, {}, int64_tensors);
   {
     std::ofstream f(tmp + "/config.json", std::ios::binary | std::ios::trunc);
     f << hf_preset_json(o.preset) << "\n";

@@ -48,6 +48,12 @@ CacheConfig model_cache_config(const ModelConfig& model, CacheOptions options) {
     cc.linear = LinearStateShape{a.conv_kernel, a.conv_dim(), a.num_value_heads, a.key_head_dim,
                                  a.value_head_dim};
   }
+  if (const DeepseekV4Config& v = model.deepseek_v4; v.enabled()) {
+    // DeepSeek-V4: the compressed layers' rates and the CSA indexer's key width.
+    cc.compressed.rates = {{"compressed_sparse_attention", v.csa_rate},
+                           {"heavily_compressed_attention", v.hca_rate}};
+    cc.compressed.index_head_dim = v.index_head_dim;
+  }
   return cc;
 }
 

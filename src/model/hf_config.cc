@@ -158,11 +158,13 @@ constexpr HfArchitecture kHfArchitectures[] = {
     {"DeepseekV3ForCausalLM", "deepseek_v3", "deepseek_v3"},
     {"DeepseekV2ForCausalLM", "deepseek_v2", "deepseek_v2"},
     {"Qwen3NextForCausalLM", "qwen3_next", "qwen3_next"},
+    {"DeepseekV4ForCausalLM", "deepseek_v4", "deepseek_v4"},
 };
 
 // Which family-specific keys and defaults apply.
 struct FamilyKeys {
   bool gemma2 = false, gemma3n = false, gpt_oss = false, deepseek = false, qwen3_next = false;
+  bool deepseek_v4 = false;
 };
 FamilyKeys family_keys(const std::string& architecture) {
   FamilyKeys f;
@@ -171,6 +173,7 @@ FamilyKeys family_keys(const std::string& architecture) {
   f.gpt_oss = architecture == "gpt_oss";
   f.deepseek = architecture == "deepseek_v2" || architecture == "deepseek_v3";
   f.qwen3_next = architecture == "qwen3_next";
+  f.deepseek_v4 = architecture == "deepseek_v4";
   return f;
 }
 
@@ -220,7 +223,7 @@ std::string architecture_of(const std::string& arch, const std::string& model_ty
                   "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
                   "Gemma2ForCausalLM, Gemma3nForCausalLM, Gemma3nForConditionalGeneration (text), "
                   "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
-                  "Qwen3NextForCausalLM)");
+                  "Qwen3NextForCausalLM, DeepseekV4ForCausalLM)");
 }
 
 // intermediate_size: one FFN size, or (Gemma3nTextConfig) one per layer or one for all.
@@ -234,6 +237,9 @@ void read_ffn_size(const json& j, const FamilyKeys& f, ModelConfig& c, const std
     if (c.gemma3n.intermediate_sizes.empty()) bad(source, "intermediate_size is an empty list");
     c.hidden_dim =
         *std::max_element(c.gemma3n.intermediate_sizes.begin(), c.gemma3n.intermediate_sizes.end());
+  } else if (f.deepseek_v4) {
+    // DeepseekV4Config maps intermediate_size to moe_intermediate_size (the shared expert's).
+    c.hidden_dim = get_count_or(j, "moe_intermediate_size", 2048, ConfigCount::kFfnSize, source);
   } else {
     c.hidden_dim = get_count(j, "intermediate_size", ConfigCount::kFfnSize, source);
   }
@@ -509,6 +515,155 @@ void read_qwen3_next_keys(const json& j, ModelConfig& c, const std::string& sour
   }
 }
 
+// models/deepseek_v4/configuration_deepseek_v4.py (DeepseekV4Config and its __post_init__, which
+// folds the legacy keys in): attention, compressors and indexer, hyper-connections, MoE.
+// Layer types and compress rates come from the decoder layout.
+void read_deepseek_v4_keys(const json& j, const DecoderLayout& layout, ModelConfig& c,
+                           const std::string& source) {
+  DeepseekV4Config& v = c.deepseek_v4;
+  v.q_lora_rank = get_count_or(j, "q_lora_rank", 1024, ConfigCount::kHeadDim, source);
+  v.o_groups = get_count_or(j, "o_groups", 8, ConfigCount::kHeads, source);
+  v.o_lora_rank = get_count_or(j, "o_lora_rank", 1024, ConfigCount::kHeadDim, source);
+  v.index_n_heads = get_count_or(j, "index_n_heads", 64, ConfigCount::kHeads, source);
+  v.index_head_dim = get_count_or(j, "index_head_dim", 128, ConfigCount::kHeadDim, source);
+  v.index_topk = get_count_or(j, "index_topk", 512, ConfigCount::kContext, source);
+  v.hc_mult = get_count_or(j, "hc_mult", 4, ConfigCount::kHeads, source);
+  v.hc_sinkhorn_iters = get_count_or(j, "hc_sinkhorn_iters", 20, ConfigCount::kLayers, source);
+  v.hc_eps = static_cast<float>(get_num_or(j, "hc_eps", 1e-6, source));
+  v.swiglu_limit = static_cast<float>(get_num_or(j, "swiglu_limit", 10.0, source));
+  if (v.q_lora_rank <= 0 || v.o_groups <= 0 || v.o_lora_rank <= 0 || v.hc_mult <= 0 ||
+      v.hc_sinkhorn_iters <= 0 || v.index_n_heads <= 0 || v.index_head_dim <= 0 ||
+      v.index_topk <= 0) {
+    bad(source,
+        "q_lora_rank, o_groups, o_lora_rank, hc_mult, hc_sinkhorn_iters, index_n_heads, "
+        "index_head_dim and index_topk must be positive");
+  }
+  if (!(v.hc_eps >= 0.0f)) bad(source, "config field 'hc_eps' must be >= 0");
+  for (const auto& [type, rate] : layout.compress_rates) {
+    if (type == "compressed_sparse_attention") {
+      v.csa_rate = rate;
+    } else if (type == "heavily_compressed_attention") {
+      v.hca_rate = rate;
+    } else {
+      bad(source, "compress_rates names '" + type +
+                      "'; DeepSeek-V4 compresses compressed_sparse_attention and "
+                      "heavily_compressed_attention only");
+    }
+  }
+  // Partial rotary: partial_rotary_factor, else the legacy qk_rope_head_dim / head_dim, else
+  // 64 / 512; the rotated dims are int(head_dim * factor), the trailing ones of each head.
+  double partial = 64.0 / 512.0;
+  if (auto it = j.find("qk_rope_head_dim"); it != j.end() && !it->is_null())
+    partial = static_cast<double>(get_count(j, "qk_rope_head_dim", ConfigCount::kHeadDim, source)) /
+              static_cast<double>(c.head_dim);
+  partial = get_num_or(j, "partial_rotary_factor", partial, source);
+  c.partial_rotary_factor = static_cast<float>(partial);
+  c.query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  c.attn_sinks = true;
+  c.rope_interleaved = true;  // pairs (2i, 2i + 1) of the trailing rope dims
+
+  const std::string scoring = j.value("scoring_func", std::string("sqrtsoftplus"));
+  if (scoring == "sqrtsoftplus") {
+    v.scoring = V4Scoring::kSqrtSoftplus;
+  } else if (scoring == "softmax") {
+    v.scoring = V4Scoring::kSoftmax;
+  } else if (scoring == "sigmoid") {
+    v.scoring = V4Scoring::kSigmoid;
+  } else {
+    throw Error(ErrorKind::kUnsupported, source + ": scoring_func '" + scoring +
+                                             "' is not supported (sqrtsoftplus, softmax, sigmoid)");
+  }
+  MoeConfig& m = c.moe;
+  m.n_experts = get_count_or(j, "n_routed_experts", 256, ConfigCount::kExperts, source);
+  m.n_experts_used = get_count_or(j, "num_experts_per_tok", 6, ConfigCount::kExperts, source);
+  m.expert_hidden_dim = c.hidden_dim;
+  m.routed_scaling_factor = static_cast<float>(get_num_or(j, "routed_scaling_factor", 1.5, source));
+  m.norm_topk_prob = true;  // DeepseekV4TopKRouter always renormalises
+  if (m.n_experts <= 0 || m.n_experts_used <= 0 || m.n_experts_used > m.n_experts)
+    bad(source,
+        "n_routed_experts must be positive and num_experts_per_tok in [1, n_routed_experts]");
+
+  // mlp_layer_types: explicit (truncated to the layers), else num_hash_layers (default 3)
+  // hash_moe layers first, then moe.
+  const int64_t n = c.n_layers;
+  v.hash_layers.assign(static_cast<size_t>(n), 0);
+  if (auto it = j.find("mlp_layer_types"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || static_cast<int64_t>(it->size()) < n)
+      bad(source, "config field 'mlp_layer_types' must list one of hash_moe / moe per layer (" +
+                      std::to_string(n) + ")");
+    for (int64_t i = 0; i < n; ++i) {
+      const json& t = (*it)[static_cast<size_t>(i)];
+      const std::string s = t.is_string() ? t.get<std::string>() : std::string();
+      if (s != "hash_moe" && s != "moe")
+        bad(source, "mlp_layer_types[" + std::to_string(i) + "] must be 'hash_moe' or 'moe'");
+      v.hash_layers[static_cast<size_t>(i)] = s == "hash_moe";
+    }
+  } else {
+    const int64_t hashed = get_count_or(j, "num_hash_layers", 3, ConfigCount::kLayers, source);
+    if (hashed < 0) bad(source, "config field 'num_hash_layers' must be >= 0");
+    for (int64_t i = 0; i < std::min(n, hashed); ++i) v.hash_layers[static_cast<size_t>(i)] = 1;
+  }
+}
+
+void read_rope_scaling(const json& rope, const FamilyKeys& f, ModelConfig& c,
+                       const std::string& source);
+
+// DeepSeek-V4's two rotary embeddings (DeepseekV4Config.__post_init__): "main" (sliding layers:
+// rope_theta, default RoPE) and "compress" (CSA/HCA layers, their compressors and indexer:
+// compress_rope_theta, with the scaling of a flat rope_parameters / rope_scaling, YaRN with
+// attention_factor 1.0 unless given). A rope_parameters already nested as {main, compress} is
+// taken as is.
+void read_deepseek_v4_rope(const json& j, const FamilyKeys& f, ModelConfig& c,
+                           const std::string& source) {
+  DeepseekV4Config& v = c.deepseek_v4;
+  c.rope_theta = static_cast<float>(get_num_or(j, "rope_theta", 10000.0, source));
+  v.compress_rope_theta =
+      static_cast<float>(get_num_or(j, "compress_rope_theta", 160000.0, source));
+  const json* rp = nullptr;
+  if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object()) {
+    rp = &*it;
+  } else if (auto it2 = j.find("rope_scaling"); it2 != j.end() && it2->is_object()) {
+    rp = &*it2;
+  }
+  json compress = json::object();
+  if (rp && rp->contains("main") && (*rp)["main"].is_object() && rp->contains("compress") &&
+      (*rp)["compress"].is_object()) {
+    const json& main = (*rp)["main"];
+    const std::string main_type =
+        main.value("rope_type", main.value("type", std::string("default")));
+    if (main_type != "default")
+      throw Error(ErrorKind::kUnsupported, source + ": rope_parameters.main rope_type '" +
+                                               main_type + "' is not supported (default)");
+    c.rope_theta = static_cast<float>(get_num_or(main, "rope_theta", c.rope_theta, source));
+    compress = (*rp)["compress"];
+    v.compress_rope_theta =
+        static_cast<float>(get_num_or(compress, "rope_theta", v.compress_rope_theta, source));
+  } else if (rp) {
+    for (auto it = rp->begin(); it != rp->end(); ++it)
+      if (it.key() != "main" && it.key() != "compress") compress[it.key()] = it.value();
+    if (compress.value("rope_type", compress.value("type", std::string("default"))) == "yarn" &&
+        !compress.contains("attention_factor"))
+      compress["attention_factor"] = 1.0;
+  }
+  if (!(c.rope_theta > 0.0f) || !(v.compress_rope_theta > 0.0f))
+    bad(source, "rope_theta and compress_rope_theta must be positive");
+  const std::string type =
+      compress.value("rope_type", compress.value("type", std::string("default")));
+  if (type == "default") return;
+  if (type != "yarn")
+    throw Error(ErrorKind::kUnsupported, source + ": the compress rope's rope_type '" + type +
+                                             "' is not supported (default, yarn)");
+  // The compress rope's YaRN, through the shared reader on its own theta; the main rope stays
+  // plain (rope_freq_factors empty).
+  ModelConfig tmp = c;
+  tmp.rope_theta = v.compress_rope_theta;
+  tmp.query_scale = 0.0f;
+  read_rope_scaling(compress, f, tmp, source);
+  v.compress_freq_factors = tmp.rope_freq_factors;
+  v.compress_attention_factor = tmp.rope_attention_factor;
+  c.rope_scaling = tmp.rope_scaling;
+}
+
 // Gemma-3n: sliding layers rotate with rope_local_base_freq (v4) /
 // rope_parameters.sliding_attention (v5); full layers with rope_theta /
 // rope_parameters.full_attention. Only default RoPE. Returns the scaling object left to read
@@ -650,7 +805,12 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
     read_deepseek_moe_keys(j, c, source);
   }
   if (f.qwen3_next) read_qwen3_next_keys(j, c, source);
-  read_rope(j, f, c, source);
+  if (f.deepseek_v4) {
+    read_deepseek_v4_keys(j, layout, c, source);
+    read_deepseek_v4_rope(j, f, c, source);
+  } else {
+    read_rope(j, f, c, source);
+  }
   read_layer_plan(layout, f, c, source);
   c.fill_defaults();
   c.validate(source);

@@ -112,6 +112,12 @@ void add_plan_layers(const DecoderLayout& d, PlanModel& m) {
       L.kind = PlanLayerKind::kCompressed;
       L.compress_rate = rate->second;
       L.v_dim = 0;  // compressed entries are K==V (notes, CSA/HCA)
+      // V4's containers: DeepseekV4HCACache is a sliding K==V layer (W = sliding_window) plus
+      // the compressor's state; CSA adds the overlap and the indexer (modeling_deepseek_v4.py).
+      L.compressed_window = d.sliding_window;
+      L.overlap = t == "compressed_sparse_attention";
+      L.stream_width = (L.overlap ? 2 : 1) * head_dim;
+      L.index_dim = L.overlap ? d.index_head_dim : 0;
     } else if (t == "full_attention" || t == "deepseek_sparse_attention" ||
                t == "qwen_sparse_attention" || t == "sliding_attention" ||
                t == "chunked_attention") {
@@ -348,22 +354,64 @@ int64_t stored_tokens(const PlanLayer& L, int64_t context, int64_t block) {
     case PlanLayerKind::kWindowed:
       return round_up(std::min(context, L.window - 1), block);
     case PlanLayerKind::kCompressed:
-      // Emitted entries plus the tokens still waiting in the compression buffer.
-      return context / L.compress_rate + context % L.compress_rate;
+      return round_up(context / L.compress_rate, block);  // the emitted entries
     default:
       return 0;
   }
 }
 
+// What each further token adds to a request once its windows are full.
+double layer_growth_bytes(const PlanLayer& L, const KvFormat& f) {
+  switch (L.kind) {
+    case PlanLayerKind::kAttention:
+    case PlanLayerKind::kMla:
+    case PlanLayerKind::kHybrid:
+      return L.window > 0 ? 0.0 : layer_token_bytes(L, f);
+    case PlanLayerKind::kCompressed:
+      return (layer_token_bytes(L, f) + f.row_bytes(L.index_dim)) /
+             static_cast<double>(L.compress_rate);
+    default:
+      return 0;
+  }
+}
+
+// One layer's bytes for one request of `context` tokens.
+double layer_request_bytes(const PlanLayer& L, const PlanOptions& o, int64_t context) {
+  if (L.kind == PlanLayerKind::kCompressed) return compressed_layer_bill(L, o, context).total();
+  return layer_token_bytes(L, o.format) *
+             static_cast<double>(stored_tokens(L, context, o.block_tokens)) +
+         layer_state_bytes(L, o.format);
+}
+
 }  // namespace
+
+CompressedBill compressed_layer_bill(const PlanLayer& L, const PlanOptions& o, int64_t context) {
+  CompressedBill c;
+  if (L.kind != PlanLayerKind::kCompressed || context <= 0) return c;
+  const KvFormat& f = o.format;
+  const int64_t r = L.compress_rate;
+  const double row = layer_token_bytes(L, f);  // one K==V row of every KV head
+  constexpr double kF32 = sizeof(float);       // buffers and overlaps stay f32 (the model's)
+  c.window_rows = L.compressed_window > 0
+                      ? round_up(std::min(context, L.compressed_window - 1), o.block_tokens)
+                      : 0;
+  c.entries = stored_tokens(L, context, o.block_tokens);
+  c.buffered = context % r;
+  c.window = row * static_cast<double>(c.window_rows);
+  c.entries_bytes = row * static_cast<double>(c.entries);
+  c.index_keys = f.row_bytes(L.index_dim) * static_cast<double>(c.entries);
+  // kv and gate rows: the compressor's at stream_width, the indexer's at 2 * index_dim.
+  c.buffers = static_cast<double>(c.buffered) * 2.0 *
+              static_cast<double>(L.stream_width + 2 * L.index_dim) * kF32;
+  if (L.overlap && context >= r)  // the Ca half of the last folded window, kv and gate
+    c.overlaps =
+        static_cast<double>(r) * 2.0 * static_cast<double>(L.stream_width / 2 + L.index_dim) * kF32;
+  return c;
+}
 
 double plan_request_bytes(const PlanModel& model, const PlanOptions& o, int64_t context) {
   double total = 0;
-  for (const PlanLayer& L : model.layers) {
-    total += layer_token_bytes(L, o.format) *
-                 static_cast<double>(stored_tokens(L, context, o.block_tokens)) +
-             layer_state_bytes(L, o.format);
-  }
+  for (const PlanLayer& L : model.layers) total += layer_request_bytes(L, o, context);
   return total;
 }
 
@@ -390,10 +438,16 @@ PlanResult compute_plan(const PlanModel& model, const PlanOptions& o) {
         static_cast<double>(L.kind == PlanLayerKind::kCompressed ? L.compress_rate : 1);
     row.bytes_per_token += per_token;
     row.state_bytes += layer_state_bytes(L, o.format);
-    row.total_bytes += static_cast<double>(o.batch) *
-                       (layer_token_bytes(L, o.format) *
-                            static_cast<double>(stored_tokens(L, o.context, o.block_tokens)) +
-                        layer_state_bytes(L, o.format));
+    row.total_bytes += static_cast<double>(o.batch) * layer_request_bytes(L, o, o.context);
+    r.growth_bytes_per_token += layer_growth_bytes(L, o.format);
+    if (L.kind == PlanLayerKind::kCompressed) {
+      const CompressedBill c = compressed_layer_bill(L, o, o.context);
+      r.compressed.window += c.window;
+      r.compressed.entries_bytes += c.entries_bytes;
+      r.compressed.index_keys += c.index_keys;
+      r.compressed.buffers += c.buffers;
+      r.compressed.overlaps += c.overlaps;
+    }
     r.kv_bytes_per_token += per_token;
     r.uncompressed_bytes_per_token += layer_token_bytes(L, o.format);
     r.state_bytes_per_request += layer_state_bytes(L, o.format);
@@ -407,7 +461,7 @@ PlanResult compute_plan(const PlanModel& model, const PlanOptions& o) {
   for (const PlanRow& row : r.rows) r.kv_bytes_total += row.total_bytes;
   bool any_compressed = false;
   for (const PlanLayer& L : model.layers) any_compressed |= L.kind == PlanLayerKind::kCompressed;
-  if (!any_compressed) r.uncompressed_bytes_per_token = 0;
+  if (!any_compressed) r.uncompressed_bytes_per_token = r.growth_bytes_per_token = 0;
   if (model.mha_equivalent_elems_per_token > 0) {
     int64_t mla_layers = 0;
     for (const PlanLayer& L : model.layers) mla_layers += L.kind == PlanLayerKind::kMla;

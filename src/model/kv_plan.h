@@ -46,6 +46,28 @@ struct PlanLayer {
   // kLinear/kHybrid: what a prefix-cache snapshot of the layer keeps (the state without the
   // kernel's copy): H_v·d_k·d_v + (k−1)·d_qkv.
   int64_t snapshot_elems = 0;
+  // kCompressed: what DeepSeek-V4's containers keep besides the entries (transformers'
+  // DeepseekV4HCACache / DeepseekV4CSACache, cache/compressed_cache_layer.h): the K==V sliding
+  // window (W-1 rows of k_dim), the compressor's buffer (fewer than compress_rate rows of kv and
+  // gate, stream_width f32 each: 2·k_dim for CSA's two overlapping series, k_dim for HCA), CSA's
+  // overlap (the last window's Ca half: compress_rate x stream_width/2, kv and gate, f32) and
+  // CSA's indexer (one index_dim key per entry, with its own buffer and overlap at 2·index_dim).
+  int64_t compressed_window = 0;  // W (0: none)
+  int64_t stream_width = 0;
+  int64_t index_dim = 0;  // CSA: index_head_dim; 0: no indexer
+  bool overlap = false;   // CSA
+};
+
+// One compressed layer's bytes for one request of `context` tokens, by part (see PlanLayer).
+struct CompressedBill {
+  int64_t window_rows = 0, entries = 0, buffered = 0;  // rows: min(S, W-1), S / r, S % r
+  double window = 0;                                   // K==V window rows x k_dim, KV format
+  double entries_bytes = 0;                            // entries x k_dim, KV format
+  double index_keys = 0;                               // entries x index_dim, KV format (CSA)
+  double buffers = 0;   // buffered x (kv + gate) x stream_width (+ the indexer's), f32
+  double overlaps = 0;  // CSA, once a window was folded: r x (kv + gate) x stream_width/2
+                        // (+ the indexer's r x 2 x index_dim), f32
+  double total() const { return window + entries_bytes + index_keys + buffers + overlaps; }
 };
 
 struct PlanModel {
@@ -130,6 +152,11 @@ struct PlanResult {
   double kv_bytes_total = 0;       // the real bill for context × batch, states included
   double mha_equivalent_bytes_per_token = 0;  // MLA models only
   double uncompressed_bytes_per_token = 0;    // compressed models: every rate taken as 1
+  // Compressed models: what each further token adds once every window is full (the entries
+  // and indexer keys of compressed layers, full-attention layers' K/V; windows, buffers and
+  // overlaps stay bounded), and the compressed layers' bill at `context` by part, per request.
+  double growth_bytes_per_token = 0;
+  CompressedBill compressed;  // summed over the compressed layers (row counts: unused)
   std::optional<double> weight_bytes;
   // With a budget: requests of `context` that fit, and the longest context for `batch`
   // requests (-1: unbounded, e.g. only windowed/linear layers; 0: not even one token).
@@ -139,6 +166,9 @@ struct PlanResult {
 
 // Total KV bytes for one request of `context` tokens (windows capped, states included).
 double plan_request_bytes(const PlanModel& model, const PlanOptions& options, int64_t context);
+// A kCompressed layer's bill at `context` (windows and entries rounded to block_tokens).
+CompressedBill compressed_layer_bill(const PlanLayer& layer, const PlanOptions& options,
+                                     int64_t context);
 PlanResult compute_plan(const PlanModel& model, const PlanOptions& options);
 
 // Parses "24GiB", "13.4GB", "512MiB", "1000000" (bytes). Throws Error on anything else.

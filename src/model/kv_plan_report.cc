@@ -1,9 +1,12 @@
 // Renderings of a KV plan: an aligned table for people, JSON for scripts, SVG for the picture
 // of KV memory against context length.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "model/kv_plan.h"
 
@@ -59,6 +62,65 @@ std::string linear_state_derivation(const PlanModel& m) {
   return out.str();
 }
 
+// How DeepSeek-V4's compressed layers are billed as its containers keep them, per layer type,
+// with the numbers at the plan's context; then the whole bill by part.
+std::string compressed_derivation(const PlanModel& m, const PlanOptions& o, const PlanResult& r) {
+  std::ostringstream out;
+  const int64_t S = o.context;
+  const auto bytes = [](double v) { return with_commas(v) + " B"; };
+  out << "compressed layers as the cache keeps them (per layer and request at S = "
+      << with_commas(static_cast<double>(S)) << "; rows in " << o.format.name
+      << ", buffers and overlaps in f32):\n";
+  std::vector<std::string> seen;
+  for (const PlanLayer& L : m.layers) {
+    if (L.kind != PlanLayerKind::kCompressed) continue;
+    if (std::find(seen.begin(), seen.end(), L.type) != seen.end()) continue;
+    seen.push_back(L.type);
+    int64_t count = 0;
+    for (const PlanLayer& x : m.layers) count += x.type == L.type;
+    const CompressedBill c = compressed_layer_bill(L, o, S);
+    const int64_t rate = L.compress_rate, d = L.k_dim;
+    // A K==V row of every KV head, and an indexer key, in the KV format.
+    const std::string row = " x " + std::to_string(L.kv_heads * d) + " " + o.format.name + " (" +
+                            bytes(static_cast<double>(L.kv_heads) * o.format.row_bytes(d)) + ")";
+    const std::string key = " x " + std::to_string(L.index_dim) + " " + o.format.name + " (" +
+                            bytes(o.format.row_bytes(L.index_dim)) + ")";
+    out << "  " << L.type << " x " << count << " (rate " << rate << ", window "
+        << L.compressed_window << "):\n";
+    if (L.compressed_window > 0)
+      out << "    K==V window   min(S, W-1) = " << with_commas(static_cast<double>(c.window_rows))
+          << " rows" << row << " = " << bytes(c.window) << "\n";
+    out << "    entries       S/" << rate << " = " << with_commas(static_cast<double>(c.entries))
+        << row << " = " << bytes(c.entries_bytes) << "\n";
+    if (L.index_dim > 0)
+      out << "    indexer keys  " << with_commas(static_cast<double>(c.entries)) << key << " = "
+          << bytes(c.index_keys) << "\n";
+    out << "    buffers       S%" << rate << " = " << c.buffered << " rows x (kv + gate) x ("
+        << L.stream_width;
+    if (L.index_dim > 0) out << " + indexer " << 2 * L.index_dim;
+    out << ") x 4 B = " << bytes(c.buffers) << "\n";
+    if (L.overlap) {
+      out << "    overlap       " << rate << " x (kv + gate) x (" << L.stream_width / 2;
+      if (L.index_dim > 0) out << " + indexer " << L.index_dim;
+      out << ") x 4 B = " << bytes(c.overlaps)
+          << (S < rate ? " (none before the first window)" : "") << "\n";
+    }
+    out << "    = " << bytes(c.total()) << " per layer, x " << count << " = "
+        << format_bytes(c.total() * static_cast<double>(count)) << "\n";
+  }
+  const CompressedBill& t = r.compressed;
+  const double request = r.kv_bytes_total / static_cast<double>(o.batch);
+  out << "full bill:      " << with_commas(request) << " B (" << format_bytes(request)
+      << ") per request = entries " << format_bytes(t.entries_bytes) << " + indexer keys "
+      << format_bytes(t.index_keys) << " + windows " << format_bytes(t.window) << " + buffers "
+      << format_bytes(t.buffers) << " + overlaps " << format_bytes(t.overlaps)
+      << " + sliding layers " << format_bytes(request - t.total()) << "\n";
+  out << "                each further token adds " << with_commas(r.growth_bytes_per_token)
+      << " B (" << format_bytes(r.growth_bytes_per_token)
+      << ": entries and indexer keys; windows, buffers and overlaps stay bounded)\n";
+  return out.str();
+}
+
 }  // namespace
 
 std::string plan_table(const PlanModel& m, const PlanOptions& o, const PlanResult& r) {
@@ -91,7 +153,10 @@ std::string plan_table(const PlanModel& m, const PlanOptions& o, const PlanResul
   }
   if (r.uncompressed_bytes_per_token > 0) {
     out << "uncompressed:   " << with_commas(r.uncompressed_bytes_per_token) << " B ("
-        << format_bytes(r.uncompressed_bytes_per_token) << ") per token without compression\n";
+        << format_bytes(r.uncompressed_bytes_per_token) << ") per token without compression\n"
+        << "                (both per-token figures as the notes count them: compressed entries "
+           "only, sliding rows uncapped)\n";
+    out << compressed_derivation(m, o, r);
   }
   if (r.state_bytes_per_request > 0) {
     out << "constant state: " << with_commas(r.state_bytes_per_request) << " B ("
@@ -171,8 +236,15 @@ std::string plan_json(const PlanModel& m, const PlanOptions& o, const PlanResult
   }
   if (r.mha_equivalent_bytes_per_token > 0)
     j["mha_equivalent_bytes_per_token"] = number(r.mha_equivalent_bytes_per_token);
-  if (r.uncompressed_bytes_per_token > 0)
+  if (r.uncompressed_bytes_per_token > 0) {
     j["uncompressed_bytes_per_token"] = number(r.uncompressed_bytes_per_token);
+    j["growth_bytes_per_token"] = number(r.growth_bytes_per_token);
+    j["compressed_bill"] = {{"entries", number(r.compressed.entries_bytes)},
+                            {"indexer_keys", number(r.compressed.index_keys)},
+                            {"windows", number(r.compressed.window)},
+                            {"buffers", number(r.compressed.buffers)},
+                            {"overlaps", number(r.compressed.overlaps)}};
+  }
   j["layers"] = nlohmann::ordered_json::array();
   for (const PlanRow& row : r.rows) {
     j["layers"].push_back({{"type", row.type},

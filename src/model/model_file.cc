@@ -71,11 +71,19 @@ void ModelConfig::validate(const std::string& source) const {
   for (size_t i = 0; i < layer_types.size(); ++i) {
     const std::string& t = layer_types[i];
     const bool linear = t == "linear_attention" && linear_attn.enabled();
-    if (t != "full_attention" && t != "sliding_attention" && t != "chunked_attention" && !linear) {
+    const bool compressed = deepseek_v4.enabled() && deepseek_v4.rate_of(t) > 0;
+    if (t != "full_attention" && t != "sliding_attention" && t != "chunked_attention" && !linear &&
+        !compressed) {
       bad(source,
           "model config: layer_types[" + std::to_string(i) + "] is '" + t +
               "', a layer type this engine does not run (full_attention, sliding_attention, "
-              "chunked_attention; linear_attention with the linear_* keys of Qwen3-Next)");
+              "chunked_attention; linear_attention with the linear_* keys of Qwen3-Next; "
+              "compressed_sparse_attention and heavily_compressed_attention in DeepSeek-V4)");
+    }
+    if (deepseek_v4.enabled() && t != "sliding_attention" && !compressed) {
+      bad(source, "model config: layer_types[" + std::to_string(i) + "] is '" + t +
+                      "'; DeepSeek-V4 layers are sliding_attention, compressed_sparse_attention "
+                      "or heavily_compressed_attention");
     }
     if (t == "sliding_attention" && sliding_window <= 0) {
       bad(source, "model config: sliding_attention layers need a positive sliding_window");
@@ -133,6 +141,43 @@ void ModelConfig::validate(const std::string& source) const {
                     " must be in (0, 1] and leave an even number (>= 2) of rotated dims of " +
                     "head_dim " + std::to_string(head_dim));
   }
+  if (deepseek_v4.enabled()) {
+    const DeepseekV4Config& v = deepseek_v4;
+    positive(v.o_groups, "o_groups");
+    positive(v.o_lora_rank, "o_lora_rank");
+    positive(v.hc_mult, "hc_mult");
+    positive(v.hc_sinkhorn_iters, "hc_sinkhorn_iters");
+    positive(v.csa_rate, "compress_rates.compressed_sparse_attention");
+    positive(v.hca_rate, "compress_rates.heavily_compressed_attention");
+    positive(sliding_window, "sliding_window");
+    if (n_kv_heads != 1)
+      bad(source,
+          "model config: DeepSeek-V4 attention has one shared K==V head, "
+          "num_key_value_heads is " +
+              std::to_string(n_kv_heads));
+    if ((n_heads * head_dim) % v.o_groups != 0)
+      bad(source, "model config: o_groups " + std::to_string(v.o_groups) +
+                      " does not divide num_attention_heads * head_dim " +
+                      std::to_string(n_heads * head_dim));
+    if (static_cast<int64_t>(v.hash_layers.size()) != n_layers)
+      bad(source, "model config: mlp_layer_types has " + std::to_string(v.hash_layers.size()) +
+                      " entries for " + std::to_string(n_layers) + " layers");
+    if (moe.n_experts <= 0) bad(source, "model config: DeepSeek-V4 needs n_routed_experts > 0");
+    bool csa = false;
+    for (const std::string& t : layer_types) csa |= t == "compressed_sparse_attention";
+    if (csa) {
+      positive(v.index_n_heads, "index_n_heads");
+      positive(v.index_head_dim, "index_head_dim");
+      positive(v.index_topk, "index_topk");
+      if (v.index_head_dim < rope_dim())
+        bad(source, "model config: index_head_dim " + std::to_string(v.index_head_dim) +
+                        " is smaller than the " + std::to_string(rope_dim()) +
+                        " rotated dims (qk_rope_head_dim)");
+    }
+    if (!v.compress_freq_factors.empty() &&
+        static_cast<int64_t>(v.compress_freq_factors.size()) != rope_dim() / 2)
+      bad(source, "model config: the compress rope's YaRN factors do not match rope_dim / 2");
+  }
   if (mla.enabled()) {
     positive(mla.qk_nope_head_dim, "qk_nope_head_dim");
     positive(mla.qk_rope_head_dim, "qk_rope_head_dim");
@@ -171,6 +216,14 @@ std::string ModelConfig::summary() const {
          " d_k=" + std::to_string(linear_attn.key_head_dim) +
          " d_v=" + std::to_string(linear_attn.value_head_dim) +
          " conv=" + std::to_string(linear_attn.conv_kernel) + ")";
+  }
+  if (deepseek_v4.enabled()) {
+    const DeepseekV4Config& v = deepseek_v4;
+    s += " v4(q_lora=" + std::to_string(v.q_lora_rank) + " rope=" + std::to_string(rope_dim()) +
+         " o=" + std::to_string(v.o_groups) + "x" + std::to_string(v.o_lora_rank) +
+         " rates=" + std::to_string(v.csa_rate) + "/" + std::to_string(v.hca_rate) +
+         " index=" + std::to_string(v.index_n_heads) + "x" + std::to_string(v.index_head_dim) +
+         " top" + std::to_string(v.index_topk) + " hc=" + std::to_string(v.hc_mult) + ")";
   }
   if (mla.enabled()) {
     s += " mla(d_c=" + std::to_string(mla.kv_lora_rank) +

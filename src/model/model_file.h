@@ -155,6 +155,38 @@ struct LinearAttentionConfig {
   }
 };
 
+// DeepSeek-V4 (models/deepseek_v4/configuration_deepseek_v4.py and modeling_deepseek_v4.py):
+// every layer is a sliding-window K==V MQA attention (one head of head_dim, q through q_a/q_b
+// with q_lora_rank, per-head sinks, grouped low-rank output o_a/o_b), plus for
+// compressed_sparse_attention (CSA) / heavily_compressed_attention (HCA) layers a compressor
+// folding every `rate` tokens into one entry (CSA: overlapping windows and the lightning
+// indexer's top-k); partial interleaved RoPE on the trailing rope_dim() dims (main theta on
+// sliding layers, compress theta, maybe YaRN, on CSA/HCA); hc_mult hyper-connection streams
+// around every block; MoE on every layer (hash-routed on hash_moe layers) with one shared
+// expert, SwiGLU clamped at swiglu_limit.
+enum class V4Scoring { kSqrtSoftplus, kSoftmax, kSigmoid };
+struct DeepseekV4Config {
+  int64_t q_lora_rank = 0;  // 0: not DeepSeek-V4
+  int64_t o_groups = 0, o_lora_rank = 0;
+  int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
+  int64_t csa_rate = 0, hca_rate = 0;  // compress_rates of the two compressed layer types
+  float compress_rope_theta = 160000.0f;
+  std::vector<float> compress_freq_factors;  // [rope_dim / 2] YaRN divisors, empty: none
+  float compress_attention_factor = 1.0f;
+  int64_t hc_mult = 0, hc_sinkhorn_iters = 0;
+  float hc_eps = 1e-6f;
+  std::vector<char> hash_layers;  // [n_layers] 1 where mlp_layer_types[i] is "hash_moe"
+  V4Scoring scoring = V4Scoring::kSqrtSoftplus;
+  float swiglu_limit = 10.0f;  // <= 0: no clamp
+  bool enabled() const { return q_lora_rank > 0; }
+  // The compression rate of a layer type (0: a plain sliding layer).
+  int64_t rate_of(const std::string& layer_type) const {
+    return layer_type == "compressed_sparse_attention"    ? csa_rate
+           : layer_type == "heavily_compressed_attention" ? hca_rate
+                                                          : 0;
+  }
+};
+
 struct ModelConfig {
   // The block structure: llama family (llama/mistral/qwen2), gemma2, gpt_oss, deepseek_v2,
   // deepseek_v3 (is_llama_family() tells the GGUF-canonical-name families apart).
@@ -217,6 +249,7 @@ struct ModelConfig {
   // RoPE rotates the first head_dim * partial_rotary_factor dims of each head (Qwen3-Next 0.25).
   float partial_rotary_factor = 1.0f;
   LinearAttentionConfig linear_attn;  // Qwen3-Next's Gated DeltaNet layers
+  DeepseekV4Config deepseek_v4;       // DeepSeek-V4's attention, hyper-connections and MoE
 
   // Checks positivity and divisibility (n_heads % n_kv_heads, layer_types size, ...); throws
   // Error(kFormat) prefixed with `source` (the file) naming the bad field.

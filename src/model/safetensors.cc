@@ -1,6 +1,7 @@
 #include "model/safetensors.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -93,10 +94,15 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(MappedFile file) {
     }
     DType dt;
     const std::string dts = e["dtype"].get<std::string>();
-    if (!parse_dtype_name(dts, &dt)) {
-      throw Error(ErrorKind::kUnsupported,
-                  path + ": " + what + " has dtype " + dts + "; supported: F32, F16, BF16");
+    // Integer tensors (DeepSeek-V4's tid2eid token -> expert table, int64) are read as f32
+    // copies: exact for the small ids they hold, refused past 2^24.
+    const int int_bytes = dts == "I64" ? 8 : dts == "I32" ? 4 : 0;
+    if (int_bytes == 0 && !parse_dtype_name(dts, &dt)) {
+      throw Error(ErrorKind::kUnsupported, path + ": " + what + " has dtype " + dts +
+                                               "; supported: F32, F16, BF16 (and I64, I32 read "
+                                               "as exact floats)");
     }
+    if (int_bytes != 0) dt = DType::kF32;
     const json& shp = e["shape"];
     if (shp.size() > static_cast<size_t>(kMaxDims))
       bad(path, what + " has " + std::to_string(shp.size()) + " dims; at most 4 are supported");
@@ -114,7 +120,8 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(MappedFile file) {
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
       bad(path, what + " has invalid data_offsets");
     const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
-    const uint64_t need = numel * dtype_elem_size(dt);
+    const uint64_t need = numel * (int_bytes != 0 ? static_cast<uint64_t>(int_bytes)
+                                                  : static_cast<uint64_t>(dtype_elem_size(dt)));
     if (en < b || en - b != need) {
       bad(path, what + " data_offsets [" + std::to_string(b) + ", " + std::to_string(en) +
                     ") hold " + std::to_string(en - std::min(b, en)) + " bytes but dtype " + dts +
@@ -126,6 +133,27 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(MappedFile file) {
     }
     ranges.emplace_back(b, en);
     auto* p = const_cast<std::byte*>(m.data() + data_begin + b);  // read-only mapping
+    if (int_bytes != 0) {
+      Tensor t = Tensor::empty(DType::kF32, shape);
+      float* dst = t.data_as<float>();
+      for (uint64_t i = 0; i < numel; ++i) {
+        int64_t x = 0;
+        if (int_bytes == 8) {
+          std::memcpy(&x, p + i * 8, 8);
+        } else {
+          int32_t y = 0;
+          std::memcpy(&y, p + i * 4, 4);
+          x = y;
+        }
+        if (x > (int64_t{1} << 24) || x < -(int64_t{1} << 24))
+          bad(path, what + " holds the integer " + std::to_string(x) +
+                        ", beyond the 2^24 this reader keeps exactly");
+        dst[i] = static_cast<float>(x);
+      }
+      f->converted_.push_back(std::move(t));
+      f->tensors_.emplace(name, f->converted_.back().view());
+      continue;
+    }
     f->tensors_.emplace(name, TensorView(p, dt, shape));
   }
   std::sort(ranges.begin(), ranges.end());
@@ -137,11 +165,30 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(MappedFile file) {
 
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, TensorView>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata,
+                       const std::set<std::string>& as_int64) {
   json j = json::object();
   if (!metadata.empty()) j["__metadata__"] = metadata;
   uint64_t off = 0;
+  // Tensors written as I64: their f32 values, rounded.
+  std::map<std::string, std::vector<int64_t>> ints;
   for (const auto& [name, v] : tensors) {
+    if (!as_int64.count(name)) continue;
+    if (v.dtype() != DType::kF32 || !v.is_contiguous())
+      throw Error(ErrorKind::kInvalidArgument,
+                  "safetensors tensor '" + name + "' written as I64 must be contiguous f32");
+    std::vector<int64_t>& out = ints[name];
+    for (int64_t i = 0; i < v.numel(); ++i)
+      out.push_back(static_cast<int64_t>(std::lround(static_cast<const float*>(v.data())[i])));
+  }
+  for (const auto& [name, v] : tensors) {
+    if (auto it = ints.find(name); it != ints.end()) {
+      const uint64_t n = it->second.size() * 8;
+      std::vector<int64_t> shape(v.shape().dims.begin(), v.shape().dims.begin() + v.ndim());
+      j[name] = {{"dtype", "I64"}, {"shape", shape}, {"data_offsets", {off, off + n}}};
+      off += n;
+      continue;
+    }
     const char* dt = dtype_st_name(v.dtype());
     if (!dt)
       throw Error(ErrorKind::kInvalidArgument, "safetensors cannot store " +
@@ -163,6 +210,11 @@ void write_safetensors(const std::string& path,
   f.write(reinterpret_cast<const char*>(&n), 8);
   f.write(hdr.data(), static_cast<std::streamsize>(hdr.size()));
   for (const auto& [name, v] : tensors) {
+    if (auto it = ints.find(name); it != ints.end()) {
+      f.write(reinterpret_cast<const char*>(it->second.data()),
+              static_cast<std::streamsize>(it->second.size() * 8));
+      continue;
+    }
     f.write(static_cast<const char*>(v.data()),
             static_cast<std::streamsize>(dtype_bytes(v.dtype(), v.numel())));
   }

@@ -9,6 +9,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,14 +35,18 @@ class SafetensorsFile {
  private:
   explicit SafetensorsFile(MappedFile f) : file_(std::move(f)) {}
   MappedFile file_;
+  std::vector<Tensor> converted_;  // integer tensors read as f32 (their views point here)
   std::map<std::string, TensorView> tensors_;
   std::map<std::string, std::string> metadata_;
 };
 
-// Writes one .safetensors file from named contiguous f32/f16/bf16 views (tests, converters).
+// Writes one .safetensors file from named contiguous f32/f16/bf16 views (tests, converters);
+// the f32 views named in as_int64 are written as I64 (integer tables such as DeepSeek-V4's
+// tid2eid).
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, TensorView>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::set<std::string>& as_int64 = {});
 
 // Maps one HF tensor name to its canonical name ("model.layers.3.self_attn.q_proj.weight" ->
 // "blk.3.attn_q.weight"); returns "" for names the llama block does not use (e.g.

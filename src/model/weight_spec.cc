@@ -8,6 +8,87 @@ std::string hf_layer_tensor(int64_t layer, const std::string& suffix) {
   return "model.layers." + std::to_string(layer) + "." + suffix;
 }
 
+namespace {
+
+// models/deepseek_v4/modeling_deepseek_v4.py: DeepseekV4Model (embed_tokens, layers, norm,
+// hc_head), DeepseekV4DecoderLayer (attn_hc, ffn_hc, the two norms), DeepseekV4Attention
+// (q_a/q_b, kv_proj/kv_norm, o_a/o_b, sinks, compressor), DeepseekV4CSACompressor /
+// DeepseekV4HCACompressor / DeepseekV4Indexer, DeepseekV4SparseMoeBlock (gate: TopKRouter or
+// HashRouter, experts as 3D gate_up_proj / down_proj, shared_experts).
+void deepseek_v4_weight_specs(const ModelConfig& c, std::vector<WeightSpec>& out) {
+  auto matrix = [&](const std::string& name, Shape s) {
+    out.push_back({name, s, true, WeightRole::kMatrix});
+  };
+  auto norm = [&](const std::string& name, int64_t n) {
+    out.push_back({name, Shape{n}, false, WeightRole::kNorm});
+  };
+  auto bias = [&](const std::string& name, Shape s) {
+    out.push_back({name, s, false, WeightRole::kBias});
+  };
+  const DeepseekV4Config& v = c.deepseek_v4;
+  const int64_t dim = c.dim, H = c.n_heads, D = c.head_dim, hc = v.hc_mult;
+  const int64_t E = c.moe.n_experts, I = c.moe.expert_hidden_dim, K = c.moe.n_experts_used;
+  const int64_t ci = v.index_head_dim, G = v.o_groups;
+  const int64_t mix = (2 + hc) * hc;  // pre (hc) | post (hc) | comb (hc * hc)
+  matrix("model.embed_tokens.weight", {c.vocab_size, dim});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    auto L = [&](const std::string& suffix) { return hf_layer_tensor(l, suffix); };
+    const std::string& type = c.layer_types[static_cast<size_t>(l)];
+    norm(L("input_layernorm.weight"), dim);
+    norm(L("post_attention_layernorm.weight"), dim);
+    for (const char* h : {"attn_hc.", "ffn_hc."}) {
+      matrix(L(std::string(h) + "fn"), {mix, hc * dim});
+      bias(L(std::string(h) + "base"), {mix});
+      bias(L(std::string(h) + "scale"), {3});
+    }
+    matrix(L("self_attn.q_a_proj.weight"), {v.q_lora_rank, dim});
+    norm(L("self_attn.q_a_norm.weight"), v.q_lora_rank);
+    matrix(L("self_attn.q_b_proj.weight"), {H * D, v.q_lora_rank});
+    matrix(L("self_attn.kv_proj.weight"), {D, dim});
+    norm(L("self_attn.kv_norm.weight"), D);
+    matrix(L("self_attn.o_a_proj.weight"), {G * v.o_lora_rank, H * D / G});
+    matrix(L("self_attn.o_b_proj.weight"), {dim, G * v.o_lora_rank});
+    bias(L("self_attn.sinks"), {H});
+    if (const int64_t rate = v.rate_of(type); rate > 0) {
+      // CSA: two series (Ca | Cb) per token, 2 * head_dim wide; HCA: head_dim.
+      const int64_t w = type == "compressed_sparse_attention" ? 2 * D : D;
+      matrix(L("self_attn.compressor.kv_proj.weight"), {w, dim});
+      matrix(L("self_attn.compressor.gate_proj.weight"), {w, dim});
+      bias(L("self_attn.compressor.position_bias"), {rate, w});
+      norm(L("self_attn.compressor.kv_norm.weight"), D);
+      if (type == "compressed_sparse_attention") {
+        matrix(L("self_attn.compressor.indexer.kv_proj.weight"), {2 * ci, dim});
+        matrix(L("self_attn.compressor.indexer.gate_proj.weight"), {2 * ci, dim});
+        bias(L("self_attn.compressor.indexer.position_bias"), {rate, 2 * ci});
+        norm(L("self_attn.compressor.indexer.kv_norm.weight"), ci);
+        matrix(L("self_attn.compressor.indexer.q_b_proj.weight"),
+               {v.index_n_heads * ci, v.q_lora_rank});
+        matrix(L("self_attn.compressor.indexer.scorer.weights_proj.weight"),
+               {v.index_n_heads, dim});
+      }
+    }
+    matrix(L("mlp.gate.weight"), {E, dim});
+    if (v.hash_layers[static_cast<size_t>(l)]) {
+      // tid2eid: int64 in checkpoints (the loader reads integer tensors as exact floats).
+      bias(L("mlp.gate.tid2eid"), {c.vocab_size, K});
+    } else {
+      bias(L("mlp.gate.e_score_correction_bias"), {E});
+    }
+    matrix(L("mlp.experts.gate_up_proj"), {E, 2 * I, dim});
+    matrix(L("mlp.experts.down_proj"), {E, dim, I});
+    matrix(L("mlp.shared_experts.gate_proj.weight"), {I, dim});
+    matrix(L("mlp.shared_experts.up_proj.weight"), {I, dim});
+    matrix(L("mlp.shared_experts.down_proj.weight"), {dim, I});
+  }
+  matrix("model.hc_head.hc_fn", {hc, hc * dim});
+  bias("model.hc_head.hc_base", {hc});
+  bias("model.hc_head.hc_scale", {1});
+  norm("model.norm.weight", dim);
+  if (!c.tie_word_embeddings) matrix("lm_head.weight", {c.vocab_size, dim});
+}
+
+}  // namespace
+
 std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
   if (c.is_llama_family()) {
     throw Error(ErrorKind::kUnsupported,
@@ -36,6 +117,10 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
       matrix("model.altup_projections." + std::to_string(i) + ".weight", {dim, dim});
       matrix("model.altup_unembed_projections." + std::to_string(i) + ".weight", {dim, dim});
     }
+  }
+  if (c.deepseek_v4.enabled()) {
+    deepseek_v4_weight_specs(c, out);
+    return out;
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     auto L = [&](const std::string& suffix) { return hf_layer_tensor(l, suffix); };

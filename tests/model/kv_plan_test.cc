@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -82,6 +83,80 @@ TEST(KvPlan, DeepSeekV4FlashCompressedExact) {
   // 1024 * (2 + 21/4 + 20/128) = 7,584 B exactly (the notes round the sum and print 7.5 KB).
   EXPECT_EQ(r.kv_bytes_per_token, 7584.0);
   EXPECT_EQ(r.uncompressed_bytes_per_token, 44032.0);  // 43 x 1024
+}
+
+// The full bill, as DeepSeek-V4's containers keep it (f16 rows of 512, one K==V head, window
+// 128, index_head_dim 128; buffers and overlaps f32), against the formulas by hand.
+double v4_flash_bytes(int64_t S) {
+  const double row = 512 * 2, key = 128 * 2, f32 = 4;
+  const double window = static_cast<double>(std::min<int64_t>(S, 127)) * row;
+  const double csa = window + static_cast<double>(S / 4) * (row + key) +
+                     static_cast<double>(S % 4) * 2 * (1024 + 256) * f32 +
+                     (S >= 4 ? 4 * 2 * (512 + 128) * f32 : 0.0);
+  const double hca =
+      window + static_cast<double>(S / 128) * row + static_cast<double>(S % 128) * 2 * 512 * f32;
+  return 2 * window + 21 * csa + 20 * hca;
+}
+
+TEST(KvPlan, DeepSeekV4FlashFullBillAsTheContainersKeepIt) {
+  for (int64_t S : {0, 1, 3, 4, 5, 127, 128, 129, 4096, 4099, 65536 + 131}) {
+    const PlanResult r = plan("deepseek-v4-flash", S);
+    EXPECT_EQ(r.kv_bytes_total, v4_flash_bytes(S)) << "S = " << S;
+    EXPECT_EQ(r.kv_bytes_per_token, 7584.0) << "the notes' headline stays";
+    PlanOptions o;
+    o.context = S;
+    EXPECT_EQ(plan_request_bytes(plan_preset("deepseek-v4-flash"), o, S), v4_flash_bytes(S));
+  }
+  const PlanResult r = plan("deepseek-v4-flash", 4099);  // S % 4 = S % 128 = 3
+  EXPECT_EQ(r.compressed.entries_bytes, 21.0 * 1024 * 1024 + 20.0 * 32 * 1024);
+  EXPECT_EQ(r.compressed.index_keys, 21.0 * 1024 * 256);
+  EXPECT_EQ(r.compressed.window, 41.0 * 127 * 1024);
+  EXPECT_EQ(r.compressed.buffers, 21.0 * 3 * 2 * 1280 * 4 + 20.0 * 3 * 2 * 512 * 4);
+  EXPECT_EQ(r.compressed.overlaps, 21.0 * 4 * 2 * 640 * 4);
+  // Past the windows each token adds its share of an entry and an indexer key.
+  EXPECT_EQ(r.growth_bytes_per_token, 21.0 * (1024 + 256) / 4 + 20.0 * 1024 / 128);  // 6,880
+  EXPECT_EQ(plan("deepseek-v4-flash", 8195).kv_bytes_total - r.kv_bytes_total,
+            4096 * r.growth_bytes_per_token);
+  PlanOptions o;
+  o.context = 4099;
+  const std::string table = plan_table(plan_preset("deepseek-v4-flash"), o, r);
+  for (const char* want : {"KV per token:   7,584 B", "indexer keys  1,024 x 128 f16 (256 B)",
+                           "buffers       S%4 = 3 rows", "overlap       4 x (kv + gate)",
+                           "full bill:      35,093,504 B", "each further token adds 6,880 B"})
+    EXPECT_NE(table.find(want), std::string::npos) << want << "\n" << table;
+  const nlohmann::json j = nlohmann::json::parse(plan_json(plan_preset("deepseek-v4-flash"), o, r));
+  EXPECT_EQ(j["compressed_bill"]["indexer_keys"], 21 * 1024 * 256);
+  EXPECT_EQ(j["growth_bytes_per_token"], 6880);
+}
+
+TEST(KvPlan, DeepSeekV4IndexHeadDimFromTheConfig) {
+  const std::string base = R"({"model_type":"deepseek_v4","num_hidden_layers":2,
+      "num_attention_heads":4,"num_key_value_heads":1,"head_dim":64,"sliding_window":8,
+      "compress_rates":{"compressed_sparse_attention":4,"heavily_compressed_attention":16},
+      "layer_types":["compressed_sparse_attention","heavily_compressed_attention"])";
+  const PlanModel def = plan_model_from_hf_json(base + "}", "v4.json");
+  EXPECT_EQ(def.layers[0].index_dim, 128);  // configuration_deepseek_v4.py's default
+  EXPECT_EQ(def.layers[1].index_dim, 0);    // HCA: no indexer
+  const PlanModel m = plan_model_from_hf_json(base + R"(,"index_head_dim":32})", "v4.json");
+  ASSERT_EQ(m.layers.size(), 2u);
+  EXPECT_EQ(m.layers[0].index_dim, 32);
+  EXPECT_TRUE(m.layers[0].overlap);
+  EXPECT_EQ(m.layers[0].stream_width, 128);
+  EXPECT_EQ(m.layers[1].stream_width, 64);
+  EXPECT_EQ(m.layers[0].compressed_window, 8);
+  PlanOptions o;
+  o.context = 21;  // 5 CSA entries + 1 buffered; 1 HCA entry + 5 buffered; windows of 7
+  o.format = parse_kv_format("f32");
+  const CompressedBill csa = compressed_layer_bill(m.layers[0], o, 21);
+  EXPECT_EQ(csa.window, 7.0 * 64 * 4);
+  EXPECT_EQ(csa.entries_bytes, 5.0 * 64 * 4);
+  EXPECT_EQ(csa.index_keys, 5.0 * 32 * 4);
+  EXPECT_EQ(csa.buffers, 1.0 * 2 * (128 + 64) * 4);
+  EXPECT_EQ(csa.overlaps, 4.0 * 2 * (64 + 32) * 4);
+  const CompressedBill hca = compressed_layer_bill(m.layers[1], o, 21);
+  EXPECT_EQ(hca.total(), 7.0 * 64 * 4 + 1.0 * 64 * 4 + 5.0 * 2 * 64 * 4);
+  EXPECT_EQ(compute_plan(m, o).kv_bytes_total, csa.total() + hca.total());
+  EXPECT_THROW(plan_model_from_hf_json(base + R"(,"index_head_dim":0})", "v4.json"), Error);
 }
 
 TEST(KvPlan, BudgetConcurrencyExampleFromTheNotes) {
