@@ -514,6 +514,7 @@ void PagedKVStore::build_tables() {
     std::vector<int32_t>& last = last_len_[g];
     indptr.assign(1, 0);
     indices.clear();
+    indices.reserve(1);  // data() set even when no sequence holds a block yet
     last.clear();
     for (const SeqId id : batch_) {
       const Seq& s = seqs_[static_cast<size_t>(id)];
@@ -1585,6 +1586,7 @@ KVSpan PagedKVStore::compressed_span(int layer, CompressedStream s) {
   const auto g = static_cast<size_t>(compressed_group_of_layer(layer));
   ss.indptr.assign(1, 0);
   ss.indices.clear();
+  ss.indices.reserve(1);  // data() set even without entries (kernels check the pointers)
   ss.last.clear();
   for (size_t b = 0; b < batch_.size(); ++b) {
     const int64_t n = compressed_entries(layer, s, static_cast<int64_t>(b));
