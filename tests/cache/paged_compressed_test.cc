@@ -16,6 +16,7 @@
 #include "cache/compressed_cache_layer.h"
 #include "cache/paged_compressed_layer.h"
 #include "cache/paged_store.h"
+#include "cache_test_util.h"
 #include "core/error.h"
 
 namespace kvcache {
@@ -60,14 +61,8 @@ struct V4 {
 
   explicit V4(const PagedStoreConfig& sc) {
     store = std::make_shared<PagedKVStore>(sc);
-    CacheConfig cc;
-    cc.options.implementation = "paged";
-    cc.options.paged.block_tokens = sc.block_tokens;
-    cc.options.paged.store = store;
-    cc.layer_types = sc.layer_types;
-    cc.sliding_window = sc.sliding_window;
+    CacheConfig cc = testing_util::paged_config_over(store);
     cc.kv_content = CacheConfig::KVContent::kSharedKV;
-    cc.compressed = sc.compressed;
     cache = std::make_unique<Cache>(cc);
   }
   float next() {
@@ -367,12 +362,7 @@ TEST(PagedIndexed, IndexerKeysPerTokenSharedByPrefixHits) {
   c.max_tokens = 64;
   auto store = std::make_shared<PagedKVStore>(c);
   EXPECT_EQ(store->pool_bytes(), predict_pool_bytes(c));
-  CacheConfig cc;
-  cc.options.implementation = "paged";
-  cc.options.paged.store = store;
-  cc.layer_types = c.layer_types;
-  cc.compressed = c.compressed;
-  Cache cache(cc);
+  Cache cache(testing_util::paged_config_over(store));
   std::vector<int32_t> tokens(11);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(7 + i);
   Tensor keys = Tensor::empty(DType::kF32, {1, 1, 11, kIdx});

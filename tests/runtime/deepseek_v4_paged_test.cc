@@ -103,18 +103,8 @@ TEST(DeepseekV4Paged, SessionLogitsEqualTheDynamicCache) {
   EXPECT_EQ(paged.paged_store()->check_invariants(), "");
 }
 
-// Sample 0's ids, their logprobs and the top 5 of every step: equal only when the logits are.
 std::vector<double> trace(const RequestOutput& out) {
-  std::vector<double> t;
-  for (const TokenLogprob& lp : out.samples.at(0).logprobs) {
-    t.push_back(lp.chosen.token);
-    t.push_back(lp.chosen.logprob);
-    for (const LogprobEntry& e : lp.top) {
-      t.push_back(e.token);
-      t.push_back(e.logprob);
-    }
-  }
-  return t;
+  return testing_util::logprob_trace(out);
 }
 
 EngineConfig engine_config() {
