@@ -349,6 +349,87 @@ TEST(PagedCompressed, PredictedBytesAreExact) {
                 4 * kHd * sizeof(float));
 }
 
+// The same feed through the dense containers (dynamic/CSA, dynamic/HCA) and the paged ones,
+// two rows, chunks of every length: equal chunks, priors, entry counts and entries.
+TEST(PagedCompressed, SameFeedAsTheDynamicContainers) {
+  V4 v(v4_config());
+  CacheConfig dc;
+  dc.options.implementation = "dynamic";
+  dc.layer_types = kTypes;
+  dc.sliding_window = kW;
+  dc.kv_content = CacheConfig::KVContent::kSharedKV;
+  dc.compressed = v.store->config().compressed;
+  Cache dense(dc);
+  const int64_t B = 2;
+  auto rows = [](const TensorView& t) {
+    std::vector<float> out;
+    for (int64_t i = 0; i < t.dim(0); ++i) {
+      const auto* p = static_cast<const float*>(t.ptr(i));
+      out.insert(out.end(), p, p + t.dim(1));
+    }
+    return out;
+  };
+  auto as_rows = [](const KVSpan& sp) {  // [B][T * D] of a k == v entry span
+    const Tensor t = sp.kind == KVSpanKind::kPaged ? gather_paged(sp.paged, false)
+                                                   : Tensor::empty(DType::kF32, {0, 0, 0, 0});
+    const TensorView k = sp.kind == KVSpanKind::kPaged ? t.view() : sp.k;
+    std::vector<std::vector<float>> out(static_cast<size_t>(k.ndim() == 4 ? k.dim(0) : 0));
+    for (size_t b = 0; b < out.size(); ++b)
+      for (int64_t j = 0; j < k.dim(2); ++j) {
+        const float* p = k.ptr_as<float>(static_cast<int64_t>(b), 0, j);
+        out[b].insert(out[b].end(), p, p + k.dim(3));
+      }
+    return out;
+  };
+  for (const int64_t n : {3, 1, 6, 1, 1, 9, 2, 17, 1}) {
+    for (int l = 0; l < static_cast<int>(kTypes.size()); ++l) {
+      Tensor kv = v.fresh({B, 1, n, kHd});
+      (void)dense.update(l, kv.view(), kv.view());
+      (void)v.cache->update(l, kv.view(), kv.view());
+      if (l == 0) continue;
+      auto& dl = dynamic_cast<CompressedCacheLayer&>(dense.layer(l));
+      auto& pl = dynamic_cast<CompressedCacheLayer&>(v.cache->layer(l));
+      ASSERT_EQ(dl.compress_rate(), pl.compress_rate());
+      ASSERT_EQ(dl.has_overlap(), pl.has_overlap());
+      for (int s = 0; s < (pl.has_indexer() ? 2 : 1); ++s) {
+        const auto st = static_cast<CompressedStream>(s);
+        const int64_t w = s == 0 ? (pl.has_overlap() ? 2 * kHd : kHd) : 2 * kIdx;
+        const int64_t d = s == 0 ? kHd : kIdx;
+        for (int64_t b = 0; b < B; ++b) {
+          Tensor x = v.fresh({n, w}), g = v.fresh({n, w});
+          const CompressionChunk a = dl.store_compression_weights(st, b, x.view(), g.view());
+          const CompressionChunk c = pl.store_compression_weights(st, b, x.view(), g.view());
+          ASSERT_EQ(a.n_windows, c.n_windows) << "layer " << l << " n " << n;
+          ASSERT_EQ(a.first_window_position, c.first_window_position);
+          if (a.n_windows == 0) continue;
+          ASSERT_EQ(rows(a.kv), rows(c.kv));
+          ASSERT_EQ(rows(a.gate), rows(c.gate));
+          if (pl.has_overlap()) {
+            const OverlapPrior pa = dl.update_overlap_state(st, b, a);
+            const OverlapPrior pc = pl.update_overlap_state(st, b, c);
+            ASSERT_EQ(pa.kv.ndim() == 2, pc.kv.ndim() == 2);
+            if (pa.kv.ndim() == 2) {
+              ASSERT_EQ(rows(pa.kv), rows(pc.kv));
+              ASSERT_EQ(rows(pa.gate), rows(pc.gate));
+            }
+          }
+          Tensor e = v.fresh({a.n_windows, d});
+          dl.update_compressor_states(st, b, e.view());
+          pl.update_compressor_states(st, b, e.view());
+        }
+        for (int64_t b = 0; b < B; ++b) ASSERT_EQ(dl.entry_count(st, b), pl.entry_count(st, b));
+        if (dl.entry_count(st, 0) > 0) {
+          const auto want = as_rows(dl.compressed(st));
+          ASSERT_EQ(want.at(0).size(), static_cast<size_t>(dl.entry_count(st, 0) * d));
+          ASSERT_EQ(want, as_rows(pl.compressed(st)));
+        }
+      }
+    }
+    EXPECT_FALSE(v.store->step_open());
+  }
+  EXPECT_EQ(dense.layer(1).seq_length(), v.cache->layer(1).seq_length());
+}
+
 // DSA: a full-attention layer plus one indexer key per token in the same blocks; prefixes are
 // shared as usual and the hit's indexer keys are the cached ones.
 TEST(PagedIndexed, IndexerKeysPerTokenSharedByPrefixHits) {
