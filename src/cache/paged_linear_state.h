@@ -28,13 +28,16 @@
 namespace kvcache {
 
 // Element counts of one linear layer's state and of a slot (n_layers linear layers).
+// A slot may carry extra_elems more floats after the linear layers' state: the compressors'
+// state of CSA/HCA layers (issue 39), which lives per sequence the same way.
 struct LinearSlotLayout {
   LinearStateShape shape;
   int n_layers = 0;
+  int64_t extra_elems = 0;
   int64_t conv_elems() const { return (shape.conv_kernel - 1) * shape.conv_dim; }
   int64_t rec_elems() const { return shape.heads_v * shape.head_dim_k * shape.head_dim_v; }
   int64_t layer_elems() const { return conv_elems() + rec_elems(); }
-  int64_t slot_elems() const { return layer_elems() * n_layers; }
+  int64_t slot_elems() const { return layer_elems() * n_layers + extra_elems; }
   size_t slot_bytes() const { return static_cast<size_t>(slot_elems()) * sizeof(float); }
 };
 

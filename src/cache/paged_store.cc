@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <numeric>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/fault.h"
@@ -21,28 +23,35 @@ int64_t ceil_div(int64_t a, int64_t b) {
 
 }  // namespace
 
+bool is_compressed_layer_type(const std::string& type) {
+  return type == "compressed_sparse_attention" || type == "heavily_compressed_attention";
+}
+
 std::vector<PagedGroup> paged_groups(const std::vector<std::string>& layer_types,
-                                     int64_t sliding_window) {
+                                     int64_t sliding_window,
+                                     const std::map<std::string, int64_t>& compress_rates) {
   std::vector<PagedGroup> groups;
   int full = -1, sliding = -1;
+  std::map<int64_t, int> by_rate;  // compressed group of each rate
   for (size_t l = 0; l < layer_types.size(); ++l) {
     const std::string& t = layer_types[l];
     int* slot = nullptr;
     PagedGroup proto;
     if (t == "linear_attention") continue;  // state per sequence, no blocks (see the header)
-    if (t == "full_attention") {
+    if (t == "full_attention" || is_indexed_layer_type(t)) {
       slot = &full;
-    } else if (t == "sliding_attention") {
+    } else if (t == "sliding_attention" || is_compressed_layer_type(t)) {
       if (sliding_window <= 0)
-        bad("layer " + std::to_string(l) + " is sliding_attention but the sliding window is " +
+        bad("layer " + std::to_string(l) + " is " + t + " (a sliding window) but the window is " +
             std::to_string(sliding_window) + "; set a positive window");
       slot = &sliding;
       proto.kind = GroupKind::kSliding;
       proto.window = sliding_window;
     } else {
       bad("layer " + std::to_string(l) + " has type '" + t +
-              "'; the paged cache serves full_attention, sliding_attention and "
-              "linear_attention layers (use the dynamic or static cache for this model)",
+              "'; the paged cache serves full_attention, sliding_attention, linear_attention, "
+              "compressed_sparse_attention, heavily_compressed_attention and "
+              "deepseek_sparse_attention layers (use the dynamic or static cache for this model)",
           ErrorKind::kUnsupported);
     }
     if (*slot < 0) {
@@ -50,6 +59,19 @@ std::vector<PagedGroup> paged_groups(const std::vector<std::string>& layer_types
       groups.push_back(proto);
     }
     groups[static_cast<size_t>(*slot)].layers.push_back(static_cast<int>(l));
+    if (is_compressed_layer_type(t)) {
+      const auto it = compress_rates.find(t);
+      if (it == compress_rates.end() || it->second < 1)
+        bad("layer " + std::to_string(l) + " is " + t +
+            " but the store has no compress rate for it; set PagedStoreConfig::compressed from "
+            "the model's cache config (compress_rates)");
+      int& cg = by_rate.try_emplace(it->second, -1).first->second;
+      if (cg < 0) {
+        cg = static_cast<int>(groups.size());
+        groups.push_back({.kind = GroupKind::kCompressed, .rate = it->second, .layers = {}});
+      }
+      groups[static_cast<size_t>(cg)].layers.push_back(static_cast<int>(l));
+    }
   }
   return groups;
 }
@@ -57,9 +79,58 @@ std::vector<PagedGroup> paged_groups(const std::vector<std::string>& layer_types
 std::vector<int32_t> default_group_blocks(const PagedStoreConfig& c) {
   std::vector<int32_t> blocks;
   const int64_t full = std::max<int64_t>(1, ceil_div(c.max_tokens, c.block_tokens));
-  for (const PagedGroup& g : paged_groups(c.layer_types, c.sliding_window))
-    blocks.push_back(static_cast<int32_t>(g.kind == GroupKind::kSliding ? full + 1 : full));
+  for (const PagedGroup& g : paged_groups(c.layer_types, c.sliding_window, c.compressed.rates)) {
+    if (g.kind == GroupKind::kCompressed)  // entries; each sequence may leave one block partial
+      blocks.push_back(static_cast<int32_t>(ceil_div(c.max_tokens, g.rate * c.block_tokens) +
+                                            std::max<int32_t>(1, c.linear_slots)));
+    else
+      blocks.push_back(static_cast<int32_t>(g.kind == GroupKind::kSliding ? full + 1 : full));
+  }
   return blocks;
+}
+
+bool paged_layer_k_only(const PagedStoreConfig& c, int layer) {
+  return c.shared_kv || is_compressed_layer_type(c.layer_types[static_cast<size_t>(layer)]);
+}
+
+namespace {
+
+// A compressor stream's state: buffered rows (< rate) of kv and gate, and (CSA) the overlap's Ca
+// half [rate, width / 2] of kv and gate.
+int64_t stream_state_elems(int64_t rate, int64_t width, bool overlap) {
+  return 2 * (rate - 1) * width + (overlap ? 2 * rate * (width / 2) : 0);
+}
+
+bool is_csa(const std::string& type) {
+  return type == "compressed_sparse_attention";
+}
+
+int64_t stream_width(const PagedStoreConfig& c, const std::string& type, CompressedStream s) {
+  if (s == CompressedStream::kIndexer) return 2 * c.compressed.index_head_dim;
+  return is_csa(type) ? 2 * c.head_dim : c.head_dim;
+}
+
+int64_t layer_rate(const PagedStoreConfig& c, const std::string& type) {
+  const auto it = c.compressed.rates.find(type);
+  return it == c.compressed.rates.end() ? 0 : it->second;
+}
+
+int64_t layer_compressor_elems(const PagedStoreConfig& c, const std::string& type) {
+  if (!is_compressed_layer_type(type)) return 0;
+  const int64_t r = layer_rate(c, type);
+  int64_t n =
+      stream_state_elems(r, stream_width(c, type, CompressedStream::kCompressor), is_csa(type));
+  if (is_csa(type))
+    n += stream_state_elems(r, stream_width(c, type, CompressedStream::kIndexer), true);
+  return n;
+}
+
+}  // namespace
+
+int64_t paged_compressor_state_elems(const PagedStoreConfig& c) {
+  int64_t n = 0;
+  for (const std::string& t : c.layer_types) n += layer_compressor_elems(c, t);
+  return n;
 }
 
 bool paged_layer_owns_pages(const PagedStoreConfig& c, int layer) {
@@ -67,15 +138,28 @@ bool paged_layer_owns_pages(const PagedStoreConfig& c, int layer) {
 }
 
 size_t paged_block_bytes(const PagedStoreConfig& c, const PagedGroup& g) {
-  size_t owners = 0;
-  for (const int l : g.layers) owners += paged_layer_owns_pages(c, l) ? 1 : 0;
   const int64_t dv = c.head_dim_v > 0 ? c.head_dim_v : c.head_dim;
-  return owners * static_cast<size_t>(c.kv_heads) * static_cast<size_t>(c.block_tokens) *
-         (dtype_bytes(c.dtype, c.head_dim) + dtype_bytes(c.dtype, dv));
+  const auto bt = static_cast<size_t>(c.block_tokens);
+  const size_t index_row = dtype_bytes(c.dtype, c.compressed.index_head_dim);
+  size_t total = 0;
+  for (const int l : g.layers) {
+    if (!paged_layer_owns_pages(c, l)) continue;
+    const std::string& t = c.layer_types[static_cast<size_t>(l)];
+    if (g.kind == GroupKind::kCompressed) {  // one-head entries, and CSA's indexer keys
+      total += bt * (dtype_bytes(c.dtype, c.head_dim) + (is_csa(t) ? index_row : 0));
+      continue;
+    }
+    total += static_cast<size_t>(c.kv_heads) * bt *
+             (dtype_bytes(c.dtype, c.head_dim) +
+              (paged_layer_k_only(c, l) ? 0 : dtype_bytes(c.dtype, dv)));
+    if (is_indexed_layer_type(t)) total += bt * index_row;  // DSA: one indexer key per token
+  }
+  return total;
 }
 
 size_t predict_pool_bytes(const PagedStoreConfig& c) {
-  const std::vector<PagedGroup> groups = paged_groups(c.layer_types, c.sliding_window);
+  const std::vector<PagedGroup> groups =
+      paged_groups(c.layer_types, c.sliding_window, c.compressed.rates);
   const std::vector<int32_t> blocks =
       c.group_blocks.empty() ? default_group_blocks(c) : c.group_blocks;
   size_t total = 0;
@@ -97,7 +181,12 @@ std::vector<int> paged_linear_layers(const PagedStoreConfig& c) {
 
 namespace {
 LinearSlotLayout linear_layout(const PagedStoreConfig& c) {
-  return {.shape = c.linear, .n_layers = static_cast<int>(paged_linear_layers(c).size())};
+  return {.shape = c.linear,
+          .n_layers = static_cast<int>(paged_linear_layers(c).size()),
+          .extra_elems = paged_compressor_state_elems(c)};
+}
+bool has_state(const PagedStoreConfig& c) {
+  return !paged_linear_layers(c).empty() || paged_compressor_state_elems(c) > 0;
 }
 int32_t linear_slot_count(const PagedStoreConfig& c) {
   return std::max<int32_t>(1, c.linear_slots);
@@ -105,13 +194,13 @@ int32_t linear_slot_count(const PagedStoreConfig& c) {
 }  // namespace
 
 size_t paged_linear_bytes_per_sequence(const PagedStoreConfig& c) {
-  return paged_linear_layers(c).empty() ? 0 : linear_layout(c).slot_bytes();
+  return has_state(c) ? linear_layout(c).slot_bytes() : 0;
 }
 
 size_t predict_linear_state_bytes(const PagedStoreConfig& c) {
-  if (paged_linear_layers(c).empty()) return 0;
+  if (!has_state(c)) return 0;
   const LinearSlotLayout l = linear_layout(c);
-  const auto n = static_cast<size_t>(linear_slot_count(c));
+  const auto n = static_cast<size_t>(paged_linear_layers(c).empty() ? 0 : linear_slot_count(c));
   // Workspaces: `previous` and the gathered windows, and the gathered recurrent states.
   const size_t ws = n * static_cast<size_t>(2 * l.conv_elems() + l.rec_elems()) * sizeof(float);
   return LinearStateSlots::predict_bytes(l, linear_slot_count(c)) + ws;
@@ -148,7 +237,7 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
         std::to_string(config_.layer_types.size()) +
         " layers; it must leave at least one layer that stores");
   if (!dtype_is_float(config_.dtype)) bad("pages store f32, f16 or bf16", ErrorKind::kUnsupported);
-  groups_ = paged_groups(config_.layer_types, config_.sliding_window);
+  groups_ = paged_groups(config_.layer_types, config_.sliding_window, config_.compressed.rates);
   if (groups_.empty())
     bad("no attention layers: the paged cache pages K/V blocks and keys its prefix cache by "
         "them; a model without full or sliding attention layers has nothing to page (use the "
@@ -174,11 +263,42 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
       KV_CHECK(pools_[g]->allocate(1, null_block) && null_block[0] == 0,
                "null block must be block 0");
     }
+    if (groups_[g].kind == GroupKind::kCompressed) continue;  // layer_cgroup_ below
     for (const int l : groups_[g].layers)
       layer_group_[static_cast<size_t>(l)] = static_cast<int>(g);
   }
+  layer_cgroup_.assign(n_layers, -1);
+  cstate_offset_.assign(n_layers, -1);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (groups_[g].kind == GroupKind::kCompressed)
+      for (const int l : groups_[g].layers)
+        layer_cgroup_[static_cast<size_t>(l)] = static_cast<int>(g);
+  for (size_t l = 0; l < n_layers; ++l) {
+    const std::string& t = config_.layer_types[l];
+    if (!is_compressed_layer_type(t) && !is_indexed_layer_type(t)) continue;
+    if (is_compressed_layer_type(t)) compressed_layers_.push_back(static_cast<int>(l));
+    if (!paged_layer_owns_pages(config_, static_cast<int>(l)))
+      bad("layer " + std::to_string(l) + " (" + t +
+              ") is KV-shared; the paged cache does not "
+              "share compressed or indexed layers",
+          ErrorKind::kUnsupported);
+    if ((is_csa(t) || is_indexed_layer_type(t)) && config_.compressed.index_head_dim < 1)
+      bad("layer " + std::to_string(l) + " is " + t + " but the store's index_head_dim is " +
+          std::to_string(config_.compressed.index_head_dim) +
+          "; set PagedStoreConfig::compressed from the model's cache config");
+  }
+  if (!compressed_layers_.empty() && (config_.kv_heads != 1 || config_.head_dim < 1))
+    bad("compressed layers need kv_heads 1 (K==V, one head) and head_dim known up front (the "
+        "compressor state's widths follow it); got kv_heads " +
+        std::to_string(config_.kv_heads) + ", head_dim " + std::to_string(config_.head_dim));
   k_pages_.resize(n_layers);
   v_pages_.resize(n_layers);
+  c_pages_.resize(n_layers);
+  x_pages_.resize(n_layers);
+  x_written_.assign(n_layers, 0);
+  kv_written_.assign(n_layers, 0);
+  step_parts_.assign(n_layers, 0);
+  streams_.resize(n_layers * 2);
   step_wrote_.assign(n_layers, 0);
   attached_.assign(n_layers, 0);
   indptr_.resize(groups_.size());
@@ -186,6 +306,7 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
   last_len_.resize(groups_.size());
   linear_index_.assign(n_layers, -1);
   const std::vector<int> linear = paged_linear_layers(config_);
+  linear_ = !linear.empty();
   if (!linear.empty()) {
     const LinearStateShape& ls = config_.linear;
     if (ls.conv_kernel < 1 || ls.conv_dim < 1 || ls.heads_v < 1 || ls.head_dim_k < 1 ||
@@ -204,7 +325,6 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
       linear_index_[static_cast<size_t>(linear[i])] = static_cast<int>(i);
     const LinearSlotLayout layout = linear_layout(config_);
     const int32_t n = linear_slot_count(config_);
-    slots_ = std::make_unique<LinearStateSlots>(layout, n);
     snaps_ = std::make_unique<LinearSnapshotStore>(layout.slot_elems(), config_.max_snapshots);
     conv_prev_ws_ = Tensor::zeros(DType::kF32, {n, ls.conv_kernel - 1, ls.conv_dim});
     conv_ws_ = Tensor::zeros(DType::kF32, {n, ls.conv_kernel - 1, ls.conv_dim});
@@ -214,6 +334,15 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
     pools_[0]->set_key_drop_hook([this](const BlockKey& key) {
       if (snaps_) snaps_->drop_with_block(key);
     });
+  }
+  if (has_state(config_)) {
+    if (config_.linear_slots < 0) bad("linear_slots must be >= 0");
+    int64_t off = linear_layout(config_).layer_elems() * static_cast<int64_t>(linear.size());
+    for (const int l : compressed_layers_) {
+      cstate_offset_[static_cast<size_t>(l)] = off;
+      off += layer_compressor_elems(config_, config_.layer_types[static_cast<size_t>(l)]);
+    }
+    slots_ = std::make_unique<LinearStateSlots>(linear_layout(config_), linear_slot_count(config_));
   }
   if (config_.kv_heads > 0 && config_.head_dim > 0)
     allocate_pages(config_.kv_heads, config_.head_dim,
@@ -225,11 +354,23 @@ void PagedKVStore::allocate_pages(int64_t kv_heads, int64_t head_dim, int64_t he
   config_.kv_heads = kv_heads;
   config_.head_dim = head_dim;
   config_.head_dim_v = head_dim_v;
+  const int64_t bt = config_.block_tokens, ci = config_.compressed.index_head_dim;
   for (size_t g = 0; g < groups_.size(); ++g) {
+    const int32_t nb = config_.group_blocks[g];
     for (const int l : groups_[g].layers) {
       if (!paged_layer_owns_pages(config_, l)) continue;  // KV-shared: reads its source's pages
+      const std::string& type = config_.layer_types[static_cast<size_t>(l)];
+      if (groups_[g].kind == GroupKind::kCompressed) {  // entries (and CSA's indexer keys)
+        c_pages_[static_cast<size_t>(l)] = Tensor::zeros(config_.dtype, {nb, 1, bt, head_dim});
+        if (is_csa(type))
+          x_pages_[static_cast<size_t>(l)] = Tensor::zeros(config_.dtype, {nb, 1, bt, ci});
+        continue;
+      }
+      if (is_indexed_layer_type(type))  // DSA: one indexer key per token
+        x_pages_[static_cast<size_t>(l)] = Tensor::zeros(config_.dtype, {nb, 1, bt, ci});
       for (const auto& [pages, d] :
            {std::pair{&k_pages_, head_dim}, std::pair{&v_pages_, head_dim_v}}) {
+        if (pages == &v_pages_ && paged_layer_k_only(config_, l)) continue;  // K==V
         Tensor& t = (*pages)[static_cast<size_t>(l)];
         t = Tensor::empty(config_.dtype,
                           {config_.group_blocks[g], kv_heads, config_.block_tokens, d});
@@ -273,9 +414,10 @@ int64_t PagedKVStore::length(SeqId seq) const {
 SeqId PagedKVStore::add_sequence(std::span<const uint8_t> salt) {
   if (slots_ && slots_->num_free() == 0)
     bad("all " + std::to_string(slots_->num_slots()) +
-            " linear-attention state slots are in use (one per live sequence of a hybrid "
-            "model); free a sequence first or build the store with more linear_slots (the "
-            "engine's max_running)",
+            " linear-attention state slots are in use (one per live sequence of a model with "
+            "linear-attention or compressed layers, whose compressors' state they also hold); "
+            "free a sequence first or build the store with more linear_slots (the engine's "
+            "max_running)",
         ErrorKind::kOutOfRange);
   SeqId id = 0;
   while (id < static_cast<SeqId>(seqs_.size()) && seqs_[static_cast<size_t>(id)].live) ++id;
@@ -302,7 +444,8 @@ void PagedKVStore::release_seq_blocks(Seq& s) {
     // The last partial block keeps its rows for a prompt that continues this sequence (a chat's
     // next turn): released, it stays cached until evicted, found by a prefix's tail lookup.
     std::vector<int32_t>& t = s.tables[g];
-    if (s.tokens_known && part > 0 && static_cast<int64_t>(t.size()) == full + 1 &&
+    if (groups_[g].kind != GroupKind::kCompressed && s.tokens_known && part > 0 &&
+        static_cast<int64_t>(t.size()) == full + 1 &&
         static_cast<int64_t>(s.keys[g].size()) == full && !is_null(static_cast<int>(g), t.back()) &&
         pools_[g]->ref_count(t.back()) == 1 && !pools_[g]->is_keyed(t.back()))
       pools_[g]->keep_tail(
@@ -336,6 +479,15 @@ void PagedKVStore::set_batch(std::span<const SeqId> seqs) {
   build_tables();
 }
 
+int64_t PagedKVStore::group_slots(int g, int64_t len) const {
+  const PagedGroup& grp = groups_[static_cast<size_t>(g)];
+  return grp.kind == GroupKind::kCompressed ? len / grp.rate : len;
+}
+
+int64_t PagedKVStore::group_blocks_for(int g, int64_t len) const {
+  return ceil_div(group_slots(g, len), config_.block_tokens);
+}
+
 int64_t PagedKVStore::first_visible(int g, int64_t pos) const {
   const PagedGroup& grp = groups_[static_cast<size_t>(g)];
   return grp.kind == GroupKind::kSliding ? std::max<int64_t>(0, pos - grp.window + 1) : 0;
@@ -362,15 +514,17 @@ void PagedKVStore::build_tables() {
     std::vector<int32_t>& last = last_len_[g];
     indptr.assign(1, 0);
     indices.clear();
+    indices.reserve(1);  // data() set even when no sequence holds a block yet
     last.clear();
     for (const SeqId id : batch_) {
       const Seq& s = seqs_[static_cast<size_t>(id)];
       const std::vector<int32_t>& t = s.tables[g];
-      KV_CHECK(static_cast<int64_t>(t.size()) == ceil_div(s.len, bt),
+      const int64_t n = group_slots(static_cast<int>(g), s.len);
+      KV_CHECK(static_cast<int64_t>(t.size()) == ceil_div(n, bt),
                "table size != ceil(len / block)");
       indices.insert(indices.end(), t.begin(), t.end());
       indptr.push_back(static_cast<int32_t>(indices.size()));
-      last.push_back(s.len == 0 ? 0 : static_cast<int32_t>((s.len - 1) % bt + 1));
+      last.push_back(n == 0 ? 0 : static_cast<int32_t>((n - 1) % bt + 1));
     }
   }
 }
@@ -383,12 +537,11 @@ StepStatus PagedKVStore::plan_step(int64_t n_tokens, std::span<const int32_t> to
   if (!tokens.empty() && static_cast<int64_t>(tokens.size()) != B * n_tokens)
     bad("plan_step: " + std::to_string(tokens.size()) + " token ids for a batch of " +
         std::to_string(B) + " x " + std::to_string(n_tokens));
-  const int64_t bt = config_.block_tokens;
   for (const SeqId id : batch_)
     if (seqs_[static_cast<size_t>(id)].state_lost)
       bad("plan_step: sequence " + std::to_string(id) +
-          " lost its linear-attention state in an aborted step; free it (or crop it to 0) and "
-          "recompute it");
+          " lost its linear-attention state (or its compressors' state) in an aborted step; "
+          "free it (or crop it to 0) and recompute it");
   // Blocks out of every window are dropped first: no later query of the sequence can see them,
   // so this is neutral even when the step is then refused.
   for (const SeqId id : batch_)
@@ -398,7 +551,8 @@ StepStatus PagedKVStore::plan_step(int64_t n_tokens, std::span<const int32_t> to
     int64_t need = 0;
     for (const SeqId id : batch_) {
       const Seq& s = seqs_[static_cast<size_t>(id)];
-      need += ceil_div(s.len + n_tokens, bt) - static_cast<int64_t>(s.tables[g].size());
+      need += group_blocks_for(static_cast<int>(g), s.len + n_tokens) -
+              static_cast<int64_t>(s.tables[g].size());
     }
     if (need > pools_[g]->num_available()) return StepStatus::kOutOfBlocks;
   }
@@ -406,8 +560,8 @@ StepStatus PagedKVStore::plan_step(int64_t n_tokens, std::span<const int32_t> to
   for (size_t b = 0; b < batch_.size(); ++b) {
     Seq& s = seqs_[static_cast<size_t>(batch_[b])];
     for (size_t g = 0; g < groups_.size(); ++g) {
-      const int64_t need =
-          ceil_div(s.len + n_tokens, bt) - static_cast<int64_t>(s.tables[g].size());
+      const int64_t need = group_blocks_for(static_cast<int>(g), s.len + n_tokens) -
+                           static_cast<int64_t>(s.tables[g].size());
       KV_CHECK(pools_[g]->allocate(static_cast<int32_t>(need), s.tables[g]),
                "blocks checked above");
     }
@@ -426,6 +580,15 @@ StepStatus PagedKVStore::plan_step(int64_t n_tokens, std::span<const int32_t> to
   step_open_ = true;
   step_writes_ = 0;
   std::fill(step_wrote_.begin(), step_wrote_.end(), 0);
+  std::fill(kv_written_.begin(), kv_written_.end(), 0);
+  std::fill(x_written_.begin(), x_written_.end(), 0);
+  std::fill(step_parts_.begin(), step_parts_.end(), 0);
+  for (const int l : compressed_layers_)
+    for (int st = 0; st < 2; ++st) {
+      StreamStep& ss = streams_[static_cast<size_t>(l * 2 + st)];
+      ss.fed.assign(batch_.size(), 0);
+      ss.windows.assign(batch_.size(), 0);
+    }
   build_tables();
   return StepStatus::kOk;
 }
@@ -465,13 +628,19 @@ KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) 
       v.dim(3) != config_.head_dim_v)
     bad(where + "k/v have " + shape_text(k.dim(1), k.dim(3), v.dim(3)) + ", the pages hold " +
         shape_text(config_.kv_heads, config_.head_dim, config_.head_dim_v));
+  const bool k_only = paged_layer_k_only(config_, layer);
+  if (k_only && (k.data() != v.data() || k.strides() != v.strides() || k.dim(3) != v.dim(3)))
+    bad(where + "a K==V layer (" + config_.layer_types[static_cast<size_t>(layer)] +
+        (config_.shared_kv ? ", shared KV" : "") +
+        ") stores k once: pass the same view as k and v (update(kv, kv))");
   open_step_if_needed(where, k.dim(0), k.dim(2));
-  if (step_wrote_[static_cast<size_t>(layer)]) bad(where + "updated twice in one step");
+  if (step_wrote_[static_cast<size_t>(layer)] || kv_written_[static_cast<size_t>(layer)])
+    bad(where + "updated twice in one step");
 
   const int g = layer_group_[static_cast<size_t>(layer)];
   const int64_t bt = config_.block_tokens, H = config_.kv_heads;
   const TensorView kp = k_pages_[static_cast<size_t>(layer)].view();
-  const TensorView vp = v_pages_[static_cast<size_t>(layer)].view();
+  const TensorView vp = k_only ? kp : v_pages_[static_cast<size_t>(layer)].view();
   const auto dk = static_cast<size_t>(config_.head_dim),
              dv = static_cast<size_t>(config_.head_dim_v);
   for (size_t b = 0; b < batch_.size(); ++b) {
@@ -484,12 +653,26 @@ KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) 
       const int64_t slot = pos % bt;
       for (int64_t h = 0; h < H; ++h) {
         convert_n(k.ptr(bi, h, s), k.dtype(), kp.ptr(blk, h, slot), config_.dtype, dk);
-        convert_n(v.ptr(bi, h, s), v.dtype(), vp.ptr(blk, h, slot), config_.dtype, dv);
+        if (!k_only) convert_n(v.ptr(bi, h, s), v.dtype(), vp.ptr(blk, h, slot), config_.dtype, dv);
       }
     }
   }
-  layer_done(layer);
-  return peek_span(layer);
+  kv_written_[static_cast<size_t>(layer)] = 1;
+  const KVSpan span = peek_span(layer);  // before part_done may close the step
+  part_done(layer);
+  return span;
+}
+
+int64_t PagedKVStore::parts_needed(int layer) const {
+  const std::string& t = config_.layer_types[static_cast<size_t>(layer)];
+  if (is_indexed_layer_type(t)) return 2;  // K/V and the indexer keys
+  if (!is_compressed_layer_type(t)) return 1;
+  // The window, then every batch row's streams.
+  return 1 + static_cast<int64_t>(batch_.size()) * (has_indexer_stream(layer) ? 2 : 1);
+}
+
+void PagedKVStore::part_done(int layer) {
+  if (++step_parts_[static_cast<size_t>(layer)] >= parts_needed(layer)) layer_done(layer);
 }
 
 void PagedKVStore::open_step_if_needed(const std::string& where, int64_t rows, int64_t tokens) {
@@ -540,7 +723,6 @@ void PagedKVStore::take_snapshot(const Seq& s) {
 
 void PagedKVStore::abort_step() {
   if (!step_open_) return;
-  const int64_t bt = config_.block_tokens;
   for (size_t b = 0; b < batch_.size(); ++b) {
     Seq& s = seqs_[static_cast<size_t>(batch_[b])];
     // Linear layers may have updated the state in place: it is no longer the state at the
@@ -550,7 +732,7 @@ void PagedKVStore::abort_step() {
     if (s.tokens_known) s.tokens.resize(static_cast<size_t>(s.len));
     for (size_t g = 0; g < groups_.size(); ++g) {
       std::vector<int32_t>& table = s.tables[g];
-      const auto keep = static_cast<size_t>(ceil_div(s.len, bt));
+      const auto keep = static_cast<size_t>(group_blocks_for(static_cast<int>(g), s.len));
       while (table.size() > keep) {
         pools_[g]->release(table.back());
         table.pop_back();
@@ -560,6 +742,7 @@ void PagedKVStore::abort_step() {
   step_open_ = false;
   step_writes_ = 0;
   std::fill(step_wrote_.begin(), step_wrote_.end(), 0);
+  std::fill(step_parts_.begin(), step_parts_.end(), 0);
   build_tables();
 }
 
@@ -573,7 +756,8 @@ KVSpan PagedKVStore::peek_span(int layer) const {
   span.kv_offset = 0;
   PagedKV& p = span.paged;
   p.k_pages = k_pages_[static_cast<size_t>(layer)].view();
-  p.v_pages = v_pages_[static_cast<size_t>(layer)].view();
+  p.v_pages =
+      paged_layer_k_only(config_, layer) ? p.k_pages : v_pages_[static_cast<size_t>(layer)].view();
   p.batch = static_cast<int64_t>(batch_.size());
   p.block_tokens = config_.block_tokens;
   p.indptr = indptr_[g].data();
@@ -586,6 +770,7 @@ void PagedKVStore::commit_full_blocks(Seq& s) {
   if (!s.tokens_known) return;
   const int64_t bt = config_.block_tokens;
   for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].kind == GroupKind::kCompressed) continue;  // never shared (see the header)
     std::vector<BlockKey>& keys = s.keys[g];
     BlockPool& pool = *pools_[g];
     for (auto i = static_cast<int64_t>(keys.size()); (i + 1) * bt <= s.len; ++i) {
@@ -618,6 +803,7 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
   std::vector<std::vector<BlockKey>>& keys = hit.keys;  // of every full block, cut to j below
   std::vector<std::vector<int32_t>>& ids = hit.blocks;
   for (int g = 0; g < num_groups(); ++g) {
+    if (groups_[static_cast<size_t>(g)].kind == GroupKind::kCompressed) continue;
     BlockKey parent;
     for (int64_t i = 0; i < nj; ++i) {
       const std::span<const int32_t> tok =
@@ -646,16 +832,16 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
   // hit, never a state that does not belong to the tokens).
   const auto usable = [&](int64_t n) {
     if (!ok[static_cast<size_t>(n)]) return false;
-    return !slots_ || snaps_->contains(keys[0][static_cast<size_t>(n - 1)]);
+    return !linear_ || snaps_->contains(keys[0][static_cast<size_t>(n - 1)]);
   };
   while (j > 0 && !usable(j)) --j;
   hit.full = j * bt;
-  if (slots_ && j > 0) hit.snapshot = keys[0][static_cast<size_t>(j - 1)];
+  if (linear_ && j > 0) hit.snapshot = keys[0][static_cast<size_t>(j - 1)];
   for (size_t g = 0; g < groups_.size(); ++g) {
     keys[g].resize(static_cast<size_t>(j));
     ids[g].resize(static_cast<size_t>(j));
   }
-  if (slots_) return hit;  // no tail: a partial block has no state snapshot
+  if (linear_ || has_compressed()) return hit;  // no tail: a partial block has no state
   const auto head_len =
       std::min<int64_t>(bt - 1, static_cast<int64_t>(tokens.size()) - 1 - hit.full);
   if (mode == PrefixMatch::kFullBlocks || head_len <= 0) return hit;
@@ -687,6 +873,7 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
 
 int64_t PagedKVStore::match_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt,
                                    PrefixMatch mode) {
+  if (has_compressed()) return 0;  // refused (attach_prefix counts it)
   const PrefixHit hit = find_prefix(tokens, salt, mode);
   return hit.full + hit.tail;
 }
@@ -698,6 +885,13 @@ int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens, 
   const PrefixHit hit = find_prefix(tokens, s.salt, mode);
   const int64_t m = hit.full + hit.tail, bt = config_.block_tokens;
   if (m == 0) return 0;
+  if (has_compressed()) {
+    // The compressors' buffers and overlaps at the hit are not kept: continuing from cached
+    // blocks would fold windows from a zero state. Recompute instead (never a wrong
+    // continuation) and count the refusal.
+    ++prefix_refused_compressed_;
+    return 0;
+  }
   for (int g = 0; g < num_groups(); ++g) {
     BlockPool& pool = *pools_[static_cast<size_t>(g)];
     std::vector<int32_t>& table = s.tables[static_cast<size_t>(g)];
@@ -734,13 +928,17 @@ int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens, 
 }
 
 void PagedKVStore::copy_block(int g, int32_t src, int32_t dst, int64_t slots) {
+  const bool entries = groups_[static_cast<size_t>(g)].kind == GroupKind::kCompressed;
   for (const int l : groups_[static_cast<size_t>(g)].layers) {
-    for (Tensor* pages : {&k_pages_[static_cast<size_t>(l)], &v_pages_[static_cast<size_t>(l)]}) {
+    const auto li = static_cast<size_t>(l);
+    const std::vector<Tensor*> all =
+        entries ? std::vector<Tensor*>{&c_pages_[li], &x_pages_[li]}
+                : std::vector<Tensor*>{&k_pages_[li], &v_pages_[li], &x_pages_[li]};
+    for (Tensor* pages : all) {
       if (!pages->defined() || pages->size_bytes() == 0) continue;
       const TensorView p = pages->view();
       const size_t n = dtype_bytes(config_.dtype, slots * p.dim(3));  // K and V widths may differ
-      for (int64_t h = 0; h < config_.kv_heads; ++h)
-        std::memcpy(p.ptr(dst, h, 0), p.ptr(src, h, 0), n);
+      for (int64_t h = 0; h < p.dim(1); ++h) std::memcpy(p.ptr(dst, h, 0), p.ptr(src, h, 0), n);
     }
   }
 }
@@ -748,11 +946,10 @@ void PagedKVStore::copy_block(int g, int32_t src, int32_t dst, int64_t slots) {
 bool PagedKVStore::fork(SeqId seq, int n, std::vector<SeqId>& children) {
   if (step_open_) bad("fork during an unfinished step");
   if (n < 0) bad("fork: n must be >= 0");
-  const int64_t bt = config_.block_tokens;
-  const int64_t partial = seq_ref(seq).len % bt;
-  if (partial != 0)
-    for (const auto& pool : pools_)
-      if (pool->num_available() < n) return false;
+  const int64_t bt = config_.block_tokens, len = seq_ref(seq).len;
+  for (int g = 0; g < num_groups(); ++g)
+    if (group_slots(g, len) % bt != 0 && pools_[static_cast<size_t>(g)]->num_available() < n)
+      return false;
   if (slots_ && slots_->num_free() < n) return false;
   for (int c = 0; c < n; ++c) {
     const SeqId child = add_sequence(seq_ref(seq).salt);  // may reallocate seqs_
@@ -767,6 +964,7 @@ bool PagedKVStore::fork(SeqId seq, int n, std::vector<SeqId>& children) {
       BlockPool& pool = *pools_[static_cast<size_t>(g)];
       const std::vector<int32_t>& src = s.tables[static_cast<size_t>(g)];
       std::vector<int32_t>& dst = d.tables[static_cast<size_t>(g)];
+      const int64_t partial = group_slots(g, len) % bt;
       const size_t shared = partial == 0 ? src.size() : src.size() - 1;
       for (size_t i = 0; i < shared; ++i) {
         pool.retain(src[i]);
@@ -793,9 +991,9 @@ void PagedKVStore::crop(int64_t n) {
     if (target[b] == s.len) continue;
     if (slots_ && target[b] != 0)
       bad("crop to " + std::to_string(target[b]) + " of " + std::to_string(s.len) +
-              " tokens: a hybrid model's linear-attention state cannot go back (the paged "
+              " tokens: the linear-attention or compressor state cannot go back (the paged "
               "store keeps no per-token history); crop to 0 or keep the length, or use the "
-              "dynamic cache with activate_past_recording() and snapshots",
+              "dynamic cache",
           ErrorKind::kUnsupported);
     for (int g = 0; g < num_groups(); ++g) {
       const std::vector<int32_t>& t = s.tables[static_cast<size_t>(g)];
@@ -881,13 +1079,15 @@ void PagedKVStore::remap(std::span<const int64_t> rows) {
     ++uses[static_cast<size_t>(r)];
   }
   const int64_t bt = config_.block_tokens;
-  int64_t copies = 0;
-  for (size_t r = 0; r < batch_.size(); ++r)
-    if (uses[r] > 1 && seqs_[static_cast<size_t>(batch_[r])].len % bt != 0) copies += uses[r] - 1;
-  for (const auto& pool : pools_)
-    if (copies > pool->num_available())
+  for (int g = 0; g < num_groups(); ++g) {
+    int64_t copies = 0;
+    for (size_t r = 0; r < batch_.size(); ++r)
+      if (uses[r] > 1 && group_slots(g, seqs_[static_cast<size_t>(batch_[r])].len) % bt != 0)
+        copies += uses[r] - 1;
+    if (copies > pools_[static_cast<size_t>(g)]->num_available())
       bad("out of blocks for the partial blocks of " + std::to_string(copies) + " copied rows",
           ErrorKind::kOutOfRange);
+  }
   if (slots_) {
     int64_t forks = 0;
     for (const int u : uses) forks += std::max(0, u - 1);
@@ -926,10 +1126,11 @@ PagedGroupStats PagedKVStore::stats(int g) const {
   for (const Seq& s : seqs_) {
     if (!s.live) continue;
     const std::vector<int32_t>& t = s.tables[static_cast<size_t>(g)];
+    const int64_t n = group_slots(g, s.len);  // entries for compressed groups
     for (size_t i = 0; i < t.size(); ++i) {
       if (is_null(g, t[i])) continue;
       st.allocated_slots += bt;
-      st.live_tokens += std::min<int64_t>(bt, s.len - static_cast<int64_t>(i) * bt);
+      st.live_tokens += std::min<int64_t>(bt, n - static_cast<int64_t>(i) * bt);
     }
   }
   return st;
@@ -942,8 +1143,9 @@ size_t PagedKVStore::used_bytes() const {
 }
 
 size_t PagedKVStore::layer_page_bytes(int layer) const {
-  return k_pages_[static_cast<size_t>(layer)].size_bytes() +
-         v_pages_[static_cast<size_t>(layer)].size_bytes();
+  const auto l = static_cast<size_t>(layer);
+  return k_pages_[l].size_bytes() + v_pages_[l].size_bytes() + c_pages_[l].size_bytes() +
+         x_pages_[l].size_bytes();
 }
 
 size_t PagedKVStore::pool_bytes() const {
@@ -964,6 +1166,10 @@ size_t PagedKVStore::snapshot_bytes() const {
 }
 
 size_t PagedKVStore::layer_state_bytes(int layer) const {
+  const std::string& type = config_.layer_types[static_cast<size_t>(layer)];
+  if (is_compressed_layer_type(type))  // its compressors' state in every slot
+    return static_cast<size_t>(layer_compressor_elems(config_, type)) * sizeof(float) *
+           static_cast<size_t>(slots_->num_slots());
   if (linear_index(layer) < 0) return 0;
   const auto per = static_cast<size_t>(slots_->layout().layer_elems()) * sizeof(float);
   return per * static_cast<size_t>(slots_->num_slots() + snaps_->capacity());
@@ -992,7 +1198,6 @@ size_t PagedKVStore::bytes() const {
 }
 
 std::string PagedKVStore::check_invariants() const {
-  const int64_t bt = config_.block_tokens;
   if (slots_) {
     int32_t live = 0;
     std::vector<uint8_t> seen(static_cast<size_t>(slots_->num_slots()), 0);
@@ -1019,7 +1224,7 @@ std::string PagedKVStore::check_invariants() const {
       const Seq& s = seqs_[id];
       if (!s.live) continue;
       const std::vector<int32_t>& t = s.tables[static_cast<size_t>(g)];
-      if (static_cast<int64_t>(t.size()) != ceil_div(s.len, bt))
+      if (static_cast<int64_t>(t.size()) != group_blocks_for(g, s.len))
         return "sequence " + std::to_string(id) + ": " + std::to_string(t.size()) + " blocks for " +
                std::to_string(s.len) + " tokens";
       for (const int32_t b : t) {
@@ -1185,6 +1390,265 @@ bool PagedKVStore::linear_has_previous() const {
     if (before > 0) return true;
   }
   return false;
+}
+
+// --- compressed (CSA/HCA) and indexed (DSA) layers -------------------------------------------
+
+int64_t PagedKVStore::compress_rate(int layer) const {
+  const int g = compressed_group_of_layer(layer);
+  return g < 0 ? 0 : groups_[static_cast<size_t>(g)].rate;
+}
+
+bool PagedKVStore::has_indexer_stream(int layer) const {
+  return is_csa(config_.layer_types[static_cast<size_t>(layer)]);
+}
+
+int64_t PagedKVStore::compressor_width(int layer, CompressedStream s) const {
+  return stream_width(config_, config_.layer_types[static_cast<size_t>(layer)], s);
+}
+
+int64_t PagedKVStore::entry_width(int layer, CompressedStream s) const {
+  (void)layer;
+  return s == CompressedStream::kIndexer ? config_.compressed.index_head_dim : config_.head_dim;
+}
+
+PagedKVStore::CompressorSlot PagedKVStore::compressor_slot(int layer, CompressedStream s,
+                                                           int32_t slot) {
+  const std::string& type = config_.layer_types[static_cast<size_t>(layer)];
+  const int64_t r = compress_rate(layer);
+  float* base = slots_->slot_data(slot) + cstate_offset_[static_cast<size_t>(layer)];
+  if (s == CompressedStream::kIndexer)
+    base +=
+        stream_state_elems(r, compressor_width(layer, CompressedStream::kCompressor), is_csa(type));
+  const int64_t w = compressor_width(layer, s);
+  float* ov = base + 2 * (r - 1) * w;
+  return {base, base + (r - 1) * w, ov, ov + r * (w / 2)};
+}
+
+void PagedKVStore::open_step_for_feed(const std::string& where, int64_t tokens) {
+  if (step_open_) return;
+  if (batch_.empty())
+    bad(where + "no sequence yet: call update(kv, kv) for this step first (it opens the step)");
+  open_step_if_needed(where, static_cast<int64_t>(batch_.size()), tokens);
+}
+
+void PagedKVStore::check_compressed_call(int layer, CompressedStream s, int64_t row,
+                                         const char* what) {
+  const std::string where = "layer " + std::to_string(layer) + " " + what + ": ";
+  if (layer < 0 || layer >= static_cast<int>(layer_cgroup_.size()) ||
+      compressed_group_of_layer(layer) < 0)
+    bad(where + "not a compressed_sparse_attention or heavily_compressed_attention layer");
+  if (s == CompressedStream::kIndexer && !has_indexer_stream(layer))
+    bad(where + "the indexer stream belongs to compressed_sparse_attention layers only");
+  if (s != CompressedStream::kIndexer && s != CompressedStream::kCompressor)
+    bad(where + "unknown stream");
+  if (step_open_ && (row < 0 || row >= static_cast<int64_t>(batch_.size())))
+    bad(where + "row " + std::to_string(row) + " outside the batch of " +
+        std::to_string(batch_.size()));
+}
+
+CompressionChunk PagedKVStore::compressor_feed(int layer, CompressedStream s, int64_t row,
+                                               const TensorView& kv, const TensorView& gate) {
+  check_compressed_call(layer, s, row, "store_compression_weights");
+  const std::string where = "layer " + std::to_string(layer) + " store_compression_weights: ";
+  const int64_t w = compressor_width(layer, s), r = compress_rate(layer);
+  if (kv.ndim() != 2 || gate.ndim() != 2 || kv.dim(1) != w || !(kv.shape() == gate.shape()) ||
+      !dtype_is_float(kv.dtype()) || !dtype_is_float(gate.dtype()))
+    bad(where + "kv and gate must be float [n, " + std::to_string(w) + "]; got " +
+        kv.shape().str() + " and " + gate.shape().str());
+  const int64_t n = kv.dim(0);
+  open_step_for_feed(where, n);
+  check_compressed_call(layer, s, row, "store_compression_weights");
+  if (n != step_tokens_)
+    bad(where + std::to_string(n) + " rows in a step of " + std::to_string(step_tokens_) +
+        " tokens (feed each row's new tokens, all of them, once per step)");
+  StreamStep& ss = streams_[static_cast<size_t>(layer * 2 + static_cast<int>(s))];
+  const auto b = static_cast<size_t>(row);
+  if (ss.fed[b] != 0) bad(where + "row " + std::to_string(row) + " fed twice in one step");
+  const int64_t base = step_base_[b], buffered = base % r, total = buffered + n;
+  const int64_t nw = total / r, keep = total % r;
+  const CompressorSlot cs = compressor_slot(layer, s, seqs_[static_cast<size_t>(batch_[b])].slot);
+  const TensorView buf_kv(cs.buf_kv, DType::kF32, {r - 1, w});
+  const TensorView buf_gate(cs.buf_gate, DType::kF32, {r - 1, w});
+  for (Tensor* t : {&ss.chunk_kv, &ss.chunk_gate})
+    if (!t->defined() || t->size_bytes() == 0 || t->view().dim(0) < nw * r || t->view().dim(1) != w)
+      *t = Tensor::empty(DType::kF32, {std::max<int64_t>(1, nw * r), w});
+  CompressionChunk out;
+  out.kv = ss.chunk_kv.view().slice(0, 0, nw * r);
+  out.gate = ss.chunk_gate.view().slice(0, 0, nw * r);
+  out.first_window_position = (base / r) * r;
+  out.n_windows = nw;
+  if (nw > 0) {
+    for (const auto& [buf, src, dst] :
+         {std::tuple{buf_kv, kv, out.kv}, std::tuple{buf_gate, gate, out.gate}}) {
+      if (buffered > 0) copy_view(buf.slice(0, 0, buffered), dst.slice(0, 0, buffered));
+      copy_view(src.slice(0, 0, nw * r - buffered), dst.slice(0, buffered, nw * r));
+      if (keep > 0) copy_view(src.slice(0, n - keep, n), buf.slice(0, 0, keep));
+    }
+  } else if (n > 0) {
+    copy_view(kv, buf_kv.slice(0, buffered, buffered + n));
+    copy_view(gate, buf_gate.slice(0, buffered, buffered + n));
+  }
+  ss.windows[b] = nw;
+  ss.fed[b] = nw > 0 ? 1 : 2;
+  if (nw == 0) part_done(layer);
+  return out;
+}
+
+OverlapPrior PagedKVStore::compressor_overlap(int layer, CompressedStream s, int64_t row,
+                                              const CompressionChunk& chunk) {
+  check_compressed_call(layer, s, row, "update_overlap_state");
+  const std::string where = "layer " + std::to_string(layer) + " update_overlap_state: ";
+  if (!has_indexer_stream(layer)) bad(where + "only compressed_sparse_attention layers overlap");
+  if (!step_open_) bad(where + "no open step (call store_compression_weights first)");
+  StreamStep& ss = streams_[static_cast<size_t>(layer * 2 + static_cast<int>(s))];
+  const auto b = static_cast<size_t>(row);
+  if (ss.fed[b] != 1)
+    bad(where + "row " + std::to_string(row) +
+        ": call it once, after store_compression_weights returned windows");
+  const int64_t w = compressor_width(layer, s), r = compress_rate(layer), nw = ss.windows[b];
+  if (chunk.n_windows != nw || chunk.kv.ndim() != 2 || chunk.gate.ndim() != 2 ||
+      chunk.kv.dim(0) != nw * r || chunk.kv.dim(1) != w ||
+      !(chunk.kv.shape() == chunk.gate.shape()))
+    bad(where + "the chunk must be the one store_compression_weights returned ([" +
+        std::to_string(nw * r) + ", " + std::to_string(w) + "] kv and gate)");
+  const CompressorSlot cs = compressor_slot(layer, s, seqs_[static_cast<size_t>(batch_[b])].slot);
+  const TensorView ov_kv(cs.ov_kv, DType::kF32, {r, w / 2});
+  const TensorView ov_gate(cs.ov_gate, DType::kF32, {r, w / 2});
+  OverlapPrior prior;
+  if (step_base_[b] / r > 0) {  // a window was folded by an earlier call: its Ca half
+    for (Tensor* t : {&ss.prior_kv, &ss.prior_gate})
+      if (!t->defined() || t->size_bytes() == 0 || !(t->view().shape() == ov_kv.shape()))
+        *t = Tensor::empty(DType::kF32, {r, w / 2});
+    prior.kv = ss.prior_kv.view();
+    prior.gate = ss.prior_gate.view();
+    copy_view(ov_kv, prior.kv);
+    copy_view(ov_gate, prior.gate);
+  }
+  copy_view(chunk.kv.slice(0, (nw - 1) * r, nw * r).slice(1, 0, w / 2), ov_kv);
+  copy_view(chunk.gate.slice(0, (nw - 1) * r, nw * r).slice(1, 0, w / 2), ov_gate);
+  ss.fed[b] = 3;
+  return prior;
+}
+
+void PagedKVStore::compressor_entries(int layer, CompressedStream s, int64_t row,
+                                      const TensorView& entries) {
+  check_compressed_call(layer, s, row, "update_compressor_states");
+  const std::string where = "layer " + std::to_string(layer) + " update_compressor_states: ";
+  const int64_t d = entry_width(layer, s), r = compress_rate(layer), bt = config_.block_tokens;
+  if (entries.ndim() != 2 || (entries.dim(0) > 0 && entries.dim(1) != d) ||
+      !dtype_is_float(entries.dtype()) || (entries.dim(0) > 0 && entries.stride(1) != 1))
+    bad(where + "entries must be float [n_windows, " + std::to_string(d) +
+        "] with unit innermost stride; got " + entries.shape().str());
+  StreamStep& ss = streams_[static_cast<size_t>(layer * 2 + static_cast<int>(s))];
+  const auto b = static_cast<size_t>(row);
+  // A chunk without windows needs no entries: the feed finished the row already.
+  if (entries.dim(0) == 0 && (!step_open_ || ss.fed[b] == 2)) return;
+  if (!step_open_) bad(where + "no open step (call store_compression_weights first)");
+  const uint8_t want = has_indexer_stream(layer) ? 3 : 1;
+  if (ss.fed[b] != want)
+    bad(where + "row " + std::to_string(row) + ": call it once per step, after " +
+        (want == 3 ? "update_overlap_state" : "store_compression_weights"));
+  if (entries.dim(0) != ss.windows[b])
+    bad(where + std::to_string(entries.dim(0)) + " entries for a chunk of " +
+        std::to_string(ss.windows[b]) + " windows");
+  const Seq& sq = seqs_[static_cast<size_t>(batch_[b])];
+  const std::vector<int32_t>& table =
+      sq.tables[static_cast<size_t>(compressed_group_of_layer(layer))];
+  const TensorView pages =
+      (s == CompressedStream::kIndexer ? x_pages_ : c_pages_)[static_cast<size_t>(layer)].view();
+  const int64_t e0 = step_base_[b] / r;
+  for (int64_t i = 0; i < entries.dim(0); ++i) {
+    const int64_t e = e0 + i;
+    convert_n(entries.ptr(i), entries.dtype(),
+              pages.ptr(table[static_cast<size_t>(e / bt)], 0, e % bt), config_.dtype,
+              static_cast<size_t>(d));
+  }
+  ss.fed[b] = 2;
+  part_done(layer);
+}
+
+int64_t PagedKVStore::compressed_entries(int layer, CompressedStream s, int64_t row) const {
+  const int64_t r = compress_rate(layer);
+  if (r == 0) bad("layer " + std::to_string(layer) + " has no compressed entries");
+  if (row < 0 || row >= static_cast<int64_t>(batch_.size())) return 0;
+  const auto b = static_cast<size_t>(row);
+  const int64_t len = seqs_[static_cast<size_t>(batch_[b])].len;
+  if (!step_open_ || step_wrote_[static_cast<size_t>(layer)]) return len / r;
+  const StreamStep& ss = streams_[static_cast<size_t>(layer * 2 + static_cast<int>(s))];
+  return ss.fed[b] == 2 ? len / r : step_base_[b] / r;
+}
+
+KVSpan PagedKVStore::compressed_span(int layer, CompressedStream s) {
+  check_compressed_call(layer, s, 0, "compressed");
+  StreamStep& ss = streams_[static_cast<size_t>(layer * 2 + static_cast<int>(s))];
+  const int64_t bt = config_.block_tokens;
+  const auto g = static_cast<size_t>(compressed_group_of_layer(layer));
+  ss.indptr.assign(1, 0);
+  ss.indices.clear();
+  ss.indices.reserve(1);  // data() set even without entries (kernels check the pointers)
+  ss.last.clear();
+  for (size_t b = 0; b < batch_.size(); ++b) {
+    const int64_t n = compressed_entries(layer, s, static_cast<int64_t>(b));
+    const std::vector<int32_t>& t = seqs_[static_cast<size_t>(batch_[b])].tables[g];
+    ss.indices.insert(ss.indices.end(), t.begin(), t.begin() + ceil_div(n, bt));
+    ss.indptr.push_back(static_cast<int32_t>(ss.indices.size()));
+    ss.last.push_back(n == 0 ? 0 : static_cast<int32_t>((n - 1) % bt + 1));
+  }
+  KVSpan span;
+  span.kind = KVSpanKind::kPaged;
+  span.kv_offset = 0;
+  PagedKV& p = span.paged;
+  p.k_pages =
+      (s == CompressedStream::kIndexer ? x_pages_ : c_pages_)[static_cast<size_t>(layer)].view();
+  p.v_pages = p.k_pages;
+  p.batch = static_cast<int64_t>(batch_.size());
+  p.block_tokens = bt;
+  p.indptr = ss.indptr.data();
+  p.indices = ss.indices.data();
+  p.last_page_len = ss.last.data();
+  return span;
+}
+
+KVSpan PagedKVStore::write_indexer(int layer, const TensorView& keys) {
+  const std::string where = "layer " + std::to_string(layer) + " update_indexer: ";
+  if (layer < 0 || layer >= static_cast<int>(config_.layer_types.size()) ||
+      !is_indexed_layer_type(config_.layer_types[static_cast<size_t>(layer)]))
+    bad(where + "not a deepseek_sparse_attention layer");
+  const int64_t c = config_.compressed.index_head_dim;
+  if (keys.ndim() != 4 || keys.dim(1) != 1 || keys.dim(3) != c || !dtype_is_float(keys.dtype()) ||
+      keys.stride(3) != 1)
+    bad(where + "index_keys must be float [B, 1, n, " + std::to_string(c) +
+        "] with unit innermost stride; got " + keys.shape().str());
+  open_step_if_needed(where, keys.dim(0), keys.dim(2));
+  if (x_written_[static_cast<size_t>(layer)] || step_wrote_[static_cast<size_t>(layer)])
+    bad(where + "updated twice in one step");
+  const auto g = static_cast<size_t>(layer_group_[static_cast<size_t>(layer)]);
+  const int64_t bt = config_.block_tokens;
+  const TensorView pages = x_pages_[static_cast<size_t>(layer)].view();
+  for (size_t b = 0; b < batch_.size(); ++b) {
+    const std::vector<int32_t>& table = seqs_[static_cast<size_t>(batch_[b])].tables[g];
+    for (int64_t t = 0; t < step_tokens_; ++t) {
+      const int64_t pos = step_base_[b] + t;
+      convert_n(keys.ptr(static_cast<int64_t>(b), 0, t), keys.dtype(),
+                pages.ptr(table[static_cast<size_t>(pos / bt)], 0, pos % bt), config_.dtype,
+                static_cast<size_t>(c));
+    }
+  }
+  x_written_[static_cast<size_t>(layer)] = 1;
+  KVSpan span;
+  span.kind = KVSpanKind::kPaged;
+  span.kv_offset = 0;
+  PagedKV& p = span.paged;
+  p.k_pages = pages;
+  p.v_pages = pages;
+  p.batch = static_cast<int64_t>(batch_.size());
+  p.block_tokens = bt;
+  p.indptr = indptr_[g].data();
+  p.indices = indices_[g].data();
+  p.last_page_len = last_len_[g].data();
+  part_done(layer);
+  return span;
 }
 
 }  // namespace kvcache

@@ -38,18 +38,46 @@
 // attach_prefix restores it, so the linear layers continue exactly where the cached blocks end
 // (no tail copy: a tail has no state). A snapshot is erased when its block's key is dropped.
 //
+// DeepSeek-V4 / V3.2 (issue 39; cache/compressed_cache_layer.h, cache/paged_compressed_layer.h):
+// - K==V (shared_kv, CacheConfig::KVContent::kSharedKV): layers keep K pages only; a span's v
+//   pages alias its k pages. CSA/HCA layers are always K==V (their sliding branch).
+// - "compressed_sparse_attention" (CSA) and "heavily_compressed_attention" (HCA) layers are
+//   members of two groups: the sliding group (their raw K==V window, window W, null blocks as
+//   any sliding layer) and a kCompressed group, one per distinct compress rate r, whose blocks
+//   hold block_tokens ENTRIES (= block_tokens * r tokens): a sequence of len tokens has
+//   floor(len / r) entries there, so ceil(floor(len / r) / block_tokens) blocks, allocated by
+//   plan_step from the lengths the step reaches (deterministic). A CSA layer also owns the
+//   indexer's key pages (index_head_dim wide) in the same blocks. compressed(s) is a kPaged span
+//   over those pages (one slot per entry), read in place by the sparse kernel.
+// - The compressors' carried state (per layer and stream: the len % r buffered rows of kv and
+//   gate, and CSA's overlap Ca half [r, width / 2] of kv and gate, f32) lives in the
+//   per-sequence slots of the linear state (after the linear layers' part; one slot per live
+//   sequence, zeroed at add_sequence, copied by fork/remap), so crop goes only to 0 or nowhere
+//   and abort_step marks the state lost, as for linear layers.
+// - "deepseek_sparse_attention" (DSA) layers are full-attention members with one indexer-key
+//   page per layer in the same blocks (one slot per token): prefix sharing as usual.
+// - A compressed layer's part of a step closes when its window was written and every batch
+//   row's streams were fed (store_compression_weights, then update_compressor_states when it
+//   held windows); a DSA layer's when its K/V and its indexer keys were written.
+// - Prefix hits are refused for models with compressed layers (the compressor state at a block
+//   boundary is not snapshotted yet): attach_prefix returns 0 and counts the refusal
+//   (prefix_refused_compressed(), /metrics kvcache_prefix_refused_total{reason=
+//   "compressed_state"}), so a hit never continues from a state that is not the prefix's.
+//
 // Ownership: the store owns pages, pools and tables; spans point into them and are valid until
 // the next step or lifecycle call. Not thread-safe (one runtime thread drives it).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "cache/block_pool.h"
+#include "cache/compressed_cache_layer.h"
 #include "cache/linear_state_layer.h"
 #include "cache/paged_linear_state.h"
 #include "core/dtype.h"
@@ -60,18 +88,27 @@ namespace kvcache {
 
 using SeqId = int32_t;
 
-enum class GroupKind { kFull, kSliding };
+enum class GroupKind { kFull, kSliding, kCompressed };
 
 struct PagedGroup {
   GroupKind kind = GroupKind::kFull;
   int64_t window = 0;       // kSliding: W (a query sees W keys, itself included)
+  int64_t rate = 0;         // kCompressed: tokens per entry (a block holds block_tokens entries)
   std::vector<int> layers;  // model layer indices in this group
 };
 
-// Groups of a model's layer types: one per distinct kind, in order of first appearance.
-// Throws Error(kUnsupported) for layer types the paged cache does not serve.
+// Groups of a model's layer types: one per distinct kind (kCompressed: per distinct rate), in
+// order of first appearance; CSA/HCA layers are listed in the sliding group and in their rate's
+// compressed group. Throws Error(kUnsupported) for layer types the paged cache does not serve.
 std::vector<PagedGroup> paged_groups(const std::vector<std::string>& layer_types,
-                                     int64_t sliding_window);
+                                     int64_t sliding_window,
+                                     const std::map<std::string, int64_t>& compress_rates = {});
+
+// The three layer types of issue 39 (cache/compressed_cache_layer.h).
+bool is_compressed_layer_type(const std::string& type);  // CSA or HCA
+inline bool is_indexed_layer_type(const std::string& type) {
+  return type == "deepseek_sparse_attention";
+}
 
 struct PagedStoreConfig {
   int32_t block_tokens = 16;
@@ -95,6 +132,12 @@ struct PagedStoreConfig {
   // replaced). max_snapshots 0: none, and a hybrid model never hits the prefix cache.
   int32_t snapshot_every_blocks = 4;
   int32_t max_snapshots = 0;
+  // DeepSeek-V4 / V3.2 (see above): K==V pages for every layer (KVContent::kSharedKV); the
+  // compress rates of the CSA/HCA layer types and the indexer key width (CSA, DSA). The
+  // compressor state needs head_dim up front (its widths follow it). linear_slots also counts
+  // the sequences that may hold compressor state at once.
+  bool shared_kv = false;
+  CompressedShape compressed = {};
 };
 
 // Blocks each group gets when config.group_blocks is empty (kept here so the planner, the
@@ -107,13 +150,19 @@ size_t paged_block_bytes(const PagedStoreConfig& config, const PagedGroup& group
 bool paged_layer_owns_pages(const PagedStoreConfig& config, int layer);
 // Exact pool_bytes() of a store built from `config` (kv_heads/head_dim must be set).
 size_t predict_pool_bytes(const PagedStoreConfig& config);
+// Whether `layer` keeps K pages only (K==V: shared_kv, or a CSA/HCA layer).
+bool paged_layer_k_only(const PagedStoreConfig& config, int layer);
+// Floats of one sequence's compressor state for every CSA/HCA layer (0 without).
+int64_t paged_compressor_state_elems(const PagedStoreConfig& config);
 // Model layer indices of the "linear_attention" layers, in order.
 std::vector<int> paged_linear_layers(const PagedStoreConfig& config);
 // Exact linear_state_bytes() and snapshot_bytes() of a store built from `config` (0 without
-// linear layers): slots + the batch workspaces, and the snapshot arena.
+// linear or compressed layers): slots (linear and compressor state) + the linear batch
+// workspaces, and the snapshot arena (linear layers only).
 size_t predict_linear_state_bytes(const PagedStoreConfig& config);
 size_t predict_snapshot_bytes(const PagedStoreConfig& config);
-// Bytes of one sequence's state (every linear layer), what the planner bills per sequence.
+// Bytes of one sequence's state (every linear layer, every compressor), what the planner bills
+// per sequence.
 size_t paged_linear_bytes_per_sequence(const PagedStoreConfig& config);
 
 enum class StepStatus { kOk, kOutOfBlocks };
@@ -211,7 +260,7 @@ class PagedKVStore {
   void repeat_interleave(int64_t r);
 
   // --- linear-attention state (hybrid models; PagedLinearLayer) ---------------------------
-  bool has_linear() const { return slots_ != nullptr; }
+  bool has_linear() const { return linear_; }
   int linear_index(int layer) const;  // among the linear layers; -1 for other layers
   int32_t slot_of(SeqId seq) const { return seq_ref(seq).slot; }
   int32_t free_linear_slots() const { return slots_ ? slots_->num_free() : 0; }
@@ -238,6 +287,33 @@ class PagedKVStore {
   // bytes() minus every layer's pages and state shares: what the leader layer reports on top
   // of its own, so the layers' bytes() add up to bytes().
   size_t leader_extra_bytes() const;
+
+  // --- compressed (CSA/HCA) and indexed (DSA) layers (cache/paged_compressed_layer.h) ------
+  // The CompressedCacheLayer calls for the batch rows (see compressed_cache_layer.h); row is a
+  // batch row. A step must be open or the batch set (the layer's update() opens it).
+  bool has_compressed() const { return !compressed_layers_.empty(); }
+  int compressed_group_of_layer(int layer) const {  // -1: not a CSA/HCA layer
+    return layer_cgroup_[static_cast<size_t>(layer)];
+  }
+  int64_t compress_rate(int layer) const;
+  bool has_indexer_stream(int layer) const;  // CSA
+  // Row width of stream s's kv/gate (CSA: 2 * head_dim, HCA: head_dim, indexer: 2 * c) and of
+  // its entries (head_dim, or index_head_dim).
+  int64_t compressor_width(int layer, CompressedStream s) const;
+  int64_t entry_width(int layer, CompressedStream s) const;
+  CompressionChunk compressor_feed(int layer, CompressedStream s, int64_t row, const TensorView& kv,
+                                   const TensorView& gate);
+  OverlapPrior compressor_overlap(int layer, CompressedStream s, int64_t row,
+                                  const CompressionChunk& chunk);
+  void compressor_entries(int layer, CompressedStream s, int64_t row, const TensorView& entries);
+  // Every batch row's entries written so far, kPaged (k == v), kv_offset 0.
+  KVSpan compressed_span(int layer, CompressedStream s);
+  int64_t compressed_entries(int layer, CompressedStream s, int64_t row) const;
+  // DSA: writes the step's indexer keys [B, 1, n, c] and returns every token's, kPaged.
+  KVSpan write_indexer(int layer, const TensorView& index_keys);
+  // attach_prefix calls that found cached blocks but attached none because the model has
+  // compressed layers (the reason counted in /metrics).
+  int64_t prefix_refused_compressed() const { return prefix_refused_compressed_; }
 
   // --- accounting -------------------------------------------------------------------------
   PagedGroupStats stats(int g) const;
@@ -303,6 +379,19 @@ class PagedKVStore {
   // A layer finished its part of the open step; the last one closes it.
   void layer_done(int layer);
   void take_snapshot(const Seq& s);
+  // Slots (entries for compressed groups) and blocks a sequence of `len` tokens uses in group g.
+  int64_t group_slots(int g, int64_t len) const;
+  int64_t group_blocks_for(int g, int64_t len) const;
+  // One part of a layer's step done (its K/V write, a compressed row's stream, DSA's indexer
+  // keys); the layer is done when all its parts are.
+  void part_done(int layer);
+  int64_t parts_needed(int layer) const;
+  struct CompressorSlot {  // one stream's state in a sequence's slot
+    float *buf_kv, *buf_gate, *ov_kv, *ov_gate;
+  };
+  CompressorSlot compressor_slot(int layer, CompressedStream s, int32_t slot);
+  void check_compressed_call(int layer, CompressedStream s, int64_t row, const char* what);
+  void open_step_for_feed(const std::string& where, int64_t tokens);
   // Slots of the batch; whether they are consecutive (one strided view).
   bool batch_slots_consecutive() const;
   TensorView slot_view(int li, bool recurrent, int64_t rows) const;
@@ -319,7 +408,9 @@ class PagedKVStore {
   int64_t step_tokens_ = 0;
   bool step_open_ = false;
   std::vector<int64_t> step_base_;   // [batch]
-  std::vector<uint8_t> step_wrote_;  // [n_layers]
+  std::vector<uint8_t> step_wrote_;  // [n_layers]: the layer's part of the step is done
+  std::vector<uint8_t> kv_written_;  // [n_layers]: its K/V written this step
+  std::vector<int64_t> step_parts_;  // [n_layers]: parts done this step
   int step_writes_ = 0;
   std::vector<uint8_t> attached_;  // [n_layers]
   int n_attached_ = 0;
@@ -330,6 +421,24 @@ class PagedKVStore {
   std::unique_ptr<LinearStateSlots> slots_;
   std::unique_ptr<LinearSnapshotStore> snaps_;
   Tensor conv_prev_ws_, conv_ws_, rec_ws_;  // [linear_slots, ...] batch workspaces
+  bool linear_ = false;                     // linear_attention layers present
+  // Issue 39.
+  std::vector<int> layer_cgroup_;          // [n_layers]: compressed group, -1
+  std::vector<int> compressed_layers_;     // CSA/HCA layers, in order
+  std::vector<int64_t> cstate_offset_;     // [n_layers]: compressor state's offset in a slot
+  std::vector<Tensor> c_pages_, x_pages_;  // [n_layers] entries; indexer keys (CSA, DSA)
+  std::vector<uint8_t> x_written_;         // [n_layers]: DSA indexer keys written this step
+  // Per layer and stream (index layer * 2 + stream) for the open step: each batch row's feed
+  // (0 not fed, 1 fed with windows to store, 2 done) and its windows; the chunk and prior
+  // workspaces; the span's CSR (rebuilt by compressed_span).
+  struct StreamStep {
+    std::vector<uint8_t> fed;
+    std::vector<int64_t> windows;
+    Tensor chunk_kv, chunk_gate, prior_kv, prior_gate;
+    std::vector<int32_t> indptr, indices, last;
+  };
+  std::vector<StreamStep> streams_;  // [n_layers * 2]
+  int64_t prefix_refused_compressed_ = 0;
 };
 
 }  // namespace kvcache

@@ -35,12 +35,27 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
   sc.linear_slots = o.linear_slots;
   sc.snapshot_every_blocks = o.snapshot_every_blocks;
   sc.max_snapshots = o.max_snapshots;
+  sc.compressed = o.compressed;
+  // DeepSeek-V4's attention passes one view as k and v on every layer: K pages only.
+  sc.shared_kv = o.shared_kv || model.deepseek_v4.enabled();
   // Constant per running sequence and per snapshot: billed before any block.
   plan.linear_bytes_per_sequence = paged_linear_bytes_per_sequence(sc);
   plan.linear_state_bytes = predict_linear_state_bytes(sc);
   plan.snapshot_bytes = predict_snapshot_bytes(sc);
   const size_t state_bytes = plan.linear_state_bytes + plan.snapshot_bytes;
-  const std::vector<PagedGroup> groups = paged_groups(sc.layer_types, sc.sliding_window);
+  const std::vector<PagedGroup> groups =
+      paged_groups(sc.layer_types, sc.sliding_window, sc.compressed.rates);
+  // Token groups get n blocks; a compressed group of rate r holds block_tokens entries
+  // (r * block_tokens tokens) per block: n / r of them, plus one partial block per sequence.
+  const auto assign_blocks = [&](int64_t n) {
+    sc.group_blocks.clear();
+    for (const PagedGroup& g : groups)
+      sc.group_blocks.push_back(static_cast<int32_t>(
+          std::min<int64_t>(g.kind == GroupKind::kCompressed
+                                ? (n + g.rate - 1) / g.rate + std::max<int32_t>(1, sc.linear_slots)
+                                : n,
+                            INT32_MAX)));
+  };
   const int n_threads = o.n_threads > 0 ? o.n_threads : default_pool().n_threads();
   // The eager paged kernel's per-thread f32 copy of one sequence's K and V (plus a score) per
   // token. MLA does not run it (it expands the latent into the forward's own buffers), so this
@@ -71,13 +86,15 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
       plan.max_tokens_per_step /= 2;
     const size_t activations = act(plan.max_tokens_per_step);
     size_t per_block = scratch_per_token * static_cast<size_t>(o.block_tokens);
-    for (const PagedGroup& g : groups) per_block += paged_block_bytes(sc, g);
+    for (const PagedGroup& g : groups)
+      per_block += paged_block_bytes(sc, g) /
+                   static_cast<size_t>(g.kind == GroupKind::kCompressed ? g.rate : 1);
     const size_t fixed = activations + state_bytes;
     const size_t left = o.budget_bytes > fixed ? o.budget_bytes - fixed : 0;
     // Every group gets the same block count (a sliding group's block 0 is its null block).
     auto blocks = static_cast<int64_t>(left / per_block);
     const auto fits = [&](int64_t n) {
-      sc.group_blocks.assign(groups.size(), static_cast<int32_t>(n));
+      assign_blocks(n);
       return predict_pool_bytes(sc) + scratch_per_token * static_cast<size_t>(n * o.block_tokens) <=
              left;
     };
@@ -90,14 +107,26 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
                       std::to_string(plan.linear_state_bytes) + " bytes) and snapshots (" +
                       std::to_string(plan.snapshot_bytes) + " bytes) and two blocks of " +
                       std::to_string(per_block) + " bytes; raise --kv-budget");
-    sc.group_blocks.assign(groups.size(),
-                           static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX)));
+    assign_blocks(std::min<int64_t>(blocks, INT32_MAX));
   }
   plan.activation_bytes = Forward::workspace_bytes_for(model, plan.max_tokens_per_step);
   plan.pool_bytes = predict_pool_bytes(sc);
   for (size_t g = 0; g < groups.size(); ++g)
     if (groups[g].kind == GroupKind::kFull)
       plan.max_cached_tokens = static_cast<int64_t>(sc.group_blocks[g]) * o.block_tokens;
+  for (size_t g = 0; g < groups.size() && plan.max_cached_tokens == 0; ++g) {
+    if (groups[g].kind != GroupKind::kCompressed) continue;
+    int64_t cap = INT64_MAX;  // the tightest compressed group
+    for (size_t h = 0; h < groups.size(); ++h)
+      if (groups[h].kind == GroupKind::kCompressed)
+        cap = std::min<int64_t>(cap, (sc.group_blocks[h] - std::max<int32_t>(1, sc.linear_slots)) *
+                                         groups[h].rate * o.block_tokens);
+    // At most what the token groups' blocks hold (the scratch was billed for that).
+    for (size_t h = 0; h < groups.size(); ++h)
+      if (groups[h].kind != GroupKind::kCompressed)
+        cap = std::min<int64_t>(cap, static_cast<int64_t>(sc.group_blocks[h]) * o.block_tokens);
+    plan.max_cached_tokens = std::max<int64_t>(o.block_tokens, cap);
+  }
   if (plan.max_cached_tokens == 0)  // only sliding layers: bounded by the window anyway
     plan.max_cached_tokens = static_cast<int64_t>(sc.group_blocks[0] - 1) * o.block_tokens;
   plan.attention_scratch_bytes = scratch_per_token * static_cast<size_t>(plan.max_cached_tokens);

@@ -37,6 +37,11 @@ struct PagedPlanOptions {
   int32_t linear_slots = 1;
   int32_t snapshot_every_blocks = 4;
   int32_t max_snapshots = 0;
+  // DeepSeek-V4 / V3.2 (CacheConfig::compressed, kv_content == kSharedKV): compressed groups
+  // (entry blocks per rate), indexer pages, K-only pages; the compressors' state is billed per
+  // slot with the linear state (linear_slots sequences).
+  CompressedShape compressed = {};
+  bool shared_kv = false;
 };
 
 struct PagedMemoryPlan {
@@ -46,8 +51,10 @@ struct PagedMemoryPlan {
   // The eager paged kernel widens one sequence's keys and values to f32 per thread: at most
   // n_threads x cached tokens x (D_k + D_v + 1) floats.
   size_t attention_scratch_bytes = 0;
-  size_t pool_bytes = 0;          // pages + pool metadata of the store
-  int64_t max_cached_tokens = 0;  // tokens the full-attention group can hold
+  size_t pool_bytes = 0;  // pages + pool metadata of the store
+  // Tokens the full-attention group can hold (compressed models without one: the tokens the
+  // compressed groups' entries cover, running sequences' partial blocks set aside).
+  int64_t max_cached_tokens = 0;
   // Hybrid models: one sequence's state (every linear layer), constant per running sequence;
   // the slots of every running sequence plus the store's workspaces; the snapshot arena.
   size_t linear_bytes_per_sequence = 0;

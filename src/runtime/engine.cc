@@ -139,7 +139,11 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   po.max_tokens_per_step = config_.max_tokens_per_step;
   po.max_cached_tokens = co.max_cache_len > 0 ? co.max_cache_len : kDefaultPoolTokens;
   // Hybrid models: one state slot per running sequence, snapshots for the prefix cache.
-  po.linear = model_cache_config(mc, co).linear;
+  const CacheConfig mcc = model_cache_config(mc, co);
+  po.linear = mcc.linear;
+  // DeepSeek-V4 / V3.2: compressed and indexer pages, K==V pages; compressor state per slot.
+  po.compressed = mcc.compressed;
+  po.shared_kv = mcc.kv_content == CacheConfig::KVContent::kSharedKV;
   po.linear_slots = config_.max_running;
   po.snapshot_every_blocks = co.paged.snapshot_every_blocks;
   po.max_snapshots = co.paged.max_snapshots;
@@ -862,6 +866,8 @@ void Engine::update_metrics() {
   metrics_.blocks_cached = ps.cached;
   metrics_.linear_state_bytes = static_cast<int64_t>(store_->linear_state_bytes());
   metrics_.snapshot_bytes = static_cast<int64_t>(store_->snapshot_bytes());
+  metrics_.compressed_model = store_->has_compressed();
+  metrics_.prefix_refused_compressed = store_->prefix_refused_compressed();
   if (const LinearSnapshotStore* snaps = store_->snapshots()) {
     metrics_.snapshots = snaps->size();
     metrics_.snapshots_dropped = snaps->stats().dropped_with_block;

@@ -160,6 +160,11 @@ struct EngineMetrics {
   // snapshot arena, both constant; snapshots held now, and dropped with their blocks so far.
   int64_t linear_state_bytes = 0, snapshot_bytes = 0;
   int64_t snapshots = 0, snapshots_dropped = 0;
+  // Models with compressed (CSA/HCA) layers: prefix hits refused because the compressors' state
+  // at the hit is not kept (the prompt is recomputed; /metrics
+  // kvcache_prefix_refused_total{reason="compressed_state"}).
+  bool compressed_model = false;
+  int64_t prefix_refused_compressed = 0;
   double prefix_hit_rate() const {
     return prompt_tokens > 0
                ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens)

@@ -23,6 +23,8 @@ PagedPlanOptions paged_plan_options(const CacheConfig& cc, const SessionConfig& 
   po.linear = cc.linear;
   po.linear_slots = 1;
   po.max_snapshots = 0;
+  po.compressed = cc.compressed;
+  po.shared_kv = cc.kv_content == CacheConfig::KVContent::kSharedKV;
   return po;
 }
 

@@ -298,6 +298,12 @@ std::string HttpServer::metrics_text() {
            "Linear-attention state snapshots held for the prefix cache.",
            static_cast<double>(m.snapshots));
   }
+  if (m.compressed_model)  // a labelled counter: why prefix hits were refused
+    out +=
+        "# HELP kvcache_prefix_refused_total Prefix cache hits refused (the prompt was "
+        "recomputed), by reason.\n# TYPE kvcache_prefix_refused_total counter\n"
+        "kvcache_prefix_refused_total{reason=\"compressed_state\"} " +
+        std::to_string(m.prefix_refused_compressed) + "\n";
   metric("kvcache_prefix_cache_hit_rate", "gauge",
          "Prompt tokens served from the prefix cache / prompt tokens.", m.prefix_hit_rate());
   metric("kvcache_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",

@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cache/cache.h"
+#include "cache/paged_store.h"
 #include "core/tensor.h"
 
 namespace kvcache::testing_util {
@@ -88,5 +91,19 @@ class History {
   DType dtype_;
   Tensor k_, v_;
 };
+
+// A "paged" cache config whose layers all write into `store` (its layer types, window, block
+// size and compressed shape); the caller adds what else the model dictates (linear shape, ...).
+inline CacheConfig paged_config_over(const std::shared_ptr<PagedKVStore>& store) {
+  const PagedStoreConfig& sc = store->config();
+  CacheConfig cc;
+  cc.options.implementation = "paged";
+  cc.options.paged.block_tokens = sc.block_tokens;
+  cc.options.paged.store = store;
+  cc.layer_types = sc.layer_types;
+  cc.sliding_window = sc.sliding_window;
+  cc.compressed = sc.compressed;
+  return cc;
+}
 
 }  // namespace kvcache::testing_util

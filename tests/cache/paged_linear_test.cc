@@ -18,6 +18,7 @@
 #include "cache/paged_linear_layer.h"
 #include "cache/paged_linear_state.h"
 #include "cache/paged_store.h"
+#include "cache_test_util.h"
 #include "core/error.h"
 
 namespace kvcache {
@@ -73,11 +74,7 @@ struct Hybrid {
   std::unique_ptr<Cache> cache;
   explicit Hybrid(const PagedStoreConfig& sc) {
     store = std::make_shared<PagedKVStore>(sc);
-    CacheConfig cc;
-    cc.options.implementation = "paged";
-    cc.options.paged.block_tokens = sc.block_tokens;
-    cc.options.paged.store = store;
-    cc.layer_types = sc.layer_types;
+    CacheConfig cc = testing_util::paged_config_over(store);
     cc.linear = shape();
     cache = std::make_unique<Cache>(cc);
   }

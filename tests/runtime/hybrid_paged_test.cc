@@ -13,6 +13,7 @@
 #include "cache/paged_store.h"
 #include "core/error.h"
 #include "model/paged_plan.h"
+#include "paged_compare.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
 
@@ -95,18 +96,8 @@ RequestParams greedy(const std::vector<int32_t>& prompt, int64_t max_tokens) {
   return rp;
 }
 
-// Sample 0's ids, their logprobs and the top 5 of every step: equal only when the logits are.
 std::vector<double> trace(const RequestOutput& out) {
-  std::vector<double> t;
-  for (const TokenLogprob& lp : out.samples.at(0).logprobs) {
-    t.push_back(lp.chosen.token);
-    t.push_back(lp.chosen.logprob);
-    for (const LogprobEntry& e : lp.top) {
-      t.push_back(e.token);
-      t.push_back(e.logprob);
-    }
-  }
-  return t;
+  return testing_util::logprob_trace(out);
 }
 
 EngineConfig hybrid_engine(int32_t block_tokens = 8, int32_t every = 2) {

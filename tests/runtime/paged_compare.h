@@ -16,6 +16,7 @@
 #include "golden_util.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
 
@@ -23,6 +24,21 @@ namespace kvcache::testing_util {
 
 inline int32_t argmax_id(std::span<const float> v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// Sample 0's ids, their logprobs and the top entries of every step of an engine request:
+// equal only when the logits are.
+inline std::vector<double> logprob_trace(const RequestOutput& out) {
+  std::vector<double> t;
+  for (const TokenLogprob& lp : out.samples.at(0).logprobs) {
+    t.push_back(lp.chosen.token);
+    t.push_back(lp.chosen.logprob);
+    for (const LogprobEntry& e : lp.top) {
+      t.push_back(e.token);
+      t.push_back(e.logprob);
+    }
+  }
+  return t;
 }
 
 struct PagedVsDense {
