@@ -41,14 +41,18 @@ TEST(CliDeepseekV4, DummyPresetVerifiesAcrossWindowEmissions) {
   Scratch s;
   for (int n : {3, 4, 7, 8, 9, 16, 21}) {
     std::string ids;
-    for (const std::string chunk : {"", " --chunk 3"}) {
-      CliResult g =
-          s.run("generate --model dummy:deepseekv4-tiny --cache dynamic --prompt-ids '" +
-                ids_text(n) + "' -n 12 --temp 0 --output ids --verify --kv-dtype f32" + chunk);
-      ASSERT_EQ(g.exit_code, 0) << n << chunk << "\n" << g.err;
-      EXPECT_NE(g.err.find("ok"), std::string::npos) << n << chunk << "\n" << g.err;
-      if (ids.empty()) ids = g.out;
-      EXPECT_EQ(g.out, ids) << "prompt " << n << ": greedy ids equal whatever the prefill chunk";
+    // Paged with blocks of 4 tokens: entry pages of 4 entries (16 CSA tokens, 32 HCA tokens).
+    for (const std::string cache : {"dynamic", "paged --block-tokens 4"}) {
+      for (const std::string chunk : {"", " --chunk 3"}) {
+        const std::string what = "prompt " + std::to_string(n) + ", " + cache + chunk;
+        CliResult g =
+            s.run("generate --model dummy:deepseekv4-tiny --cache " + cache + " --prompt-ids '" +
+                  ids_text(n) + "' -n 12 --temp 0 --output ids --verify --kv-dtype f32" + chunk);
+        ASSERT_EQ(g.exit_code, 0) << what << "\n" << g.err;
+        EXPECT_NE(g.err.find("ok"), std::string::npos) << what << "\n" << g.err;
+        if (ids.empty()) ids = g.out;
+        EXPECT_EQ(g.out, ids) << what << ": greedy ids equal whatever the cache and the chunk";
+      }
     }
   }
 }
