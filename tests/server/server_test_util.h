@@ -47,7 +47,8 @@ struct TestServer {
     // A small pool unless the test sized one (0: the engine's default).
     if (o.engine.cache.max_cache_len == 0) o.engine.cache.max_cache_len = 1024;
     engine = std::make_unique<Engine>(*lm.model, lm.tokenizer.get(), o.engine);
-    specials = std::make_unique<SpecialTokens>(*lm.tokenizer);
+    // A model without a tokenizer takes prompts as token id arrays only.
+    if (lm.tokenizer) specials = std::make_unique<SpecialTokens>(*lm.tokenizer);
     ServedModel sm;
     sm.name = "dummy:tiny";
     sm.tokenizer = lm.tokenizer.get();
