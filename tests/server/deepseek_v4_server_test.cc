@@ -2,8 +2,8 @@
 // recomputed, never served from a prefix whose compressed state (window buffers, CSA overlap)
 // the cache cannot restore, and /metrics counts the refusal; the answers are identical.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
