@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "family_test_util.h"
 #include "model/dummy.h"
 #include "model/forward.h"
 #include "runtime/engine.h"
@@ -33,6 +34,8 @@
 namespace kvcache {
 namespace {
 
+using testing_util::max_abs_diff;
+
 namespace dsv4 = testing_util::dsv4;
 using testing_util::ScratchDir;
 
@@ -40,18 +43,7 @@ constexpr double kTol = 5e-4;
 constexpr int kNewTokens = 12;
 
 std::vector<int32_t> prompt(int64_t n, int64_t vocab) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 11) % vocab));
-  return ids;
-}
-
-template <typename A, typename B>
-double max_abs_diff(const A& a, const B& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min<size_t>(a.size(), b.size()); ++i)
-    m = std::max(m, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
-  return m;
+  return testing_util::ramp_prompt(n, static_cast<int32_t>(vocab));
 }
 
 // The largest |engine - reference| over every logit, recorded as a test property (the XML

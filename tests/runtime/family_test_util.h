@@ -1,8 +1,13 @@
 // Helpers of the per-family tests on dummy presets (qwen3_next_family_test.cc,
-// deepseek_v4_family_test.cc): the preset's folder in the process's scratch, a deterministic
-// prompt, the message of an expected Error.
+// deepseek_v4_family_test.cc, and the reference tests): the preset's folder in the process's
+// scratch, a deterministic prompt, the largest difference of two logit rows, the message of an
+// expected Error.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -34,6 +39,17 @@ inline std::vector<int32_t> ramp_prompt(int64_t n, int32_t vocab) {
   std::vector<int32_t> ids;
   for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 11) % vocab));
   return ids;
+}
+
+// The largest |a[i] - b[i]| over two equally long sequences of numbers (a size mismatch fails
+// the test and compares the common part).
+template <typename A, typename B>
+double max_abs_diff(const A& a, const B& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < std::min<size_t>(a.size(), b.size()); ++i)
+    m = std::max(m, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  return m;
 }
 
 // What f throws as an Error, or "no error".

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "family_test_util.h"
 #include "model/dummy.h"
 #include "model/forward.h"
 #include "model/model_file.h"
@@ -43,6 +44,8 @@
 namespace kvcache {
 namespace {
 
+using testing_util::max_abs_diff;
+
 namespace q3n = testing_util::q3n;
 using testing_util::ScratchDir;
 
@@ -50,18 +53,7 @@ constexpr double kTol = 5e-4;
 constexpr int kNewTokens = 8;
 
 std::vector<int32_t> prompt17(int64_t vocab) {
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < 17; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 11) % vocab));
-  return ids;
-}
-
-template <typename A, typename B>
-double max_abs_diff(const A& a, const B& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min<size_t>(a.size(), b.size()); ++i)
-    m = std::max(m, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
-  return m;
+  return testing_util::ramp_prompt(17, static_cast<int32_t>(vocab));
 }
 
 // The largest |engine - reference| over every logit, recorded as a test property (the XML
