@@ -240,6 +240,14 @@ PlanModel plan_model_from_config(const ModelConfig& c, const std::string& name) 
     j["linear_conv_kernel_dim"] = a.conv_kernel;
   }
   if (c.moe.n_experts > 0) j["num_local_experts"] = c.moe.n_experts;  // no dense parameter count
+  if (const DeepseekV4Config& v4 = c.deepseek_v4; v4.csa_rate > 0 || v4.hca_rate > 0) {
+    // The model's own rates and indexer width, not configuration_deepseek_v4.py's defaults.
+    json rates = json::object();
+    if (v4.csa_rate > 0) rates["compressed_sparse_attention"] = v4.csa_rate;
+    if (v4.hca_rate > 0) rates["heavily_compressed_attention"] = v4.hca_rate;
+    j["compress_rates"] = rates;
+    j["index_head_dim"] = v4.index_head_dim;
+  }
   PlanModel m = plan_model_from_hf_json(j.dump(), name);
   m.name = name;
   return m;

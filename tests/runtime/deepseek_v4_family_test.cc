@@ -16,11 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "cache/compressed_cache_layer.h"
 #include "core/error.h"
 #include "family_test_util.h"
 #include "model/dummy.h"
 #include "model/forward.h"
 #include "model/hf_config.h"
+#include "model/kv_plan.h"
 #include "model/model_file.h"
 #include "model/safetensors.h"
 #include "model/weight_spec.h"
@@ -328,6 +330,63 @@ TEST(DeepseekV4Family, CachedDecodeEqualsNoCacheForward) {
         last.assign(a.begin(), a.end());
       }
     }
+  }
+}
+
+// The cache holds what the notes' formula and the planner bill: after S tokens, a compressed
+// layer of rate r holds S / r entries of head_dim (b·d·Σ1/r over the layers, K == V: no factor
+// 2), a CSA layer as many indexer keys of index_head_dim, and kvcache plan's compressed bill
+// counts the same bytes part by part.
+TEST(DeepseekV4Family, CacheHoldsWhatThePlanBills) {
+  const Model model(open_model_file(tiny_folder()));
+  const ModelConfig& mc = model.config();
+  const int32_t vocab = static_cast<int32_t>(mc.vocab_size);
+  const PlanModel plan = plan_model_from_config(mc, "deepseekv4-tiny");
+  for (int64_t n : {5, 16, 23, 37}) {
+    SessionConfig sc;
+    sc.cache.implementation = "dynamic";
+    sc.cache.kv_dtype = DType::kF32;
+    Session s(model, sc);
+    s.prefill(ramp_prompt(n, vocab));
+    double entry_bytes = 0, index_bytes = 0, notes = 0;
+    int compressed = 0;
+    for (int l = 0; l < static_cast<int>(mc.n_layers); ++l) {
+      const std::string& t = mc.layer_types[static_cast<size_t>(l)];
+      if (t == "sliding_attention") continue;
+      ++compressed;
+      const bool csa = t == "compressed_sparse_attention";
+      const int64_t r = csa ? mc.deepseek_v4.csa_rate : mc.deepseek_v4.hca_rate;
+      CompressedCacheLayer& c = s.cache().compressed_layer(l);
+      EXPECT_EQ(c.compress_rate(), r) << "layer " << l;
+      EXPECT_EQ(c.entry_count(CompressedStream::kCompressor, 0), n / r) << "layer " << l;
+      const KVSpan e = c.compressed(CompressedStream::kCompressor);
+      if (n / r > 0) {
+        EXPECT_EQ(e.k.dim(2), n / r) << "layer " << l;
+        EXPECT_EQ(e.k.dim(3), mc.head_dim) << "layer " << l;
+      }
+      entry_bytes += static_cast<double>((n / r) * mc.head_dim * 4);
+      notes +=
+          4.0 * static_cast<double>(mc.head_dim) * static_cast<double>(n) / static_cast<double>(r);
+      if (csa) {
+        EXPECT_EQ(c.entry_count(CompressedStream::kIndexer, 0), n / r) << "layer " << l;
+        const KVSpan ik = c.compressed(CompressedStream::kIndexer);
+        if (n / r > 0) {
+          EXPECT_EQ(ik.k.dim(3), mc.deepseek_v4.index_head_dim) << "layer " << l;
+        }
+        index_bytes += static_cast<double>((n / r) * mc.deepseek_v4.index_head_dim * 4);
+      }
+    }
+    EXPECT_EQ(compressed, 4);
+    // Where n is a multiple of every rate the entries are exactly b·d·Σ n/r (the notes).
+    if (n % mc.deepseek_v4.csa_rate == 0 && n % mc.deepseek_v4.hca_rate == 0) {
+      EXPECT_EQ(entry_bytes, notes) << n;
+    }
+    PlanOptions o;
+    o.format = parse_kv_format("f32");
+    o.context = n;
+    const PlanResult pr = compute_plan(plan, o);
+    EXPECT_EQ(pr.compressed.entries_bytes, entry_bytes) << "n " << n;
+    EXPECT_EQ(pr.compressed.index_keys, index_bytes) << "n " << n;
   }
 }
 
