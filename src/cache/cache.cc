@@ -294,6 +294,8 @@ void Cache::crop(int64_t n) {
   // A linear layer may refuse (no recording, no snapshot there): before any layer changes.
   for (auto& l : layers_)
     if (auto* lin = dynamic_cast<LinearCacheLayer*>(l.get())) lin->check_crop(n);
+  for (auto& l : layers_)
+    if (auto* c = dynamic_cast<CompressedCacheLayer*>(l.get())) c->check_crop(n);
   invalidate_spans();
   for (auto& l : layers_)
     if (l) l->crop(n);

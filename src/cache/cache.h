@@ -197,7 +197,7 @@ class Cache {
   // Lifecycle over every owning layer; each also forgets the spans shared_kv() would return
   // (they may point at moved data). A failing layer throws; earlier layers have then been
   // changed already: validate arguments (e.g. crop lengths) against one layer first if that
-  // matters. crop() checks every linear layer can go back (LinearStateLayer::check_crop)
+  // matters. crop() checks every linear and compressed layer can go back (check_crop)
   // before it changes any layer.
   void crop(int64_t n);
   void reset();

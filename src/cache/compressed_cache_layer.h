@@ -22,7 +22,11 @@
 // - update_overlap_state(stream, row, chunk) (CSA only, after store_compression_weights and only
 //   when the chunk holds windows): returns the Ca half ([rate, width / 2] of kv and gate) of the
 //   last window folded by an earlier call (empty views when there is none yet) and keeps the Ca
-//   half of the chunk's last window for the next call.
+//   half of the chunk's last window for the next call. Both are raw rows as fed (the dense
+//   container keeps them when store_compression_weights emits the windows, so a chunk the
+//   model biased in place changes nothing): unlike transformers, whose overlap gate already
+//   holds position_bias, the model adds position_bias[:, :width / 2] to the prior's gate as it
+//   does to the chunk's.
 // - update_compressor_states(stream, row, entries) appends the entries the model folded from
 //   that chunk ([n_windows, D], RoPE already applied at position first_window_position + i *
 //   rate); compressed(stream) then returns every batch row's entries as a span (k == v,
@@ -75,6 +79,9 @@ class CompressedCacheLayer : public CacheLayer {
   // Every batch row's entries (k == v); kv_offset 0.
   virtual KVSpan compressed(CompressedStream s) const = 0;
   virtual int64_t entry_count(CompressedStream s, int64_t row) const = 0;
+  // The Error crop(n) would throw, without changing anything (Cache::crop checks every
+  // compressed layer before it changes any layer). Default: crop never refuses.
+  virtual void check_crop(int64_t n) const { (void)n; }
 };
 
 class IndexedCacheLayer : public CacheLayer {

@@ -515,25 +515,22 @@ void CompressedLayer::apply_crop(Stream& st, int64_t row, int64_t length) {
   st.hist_gate[i].resize(static_cast<size_t>((length - hs) * wd));
 }
 
-void CompressedLayer::crop(int64_t n) {
-  const int64_t seq = seq_length();
+namespace {
+// crop(n)'s target length for a layer at `seq`: Error when n drops more than there is.
+int64_t crop_target(int64_t n, int64_t seq, const std::string& where) {
   if (n < 0 && -n > seq) {
     throw Error(ErrorKind::kInvalidArgument,
-                where() + ": crop(" + std::to_string(n) + ") would drop " + std::to_string(-n) +
+                where + ": crop(" + std::to_string(n) + ") would drop " + std::to_string(-n) +
                     " tokens but the layer has seen only " + std::to_string(seq));
   }
-  const int64_t length = n >= 0 ? std::min(n, seq) : seq + n;
-  if (length == 0) {  // always possible, even where the window has moved on
-    reset();
-    return;
-  }
-  if (params_.per_call) {  // a recompute layer holds one call; the next update starts afresh
-    sliding_->crop(length);
-    clear_streams();
-    return;
-  }
-  if (length == seq) return;
-  // Every check before any change: a refused crop leaves the layer as it was.
+  return n >= 0 ? std::min(n, seq) : seq + n;
+}
+}  // namespace
+
+void CompressedLayer::check_crop(int64_t n) const {
+  const int64_t seq = seq_length();
+  const int64_t length = crop_target(n, seq, where());
+  if (length == 0 || length == seq || params_.per_call) return;
   for (int s = 0; s < 2; ++s) {
     const Stream& st = streams_[s];
     if (st.width == 0) continue;
@@ -547,7 +544,35 @@ void CompressedLayer::crop(int64_t n) {
       }
     }
   }
-  sliding_->crop(length);  // its own rule (may refuse, changing nothing)
+  // The window's own rule, asked without cropping it (WindowLayer::crop states the same).
+  if (const auto* w = dynamic_cast<const WindowLayer*>(sliding_.get())) {
+    const int64_t from = w->window_start(length);
+    if (from < w->first_stored_position()) {
+      throw Error(ErrorKind::kOutOfRange,
+                  where() + ": cannot crop to " + std::to_string(length) +
+                      " tokens: a query there needs window keys from position " +
+                      std::to_string(from) + " but the window holds only positions [" +
+                      std::to_string(w->first_stored_position()) + ", " + std::to_string(seq) +
+                      "); call activate_past_recording() before generating tokens you may drop");
+    }
+  }
+}
+
+void CompressedLayer::crop(int64_t n) {
+  const int64_t seq = seq_length();
+  const int64_t length = crop_target(n, seq, where());
+  if (length == 0) {  // always possible, even where the window has moved on
+    reset();
+    return;
+  }
+  if (params_.per_call) {  // a recompute layer holds one call; the next update starts afresh
+    sliding_->crop(length);
+    clear_streams();
+    return;
+  }
+  if (length == seq) return;
+  check_crop(n);           // every check before any change: a refused crop changes nothing
+  sliding_->crop(length);  // cannot refuse now
   for (Stream& st : streams_) {
     st.last_row = -1;
     if (st.width == 0) continue;

@@ -102,6 +102,8 @@ class CompressedLayer final : public CompressedCacheLayer {
   // the rows otherwise (rows at different positions need the paged container).
   KVSpan compressed(CompressedStream s) const override;
   int64_t entry_count(CompressedStream s, int64_t row) const override;
+  // The compressed streams' rule (header comment) and the window's (WindowLayer::crop).
+  void check_crop(int64_t n) const override;
 
   // Inspection (tests): the rows buffered ([len % rate, width] f32), the overlap ([rate,
   // width / 2] f32, ndim 0 when none), the batch, the sliding branch.

@@ -90,6 +90,17 @@ Widths widths(const CompressedLayer& l, CompressedStream s) {
   return s == kComp ? Widths{4, 2} : Widths{6, 3};
 }
 
+// The model's entries for `windows` windows from `fwp`: each window's mean kv row,
+// code(b, window start, c) + 5 (rate - 1), [windows, dim].
+Tensor window_means(int64_t b, int64_t fwp, int64_t windows, int64_t rate, int64_t dim) {
+  Tensor t = Tensor::empty(DType::kF32, {windows, dim});
+  for (int64_t i = 0; i < windows; ++i)
+    for (int64_t c = 0; c < dim; ++c)
+      t.data_as<float>()[i * dim + c] =
+          code(b, fwp + i * rate, c) + 5.0f * static_cast<float>(rate - 1);
+  return t;
+}
+
 // What a forward step of n tokens at `from` expects of one stream (every row alike).
 struct Expect {
   int64_t n;
@@ -140,11 +151,7 @@ void feed(CompressedLayer& l, int64_t batch, int64_t from, int64_t n) {
           EXPECT_TRUE(holds(pr.gate, b, ch.first_window_position - r, r, w.width / 2, -1.0f));
         }
       }
-      Tensor ent = Tensor::empty(DType::kF32, {ch.n_windows, w.dim});
-      for (int64_t i = 0; i < ch.n_windows; ++i)
-        for (int64_t c = 0; c < w.dim; ++c)
-          ent.data_as<float>()[i * w.dim + c] =
-              code(b, ch.first_window_position + i * r, c) + 5.0f * static_cast<float>(r - 1);
+      const Tensor ent = window_means(b, ch.first_window_position, ch.n_windows, r, w.dim);
       l.update_compressor_states(s, b, ent.view());
     }
   }
@@ -216,11 +223,7 @@ void run_table(CompressedLayer& l, int64_t batch, const std::vector<Expect>& ste
             EXPECT_TRUE(holds(pr.gate, b, e.prior * r, r, w.width / 2, -1.0f));
           }
         }
-        Tensor ent = Tensor::empty(DType::kF32, {e.windows, w.dim});
-        for (int64_t i = 0; i < e.windows; ++i)
-          for (int64_t c = 0; c < w.dim; ++c)
-            ent.data_as<float>()[i * w.dim + c] =
-                code(b, e.fwp + i * r, c) + 5.0f * static_cast<float>(r - 1);
+        const Tensor ent = window_means(b, e.fwp, e.windows, r, w.dim);
         l.update_compressor_states(s, b, ent.view());
         EXPECT_TRUE(holds(l.buffer_kv(s, b), b, e.buf_first, e.buf_len, w.width, 1.0f));
         EXPECT_TRUE(holds(l.buffer_gate(s, b), b, e.buf_first, e.buf_len, w.width, -1.0f));
@@ -599,6 +602,24 @@ TEST(CompressedLayer, RecordingCountsItsHistory) {
   // Every row fed since (40 per stream, kv and gate) is kept: at least that many bytes more,
   // on top of the window's growth.
   EXPECT_GE(l->bytes(), before + static_cast<size_t>(40 * 2 * (4 + 6)) * 4);
+}
+
+TEST(CompressedLayer, CacheCropAsksCompressedLayersFirst) {
+  CacheConfig cfg = config(16, 4);
+  cfg.layer_types = {"full_attention", kHca};
+  Cache cache(cfg);
+  auto& hca = dynamic_cast<CompressedLayer&>(cache.compressed_layer(1));
+  Tensor kv = Tensor::zeros(DType::kF32, {1, 1, 10, kD});
+  cache.update(0, kv.view(), kv.view());
+  feed(hca, 1, 0, 10);
+  // The window (16) could go back, the compressed state could not: nothing is cropped.
+  EXPECT_THROW(hca.check_crop(5), Error);
+  EXPECT_THROW(cache.crop(5), Error);
+  EXPECT_EQ(cache.seq_length(0), 10);
+  expect_state(hca, 1, 10);
+  cache.crop(0);
+  EXPECT_EQ(cache.seq_length(0), 0);
+  expect_state(hca, 1, 0);
 }
 
 TEST(CompressedLayer, CacheGivesTheFaces) {
