@@ -2,12 +2,12 @@
 // of D = 512 sharing one K == V head, a 128-token sliding window, the top 512 of the context / 4
 // compressed entries (CSA, rate 4), bf16 storage, one query (decode).
 //
-//   BM_SparseDecode/<context>       the attention: window + k selected entries. Its work is
+//   BM_SparseDecode/csa/<context>   the attention: window + k selected entries. Its work is
 //                                   fixed by W and k, so its time should stay flat from 4K to 64K
 //                                   (the issue: 64K within 1.5x of 4K); only the selected rows
 //                                   are read, scattered in a context / 4 entry series.
-//   BM_SparseDecodePaged/<context>  the same with both spans paged (16 slots a page).
-//   BM_HcaDecode/<context>          HCA: the window and every entry (rate 128), no selection.
+//   BM_SparseDecode/csa_paged/<context>  the same with both spans paged (16 slots a page).
+//   BM_SparseDecode/hca/<context>   HCA: the window and every entry (rate 128), no selection.
 //   BM_IndexerTopk/<context>        the lightning indexer: 64 heads x c = 128 scored against every
 //                                   indexer key (context / 4 of them), then the top 512. Linear in
 //                                   the context by design (DeepSeek's: it is the cheap part that
@@ -82,7 +82,22 @@ struct Series {
   }
 };
 
+// 2 threads (the issue's setting) unless KVCACHE_THREADS says otherwise; before the pool starts.
+void default_threads() {
+  static const bool once = [] {
+    if (!std::getenv("KVCACHE_THREADS")) set_default_threads(2);
+    return true;
+  }();
+  (void)once;
+}
+
+void contexts(benchmark::internal::Benchmark* b) {
+  for (int64_t ctx : {4096, 16384, 65536}) b->Arg(ctx);
+  b->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+}
+
 void BM_SparseDecode(benchmark::State& state, bool paged, bool hca) {
+  default_threads();
   const int64_t ctx = state.range(0), rate = hca ? 128 : kRate, T = ctx / rate;
   const int64_t pos = ctx - 1;  // the query: the context's last token
   Series window(kW, kD, paged, ctx - kW, 1), entries(T, kD, paged, 0, 2);
@@ -113,6 +128,7 @@ void BM_SparseDecode(benchmark::State& state, bool paged, bool hca) {
 }
 
 void BM_IndexerTopk(benchmark::State& state) {
+  default_threads();
   const int64_t ctx = state.range(0), T = ctx / kRate;
   Series keys(T, kC, false, 0, 6);
   std::vector<float> q = random_f32(static_cast<size_t>(kHI * kC), 7);
@@ -133,46 +149,13 @@ void BM_IndexerTopk(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * T * kC * 2);
 }
 
-void register_all() {
-  for (int64_t ctx : {4096, 16384, 65536}) {
-    const std::string c = std::to_string(ctx);
-    benchmark::RegisterBenchmark(("BM_SparseDecode/" + c).c_str(), BM_SparseDecode, false, false)
-        ->Arg(ctx)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->MinTime(0.5);
-  }
-  for (int64_t ctx : {4096, 65536})
-    benchmark::RegisterBenchmark(("BM_SparseDecodePaged/" + std::to_string(ctx)).c_str(),
-                                 BM_SparseDecode, true, false)
-        ->Arg(ctx)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->MinTime(0.5);
-  for (int64_t ctx : {4096, 65536})
-    benchmark::RegisterBenchmark(("BM_HcaDecode/" + std::to_string(ctx)).c_str(), BM_SparseDecode,
-                                 false, true)
-        ->Arg(ctx)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->MinTime(0.5);
-  for (int64_t ctx : {4096, 16384, 65536})
-    benchmark::RegisterBenchmark(("BM_IndexerTopk/" + std::to_string(ctx)).c_str(), BM_IndexerTopk)
-        ->Arg(ctx)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->MinTime(0.5);
-}
+// Dense and paged spans; CSA (rate 4, the top 512) and HCA (rate 128, every entry).
+BENCHMARK_CAPTURE(BM_SparseDecode, csa, false, false)->Apply(contexts);
+BENCHMARK_CAPTURE(BM_SparseDecode, csa_paged, true, false)->Apply(contexts);
+BENCHMARK_CAPTURE(BM_SparseDecode, hca, false, true)->Apply(contexts);
+BENCHMARK(BM_IndexerTopk)->Apply(contexts);
 
 }  // namespace
 }  // namespace kvcache
 
-int main(int argc, char** argv) {
-  if (!std::getenv("KVCACHE_THREADS")) kvcache::set_default_threads(2);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  kvcache::register_all();
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+BENCHMARK_MAIN();

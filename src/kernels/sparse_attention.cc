@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/attention_simd.h"
+#include "kernels/attention_skeleton.h"
 #include "kernels/sparse_attention_internal.h"
 
 namespace kvcache {
@@ -308,7 +309,6 @@ IndexerPlan check_indexer_topk(const char* who, const TensorView& q_index,
 namespace {
 
 constexpr int64_t kTile = 16;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // kt[d * kTile + j] = rows[j][d] for j < n, 0 for n <= j < kTile.
 void transpose_tile(const float* rows, int64_t n, int64_t D, float* kt) {
@@ -325,6 +325,19 @@ void transpose_tile(const float* rows, int64_t n, int64_t D, float* kt) {
 // s[h * kTile + j] = q[h * D ..] . kt[., j] for h < G, all kTile lanes.
 void tile_scores(const float* q, int64_t G, int64_t D, const float* kt, float* s) {
   int64_t h = 0;
+#if KVCACHE_ATTN_AVX512
+  // A zmm holds the tile's 16 keys: 8 heads in registers, one load and 8 broadcasts per d.
+  for (; h + 8 <= G; h += 8) {
+    __m512 a[8];
+    for (auto& r : a) r = _mm512_setzero_ps();
+    const float* q0 = q + h * D;
+    for (int64_t d = 0; d < D; ++d) {
+      const __m512 k = _mm512_loadu_ps(kt + d * kTile);
+      for (int r = 0; r < 8; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(q0[r * D + d]), k, a[r]);
+    }
+    for (int r = 0; r < 8; ++r) _mm512_storeu_ps(s + (h + r) * kTile, a[r]);
+  }
+#endif
 #if KVCACHE_ATTN_AVX2
   for (; h + 4 <= G; h += 4) {
     __m256 a[4][2];
@@ -361,6 +374,24 @@ void tile_pv(const float* p, int64_t G, int64_t n, const float* v, int64_t Dv, f
     const float* p0 = p + h * kTile;
     float* a0 = acc + h * Dv;
     int64_t d = 0;
+#if KVCACHE_ATTN_AVX512
+    // 4 heads x 64 columns in 16 registers: 4 loads and 4 broadcasts per 16 FMAs.
+    for (; d + 64 <= Dv; d += 64) {
+      __m512 a[4][4];
+      for (int r = 0; r < 4; ++r)
+        for (int i = 0; i < 4; ++i) a[r][i] = _mm512_loadu_ps(a0 + r * Dv + d + 16 * i);
+      for (int64_t j = 0; j < n; ++j) {
+        __m512 vv[4];
+        for (int i = 0; i < 4; ++i) {
+          vv[i] = _mm512_loadu_ps(v + j * Dv + d + 16 * i);
+          detail::pin(vv[i]);
+        }
+        detail::pv_step64<4>(p0 + j, kTile, vv, a);
+      }
+      for (int r = 0; r < 4; ++r)
+        for (int i = 0; i < 4; ++i) _mm512_storeu_ps(a0 + r * Dv + d + 16 * i, a[r][i]);
+    }
+#endif
     for (; d + 16 <= Dv; d += 16) {
       __m256 a[4][2];
       for (int r = 0; r < 4; ++r) {
@@ -398,28 +429,13 @@ void tile_pv(const float* p, int64_t G, int64_t n, const float* v, int64_t Dv, f
   }
 }
 
-// One online-softmax step of a head over a tile's n logits in s (overwritten by exp(s - m)).
+// One online-softmax step of a head over a tile's n logits in s (overwritten by exp(s - m)):
+// the fused kernels' update (the SIMD one, or the skeleton's scalar one on a portable build).
 void online_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
 #if KVCACHE_ATTN_AVX2
   detail::softmax_update(s, n, m, l, acc, Dv);
 #else
-  float mt = kNegInf;
-  for (int64_t j = 0; j < n; ++j) mt = std::max(mt, s[j]);
-  if (mt == kNegInf) {
-    std::fill(s, s + n, 0.0f);
-    return;
-  }
-  const float m_new = std::max(m, mt);
-  const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);
-  float sum = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] = std::exp(s[j] - m_new);
-    sum += s[j];
-  }
-  l = l * alpha + sum;
-  if (alpha != 1.0f)
-    for (int64_t d = 0; d < Dv; ++d) acc[d] *= alpha;
-  m = m_new;
+  detail::softmax_update_scalar(s, n, m, l, acc, Dv);
 #endif
 }
 
@@ -610,44 +626,15 @@ namespace {
 constexpr int64_t kQueryGroup = 4;   // queries sharing each packed key tile
 constexpr int64_t kKeyChunk = 1024;  // keys per scoring task
 
-// scores[s] (s < n <= kTile) of one query: sum_h w[h] relu(q[h] . k_s), times scale.
+// scores[s] (s < n <= kTile) of one query: sum_h w[h] relu(q[h] . k_s), times scale (the dot
+// products as the attention's tile_scores computes them, into dots: [H, kTile]).
 void indexer_tile(const float* q, const float* w, int64_t H, int64_t C, const float* kt,
-                  float scale, int64_t n, float* scores) {
-  float out[kTile];
-  int64_t h = 0;
-#if KVCACHE_ATTN_AVX2
-  __m256 sc0 = _mm256_setzero_ps(), sc1 = _mm256_setzero_ps();
-  const __m256 zero = _mm256_setzero_ps();
-  for (; h + 4 <= H; h += 4) {
-    __m256 a[4][2];
-    for (auto& r : a) r[0] = r[1] = _mm256_setzero_ps();
-    const float* q0 = q + h * C;
-    for (int64_t d = 0; d < C; ++d) {
-      const __m256 k0 = _mm256_loadu_ps(kt + d * kTile), k1 = _mm256_loadu_ps(kt + d * kTile + 8);
-      for (int r = 0; r < 4; ++r) {
-        const __m256 qb = _mm256_broadcast_ss(q0 + r * C + d);
-        a[r][0] = _mm256_fmadd_ps(qb, k0, a[r][0]);
-        a[r][1] = _mm256_fmadd_ps(qb, k1, a[r][1]);
-      }
-    }
-    for (int r = 0; r < 4; ++r) {
-      const __m256 wb = _mm256_set1_ps(w[h + r]);
-      sc0 = _mm256_fmadd_ps(wb, _mm256_max_ps(a[r][0], zero), sc0);
-      sc1 = _mm256_fmadd_ps(wb, _mm256_max_ps(a[r][1], zero), sc1);
-    }
-  }
-  _mm256_storeu_ps(out, sc0);
-  _mm256_storeu_ps(out + 8, sc1);
-#else
-  std::fill(out, out + kTile, 0.0f);
-#endif
-  for (; h < H; ++h) {
-    float acc[kTile] = {};
-    const float* qr = q + h * C;
-    for (int64_t d = 0; d < C; ++d)
-      for (int64_t j = 0; j < kTile; ++j) acc[j] = std::fma(qr[d], kt[d * kTile + j], acc[j]);
-    for (int64_t j = 0; j < kTile; ++j) out[j] = std::fma(w[h], std::max(acc[j], 0.0f), out[j]);
-  }
+                  float scale, int64_t n, float* dots, float* scores) {
+  tile_scores(q, H, C, kt, dots);
+  float out[kTile] = {};
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t j = 0; j < kTile; ++j)
+      out[j] = std::fma(w[h], std::max(dots[h * kTile + j], 0.0f), out[j]);
   for (int64_t j = 0; j < n; ++j) {
     const float x = out[j] * scale;
     scores[j] = std::isnan(x) ? kNegInf : x;
@@ -709,9 +696,10 @@ void indexer_topk(const TensorView& q_index, const TensorView& weights, const KV
     }
     pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t i) {
       const Task& tk = tasks[static_cast<size_t>(i)];
-      thread_local std::vector<float> krow, kt;
+      thread_local std::vector<float> krow, kt, dots;
       krow.resize(static_cast<size_t>(kTile * C));
       kt.resize(static_cast<size_t>(kTile * C));
+      dots.resize(static_cast<size_t>(kTile * H));
       for (int64_t s0 = tk.s0; s0 < tk.s1; s0 += kTile) {
         const int64_t n = std::min(kTile, tk.s1 - s0);
         for (int64_t j = 0; j < n; ++j)
@@ -723,7 +711,7 @@ void indexer_topk(const TensorView& q_index, const TensorView& weights, const KV
           if (s0 >= lim) continue;
           float tile[kTile];
           indexer_tile(q_index.ptr_as<const float>(tk.b, t), weights.ptr_as<const float>(tk.b, t),
-                       H, C, kt.data(), params.index_scale, n, tile);
+                       H, C, kt.data(), params.index_scale, n, dots.data(), tile);
           float* row = sc + (tk.b * S + t - q0) * t_max;
           std::copy(tile, tile + std::min(n, lim - s0), row + s0);
         }
