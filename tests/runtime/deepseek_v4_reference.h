@@ -26,6 +26,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numbers>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -59,11 +60,65 @@ struct Config {
   int64_t sliding_window = 128, o_groups = 8, o_lora_rank = 1024;
   int64_t index_n_heads = 64, index_head_dim = 128, index_topk = 512;
   bool tie_word_embeddings = false;
+  int64_t max_position_embeddings = 1048576;
+  // The compress rope's YaRN (rope_parameters / rope_scaling with rope_type "yarn"):
+  // DeepseekV4Config.__post_init__ puts it on the compress rope only, attention_factor 1.0
+  // unless given.
+  bool yarn = false;
+  double yarn_factor = 1.0, beta_fast = 32.0, beta_slow = 1.0, yarn_attention_factor = 1.0;
+  int64_t original_max_position_embeddings = 0;
+  bool yarn_truncate = true;
 
   // DeepseekV4RotaryEmbedding.compute_default_rope_parameters: dim = int(head_dim * factor),
   // the same for "main" and "compress" (and for the indexer, whose rotary reads head_dim too).
   int64_t rope_dim() const {
     return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+  }
+  // The [rope_dim / 2] inverse frequencies and the cos / sin scale of the two rotary embeddings
+  // (DeepseekV4RotaryEmbedding: compute_default_rope_parameters, or _compute_yarn_parameters
+  // of modeling_rope_utils.py on the compress rope).
+  struct Rope {
+    Vec inv_freq;
+    double scale = 1.0;
+  };
+  Rope main_rope() const { return default_rope(rope_theta); }
+  Rope compress_rope() const {
+    Rope r = default_rope(compress_rope_theta);
+    if (!yarn) return r;
+    // YaRN: per pair i, between 1 / (factor * base^(2i/dim)) (interpolated) and base^-(2i/dim)
+    // (extrapolated), with the ramp (i - low) / (high - low) clamped to [0, 1] over the pairs,
+    // low / high from the correction dims of beta_fast / beta_slow rotations at the original
+    // context (floored / ceiled when truncate), clamped to [0, dim - 1].
+    const auto dim = static_cast<double>(rope_dim());
+    const double base = compress_rope_theta,
+                 orig = static_cast<double>(original_max_position_embeddings);
+    auto correction_dim = [&](double rotations) {
+      return dim * std::log(orig / (rotations * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
+    };
+    double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+    if (yarn_truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;
+    for (size_t i = 0; i < r.inv_freq.size(); ++i) {
+      const double extra = r.inv_freq[i], inter = extra / yarn_factor;
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      const double extra_weight = 1.0 - ramp;
+      r.inv_freq[i] = inter * (1.0 - extra_weight) + extra * extra_weight;
+    }
+    r.scale = yarn_attention_factor;
+    return r;
+  }
+  Rope default_rope(double theta) const {
+    Rope r;
+    const int64_t rd = rope_dim();
+    for (int64_t i = 0; i < rd / 2; ++i)
+      r.inv_freq.push_back(1.0 /
+                           std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(rd)));
+    return r;
   }
   const std::string& type(int64_t l) const { return layer_types[static_cast<size_t>(l)]; }
   bool is_csa(int64_t l) const { return type(l) == "compressed_sparse_attention"; }
@@ -162,26 +217,44 @@ inline Config parse_config(const nlohmann::json& j) {
     c.partial_rotary_factor = j["partial_rotary_factor"].get<double>();
   else if (has("qk_rope_head_dim"))
     c.partial_rotary_factor = j["qk_rope_head_dim"].get<double>() / static_cast<double>(c.head_dim);
-  // rope_parameters nested {main, compress} carry the thetas; only the default rope is restated
-  // (yarn on the compress rope is not).
-  if (has("rope_parameters") && j["rope_parameters"].is_object()) {
-    const auto& rp = j["rope_parameters"];
-    for (const char* label : {"main", "compress"}) {
-      if (!rp.contains(label) || !rp[label].is_object()) continue;
-      const auto& p = rp[label];
-      if (p.contains("rope_type") && p["rope_type"] != "default")
-        throw std::runtime_error("reference: only the default rope_type is restated");
-      if (p.contains("rope_theta"))
-        (std::string(label) == "main" ? c.rope_theta : c.compress_rope_theta) =
-            p["rope_theta"].get<double>();
-      if (p.contains("partial_rotary_factor"))
-        c.partial_rotary_factor = p["partial_rotary_factor"].get<double>();
+  get_i("max_position_embeddings", c.max_position_embeddings);
+  // rope_parameters nested {main, compress} carry the thetas (main must be default rope); a
+  // flat rope_parameters / rope_scaling is the compress rope's scaling. Only default and yarn.
+  auto read_scaling = [&](const nlohmann::json& p) {
+    const std::string type = p.value("rope_type", p.value("type", std::string("default")));
+    if (type == "default") return;
+    if (type != "yarn")
+      throw std::runtime_error("reference: rope_type " + type + " is not restated");
+    c.yarn = true;
+    c.yarn_factor = p.at("factor").get<double>();
+    if (p.contains("beta_fast") && !p["beta_fast"].is_null())
+      c.beta_fast = p["beta_fast"].get<double>();
+    if (p.contains("beta_slow") && !p["beta_slow"].is_null())
+      c.beta_slow = p["beta_slow"].get<double>();
+    c.original_max_position_embeddings =
+        p.value("original_max_position_embeddings", c.max_position_embeddings);
+    c.yarn_attention_factor = p.value("attention_factor", 1.0);
+    c.yarn_truncate = p.value("truncate", true);
+  };
+  const char* key = has("rope_parameters") ? "rope_parameters"
+                    : has("rope_scaling")  ? "rope_scaling"
+                                           : nullptr;
+  if (key != nullptr && j[key].is_object()) {
+    const auto& rp = j[key];
+    if (rp.contains("main") && rp["main"].is_object() && rp.contains("compress") &&
+        rp["compress"].is_object()) {
+      const auto& m = rp["main"];
+      if (m.value("rope_type", std::string("default")) != "default")
+        throw std::runtime_error("reference: the main rope is default rope in DeepSeek-V4");
+      c.rope_theta = m.value("rope_theta", c.rope_theta);
+      c.compress_rope_theta = rp["compress"].value("rope_theta", c.compress_rope_theta);
+      if (m.contains("partial_rotary_factor"))
+        c.partial_rotary_factor = m["partial_rotary_factor"].get<double>();
+      read_scaling(rp["compress"]);
+    } else {
+      read_scaling(rp);
     }
-    if (rp.contains("rope_type") && rp["rope_type"] != "default")
-      throw std::runtime_error("reference: only the default rope_type is restated");
   }
-  if (has("rope_scaling"))
-    throw std::runtime_error("reference: rope_scaling (yarn) is not restated");
   return c;
 }
 
@@ -344,16 +417,18 @@ inline void rms_norm_rows(Vec& x, int64_t n, const Vec* w, double eps) {
 }
 
 // apply_rotary_pos_emb: interleaved RoPE on the trailing rd channels of x[dim]: pair i is
-// channels (dim-rd+2i, dim-rd+2i+1), angle pos * theta^(-2i/rd); x*cos + rotate_half(x)*sin with
-// rotate_half(a, b) = (-b, a). sign -1 is the output de-rotation (cos, -sin).
-inline void rope(double* x, int64_t dim, int64_t rd, double pos, double theta, double sign = 1) {
-  double* r = x + (dim - rd);
+// channels (dim-rd+2i, dim-rd+2i+1), angle pos * inv_freq[i]; x*cos + rotate_half(x)*sin with
+// rotate_half(a, b) = (-b, a), cos and sin times the rope's scale. sign -1 is the output
+// de-rotation (cos, -sin).
+inline void rope(double* x, int64_t dim, int64_t rd, double pos, const Config::Rope& r,
+                 double sign = 1) {
+  double* y = x + (dim - rd);
   for (int64_t i = 0; i < rd / 2; ++i) {
-    const double inv = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(rd));
-    const double c = std::cos(pos * inv), s = sign * std::sin(pos * inv);
-    const double a = r[2 * i], b = r[2 * i + 1];
-    r[2 * i] = a * c - b * s;
-    r[2 * i + 1] = b * c + a * s;
+    const double inv = r.inv_freq[static_cast<size_t>(i)];
+    const double c = r.scale * std::cos(pos * inv), s = r.scale * sign * std::sin(pos * inv);
+    const double a = y[2 * i], b = y[2 * i + 1];
+    y[2 * i] = a * c - b * s;
+    y[2 * i + 1] = b * c + a * s;
   }
 }
 
@@ -592,8 +667,7 @@ class Reference {
         out[ix(w, ch, dim)] = acc / sum;
       }
       rms_norm(&out[ix(w, 0, dim)], dim, &norm_w, c_.rms_norm_eps);
-      rope(&out[ix(w, 0, dim)], dim, c_.rope_dim(), static_cast<double>(w * m),
-           c_.compress_rope_theta);
+      rope(&out[ix(w, 0, dim)], dim, c_.rope_dim(), static_cast<double>(w * m), compress_rope_);
     }
     return out;
   }
@@ -603,7 +677,7 @@ class Reference {
     const int64_t D = c_.hidden_size, H = c_.num_attention_heads, hd = c_.head_dim;
     const int64_t rd = c_.rope_dim();
     const bool compressed = c_.rate(l) > 0;
-    const double theta = compressed ? c_.compress_rope_theta : c_.rope_theta;
+    const Config::Rope& theta = compressed ? compress_rope_ : main_rope_;
     // q_residual = q_a_norm(q_a_proj(h)); q = q_b_norm(q_b_proj(q_residual)) per head; RoPE.
     Vec qr = linear(h, S, get(p + "q_a_proj.weight"), c_.q_lora_rank);
     rms_norm_rows(qr, c_.q_lora_rank, &get(p + "q_a_norm.weight"), c_.rms_norm_eps);
@@ -703,7 +777,7 @@ class Reference {
     for (int64_t t = 0; t < S; ++t)
       for (int64_t hh = 0; hh < nh; ++hh)
         rope(&q[static_cast<size_t>((t * nh + hh) * ihd)], ihd, c_.rope_dim(),
-             static_cast<double>(t), c_.compress_rope_theta);
+             static_cast<double>(t), compress_rope_);
     const Vec hw = linear(h, S, get(p + "scorer.weights_proj.weight"), nh);
     const double softmax_scale = 1.0 / std::sqrt(static_cast<double>(ihd));
     const double weights_scale = 1.0 / std::sqrt(static_cast<double>(nh));
@@ -802,6 +876,7 @@ class Reference {
   }
 
   Config c_;
+  Config::Rope main_rope_ = c_.main_rope(), compress_rope_ = c_.compress_rope();
   Weights w_;
   Faults f_;
   mutable Stats stats_;
@@ -828,6 +903,8 @@ struct TinySpec {
   double routed_scaling_factor = 1.5, swiglu_limit = 1.5;
   double rope_theta = 10000.0, compress_rope_theta = 160000.0, rms_norm_eps = 1e-6;
   bool legacy_keys = false;
+  // > 0: YaRN on the compress rope (rope_parameters, original context 64, max_position 256).
+  double yarn_factor = 0;
   std::string matrix_dtype = "F32";   // or "BF16" (vectors stay F32)
   std::string tid2eid_dtype = "I64";  // transformers' buffer is torch.long
   uint64_t seed = 7;
@@ -897,6 +974,14 @@ inline Tiny make_tiny(const TinySpec& s) {
     j["partial_rotary_factor"] = static_cast<double>(s.rope_dim) / static_cast<double>(s.head_dim);
   }
 
+  if (s.yarn_factor > 0) {
+    j["max_position_embeddings"] = 256;
+    j["rope_parameters"] = {{"rope_type", "yarn"},
+                            {"factor", s.yarn_factor},
+                            {"beta_fast", 32.0},
+                            {"beta_slow", 1.0},
+                            {"original_max_position_embeddings", 64}};
+  }
   std::mt19937_64 rng(s.seed);
   std::normal_distribution<double> normal(0.0, 1.0);
   Weights& w = tiny.weights;
