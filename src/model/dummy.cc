@@ -161,9 +161,10 @@ const char* hf_preset_json(const std::string& name) {
   if (name == "deepseekv4-tiny") {
     // DeepseekV4ForCausalLM: layers sliding, CSA, HCA, CSA, HCA (rates 4 and 8, window 8, so
     // short prompts emit and evict); one K==V head of 32 with RoPE on its last 8 dims, 4 query
-    // heads through q_lora 32, output in 2 groups of rank 16, sinks; the indexer 2 heads x 16
-    // keeping the top 3 entries (fewer than a 24-token prompt's 6 CSA entries); YaRN on the
-    // compress rope (attention factor 1); 2 hyper-connection streams; MoE 2 of 4 experts,
+    // heads through q_lora 32, output in 2 groups of rank 16, sinks; the indexer 8 heads x 16
+    // keeping the top 3 entries (fewer than a 24-token prompt's 6 CSA entries); default RoPE
+    // on both thetas (the independent reference restates only that; YaRN on the compress rope
+    // is a config test); 2 hyper-connection streams; MoE 2 of 4 experts,
     // hash-routed on layer 0, sqrtsoftplus scores, swiglu_limit 0.3 (reached by these weights).
     return R"({"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
       "hidden_size": 64, "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 1,
@@ -172,17 +173,14 @@ const char* hf_preset_json(const std::string& name) {
                       "heavily_compressed_attention", "compressed_sparse_attention",
                       "heavily_compressed_attention"],
       "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-      "sliding_window": 8, "index_n_heads": 2, "index_head_dim": 16, "index_topk": 3,
+      "sliding_window": 8, "index_n_heads": 8, "index_head_dim": 16, "index_topk": 3,
       "hc_mult": 2, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
       "mlp_layer_types": ["hash_moe", "moe", "moe", "moe", "moe"],
       "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
       "n_shared_experts": 1, "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5,
       "swiglu_limit": 0.3, "hidden_act": "silu", "vocab_size": 512,
       "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-      "compress_rope_theta": 160000.0,
-      "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                          "original_max_position_embeddings": 64},
-      "tie_word_embeddings": false, "bos_token_id": 2, "eos_token_id": 1})";
+      "compress_rope_theta": 160000.0, "tie_word_embeddings": false, "bos_token_id": 2, "eos_token_id": 1})";
   }
   return nullptr;
 }

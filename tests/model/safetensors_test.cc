@@ -295,11 +295,22 @@ TEST(Safetensors, BadFiles) {
   write_file(st, huge);
   expect_error([&] { open_model_file(d.str()); }, {st, "header length"});
 
-  // Unsupported dtype (F64; I64 and I32 are read as exact floats): a header written by hand.
+  // Unsupported dtype: write an F64 tensor header by hand.
   std::string hdr = "{\"x\": {\"dtype\": \"F64\", \"shape\": [1], \"data_offsets\": [0, 8]}}";
   uint64_t hn = hdr.size();
   write_file(st, std::string(reinterpret_cast<const char*>(&hn), 8) + hdr + std::string(8, '\0'));
-  expect_error([&] { SafetensorsFile::open(st); }, {st, "'x'", "F64", "supported"});
+  expect_error([&] { SafetensorsFile::open(st); }, {st, "'x'", "F64"});
+  // I64 (DeepSeek-V4's tid2eid) is read as exact floats; past 2^24 it is refused.
+  hdr = "{\"x\": {\"dtype\": \"I64\", \"shape\": [1], \"data_offsets\": [0, 8]}}";
+  hn = hdr.size();
+  int64_t big = (int64_t{1} << 24) + 1;
+  write_file(st, std::string(reinterpret_cast<const char*>(&hn), 8) + hdr +
+                     std::string(reinterpret_cast<const char*>(&big), 8));
+  expect_error([&] { SafetensorsFile::open(st); }, {st, "'x'", "2^24"});
+  big = -3;
+  write_file(st, std::string(reinterpret_cast<const char*>(&hn), 8) + hdr +
+                     std::string(reinterpret_cast<const char*>(&big), 8));
+  EXPECT_EQ(SafetensorsFile::open(st)->tensors().at("x").data_as<float>()[0], -3.0f);
   // Offsets that disagree with the shape.
   hdr = "{\"x\": {\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [0, 8]}}";
   hn = hdr.size();

@@ -74,7 +74,7 @@ TEST(DeepseekV4Family, PresetConfig) {
   EXPECT_EQ(v.q_lora_rank, 32);
   EXPECT_EQ(v.o_groups, 2);
   EXPECT_EQ(v.o_lora_rank, 16);
-  EXPECT_EQ(v.index_n_heads, 2);
+  EXPECT_EQ(v.index_n_heads, 8);
   EXPECT_EQ(v.index_head_dim, 16);
   EXPECT_EQ(v.index_topk, 3);
   EXPECT_EQ(v.hc_mult, 2);
@@ -87,9 +87,7 @@ TEST(DeepseekV4Family, PresetConfig) {
   EXPECT_EQ(c.moe.expert_hidden_dim, 32);
   EXPECT_FLOAT_EQ(c.rope_theta, 10000.0f);
   EXPECT_FLOAT_EQ(v.compress_rope_theta, 160000.0f);
-  // YaRN on the compress rope only, with attention_factor forced to 1 (DeepseekV4Config).
-  EXPECT_EQ(v.compress_freq_factors.size(), 4u);
-  EXPECT_FLOAT_EQ(v.compress_attention_factor, 1.0f);
+  EXPECT_TRUE(v.compress_freq_factors.empty());
   EXPECT_TRUE(c.rope_freq_factors.empty());
   EXPECT_TRUE(c.attn_sinks);
   EXPECT_FLOAT_EQ(c.query_scale, 1.0f / std::sqrt(32.0f));
@@ -164,6 +162,21 @@ TEST(DeepseekV4Family, LegacyKeysFoldIn) {
   EXPECT_EQ(d.rope_dim(), 16);
   EXPECT_EQ(d.deepseek_v4.hash_layers, (std::vector<char>{0, 1, 0, 0, 0, 0}));
   EXPECT_EQ(d.deepseek_v4.scoring, V4Scoring::kSigmoid);
+  // A flat rope_parameters scales the compress rope only; YaRN there gets attention_factor 1
+  // unless given (DeepseekV4Config.__post_init__); a nested one is taken as given.
+  const ModelConfig y =
+      parse_hf_config(v4_json(R"("rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+          "original_max_position_embeddings": 64},)"),
+                      "y.json");
+  EXPECT_EQ(y.deepseek_v4.compress_freq_factors.size(), static_cast<size_t>(y.rope_dim() / 2));
+  EXPECT_FLOAT_EQ(y.deepseek_v4.compress_attention_factor, 1.0f);
+  EXPECT_TRUE(y.rope_freq_factors.empty());
+  const ModelConfig n = parse_hf_config(
+      v4_json(R"("rope_parameters": {"main": {"rope_type": "default", "rope_theta": 10000.0},
+          "compress": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 160000.0,
+          "original_max_position_embeddings": 64}},)"),
+      "n.json");
+  EXPECT_GT(n.deepseek_v4.compress_attention_factor, 1.1f);  // 0.1 ln(4) + 1, derived
 }
 
 TEST(DeepseekV4Family, BadValuesAreRefusedByName) {
@@ -230,8 +243,8 @@ TEST(DeepseekV4Family, TensorNamesAndShapes) {
       {"model.layers.1.self_attn.compressor.indexer.gate_proj.weight", Shape{32, 64}},
       {"model.layers.1.self_attn.compressor.indexer.position_bias", Shape{4, 32}},
       {"model.layers.1.self_attn.compressor.indexer.kv_norm.weight", Shape{16}},
-      {"model.layers.1.self_attn.compressor.indexer.q_b_proj.weight", Shape{32, 32}},
-      {"model.layers.1.self_attn.compressor.indexer.scorer.weights_proj.weight", Shape{2, 64}},
+      {"model.layers.1.self_attn.compressor.indexer.q_b_proj.weight", Shape{128, 32}},
+      {"model.layers.1.self_attn.compressor.indexer.scorer.weights_proj.weight", Shape{8, 64}},
       {"model.layers.2.self_attn.compressor.kv_proj.weight", Shape{32, 64}},
       {"model.layers.2.self_attn.compressor.position_bias", Shape{8, 32}},
   };
