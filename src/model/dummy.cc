@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -242,7 +243,17 @@ std::string build_dummy_hf(const DummyModelOptions& o) {
   const std::string path =
       dir + "/dummy-" + o.preset + "-" + dtype_name(wt) + "-s" + std::to_string(o.seed);
   std::error_code ec;
-  if (fs::exists(fs::path(path) / "model.safetensors", ec)) return path;  // deterministic: reuse
+  const std::string config_json = std::string(hf_preset_json(o.preset)) + "\n";
+  bool stale = false;
+  if (fs::exists(fs::path(path) / "model.safetensors", ec)) {
+    // Deterministic content: reuse, unless the folder was built from an older definition of the
+    // preset (its config.json differs), which is rebuilt rather than served.
+    std::ifstream in(path + "/config.json", std::ios::binary);
+    std::stringstream held;
+    held << in.rdbuf();
+    if (held.str() == config_json) return path;
+    stale = true;
+  }
   fs::create_directories(dir, ec);
   std::vector<Tensor> owned;
   std::vector<std::pair<std::string, TensorView>> views;
@@ -301,9 +312,10 @@ std::string build_dummy_hf(const DummyModelOptions& o) {
   write_safetensors(tmp + "/model.safetensors", views, {}, int64_tensors);
   {
     std::ofstream f(tmp + "/config.json", std::ios::binary | std::ios::trunc);
-    f << hf_preset_json(o.preset) << "\n";
+    f << config_json;
     if (!f) throw Error(ErrorKind::kIo, tmp + "/config.json: write failed");
   }
+  if (stale) fs::remove_all(path, ec);
   fs::rename(tmp, path, ec);
   if (ec) {
     fs::remove_all(tmp, ec);

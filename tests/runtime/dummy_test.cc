@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 
@@ -133,6 +135,30 @@ TEST(DummyModel, LastLogitsEqualTheAllLogitsRowBitForBit) {
       }
     }
   }
+}
+
+// A cached Hugging Face folder built from an older definition of its preset (another
+// config.json) is rebuilt, not loaded: a changed preset never serves stale weights.
+TEST(DummyModel, FolderOfAnOlderPresetDefinitionIsRebuilt) {
+  DummyModelOptions o;
+  o.preset = "deepseekv4-tiny";
+  o.weight_dtype = DType::kF32;
+  o.cache_dir = testing_util::process_scratch().file("dummy-stale");
+  const std::string folder = build_dummy_model(o);
+  const std::string config = folder + "/config.json";
+  std::string fresh;
+  {
+    std::ifstream in(config, std::ios::binary);
+    fresh.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  {
+    std::ofstream out(config, std::ios::binary | std::ios::trunc);
+    out << "{\"model_type\": \"deepseek_v4\", \"index_n_heads\": 2}\n";
+  }
+  EXPECT_EQ(build_dummy_model(o), folder);
+  std::ifstream in(config, std::ios::binary);
+  const std::string now((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(now, fresh);
 }
 
 TEST(DummyModel, UnknownPresetIsAnError) {
