@@ -36,8 +36,7 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
   sc.snapshot_every_blocks = o.snapshot_every_blocks;
   sc.max_snapshots = o.max_snapshots;
   sc.compressed = o.compressed;
-  // DeepSeek-V4's attention passes one view as k and v on every layer: K pages only.
-  sc.shared_kv = o.shared_kv || model.deepseek_v4.enabled();
+  sc.shared_kv = o.shared_kv;
   // Constant per running sequence and per snapshot: billed before any block.
   plan.linear_bytes_per_sequence = paged_linear_bytes_per_sequence(sc);
   plan.linear_state_bytes = predict_linear_state_bytes(sc);

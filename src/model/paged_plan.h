@@ -41,7 +41,7 @@ struct PagedPlanOptions {
   // (entry blocks per rate), indexer pages, K-only pages; the compressors' state is billed per
   // slot with the linear state (linear_slots sequences).
   CompressedShape compressed = {};
-  bool shared_kv = false;
+  bool shared_kv = false;  // K==V layers (CacheConfig::KVContent::kSharedKV): K pages only
 };
 
 struct PagedMemoryPlan {

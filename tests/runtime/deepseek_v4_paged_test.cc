@@ -46,7 +46,10 @@ TEST(DeepseekV4PagedPlan, PredictsTheStoreExactly) {
     po.kv_dtype = DType::kF32;
     po.max_tokens_per_step = 64;
     po.max_cached_tokens = 256;
-    po.compressed = model_cache_config(c, {}).compressed;
+    const CacheConfig cc = model_cache_config(c, {});
+    ASSERT_EQ(cc.kv_content, CacheConfig::KVContent::kSharedKV) << "DeepSeek-V4 is K==V";
+    po.compressed = cc.compressed;
+    po.shared_kv = cc.kv_content == CacheConfig::KVContent::kSharedKV;  // as engine.cc does
     po.linear_slots = 5;
     const PagedMemoryPlan plan = plan_paged_memory(c, po);
     EXPECT_TRUE(plan.store.shared_kv) << "DeepSeek-V4's layers are all K==V";
