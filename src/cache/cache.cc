@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "cache/compressed_cache_layer.h"
+#include "cache/layer_state.h"
 #include "cache/linear_state_layer.h"
 #include "core/error.h"
 
@@ -56,7 +57,9 @@ std::unique_ptr<CacheLayer> LayerRegistry::create(const std::string& implementat
   return it->second(config, layer_index);
 }
 
-Cache::Cache(const CacheConfig& config) : config_(config) {
+Cache::Cache(const CacheConfig& config_in) : config_(config_in) {
+  config_.context = std::make_shared<CacheContext>();
+  const CacheConfig& config = config_;  // every factory sees this cache's context
   const auto n = static_cast<int>(config.layer_types.size());
   if (n == 0) {
     throw Error(ErrorKind::kInvalidArgument,
@@ -341,6 +344,48 @@ void Cache::offload(int layer) {
 }
 void Cache::prefetch(int layer) {
   this->layer(source_layer(layer)).prefetch();
+}
+
+size_t Cache::offloaded_bytes() const {
+  size_t total = 0;
+  for (const auto& l : layers_)
+    if (l) total += l->offloaded_bytes();
+  return total;
+}
+
+void CacheLayer::save(StateWriter&) const {
+  throw Error(ErrorKind::kUnsupported, "the '" + std::string(name()) +
+                                           "' container cannot be saved to a session file");
+}
+
+void CacheLayer::load(StateReader&) {
+  throw Error(ErrorKind::kUnsupported, "the '" + std::string(name()) +
+                                           "' container cannot be restored from a session file");
+}
+
+void Cache::save(StateWriter& out) const {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (!layers_[i]) continue;
+    out.i64(static_cast<int64_t>(i));
+    out.str(layers_[i]->name());
+    layers_[i]->save(out);
+  }
+}
+
+void Cache::load(StateReader& in) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (!layers_[i]) continue;
+    const int64_t index = in.i64();
+    const std::string name = in.str(256);
+    if (index != static_cast<int64_t>(i) || name != layers_[i]->name()) {
+      throw Error(ErrorKind::kFormat, "saved cache has layer " + std::to_string(index) + " (" +
+                                          name + ") where this cache has layer " +
+                                          std::to_string(i) + " (" +
+                                          std::string(layers_[i]->name()) + ")");
+    }
+    layers_[i]->load(in);
+  }
+  invalidate_spans();
 }
 
 size_t Cache::bytes() const {

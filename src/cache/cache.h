@@ -61,6 +61,32 @@ struct LinearStateOptions {
   int64_t auto_snapshots = 0;
 };
 
+// Options of the "offloaded" containers (cache/offloaded_layer.h): transformers' OffloadedCache
+// (Cache(offloading=True)) on a CPU. The offloaded tier is a file per layer in `dir` (unlinked
+// at creation: nothing is left behind); at most two offloaded layers are resident at once.
+struct OffloadOptions {
+  std::string dir;               // where the layer files go; empty: $TMPDIR or /tmp
+  bool only_non_sliding = true;  // transformers' default: sliding/chunked layers stay resident
+};
+
+// Per-Cache objects that the layers of one Cache share (the offloaded containers' resident slots
+// and copier, ...): the Cache creates one context and hands it to every factory through
+// CacheConfig::context, so that a container family keeps its shared state without a central
+// switch and two caches never share it.
+class CacheContext {
+ public:
+  // The object stored under `key`, made by make() on first use.
+  template <typename T, typename Make>
+  T& get(const std::string& key, Make make) {
+    auto& slot = items_[key];
+    if (!slot) slot = std::shared_ptr<T>(make());
+    return *static_cast<T*>(slot.get());
+  }
+
+ private:
+  std::map<std::string, std::shared_ptr<void>> items_;
+};
+
 // What a user chooses of a cache; CacheConfig adds what the model dictates. Every container
 // reads the common fields; a family's own struct (paged, quantized) is read by that family
 // only, so its options need no prefix and no other container has to know them.
@@ -73,6 +99,7 @@ struct CacheOptions {
   PagedOptions paged = {};
   QuantizedOptions quantized = {};
   LinearStateOptions linear_state = {};
+  OffloadOptions offload = {};
 };
 
 // The state of one "linear_attention" layer (Gated DeltaNet, Qwen3-Next) per batch row: the
@@ -115,6 +142,8 @@ struct CacheConfig {
   // Read by the "linear_attention" containers only (cache/linear_state_layer.h).
   LinearStateShape linear = {};
   CompressedShape compressed = {};
+  // Set by the Cache before it builds its layers (one per Cache; see CacheContext).
+  std::shared_ptr<CacheContext> context = nullptr;
 };
 
 // Builds one layer of the given cache implementation and layer type.
@@ -153,6 +182,10 @@ class Cache {
   const CacheConfig& config() const { return config_; }
 
   // The update of an owning layer. A shared layer refuses it: see shared_kv().
+  // Offloadable layers (CacheLayer::offloadable) are driven as transformers' Cache.update does
+  // with offloading: before layer l's update, the previous offloadable layer (cyclically) is
+  // offloaded and the next one (cyclically: the last layer prefetches the first for the next
+  // step) is prefetched, so its copy overlaps layer l's compute.
   KVSpan update(int layer, const TensorView& k, const TensorView& v);
   // Model code's one call per attention layer: update() for an owning layer; for a shared
   // layer, which stores nothing, its source's latest span (shared_kv(); k and v, which the
@@ -211,7 +244,14 @@ class Cache {
   void offload(int layer);
   void prefetch(int layer);
 
-  size_t bytes() const;  // sum over the layers that own storage
+  size_t bytes() const;  // sum over the layers that own storage (resident bytes)
+  size_t offloaded_bytes() const;  // sum of the layers' offloaded_bytes()
+
+  // Every owning layer's save()/load(), each framed by its index and registry name (load
+  // checks both, Error(kFormat) naming the first that differs). load() expects a cache of the
+  // same config, fresh or reset.
+  void save(StateWriter& out) const;
+  void load(StateReader& in);
   // The layer object; Error for a shared layer (it owns none: see source_layer()).
   CacheLayer& layer(int layer);
   const CacheLayer& layer(int layer) const;

@@ -20,6 +20,9 @@
 
 namespace kvcache {
 
+class StateWriter;  // cache/layer_state.h
+class StateReader;
+
 // What the attention mask must cover for the next update of `query_len` tokens: the span
 // update() will return has kv_length keys, the first at absolute position kv_offset.
 // Call it BEFORE update(), as transformers' get_mask_sizes is called while building masks.
@@ -78,12 +81,26 @@ class CacheLayer {
   // containers whose memory is fixed at construction or bounded by a window.
   virtual void reserve(int64_t tokens) { (void)tokens; }
 
-  // Tiering hooks: no-ops unless the container moves memory between tiers.
+  // Tiering hooks (transformers' CacheLayerMixin.offload / prefetch): no-ops unless the container
+  // moves memory between tiers (cache/offloaded_layer.h). prefetch() starts bringing the layer's
+  // K/V back to the resident tier without waiting (update() waits); offload() gives the resident
+  // copy up (the layer's last span is then invalid). offloadable(): the Cache drives the hooks
+  // for this layer around its updates (see Cache::update).
   virtual void offload() {}
   virtual void prefetch() {}
+  virtual bool offloadable() const { return false; }
 
   // Exact resident bytes of everything this layer owns (storage, workspaces, metadata arrays).
   virtual size_t bytes() const = 0;
+  // Bytes this layer keeps on a lower tier (disk), not counted in bytes(). 0 unless offloaded.
+  virtual size_t offloaded_bytes() const { return 0; }
+
+  // Session save / restore (cache/layer_state.h): writes everything needed to continue from
+  // here; load() restores it into a layer of the same registry name and configuration (a fresh
+  // or reset one), checking every field first (Error(kFormat) naming the layer and what
+  // differs). Containers that cannot be saved throw Error(kUnsupported) naming themselves.
+  virtual void save(StateWriter& out) const;
+  virtual void load(StateReader& in);
   virtual CopyStats stats() const { return {}; }
   // The registry name of this container, e.g. "dynamic/full_attention".
   virtual std::string_view name() const = 0;

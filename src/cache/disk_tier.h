@@ -1,0 +1,98 @@
+// DiskTier: the prefix cache's tier below RAM (`serve --kv-disk DIR --kv-disk-budget 20GiB`),
+// as LMCache's local-disk backend and SGLang's HiCache keep evicted prefixes one tier down.
+//
+// What it stores: full prefix blocks that the block pool evicted by LRU (their content is copied
+// out before the block is reused, then written behind on a TierCopier thread), one file per
+// block and layer group:
+//     DIR/<layout fingerprint hex>/<block key hex>.kvb
+// The layout fingerprint (DiskTierOptions::fingerprint) folds in the model's fingerprint
+// (model/fingerprint.h), the KV dtype, the page layout (layers, heads, head dims, groups) and
+// block_tokens: a different model, dtype or layout never finds another's blocks. The block key
+// is the pool's hash chain (cache/block_pool.h: parent key, group, salt, tokens), so a tenant's
+// salt separates its blocks on disk as in RAM.
+//
+// File format (little-endian), version 1:
+//   magic "KVCBLK01" | u32 version | fingerprint (16 B) | key (16 B) | parent (16 B) |
+//   u32 group | u32 block_tokens | i32 tokens[block_tokens] | u64 payload bytes | payload |
+//   checksum: BLAKE2b-128 of everything before it (16 B)
+// The payload is the block's pages of every page-owning layer of its group, in layer order, K
+// then V (K only for K==V layers), each [H_kv, block_tokens, D] in the storage dtype.
+//
+// A hit reads the file back and checks magic, version, fingerprint, key, tokens, size and
+// checksum before anything is copied into a live block: a corrupt or truncated file is a miss
+// (counted in stats().corrupt, the file removed), never wrong output. The budget is enforced on
+// the sum of file sizes: storing past it removes least recently used files first (a hit
+// refreshes a block). Restarting with the same directory rebuilds the index from the files
+// (their headers), so the hits survive; files of other fingerprints are left alone.
+//
+// Thread-safety: store() and lookup()/load() are called by the one runtime thread; the writes
+// run on the copier's thread. Writes that cannot be queued (more than max_pending_bytes in
+// flight) are dropped and counted: the request path never waits for the disk.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "cache/block_pool.h"
+#include "core/digest.h"
+
+namespace kvcache {
+
+struct DiskTierOptions {
+  std::string dir;                  // created if missing
+  uint64_t budget_bytes = 0;        // > 0: the most the tier's files may take
+  Digest128 fingerprint;            // the layout fingerprint (see above)
+  int32_t block_tokens = 0;         // tokens per block
+  uint64_t max_pending_bytes = 256ull << 20;  // write-behind in flight before drops
+};
+
+struct DiskTierStats {
+  int64_t blocks = 0;            // files indexed now
+  uint64_t bytes = 0;            // their total size (<= budget)
+  int64_t stored = 0;            // blocks written
+  int64_t dropped = 0;           // writes dropped (too much in flight, or a write error)
+  int64_t hits = 0;              // blocks read back and verified
+  int64_t misses = 0;            // lookups that found no file
+  int64_t corrupt = 0;           // files refused on read (checksum, size, header): misses too
+  int64_t evicted = 0;           // files removed to stay within the budget
+  uint64_t bytes_written = 0, bytes_read = 0;
+  double read_seconds = 0;       // time spent reading hits (on the caller's thread)
+};
+
+class DiskTier {
+ public:
+  // Scans options.dir/<fingerprint hex>/ and indexes the files found (oldest mtime first in the
+  // LRU); Error(kIo) when the directory cannot be created or read, Error(kInvalidArgument) for a
+  // zero budget or block size.
+  explicit DiskTier(const DiskTierOptions& options);
+  ~DiskTier();  // waits for the writes in flight
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  // Write-behind of one evicted block: copies `payload` (the concatenated pages, see above) and
+  // the tokens now, writes on the copier thread. false: dropped (counted). A key already on
+  // disk is not written again (its LRU position is refreshed).
+  bool store(const BlockKey& key, const BlockKey& parent, int32_t group,
+             std::span<const int32_t> tokens, std::span<const std::byte> payload);
+  // Whether a file for (key, group) is indexed (no I/O; the read may still find it corrupt).
+  bool contains(const BlockKey& key, int32_t group) const;
+  // Reads the block into `payload` (exactly the stored size) after checking everything listed
+  // above against `key`, `group` and `tokens`. false: a miss (absent, or corrupt: counted and
+  // removed); payload's content is then unspecified and must not be used.
+  bool load(const BlockKey& key, int32_t group, std::span<const int32_t> tokens,
+            std::span<std::byte> payload);
+  // Waits for every queued write (tests, shutdown).
+  void flush();
+  DiskTierStats stats() const;
+  const DiskTierOptions& options() const { return options_; }
+
+ private:
+  struct Impl;
+  DiskTierOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvcache
