@@ -572,6 +572,7 @@ namespace {
 // type): its span must stay valid after its update, so such a layer is never offloaded.
 bool read_by_shared_layers(const CacheConfig& config, int layer_index) {
   const auto n = static_cast<int>(config.layer_types.size());
+  if (config.num_kv_shared_layers <= 0 || config.num_kv_shared_layers >= n) return false;
   const int first_shared = n - config.num_kv_shared_layers;
   for (int i = first_shared; i < n; ++i) {
     for (int j = first_shared - 1; j >= 0; --j) {
@@ -585,14 +586,15 @@ bool read_by_shared_layers(const CacheConfig& config, int layer_index) {
 }
 
 // A layer that stays resident: the dynamic or static container of its type, as registered.
-std::unique_ptr<CacheLayer> resident(const CacheConfig& config, int layer_index, bool fixed) {
-  const std::string& type = config.layer_types[static_cast<size_t>(layer_index)];
+std::unique_ptr<CacheLayer> resident(const CacheConfig& config, int layer_index, bool fixed,
+                                     const char* type) {
   return LayerRegistry::create(fixed ? "static" : "dynamic", type, config, layer_index);
 }
 
 template <bool kFixed>
 std::unique_ptr<CacheLayer> make_offloaded_full(const CacheConfig& config, int layer_index) {
-  if (read_by_shared_layers(config, layer_index)) return resident(config, layer_index, kFixed);
+  if (read_by_shared_layers(config, layer_index))
+    return resident(config, layer_index, kFixed, "full_attention");
   OffloadedLayerParams p;
   p.name = kFixed ? "offloaded_static/full_attention" : "offloaded/full_attention";
   p.layer_index = layer_index;
@@ -606,25 +608,28 @@ std::unique_ptr<CacheLayer> make_offloaded_full(const CacheConfig& config, int l
   return std::make_unique<OffloadedLayer>(std::move(p), OffloadPool::of(config));
 }
 
+constexpr char kSliding[] = "sliding_attention";
+constexpr char kChunked[] = "chunked_attention";
+constexpr char kLinear[] = "linear_attention";
+
 // Sliding and chunked layers hold a bounded window: transformers' only_non_sliding keeps them
 // resident, and so do we.
-template <bool kFixed>
+template <bool kFixed, const char* kType>
 std::unique_ptr<CacheLayer> make_resident_window(const CacheConfig& config, int layer_index) {
   if (!config.options.offload.only_non_sliding) {
     throw Error(ErrorKind::kUnsupported,
-                "layer " + std::to_string(layer_index) + " (" +
-                    config.layer_types[static_cast<size_t>(layer_index)] +
+                "layer " + std::to_string(layer_index) + " (" + kType +
                     "): offloading sliding and chunked layers (OffloadOptions::only_non_sliding "
                     "= false) is not implemented; their windows are bounded, keep them resident "
                     "(only_non_sliding = true, the default)");
   }
-  return resident(config, layer_index, kFixed);
+  return resident(config, layer_index, kFixed, kType);
 }
 
 // Linear-attention state is a fixed size per sequence: it stays resident.
 template <bool kFixed>
 std::unique_ptr<CacheLayer> make_resident_state(const CacheConfig& config, int layer_index) {
-  return resident(config, layer_index, kFixed);
+  return resident(config, layer_index, kFixed, kLinear);
 }
 
 }  // namespace
@@ -632,17 +637,17 @@ std::unique_ptr<CacheLayer> make_resident_state(const CacheConfig& config, int l
 KVCACHE_REGISTER_LAYER(offloaded_full, "offloaded", "full_attention", make_offloaded_full<false>);
 KVCACHE_REGISTER_LAYER(offloaded_static_full, "offloaded_static", "full_attention",
                        make_offloaded_full<true>);
-KVCACHE_REGISTER_LAYER(offloaded_sliding, "offloaded", "sliding_attention",
-                       make_resident_window<false>);
-KVCACHE_REGISTER_LAYER(offloaded_static_sliding, "offloaded_static", "sliding_attention",
-                       make_resident_window<true>);
-KVCACHE_REGISTER_LAYER(offloaded_chunked, "offloaded", "chunked_attention",
-                       make_resident_window<false>);
-KVCACHE_REGISTER_LAYER(offloaded_static_chunked, "offloaded_static", "chunked_attention",
-                       make_resident_window<true>);
-KVCACHE_REGISTER_LAYER(offloaded_linear, "offloaded", "linear_attention",
+KVCACHE_REGISTER_LAYER(offloaded_sliding, "offloaded", kSliding,
+                       (make_resident_window<false, kSliding>));
+KVCACHE_REGISTER_LAYER(offloaded_static_sliding, "offloaded_static", kSliding,
+                       (make_resident_window<true, kSliding>));
+KVCACHE_REGISTER_LAYER(offloaded_chunked, "offloaded", kChunked,
+                       (make_resident_window<false, kChunked>));
+KVCACHE_REGISTER_LAYER(offloaded_static_chunked, "offloaded_static", kChunked,
+                       (make_resident_window<true, kChunked>));
+KVCACHE_REGISTER_LAYER(offloaded_linear, "offloaded", kLinear,
                        make_resident_state<false>);
-KVCACHE_REGISTER_LAYER(offloaded_static_linear, "offloaded_static", "linear_attention",
+KVCACHE_REGISTER_LAYER(offloaded_static_linear, "offloaded_static", kLinear,
                        make_resident_state<true>);
 
 }  // namespace kvcache
