@@ -164,8 +164,8 @@ KVSpan Cache::update(int layer, const TensorView& k, const TensorView& v) {
     // and the next one (the first, after the last) starts reading into it while this one
     // computes. Its own prefetch was queued by the update before.
     const auto n = offloadable_.size();
-    const auto i = static_cast<size_t>(
-        std::find(offloadable_.begin(), offloadable_.end(), layer) - offloadable_.begin());
+    const auto i = static_cast<size_t>(std::find(offloadable_.begin(), offloadable_.end(), layer) -
+                                       offloadable_.begin());
     const int prev = offloadable_[(i + n - 1) % n], next = offloadable_[(i + 1) % n];
     layers_[static_cast<size_t>(prev)]->offload();
     last_span_[static_cast<size_t>(prev)] = KVSpan{};
@@ -371,13 +371,13 @@ size_t Cache::offloaded_bytes() const {
 }
 
 void CacheLayer::save(StateWriter&) const {
-  throw Error(ErrorKind::kUnsupported, "the '" + std::string(name()) +
-                                           "' container cannot be saved to a session file");
+  throw Error(ErrorKind::kUnsupported,
+              "the '" + std::string(name()) + "' container cannot be saved to a session file");
 }
 
 void CacheLayer::load(StateReader&) {
-  throw Error(ErrorKind::kUnsupported, "the '" + std::string(name()) +
-                                           "' container cannot be restored from a session file");
+  throw Error(ErrorKind::kUnsupported,
+              "the '" + std::string(name()) + "' container cannot be restored from a session file");
 }
 
 void Cache::save(StateWriter& out) const {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache/layer_state.h"
 #include "core/error.h"
 #include "core/fault.h"
 
@@ -185,8 +186,7 @@ int64_t OffloadedLayer::check_update(const TensorView& k, const TensorView& v) c
                     "--max-cache-len to at least " + std::to_string(seq_ + n) +
                     " or use --cache offloaded");
   }
-  const int64_t rows_allowed =
-      fd_ >= 0 && params_.fixed ? batch_cap_ : params_.max_batch_size;
+  const int64_t rows_allowed = fd_ >= 0 && params_.fixed ? batch_cap_ : params_.max_batch_size;
   if (rows_allowed > 0 && k.dim(0) > rows_allowed) {
     throw Error(ErrorKind::kOutOfRange, where() + ": batch " + std::to_string(k.dim(0)) +
                                             " exceeds the " + std::to_string(rows_allowed) +
@@ -362,8 +362,8 @@ void OffloadedLayer::queue_write_behind(int64_t t0, int64_t t1) {
     std::lock_guard<std::mutex> lock(io_mu_);
     if (write_error_.empty()) write_error_ = error;
   };
-  s.last_job = pool_->copier().submit(Tier::kHost, Tier::kDisk, total, std::move(run),
-                                      std::move(done));
+  s.last_job =
+      pool_->copier().submit(Tier::kHost, Tier::kDisk, total, std::move(run), std::move(done));
 }
 
 // ---- update --------------------------------------------------------------------------------
@@ -403,38 +403,37 @@ KVSpan OffloadedLayer::update(const TensorView& k, const TensorView& v) {
 
 // ---- rare ops: through the file -----------------------------------------------------------
 
+// Moves the live K/V between the file and contiguous [B, H_kv, S, D] tensors, one run per
+// (row, head): read (file -> tensors) or write (tensors -> file), on the calling thread.
+void OffloadedLayer::transfer(bool write, const Tensor& k, const Tensor& v) {
+  const std::string label = file_label();
+  const size_t krun = static_cast<size_t>(seq_ * dk_) * elt();
+  const size_t vrun = static_cast<size_t>(seq_ * dv_) * elt();
+  auto move = [&](uint64_t offset, const Tensor& t, size_t i, size_t run) {
+    auto* p = static_cast<uint8_t*>(t.data()) + i * run;
+    if (write)
+      write_exact(fd_, offset, p, run, label);
+    else
+      read_exact(fd_, offset, p, run, label);
+  };
+  for (int64_t b = 0; b < batch_; ++b)
+    for (int64_t h = 0; h < heads_; ++h) {
+      const auto i = static_cast<size_t>(b * heads_ + h);
+      move(k_offset(b, h, 0), k, i, krun);
+      if (!params_.shared_kv) move(v_offset(b, h, 0), v, i, vrun);
+    }
+}
+
 void OffloadedLayer::materialize(Tensor* k, Tensor* v) {
   pool_->copier().drain();  // the written-behind tokens are in the file
   throw_if_broken();
   *k = Tensor::empty(dtype_, {batch_, heads_, seq_, dk_});
   if (!params_.shared_kv) *v = Tensor::empty(dtype_, {batch_, heads_, seq_, dv_});
-  const std::string label = file_label();
-  const size_t krun = static_cast<size_t>(seq_ * dk_) * elt();
-  const size_t vrun = static_cast<size_t>(seq_ * dv_) * elt();
-  for (int64_t b = 0; b < batch_; ++b)
-    for (int64_t h = 0; h < heads_; ++h) {
-      const auto i = static_cast<size_t>(b * heads_ + h);
-      read_exact(fd_, k_offset(b, h, 0), static_cast<uint8_t*>(k->data()) + i * krun, krun,
-                 label);
-      if (!params_.shared_kv)
-        read_exact(fd_, v_offset(b, h, 0), static_cast<uint8_t*>(v->data()) + i * vrun, vrun,
-                   label);
-    }
+  transfer(/*write=*/false, *k, *v);
 }
 
 void OffloadedLayer::rewrite(const Tensor& k, const Tensor& v) {
-  const std::string label = file_label();
-  const size_t krun = static_cast<size_t>(seq_ * dk_) * elt();
-  const size_t vrun = static_cast<size_t>(seq_ * dv_) * elt();
-  for (int64_t b = 0; b < batch_; ++b)
-    for (int64_t h = 0; h < heads_; ++h) {
-      const auto i = static_cast<size_t>(b * heads_ + h);
-      write_exact(fd_, k_offset(b, h, 0), static_cast<const uint8_t*>(k.data()) + i * krun, krun,
-                  label);
-      if (!params_.shared_kv)
-        write_exact(fd_, v_offset(b, h, 0), static_cast<const uint8_t*>(v.data()) + i * vrun,
-                    vrun, label);
-    }
+  transfer(/*write=*/true, k, v);
 }
 
 void OffloadedLayer::grow(int64_t capacity) {
@@ -459,10 +458,9 @@ void OffloadedLayer::gather_rows(std::span<const int64_t> rows, const char* op) 
   }
   const auto new_batch = static_cast<int64_t>(rows.size());
   if (params_.fixed && new_batch > batch_cap_) {
-    throw Error(ErrorKind::kOutOfRange, where() + ": " + op + " needs " +
-                                            std::to_string(new_batch) + " rows but " +
-                                            std::to_string(batch_cap_) +
-                                            " are preallocated; raise --max-batch-size");
+    throw Error(ErrorKind::kOutOfRange,
+                where() + ": " + op + " needs " + std::to_string(new_batch) + " rows but " +
+                    std::to_string(batch_cap_) + " are preallocated; raise --max-batch-size");
   }
   Tensor k, v;
   if (seq_ > 0) materialize(&k, &v);
@@ -558,6 +556,74 @@ size_t OffloadedLayer::offloaded_bytes() const {
   return static_cast<size_t>(batch_ * heads_ * seq_) * token_dims() * elt();
 }
 
+void OffloadedLayer::save(StateWriter& out) const {
+  out.i64(fd_ >= 0 ? 1 : 0);
+  if (fd_ < 0) return;
+  out.i64(batch_);
+  out.i64(heads_);
+  out.i64(dk_);
+  out.i64(dv_);
+  out.u32(static_cast<uint32_t>(dtype_));
+  out.i64(seq_);
+  if (seq_ == 0) return;
+  Tensor k, v;
+  // The written-behind tokens must be in the file: materialize drains the copier (a const
+  // method's side effect on the copier only; the layer's content is unchanged).
+  const_cast<OffloadedLayer*>(this)->materialize(&k, &v);
+  out.view(k.view());
+  if (!params_.shared_kv) out.view(v.view());
+}
+
+void OffloadedLayer::load(StateReader& in) {
+  auto bad = [&](const std::string& what) {
+    throw Error(ErrorKind::kFormat, where() + ": saved state does not fit: " + what);
+  };
+  if (seq_ != 0) bad("load() needs an empty layer (fresh or reset); this one holds tokens");
+  if (in.i64() == 0) return;
+  const int64_t batch = in.i64(), heads = in.i64(), dk = in.i64(), dv = in.i64();
+  const uint32_t dt = in.u32();
+  const int64_t seq = in.i64();
+  if (batch < 1 || heads < 1 || dk < 1 || dv < 1 || seq < 0 || dt > 2)
+    bad("shape [" + std::to_string(batch) + ", " + std::to_string(heads) + ", " +
+        std::to_string(seq) + ", " + std::to_string(dk) + "/" + std::to_string(dv) + "] or dtype " +
+        std::to_string(dt) + " is invalid (damaged file?)");
+  const auto dtype = static_cast<DType>(dt);
+  if (params_.kv_dtype && *params_.kv_dtype != dtype)
+    bad(std::string("saved dtype ") + dtype_name(dtype) + ", this cache stores " +
+        dtype_name(*params_.kv_dtype));
+  if (params_.shared_kv && dk != dv) bad("K == V needs equal head dims");
+  if (fd_ >= 0 && (heads != heads_ || dk != dk_ || dv != dv_ || dtype != dtype_))
+    bad("saved " + std::to_string(heads) + " heads x " + std::to_string(dk) + "/" +
+        std::to_string(dv) + " " + dtype_name(dtype) + ", this layer has " +
+        std::to_string(heads_) + " x " + std::to_string(dk_) + "/" + std::to_string(dv_) + " " +
+        dtype_name(dtype_));
+  if (params_.fixed && seq > params_.max_cache_len)
+    bad(std::to_string(seq) + " tokens saved, max_cache_len is " +
+        std::to_string(params_.max_cache_len));
+  const int64_t rows = fd_ >= 0 && params_.fixed ? batch_cap_ : params_.max_batch_size;
+  if (rows > 0 && batch > rows)
+    bad(std::to_string(batch) + " rows saved, " + std::to_string(rows) + " allowed");
+  Tensor k = Tensor::empty(dtype, {batch, heads, seq, dk});
+  Tensor v = params_.shared_kv ? Tensor() : Tensor::empty(dtype, {batch, heads, seq, dv});
+  if (seq > 0) {
+    in.view(k.view());
+    if (!params_.shared_kv) in.view(v.view());
+  }
+  // Everything read and checked: now the layer changes.
+  if (fd_ < 0) {
+    initialize(k.view(), params_.shared_kv ? k.view() : v.view(), seq);
+  } else {
+    pool_->copier().drain();
+    release_slot();
+    cached_slot_ = -1;
+    batch_ = batch;
+    batch_cap_ = std::max(batch_cap_, batch);
+    if (!params_.fixed) cap_ = std::max(cap_, seq);
+  }
+  seq_ = seq;
+  if (seq > 0) rewrite(k, v);
+}
+
 void OffloadedLayer::close_file_for_testing() {
   pool_->copier().drain();
   if (fd_ >= 0) ::close(fd_);
@@ -576,7 +642,8 @@ bool read_by_shared_layers(const CacheConfig& config, int layer_index) {
   const int first_shared = n - config.num_kv_shared_layers;
   for (int i = first_shared; i < n; ++i) {
     for (int j = first_shared - 1; j >= 0; --j) {
-      if (config.layer_types[static_cast<size_t>(j)] == config.layer_types[static_cast<size_t>(i)]) {
+      if (config.layer_types[static_cast<size_t>(j)] ==
+          config.layer_types[static_cast<size_t>(i)]) {
         if (j == layer_index) return true;
         break;
       }
@@ -645,8 +712,7 @@ KVCACHE_REGISTER_LAYER(offloaded_chunked, "offloaded", kChunked,
                        (make_resident_window<false, kChunked>));
 KVCACHE_REGISTER_LAYER(offloaded_static_chunked, "offloaded_static", kChunked,
                        (make_resident_window<true, kChunked>));
-KVCACHE_REGISTER_LAYER(offloaded_linear, "offloaded", kLinear,
-                       make_resident_state<false>);
+KVCACHE_REGISTER_LAYER(offloaded_linear, "offloaded", kLinear, make_resident_state<false>);
 KVCACHE_REGISTER_LAYER(offloaded_static_linear, "offloaded_static", kLinear,
                        make_resident_state<true>);
 

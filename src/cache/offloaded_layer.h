@@ -63,11 +63,11 @@ class OffloadPool {
  public:
   static constexpr int kSlots = 2;
   struct Slot {
-    Tensor buffer;                          // grown as needed, never shrunk, reused by holders
-    OffloadedLayer* holder = nullptr;       // the layer resident in it now
-    const OffloadedLayer* last = nullptr;   // the latest holder: its content may still be there
-    uint64_t last_use = 0;                  // LRU clock
-    TierCopier::Ticket last_job = 0;        // the latest copier job reading or writing it
+    Tensor buffer;                         // grown as needed, never shrunk, reused by holders
+    OffloadedLayer* holder = nullptr;      // the layer resident in it now
+    const OffloadedLayer* last = nullptr;  // the latest holder: its content may still be there
+    uint64_t last_use = 0;                 // LRU clock
+    TierCopier::Ticket last_job = 0;       // the latest copier job reading or writing it
   };
 
   // The pool of the cache `config` belongs to (CacheConfig::context).
@@ -132,6 +132,11 @@ class OffloadedLayer final : public CacheLayer {
   size_t bytes() const override;
   size_t offloaded_bytes() const override;
   std::string_view name() const override { return params_.name; }
+  // Session files: the shape, dtype and length, then the live K and V ([B, H_kv, S, D] each,
+  // row-major, from the file). load() needs an empty layer (fresh or reset) and checks every
+  // field against its configuration before it changes anything.
+  void save(StateWriter& out) const override;
+  void load(StateReader& in) override;
 
   bool resident() const { return slot_ >= 0; }
   int64_t capacity() const { return cap_; }  // tokens per row in the file and the slot
@@ -154,10 +159,10 @@ class OffloadedLayer final : public CacheLayer {
   std::string file_label() const;
   void throw_if_broken() const;
 
-  void acquire();             // takes a slot, queues the read (see the header comment)
-  void make_resident();       // acquire() if needed, then waits for the slot's content
-  void wait_ready();          // waits for ready_; Error(kIo) when the read failed
-  void release_slot();        // offload() without the checks
+  void acquire();        // takes a slot, queues the read (see the header comment)
+  void make_resident();  // acquire() if needed, then waits for the slot's content
+  void wait_ready();     // waits for ready_; Error(kIo) when the read failed
+  void release_slot();   // offload() without the checks
   TierCopier::Ticket queue_read(uint8_t* base);
   void queue_write_behind(int64_t t0, int64_t t1);
 
@@ -165,29 +170,30 @@ class OffloadedLayer final : public CacheLayer {
   // write-behind drained), and writing such tensors back whole at the current layout.
   void materialize(Tensor* k, Tensor* v);
   void rewrite(const Tensor& k, const Tensor& v);
+  void transfer(bool write, const Tensor& k, const Tensor& v);
   void gather_rows(std::span<const int64_t> rows, const char* op);
   void grow(int64_t capacity);
 
   OffloadedLayerParams params_;
   std::shared_ptr<OffloadPool> pool_;
   int fd_ = -1;
-  std::string path_;         // for messages (the file itself is unlinked)
-  int64_t batch_ = 0;        // live rows
-  int64_t batch_cap_ = 0;    // rows laid out in the file and the slot
+  std::string path_;       // for messages (the file itself is unlinked)
+  int64_t batch_ = 0;      // live rows
+  int64_t batch_cap_ = 0;  // rows laid out in the file and the slot
   int64_t heads_ = 0, dk_ = 0, dv_ = 0;
   DType dtype_ = DType::kF32;
-  int64_t cap_ = 0;          // tokens per (row, head) in the layout
-  int64_t seq_ = 0;          // tokens stored
-  int64_t reserved_ = 0;     // the largest reserve() (dynamic)
-  int slot_ = -1;            // the slot held, -1 when offloaded
-  int cached_slot_ = -1;     // the slot given up last with this layer's content still in it
+  int64_t cap_ = 0;               // tokens per (row, head) in the layout
+  int64_t seq_ = 0;               // tokens stored
+  int64_t reserved_ = 0;          // the largest reserve() (dynamic)
+  int slot_ = -1;                 // the slot held, -1 when offloaded
+  int cached_slot_ = -1;          // the slot given up last with this layer's content still in it
   TierCopier::Ticket ready_ = 0;  // the job after which the slot holds this layer's content
   uint64_t read_gen_ = 0;         // reads queued so far (errors are matched by generation)
 
-  mutable std::mutex io_mu_;    // the copier thread reports failures here
+  mutable std::mutex io_mu_;  // the copier thread reports failures here
   uint64_t failed_read_gen_ = 0;
   std::string read_error_;
-  std::string write_error_;     // sticky until reset()
+  std::string write_error_;  // sticky until reset()
 };
 
 }  // namespace kvcache

@@ -132,7 +132,8 @@ std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& conf
           const double per = 1.0 / static_cast<double>(n * params.repetitions);
           r.read_bytes_per_token +=
               static_cast<double>(io.from_disk.bytes - io0.from_disk.bytes) * per;
-          r.read_us_per_token += static_cast<double>(io.from_disk.ns - io0.from_disk.ns) * 1e-3 * per;
+          r.read_us_per_token +=
+              static_cast<double>(io.from_disk.ns - io0.from_disk.ns) * 1e-3 * per;
           r.write_us_per_token += static_cast<double>(io.to_disk.ns - io0.to_disk.ns) * 1e-3 * per;
           r.wait_us_per_token += static_cast<double>(io.wait_ns - io0.wait_ns) * 1e-3 * per;
         }

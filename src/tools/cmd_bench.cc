@@ -149,9 +149,8 @@ void run_bench_cmd(BenchOptions& o) {
           std::fprintf(stderr,
                        "%s %s: offloaded %zu bytes; per token: read %.0f bytes in %.1f us, "
                        "wrote in %.1f us, compute waited %.1f us\n",
-                       b.cache.c_str(), b.name().c_str(), b.offloaded_bytes,
-                       b.read_bytes_per_token, b.read_us_per_token, b.write_us_per_token,
-                       b.wait_us_per_token);
+                       b.cache.c_str(), b.name().c_str(), b.offloaded_bytes, b.read_bytes_per_token,
+                       b.read_us_per_token, b.write_us_per_token, b.wait_us_per_token);
         }
       }
     }

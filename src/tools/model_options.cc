@@ -29,12 +29,12 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option(
       "--tokenizer", o.tokenizer,
       "Tokenizer file (default: tokenizer.bin / tok512.bin beside a llama2.c checkpoint)");
-  cmd->add_option(
-      "--cache", o.cache,
-      "Cache implementation (transformers' names): dynamic, static, paged, quantized, "
-      "offloaded, offloaded_static, ...");
+  cmd->add_option("--cache", o.cache,
+                  "Cache implementation (transformers' names): dynamic, static, paged, quantized, "
+                  "offloaded, offloaded_static, ...");
   cmd->add_option("--max-cache-len", o.max_cache_len,
-                  "Capacity in tokens of --cache static and offloaded_static, and of the paged pool without --kv-budget "
+                  "Capacity in tokens of --cache static and offloaded_static, and of the paged "
+                  "pool without --kv-budget "
                   "(default: context "
                   "length)");
   cmd->add_option("--kernel", o.kernel,

@@ -147,7 +147,8 @@ std::optional<std::string> capacity(const Given& g) {
   return no_effect(
       g, situation(g),
       "a dynamic, offloaded or quantized cache grows as it needs, with no capacity; it is the "
-      "capacity of --cache static and offloaded_static, and of the paged cache (--cache paged, serve, batch) when no --kv-budget "
+      "capacity of --cache static and offloaded_static, and of the paged cache (--cache paged, "
+      "serve, batch) when no --kv-budget "
       "is given");
 }
 

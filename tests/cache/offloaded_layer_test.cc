@@ -2,15 +2,18 @@
 // stream through a Cache of each gives bit-identical spans at every update, with at most two
 // offloaded layers resident at any time, exact bytes(), the files' bytes in offloaded_bytes(),
 // the lifecycle ops, and I/O failures as Errors.
+#include "cache/offloaded_layer.h"
+
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cache/cache.h"
-#include "cache/offloaded_layer.h"
+#include "cache/layer_state.h"
 #include "cache_test_util.h"
 #include "core/error.h"
 #include "core/fault.h"
@@ -116,7 +119,8 @@ TEST_P(Offloaded, SpansEqualTheResidentCacheAndTwoLayersAtMostAreResident) {
   EXPECT_EQ(sum, 2 * slot);
   // offloaded_bytes(): every layer's live K/V in its file.
   const int64_t S = 47;
-  EXPECT_EQ(got.offloaded_bytes(), static_cast<size_t>(5 * g.batch * g.heads * S * (g.dk + g.dv) * 2));
+  EXPECT_EQ(got.offloaded_bytes(),
+            static_cast<size_t>(5 * g.batch * g.heads * S * (g.dk + g.dv) * 2));
   EXPECT_EQ(want.offloaded_bytes(), 0u);
   // The files are unlinked: nothing is left in the directory.
   EXPECT_TRUE(fs::is_empty(offload_dir()));
@@ -189,8 +193,7 @@ TEST_P(Offloaded, ReadFailureIsAnErrorAndTheCacheStaysUsable) {
       FAIL() << "no error";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kIo);
-      EXPECT_NE(std::string(e.what()).find("injected read failure"), std::string::npos)
-          << e.what();
+      EXPECT_NE(std::string(e.what()).find("injected read failure"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("layer 1"), std::string::npos) << e.what();
     }
     EXPECT_EQ(got.seq_length(1), 7);  // unchanged
@@ -287,6 +290,44 @@ TEST_P(Offloaded, MlaLatentsAndSharedKV) {
     // K only: half the bytes.
     EXPECT_EQ(got.offloaded_bytes(), static_cast<size_t>(3 * g.batch * g.heads * 8 * g.dk * 2));
   }
+}
+
+struct Bytes : StateWriter, StateReader {
+  std::vector<uint8_t> data;
+  size_t at = 0;
+  void write(const void* p, size_t n) override {
+    data.insert(data.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+  }
+  void read(void* p, size_t n) override {
+    if (at + n > data.size()) throw Error(ErrorKind::kFormat, "session file ends early");
+    std::memcpy(p, data.data() + at, n);
+    at += n;
+  }
+};
+
+TEST_P(Offloaded, SaveThenLoadContinuesAsTheSavedCache) {
+  const std::vector<std::string> types(3, "full_attention");
+  Cache want(config(resident(), types)), got(config(impl(), types));
+  std::mt19937 rng(11);
+  const Geometry g;
+  feed(want, got, {6, 1, 1}, g, rng);
+  Bytes file;
+  got.save(file);
+  Cache restored(config(impl(), types));
+  restored.load(file);
+  EXPECT_EQ(file.at, file.data.size());
+  EXPECT_EQ(restored.seq_length(), 8);
+  EXPECT_EQ(restored.offloaded_bytes(), got.offloaded_bytes());
+  feed(want, restored, {1, 2, 1}, g, rng);
+  // A layer holding tokens refuses, and so does a cache of another dtype, before any change.
+  file.at = 0;
+  EXPECT_THROW(restored.load(file), Error);
+  CacheConfig f32 = config(impl(), types);
+  f32.options.kv_dtype = DType::kF32;
+  Cache other(f32);
+  file.at = 0;
+  EXPECT_THROW(other.load(file), Error);
+  EXPECT_EQ(other.seq_length(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Storage, Offloaded, ::testing::Bool(),
