@@ -324,6 +324,8 @@ const OptionRule kRules[] = {
     {kGenerate | kLogits | kBench | kBatch | kConvert, "--output", nullptr},
     {kGenerate, "--verify", nullptr},
     {kGenerate, "--verify-tol", verify_tolerance},
+    {kGenerate, "--save-session", nullptr},
+    {kGenerate, "--load-session", nullptr},
     // bench (its --cache is a list, checked above)
     {kBench, "--n-prompt", bench_tests},
     {kBench, "--n-gen", bench_tests},
