@@ -111,10 +111,15 @@ uint64_t SessionFileWriter::commit() {
 }
 
 void SessionFileReader::read(void* data, size_t n) {
+  std::memcpy(data, take(n), n);
+}
+
+const uint8_t* SessionFileReader::take(size_t n) {
   if (n > end_ - offset_)
     throw Error(ErrorKind::kFormat, "session file " + path_ + " ends early (truncated?)");
-  std::memcpy(data, bytes_.data() + offset_, n);
+  const uint8_t* p = bytes_.data() + offset_;
   offset_ += n;
+  return p;
 }
 
 SessionFileReader::SessionFileReader(const std::string& path, bool verify) : path_(path) {

@@ -56,6 +56,8 @@ class SessionFileReader : public StateReader {
                      const std::string& kv_dtype,
                      const std::vector<std::string>& layer_types) const;
   void read(void* data, size_t n) override;
+  // The next n bytes in place (valid while the reader lives); Error(kFormat) like read().
+  const uint8_t* take(size_t n);
   // Error(kFormat) unless the payload was read exactly to its end.
   void expect_end() const;
   const std::string& path() const { return path_; }

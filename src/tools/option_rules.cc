@@ -342,6 +342,7 @@ const OptionRule kRules[] = {
     {kEngine, "--max-snapshots", hybrid_snapshots},
     {kServe, "--host", nullptr},
     {kServe, "--port", nullptr},
+    {kServe, "--slot-save-path", nullptr},
     {kServe, "--api-key", nullptr},
     {kServe, "--served-model-name", nullptr},
     {kServe, "--default-max-tokens", nullptr},
