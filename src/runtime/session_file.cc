@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 
 #include "cache/layer_state.h"
@@ -117,25 +116,22 @@ void SessionFileReader::read(void* data, size_t n) {
 const uint8_t* SessionFileReader::take(size_t n) {
   if (n > end_ - offset_)
     throw Error(ErrorKind::kFormat, "session file " + path_ + " ends early (truncated?)");
-  const uint8_t* p = bytes_.data() + offset_;
+  const uint8_t* p = bytes_ + offset_;
   offset_ += n;
   return p;
 }
 
 SessionFileReader::SessionFileReader(const std::string& path, bool verify) : path_(path) {
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f) throw Error(ErrorKind::kIo, "cannot open session file " + path);
-  const auto size = static_cast<size_t>(f.tellg());
-  bytes_.resize(size);
-  f.seekg(0);
-  if (size > 0 &&
-      !f.read(reinterpret_cast<char*>(bytes_.data()), static_cast<std::streamsize>(size)))
-    throw Error(ErrorKind::kIo, "cannot read session file " + path);
+  if (!std::filesystem::is_regular_file(path))
+    throw Error(ErrorKind::kIo, "cannot open session file " + path);
+  file_ = MappedFile(path);
+  bytes_ = reinterpret_cast<const uint8_t*>(file_.data());
+  const size_t size = file_.size();
   end_ = size;
   char magic[sizeof(kMagic)] = {};
   if (size < sizeof(kMagic) + 4 + kDigestBytes ||
-      (std::memcpy(magic, bytes_.data(), sizeof(kMagic)), std::memcmp(magic, kMagic, 8) != 0)) {
-    if (size >= sizeof(kMagic) && std::memcmp(bytes_.data(), kMagic, 8) == 0)
+      (std::memcpy(magic, bytes_, sizeof(kMagic)), std::memcmp(magic, kMagic, 8) != 0)) {
+    if (size >= sizeof(kMagic) && std::memcmp(bytes_, kMagic, 8) == 0)
       throw Error(ErrorKind::kFormat,
                   "session file " + path + " is truncated (" + std::to_string(size) + " bytes)");
     throw Error(ErrorKind::kFormat, path + " is not a kvcache session file (no KVCSESS magic)");
@@ -152,7 +148,7 @@ SessionFileReader::SessionFileReader(const std::string& path, bool verify) : pat
                                         std::to_string(info_.version));
   end_ = size - kDigestBytes;
   if (verify) {
-    const Digest128 want = digest128(bytes_.data(), end_);
+    const Digest128 want = digest128(bytes_, end_);
     Digest128 got;
     for (int i = 0; i < 8; ++i) got.hi |= static_cast<uint64_t>(bytes_[end_ + i]) << (8 * i);
     for (int i = 0; i < 8; ++i) got.lo |= static_cast<uint64_t>(bytes_[end_ + 8 + i]) << (8 * i);

@@ -12,6 +12,7 @@
 
 #include "cache/layer_state.h"
 #include "core/digest.h"
+#include "model/mapped_file.h"
 #include "runtime/session_file.h"
 
 namespace kvcache {
@@ -45,7 +46,7 @@ class SessionFileWriter : public StateWriter {
 
 class SessionFileReader : public StateReader {
  public:
-  // Reads the whole file and its header; verify: the checksum too (Error(kFormat) when it
+  // Maps the whole file and reads its header; verify: the checksum too (Error(kFormat) when it
   // does not match). Error(kIo) when the file cannot be read.
   SessionFileReader(const std::string& path, bool verify);
 
@@ -64,7 +65,8 @@ class SessionFileReader : public StateReader {
 
  private:
   std::string path_;
-  std::vector<uint8_t> bytes_;
+  MappedFile file_;  // mapped, not copied: restore reads the page cache once
+  const uint8_t* bytes_ = nullptr;
   size_t offset_ = 0;
   size_t end_ = 0;  // the payload's end (the checksum follows)
   SessionFileInfo info_;
