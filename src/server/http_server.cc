@@ -518,10 +518,10 @@ void HttpServer::install_slots() {
                            : e.kind() == ErrorKind::kUnsupported ? 501
                            : e.kind() == ErrorKind::kIo          ? (save ? 500 : 404)
                                                                  : 400;
-        r = {status,
-             error_body(e.what(),
-                        status >= 500 && status != 501 ? "server_error" : "invalid_request_error",
-                        "")};
+        const char* type = status == 501   ? "not_supported_error"
+                           : status >= 500 ? "server_error"
+                                           : "invalid_request_error";
+        r = {status, error_body(e.what(), type, "")};
       } catch (const std::exception& e) {
         r = {500, error_body(e.what(), "server_error", "")};
       }
