@@ -88,6 +88,13 @@ TEST(SessionFile, RestoreEqualsUninterruptedDenseContainers) {
   SessionConfig f16;
   f16.cache.kv_dtype = DType::kF16;
   expect_restore_equals_uninterrupted(model, f16, 20, 30, "dynamic f16");
+  SessionConfig quantized;  // packed blocks and a residual both hold tokens at the save
+  quantized.cache.implementation = "quantized";
+  quantized.cache.quantized.group = 4;
+  quantized.cache.quantized.residual = 8;
+  expect_restore_equals_uninterrupted(model, quantized, 23, 40, "quantized");
+  quantized.sliding_window_override = 8;
+  expect_restore_equals_uninterrupted(model, quantized, 23, 40, "quantized sliding");
 }
 
 TEST(SessionFile, RestoreEqualsUninterruptedMixedAndLinearLayers) {
