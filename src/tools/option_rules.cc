@@ -336,6 +336,8 @@ const OptionRule kRules[] = {
     {kGenerate | kLogits | kBench | kBatch | kConvert, "--output", nullptr},
     {kGenerate, "--verify", nullptr},
     {kGenerate, "--verify-tol", verify_tolerance},
+    {kGenerate, "--save-session", nullptr},
+    {kGenerate, "--load-session", nullptr},
     // bench (its --cache is a list, checked above)
     {kBench, "--n-prompt", bench_tests},
     {kBench, "--n-gen", bench_tests},
@@ -353,6 +355,7 @@ const OptionRule kRules[] = {
     {kEngine, "--max-snapshots", hybrid_snapshots},
     {kServe, "--host", nullptr},
     {kServe, "--port", nullptr},
+    {kServe, "--slot-save-path", nullptr},
     {kServe, "--api-key", nullptr},
     {kServe, "--served-model-name", nullptr},
     {kServe, "--default-max-tokens", nullptr},
