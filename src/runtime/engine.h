@@ -56,6 +56,12 @@ struct EngineConfig {
   bool batch_invariant = true;
   // Debug: check_invariants() after every step, ending the process when it fails (load tests).
   bool check_invariants_every_step = false;
+  // The disk tier under the prefix cache (cache/disk_tier.h; serve --kv-disk DIR
+  // --kv-disk-budget B): empty dir, none. Its fingerprint folds the model's fingerprint with the
+  // store's page layout, so another model, dtype or layout never finds these files. Refused
+  // (Error kUnsupported) for models with linear, compressed or indexed layers.
+  std::string kv_disk_dir;
+  uint64_t kv_disk_budget_bytes = 10ull << 30;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kCancelled, kError };
@@ -86,6 +92,7 @@ struct RequestParams {
 struct RequestStats {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;      // prompt tokens taken from the prefix cache at first admission
+  int64_t cached_tokens_disk = 0;  // of which loaded from the disk tier (the rest: RAM)
   int64_t completion_tokens = 0;  // over all samples, stop tokens excluded
   int64_t preemptions = 0;
   double queue_seconds = 0;  // submit -> first admission
@@ -144,6 +151,7 @@ struct EngineMetrics {
   int64_t blocks_total = 0, blocks_free = 0, blocks_used = 0, blocks_cached = 0;
   int64_t prompt_tokens = 0;           // all prompts admitted (first admissions)
   int64_t cached_prompt_tokens = 0;    // of which from the prefix cache
+  int64_t cached_prompt_tokens_disk = 0;  // of those, loaded from the disk tier
   int64_t computed_prompt_tokens = 0;  // prefill tokens actually run (recomputation included)
   int64_t generation_tokens = 0;
   int64_t preemptions = 0;
@@ -165,6 +173,12 @@ struct EngineMetrics {
   // kvcache_prefix_refused_total{reason="compressed_state"}).
   bool compressed_model = false;
   int64_t prefix_refused_compressed = 0;
+  // The disk tier (EngineConfig::kv_disk_dir; disk_tier false: none): its counters and
+  // budget, and the store's loads that failed (no block free, or a file refused).
+  bool disk_tier = false;
+  uint64_t disk_budget_bytes = 0;
+  DiskTierStats disk;
+  int64_t disk_loads_failed = 0;
   double prefix_hit_rate() const {
     return prompt_tokens > 0
                ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens)

@@ -262,6 +262,12 @@ std::optional<std::string> hybrid_snapshots(const Given& g) {
                    "attention layers' blocks need none");
 }
 
+std::optional<std::string> kv_disk_budget(const Given& g) {
+  if (g.shape.kv_disk) return std::nullopt;
+  return no_effect(g, "without --kv-disk",
+                   "it bounds the disk tier's files; give the tier's directory with --kv-disk DIR");
+}
+
 std::optional<std::string> plan_option(const Given& g) {
   if (!g.shape.list_presets) return std::nullopt;
   return no_effect(g, "with --list-presets", "it only prints the preset names");
@@ -338,6 +344,8 @@ const OptionRule kRules[] = {
     {kEngine, "--chat-template", chat_template},
     {kEngine, "--snapshot-every-blocks", hybrid_snapshots},
     {kEngine, "--max-snapshots", hybrid_snapshots},
+    {kEngine, "--kv-disk", nullptr},
+    {kEngine, "--kv-disk-budget", kv_disk_budget},
     {kServe, "--host", nullptr},
     {kServe, "--port", nullptr},
     {kServe, "--api-key", nullptr},
