@@ -139,6 +139,7 @@ class BlockPool {
   int32_t ref_count(int32_t id) const { return blocks_[check_id(id)].ref; }
   bool is_keyed(int32_t id) const { return blocks_[check_id(id)].keyed; }
   const BlockKey& key(int32_t id) const { return blocks_[check_id(id)].key; }
+  const BlockKey& parent(int32_t id) const { return blocks_[check_id(id)].parent; }
   std::span<const int32_t> tokens(int32_t id) const;  // valid while keyed (a tail: its first ids)
 
   BlockPoolStats stats() const;

@@ -992,6 +992,29 @@ Digest128 PagedKVStore::layout_digest() const {
   return h.finish();
 }
 
+int64_t PagedKVStore::spill_to_disk() {
+  if (!disk_) return 0;
+  int64_t written = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const BlockPool& pool = *pools_[g];
+    for (int32_t id = 0; id < pool.num_blocks(); ++id) {
+      if (!pool.is_keyed(id) || disk_->contains(pool.key(id), static_cast<int32_t>(g))) continue;
+      const auto write = [&] {
+        return write_behind(static_cast<int>(g), id, pool.key(id), pool.parent(id),
+                            pool.tokens(id));
+      };
+      bool ok = write();
+      if (!ok) {  // too much in flight: wait for it, then once more
+        disk_->flush();
+        ok = write();
+      }
+      written += ok;
+    }
+  }
+  disk_->flush();
+  return written;
+}
+
 std::vector<std::span<std::byte>> PagedKVStore::block_pages(int g, int32_t id) {
   std::vector<std::span<std::byte>> pages;
   for (const int l : groups_[static_cast<size_t>(g)].layers) {
@@ -1005,7 +1028,7 @@ std::vector<std::span<std::byte>> PagedKVStore::block_pages(int g, int32_t id) {
   return pages;
 }
 
-void PagedKVStore::write_behind(int g, int32_t id, const BlockKey& key, const BlockKey& parent,
+bool PagedKVStore::write_behind(int g, int32_t id, const BlockKey& key, const BlockKey& parent,
                                 std::span<const int32_t> tokens) {
   size_t n = 0;
   for (const std::span<std::byte> p : block_pages(g, id)) {
@@ -1013,7 +1036,7 @@ void PagedKVStore::write_behind(int g, int32_t id, const BlockKey& key, const Bl
     std::memcpy(disk_buf_.data() + n, p.data(), p.size());
     n += p.size();
   }
-  disk_->store(key, parent, g, tokens, std::span<const std::byte>(disk_buf_.data(), n));
+  return disk_->store(key, parent, g, tokens, std::span<const std::byte>(disk_buf_.data(), n));
 }
 
 void PagedKVStore::load_from_disk(std::span<const int32_t> tokens, std::span<const uint8_t> salt,

@@ -340,6 +340,10 @@ class PagedKVStore {
   // can serve, without any I/O (the disk's index only).
   int64_t match_prefix_with_disk(std::span<const int32_t> tokens,
                                  std::span<const uint8_t> salt = {});
+  // Writes every keyed block in RAM that the disk tier does not hold yet, and waits for the
+  // writes (a server shutting down keeps its whole prefix cache for the next start). Returns
+  // the blocks written.
+  int64_t spill_to_disk();
   // Of the tokens the last attach_prefix attached, those whose blocks it loaded from disk.
   int64_t last_prefix_disk_tokens() const { return last_disk_tokens_; }
   // Blocks loaded from disk by attach_prefix, and loads refused (a file that failed its checks
@@ -398,7 +402,7 @@ class PagedKVStore {
   // most recent end); loaded[i] = 1 when some group's block i came from disk.
   void load_from_disk(std::span<const int32_t> tokens, std::span<const uint8_t> salt,
                       std::vector<uint8_t>& loaded);
-  void write_behind(int g, int32_t id, const BlockKey& key, const BlockKey& parent,
+  bool write_behind(int g, int32_t id, const BlockKey& key, const BlockKey& parent,
                     std::span<const int32_t> tokens);
   // The pages of block `id` of group g, in the disk tier's payload order.
   std::vector<std::span<std::byte>> block_pages(int g, int32_t id);

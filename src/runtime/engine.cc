@@ -114,6 +114,20 @@ bool Engine::Seq::scores_prompt() const {
   return index == 0 && req->params.prompt_logprobs >= 0;
 }
 
+std::shared_ptr<DiskTier> open_disk_tier(const Model& model, const PagedKVStore& store,
+                                         const std::string& dir, uint64_t budget_bytes) {
+  DiskTierOptions d;
+  d.dir = dir;
+  d.budget_bytes = budget_bytes;
+  d.block_tokens = store.block_tokens();
+  d.fingerprint = Hasher()
+                      .str("kvcache disk tier v1")
+                      .digest(model_fingerprint(model))
+                      .digest(store.layout_digest())
+                      .finish();
+  return std::make_shared<DiskTier>(d);
+}
+
 Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config)
     : model_(model), tokenizer_(tokenizer), config_(config) {
   const ModelConfig& mc = model.config();
@@ -158,18 +172,9 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   config_.max_tokens_per_step = plan.max_tokens_per_step;
   max_context_ = std::min<int64_t>(mc.max_seq_len, plan.max_cached_tokens);
   store_ = std::make_shared<PagedKVStore>(plan.store);
-  if (!config_.kv_disk_dir.empty()) {
-    DiskTierOptions d;
-    d.dir = config_.kv_disk_dir;
-    d.budget_bytes = config_.kv_disk_budget_bytes;
-    d.block_tokens = co.paged.block_tokens;
-    d.fingerprint = Hasher()
-                        .str("kvcache disk tier v1")
-                        .digest(model_fingerprint(model))
-                        .digest(store_->layout_digest())
-                        .finish();
-    store_->set_disk_tier(std::make_shared<DiskTier>(d));
-  }
+  if (!config_.kv_disk_dir.empty())
+    store_->set_disk_tier(
+        open_disk_tier(model, *store_, config_.kv_disk_dir, config_.kv_disk_budget_bytes));
   for (int g = 0; g < store_->num_groups(); ++g)
     if (store_->group(g).kind == GroupKind::kFull) {
       full_group_ = g;
@@ -186,7 +191,18 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   update_metrics();
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // The prefix cache still in RAM goes to the disk tier too, so that the next start with the
+  // same directory hits on all of it, not only on what was evicted.
+  if (store_ && store_->disk_tier() != nullptr) {
+    try {
+      store_->spill_to_disk();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "engine: the prefix cache was not written to the disk tier: %s\n",
+                   e.what());
+    }
+  }
+}
 
 uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
   const int64_t vocab = model_.config().vocab_size;

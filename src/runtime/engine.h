@@ -64,6 +64,11 @@ struct EngineConfig {
   uint64_t kv_disk_budget_bytes = 10ull << 30;
 };
 
+// The disk tier for `store` under `dir` (cache/disk_tier.h), its fingerprint folding the
+// model's fingerprint with the store's page layout; not yet attached (set_disk_tier).
+std::shared_ptr<DiskTier> open_disk_tier(const Model& model, const PagedKVStore& store,
+                                         const std::string& dir, uint64_t budget_bytes);
+
 enum class FinishReason { kNone, kLength, kStop, kCancelled, kError };
 const char* finish_reason_name(FinishReason r);  // "length", "stop", "cancelled", "error"
 

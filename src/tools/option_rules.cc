@@ -268,6 +268,12 @@ std::optional<std::string> kv_disk_budget(const Given& g) {
                    "it bounds the disk tier's files; give the tier's directory with --kv-disk DIR");
 }
 
+std::optional<std::string> bench_kv_disk(const Given& g) {
+  if (g.shape.prefix_reuse) return std::nullopt;
+  return no_effect(g, "without --prefix-reuse",
+                   "the disk tier serves prefix hits; --prefix-reuse N:F times them");
+}
+
 std::optional<std::string> plan_option(const Given& g) {
   if (!g.shape.list_presets) return std::nullopt;
   return no_effect(g, "with --list-presets", "it only prints the preset names");
@@ -336,6 +342,8 @@ const OptionRule kRules[] = {
     {kBench, "--n-depth", bench_tests},
     {kBench, "--repetitions", nullptr},
     {kBench, "--prefix-reuse", nullptr},
+    {kBench, "--kv-disk", bench_kv_disk},
+    {kBench, "--kv-disk-cold", bench_kv_disk},
     // serve and batch
     {kEngine, "--max-running", nullptr},
     {kServe, "--max-waiting", nullptr},
