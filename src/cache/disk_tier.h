@@ -4,7 +4,7 @@
 // What it stores: full prefix blocks that the block pool evicted by LRU (their content is copied
 // out before the block is reused, then written behind on a TierCopier thread), one file per
 // block and layer group:
-//     DIR/<layout fingerprint hex>/<block key hex>.kvb
+//     DIR/<layout fingerprint hex>/<block key hex>-g<group>.kvb
 // The layout fingerprint (DiskTierOptions::fingerprint) folds in the model's fingerprint
 // (model/fingerprint.h), the KV dtype, the page layout (layers, heads, head dims, groups) and
 // block_tokens: a different model, dtype or layout never finds another's blocks. The block key
@@ -42,24 +42,24 @@
 namespace kvcache {
 
 struct DiskTierOptions {
-  std::string dir;                  // created if missing
-  uint64_t budget_bytes = 0;        // > 0: the most the tier's files may take
-  Digest128 fingerprint;            // the layout fingerprint (see above)
-  int32_t block_tokens = 0;         // tokens per block
+  std::string dir;                            // created if missing
+  uint64_t budget_bytes = 0;                  // > 0: the most the tier's files may take
+  Digest128 fingerprint;                      // the layout fingerprint (see above)
+  int32_t block_tokens = 0;                   // tokens per block
   uint64_t max_pending_bytes = 256ull << 20;  // write-behind in flight before drops
 };
 
 struct DiskTierStats {
-  int64_t blocks = 0;            // files indexed now
-  uint64_t bytes = 0;            // their total size (<= budget)
-  int64_t stored = 0;            // blocks written
-  int64_t dropped = 0;           // writes dropped (too much in flight, or a write error)
-  int64_t hits = 0;              // blocks read back and verified
-  int64_t misses = 0;            // lookups that found no file
-  int64_t corrupt = 0;           // files refused on read (checksum, size, header): misses too
-  int64_t evicted = 0;           // files removed to stay within the budget
+  int64_t blocks = 0;   // files indexed now
+  uint64_t bytes = 0;   // their total size (<= budget)
+  int64_t stored = 0;   // blocks written
+  int64_t dropped = 0;  // writes dropped (too much in flight, or a write error)
+  int64_t hits = 0;     // blocks read back and verified
+  int64_t misses = 0;   // lookups that found no file
+  int64_t corrupt = 0;  // files refused on read (checksum, size, header): misses too
+  int64_t evicted = 0;  // files removed to stay within the budget
   uint64_t bytes_written = 0, bytes_read = 0;
-  double read_seconds = 0;       // time spent reading hits (on the caller's thread)
+  double read_seconds = 0;  // time spent reading hits (on the caller's thread)
 };
 
 class DiskTier {
