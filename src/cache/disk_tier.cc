@@ -140,16 +140,18 @@ struct DiskTier::Impl {
     std::list<BlockId>::iterator lru_pos;  // in lru (front: most recently used)
   };
   // A block copied by store() and not yet renamed into place: the whole file image (the
-  // checksum is filled in on the copier thread). load() serves a hit from it meanwhile.
+  // checksum is filled in on the copier thread). load() serves a hit from it meanwhile, once
+  // `ready` (set under mu after the copy, so that a reader on another thread sees it whole).
   struct Pending {
     std::vector<std::byte> image;
+    bool ready = false;
   };
 
   std::string dir;  // options.dir/<fingerprint hex>
   mutable std::mutex mu;
   std::unordered_map<BlockId, Entry, BlockIdHash> index;
   std::list<BlockId> lru;
-  std::unordered_map<BlockId, std::shared_ptr<const Pending>, BlockIdHash> pending;
+  std::unordered_map<BlockId, std::shared_ptr<Pending>, BlockIdHash> pending;
   uint64_t pending_bytes = 0;
   DiskTierStats stats;
   // Last member: destroyed first, so that its jobs (which touch the members above) end before.
@@ -161,6 +163,7 @@ struct DiskTier::Impl {
   void touch(const Entry& e) { lru.splice(lru.begin(), lru, e.lru_pos); }
 
   void add(const BlockId& id, uint64_t bytes) {  // under mu
+    KV_CHECK(index.count(id) == 0, "DiskTier: a block indexed twice");
     lru.push_front(id);
     index.emplace(id, Entry{bytes, lru.begin()});
     stats.blocks += 1;
@@ -318,6 +321,7 @@ bool DiskTier::store(const BlockKey& key, const BlockKey& parent, int32_t group,
   Impl& m = *impl_;
   const BlockId id{key, group};
   const uint64_t file_bytes = head_bytes(options_.block_tokens) + payload.size() + kChecksumBytes;
+  std::shared_ptr<Impl::Pending> job;
   {
     std::lock_guard<std::mutex> lock(m.mu);
     if (const auto it = m.index.find(id); it != m.index.end()) {
@@ -344,11 +348,12 @@ bool DiskTier::store(const BlockKey& key, const BlockKey& parent, int32_t group,
       return false;
     }
     m.pending_bytes += file_bytes;
+    job = std::make_shared<Impl::Pending>();
+    m.pending.emplace(id, job);  // claims the block: a second store() of it returns above
   }
 
-  // The image is built on the caller's thread (one copy of the payload, which the caller may
-  // reuse as soon as store() returns); the checksum and the write run behind.
-  auto job = std::make_shared<Impl::Pending>();
+  // The image is built on the caller's thread without the lock (one copy of the payload, which
+  // the caller may reuse as soon as store() returns); the checksum and the write run behind.
   job->image.resize(file_bytes);
   std::byte* p = job->image.data();
   put(p, kMagic, sizeof kMagic);
@@ -363,7 +368,7 @@ bool DiskTier::store(const BlockKey& key, const BlockKey& parent, int32_t group,
   if (!payload.empty()) put(p, payload.data(), payload.size());
   {
     std::lock_guard<std::mutex> lock(m.mu);
-    m.pending.emplace(id, job);
+    job->ready = true;
   }
   // The job owns the image through its shared_ptr; load() may read it concurrently, which is
   // safe: the copier writes only the checksum bytes, which load() does not read.
@@ -394,7 +399,7 @@ bool DiskTier::load(const BlockKey& key, int32_t group, std::span<const int32_t>
       // Still being written: the bytes in memory are the ones store() was given.
       const std::vector<std::byte>& image = pit->second->image;
       const std::byte* stored_tokens = image.data() + kFixedHeaderBytes;
-      if (!tokens_fit || image.size() != file_bytes ||
+      if (!pit->second->ready || !tokens_fit || image.size() != file_bytes ||
           std::memcmp(stored_tokens, tokens.data(), tokens.size_bytes()) != 0) {
         m.stats.misses += 1;
         return false;
@@ -485,6 +490,19 @@ bool DiskTier::load(const BlockKey& key, int32_t group, std::span<const int32_t>
       return false;
   }
   return false;
+}
+
+void DiskTier::prefetch(const BlockKey& key, int32_t group) {
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    const BlockId id{key, group};
+    if (impl_->index.count(id) == 0) return;  // absent, or still in memory (pending)
+    path = impl_->path_of(id);
+  }
+  // Readahead is asynchronous: fadvise queues the file's pages and returns; the fd may close.
+  const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() >= 0) ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_WILLNEED);
 }
 
 void DiskTier::flush() {

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -361,6 +362,57 @@ TEST(DiskTier, ASmallerBudgetAtRestartEvictsTheOldest) {
   EXPECT_TRUE(tier.contains(blocks[0].key, 0));
   EXPECT_TRUE(tier.contains(blocks[3].key, 0));
   EXPECT_EQ(block_files(dir).size(), 2u);
+}
+
+TEST(DiskTier, AHitBeforeARestartKeepsTheBlockUnderASmallerBudget) {
+  ScratchDir dir("disk_tier");
+  std::vector<Block> blocks;
+  for (int i = 0; i < 3; ++i) blocks.push_back(make_block(i));
+  {
+    DiskTier tier(options_for(dir));
+    for (const Block& b : blocks) store(tier, b);
+    tier.flush();
+    // Written long ago, block 0 the oldest.
+    for (int i = 0; i < 3; ++i) {
+      const fs::path f = file_of(dir, blocks[static_cast<size_t>(i)]);
+      fs::last_write_time(f, fs::last_write_time(f) - std::chrono::hours(3 - i));
+    }
+    EXPECT_TRUE(load_ok(tier, blocks[0]));  // its file's mtime becomes now
+  }
+  DiskTier tier(options_for(dir, kFileBytes));
+  EXPECT_EQ(tier.stats().blocks, 1);
+  EXPECT_TRUE(load_ok(tier, blocks[0]));
+}
+
+TEST(DiskTier, AFailedWriteIsDroppedAndNotIndexed) {
+  ScratchDir dir("disk_tier");
+  DiskTier tier(options_for(dir));
+  fs::remove_all(dir.path() / kFingerprint.hex());  // the write's open() then fails
+  const Block b = make_block(0);
+  EXPECT_TRUE(store(tier, b));  // queued: the failure is known only behind
+  tier.flush();
+  const DiskTierStats s = tier.stats();
+  EXPECT_EQ(s.dropped, 1);
+  EXPECT_EQ(s.stored, 0);
+  EXPECT_EQ(s.blocks, 0);
+  EXPECT_EQ(s.bytes, 0u);
+  EXPECT_FALSE(tier.contains(b.key, 0));
+  EXPECT_FALSE(load_ok(tier, b));
+}
+
+TEST(DiskTier, PrefetchIsOnlyAHint) {
+  ScratchDir dir("disk_tier");
+  DiskTier tier(options_for(dir));
+  std::vector<Block> blocks;
+  for (int i = 0; i < 3; ++i) blocks.push_back(make_block(i));
+  for (const Block& b : blocks) store(tier, b);
+  tier.flush();
+  tier.prefetch(make_block(7).key, 0);  // absent: nothing happens
+  for (const Block& b : blocks) tier.prefetch(b.key, 0);
+  for (const Block& b : blocks) EXPECT_TRUE(load_ok(tier, b));
+  const DiskTierStats s = tier.stats();
+  EXPECT_EQ(s.hits, 3);
+  EXPECT_EQ(s.misses, 0);
 }
 
 TEST(DiskTier, WritesBeyondTheInFlightBoundAreDropped) {
