@@ -7,13 +7,21 @@
 //   - PreadWillNeed: the same after posix_fadvise(WILLNEED) on every file of the batch first (the
 //                   kernel's readahead then has all of them in flight, as a queue would);
 //   - IoUring/QD:   the files opened first, then their reads through an io_uring with up to QD
-//                   in flight (liburing; only built when CMake finds it: bench/CMakeLists.txt).
+//                   in flight (liburing; only built when CMake finds it: bench/CMakeLists.txt);
+//   - DiskTierLoad: the product path, DiskTier::load of N stored blocks (open, fstat, three
+//                   preads, BLAKE2b-128 of the file, header checks), without or with
+//                   DiskTier::prefetch of the batch first;
+//   - Checksum:     what the verification costs per block file: memcpy (the machine's copy
+//                   rate, for scale), BLAKE2b-128 as DiskTier uses it (core/digest.h), and
+//                   libb2's 4-way parallel BLAKE2bp for comparison (Debian's libb2 runs it on
+//                   OpenMP threads: compare its real time, the CPU column is one thread's).
 // Each pass reads every file once; bytes/s is the rate of file bytes delivered to memory.
 //
 //   TIER_IO_DIR=/var/tmp build/bench/bench_tier_io --benchmark_counters_tabular=true
 // TIER_IO_DIR: where the files go (default: the system temp dir; must be a real disk, not a
 // tmpfs, for the cold case to mean anything).
 #include <benchmark/benchmark.h>
+#include <blake2.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,9 +30,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "cache/disk_tier.h"
 #include "core/error.h"
 #include "core/tier.h"
 
@@ -150,6 +161,112 @@ BENCHMARK(BM_PreadWillNeed)
     ->ArgsProduct({{16, 128}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+
+// N blocks of a DiskTier with payloads that make files of about kFileBytes, stored once.
+struct TierBlocks {
+  std::string dir;
+  std::unique_ptr<DiskTier> tier;
+  std::vector<BlockKey> keys;
+  std::vector<std::vector<int32_t>> tokens;
+  size_t payload_bytes = kFileBytes - 256;
+  ~TierBlocks() {
+    tier.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
+void BM_DiskTierLoad(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const bool cold = state.range(1) != 0, prefetch = state.range(2) != 0;
+  constexpr int32_t kBlockTokens = 16;
+  TierBlocks b;
+  const char* env = std::getenv("TIER_IO_DIR");
+  b.dir = ((env != nullptr ? std::filesystem::path(env) : std::filesystem::temp_directory_path()) /
+           ("kvcache_bench_disk_tier_" + std::to_string(::getpid())))
+              .string();
+  DiskTierOptions o;
+  o.dir = b.dir;
+  o.budget_bytes = 1ull << 32;
+  o.fingerprint = Digest128{1, 2};
+  o.block_tokens = kBlockTokens;
+  b.tier = std::make_unique<DiskTier>(o);
+  std::vector<std::byte> payload(b.payload_bytes);
+  BlockKey parent;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> t(kBlockTokens);
+    for (int32_t j = 0; j < kBlockTokens; ++j) t[static_cast<size_t>(j)] = i * kBlockTokens + j;
+    for (size_t j = 0; j < payload.size(); ++j) payload[j] = static_cast<std::byte>(j * 31 + i);
+    const BlockKey key = block_key(parent, 0, {}, t);
+    KV_CHECK(b.tier->store(key, parent, 0, t, payload), "bench_tier_io: a store was dropped");
+    b.keys.push_back(key);
+    b.tokens.push_back(std::move(t));
+    parent = key;
+  }
+  b.tier->flush();
+  const std::string sub = b.dir + "/" + o.fingerprint.hex();
+  std::vector<std::string> paths;
+  for (const auto& e : std::filesystem::directory_iterator(sub)) paths.push_back(e.path());
+  for (const std::string& p : paths) {  // synced, so that DONTNEED drops them
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    ::fsync(fd);
+    ::close(fd);
+  }
+  std::vector<std::byte> out(static_cast<size_t>(n) * b.payload_bytes);  // [n, payload_bytes]
+  for (auto _ : state) {
+    if (cold) {
+      state.PauseTiming();
+      for (const std::string& p : paths) {
+        const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+        ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        ::close(fd);
+      }
+      state.ResumeTiming();
+    }
+    if (prefetch)
+      for (int i = 0; i < n; ++i) b.tier->prefetch(b.keys[static_cast<size_t>(i)], 0);
+    for (int i = 0; i < n; ++i) {
+      const bool hit =
+          b.tier->load(b.keys[static_cast<size_t>(i)], 0, b.tokens[static_cast<size_t>(i)],
+                       std::span<std::byte>(out.data() + static_cast<size_t>(i) * b.payload_bytes,
+                                            b.payload_bytes));
+      KV_CHECK(hit, "bench_tier_io: a stored block missed");
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * n * static_cast<int64_t>(b.payload_bytes));
+  state.counters["per_block"] =
+      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate |
+                                                     benchmark::Counter::kInvert);
+}
+// Args: blocks per pass, cold (0/1), prefetch (0/1).
+BENCHMARK(BM_DiskTierLoad)
+    ->ArgsProduct({{16, 128}, {0, 1}, {0, 1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// Arg: 0 memcpy, 1 BLAKE2b-128 (digest128), 2 BLAKE2bp-128.
+void BM_Checksum(benchmark::State& state) {
+  std::vector<std::byte> in(kFileBytes), out(kFileBytes);
+  for (size_t j = 0; j < in.size(); ++j) in[j] = static_cast<std::byte>(j * 31);
+  uint8_t sum[16];
+  for (auto _ : state) {
+    switch (state.range(0)) {
+      case 0:
+        std::memcpy(out.data(), in.data(), in.size());
+        benchmark::DoNotOptimize(out.data());
+        break;
+      case 1:
+        benchmark::DoNotOptimize(digest128(in.data(), in.size()));
+        break;
+      default:
+        KV_CHECK(blake2bp(sum, in.data(), nullptr, sizeof sum, in.size(), 0) == 0, "blake2bp");
+        benchmark::DoNotOptimize(sum);
+        break;
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kFileBytes));
+}
+BENCHMARK(BM_Checksum)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
 
 #ifdef KVCACHE_HAVE_LIBURING
 // Opens the files, then keeps up to `depth` whole-file reads in flight until all are done.
