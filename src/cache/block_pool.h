@@ -168,7 +168,7 @@ class BlockPool {
 
   size_t check_id(int32_t id) const;
   static bool kept(const Block& b) { return b.keyed || b.tail > 0; }  // content worth caching
-  void drop_content(int32_t id);  // drops a key (both indexes) or a tail (the family index)
+  void drop_content(int32_t id);   // drops a key (both indexes) or a tail (the family index)
   void evict_content(int32_t id);  // the same for an LRU eviction (the evict hook first)
   void list_push_front(int32_t id);
   void list_push_back(int32_t id);

@@ -969,10 +969,9 @@ void PagedKVStore::set_disk_tier(std::shared_ptr<DiskTier> disk) {
       continue;
     }
     const int gi = static_cast<int>(g);
-    pools_[g]->set_evict_hook([this, gi](int32_t id, const BlockKey& key, const BlockKey& parent,
-                                         std::span<const int32_t> tok) {
-      write_behind(gi, id, key, parent, tok);
-    });
+    pools_[g]->set_evict_hook(
+        [this, gi](int32_t id, const BlockKey& key, const BlockKey& parent,
+                   std::span<const int32_t> tok) { write_behind(gi, id, key, parent, tok); });
   }
 }
 
@@ -988,7 +987,8 @@ Digest128 PagedKVStore::layout_digest() const {
     h.str(config_.layer_types[l]).i64(layer_group_[l]);
     h.u32(paged_layer_owns_pages(config_, li) ? 1 : 0).u32(paged_layer_k_only(config_, li) ? 1 : 0);
   }
-  for (const PagedGroup& g : groups_) h.u32(static_cast<uint32_t>(g.kind)).i64(g.window).i64(g.rate);
+  for (const PagedGroup& g : groups_)
+    h.u32(static_cast<uint32_t>(g.kind)).i64(g.window).i64(g.rate);
   return h.finish();
 }
 
@@ -1065,6 +1065,11 @@ void PagedKVStore::load_from_disk(std::span<const int32_t> tokens, std::span<con
     const int64_t lo = first_visible(static_cast<int>(g), j * bt);
     const size_t bytes = paged_block_bytes(config_, groups_[g]);
     if (load_buf_.size() < bytes) load_buf_.resize(bytes);
+    // Readahead for every file of the hit first, so that the kernel reads them while the loads
+    // below verify and copy the earlier ones (a cold page cache).
+    for (int64_t i = 0; i < j; ++i)
+      if ((i + 1) * bt > lo && hit.blocks[g][static_cast<size_t>(i)] == kOnDisk)
+        disk_->prefetch(hit.keys[g][static_cast<size_t>(i)], static_cast<int32_t>(g));
     for (int64_t i = 0; i < j; ++i) {
       if ((i + 1) * bt <= lo || hit.blocks[g][static_cast<size_t>(i)] != kOnDisk) continue;
       const std::span<const int32_t> tok =

@@ -96,9 +96,9 @@ struct RequestParams {
 // Per-request statistics, final when the request finishes.
 struct RequestStats {
   int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;      // prompt tokens taken from the prefix cache at first admission
+  int64_t cached_tokens = 0;       // prompt tokens taken from the prefix cache at first admission
   int64_t cached_tokens_disk = 0;  // of which loaded from the disk tier (the rest: RAM)
-  int64_t completion_tokens = 0;  // over all samples, stop tokens excluded
+  int64_t completion_tokens = 0;   // over all samples, stop tokens excluded
   int64_t preemptions = 0;
   double queue_seconds = 0;  // submit -> first admission
   double ttft_seconds = 0;   // submit -> first token
@@ -154,10 +154,10 @@ using StreamCallback = std::function<void(const StreamEvent&)>;
 struct EngineMetrics {
   int64_t running = 0, waiting = 0;
   int64_t blocks_total = 0, blocks_free = 0, blocks_used = 0, blocks_cached = 0;
-  int64_t prompt_tokens = 0;           // all prompts admitted (first admissions)
-  int64_t cached_prompt_tokens = 0;    // of which from the prefix cache
+  int64_t prompt_tokens = 0;              // all prompts admitted (first admissions)
+  int64_t cached_prompt_tokens = 0;       // of which from the prefix cache
   int64_t cached_prompt_tokens_disk = 0;  // of those, loaded from the disk tier
-  int64_t computed_prompt_tokens = 0;  // prefill tokens actually run (recomputation included)
+  int64_t computed_prompt_tokens = 0;     // prefill tokens actually run (recomputation included)
   int64_t generation_tokens = 0;
   int64_t preemptions = 0;
   int64_t requests_finished = 0, requests_cancelled = 0;

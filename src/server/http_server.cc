@@ -312,7 +312,8 @@ std::string HttpServer::metrics_text() {
          "Prompt tokens taken from the prefix cache.", static_cast<double>(m.cached_prompt_tokens));
   out +=
       "# HELP kvcache_prompt_tokens_cached_by_tier_total Prompt tokens taken from the prefix "
-      "cache, by the tier that held their blocks.\n# TYPE kvcache_prompt_tokens_cached_by_tier_total "
+      "cache, by the tier that held their blocks.\n# TYPE "
+      "kvcache_prompt_tokens_cached_by_tier_total "
       "counter\nkvcache_prompt_tokens_cached_by_tier_total{tier=\"ram\"} " +
       std::to_string(m.cached_prompt_tokens - m.cached_prompt_tokens_disk) +
       "\nkvcache_prompt_tokens_cached_by_tier_total{tier=\"disk\"} " +
@@ -330,8 +331,8 @@ std::string HttpServer::metrics_text() {
     metric("kvcache_disk_dropped_total", "counter",
            "Evicted blocks not written (too many writes in flight, or a write error).",
            static_cast<double>(d.dropped));
-    metric("kvcache_disk_hits_total", "counter", "Blocks read back from the disk tier and verified.",
-           static_cast<double>(d.hits));
+    metric("kvcache_disk_hits_total", "counter",
+           "Blocks read back from the disk tier and verified.", static_cast<double>(d.hits));
     metric("kvcache_disk_misses_total", "counter", "Disk tier lookups that found no file.",
            static_cast<double>(d.misses));
     metric("kvcache_disk_corrupt_total", "counter",

@@ -64,30 +64,30 @@ void run_prefix_reuse_cmd(BenchOptions& o, const Model& model) {
   const PrefixReuseResult r = run_prefix_reuse_bench(model, sc, params);
   if (o.output == "json") {
     nlohmann::json j = {{"test", "prefix_reuse"},
-                              {"model_filename", o.model.model},
-                              {"model_type", model.config().summary()},
-                              {"cache", r.cache},
-                              {"attention_kernel", r.kernel},
-                              {"type_kv", r.kv_dtype},
-                              {"block_tokens", r.block_tokens},
-                              {"n_threads", r.n_threads},
-                              {"n_prompt", r.n_prompt},
-                              {"n_shared", r.n_shared},
-                              {"n_cached", r.n_cached},
-                              {"ttft_cold_ms", r.ttft_cold_ms},
-                              {"ttft_cached_ms", r.ttft_cached_ms},
-                              {"speedup", r.speedup},
-                              {"ttft_cold_median_ms", r.ttft_cold_median_ms},
-                              {"ttft_cached_median_ms", r.ttft_cached_median_ms},
-                              {"speedup_median", r.speedup_median},
-                              {"speedup_paired", r.speedup_paired},
-                              {"ttft_cold_cpu_ms", r.ttft_cold_cpu_ms},
-                              {"ttft_cached_cpu_ms", r.ttft_cached_cpu_ms},
-                              {"speedup_cpu", r.speedup_cpu},
-                              {"samples_cold_ms", r.cold_ms},
-                              {"samples_cached_ms", r.cached_ms},
-                              {"max_abs_logit_diff", r.max_abs_logit_diff},
-                              {"kv_bytes", r.kv_bytes}};
+                        {"model_filename", o.model.model},
+                        {"model_type", model.config().summary()},
+                        {"cache", r.cache},
+                        {"attention_kernel", r.kernel},
+                        {"type_kv", r.kv_dtype},
+                        {"block_tokens", r.block_tokens},
+                        {"n_threads", r.n_threads},
+                        {"n_prompt", r.n_prompt},
+                        {"n_shared", r.n_shared},
+                        {"n_cached", r.n_cached},
+                        {"ttft_cold_ms", r.ttft_cold_ms},
+                        {"ttft_cached_ms", r.ttft_cached_ms},
+                        {"speedup", r.speedup},
+                        {"ttft_cold_median_ms", r.ttft_cold_median_ms},
+                        {"ttft_cached_median_ms", r.ttft_cached_median_ms},
+                        {"speedup_median", r.speedup_median},
+                        {"speedup_paired", r.speedup_paired},
+                        {"ttft_cold_cpu_ms", r.ttft_cold_cpu_ms},
+                        {"ttft_cached_cpu_ms", r.ttft_cached_cpu_ms},
+                        {"speedup_cpu", r.speedup_cpu},
+                        {"samples_cold_ms", r.cold_ms},
+                        {"samples_cached_ms", r.cached_ms},
+                        {"max_abs_logit_diff", r.max_abs_logit_diff},
+                        {"kv_bytes", r.kv_bytes}};
     if (!o.kv_disk.empty()) {
       j["disk_page_cache"] = o.kv_disk_cold ? "dropped" : "warm";
       j["n_cached_disk"] = r.n_cached_disk;
@@ -109,11 +109,12 @@ void run_prefix_reuse_cmd(BenchOptions& o, const Model& model) {
                 static_cast<long long>(r.n_cached), r.ttft_cold_ms, r.ttft_cached_ms, r.speedup,
                 r.speedup_paired, r.max_abs_logit_diff);
     if (!o.kv_disk.empty())
-      std::printf("\ndisk tier (%s page cache): %lld tokens from disk, ttft median %.2f ms (cold "
-                  "%.2f ms, RAM %.2f ms), cold/disk paired %.2fx, max logit diff %.3g\n",
-                  o.kv_disk_cold ? "dropped" : "warm", static_cast<long long>(r.n_cached_disk),
-                  r.ttft_disk_median_ms, r.ttft_cold_median_ms, r.ttft_cached_median_ms,
-                  r.speedup_disk_paired, r.disk_max_abs_logit_diff);
+      std::printf(
+          "\ndisk tier (%s page cache): %lld tokens from disk, ttft median %.2f ms (cold "
+          "%.2f ms, RAM %.2f ms), cold/disk paired %.2fx, max logit diff %.3g\n",
+          o.kv_disk_cold ? "dropped" : "warm", static_cast<long long>(r.n_cached_disk),
+          r.ttft_disk_median_ms, r.ttft_cold_median_ms, r.ttft_cached_median_ms,
+          r.speedup_disk_paired, r.disk_max_abs_logit_diff);
   }
 }
 

@@ -22,10 +22,10 @@ namespace {
 using testing_util::ScratchDir;
 using testing_util::tiny_model;
 
-std::vector<int32_t> random_prompt(size_t n, uint32_t seed) {
+std::vector<int32_t> random_prompt(size_t n, uint32_t seed, uint32_t vocab = 31000) {
   std::mt19937 rng(seed);
   std::vector<int32_t> p = {1};
-  while (p.size() < n) p.push_back(static_cast<int32_t>(rng() % 31000) + 3);
+  while (p.size() < n) p.push_back(static_cast<int32_t>(rng() % (vocab - 3)) + 3);
   return p;
 }
 
@@ -201,6 +201,52 @@ TEST(DiskTierEngine, AnotherModelOrKvDtypeNeverMatchesTheFiles) {
   Engine e(model, nullptr, c);
   EXPECT_EQ(e.metrics().disk.blocks, 0);
   EXPECT_EQ(run_one(e, prompt_a()).stats.cached_tokens, 0);
+}
+
+// Gemma-2: a full group and a sliding group (window 8); a hit loads the full group's blocks and
+// only the sliding blocks its window sees.
+TEST(DiskTierEngine, ASlidingWindowModelHitsFromDiskWithTheSameTokens) {
+  ScratchDir dir("disk");
+  LoadOptions lo;
+  lo.dummy_cache_dir = dir.file("models");
+  const LoadedModel gemma = load_model("dummy:gemma2-tiny:f32", lo);
+  const std::vector<int32_t> a = random_prompt(70, 7, 512), b = random_prompt(120, 8, 512);
+  EngineConfig c = tiny_pool(dir.file("kv"));
+  c.max_tokens_per_step = 32;  // chunks, so that the sliding group lets go of old blocks
+  EngineConfig plain = c;
+  plain.kv_disk_dir.clear();
+  std::vector<int32_t> want;
+  {
+    Engine ref(*gemma.model, nullptr, plain);
+    want = run_one(ref, a).samples.at(0).tokens;
+  }
+  Engine e(*gemma.model, nullptr, c);
+  EXPECT_EQ(run_one(e, a).samples.at(0).tokens, want);
+  run_one(e, b);
+  e.store().disk_tier()->flush();
+  const RequestOutput again = run_one(e, a);
+  EXPECT_EQ(again.samples.at(0).tokens, want);
+  EXPECT_EQ(again.stats.cached_tokens, 64);
+  EXPECT_EQ(again.stats.cached_tokens_disk, 64);
+  EXPECT_EQ(e.metrics().disk.corrupt, 0);
+}
+
+TEST(DiskTierEngine, HybridModelsAreRefusedAtStart) {
+  ScratchDir dir("disk");
+  LoadOptions lo;
+  lo.dummy_cache_dir = dir.file("models");
+  const LoadedModel hybrid = load_model("dummy:qwen3next-tiny:f32", lo);
+  EngineConfig c = tiny_pool(dir.file("kv"));
+  c.num_blocks = 0;
+  c.cache.max_cache_len = 256;
+  try {
+    Engine e(*hybrid.model, nullptr, c);
+    FAIL() << "a hybrid model was served with a disk tier";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(err.what()).find("linear-attention"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("--kv-disk"), std::string::npos) << err.what();
+  }
 }
 
 }  // namespace

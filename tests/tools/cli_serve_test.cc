@@ -161,14 +161,13 @@ struct ServeChild {
 TEST(CliServe, TheDiskTierKeepsThePrefixCacheAcrossARestart) {
   const testing_util::ScratchDir scratch("cli_serve_disk");
   const std::string disk = scratch.file("kv");
-  const std::vector<std::string> args = {
-      "serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len", "512",
-      "--kv-disk", disk, "--kv-disk-budget", "64MiB"};
+  const std::vector<std::string> args = {"serve", "--model",          "dummy:tiny", "--port",
+                                         "0",     "--max-cache-len",  "512",        "--kv-disk",
+                                         disk,    "--kv-disk-budget", "64MiB"};
   std::string prompt = "[1";
   for (int i = 0; i < 69; ++i) prompt += ", " + std::to_string(100 + 37 * i % 20000);
   prompt += "]";
-  const std::string body =
-      R"({"prompt": )" + prompt + R"(, "max_tokens": 4, "temperature": 0})";
+  const std::string body = R"({"prompt": )" + prompt + R"(, "max_tokens": 4, "temperature": 0})";
   json first;
   {
     ServeChild s;
@@ -201,14 +200,15 @@ TEST(CliServe, TheDiskTierKeepsThePrefixCacheAcrossARestart) {
 
 TEST(CliServe, KvDiskBudgetWithoutKvDiskIsRefused) {
   for (const char* cmd : {"serve --port 0", "batch --input /dev/null"}) {
-    const auto r = testing_util::run_cli(std::string(cmd) +
-                                         " --model dummy:tiny --kv-disk-budget 1GiB");
+    const auto r =
+        testing_util::run_cli(std::string(cmd) + " --model dummy:tiny --kv-disk-budget 1GiB");
     EXPECT_EQ(r.exit_code, 2) << cmd;
     EXPECT_NE(r.err.find("--kv-disk-budget"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("--kv-disk"), std::string::npos) << r.err;
   }
-  const auto r = testing_util::run_cli("serve --port 0 --model dummy:tiny --kv-disk /tmp/x "
-                                       "--kv-disk-budget lots");
+  const auto r = testing_util::run_cli(
+      "serve --port 0 --model dummy:tiny --kv-disk /tmp/x "
+      "--kv-disk-budget lots");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--kv-disk-budget"), std::string::npos) << r.err;
 }
