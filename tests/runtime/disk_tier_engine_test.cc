@@ -39,12 +39,8 @@ RequestOutput run_one(Engine& e, const std::vector<int32_t>& prompt, int64_t max
                        if (ev.output != nullptr) out = *ev.output;
                      }),
             0u);
-  while (e.has_work()) {
-    e.step();
-    const std::string inv = e.check_invariants();
-    EXPECT_EQ(inv, "");
-    if (!inv.empty()) break;
-  }
+  e.run_until_idle();  // check_invariants_every_step (tiny_pool)
+  EXPECT_EQ(e.check_invariants(), "");
   return out;
 }
 
@@ -55,6 +51,7 @@ EngineConfig tiny_pool(const std::string& disk_dir, uint64_t budget = 64ull << 2
   c.max_tokens_per_step = 256;
   c.kv_disk_dir = disk_dir;
   c.kv_disk_budget_bytes = budget;
+  c.check_invariants_every_step = true;
   return c;
 }
 
@@ -78,6 +75,12 @@ std::vector<std::filesystem::path> block_files(const std::string& dir) {
     if (f.is_regular_file() && f.path().extension() == ".kvb") out.push_back(f.path());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// An engine on `dir` runs prompt A and ends (writing its RAM prefix cache to disk); A's tokens.
+std::vector<int32_t> prime(const std::string& dir) {
+  Engine e(*tiny_model().model, nullptr, tiny_pool(dir));
+  return run_one(e, prompt_a()).samples.at(0).tokens;
 }
 
 TEST(DiskTierEngine, APrefixEvictedFromRamIsServedFromDiskWithTheSameTokens) {
@@ -111,11 +114,7 @@ TEST(DiskTierEngine, APrefixEvictedFromRamIsServedFromDiskWithTheSameTokens) {
 TEST(DiskTierEngine, ASecondEngineOnTheSameDirectoryHitsOnItsFirstRequest) {
   const Model& model = *tiny_model().model;
   ScratchDir dir("disk");
-  std::vector<int32_t> want;
-  {
-    Engine e(model, nullptr, tiny_pool(dir.str()));
-    want = run_one(e, prompt_a()).samples.at(0).tokens;
-  }  // nothing evicted: the engine writes its RAM prefix cache to disk when it ends
+  const std::vector<int32_t> want = prime(dir.str());  // nothing evicted: written as it ends
   Engine e(model, nullptr, tiny_pool(dir.str()));
   EXPECT_GE(e.metrics().disk.blocks, 4);
   const RequestOutput again = run_one(e, prompt_a());
@@ -126,11 +125,7 @@ TEST(DiskTierEngine, ASecondEngineOnTheSameDirectoryHitsOnItsFirstRequest) {
 TEST(DiskTierEngine, ACorruptBlockFileIsACountedMissWithCorrectOutput) {
   const Model& model = *tiny_model().model;
   ScratchDir dir("disk");
-  std::vector<int32_t> want;
-  {
-    Engine e(model, nullptr, tiny_pool(dir.str()));
-    want = run_one(e, prompt_a()).samples.at(0).tokens;
-  }
+  const std::vector<int32_t> want = prime(dir.str());
   const std::vector<std::filesystem::path> files = block_files(dir.str());
   ASSERT_GE(files.size(), 4u);
   for (const auto& f : files) {  // one byte flipped in the middle of every file
@@ -155,10 +150,7 @@ TEST(DiskTierEngine, TheBudgetHolds) {
   const Model& model = *tiny_model().model;
   ScratchDir dir("disk");
   uint64_t file_bytes = 0;
-  {
-    Engine e(model, nullptr, tiny_pool(dir.str()));
-    run_one(e, prompt_a());
-  }
+  prime(dir.str());
   const std::vector<std::filesystem::path> files = block_files(dir.str());
   ASSERT_FALSE(files.empty());
   file_bytes = std::filesystem::file_size(files[0]);
@@ -180,10 +172,7 @@ TEST(DiskTierEngine, TheBudgetHolds) {
 TEST(DiskTierEngine, AnotherModelOrKvDtypeNeverMatchesTheFiles) {
   const Model& model = *tiny_model().model;
   ScratchDir dir("disk");
-  {
-    Engine e(model, nullptr, tiny_pool(dir.str()));
-    run_one(e, prompt_a());
-  }
+  prime(dir.str());
   // The same preset with f32 weights: another model fingerprint.
   LoadOptions lo;
   lo.dummy_cache_dir = dir.file("models");

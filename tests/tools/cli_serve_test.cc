@@ -23,86 +23,6 @@ namespace {
 
 using nlohmann::json;
 
-TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
-  int err_pipe[2];
-  ASSERT_EQ(::pipe(err_pipe), 0);
-  const testing_util::ScratchDir scratch("cli_serve");  // the child's dummy-model cache
-  const std::string cache = scratch.str();
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::dup2(err_pipe[1], 2);
-    ::close(err_pipe[0]);
-    ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
-    // --cache paged: accepted (it is what serve uses anyway); --max-cache-len sizes the pool.
-    ::execl(KVCACHE_CLI, KVCACHE_CLI, "serve", "--model", "dummy:tiny", "--port", "0",
-            "--max-cache-len", "512", "--cache", "paged", "--kernel", "eager",
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ::close(err_pipe[1]);
-  std::string err;
-  std::smatch m;
-  const std::regex ready("listening on http://127\\.0\\.0\\.1:([0-9]+)\n");
-  char buf[256];
-  while (!std::regex_search(err, m, ready)) {
-    const ssize_t n = ::read(err_pipe[0], buf, sizeof buf);
-    if (n <= 0) break;
-    err.append(buf, static_cast<size_t>(n));
-  }
-  ASSERT_TRUE(std::regex_search(err, m, ready)) << err;
-  const int port = std::stoi(m[1]);
-  EXPECT_EQ(testing_util::http(port, "GET", "/health").status, 200);
-  // Token-id prompts work with or without a vocabulary.
-  const testing_util::HttpReply r =
-      testing_util::http(port, "POST", "/v1/completions",
-                         R"({"prompt": [1, 450, 4996, 17354], "max_tokens": 5, "temperature": 0})");
-  EXPECT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], 4);
-
-  // An idle connection and one stuck in its headers must not hold the stop back until their
-  // timeouts: the drain closes every connection.
-  const int idle = testing_util::connect_loopback(port);
-  const int slow = testing_util::connect_loopback(port);
-  ASSERT_TRUE(testing_util::send_all(slow, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  int status = 0;
-  pid_t done = 0;
-  for (int i = 0; i < 200 && done == 0; ++i) {
-    done = ::waitpid(pid, &status, WNOHANG);
-    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (done == 0) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-    FAIL() << "serve did not stop within 10 s of SIGTERM";
-  }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
-  EXPECT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
-  ::close(idle);
-  ::close(slow);
-  ::close(err_pipe[0]);
-}
-
-TEST(CliServe, BadSettingsExitWith2BeforeListening) {
-  for (const char* args :
-       {"--port 70000", "--port 0 --default-max-tokens 0", "--port 0 --max-running 0",
-        "--port 0 --max-connections 0", "--port 0 --request-timeout 0",
-        "--port 0 --idle-timeout -1", "--port 0 --write-timeout 0", "--port 0 --drain-timeout 0",
-        "--port 0 --max-body-bytes 10", "--port 0 --max-prompt-tokens -1",
-        "--port 0 --max-running 4 --max-n 8", "--port 0 --max-stop-bytes 0",
-        "--port 0 --max-stop-strings -1"}) {
-    const auto r = testing_util::run_cli(std::string("serve --model dummy:tiny ") + args);
-    EXPECT_EQ(r.exit_code, 2) << args;
-    const std::string flag = std::string(args).substr(std::string(args).rfind("--"));
-    EXPECT_NE(r.err.find(flag.substr(0, flag.find(' '))), std::string::npos)
-        << args << ": " << r.err;
-  }
-}
-
 // `kvcache serve` as a child process on a free port; the ready line's port, SIGTERM to stop.
 struct ServeChild {
   pid_t pid = -1;
@@ -157,6 +77,52 @@ struct ServeChild {
   }
   ~ServeChild() { stop(); }
 };
+
+TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
+  const testing_util::ScratchDir scratch("cli_serve");  // the child's dummy-model cache
+  ServeChild s;
+  // --cache paged: accepted (it is what serve uses anyway); --max-cache-len sizes the pool.
+  ASSERT_TRUE(
+      s.start(scratch.str(), {"serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len",
+                              "512", "--cache", "paged", "--kernel", "eager"}))
+      << s.err;
+  const int port = s.port;
+  EXPECT_EQ(testing_util::http(port, "GET", "/health").status, 200);
+  // Token-id prompts work with or without a vocabulary.
+  const testing_util::HttpReply r =
+      testing_util::http(port, "POST", "/v1/completions",
+                         R"({"prompt": [1, 450, 4996, 17354], "max_tokens": 5, "temperature": 0})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], 4);
+
+  // An idle connection and one stuck in its headers must not hold the stop back until their
+  // timeouts: the drain closes every connection.
+  const int idle = testing_util::connect_loopback(port);
+  const int slow = testing_util::connect_loopback(port);
+  ASSERT_TRUE(testing_util::send_all(slow, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(s.stop(), 0) << "serve did not exit 0 within 10 s of SIGTERM";
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
+  ::close(idle);
+  ::close(slow);
+}
+
+TEST(CliServe, BadSettingsExitWith2BeforeListening) {
+  for (const char* args :
+       {"--port 70000", "--port 0 --default-max-tokens 0", "--port 0 --max-running 0",
+        "--port 0 --max-connections 0", "--port 0 --request-timeout 0",
+        "--port 0 --idle-timeout -1", "--port 0 --write-timeout 0", "--port 0 --drain-timeout 0",
+        "--port 0 --max-body-bytes 10", "--port 0 --max-prompt-tokens -1",
+        "--port 0 --max-running 4 --max-n 8", "--port 0 --max-stop-bytes 0",
+        "--port 0 --max-stop-strings -1"}) {
+    const auto r = testing_util::run_cli(std::string("serve --model dummy:tiny ") + args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    const std::string flag = std::string(args).substr(std::string(args).rfind("--"));
+    EXPECT_NE(r.err.find(flag.substr(0, flag.find(' '))), std::string::npos)
+        << args << ": " << r.err;
+  }
+}
 
 TEST(CliServe, TheDiskTierKeepsThePrefixCacheAcrossARestart) {
   const testing_util::ScratchDir scratch("cli_serve_disk");
