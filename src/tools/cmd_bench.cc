@@ -131,6 +131,7 @@ void run_bench_cmd(BenchOptions& o) {
   shape.caches = o.caches;
   shape.kv_budget = !o.model.kv_budget.empty();
   shape.prefix_reuse = !o.prefix_reuse.empty();
+  shape.kv_disk = !o.kv_disk.empty();
   const auto positive = [](const std::vector<int64_t>& v) {
     return std::any_of(v.begin(), v.end(), [](int64_t n) { return n > 0; });
   };

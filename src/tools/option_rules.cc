@@ -274,6 +274,11 @@ std::optional<std::string> bench_kv_disk(const Given& g) {
                    "the disk tier serves prefix hits; --prefix-reuse N:F times them");
 }
 
+std::optional<std::string> bench_kv_disk_cold(const Given& g) {
+  if (!g.shape.prefix_reuse || g.shape.kv_disk) return bench_kv_disk(g);
+  return no_effect(g, "without --kv-disk", "it drops the disk tier's files from the page cache");
+}
+
 std::optional<std::string> plan_option(const Given& g) {
   if (!g.shape.list_presets) return std::nullopt;
   return no_effect(g, "with --list-presets", "it only prints the preset names");
@@ -343,7 +348,7 @@ const OptionRule kRules[] = {
     {kBench, "--repetitions", nullptr},
     {kBench, "--prefix-reuse", nullptr},
     {kBench, "--kv-disk", bench_kv_disk},
-    {kBench, "--kv-disk-cold", bench_kv_disk},
+    {kBench, "--kv-disk-cold", bench_kv_disk_cold},
     // serve and batch
     {kEngine, "--max-running", nullptr},
     {kServe, "--max-waiting", nullptr},
