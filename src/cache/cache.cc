@@ -106,6 +106,10 @@ Cache::Cache(const CacheConfig& config_in) : config_(config_in) {
     }
     source_[static_cast<size_t>(i)] = src;
   }
+  for (int i = 0; i < n; ++i) {
+    const auto& l = layers_[static_cast<size_t>(i)];
+    if (l && l->offloadable()) offloadable_.push_back(i);
+  }
 }
 
 int Cache::num_layers() const {
@@ -154,7 +158,20 @@ KVSpan Cache::update(int layer, const TensorView& k, const TensorView& v) {
                                                  std::to_string(source_layer(layer)) +
                                                  "'s keys and values");
   }
-  KVSpan span = layers_[static_cast<size_t>(layer)]->update(k, v);
+  CacheLayer& l = *layers_[static_cast<size_t>(layer)];
+  if (l.offloadable() && offloadable_.size() > 1) {
+    // transformers' Cache.update with offloading: the previous offloaded layer gives its slot up
+    // and the next one (the first, after the last) starts reading into it while this one
+    // computes. Its own prefetch was queued by the update before.
+    const auto n = offloadable_.size();
+    const auto i = static_cast<size_t>(std::find(offloadable_.begin(), offloadable_.end(), layer) -
+                                       offloadable_.begin());
+    const int prev = offloadable_[(i + n - 1) % n], next = offloadable_[(i + 1) % n];
+    layers_[static_cast<size_t>(prev)]->offload();
+    last_span_[static_cast<size_t>(prev)] = KVSpan{};
+    layers_[static_cast<size_t>(next)]->prefetch();
+  }
+  KVSpan span = l.update(k, v);
   last_span_[static_cast<size_t>(layer)] = span;
   return span;
 }
@@ -354,13 +371,13 @@ size_t Cache::offloaded_bytes() const {
 }
 
 void CacheLayer::save(StateWriter&) const {
-  throw Error(ErrorKind::kUnsupported, "the '" + std::string(name()) +
-                                           "' container cannot be saved to a session file");
+  throw Error(ErrorKind::kUnsupported,
+              "the '" + std::string(name()) + "' container cannot be saved to a session file");
 }
 
 void CacheLayer::load(StateReader&) {
-  throw Error(ErrorKind::kUnsupported, "the '" + std::string(name()) +
-                                           "' container cannot be restored from a session file");
+  throw Error(ErrorKind::kUnsupported,
+              "the '" + std::string(name()) + "' container cannot be restored from a session file");
 }
 
 void Cache::save(StateWriter& out) const {

@@ -67,6 +67,9 @@ struct LinearStateOptions {
 struct OffloadOptions {
   std::string dir;               // where the layer files go; empty: $TMPDIR or /tmp
   bool only_non_sliding = true;  // transformers' default: sliding/chunked layers stay resident
+  // Benchmarks of a cold page cache: before every read of a layer file, sync it and drop its
+  // pages (posix_fadvise POSIX_FADV_DONTNEED), so the read comes from the device.
+  bool drop_page_cache = false;
 };
 
 // Per-Cache objects that the layers of one Cache share (the offloaded containers' resident slots
@@ -244,7 +247,7 @@ class Cache {
   void offload(int layer);
   void prefetch(int layer);
 
-  size_t bytes() const;  // sum over the layers that own storage (resident bytes)
+  size_t bytes() const;            // sum over the layers that own storage (resident bytes)
   size_t offloaded_bytes() const;  // sum of the layers' offloaded_bytes()
 
   // Every owning layer's save()/load(), each framed by its index and registry name (load
@@ -263,6 +266,7 @@ class Cache {
   std::vector<std::unique_ptr<CacheLayer>> layers_;  // nullptr for shared layers
   std::vector<int> source_;                          // source_[i] == i unless shared
   std::vector<KVSpan> last_span_;                    // latest span per owning layer
+  std::vector<int> offloadable_;  // owning layers whose offload/prefetch hooks update() drives
 };
 
 }  // namespace kvcache

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/layer_state.h"
 #include "core/error.h"
 
 namespace kvcache {
@@ -196,6 +197,96 @@ void DenseLayer::select(std::span<const int64_t> indices) {
                 where() + ": select: no rows listed; a cache needs at least one row (use reset())");
   }
   gather(indices, "select");
+}
+
+void DenseLayer::refuse_restore(const std::string& what) const {
+  throw Error(ErrorKind::kFormat, where() + ": cannot restore: " + what);
+}
+
+// Layout: u32 allocated; when 1: str dtype, i64 batch, heads, head_dim_k, head_dim_v,
+// u32 shared_kv, i64 seq_length, i64 stored, u32 recording, then K [batch, heads, stored, D_k]
+// and (unless shared_kv) V, row-major in the storage dtype.
+void DenseLayer::save(StateWriter& out) const {
+  out.u32(buf_.allocated() ? 1 : 0);
+  if (!buf_.allocated()) return;
+  const SequenceBufferShape& s = buf_.shape();
+  out.str(dtype_name(s.dtype));
+  out.i64(s.batch);
+  out.i64(s.heads);
+  out.i64(s.head_dim_k);
+  out.i64(s.head_dim_v);
+  out.u32(s.shared_kv ? 1 : 0);
+  out.i64(seq_length());
+  out.i64(buf_.size());
+  out.u32(recording() ? 1 : 0);
+  out.view(buf_.k_slots(buf_.begin(), buf_.end()));
+  if (!s.shared_kv) out.view(buf_.v_slots(buf_.begin(), buf_.end()));
+}
+
+void DenseLayer::load(StateReader& in) {
+  if (in.u32() == 0) {  // saved before its first update
+    reset();
+    return;
+  }
+  SequenceBufferShape s;
+  const std::string dtype = in.str(16);
+  s.batch = in.i64();
+  s.heads = in.i64();
+  s.head_dim_k = in.i64();
+  s.head_dim_v = in.i64();
+  s.shared_kv = in.u32() != 0;
+  SavedPosition p;
+  p.seq_length = in.i64();
+  p.stored = in.i64();
+  p.recording = in.u32() != 0;
+
+  try {
+    s.dtype = parse_dtype(dtype);
+  } catch (const Error&) {
+    refuse_restore("unknown kv dtype '" + dtype + "' in the file");
+  }
+  if (!dtype_is_float(s.dtype)) refuse_restore("kv dtype " + dtype + " is not a float type");
+  const DType want = buf_.allocated() ? buf_.shape().dtype : params_.kv_dtype.value_or(s.dtype);
+  if (s.dtype != want)
+    refuse_restore(std::string("kv dtype ") + dtype + " in the file vs " + dtype_name(want) +
+                   " here");
+  if (s.shared_kv != params_.shared_kv)
+    refuse_restore(std::string("the file stores ") + (s.shared_kv ? "K == V once" : "K and V") +
+                   ", this layer " + (params_.shared_kv ? "K == V once" : "K and V"));
+  if (s.batch < 1 || s.heads < 1 || s.head_dim_k < 1 || s.head_dim_v < 1 ||
+      (s.shared_kv && s.head_dim_k != s.head_dim_v))
+    refuse_restore("invalid shape in the file: batch " + std::to_string(s.batch) + ", heads " +
+                   std::to_string(s.heads) + ", head dims " + std::to_string(s.head_dim_k) + "/" +
+                   std::to_string(s.head_dim_v));
+  if (buf_.allocated()) {
+    const SequenceBufferShape& h = buf_.shape();
+    if (s.heads != h.heads || s.head_dim_k != h.head_dim_k || s.head_dim_v != h.head_dim_v)
+      refuse_restore("the file has " + std::to_string(s.heads) + " KV heads of dims " +
+                     std::to_string(s.head_dim_k) + "/" + std::to_string(s.head_dim_v) +
+                     ", this layer " + std::to_string(h.heads) + " of " +
+                     std::to_string(h.head_dim_k) + "/" + std::to_string(h.head_dim_v));
+  }
+  if (params_.max_batch_size > 0 && s.batch > params_.max_batch_size)
+    refuse_restore("batch " + std::to_string(s.batch) + " in the file vs max_batch_size " +
+                   std::to_string(params_.max_batch_size) + " here");
+  if (p.stored < 0 || p.seq_length < p.stored)
+    refuse_restore("invalid position in the file: " + std::to_string(p.stored) + " tokens of " +
+                   std::to_string(p.seq_length) + " stored");
+  const int64_t capacity = restore_capacity(p);  // checks the container's own limits
+
+  // Everything checked: from here on the layer changes. Reuse the storage when it fits.
+  if (buf_.allocated() && buf_.capacity() >= p.stored && buf_.batch_capacity() >= s.batch) {
+    buf_.set_window(0, 0);
+    buf_.set_batch(s.batch);
+  } else {
+    const int64_t rows =
+        params_.fixed_storage && params_.max_batch_size > 0 ? params_.max_batch_size : s.batch;
+    buf_.allocate(s, rows, std::max(capacity, p.stored));
+  }
+  buf_.set_window(0, p.stored);
+  in.view(buf_.k_slots(0, p.stored));
+  if (!s.shared_kv) in.view(buf_.v_slots(0, p.stored));
+  restore_position(p);
 }
 
 }  // namespace kvcache

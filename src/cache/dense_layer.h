@@ -41,6 +41,11 @@ class DenseLayer : public CacheLayer {
   size_t bytes() const override;
   std::string_view name() const override { return params_.name; }
   CopyStats stats() const override { return buf_.stats(); }
+  // Session save / restore: the storage's shape and dtype, the position bookkeeping and the
+  // stored tokens of every live row (nothing of the workspace, the spare capacity or the
+  // statistics). load() checks everything against this layer before it changes anything.
+  void save(StateWriter& out) const override;
+  void load(StateReader& in) override;
 
   const SequenceBuffer& buffer() const { return buf_; }
   // Tokens physically held (<= seq_length() for windows).
@@ -67,6 +72,22 @@ class DenseLayer : public CacheLayer {
   void workspace(int64_t tokens, TensorView* k, TensorView* v);
   // Subclasses' position bookkeeping after a row gather (nothing by default).
   virtual void after_rows_changed() {}
+
+  // What a saved layer's position was: tokens seen, tokens stored (the last `stored` of them)
+  // and whether past recording was on.
+  struct SavedPosition {
+    int64_t seq_length = 0;
+    int64_t stored = 0;
+    bool recording = false;
+  };
+  // Checks that a saved position fits this container (Error(kFormat) naming the layer) and
+  // returns the token slots to allocate when the storage must be (re)allocated for it.
+  virtual int64_t restore_capacity(const SavedPosition& p) const = 0;
+  // Sets the subclass's bookkeeping once the tokens are in place (nothing by default).
+  virtual void restore_position(const SavedPosition& p) { (void)p; }
+  virtual bool recording() const { return false; }
+  // Error(kFormat) "<where>: cannot restore: <what>".
+  [[noreturn]] void refuse_restore(const std::string& what) const;
 
   DenseLayerParams params_;
   SequenceBuffer buf_;

@@ -25,6 +25,10 @@ void DynamicLayer::reserve(int64_t tokens) {
   if (buf_.allocated() && buf_.capacity() < tokens) buf_.reallocate(buf_.batch_capacity(), tokens);
 }
 
+int64_t DynamicLayer::full_capacity(int64_t tokens) const {
+  return std::max({tokens, kMinCapacity, reserved_});
+}
+
 namespace {
 std::unique_ptr<CacheLayer> make_dynamic_full(const CacheConfig& config, int layer_index) {
   return std::make_unique<DynamicLayer>(

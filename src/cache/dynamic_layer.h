@@ -23,6 +23,9 @@ class DynamicLayer final : public FullAttentionLayer {
   // Grows the storage now when it is allocated, else at the first update.
   void reserve(int64_t tokens) override;
 
+ protected:
+  int64_t full_capacity(int64_t tokens) const override;
+
  private:
   int64_t reserved_ = 0;  // the largest reserve() asked for
 };

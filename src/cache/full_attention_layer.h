@@ -4,6 +4,8 @@
 // Subclasses implement update() (where the tokens go) and max_length().
 #pragma once
 
+#include <string>
+
 #include "cache/dense_layer.h"
 
 namespace kvcache {
@@ -32,6 +34,16 @@ class FullAttentionLayer : public DenseLayer {
     span.kv_offset = 0;
     return span;
   }
+  // Keeps every token: nothing evicted, nothing recorded.
+  int64_t restore_capacity(const SavedPosition& p) const override {
+    if (p.stored != p.seq_length || p.recording)
+      refuse_restore("the file holds " + std::to_string(p.stored) + " of " +
+                     std::to_string(p.seq_length) +
+                     " tokens (a window layer's state), a full-attention layer keeps all");
+    return full_capacity(p.stored);
+  }
+  // Slots to allocate for `tokens` restored tokens (checks a fixed capacity).
+  virtual int64_t full_capacity(int64_t tokens) const = 0;
 };
 
 }  // namespace kvcache

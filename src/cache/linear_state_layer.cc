@@ -5,6 +5,7 @@
 #include <memory>
 #include <utility>
 
+#include "cache/layer_state.h"
 #include "core/error.h"
 
 namespace kvcache {
@@ -288,6 +289,65 @@ void LinearStateLayer::crop(int64_t n) {
   snapshots_.erase(snapshots_.upper_bound(keep), snapshots_.end());
   seq_ = keep;
   has_previous_ = true;
+}
+
+// Layout: i64 batch (0: saved before its first update), seq_length, u32 has_previous,
+// i64 K-1, C, H_v, d_k, d_v, then conv [batch, K-1, C] and recurrent [batch, H_v, d_k, d_v], f32.
+void LinearStateLayer::save(StateWriter& out) const {
+  const LinearStateShape& s = params_.shape;
+  out.i64(batch_);
+  if (batch_ == 0) return;
+  out.i64(seq_);
+  out.u32(has_previous_ ? 1 : 0);
+  for (int64_t d : {window(), s.conv_dim, s.heads_v, s.head_dim_k, s.head_dim_v}) out.i64(d);
+  out.view(conv_state());
+  out.view(recurrent_state());
+}
+
+void LinearStateLayer::load(StateReader& in) {
+  const int64_t batch = in.i64();
+  if (batch == 0) {
+    reset();
+    return;
+  }
+  const int64_t seq = in.i64();
+  const bool has_previous = in.u32() != 0;
+  const LinearStateShape& s = params_.shape;
+  int64_t dims[5];
+  for (int64_t& d : dims) d = in.i64();
+  const int64_t want[5] = {window(), s.conv_dim, s.heads_v, s.head_dim_k, s.head_dim_v};
+  auto refuse = [&](const std::string& what) {
+    throw Error(ErrorKind::kFormat, where() + ": cannot restore: " + what);
+  };
+  if (!std::equal(dims, dims + 5, want)) {
+    auto str = [](const int64_t* d) {
+      std::string r;
+      for (int i = 0; i < 5; ++i) {
+        if (i > 0) r += '/';
+        r += std::to_string(d[i]);
+      }
+      return r;
+    };
+    refuse("state shape (K-1/C/H_v/d_k/d_v) " + str(dims) + " in the file vs " + str(want) +
+           " here");
+  }
+  if (batch < 0 || seq < 0) refuse("invalid batch or position in the file");
+  if (params_.max_batch_size > 0 && batch > params_.max_batch_size)
+    refuse("batch " + std::to_string(batch) + " in the file vs max_batch_size " +
+           std::to_string(params_.max_batch_size) + " here");
+  if (params_.fixed_rows && rows_ > 0 && batch > rows_)
+    refuse("batch " + std::to_string(batch) + " in the file but " + std::to_string(rows_) +
+           " rows are allocated");
+  const bool was_recording = recording_;
+  recording_ = false;  // no history to restart: it would describe the zero state
+  reset();
+  ensure_rows(batch, "load");
+  recording_ = was_recording;
+  in.view(conv_state());
+  in.view(recurrent_state());
+  seq_ = seq;
+  has_previous_ = has_previous;
+  if (recording_) restart_history();
 }
 
 void LinearStateLayer::reset() {

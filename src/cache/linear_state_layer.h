@@ -147,6 +147,11 @@ class LinearStateLayer final : public LinearCacheLayer {
   // States, workspace, recorded conv inputs and snapshots.
   size_t bytes() const override;
   std::string_view name() const override { return params_.name; }
+  // Session save / restore: the conv window and recurrent state of every row and the position.
+  // Past recording's history and snapshots are not saved: after a restore, crop() cannot go
+  // back before the restored position.
+  void save(StateWriter& out) const override;
+  void load(StateReader& in) override;
 
  private:
   std::string where() const;

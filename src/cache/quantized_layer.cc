@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "cache/layer_state.h"
 #include "core/error.h"
 #include "kernels/kv_quant.h"
 
@@ -329,6 +330,94 @@ void QuantizedLayer::crop(int64_t n) {
     n_res_ = part;
   }
   seq_length_ = keep;
+}
+
+// Layout: u32 initialized; when 1: i64 batch, heads, D_k, D_v, str residual dtype, u32 scheme,
+// bits, i64 group, seq_length, packed blocks n, residual tokens r, then per (row, head) its n K
+// blocks, per (row, head) its n V blocks, then the residual K and V [B, H, r, D].
+void QuantizedLayer::save(StateWriter& out) const {
+  out.u32(initialized_ ? 1 : 0);
+  if (!initialized_) return;
+  for (int64_t d : {batch_, heads_, dk_, dv_}) out.i64(d);
+  out.str(dtype_name(res_dtype_));
+  const QuantizedOptions& q = params_.quantized;
+  out.u32(static_cast<uint32_t>(q.scheme));
+  out.u32(static_cast<uint32_t>(q.bits));
+  out.i64(q.group);
+  out.i64(seq_length_);
+  const int64_t n = blk_end_ - blk_begin_;
+  out.i64(n);
+  out.i64(n_res_);
+  auto* self = const_cast<QuantizedLayer*>(this);  // k_block/v_block: the same bytes, read only
+  for (int64_t r = 0; r < batch_ * heads_ && n > 0; ++r)
+    out.write(self->k_block(r / heads_, r % heads_, blk_begin_),
+              static_cast<size_t>(n * k_block_bytes_));
+  for (int64_t r = 0; r < batch_ * heads_ && n > 0; ++r)
+    out.write(self->v_block(r / heads_, r % heads_, blk_begin_),
+              static_cast<size_t>(n * v_block_bytes_));
+  if (n_res_ > 0) {
+    out.view(res_k_.view().slice(2, 0, n_res_));
+    out.view(res_v_.view().slice(2, 0, n_res_));
+  }
+}
+
+void QuantizedLayer::load(StateReader& in) {
+  if (in.u32() == 0) {
+    reset();
+    return;
+  }
+  int64_t dims[4];
+  for (int64_t& d : dims) d = in.i64();
+  const std::string dtype = in.str(16);
+  const uint32_t scheme = in.u32(), bits = in.u32();
+  const int64_t group = in.i64(), seq = in.i64(), n = in.i64(), n_res = in.i64();
+  auto refuse = [&](const std::string& what) {
+    throw Error(ErrorKind::kFormat, where() + ": cannot restore: " + what);
+  };
+  const QuantizedOptions& q = params_.quantized;
+  if (scheme != static_cast<uint32_t>(q.scheme) || bits != static_cast<uint32_t>(q.bits) ||
+      group != q.group)
+    refuse("the file was quantized with scheme " + std::to_string(scheme) + ", " +
+           std::to_string(bits) + " bits, groups of " + std::to_string(group) +
+           "; this layer uses " + std::to_string(static_cast<uint32_t>(q.scheme)) + ", " +
+           std::to_string(q.bits) + ", " + std::to_string(q.group));
+  DType res = DType::kF32;
+  try {
+    res = parse_dtype(dtype);
+  } catch (const Error&) {
+    refuse("unknown residual dtype '" + dtype + "'");
+  }
+  const DType want = initialized_ ? res_dtype_ : params_.kv_dtype.value_or(res);
+  if (res != want) refuse("kv dtype " + dtype + " in the file vs " + dtype_name(want) + " here");
+  for (int64_t d : dims)
+    if (d < 1) refuse("invalid shape in the file");
+  if (initialized_ && (dims[0] != batch_ || dims[1] != heads_ || dims[2] != dk_ || dims[3] != dv_))
+    refuse("the file has batch/heads/dims " + std::to_string(dims[0]) + "/" +
+           std::to_string(dims[1]) + "/" + std::to_string(dims[2]) + "/" + std::to_string(dims[3]) +
+           ", this layer " + std::to_string(batch_) + "/" + std::to_string(heads_) + "/" +
+           std::to_string(dk_) + "/" + std::to_string(dv_));
+  if (n < 0 || n_res < 0 || seq < n * group + n_res ||
+      (params_.sliding_window <= 0 && seq != n * group + n_res))
+    refuse("invalid position in the file");
+  if (!initialized_) {  // init() reads only the shapes and dtype of its views
+    const TensorView k(nullptr, res, {dims[0], dims[1], 1, dims[2]});
+    const TensorView v(nullptr, res, {dims[0], dims[1], 1, dims[3]});
+    init(k, v);
+  }
+  reset();
+  reserve_blocks(n, /*exact=*/true);
+  for (int64_t r = 0; r < batch_ * heads_ && n > 0; ++r)
+    in.read(k_block(r / heads_, r % heads_, 0), static_cast<size_t>(n * k_block_bytes_));
+  for (int64_t r = 0; r < batch_ * heads_ && n > 0; ++r)
+    in.read(v_block(r / heads_, r % heads_, 0), static_cast<size_t>(n * v_block_bytes_));
+  blk_end_ = n;
+  reserve_residual(n_res);
+  if (n_res > 0) {
+    in.view(res_k_.view().slice(2, 0, n_res));
+    in.view(res_v_.view().slice(2, 0, n_res));
+  }
+  n_res_ = n_res;
+  seq_length_ = seq;
 }
 
 void QuantizedLayer::reset() {

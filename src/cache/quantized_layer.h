@@ -74,6 +74,10 @@ class QuantizedLayer final : public CacheLayer {
   size_t bytes() const override;
   std::string_view name() const override { return params_.name; }
   CopyStats stats() const override { return stats_; }
+  // Session save / restore: shape, residual dtype, scheme, the packed blocks of every (row,
+  // head) and the full-precision residual, byte for byte (nothing is re-quantized).
+  void save(StateWriter& out) const override;
+  void load(StateReader& in) override;
 
   int64_t residual_length() const { return n_res_; }
   int64_t packed_length() const { return (blk_end_ - blk_begin_) * params_.quantized.group; }

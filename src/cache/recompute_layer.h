@@ -25,6 +25,12 @@ class RecomputeLayer final : public FullAttentionLayer {
   // {query_len, 0}: the next update is a sequence of its own.
   MaskSizes mask_sizes(int64_t query_len) const override { return {query_len, 0}; }
   int64_t max_length() const override { return -1; }
+  // It keeps nothing between calls: nothing to save (CacheLayer's kUnsupported).
+  void save(StateWriter& out) const override { CacheLayer::save(out); }
+  void load(StateReader& in) override { CacheLayer::load(in); }
+
+ protected:
+  int64_t full_capacity(int64_t tokens) const override { return tokens; }
 };
 
 }  // namespace kvcache

@@ -33,6 +33,14 @@ KVSpan StaticLayer::update(const TensorView& k, const TensorView& v) {
   return stored_span();
 }
 
+int64_t StaticLayer::full_capacity(int64_t tokens) const {
+  if (tokens > max_cache_len_)
+    refuse_restore("the file holds " + std::to_string(tokens) +
+                   " tokens but this static cache holds " + std::to_string(max_cache_len_) +
+                   " (max_cache_len); raise --max-cache-len to at least " + std::to_string(tokens));
+  return max_cache_len_;
+}
+
 namespace {
 std::unique_ptr<CacheLayer> make_static_full(const CacheConfig& config, int layer_index) {
   return std::make_unique<StaticLayer>(

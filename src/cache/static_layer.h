@@ -24,6 +24,9 @@ class StaticLayer final : public FullAttentionLayer {
   KVSpan update(const TensorView& k, const TensorView& v) override;
   int64_t max_length() const override { return max_cache_len_; }
 
+ protected:
+  int64_t full_capacity(int64_t tokens) const override;
+
  private:
   int64_t max_cache_len_;
 };

@@ -155,6 +155,33 @@ void WindowLayer::crop(int64_t n) {
   seq_length_ = length;
 }
 
+int64_t WindowLayer::restore_capacity(const SavedPosition& p) const {
+  // The next queries need keys from window_start(seq_length): the kept tokens must cover them.
+  const int64_t needed = p.seq_length - window_start(p.seq_length);
+  if (p.stored < needed)
+    refuse_restore("the file keeps " + std::to_string(p.stored) + " tokens but a query at " +
+                   "position " + std::to_string(p.seq_length) + " needs " + std::to_string(needed) +
+                   " (was it saved with another window?)");
+  if (!p.recording && p.stored > keep_)
+    refuse_restore("the file keeps " + std::to_string(p.stored) + " tokens, more than the " +
+                   std::to_string(keep_) + " this window keeps (another window size?)");
+  const int64_t capacity = buf_.allocated() ? buf_.capacity() : capacity_limit();
+  if (params_.fixed_storage) {
+    if (p.stored > capacity)
+      refuse_restore("the file keeps " + std::to_string(p.stored) +
+                     " tokens (past recording) but this static layer has " +
+                     std::to_string(capacity) + " slots; raise --max-cache-len");
+    return capacity;
+  }
+  return p.recording ? std::max(p.stored, kMinCapacity)
+                     : std::min(std::max(p.stored, kMinCapacity), capacity_limit());
+}
+
+void WindowLayer::restore_position(const SavedPosition& p) {
+  seq_length_ = p.seq_length;
+  recording_ = recording_ || p.recording;
+}
+
 void WindowLayer::reset() {
   if (buf_.allocated()) buf_.set_window(0, 0);
   seq_length_ = 0;

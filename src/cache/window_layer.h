@@ -75,6 +75,9 @@ class WindowLayer final : public DenseLayer {
   int64_t first_stored_position() const { return seq_length_ - buf_.size(); }
 
  private:
+  int64_t restore_capacity(const SavedPosition& p) const override;
+  void restore_position(const SavedPosition& p) override;
+  bool recording() const override { return recording_; }
   int64_t capacity_limit() const;  // dynamic: growth stops here (unless recording); static: fixed
 
   WindowLayerParams window_;

@@ -9,8 +9,10 @@
 #include <ctime>
 #include <filesystem>
 
+#include "cache/offloaded_layer.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "core/tier.h"
 #include "kernels/kv_quant.h"
 #include "runtime/engine.h"
 
@@ -119,6 +121,8 @@ std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& conf
         if (depth > 0 && rep >= 0) s.prefill({ctx_tokens.data(), static_cast<size_t>(depth)});
         const int64_t n =
             rep < 0 ? std::min<int64_t>(std::max(t.pp, t.tg), 4) : std::max(t.pp, t.tg);
+        const OffloadPool* pool = find_offload_pool(s.cache());
+        const TierCopierStats io0 = pool != nullptr ? pool->copier().stats() : TierCopierStats{};
         const auto t0 = std::chrono::steady_clock::now();
         if (t.pp > 0) {
           s.prefill({test_tokens.data(), static_cast<size_t>(n)});
@@ -128,10 +132,21 @@ std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& conf
         const double ns =
             std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
         if (rep < 0) continue;
+        if (pool != nullptr) {
+          const TierCopierStats io = pool->copier().stats();
+          const double per = 1.0 / static_cast<double>(n * params.repetitions);
+          r.read_bytes_per_token +=
+              static_cast<double>(io.from_disk.bytes - io0.from_disk.bytes) * per;
+          r.read_us_per_token +=
+              static_cast<double>(io.from_disk.ns - io0.from_disk.ns) * 1e-3 * per;
+          r.write_us_per_token += static_cast<double>(io.to_disk.ns - io0.to_disk.ns) * 1e-3 * per;
+          r.wait_us_per_token += static_cast<double>(io.wait_ns - io0.wait_ns) * 1e-3 * per;
+        }
         r.samples_ns.push_back(ns);
         r.samples_ts.push_back(static_cast<double>(n) * 1e9 / ns);
       }
       r.kv_bytes = s.kv_bytes();
+      r.offloaded_bytes = s.cache().offloaded_bytes();
       summarise(r);
       out.push_back(std::move(r));
     }

@@ -34,7 +34,14 @@ struct BenchResult {
   int n_threads = 0;
   std::vector<double> samples_ns, samples_ts;
   double avg_ns = 0, stddev_ns = 0, avg_ts = 0, stddev_ts = 0;
-  size_t kv_bytes = 0;       // resident KV bytes at the end of the test
+  size_t kv_bytes = 0;  // resident KV bytes at the end of the test
+  // Offloaded caches (cache/offloaded_layer.h): bytes in the layer files at the end of the test,
+  // and the pool's TierCopier over the timed runs, per token: bytes read back from the files,
+  // the copier thread's time reading and writing, and the time compute waited for a read (the
+  // part of the copies compute did not hide).
+  size_t offloaded_bytes = 0;
+  double read_bytes_per_token = 0, read_us_per_token = 0, write_us_per_token = 0,
+         wait_us_per_token = 0;
   std::string name() const;  // "pp512", "tg128", "pp512 @ d4096"
 };
 

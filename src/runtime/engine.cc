@@ -278,27 +278,46 @@ void Engine::cancel(uint64_t id) {
 
 bool Engine::has_work() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return !inbox_.empty() || !cancels_.empty() || !requests_.empty();
+  return !inbox_.empty() || !cancels_.empty() || !requests_.empty() || !tasks_.empty();
 }
 
 void Engine::wait_for_work(double seconds) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, std::chrono::duration<double>(seconds),
-               [&] { return !inbox_.empty() || !cancels_.empty() || !requests_.empty(); });
+  cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] {
+    return !inbox_.empty() || !cancels_.empty() || !requests_.empty() || !tasks_.empty();
+  });
 }
 
 void Engine::notify() {
   cv_.notify_all();
 }
 
+void Engine::post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+}
+
+std::vector<int32_t> Engine::finished_tokens(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [fid, tokens] : finished_)
+    if (fid == id) return tokens;
+  return {};
+}
+
 void Engine::drain_inbox() {
   std::vector<std::unique_ptr<Request>> incoming;
   std::vector<uint64_t> cancels;
+  std::vector<std::function<void()>> tasks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     incoming.swap(inbox_);
     cancels.swap(cancels_);
+    tasks.swap(tasks_);
   }
+  for (auto& task : tasks) task();  // between steps: no forward, no open store step
   for (auto& r : incoming) {
     waiting_.push_back(r->seqs[0].get());
     requests_.push_back(std::move(r));
@@ -853,6 +872,14 @@ void Engine::finish_request_if_done(Request& r) {
   for (auto& s : r.seqs) cancelled |= s->out->reason == FinishReason::kCancelled;
   if (cancelled) ++counters_.requests_cancelled;
   ++counters_.requests_finished;
+  {  // what the cache holds of it, for a later slot save (finished_tokens)
+    std::vector<int32_t> tokens = r.params.prompt;
+    if (!r.seqs.empty() && r.seqs[0]->out)
+      tokens.insert(tokens.end(), r.seqs[0]->out->tokens.begin(), r.seqs[0]->out->tokens.end());
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_.emplace_back(r.id, std::move(tokens));
+    if (finished_.size() > kFinishedKept) finished_.pop_front();
+  }
   leave_queue(r);
   // Publish the metrics before the last callback: a client that sees its request end and then
   // reads /metrics must see its blocks returned, not the snapshot of the previous step.

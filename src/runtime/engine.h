@@ -222,6 +222,16 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   int64_t max_context() const { return max_context_; }  // prompt + max_tokens limit
   PagedKVStore& store() { return *store_; }
+  const Model& model() const { return model_; }
+
+  // Thread-safe: runs `task` on the engine thread at the start of the next step, between
+  // forwards (no store step open): work on the store from other threads (the server's slot
+  // save / restore). The task must not throw (it reports through its own channel).
+  void post(std::function<void()> task);
+  // Thread-safe: the tokens request `id` left in the cache (its prompt and its first sample's
+  // generated tokens), for the last kFinishedKept finished requests; empty when unknown.
+  static constexpr size_t kFinishedKept = 64;
+  std::vector<int32_t> finished_tokens(uint64_t id) const;
 
  private:
   struct Request;
@@ -288,6 +298,8 @@ class Engine {
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Request>> inbox_;
   std::vector<uint64_t> cancels_;
+  std::vector<std::function<void()>> tasks_;                        // post()
+  std::deque<std::pair<uint64_t, std::vector<int32_t>>> finished_;  // finished_tokens()
   uint64_t next_id_ = 1;
   int64_t queued_ = 0;     // inbox + waiting requests (bounded by max_waiting)
   EngineMetrics metrics_;  // snapshot published by update_metrics()

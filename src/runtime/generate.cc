@@ -57,8 +57,10 @@ GenerateStats generate(Session& session, std::span<const int32_t> prompt,
   const int64_t vocab = session.model().config().vocab_size;
   Sampler sampler(params.sampler, vocab);
 
-  std::vector<int32_t> seq(prompt.begin(), prompt.end());  // everything fed so far
-  seq.reserve(prompt.size() + static_cast<size_t>(params.max_new_tokens));
+  std::vector<int32_t> seq;  // everything fed so far
+  seq.reserve(params.history.size() + prompt.size() + static_cast<size_t>(params.max_new_tokens));
+  seq.assign(params.history.begin(), params.history.end());
+  seq.insert(seq.end(), prompt.begin(), prompt.end());
   std::unique_ptr<Forward> oracle;
   if (params.verify) {
     oracle = std::make_unique<Forward>(session.model(), session.config().kernel,

@@ -20,6 +20,9 @@ struct GenerateParams {
   bool ignore_eos = false;        // generate all max_new_tokens regardless of stop_ids
   bool verify = false;
   double verify_tolerance = 0.0;  // 0: verify_tolerance_for(kv dtype)
+  // Tokens the session already holds before `prompt` (a restored session file, an earlier
+  // turn): the sampler's repetition window and --verify's recompute see them too.
+  std::vector<int32_t> history;
 };
 
 struct GenerateStats {

@@ -143,6 +143,18 @@ std::span<const float> Session::forward_all(std::span<const int32_t> ids) {
   return logits;
 }
 
+void Session::restored(int64_t position) {
+  if (paged_)
+    throw Error(ErrorKind::kUnsupported,
+                "a paged session cannot be restored from a session file; use --cache dynamic or "
+                "static");
+  if (position != cache_->seq_length())
+    throw Error(ErrorKind::kFormat, "session restore: the file lists " + std::to_string(position) +
+                                        " tokens but the cache holds " +
+                                        std::to_string(cache_->seq_length()));
+  pos_ = position;
+}
+
 void Session::reset() {
   cache_->reset();
   pos_ = 0;

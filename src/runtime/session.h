@@ -56,6 +56,11 @@ class Session {
   // The paged store (nullptr for dense caches).
   PagedKVStore* paged_store() const { return paged_.get(); }
   Cache& cache() { return *cache_; }
+  const Cache& cache() const { return *cache_; }
+  // Session files (runtime/session_file.h): after Cache::load restored `position` tokens into
+  // this session's cache, the session continues from there. Dense caches only (Error for a
+  // paged one); `position` must equal the cache's seq_length().
+  void restored(int64_t position);
   size_t kv_bytes() const { return cache_->bytes(); }
   const Model& model() const { return model_; }
   const SessionConfig& config() const { return config_; }

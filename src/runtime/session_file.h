@@ -51,4 +51,24 @@ SessionFileInfo load_session(Session& session, const std::string& path);
 // Reads only the header (and checks the checksum when verify is true).
 SessionFileInfo read_session_info(const std::string& path, bool verify);
 
+// The server's paged store (`serve --slot-save-path`), on the engine thread between steps (no
+// step open). Payload: u32 block_tokens, then per layer that owns pages: i64 layer, and the
+// sequence's blocks in order, K then V, each [H_kv, block_tokens, D] in the pages' dtype.
+// Only full blocks found in the prefix cache are saved (tokens: prompt + generated; the saved
+// count is a multiple of the block size, the tail is recomputed on reuse). Models whose state
+// is not all in full-attention blocks (sliding, linear, compressed layers) are refused
+// (kUnsupported).
+struct PagedSessionResult {
+  int64_t tokens = 0;  // saved / restored
+  uint64_t bytes = 0;  // file bytes written / read
+};
+// Error(kOutOfRange) when none of `tokens`' blocks are cached any more (evicted).
+PagedSessionResult save_paged_session(PagedKVStore& store, const Model& model,
+                                      std::span<const int32_t> tokens, const std::string& path);
+// Puts the file's blocks back into the prefix cache (allocated, written, keyed under the default
+// salt): the next request whose prompt starts with those tokens reuses them. Error(kOutOfRange)
+// when the pool has too few free blocks.
+PagedSessionResult load_paged_session(PagedKVStore& store, const Model& model,
+                                      const std::string& path);
+
 }  // namespace kvcache

@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <future>
 #include <optional>
 
 #include "core/error.h"
+#include "runtime/session_file.h"
 
 namespace kvcache {
 
@@ -394,6 +396,7 @@ void HttpServer::install_routes() {
   install_models();
   install_metrics();
   install_completions();
+  install_slots();
 }
 
 void HttpServer::install_guards() {
@@ -484,6 +487,92 @@ void HttpServer::install_completions() {
   });
   http_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     serve_completion(req, res, true);
+  });
+}
+
+// llama.cpp's slot save / restore. kvcache has no slots: {id} is a finished request's id, as
+// its response named it ("cmpl-7", "chatcmpl-7" or just 7), among the engine's last
+// Engine::kFinishedKept. The work runs on the engine thread (Engine::post), between steps.
+void HttpServer::install_slots() {
+  http_->Post(R"(/slots/([A-Za-z0-9_-]+))", [this](const httplib::Request& req,
+                                                   httplib::Response& res) {
+    if (config_.slot_save_path.empty())
+      return send_error(res, 501,
+                        "slot save/restore is disabled: start serve with --slot-save-path DIR",
+                        "not_supported_error");
+    const std::string action = req.get_param_value("action");
+    if (action != "save" && action != "restore")
+      return send_error(res, 400, "action must be 'save' or 'restore', got '" + action + "'",
+                        "invalid_request_error");
+    const std::string slot = req.matches[1];
+    const size_t digits = slot.find_last_not_of("0123456789");
+    const std::string number = digits == std::string::npos ? slot : slot.substr(digits + 1);
+    if (number.empty() || number.size() > 18)
+      return send_error(res, 400, "slot id '" + slot + "' is not a request id (cmpl-N, N)",
+                        "invalid_request_error");
+    const uint64_t id = std::stoull(number);
+    std::string filename;
+    try {
+      const json body = json::parse(req.body);
+      if (body.contains("filename") && body["filename"].is_string())
+        filename = body["filename"].get<std::string>();
+    } catch (const json::exception& e) {
+      return send_error(res, 400, std::string("malformed JSON body: ") + e.what(),
+                        "invalid_request_error");
+    }
+    if (filename.empty() || filename.find('/') != std::string::npos ||
+        filename.find('\\') != std::string::npos || filename.find("..") != std::string::npos)
+      return send_error(
+          res, 400,
+          "filename must be a plain file name (not empty, no '/', no '..'), got '" + filename + "'",
+          "invalid_request_error");
+    const std::string path = config_.slot_save_path + "/" + filename;
+    const bool save = action == "save";
+    auto done = std::make_shared<std::promise<std::pair<int, json>>>();
+    std::future<std::pair<int, json>> answer = done->get_future();
+    engine_.post([this, done, save, id, path, slot, filename] {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::pair<int, json> r;
+      try {
+        PagedSessionResult out;
+        if (save) {
+          const std::vector<int32_t> tokens = engine_.finished_tokens(id);
+          if (tokens.empty()) {
+            r = {404, error_body("request " + slot + " is not among the last " +
+                                     std::to_string(Engine::kFinishedKept) + " finished requests",
+                                 "invalid_request_error", "")};
+            done->set_value(r);
+            return;
+          }
+          out = save_paged_session(engine_.store(), engine_.model(), tokens, path);
+        } else {
+          out = load_paged_session(engine_.store(), engine_.model(), path);
+        }
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+        r.first = 200;
+        r.second = json{{"id_slot", slot}, {"filename", filename}};
+        r.second[save ? "n_saved" : "n_restored"] = out.tokens;
+        r.second[save ? "n_written" : "n_read"] = out.bytes;
+        r.second["timings"] = json{{save ? "save_ms" : "restore_ms", ms}};
+      } catch (const Error& e) {
+        const int status = e.kind() == ErrorKind::kOutOfRange    ? 409
+                           : e.kind() == ErrorKind::kUnsupported ? 501
+                           : e.kind() == ErrorKind::kIo          ? (save ? 500 : 404)
+                                                                 : 400;
+        const char* type = status == 501   ? "not_supported_error"
+                           : status >= 500 ? "server_error"
+                                           : "invalid_request_error";
+        r = {status, error_body(e.what(), type, "")};
+      } catch (const std::exception& e) {
+        r = {500, error_body(e.what(), "server_error", "")};
+      }
+      done->set_value(r);
+    });
+    const auto [status, body] = answer.get();
+    res.status = status;
+    res.set_content(to_json_text(body), "application/json");
   });
 }
 

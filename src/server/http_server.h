@@ -33,6 +33,10 @@ struct HttpServerConfig {
   double drain_timeout_s = 5;         // stop(): in-flight requests may finish for this long
   double health_probe_timeout_s = 5;  // /health after a failed forward: the probe's deadline
   double health_stall_s = 60;  // /health: one engine step running longer than this is a stall
+  // Non-empty: POST /slots/{id}?action=save|restore (llama.cpp's --slot-save-path) saves a
+  // finished request's cached blocks to a session file in this folder and restores them into
+  // the prefix cache (runtime/session_file.h). Empty: those routes answer 501.
+  std::string slot_save_path;
 };
 
 class HttpServer {
@@ -70,6 +74,7 @@ class HttpServer {
   void install_models();
   void install_metrics();
   void install_completions();  // /v1/completions and /v1/chat/completions
+  void install_slots();        // /slots/{id}?action=save|restore
   // One completions (chat = false) or chat request: parse, submit, then answer it whole or as
   // server-sent events; the answer cancels the request when the client goes away.
   void serve_completion(const httplib::Request& req, httplib::Response& res, bool chat);

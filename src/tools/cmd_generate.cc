@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
 #include "runtime/sampler.h"
+#include "runtime/session_file.h"
 #include "tools/commands.h"
 #include "tools/model_options.h"
 #include "tools/option_rules.h"
@@ -35,7 +37,13 @@ struct GenerateOptions {
   std::string output = "text";
   bool verify = false;
   double verify_tol = 0.0;
+  std::string save_session;  // --save-session FILE
+  std::string load_session;  // --load-session FILE
 };
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // Text of token `id` following `prev` as the stream shows it: llama2.c's decode + safe_printf
 // for its tokenizer; otherwise the token's bytes, minus the SentencePiece space after BOS.
@@ -83,6 +91,37 @@ void run_generate(const GenerateOptions& o) {
     prompt.insert(prompt.end(), text_ids.begin(), text_ids.end());
     if (prompt.empty()) throw Error(ErrorKind::kInvalidArgument, "the prompt encodes to no tokens");
   }
+  // --load-session: the saved conversation continues. A prompt that starts with the saved
+  // tokens (llama.cpp's --prompt-cache rule) computes only what follows them; any other prompt
+  // is appended after them (a text prompt without its BOS), as the conversation's next turn.
+  Session session(model, sc);
+  std::vector<int32_t> history;
+  if (!o.load_session.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    SessionFileInfo info = load_session(session, o.load_session);
+    history = std::move(info.tokens);
+    std::fprintf(stderr, "session: restored %zu tokens from %s (%.1f MB) in %.1f ms\n",
+                 history.size(), o.load_session.c_str(), info.file_bytes / 1e6, ms_since(t0));
+    if (prompt.size() >= history.size() &&
+        std::equal(history.begin(), history.end(), prompt.begin())) {
+      if (prompt.size() == history.size())
+        throw Error(ErrorKind::kInvalidArgument,
+                    "--load-session: the prompt is the saved conversation itself (" +
+                        std::to_string(history.size()) +
+                        " tokens); add at least one token to continue it (the run that saved it "
+                        "printed one more token than it saved: pass its whole output)");
+    } else if (o.prompt_ids.empty() && lm.add_bos && !prompt.empty()) {
+      prompt.erase(prompt.begin());  // appended mid-conversation: no second BOS
+      if (prompt.empty())
+        throw Error(ErrorKind::kInvalidArgument, "--load-session: the prompt adds no tokens");
+    }
+  }
+  const bool continues = !history.empty() && prompt.size() > history.size() &&
+                         std::equal(history.begin(), history.end(), prompt.begin());
+  // What is fed now: the prompt past the saved tokens, or the whole prompt appended after them.
+  const std::span<const int32_t> feed =
+      continues ? std::span<const int32_t>(prompt).subspan(history.size())
+                : std::span<const int32_t>(prompt);
   for (int32_t id : prompt) {
     if (id >= model.config().vocab_size) {
       throw Error(ErrorKind::kInvalidArgument, "prompt token id " + std::to_string(id) +
@@ -100,11 +139,13 @@ void run_generate(const GenerateOptions& o) {
   // Positions fed = prompt + new - 1 (the last sampled token is not fed): keep them within
   // the trained context, as llama2.c clamps its steps to seq_len.
   const int64_t ctx = model.config().max_seq_len;
-  const int64_t room = ctx - static_cast<int64_t>(prompt.size()) + 1;
+  const int64_t held = static_cast<int64_t>(history.size() + feed.size());
+  const int64_t room = ctx - held + 1;
   if (room <= 0) {
-    throw Error(ErrorKind::kInvalidArgument, "the prompt has " + std::to_string(prompt.size()) +
-                                                 " tokens; the model's context is " +
-                                                 std::to_string(ctx));
+    throw Error(ErrorKind::kInvalidArgument,
+                "the prompt has " + std::to_string(held) + " tokens" +
+                    (history.empty() ? "" : " with the restored session's") +
+                    "; the model's context is " + std::to_string(ctx));
   }
   if (gp.max_new_tokens > room) {
     std::fprintf(stderr, "kvcache: -n %lld exceeds the context (%lld positions); generating %lld\n",
@@ -113,9 +154,9 @@ void run_generate(const GenerateOptions& o) {
     gp.max_new_tokens = room;
   }
 
-  Session session(model, sc);
+  gp.history = history;
   const bool text = o.output == "text";
-  int32_t prev = -1;
+  int32_t prev = continues || history.empty() ? -1 : history.back();
   if (text) {
     const Tokenizer& tok = *lm.tokenizer;
     for (size_t i = 0; i < prompt.size(); ++i) {
@@ -127,7 +168,7 @@ void run_generate(const GenerateOptions& o) {
   }
   std::vector<int32_t> generated;
   const GenerateStats st = generate(
-      session, prompt, gp,
+      session, feed, gp,
       [&](int32_t id) {
         if (!text) return;
         std::fputs(piece(*lm.tokenizer, prev, id).c_str(), stdout);
@@ -135,6 +176,17 @@ void run_generate(const GenerateOptions& o) {
         prev = id;
       },
       &generated);
+  if (!o.save_session.empty()) {
+    // What the cache holds: the saved tokens, what was fed now and every generated token but
+    // the last (sampled, never fed: the next run's prompt carries it).
+    std::vector<int32_t> held_ids = history;
+    held_ids.insert(held_ids.end(), feed.begin(), feed.end());
+    if (!generated.empty()) held_ids.insert(held_ids.end(), generated.begin(), generated.end() - 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t bytes = save_session(session, held_ids, o.save_session);
+    std::fprintf(stderr, "session: saved %zu tokens to %s (%.1f MB) in %.1f ms\n", held_ids.size(),
+                 o.save_session.c_str(), bytes / 1e6, ms_since(t0));
+  }
   if (!text) {
     std::string line;
     for (int32_t id : generated) line += (line.empty() ? "" : " ") + std::to_string(id);
@@ -197,6 +249,12 @@ void register_generate(CLI::App& app) {
       "After each step compare logits with a no-cache recompute; exit 3 past the tolerance");
   cmd->add_option("--verify-tol", o->verify_tol,
                   "Relative tolerance of --verify (default: 1e-4 for f32 KV, 1e-2 f16, 5e-2 bf16)");
+  cmd->add_option("--save-session", o->save_session,
+                  "After generating, save the cache (prompt + generated tokens but the last) to "
+                  "this session file");
+  cmd->add_option("--load-session", o->load_session,
+                  "Restore a session file first; a prompt starting with its tokens computes only "
+                  "the rest, any other prompt is appended after them");
   cmd->callback([o] { run_generate(*o); });
 }
 

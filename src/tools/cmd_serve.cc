@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -44,6 +45,7 @@ struct ServeOptions {
   double write_timeout_s = 10;
   std::string max_body = "8MiB";
   double drain_timeout_s = 5;
+  std::string slot_save_path;  // --slot-save-path: /slots/{id}?action=save|restore
   int64_t max_prompt_tokens = 0;
   int32_t max_n = 64;
   int32_t max_stop_strings = 16;
@@ -155,6 +157,14 @@ void run_serve(const ServeOptions& o) {
   hc.transport.write_timeout_s = o.write_timeout_s;
   hc.transport.max_body_bytes = static_cast<size_t>(max_body);
   hc.drain_timeout_s = o.drain_timeout_s;
+  if (!o.slot_save_path.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.slot_save_path, ec);
+    if (!std::filesystem::is_directory(o.slot_save_path))
+      throw Error(ErrorKind::kIo, "--slot-save-path " + o.slot_save_path +
+                                      " is not a directory and cannot be created");
+    hc.slot_save_path = o.slot_save_path;
+  }
   HttpServer server(engine, sm, hc);
   server.bind();
   std::fprintf(stderr,
@@ -229,6 +239,9 @@ void register_serve(CLI::App& app) {
       app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
   add_engine_options(cmd, o->engine);
   cmd->add_option("--host", o->host, "Address to bind (default 127.0.0.1)");
+  cmd->add_option("--slot-save-path", o->slot_save_path,
+                  "Folder of POST /slots/{id}?action=save|restore session files (a finished "
+                  "request's cached blocks; llama.cpp's option)");
   cmd->add_option("--port", o->port, "Port (0: any free port; the ready line shows it)")
       ->required();
   cmd->add_option("--api-key", o->api_key,

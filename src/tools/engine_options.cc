@@ -26,6 +26,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   for (const char* quantized : {"--kv-bits", "--kv-quant", "--kv-group", "--kv-residual"})
     cmd->get_option(quantized)->description(
         "Refused: the paged cache is not quantized (--cache quantized: generate, logits, bench)");
+  cmd->get_option("--offload-dir")
+      ->description(
+          "Refused: the paged cache is not offloaded (--cache offloaded: generate, logits, bench)");
   cmd->add_option("--max-running", o.max_running, "Sequences resident at once (default 64)");
   cmd->add_option("--max-waiting", o.max_waiting,
                   "Queued requests before refusing with 429 (default 256)");

@@ -29,11 +29,12 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option(
       "--tokenizer", o.tokenizer,
       "Tokenizer file (default: tokenizer.bin / tok512.bin beside a llama2.c checkpoint)");
-  cmd->add_option(
-      "--cache", o.cache,
-      "Cache implementation (transformers' names): dynamic, static, paged, quantized, ...");
+  cmd->add_option("--cache", o.cache,
+                  "Cache implementation (transformers' names): dynamic, static, paged, quantized, "
+                  "offloaded, offloaded_static, ...");
   cmd->add_option("--max-cache-len", o.max_cache_len,
-                  "Capacity in tokens of --cache static, and of the paged pool without --kv-budget "
+                  "Capacity in tokens of --cache static and offloaded_static, and of the paged "
+                  "pool without --kv-budget "
                   "(default: context "
                   "length)");
   cmd->add_option("--kernel", o.kernel,
@@ -63,6 +64,9 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--kv-residual", o.kv_residual,
                   "--cache quantized: most recent tokens kept in full precision")
       ->capture_default_str();
+  cmd->add_option("--offload-dir", o.offload_dir,
+                  "--cache offloaded / offloaded_static: directory of the layer files (unlinked at "
+                  "creation; default $TMPDIR or /tmp)");
   add_renamed_options(cmd);
 }
 
@@ -149,6 +153,8 @@ SessionConfig session_config(const ModelOptions& o, const Model& model) {
                       " contradicts it (drop --kv-bits)");
     co.quantized.bits = fixed;
   }
+  co.offload.dir = o.offload_dir;
+  co.offload.drop_page_cache = o.offload_cold;
   co.quantized.group = o.kv_group;
   co.quantized.residual = o.kv_residual;
   if (!o.kv_dtype.empty()) {

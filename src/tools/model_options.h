@@ -28,12 +28,15 @@ struct ModelOptions {
   std::string kv_quant = "kivi";  // --cache quantized: kivi, q8_0, q4_0
   int64_t kv_group = 64;
   int64_t kv_residual = 128;
+  std::string offload_dir;    // --cache offloaded[_static]: where the layer files go
+  bool offload_cold = false;  // bench: drop the files' pages before every read (cold page cache)
   // The subcommand that registered these options: which of them the user gave (option_rules.h).
   const CLI::App* cmd = nullptr;
 };
 
 // Adds --model, --tokenizer, --cache, --max-cache-len, --kernel, --kv-dtype, -t, --chunk,
 // --progress, --block-tokens, --kv-budget, --kv-bits, --kv-quant, --kv-group, --kv-residual,
+// --offload-dir,
 // and the old spellings of renamed ones. Which of them take effect in which run (the old
 // spellings: none): option_rules.h.
 void add_model_options(CLI::App* cmd, ModelOptions& o);

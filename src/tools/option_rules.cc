@@ -139,13 +139,16 @@ std::optional<std::string> cache_value(const Given& g) {
 // Static capacities: --cache static, and the paged pool when no budget sizes it.
 std::optional<std::string> capacity(const Given& g) {
   const bool paged = contains(g.shape.caches, "paged");
-  if (contains(g.shape.caches, "static") || (paged && !g.shape.kv_budget)) return std::nullopt;
+  if (contains(g.shape.caches, "static") || contains(g.shape.caches, "offloaded_static") ||
+      (paged && !g.shape.kv_budget))
+    return std::nullopt;
   if (paged)
     return no_effect(g, "with --kv-budget", "the budget sizes the paged pool; give one of the two");
   return no_effect(
       g, situation(g),
-      "a dynamic or quantized cache grows as it needs, with no capacity; it is the capacity of "
-      "--cache static, and of the paged cache (--cache paged, serve, batch) when no --kv-budget "
+      "a dynamic, offloaded or quantized cache grows as it needs, with no capacity; it is the "
+      "capacity of --cache static and offloaded_static, and of the paged cache (--cache paged, "
+      "serve, batch) when no --kv-budget "
       "is given");
 }
 
@@ -185,6 +188,14 @@ std::optional<std::string> needs_quantized(const Given& g) {
   return no_effect(g, situation(g),
                    "it configures the quantized cache, which --cache quantized builds in generate, "
                    "logits and bench");
+}
+
+std::optional<std::string> needs_offloaded(const Given& g) {
+  for (const std::string& c : g.shape.caches)
+    if (c == "offloaded" || c == "offloaded_static") return std::nullopt;
+  return no_effect(g, situation(g),
+                   "it configures the offloaded cache, which --cache offloaded or offloaded_static "
+                   "builds in generate, logits and bench");
 }
 
 std::optional<std::string> chunk(const Given& g) {
@@ -326,6 +337,7 @@ const OptionRule kRules[] = {
     {kModel, "--kv-quant", needs_quantized},
     {kModel, "--kv-group", needs_quantized},
     {kModel, "--kv-residual", needs_quantized},
+    {kModel, "--offload-dir", needs_offloaded},
     // generate
     {kGenerate, "--prompt", nullptr},
     {kGenerate | kLogits, "--prompt-ids", nullptr},
@@ -341,6 +353,8 @@ const OptionRule kRules[] = {
     {kGenerate | kLogits | kBench | kBatch | kConvert, "--output", nullptr},
     {kGenerate, "--verify", nullptr},
     {kGenerate, "--verify-tol", verify_tolerance},
+    {kGenerate, "--save-session", nullptr},
+    {kGenerate, "--load-session", nullptr},
     // bench (its --cache is a list, checked above)
     {kBench, "--n-prompt", bench_tests},
     {kBench, "--n-gen", bench_tests},
@@ -349,6 +363,7 @@ const OptionRule kRules[] = {
     {kBench, "--prefix-reuse", nullptr},
     {kBench, "--kv-disk", bench_kv_disk},
     {kBench, "--kv-disk-cold", bench_kv_disk_cold},
+    {kBench, "--offload-cold", needs_offloaded},
     // serve and batch
     {kEngine, "--max-running", nullptr},
     {kServe, "--max-waiting", nullptr},
@@ -361,6 +376,7 @@ const OptionRule kRules[] = {
     {kEngine, "--kv-disk-budget", kv_disk_budget},
     {kServe, "--host", nullptr},
     {kServe, "--port", nullptr},
+    {kServe, "--slot-save-path", nullptr},
     {kServe, "--api-key", nullptr},
     {kServe, "--served-model-name", nullptr},
     {kServe, "--default-max-tokens", nullptr},
