@@ -203,6 +203,12 @@ void BlockPool::drop_content(int32_t id) {
   if (was_keyed && key_dropped_) key_dropped_(key);
 }
 
+void BlockPool::evict_content(int32_t id) {
+  const Block& b = blocks_[static_cast<size_t>(id)];
+  if (b.keyed && evicted_) evicted_(id, b.key, b.parent, tokens(id));
+  drop_content(id);
+}
+
 void BlockPool::keep_tail(int32_t id, const BlockKey& parent, std::span<const uint8_t> extra,
                           std::span<const int32_t> tokens) {
   Block& b = blocks_[check_id(id)];
@@ -224,7 +230,7 @@ bool BlockPool::allocate(int32_t n, std::vector<int32_t>& out) {
     Block& b = blocks_[static_cast<size_t>(id)];
     list_remove(id);
     if (kept(b)) {
-      drop_content(id);
+      evict_content(id);
       --n_cached_;
       ++counters_.evictions;
     } else {
@@ -374,7 +380,7 @@ int32_t BlockPool::evict(int32_t n) {
   for (int32_t id = head_; id >= 0 && done < n;) {
     const int32_t next = blocks_[static_cast<size_t>(id)].next;
     if (kept(blocks_[static_cast<size_t>(id)])) {
-      drop_content(id);
+      evict_content(id);
       list_remove(id);
       list_push_front(id);
       --n_cached_;

@@ -129,10 +129,17 @@ class BlockPool {
   void set_key_drop_hook(std::function<void(const BlockKey&)> hook) {
     key_dropped_ = std::move(hook);
   }
+  // Called with a keyed block that allocate() or evict() is about to reuse (an LRU eviction,
+  // not forget() or clear_index()), before its key is dropped: its pages still hold the
+  // block's content, so the store can write it behind to the disk tier (cache/disk_tier.h).
+  using EvictHook = std::function<void(int32_t id, const BlockKey& key, const BlockKey& parent,
+                                       std::span<const int32_t> tokens)>;
+  void set_evict_hook(EvictHook hook) { evicted_ = std::move(hook); }
 
   int32_t ref_count(int32_t id) const { return blocks_[check_id(id)].ref; }
   bool is_keyed(int32_t id) const { return blocks_[check_id(id)].keyed; }
   const BlockKey& key(int32_t id) const { return blocks_[check_id(id)].key; }
+  const BlockKey& parent(int32_t id) const { return blocks_[check_id(id)].parent; }
   std::span<const int32_t> tokens(int32_t id) const;  // valid while keyed (a tail: its first ids)
 
   BlockPoolStats stats() const;
@@ -161,7 +168,8 @@ class BlockPool {
 
   size_t check_id(int32_t id) const;
   static bool kept(const Block& b) { return b.keyed || b.tail > 0; }  // content worth caching
-  void drop_content(int32_t id);  // drops a key (both indexes) or a tail (the family index)
+  void drop_content(int32_t id);   // drops a key (both indexes) or a tail (the family index)
+  void evict_content(int32_t id);  // the same for an LRU eviction (the evict hook first)
   void list_push_front(int32_t id);
   void list_push_back(int32_t id);
   void list_remove(int32_t id);
@@ -187,6 +195,7 @@ class BlockPool {
   int32_t n_free_ = 0, n_cached_ = 0;
   BlockPoolStats counters_;
   std::function<void(const BlockKey&)> key_dropped_;
+  EvictHook evicted_;
 };
 
 }  // namespace kvcache

@@ -4,7 +4,7 @@
 // What it stores: full prefix blocks that the block pool evicted by LRU (their content is copied
 // out before the block is reused, then written behind on a TierCopier thread), one file per
 // block and layer group:
-//     DIR/<layout fingerprint hex>/<block key hex>.kvb
+//     DIR/<layout fingerprint hex>/<block key hex>-g<group>.kvb
 // The layout fingerprint (DiskTierOptions::fingerprint) folds in the model's fingerprint
 // (model/fingerprint.h), the KV dtype, the page layout (layers, heads, head dims, groups) and
 // block_tokens: a different model, dtype or layout never finds another's blocks. The block key
@@ -22,11 +22,24 @@
 // checksum before anything is copied into a live block: a corrupt or truncated file is a miss
 // (counted in stats().corrupt, the file removed), never wrong output. The budget is enforced on
 // the sum of file sizes: storing past it removes least recently used files first (a hit
-// refreshes a block). Restarting with the same directory rebuilds the index from the files
-// (their headers), so the hits survive; files of other fingerprints are left alone.
+// refreshes a block, and sets its file's mtime). Restarting with the same directory rebuilds
+// the index from the files' names, sizes and mtimes (no read: every file is verified when it is
+// loaded), so the hits survive; temporary files a crash left are removed, files of other
+// fingerprints are left alone. One process uses a directory at a time.
 //
-// Thread-safety: store() and lookup()/load() are called by the one runtime thread; the writes
-// run on the copier's thread. Writes that cannot be queued (more than max_pending_bytes in
+// Writes go to "<name>.tmp", then rename(2) into place: a crash of the process never leaves a
+// half-written file under a block's name. They are not fsync'ed (a block is a cache entry, not
+// data): after a power loss a file may be short or zero-filled, and its checksum makes it a
+// counted miss.
+//
+// I/O: plain open/pread/close on the caller's thread for a hit, pwrite on the copier's thread for
+// a store; prefetch() asks the kernel's readahead for a file ahead of its load (WILLNEED), which
+// gives a batch of cold reads the queue depth io_uring would (measured against io_uring by
+// bench/bench_tier_io.cc; the numbers: docs/architecture.md, "Disk tier storage").
+//
+// Thread-safety: store() and load() are called by the one runtime thread; the writes run on the
+// copier's thread, whose completions update the index under a mutex (every public method takes
+// it, so any thread may call them). Writes that cannot be queued (more than max_pending_bytes in
 // flight) are dropped and counted: the request path never waits for the disk.
 #pragma once
 
@@ -84,6 +97,10 @@ class DiskTier {
   // removed); payload's content is then unspecified and must not be used.
   bool load(const BlockKey& key, int32_t group, std::span<const int32_t> tokens,
             std::span<std::byte> payload);
+  // A hint that load(key, group) comes soon: starts the kernel's readahead of its file
+  // (posix_fadvise WILLNEED; no wait, no count). Call it for every block of a hit before loading
+  // them one by one, so that cold reads overlap. Nothing happens for a block not indexed.
+  void prefetch(const BlockKey& key, int32_t group);
   // Waits for every queued write (tests, shutdown).
   void flush();
   DiskTierStats stats() const;

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "core/digest.h"
 #include "core/error.h"
 #include "core/fault.h"
 
@@ -790,7 +791,8 @@ void PagedKVStore::commit_full_blocks(Seq& s) {
 }
 
 PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> tokens,
-                                                  std::span<const uint8_t> salt, PrefixMatch mode) {
+                                                  std::span<const uint8_t> salt, PrefixMatch mode,
+                                                  bool with_disk) {
   PrefixHit hit;
   hit.keys.resize(groups_.size());
   hit.blocks.resize(groups_.size());
@@ -810,7 +812,9 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
           tokens.subspan(static_cast<size_t>(i * bt), static_cast<size_t>(bt));
       parent = block_key(parent, g, salt, tok);
       keys[static_cast<size_t>(g)].push_back(parent);
-      ids[static_cast<size_t>(g)].push_back(pools_[static_cast<size_t>(g)]->lookup(parent, tok));
+      int32_t id = pools_[static_cast<size_t>(g)]->lookup(parent, tok);
+      if (id < 0 && with_disk && disk_ && disk_->contains(parent, g)) id = kOnDisk;
+      ids[static_cast<size_t>(g)].push_back(id);
     }
     // Blocks the next query (at position j * bt) can see, [lo / bt, j), must all be present:
     // missing[i] counts the absent blocks before block i, so each j is one subtraction (a
@@ -819,7 +823,7 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
     for (int64_t i = 0; i < nj; ++i)
       missing[static_cast<size_t>(i + 1)] =
           missing[static_cast<size_t>(i)] +
-          (ids[static_cast<size_t>(g)][static_cast<size_t>(i)] < 0);
+          (ids[static_cast<size_t>(g)][static_cast<size_t>(i)] == -1);
     for (int64_t j = 1; j <= nj; ++j) {
       const int64_t first = first_visible(g, j * bt) / bt;
       if (missing[static_cast<size_t>(j)] != missing[static_cast<size_t>(first)])
@@ -841,7 +845,8 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
     keys[g].resize(static_cast<size_t>(j));
     ids[g].resize(static_cast<size_t>(j));
   }
-  if (linear_ || has_compressed()) return hit;  // no tail: a partial block has no state
+  // No tail: a partial block has no state; disk blocks are full ones.
+  if (linear_ || has_compressed() || with_disk) return hit;
   const auto head_len =
       std::min<int64_t>(bt - 1, static_cast<int64_t>(tokens.size()) - 1 - hit.full);
   if (mode == PrefixMatch::kFullBlocks || head_len <= 0) return hit;
@@ -882,9 +887,14 @@ int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens, 
   if (step_open_) bad("attach_prefix during an unfinished step");
   Seq& s = seq_ref(seq);
   if (s.len != 0) bad("attach_prefix: sequence " + std::to_string(seq) + " is not empty");
+  last_disk_tokens_ = 0;
+  std::vector<uint8_t> from_disk;
+  if (disk_) load_from_disk(tokens, s.salt, from_disk);
   const PrefixHit hit = find_prefix(tokens, s.salt, mode);
   const int64_t m = hit.full + hit.tail, bt = config_.block_tokens;
   if (m == 0) return 0;
+  for (int64_t i = 0; i < hit.full / bt && i < static_cast<int64_t>(from_disk.size()); ++i)
+    last_disk_tokens_ += from_disk[static_cast<size_t>(i)] ? bt : 0;
   if (has_compressed()) {
     // The compressors' buffers and overlaps at the hit are not kept: continuing from cached
     // blocks would fold windows from a zero state. Recompute instead (never a wrong
@@ -925,6 +935,175 @@ int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens, 
   s.len = m;
   if (std::find(batch_.begin(), batch_.end(), seq) != batch_.end()) build_tables();
   return m;
+}
+
+int64_t PagedKVStore::match_prefix_with_disk(std::span<const int32_t> tokens,
+                                             std::span<const uint8_t> salt) {
+  if (has_compressed()) return 0;
+  return find_prefix(tokens, salt, PrefixMatch::kFullBlocks, disk_ != nullptr).full;
+}
+
+void PagedKVStore::set_disk_tier(std::shared_ptr<DiskTier> disk) {
+  if (disk) {
+    std::string why;
+    if (linear_)
+      why = "linear-attention layers (their recurrent state at a block boundary)";
+    else if (has_compressed())
+      why = "compressed (CSA/HCA) layers (their compressors' state at a block boundary)";
+    for (const std::string& t : config_.layer_types)
+      if (why.empty() && is_indexed_layer_type(t))
+        why = "indexed (DSA) layers (their indexer keys)";
+    if (!why.empty())
+      bad("the disk tier stores the K/V pages of evicted prefix blocks, but this model has " + why +
+              ", which those pages do not carry: a disk hit could not continue exactly; serve it "
+              "without --kv-disk",
+          ErrorKind::kUnsupported);
+    if (disk->options().block_tokens != config_.block_tokens)
+      bad("disk tier block_tokens " + std::to_string(disk->options().block_tokens) +
+          " != the store's " + std::to_string(config_.block_tokens));
+  }
+  disk_ = std::move(disk);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!disk_) {
+      pools_[g]->set_evict_hook(nullptr);
+      continue;
+    }
+    const int gi = static_cast<int>(g);
+    pools_[g]->set_evict_hook(
+        [this, gi](int32_t id, const BlockKey& key, const BlockKey& parent,
+                   std::span<const int32_t> tok) { write_behind(gi, id, key, parent, tok); });
+  }
+}
+
+Digest128 PagedKVStore::layout_digest() const {
+  if (!allocated()) bad("layout_digest: the pages do not exist yet (kv_heads, head_dim unknown)");
+  Hasher h;
+  h.str("kvcache paged layout v1").str(dtype_name(config_.dtype)).i64(config_.block_tokens);
+  h.i64(config_.kv_heads).i64(config_.head_dim).i64(config_.head_dim_v);
+  h.i64(config_.sliding_window).u32(config_.shared_kv ? 1 : 0);
+  h.i64(static_cast<int64_t>(config_.layer_types.size()));
+  for (size_t l = 0; l < config_.layer_types.size(); ++l) {
+    const int li = static_cast<int>(l);
+    h.str(config_.layer_types[l]).i64(layer_group_[l]);
+    h.u32(paged_layer_owns_pages(config_, li) ? 1 : 0).u32(paged_layer_k_only(config_, li) ? 1 : 0);
+  }
+  for (const PagedGroup& g : groups_)
+    h.u32(static_cast<uint32_t>(g.kind)).i64(g.window).i64(g.rate);
+  return h.finish();
+}
+
+int64_t PagedKVStore::spill_to_disk() {
+  if (!disk_) return 0;
+  int64_t written = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const BlockPool& pool = *pools_[g];
+    for (int32_t id = 0; id < pool.num_blocks(); ++id) {
+      if (!pool.is_keyed(id) || disk_->contains(pool.key(id), static_cast<int32_t>(g))) continue;
+      const auto write = [&] {
+        return write_behind(static_cast<int>(g), id, pool.key(id), pool.parent(id),
+                            pool.tokens(id));
+      };
+      bool ok = write();
+      if (!ok) {  // too much in flight: wait for it, then once more
+        disk_->flush();
+        ok = write();
+      }
+      written += ok;
+    }
+  }
+  disk_->flush();
+  return written;
+}
+
+std::vector<std::span<std::byte>> PagedKVStore::block_pages(int g, int32_t id) {
+  std::vector<std::span<std::byte>> pages;
+  for (const int l : groups_[static_cast<size_t>(g)].layers) {
+    if (!paged_layer_owns_pages(config_, l)) continue;
+    for (Tensor* t : {&k_pages_[static_cast<size_t>(l)], &v_pages_[static_cast<size_t>(l)]}) {
+      if (!t->defined() || t->size_bytes() == 0) continue;  // K==V: no V pages
+      const size_t page = t->size_bytes() / static_cast<size_t>(t->view().dim(0));
+      pages.emplace_back(static_cast<std::byte*>(t->data()) + static_cast<size_t>(id) * page, page);
+    }
+  }
+  return pages;
+}
+
+bool PagedKVStore::write_behind(int g, int32_t id, const BlockKey& key, const BlockKey& parent,
+                                std::span<const int32_t> tokens) {
+  size_t n = 0;
+  for (const std::span<std::byte> p : block_pages(g, id)) {
+    if (disk_buf_.size() < n + p.size()) disk_buf_.resize(n + p.size());
+    std::memcpy(disk_buf_.data() + n, p.data(), p.size());
+    n += p.size();
+  }
+  return disk_->store(key, parent, g, tokens, std::span<const std::byte>(disk_buf_.data(), n));
+}
+
+void PagedKVStore::load_from_disk(std::span<const int32_t> tokens, std::span<const uint8_t> salt,
+                                  std::vector<uint8_t>& loaded) {
+  const PrefixHit hit = find_prefix(tokens, salt, PrefixMatch::kFullBlocks, true);
+  const int64_t bt = config_.block_tokens, j = hit.full / bt;
+  loaded.assign(static_cast<size_t>(j), 0);
+  // The RAM blocks the hit sees are held first, so that allocating blocks for the loads cannot
+  // evict them; everything held is let go at the end, last blocks first (the prefix then sits
+  // at the most recent end of the LRU), and the RAM match finds it all cached.
+  std::vector<std::vector<std::pair<int64_t, int32_t>>> held(groups_.size());  // (index, id)
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].kind == GroupKind::kCompressed) continue;
+    const int64_t lo = first_visible(static_cast<int>(g), j * bt);
+    for (int64_t i = 0; i < j; ++i) {
+      const int32_t id = hit.blocks[g][static_cast<size_t>(i)];
+      if ((i + 1) * bt > lo && id >= 0) {
+        pools_[g]->acquire(id);
+        held[g].emplace_back(i, id);
+      }
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].kind == GroupKind::kCompressed) continue;
+    BlockPool& pool = *pools_[g];
+    const int64_t lo = first_visible(static_cast<int>(g), j * bt);
+    const size_t bytes = paged_block_bytes(config_, groups_[g]);
+    if (load_buf_.size() < bytes) load_buf_.resize(bytes);
+    // Readahead for every file of the hit first, so that the kernel reads them while the loads
+    // below verify and copy the earlier ones (a cold page cache).
+    for (int64_t i = 0; i < j; ++i)
+      if ((i + 1) * bt > lo && hit.blocks[g][static_cast<size_t>(i)] == kOnDisk)
+        disk_->prefetch(hit.keys[g][static_cast<size_t>(i)], static_cast<int32_t>(g));
+    for (int64_t i = 0; i < j; ++i) {
+      if ((i + 1) * bt <= lo || hit.blocks[g][static_cast<size_t>(i)] != kOnDisk) continue;
+      const std::span<const int32_t> tok =
+          tokens.subspan(static_cast<size_t>(i * bt), static_cast<size_t>(bt));
+      const BlockKey& key = hit.keys[g][static_cast<size_t>(i)];
+      std::vector<int32_t> fresh;
+      const std::span<std::byte> payload(load_buf_.data(), bytes);
+      // No block left, or a file that fails its checks: the hit ends before this block.
+      if (!pool.allocate(1, fresh)) {
+        ++disk_load_failed_;
+        break;
+      }
+      if (!disk_->load(key, static_cast<int32_t>(g), tok, payload)) {
+        ++disk_load_failed_;
+        pool.release(fresh[0]);  // unkeyed: back to the free end
+        break;
+      }
+      size_t off = 0;
+      for (const std::span<std::byte> p : block_pages(static_cast<int>(g), fresh[0])) {
+        std::memcpy(p.data(), payload.data() + off, p.size());
+        off += p.size();
+      }
+      KV_CHECK(off == bytes, "disk block payload size != the block's pages");
+      pool.commit(fresh[0], key, i == 0 ? BlockKey{} : hit.keys[g][static_cast<size_t>(i - 1)],
+                  tok);
+      held[g].emplace_back(i, fresh[0]);
+      loaded[static_cast<size_t>(i)] = 1;
+      ++disk_loaded_;
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::sort(held[g].begin(), held[g].end());
+    for (auto it = held[g].rbegin(); it != held[g].rend(); ++it) pools_[g]->release(it->second);
+  }
 }
 
 void PagedKVStore::copy_block(int g, int32_t src, int32_t dst, int64_t slots) {

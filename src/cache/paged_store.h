@@ -64,6 +64,16 @@
 //   (prefix_refused_compressed(), /metrics kvcache_prefix_refused_total{reason=
 //   "compressed_state"}), so a hit never continues from a state that is not the prefix's.
 //
+// Disk tier (issue 40, cache/disk_tier.h; set_disk_tier): a keyed block that a pool evicts by
+// LRU is copied out (its pages of every page-owning layer of the group, K then V, K only for
+// K==V layers) and written behind to the disk tier under its key before the block is reused.
+// attach_prefix continues past the last RAM-cached block: every next full block whose key the
+// disk tier holds is loaded into a fresh block (verified: a failed check ends the hit there)
+// and committed, so it is a RAM-cached block again, and the RAM match then runs as usual.
+// Sliding groups load only the blocks the hit's window sees. Refused (set_disk_tier throws
+// kUnsupported) for models with linear, compressed or indexed layers: their state or indexer
+// keys at a block boundary are not in the stored pages.
+//
 // Ownership: the store owns pages, pools and tables; spans point into them and are valid until
 // the next step or lifecycle call. Not thread-safe (one runtime thread drives it).
 #pragma once
@@ -78,6 +88,7 @@
 
 #include "cache/block_pool.h"
 #include "cache/compressed_cache_layer.h"
+#include "cache/disk_tier.h"
 #include "cache/linear_state_layer.h"
 #include "cache/paged_linear_state.h"
 #include "core/dtype.h"
@@ -315,6 +326,31 @@ class PagedKVStore {
   // compressed layers (the reason counted in /metrics).
   int64_t prefix_refused_compressed() const { return prefix_refused_compressed_; }
 
+  // --- the disk tier under the prefix cache (see above) --------------------------------------
+  // Attaches `disk` (its block_tokens must be the store's): evicted blocks are written behind
+  // to it and attach_prefix loads hits from it. nullptr detaches. Throws Error(kUnsupported)
+  // for models with linear, compressed or indexed layers.
+  void set_disk_tier(std::shared_ptr<DiskTier> disk);
+  DiskTier* disk_tier() const { return disk_.get(); }
+  // Digest of the page layout (layer types, groups, page-owning and K-only layers, kv heads,
+  // head dims, dtype, block_tokens): the runtime folds it with the model's fingerprint into
+  // DiskTierOptions::fingerprint. Pages must exist (kv_heads and head_dim known).
+  Digest128 layout_digest() const;
+  // Full-block prefix of `tokens` (last token excluded) that RAM and the disk tier together
+  // can serve, without any I/O (the disk's index only).
+  int64_t match_prefix_with_disk(std::span<const int32_t> tokens,
+                                 std::span<const uint8_t> salt = {});
+  // Writes every keyed block in RAM that the disk tier does not hold yet, and waits for the
+  // writes (a server shutting down keeps its whole prefix cache for the next start). Returns
+  // the blocks written.
+  int64_t spill_to_disk();
+  // Of the tokens the last attach_prefix attached, those whose blocks it loaded from disk.
+  int64_t last_prefix_disk_tokens() const { return last_disk_tokens_; }
+  // Blocks loaded from disk by attach_prefix, and loads refused (a file that failed its checks
+  // or no block to load into), over the store's life.
+  int64_t disk_blocks_loaded() const { return disk_loaded_; }
+  int64_t disk_loads_failed() const { return disk_load_failed_; }
+
   // --- accounting -------------------------------------------------------------------------
   PagedGroupStats stats(int g) const;
   size_t used_bytes() const;  // sum over groups
@@ -357,8 +393,19 @@ class PagedKVStore {
     std::vector<int32_t> tail_src;             // [group] (when tail > 0)
     BlockKey snapshot;                         // hybrid: the snapshot at `full`
   };
+  // with_disk: blocks the disk tier holds count as present (their id kOnDisk) and the match
+  // stops at full blocks (no tail); for planning the loads only.
   PrefixHit find_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt,
-                        PrefixMatch mode);
+                        PrefixMatch mode, bool with_disk = false);
+  static constexpr int32_t kOnDisk = -2;
+  // Loads the disk-only blocks a hit on `tokens` needs into RAM (cached, keyed, at the LRU's
+  // most recent end); loaded[i] = 1 when some group's block i came from disk.
+  void load_from_disk(std::span<const int32_t> tokens, std::span<const uint8_t> salt,
+                      std::vector<uint8_t>& loaded);
+  bool write_behind(int g, int32_t id, const BlockKey& key, const BlockKey& parent,
+                    std::span<const int32_t> tokens);
+  // The pages of block `id` of group g, in the disk tier's payload order.
+  std::vector<std::span<std::byte>> block_pages(int g, int32_t id);
 
   Seq& seq_ref(SeqId seq);
   const Seq& seq_ref(SeqId seq) const;
@@ -439,6 +486,12 @@ class PagedKVStore {
   };
   std::vector<StreamStep> streams_;  // [n_layers * 2]
   int64_t prefix_refused_compressed_ = 0;
+  // Disk tier.
+  std::shared_ptr<DiskTier> disk_;
+  // One block's payload: written behind (the tier copies it at once), and loaded (a load's
+  // allocation may write another block behind, so not the same buffer).
+  std::vector<std::byte> disk_buf_, load_buf_;
+  int64_t last_disk_tokens_ = 0, disk_loaded_ = 0, disk_load_failed_ = 0;
 };
 
 }  // namespace kvcache

@@ -18,6 +18,12 @@ struct BenchParams {
   std::vector<int64_t> depths = {0};
   int repetitions = 3;
   uint64_t seed = 1;
+  // Non-empty: also the disk tier (cache/disk_tier.h) under this directory: after the cached
+  // request, every cached block is evicted (written to disk) and a third prompt with the same
+  // prefix is served from disk. disk_cold: the files are synced and dropped from the page cache
+  // (posix_fadvise DONTNEED) before that request, so its reads hit the device.
+  std::string disk_dir;
+  bool disk_cold = false;
 };
 
 struct BenchResult {
@@ -49,6 +55,12 @@ struct PrefixReuseParams {
   double shared_fraction = 0.9;
   int repetitions = 3;
   uint64_t seed = 1;
+  // Non-empty: also the disk tier (cache/disk_tier.h) under this directory: after the cached
+  // request, every cached block is evicted (written to disk) and a third prompt with the same
+  // prefix is served from disk. disk_cold: the files are synced and dropped from the page cache
+  // (posix_fadvise DONTNEED) before that request, so its reads hit the device.
+  std::string disk_dir;
+  bool disk_cold = false;
 };
 
 struct PrefixReuseResult {
@@ -70,6 +82,12 @@ struct PrefixReuseResult {
   // loaded machine stretches far less than the wall clock.
   std::vector<double> cold_cpu_ms, cached_cpu_ms;
   double ttft_cold_cpu_ms = 0, ttft_cached_cpu_ms = 0, speedup_cpu = 0;
+  // With PrefixReuseParams::disk_dir: the request served from the disk tier (n_cached_disk
+  // tokens loaded from disk), its median, and the median of cold / disk pairs; its logits
+  // against a cold prefill of the same prompt (last repetition).
+  std::vector<double> disk_ms;
+  int64_t n_cached_disk = 0;
+  double ttft_disk_median_ms = 0, speedup_disk_paired = 0, disk_max_abs_logit_diff = 0;
   // Last repetition: the cached run's logits against a cold prefill of the same prompt.
   double max_abs_logit_diff = 0;
   size_t kv_bytes = 0;

@@ -7,9 +7,11 @@
 #include <new>
 #include <utility>
 
+#include "core/digest.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "kernels/paged_attention.h"
+#include "model/fingerprint.h"
 #include "model/paged_plan.h"
 
 namespace kvcache {
@@ -83,6 +85,7 @@ struct Engine::Seq {
   SeqId sid = -1;               // store sequence while resident
   std::vector<int32_t> tokens;  // prompt + generated (the last one not yet fed)
   int64_t computed = 0;         // tokens whose K/V are in the cache
+  int64_t computed_disk = 0;    // of those attached from the prefix cache, loaded from disk
   uint64_t admit_order = 0;     // larger: admitted later (preempted first)
   std::unique_ptr<Sampler> sampler;
   size_t sent = 0;        // bytes of out.text already streamed
@@ -109,6 +112,20 @@ struct Engine::Request {
 // fork found no block, recompute it from the cache like any request).
 bool Engine::Seq::scores_prompt() const {
   return index == 0 && req->params.prompt_logprobs >= 0;
+}
+
+std::shared_ptr<DiskTier> open_disk_tier(const Model& model, const PagedKVStore& store,
+                                         const std::string& dir, uint64_t budget_bytes) {
+  DiskTierOptions d;
+  d.dir = dir;
+  d.budget_bytes = budget_bytes;
+  d.block_tokens = store.block_tokens();
+  d.fingerprint = Hasher()
+                      .str("kvcache disk tier v1")
+                      .digest(model_fingerprint(model))
+                      .digest(store.layout_digest())
+                      .finish();
+  return std::make_shared<DiskTier>(d);
 }
 
 Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config)
@@ -155,6 +172,9 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   config_.max_tokens_per_step = plan.max_tokens_per_step;
   max_context_ = std::min<int64_t>(mc.max_seq_len, plan.max_cached_tokens);
   store_ = std::make_shared<PagedKVStore>(plan.store);
+  if (!config_.kv_disk_dir.empty())
+    store_->set_disk_tier(
+        open_disk_tier(model, *store_, config_.kv_disk_dir, config_.kv_disk_budget_bytes));
   for (int g = 0; g < store_->num_groups(); ++g)
     if (store_->group(g).kind == GroupKind::kFull) {
       full_group_ = g;
@@ -171,7 +191,18 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   update_metrics();
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // The prefix cache still in RAM goes to the disk tier too, so that the next start with the
+  // same directory hits on all of it, not only on what was evicted.
+  if (store_ && store_->disk_tier() != nullptr) {
+    try {
+      store_->spill_to_disk();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "engine: the prefix cache was not written to the disk tier: %s\n",
+                   e.what());
+    }
+  }
+}
 
 uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
   const int64_t vocab = model_.config().vocab_size;
@@ -513,6 +544,7 @@ void Engine::admit_and_prefill(int64_t& budget) {
     Request& r = *s->req;
     s->sid = store_->add_sequence();
     s->computed = s->scores_prompt() ? 0 : store_->attach_prefix(s->sid, s->tokens);
+    s->computed_disk = s->computed > 0 ? store_->last_prefix_disk_tokens() : 0;
     const int64_t n = hybrid_chunk(*s, budget);
     if (n == 0) {  // a hybrid segment that waits for a step with room: it stays first
       store_->free_sequence(s->sid);
@@ -574,9 +606,11 @@ void Engine::note_admitted(Seq& s, int64_t matched) {
   r.admitted = true;
   const auto prompt = static_cast<int64_t>(r.params.prompt.size());
   r.output.stats.cached_tokens = std::min(matched, prompt);
+  r.output.stats.cached_tokens_disk = std::min(s.computed_disk, r.output.stats.cached_tokens);
   r.output.stats.queue_seconds = seconds_since(r.t_submit);
   counters_.prompt_tokens += prompt;
   counters_.cached_prompt_tokens += r.output.stats.cached_tokens;
+  counters_.cached_prompt_tokens_disk += r.output.stats.cached_tokens_disk;
   leave_queue(r);
 }
 
@@ -619,9 +653,11 @@ void Engine::admit_batched(int64_t& budget) {
     if (s->scores_prompt()) break;  // needs every row's logits: the one-by-one path
     // Full blocks only: a copied tail takes a block at attach time, which could evict a cached
     // block a later candidate's match counted on (the one-by-one path copies tails).
-    const int64_t need =
-        static_cast<int64_t>(s->tokens.size()) -
-        store_->match_prefix(s->tokens, {}, PagedKVStore::PrefixMatch::kFullBlocks);
+    const int64_t ram = store_->match_prefix(s->tokens, {}, PagedKVStore::PrefixMatch::kFullBlocks);
+    // A prefix the disk tier extends is loaded at attach time (allocating blocks): the
+    // one-by-one path takes it, so that the batch's matches cannot change under it.
+    if (store_->disk_tier() != nullptr && store_->match_prefix_with_disk(s->tokens) > ram) break;
+    const int64_t need = static_cast<int64_t>(s->tokens.size()) - ram;
     if (step_seqs_.empty()) n = need;
     if (need != n || static_cast<int64_t>(step_seqs_.size() + 1) * n > budget ||
         shares_first_block(*s))
@@ -635,6 +671,7 @@ void Engine::admit_batched(int64_t& budget) {
   for (Seq* s : step_seqs_) {
     s->sid = store_->add_sequence();
     s->computed = store_->attach_prefix(s->sid, s->tokens, PagedKVStore::PrefixMatch::kFullBlocks);
+    s->computed_disk = s->computed > 0 ? store_->last_prefix_disk_tokens() : 0;
     KV_CHECK(s->needs() == n, "admit_batched: the prefix match changed between match and attach");
     batch_.push_back(s->sid);
     step_tokens_.insert(step_tokens_.end(), s->tokens.begin() + s->computed, s->tokens.end());
@@ -895,6 +932,12 @@ void Engine::update_metrics() {
   metrics_.snapshot_bytes = static_cast<int64_t>(store_->snapshot_bytes());
   metrics_.compressed_model = store_->has_compressed();
   metrics_.prefix_refused_compressed = store_->prefix_refused_compressed();
+  if (const DiskTier* disk = store_->disk_tier()) {
+    metrics_.disk_tier = true;
+    metrics_.disk_budget_bytes = disk->options().budget_bytes;
+    metrics_.disk = disk->stats();
+    metrics_.disk_loads_failed = store_->disk_loads_failed();
+  }
   if (const LinearSnapshotStore* snaps = store_->snapshots()) {
     metrics_.snapshots = snaps->size();
     metrics_.snapshots_dropped = snaps->stats().dropped_with_block;

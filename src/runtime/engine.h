@@ -56,7 +56,18 @@ struct EngineConfig {
   bool batch_invariant = true;
   // Debug: check_invariants() after every step, ending the process when it fails (load tests).
   bool check_invariants_every_step = false;
+  // The disk tier under the prefix cache (cache/disk_tier.h; serve --kv-disk DIR
+  // --kv-disk-budget B): empty dir, none. Its fingerprint folds the model's fingerprint with the
+  // store's page layout, so another model, dtype or layout never finds these files. Refused
+  // (Error kUnsupported) for models with linear, compressed or indexed layers.
+  std::string kv_disk_dir;
+  uint64_t kv_disk_budget_bytes = 10ull << 30;
 };
+
+// The disk tier for `store` under `dir` (cache/disk_tier.h), its fingerprint folding the
+// model's fingerprint with the store's page layout; not yet attached (set_disk_tier).
+std::shared_ptr<DiskTier> open_disk_tier(const Model& model, const PagedKVStore& store,
+                                         const std::string& dir, uint64_t budget_bytes);
 
 enum class FinishReason { kNone, kLength, kStop, kCancelled, kError };
 const char* finish_reason_name(FinishReason r);  // "length", "stop", "cancelled", "error"
@@ -85,8 +96,9 @@ struct RequestParams {
 // Per-request statistics, final when the request finishes.
 struct RequestStats {
   int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;      // prompt tokens taken from the prefix cache at first admission
-  int64_t completion_tokens = 0;  // over all samples, stop tokens excluded
+  int64_t cached_tokens = 0;       // prompt tokens taken from the prefix cache at first admission
+  int64_t cached_tokens_disk = 0;  // of which loaded from the disk tier (the rest: RAM)
+  int64_t completion_tokens = 0;   // over all samples, stop tokens excluded
   int64_t preemptions = 0;
   double queue_seconds = 0;  // submit -> first admission
   double ttft_seconds = 0;   // submit -> first token
@@ -142,9 +154,10 @@ using StreamCallback = std::function<void(const StreamEvent&)>;
 struct EngineMetrics {
   int64_t running = 0, waiting = 0;
   int64_t blocks_total = 0, blocks_free = 0, blocks_used = 0, blocks_cached = 0;
-  int64_t prompt_tokens = 0;           // all prompts admitted (first admissions)
-  int64_t cached_prompt_tokens = 0;    // of which from the prefix cache
-  int64_t computed_prompt_tokens = 0;  // prefill tokens actually run (recomputation included)
+  int64_t prompt_tokens = 0;              // all prompts admitted (first admissions)
+  int64_t cached_prompt_tokens = 0;       // of which from the prefix cache
+  int64_t cached_prompt_tokens_disk = 0;  // of those, loaded from the disk tier
+  int64_t computed_prompt_tokens = 0;     // prefill tokens actually run (recomputation included)
   int64_t generation_tokens = 0;
   int64_t preemptions = 0;
   int64_t requests_finished = 0, requests_cancelled = 0;
@@ -165,6 +178,12 @@ struct EngineMetrics {
   // kvcache_prefix_refused_total{reason="compressed_state"}).
   bool compressed_model = false;
   int64_t prefix_refused_compressed = 0;
+  // The disk tier (EngineConfig::kv_disk_dir; disk_tier false: none): its counters and
+  // budget, and the store's loads that failed (no block free, or a file refused).
+  bool disk_tier = false;
+  uint64_t disk_budget_bytes = 0;
+  DiskTierStats disk;
+  int64_t disk_loads_failed = 0;
   double prefix_hit_rate() const {
     return prompt_tokens > 0
                ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens)

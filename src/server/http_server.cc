@@ -312,6 +312,49 @@ std::string HttpServer::metrics_text() {
          static_cast<double>(m.prompt_tokens));
   metric("kvcache_prompt_tokens_cached_total", "counter",
          "Prompt tokens taken from the prefix cache.", static_cast<double>(m.cached_prompt_tokens));
+  out +=
+      "# HELP kvcache_prompt_tokens_cached_by_tier_total Prompt tokens taken from the prefix "
+      "cache, by the tier that held their blocks.\n# TYPE "
+      "kvcache_prompt_tokens_cached_by_tier_total "
+      "counter\nkvcache_prompt_tokens_cached_by_tier_total{tier=\"ram\"} " +
+      std::to_string(m.cached_prompt_tokens - m.cached_prompt_tokens_disk) +
+      "\nkvcache_prompt_tokens_cached_by_tier_total{tier=\"disk\"} " +
+      std::to_string(m.cached_prompt_tokens_disk) + "\n";
+  if (m.disk_tier) {  // serve --kv-disk
+    const DiskTierStats& d = m.disk;
+    const struct {
+      const char *name, *type, *help;
+      double value;
+    } disk[] = {
+        {"kvcache_disk_blocks", "gauge", "Blocks (files) held by the disk tier.",
+         static_cast<double>(d.blocks)},
+        {"kvcache_disk_bytes", "gauge", "Bytes of the disk tier's files.",
+         static_cast<double>(d.bytes)},
+        {"kvcache_disk_budget_bytes", "gauge", "The disk tier's budget (--kv-disk-budget).",
+         static_cast<double>(m.disk_budget_bytes)},
+        {"kvcache_disk_stored_total", "counter",
+         "Blocks evicted from RAM and written to the disk tier.", static_cast<double>(d.stored)},
+        {"kvcache_disk_dropped_total", "counter",
+         "Evicted blocks not written (too many writes in flight, or a write error).",
+         static_cast<double>(d.dropped)},
+        {"kvcache_disk_hits_total", "counter", "Blocks read back from the disk tier and verified.",
+         static_cast<double>(d.hits)},
+        {"kvcache_disk_misses_total", "counter", "Disk tier lookups that found no file.",
+         static_cast<double>(d.misses)},
+        {"kvcache_disk_corrupt_total", "counter",
+         "Disk tier files refused on read (checksum, size or header): misses, never served.",
+         static_cast<double>(d.corrupt)},
+        {"kvcache_disk_evicted_total", "counter",
+         "Disk tier files removed to stay within the budget.", static_cast<double>(d.evicted)},
+        {"kvcache_disk_read_bytes_total", "counter", "Bytes read from the disk tier.",
+         static_cast<double>(d.bytes_read)},
+        {"kvcache_disk_written_bytes_total", "counter", "Bytes written to the disk tier.",
+         static_cast<double>(d.bytes_written)},
+        {"kvcache_disk_read_seconds_total", "counter",
+         "Time spent reading disk tier hits (on the engine thread).", d.read_seconds},
+    };
+    for (const auto& x : disk) metric(x.name, x.type, x.help, x.value);
+  }
   metric("kvcache_prefill_tokens_total", "counter", "Tokens prefilled (recomputation included).",
          static_cast<double>(m.computed_prompt_tokens));
   metric("kvcache_generation_tokens_total", "counter", "Tokens sampled.",

@@ -418,7 +418,12 @@ json usage_json(const RequestStats& s) {
   return json{{"prompt_tokens", s.prompt_tokens},
               {"completion_tokens", s.completion_tokens},
               {"total_tokens", s.prompt_tokens + s.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", s.cached_tokens}}}};
+              // cached_tokens is OpenAI's total; the split by tier is kvcache's (the disk
+              // tier under the prefix cache, serve --kv-disk).
+              {"prompt_tokens_details",
+               {{"cached_tokens", s.cached_tokens},
+                {"cached_tokens_ram", s.cached_tokens - s.cached_tokens_disk},
+                {"cached_tokens_disk", s.cached_tokens_disk}}}};
 }
 
 json logprobs_json(bool chat, std::span<const TokenLogprob> lps, size_t offset) {

@@ -26,6 +26,8 @@ struct BenchOptions {
   BenchParams params;
   std::string output = "table";
   std::string prefix_reuse;  // "N:F": the prefix-reuse TTFT test instead of pp/tg
+  std::string kv_disk;       // with --prefix-reuse: also a hit served from the disk tier
+  bool kv_disk_cold = false;
 };
 
 PrefixReuseParams parse_prefix_reuse(const std::string& text, int repetitions) {
@@ -56,34 +58,44 @@ void run_prefix_reuse_cmd(BenchOptions& o, const Model& model) {
   ModelOptions mo = o.model;
   mo.cache = o.caches[0];
   const SessionConfig sc = session_config(mo, model);
-  const PrefixReuseResult r =
-      run_prefix_reuse_bench(model, sc, parse_prefix_reuse(o.prefix_reuse, o.params.repetitions));
+  PrefixReuseParams params = parse_prefix_reuse(o.prefix_reuse, o.params.repetitions);
+  params.disk_dir = o.kv_disk;
+  params.disk_cold = o.kv_disk_cold;
+  const PrefixReuseResult r = run_prefix_reuse_bench(model, sc, params);
   if (o.output == "json") {
-    const nlohmann::json j = {{"test", "prefix_reuse"},
-                              {"model_filename", o.model.model},
-                              {"model_type", model.config().summary()},
-                              {"cache", r.cache},
-                              {"attention_kernel", r.kernel},
-                              {"type_kv", r.kv_dtype},
-                              {"block_tokens", r.block_tokens},
-                              {"n_threads", r.n_threads},
-                              {"n_prompt", r.n_prompt},
-                              {"n_shared", r.n_shared},
-                              {"n_cached", r.n_cached},
-                              {"ttft_cold_ms", r.ttft_cold_ms},
-                              {"ttft_cached_ms", r.ttft_cached_ms},
-                              {"speedup", r.speedup},
-                              {"ttft_cold_median_ms", r.ttft_cold_median_ms},
-                              {"ttft_cached_median_ms", r.ttft_cached_median_ms},
-                              {"speedup_median", r.speedup_median},
-                              {"speedup_paired", r.speedup_paired},
-                              {"ttft_cold_cpu_ms", r.ttft_cold_cpu_ms},
-                              {"ttft_cached_cpu_ms", r.ttft_cached_cpu_ms},
-                              {"speedup_cpu", r.speedup_cpu},
-                              {"samples_cold_ms", r.cold_ms},
-                              {"samples_cached_ms", r.cached_ms},
-                              {"max_abs_logit_diff", r.max_abs_logit_diff},
-                              {"kv_bytes", r.kv_bytes}};
+    nlohmann::json j = {{"test", "prefix_reuse"},
+                        {"model_filename", o.model.model},
+                        {"model_type", model.config().summary()},
+                        {"cache", r.cache},
+                        {"attention_kernel", r.kernel},
+                        {"type_kv", r.kv_dtype},
+                        {"block_tokens", r.block_tokens},
+                        {"n_threads", r.n_threads},
+                        {"n_prompt", r.n_prompt},
+                        {"n_shared", r.n_shared},
+                        {"n_cached", r.n_cached},
+                        {"ttft_cold_ms", r.ttft_cold_ms},
+                        {"ttft_cached_ms", r.ttft_cached_ms},
+                        {"speedup", r.speedup},
+                        {"ttft_cold_median_ms", r.ttft_cold_median_ms},
+                        {"ttft_cached_median_ms", r.ttft_cached_median_ms},
+                        {"speedup_median", r.speedup_median},
+                        {"speedup_paired", r.speedup_paired},
+                        {"ttft_cold_cpu_ms", r.ttft_cold_cpu_ms},
+                        {"ttft_cached_cpu_ms", r.ttft_cached_cpu_ms},
+                        {"speedup_cpu", r.speedup_cpu},
+                        {"samples_cold_ms", r.cold_ms},
+                        {"samples_cached_ms", r.cached_ms},
+                        {"max_abs_logit_diff", r.max_abs_logit_diff},
+                        {"kv_bytes", r.kv_bytes}};
+    if (!o.kv_disk.empty()) {
+      j["disk_page_cache"] = o.kv_disk_cold ? "dropped" : "warm";
+      j["n_cached_disk"] = r.n_cached_disk;
+      j["ttft_disk_median_ms"] = r.ttft_disk_median_ms;
+      j["speedup_disk_paired"] = r.speedup_disk_paired;
+      j["samples_disk_ms"] = r.disk_ms;
+      j["disk_max_abs_logit_diff"] = r.disk_max_abs_logit_diff;
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf(
@@ -96,6 +108,13 @@ void run_prefix_reuse_cmd(BenchOptions& o, const Model& model) {
                 static_cast<long long>(r.block_tokens), static_cast<long long>(r.n_prompt),
                 static_cast<long long>(r.n_cached), r.ttft_cold_ms, r.ttft_cached_ms, r.speedup,
                 r.speedup_paired, r.max_abs_logit_diff);
+    if (!o.kv_disk.empty())
+      std::printf(
+          "\ndisk tier (%s page cache): %lld tokens from disk, ttft median %.2f ms (cold "
+          "%.2f ms, RAM %.2f ms), cold/disk paired %.2fx, max logit diff %.3g\n",
+          o.kv_disk_cold ? "dropped" : "warm", static_cast<long long>(r.n_cached_disk),
+          r.ttft_disk_median_ms, r.ttft_cold_median_ms, r.ttft_cached_median_ms,
+          r.speedup_disk_paired, r.disk_max_abs_logit_diff);
   }
 }
 
@@ -112,6 +131,7 @@ void run_bench_cmd(BenchOptions& o) {
   shape.caches = o.caches;
   shape.kv_budget = !o.model.kv_budget.empty();
   shape.prefix_reuse = !o.prefix_reuse.empty();
+  shape.kv_disk = !o.kv_disk.empty();
   const auto positive = [](const std::vector<int64_t>& v) {
     return std::any_of(v.begin(), v.end(), [](int64_t n) { return n > 0; });
   };
@@ -210,6 +230,11 @@ void register_bench(CLI::App& app) {
       "--prefix-reuse", o->prefix_reuse,
       "TOKENS:FRACTION, e.g. 2000:0.9: time to first token cold vs with FRACTION of the prompt "
       "cached (--cache paged); replaces the pp/tg tests");
+  cmd->add_option("--kv-disk", o->kv_disk,
+                  "With --prefix-reuse: also time a hit served from a disk tier in this directory "
+                  "(every cached block evicted to it first)");
+  cmd->add_flag("--kv-disk-cold", o->kv_disk_cold,
+                "With --kv-disk: drop the tier's files from the page cache before the disk hit");
   cmd->add_flag("--offload-cold", o->model.offload_cold,
                 "--cache offloaded: before every read of a layer file, sync it and drop its pages "
                 "from the page cache (posix_fadvise DONTNEED): decode from a cold page cache");

@@ -175,6 +175,13 @@ void run_serve(const ServeOptions& o) {
                static_cast<long long>(engine.max_context()), chat_template_name(sm.chat_template),
                template_source.c_str(),
                lm.tokenizer ? "" : " (no tokenizer: token-id prompts only)");
+  if (const DiskTier* disk = engine.store().disk_tier()) {
+    const DiskTierStats d = disk->stats();
+    std::fprintf(stderr, "kvcache serve: disk tier %s: %lld blocks, %llu of %llu bytes\n",
+                 disk->options().dir.c_str(), static_cast<long long>(d.blocks),
+                 static_cast<unsigned long long>(d.bytes),
+                 static_cast<unsigned long long>(disk->options().budget_bytes));
+  }
   std::fprintf(stderr, "listening on http://%s:%d\n", o.host.c_str(), server.port());
   std::fflush(stderr);
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/kv_plan.h"
 #include "tools/option_rules.h"
 
 namespace kvcache::tools {
@@ -37,6 +38,12 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--max-snapshots", o.max_snapshots,
                   "Hybrid models: linear-state snapshots kept for the prefix cache, each one "
                   "sequence's state, billed in the memory plan; 0: no prefix hits (default 16)");
+  cmd->add_option("--kv-disk", o.kv_disk,
+                  "Directory of the disk tier under the prefix cache: blocks evicted from RAM are "
+                  "written there and still serve later hits, across restarts (not for models "
+                  "with linear, compressed or indexed layers)");
+  cmd->add_option("--kv-disk-budget", o.kv_disk_budget,
+                  "Most bytes the disk tier's files take, e.g. 20GiB (default 10GiB)");
   cmd->add_flag("--fast-prefill", o.fast_prefill,
                 "Prefill through BLAS: faster, but batched results may differ from a request run "
                 "alone in the last bits");
@@ -46,6 +53,7 @@ void check_engine_options(const EngineOptions& o, const LoadedModel* loaded) {
   RunShape shape;
   shape.caches = {"paged"};
   shape.kv_budget = !o.model.kv_budget.empty();
+  shape.kv_disk = !o.kv_disk.empty();
   shape.prefill = true;  // --chunk: each step's token budget
   shape.text = true;     // text prompts and chat messages
   if (loaded != nullptr) {
@@ -80,6 +88,17 @@ EngineConfig engine_config(const EngineOptions& o, const Model& model) {
                     std::to_string(o.max_snapshots));
   c.cache.paged.snapshot_every_blocks = o.snapshot_every_blocks;
   c.cache.paged.max_snapshots = o.max_snapshots;
+  c.kv_disk_dir = o.kv_disk;
+  if (!o.kv_disk_budget.empty()) {
+    try {
+      c.kv_disk_budget_bytes = parse_byte_size(o.kv_disk_budget);
+    } catch (const Error& e) {
+      throw Error(e.kind(), std::string("--kv-disk-budget: ") + e.what());
+    }
+    if (c.kv_disk_budget_bytes == 0)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "--kv-disk-budget " + o.kv_disk_budget + " is zero; give a size such as 20GiB");
+  }
   return c;
 }
 

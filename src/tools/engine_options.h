@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <string>
 
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
@@ -19,6 +20,9 @@ struct EngineOptions {
   // Hybrid models: PagedOptions::snapshot_every_blocks / max_snapshots.
   int32_t snapshot_every_blocks = 4;
   int32_t max_snapshots = 16;
+  // The disk tier under the prefix cache (EngineConfig::kv_disk_dir / kv_disk_budget_bytes).
+  std::string kv_disk;
+  std::string kv_disk_budget;
 };
 
 // Adds the model options (the paged cache is implied: --cache takes only "paged") and

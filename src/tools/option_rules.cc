@@ -273,6 +273,23 @@ std::optional<std::string> hybrid_snapshots(const Given& g) {
                    "attention layers' blocks need none");
 }
 
+std::optional<std::string> kv_disk_budget(const Given& g) {
+  if (g.shape.kv_disk) return std::nullopt;
+  return no_effect(g, "without --kv-disk",
+                   "it bounds the disk tier's files; give the tier's directory with --kv-disk DIR");
+}
+
+std::optional<std::string> bench_kv_disk(const Given& g) {
+  if (g.shape.prefix_reuse) return std::nullopt;
+  return no_effect(g, "without --prefix-reuse",
+                   "the disk tier serves prefix hits; --prefix-reuse N:F times them");
+}
+
+std::optional<std::string> bench_kv_disk_cold(const Given& g) {
+  if (!g.shape.prefix_reuse || g.shape.kv_disk) return bench_kv_disk(g);
+  return no_effect(g, "without --kv-disk", "it drops the disk tier's files from the page cache");
+}
+
 std::optional<std::string> plan_option(const Given& g) {
   if (!g.shape.list_presets) return std::nullopt;
   return no_effect(g, "with --list-presets", "it only prints the preset names");
@@ -344,6 +361,8 @@ const OptionRule kRules[] = {
     {kBench, "--n-depth", bench_tests},
     {kBench, "--repetitions", nullptr},
     {kBench, "--prefix-reuse", nullptr},
+    {kBench, "--kv-disk", bench_kv_disk},
+    {kBench, "--kv-disk-cold", bench_kv_disk_cold},
     {kBench, "--offload-cold", needs_offloaded},
     // serve and batch
     {kEngine, "--max-running", nullptr},
@@ -353,6 +372,8 @@ const OptionRule kRules[] = {
     {kEngine, "--chat-template", chat_template},
     {kEngine, "--snapshot-every-blocks", hybrid_snapshots},
     {kEngine, "--max-snapshots", hybrid_snapshots},
+    {kEngine, "--kv-disk", nullptr},
+    {kEngine, "--kv-disk-budget", kv_disk_budget},
     {kServe, "--host", nullptr},
     {kServe, "--port", nullptr},
     {kServe, "--slot-save-path", nullptr},

@@ -21,6 +21,7 @@ struct RunShape {
   // Cache implementations the run builds (bench: each listed; serve, batch: paged).
   std::vector<std::string> caches;
   bool kv_budget = false;             // --kv-budget sizes the paged pool
+  bool kv_disk = false;               // --kv-disk: a disk tier under the pool (serve, batch, bench)
   bool prefill = false;               // chunked prefills (serve, batch: step budgets)
   bool text = false;                  // text is tokenised or printed
   bool sampling = false;              // generate: --temp > 0

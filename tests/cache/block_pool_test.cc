@@ -8,6 +8,7 @@
 #include <deque>
 #include <map>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "core/error.h"
@@ -31,6 +32,54 @@ TEST(BlockKey, ChainsParentGroupExtraAndTokens) {
   EXPECT_NE(ka, block_key({}, 0, salt, a));                     // tenant salt
   EXPECT_NE(block_key(ka, 0, {}, a), block_key({}, 0, {}, a));  // parent
   EXPECT_FALSE(ka == BlockKey{});
+}
+
+// The disk tier's write-behind: told of LRU evictions only (allocate, evict), with the block's
+// key, parent and tokens while it still holds them; not of forget() or clear_index().
+TEST(BlockPool, TheEvictHookSeesLruEvictionsOnly) {
+  BlockPool pool({.num_blocks = 3, .block_tokens = 2});
+  struct Seen {
+    int32_t id;
+    BlockKey key, parent;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<Seen> seen;
+  int dropped = 0;
+  pool.set_evict_hook([&](int32_t id, const BlockKey& key, const BlockKey& parent,
+                          std::span<const int32_t> tokens) {
+    EXPECT_TRUE(pool.is_keyed(id));  // called before the key goes
+    seen.push_back({id, key, parent, std::vector<int32_t>(tokens.begin(), tokens.end())});
+  });
+  pool.set_key_drop_hook([&](const BlockKey&) { ++dropped; });
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(pool.allocate(3, ids));
+  const std::vector<int32_t> t0 = iota_tokens(2, 10), t1 = iota_tokens(2, 20),
+                             t2 = iota_tokens(2, 30);
+  const BlockKey k0 = block_key({}, 0, {}, t0), k1 = block_key(k0, 0, {}, t1),
+                 k2 = block_key({}, 0, {}, t2);
+  ASSERT_TRUE(pool.commit(ids[0], k0, {}, t0));
+  ASSERT_TRUE(pool.commit(ids[1], k1, k0, t1));
+  ASSERT_TRUE(pool.commit(ids[2], k2, {}, t2));
+  pool.forget(ids[2]);  // a crop: no write-behind
+  EXPECT_TRUE(seen.empty());
+  EXPECT_EQ(dropped, 1);
+  pool.release_table(std::vector<int32_t>{ids[0], ids[1]});  // k1 released first: LRU
+  pool.release(ids[2]);
+  std::vector<int32_t> more;
+  ASSERT_TRUE(pool.allocate(2, more));  // the free block, then k1's
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].id, ids[1]);
+  EXPECT_EQ(seen[0].key, k1);
+  EXPECT_EQ(seen[0].parent, k0);
+  EXPECT_EQ(seen[0].tokens, t1);
+  EXPECT_EQ(pool.evict(1), 1);  // k0
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].key, k0);
+  EXPECT_EQ(seen[1].parent, BlockKey{});
+  ASSERT_TRUE(pool.commit(more[0], k2, {}, t2));
+  pool.clear_index();  // no write-behind either
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_EQ(dropped, 4);
 }
 
 TEST(BlockPool, AllocateReleaseAndOutOfBlocksIsAStatus) {

@@ -12,6 +12,7 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "../server/raw_http.h"
 #include "cli_util.h"
@@ -22,35 +23,70 @@ namespace {
 
 using nlohmann::json;
 
-TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
-  int err_pipe[2];
-  ASSERT_EQ(::pipe(err_pipe), 0);
-  const testing_util::ScratchDir scratch("cli_serve");  // the child's dummy-model cache
-  const std::string cache = scratch.str();
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::dup2(err_pipe[1], 2);
-    ::close(err_pipe[0]);
-    ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
-    // --cache paged: accepted (it is what serve uses anyway); --max-cache-len sizes the pool.
-    ::execl(KVCACHE_CLI, KVCACHE_CLI, "serve", "--model", "dummy:tiny", "--port", "0",
-            "--max-cache-len", "512", "--cache", "paged", "--kernel", "eager",
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ::close(err_pipe[1]);
+// `kvcache serve` as a child process on a free port; the ready line's port, SIGTERM to stop.
+struct ServeChild {
+  pid_t pid = -1;
+  int port = 0;
   std::string err;
-  std::smatch m;
-  const std::regex ready("listening on http://127\\.0\\.0\\.1:([0-9]+)\n");
-  char buf[256];
-  while (!std::regex_search(err, m, ready)) {
-    const ssize_t n = ::read(err_pipe[0], buf, sizeof buf);
-    if (n <= 0) break;
-    err.append(buf, static_cast<size_t>(n));
+  int err_fd = -1;
+  bool start(const std::string& cache, const std::vector<std::string>& args) {
+    int err_pipe[2];
+    if (::pipe(err_pipe) != 0) return false;
+    pid = ::fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+      ::dup2(err_pipe[1], 2);
+      ::close(err_pipe[0]);
+      ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+      std::vector<char*> argv = {const_cast<char*>(KVCACHE_CLI)};
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(KVCACHE_CLI, argv.data());
+      ::_exit(127);
+    }
+    ::close(err_pipe[1]);
+    err_fd = err_pipe[0];
+    std::smatch m;
+    const std::regex ready("listening on http://127\\.0\\.0\\.1:([0-9]+)\n");
+    char buf[256];
+    while (!std::regex_search(err, m, ready)) {
+      const ssize_t n = ::read(err_fd, buf, sizeof buf);
+      if (n <= 0) return false;
+      err.append(buf, static_cast<size_t>(n));
+    }
+    port = std::stoi(m[1]);
+    return true;
   }
-  ASSERT_TRUE(std::regex_search(err, m, ready)) << err;
-  const int port = std::stoi(m[1]);
+  int stop() {  // exit status, or -1 when it had to be killed
+    if (pid <= 0) return -1;
+    ::kill(pid, SIGTERM);
+    int status = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 200 && done == 0; ++i) {
+      done = ::waitpid(pid, &status, WNOHANG);
+      if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (done == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    }
+    pid = -1;
+    if (err_fd >= 0) ::close(err_fd);
+    err_fd = -1;
+    return done != 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  ~ServeChild() { stop(); }
+};
+
+TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
+  const testing_util::ScratchDir scratch("cli_serve");  // the child's dummy-model cache
+  ServeChild s;
+  // --cache paged: accepted (it is what serve uses anyway); --max-cache-len sizes the pool.
+  ASSERT_TRUE(
+      s.start(scratch.str(), {"serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len",
+                              "512", "--cache", "paged", "--kernel", "eager"}))
+      << s.err;
+  const int port = s.port;
   EXPECT_EQ(testing_util::http(port, "GET", "/health").status, 200);
   // Token-id prompts work with or without a vocabulary.
   const testing_util::HttpReply r =
@@ -66,24 +102,10 @@ TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
   ASSERT_TRUE(testing_util::send_all(slow, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  int status = 0;
-  pid_t done = 0;
-  for (int i = 0; i < 200 && done == 0; ++i) {
-    done = ::waitpid(pid, &status, WNOHANG);
-    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (done == 0) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-    FAIL() << "serve did not stop within 10 s of SIGTERM";
-  }
+  EXPECT_EQ(s.stop(), 0) << "serve did not exit 0 within 10 s of SIGTERM";
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
-  EXPECT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
   ::close(idle);
   ::close(slow);
-  ::close(err_pipe[0]);
 }
 
 TEST(CliServe, BadSettingsExitWith2BeforeListening) {
@@ -100,6 +122,61 @@ TEST(CliServe, BadSettingsExitWith2BeforeListening) {
     EXPECT_NE(r.err.find(flag.substr(0, flag.find(' '))), std::string::npos)
         << args << ": " << r.err;
   }
+}
+
+TEST(CliServe, TheDiskTierKeepsThePrefixCacheAcrossARestart) {
+  const testing_util::ScratchDir scratch("cli_serve_disk");
+  const std::string disk = scratch.file("kv");
+  const std::vector<std::string> args = {"serve", "--model",          "dummy:tiny", "--port",
+                                         "0",     "--max-cache-len",  "512",        "--kv-disk",
+                                         disk,    "--kv-disk-budget", "64MiB"};
+  std::string prompt = "[1";
+  for (int i = 0; i < 69; ++i) prompt += ", " + std::to_string(100 + 37 * i % 20000);
+  prompt += "]";
+  const std::string body = R"({"prompt": )" + prompt + R"(, "max_tokens": 4, "temperature": 0})";
+  json first;
+  {
+    ServeChild s;
+    ASSERT_TRUE(s.start(scratch.str(), args)) << s.err;
+    const auto r = testing_util::http(s.port, "POST", "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    first = json::parse(r.body);
+    EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    ASSERT_EQ(s.stop(), 0);  // the RAM prefix cache goes to disk as the engine ends
+  }
+  ServeChild s;
+  ASSERT_TRUE(s.start(scratch.str(), args)) << s.err;
+  EXPECT_NE(s.err.find("disk tier"), std::string::npos) << s.err;
+  const auto r = testing_util::http(s.port, "POST", "/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json again = json::parse(r.body);
+  EXPECT_EQ(again["choices"][0]["text"], first["choices"][0]["text"]);
+  const json& details = again["usage"]["prompt_tokens_details"];
+  EXPECT_EQ(details["cached_tokens"], 64) << r.body;  // 4 full blocks of 16
+  EXPECT_EQ(details["cached_tokens_disk"], 64) << r.body;
+  EXPECT_EQ(details["cached_tokens_ram"], 0) << r.body;
+  const std::string metrics = testing_util::http(s.port, "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("kvcache_prompt_tokens_cached_by_tier_total{tier=\"disk\"} 64"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("\nkvcache_disk_hits_total 4\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nkvcache_disk_budget_bytes 67108864\n"), std::string::npos) << metrics;
+  EXPECT_EQ(s.stop(), 0);
+}
+
+TEST(CliServe, KvDiskBudgetWithoutKvDiskIsRefused) {
+  for (const char* cmd : {"serve --port 0", "batch --input /dev/null"}) {
+    const auto r =
+        testing_util::run_cli(std::string(cmd) + " --model dummy:tiny --kv-disk-budget 1GiB");
+    EXPECT_EQ(r.exit_code, 2) << cmd;
+    EXPECT_NE(r.err.find("--kv-disk-budget"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--kv-disk"), std::string::npos) << r.err;
+  }
+  const auto r = testing_util::run_cli(
+      "serve --port 0 --model dummy:tiny --kv-disk /tmp/x "
+      "--kv-disk-budget lots");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--kv-disk-budget"), std::string::npos) << r.err;
 }
 
 TEST(CliBatch, WritesOneJsonLinePerRequestInInputOrder) {
