@@ -60,6 +60,12 @@ Block make_block(int i, int32_t group = 0) {
   return b;
 }
 
+std::vector<Block> make_blocks(int n) {
+  std::vector<Block> blocks;
+  for (int i = 0; i < n; ++i) blocks.push_back(make_block(i));
+  return blocks;
+}
+
 bool store(DiskTier& tier, const Block& b, int32_t group = 0) {
   return tier.store(b.key, b.parent, group, b.tokens, b.payload);
 }
@@ -99,8 +105,7 @@ void flip_byte(const fs::path& path, uint64_t offset) {
 TEST(DiskTier, RoundTripOfSeveralBlocks) {
   ScratchDir dir("disk_tier");
   DiskTier tier(options_for(dir));
-  std::vector<Block> blocks;
-  for (int i = 0; i < 5; ++i) blocks.push_back(make_block(i));
+  const std::vector<Block> blocks = make_blocks(5);
   for (const Block& b : blocks) EXPECT_TRUE(store(tier, b));
   tier.flush();
   const DiskTierStats s = tier.stats();
@@ -154,8 +159,7 @@ TEST(DiskTier, ServesAWriteStillInFlight) {
 
 TEST(DiskTier, RestartKeepsTheBlocks) {
   ScratchDir dir("disk_tier");
-  std::vector<Block> blocks;
-  for (int i = 0; i < 4; ++i) blocks.push_back(make_block(i));
+  const std::vector<Block> blocks = make_blocks(4);
   {
     DiskTier tier(options_for(dir));
     for (const Block& b : blocks) store(tier, b);
@@ -278,12 +282,19 @@ TEST(DiskTier, ATruncatedFileIsACountedMissAndTheFileGoes) {
   EXPECT_FALSE(fs::exists(file_of(dir, c)));
 }
 
-TEST(DiskTier, WrongTokensOrSizeIsAMiss) {
-  ScratchDir dir("disk_tier");
-  DiskTier tier(options_for(dir));
+// A tier holding one block, written.
+class DiskTierOneBlock : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store(tier, b);
+    tier.flush();
+  }
+  ScratchDir dir{"disk_tier"};
+  DiskTier tier{options_for(dir)};
   const Block b = make_block(0);
-  store(tier, b);
-  tier.flush();
+};
+
+TEST_F(DiskTierOneBlock, WrongTokensOrSizeIsAMiss) {
   std::vector<int32_t> other = b.tokens;
   other[2] += 1;
   std::vector<std::byte> out(kPayloadBytes);
@@ -300,8 +311,7 @@ TEST(DiskTier, BudgetEvictsTheLeastRecentlyUsed) {
   ScratchDir dir("disk_tier");
   const uint64_t budget = 3 * kFileBytes + kFileBytes / 2;  // room for 3 files
   DiskTier tier(options_for(dir, budget));
-  std::vector<Block> blocks;
-  for (int i = 0; i < 6; ++i) blocks.push_back(make_block(i));
+  const std::vector<Block> blocks = make_blocks(6);
   for (int i = 0; i < 3; ++i) store(tier, blocks[static_cast<size_t>(i)]);
   tier.flush();
   EXPECT_TRUE(load_ok(tier, blocks[0]));  // refreshed: block 1 is now the oldest
@@ -340,8 +350,7 @@ TEST(DiskTier, ABlockLargerThanTheBudgetIsDropped) {
 
 TEST(DiskTier, ASmallerBudgetAtRestartEvictsTheOldest) {
   ScratchDir dir("disk_tier");
-  std::vector<Block> blocks;
-  for (int i = 0; i < 4; ++i) blocks.push_back(make_block(i));
+  const std::vector<Block> blocks = make_blocks(4);
   {
     DiskTier tier(options_for(dir));
     for (const Block& b : blocks) {
@@ -366,8 +375,7 @@ TEST(DiskTier, ASmallerBudgetAtRestartEvictsTheOldest) {
 
 TEST(DiskTier, AHitBeforeARestartKeepsTheBlockUnderASmallerBudget) {
   ScratchDir dir("disk_tier");
-  std::vector<Block> blocks;
-  for (int i = 0; i < 3; ++i) blocks.push_back(make_block(i));
+  const std::vector<Block> blocks = make_blocks(3);
   {
     DiskTier tier(options_for(dir));
     for (const Block& b : blocks) store(tier, b);
@@ -403,8 +411,7 @@ TEST(DiskTier, AFailedWriteIsDroppedAndNotIndexed) {
 TEST(DiskTier, PrefetchIsOnlyAHint) {
   ScratchDir dir("disk_tier");
   DiskTier tier(options_for(dir));
-  std::vector<Block> blocks;
-  for (int i = 0; i < 3; ++i) blocks.push_back(make_block(i));
+  const std::vector<Block> blocks = make_blocks(3);
   for (const Block& b : blocks) store(tier, b);
   tier.flush();
   tier.prefetch(make_block(7).key, 0);  // absent: nothing happens
@@ -441,12 +448,7 @@ TEST(DiskTier, WritesBeyondTheInFlightBoundAreDropped) {
   EXPECT_EQ(one.stats().blocks, accepted);
 }
 
-TEST(DiskTier, StoringAnExistingKeyDoesNotRewrite) {
-  ScratchDir dir("disk_tier");
-  DiskTier tier(options_for(dir));
-  const Block b = make_block(0);
-  store(tier, b);
-  tier.flush();
+TEST_F(DiskTierOneBlock, StoringAnExistingKeyDoesNotRewrite) {
   const fs::path f = file_of(dir, b);
   struct stat before;
   ASSERT_EQ(::stat(f.c_str(), &before), 0);
