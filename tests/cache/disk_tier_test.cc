@@ -7,10 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <list>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -462,6 +465,76 @@ TEST_F(DiskTierOneBlock, StoringAnExistingKeyDoesNotRewrite) {
   EXPECT_EQ(s.stored, 1);
   EXPECT_EQ(s.bytes_written, kFileBytes);
   EXPECT_EQ(s.blocks, 1);
+}
+
+// Random stores, loads and damaged files against a model of the tier (an LRU list of blocks and
+// their file sizes); after each step the files on disk are exactly the model's.
+TEST(DiskTier, RandomizedAgainstAModel) {
+  ScratchDir dir("disk_tier");
+  const uint64_t budget = 6 * kFileBytes;
+  DiskTier tier(options_for(dir, budget));
+  std::mt19937 rng(40);
+  const std::vector<Block> blocks = make_blocks(12);
+  // Block i's payload is kPayloadBytes + 100 * (i % 3) bytes: files of three sizes.
+  auto payload_of = [&](size_t i) {
+    std::vector<std::byte> p = blocks[i].payload;
+    p.resize(kPayloadBytes + 100 * (i % 3), std::byte{7});
+    return p;
+  };
+  std::list<size_t> lru;  // front: most recent
+  auto size_of = [](size_t i) { return kFileBytes + 100 * (i % 3); };
+  auto model_bytes = [&] {
+    uint64_t n = 0;
+    for (size_t i : lru) n += size_of(i);
+    return n;
+  };
+  int64_t corrupt = 0, evicted = 0;
+  for (int step = 0; step < 400; ++step) {
+    const size_t i = rng() % blocks.size();
+    const Block& b = blocks[i];
+    const auto it = std::find(lru.begin(), lru.end(), i);
+    const int op = static_cast<int>(rng() % 4);
+    if (op <= 1) {  // store
+      EXPECT_TRUE(tier.store(b.key, b.parent, 0, b.tokens, payload_of(i)));
+      if (it != lru.end())
+        lru.erase(it);
+      else
+        while (model_bytes() + size_of(i) > budget) {
+          lru.pop_back();
+          ++evicted;
+        }
+      lru.push_front(i);
+    } else if (op == 2) {  // load
+      std::vector<std::byte> out(payload_of(i).size());
+      const bool hit = tier.load(b.key, 0, b.tokens, out);
+      EXPECT_EQ(hit, it != lru.end()) << "step " << step;
+      if (hit) {
+        EXPECT_EQ(out, payload_of(i)) << "step " << step;
+        lru.erase(it);
+        lru.push_front(i);
+      }
+    } else if (it != lru.end()) {  // damage its file: the next load finds it corrupt
+      flip_byte(file_of(dir, b), rng() % size_of(i));
+      std::vector<std::byte> out(payload_of(i).size());
+      EXPECT_FALSE(tier.load(b.key, 0, b.tokens, out)) << "step " << step;
+      lru.erase(it);
+      ++corrupt;
+    }
+    tier.flush();
+    const DiskTierStats st = tier.stats();
+    ASSERT_EQ(st.blocks, static_cast<int64_t>(lru.size())) << "step " << step;
+    ASSERT_EQ(st.bytes, model_bytes()) << "step " << step;
+    ASSERT_LE(st.bytes, budget);
+    ASSERT_EQ(st.corrupt, corrupt);
+    ASSERT_EQ(st.evicted, evicted);
+    uint64_t on_disk = 0;
+    const std::vector<fs::path> files = block_files(dir);
+    for (const fs::path& f : files) on_disk += fs::file_size(f);
+    ASSERT_EQ(files.size(), lru.size()) << "step " << step;
+    ASSERT_EQ(on_disk, st.bytes) << "step " << step;
+  }
+  EXPECT_GT(corrupt, 0);
+  EXPECT_GT(evicted, 0);
 }
 
 TEST(DiskTier, RefusesAZeroBudgetOrBlockSize) {
