@@ -354,13 +354,13 @@ size_t Cache::offloaded_bytes() const {
 }
 
 void CacheLayer::save(StateWriter&) const {
-  throw Error(ErrorKind::kUnsupported, "the '" + std::string(name()) +
-                                           "' container cannot be saved to a session file");
+  throw Error(ErrorKind::kUnsupported,
+              "the '" + std::string(name()) + "' container cannot be saved to a session file");
 }
 
 void CacheLayer::load(StateReader&) {
-  throw Error(ErrorKind::kUnsupported, "the '" + std::string(name()) +
-                                           "' container cannot be restored from a session file");
+  throw Error(ErrorKind::kUnsupported,
+              "the '" + std::string(name()) + "' container cannot be restored from a session file");
 }
 
 void Cache::save(StateWriter& out) const {

@@ -244,7 +244,7 @@ class Cache {
   void offload(int layer);
   void prefetch(int layer);
 
-  size_t bytes() const;  // sum over the layers that own storage (resident bytes)
+  size_t bytes() const;            // sum over the layers that own storage (resident bytes)
   size_t offloaded_bytes() const;  // sum of the layers' offloaded_bytes()
 
   // Every owning layer's save()/load(), each framed by its index and registry name (load

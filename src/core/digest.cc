@@ -9,7 +9,9 @@
 namespace kvcache {
 
 namespace {
-blake2b_state* st(unsigned char* raw) { return reinterpret_cast<blake2b_state*>(raw); }
+blake2b_state* st(unsigned char* raw) {
+  return reinterpret_cast<blake2b_state*>(raw);
+}
 
 Digest128 from_bytes(const uint8_t (&out)[16]) {
   Digest128 d;
@@ -21,12 +23,13 @@ Digest128 from_bytes(const uint8_t (&out)[16]) {
 }
 }  // namespace
 
+// The 16 digest bytes in BLAKE2b's output order (as b2sum -l 128 prints them).
 std::string Digest128::hex() const {
   static const char* kDigits = "0123456789abcdef";
   std::string s(32, '0');
   for (int i = 0; i < 16; ++i) {
     const uint64_t word = i < 8 ? hi : lo;
-    const auto byte = static_cast<unsigned>((word >> (56 - 8 * (i % 8))) & 0xff);
+    const auto byte = static_cast<unsigned>((word >> (8 * (i % 8))) & 0xff);
     s[static_cast<size_t>(2 * i)] = kDigits[byte >> 4];
     s[static_cast<size_t>(2 * i + 1)] = kDigits[byte & 15];
   }
@@ -46,8 +49,11 @@ bool Digest128::from_hex(std::string_view s, Digest128& out) {
     } else {
       return false;
     }
-    uint64_t& word = i < 16 ? d.hi : d.lo;
-    word |= v << (60 - 4 * (i % 16));
+    // Byte i / 2 of the digest (hex() prints the bytes in BLAKE2b's output order), high nibble
+    // first; bytes 0-7 are hi's little-endian bytes, 8-15 lo's.
+    const size_t byte = i / 2;
+    uint64_t& word = byte < 8 ? d.hi : d.lo;
+    word |= v << (8 * (byte % 8) + (i % 2 == 0 ? 4 : 0));
   }
   out = d;
   return true;
@@ -59,7 +65,9 @@ Hasher::Hasher() {
 }
 
 Hasher& Hasher::bytes(const void* data, size_t n) {
-  if (n > 0) KV_CHECK(blake2b_update(st(state_), static_cast<const uint8_t*>(data), n) == 0, "blake2b_update failed");
+  if (n > 0)
+    KV_CHECK(blake2b_update(st(state_), static_cast<const uint8_t*>(data), n) == 0,
+             "blake2b_update failed");
   return *this;
 }
 
@@ -75,7 +83,9 @@ Hasher& Hasher::u64(uint64_t v) {
   return bytes(b, sizeof(b));
 }
 
-Hasher& Hasher::str(std::string_view s) { return u64(s.size()).bytes(s.data(), s.size()); }
+Hasher& Hasher::str(std::string_view s) {
+  return u64(s.size()).bytes(s.data(), s.size());
+}
 
 Digest128 Hasher::finish() const {
   alignas(64) unsigned char copy[sizeof(state_)];
@@ -85,6 +95,8 @@ Digest128 Hasher::finish() const {
   return from_bytes(out);
 }
 
-Digest128 digest128(const void* data, size_t n) { return Hasher().bytes(data, n).finish(); }
+Digest128 digest128(const void* data, size_t n) {
+  return Hasher().bytes(data, n).finish();
+}
 
 }  // namespace kvcache

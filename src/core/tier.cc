@@ -98,8 +98,8 @@ TierCopier::Ticket TierCopier::enqueue(Job job) {
 TierCopier::Ticket TierCopier::read(int fd, uint64_t offset, void* dst, size_t n,
                                     std::string_view what, DoneFn done) {
   std::string label(what);
-  return enqueue(Job{0, Tier::kDisk, Tier::kHost, n,
-                     [=] { read_exact(fd, offset, dst, n, label); }, std::move(done)});
+  return enqueue(Job{0, Tier::kDisk, Tier::kHost, n, [=] { read_exact(fd, offset, dst, n, label); },
+                     std::move(done)});
 }
 
 TierCopier::Ticket TierCopier::write(int fd, uint64_t offset, const void* src, size_t n,
@@ -110,8 +110,8 @@ TierCopier::Ticket TierCopier::write(int fd, uint64_t offset, const void* src, s
 }
 
 TierCopier::Ticket TierCopier::copy(void* dst, const void* src, size_t n, DoneFn done) {
-  return enqueue(Job{0, Tier::kHost, Tier::kHost, n, [=] { std::memcpy(dst, src, n); },
-                     std::move(done)});
+  return enqueue(
+      Job{0, Tier::kHost, Tier::kHost, n, [=] { std::memcpy(dst, src, n); }, std::move(done)});
 }
 
 TierCopier::Ticket TierCopier::submit(Tier from, Tier to, size_t bytes, std::function<void()> run,

@@ -97,8 +97,8 @@ class TierCopier {
   mutable std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
   std::deque<Job> queue_;
-  Ticket next_ = 1;       // the next ticket handed out
-  Ticket completed_ = 0;  // every ticket <= completed_ is done (FIFO)
+  Ticket next_ = 1;                       // the next ticket handed out
+  Ticket completed_ = 0;                  // every ticket <= completed_ is done (FIFO)
   std::map<Ticket, std::string> errors_;  // failed jobs without a callback, until waited
   TierCopierStats stats_;
   bool stop_ = false;
