@@ -187,10 +187,12 @@ TEST(DiskTier, RestartRemovesLeftoverTempFilesAndLeavesForeignFiles) {
   const fs::path sub = dir.path() / kFingerprint.hex();
   std::ofstream(sub / (file_of(dir, make_block(1)).filename().string() + ".tmp")) << "half";
   std::ofstream(sub / "notes.txt") << "not a block";
+  std::ofstream(sub / "notes.tmp") << "not a block's temporary file";
   DiskTier again(options_for(dir));
   EXPECT_EQ(again.stats().blocks, 1);
   EXPECT_FALSE(fs::exists(sub / (file_of(dir, make_block(1)).filename().string() + ".tmp")));
   EXPECT_TRUE(fs::exists(sub / "notes.txt"));
+  EXPECT_TRUE(fs::exists(sub / "notes.tmp"));
   EXPECT_TRUE(load_ok(again, b));
 }
 
