@@ -14,7 +14,8 @@
 //   - Checksum:     what the verification costs per block file: memcpy (the machine's copy
 //                   rate, for scale), BLAKE2b-128 as DiskTier uses it (core/digest.h), and
 //                   libb2's 4-way parallel BLAKE2bp for comparison (Debian's libb2 runs it on
-//                   OpenMP threads: compare its real time, the CPU column is one thread's).
+//                   OpenMP threads: compare its real time, the CPU column is one thread's),
+//                   XXH3-128 and CRC32C (SSE4.2) as what a non-cryptographic check costs.
 // Each pass reads every file once; bytes/s is the rate of file bytes delivered to memory.
 //
 //   TIER_IO_DIR=/var/tmp build/bench/bench_tier_io --benchmark_counters_tabular=true
@@ -22,6 +23,12 @@
 // tmpfs, for the cold case to mean anything).
 #include <benchmark/benchmark.h>
 #include <blake2.h>
+#ifdef __SSE4_2__
+#include <nmmintrin.h>
+#endif
+#ifdef KVCACHE_HAVE_XXHASH
+#include <xxhash.h>
+#endif
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -244,7 +251,23 @@ BENCHMARK(BM_DiskTierLoad)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
-// Arg: 0 memcpy, 1 BLAKE2b-128 (digest128), 2 BLAKE2bp-128.
+#ifdef __SSE4_2__
+// CRC32C with the SSE4.2 instruction, one stream (what a non-cryptographic check would cost).
+uint32_t crc32c(const std::byte* p, size_t n) {
+  uint64_t c = 0xffffffffu;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    c = _mm_crc32_u64(c, w);
+  }
+  for (; i < n; ++i) c = _mm_crc32_u8(static_cast<uint32_t>(c), static_cast<uint8_t>(p[i]));
+  return static_cast<uint32_t>(c) ^ 0xffffffffu;
+}
+#endif
+
+// Arg: 0 memcpy, 1 BLAKE2b-128 (digest128), 2 BLAKE2bp-128, 3 XXH3-128 (only when libxxhash is
+// found), 4 CRC32C (only in SSE4.2 builds).
 void BM_Checksum(benchmark::State& state) {
   std::vector<std::byte> in(kFileBytes), out(kFileBytes);
   for (size_t j = 0; j < in.size(); ++j) in[j] = static_cast<std::byte>(j * 31);
@@ -258,15 +281,35 @@ void BM_Checksum(benchmark::State& state) {
       case 1:
         benchmark::DoNotOptimize(digest128(in.data(), in.size()));
         break;
-      default:
+      case 2:
         KV_CHECK(blake2bp(sum, in.data(), nullptr, sizeof sum, in.size(), 0) == 0, "blake2bp");
         benchmark::DoNotOptimize(sum);
         break;
+#ifdef KVCACHE_HAVE_XXHASH
+      case 3:
+        benchmark::DoNotOptimize(XXH3_128bits(in.data(), in.size()));
+        break;
+#endif
+#ifdef __SSE4_2__
+      case 4:
+        benchmark::DoNotOptimize(crc32c(in.data(), in.size()));
+        break;
+#endif
+      default:
+        KV_CHECK(false, "bench_tier_io: no checksum " + std::to_string(state.range(0)));
     }
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kFileBytes));
 }
-BENCHMARK(BM_Checksum)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Checksum)
+    ->DenseRange(0, 2)
+#ifdef KVCACHE_HAVE_XXHASH
+    ->Arg(3)
+#endif
+#ifdef __SSE4_2__
+    ->Arg(4)
+#endif
+    ->Unit(benchmark::kMicrosecond);
 
 #ifdef KVCACHE_HAVE_LIBURING
 // Opens the files, then keeps up to `depth` whole-file reads in flight until all are done.

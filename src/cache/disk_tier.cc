@@ -261,11 +261,13 @@ struct DiskTier::Impl {
       const std::string name = it->path().filename().string();
       struct stat st;
       if (::stat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      BlockId id;
       if (name.ends_with(kTempSuffix)) {
-        remove_file(it->path().string());
+        // A write a crash interrupted (only our own names: other files are not ours to touch).
+        if (parse_file_name(std::string_view(name).substr(0, name.size() - kTempSuffix.size()), id))
+          remove_file(it->path().string());
         continue;
       }
-      BlockId id;
       if (!parse_file_name(name, id)) continue;  // not a block file: not ours to touch
       found.push_back({id, static_cast<uint64_t>(st.st_size),
                        static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});

@@ -18,14 +18,16 @@
 // The payload is the block's pages of every page-owning layer of its group, in layer order, K
 // then V (K only for K==V layers), each [H_kv, block_tokens, D] in the storage dtype.
 //
-// A hit reads the file back and checks magic, version, fingerprint, key, tokens, size and
-// checksum before anything is copied into a live block: a corrupt or truncated file is a miss
-// (counted in stats().corrupt, the file removed), never wrong output. The budget is enforced on
-// the sum of file sizes: storing past it removes least recently used files first (a hit
-// refreshes a block, and sets its file's mtime). Restarting with the same directory rebuilds
-// the index from the files' names, sizes and mtimes (no read: every file is verified when it is
-// loaded), so the hits survive; temporary files a crash left are removed, files of other
-// fingerprints are left alone. One process uses a directory at a time.
+// A hit reads the file back and checks magic, version, fingerprint, key, group, tokens, size
+// and checksum before load() returns true: a corrupt or truncated file is a miss (counted in
+// stats().corrupt, the file removed), never wrong output. The payload is read straight into the
+// caller's buffer and verified there (no second copy), so on false that buffer holds unverified
+// bytes: load into a block no sequence reads yet (or a staging buffer), and use it only on true.
+// The budget is enforced on the sum of file sizes: storing past it removes least recently used
+// files first (a hit refreshes a block, and sets its file's mtime). Restarting with the same
+// directory rebuilds the index from the files' names, sizes and mtimes (no read: every file is
+// verified when it is loaded), so the hits survive; temporary files a crash left are removed, files
+// of other fingerprints are left alone. One process uses a directory at a time.
 //
 // Writes go to "<name>.tmp", then rename(2) into place: a crash of the process never leaves a
 // half-written file under a block's name. They are not fsync'ed (a block is a cache entry, not

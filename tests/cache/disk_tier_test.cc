@@ -7,10 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <list>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -60,6 +63,12 @@ Block make_block(int i, int32_t group = 0) {
   return b;
 }
 
+std::vector<Block> make_blocks(int n) {
+  std::vector<Block> blocks;
+  for (int i = 0; i < n; ++i) blocks.push_back(make_block(i));
+  return blocks;
+}
+
 bool store(DiskTier& tier, const Block& b, int32_t group = 0) {
   return tier.store(b.key, b.parent, group, b.tokens, b.payload);
 }
@@ -99,8 +108,7 @@ void flip_byte(const fs::path& path, uint64_t offset) {
 TEST(DiskTier, RoundTripOfSeveralBlocks) {
   ScratchDir dir("disk_tier");
   DiskTier tier(options_for(dir));
-  std::vector<Block> blocks;
-  for (int i = 0; i < 5; ++i) blocks.push_back(make_block(i));
+  const std::vector<Block> blocks = make_blocks(5);
   for (const Block& b : blocks) EXPECT_TRUE(store(tier, b));
   tier.flush();
   const DiskTierStats s = tier.stats();
@@ -154,8 +162,7 @@ TEST(DiskTier, ServesAWriteStillInFlight) {
 
 TEST(DiskTier, RestartKeepsTheBlocks) {
   ScratchDir dir("disk_tier");
-  std::vector<Block> blocks;
-  for (int i = 0; i < 4; ++i) blocks.push_back(make_block(i));
+  const std::vector<Block> blocks = make_blocks(4);
   {
     DiskTier tier(options_for(dir));
     for (const Block& b : blocks) store(tier, b);
@@ -180,10 +187,12 @@ TEST(DiskTier, RestartRemovesLeftoverTempFilesAndLeavesForeignFiles) {
   const fs::path sub = dir.path() / kFingerprint.hex();
   std::ofstream(sub / (file_of(dir, make_block(1)).filename().string() + ".tmp")) << "half";
   std::ofstream(sub / "notes.txt") << "not a block";
+  std::ofstream(sub / "notes.tmp") << "not a block's temporary file";
   DiskTier again(options_for(dir));
   EXPECT_EQ(again.stats().blocks, 1);
   EXPECT_FALSE(fs::exists(sub / (file_of(dir, make_block(1)).filename().string() + ".tmp")));
   EXPECT_TRUE(fs::exists(sub / "notes.txt"));
+  EXPECT_TRUE(fs::exists(sub / "notes.tmp"));
   EXPECT_TRUE(load_ok(again, b));
 }
 
@@ -278,12 +287,19 @@ TEST(DiskTier, ATruncatedFileIsACountedMissAndTheFileGoes) {
   EXPECT_FALSE(fs::exists(file_of(dir, c)));
 }
 
-TEST(DiskTier, WrongTokensOrSizeIsAMiss) {
-  ScratchDir dir("disk_tier");
-  DiskTier tier(options_for(dir));
+// A tier holding one block, written.
+class DiskTierOneBlock : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store(tier, b);
+    tier.flush();
+  }
+  ScratchDir dir{"disk_tier"};
+  DiskTier tier{options_for(dir)};
   const Block b = make_block(0);
-  store(tier, b);
-  tier.flush();
+};
+
+TEST_F(DiskTierOneBlock, WrongTokensOrSizeIsAMiss) {
   std::vector<int32_t> other = b.tokens;
   other[2] += 1;
   std::vector<std::byte> out(kPayloadBytes);
@@ -300,8 +316,7 @@ TEST(DiskTier, BudgetEvictsTheLeastRecentlyUsed) {
   ScratchDir dir("disk_tier");
   const uint64_t budget = 3 * kFileBytes + kFileBytes / 2;  // room for 3 files
   DiskTier tier(options_for(dir, budget));
-  std::vector<Block> blocks;
-  for (int i = 0; i < 6; ++i) blocks.push_back(make_block(i));
+  const std::vector<Block> blocks = make_blocks(6);
   for (int i = 0; i < 3; ++i) store(tier, blocks[static_cast<size_t>(i)]);
   tier.flush();
   EXPECT_TRUE(load_ok(tier, blocks[0]));  // refreshed: block 1 is now the oldest
@@ -340,8 +355,7 @@ TEST(DiskTier, ABlockLargerThanTheBudgetIsDropped) {
 
 TEST(DiskTier, ASmallerBudgetAtRestartEvictsTheOldest) {
   ScratchDir dir("disk_tier");
-  std::vector<Block> blocks;
-  for (int i = 0; i < 4; ++i) blocks.push_back(make_block(i));
+  const std::vector<Block> blocks = make_blocks(4);
   {
     DiskTier tier(options_for(dir));
     for (const Block& b : blocks) {
@@ -366,8 +380,7 @@ TEST(DiskTier, ASmallerBudgetAtRestartEvictsTheOldest) {
 
 TEST(DiskTier, AHitBeforeARestartKeepsTheBlockUnderASmallerBudget) {
   ScratchDir dir("disk_tier");
-  std::vector<Block> blocks;
-  for (int i = 0; i < 3; ++i) blocks.push_back(make_block(i));
+  const std::vector<Block> blocks = make_blocks(3);
   {
     DiskTier tier(options_for(dir));
     for (const Block& b : blocks) store(tier, b);
@@ -403,8 +416,7 @@ TEST(DiskTier, AFailedWriteIsDroppedAndNotIndexed) {
 TEST(DiskTier, PrefetchIsOnlyAHint) {
   ScratchDir dir("disk_tier");
   DiskTier tier(options_for(dir));
-  std::vector<Block> blocks;
-  for (int i = 0; i < 3; ++i) blocks.push_back(make_block(i));
+  const std::vector<Block> blocks = make_blocks(3);
   for (const Block& b : blocks) store(tier, b);
   tier.flush();
   tier.prefetch(make_block(7).key, 0);  // absent: nothing happens
@@ -441,12 +453,7 @@ TEST(DiskTier, WritesBeyondTheInFlightBoundAreDropped) {
   EXPECT_EQ(one.stats().blocks, accepted);
 }
 
-TEST(DiskTier, StoringAnExistingKeyDoesNotRewrite) {
-  ScratchDir dir("disk_tier");
-  DiskTier tier(options_for(dir));
-  const Block b = make_block(0);
-  store(tier, b);
-  tier.flush();
+TEST_F(DiskTierOneBlock, StoringAnExistingKeyDoesNotRewrite) {
   const fs::path f = file_of(dir, b);
   struct stat before;
   ASSERT_EQ(::stat(f.c_str(), &before), 0);
@@ -460,6 +467,76 @@ TEST(DiskTier, StoringAnExistingKeyDoesNotRewrite) {
   EXPECT_EQ(s.stored, 1);
   EXPECT_EQ(s.bytes_written, kFileBytes);
   EXPECT_EQ(s.blocks, 1);
+}
+
+// Random stores, loads and damaged files against a model of the tier (an LRU list of blocks and
+// their file sizes); after each step the files on disk are exactly the model's.
+TEST(DiskTier, RandomizedAgainstAModel) {
+  ScratchDir dir("disk_tier");
+  const uint64_t budget = 6 * kFileBytes;
+  DiskTier tier(options_for(dir, budget));
+  std::mt19937 rng(40);
+  const std::vector<Block> blocks = make_blocks(12);
+  // Block i's payload is kPayloadBytes + 100 * (i % 3) bytes: files of three sizes.
+  auto payload_of = [&](size_t i) {
+    std::vector<std::byte> p = blocks[i].payload;
+    p.resize(kPayloadBytes + 100 * (i % 3), std::byte{7});
+    return p;
+  };
+  std::list<size_t> lru;  // front: most recent
+  auto size_of = [](size_t i) { return kFileBytes + 100 * (i % 3); };
+  auto model_bytes = [&] {
+    uint64_t n = 0;
+    for (size_t i : lru) n += size_of(i);
+    return n;
+  };
+  int64_t corrupt = 0, evicted = 0;
+  for (int step = 0; step < 400; ++step) {
+    const size_t i = rng() % blocks.size();
+    const Block& b = blocks[i];
+    const auto it = std::find(lru.begin(), lru.end(), i);
+    const int op = static_cast<int>(rng() % 4);
+    if (op <= 1) {  // store
+      EXPECT_TRUE(tier.store(b.key, b.parent, 0, b.tokens, payload_of(i)));
+      if (it != lru.end())
+        lru.erase(it);
+      else
+        while (model_bytes() + size_of(i) > budget) {
+          lru.pop_back();
+          ++evicted;
+        }
+      lru.push_front(i);
+    } else if (op == 2) {  // load
+      std::vector<std::byte> out(payload_of(i).size());
+      const bool hit = tier.load(b.key, 0, b.tokens, out);
+      EXPECT_EQ(hit, it != lru.end()) << "step " << step;
+      if (hit) {
+        EXPECT_EQ(out, payload_of(i)) << "step " << step;
+        lru.erase(it);
+        lru.push_front(i);
+      }
+    } else if (it != lru.end()) {  // damage its file: the next load finds it corrupt
+      flip_byte(file_of(dir, b), rng() % size_of(i));
+      std::vector<std::byte> out(payload_of(i).size());
+      EXPECT_FALSE(tier.load(b.key, 0, b.tokens, out)) << "step " << step;
+      lru.erase(it);
+      ++corrupt;
+    }
+    tier.flush();
+    const DiskTierStats st = tier.stats();
+    ASSERT_EQ(st.blocks, static_cast<int64_t>(lru.size())) << "step " << step;
+    ASSERT_EQ(st.bytes, model_bytes()) << "step " << step;
+    ASSERT_LE(st.bytes, budget);
+    ASSERT_EQ(st.corrupt, corrupt);
+    ASSERT_EQ(st.evicted, evicted);
+    uint64_t on_disk = 0;
+    const std::vector<fs::path> files = block_files(dir);
+    for (const fs::path& f : files) on_disk += fs::file_size(f);
+    ASSERT_EQ(files.size(), lru.size()) << "step " << step;
+    ASSERT_EQ(on_disk, st.bytes) << "step " << step;
+  }
+  EXPECT_GT(corrupt, 0);
+  EXPECT_GT(evicted, 0);
 }
 
 TEST(DiskTier, RefusesAZeroBudgetOrBlockSize) {
