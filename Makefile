@@ -51,11 +51,12 @@ fuzz:
 # the test binaries of the layers whose tests run threads (TSAN_LAYERS): core (the thread pool),
 # kernels (loops split over 1-3 threads), runtime (the engine; every forward runs on the pool),
 # server (handler threads + the engine's driver thread), tools (`kvcache serve` under signals,
-# `batch`); cache and model run none. Then their tests matching TSAN_TESTS (a ctest -R regex,
+# `batch`), cache (the offloaded container's and the disk tier's copier threads, core/tier.h);
+# model runs none. Then their tests matching TSAN_TESTS (a ctest -R regex,
 # all by default; e.g. TSAN_TESTS='Server|Engine' for a quick pass). OpenBLAS's own threads are
 # not instrumented: OPENBLAS_NUM_THREADS=1. Suppressions (uninstrumented libraries only):
 # tests/tsan.supp.
-TSAN_LAYERS ?= core;kernels;runtime;server;tools
+TSAN_LAYERS ?= core;kernels;cache;runtime;server;tools
 TSAN_TESTS  ?= .
 tsan: deps
 	@cmake -S . -B $(TSAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
