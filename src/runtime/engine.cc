@@ -110,6 +110,11 @@ struct Engine::Request {
 
 // The first sample scores the prompt; the other samples share what it computed (or, when a
 // fork found no block, recompute it from the cache like any request).
+std::span<const uint8_t> Engine::salt_of(const Request& r) {
+  const std::string& salt = r.params.cache_salt;
+  return {reinterpret_cast<const uint8_t*>(salt.data()), salt.size()};
+}
+
 bool Engine::Seq::scores_prompt() const {
   return index == 0 && req->params.prompt_logprobs >= 0;
 }
@@ -215,6 +220,10 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
                                                    std::to_string(vocab) + ")");
   if (params.max_tokens < 0)
     throw Error(ErrorKind::kInvalidArgument, "request: max_tokens must be >= 0");
+  if (params.cache_salt.size() > kMaxCacheSalt)
+    throw Error(ErrorKind::kInvalidArgument,
+                "request: cache_salt is " + std::to_string(params.cache_salt.size()) +
+                    " bytes; at most " + std::to_string(kMaxCacheSalt) + " are accepted");
   if (params.n < 1 || params.n > config_.max_running)
     throw Error(ErrorKind::kInvalidArgument,
                 "request: n must be in [1, " + std::to_string(config_.max_running) + "]");
@@ -300,10 +309,13 @@ void Engine::post(std::function<void()> task) {
   cv_.notify_all();
 }
 
-std::vector<int32_t> Engine::finished_tokens(uint64_t id) const {
+std::vector<int32_t> Engine::finished_tokens(uint64_t id, bool* salted) const {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [fid, tokens] : finished_)
-    if (fid == id) return tokens;
+  for (const Finished& f : finished_) {
+    if (f.id != id) continue;
+    if (salted != nullptr) *salted = f.salted;
+    return f.tokens;
+  }
   return {};
 }
 
@@ -542,7 +554,7 @@ void Engine::admit_and_prefill(int64_t& budget) {
          static_cast<int32_t>(running_.size()) < config_.max_running) {
     Seq* s = waiting_.front();
     Request& r = *s->req;
-    s->sid = store_->add_sequence();
+    s->sid = store_->add_sequence(salt_of(r));
     s->computed = s->scores_prompt() ? 0 : store_->attach_prefix(s->sid, s->tokens);
     s->computed_disk = s->computed > 0 ? store_->last_prefix_disk_tokens() : 0;
     const int64_t n = hybrid_chunk(*s, budget);
@@ -653,10 +665,13 @@ void Engine::admit_batched(int64_t& budget) {
     if (s->scores_prompt()) break;  // needs every row's logits: the one-by-one path
     // Full blocks only: a copied tail takes a block at attach time, which could evict a cached
     // block a later candidate's match counted on (the one-by-one path copies tails).
-    const int64_t ram = store_->match_prefix(s->tokens, {}, PagedKVStore::PrefixMatch::kFullBlocks);
+    const int64_t ram =
+        store_->match_prefix(s->tokens, salt_of(*s->req), PagedKVStore::PrefixMatch::kFullBlocks);
     // A prefix the disk tier extends is loaded at attach time (allocating blocks): the
     // one-by-one path takes it, so that the batch's matches cannot change under it.
-    if (store_->disk_tier() != nullptr && store_->match_prefix_with_disk(s->tokens) > ram) break;
+    if (store_->disk_tier() != nullptr &&
+        store_->match_prefix_with_disk(s->tokens, salt_of(*s->req)) > ram)
+      break;
     const int64_t need = static_cast<int64_t>(s->tokens.size()) - ram;
     if (step_seqs_.empty()) n = need;
     if (need != n || static_cast<int64_t>(step_seqs_.size() + 1) * n > budget ||
@@ -669,7 +684,7 @@ void Engine::admit_batched(int64_t& budget) {
   step_tokens_.clear();
   row_pos_.clear();
   for (Seq* s : step_seqs_) {
-    s->sid = store_->add_sequence();
+    s->sid = store_->add_sequence(salt_of(*s->req));
     s->computed = store_->attach_prefix(s->sid, s->tokens, PagedKVStore::PrefixMatch::kFullBlocks);
     s->computed_disk = s->computed > 0 ? store_->last_prefix_disk_tokens() : 0;
     KV_CHECK(s->needs() == n, "admit_batched: the prefix match changed between match and attach");
@@ -877,7 +892,7 @@ void Engine::finish_request_if_done(Request& r) {
     if (!r.seqs.empty() && r.seqs[0]->out)
       tokens.insert(tokens.end(), r.seqs[0]->out->tokens.begin(), r.seqs[0]->out->tokens.end());
     std::lock_guard<std::mutex> lock(mu_);
-    finished_.emplace_back(r.id, std::move(tokens));
+    finished_.push_back(Finished{r.id, std::move(tokens), !r.params.cache_salt.empty()});
     if (finished_.size() > kFinishedKept) finished_.pop_front();
   }
   leave_queue(r);

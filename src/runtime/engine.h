@@ -91,6 +91,10 @@ struct RequestParams {
   // a text). The prompt is then computed whole, not taken from the prefix cache, since cached
   // positions have no logits.
   int32_t prompt_logprobs = -1;
+  // A tenant's salt (the servers' `cache_salt` field, as vLLM's): folded into every block key of
+  // the request's sequences, so a prefix is shared only between requests with the same salt, in
+  // RAM and in the disk tier (empty: unsalted requests share among themselves).
+  std::string cache_salt;
 };
 
 // Per-request statistics, final when the request finishes.
@@ -231,12 +235,17 @@ class Engine {
   // Thread-safe: the tokens request `id` left in the cache (its prompt and its first sample's
   // generated tokens), for the last kFinishedKept finished requests; empty when unknown.
   static constexpr size_t kFinishedKept = 64;
-  std::vector<int32_t> finished_tokens(uint64_t id) const;
+  // The longest RequestParams::cache_salt submit() accepts (it is hashed into every block key).
+  static constexpr size_t kMaxCacheSalt = 1024;
+  // *salted (when given): whether the request had a cache_salt.
+  std::vector<int32_t> finished_tokens(uint64_t id, bool* salted = nullptr) const;
 
  private:
   struct Request;
   struct Seq;
 
+  // The request's cache_salt as the block keys' extra bytes (empty: none).
+  static std::span<const uint8_t> salt_of(const Request& r);
   void drain_inbox();
   void admit_and_prefill(int64_t& budget);
   void admit_batched(int64_t& budget);
@@ -298,8 +307,13 @@ class Engine {
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Request>> inbox_;
   std::vector<uint64_t> cancels_;
-  std::vector<std::function<void()>> tasks_;                        // post()
-  std::deque<std::pair<uint64_t, std::vector<int32_t>>> finished_;  // finished_tokens()
+  std::vector<std::function<void()>> tasks_;  // post()
+  struct Finished {
+    uint64_t id = 0;
+    std::vector<int32_t> tokens;
+    bool salted = false;
+  };
+  std::deque<Finished> finished_;  // finished_tokens()
   uint64_t next_id_ = 1;
   int64_t queued_ = 0;     // inbox + waiting requests (bounded by max_waiting)
   EngineMetrics metrics_;  // snapshot published by update_metrics()

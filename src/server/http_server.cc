@@ -536,7 +536,18 @@ void HttpServer::install_slots() {
       try {
         PagedSessionResult out;
         if (save) {
-          const std::vector<int32_t> tokens = engine_.finished_tokens(id);
+          bool salted = false;
+          const std::vector<int32_t> tokens = engine_.finished_tokens(id, &salted);
+          if (salted) {
+            // Its blocks are keyed under its tenant's salt, which a slot file does not carry
+            // (restore puts blocks back unsalted): saving it would serve its prefix to anyone.
+            r = {400, error_body("request " + slot +
+                                     " used a cache_salt; slots save and restore unsalted "
+                                     "prefixes only",
+                                 "invalid_request_error", "")};
+            done->set_value(r);
+            return;
+          }
           if (tokens.empty()) {
             r = {404, error_body("request " + slot + " is not among the last " +
                                      std::to_string(Engine::kFinishedKept) + " finished requests",

@@ -199,12 +199,6 @@ void refuse_unsupported(const json& body, bool chat) {
     if (const json* v = given("best_of"); v && *v != 1) refuse("best_of");
     if (const json* v = given("suffix"); v && *v != "") refuse("suffix");
   }
-  // A tenant's salt must keep its prefixes apart from other tenants'; ignoring it would share
-  // them. Refused until the server implements it.
-  if (given("cache_salt"))
-    throw bad(
-        "'cache_salt' is not supported by this server yet: prefixes are shared between all its "
-        "requests; omit it");
 }
 
 // Every field a request may carry; anything else is refused, as OpenAI refuses an
@@ -396,6 +390,15 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
   }
   if (!get_bool(body, "ignore_eos", false))
     p.stop_ids.insert(p.stop_ids.end(), model.stop_ids.begin(), model.stop_ids.end());
+  // vLLM's cache_salt: a tenant's prefixes are shared only with requests of the same salt.
+  if (const auto it = body.find("cache_salt"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() || it->get<std::string>().empty())
+      throw bad("'cache_salt' must be a non-empty string");
+    p.cache_salt = it->get<std::string>();
+    if (p.cache_salt.size() > Engine::kMaxCacheSalt)
+      throw bad("'cache_salt' has " + std::to_string(p.cache_salt.size()) + " bytes; at most " +
+                std::to_string(Engine::kMaxCacheSalt) + " are allowed");
+  }
   return r;
 }
 

@@ -179,6 +179,36 @@ TEST(Engine, EqualLengthPromptsSharingABlockStillHitThePrefixCache) {
     ASSERT_EQ(got.tokens[i], run_alone(model, reqs[i])) << "request " << i;
 }
 
+// cache_salt: a tenant's prefix serves only requests of the same salt (an unsalted request is a
+// tenant of its own), and the answers never change.
+TEST(Engine, CacheSaltKeepsTenantsPrefixesApart) {
+  const Model& model = *tiny_model().model;
+  std::mt19937 rng(37);
+  std::vector<int32_t> p = {1};
+  while (p.size() < 50) p.push_back(static_cast<int32_t>(rng() % 31000) + 3);
+  EngineConfig c;
+  c.cache.max_cache_len = 512;
+  c.max_tokens_per_step = 256;
+  Engine e(model, nullptr, c);
+  const std::vector<int32_t> alone = run_alone(model, greedy(p, 3));
+  const auto run = [&](const std::string& salt) {
+    RequestParams rp = greedy(p, 3);
+    rp.cache_salt = salt;
+    const RunResult got = run_all(e, {rp});
+    EXPECT_EQ(got.tokens[0], alone) << "salt '" << salt << "'";
+    return got.outputs[0].stats.cached_tokens;
+  };
+  EXPECT_EQ(run("tenant-a"), 0);
+  EXPECT_EQ(run("tenant-b"), 0);   // the same prompt, another tenant: no hit
+  EXPECT_EQ(run(""), 0);           // unsalted: not tenant-a's either
+  EXPECT_EQ(run("tenant-a"), 49);  // its own prefix: everything but the last token
+  EXPECT_EQ(run("tenant-b"), 49);
+  EXPECT_EQ(run(""), 49);
+  RequestParams too_long = greedy(p, 1);
+  too_long.cache_salt = std::string(Engine::kMaxCacheSalt + 1, 's');
+  EXPECT_THROW(e.submit(too_long, [](const StreamEvent&) {}), Error);
+}
+
 TEST(Engine, APrefixEndingInsideABlockIsReusedWhole) {
   const Model& model = *tiny_model().model;
   std::mt19937 rng(31);

@@ -191,9 +191,11 @@ TEST(ServerRobustness, WrongTypesAndValuesOutOfRangeAre400s) {
   expect_400(cmpl, R"({"prompt": "hi", "frobnicate": 1})",
              "unrecognized request argument 'frobnicate'");
   expect_400(cmpl, R"({"prompt": "hi", "messages": []})", "chat/completions parameter");
-  expect_400(cmpl, R"({"prompt": "hi", "cache_salt": "tenant-a"})", "cache_salt");
-  expect_400(chat, R"({"messages": [{"role": "user", "content": "hi"}], "cache_salt": "tenant-a"})",
-             "cache_salt");
+  expect_400(cmpl, R"({"prompt": "hi", "cache_salt": ""})", "'cache_salt' must be a non-empty");
+  expect_400(chat, R"({"messages": [{"role": "user", "content": "hi"}], "cache_salt": 7})",
+             "'cache_salt' must be a non-empty string");
+  expect_400(cmpl, json{{"prompt", "hi"}, {"cache_salt", std::string(1025, 's')}}.dump(),
+             "'cache_salt' has 1025 bytes");
   json many = {{"prompt", "hi"}, {"stop", json::array()}};
   for (int i = 0; i < 17; ++i) many["stop"].push_back(std::to_string(i) + "s");
   expect_400(cmpl, many.dump(), "at most 16");

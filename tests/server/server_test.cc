@@ -95,6 +95,19 @@ TEST(Server, StreamsAChatCompletionAsServerSentEventsEndingInDone) {
   EXPECT_GE(cached, 16);
   EXPECT_LT(cached, body["usage"]["prompt_tokens"].get<int>());
 
+  // cache_salt (vLLM's): another tenant's identical request finds nothing cached and gets the
+  // same text; its own repeat hits.
+  json salted = once;
+  salted["cache_salt"] = "tenant-b";
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    const HttpReply rs = http(ts.port, "POST", "/v1/chat/completions", salted.dump());
+    ASSERT_EQ(rs.status, 200) << rs.body;
+    const json bs = json::parse(rs.body);
+    EXPECT_EQ(bs["choices"][0]["message"]["content"], streamed);
+    EXPECT_EQ(bs["usage"]["prompt_tokens_details"]["cached_tokens"], repeat == 0 ? 0 : cached)
+        << "repeat " << repeat;
+  }
+
   // Completions with a stop string: the text ends before it.
   const HttpReply free_run =
       http(ts.port, "POST", "/v1/completions",

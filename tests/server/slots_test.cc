@@ -72,6 +72,15 @@ TEST(ServerSlots, SaveThenRestoreIntoAnotherServerHitsThePrefixCache) {
     EXPECT_EQ(slot(a.port, id, "save", "").status, 400);
     EXPECT_EQ(slot(a.port, id, "erase", "x.bin").status, 400);
     EXPECT_EQ(slot(a.port, id, "restore", "missing.bin").status, 404);
+
+    // A tenant's (cache_salt) request is not saved: a slot file restores unsalted blocks.
+    json salted{{"model", "dummy:tiny"}, {"prompt", p1}, {"max_tokens", 1}, {"cache_salt", "t"}};
+    const HttpReply rs = http(a.port, "POST", "/v1/completions", salted.dump());
+    ASSERT_EQ(rs.status, 200) << rs.body;
+    const HttpReply refused = slot(a.port, json::parse(rs.body)["id"], "save", "t.bin");
+    EXPECT_EQ(refused.status, 400);
+    EXPECT_NE(refused.body.find("cache_salt"), std::string::npos) << refused.body;
+    EXPECT_FALSE(std::filesystem::exists(dir.str() + "/t.bin"));
   }
   TestServer b(*lm, o);
   const HttpReply restored = slot(b.port, "0", "restore", "s.bin");
