@@ -159,7 +159,7 @@ KVSpan Cache::update(int layer, const TensorView& k, const TensorView& v) {
                                                  "'s keys and values");
   }
   CacheLayer& l = *layers_[static_cast<size_t>(layer)];
-  if (l.offloadable() && offloadable_.size() > 1) {
+  if (offloadable_.size() > 1 && l.offloadable()) {  // no virtual call without offloading
     // transformers' Cache.update with offloading: the previous offloaded layer gives its slot up
     // and the next one (the first, after the last) starts reading into it while this one
     // computes. Its own prefetch was queued by the update before.

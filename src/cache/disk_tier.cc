@@ -316,13 +316,22 @@ DiskTier::~DiskTier() {
 
 bool DiskTier::store(const BlockKey& key, const BlockKey& parent, int32_t group,
                      std::span<const int32_t> tokens, std::span<const std::byte> payload) {
+  const std::span<const std::byte> one[1] = {payload};
+  return store(key, parent, group, tokens, std::span<const std::span<const std::byte>>(one));
+}
+
+bool DiskTier::store(const BlockKey& key, const BlockKey& parent, int32_t group,
+                     std::span<const int32_t> tokens,
+                     std::span<const std::span<const std::byte>> parts) {
+  size_t payload_bytes = 0;
+  for (const auto& part : parts) payload_bytes += part.size();
   KV_CHECK(static_cast<int64_t>(tokens.size()) == options_.block_tokens,
            "DiskTier::store: " + std::to_string(tokens.size()) + " tokens for blocks of " +
                std::to_string(options_.block_tokens));
   KV_CHECK(group >= 0, "DiskTier::store: negative group " + std::to_string(group));
   Impl& m = *impl_;
   const BlockId id{key, group};
-  const uint64_t file_bytes = head_bytes(options_.block_tokens) + payload.size() + kChecksumBytes;
+  const uint64_t file_bytes = head_bytes(options_.block_tokens) + payload_bytes + kChecksumBytes;
   std::shared_ptr<Impl::Pending> job;
   {
     std::lock_guard<std::mutex> lock(m.mu);
@@ -366,8 +375,9 @@ bool DiskTier::store(const BlockKey& key, const BlockKey& parent, int32_t group,
   put_u32(p, static_cast<uint32_t>(group));
   put_u32(p, static_cast<uint32_t>(options_.block_tokens));
   put(p, tokens.data(), tokens.size_bytes());
-  put_u64(p, payload.size());
-  if (!payload.empty()) put(p, payload.data(), payload.size());
+  put_u64(p, payload_bytes);
+  for (const auto& part : parts)
+    if (!part.empty()) put(p, part.data(), part.size());
   {
     std::lock_guard<std::mutex> lock(m.mu);
     job->ready = true;

@@ -92,6 +92,10 @@ class DiskTier {
   // disk is not written again (its LRU position is refreshed).
   bool store(const BlockKey& key, const BlockKey& parent, int32_t group,
              std::span<const int32_t> tokens, std::span<const std::byte> payload);
+  // The same with the payload given as its parts in order (a block's pages, one per layer and
+  // K/V): each part is copied once, straight into the file image.
+  bool store(const BlockKey& key, const BlockKey& parent, int32_t group,
+             std::span<const int32_t> tokens, std::span<const std::span<const std::byte>> parts);
   // Whether a file for (key, group) is indexed (no I/O; the read may still find it corrupt).
   bool contains(const BlockKey& key, int32_t group) const;
   // Reads the block into `payload` (exactly the stored size) after checking everything listed

@@ -1030,13 +1030,9 @@ std::vector<std::span<std::byte>> PagedKVStore::block_pages(int g, int32_t id) {
 
 bool PagedKVStore::write_behind(int g, int32_t id, const BlockKey& key, const BlockKey& parent,
                                 std::span<const int32_t> tokens) {
-  size_t n = 0;
-  for (const std::span<std::byte> p : block_pages(g, id)) {
-    if (disk_buf_.size() < n + p.size()) disk_buf_.resize(n + p.size());
-    std::memcpy(disk_buf_.data() + n, p.data(), p.size());
-    n += p.size();
-  }
-  return disk_->store(key, parent, g, tokens, std::span<const std::byte>(disk_buf_.data(), n));
+  const std::vector<std::span<std::byte>> pages = block_pages(g, id);
+  const std::vector<std::span<const std::byte>> parts(pages.begin(), pages.end());
+  return disk_->store(key, parent, g, tokens, parts);
 }
 
 void PagedKVStore::load_from_disk(std::span<const int32_t> tokens, std::span<const uint8_t> salt,

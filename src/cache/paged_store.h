@@ -490,7 +490,7 @@ class PagedKVStore {
   std::shared_ptr<DiskTier> disk_;
   // One block's payload: written behind (the tier copies it at once), and loaded (a load's
   // allocation may write another block behind, so not the same buffer).
-  std::vector<std::byte> disk_buf_, load_buf_;
+  std::vector<std::byte> load_buf_;
   int64_t last_disk_tokens_ = 0, disk_loaded_ = 0, disk_load_failed_ = 0;
 };
 
