@@ -19,6 +19,7 @@
 
 #include "cache/cache.h"
 #include "cache/dense_layer.h"
+#include "cache/offloaded_layer.h"
 #include "cache/paged_layer.h"
 #include "cache/quantized_layer.h"
 #include "core/error.h"
@@ -198,7 +199,10 @@ void run_demo(const RunOptions& o) {
       ok = first + n == total && same_bits(span.k, ref.k.slice(2, first, total)) &&
            same_bits(span.v, ref.v.slice(2, first, total));
       const auto* dense = dynamic_cast<const DenseLayer*>(layer.get());
-      stored = dense ? dense->stored_tokens() : -1;
+      // An offloaded layer keeps every token, in its file (bytes: only its resident slot).
+      stored = dense                                              ? dense->stored_tokens()
+               : dynamic_cast<const OffloadedLayer*>(layer.get()) ? layer->seq_length()
+                                                                  : -1;
       verdict = ok ? "equal" : "DIFFERENT";
     }
     mismatches += ok ? 0 : 1;
@@ -211,7 +215,10 @@ void run_demo(const RunOptions& o) {
       "\n  tokens: positions seen; stored: tokens kept for later steps; bytes: resident "
       "(capacity + workspace);\n  moved: bytes the container copied on its own "
       "(growth, compaction, workspace), beyond writing the new tokens;\n  recompute/*: the "
-      "no-cache reference's container, which holds only its latest update.\n");
+      "no-cache reference's container, which holds only its latest update;\n  "
+      "offloaded*/full_attention: "
+      "kept in a file, bytes = the resident slot it holds (at most two per cache; windows stay "
+      "resident).\n");
   fmt::print(
       "  not fed this stream (state or compressor updates from a model; see their tests): "
       "{}\n\n",
