@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kvcache builds with (each one included or linked somewhere;
 # libgmock-dev because the GTest CMake package declares its targets; clang-format for
-# make format / format-check), only those missing.
+# make format / format-check; redis-server and redis-tools (redis-cli) for the shared KV tier's
+# tests, which start their own servers), only those missing.
 # Uses sudo when not root. Safe to run again: does nothing when all are present.
 # --fuzz adds what `make fuzz` needs (clang and libFuzzer's runtime), only for that target.
 set -euo pipefail
@@ -11,6 +12,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libopenblas-dev libcpp-httplib-dev libb2-dev
+  libhiredis-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
+  redis-server redis-tools
   clang-format
 )
 if [ "${1:-}" = "--fuzz" ]; then

@@ -283,6 +283,7 @@ bool BlockPool::commit(int32_t id, const BlockKey& key, const BlockKey& parent,
   KV_CHECK(b.ref > 0 && !b.keyed, "commit needs a used, unkeyed block");
   KV_CHECK(static_cast<int32_t>(tokens.size()) == block_tokens_, "commit needs a full block");
   const size_t mask = index_.size() - 1;
+  bool took_over = false;
   size_t i = slot_of(key);
   for (; index_[i] >= 0; i = (i + 1) & mask) {
     const int32_t o = index_[i];
@@ -294,6 +295,7 @@ bool BlockPool::commit(int32_t id, const BlockKey& key, const BlockKey& parent,
     // freed: otherwise the cached copy, released long ago, sits first in line for eviction
     // while the live one, unkeyed, is dropped when its sequence ends, and the prefix is lost.
     if (ob.ref > 0) return false;
+    took_over = true;
     list_remove(o);
     --n_cached_;
     unlink_family(o);
@@ -311,6 +313,7 @@ bool BlockPool::commit(int32_t id, const BlockKey& key, const BlockKey& parent,
   std::copy(tokens.begin(), tokens.end(),
             tokens_.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(id) * block_tokens_));
   link_family(id);
+  if (!took_over && committed_) committed_(id, key, parent, this->tokens(id));
   return true;
 }
 

@@ -136,6 +136,12 @@ class BlockPool {
                                        std::span<const int32_t> tokens)>;
   void set_evict_hook(EvictHook hook) { evicted_ = std::move(hook); }
 
+  // Called when commit() indexes a key the pool did not hold (a block newly stored in the
+  // prefix index; not when a live copy takes a key over from a cached one).
+  using CommitHook = std::function<void(int32_t id, const BlockKey& key, const BlockKey& parent,
+                                        std::span<const int32_t> tokens)>;
+  void set_commit_hook(CommitHook hook) { committed_ = std::move(hook); }
+
   int32_t ref_count(int32_t id) const { return blocks_[check_id(id)].ref; }
   bool is_keyed(int32_t id) const { return blocks_[check_id(id)].keyed; }
   const BlockKey& key(int32_t id) const { return blocks_[check_id(id)].key; }
@@ -196,6 +202,7 @@ class BlockPool {
   BlockPoolStats counters_;
   std::function<void(const BlockKey&)> key_dropped_;
   EvictHook evicted_;
+  CommitHook committed_;
 };
 
 }  // namespace kvcache

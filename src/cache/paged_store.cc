@@ -330,11 +330,7 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
     conv_prev_ws_ = Tensor::zeros(DType::kF32, {n, ls.conv_kernel - 1, ls.conv_dim});
     conv_ws_ = Tensor::zeros(DType::kF32, {n, ls.conv_kernel - 1, ls.conv_dim});
     rec_ws_ = Tensor::zeros(DType::kF32, {n, ls.heads_v, ls.head_dim_k, ls.head_dim_v});
-    // A snapshot is keyed by group 0's block ending at its position: it goes when that key
-    // goes (eviction), so no snapshot outlives the blocks a hit needs with it.
-    pools_[0]->set_key_drop_hook([this](const BlockKey& key) {
-      if (snaps_) snaps_->drop_with_block(key);
-    });
+    // Snapshots are dropped with their blocks' keys: install_pool_hooks.
   }
   if (has_state(config_)) {
     if (config_.linear_slots < 0) bad("linear_slots must be >= 0");
@@ -348,6 +344,7 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
   if (config_.kv_heads > 0 && config_.head_dim > 0)
     allocate_pages(config_.kv_heads, config_.head_dim,
                    config_.head_dim_v > 0 ? config_.head_dim_v : config_.head_dim);
+  install_pool_hooks();
   build_tables();
 }
 
@@ -943,6 +940,59 @@ int64_t PagedKVStore::match_prefix_with_disk(std::span<const int32_t> tokens,
   return find_prefix(tokens, salt, PrefixMatch::kFullBlocks, disk_ != nullptr).full;
 }
 
+const char* block_source_name(BlockSource s) {
+  switch (s) {
+    case BlockSource::kComputed: return "computed";
+    case BlockSource::kDisk: return "disk";
+    case BlockSource::kRemote: return "remote";
+    case BlockSource::kSession: return "session";
+  }
+  return "?";
+}
+
+void PagedKVStore::install_pool_hooks() {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const int gi = static_cast<int>(g);
+    pools_[g]->set_key_drop_hook([this, gi](const BlockKey& key) {
+      // A snapshot is keyed by group 0's block ending at its position: it goes when that key
+      // goes (eviction), so no snapshot outlives the blocks a hit needs with it.
+      if (gi == 0 && snaps_) snaps_->drop_with_block(key);
+      if (clearing_) return;
+      for (const auto& sink : sinks_) sink->on_removed(gi, key);
+    });
+    if (sinks_.empty()) {
+      pools_[g]->set_commit_hook(nullptr);
+      continue;
+    }
+    pools_[g]->set_commit_hook([this, gi](int32_t id, const BlockKey& key, const BlockKey& parent,
+                                          std::span<const int32_t> tok) {
+      const std::vector<std::span<std::byte>> pages = block_pages(gi, id);
+      StoredBlock b;
+      b.group = gi;
+      b.id = id;
+      b.key = key;
+      b.parent = parent;
+      b.tokens = tok;
+      b.source = commit_source_;
+      b.pages = pages;
+      for (const auto& sink : sinks_) sink->on_stored(b);
+    });
+  }
+}
+
+void PagedKVStore::add_event_sink(std::shared_ptr<BlockEventSink> sink) {
+  if (!sink) bad("add_event_sink: null sink");
+  sinks_.push_back(std::move(sink));
+  install_pool_hooks();
+}
+
+void PagedKVStore::clear_prefix_cache() {
+  clearing_ = true;
+  for (auto& pool : pools_) pool->clear_index();
+  clearing_ = false;
+  for (const auto& sink : sinks_) sink->on_cleared();
+}
+
 void PagedKVStore::set_disk_tier(std::shared_ptr<DiskTier> disk) {
   if (disk) {
     std::string why;
@@ -1089,8 +1139,10 @@ void PagedKVStore::load_from_disk(std::span<const int32_t> tokens, std::span<con
         off += p.size();
       }
       KV_CHECK(off == bytes, "disk block payload size != the block's pages");
+      set_commit_source(BlockSource::kDisk);
       pool.commit(fresh[0], key, i == 0 ? BlockKey{} : hit.keys[g][static_cast<size_t>(i - 1)],
                   tok);
+      set_commit_source(BlockSource::kComputed);
       held[g].emplace_back(i, fresh[0]);
       loaded[static_cast<size_t>(i)] = 1;
       ++disk_loaded_;

@@ -86,6 +86,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/block_events.h"
 #include "cache/block_pool.h"
 #include "cache/compressed_cache_layer.h"
 #include "cache/disk_tier.h"
@@ -351,6 +352,20 @@ class PagedKVStore {
   int64_t disk_blocks_loaded() const { return disk_loaded_; }
   int64_t disk_loads_failed() const { return disk_load_failed_; }
 
+  // --- events (cache/block_events.h) ---------------------------------------------------------
+  // Adds a sink told of every block stored in / removed from the prefix index, and of clears.
+  // Sinks are called in the order added, on the store's thread.
+  void add_event_sink(std::shared_ptr<BlockEventSink> sink);
+  // Drops every key and tail of every group (vLLM's reset_prefix_cache): used blocks keep their
+  // content, cached blocks become free; sinks get one on_cleared().
+  void clear_prefix_cache();
+  // The pages of block `id` of group g, in the disk tier's payload order (valid until the
+  // block is reused).
+  std::vector<std::span<std::byte>> block_pages(int g, int32_t id);
+  // The next commits into group pools come from `source` (a tier's loads set it around their
+  // commits; kComputed otherwise).
+  void set_commit_source(BlockSource source) { commit_source_ = source; }
+
   // --- accounting -------------------------------------------------------------------------
   PagedGroupStats stats(int g) const;
   size_t used_bytes() const;  // sum over groups
@@ -404,8 +419,6 @@ class PagedKVStore {
                       std::vector<uint8_t>& loaded);
   bool write_behind(int g, int32_t id, const BlockKey& key, const BlockKey& parent,
                     std::span<const int32_t> tokens);
-  // The pages of block `id` of group g, in the disk tier's payload order.
-  std::vector<std::span<std::byte>> block_pages(int g, int32_t id);
 
   Seq& seq_ref(SeqId seq);
   const Seq& seq_ref(SeqId seq) const;
@@ -492,6 +505,11 @@ class PagedKVStore {
   // allocation may write another block behind, so not the same buffer).
   std::vector<std::byte> load_buf_;
   int64_t last_disk_tokens_ = 0, disk_loaded_ = 0, disk_load_failed_ = 0;
+  // Events.
+  void install_pool_hooks();
+  std::vector<std::shared_ptr<BlockEventSink>> sinks_;
+  BlockSource commit_source_ = BlockSource::kComputed;
+  bool clearing_ = false;  // clear_prefix_cache: per-key removals are not reported
 };
 
 }  // namespace kvcache

@@ -147,6 +147,12 @@ PagedSessionResult load_paged_session(PagedKVStore& store, const Model& model,
   const size_t vpage = dtype_bytes(c.dtype, heads * fb * dv);
   Tensor k = Tensor::empty(c.dtype, {1, heads, todo, dk});
   Tensor v = Tensor::empty(c.dtype, {1, heads, todo, dv});
+  // The blocks this restore fills are keyed when the last layer's write closes the step.
+  store.set_commit_source(BlockSource::kSession);
+  struct ResetSource {
+    PagedKVStore& s;
+    ~ResetSource() { s.set_commit_source(BlockSource::kComputed); }
+  } reset_source{store};
   for (int l : layers) {
     const int64_t layer = in.i64();
     if (layer != l)
