@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache/block_record.h"
 #include "core/error.h"
 #include "core/tier.h"
 
@@ -26,21 +27,12 @@ namespace kvcache {
 
 namespace {
 
-static_assert(std::endian::native == std::endian::little,
-              "the block file format is little-endian and written with memcpy");
-
-constexpr char kMagic[8] = {'K', 'V', 'C', 'B', 'L', 'K', '0', '1'};
-constexpr uint32_t kVersion = 1;
-// magic | version | fingerprint | key | parent | group | block_tokens
-constexpr size_t kFixedHeaderBytes = 8 + 4 + 16 + 16 + 16 + 4 + 4;
-constexpr size_t kChecksumBytes = 16;
+// The file is a block record (cache/block_record.h), byte for byte.
+using block_record::head_bytes;
+using block_record::kChecksumBytes;
+using block_record::kFixedHeaderBytes;
 constexpr std::string_view kSuffix = ".kvb";
 constexpr std::string_view kTempSuffix = ".tmp";
-
-// Bytes before the payload: the fixed header, the tokens and the payload size.
-size_t head_bytes(int32_t block_tokens) {
-  return kFixedHeaderBytes + sizeof(int32_t) * static_cast<size_t>(block_tokens) + sizeof(uint64_t);
-}
 
 // A block's identity in the tier (the key already folds the group in; the group is kept apart
 // so that a file name and the index say it without rehashing).
@@ -79,32 +71,6 @@ bool parse_file_name(std::string_view name, BlockId& id) {
   id.key = BlockKey{d.hi, d.lo};
   id.group = static_cast<int32_t>(group);
   return true;
-}
-
-void put(std::byte*& p, const void* src, size_t n) {
-  std::memcpy(p, src, n);
-  p += n;
-}
-void put_u32(std::byte*& p, uint32_t v) {
-  put(p, &v, sizeof v);
-}
-void put_u64(std::byte*& p, uint64_t v) {
-  put(p, &v, sizeof v);
-}
-void put_128(std::byte*& p, uint64_t hi, uint64_t lo) {
-  put_u64(p, hi);
-  put_u64(p, lo);
-}
-
-uint32_t get_u32(const std::byte* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-uint64_t get_u64(const std::byte* p) {
-  uint64_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
 }
 
 // Unlinks a file; a file already gone is fine (the tier only wants it not there).
@@ -198,9 +164,7 @@ struct DiskTier::Impl {
   // Writes a pending image to a temporary name and renames it into place (a crash never
   // leaves a half-written file under a block's name). On the copier thread.
   void write_file(const BlockId& id, std::vector<std::byte>& image) {
-    const Digest128 sum = digest128(image.data(), image.size() - kChecksumBytes);
-    std::byte* p = image.data() + image.size() - kChecksumBytes;
-    put_128(p, sum.hi, sum.lo);
+    block_record::seal(image);
     const std::string path = path_of(id);
     const std::string tmp = path + kTempSuffix.data();
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
@@ -366,18 +330,8 @@ bool DiskTier::store(const BlockKey& key, const BlockKey& parent, int32_t group,
   // The image is built on the caller's thread without the lock (one copy of the payload, which
   // the caller may reuse as soon as store() returns); the checksum and the write run behind.
   job->image.resize(file_bytes);
-  std::byte* p = job->image.data();
-  put(p, kMagic, sizeof kMagic);
-  put_u32(p, kVersion);
-  put_128(p, options_.fingerprint.hi, options_.fingerprint.lo);
-  put_128(p, key.hi, key.lo);
-  put_128(p, parent.hi, parent.lo);
-  put_u32(p, static_cast<uint32_t>(group));
-  put_u32(p, static_cast<uint32_t>(options_.block_tokens));
-  put(p, tokens.data(), tokens.size_bytes());
-  put_u64(p, payload_bytes);
-  for (const auto& part : parts)
-    if (!part.empty()) put(p, part.data(), part.size());
+  block_record::write_unsealed({options_.fingerprint, key, parent, group, tokens}, parts,
+                               job->image);
   {
     std::lock_guard<std::mutex> lock(m.mu);
     job->ready = true;
@@ -450,27 +404,14 @@ bool DiskTier::load(const BlockKey& key, int32_t group, std::span<const int32_t>
         if (!payload.empty()) read_exact(fd.get(), head, payload.data(), payload.size(), path);
         read_exact(fd.get(), head + payload.size(), stored_sum, kChecksumBytes, path);
         read_bytes = file_bytes;
-        Hasher h;
-        h.bytes(head_buf.data(), head).bytes(payload.data(), payload.size());
-        const Digest128 sum = h.finish();
-        const std::byte* q = head_buf.data();
-        const bool sum_ok = get_u64(stored_sum) == sum.hi && get_u64(stored_sum + 8) == sum.lo;
-        const bool header_ok =
-            std::memcmp(q, kMagic, sizeof kMagic) == 0 && get_u32(q + 8) == kVersion &&
-            get_u64(q + 12) == options_.fingerprint.hi &&
-            get_u64(q + 20) == options_.fingerprint.lo && get_u64(q + 28) == key.hi &&
-            get_u64(q + 36) == key.lo && get_u32(q + 60) == static_cast<uint32_t>(group) &&
-            get_u32(q + 64) == static_cast<uint32_t>(options_.block_tokens) &&
-            get_u64(q + head - 8) == payload.size();
-        if (!sum_ok || !header_ok) {
-          outcome = Outcome::kCorrupt;
-        } else if (std::memcmp(q + kFixedHeaderBytes, tokens.data(), tokens.size_bytes()) != 0) {
-          // An intact file for this key holding other tokens (the caller's tokens do not hash
-          // to the key): a miss, and the file stays.
-          outcome = Outcome::kOtherTokens;
-        } else {
-          outcome = Outcome::kHit;
-        }
+        const block_record::Verdict v = block_record::verify(
+            {options_.fingerprint, key, group, tokens, payload.size()}, head_buf, payload,
+            std::span<const std::byte>(stored_sum, kChecksumBytes));
+        // kOtherTokens: an intact file for this key holding other tokens (the caller's tokens
+        // do not hash to the key): a miss, and the file stays.
+        outcome = v == block_record::Verdict::kOk            ? Outcome::kHit
+                  : v == block_record::Verdict::kOtherTokens ? Outcome::kOtherTokens
+                                                             : Outcome::kCorrupt;
       } catch (const Error&) {
         outcome = Outcome::kCorrupt;  // shrank while read, or an I/O error
       }

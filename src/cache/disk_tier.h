@@ -11,7 +11,7 @@
 // is the pool's hash chain (cache/block_pool.h: parent key, group, salt, tokens), so a tenant's
 // salt separates its blocks on disk as in RAM.
 //
-// File format (little-endian), version 1:
+// File format: a block record (cache/block_record.h, shared with the remote tier), version 1:
 //   magic "KVCBLK01" | u32 version | fingerprint (16 B) | key (16 B) | parent (16 B) |
 //   u32 group | u32 block_tokens | i32 tokens[block_tokens] | u64 payload bytes | payload |
 //   checksum: BLAKE2b-128 of everything before it (16 B)
