@@ -811,6 +811,7 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
       keys[static_cast<size_t>(g)].push_back(parent);
       int32_t id = pools_[static_cast<size_t>(g)]->lookup(parent, tok);
       if (id < 0 && with_disk && disk_ && disk_->contains(parent, g)) id = kOnDisk;
+      if (id < 0 && with_disk && staged(g, i, parent)) id = kOnRemote;
       ids[static_cast<size_t>(g)].push_back(id);
     }
     // Blocks the next query (at position j * bt) can see, [lo / bt, j), must all be present:
@@ -885,13 +886,17 @@ int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens, 
   Seq& s = seq_ref(seq);
   if (s.len != 0) bad("attach_prefix: sequence " + std::to_string(seq) + " is not empty");
   last_disk_tokens_ = 0;
+  last_remote_tokens_ = 0;
   std::vector<uint8_t> from_disk;
-  if (disk_) load_from_disk(tokens, s.salt, from_disk);
+  if (disk_ || staged_.blocks > 0) load_from_disk(tokens, s.salt, from_disk);
+  clear_remote_stage();
   const PrefixHit hit = find_prefix(tokens, s.salt, mode);
   const int64_t m = hit.full + hit.tail, bt = config_.block_tokens;
   if (m == 0) return 0;
-  for (int64_t i = 0; i < hit.full / bt && i < static_cast<int64_t>(from_disk.size()); ++i)
-    last_disk_tokens_ += from_disk[static_cast<size_t>(i)] ? bt : 0;
+  for (int64_t i = 0; i < hit.full / bt && i < static_cast<int64_t>(from_disk.size()); ++i) {
+    last_disk_tokens_ += from_disk[static_cast<size_t>(i)] == 1 ? bt : 0;
+    last_remote_tokens_ += from_disk[static_cast<size_t>(i)] == 2 ? bt : 0;
+  }
   if (has_compressed()) {
     // The compressors' buffers and overlaps at the hit are not kept: continuing from cached
     // blocks would fold windows from a zero state. Recompute instead (never a wrong
@@ -937,15 +942,91 @@ int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens, 
 int64_t PagedKVStore::match_prefix_with_disk(std::span<const int32_t> tokens,
                                              std::span<const uint8_t> salt) {
   if (has_compressed()) return 0;
-  return find_prefix(tokens, salt, PrefixMatch::kFullBlocks, disk_ != nullptr).full;
+  return find_prefix(tokens, salt, PrefixMatch::kFullBlocks, disk_ != nullptr || staged_.blocks > 0)
+      .full;
+}
+
+bool PagedKVStore::staged(int g, int64_t i, const BlockKey& key) const {
+  const auto gi = static_cast<size_t>(g);
+  if (staged_.blocks == 0 || gi >= staged_.records.size() || i < staged_.first_block ||
+      i >= staged_.first_block + staged_.blocks || staged_.records[gi].empty())
+    return false;
+  // The record's key field (verified by the tier) sits after magic, version and fingerprint.
+  const std::vector<std::byte>& rec =
+      staged_.records[gi][static_cast<size_t>(i - staged_.first_block)];
+  BlockKey k;
+  std::memcpy(&k.hi, rec.data() + 28, 8);
+  std::memcpy(&k.lo, rec.data() + 36, 8);
+  return k == key;
+}
+
+void PagedKVStore::set_remote_tier(std::shared_ptr<RemoteTier> remote) {
+  if (remote) {
+    std::string why;
+    if (linear_)
+      why = "linear-attention layers (their recurrent state at a block boundary)";
+    else if (has_compressed())
+      why = "compressed (CSA/HCA) layers (their compressors' state at a block boundary)";
+    for (const std::string& t : config_.layer_types)
+      if (why.empty() && is_indexed_layer_type(t))
+        why = "indexed (DSA) layers (their indexer keys)";
+    if (!why.empty())
+      bad("the remote tier shares the K/V pages of prefix blocks, but this model has " + why +
+              ", which those pages do not carry: a remote hit could not continue exactly; serve "
+              "it without --kv-remote",
+          ErrorKind::kUnsupported);
+    if (remote->options().block_tokens != config_.block_tokens)
+      bad("remote tier block_tokens " + std::to_string(remote->options().block_tokens) +
+          " != the store's " + std::to_string(config_.block_tokens));
+  }
+  if (remote_) {
+    sinks_.erase(std::remove(sinks_.begin(), sinks_.end(),
+                             std::static_pointer_cast<BlockEventSink>(remote_)),
+                 sinks_.end());
+    install_pool_hooks();
+  }
+  remote_ = std::move(remote);
+  clear_remote_stage();
+  if (remote_) add_event_sink(remote_);
+}
+
+std::vector<std::vector<BlockKey>> PagedKVStore::prefix_block_keys(std::span<const int32_t> tokens,
+                                                                   std::span<const uint8_t> salt) {
+  std::vector<std::vector<BlockKey>> keys(groups_.size());
+  if (tokens.size() <= 1) return keys;
+  const int64_t bt = config_.block_tokens;
+  const int64_t nj = static_cast<int64_t>(tokens.size() - 1) / bt;
+  for (int g = 0; g < num_groups(); ++g) {
+    if (groups_[static_cast<size_t>(g)].kind == GroupKind::kCompressed) continue;
+    BlockKey parent;
+    for (int64_t i = 0; i < nj; ++i) {
+      parent = block_key(parent, g, salt,
+                         tokens.subspan(static_cast<size_t>(i * bt), static_cast<size_t>(bt)));
+      keys[static_cast<size_t>(g)].push_back(parent);
+    }
+  }
+  return keys;
+}
+
+size_t PagedKVStore::block_payload_bytes(int g) const {
+  return paged_block_bytes(config_, groups_[static_cast<size_t>(g)]);
+}
+
+void PagedKVStore::stage_remote(RemoteResult result) {
+  staged_ = std::move(result);
+  if (staged_.records.size() != groups_.size()) staged_ = RemoteResult{};
 }
 
 const char* block_source_name(BlockSource s) {
   switch (s) {
-    case BlockSource::kComputed: return "computed";
-    case BlockSource::kDisk: return "disk";
-    case BlockSource::kRemote: return "remote";
-    case BlockSource::kSession: return "session";
+    case BlockSource::kComputed:
+      return "computed";
+    case BlockSource::kDisk:
+      return "disk";
+    case BlockSource::kRemote:
+      return "remote";
+    case BlockSource::kSession:
+      return "session";
   }
   return "?";
 }
@@ -1117,7 +1198,9 @@ void PagedKVStore::load_from_disk(std::span<const int32_t> tokens, std::span<con
       if ((i + 1) * bt > lo && hit.blocks[g][static_cast<size_t>(i)] == kOnDisk)
         disk_->prefetch(hit.keys[g][static_cast<size_t>(i)], static_cast<int32_t>(g));
     for (int64_t i = 0; i < j; ++i) {
-      if ((i + 1) * bt <= lo || hit.blocks[g][static_cast<size_t>(i)] != kOnDisk) continue;
+      const int32_t where = hit.blocks[g][static_cast<size_t>(i)];
+      if ((i + 1) * bt <= lo || (where != kOnDisk && where != kOnRemote)) continue;
+      const bool remote = where == kOnRemote;
       const std::span<const int32_t> tok =
           tokens.subspan(static_cast<size_t>(i * bt), static_cast<size_t>(bt));
       const BlockKey& key = hit.keys[g][static_cast<size_t>(i)];
@@ -1125,27 +1208,43 @@ void PagedKVStore::load_from_disk(std::span<const int32_t> tokens, std::span<con
       const std::span<std::byte> payload(load_buf_.data(), bytes);
       // No block left, or a file that fails its checks: the hit ends before this block.
       if (!pool.allocate(1, fresh)) {
-        ++disk_load_failed_;
+        ++(remote ? remote_load_failed_ : disk_load_failed_);
         break;
       }
-      if (!disk_->load(key, static_cast<int32_t>(g), tok, payload)) {
+      // A remote block was verified by the tier (its record in staged_); a disk one is read
+      // and verified now.
+      std::span<const std::byte> src = payload;
+      if (remote) {
+        src = staged_.payload(g, static_cast<size_t>(i - staged_.first_block));
+        if (src.size() != bytes) {
+          ++remote_load_failed_;
+          pool.release(fresh[0]);
+          break;
+        }
+      } else if (!disk_->load(key, static_cast<int32_t>(g), tok, payload)) {
         ++disk_load_failed_;
         pool.release(fresh[0]);  // unkeyed: back to the free end
         break;
       }
       size_t off = 0;
       for (const std::span<std::byte> p : block_pages(static_cast<int>(g), fresh[0])) {
-        std::memcpy(p.data(), payload.data() + off, p.size());
+        std::memcpy(p.data(), src.data() + off, p.size());
         off += p.size();
       }
-      KV_CHECK(off == bytes, "disk block payload size != the block's pages");
-      set_commit_source(BlockSource::kDisk);
+      KV_CHECK(off == bytes, "tier block payload size != the block's pages");
+      set_commit_source(remote ? BlockSource::kRemote : BlockSource::kDisk);
       pool.commit(fresh[0], key, i == 0 ? BlockKey{} : hit.keys[g][static_cast<size_t>(i - 1)],
                   tok);
       set_commit_source(BlockSource::kComputed);
       held[g].emplace_back(i, fresh[0]);
-      loaded[static_cast<size_t>(i)] = 1;
-      ++disk_loaded_;
+      uint8_t& mark = loaded[static_cast<size_t>(i)];
+      if (remote) {
+        mark = mark == 0 ? 2 : mark;
+        ++remote_loaded_;
+      } else {
+        mark = 1;
+        ++disk_loaded_;
+      }
     }
   }
   for (size_t g = 0; g < groups_.size(); ++g) {

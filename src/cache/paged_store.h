@@ -74,6 +74,12 @@
 // kUnsupported) for models with linear, compressed or indexed layers: their state or indexer
 // keys at a block boundary are not in the stored pages.
 //
+// Remote tier (issue 41, cache/remote_tier.h; set_remote_tier): the tier is an event sink (the
+// blocks stored go to it behind); its lookups run off this thread, and the runtime hands a
+// result's verified records to stage_remote() before attach_prefix, which loads the staged
+// blocks past the RAM and disk hit like disk blocks (fresh blocks, committed with source
+// kRemote; no block free ends the hit). Refused for the same models as the disk tier.
+//
 // Ownership: the store owns pages, pools and tables; spans point into them and are valid until
 // the next step or lifecycle call. Not thread-safe (one runtime thread drives it).
 #pragma once
@@ -92,6 +98,7 @@
 #include "cache/disk_tier.h"
 #include "cache/linear_state_layer.h"
 #include "cache/paged_linear_state.h"
+#include "cache/remote_tier.h"
 #include "core/dtype.h"
 #include "core/kv_span.h"
 #include "core/tensor.h"
@@ -352,6 +359,27 @@ class PagedKVStore {
   int64_t disk_blocks_loaded() const { return disk_loaded_; }
   int64_t disk_loads_failed() const { return disk_load_failed_; }
 
+  // --- the shared remote tier (see above) -------------------------------------------------
+  // Attaches `remote` (its block_tokens must be the store's) as an event sink; nullptr
+  // detaches. Throws Error(kUnsupported) for models with linear, compressed or indexed layers.
+  void set_remote_tier(std::shared_ptr<RemoteTier> remote);
+  RemoteTier* remote_tier() const { return remote_.get(); }
+  // The key chain of every full block of `tokens` (last token excluded), per group
+  // ([group][block]; compressed groups empty): what a remote lookup asks for.
+  std::vector<std::vector<BlockKey>> prefix_block_keys(std::span<const int32_t> tokens,
+                                                       std::span<const uint8_t> salt = {});
+  // The payload bytes of one block of group g (its pages, the tiers' payload order).
+  size_t block_payload_bytes(int g) const;
+  // Hands a remote lookup's verified blocks to the next attach_prefix (which loads those past
+  // the local hit, then drops them all); clear_remote_stage() drops them without a load.
+  void stage_remote(RemoteResult result);
+  void clear_remote_stage() { staged_ = RemoteResult{}; }
+  // Of the tokens the last attach_prefix attached, those whose blocks it loaded from the
+  // remote tier's staged blocks.
+  int64_t last_prefix_remote_tokens() const { return last_remote_tokens_; }
+  int64_t remote_blocks_loaded() const { return remote_loaded_; }
+  int64_t remote_loads_failed() const { return remote_load_failed_; }
+
   // --- events (cache/block_events.h) ---------------------------------------------------------
   // Adds a sink told of every block stored in / removed from the prefix index, and of clears.
   // Sinks are called in the order added, on the store's thread.
@@ -413,8 +441,12 @@ class PagedKVStore {
   PrefixHit find_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt,
                         PrefixMatch mode, bool with_disk = false);
   static constexpr int32_t kOnDisk = -2;
-  // Loads the disk-only blocks a hit on `tokens` needs into RAM (cached, keyed, at the LRU's
-  // most recent end); loaded[i] = 1 when some group's block i came from disk.
+  static constexpr int32_t kOnRemote = -3;  // staged by stage_remote (with_disk only)
+  // Whether block i of group g under `key` is staged (stage_remote).
+  bool staged(int g, int64_t i, const BlockKey& key) const;
+  // Loads the disk-only (and staged remote) blocks a hit on `tokens` needs into RAM (cached,
+  // keyed, at the LRU's most recent end); loaded[i] = 1 when some group's block i came from
+  // disk, 2 when from the remote tier.
   void load_from_disk(std::span<const int32_t> tokens, std::span<const uint8_t> salt,
                       std::vector<uint8_t>& loaded);
   bool write_behind(int g, int32_t id, const BlockKey& key, const BlockKey& parent,
@@ -505,6 +537,10 @@ class PagedKVStore {
   // allocation may write another block behind, so not the same buffer).
   std::vector<std::byte> load_buf_;
   int64_t last_disk_tokens_ = 0, disk_loaded_ = 0, disk_load_failed_ = 0;
+  // Remote tier.
+  std::shared_ptr<RemoteTier> remote_;
+  RemoteResult staged_;  // blocks [first_block, first_block + blocks) per group
+  int64_t last_remote_tokens_ = 0, remote_loaded_ = 0, remote_load_failed_ = 0;
   // Events.
   void install_pool_hooks();
   std::vector<std::shared_ptr<BlockEventSink>> sinks_;
