@@ -340,7 +340,10 @@ struct RemoteTier::Impl {
         ok = acked == batch.size();
       }
       std::lock_guard<std::mutex> lock(mu);
-      if (allowed) record(ok);
+      if (allowed) {
+        record(ok);
+        if (!ok) ++stats.errors;
+      }
       stats.pending_write_bytes -= bytes;
       stats.writes_stored += static_cast<int64_t>(acked);
       stats.writes_dropped += static_cast<int64_t>(batch.size() - acked);

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "model/model.h"
+#include "model/tokenizer.h"
 
 namespace kvcache {
 
@@ -57,6 +58,29 @@ Digest128 model_fingerprint(const Model& model) {
     h.str(name).str(dtype_name(view.dtype())).u32(static_cast<uint32_t>(view.ndim()));
     for (int i = 0; i < view.ndim(); ++i) h.i64(view.dim(i));
     hash_sample(h, view);
+  }
+  return h.finish();
+}
+
+Digest128 tokenizer_fingerprint(const Tokenizer* tokenizer) {
+  Hasher h;
+  h.str("kvcache tokenizer v1");
+  if (tokenizer == nullptr) return h.str("none").finish();
+  const int32_t n = tokenizer->vocab_size();
+  h.str(tokenizer->kind()).i64(n).i64(tokenizer->bos_id()).i64(tokenizer->eos_id());
+  for (int32_t id = 0; id < n; ++id) h.str(tokenizer->token_text(id)).str(tokenizer->decode(id));
+  static constexpr const char* kProbes[] = {
+      "Hello, world! It's 2026: the quick brown fox jumps over the lazy dog.",
+      "  leading spaces\tand\ttabs\n\nnew lines   trailing  ",
+      "don't we'll I'm you're they've she'd 12345 3.14159 -42 1,000,000",
+      "int main() { return a->b[i] == 0 ? x : y; } // code",
+      "caf\xc3\xa9 na\xc3\xafve \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x99\x82 <s> </s> "
+      "<|endoftext|>",
+  };
+  for (const char* text : kProbes) {
+    const std::vector<int32_t> ids = tokenizer->encode(text);
+    h.i64(static_cast<int64_t>(ids.size()));
+    h.bytes(ids.data(), ids.size() * sizeof(int32_t));
   }
   return h.finish();
 }

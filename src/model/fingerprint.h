@@ -13,7 +13,17 @@
 namespace kvcache {
 
 class Model;
+class Tokenizer;
 
 Digest128 model_fingerprint(const Model& model);
+
+// A tokenizer's fingerprint, for keys of KV shared between processes (the remote tier): two
+// servers share blocks only when the same text gives them the same ids. BLAKE2b-128 over its
+// kind, size, BOS/EOS ids and every entry (stored text and decoded bytes: the vocabulary and
+// its byte mapping), plus the ids it encodes a fixed set of probe texts into (spaces,
+// punctuation, digits, contractions, code, non-ASCII), which exercises what the interface does
+// not expose: the merges or scores and the pre-tokenizer's splits. nullptr (a model served on
+// raw ids) hashes "none".
+Digest128 tokenizer_fingerprint(const Tokenizer* tokenizer);
 
 }  // namespace kvcache

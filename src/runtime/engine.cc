@@ -86,6 +86,7 @@ struct Engine::Seq {
   std::vector<int32_t> tokens;  // prompt + generated (the last one not yet fed)
   int64_t computed = 0;         // tokens whose K/V are in the cache
   int64_t computed_disk = 0;    // of those attached from the prefix cache, loaded from disk
+  int64_t computed_remote = 0;  // ... and loaded from the remote tier
   uint64_t admit_order = 0;     // larger: admitted later (preempted first)
   std::unique_ptr<Sampler> sampler;
   size_t sent = 0;        // bytes of out.text already streamed
@@ -106,6 +107,10 @@ struct Engine::Request {
   RequestOutput output;
   // output.prompt_logprobs, shared with the samples' first events once every entry is set.
   std::shared_ptr<const std::vector<TokenLogprob>> prompt_scores;
+  // The remote tier: the lookup's result (staged at the first admission), and how long the
+  // request waits for it.
+  RemoteResult remote;
+  Clock::time_point remote_deadline;
 };
 
 // The first sample scores the prompt; the other samples share what it computed (or, when a
@@ -131,6 +136,27 @@ std::shared_ptr<DiskTier> open_disk_tier(const Model& model, const PagedKVStore&
                       .digest(store.layout_digest())
                       .finish();
   return std::make_shared<DiskTier>(d);
+}
+
+std::shared_ptr<RemoteTier> open_remote_tier(const Model& model, const Tokenizer* tokenizer,
+                                             const PagedKVStore& store,
+                                             const EngineConfig& config) {
+  RemoteTierOptions o;
+  o.make_client = config.kv_remote_client;
+  o.block_tokens = store.block_tokens();
+  o.deadline_seconds = config.kv_remote_deadline_ms / 1000.0;
+  o.max_pending_write_bytes = config.kv_remote_write_budget_bytes;
+  // The KV dtype and block_tokens are in the layout digest too; named here as the issue lists
+  // what keys must fold.
+  o.fingerprint = Hasher()
+                      .str("kvcache remote tier v1")
+                      .digest(model_fingerprint(model))
+                      .digest(tokenizer_fingerprint(tokenizer))
+                      .str(dtype_name(store.config().dtype))
+                      .i64(store.block_tokens())
+                      .digest(store.layout_digest())
+                      .finish();
+  return std::make_shared<RemoteTier>(std::move(o));
 }
 
 Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config)
@@ -180,6 +206,19 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   if (!config_.kv_disk_dir.empty())
     store_->set_disk_tier(
         open_disk_tier(model, *store_, config_.kv_disk_dir, config_.kv_disk_budget_bytes));
+  if (config_.kv_remote_client) {
+    if (config_.kv_remote_deadline_ms < 1)
+      throw Error(ErrorKind::kInvalidArgument, "engine: kv_remote_deadline_ms must be >= 1");
+    std::shared_ptr<RemoteTier> remote = open_remote_tier(model, tokenizer, *store_, config_);
+    store_->set_remote_tier(remote);
+    remote->set_on_result([this] {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        remote_ready_ = true;
+      }
+      cv_.notify_all();
+    });
+  }
   for (int g = 0; g < store_->num_groups(); ++g)
     if (store_->group(g).kind == GroupKind::kFull) {
       full_group_ = g;
@@ -197,6 +236,14 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
 }
 
 Engine::~Engine() {
+  // The tier's lookup thread must not wake an engine being destroyed (set_on_result waits for
+  // a call in progress).
+  if (store_ && store_->remote_tier() != nullptr) {
+    store_->remote_tier()->set_on_result(nullptr);
+    // The blocks queued for writing go out (each batch bounded by its deadline; dropped at
+    // once while the breaker is open), so that a batch run's cache outlives it.
+    store_->remote_tier()->flush();
+  }
   // The prefix cache still in RAM goes to the disk tier too, so that the next start with the
   // same directory hits on all of it, not only on what was evicted.
   if (store_ && store_->disk_tier() != nullptr) {
@@ -331,14 +378,75 @@ void Engine::drain_inbox() {
   }
   for (auto& task : tasks) task();  // between steps: no forward, no open store step
   for (auto& r : incoming) {
-    waiting_.push_back(r->seqs[0].get());
+    if (store_->remote_tier() != nullptr && start_remote_lookup(*r))
+      remote_wait_.push_back(r->seqs[0].get());
+    else
+      waiting_.push_back(r->seqs[0].get());
     requests_.push_back(std::move(r));
   }
+  poll_remote();
   for (uint64_t id : cancels) {
     for (auto& r : requests_) {
       if (r->id != id || r->done) continue;
       for (auto& s : r->seqs)
         if (s->state != SeqState::kFinished) finish_seq(*s, FinishReason::kCancelled);
+    }
+  }
+}
+
+bool Engine::start_remote_lookup(Request& r) {
+  Seq& s = *r.seqs[0];
+  if (s.scores_prompt()) return false;  // computed whole: no prefix hit to extend
+  const std::span<const int32_t> tokens = r.params.prompt;
+  const std::span<const uint8_t> salt = salt_of(r);
+  const int64_t bt = store_->block_tokens();
+  const int64_t nj = (static_cast<int64_t>(tokens.size()) - 1) / bt;  // full blocks, last excluded
+  const int64_t local = store_->match_prefix_with_disk(tokens, salt) / bt;
+  if (local >= nj) return false;
+  std::vector<std::vector<BlockKey>> keys = store_->prefix_block_keys(tokens, salt);
+  RemoteLookup req;
+  req.id = r.id;
+  req.first_block = local;
+  for (int g = 0; g < store_->num_groups(); ++g) {
+    std::vector<BlockKey>& k = keys[static_cast<size_t>(g)];
+    req.keys.emplace_back(k.empty() ? k.end() : k.begin() + local, k.end());
+    req.payload_bytes.push_back(store_->block_payload_bytes(g));
+  }
+  req.tokens.assign(tokens.begin() + local * bt, tokens.begin() + nj * bt);
+  // The lookup thread serves lookups one by one: a request waits for its own call (the
+  // deadline) and a little queueing, then goes on with local compute.
+  const auto wait = std::chrono::milliseconds(2 * config_.kv_remote_deadline_ms + 10);
+  r.remote_deadline = Clock::now() + wait;
+  store_->remote_tier()->lookup(std::move(req));
+  return true;
+}
+
+void Engine::poll_remote() {
+  if (store_->remote_tier() == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    remote_ready_ = false;
+  }
+  std::vector<RemoteResult> results = store_->remote_tier()->take_results();
+  const Clock::time_point now = Clock::now();
+  for (auto it = remote_wait_.begin(); it != remote_wait_.end();) {
+    Request& r = *(*it)->req;
+    bool ready = false;
+    for (RemoteResult& res : results)
+      if (res.id == r.id) {
+        r.remote = std::move(res);
+        res.id = 0;
+        ready = true;
+      }
+    if (!ready && now >= r.remote_deadline) {
+      ready = true;  // a late result is dropped when it comes (no request takes its id)
+      ++counters_.remote_waits_expired;
+    }
+    if (ready) {
+      waiting_.push_back(*it);
+      it = remote_wait_.erase(it);
+    } else {
+      ++it;
     }
   }
 }
@@ -555,8 +663,13 @@ void Engine::admit_and_prefill(int64_t& budget) {
     Seq* s = waiting_.front();
     Request& r = *s->req;
     s->sid = store_->add_sequence(salt_of(r));
+    // A remote lookup's blocks go to the first attach (after it they are cached in RAM).
+    if (r.remote.blocks > 0) store_->stage_remote(std::move(r.remote));
+    r.remote = RemoteResult{};
     s->computed = s->scores_prompt() ? 0 : store_->attach_prefix(s->sid, s->tokens);
+    store_->clear_remote_stage();
     s->computed_disk = s->computed > 0 ? store_->last_prefix_disk_tokens() : 0;
+    s->computed_remote = s->computed > 0 ? store_->last_prefix_remote_tokens() : 0;
     const int64_t n = hybrid_chunk(*s, budget);
     if (n == 0) {  // a hybrid segment that waits for a step with room: it stays first
       store_->free_sequence(s->sid);
@@ -619,10 +732,13 @@ void Engine::note_admitted(Seq& s, int64_t matched) {
   const auto prompt = static_cast<int64_t>(r.params.prompt.size());
   r.output.stats.cached_tokens = std::min(matched, prompt);
   r.output.stats.cached_tokens_disk = std::min(s.computed_disk, r.output.stats.cached_tokens);
+  r.output.stats.cached_tokens_remote =
+      std::min(s.computed_remote, r.output.stats.cached_tokens - r.output.stats.cached_tokens_disk);
   r.output.stats.queue_seconds = seconds_since(r.t_submit);
   counters_.prompt_tokens += prompt;
   counters_.cached_prompt_tokens += r.output.stats.cached_tokens;
   counters_.cached_prompt_tokens_disk += r.output.stats.cached_tokens_disk;
+  counters_.cached_prompt_tokens_remote += r.output.stats.cached_tokens_remote;
   leave_queue(r);
 }
 
@@ -663,6 +779,8 @@ void Engine::admit_batched(int64_t& budget) {
   for (Seq* s : waiting_) {
     if (static_cast<int64_t>(running_.size() + step_seqs_.size()) >= config_.max_running) break;
     if (s->scores_prompt()) break;  // needs every row's logits: the one-by-one path
+    // Blocks staged from the remote tier are loaded by the one-by-one path's attach.
+    if (s->req->remote.blocks > 0) break;
     // Full blocks only: a copied tail takes a block at attach time, which could evict a cached
     // block a later candidate's match counted on (the one-by-one path copies tails).
     const int64_t ram =
@@ -687,6 +805,7 @@ void Engine::admit_batched(int64_t& budget) {
     s->sid = store_->add_sequence(salt_of(*s->req));
     s->computed = store_->attach_prefix(s->sid, s->tokens, PagedKVStore::PrefixMatch::kFullBlocks);
     s->computed_disk = s->computed > 0 ? store_->last_prefix_disk_tokens() : 0;
+    s->computed_remote = 0;
     KV_CHECK(s->needs() == n, "admit_batched: the prefix match changed between match and attach");
     batch_.push_back(s->sid);
     step_tokens_.insert(step_tokens_.end(), s->tokens.begin() + s->computed, s->tokens.end());
@@ -862,6 +981,8 @@ void Engine::finish_seq(Seq& s, FinishReason reason, std::optional<TokenLogprob>
   if (s.state == SeqState::kWaiting) {
     auto it = std::find(waiting_.begin(), waiting_.end(), &s);
     if (it != waiting_.end()) waiting_.erase(it);
+    auto rt = std::find(remote_wait_.begin(), remote_wait_.end(), &s);
+    if (rt != remote_wait_.end()) remote_wait_.erase(rt);
   }
   s.state = SeqState::kFinished;
   s.out->reason = reason;
@@ -910,7 +1031,21 @@ void Engine::finish_request_if_done(Request& r) {
 bool Engine::step() {
   const Clock::time_point t0 = Clock::now();
   drain_inbox();
-  const bool work = !running_.empty() || !waiting_.empty();
+  bool work = !running_.empty() || !waiting_.empty();
+  if (!work && !remote_wait_.empty()) {
+    // Only remote lookups in flight: sleep until one answers, a wait expires, or a request,
+    // cancel or task arrives (the tier's callback notifies cv_).
+    Clock::time_point until = Clock::time_point::max();
+    for (const Seq* s : remote_wait_) until = std::min(until, s->req->remote_deadline);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_until(lock, until, [&] {
+        return remote_ready_ || !inbox_.empty() || !cancels_.empty() || !tasks_.empty();
+      });
+    }
+    drain_inbox();
+    work = !running_.empty() || !waiting_.empty();
+  }
   if (work) {
     int64_t budget = config_.max_tokens_per_step;
     run_decodes(budget);
@@ -938,7 +1073,8 @@ void Engine::update_metrics() {
   std::lock_guard<std::mutex> lock(mu_);
   metrics_ = counters_;
   metrics_.running = static_cast<int64_t>(running_.size());
-  metrics_.waiting = static_cast<int64_t>(waiting_.size()) + static_cast<int64_t>(inbox_.size());
+  metrics_.waiting = static_cast<int64_t>(waiting_.size() + remote_wait_.size()) +
+                     static_cast<int64_t>(inbox_.size());
   metrics_.blocks_total = ps.total;
   metrics_.blocks_free = ps.free;
   metrics_.blocks_used = ps.used;
@@ -952,6 +1088,12 @@ void Engine::update_metrics() {
     metrics_.disk_budget_bytes = disk->options().budget_bytes;
     metrics_.disk = disk->stats();
     metrics_.disk_loads_failed = store_->disk_loads_failed();
+  }
+  if (const RemoteTier* remote = store_->remote_tier()) {
+    metrics_.remote_tier = true;
+    metrics_.remote_url = config_.kv_remote_url;
+    metrics_.remote = remote->stats();
+    metrics_.remote_loads_failed = store_->remote_loads_failed();
   }
   if (const LinearSnapshotStore* snaps = store_->snapshots()) {
     metrics_.snapshots = snaps->size();
@@ -976,6 +1118,8 @@ std::string Engine::check_invariants() const {
   }
   for (const Seq* s : waiting_)
     if (s->sid >= 0) return "waiting sequence still holds a store sequence";
+  for (const Seq* s : remote_wait_)
+    if (s->sid >= 0) return "a sequence waiting for the remote tier holds a store sequence";
   if (running_.empty()) {
     for (int g = 0; g < store_->num_groups(); ++g) {
       const int32_t used = store_->stats(g).pool.used;

@@ -31,6 +31,8 @@
 
 #include "cache/cache.h"
 #include "cache/paged_store.h"
+#include "cache/remote_tier.h"
+#include "core/kv_client.h"
 #include "model/forward.h"
 #include "model/tokenizer.h"
 #include "runtime/sampler.h"
@@ -62,12 +64,27 @@ struct EngineConfig {
   // (Error kUnsupported) for models with linear, compressed or indexed layers.
   std::string kv_disk_dir;
   uint64_t kv_disk_budget_bytes = 10ull << 30;
+  // The shared remote tier (cache/remote_tier.h; serve --kv-remote URL): on when
+  // kv_remote_client is set (the CLI makes Redis clients for kv_remote_url; tests pass an
+  // in-memory one). A new request whose prompt goes past the local (RAM + disk) hit waits,
+  // not admissible, for a lookup of the rest, at most about twice the deadline; its verified
+  // blocks are loaded at admission. Refused (Error kUnsupported) like the disk tier.
+  std::string kv_remote_url;  // for reports
+  std::function<std::unique_ptr<KvClient>()> kv_remote_client;
+  int32_t kv_remote_deadline_ms = 50;
+  uint64_t kv_remote_write_budget_bytes = 64ull << 20;
 };
 
 // The disk tier for `store` under `dir` (cache/disk_tier.h), its fingerprint folding the
 // model's fingerprint with the store's page layout; not yet attached (set_disk_tier).
 std::shared_ptr<DiskTier> open_disk_tier(const Model& model, const PagedKVStore& store,
                                          const std::string& dir, uint64_t budget_bytes);
+
+// The remote tier for `store` (cache/remote_tier.h): its fingerprint folds the model's and the
+// tokenizer's fingerprints (model/fingerprint.h; nullptr tokenizer: "none"), the KV dtype,
+// block_tokens and the store's page layout. Not yet attached (set_remote_tier).
+std::shared_ptr<RemoteTier> open_remote_tier(const Model& model, const Tokenizer* tokenizer,
+                                             const PagedKVStore& store, const EngineConfig& config);
 
 enum class FinishReason { kNone, kLength, kStop, kCancelled, kError };
 const char* finish_reason_name(FinishReason r);  // "length", "stop", "cancelled", "error"
@@ -100,9 +117,10 @@ struct RequestParams {
 // Per-request statistics, final when the request finishes.
 struct RequestStats {
   int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;       // prompt tokens taken from the prefix cache at first admission
-  int64_t cached_tokens_disk = 0;  // of which loaded from the disk tier (the rest: RAM)
-  int64_t completion_tokens = 0;   // over all samples, stop tokens excluded
+  int64_t cached_tokens = 0;         // prompt tokens taken from the prefix cache at first admission
+  int64_t cached_tokens_disk = 0;    // of which loaded from the disk tier
+  int64_t cached_tokens_remote = 0;  // of which loaded from the remote tier (the rest: RAM)
+  int64_t completion_tokens = 0;     // over all samples, stop tokens excluded
   int64_t preemptions = 0;
   double queue_seconds = 0;  // submit -> first admission
   double ttft_seconds = 0;   // submit -> first token
@@ -158,10 +176,11 @@ using StreamCallback = std::function<void(const StreamEvent&)>;
 struct EngineMetrics {
   int64_t running = 0, waiting = 0;
   int64_t blocks_total = 0, blocks_free = 0, blocks_used = 0, blocks_cached = 0;
-  int64_t prompt_tokens = 0;              // all prompts admitted (first admissions)
-  int64_t cached_prompt_tokens = 0;       // of which from the prefix cache
-  int64_t cached_prompt_tokens_disk = 0;  // of those, loaded from the disk tier
-  int64_t computed_prompt_tokens = 0;     // prefill tokens actually run (recomputation included)
+  int64_t prompt_tokens = 0;                // all prompts admitted (first admissions)
+  int64_t cached_prompt_tokens = 0;         // of which from the prefix cache
+  int64_t cached_prompt_tokens_disk = 0;    // of those, loaded from the disk tier
+  int64_t cached_prompt_tokens_remote = 0;  // of those, loaded from the remote tier
+  int64_t computed_prompt_tokens = 0;       // prefill tokens actually run (recomputation included)
   int64_t generation_tokens = 0;
   int64_t preemptions = 0;
   int64_t requests_finished = 0, requests_cancelled = 0;
@@ -188,6 +207,13 @@ struct EngineMetrics {
   uint64_t disk_budget_bytes = 0;
   DiskTierStats disk;
   int64_t disk_loads_failed = 0;
+  // The remote tier (EngineConfig::kv_remote_client; remote_tier false: none): its counters,
+  // the store's loads that failed (no block free), and lookups the engine stopped waiting for.
+  bool remote_tier = false;
+  std::string remote_url;
+  RemoteTierStats remote;
+  int64_t remote_loads_failed = 0;
+  int64_t remote_waits_expired = 0;
   double prefix_hit_rate() const {
     return prompt_tokens > 0
                ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens)
@@ -247,6 +273,11 @@ class Engine {
   // The request's cache_salt as the block keys' extra bytes (empty: none).
   static std::span<const uint8_t> salt_of(const Request& r);
   void drain_inbox();
+  // A new request's lookup in the remote tier, when its prompt goes past the local hit: true
+  // when one was started (the request then waits in remote_wait_).
+  bool start_remote_lookup(Request& r);
+  // Moves the requests whose lookups answered, or whose wait expired, to waiting_.
+  void poll_remote();
   void admit_and_prefill(int64_t& budget);
   void admit_batched(int64_t& budget);
   void note_admitted(Seq& s, int64_t matched);
@@ -296,6 +327,7 @@ class Engine {
   std::deque<Seq*> waiting_;   // front first
   std::vector<Seq*> running_;  // admission order (newest last)
   uint64_t admit_counter_ = 0;
+  std::vector<Seq*> remote_wait_;  // first samples waiting for their remote lookups
   // Step scratch (reused, no allocation once grown).
   std::vector<SeqId> batch_;
   std::vector<int32_t> step_tokens_;
@@ -314,6 +346,7 @@ class Engine {
     bool salted = false;
   };
   std::deque<Finished> finished_;  // finished_tokens()
+  bool remote_ready_ = false;      // a remote lookup answered since the last poll
   uint64_t next_id_ = 1;
   int64_t queued_ = 0;     // inbox + waiting requests (bounded by max_waiting)
   EngineMetrics metrics_;  // snapshot published by update_metrics()

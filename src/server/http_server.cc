@@ -317,9 +317,12 @@ std::string HttpServer::metrics_text() {
       "cache, by the tier that held their blocks.\n# TYPE "
       "kvcache_prompt_tokens_cached_by_tier_total "
       "counter\nkvcache_prompt_tokens_cached_by_tier_total{tier=\"ram\"} " +
-      std::to_string(m.cached_prompt_tokens - m.cached_prompt_tokens_disk) +
+      std::to_string(m.cached_prompt_tokens - m.cached_prompt_tokens_disk -
+                     m.cached_prompt_tokens_remote) +
       "\nkvcache_prompt_tokens_cached_by_tier_total{tier=\"disk\"} " +
-      std::to_string(m.cached_prompt_tokens_disk) + "\n";
+      std::to_string(m.cached_prompt_tokens_disk) +
+      "\nkvcache_prompt_tokens_cached_by_tier_total{tier=\"remote\"} " +
+      std::to_string(m.cached_prompt_tokens_remote) + "\n";
   if (m.disk_tier) {  // serve --kv-disk
     const DiskTierStats& d = m.disk;
     const struct {
@@ -354,6 +357,49 @@ std::string HttpServer::metrics_text() {
          "Time spent reading disk tier hits (on the engine thread).", d.read_seconds},
     };
     for (const auto& x : disk) metric(x.name, x.type, x.help, x.value);
+  }
+  if (m.remote_tier) {  // serve --kv-remote
+    const RemoteTierStats& r = m.remote;
+    const struct {
+      const char *name, *type, *help;
+      double value;
+    } remote[] = {
+        {"kvcache_remote_lookups_total", "counter", "Remote tier lookups answered.",
+         static_cast<double>(r.lookups)},
+        {"kvcache_remote_hits_total", "counter",
+         "Blocks found in the remote tier and verified (every layer group).",
+         static_cast<double>(r.hit_blocks)},
+        {"kvcache_remote_misses_total", "counter", "Blocks looked up and not found (or not kept).",
+         static_cast<double>(r.miss_blocks)},
+        {"kvcache_remote_corrupt_total", "counter",
+         "Remote values refused (checksum, layout, key, tokens or size): misses, never served.",
+         static_cast<double>(r.corrupt)},
+        {"kvcache_remote_errors_total", "counter",
+         "Remote calls that failed (an error reply, no connection, a timeout).",
+         static_cast<double>(r.errors)},
+        {"kvcache_remote_timeouts_total", "counter", "Remote calls that reached their deadline.",
+         static_cast<double>(r.timeouts)},
+        {"kvcache_remote_bytes_in_total", "counter", "Bytes received from the remote tier.",
+         static_cast<double>(r.bytes_in)},
+        {"kvcache_remote_bytes_out_total", "counter", "Bytes written to the remote tier.",
+         static_cast<double>(r.bytes_out)},
+        {"kvcache_remote_writes_total", "counter", "Blocks written to the remote tier.",
+         static_cast<double>(r.writes_stored)},
+        {"kvcache_remote_writes_dropped_total", "counter",
+         "Blocks not written (write budget full, breaker open, a failed write).",
+         static_cast<double>(r.writes_dropped)},
+        {"kvcache_remote_breaker_state", "gauge",
+         "The remote tier's circuit breaker: 0 closed, 1 open, 2 half-open.",
+         static_cast<double>(static_cast<int>(r.breaker))},
+        {"kvcache_remote_breaker_opens_total", "counter", "Times the circuit breaker opened.",
+         static_cast<double>(r.breaker_opens)},
+        {"kvcache_remote_lookup_seconds_total", "counter",
+         "Time spent in remote lookups (on the tier's lookup thread).", r.lookup_seconds},
+        {"kvcache_remote_waits_expired_total", "counter",
+         "Requests that stopped waiting for a remote lookup and computed locally.",
+         static_cast<double>(m.remote_waits_expired)},
+    };
+    for (const auto& x : remote) metric(x.name, x.type, x.help, x.value);
   }
   metric("kvcache_prefill_tokens_total", "counter", "Tokens prefilled (recomputation included).",
          static_cast<double>(m.computed_prompt_tokens));

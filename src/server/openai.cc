@@ -418,15 +418,18 @@ std::string response_id(const ApiRequest& req, uint64_t id) {
 }
 
 json usage_json(const RequestStats& s) {
-  return json{{"prompt_tokens", s.prompt_tokens},
-              {"completion_tokens", s.completion_tokens},
-              {"total_tokens", s.prompt_tokens + s.completion_tokens},
-              // cached_tokens is OpenAI's total; the split by tier is kvcache's (the disk
-              // tier under the prefix cache, serve --kv-disk).
-              {"prompt_tokens_details",
-               {{"cached_tokens", s.cached_tokens},
-                {"cached_tokens_ram", s.cached_tokens - s.cached_tokens_disk},
-                {"cached_tokens_disk", s.cached_tokens_disk}}}};
+  return json{
+      {"prompt_tokens", s.prompt_tokens},
+      {"completion_tokens", s.completion_tokens},
+      {"total_tokens", s.prompt_tokens + s.completion_tokens},
+      // cached_tokens is OpenAI's total; the split by tier is kvcache's (the disk
+      // tier under the prefix cache, serve --kv-disk; the shared remote tier, serve
+      // --kv-remote).
+      {"prompt_tokens_details",
+       {{"cached_tokens", s.cached_tokens},
+        {"cached_tokens_ram", s.cached_tokens - s.cached_tokens_disk - s.cached_tokens_remote},
+        {"cached_tokens_disk", s.cached_tokens_disk},
+        {"cached_tokens_remote", s.cached_tokens_remote}}}};
 }
 
 json logprobs_json(bool chat, std::span<const TokenLogprob> lps, size_t offset) {
