@@ -182,6 +182,30 @@ void run_serve(const ServeOptions& o) {
                  static_cast<unsigned long long>(d.bytes),
                  static_cast<unsigned long long>(disk->options().budget_bytes));
   }
+  if (engine.store().remote_tier() != nullptr) {
+    // A Redis down at start is not fatal: the tier's lookups miss and its breaker opens; the
+    // server computes locally and picks the tier up when Redis comes back.
+    std::string status;
+    try {
+      std::unique_ptr<KvClient> probe = engine.config().kv_remote_client();
+      const std::string key = "kvc:probe";
+      KvStatus st = KvStatus::kError;
+      probe->get(std::span<const std::string>(&key, 1),
+                 std::chrono::steady_clock::now() + std::chrono::milliseconds(500),
+                 [&](size_t, KvStatus s, std::span<const std::byte>) { st = s; });
+      status = st == KvStatus::kError ? "" : probe->describe();
+    } catch (const std::exception&) {
+      status.clear();
+    }
+    if (status.empty())
+      std::fprintf(stderr,
+                   "kvcache serve: warning: the remote tier %s does not answer; serving with "
+                   "local compute until it does\n",
+                   ec.kv_remote_url.c_str());
+    else
+      std::fprintf(stderr, "kvcache serve: remote tier %s (%s), lookup deadline %d ms\n",
+                   ec.kv_remote_url.c_str(), status.c_str(), ec.kv_remote_deadline_ms);
+  }
   std::fprintf(stderr, "listening on http://%s:%d\n", o.host.c_str(), server.port());
   std::fflush(stderr);
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/kv_client.h"
 #include "model/kv_plan.h"
 #include "tools/option_rules.h"
 
@@ -44,6 +45,17 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
                   "with linear, compressed or indexed layers)");
   cmd->add_option("--kv-disk-budget", o.kv_disk_budget,
                   "Most bytes the disk tier's files take, e.g. 20GiB (default 10GiB)");
+  cmd->add_option("--kv-remote", o.kv_remote,
+                  "Redis of the shared remote KV tier, redis://HOST:PORT[,HOST:PORT...] (a "
+                  "Cluster's seed nodes, or one standalone server): prefix blocks are written "
+                  "behind and looked up before prefill, so servers sharing it reuse each other's "
+                  "prefixes (not for models with linear, compressed or indexed layers)");
+  cmd->add_option("--kv-remote-deadline-ms", o.kv_remote_deadline_ms,
+                  "Deadline of a remote tier lookup in milliseconds, 1..10000 (default 50); past "
+                  "it the request computes locally");
+  cmd->add_option("--kv-remote-write-budget", o.kv_remote_write_budget,
+                  "Most bytes of blocks queued for writing to the remote tier before writes are "
+                  "dropped, e.g. 64MiB (default 64MiB)");
   cmd->add_flag("--fast-prefill", o.fast_prefill,
                 "Prefill through BLAS: faster, but batched results may differ from a request run "
                 "alone in the last bits");
@@ -54,6 +66,7 @@ void check_engine_options(const EngineOptions& o, const LoadedModel* loaded) {
   shape.caches = {"paged"};
   shape.kv_budget = !o.model.kv_budget.empty();
   shape.kv_disk = !o.kv_disk.empty();
+  shape.kv_remote = !o.kv_remote.empty();
   shape.prefill = true;  // --chunk: each step's token budget
   shape.text = true;     // text prompts and chat messages
   if (loaded != nullptr) {
@@ -98,6 +111,34 @@ EngineConfig engine_config(const EngineOptions& o, const Model& model) {
     if (c.kv_disk_budget_bytes == 0)
       throw Error(ErrorKind::kInvalidArgument,
                   "--kv-disk-budget " + o.kv_disk_budget + " is zero; give a size such as 20GiB");
+  }
+  if (!o.kv_remote.empty()) {
+    RedisOptions ro;
+    try {
+      ro = parse_redis_url(o.kv_remote);
+    } catch (const Error& e) {
+      throw Error(e.kind(), std::string("--kv-remote: ") + e.what() +
+                                " (expected redis://HOST:PORT[,HOST:PORT...])");
+    }
+    c.kv_remote_url = o.kv_remote;
+    c.kv_remote_client = [ro] { return make_redis_client(ro); };
+  }
+  if (o.kv_remote_deadline_ms < 1 || o.kv_remote_deadline_ms > 10000)
+    throw Error(ErrorKind::kInvalidArgument,
+                "--kv-remote-deadline-ms " + std::to_string(o.kv_remote_deadline_ms) +
+                    " is outside 1..10000; a lookup's deadline is tens of milliseconds (default "
+                    "50)");
+  c.kv_remote_deadline_ms = o.kv_remote_deadline_ms;
+  if (!o.kv_remote_write_budget.empty()) {
+    try {
+      c.kv_remote_write_budget_bytes = parse_byte_size(o.kv_remote_write_budget);
+    } catch (const Error& e) {
+      throw Error(e.kind(), std::string("--kv-remote-write-budget: ") + e.what());
+    }
+    if (c.kv_remote_write_budget_bytes == 0)
+      throw Error(ErrorKind::kInvalidArgument, "--kv-remote-write-budget " +
+                                                   o.kv_remote_write_budget +
+                                                   " is zero; give a size such as 64MiB");
   }
   return c;
 }

@@ -23,6 +23,11 @@ struct EngineOptions {
   // The disk tier under the prefix cache (EngineConfig::kv_disk_dir / kv_disk_budget_bytes).
   std::string kv_disk;
   std::string kv_disk_budget;
+  // The shared remote tier (EngineConfig::kv_remote_*): a Redis URL, the lookup deadline and
+  // the write-behind budget.
+  std::string kv_remote;
+  int32_t kv_remote_deadline_ms = 50;
+  std::string kv_remote_write_budget;
 };
 
 // Adds the model options (the paged cache is implied: --cache takes only "paged") and

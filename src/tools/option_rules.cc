@@ -279,6 +279,13 @@ std::optional<std::string> kv_disk_budget(const Given& g) {
                    "it bounds the disk tier's files; give the tier's directory with --kv-disk DIR");
 }
 
+std::optional<std::string> kv_remote_option(const Given& g) {
+  if (g.shape.kv_remote) return std::nullopt;
+  return no_effect(g, "without --kv-remote",
+                   "it tunes the shared remote tier; give its Redis with --kv-remote "
+                   "redis://HOST:PORT");
+}
+
 std::optional<std::string> bench_kv_disk(const Given& g) {
   if (g.shape.prefix_reuse) return std::nullopt;
   return no_effect(g, "without --prefix-reuse",
@@ -374,6 +381,9 @@ const OptionRule kRules[] = {
     {kEngine, "--max-snapshots", hybrid_snapshots},
     {kEngine, "--kv-disk", nullptr},
     {kEngine, "--kv-disk-budget", kv_disk_budget},
+    {kEngine, "--kv-remote", nullptr},
+    {kEngine, "--kv-remote-deadline-ms", kv_remote_option},
+    {kEngine, "--kv-remote-write-budget", kv_remote_option},
     {kServe, "--host", nullptr},
     {kServe, "--port", nullptr},
     {kServe, "--slot-save-path", nullptr},

@@ -22,6 +22,7 @@ struct RunShape {
   std::vector<std::string> caches;
   bool kv_budget = false;             // --kv-budget sizes the paged pool
   bool kv_disk = false;               // --kv-disk: a disk tier under the pool (serve, batch, bench)
+  bool kv_remote = false;             // --kv-remote: the shared remote tier (serve, batch)
   bool prefill = false;               // chunked prefills (serve, batch: step budgets)
   bool text = false;                  // text is tokenised or printed
   bool sampling = false;              // generate: --temp > 0
