@@ -191,12 +191,9 @@ class RedisCluster {
       const int port = free_port();
       nodes_.push_back(std::make_unique<RedisProcess>(
           port, dir_.path() / std::to_string(port),
-          std::vector<std::string>{"cluster-enabled yes",
-                                   "cluster-config-file nodes.conf",
-                                   "cluster-node-timeout 1000",
-                                   "cluster-require-full-coverage no",
-                                   "maxmemory " + maxmemory,
-                                   "maxmemory-policy allkeys-lru"}));
+          std::vector<std::string>{"cluster-enabled yes", "cluster-config-file nodes.conf",
+                                   "cluster-node-timeout 1000", "cluster-require-full-coverage no",
+                                   "maxmemory " + maxmemory, "maxmemory-policy allkeys-lru"}));
       addrs += " 127.0.0.1:" + std::to_string(port);
     }
     int st = 0;

@@ -942,10 +942,14 @@ int64_t PagedKVStore::match_prefix_with_disk(std::span<const int32_t> tokens,
 
 const char* block_source_name(BlockSource s) {
   switch (s) {
-    case BlockSource::kComputed: return "computed";
-    case BlockSource::kDisk: return "disk";
-    case BlockSource::kRemote: return "remote";
-    case BlockSource::kSession: return "session";
+    case BlockSource::kComputed:
+      return "computed";
+    case BlockSource::kDisk:
+      return "disk";
+    case BlockSource::kRemote:
+      return "remote";
+    case BlockSource::kSession:
+      return "session";
   }
   return "?";
 }

@@ -16,15 +16,14 @@
 
 #include "../server/raw_http.h"
 #include "cli_util.h"
-#include "serve_child.h"
 #include "scratch_dir.h"
+#include "serve_child.h"
 
 namespace kvcache {
 namespace {
 
 using nlohmann::json;
 using testing_util::ServeChild;
-
 
 TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
   const testing_util::ScratchDir scratch("cli_serve");  // the child's dummy-model cache
