@@ -353,9 +353,13 @@ class RedisClient final : public KvClient {
 
   // First contact: the first seed that answers CLUSTER SLOTS (an array: cluster) or "cluster
   // support disabled" (standalone), each tried until the deadline.
+  // A seed that does not answer (a paused server) gets an equal share of the time left, so
+  // the next ones still get theirs; it is held back afterwards like any timed-out node.
   void discover(SteadyTime deadline) {
-    for (const int s : seed_nodes_) {
-      if (Clock::now() >= deadline) return;
+    for (size_t k = 0; k < seed_nodes_.size(); ++k) {
+      const int s = seed_nodes_[k];
+      const SteadyTime now = Clock::now();
+      if (now >= deadline) return;
       if (Clock::now() < nodes_[s].retry_after) continue;
       const std::vector<Op> saved = std::move(ops_);
       const size_t saved_remaining = remaining_;
@@ -363,7 +367,7 @@ class RedisClient final : public KvClient {
       remaining_ = 1;
       begin_loop();
       enqueue(0, s);
-      loop(deadline);
+      loop(now + (deadline - now) / static_cast<int64_t>(seed_nodes_.size() - k));
       ops_ = saved;
       remaining_ = saved_remaining;
       if (mode_ != Mode::kUnknown) return;

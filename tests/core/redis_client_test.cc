@@ -198,6 +198,19 @@ TEST(RedisStandaloneClient, FirstSeedThatAnswersAndAuth) {
   EXPECT_EQ(c->describe(), "redis standalone 127.0.0.1:" + std::to_string(p.port()));
   EXPECT_EQ(get_all(*c, {"k"}, milliseconds(1000)).value[0], "v");
 
+  // A paused first seed: its share of the deadline, then the next one answers.
+  RedisStandalone paused;
+  paused.server().pause();
+  auto c2 = make_redis_client(
+      parse_redis_url("redis://:s3cret@127.0.0.1:" + std::to_string(paused.port()) +
+                      ",127.0.0.1:" + std::to_string(p.port())));
+  const Got g2 = get_all(*c2, {"k"}, milliseconds(300));
+  EXPECT_EQ(g2.value[0], "v");
+  EXPECT_LT(g2.took, milliseconds(250));
+  EXPECT_EQ(c2->describe(), "redis standalone 127.0.0.1:" + std::to_string(p.port()));
+  EXPECT_EQ(c2->stats().timeouts, 1);  // the paused seed's share ran out
+  paused.server().resume();
+
   o.password = "wrong";
   auto bad = make_redis_client(o);
   const Got g = get_all(*bad, {"k"}, milliseconds(500));
@@ -216,12 +229,12 @@ TEST(RedisStandaloneClient, PausedServerReturnsByTheDeadline) {
   Got g = get_all(*c, {"a", "b"}, milliseconds(150));
   EXPECT_EQ(count(g, KvStatus::kError), 2u);
   EXPECT_GE(g.took, milliseconds(149));
-  EXPECT_LT(g.took, milliseconds(150 + 30));
+  EXPECT_LT(g.took, milliseconds(150 + 50));
   EXPECT_EQ(c->stats().timeouts, 1);
   // Held back: the next call does not wait for it again.
   g = get_all(*c, {"a"}, milliseconds(150));
   EXPECT_EQ(g.status[0], KvStatus::kError);
-  EXPECT_LT(g.took, milliseconds(20));
+  EXPECT_LT(g.took, milliseconds(50));
   EXPECT_EQ(set_all(*c, {"c"}, {"3"}, milliseconds(150)), 0u);
   redis.server().resume();
   std::this_thread::sleep_for(milliseconds(350));
@@ -391,7 +404,7 @@ TEST(RedisClusterClient, KilledMasterFailsItsKeysOnlyAndIsHeldBack) {
   cluster.node(1).pause();
   g = get_all(*c, keys, milliseconds(200));
   EXPECT_GE(g.took, milliseconds(199));
-  EXPECT_LT(g.took, milliseconds(200 + 30));
+  EXPECT_LT(g.took, milliseconds(200 + 50));
   EXPECT_EQ(count(g, KvStatus::kHit), static_cast<size_t>(dbsize(cluster.node(0))));
   EXPECT_EQ(c->stats().timeouts, 1);
   cluster.node(1).resume();
