@@ -522,8 +522,14 @@ class RedisClient final : public KvClient {
   void fail_node(int ni, bool timed_out) {
     Node& n = nodes_[ni];
     std::vector<int> ops;
-    for (const Expect& e : n.expect)
-      if (e.kind == Expect::kOp && e.op >= 0 && !ops_[e.op].done) ops.push_back(e.op);
+    bool after_asking = false;
+    for (const Expect& e : n.expect) {
+      if (e.kind == Expect::kOp && e.op >= 0 && !ops_[e.op].done) {
+        ops.push_back(e.op);
+        ops_[e.op].asking = after_asking;  // a redial sends its ASKING again
+      }
+      after_asking = e.kind == Expect::kAsking;
+    }
     const bool redial = !timed_out && !n.dialled_this_call && n.replies_this_call == 0;
     close(n);
     n.out.clear();
