@@ -112,9 +112,12 @@ class RedisProcess {
         throw std::runtime_error("redis-server on port " + std::to_string(port) +
                                  " exited at start; log: " + (dir_ / "redis.log").string());
       }
-      if (std::chrono::steady_clock::now() > until)
+      if (std::chrono::steady_clock::now() > until) {
+        kill();  // a constructor that throws runs no destructor
         throw std::runtime_error("redis-server on port " + std::to_string(port) +
-                                 " did not answer PING in 10 s");
+                                 " did not answer PING in 10 s (a requirepass in `extra`? set "
+                                 "it after start with CONFIG SET)");
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
