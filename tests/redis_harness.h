@@ -112,9 +112,12 @@ class RedisProcess {
         throw std::runtime_error("redis-server on port " + std::to_string(port) +
                                  " exited at start; log: " + (dir_ / "redis.log").string());
       }
-      if (std::chrono::steady_clock::now() > until)
+      if (std::chrono::steady_clock::now() > until) {
+        kill();  // a constructor that throws runs no destructor
         throw std::runtime_error("redis-server on port " + std::to_string(port) +
-                                 " did not answer PING in 10 s");
+                                 " did not answer PING in 10 s (a requirepass in `extra`? set "
+                                 "it after start with CONFIG SET)");
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
@@ -191,12 +194,9 @@ class RedisCluster {
       const int port = free_port();
       nodes_.push_back(std::make_unique<RedisProcess>(
           port, dir_.path() / std::to_string(port),
-          std::vector<std::string>{"cluster-enabled yes",
-                                   "cluster-config-file nodes.conf",
-                                   "cluster-node-timeout 1000",
-                                   "cluster-require-full-coverage no",
-                                   "maxmemory " + maxmemory,
-                                   "maxmemory-policy allkeys-lru"}));
+          std::vector<std::string>{"cluster-enabled yes", "cluster-config-file nodes.conf",
+                                   "cluster-node-timeout 1000", "cluster-require-full-coverage no",
+                                   "maxmemory " + maxmemory, "maxmemory-policy allkeys-lru"}));
       addrs += " 127.0.0.1:" + std::to_string(port);
     }
     int st = 0;

@@ -36,15 +36,15 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 enum class KvStatus { kHit, kMiss, kError };
 
 struct KvClientStats {
-  int64_t commands = 0;     // GET / SET commands sent (retries included)
-  int64_t errors = 0;       // keys that ended kError
-  int64_t timeouts = 0;     // calls that reached their deadline with keys unanswered
-  int64_t moved = 0;        // -MOVED redirections followed
-  int64_t asked = 0;        // -ASK redirections followed
-  int64_t connects = 0;     // connections opened (the first ones included)
+  int64_t commands = 0;        // GET / SET commands sent (retries included)
+  int64_t errors = 0;          // keys that ended kError
+  int64_t timeouts = 0;        // calls that reached their deadline with keys unanswered
+  int64_t moved = 0;           // -MOVED redirections followed
+  int64_t asked = 0;           // -ASK redirections followed
+  int64_t connects = 0;        // connections opened (the first ones included)
   int64_t slot_map_reads = 0;  // CLUSTER SLOTS reads
-  uint64_t bytes_in = 0;    // value bytes received (hits)
-  uint64_t bytes_out = 0;   // value bytes sent (sets)
+  uint64_t bytes_in = 0;       // value bytes received (hits)
+  uint64_t bytes_out = 0;      // value bytes sent (sets)
 };
 
 class KvClient {

@@ -17,66 +17,13 @@
 #include "../server/raw_http.h"
 #include "cli_util.h"
 #include "scratch_dir.h"
+#include "serve_child.h"
 
 namespace kvcache {
 namespace {
 
 using nlohmann::json;
-
-// `kvcache serve` as a child process on a free port; the ready line's port, SIGTERM to stop.
-struct ServeChild {
-  pid_t pid = -1;
-  int port = 0;
-  std::string err;
-  int err_fd = -1;
-  bool start(const std::string& cache, const std::vector<std::string>& args) {
-    int err_pipe[2];
-    if (::pipe(err_pipe) != 0) return false;
-    pid = ::fork();
-    if (pid < 0) return false;
-    if (pid == 0) {
-      ::dup2(err_pipe[1], 2);
-      ::close(err_pipe[0]);
-      ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
-      std::vector<char*> argv = {const_cast<char*>(KVCACHE_CLI)};
-      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(KVCACHE_CLI, argv.data());
-      ::_exit(127);
-    }
-    ::close(err_pipe[1]);
-    err_fd = err_pipe[0];
-    std::smatch m;
-    const std::regex ready("listening on http://127\\.0\\.0\\.1:([0-9]+)\n");
-    char buf[256];
-    while (!std::regex_search(err, m, ready)) {
-      const ssize_t n = ::read(err_fd, buf, sizeof buf);
-      if (n <= 0) return false;
-      err.append(buf, static_cast<size_t>(n));
-    }
-    port = std::stoi(m[1]);
-    return true;
-  }
-  int stop() {  // exit status, or -1 when it had to be killed
-    if (pid <= 0) return -1;
-    ::kill(pid, SIGTERM);
-    int status = 0;
-    pid_t done = 0;
-    for (int i = 0; i < 200 && done == 0; ++i) {
-      done = ::waitpid(pid, &status, WNOHANG);
-      if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    if (done == 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-    }
-    pid = -1;
-    if (err_fd >= 0) ::close(err_fd);
-    err_fd = -1;
-    return done != 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  ~ServeChild() { stop(); }
-};
+using testing_util::ServeChild;
 
 TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
   const testing_util::ScratchDir scratch("cli_serve");  // the child's dummy-model cache
