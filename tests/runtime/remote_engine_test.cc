@@ -10,7 +10,10 @@
 
 #include "core/error.h"
 #include "fake_kv_client.h"
+#include "model/fingerprint.h"
+#include "model/tokenizer.h"
 #include "runtime/engine.h"
+#include "shared_data.h"
 #include "tiny_model.h"
 
 namespace kvcache {
@@ -168,6 +171,19 @@ TEST(RemoteEngine, ACorruptValueIsACountedMissWithTheSameTokens) {
   EXPECT_EQ(out.samples.at(0).tokens, want);
   EXPECT_EQ(out.stats.cached_tokens_remote, 0);
   EXPECT_GE(b.metrics().remote.corrupt, 1);
+}
+
+TEST(RemoteEngine, TheTokenizerFingerprintIsStableAndTellsTokenizersApart) {
+  const Digest128 none = tokenizer_fingerprint(nullptr);
+  EXPECT_EQ(none, tokenizer_fingerprint(nullptr));
+  if (!testing_util::have_stories()) GTEST_SKIP() << "stories260K not in ../shared";
+  const std::string tok = testing_util::stories_dir() + "/tok512.bin";
+  const std::unique_ptr<Tokenizer> a = load_tokenizer(tok, 512);
+  const std::unique_ptr<Tokenizer> b = load_tokenizer(tok, 512);
+  const std::unique_ptr<Tokenizer> shorter = load_tokenizer(tok, 511);
+  EXPECT_EQ(tokenizer_fingerprint(a.get()), tokenizer_fingerprint(b.get()));
+  EXPECT_NE(tokenizer_fingerprint(a.get()), none);
+  EXPECT_NE(tokenizer_fingerprint(a.get()), tokenizer_fingerprint(shorter.get()));
 }
 
 }  // namespace
