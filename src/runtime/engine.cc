@@ -1102,8 +1102,17 @@ void Engine::update_metrics() {
 }
 
 EngineMetrics Engine::metrics() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return metrics_;
+  EngineMetrics m;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    m = metrics_;
+  }
+  // The tiers write behind on their own threads, also while the engine idles (no step publishes
+  // a snapshot then): their counters are read now, under the tiers' own locks. The pointers are
+  // set once, before any other thread runs.
+  if (const DiskTier* disk = store_->disk_tier()) m.disk = disk->stats();
+  if (const RemoteTier* remote = store_->remote_tier()) m.remote = remote->stats();
+  return m;
 }
 
 std::string Engine::check_invariants() const {
