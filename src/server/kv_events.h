@@ -30,7 +30,8 @@
 // - Groups: group_idx is the store's layer group (PagedKVStore::group), kv_cache_spec_kind
 //   vLLM's KVCacheSpecKind value: "full_attention", "sliding_window" (with
 //   kv_cache_spec_sliding_window = W), "unknown" for compressed groups (vLLM has no kind for
-//   them). A router that only tracks full-attention prefixes filters on group_idx == 0 / kind;
+//   them). A router that only tracks full-attention prefixes filters on the kind (group 0 is
+//   the first layer's kind: sliding for Gemma 2);
 //   consumers of the older 6-field layout ignore the trailing fields (msgspec's array_like
 //   decoding drops extra trailing items unless forbid_unknown_fields).
 // - Where a stored block came from (BlockSource) has no vLLM field and is not sent.

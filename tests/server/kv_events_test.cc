@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <msgpack.hpp>
 #include <string>
 #include <thread>
@@ -18,6 +19,7 @@
 
 #include "core/error.h"
 #include "raw_http.h"
+#include "scratch_dir.h"
 #include "server_test_util.h"
 
 namespace kvcache {
@@ -251,6 +253,9 @@ TEST(KvEventPublisher, MergesChainsSendsInOrderAndReplays) {
   EXPECT_EQ(ev[1].type, "BlockRemoved");
   EXPECT_EQ(ev[1].block_hashes.size(), 2u);
   EXPECT_EQ(ev[2].type, "AllBlocksCleared");
+  // The thread counts a batch once its send returned, which may be after it arrived here.
+  for (int i = 0; i < 100 && pub.published() < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(pub.published(), 5);
   EXPECT_EQ(pub.dropped(), 0);
 
@@ -428,6 +433,52 @@ TEST(KvEventsServer, PublishesStoredRemovedAndCleared) {
   const std::string m = s.server->metrics_text();
   EXPECT_GE(testing_util::metric(m, "kvcache_kv_events_published_total"), 11);
   EXPECT_EQ(testing_util::metric(m, "kvcache_kv_events_dropped_total"), 0);
+}
+
+TEST(KvEventsServer, SlidingGroupsOfHybridModelsSayWhatTheyAre) {
+  // gemma2-tiny: sliding (window 8) and full layers, two groups, each keyed with its group.
+  LoadOptions lo;
+  lo.dummy_cache_dir = testing_util::process_scratch().file("server-events-gemma2");
+  const LoadedModel lm = load_model("dummy:gemma2-tiny", lo);
+  TestServerOptions o;
+  o.http.kv_events.endpoint = "tcp://127.0.0.1:*";
+  TestServer s(lm, o);
+  const PagedKVStore& store = s.engine->store();
+  ASSERT_EQ(store.num_groups(), 2);
+  const int block = store.block_tokens();
+  Sub sub(s.server->kv_events()->endpoint());
+  const std::vector<int32_t> p = ids(48, 10);  // and the first sampled token: 3 full blocks
+  ASSERT_EQ(complete(s.port, p, 2).status, 200);
+  ASSERT_EQ(http(s.port, "POST", "/reset_prefix_cache").status, 200);
+  std::map<int64_t, std::vector<std::string>> stored;  // group -> hashes, in order
+  for (int i = 0; i < 50; ++i) {
+    const std::vector<KvEventView> e = sub.events(1);
+    ASSERT_FALSE(e.empty()) << "no AllBlocksCleared";
+    if (e[0].type == "AllBlocksCleared") break;
+    if (e[0].type != "BlockStored") continue;
+    ASSERT_TRUE(e[0].group_idx.has_value());
+    const int g = static_cast<int>(*e[0].group_idx);
+    ASSERT_LT(g, 2);
+    if (store.group(g).kind == GroupKind::kSliding) {
+      EXPECT_EQ(e[0].kv_cache_spec_kind, "sliding_window");
+      EXPECT_EQ(e[0].sliding_window, store.group(g).window);
+    } else {
+      EXPECT_EQ(e[0].kv_cache_spec_kind, "full_attention");
+      EXPECT_FALSE(e[0].sliding_window.has_value());
+    }
+    stored[g].insert(stored[g].end(), e[0].block_hashes.begin(), e[0].block_hashes.end());
+  }
+  for (int g = 0; g < 2; ++g) {
+    if (store.group(g).kind != GroupKind::kFull) continue;
+    std::vector<std::string> want;
+    BlockKey parent;
+    for (size_t i = 0; i + static_cast<size_t>(block) <= p.size(); i += block) {
+      parent = block_key(parent, g, {}, std::span<const int32_t>(p.data() + i, block));
+      want.push_back(hex(block_key_bytes(parent)));
+    }
+    EXPECT_EQ(stored[g], want) << "group " << g;
+  }
+  EXPECT_EQ(stored.size(), 2u) << "both groups publish their blocks";
 }
 
 TEST(KvEventsServer, NoPublisherWithoutAnEndpoint) {
