@@ -315,6 +315,35 @@ TEST(KvEventPublisher, AFullQueueDropsAndCountsWithoutBlocking) {
   EXPECT_EQ(pub.dropped(), 7);
 }
 
+TEST(KvEventPublisher, ASubscriberThatDoesNotReadLosesBatchesCounted) {
+  KvEventsOptions o;
+  o.endpoint = "tcp://127.0.0.1:*";
+  o.send_hwm = 2;
+  KvEventPublisher pub(o, {KvEventGroup{}});
+  zmq::context_t ctx(1);
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::linger, 0);
+  sub.set(zmq::sockopt::rcvhwm, 1);
+  sub.set(zmq::sockopt::rcvbuf, 4096);
+  sub.connect(pub.endpoint());
+  sub.set(zmq::sockopt::subscribe, "");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // ~40 MB of events at a subscriber that never reads: the store's calls never wait.
+  const std::vector<int32_t> tokens(64, 7);
+  const int n = 100000;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) {
+    pub.on_stored(stored(BlockKey{2, static_cast<uint64_t>(i + 1)}, BlockKey{}, tokens));
+    if (i % 5000 == 4999) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - 0.1;
+  pub.close();
+  EXPECT_GT(pub.dropped(), 0);
+  EXPECT_EQ(pub.published() + pub.dropped(), n);
+  EXPECT_LT(s, 2.0) << "the store's calls waited for the subscriber";
+}
+
 TEST(KvEventPublisher, BadEndpointsAreClearErrors) {
   for (const char* bad : {"localhost:5557", "tcp://", "tcp://127.0.0.1", "tcp://127.0.0.1:0x1",
                           "tcp://127.0.0.1:70000", "udp://127.0.0.1:5557"}) {
