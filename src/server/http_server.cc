@@ -132,12 +132,20 @@ HttpServer::HttpServer(Engine& engine, const ServedModel& model, const HttpServe
   created_ = unix_now();
   last_scrape_s_ = now_seconds();
   if (model_.limits.max_context <= 0) model_.limits.max_context = engine_.max_context();
+  if (!config_.kv_events.endpoint.empty()) {
+    // Before run() starts the driver thread: the store is not stepping yet.
+    kv_events_ =
+        std::make_shared<KvEventPublisher>(config_.kv_events, kv_event_groups(engine_.store()));
+    engine_.store().add_event_sink(kv_events_);
+  }
   install_routes();
 }
 
 HttpServer::~HttpServer() {
   stop();
   if (driver_.joinable()) driver_.join();
+  // The store keeps the sink: later events are counted as dropped.
+  if (kv_events_) kv_events_->close();
 }
 
 void HttpServer::bind() {
@@ -433,6 +441,14 @@ std::string HttpServer::metrics_text() {
          "Connections answered 503 past --max-connections.", static_cast<double>(t.rejected));
   metric("kvcache_http_request_timeouts_total", "counter",
          "Requests not received whole within --request-timeout.", static_cast<double>(t.timed_out));
+  if (kv_events_) {
+    metric("kvcache_kv_events_published_total", "counter",
+           "KV events sent (a block stored or removed counts one, a clear one).",
+           static_cast<double>(kv_events_->published()));
+    metric("kvcache_kv_events_dropped_total", "counter",
+           "KV events lost (publisher queue full or a subscriber past its high-water mark).",
+           static_cast<double>(kv_events_->dropped()));
+  }
   return out;
 }
 
@@ -443,6 +459,7 @@ void HttpServer::install_routes() {
   install_metrics();
   install_completions();
   install_slots();
+  install_reset_prefix_cache();
 }
 
 void HttpServer::install_guards() {
@@ -539,6 +556,22 @@ void HttpServer::install_completions() {
 // llama.cpp's slot save / restore. kvcache has no slots: {id} is a finished request's id, as
 // its response named it ("cmpl-7", "chatcmpl-7" or just 7), among the engine's last
 // Engine::kFinishedKept. The work runs on the engine thread (Engine::post), between steps.
+void HttpServer::install_reset_prefix_cache() {
+  // vLLM's POST /reset_prefix_cache: every cached prefix is dropped (blocks of running requests
+  // keep their content); KV event subscribers get AllBlocksCleared.
+  http_->Post("/reset_prefix_cache", [this](const httplib::Request&, httplib::Response& res) {
+    auto done = std::make_shared<std::promise<void>>();
+    std::future<void> cleared = done->get_future();
+    engine_.post([this, done] {
+      engine_.store().clear_prefix_cache();
+      done->set_value();
+    });
+    if (cleared.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+      return send_error(res, 503, "the engine did not take the reset within 30 s", "server_error");
+    res.set_content(json{{"status", "ok"}, {"reset", true}}.dump(), "application/json");
+  });
+}
+
 void HttpServer::install_slots() {
   http_->Post(R"(/slots/([A-Za-z0-9_-]+))", [this](const httplib::Request& req,
                                                    httplib::Response& res) {

@@ -1,12 +1,12 @@
 // HttpServer: the OpenAI-compatible HTTP face of an Engine (cpp-httplib, through
 // HttpTransport's connection limits). Routes: POST /v1/completions, POST /v1/chat/completions
 // (stream: true -> server-sent events ending in `data: [DONE]`), GET /v1/models, GET /health,
-// GET /metrics (Prometheus text). It owns the engine's driver thread; handler threads only
-// submit, wait on a per-request channel and write. A streaming client that goes away cancels
-// its request. A request the engine fails gets an HTTP error (or, once streaming, an SSE error
-// event and the end of the stream); an exception escaping the engine's step is a bug and ends
-// the process. stop() drains: new requests get 503, in-flight ones have
-// HttpServerConfig::drain_timeout_s to finish, then are cancelled.
+// GET /metrics (Prometheus text), POST /reset_prefix_cache (vLLM's: drops the prefix index). It
+// owns the engine's driver thread; handler threads only submit, wait on a per-request channel and
+// write. A streaming client that goes away cancels its request. A request the engine fails gets an
+// HTTP error (or, once streaming, an SSE error event and the end of the stream); an exception
+// escaping the engine's step is a bug and ends the process. stop() drains: new requests get 503,
+// in-flight ones have HttpServerConfig::drain_timeout_s to finish, then are cancelled.
 #pragma once
 
 #include <atomic>
@@ -21,6 +21,7 @@
 
 #include "runtime/engine.h"
 #include "server/http_transport.h"
+#include "server/kv_events.h"
 #include "server/openai.h"
 
 namespace kvcache {
@@ -37,6 +38,10 @@ struct HttpServerConfig {
   // finished request's cached blocks to a session file in this folder and restores them into
   // the prefix cache (runtime/session_file.h). Empty: those routes answer 501.
   std::string slot_save_path;
+  // Non-empty kv_events.endpoint: the constructor binds a KvEventPublisher there (Error(kIo)
+  // when it cannot) and adds it to the engine's store, which then publishes its prefix index's
+  // changes as vLLM KV events (server/kv_events.h).
+  KvEventsOptions kv_events;
 };
 
 class HttpServer {
@@ -64,6 +69,8 @@ class HttpServer {
 
   // The /metrics body (Prometheus text exposition format 0.0.4).
   std::string metrics_text();
+  // The KV events publisher (nullptr without kv_events.endpoint).
+  KvEventPublisher* kv_events() { return kv_events_.get(); }
 
  private:
   struct Channel;
@@ -75,6 +82,7 @@ class HttpServer {
   void install_metrics();
   void install_completions();  // /v1/completions and /v1/chat/completions
   void install_slots();        // /slots/{id}?action=save|restore
+  void install_reset_prefix_cache();
   // One completions (chat = false) or chat request: parse, submit, then answer it whole or as
   // server-sent events; the answer cancels the request when the client goes away.
   void serve_completion(const httplib::Request& req, httplib::Response& res, bool chat);
@@ -93,6 +101,7 @@ class HttpServer {
   Engine& engine_;
   ServedModel model_;
   HttpServerConfig config_;
+  std::shared_ptr<KvEventPublisher> kv_events_;
   std::unique_ptr<HttpTransport> http_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};

@@ -24,6 +24,7 @@
 #include "runtime/model_loader.h"
 #include "server/chat_template.h"
 #include "server/http_server.h"
+#include "server/kv_events.h"
 #include "tools/commands.h"
 #include "tools/engine_options.h"
 
@@ -51,6 +52,8 @@ struct ServeOptions {
   int32_t max_stop_strings = 16;
   int64_t max_stop_bytes = 256;
   bool check_invariants = false;
+  // --kv-events / --kv-events-topic / --kv-events-replay (server/kv_events.h).
+  std::string kv_events, kv_events_topic, kv_events_replay;
 };
 
 void check_positive(double v, const char* flag) {
@@ -113,6 +116,15 @@ void run_serve(const ServeOptions& o) {
   if (max_body < 1024 || max_body > (uint64_t{1} << 32))
     throw Error(ErrorKind::kInvalidArgument,
                 "--max-body-bytes must be in [1KiB, 4GiB], got " + o.max_body);
+  if (!o.kv_events.empty()) {
+    check_kv_events_endpoint(o.kv_events, "--kv-events");
+    if (!o.kv_events_replay.empty())
+      check_kv_events_endpoint(o.kv_events_replay, "--kv-events-replay");
+  } else if (!o.kv_events_replay.empty() || !o.kv_events_topic.empty()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "--kv-events-topic and --kv-events-replay need --kv-events ENDPOINT (the address "
+                "to publish on)");
+  }
   LoadedModel lm = load_model(o.engine.model.model, load_options(o.engine.model));
   check_engine_options(o.engine, &lm);
   EngineConfig ec = engine_config(o.engine, *lm.model);
@@ -165,6 +177,9 @@ void run_serve(const ServeOptions& o) {
                                       " is not a directory and cannot be created");
     hc.slot_save_path = o.slot_save_path;
   }
+  hc.kv_events.endpoint = o.kv_events;
+  hc.kv_events.topic = o.kv_events_topic;
+  hc.kv_events.replay_endpoint = o.kv_events_replay;
   HttpServer server(engine, sm, hc);
   server.bind();
   std::fprintf(stderr,
@@ -206,6 +221,11 @@ void run_serve(const ServeOptions& o) {
       std::fprintf(stderr, "kvcache serve: remote tier %s (%s), lookup deadline %d ms\n",
                    ec.kv_remote_url.c_str(), status.c_str(), ec.kv_remote_deadline_ms);
   }
+  if (const KvEventPublisher* ev = server.kv_events())
+    std::fprintf(stderr, "kvcache serve: kv events on %s (topic '%s')%s%s\n",
+                 ev->endpoint().c_str(), o.kv_events_topic.c_str(),
+                 ev->replay_endpoint().empty() ? "" : ", replay on ",
+                 ev->replay_endpoint().c_str());
   std::fprintf(stderr, "listening on http://%s:%d\n", o.host.c_str(), server.port());
   std::fflush(stderr);
 
@@ -309,6 +329,16 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-stop-bytes", o->max_stop_bytes, "Longest 'stop' string in bytes")
       ->capture_default_str();
+  cmd->add_option("--kv-events", o->kv_events,
+                  "Publish the prefix cache's changes as vLLM KV events (ZeroMQ PUB, vLLM's "
+                  "KVEventBatch format) bound at this address: tcp://HOST:PORT (port * = any "
+                  "free one, shown at start) or ipc://PATH");
+  cmd->add_option("--kv-events-topic", o->kv_events_topic,
+                  "Topic frame of every KV events message (default empty, as vLLM's)");
+  cmd->add_option("--kv-events-replay", o->kv_events_replay,
+                  "ROUTER address answering replay requests (an 8-byte big-endian start sequence "
+                  "number) with the last 10000 batches, as vLLM's --kv-events-config "
+                  "replay_endpoint");
   cmd->add_flag(
       "--check-invariants", o->check_invariants,
       "Debug: check the engine's invariants after every step; a broken one ends the process");

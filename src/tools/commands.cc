@@ -12,6 +12,7 @@ void register_commands(CLI::App& app) {
   register_tokenize(app);
   register_serve(app);
   register_batch(app);
+  register_events(app);
 }
 
 }  // namespace kvcache::tools

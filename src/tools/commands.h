@@ -17,6 +17,7 @@ void register_bench(CLI::App& app);     // cmd_bench.cc: llama-bench style speed
 void register_tokenize(CLI::App& app);  // cmd_tokenize.cc: text on stdin -> token ids
 void register_serve(CLI::App& app);     // cmd_serve.cc: OpenAI-compatible HTTP server
 void register_batch(CLI::App& app);     // cmd_batch.cc: offline batch over JSON lines
+void register_events(CLI::App& app);    // cmd_events.cc: KV events subscriber (serve --kv-events)
 
 // Every subcommand above, in the order --help lists them (commands.cc).
 void register_commands(CLI::App& app);

@@ -23,15 +23,16 @@ enum Command : unsigned {
   kPlan = 1u << 6,
   kConvert = 1u << 7,
   kTokenize = 1u << 8,
+  kEvents = 1u << 9,
 };
 constexpr unsigned kEngine = kServe | kBatch;                        // the paged cache, always
 constexpr unsigned kModel = kGenerate | kLogits | kBench | kEngine;  // add_model_options
 
 unsigned command_bit(const std::string& name) {
   static const std::pair<const char*, Command> kNames[] = {
-      {"run", kRun},     {"generate", kGenerate}, {"logits", kLogits},
-      {"bench", kBench}, {"serve", kServe},       {"batch", kBatch},
-      {"plan", kPlan},   {"convert", kConvert},   {"tokenize", kTokenize},
+      {"run", kRun},           {"generate", kGenerate}, {"logits", kLogits}, {"bench", kBench},
+      {"serve", kServe},       {"batch", kBatch},       {"plan", kPlan},     {"convert", kConvert},
+      {"tokenize", kTokenize}, {"events", kEvents},
   };
   for (const auto& [n, bit] : kNames)
     if (name == n) return bit;
@@ -402,6 +403,15 @@ const OptionRule kRules[] = {
     {kServe, "--max-stop-strings", nullptr},
     {kServe, "--max-stop-bytes", nullptr},
     {kServe, "--check-invariants", nullptr},
+    {kServe, "--kv-events", nullptr},
+    {kServe, "--kv-events-topic", nullptr},  // refused without --kv-events (cmd_serve.cc)
+    {kServe, "--kv-events-replay", nullptr},
+    // events: the KV events subscriber, each option always in effect
+    {kEvents, "--endpoint", nullptr},
+    {kEvents, "--topic", nullptr},
+    {kEvents, "--count", nullptr},
+    {kEvents, "--timeout", nullptr},
+    {kEvents, "--json", nullptr},
     {kBatch, "--input", nullptr},
     // run: the container demo feeds every container, so each of its options reaches one.
     {kRun, "--prefill", nullptr},

@@ -1,0 +1,157 @@
+// `kvcache serve --kv-events` and `kvcache events` as processes: the server says where it
+// publishes, the subscriber prints the events of a request and of POST /reset_prefix_cache as
+// JSON lines and exits after --count; too few events before --timeout is exit 1; bad endpoints
+// are exit 2 before anything starts.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../server/raw_http.h"
+#include "cli_util.h"
+#include "scratch_dir.h"
+
+namespace kvcache {
+namespace {
+
+using nlohmann::json;
+
+// `kvcache serve ... --kv-events tcp://127.0.0.1:*` as a child; its HTTP port and events address.
+struct EventServe {
+  pid_t pid = -1;
+  int port = 0;
+  std::string events, err;
+  int err_fd = -1;
+  bool start(const std::string& cache, const std::vector<std::string>& args) {
+    int p[2];
+    if (::pipe(p) != 0) return false;
+    pid = ::fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+      ::dup2(p[1], 2);
+      ::close(p[0]);
+      ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+      std::vector<char*> argv = {const_cast<char*>(KVCACHE_CLI)};
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(KVCACHE_CLI, argv.data());
+      ::_exit(127);
+    }
+    ::close(p[1]);
+    err_fd = p[0];
+    std::smatch m;
+    const std::regex ready("listening on http://127\\.0\\.0\\.1:([0-9]+)\n");
+    char buf[256];
+    while (!std::regex_search(err, m, ready)) {
+      const ssize_t n = ::read(err_fd, buf, sizeof buf);
+      if (n <= 0) return false;
+      err.append(buf, static_cast<size_t>(n));
+    }
+    port = std::stoi(m[1]);
+    std::smatch e;
+    if (std::regex_search(err, e, std::regex("kv events on (tcp://127\\.0\\.0\\.1:[0-9]+)")))
+      events = e[1];
+    return true;
+  }
+  int stop() {
+    if (pid <= 0) return -1;
+    ::kill(pid, SIGTERM);
+    int status = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 200 && done == 0; ++i) {
+      done = ::waitpid(pid, &status, WNOHANG);
+      if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (done == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    }
+    pid = -1;
+    if (err_fd >= 0) ::close(err_fd);
+    err_fd = -1;
+    return done != 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  ~EventServe() { stop(); }
+};
+
+TEST(CliEvents, SubscriberPrintsTheServersEventsAsJsonLines) {
+  const testing_util::ScratchDir scratch("cli_events");
+  EventServe s;
+  ASSERT_TRUE(s.start(scratch.str(),
+                      {"serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len", "256",
+                       "--kv-events", "tcp://127.0.0.1:*", "--kv-events-topic", "kv"}))
+      << s.err;
+  ASSERT_FALSE(s.events.empty()) << s.err;
+  auto sub = std::async(std::launch::async, [&] {
+    return testing_util::run_cli("events --endpoint " + s.events +
+                                 " --topic kv --count 2 --json --timeout 10");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // the subscriber connects
+  std::string prompt = "[1";
+  for (int i = 1; i < 40; ++i) prompt += ", " + std::to_string(100 + 37 * i % 20000);
+  prompt += "]";  // 40 tokens: 2 full blocks of 16
+  const testing_util::HttpReply r =
+      testing_util::http(s.port, "POST", "/v1/completions",
+                         R"({"prompt": )" + prompt + R"(, "max_tokens": 2, "temperature": 0})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_EQ(testing_util::http(s.port, "POST", "/reset_prefix_cache").status, 200);
+  const testing_util::CliResult got = sub.get();
+  EXPECT_EQ(got.exit_code, 0) << got.err;
+  std::istringstream lines(got.out);
+  std::vector<json> ev;
+  for (std::string line; std::getline(lines, line);) ev.push_back(json::parse(line));
+  ASSERT_EQ(ev.size(), 2u) << got.out;
+  EXPECT_EQ(ev[0]["type"], "BlockStored");
+  EXPECT_EQ(ev[0]["seq"], 0);
+  EXPECT_TRUE(ev[0]["parent_block_hash"].is_null());
+  EXPECT_EQ(ev[0]["group_idx"], 0);
+  EXPECT_EQ(ev[0]["medium"], "CPU");
+  EXPECT_EQ(ev[0]["block_size"], 16);
+  ASSERT_GE(ev[0]["block_hashes"].size(), 1u);
+  EXPECT_EQ(ev[0]["block_hashes"][0].get<std::string>().size(), 32u);  // 16 bytes in hex
+  EXPECT_EQ(ev[0]["token_ids"][0], 1);
+  // Both blocks in one event when one step stored them, as vLLM sends a run of new blocks.
+  if (ev[0]["block_hashes"].size() == 2u) {
+    EXPECT_EQ(ev[1]["type"], "AllBlocksCleared");
+  } else {
+    EXPECT_EQ(ev[1]["type"], "BlockStored");
+  }
+  const std::string metrics = testing_util::http(s.port, "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("kvcache_kv_events_published_total 3"), std::string::npos) << metrics;
+  EXPECT_EQ(s.stop(), 0);
+}
+
+TEST(CliEvents, TooFewEventsBeforeTheTimeoutIsExit1) {
+  const testing_util::CliResult r =
+      testing_util::run_cli("events --endpoint tcp://127.0.0.1:1 --count 3 --timeout 0.3");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("saw 0 of 3 events"), std::string::npos) << r.err;
+  // No --count: whatever came before the timeout is a success.
+  EXPECT_EQ(testing_util::run_cli("events --endpoint tcp://127.0.0.1:1 --timeout 0.2").exit_code,
+            0);
+}
+
+TEST(CliEvents, BadEndpointsAreExit2) {
+  const testing_util::CliResult e = testing_util::run_cli("events --endpoint localhost:5557");
+  EXPECT_EQ(e.exit_code, 2);
+  EXPECT_NE(e.err.find("--endpoint"), std::string::npos) << e.err;
+  for (const char* args : {"--kv-events 127.0.0.1:5557", "--kv-events tcp://127.0.0.1:99999",
+                           "--kv-events-replay tcp://127.0.0.1:5558",
+                           "--kv-events tcp://127.0.0.1:* --kv-events-replay ipc://"}) {
+    const auto r = testing_util::run_cli(std::string("serve --model dummy:tiny --port 0 ") + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("--kv-events"), std::string::npos) << args << ": " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace kvcache
