@@ -222,19 +222,35 @@ struct RemoteTier::Impl {
     const int64_t n = blocks_of(req);
     const size_t G = req.keys.size();
     const auto bt = static_cast<size_t>(opt.block_tokens);
-    // Keys of every group, block-major within a group: index g_base[g] + i.
-    std::vector<std::string> keys;
-    std::vector<size_t> base(G, 0);
-    for (size_t g = 0; g < G; ++g) {
-      base[g] = keys.size();
-      for (const BlockKey& k : req.keys[g]) keys.push_back(object_key(k, static_cast<int32_t>(g)));
-    }
-    std::vector<std::vector<std::byte>> values(keys.size());
-    std::vector<KvStatus> status(keys.size(), KvStatus::kError);
-    const Clock::time_point deadline = t0 + seconds(opt.deadline_seconds);
+    uint64_t block_bytes = 0;  // one block of every group that has keys
+    for (size_t g = 0; g < G; ++g)
+      if (!req.keys[g].empty()) block_bytes += req.payload_bytes[g];
+    const int64_t per_call = std::max<int64_t>(
+        1, static_cast<int64_t>(opt.lookup_chunk_bytes / std::max<uint64_t>(1, block_bytes)));
     if (!client) client = client_or_null();
-    bool call_ok = client != nullptr;
-    if (client && !keys.empty()) {
+    bool call_ok = client != nullptr, timed_out = false;
+    int64_t run = 0, corrupt = 0;
+    uint64_t bytes_in = 0;
+    std::vector<std::string> keys;
+    std::vector<std::pair<size_t, size_t>> where;  // key -> (group, block)
+    std::vector<std::vector<std::byte>> values;
+    std::vector<KvStatus> status;
+    // Chunk by chunk, block-major: blocks [lo, hi) of every group in one call; a chunk that is
+    // not all verified hits ends the run there.
+    for (int64_t lo = 0; client && call_ok && run == lo && lo < n; lo += per_call) {
+      const int64_t hi = std::min(n, lo + per_call);
+      keys.clear();
+      where.clear();
+      for (size_t g = 0; g < G; ++g) {
+        if (req.keys[g].empty()) continue;
+        for (auto i = static_cast<size_t>(lo); i < static_cast<size_t>(hi); ++i) {
+          keys.push_back(object_key(req.keys[g][i], static_cast<int32_t>(g)));
+          where.emplace_back(g, i);
+        }
+      }
+      values.assign(keys.size(), {});
+      status.assign(keys.size(), KvStatus::kError);
+      const Clock::time_point deadline = Clock::now() + seconds(opt.deadline_seconds);
       try {
         client->get(keys, deadline, [&](size_t i, KvStatus st, std::span<const std::byte> v) {
           status[i] = st;
@@ -246,35 +262,32 @@ struct RemoteTier::Impl {
       }
       call_ok = std::none_of(status.begin(), status.end(),
                              [](KvStatus s) { return s == KvStatus::kError; });
-    }
-    const bool timed_out = !call_ok && Clock::now() >= deadline;
-    // The longest run of blocks every group holds, verified.
-    int64_t run = 0, corrupt = 0;
-    uint64_t bytes_in = 0;
-    std::vector<uint8_t> good(keys.size(), 0);
-    for (size_t g = 0; g < G; ++g)
-      for (size_t i = 0; i < req.keys[g].size(); ++i) {
-        const size_t k = base[g] + i;
-        if (status[k] != KvStatus::kHit) continue;
+      timed_out = !call_ok && Clock::now() >= deadline;
+      // good[b - lo]: block b verified in every group that has keys.
+      std::vector<uint8_t> good(static_cast<size_t>(hi - lo), 1);
+      for (size_t k = 0; k < keys.size(); ++k) {
+        const auto [g, i] = where[k];
+        uint8_t& ok = good[i - static_cast<size_t>(lo)];
+        if (status[k] != KvStatus::kHit) {
+          ok = 0;
+          continue;
+        }
         bytes_in += values[k].size();
         const block_record::Expect e{opt.fingerprint, req.keys[g][i], static_cast<int32_t>(g),
                                      std::span<const int32_t>(req.tokens).subspan(i * bt, bt),
                                      req.payload_bytes[g]};
-        if (block_record::verify(e, values[k]) == block_record::Verdict::kOk)
-          good[k] = 1;
-        else
+        if (block_record::verify(e, values[k]) != block_record::Verdict::kOk) {
           ++corrupt;
+          ok = 0;
+        }
       }
-    for (; run < n; ++run) {
-      bool all = true;
-      for (size_t g = 0; g < G && all; ++g)
-        if (!req.keys[g].empty() && !good[base[g] + static_cast<size_t>(run)]) all = false;
-      if (!all) break;
-    }
-    for (size_t g = 0; g < G; ++g) {
-      if (req.keys[g].empty()) continue;
-      for (int64_t i = 0; i < run; ++i)
-        res.records[g].push_back(std::move(values[base[g] + static_cast<size_t>(i)]));
+      int64_t kept = 0;
+      while (kept < hi - lo && good[static_cast<size_t>(kept)]) ++kept;
+      for (size_t k = 0; k < keys.size(); ++k) {
+        const auto [g, i] = where[k];
+        if (static_cast<int64_t>(i) < lo + kept) res.records[g].push_back(std::move(values[k]));
+      }
+      run = lo + kept;
     }
     res.blocks = run;
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -379,6 +392,12 @@ RemoteTier::~RemoteTier() {
   impl_->cv.notify_all();
   impl_->lookup_thread.join();
   impl_->writer_thread.join();
+}
+
+int64_t RemoteTierOptions::lookup_calls(int64_t blocks, uint64_t block_bytes) const {
+  const auto per_call = std::max<int64_t>(
+      1, static_cast<int64_t>(lookup_chunk_bytes / std::max<uint64_t>(1, block_bytes)));
+  return std::max<int64_t>(1, (blocks + per_call - 1) / per_call);
 }
 
 std::string RemoteTier::object_key(const BlockKey& key, int32_t group) const {

@@ -54,9 +54,16 @@ struct RemoteTierOptions {
   // Makes the clients (one per thread: the lookup thread and the writer each call it once, when
   // they start; a throw counts as a failed call). Required.
   std::function<std::unique_ptr<KvClient>()> make_client;
-  Digest128 fingerprint;                           // the layout fingerprint (see above)
-  int32_t block_tokens = 0;                        // tokens per block (>= 1)
-  double deadline_seconds = 0.050;                 // per lookup (a GET call)
+  Digest128 fingerprint;     // the layout fingerprint (see above)
+  int32_t block_tokens = 0;  // tokens per block (>= 1)
+  // A lookup fetches its blocks in chunks of at most lookup_chunk_bytes (at least one block per
+  // group), one pipelined GET call each, and each call has deadline_seconds: a store that stops
+  // answering is noticed within one deadline, while a long prefix from a healthy store arrives
+  // whole (a 2,000-token prefix of a 125M model is ~24-48 MB, which no 50 ms bound fits, yet is
+  // worth far more than its transfer: its prefill takes seconds). The first chunk that is not
+  // all hits ends the lookup.
+  double deadline_seconds = 0.050;                 // per GET call (one chunk)
+  uint64_t lookup_chunk_bytes = 4ull << 20;        // payload bytes per GET call
   double write_deadline_seconds = 0.200;           // per batch of SETs
   int32_t breaker_failures = 3;                    // consecutive failed calls that open it
   double breaker_open_seconds = 2.0;               // open this long, then half-open
@@ -65,6 +72,9 @@ struct RemoteTierOptions {
   std::string key_prefix = "kvc:";
   size_t known_keys = 65536;  // the LRU of keys known to be stored
   size_t write_batch = 16;    // records per SET call
+  // How many GET calls a lookup of `blocks` blocks of `block_bytes` payload bytes each (every
+  // group together) takes: the engine's bound on a lookup's time is that many deadlines.
+  int64_t lookup_calls(int64_t blocks, uint64_t block_bytes) const;
 };
 
 enum class BreakerState : int { kClosed = 0, kOpen = 1, kHalfOpen = 2 };

@@ -413,9 +413,14 @@ bool Engine::start_remote_lookup(Request& r) {
     req.payload_bytes.push_back(store_->block_payload_bytes(g));
   }
   req.tokens.assign(tokens.begin() + local * bt, tokens.begin() + nj * bt);
-  // The lookup thread serves lookups one by one: a request waits for its own call (the
-  // deadline) and a little queueing, then goes on with local compute.
-  const auto wait = std::chrono::milliseconds(2 * config_.kv_remote_deadline_ms + 10);
+  uint64_t block_bytes = 0;
+  for (size_t g = 0; g < req.keys.size(); ++g)
+    if (!req.keys[g].empty()) block_bytes += req.payload_bytes[g];
+  // The lookup thread serves lookups one by one: a request waits for its own calls (one
+  // deadline each: RemoteTierOptions::lookup_chunk_bytes), one more deadline of queueing and
+  // 10 ms, then goes on with local compute.
+  const int64_t calls = store_->remote_tier()->options().lookup_calls(nj - local, block_bytes);
+  const auto wait = std::chrono::milliseconds((calls + 1) * config_.kv_remote_deadline_ms + 10);
   r.remote_deadline = Clock::now() + wait;
   store_->remote_tier()->lookup(std::move(req));
   return true;
