@@ -117,6 +117,17 @@ mc=$(median "${cold_all[@]}")
 mh=$(median "${hit_all[@]}")
 mr=$(median "${ram_all[@]}")
 awk -v c="$mc" -v h="$mh" -v a="$mr" 'BEGIN { printf "median: cold %.1f ms, remote hit %.1f ms: %.2fx; RAM hit on A %.1f ms\n", c * 1e3, h * 1e3, c / h, a * 1e3 }'
-echo "server B: $(curl -s "http://127.0.0.1:$pb/metrics" | grep -E '^kvcache_remote_(hits|misses|corrupt|errors|timeouts|waits_expired|bytes_in)_total' | sed 's/^kvcache_remote_//; s/_total / /' | tr '\n' ' ')"
+# Redis hung (SIGSTOP: connections open, no replies): fresh prompts to B. Until the breaker
+# opens (3 failed calls), each waits one lookup deadline more than cold; then none does.
+redis_pid=${pids[0]}
+kill -STOP "$redis_pid"
+hung=()
+for i in 1 2 3 4 5; do
+  read -r t _ _ _ <<<"$(request "$pb" "$(body $((900 + i)))")"
+  hung+=("$(awk -v t="$t" -v c="$mc" 'BEGIN { printf "%.1f", (t - c) * 1e3 }')")
+done
+kill -CONT "$redis_pid"
+echo "redis hung: TTFT minus the cold median, 5 fresh prompts in turn (ms): ${hung[*]}"
+echo "server B: $(curl -s "http://127.0.0.1:$pb/metrics" | grep -E '^kvcache_remote_(lookups|hits|misses|corrupt|errors|timeouts|waits_expired|bytes_in|lookup_seconds)_total' | sed 's/^kvcache_remote_//; s/_total / /' | tr '\n' ' ')"
 echo "redis: $(redis-cli -p "$rport" INFO memory | grep -E '^used_memory_human' | tr -d '\r'), keys $(stored)"
 echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cpus; commit $(git rev-parse --short HEAD)"
