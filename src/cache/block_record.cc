@@ -111,4 +111,10 @@ Verdict verify(const Expect& e, std::span<const std::byte> record,
   return v;
 }
 
+BlockKey record_key(std::span<const std::byte> record) {
+  constexpr size_t kKeyAt = 8 + 4 + 16;  // after magic, version and fingerprint
+  KV_CHECK(record.size() >= kFixedHeaderBytes, "block record shorter than its header");
+  return BlockKey{get_u64(record.data() + kKeyAt), get_u64(record.data() + kKeyAt + 8)};
+}
+
 }  // namespace kvcache::block_record

@@ -74,4 +74,8 @@ Verdict verify(const Expect& e, std::span<const std::byte> head, std::span<const
 Verdict verify(const Expect& e, std::span<const std::byte> record,
                std::span<const std::byte>* payload = nullptr);
 
+// The key field of a record of at least kFixedHeaderBytes (not verified: call it on records
+// verify() accepted).
+BlockKey record_key(std::span<const std::byte> record);
+
 }  // namespace kvcache::block_record

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "cache/block_record.h"
 #include "core/digest.h"
 #include "core/error.h"
 #include "core/fault.h"
@@ -951,25 +952,14 @@ bool PagedKVStore::staged(int g, int64_t i, const BlockKey& key) const {
   if (staged_.blocks == 0 || gi >= staged_.records.size() || i < staged_.first_block ||
       i >= staged_.first_block + staged_.blocks || staged_.records[gi].empty())
     return false;
-  // The record's key field (verified by the tier) sits after magic, version and fingerprint.
-  const std::vector<std::byte>& rec =
-      staged_.records[gi][static_cast<size_t>(i - staged_.first_block)];
-  BlockKey k;
-  std::memcpy(&k.hi, rec.data() + 28, 8);
-  std::memcpy(&k.lo, rec.data() + 36, 8);
-  return k == key;
+  // The tier verified the record against the key it asked for.
+  return block_record::record_key(
+             staged_.records[gi][static_cast<size_t>(i - staged_.first_block)]) == key;
 }
 
 void PagedKVStore::set_remote_tier(std::shared_ptr<RemoteTier> remote) {
   if (remote) {
-    std::string why;
-    if (linear_)
-      why = "linear-attention layers (their recurrent state at a block boundary)";
-    else if (has_compressed())
-      why = "compressed (CSA/HCA) layers (their compressors' state at a block boundary)";
-    for (const std::string& t : config_.layer_types)
-      if (why.empty() && is_indexed_layer_type(t))
-        why = "indexed (DSA) layers (their indexer keys)";
+    const std::string why = state_outside_pages();
     if (!why.empty())
       bad("the remote tier shares the K/V pages of prefix blocks, but this model has " + why +
               ", which those pages do not carry: a remote hit could not continue exactly; serve "
@@ -1074,16 +1064,18 @@ void PagedKVStore::clear_prefix_cache() {
   for (const auto& sink : sinks_) sink->on_cleared();
 }
 
+std::string PagedKVStore::state_outside_pages() const {
+  if (linear_) return "linear-attention layers (their recurrent state at a block boundary)";
+  if (has_compressed())
+    return "compressed (CSA/HCA) layers (their compressors' state at a block boundary)";
+  for (const std::string& t : config_.layer_types)
+    if (is_indexed_layer_type(t)) return "indexed (DSA) layers (their indexer keys)";
+  return "";
+}
+
 void PagedKVStore::set_disk_tier(std::shared_ptr<DiskTier> disk) {
   if (disk) {
-    std::string why;
-    if (linear_)
-      why = "linear-attention layers (their recurrent state at a block boundary)";
-    else if (has_compressed())
-      why = "compressed (CSA/HCA) layers (their compressors' state at a block boundary)";
-    for (const std::string& t : config_.layer_types)
-      if (why.empty() && is_indexed_layer_type(t))
-        why = "indexed (DSA) layers (their indexer keys)";
+    const std::string why = state_outside_pages();
     if (!why.empty())
       bad("the disk tier stores the K/V pages of evicted prefix blocks, but this model has " + why +
               ", which those pages do not carry: a disk hit could not continue exactly; serve it "

@@ -541,6 +541,9 @@ class PagedKVStore {
   std::shared_ptr<RemoteTier> remote_;
   RemoteResult staged_;  // blocks [first_block, first_block + blocks) per group
   int64_t last_remote_tokens_ = 0, remote_loaded_ = 0, remote_load_failed_ = 0;
+  // What of this model's state a block's pages do not carry (empty: nothing), so that a block
+  // loaded from a tier could not continue exactly: the tiers refuse such models.
+  std::string state_outside_pages() const;
   // Events.
   void install_pool_hooks();
   std::vector<std::shared_ptr<BlockEventSink>> sinks_;

@@ -12,6 +12,7 @@
 #include "fake_kv_client.h"
 #include "model/fingerprint.h"
 #include "model/tokenizer.h"
+#include "remote_engine_util.h"
 #include "runtime/engine.h"
 #include "shared_data.h"
 #include "tiny_model.h"
@@ -23,29 +24,8 @@ using testing_util::fake_client_factory;
 using testing_util::FakeKvStore;
 using testing_util::tiny_model;
 
-std::vector<int32_t> random_prompt(size_t n, uint32_t seed, uint32_t vocab = 31000) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p = {1};
-  while (p.size() < n) p.push_back(static_cast<int32_t>(rng() % (vocab - 3)) + 3);
-  return p;
-}
-
-RequestOutput run_one(Engine& e, const std::vector<int32_t>& prompt, const std::string& salt = "",
-                      int64_t max_tokens = 4) {
-  RequestParams rp;
-  rp.prompt = prompt;
-  rp.max_tokens = max_tokens;
-  rp.cache_salt = salt;
-  RequestOutput out;
-  EXPECT_NE(e.submit(rp,
-                     [&out](const StreamEvent& ev) {
-                       if (ev.output != nullptr) out = *ev.output;
-                     }),
-            0u);
-  e.run_until_idle();
-  EXPECT_EQ(e.check_invariants(), "");
-  return out;
-}
+using testing_util::random_prompt;
+using testing_util::run_one;
 
 EngineConfig config_for(const std::shared_ptr<FakeKvStore>& store, int32_t deadline_ms = 200) {
   EngineConfig c;

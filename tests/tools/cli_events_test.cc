@@ -19,80 +19,32 @@
 #include "../server/raw_http.h"
 #include "cli_util.h"
 #include "scratch_dir.h"
+#include "serve_child.h"
 
 namespace kvcache {
 namespace {
 
 using nlohmann::json;
 
-// `kvcache serve ... --kv-events tcp://127.0.0.1:*` as a child; its HTTP port and events address.
-struct EventServe {
-  pid_t pid = -1;
-  int port = 0;
-  std::string events, err;
-  int err_fd = -1;
-  bool start(const std::string& cache, const std::vector<std::string>& args) {
-    int p[2];
-    if (::pipe(p) != 0) return false;
-    pid = ::fork();
-    if (pid < 0) return false;
-    if (pid == 0) {
-      ::dup2(p[1], 2);
-      ::close(p[0]);
-      ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
-      std::vector<char*> argv = {const_cast<char*>(KVCACHE_CLI)};
-      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(KVCACHE_CLI, argv.data());
-      ::_exit(127);
-    }
-    ::close(p[1]);
-    err_fd = p[0];
-    std::smatch m;
-    const std::regex ready("listening on http://127\\.0\\.0\\.1:([0-9]+)\n");
-    char buf[256];
-    while (!std::regex_search(err, m, ready)) {
-      const ssize_t n = ::read(err_fd, buf, sizeof buf);
-      if (n <= 0) return false;
-      err.append(buf, static_cast<size_t>(n));
-    }
-    port = std::stoi(m[1]);
-    std::smatch e;
-    if (std::regex_search(err, e, std::regex("kv events on (tcp://127\\.0\\.0\\.1:[0-9]+)")))
-      events = e[1];
-    return true;
-  }
-  int stop() {
-    if (pid <= 0) return -1;
-    ::kill(pid, SIGTERM);
-    int status = 0;
-    pid_t done = 0;
-    for (int i = 0; i < 200 && done == 0; ++i) {
-      done = ::waitpid(pid, &status, WNOHANG);
-      if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    if (done == 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-    }
-    pid = -1;
-    if (err_fd >= 0) ::close(err_fd);
-    err_fd = -1;
-    return done != 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  ~EventServe() { stop(); }
-};
+// The events address `serve --kv-events tcp://127.0.0.1:*` bound, from its stderr.
+std::string events_endpoint(const std::string& err) {
+  std::smatch e;
+  return std::regex_search(err, e, std::regex("kv events on (tcp://127\\.0\\.0\\.1:[0-9]+)"))
+             ? std::string(e[1])
+             : std::string();
+}
 
 TEST(CliEvents, SubscriberPrintsTheServersEventsAsJsonLines) {
   const testing_util::ScratchDir scratch("cli_events");
-  EventServe s;
+  testing_util::ServeChild s;
   ASSERT_TRUE(s.start(scratch.str(),
                       {"serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len", "256",
                        "--kv-events", "tcp://127.0.0.1:*", "--kv-events-topic", "kv"}))
       << s.err;
-  ASSERT_FALSE(s.events.empty()) << s.err;
+  const std::string events = events_endpoint(s.err);
+  ASSERT_FALSE(events.empty()) << s.err;
   auto sub = std::async(std::launch::async, [&] {
-    return testing_util::run_cli("events --endpoint " + s.events +
+    return testing_util::run_cli("events --endpoint " + events +
                                  " --topic kv --count 2 --json --timeout 10");
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(700));  // the subscriber connects
