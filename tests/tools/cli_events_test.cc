@@ -54,8 +54,10 @@ TEST(CliEvents, SubscriberPrintsTheServersEventsAsJsonLines) {
   const testing_util::HttpReply r =
       testing_util::http(s.port, "POST", "/v1/completions",
                          R"({"prompt": )" + prompt + R"(, "max_tokens": 2, "temperature": 0})");
-  ASSERT_EQ(r.status, 200) << r.body;
-  ASSERT_EQ(testing_util::http(s.port, "POST", "/reset_prefix_cache").status, 200);
+  ASSERT_EQ(r.status, 200) << r.body << "\nserve's stderr:\n" << s.drain_err();
+  ASSERT_EQ(testing_util::http(s.port, "POST", "/reset_prefix_cache").status, 200)
+      << "serve's stderr:\n"
+      << s.drain_err();
   const testing_util::CliResult got = sub.get();
   EXPECT_EQ(got.exit_code, 0) << got.err;
   std::istringstream lines(got.out);

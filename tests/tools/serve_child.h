@@ -2,6 +2,7 @@
 // line on stderr, SIGTERM to stop (exit status), SIGKILL after 10 s.
 #pragma once
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,6 +49,18 @@ struct ServeChild {
     }
     port = std::stoi(m[1]);
     return true;
+  }
+  // What the child wrote to stderr since the ready line, without waiting (a failed request's
+  // diagnosis: a sanitizer report, an error).
+  std::string drain_err() {
+    if (err_fd < 0) return err;
+    const int flags = ::fcntl(err_fd, F_GETFL);
+    ::fcntl(err_fd, F_SETFL, flags | O_NONBLOCK);
+    char buf[4096];
+    for (ssize_t n; (n = ::read(err_fd, buf, sizeof buf)) > 0;)
+      err.append(buf, static_cast<size_t>(n));
+    ::fcntl(err_fd, F_SETFL, flags);
+    return err;
   }
   int stop() {  // exit status, or -1 when it had to be killed
     if (pid <= 0) return -1;
