@@ -35,6 +35,20 @@ constexpr size_t record_bytes(int32_t block_tokens, size_t payload_bytes) {
   return head_bytes(block_tokens) + payload_bytes + kChecksumBytes;
 }
 
+// A block's identity in a tier: its key and layer group (the key already folds the group in;
+// the group is kept apart so that a file name or an object key says it without rehashing).
+struct BlockId {
+  BlockKey key;
+  int32_t group = 0;
+  friend bool operator==(const BlockId&, const BlockId&) = default;
+};
+struct BlockIdHash {
+  size_t operator()(const BlockId& id) const {
+    return static_cast<size_t>(id.key.hi ^ (id.key.lo * 0x9e3779b97f4a7c15ull) ^
+                               static_cast<uint64_t>(static_cast<uint32_t>(id.group)));
+  }
+};
+
 // What a record says about itself (the payload's parts are written in order).
 struct Header {
   Digest128 fingerprint;

@@ -34,19 +34,8 @@ using block_record::kFixedHeaderBytes;
 constexpr std::string_view kSuffix = ".kvb";
 constexpr std::string_view kTempSuffix = ".tmp";
 
-// A block's identity in the tier (the key already folds the group in; the group is kept apart
-// so that a file name and the index say it without rehashing).
-struct BlockId {
-  BlockKey key;
-  int32_t group = 0;
-  friend bool operator==(const BlockId&, const BlockId&) = default;
-};
-struct BlockIdHash {
-  size_t operator()(const BlockId& id) const {
-    return static_cast<size_t>(id.key.hi ^ (id.key.lo * 0x9e3779b97f4a7c15ull) ^
-                               static_cast<uint64_t>(static_cast<uint32_t>(id.group)));
-  }
-};
+using block_record::BlockId;
+using block_record::BlockIdHash;
 
 // "<key hex>-g<group>.kvb": the key as Digest128::hex() spells a digest.
 std::string file_name(const BlockId& id) {

@@ -19,17 +19,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct BlockId {
-  BlockKey key;
-  int32_t group = 0;
-  friend bool operator==(const BlockId&, const BlockId&) = default;
-};
-struct BlockIdHash {
-  size_t operator()(const BlockId& id) const {
-    return static_cast<size_t>(id.key.hi ^ (id.key.lo * 0x9e3779b97f4a7c15ull) ^
-                               static_cast<uint64_t>(static_cast<uint32_t>(id.group)));
-  }
-};
+using block_record::BlockId;
+using block_record::BlockIdHash;
 
 // A bounded LRU set of block ids.
 class KnownKeys {
