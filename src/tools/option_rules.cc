@@ -409,6 +409,8 @@ const OptionRule kRules[] = {
     // events: the KV events subscriber, each option always in effect
     {kEvents, "--endpoint", nullptr},
     {kEvents, "--topic", nullptr},
+    {kEvents, "--replay", nullptr},
+    {kEvents, "--from-seq", nullptr},  // refused without --replay (cmd_events.cc)
     {kEvents, "--count", nullptr},
     {kEvents, "--timeout", nullptr},
     {kEvents, "--json", nullptr},

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <future>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -26,28 +25,30 @@ namespace {
 
 using nlohmann::json;
 
-// The events address `serve --kv-events tcp://127.0.0.1:*` bound, from its stderr.
-std::string events_endpoint(const std::string& err) {
+// The events and replay addresses `serve --kv-events tcp://127.0.0.1:*` bound, from its stderr.
+std::string events_endpoint(const std::string& err, const char* what = "kv events on") {
   std::smatch e;
-  return std::regex_search(err, e, std::regex("kv events on (tcp://127\\.0\\.0\\.1:[0-9]+)"))
+  return std::regex_search(err, e,
+                           std::regex(std::string(what) + " (tcp://127\\.0\\.0\\.1:[0-9]+)"))
              ? std::string(e[1])
              : std::string();
 }
 
+// The subscriber runs after the request: ZeroMQ's PUB drops what is published before a
+// subscription arrives, so the events come from the replay socket (as a router that starts
+// late, or reconnects, gets them), which makes the test independent of timing.
 TEST(CliEvents, SubscriberPrintsTheServersEventsAsJsonLines) {
   const testing_util::ScratchDir scratch("cli_events");
   testing_util::ServeChild s;
   ASSERT_TRUE(s.start(scratch.str(),
                       {"serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len", "256",
-                       "--kv-events", "tcp://127.0.0.1:*", "--kv-events-topic", "kv"}))
+                       "--kv-events", "tcp://127.0.0.1:*", "--kv-events-topic", "kv",
+                       "--kv-events-replay", "tcp://127.0.0.1:*"}))
       << s.err;
   const std::string events = events_endpoint(s.err);
+  const std::string replay = events_endpoint(s.err, "replay on");
   ASSERT_FALSE(events.empty()) << s.err;
-  auto sub = std::async(std::launch::async, [&] {
-    return testing_util::run_cli("events --endpoint " + events +
-                                 " --topic kv --count 2 --json --timeout 10");
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // the subscriber connects
+  ASSERT_FALSE(replay.empty()) << s.err;
   std::string prompt = "[1";
   for (int i = 1; i < 40; ++i) prompt += ", " + std::to_string(100 + 37 * i % 20000);
   prompt += "]";  // 40 tokens: 2 full blocks of 16
@@ -58,8 +59,15 @@ TEST(CliEvents, SubscriberPrintsTheServersEventsAsJsonLines) {
   ASSERT_EQ(testing_util::http(s.port, "POST", "/reset_prefix_cache").status, 200)
       << "serve's stderr:\n"
       << s.drain_err();
-  const testing_util::CliResult got = sub.get();
-  EXPECT_EQ(got.exit_code, 0) << got.err;
+  // The publisher thread sends within its flush interval; the metric says when it has.
+  for (int i = 0; i < 100; ++i) {
+    if (testing_util::http(s.port, "GET", "/metrics")
+            .body.find("kvcache_kv_events_published_total 3") != std::string::npos)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const testing_util::CliResult got = testing_util::run_cli(
+      "events --endpoint " + events + " --replay " + replay + " --topic kv --count 2 --json");
   std::istringstream lines(got.out);
   std::vector<json> ev;
   for (std::string line; std::getline(lines, line);) ev.push_back(json::parse(line));
@@ -81,6 +89,18 @@ TEST(CliEvents, SubscriberPrintsTheServersEventsAsJsonLines) {
   }
   const std::string metrics = testing_util::http(s.port, "GET", "/metrics").body;
   EXPECT_NE(metrics.find("kvcache_kv_events_published_total 3"), std::string::npos) << metrics;
+  // --from-seq: from the second batch on, so the first line is what the second line was above.
+  const testing_util::CliResult from1 = testing_util::run_cli(
+      "events --endpoint " + events + " --replay " + replay + " --from-seq 1 --count 1 --json");
+  EXPECT_EQ(from1.exit_code, 0) << from1.err;
+  ASSERT_FALSE(from1.out.empty()) << from1.err;
+  const json first = json::parse(from1.out.substr(0, from1.out.find('\n')));
+  EXPECT_GE(first["seq"], 1) << first;
+  for (const json& e : ev)
+    if (e["seq"] >= 1) {
+      EXPECT_EQ(first, e);
+      break;
+    }
   EXPECT_EQ(s.stop(), 0);
 }
 
@@ -98,6 +118,10 @@ TEST(CliEvents, BadEndpointsAreExit2) {
   const testing_util::CliResult e = testing_util::run_cli("events --endpoint localhost:5557");
   EXPECT_EQ(e.exit_code, 2);
   EXPECT_NE(e.err.find("--endpoint"), std::string::npos) << e.err;
+  const testing_util::CliResult f =
+      testing_util::run_cli("events --endpoint tcp://127.0.0.1:1 --from-seq 3");
+  EXPECT_EQ(f.exit_code, 2);
+  EXPECT_NE(f.err.find("--replay"), std::string::npos) << f.err;
   for (const char* args : {"--kv-events 127.0.0.1:5557", "--kv-events tcp://127.0.0.1:99999",
                            "--kv-events-replay tcp://127.0.0.1:5558",
                            "--kv-events tcp://127.0.0.1:* --kv-events-replay ipc://"}) {
