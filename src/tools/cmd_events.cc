@@ -11,9 +11,9 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
-#include <vector>
 #include <stdexcept>
 #include <string>
+#include <vector>
 #include <zmq.hpp>
 
 #include "core/error.h"
@@ -82,8 +82,7 @@ class Printer {
     }
     if (started_ && seq > next_)
       std::fprintf(stderr, "kvcache events: batches #%llu..#%llu were missed%s\n",
-                   static_cast<unsigned long long>(next_),
-                   static_cast<unsigned long long>(seq - 1),
+                   static_cast<unsigned long long>(next_), static_cast<unsigned long long>(seq - 1),
                    o_.replay.empty() ? " (--replay ENDPOINT asks the publisher for them)"
                                      : " (no longer in the publisher's replay buffer)");
     started_ = true;
@@ -186,8 +185,7 @@ void run_events(const EventsOptions& o) {
     }
     const uint64_t seq = read_be64(frames[1]);
     if (replay && seq > (out.started() ? out.next() : static_cast<uint64_t>(o.from_seq)))
-      replay_from(*replay, out.started() ? out.next() : static_cast<uint64_t>(o.from_seq), out,
-                  o);
+      replay_from(*replay, out.started() ? out.next() : static_cast<uint64_t>(o.from_seq), out, o);
     if (!out.done()) out.batch(seq, frames[2]);
   }
   if (out.malformed_count() > 0)

@@ -40,10 +40,10 @@ std::string events_endpoint(const std::string& err, const char* what = "kv event
 TEST(CliEvents, SubscriberPrintsTheServersEventsAsJsonLines) {
   const testing_util::ScratchDir scratch("cli_events");
   testing_util::ServeChild s;
-  ASSERT_TRUE(s.start(scratch.str(),
-                      {"serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len", "256",
-                       "--kv-events", "tcp://127.0.0.1:*", "--kv-events-topic", "kv",
-                       "--kv-events-replay", "tcp://127.0.0.1:*"}))
+  ASSERT_TRUE(s.start(
+      scratch.str(),
+      {"serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len", "256", "--kv-events",
+       "tcp://127.0.0.1:*", "--kv-events-topic", "kv", "--kv-events-replay", "tcp://127.0.0.1:*"}))
       << s.err;
   const std::string events = events_endpoint(s.err);
   const std::string replay = events_endpoint(s.err, "replay on");
