@@ -14,12 +14,15 @@
 namespace kvcache {
 
 namespace {
+// Block sizes and ggml type ids: ggml-common.h / ggml.h (block_q4_0 = f16 d + 16 bytes, ...).
 constexpr DTypeInfo kInfos[] = {
-    {"f32", 1, 4, true},
-    {"f16", 1, 2, true},
-    {"bf16", 1, 2, true},
-    {"q8_0", 32, 34, false},
+    {"f32", 1, 4, true, 0},        {"f16", 1, 2, true, 1},        {"bf16", 1, 2, true, 30},
+    {"q8_0", 32, 34, false, 8},    {"q4_0", 32, 18, false, 2},    {"q4_1", 32, 20, false, 3},
+    {"q5_0", 32, 22, false, 6},    {"q5_1", 32, 24, false, 7},    {"iq4_nl", 32, 18, false, 20},
+    {"q2_K", 256, 84, false, 10},  {"q3_K", 256, 110, false, 11}, {"q4_K", 256, 144, false, 12},
+    {"q5_K", 256, 176, false, 13}, {"q6_K", 256, 210, false, 14},
 };
+static_assert(std::size(kInfos) == kDTypeCount, "one DTypeInfo per DType");
 }  // namespace
 
 const DTypeInfo& dtype_info(DType t) {
@@ -44,11 +47,16 @@ DType parse_dtype(std::string_view name) {
   std::string lower(name);
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::string names;
   for (size_t i = 0; i < std::size(kInfos); ++i) {
-    if (lower == kInfos[i].name) return static_cast<DType>(i);
+    std::string n = kInfos[i].name;
+    std::transform(n.begin(), n.end(), n.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (lower == n) return static_cast<DType>(i);
+    names += (i == 0 ? "" : ", ") + std::string(kInfos[i].name);
   }
   throw Error(ErrorKind::kInvalidArgument,
-              "unknown dtype '" + std::string(name) + "': expected one of f32, f16, bf16, q8_0");
+              "unknown dtype '" + std::string(name) + "': expected one of " + names);
 }
 
 f16_t f32_to_f16(float f) {

@@ -1,5 +1,5 @@
 // Element types of tensors and caches, and exact conversions between them.
-// Float types are per-element; block types (q8_0 and the KV quantizers to come) store
+// Float types are per-element; block types (q8_0 and the GGUF weight quants) store
 // `block_elems` elements in `block_bytes` bytes, so a row's size is computed per block.
 #pragma once
 
@@ -16,13 +16,27 @@ enum class DType : uint8_t {
   kF16,
   kBF16,
   kQ8_0,  // llama.cpp's q8_0: blocks of 32 int8 with one f16 scale (34 bytes)
+  // GGUF weight types (ggml-common.h's block layouts; kernels/quant_types.h): blocks of 32
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kIQ4_NL,
+  // k-quants: super-blocks of 256
+  kQ2_K,
+  kQ3_K,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
 };
+inline constexpr int kDTypeCount = static_cast<int>(DType::kQ6_K) + 1;
 
 struct DTypeInfo {
   const char* name;
   int64_t block_elems;  // elements per block (1 for float types)
   int64_t block_bytes;  // bytes per block
   bool is_float;        // element-addressable float type
+  uint32_t ggml_type;   // ggml.h's enum ggml_type id (GGUF tensor type)
 };
 
 const DTypeInfo& dtype_info(DType t);
@@ -36,7 +50,8 @@ inline bool dtype_is_float(DType t) {
 size_t dtype_bytes(DType t, int64_t n);
 // Element size for float types; aborts for block types (their elements have no own address).
 size_t dtype_elem_size(DType t);
-// Parses "f32", "f16", "bf16", "q8_0" (case-insensitive); throws Error naming the choices.
+// Parses a dtype name ("f32", "f16", "bf16", "q8_0", "q4_0", ..., "q4_K", ..., "iq4_nl";
+// case-insensitive); throws Error naming the choices.
 DType parse_dtype(std::string_view name);
 
 // ---- scalar conversions (round to nearest, ties to even; NaN stays NaN, quieted) ----

@@ -428,8 +428,8 @@ void gemm_packed(std::span<const MatmulParams> group, ThreadPool* pool) {
   for (const MatmulParams& g : group) {
     KV_CHECK(g.x == p.x && g.ldx == p.ldx && g.m == p.m && g.k == p.k,
              "gemm_packed: a group must share x");
-    KV_CHECK(g.w_dtype != DType::kQ8_0 || g.k % 32 == 0,
-             "q8_0 row length must be a multiple of 32");
+    KV_CHECK(g.k % dtype_info(g.w_dtype).block_elems == 0,
+             "gemm_packed: the row length must be whole blocks of the weight type");
   }
   // x is packed once per call, shared by every product and task (the caller's buffer: the
   // pool's workers only read it while the caller waits in parallel_for).

@@ -11,6 +11,7 @@
 #include "core/prefetch.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm_packed.h"
+#include "kernels/quant_types.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -219,7 +220,8 @@ void validate(const MatmulParams& p) {
   KV_CHECK(p.x != nullptr && p.w != nullptr && p.y != nullptr, "matmul: null pointer");
   KV_CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0, "matmul: negative size");
   KV_CHECK(p.ldx >= p.k && p.ldy >= p.n, "matmul: row stride smaller than the row");
-  if (p.w_dtype == DType::kQ8_0) KV_CHECK(p.k % 32 == 0, "matmul: q8_0 needs k % 32 == 0");
+  KV_CHECK(p.k % dtype_info(p.w_dtype).block_elems == 0,
+           "matmul: the row length must be whole blocks of the weight type");
 }
 
 int g_blas_threads = -1;
@@ -263,6 +265,13 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
         KV_CHECK(false, "gemv_tile: q8_0 tiles hold one W row");
       }
       break;
+    default:  // the GGUF block types (kernels/quant_types.h): their fused dot, row by row
+      if constexpr (NW == 1) {
+        for (int ii = 0; ii < R; ++ii) s[0][ii] = dot_row(w, p.w_dtype, x + ii * p.ldx, p.k);
+      } else {
+        KV_CHECK(false, "gemv_tile: block-type tiles hold one W row");
+      }
+      break;
   }
   for (int v = 0; v < NW; ++v) {
     const float b = p.bias != nullptr ? p.bias[r + v] : 0.0f;
@@ -298,7 +307,7 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
   const size_t rb = row_bytes(p.w_dtype, p.k);
   const auto* w = static_cast<const std::byte*>(p.w);
 #ifdef KVCACHE_MATMUL_AVX2
-  if (p.m == 1 && p.w_dtype != DType::kQ8_0) {
+  if (p.m == 1 && dtype_is_float(p.w_dtype)) {
     // One x row is bound by streaming W. Two rows per tile, prefetching the contiguous W
     // kGemvPrefetchBytes ahead one line per step: one row per chain is bound by the FMA
     // latency, and taller tiles read more rows side by side.
@@ -314,7 +323,7 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
     return;
   }
   if (p.m > 1) {
-    const int nw = p.w_dtype == DType::kQ8_0 ? 1 : kTileW;
+    const int nw = dtype_is_float(p.w_dtype) ? kTileW : 1;
     // A block of W rows (kGemvBlockBytes, meant to stay in L2) meets each group of kTileRows
     // x rows in turn, so W comes from memory once per call whatever M.
     const int64_t block = std::max<int64_t>(
@@ -399,9 +408,12 @@ float dot_row(const void* w_row, DType t, const float* x, int64_t k) {
       return dot_bf16(static_cast<const bf16_t*>(w_row), x, k);
     case DType::kQ8_0:
       return dot_q8_0(static_cast<const BlockQ8_0*>(w_row), x, k);
+    default:
+      break;
   }
-  KV_CHECK(false, "dot_row: unknown dtype");
-  return 0.0f;
+  const QuantKernels* q = quant_kernels(t);
+  KV_CHECK(q != nullptr && q->dot != nullptr, "dot_row: no kernel for this weight type");
+  return q->dot(w_row, x, k / dtype_info(t).block_elems);
 }
 
 void dequantize_row(const void* src, DType t, float* dst, int64_t k) {
@@ -424,8 +436,14 @@ void dequantize_row(const void* src, DType t, float* dst, int64_t k) {
       }
       return;
     }
+    default:
+      break;
   }
-  KV_CHECK(false, "dequantize_row: unknown dtype");
+  const QuantKernels* q = quant_kernels(t);
+  KV_CHECK(q != nullptr && q->dequantize != nullptr,
+           "dequantize_row: no kernel for this weight type");
+  KV_CHECK(k % dtype_info(t).block_elems == 0, "dequantize_row: k must be whole blocks");
+  q->dequantize(src, dst, k / dtype_info(t).block_elems);
 }
 
 void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t k) {

@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
+#include "kernels/quant_types.h"
 #include "model/gguf.h"
 #include "model/hf_config.h"
 #include "model/safetensors.h"
@@ -50,6 +51,8 @@ Tensor random_matrix(int64_t rows, int64_t cols, DType dtype, uint64_t seed, flo
     void* dst = static_cast<std::byte*>(t.data()) + static_cast<size_t>(r) * rb;
     if (dtype == DType::kQ8_0) {
       quantize_row_q8_0(row.data(), static_cast<BlockQ8_0*>(dst), cols);
+    } else if (!dtype_is_float(dtype)) {
+      quant_kernels(dtype)->quantize_ref(row.data(), dst, cols / dtype_info(dtype).block_elems);
     } else {
       convert_n(row.data(), DType::kF32, dst, dtype, static_cast<size_t>(cols));
     }
@@ -333,9 +336,16 @@ std::string build_dummy_model(const DummyModelOptions& o) {
 std::string build_dummy_gguf(const DummyModelOptions& o) {
   const ModelConfig c = dummy_preset(o.preset);
   const DType wt = o.weight_dtype;
-  if (wt == DType::kQ8_0 && (c.dim % 32 != 0 || c.hidden_dim % 32 != 0)) {
+  if (const int64_t be = dtype_info(wt).block_elems;
+      be > 1 && (c.dim % be != 0 || c.hidden_dim % be != 0)) {
+    throw Error(ErrorKind::kUnsupported, "dummy:" + o.preset + ": " + dtype_name(wt) +
+                                             " needs dims that are multiples of " +
+                                             std::to_string(be));
+  }
+  if (!dtype_is_float(wt) && wt != DType::kQ8_0 &&
+      (quant_kernels(wt) == nullptr || quant_kernels(wt)->quantize_ref == nullptr)) {
     throw Error(ErrorKind::kUnsupported,
-                "dummy:" + o.preset + ": q8_0 needs dims that are multiples of 32");
+                "dummy:" + o.preset + ": no quantizer for " + dtype_name(wt) + " weights");
   }
   const std::string dir = o.cache_dir.empty() ? default_cache_dir() : o.cache_dir;
   std::error_code ec;

@@ -5,8 +5,10 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 
 #include "core/error.h"
+#include "kernels/quant_types.h"
 
 namespace kvcache {
 
@@ -203,63 +205,64 @@ GgufValue read_value(Reader& r, GgufType t, const std::string& path, const std::
   return v;
 }
 
-// Bytes of a tensor of a supported ggml type; 0 (unknown) for others.
+// The DType of a ggml type id, if kvcache has one (core/dtype.cc's table).
+std::optional<DType> ggml_dtype(uint32_t t) {
+  for (int i = 0; i < kDTypeCount; ++i)
+    if (dtype_info(static_cast<DType>(i)).ggml_type == t) return static_cast<DType>(i);
+  return std::nullopt;
+}
+
+// Bytes of a tensor of a known ggml type; 0 (unknown) for others. *ok false when its rows are
+// not whole blocks, or the size overflows.
 uint64_t tensor_bytes(uint32_t type, const std::vector<uint64_t>& ne, bool* ok) {
   *ok = true;
   uint64_t n = 1;
   for (uint64_t d : ne) {
-    if (d != 0 && n > std::numeric_limits<uint64_t>::max() / 64 / d) {
+    if (d != 0 && n > std::numeric_limits<uint64_t>::max() / 256 / d) {
       *ok = false;
       return 0;
     }
     n *= d;
   }
-  switch (type) {
-    case kGgmlF32:
-      return n * 4;
-    case kGgmlF16:
-    case kGgmlBF16:
-      return n * 2;
-    case kGgmlQ8_0:
-      if (!ne.empty() && ne[0] % 32 != 0) {
-        *ok = false;
-        return 0;
-      }
-      return n / 32 * 34;
-    default:
-      return 0;
+  const std::optional<DType> dt = ggml_dtype(type);
+  if (!dt) return 0;
+  const DTypeInfo& info = dtype_info(*dt);
+  if (!ne.empty() && ne[0] % static_cast<uint64_t>(info.block_elems) != 0) {
+    *ok = false;
+    return 0;
   }
+  return n / static_cast<uint64_t>(info.block_elems) * static_cast<uint64_t>(info.block_bytes);
 }
 
 DType ggml_to_dtype(uint32_t t) {
-  switch (t) {
-    case kGgmlF32:
-      return DType::kF32;
-    case kGgmlF16:
-      return DType::kF16;
-    case kGgmlBF16:
-      return DType::kBF16;
-    default:
-      return DType::kQ8_0;
-  }
+  const std::optional<DType> dt = ggml_dtype(t);
+  KV_CHECK(dt.has_value(), "ggml_to_dtype: unknown ggml type");
+  return *dt;
 }
 
 uint32_t dtype_to_ggml(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return kGgmlF32;
-    case DType::kF16:
-      return kGgmlF16;
-    case DType::kBF16:
-      return kGgmlBF16;
-    case DType::kQ8_0:
-      return kGgmlQ8_0;
-  }
-  return kGgmlF32;
+  return dtype_info(t).ggml_type;
+}
+
+// A type whose tensors kvcache reads: the float types, q8_0, and the block types whose
+// kernels exist (kernels/quant_types.h).
+bool dtype_supported(DType t) {
+  if (dtype_is_float(t) || t == DType::kQ8_0) return true;
+  const QuantKernels* q = quant_kernels(t);
+  return q != nullptr && q->dot != nullptr && q->dequantize != nullptr;
 }
 
 bool is_supported(uint32_t t) {
-  return t == kGgmlF32 || t == kGgmlF16 || t == kGgmlBF16 || t == kGgmlQ8_0;
+  const std::optional<DType> dt = ggml_dtype(t);
+  return dt && dtype_supported(*dt);
+}
+
+std::string supported_type_names() {
+  std::string names;
+  for (int i = 0; i < kDTypeCount; ++i)
+    if (dtype_supported(static_cast<DType>(i)))
+      names += (names.empty() ? "" : ", ") + std::string(dtype_name(static_cast<DType>(i)));
+  return names;
 }
 
 }  // namespace
@@ -427,7 +430,8 @@ void GgufFile::parse() {
     info.size_bytes = tensor_bytes(info.ggml_type, info.ne, &ok);
     if (!ok) {
       fail(path, what + " of type " + ggml_type_name(info.ggml_type) +
-                     " has a shape that does not fit the type (q8_0 rows must be multiples of 32)");
+                     " has a shape that does not fit the type (its rows must be whole blocks: 32 "
+                     "elements for q8_0 and q4_0..iq4_nl, 256 for the k-quants)");
     }
     if (info.offset % alignment_ != 0) {
       fail(path, what + " data offset " + std::to_string(info.offset) +
@@ -527,8 +531,9 @@ TensorView GgufFile::tensor_view(const GgufTensorInfo& info) const {
   if (!is_supported(info.ggml_type)) {
     throw Error(ErrorKind::kUnsupported, path() + ": tensor '" + info.name + "' has type " +
                                              ggml_type_name(info.ggml_type) +
-                                             "; supported: f32, f16, bf16, q8_0 (re-quantize the "
-                                             "model, e.g. llama-quantize ... q8_0)");
+                                             "; supported: " + supported_type_names() +
+                                             " (re-quantize the model, e.g. llama-quantize ... "
+                                             "Q4_K_M)");
   }
   Shape shape;
   shape.ndim = info.ne.empty() ? 1 : static_cast<int>(info.ne.size());

@@ -281,8 +281,10 @@ void ModelFile::validate_weights() const {
       bad(path_, "tensor '" + w.name + "' has type " + dtype_name(t.dtype()) +
                      "; norms, biases and sinks must be f32/f16/bf16");
     }
-    if (w.matrix && t.dtype() == DType::kQ8_0 && t.shape().dims[t.ndim() - 1] % 32 != 0) {
-      bad(path_, "tensor '" + w.name + "' is q8_0 with a row length not a multiple of 32");
+    if (const int64_t be = dtype_info(t.dtype()).block_elems;
+        w.matrix && be > 1 && t.shape().dims[t.ndim() - 1] % be != 0) {
+      bad(path_, "tensor '" + w.name + "' is " + dtype_name(t.dtype()) +
+                     " with a row length not a multiple of its block (" + std::to_string(be) + ")");
     }
     if (!t.is_contiguous()) bad(path_, "tensor '" + w.name + "' is not contiguous");
   }

@@ -8,9 +8,11 @@ namespace kvcache {
 
 TensorView Weights::matrix(const std::string& name) const {
   const TensorView& t = file_.tensor(name);
-  if (t.ndim() >= 2 && t.dtype() == DType::kQ8_0 && t.dim(t.ndim() - 1) % 32 != 0) {
-    throw Error(ErrorKind::kFormat, file_.path() + ": tensor '" + name +
-                                        "' is q8_0 with a row length not a multiple of 32");
+  const int64_t be = dtype_info(t.dtype()).block_elems;
+  if (t.ndim() >= 2 && be > 1 && t.dim(t.ndim() - 1) % be != 0) {
+    throw Error(ErrorKind::kFormat, file_.path() + ": tensor '" + name + "' is " +
+                                        dtype_name(t.dtype()) + " with a row length not a " +
+                                        "multiple of its block (" + std::to_string(be) + ")");
   }
   return t;
 }

@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/matmul.h"
+#include "kernels/quant_types.h"
 
 namespace kvcache::testing_util {
 
@@ -46,6 +47,12 @@ inline std::vector<std::byte> make_weights(const std::vector<float>& w, DType t,
       case DType::kQ8_0:
         quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k);
         break;
+      default: {  // the GGUF block types: their quantize_ref (kernels/quant_types.h)
+        const QuantKernels* q = quant_kernels(t);
+        KV_CHECK(q != nullptr && q->quantize_ref != nullptr, "make_weights: no quantizer");
+        q->quantize_ref(src, dst, k / dtype_info(t).block_elems);
+        break;
+      }
     }
   }
   return out;

@@ -269,21 +269,22 @@ TEST_F(GgufBadFiles, UnsupportedDtypeNamesTensorAndType) {
   auto g = GgufFile::open(good_);
   const GgufTensorInfo& last = g->tensor_infos().back();
   std::string b = bytes_;
-  // type field precedes the offset field: patch f16 (1) -> q4_K (12).
+  // type field precedes the offset field: patch f16 (1) -> iq2_xxs (16), which kvcache has no
+  // kernels for.
   const uint64_t off = last.offset;
   size_t pos = b.rfind(std::string(reinterpret_cast<const char*>(&off), 8), g->data_offset());
   ASSERT_NE(pos, std::string::npos);
-  const uint32_t q4k = 12;
-  std::memcpy(b.data() + pos - 4, &q4k, 4);
+  const uint32_t iq2 = 16;
+  std::memcpy(b.data() + pos - 4, &iq2, 4);
   write_file(bad_, b);
   auto g2 = GgufFile::open(bad_);  // metadata stays readable
-  EXPECT_EQ(g2->find_tensor("output.weight")->ggml_type, 12u);
+  EXPECT_EQ(g2->find_tensor("output.weight")->ggml_type, 16u);
   try {
     load_gguf_model(bad_);
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
-    for (const char* n : {"output.weight", "q4_K"})
+    for (const char* n : {"output.weight", "iq2_xxs"})
       EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
   }
 }
