@@ -60,12 +60,16 @@ Tensor random_matrix(int64_t rows, int64_t cols, DType dtype, uint64_t seed, flo
   return t;
 }
 
-std::string default_cache_dir() {
+}  // namespace
+
+std::string default_model_cache_dir() {
   if (const char* d = std::getenv("KVCACHE_CACHE_DIR"); d && *d) return d;
   if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/kvcache";
   if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/kvcache";
   return (fs::temp_directory_path() / "kvcache").string();
 }
+
+namespace {
 
 // Presets of the other families are config.json texts (real transformers field names), parsed
 // by the same parse_hf_config a downloaded model goes through. Small windows and strong
@@ -242,7 +246,7 @@ std::string build_dummy_hf(const DummyModelOptions& o) {
     throw Error(ErrorKind::kUnsupported,
                 "dummy:" + o.preset + ": safetensors weights are f32, f16 or bf16");
   }
-  const std::string dir = o.cache_dir.empty() ? default_cache_dir() : o.cache_dir;
+  const std::string dir = o.cache_dir.empty() ? default_model_cache_dir() : o.cache_dir;
   const std::string path =
       dir + "/dummy-" + o.preset + "-" + dtype_name(wt) + "-s" + std::to_string(o.seed);
   std::error_code ec;
@@ -347,7 +351,7 @@ std::string build_dummy_gguf(const DummyModelOptions& o) {
     throw Error(ErrorKind::kUnsupported,
                 "dummy:" + o.preset + ": no quantizer for " + dtype_name(wt) + " weights");
   }
-  const std::string dir = o.cache_dir.empty() ? default_cache_dir() : o.cache_dir;
+  const std::string dir = o.cache_dir.empty() ? default_model_cache_dir() : o.cache_dir;
   std::error_code ec;
   fs::create_directories(dir, ec);
   const bool with_vocab = !o.vocab_gguf.empty();

@@ -27,6 +27,10 @@ struct DummyModelOptions {
                            // $XDG_CACHE_HOME/kvcache, ~/.cache/kvcache
 };
 
+// Where generated and built-in models are written: $KVCACHE_CACHE_DIR, else
+// $XDG_CACHE_HOME/kvcache, else ~/.cache/kvcache, else the temp folder's kvcache.
+std::string default_model_cache_dir();
+
 std::vector<std::string> dummy_preset_names();
 // The preset's config; throws Error naming the known presets.
 ModelConfig dummy_preset(const std::string& name);

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 
 #include "core/error.h"
@@ -13,6 +14,7 @@
 #include "model/llama2c.h"
 #include "model/model_file.h"
 #include "model/tokenizer_llama2c.h"
+#include "runtime/builtin_model.h"
 
 namespace kvcache {
 
@@ -98,6 +100,9 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
     d.vocab_gguf = options.dummy_vocab;
     d.cache_dir = options.dummy_cache_dir;
     path = build_dummy_model(d);
+  } else if (std::error_code e; !fs::exists(spec, e)) {
+    // A built-in model by name ("stories260K"), unless a file of that name is here.
+    if (const std::optional<std::string> builtin = builtin_model_path(spec)) path = *builtin;
   }
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(ErrorKind::kIo, path + ": no such file or directory");

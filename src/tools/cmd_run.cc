@@ -25,6 +25,9 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "kernels/attention_quant.h"
+#include "runtime/generate.h"
+#include "runtime/model_loader.h"
+#include "runtime/session.h"
 #include "tools/commands.h"
 #include "tools/model_table.h"
 #include "tools/option_rules.h"
@@ -100,6 +103,39 @@ KVSpan feed(const RunOptions& o, const Stream& s, Step&& step) {
     pos += n;
   }
   return last;
+}
+
+// A greedy story from the model, when it has a vocabulary: what a real model does with the
+// cache before the tables measure it.
+void print_story(const std::string& spec) {
+  const LoadedModel lm = load_model(spec, LoadOptions{});
+  if (lm.tokenizer == nullptr) return;
+  const Tokenizer& tok = *lm.tokenizer;
+  const std::string text = "Once upon a time";
+  std::vector<int32_t> prompt;
+  if (lm.add_bos) prompt.push_back(tok.bos_id() >= 0 ? tok.bos_id() : 1);
+  for (int32_t id : tok.encode(text)) prompt.push_back(id);
+  SessionConfig sc;
+  sc.cache.implementation = "dynamic";
+  Session session(*lm.model, sc);
+  GenerateParams gp;
+  gp.max_new_tokens = 120;
+  gp.sampler.temperature = 0.0f;
+  if (tok.eos_id() >= 0) gp.stop_ids.push_back(tok.eos_id());
+  if (tok.bos_id() >= 0) gp.stop_ids.push_back(tok.bos_id());
+  fmt::print("kvcache run --model {}: greedy, {} new tokens at most, dynamic cache\n\n  {}", spec,
+             gp.max_new_tokens, text);
+  int32_t prev = prompt.back();
+  const GenerateStats st = generate(session, prompt, gp, [&](int32_t id) {
+    std::string p = tok.piece_after(prev, id);
+    for (size_t at = 0; (at = p.find('\n', at)) != std::string::npos; at += 3)
+      p.insert(at + 1, "  ");
+    fmt::print("{}", p);
+    std::fflush(stdout);
+    prev = id;
+  });
+  fmt::print("\n\n  {} prompt + {} new tokens, decode {:.0f} tok/s, KV cache {} bytes\n\n",
+             st.prompt_tokens, st.new_tokens, st.decode_tps(), st.kv_bytes);
 }
 
 CacheConfig base_config(const RunOptions& o) {
@@ -282,13 +318,17 @@ void register_run(CLI::App& app) {
   // The model table (runtime/container_report.h) comes first: the default dummy model, or
   // --model FILE; --model none skips it.
   auto model = std::make_shared<ModelTableOptions>();
-  model->model = "dummy:tiny";
+  model->model = "stories260K";
   cmd->add_option("--model", model->model,
-                  "model for the per-container table (file, folder, dummy:NAME, none)")
+                  "model for the story and the per-container table (stories260K: built in; a "
+                  "file, folder, dummy:NAME, or none)")
       ->capture_default_str();
   cmd->callback([cmd, opts, model] {
     check_options(*cmd, RunShape{});  // every option takes effect
-    if (model->model != "none") print_model_table(*model);
+    if (model->model != "none") {
+      print_story(model->model);
+      print_model_table(*model);
+    }
     run_demo(*opts);
   });
 }
