@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "model/hf_config.h"
 #include "model/kv_plan.h"
 #include "model/model_file.h"
+#include "model/safetensors.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
 #include "scratch_dir.h"
@@ -298,6 +300,49 @@ TEST(FamilyConfig, TransformersDefaults) {
   EXPECT_FLOAT_EQ(n.query_scale, 1.0f);
   EXPECT_FALSE(n.norm_add_one);
   EXPECT_EQ(n.num_kv_shared_layers, 4);
+}
+
+// Gemma3ForConditionalGeneration: config.json wraps the text decoder's in text_config and the
+// Hub checkpoints name its tensors language_model.model.* beside the vision tower's; the text
+// part runs exactly as the same weights under Gemma3ForCausalLM's names.
+TEST(Gemma3Multimodal, ConditionalGenerationCheckpointRunsItsTextDecoder) {
+  DummyModelOptions o;
+  o.preset = "gemma3-tiny";
+  o.weight_dtype = DType::kF32;
+  o.seed = 6;
+  o.cache_dir = temp_dir();
+  const std::string folder = build_dummy_model(o);
+  const Model text(open_model_file(folder));
+  const auto st = SafetensorsFile::open(folder + "/model.safetensors");
+  std::vector<std::pair<std::string, TensorView>> renamed;
+  for (const auto& [name, view] : st->tensors()) {
+    ASSERT_TRUE(name.starts_with("model."));
+    renamed.push_back({"language_model." + name, view});
+  }
+  std::vector<float> tower(16, 0.5f);
+  renamed.push_back({"vision_tower.vision_model.post_layernorm.weight",
+                     TensorView(tower.data(), DType::kF32, {16})});
+  const std::string mm = temp_dir() + "/gemma3-multimodal";
+  fs::create_directories(mm);
+  write_safetensors(mm + "/model.safetensors", renamed, {{"format", "pt"}});
+  {
+    std::ofstream(mm + "/config.json")
+        << R"({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+               "text_config": )"
+        << dummy_preset_config_json("gemma3-tiny") << "}";
+  }
+  const Model wrapped(open_model_file(mm));
+  EXPECT_EQ(wrapped.config().architecture, "gemma3");
+  const std::vector<int32_t> ids = prompt(12, static_cast<int32_t>(text.config().vocab_size));
+  Forward a(text, "eager", 16), b(wrapped, "eager", 16);
+  ForwardParams p;
+  p.tokens = ids.data();
+  p.n_tokens = static_cast<int64_t>(ids.size());
+  p.logits = LogitsMode::kAll;
+  const std::span<const float> la = a.forward(p);
+  const std::vector<float> want(la.begin(), la.end());
+  const std::span<const float> lb = b.forward(p);
+  EXPECT_EQ(want, std::vector<float>(lb.begin(), lb.end()));
 }
 
 // Qwen3Config, Phi3Config and Gemma3TextConfig defaults and the keys each family reads.
