@@ -10,8 +10,9 @@
 namespace kvcache::testing_util {
 
 inline const std::vector<std::string>& family_presets() {
-  static const std::vector<std::string> presets = {"gemma2-tiny", "gptoss-tiny", "mla-tiny",
-                                                   "deepseek-v2-tiny", "gemma3n-tiny"};
+  static const std::vector<std::string> presets = {"gemma2-tiny",      "gptoss-tiny",  "mla-tiny",
+                                                   "deepseek-v2-tiny", "gemma3n-tiny", "qwen3-tiny",
+                                                   "phi3-tiny",        "gemma3-tiny"};
   return presets;
 }
 

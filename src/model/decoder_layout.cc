@@ -48,7 +48,7 @@ constexpr Family kFamilies[] = {
     {"mistral", "MistralForCausalLM", TypesRule::kGeneric, 4096},
     {"qwen2", "Qwen2ForCausalLM", TypesRule::kMaxWindowLayers, 4096},
     {"qwen2_moe", "Qwen2MoeForCausalLM", TypesRule::kMaxWindowLayers, 4096},
-    {"qwen3", "Qwen3ForCausalLM", TypesRule::kMaxWindowLayers, 4096},
+    {"qwen3", "Qwen3ForCausalLM", TypesRule::kMaxWindowLayers, 4096, 0, 128},
     {"qwen3_moe", "Qwen3MoeForCausalLM", TypesRule::kMaxWindowLayers, 4096},
     {"qwen3_next", "Qwen3NextForCausalLM", TypesRule::kFullInterval, 0, 0, 256},
     {"gemma2", "Gemma2ForCausalLM", TypesRule::kAlternate, 4096, 0, 256},

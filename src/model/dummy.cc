@@ -190,6 +190,40 @@ const char* hf_preset_json(const std::string& name) {
       "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
       "compress_rope_theta": 160000.0, "tie_word_embeddings": false, "bos_token_id": 2, "eos_token_id": 1})";
   }
+  if (name == "qwen3-tiny") {
+    // Qwen3ForCausalLM: q/k norms, head_dim 24 != hidden / heads (64 / 4), GQA 4 over 2, the
+    // last two of four layers sliding (use_sliding_window, max_window_layers 2, window 8), tied.
+    return R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+      "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 24, "intermediate_size": 96, "vocab_size": 512, "max_position_embeddings": 256,
+      "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": false,
+      "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 2,
+      "hidden_act": "silu", "tie_word_embeddings": true, "bos_token_id": 2, "eos_token_id": 1})";
+  }
+  if (name == "phi3-tiny") {
+    // Phi3ForCausalLM: fused qkv_proj (4 query heads over 2 KV heads) and gate_up_proj, RoPE on
+    // half of each head (partial_rotary_factor 0.5, as Phi-4-mini), every layer sliding
+    // (window 8, Phi3Attention passes config.sliding_window to all layers), untied.
+    return R"({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+      "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "intermediate_size": 96, "vocab_size": 512, "max_position_embeddings": 256,
+      "original_max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+      "partial_rotary_factor": 0.5, "rope_scaling": null, "sliding_window": 8,
+      "hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2})";
+  }
+  if (name == "gemma3-tiny") {
+    // Gemma3ForCausalLM: layers 0-2 and 4 sliding (window 8, rope_local_base_freq 10000), layer
+    // 3 full (sliding_window_pattern 4; rope_theta 1e6 with linear scaling 8), q/k norms,
+    // sandwich norms, query_pre_attn_scalar 24, no softcaps, tied.
+    return R"({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+      "hidden_size": 64, "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 16, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 256,
+      "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+      "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "query_pre_attn_scalar": 24,
+      "attn_logit_softcapping": null, "final_logit_softcapping": null, "sliding_window": 8,
+      "sliding_window_pattern": 4, "hidden_activation": "gelu_pytorch_tanh",
+      "tie_word_embeddings": true, "bos_token_id": 2, "eos_token_id": 1})";
+  }
   return nullptr;
 }
 
@@ -198,7 +232,8 @@ const char* hf_preset_json(const std::string& name) {
 std::vector<std::string> dummy_preset_names() {
   return {"tiny",           "llama-125m",       "gemma2-tiny",  "gptoss-tiny",
           "mla-tiny",       "deepseek-v2-tiny", "gemma3n-tiny", "qwen3next-tiny",
-          "qwen3next-125m", "deepseekv4-tiny"};
+          "qwen3next-125m", "deepseekv4-tiny",  "qwen3-tiny",   "phi3-tiny",
+          "gemma3-tiny"};
 }
 
 bool dummy_preset_is_hf(const std::string& name) {

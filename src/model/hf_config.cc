@@ -159,12 +159,15 @@ constexpr HfArchitecture kHfArchitectures[] = {
     {"DeepseekV2ForCausalLM", "deepseek_v2", "deepseek_v2"},
     {"Qwen3NextForCausalLM", "qwen3_next", "qwen3_next"},
     {"DeepseekV4ForCausalLM", "deepseek_v4", "deepseek_v4"},
+    {"Qwen3ForCausalLM", "qwen3", "qwen3"},
+    {"Phi3ForCausalLM", "phi3", "phi3"},
+    {"Gemma3ForCausalLM", "gemma3_text", "gemma3"},
 };
 
 // Which family-specific keys and defaults apply.
 struct FamilyKeys {
   bool gemma2 = false, gemma3n = false, gpt_oss = false, deepseek = false, qwen3_next = false;
-  bool deepseek_v4 = false;
+  bool deepseek_v4 = false, qwen3 = false, phi3 = false, gemma3 = false;
 };
 FamilyKeys family_keys(const std::string& architecture) {
   FamilyKeys f;
@@ -174,6 +177,9 @@ FamilyKeys family_keys(const std::string& architecture) {
   f.deepseek = architecture == "deepseek_v2" || architecture == "deepseek_v3";
   f.qwen3_next = architecture == "qwen3_next";
   f.deepseek_v4 = architecture == "deepseek_v4";
+  f.qwen3 = architecture == "qwen3";
+  f.phi3 = architecture == "phi3";
+  f.gemma3 = architecture == "gemma3";
   return f;
 }
 
@@ -202,10 +208,16 @@ std::string first_architecture(const json& root) {
 bool is_multimodal_gemma3n(const std::string& arch, const std::string& model_type) {
   return arch == "Gemma3nForConditionalGeneration" || (arch.empty() && model_type == "gemma3n");
 }
-json gemma3n_text_config(const json& root, const std::string& source) {
+// Gemma3ForConditionalGeneration likewise (models/gemma3/modeling_gemma3.py: its
+// language_model is a Gemma3TextModel configured by text_config).
+bool is_multimodal_gemma3(const std::string& arch, const std::string& model_type) {
+  return arch == "Gemma3ForConditionalGeneration" || (arch.empty() && model_type == "gemma3");
+}
+json gemma3n_text_config(const json& root, const std::string& source,
+                         const char* wrapper = "Gemma3nForConditionalGeneration") {
   auto it = root.find("text_config");
   if (it == root.end() || !it->is_object()) {
-    bad(source, "Gemma3nForConditionalGeneration needs a text_config object");
+    bad(source, std::string(wrapper) + " needs a text_config object");
   }
   json t = *it;
   for (const char* k : {"bos_token_id", "eos_token_id"})
@@ -223,7 +235,8 @@ std::string architecture_of(const std::string& arch, const std::string& model_ty
                   "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
                   "Gemma2ForCausalLM, Gemma3nForCausalLM, Gemma3nForConditionalGeneration (text), "
                   "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
-                  "Qwen3NextForCausalLM, DeepseekV4ForCausalLM)");
+                  "Qwen3NextForCausalLM, DeepseekV4ForCausalLM, Qwen3ForCausalLM, "
+                  "Phi3ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text))");
 }
 
 // intermediate_size: one FFN size, or (Gemma3nTextConfig) one per layer or one for all.
@@ -260,7 +273,8 @@ DecoderLayout read_common_keys(const json& root, const json& j, const FamilyKeys
   c.vocab_size = get_count(j, "vocab_size", ConfigCount::kVocab, source);
   c.max_seq_len = get_count_or(j, "max_position_embeddings", 2048, ConfigCount::kContext, source);
   c.rms_eps = static_cast<float>(get_num_or(j, "rms_norm_eps", 1e-6, source));
-  c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", f.gemma2 || f.gemma3n, source);
+  c.tie_word_embeddings =
+      get_bool_or(j, "tie_word_embeddings", f.gemma2 || f.gemma3n || f.gemma3, source);
   c.rope_interleaved = false;  // HF checkpoints keep q/k rows in rotate_half order
   c.bos_id = token_id(j, "bos_token_id", source);
   c.eos_id = token_id(j, "eos_token_id", source);
@@ -273,7 +287,8 @@ void read_bias_and_activation(const json& j, const FamilyKeys& f, ModelConfig& c
   const bool attention_bias = get_bool_or(j, "attention_bias", f.gpt_oss, source);
   if (c.architecture == "qwen2") {
     c.qkv_bias = true;
-  } else if (f.gemma2 || f.gemma3n || f.gpt_oss) {
+  } else if (f.gemma2 || f.gemma3n || f.gpt_oss || f.gemma3 || f.qwen3) {
+    // Qwen3Attention / Gemma3Attention: attention_bias on q/k/v and o_proj alike.
     c.qkv_bias = attention_bias;
     c.attn_out_bias = attention_bias;
   } else if (attention_bias) {
@@ -287,7 +302,7 @@ void read_bias_and_activation(const json& j, const FamilyKeys& f, ModelConfig& c
   }
   // Gemma calls the field hidden_activation (older configs: hidden_act); GPT-OSS experts use
   // their own clamped SwiGLU whatever hidden_act says.
-  std::string act = f.gemma2 || f.gemma3n ? "gelu_pytorch_tanh" : "silu";
+  std::string act = f.gemma2 || f.gemma3n || f.gemma3 ? "gelu_pytorch_tanh" : "silu";
   for (const char* key : {"hidden_activation", "hidden_act"}) {
     if (auto it = j.find(key); it != j.end() && it->is_string()) {
       act = it->get<std::string>();
@@ -319,6 +334,88 @@ void read_gemma2_keys(const json& j, ModelConfig& c, const std::string& source) 
       static_cast<float>(std::pow(get_num_or(j, "query_pre_attn_scalar", 256.0, source), -0.5));
   c.attn_softcap = softcap_or(j, "attn_logit_softcapping", 50.0, source);
   c.final_softcap = softcap_or(j, "final_logit_softcapping", 30.0, source);
+}
+
+// models/gemma3/modeling_gemma3.py (Gemma3TextConfig defaults): Gemma-2's (1 + w) norms,
+// sqrt(hidden_size) embedding scale, sandwich norms and query_pre_attn_scalar ** -0.5, plus
+// Gemma3Attention's q_norm / k_norm (Gemma3RMSNorm, also 1 + w) before RoPE; both softcaps
+// default to None (no softcap) but are applied when a config sets them.
+void read_gemma3_keys(const json& j, ModelConfig& c, const std::string& source) {
+  c.norm_add_one = true;
+  c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
+  c.sandwich_norms = true;
+  c.qk_norm = true;
+  c.query_scale =
+      static_cast<float>(std::pow(get_num_or(j, "query_pre_attn_scalar", 256.0, source), -0.5));
+  c.attn_softcap = softcap_or(j, "attn_logit_softcapping", 0.0, source);
+  c.final_softcap = softcap_or(j, "final_logit_softcapping", 0.0, source);
+}
+
+// models/qwen3/modeling_qwen3.py, Qwen3Attention: q_norm / k_norm (Qwen3RMSNorm: w, not 1 + w)
+// over head_dim on q and k before RoPE; the rest is Llama's block with transformers' names.
+void read_qwen3_keys(ModelConfig& c) {
+  c.qk_norm = true;
+}
+
+// models/phi3/modeling_phi3.py: fused qkv_proj and gate_up_proj (the family splits them into
+// views), RoPE on the first int(head_dim * partial_rotary_factor) dims of each head. The
+// longrope scaling of the 128k checkpoints switches between short_factor and long_factor by
+// the sequence length (Phi3ForCausalLM.prepare_inputs_for_generation drops the cache at the
+// switch), which a cache that keeps rotated keys cannot follow: refused by name.
+void read_phi3_keys(const json& j, ModelConfig& c, const std::string& source) {
+  double partial = get_num_or(j, "partial_rotary_factor", 1.0, source);
+  const json* rope = nullptr;
+  if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object()) {
+    rope = &*it;
+    partial = get_num_or(*it, "partial_rotary_factor", partial, source);
+  } else if (auto it2 = j.find("rope_scaling"); it2 != j.end() && it2->is_object()) {
+    rope = &*it2;
+  }
+  c.partial_rotary_factor = static_cast<float>(partial);
+  if (rope) {
+    const std::string type = rope->value("rope_type", rope->value("type", std::string("default")));
+    if (type == "longrope" || type == "su") {
+      throw Error(ErrorKind::kUnsupported,
+                  source + ": rope_scaling type '" + type +
+                      "' (Phi-3 LongRoPE, short_factor / long_factor switched by sequence "
+                      "length) is not supported; use a checkpoint without rope_scaling "
+                      "(e.g. Phi-3-mini-4k)");
+    }
+  }
+}
+
+// Gemma3TextConfig: sliding layers rotate with rope_local_base_freq and default RoPE, full
+// layers with rope_theta and rope_scaling (linear in the 4B+ checkpoints); v5 nests both in
+// rope_parameters.{full_attention, sliding_attention}. Returns the full layers' scaling object
+// (or null).
+const json* read_gemma3_rope_thetas(const json& j, const json* rope, ModelConfig& c,
+                                    const std::string& source) {
+  c.rope_local_theta = static_cast<float>(get_num_or(j, "rope_local_base_freq", 10000.0, source));
+  const json* scaling = rope;
+  if (rope && rope->contains("full_attention")) {
+    const json& full = (*rope)["full_attention"];
+    if (!full.is_object()) bad(source, "rope_parameters.full_attention must be an object");
+    if (auto it = rope->find("sliding_attention"); it != rope->end()) {
+      if (!it->is_object() || it->value("rope_type", std::string("default")) != "default")
+        throw Error(ErrorKind::kUnsupported,
+                    source +
+                        ": Gemma-3 rope_parameters.sliding_attention other than rope_type "
+                        "'default' is not supported");
+      c.rope_local_theta = static_cast<float>(get_num_or(*it, "rope_theta", 10000.0, source));
+    }
+    c.rope_theta = static_cast<float>(get_num_or(full, "rope_theta", 1000000.0, source));
+    scaling = &full;
+  }
+  if (scaling) {
+    // make_hf_gqa gives both layer kinds the one attention factor: only scalings without one.
+    const std::string type =
+        scaling->value("rope_type", scaling->value("type", std::string("default")));
+    if (type != "default" && type != "linear")
+      throw Error(ErrorKind::kUnsupported, source + ": Gemma-3 rope_scaling type '" + type +
+                                               "' is not supported (default, linear)");
+  }
+  if (!(c.rope_local_theta > 0.0f)) bad(source, "rope_local_base_freq must be positive");
+  return scaling;
 }
 
 // Gemma3nTextConfig's activation_sparsity_pattern: one value in [0, 1) per layer.
@@ -750,7 +847,7 @@ void read_rope(const json& j, const FamilyKeys& f, ModelConfig& c, const std::st
   const json* rope = nullptr;
   if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object()) rope = &*it;
   // GptOssConfig.default_theta, Gemma3nTextConfig's rope_theta, else transformers' default.
-  const double default_theta = f.gpt_oss ? 150000.0 : f.gemma3n ? 1000000.0 : 10000.0;
+  const double default_theta = f.gpt_oss ? 150000.0 : f.gemma3n || f.gemma3 ? 1000000.0 : 10000.0;
   const double top_theta = get_num_or(j, "rope_theta", default_theta, source);
   c.rope_theta =
       static_cast<float>(rope ? get_num_or(*rope, "rope_theta", top_theta, source) : top_theta);
@@ -758,6 +855,7 @@ void read_rope(const json& j, const FamilyKeys& f, ModelConfig& c, const std::st
     if (auto it = j.find("rope_scaling"); it != j.end() && it->is_object()) rope = &*it;
   }
   if (f.gemma3n) rope = read_gemma3n_rope_thetas(j, rope, c, source);
+  if (f.gemma3) rope = read_gemma3_rope_thetas(j, rope, c, source);
   if (f.gpt_oss && (rope == nullptr || !rope->contains("rope_type"))) {
     // GptOssConfig.__post_init__ fills this in when the config has no rope_parameters.
     const json gpt_oss_default_rope = {
@@ -791,6 +889,10 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
   if (is_multimodal_gemma3n(arch, model_type)) {
     j = gemma3n_text_config(root, source);
     arch = "Gemma3nForCausalLM";
+  } else if (is_multimodal_gemma3(arch, model_type)) {
+    // The loader maps model.language_model.* (transformers v5 checkpoints) to model.*.
+    j = gemma3n_text_config(root, source, "Gemma3ForConditionalGeneration");
+    arch = "Gemma3ForCausalLM";
   }
   ModelConfig c;
   c.architecture = architecture_of(arch, model_type, source);
@@ -799,6 +901,9 @@ ModelConfig parse_hf_config_unchecked(const std::string& text, const std::string
   read_bias_and_activation(j, f, c, source);
   if (f.gemma2) read_gemma2_keys(j, c, source);
   if (f.gemma3n) read_gemma3n_keys(j, c, source);
+  if (f.gemma3) read_gemma3_keys(j, c, source);
+  if (f.qwen3) read_qwen3_keys(c);
+  if (f.phi3) read_phi3_keys(j, c, source);
   if (f.gpt_oss) read_gpt_oss_keys(j, c, source);
   if (f.deepseek) {
     read_mla_keys(j, layout, c, source);

@@ -325,6 +325,14 @@ std::unique_ptr<ModelFile> hf_model_from_safetensors(
       // (transformers' _checkpoint_conversion_mapping); the vision/audio towers are kept as is.
       static const std::string kLm = "model.language_model.";
       if (!canonical && name.starts_with(kLm)) canon = "model." + name.substr(kLm.size());
+      // Gemma3ForConditionalGeneration's Hub checkpoints keep the older language_model.model.*
+      // and language_model.lm_head.* (its _checkpoint_conversion_mapping in
+      // transformers models/gemma3/modeling_gemma3.py maps them the same way).
+      static const std::string kLmOld = "language_model.model.",
+                               kHeadOld = "language_model.lm_head.";
+      if (!canonical && name.starts_with(kLmOld)) canon = "model." + name.substr(kLmOld.size());
+      if (!canonical && name.starts_with(kHeadOld))
+        canon = "lm_head." + name.substr(kHeadOld.size());
       // A tied model may still carry lm_head; the canonical set keeps the weight anyway.
       mf->add_tensor(canon.empty() ? name : canon, view);
     }

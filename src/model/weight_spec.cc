@@ -178,6 +178,10 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
       matrix(L("self_attn.kv_b_proj.weight"),
              {H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
       matrix(L("self_attn.o_proj.weight"), {dim, H * m.v_head_dim});
+    } else if (c.architecture == "phi3") {
+      // models/phi3/modeling_phi3.py, Phi3Attention.__init__: qkv_proj rows [q; k; v].
+      matrix(L("self_attn.qkv_proj.weight"), {(H + 2 * Hkv) * D, dim});
+      matrix(L("self_attn.o_proj.weight"), {dim, H * D});
     } else {
       // Qwen3-Next's gated attention: q_proj yields [query, gate] per head.
       matrix(L("self_attn.q_proj.weight"), {H * D * (c.attn_output_gate ? 2 : 1), dim});
@@ -198,7 +202,11 @@ std::vector<WeightSpec> hf_weight_specs(const ModelConfig& c) {
       norm(L("post_feedforward_layernorm.weight"), dim);
     }
     const MoeConfig& moe = c.moe;
-    if (!moe.is_moe_layer(l)) {
+    if (c.architecture == "phi3") {
+      // Phi3MLP: gate_up_proj rows [gate; up].
+      matrix(L("mlp.gate_up_proj.weight"), {2 * c.hidden_dim, dim});
+      matrix(L("mlp.down_proj.weight"), {dim, c.hidden_dim});
+    } else if (!moe.is_moe_layer(l)) {
       const int64_t I = g.intermediate_sizes.empty() ? c.hidden_dim
                                                      : g.intermediate_sizes[static_cast<size_t>(l)];
       matrix(L("mlp.gate_proj.weight"), {I, dim});

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "model/hf_config.h"
 #include "model/kv_plan.h"
 #include "model/model_file.h"
+#include "model/safetensors.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
 #include "scratch_dir.h"
@@ -300,6 +302,112 @@ TEST(FamilyConfig, TransformersDefaults) {
   EXPECT_EQ(n.num_kv_shared_layers, 4);
 }
 
+// Gemma3ForConditionalGeneration: config.json wraps the text decoder's in text_config and the
+// Hub checkpoints name its tensors language_model.model.* beside the vision tower's; the text
+// part runs exactly as the same weights under Gemma3ForCausalLM's names.
+TEST(Gemma3Multimodal, ConditionalGenerationCheckpointRunsItsTextDecoder) {
+  DummyModelOptions o;
+  o.preset = "gemma3-tiny";
+  o.weight_dtype = DType::kF32;
+  o.seed = 6;
+  o.cache_dir = temp_dir();
+  const std::string folder = build_dummy_model(o);
+  const Model text(open_model_file(folder));
+  const auto st = SafetensorsFile::open(folder + "/model.safetensors");
+  std::vector<std::pair<std::string, TensorView>> renamed;
+  for (const auto& [name, view] : st->tensors()) {
+    ASSERT_TRUE(name.starts_with("model."));
+    renamed.push_back({"language_model." + name, view});
+  }
+  std::vector<float> tower(16, 0.5f);
+  renamed.push_back({"vision_tower.vision_model.post_layernorm.weight",
+                     TensorView(tower.data(), DType::kF32, {16})});
+  const std::string mm = temp_dir() + "/gemma3-multimodal";
+  fs::create_directories(mm);
+  write_safetensors(mm + "/model.safetensors", renamed, {{"format", "pt"}});
+  {
+    std::ofstream(mm + "/config.json")
+        << R"({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+               "text_config": )"
+        << dummy_preset_config_json("gemma3-tiny") << "}";
+  }
+  const Model wrapped(open_model_file(mm));
+  EXPECT_EQ(wrapped.config().architecture, "gemma3");
+  const std::vector<int32_t> ids = prompt(12, static_cast<int32_t>(text.config().vocab_size));
+  Forward a(text, "eager", 16), b(wrapped, "eager", 16);
+  ForwardParams p;
+  p.tokens = ids.data();
+  p.n_tokens = static_cast<int64_t>(ids.size());
+  p.logits = LogitsMode::kAll;
+  const std::span<const float> la = a.forward(p);
+  const std::vector<float> want(la.begin(), la.end());
+  const std::span<const float> lb = b.forward(p);
+  EXPECT_EQ(want, std::vector<float>(lb.begin(), lb.end()));
+}
+
+// Qwen3Config, Phi3Config and Gemma3TextConfig defaults and the keys each family reads.
+TEST(FamilyConfig, Qwen3Phi3Gemma3) {
+  // Qwen3Config: head_dim 128 when absent (not hidden / heads), q/k norms without (1 + w),
+  // sliding only with use_sliding_window, from max_window_layers on.
+  const ModelConfig q = parse_hf_config(R"({"architectures": ["Qwen3ForCausalLM"],
+      "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "intermediate_size": 96, "vocab_size": 10, "use_sliding_window": true, "sliding_window": 16,
+      "max_window_layers": 1})",
+                                        "q.json");
+  EXPECT_EQ(q.architecture, "qwen3");
+  EXPECT_EQ(q.head_dim, 128);
+  EXPECT_TRUE(q.qk_norm);
+  EXPECT_FALSE(q.norm_add_one || q.qkv_norm || q.qkv_bias);
+  EXPECT_EQ(q.layer_types,
+            (std::vector<std::string>{"full_attention", "sliding_attention", "sliding_attention"}));
+  EXPECT_EQ(q.sliding_window, 16);
+  // Phi3Config: partial_rotary_factor (Phi-4-mini's 0.75 of 128 = 96 rotated dims), every layer
+  // sliding when sliding_window is set, untied.
+  const ModelConfig p = parse_hf_config(R"({"architectures": ["Phi3ForCausalLM"],
+      "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+      "vocab_size": 10, "partial_rotary_factor": 0.75, "sliding_window": 2047})",
+                                        "p.json");
+  EXPECT_EQ(p.architecture, "phi3");
+  EXPECT_EQ(p.head_dim, 128);
+  EXPECT_EQ(p.rope_dim(), 96);
+  EXPECT_EQ(p.layer_types, (std::vector<std::string>{"sliding_attention", "sliding_attention"}));
+  EXPECT_FALSE(p.tie_word_embeddings || p.qk_norm);
+  // Gemma3TextConfig: every sixth layer full, dual theta, no softcaps, (1 + w) q/k norms,
+  // linear scaling on the full layers' table only.
+  const ModelConfig g = parse_hf_config(R"({"architectures": ["Gemma3ForCausalLM"],
+      "hidden_size": 64, "num_hidden_layers": 7, "num_attention_heads": 2, "num_key_value_heads": 1,
+      "intermediate_size": 64, "vocab_size": 10, "rope_scaling": {"rope_type": "linear", "factor": 8.0}})",
+                                        "g.json");
+  EXPECT_EQ(g.architecture, "gemma3");
+  EXPECT_EQ(g.head_dim, 256);
+  EXPECT_EQ(g.layer_types[4], "sliding_attention");
+  EXPECT_EQ(g.layer_types[5], "full_attention");
+  EXPECT_EQ(g.layer_types[6], "sliding_attention");
+  EXPECT_EQ(g.sliding_window, 4096);
+  EXPECT_FLOAT_EQ(g.rope_theta, 1e6f);
+  EXPECT_FLOAT_EQ(g.rope_local_theta, 1e4f);
+  EXPECT_EQ(g.rope_freq_factors, std::vector<float>(128, 8.0f));
+  EXPECT_FLOAT_EQ(g.query_scale, 1.0f / 16.0f);  // 256 ** -0.5
+  EXPECT_EQ(g.attn_softcap, 0.0f);
+  EXPECT_EQ(g.final_softcap, 0.0f);
+  EXPECT_TRUE(g.qk_norm && g.norm_add_one && g.sandwich_norms && g.tie_word_embeddings);
+  EXPECT_FLOAT_EQ(g.embed_scale, 8.0f);
+  EXPECT_EQ(g.ffn_act, FfnActivation::kGeluTanh);
+  // Gemma3ForConditionalGeneration: the text_config; v5's rope_parameters per layer type.
+  const ModelConfig m = parse_hf_config(R"({"architectures": ["Gemma3ForConditionalGeneration"],
+      "eos_token_id": 106, "text_config": {"hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 64,
+      "vocab_size": 10, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 500000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0}}}})",
+                                        "m.json");
+  EXPECT_EQ(m.architecture, "gemma3");
+  EXPECT_EQ(m.eos_id, 106);
+  EXPECT_FLOAT_EQ(m.rope_theta, 5e5f);
+  EXPECT_FLOAT_EQ(m.rope_local_theta, 5e3f);
+  EXPECT_EQ(m.rope_freq_factors, std::vector<float>(16, 4.0f));
+}
+
 TEST(FamilyConfig, RefusesWhatTheEngineDoesNotRun) {
   auto msg = [](const std::string& json) {
     try {
@@ -330,6 +438,17 @@ TEST(FamilyConfig, RefusesWhatTheEngineDoesNotRun) {
   EXPECT_NE(msg(R"({"architectures": ["Gemma2ForCausalLM"], )" + base +
                 R"(, "hidden_activation": "relu"})")
                 .find("hidden_act 'relu'"),
+            std::string::npos);
+  // Phi-3's LongRoPE (short/long factors switched by length) and Gemma-3 scalings with an
+  // attention factor are refused by name.
+  EXPECT_NE(
+      msg(R"({"architectures": ["Phi3ForCausalLM"], )" + base +
+          R"(, "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}})")
+          .find("'longrope'"),
+      std::string::npos);
+  EXPECT_NE(msg(R"({"architectures": ["Gemma3ForCausalLM"], )" + base +
+                R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})")
+                .find("Gemma-3 rope_scaling type 'yarn'"),
             std::string::npos);
 }
 

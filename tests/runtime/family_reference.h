@@ -26,8 +26,9 @@ class FamilyReference {
     const int64_t S = static_cast<int64_t>(ids.size()), dim = c_.dim;
     const std::vector<float> emb = get("model.embed_tokens.weight");
     std::vector<float> x(static_cast<size_t>(S * dim));
-    const bool gemma = c_.architecture == "gemma2";
-    // Gemma2Model.forward: hidden_states * hidden_size ** 0.5.
+    const bool gemma = gemma_block();
+    // Gemma2Model.forward: hidden_states * hidden_size ** 0.5 (Gemma3TextScaledWordEmbedding
+    // the same).
     const float scale = gemma ? static_cast<float>(std::sqrt(static_cast<double>(dim))) : 1.0f;
     for (int64_t t = 0; t < S; ++t)
       for (int64_t d = 0; d < dim; ++d)
@@ -41,8 +42,9 @@ class FamilyReference {
       h = norm(x, S, dim,
                p + (gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
                c_.rms_eps);
-      std::vector<float> m =
-          c_.moe.is_moe_layer(l) ? moe(h, S, p) : mlp(h, S, p + "mlp.", c_.hidden_dim);
+      std::vector<float> m = c_.architecture == "phi3" ? phi3_mlp(h, S, p)
+                             : c_.moe.is_moe_layer(l)  ? moe(h, S, p)
+                                                       : mlp(h, S, p + "mlp.", c_.hidden_dim);
       if (gemma) m = norm(m, S, dim, p + "post_feedforward_layernorm.weight", c_.rms_eps);
       for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
     }
@@ -57,6 +59,31 @@ class FamilyReference {
 
  private:
   static size_t idx(int64_t r, int64_t c, int64_t ld) { return static_cast<size_t>(r * ld + c); }
+
+  // Gemma2RMSNorm / Gemma3RMSNorm scale by (1 + w); the sandwich norms and embedding scale too.
+  bool gemma_block() const { return c_.architecture == "gemma2" || c_.architecture == "gemma3"; }
+
+  // Columns [from, from + n) of a [S, ld] matrix.
+  static std::vector<float> columns(const std::vector<float>& x, int64_t S, int64_t ld,
+                                    int64_t from, int64_t n) {
+    std::vector<float> y(static_cast<size_t>(S * n));
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t i = 0; i < n; ++i) y[idx(t, i, n)] = x[idx(t, from + i, ld)];
+    return y;
+  }
+
+  // Phi3MLP.forward: gate, up = gate_up_proj(x).chunk(2, dim=-1); down(up * silu(gate)).
+  std::vector<float> phi3_mlp(const std::vector<float>& h, int64_t S, const std::string& p) const {
+    const int64_t I = c_.hidden_dim;
+    const std::vector<float> gu = linear(h, S, p + "mlp.gate_up_proj.weight");
+    std::vector<float> a(static_cast<size_t>(S * I));
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t i = 0; i < I; ++i) {
+        const double g = gu[idx(t, i, 2 * I)], u = gu[idx(t, I + i, 2 * I)];
+        a[idx(t, i, I)] = static_cast<float>(u * (g / (1.0 + std::exp(-g))));
+      }
+    return linear(a, S, p + "mlp.down_proj.weight");
+  }
 
   std::vector<float> get(const std::string& name) const {
     const TensorView& t = f_.tensor(name);
@@ -90,7 +117,7 @@ class FamilyReference {
     if (ld == 0) ld = n;
     const std::vector<float> w =
         w_name.empty() ? std::vector<float>(static_cast<size_t>(n), 1.0f) : get(w_name);
-    const bool plus_one = gemma_form && c_.architecture == "gemma2";
+    const bool plus_one = gemma_form && gemma_block();
     std::vector<float> y(static_cast<size_t>(S * n));
     for (int64_t t = 0; t < S; ++t) {
       double ss = 0;
@@ -110,7 +137,9 @@ class FamilyReference {
   void cos_sin(int64_t t, int64_t i, int64_t rot_dim, double* cs, double* sn) const {
     double inv = 1.0 / std::pow(static_cast<double>(theta_),
                                 2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
-    if (!c_.rope_freq_factors.empty()) inv /= c_.rope_freq_factors[static_cast<size_t>(i)];
+    // Gemma-3's sliding layers rotate with default RoPE on their own theta (rotary_emb_local).
+    if (!c_.rope_freq_factors.empty() && !local_rope_)
+      inv /= c_.rope_freq_factors[static_cast<size_t>(i)];
     const double ang = static_cast<double>(t) * inv;
     *cs = std::cos(ang) * c_.rope_attention_factor;
     *sn = std::sin(ang) * c_.rope_attention_factor;
@@ -185,24 +214,36 @@ class FamilyReference {
     const int64_t H = c_.n_heads, Hkv = c_.n_kv_heads, D = c_.head_dim;
     const bool b = c_.qkv_bias;
     // Gemma-3n: sliding layers rotate with rope_local_base_freq.
-    theta_ =
-        c_.rope_local_theta > 0 && c_.layer_types[static_cast<size_t>(l)] == "sliding_attention"
-            ? c_.rope_local_theta
-            : c_.rope_theta;
-    std::vector<float> q =
-        linear(h, S, p + "self_attn.q_proj.weight", b ? p + "self_attn.q_proj.bias" : "");
-    std::vector<float> k =
-        linear(h, S, p + "self_attn.k_proj.weight", b ? p + "self_attn.k_proj.bias" : "");
-    std::vector<float> v =
-        linear(h, S, p + "self_attn.v_proj.weight", b ? p + "self_attn.v_proj.bias" : "");
+    local_rope_ =
+        c_.rope_local_theta > 0 && c_.layer_types[static_cast<size_t>(l)] == "sliding_attention";
+    theta_ = local_rope_ ? c_.rope_local_theta : c_.rope_theta;
+    std::vector<float> q, k, v;
+    if (c_.architecture == "phi3") {
+      // Phi3Attention.forward: qkv_proj, then columns [q | k | v].
+      const std::vector<float> qkv = linear(h, S, p + "self_attn.qkv_proj.weight");
+      const int64_t ld = (H + 2 * Hkv) * D;
+      q = columns(qkv, S, ld, 0, H * D);
+      k = columns(qkv, S, ld, H * D, Hkv * D);
+      v = columns(qkv, S, ld, (H + Hkv) * D, Hkv * D);
+    } else {
+      q = linear(h, S, p + "self_attn.q_proj.weight", b ? p + "self_attn.q_proj.bias" : "");
+      k = linear(h, S, p + "self_attn.k_proj.weight", b ? p + "self_attn.k_proj.bias" : "");
+      v = linear(h, S, p + "self_attn.v_proj.weight", b ? p + "self_attn.v_proj.bias" : "");
+    }
     if (c_.qkv_norm) {  // Gemma3nTextAttention: q_norm, k_norm, v_norm (no scale) per head
       q = norm(q, S * H, D, p + "self_attn.q_norm.weight", c_.rms_eps);
       k = norm(k, S * Hkv, D, p + "self_attn.k_norm.weight", c_.rms_eps);
       v = norm(v, S * Hkv, D, "", c_.rms_eps);
+    } else if (c_.qk_norm) {
+      // Qwen3Attention (w) / Gemma3Attention ((1 + w)): q_norm, k_norm per head, before RoPE.
+      q = norm(q, S * H, D, p + "self_attn.q_norm.weight", c_.rms_eps);
+      k = norm(k, S * Hkv, D, p + "self_attn.k_norm.weight", c_.rms_eps);
     }
+    // Phi3's apply_rotary_pos_emb: rotate_half on the first int(D * partial_rotary_factor) dims.
+    const int64_t rot = static_cast<int64_t>(static_cast<double>(D) * c_.partial_rotary_factor);
     for (int64_t t = 0; t < S; ++t) {
-      for (int64_t hh = 0; hh < H; ++hh) rope_half(&q[idx(t, hh * D, H * D)], t, D);
-      for (int64_t hh = 0; hh < Hkv; ++hh) rope_half(&k[idx(t, hh * D, Hkv * D)], t, D);
+      for (int64_t hh = 0; hh < H; ++hh) rope_half(&q[idx(t, hh * D, H * D)], t, rot);
+      for (int64_t hh = 0; hh < Hkv; ++hh) rope_half(&k[idx(t, hh * D, Hkv * D)], t, rot);
     }
     // KV sharing (Gemma3nTextAttention): the last num_kv_shared_layers layers use the K/V of
     // the last earlier non-shared layer of their type instead of their own.
@@ -568,6 +609,7 @@ class FamilyReference {
   const ModelFile& f_;
   const ModelConfig& c_;
   mutable float theta_ = 0;                                  // RoPE theta of the current layer
+  mutable bool local_rope_ = false;                          // Gemma-3 sliding layer: no scaling
   mutable std::vector<std::vector<float>> kept_k_, kept_v_;  // post-RoPE K/V per layer
 };
 

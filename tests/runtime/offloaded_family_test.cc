@@ -53,10 +53,14 @@ TEST_P(OffloadedFamilies, LogitsEqualTheResidentCacheBitForBit) {
     // gemma3n-tiny's one full-attention owner (layer 2) is read by a KV-shared layer, so it stays
     // resident and nothing is offloaded (tests/cache/offloaded_layer_test.cc covers a Gemma-3n
     // layout with offloaded full layers beside the shared sources).
-    const bool none = GetParam() == "gemma3n-tiny";
+    // phi3-tiny's layers all slide (Phi3Attention windows every layer): windows stay resident.
+    const bool all_sliding = GetParam() == "phi3-tiny";
+    const bool none = GetParam() == "gemma3n-tiny" || all_sliding;
     if (none) {
       EXPECT_EQ(pool, nullptr);
-      EXPECT_EQ(got.cache().layer(2).name(), std::string(resident) + "/full_attention");
+      if (!all_sliding) {
+        EXPECT_EQ(got.cache().layer(2).name(), std::string(resident) + "/full_attention");
+      }
     } else {
       ASSERT_NE(pool, nullptr) << GetParam() << ": no offloaded layer";
     }
