@@ -83,7 +83,7 @@ TEST(QuantK, SimdDequantizeEqualsReferenceBitForBit) {
 TEST(QuantK, DotWithinToleranceOfReferenceValues) {
   for (const Layout& l : kLayouts) {
     const QuantKernels& q = kernels(l.t);
-    for (int n : {1, 3, 16}) {
+    for (int n : {1, 3, 16, 64}) {
       const std::vector<uint8_t> b = random_blocks(l, n, 7 + static_cast<uint32_t>(n));
       const std::vector<float> x = randn(256 * static_cast<size_t>(n), 5);
       std::vector<float> w(x.size());
