@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "model/convert.h"
 #include "model/gguf.h"
 #include "runtime/generate.h"
@@ -87,20 +88,24 @@ TEST(QuantMixConvert, Q4KMHoldsQ4KAndQ6KAndStaysCloseToF32) {
   parse_convert_dtype("q4_K_M", o);
   EXPECT_EQ(o.mix, QuantMix::kQ4_K_M);
   const GgufConvertReport report = convert_to_gguf(ref.model->file(), o, out);
-  // ffn_down's rows of 640 are not whole super-blocks: q8_0, one note per layer.
+  // ffn_down's rows of 640 are not whole super-blocks: q8_0, one note per layer, naming the
+  // dtype the mix wanted (q6_K in the layers of more bits, below).
   ASSERT_EQ(report.fallbacks.size(), 4u);
-  EXPECT_NE(report.fallbacks[0].find("blk.0.ffn_down.weight: q8_0 instead of q6_K"),
-            std::string::npos)
-      << report.fallbacks[0];
+  const auto noted = [&](const std::string& text) {
+    return std::any_of(report.fallbacks.begin(), report.fallbacks.end(),
+                       [&](const std::string& f) { return f.starts_with(text); });
+  };
+  EXPECT_TRUE(noted("blk.1.ffn_down.weight: q8_0 instead of q4_K (rows of 640"));
+  EXPECT_TRUE(noted("blk.3.ffn_down.weight: q8_0 instead of q6_K (rows of 640"));
 
   LoadedModel g = load_model(out);
   const ModelFile& f = g.model->file();
   EXPECT_EQ(f.tensor("output.weight").dtype(), DType::kQ6_K);
   EXPECT_EQ(f.tensor("token_embd.weight").dtype(), DType::kQ4_K);
   EXPECT_EQ(f.tensor("output_norm.weight").dtype(), DType::kF32);
-  // llama.cpp's use_more_bits(layer, 4): layers 0, 2 (every third after the first eighth) and
-  // 3 (the last eighth) keep attn_v in q6_K.
-  const DType attn_v[] = {DType::kQ6_K, DType::kQ4_K, DType::kQ6_K, DType::kQ6_K};
+  // llama.cpp's use_more_bits(layer, 4) (n_layers / 8 = 0): layer 2 (every third after the
+  // first eighth) and layer 3 (the last eighth) keep attn_v in q6_K.
+  const DType attn_v[] = {DType::kQ4_K, DType::kQ4_K, DType::kQ6_K, DType::kQ6_K};
   for (int64_t l = 0; l < 4; ++l) {
     EXPECT_EQ(f.tensor(layer_tensor(l, "attn_v.weight")).dtype(), attn_v[l]) << l;
     EXPECT_EQ(f.tensor(layer_tensor(l, "attn_q.weight")).dtype(), DType::kQ4_K) << l;
@@ -114,20 +119,28 @@ TEST(QuantMixConvert, Q4KMHoldsQ4KAndQ6KAndStaysCloseToF32) {
   for (int32_t& id : ids) id = tok(rng);
   const auto want = logits_by_token(*ref.model, ids);
   const auto got = logits_by_token(*g.model, ids);
-  // Tolerances: normwise relative logit error per position below 0.15 (q4_K's round trip alone
-  // is ~8% RMS per weight, q6_K's ~2%; measured below, ~2x margin), and the f32 model's top-1
-  // token kept on at least 28 of the 32 positions.
-  double worst = 0.0;
+  // Tolerances. This random model amplifies weight error about 2.7x into the logits: measured
+  // mean / worst normwise relative logit error over these 32 positions 0.015 / 0.019 with every
+  // matrix in q8_0, 0.051 / 0.088 in q6_K, 0.21 / 0.30 in q4_K (our quantizers: ~0.4%, 1.9%,
+  // 7.8% RMS per weight), and 0.196 / 0.280 for this q4_K_M; the top-1 token agreed on 30
+  // (q8_0), 29 (q6_K) and 25 (q4_K_M) of 32 positions. Bounds ~1.5x above the q4_K_M numbers;
+  // top-1 on most (22 of 32) positions.
+  double worst = 0.0, mean = 0.0;
   int same_top1 = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    worst = std::max(worst, max_rel_diff(got[i], want[i]));
+    const double d = max_rel_diff(got[i], want[i]);
+    worst = std::max(worst, d);
+    mean += d / static_cast<double>(ids.size());
     same_top1 += std::max_element(got[i].begin(), got[i].end()) - got[i].begin() ==
                  std::max_element(want[i].begin(), want[i].end()) - want[i].begin();
   }
-  std::printf("[q4_K_M] worst relative logit difference %.3g, top-1 agrees on %d of %zu\n", worst,
-              same_top1, ids.size());
-  EXPECT_LE(worst, 0.15);
-  EXPECT_GE(same_top1, 28);
+  std::printf(
+      "[q4_K_M] relative logit difference mean %.3g, worst %.3g; top-1 agrees on %d of "
+      "%zu\n",
+      mean, worst, same_top1, ids.size());
+  EXPECT_LE(mean, 0.3);
+  EXPECT_LE(worst, 0.45);
+  EXPECT_GE(same_top1, 22);
 }
 
 TEST(QuantMixConvert, RejectsDtypesWithoutAQuantizer) {
