@@ -1,11 +1,759 @@
 // The k-quants q2_K, q3_K, q4_K, q5_K and q6_K: ggml's super-blocks of 256
 // (kernels/quant_types.h).
+//
+// Block layouts (llama.cpp, ggml/src/ggml-common.h: block_q2_K ... block_q6_K, QK_K = 256,
+// K_SCALE_SIZE = 12), as byte offsets in a block:
+//   q2_K (84):  scales[16] (low nibble scale, high nibble min), qs[64] (2-bit), d, dmin (f16)
+//   q3_K (110): hmask[32] (high bit), qs[64] (low 2 bits), scales[12] (16 x 6-bit), d
+//   q4_K (144): d, dmin, scales[12] (8 scales + 8 mins, 6-bit), qs[128] (4-bit)
+//   q5_K (176): d, dmin, scales[12], qh[32] (fifth bit), qs[128] (low 4 bits)
+//   q6_K (210): ql[128] (low 4 bits), qh[64] (upper 2 bits), scales[16] (int8), d
+// The values are those of ggml/src/ggml-quants.c's dequantize_row_q{2,3,4,5,6}_K (including
+// get_scale_min_k4 for the packed 6-bit scales/mins of q4_K/q5_K and q3_K's kmask unpacking of
+// its 6-bit scales). Blocks in a mapped GGUF are not aligned: every multi-byte field is read
+// with memcpy.
+//
+// Every type has the same shape once unpacked: element e of a super-block is
+// s[e / 16] * code[e] - m[e / 16] with an integer code (q4_K/q5_K have 8 sub-blocks of 32,
+// stored here as 16 pairs of equal halves; types without mins have m = 0, and x - 0.0f == x
+// for every float, so the SIMD dequantize is bit-identical to the reference). The reference
+// functions below spell out each format separately; the SIMD paths and the dot products go
+// through the unpacked form.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
 #include "kernels/quant_types.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define KVCACHE_QUANT_K_AVX2 1
+#endif
 
 namespace kvcache {
 
-const QuantKernels* k_quant_kernels(DType) {
-  return nullptr;
+namespace {
+
+constexpr int kQK = 256;
+
+// Byte offsets of the fields (ggml-common.h order).
+namespace q2k {
+constexpr size_t kScales = 0, kQs = 16, kD = 80, kDmin = 82, kBytes = 84;
+}
+namespace q3k {
+constexpr size_t kHmask = 0, kQs = 32, kScales = 96, kD = 108, kBytes = 110;
+}
+namespace q4k {
+constexpr size_t kD = 0, kDmin = 2, kScales = 4, kQs = 16, kBytes = 144;
+}
+namespace q5k {
+constexpr size_t kD = 0, kDmin = 2, kScales = 4, kQh = 16, kQs = 48, kBytes = 176;
+}
+namespace q6k {
+constexpr size_t kQl = 0, kQh = 128, kScales = 192, kD = 208, kBytes = 210;
+}
+
+float load_f16(const uint8_t* p) {
+  f16_t h;
+  std::memcpy(&h, p, sizeof(h));
+  return f16_to_f32(h);
+}
+
+void store_f16(uint8_t* p, float v) {
+  const f16_t h = f32_to_f16(v);
+  std::memcpy(p, &h, sizeof(h));
+}
+
+const uint8_t* block_at(const void* blocks, int64_t i, size_t bytes) {
+  return static_cast<const uint8_t*>(blocks) + static_cast<size_t>(i) * bytes;
+}
+
+// get_scale_min_k4 (ggml-quants.c): sub-block j's 6-bit scale and min of q4_K/q5_K. The first
+// four are the low 6 bits of bytes j and j + 4; the last four take their low 4 bits from byte
+// j + 4 (scale: low nibble, min: high nibble) and their top 2 bits from the top of bytes j - 4
+// (scale) and j (min).
+void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// q3_K's 6-bit scale i (0..15), unsigned (the value used is this - 32). ggml unpacks the 12
+// bytes with kmask1/kmask2 on 32-bit words; per scale that is: low 4 bits from byte i % 8
+// (low nibble for i < 8, high nibble otherwise), top 2 bits from byte 8 + i % 4 at bit
+// 2 * (i / 4).
+int scale_q3k(int i, const uint8_t* s) {
+  const int lo = (s[i % 8] >> (4 * (i / 8))) & 0x0F;
+  const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+  return lo | (hi << 4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// References: literally dequantize_row_q*_K.
+
+void dequantize_ref_q2k(const void* blocks, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const uint8_t* b = block_at(blocks, i, q2k::kBytes);
+    const float d = load_f16(b + q2k::kD);
+    const float min = load_f16(b + q2k::kDmin);
+    const uint8_t* q = b + q2k::kQs;
+    int is = 0;
+    for (int n = 0; n < kQK; n += 128) {
+      for (int shift = 0; shift < 8; shift += 2) {
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t sc = b[q2k::kScales + is++];
+          const float dl = d * static_cast<float>(sc & 0x0F);
+          const float ml = min * static_cast<float>(sc >> 4);
+          for (int l = 0; l < 16; ++l) {
+            *y++ = dl * static_cast<float>((q[l + 16 * half] >> shift) & 3) - ml;
+          }
+        }
+      }
+      q += 32;
+    }
+  }
+}
+
+void dequantize_ref_q3k(const void* blocks, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const uint8_t* b = block_at(blocks, i, q3k::kBytes);
+    const float d_all = load_f16(b + q3k::kD);
+    const uint8_t* q = b + q3k::kQs;
+    const uint8_t* hm = b + q3k::kHmask;
+    int is = 0;
+    int bit = 0;  // the hmask bit of this group of 32
+    for (int n = 0; n < kQK; n += 128) {
+      for (int shift = 0; shift < 8; shift += 2) {
+        for (int half = 0; half < 2; ++half) {
+          const float dl = d_all * static_cast<float>(scale_q3k(is++, b + q3k::kScales) - 32);
+          for (int l = 16 * half; l < 16 * half + 16; ++l) {
+            const int code = ((q[l] >> shift) & 3) - (((hm[l] >> bit) & 1) != 0 ? 0 : 4);
+            *y++ = dl * static_cast<float>(code);
+          }
+        }
+        ++bit;
+      }
+      q += 32;
+    }
+  }
+}
+
+void dequantize_ref_q4k(const void* blocks, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const uint8_t* b = block_at(blocks, i, q4k::kBytes);
+    const float d = load_f16(b + q4k::kD);
+    const float min = load_f16(b + q4k::kDmin);
+    const uint8_t* q = b + q4k::kQs;
+    for (int j = 0; j < 8; j += 2) {  // 64 elements: low nibbles, then high nibbles of 32 bytes
+      int sc, m;
+      scale_min_k4(j, b + q4k::kScales, &sc, &m);
+      const float d1 = d * static_cast<float>(sc), m1 = min * static_cast<float>(m);
+      scale_min_k4(j + 1, b + q4k::kScales, &sc, &m);
+      const float d2 = d * static_cast<float>(sc), m2 = min * static_cast<float>(m);
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0F) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+      q += 32;
+    }
+  }
+}
+
+void dequantize_ref_q5k(const void* blocks, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const uint8_t* b = block_at(blocks, i, q5k::kBytes);
+    const float d = load_f16(b + q5k::kD);
+    const float min = load_f16(b + q5k::kDmin);
+    const uint8_t* ql = b + q5k::kQs;
+    const uint8_t* qh = b + q5k::kQh;
+    for (int j = 0; j < 8; j += 2) {  // qh bit j for the low nibbles, bit j + 1 for the high
+      int sc, m;
+      scale_min_k4(j, b + q5k::kScales, &sc, &m);
+      const float d1 = d * static_cast<float>(sc), m1 = min * static_cast<float>(m);
+      scale_min_k4(j + 1, b + q5k::kScales, &sc, &m);
+      const float d2 = d * static_cast<float>(sc), m2 = min * static_cast<float>(m);
+      for (int l = 0; l < 32; ++l) {
+        *y++ = d1 * static_cast<float>((ql[l] & 0x0F) + (((qh[l] >> j) & 1) != 0 ? 16 : 0)) - m1;
+      }
+      for (int l = 0; l < 32; ++l) {
+        *y++ =
+            d2 * static_cast<float>((ql[l] >> 4) + (((qh[l] >> (j + 1)) & 1) != 0 ? 16 : 0)) - m2;
+      }
+      ql += 32;
+    }
+  }
+}
+
+void dequantize_ref_q6k(const void* blocks, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const uint8_t* b = block_at(blocks, i, q6k::kBytes);
+    const float d = load_f16(b + q6k::kD);
+    const uint8_t* ql = b + q6k::kQl;
+    const uint8_t* qh = b + q6k::kQh;
+    const uint8_t* sc = b + q6k::kScales;  // int8
+    for (int n = 0; n < kQK; n += 128) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l + 0] = d * static_cast<float>(static_cast<int8_t>(sc[is + 0])) * static_cast<float>(q1);
+        y[l + 32] =
+            d * static_cast<float>(static_cast<int8_t>(sc[is + 2])) * static_cast<float>(q2);
+        y[l + 64] =
+            d * static_cast<float>(static_cast<int8_t>(sc[is + 4])) * static_cast<float>(q3);
+        y[l + 96] =
+            d * static_cast<float>(static_cast<int8_t>(sc[is + 6])) * static_cast<float>(q4);
+      }
+      y += 128;
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+  }
+}
+
+#ifdef KVCACHE_QUANT_K_AVX2
+
+// ---------------------------------------------------------------------------------------------
+// The unpacked form: element e = s[e / 16] * q[e] - m[e / 16], with s and m computed exactly as
+// the references compute their per-sub-block factors (same float operations, same order).
+
+struct Unpacked {
+  alignas(32) int8_t q[kQK];
+  float s[16];
+  float m[16];
+};
+
+void factors_q2k(const uint8_t* b, Unpacked& u) {
+  const float d = load_f16(b + q2k::kD), min = load_f16(b + q2k::kDmin);
+  for (int g = 0; g < 16; ++g) {
+    const uint8_t sc = b[q2k::kScales + g];
+    u.s[g] = d * static_cast<float>(sc & 0x0F);
+    u.m[g] = min * static_cast<float>(sc >> 4);
+  }
+}
+
+void factors_q3k(const uint8_t* b, Unpacked& u) {
+  const float d = load_f16(b + q3k::kD);
+  for (int g = 0; g < 16; ++g) {
+    u.s[g] = d * static_cast<float>(scale_q3k(g, b + q3k::kScales) - 32);
+    u.m[g] = 0.0f;
+  }
+}
+
+// q4_K and q5_K share the scale fields and their offsets (d, dmin, scales[12] at 0, 2, 4).
+void factors_k4(const uint8_t* b, Unpacked& u) {
+  const float d = load_f16(b + q4k::kD), min = load_f16(b + q4k::kDmin);
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    scale_min_k4(j, b + q4k::kScales, &sc, &m);
+    u.s[2 * j] = u.s[2 * j + 1] = d * static_cast<float>(sc);
+    u.m[2 * j] = u.m[2 * j + 1] = min * static_cast<float>(m);
+  }
+}
+
+void factors_q6k(const uint8_t* b, Unpacked& u) {
+  const float d = load_f16(b + q6k::kD);
+  for (int g = 0; g < 16; ++g) {
+    u.s[g] = d * static_cast<float>(static_cast<int8_t>(b[q6k::kScales + g]));
+    u.m[g] = 0.0f;
+  }
+}
+
+__m256i load32(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+void store32(int8_t* p, __m256i v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+}
+__m256i srl8(__m256i v, int n) {  // per-byte logical shift right (callers mask the bits kept)
+  return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n));
+}
+
+void codes_q2k(const uint8_t* b, Unpacked& u) {
+  const __m256i m3 = _mm256_set1_epi8(3);
+  for (int n = 0; n < 2; ++n) {
+    const __m256i v = load32(b + q2k::kQs + 32 * n);
+    for (int j = 0; j < 4; ++j)
+      store32(u.q + 128 * n + 32 * j, _mm256_and_si256(srl8(v, 2 * j), m3));
+  }
+}
+
+void codes_q3k(const uint8_t* b, Unpacked& u) {
+  const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+  const __m256i hm = load32(b + q3k::kHmask);
+  for (int n = 0; n < 2; ++n) {
+    const __m256i v = load32(b + q3k::kQs + 32 * n);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i lo = _mm256_and_si256(srl8(v, 2 * j), m3);
+      const __m256i h = _mm256_slli_epi16(_mm256_and_si256(srl8(hm, 4 * n + j), one), 2);
+      store32(u.q + 128 * n + 32 * j, _mm256_sub_epi8(_mm256_add_epi8(lo, h), four));
+    }
+  }
+}
+
+void codes_q4k(const uint8_t* b, Unpacked& u) {
+  const __m256i mf = _mm256_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    const __m256i v = load32(b + q4k::kQs + 32 * j);
+    store32(u.q + 64 * j, _mm256_and_si256(v, mf));
+    store32(u.q + 64 * j + 32, _mm256_and_si256(_mm256_srli_epi16(v, 4), mf));
+  }
+}
+
+void codes_q5k(const uint8_t* b, Unpacked& u) {
+  const __m256i mf = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  const __m256i qh = load32(b + q5k::kQh);
+  for (int j = 0; j < 4; ++j) {
+    const __m256i v = load32(b + q5k::kQs + 32 * j);
+    const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(srl8(qh, 2 * j), one), 4);
+    const __m256i h2 = _mm256_slli_epi16(_mm256_and_si256(srl8(qh, 2 * j + 1), one), 4);
+    store32(u.q + 64 * j, _mm256_or_si256(_mm256_and_si256(v, mf), h1));
+    store32(u.q + 64 * j + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), mf), h2));
+  }
+}
+
+void codes_q6k(const uint8_t* b, Unpacked& u) {
+  const __m256i mf = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  const __m256i k32 = _mm256_set1_epi8(32);
+  for (int n = 0; n < 2; ++n) {
+    const __m256i l0 = load32(b + q6k::kQl + 64 * n), l1 = load32(b + q6k::kQl + 64 * n + 32);
+    const __m256i h = load32(b + q6k::kQh + 32 * n);
+    const auto hi2 = [&](int shift) {
+      return _mm256_slli_epi16(_mm256_and_si256(srl8(h, shift), m3), 4);
+    };
+    const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l0, mf), hi2(0));
+    const __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, mf), hi2(2));
+    const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), mf), hi2(4));
+    const __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), mf), hi2(6));
+    store32(u.q + 128 * n + 0, _mm256_sub_epi8(q1, k32));
+    store32(u.q + 128 * n + 32, _mm256_sub_epi8(q2, k32));
+    store32(u.q + 128 * n + 64, _mm256_sub_epi8(q3, k32));
+    store32(u.q + 128 * n + 96, _mm256_sub_epi8(q4, k32));
+  }
+}
+
+__m256 codes8(const int8_t* q) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+}
+
+// y = s * q - m, the references' two roundings (no FMA), 16 elements of sub-block g.
+void values16(const Unpacked& u, int g, __m256* lo, __m256* hi) {
+  const __m256 s = _mm256_set1_ps(u.s[g]), m = _mm256_set1_ps(u.m[g]);
+  *lo = _mm256_sub_ps(_mm256_mul_ps(s, codes8(u.q + 16 * g)), m);
+  *hi = _mm256_sub_ps(_mm256_mul_ps(s, codes8(u.q + 16 * g + 8)), m);
+}
+
+template <void (*Codes)(const uint8_t*, Unpacked&), void (*Factors)(const uint8_t*, Unpacked&),
+          size_t kBytes>
+void dequantize_simd(const void* blocks, float* y, int64_t n_blocks) {
+  Unpacked u;
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const uint8_t* b = block_at(blocks, i, kBytes);
+    Codes(b, u);
+    Factors(b, u);
+    for (int g = 0; g < 16; ++g) {
+      __m256 lo, hi;
+      values16(u, g, &lo, &hi);
+      _mm256_storeu_ps(y + 16 * g, lo);
+      _mm256_storeu_ps(y + 16 * g + 8, hi);
+    }
+    y += kQK;
+  }
+}
+
+float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// The dot of the exact reference values with x: only the summation order differs from dot_ref
+// (four 8-lane accumulators, then a horizontal sum).
+template <void (*Codes)(const uint8_t*, Unpacked&), void (*Factors)(const uint8_t*, Unpacked&),
+          size_t kBytes>
+float dot_simd(const void* blocks, const float* x, int64_t n_blocks) {
+  Unpacked u;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const uint8_t* b = block_at(blocks, i, kBytes);
+    Codes(b, u);
+    Factors(b, u);
+    for (int g = 0; g < 16; g += 2) {
+      __m256 w0, w1, w2, w3;
+      values16(u, g, &w0, &w1);
+      values16(u, g + 1, &w2, &w3);
+      acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + 16 * g), acc0);
+      acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 16 * g + 8), acc1);
+      acc2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16 * g + 16), acc2);
+      acc3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 16 * g + 24), acc3);
+    }
+    x += kQK;
+  }
+  return hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+}
+
+// q4_K's decode dot, fused: per sub-block of 32, the nibbles are widened to f32 in registers
+// and s * sum(q x) - m * sum(x) is accumulated (the reference's s * q - m per element,
+// regrouped: one multiply-add per element instead of a multiply, a subtract and a multiply-add,
+// no store of the codes). Within kQuantDotTolerance: the regrouping only moves the rounding of
+// s * q - m (a few ulps of the larger of s * q and m) into the sums.
+float dot_q4k(const void* blocks, const float* x, int64_t n_blocks) {
+  const __m256i mf = _mm256_set1_epi8(0x0F);
+  __m256 tot0 = _mm256_setzero_ps(), tot1 = tot0;
+  const auto widen = [](__m128i c) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c)); };
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const uint8_t* b = block_at(blocks, i, q4k::kBytes);
+    const float d = load_f16(b + q4k::kD), min = load_f16(b + q4k::kDmin);
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      scale_min_k4(j, b + q4k::kScales, &sc, &m);
+      const __m256i v = load32(b + q4k::kQs + 32 * (j / 2));
+      const __m256i c =
+          (j % 2 == 0) ? _mm256_and_si256(v, mf) : _mm256_and_si256(_mm256_srli_epi16(v, 4), mf);
+      const __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
+      const float* xs = x + 32 * j;
+      const __m256 x0 = _mm256_loadu_ps(xs), x1 = _mm256_loadu_ps(xs + 8);
+      const __m256 x2 = _mm256_loadu_ps(xs + 16), x3 = _mm256_loadu_ps(xs + 24);
+      __m256 qa = _mm256_mul_ps(widen(c0), x0);
+      __m256 qb = _mm256_mul_ps(widen(_mm_srli_si128(c0, 8)), x1);
+      qa = _mm256_fmadd_ps(widen(c1), x2, qa);
+      qb = _mm256_fmadd_ps(widen(_mm_srli_si128(c1, 8)), x3, qb);
+      const __m256 sx = _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3));
+      tot0 =
+          _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc)), _mm256_add_ps(qa, qb), tot0);
+      tot1 = _mm256_fnmadd_ps(_mm256_set1_ps(min * static_cast<float>(m)), sx, tot1);
+    }
+    x += kQK;
+  }
+  return hsum(_mm256_add_ps(tot0, tot1));
+}
+
+// q6_K's decode dot, fused: the 6-bit codes are assembled in registers (as codes_q6k does)
+// and each sub-block of 16 contributes d * sc * sum(q x), no per-element scaling. Within
+// kQuantDotTolerance: (d * sc) * q is exact in f32 (|q| <= 32 and d * sc carries 24 bits,
+// rounded once like the reference), so only the grouping of the sums differs.
+float dot_q6k(const void* blocks, const float* x, int64_t n_blocks) {
+  const __m256i mf = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  const __m256i k32 = _mm256_set1_epi8(32);
+  __m256 tot0 = _mm256_setzero_ps(), tot1 = tot0;
+  const auto widen = [](__m128i c) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)); };
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const uint8_t* b = block_at(blocks, i, q6k::kBytes);
+    const float d = load_f16(b + q6k::kD);
+    for (int n = 0; n < 2; ++n) {
+      const __m256i l0 = load32(b + q6k::kQl + 64 * n), l1 = load32(b + q6k::kQl + 64 * n + 32);
+      const __m256i h = load32(b + q6k::kQh + 32 * n);
+      const auto hi2 = [&](int shift) {
+        return _mm256_slli_epi16(_mm256_and_si256(srl8(h, shift), m3), 4);
+      };
+      const __m256i q[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, mf), hi2(0)),
+          _mm256_or_si256(_mm256_and_si256(l1, mf), hi2(2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), mf), hi2(4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), mf), hi2(6))};
+      for (int k = 0; k < 4; ++k) {  // elements 128 n + 32 k + 0..31: sub-blocks g, g + 1
+        const __m256i c = _mm256_sub_epi8(q[k], k32);
+        const __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
+        const float* xs = x + 128 * n + 32 * k;
+        const int g = 8 * n + 2 * k;
+        const __m256 a = _mm256_fmadd_ps(widen(_mm_srli_si128(c0, 8)), _mm256_loadu_ps(xs + 8),
+                                         _mm256_mul_ps(widen(c0), _mm256_loadu_ps(xs)));
+        const __m256 e = _mm256_fmadd_ps(widen(_mm_srli_si128(c1, 8)), _mm256_loadu_ps(xs + 24),
+                                         _mm256_mul_ps(widen(c1), _mm256_loadu_ps(xs + 16)));
+        const float sa = d * static_cast<float>(static_cast<int8_t>(b[q6k::kScales + g]));
+        const float se = d * static_cast<float>(static_cast<int8_t>(b[q6k::kScales + g + 1]));
+        tot0 = _mm256_fmadd_ps(_mm256_set1_ps(sa), a, tot0);
+        tot1 = _mm256_fmadd_ps(_mm256_set1_ps(se), e, tot1);
+      }
+    }
+    x += kQK;
+  }
+  return hsum(_mm256_add_ps(tot0, tot1));
+}
+
+#else
+
+// Without AVX2: dequantize is the reference, dot goes through one super-block of f32 on the
+// stack at a time (not a copy of the row).
+template <void (*Ref)(const void*, float*, int64_t), size_t kBytes>
+float dot_scalar(const void* blocks, const float* x, int64_t n_blocks) {
+  float w[kQK];
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    Ref(block_at(blocks, i, kBytes), w, 1);
+    for (int e = 0; e < kQK; e += 4) {
+      for (int l = 0; l < 4; ++l) acc[l] += w[e + l] * x[e + l];
+    }
+    x += kQK;
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+#endif  // KVCACHE_QUANT_K_AVX2
+
+// ---------------------------------------------------------------------------------------------
+// Quantizers: simple per-sub-block fits (min/max with mins, max-abs without), the sub-block
+// factors quantized to their fields against the block's f16 d (and dmin).
+
+int round_clamp(float v, int lo, int hi) {
+  const float r = std::nearbyint(v);
+  if (!(r >= static_cast<float>(lo))) return lo;  // also NaN
+  if (r > static_cast<float>(hi)) return hi;
+  return static_cast<int>(r);
+}
+
+float inverse(float d) {
+  return d != 0.0f ? 1.0f / d : 0.0f;
+}
+
+// Affine fit of n values to codes 0..levels with w = scale * q - offset, offset = -min(0, min x)
+// >= 0 (the k-quant mins are subtracted).
+void affine_fit(const float* x, int n, int levels, float* scale, float* offset) {
+  float lo = 0.0f, hi = 0.0f;
+  for (int l = 0; l < n; ++l) {
+    lo = std::min(lo, x[l]);
+    hi = std::max(hi, x[l]);
+  }
+  *scale = (hi - lo) / static_cast<float>(levels);
+  *offset = -lo;
+}
+
+// Codes of n values for w = s * q - m with the quantized factors.
+void affine_codes(const float* x, int n, float s, float m, int levels, uint8_t* q) {
+  const float inv = inverse(s);
+  for (int l = 0; l < n; ++l) q[l] = static_cast<uint8_t>(round_clamp((x[l] + m) * inv, 0, levels));
+}
+
+// Super-block factor of 8 or 16 sub-block values quantized to 0..max_code: f16 d and the codes.
+float fit_super(const float* v, int n, int max_code, uint8_t* out_d16, int* codes) {
+  float vmax = 0.0f;
+  for (int j = 0; j < n; ++j) vmax = std::max(vmax, v[j]);
+  store_f16(out_d16, vmax / static_cast<float>(max_code));
+  const float d = load_f16(out_d16);
+  const float inv = inverse(d);
+  for (int j = 0; j < n; ++j) codes[j] = round_clamp(v[j] * inv, 0, max_code);
+  return d;
+}
+
+void quantize_ref_q2k(const float* src, void* blocks, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, src += kQK) {
+    uint8_t* b = static_cast<uint8_t*>(blocks) + static_cast<size_t>(i) * q2k::kBytes;
+    float scale[16], offset[16];
+    for (int g = 0; g < 16; ++g) affine_fit(src + 16 * g, 16, 3, &scale[g], &offset[g]);
+    int sc[16], mn[16];
+    const float d = fit_super(scale, 16, 15, b + q2k::kD, sc);
+    const float dmin = fit_super(offset, 16, 15, b + q2k::kDmin, mn);
+    uint8_t codes[kQK];
+    for (int g = 0; g < 16; ++g) {
+      b[q2k::kScales + g] = static_cast<uint8_t>(sc[g] | (mn[g] << 4));
+      affine_codes(src + 16 * g, 16, d * static_cast<float>(sc[g]),
+                   dmin * static_cast<float>(mn[g]), 3, codes + 16 * g);
+    }
+    // Element 128 n + 32 j + l (l < 32) is bits 2j of qs[32 n + l].
+    uint8_t* qs = b + q2k::kQs;
+    std::memset(qs, 0, 64);
+    for (int e = 0; e < kQK; ++e) {
+      qs[32 * (e / 128) + e % 32] |= static_cast<uint8_t>(codes[e] << (2 * ((e % 128) / 32)));
+    }
+  }
+}
+
+void quantize_ref_q3k(const float* src, void* blocks, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, src += kQK) {
+    uint8_t* b = static_cast<uint8_t*>(blocks) + static_cast<size_t>(i) * q3k::kBytes;
+    // Signed scales: codes -4..3 (max-abs maps to +-4 when the extreme is negative, else 3).
+    float scale[16];
+    for (int g = 0; g < 16; ++g) {
+      float amax = 0.0f, vmax = 0.0f;
+      for (int l = 0; l < 16; ++l) {
+        if (std::fabs(src[16 * g + l]) > amax) {
+          amax = std::fabs(src[16 * g + l]);
+          vmax = src[16 * g + l];
+        }
+      }
+      scale[g] = vmax < 0.0f ? -vmax / 4.0f : vmax / 3.0f;
+    }
+    int sc[16];
+    const float d = fit_super(scale, 16, 31, b + q3k::kD, sc);
+    uint8_t* s = b + q3k::kScales;
+    std::memset(s, 0, 12);
+    std::memset(b + q3k::kHmask, 0, 32);
+    std::memset(b + q3k::kQs, 0, 64);
+    for (int g = 0; g < 16; ++g) {
+      const int v = sc[g] + 32;  // stored unsigned; scales used are v - 32 in 0..31 here
+      s[g % 8] |= static_cast<uint8_t>((v & 0x0F) << (4 * (g / 8)));
+      s[8 + g % 4] |= static_cast<uint8_t>((v >> 4) << (2 * (g / 4)));
+      const float inv = inverse(d * static_cast<float>(sc[g]));
+      for (int l = 0; l < 16; ++l) {
+        const int e = 16 * g + l;
+        const int code = round_clamp(src[e] * inv, -4, 3) + 4;  // 0..7: hmask bit = code >= 4
+        const int at = 32 * (e / 128) + e % 32, shift = 2 * ((e % 128) / 32);
+        b[q3k::kQs + at] |= static_cast<uint8_t>((code & 3) << shift);
+        b[q3k::kHmask + e % 32] |= static_cast<uint8_t>((code >> 2) << (e / 32));
+      }
+    }
+  }
+}
+
+// Packs q4_K/q5_K's 8 scales and 8 mins (6-bit) into 12 bytes, the inverse of scale_min_k4.
+void pack_scale_min_k4(const int* sc, const int* mn, uint8_t* q) {
+  for (int j = 0; j < 4; ++j) {
+    q[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    q[j + 4] = static_cast<uint8_t>(mn[j] | ((mn[j + 4] >> 4) << 6));
+    q[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4));
+  }
+}
+
+// q4_K / q5_K: 8 sub-blocks of 32 with codes 0..levels; writes d, dmin, scales, and codes.
+void fit_k4(const float* src, uint8_t* b, int levels, uint8_t* codes) {
+  float scale[8], offset[8];
+  for (int j = 0; j < 8; ++j) affine_fit(src + 32 * j, 32, levels, &scale[j], &offset[j]);
+  int sc[8], mn[8];
+  const float d = fit_super(scale, 8, 63, b + q4k::kD, sc);
+  const float dmin = fit_super(offset, 8, 63, b + q4k::kDmin, mn);
+  pack_scale_min_k4(sc, mn, b + q4k::kScales);
+  for (int j = 0; j < 8; ++j) {
+    affine_codes(src + 32 * j, 32, d * static_cast<float>(sc[j]), dmin * static_cast<float>(mn[j]),
+                 levels, codes + 32 * j);
+  }
+}
+
+void quantize_ref_q4k(const float* src, void* blocks, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, src += kQK) {
+    uint8_t* b = static_cast<uint8_t*>(blocks) + static_cast<size_t>(i) * q4k::kBytes;
+    uint8_t codes[kQK];
+    fit_k4(src, b, 15, codes);
+    for (int j = 0; j < 4; ++j) {  // sub-block 2j in the low nibbles, 2j + 1 in the high
+      for (int l = 0; l < 32; ++l) {
+        b[q4k::kQs + 32 * j + l] =
+            static_cast<uint8_t>(codes[64 * j + l] | (codes[64 * j + 32 + l] << 4));
+      }
+    }
+  }
+}
+
+void quantize_ref_q5k(const float* src, void* blocks, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, src += kQK) {
+    uint8_t* b = static_cast<uint8_t*>(blocks) + static_cast<size_t>(i) * q5k::kBytes;
+    uint8_t codes[kQK];
+    fit_k4(src, b, 31, codes);
+    std::memset(b + q5k::kQh, 0, 32);
+    for (int j = 0; j < 4; ++j) {
+      for (int l = 0; l < 32; ++l) {
+        const int c1 = codes[64 * j + l], c2 = codes[64 * j + 32 + l];
+        b[q5k::kQs + 32 * j + l] = static_cast<uint8_t>((c1 & 0x0F) | ((c2 & 0x0F) << 4));
+        b[q5k::kQh + l] |=
+            static_cast<uint8_t>(((c1 >> 4) << (2 * j)) | ((c2 >> 4) << (2 * j + 1)));
+      }
+    }
+  }
+}
+
+void quantize_ref_q6k(const float* src, void* blocks, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, src += kQK) {
+    uint8_t* b = static_cast<uint8_t*>(blocks) + static_cast<size_t>(i) * q6k::kBytes;
+    // Codes -32..31; a sub-block's scale maps its max-abs value to -32 or 31 by its sign (the
+    // scale itself then stays positive, 0..127).
+    float scale[16];
+    for (int g = 0; g < 16; ++g) {
+      float amax = 0.0f, vmax = 0.0f;
+      for (int l = 0; l < 16; ++l) {
+        if (std::fabs(src[16 * g + l]) > amax) {
+          amax = std::fabs(src[16 * g + l]);
+          vmax = src[16 * g + l];
+        }
+      }
+      scale[g] = vmax < 0.0f ? -vmax / 32.0f : vmax / 31.0f;
+    }
+    int sc[16];
+    const float d = fit_super(scale, 16, 127, b + q6k::kD, sc);
+    int8_t codes[kQK];
+    for (int g = 0; g < 16; ++g) {
+      b[q6k::kScales + g] = static_cast<uint8_t>(sc[g]);
+      const float inv = inverse(d * static_cast<float>(sc[g]));
+      for (int l = 0; l < 16; ++l) {
+        codes[16 * g + l] = static_cast<int8_t>(round_clamp(src[16 * g + l] * inv, -32, 31));
+      }
+    }
+    // Element 128 n + 32 k + l (k = 0..3, l < 32): low 4 bits in ql[64 n + 32 (k % 2) + l]
+    // (low nibble for k < 2), top 2 bits in qh[32 n + l] at bit 2 k.
+    std::memset(b + q6k::kQl, 0, 192);
+    for (int e = 0; e < kQK; ++e) {
+      const int n = e / 128, k = (e % 128) / 32, l = e % 32;
+      const int v = codes[e] + 32;
+      b[q6k::kQl + 64 * n + 32 * (k % 2) + l] |= static_cast<uint8_t>((v & 0x0F) << (4 * (k / 2)));
+      b[q6k::kQh + 32 * n + l] |= static_cast<uint8_t>((v >> 4) << (2 * k));
+    }
+  }
+}
+
+#ifdef KVCACHE_QUANT_K_AVX2
+#define KQ_KERNELS(ref, codes, factors, bytes, quant)                                   \
+  QuantKernels {                                                                        \
+    ref, dequantize_simd<codes, factors, bytes>, dot_simd<codes, factors, bytes>, quant \
+  }
+#else
+#define KQ_KERNELS(ref, codes, factors, bytes, quant) \
+  QuantKernels {                                      \
+    ref, ref, dot_scalar<ref, bytes>, quant           \
+  }
+#endif
+
+const QuantKernels kQ2K =
+    KQ_KERNELS(dequantize_ref_q2k, codes_q2k, factors_q2k, q2k::kBytes, quantize_ref_q2k);
+const QuantKernels kQ3K =
+    KQ_KERNELS(dequantize_ref_q3k, codes_q3k, factors_q3k, q3k::kBytes, quantize_ref_q3k);
+const QuantKernels kQ4K =
+    KQ_KERNELS(dequantize_ref_q4k, codes_q4k, factors_k4, q4k::kBytes, quantize_ref_q4k);
+const QuantKernels kQ5K =
+    KQ_KERNELS(dequantize_ref_q5k, codes_q5k, factors_k4, q5k::kBytes, quantize_ref_q5k);
+const QuantKernels kQ6K =
+    KQ_KERNELS(dequantize_ref_q6k, codes_q6k, factors_q6k, q6k::kBytes, quantize_ref_q6k);
+
+#undef KQ_KERNELS
+
+#ifdef KVCACHE_QUANT_K_AVX2
+// q4_K and q6_K, what Q4_K_M files hold, have their own fused dots.
+const QuantKernels kQ4KFused = {dequantize_ref_q4k,
+                                dequantize_simd<codes_q4k, factors_k4, q4k::kBytes>, dot_q4k,
+                                quantize_ref_q4k};
+const QuantKernels kQ6KFused = {dequantize_ref_q6k,
+                                dequantize_simd<codes_q6k, factors_q6k, q6k::kBytes>, dot_q6k,
+                                quantize_ref_q6k};
+#endif
+
+}  // namespace
+
+const QuantKernels* k_quant_kernels(DType t) {
+  switch (t) {
+    case DType::kQ2_K:
+      return &kQ2K;
+    case DType::kQ3_K:
+      return &kQ3K;
+    case DType::kQ4_K:
+#ifdef KVCACHE_QUANT_K_AVX2
+      return &kQ4KFused;
+#else
+      return &kQ4K;
+#endif
+    case DType::kQ5_K:
+      return &kQ5K;
+    case DType::kQ6_K:
+#ifdef KVCACHE_QUANT_K_AVX2
+      return &kQ6KFused;
+#else
+      return &kQ6K;
+#endif
+    default:
+      return nullptr;
+  }
 }
 
 }  // namespace kvcache

@@ -1,10 +1,12 @@
 #include "model/convert.h"
 
+#include <cctype>
 #include <cstring>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/matmul.h"
+#include "kernels/quant_types.h"
 #include "model/gguf.h"
 #include "model/tokenizer_llama2c.h"
 
@@ -24,6 +26,8 @@ Tensor convert_matrix(const TensorView& src, DType dst_t) {
     void* dst = static_cast<std::byte*>(out.data()) + static_cast<size_t>(r) * dst_rb;
     if (dst_t == DType::kQ8_0) {
       quantize_row_q8_0(row.data(), static_cast<BlockQ8_0*>(dst), cols);
+    } else if (const QuantKernels* q = quant_kernels(dst_t)) {
+      q->quantize_ref(row.data(), dst, cols / dtype_info(dst_t).block_elems);
     } else {
       convert_n(row.data(), DType::kF32, dst, dst_t, static_cast<size_t>(cols));
     }
@@ -94,17 +98,80 @@ void add_vocabulary(GgufWriter& w, const Llama2cTokenizer& tok) {
   w.set("tokenizer.ggml.add_space_prefix", GgufValue::boolean(true));
 }
 
+// llama.cpp's use_more_bits (llama-quant.cpp): the layers of a Q4_K_M file whose attn_v and
+// ffn_down keep more bits.
+bool use_more_bits(int64_t layer, int64_t n_layers) {
+  return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
+}
+
+// The layer of "blk.N.<...>", or -1.
+int64_t block_index(const std::string& name) {
+  if (!name.starts_with("blk.")) return -1;
+  const size_t dot = name.find('.', 4);
+  if (dot == std::string::npos || dot == 4) return -1;
+  int64_t n = 0;
+  for (size_t i = 4; i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    n = n * 10 + (name[i] - '0');
+  }
+  return n;
+}
+
+DType mix_dtype(QuantMix mix, const std::string& name, int64_t n_layers) {
+  KV_CHECK(mix == QuantMix::kQ4_K_M, "mix_dtype: unknown mix");
+  if (name == "output.weight") return DType::kQ6_K;
+  const int64_t layer = block_index(name);
+  if (layer >= 0 && (name.ends_with(".attn_v.weight") || name.ends_with(".ffn_down.weight")) &&
+      use_more_bits(layer, n_layers)) {
+    return DType::kQ6_K;
+  }
+  return DType::kQ4_K;
+}
+
+// The dtype a matrix of `cols` columns can take when `want` is asked for: q8_0 needs rows of
+// whole 32-blocks, the GGUF block types whole blocks of theirs; a k-quant falls back to q8_0
+// (llama-quantize falls back too), anything else keeps `have`.
+DType fitting_dtype(DType want, DType have, int64_t cols) {
+  const int64_t be = dtype_info(want).block_elems;
+  if (cols % be == 0) return want;
+  if (be == 256 && cols % 32 == 0) return DType::kQ8_0;
+  return have;
+}
+
 }  // namespace
 
-void convert_to_gguf(const ModelFile& model, const GgufConvertOptions& options,
-                     const std::string& out_path) {
+void parse_convert_dtype(const std::string& name, GgufConvertOptions& options) {
+  std::string lower = name;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (lower == "q4_k_m") {
+    options.mix = QuantMix::kQ4_K_M;
+    options.matrix_dtype.reset();
+    return;
+  }
+  const DType t = parse_dtype(name);
+  if (!dtype_is_float(t) && t != DType::kQ8_0 &&
+      (quant_kernels(t) == nullptr || quant_kernels(t)->quantize_ref == nullptr)) {
+    throw Error(ErrorKind::kUnsupported, "--dtype " + name +
+                                             ": no quantizer for this type; use f32, f16, bf16, "
+                                             "q8_0, a k-quant (q2_K..q6_K) or q4_K_M");
+  }
+  options.mix = QuantMix::kNone;
+  options.matrix_dtype = t;
+}
+
+GgufConvertReport convert_to_gguf(const ModelFile& model, const GgufConvertOptions& options,
+                                  const std::string& out_path) {
   GgufWriter w;
   const ModelConfig& c = model.config();
   ModelConfig written = c;
   written.rope_interleaved = true;  // half-split (HF) models get their Q/K rows permuted below
   gguf_write_llama_config(w, written);
   w.set("general.name", GgufValue::str("converted from " + model.path()));
-  w.set("general.file_type", GgufValue::u32(0));
+  KV_CHECK(options.mix == QuantMix::kNone || !options.matrix_dtype,
+           "convert_to_gguf: a mix and a matrix dtype");
+  // llama.h's LLAMA_FTYPE_MOSTLY_Q4_K_M = 15; 0 (all f32) is kept for the other choices.
+  w.set("general.file_type", GgufValue::u32(options.mix == QuantMix::kQ4_K_M ? 15 : 0));
+  GgufConvertReport report;
   if (options.tokenizer != nullptr) {
     if (options.tokenizer->vocab_size() != model.config().vocab_size) {
       throw Error(ErrorKind::kInvalidArgument, options.tokenizer->path() + ": tokenizer has " +
@@ -127,14 +194,24 @@ void convert_to_gguf(const ModelFile& model, const GgufConvertOptions& options,
       }
     }
     const bool matrix = view.ndim() == 2;
-    if (matrix && options.matrix_dtype && *options.matrix_dtype != view.dtype() &&
-        !(*options.matrix_dtype == DType::kQ8_0 && view.dim(1) % 32 != 0)) {
-      owned.push_back(convert_matrix(view, *options.matrix_dtype));
-      view = owned.back().view();
+    std::optional<DType> want = options.matrix_dtype;
+    if (matrix && options.mix != QuantMix::kNone) want = mix_dtype(options.mix, name, c.n_layers);
+    if (matrix && want && *want != view.dtype()) {
+      const DType t = fitting_dtype(*want, view.dtype(), view.dim(1));
+      if (t != *want && dtype_info(*want).block_elems == 256) {
+        report.fallbacks.push_back(name + ": " + dtype_name(t) + " instead of " +
+                                   dtype_name(*want) + " (rows of " + std::to_string(view.dim(1)) +
+                                   " are not whole blocks of 256)");
+      }
+      if (t != view.dtype()) {
+        owned.push_back(convert_matrix(view, t));
+        view = owned.back().view();
+      }
     }
     w.add_tensor(name, view);
   }
   w.write(out_path);
+  return report;
 }
 
 }  // namespace kvcache

@@ -1,6 +1,7 @@
 // `kvcache convert`: a llama2.c checkpoint (or any model we load) to GGUF v3 with our writer,
-// weights optionally re-encoded (f16, bf16, q8_0), the llama2.c vocabulary embedded as a
-// SentencePiece tokenizer. The result loads here and in llama.cpp-compatible tools.
+// weights optionally re-encoded (f16, bf16, q8_0, the k-quants, the q4_K_M mix), the llama2.c
+// vocabulary embedded as a SentencePiece tokenizer. The result loads here and in
+// llama.cpp-compatible tools.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -28,7 +29,7 @@ void run_convert(const CLI::App& cmd, const ConvertOptions& o) {
   lo.tokenizer_path = o.tokenizer;
   LoadedModel lm = load_model(o.model, lo);
   GgufConvertOptions co;
-  if (!o.dtype.empty()) co.matrix_dtype = parse_dtype(o.dtype);
+  if (!o.dtype.empty()) parse_convert_dtype(o.dtype, co);
   co.tokenizer = dynamic_cast<const Llama2cTokenizer*>(lm.tokenizer.get());
   RunShape shape;
   shape.embeds_vocab = co.tokenizer != nullptr;
@@ -37,7 +38,10 @@ void run_convert(const CLI::App& cmd, const ConvertOptions& o) {
     std::fprintf(stderr, "kvcache: note: only llama2.c vocabularies are embedded; %s is left out\n",
                  lm.tokenizer_path.c_str());
   }
-  convert_to_gguf(lm.model->file(), co, o.out);
+  const GgufConvertReport report = convert_to_gguf(lm.model->file(), co, o.out);
+  for (const std::string& f : report.fallbacks) {
+    std::fprintf(stderr, "kvcache: note: %s\n", f.c_str());
+  }
   std::error_code ec;
   std::fprintf(stderr, "wrote %s (%ju bytes): %s%s\n", o.out.c_str(),
                static_cast<uintmax_t>(std::filesystem::file_size(o.out, ec)),
@@ -55,7 +59,9 @@ void register_convert(CLI::App& app) {
                   "llama2.c tokenizer.bin (default: beside the checkpoint)");
   cmd->add_option("-o,--output", o->out, "Output .gguf path")->required();
   cmd->add_option("--dtype", o->dtype,
-                  "Re-encode weight matrices: f32, f16, bf16, q8_0 (default: keep)");
+                  "Re-encode weight matrices: f32, f16, bf16, q8_0, q2_K..q6_K, or q4_K_M "
+                  "(llama.cpp's mix: q4_K, with q6_K for output and some attn_v/ffn_down) "
+                  "(default: keep)");
   cmd->callback([o, cmd] { run_convert(*cmd, *o); });
 }
 
