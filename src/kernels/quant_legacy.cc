@@ -95,6 +95,13 @@ void dequantize_ref(const void* blocks, float* dst, int64_t n_blocks) {
 }
 
 #ifdef KVCACHE_QUANT_LEGACY_AVX2
+// kHighBit[g][i] = 1 << (8 g + i): the qh bit of element 8 g + i.
+alignas(32) constexpr uint32_t kHighBit[4][8] = {
+    {1u << 0, 1u << 1, 1u << 2, 1u << 3, 1u << 4, 1u << 5, 1u << 6, 1u << 7},
+    {1u << 8, 1u << 9, 1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15},
+    {1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22, 1u << 23},
+    {1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31}};
+
 // The 32 levels of a block as f32, elements 8g .. 8g+7 in f[g]. Exact (|level| <= 127).
 template <Kind K>
 inline void levels_f32(const uint8_t* blk, __m256 (&f)[4]) {
@@ -124,11 +131,9 @@ inline void levels_f32(const uint8_t* blk, __m256 (&f)[4]) {
       // Lane i of group g tests bit 8g + i of qh; where set, add 16 (the nibble is < 16, so
       // this is the OR of the fifth bit).
       const __m256i qh = _mm256_set1_epi32(static_cast<int>(load_qh(blk + L::kQhOff)));
-      const __m256i bits =
-          _mm256_setr_epi32(1 << 0, 1 << 1, 1 << 2, 1 << 3, 1 << 4, 1 << 5, 1 << 6, 1 << 7);
       const __m256i sixteen = _mm256_set1_epi32(16);
       for (int i = 0; i < 4; ++i) {
-        const __m256i bit = _mm256_slli_epi32(bits, 8 * i);
+        const __m256i bit = _mm256_load_si256(reinterpret_cast<const __m256i*>(kHighBit[i]));
         const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(qh, bit), bit);
         g[i] = _mm256_add_epi32(g[i], _mm256_and_si256(set, sixteen));
       }
@@ -138,6 +143,14 @@ inline void levels_f32(const uint8_t* blk, __m256 (&f)[4]) {
       f[i] = _mm256_cvtepi32_ps(g[i]);
     }
   }
+}
+
+// load_f16's value through F16C (exact for every f16, as f16_to_f32; inlined, where
+// f16_to_f32 is a call into core/dtype.cc per block).
+inline float load_f16_fast(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof(h));
+  return _cvtsh_ss(h);
 }
 
 inline float hsum(__m256 v) {
@@ -157,9 +170,9 @@ void dequantize_simd(const void* blocks, float* dst, int64_t n_blocks) {
   for (int64_t b = 0; b < n_blocks; ++b, p += L::kBytes, dst += 32) {
     __m256 f[4];
     levels_f32<K>(p, f);
-    const __m256 d = _mm256_set1_ps(load_f16(p));
+    const __m256 d = _mm256_set1_ps(load_f16_fast(p));
     if constexpr (L::kHasMin) {
-      const __m256 m = _mm256_set1_ps(load_f16(p + 2));
+      const __m256 m = _mm256_set1_ps(load_f16_fast(p + 2));
       for (int i = 0; i < 4; ++i)
         _mm256_storeu_ps(dst + 8 * i, _mm256_add_ps(_mm256_mul_ps(f[i], d), m));
     } else {
@@ -186,9 +199,9 @@ float dot(const void* blocks, const float* x, int64_t n_blocks) {
   for (int64_t b = 0; b < n_blocks; ++b, p += L::kBytes, x += 32) {
     __m256 f[4];
     levels_f32<K>(p, f);
-    const __m256 d = _mm256_set1_ps(load_f16(p));
+    const __m256 d = _mm256_set1_ps(load_f16_fast(p));
     if constexpr (L::kHasMin) {
-      const __m256 m = _mm256_set1_ps(load_f16(p + 2));
+      const __m256 m = _mm256_set1_ps(load_f16_fast(p + 2));
       for (int i = 0; i < 4; ++i) f[i] = _mm256_fmadd_ps(f[i], d, m);
     }
     __m256 s0 = _mm256_mul_ps(f[0], _mm256_loadu_ps(x));
