@@ -273,20 +273,34 @@ void quantize_ref(const float* src, void* blocks, int64_t n_blocks) {
     int c[32];
     if constexpr (K == Kind::kIQ4_NL) {
       // The value of largest magnitude maps to level -127 (d keeps its sign), the others to
-      // their nearest level.
+      // their nearest level; then d is refitted by least squares to those levels and the
+      // levels picked again (one step of ggml's refinement, without its importance weights).
       float vmax = 0.0f;
       for (int j = 0; j < 32; ++j)
         if (std::fabs(src[j]) > std::fabs(vmax)) vmax = src[j];
-      const float d = vmax / -127.0f;
-      const float id = d != 0.0f ? 1.0f / d : 0.0f;
-      store_f16(p, d);
+      float d = vmax / -127.0f;
+      auto pick = [&](float dd) {
+        const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        for (int j = 0; j < 32; ++j) {
+          const float t = src[j] * id;
+          int best = 0;
+          for (int v = 1; v < 16; ++v)
+            if (std::fabs(t - kIq4nlValues[v]) < std::fabs(t - kIq4nlValues[best])) best = v;
+          c[j] = best;
+        }
+      };
+      pick(d);
+      float sxv = 0.0f, svv = 0.0f;
       for (int j = 0; j < 32; ++j) {
-        const float t = src[j] * id;
-        int best = 0;
-        for (int v = 1; v < 16; ++v)
-          if (std::fabs(t - kIq4nlValues[v]) < std::fabs(t - kIq4nlValues[best])) best = v;
-        c[j] = best;
+        const float v = kIq4nlValues[c[j]];
+        sxv += src[j] * v;
+        svv += v * v;
       }
+      if (d != 0.0f && svv > 0.0f) {
+        d = sxv / svv;
+        pick(d);
+      }
+      store_f16(p, d);
     } else if constexpr (L::kHasMin) {
       // [min, max] onto the 2^bits codes.
       constexpr int kMaxCode = L::kHasHigh ? 31 : 15;
