@@ -20,8 +20,11 @@
 #include "kernels/quant_types.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
+#include "core/x86_intrin.h"
 #define KVCACHE_QUANT_LEGACY_AVX2 1
+#if defined(__AVX512F__)
+#define KVCACHE_QUANT_LEGACY_AVX512 1
+#endif
 #endif
 
 namespace kvcache {
@@ -145,6 +148,38 @@ inline void levels_f32(const uint8_t* blk, __m256 (&f)[4]) {
   }
 }
 
+#ifdef KVCACHE_QUANT_LEGACY_AVX512
+// levels_f32's values in 16 lanes: lo = elements 0..15, hi = 16..31. The fifth bits are a
+// mask register each (qh's low and high 16 bits); iq4_nl's levels a permute of the table.
+template <Kind K>
+inline void levels_f32x16(const uint8_t* blk, __m512& lo, __m512& hi) {
+  using L = Layout<K>;
+  const __m512i v =
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L::kQsOff)));
+  __m512i a = _mm512_and_si512(v, _mm512_set1_epi32(0x0F));
+  __m512i b = _mm512_srli_epi32(v, 4);
+  if constexpr (K == Kind::kIQ4_NL) {
+    const __m512 tab = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlValues))));
+    lo = _mm512_permutexvar_ps(a, tab);
+    hi = _mm512_permutexvar_ps(b, tab);
+  } else {
+    if constexpr (L::kHasHigh) {
+      const uint32_t qh = load_qh(blk + L::kQhOff);
+      const __m512i sixteen = _mm512_set1_epi32(16);
+      a = _mm512_mask_add_epi32(a, static_cast<__mmask16>(qh & 0xFFFFu), a, sixteen);
+      b = _mm512_mask_add_epi32(b, static_cast<__mmask16>(qh >> 16), b, sixteen);
+    }
+    if constexpr (L::kOffset != 0) {
+      a = _mm512_sub_epi32(a, _mm512_set1_epi32(L::kOffset));
+      b = _mm512_sub_epi32(b, _mm512_set1_epi32(L::kOffset));
+    }
+    lo = _mm512_cvtepi32_ps(a);
+    hi = _mm512_cvtepi32_ps(b);
+  }
+}
+#endif
+
 // load_f16's value through F16C (exact for every f16, as f16_to_f32; inlined, where
 // f16_to_f32 is a call into core/dtype.cc per block).
 inline float load_f16_fast(const uint8_t* p) {
@@ -197,9 +232,25 @@ float dot(const void* blocks, const float* x, int64_t n_blocks) {
 #ifdef KVCACHE_QUANT_LEGACY_AVX2
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; ++b, p += L::kBytes, x += 32) {
+    const __m256 d = _mm256_set1_ps(load_f16_fast(p));
+#ifdef KVCACHE_QUANT_LEGACY_AVX512
+    // 16 lanes: lo = groups 0|1, hi = groups 2|3, so lo * x + hi * x' has s0 in its low half
+    // and s1 in its high half, as the AVX2 path computes them: the same bits.
+    __m512 lo, hi;
+    levels_f32x16<K>(p, lo, hi);
+    if constexpr (L::kHasMin) {
+      const __m512 d16 = _mm512_set1_ps(load_f16_fast(p));
+      const __m512 m16 = _mm512_set1_ps(load_f16_fast(p + 2));
+      lo = _mm512_fmadd_ps(lo, d16, m16);
+      hi = _mm512_fmadd_ps(hi, d16, m16);
+    }
+    const __m512 s16 =
+        _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x)));
+    const __m256 s0 = _mm512_castps512_ps256(s16);
+    const __m256 s1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s16), 1));
+#else
     __m256 f[4];
     levels_f32<K>(p, f);
-    const __m256 d = _mm256_set1_ps(load_f16_fast(p));
     if constexpr (L::kHasMin) {
       const __m256 m = _mm256_set1_ps(load_f16_fast(p + 2));
       for (int i = 0; i < 4; ++i) f[i] = _mm256_fmadd_ps(f[i], d, m);
@@ -208,6 +259,7 @@ float dot(const void* blocks, const float* x, int64_t n_blocks) {
     __m256 s1 = _mm256_mul_ps(f[1], _mm256_loadu_ps(x + 8));
     s0 = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(x + 16), s0);
     s1 = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(x + 24), s1);
+#endif
     const __m256 s = _mm256_add_ps(s0, s1);
     if constexpr (L::kHasMin) {
       if (b & 1) {
