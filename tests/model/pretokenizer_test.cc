@@ -64,7 +64,10 @@ std::vector<Case> read_cases(const std::string& name) {
   for (size_t i = 0; std::getline(lines, line); ++i) {
     std::istringstream ids(line);
     std::string joined;
-    for (int32_t id; ids >> id;) joined += (joined.empty() ? "" : " ") + std::to_string(id);
+    for (int32_t id; ids >> id;) {
+      if (!joined.empty()) joined += ' ';
+      joined += std::to_string(id);
+    }
     cases.push_back({i < texts.size() ? texts[i] : "<missing>", joined});
   }
   EXPECT_EQ(texts.size(), cases.size()) << name;
@@ -73,7 +76,10 @@ std::vector<Case> read_cases(const std::string& name) {
 
 std::string ids_str(const std::vector<int32_t>& ids) {
   std::string s;
-  for (int32_t id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
+  for (int32_t id : ids) {
+    if (!s.empty()) s += ' ';
+    s += std::to_string(id);
+  }
   return s;
 }
 
