@@ -105,18 +105,20 @@ std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& g) {
                                           g.get_bool_or("tokenizer.ggml.add_space_prefix", true));
   }
   if (model == "gpt2") {
-    const std::string pre = g.get_string_or("tokenizer.ggml.pre", "gpt-2");
+    // llama.cpp reads a missing tokenizer.ggml.pre as "default" (with a warning that the file
+    // should be regenerated); so do we, naming it in kind().
+    const std::string pre = g.get_string_or("tokenizer.ggml.pre", "default");
     BpeParams p;
-    if (pre == "gpt-2" || pre == "gpt2") {
-      p.pre = BpePreTokenizer::kGpt2;
-    } else if (pre == "llama-bpe" || pre == "llama3") {
-      p.pre = BpePreTokenizer::kLlama3;
-      p.ignore_merges = true;
-      p.kind = "gpt2/llama3";
-    } else {
-      throw Error(ErrorKind::kUnsupported, g.path() + ": BPE pre-tokenizer '" + pre +
-                                               "' is not supported (gpt-2, llama-bpe)");
+    try {
+      GgufPreTokenizer gp = gguf_pretokenizer(pre);
+      p.pre = std::move(gp.pre);
+      p.ignore_merges = gp.ignore_merges;
+    } catch (const Error& e) {
+      throw Error(e.kind(), g.path() + ": " + e.what());
     }
+    p.kind = pre == "gpt-2"                            ? "gpt2"
+             : (pre == "llama-bpe" || pre == "llama3") ? "gpt2/llama3"
+                                                       : "gpt2/" + pre;
     for (const std::string& m : g.get_array("tokenizer.ggml.merges", GgufType::kString).strs) {
       // llama.cpp splits at the first space after the first byte.
       const size_t sp = m.find(' ', 1);

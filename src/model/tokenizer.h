@@ -66,11 +66,12 @@ std::string find_tokenizer_for_model(const std::string& model_path);
 
 class GgufFile;
 // The tokenizer stored in a GGUF's tokenizer.ggml.* metadata: model "llama" (SentencePiece BPE)
-// or "gpt2" (byte-level BPE; pre-tokenizer "gpt-2", or "llama-bpe"/"llama3" for Llama 3).
+// or "gpt2" (byte-level BPE with any pre-tokenizer llama.cpp names in tokenizer.ggml.pre, see
+// model/pretokenizer.h; a missing name is llama.cpp's "default").
 std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& gguf);
-// A Hugging Face tokenizer.json with model type BPE and a ByteLevel pre-tokenizer (GPT-2's regex,
-// or a Split on Llama 3's regex followed by ByteLevel). BOS/EOS come from tokenizer_config.json
-// beside it when present.
+// A Hugging Face tokenizer.json with model type BPE and a byte-level pre-tokenizer (Split, Digits,
+// Punctuation and ByteLevel steps, see tokenizer_hf.cc), and the normalizers it implements. BOS/EOS
+// come from tokenizer_config.json beside it when present.
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& tokenizer_json_path);
 // The same from the texts of tokenizer.json and of tokenizer_config.json ("" when there is
 // none); `source` names the file in errors.

@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "core/error.h"
 #include "model/symbol_merge.h"
 #include "model/unicode.h"
 
@@ -27,6 +28,8 @@ struct BigramGreater {
 
 BpeTokenizer::BpeTokenizer(Vocabulary vocab, BpeParams params)
     : VocabTokenizer(std::move(vocab)), params_(std::move(params)) {
+  if (!params_.pre)
+    throw Error(ErrorKind::kInvalidArgument, "BpeTokenizer needs a pre-tokenizer (BpeParams::pre)");
   ranks_.reserve(params_.merges.size());
   for (size_t i = 0; i < params_.merges.size(); ++i) {
     ranks_.emplace(params_.merges[i], static_cast<int>(i));  // the first occurrence keeps its rank
@@ -79,9 +82,13 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
       out.push_back(f.token);
       continue;
     }
-    const std::vector<std::string> words = params_.pre == BpePreTokenizer::kGpt2
-                                               ? pretokenize_gpt2(f.text)
-                                               : pretokenize_llama3(f.text);
+    std::string normalized;
+    std::string_view piece = f.text;
+    for (const auto& n : params_.normalizers) {
+      normalized = n(piece);
+      piece = normalized;
+    }
+    const std::vector<std::string> words = params_.pre->split(piece);
     std::string encoded;
     for (const std::string& w : words) {
       encoded.clear();

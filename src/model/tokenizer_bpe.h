@@ -1,25 +1,29 @@
 // Byte-level BPE tokenizer (GPT-2 family): GGUF tokenizer.ggml.model = "gpt2" and Hugging Face
 // tokenizer.json models of type BPE with a ByteLevel pre-tokenizer. Text is split by the
-// pre-tokenizer regex (GPT-2's or Llama 3's), each piece's bytes are mapped to GPT-2's printable
-// byte alphabet, and adjacent symbols are merged lowest merge rank first (ties: leftmost), as in
-// llama.cpp's llm_tokenizer_bpe_session.
+// pre-tokenizer (model/pretokenizer.h: the model's regex list), each piece's bytes are mapped to
+// GPT-2's printable byte alphabet, and adjacent symbols are merged lowest merge rank first (ties:
+// leftmost), as in llama.cpp's llm_tokenizer_bpe_session.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <unordered_map>
 
+#include "model/pretokenizer.h"
 #include "model/vocab_tokenizer.h"
 
 namespace kvcache {
 
-enum class BpePreTokenizer { kGpt2, kLlama3 };
-
 struct BpeParams {
-  BpePreTokenizer pre = BpePreTokenizer::kGpt2;
+  std::shared_ptr<const PreTokenizer> pre;  // required
+  // Text edits applied to each stretch of text between added tokens before pre-tokenizing (a
+  // tokenizer.json normalizer), in order.
+  std::vector<std::function<std::string(std::string_view)>> normalizers;
   // Merges in rank order, each a pair of token texts (GGUF "a b", tokenizer.json "a b" / [a, b]).
   std::vector<std::pair<std::string, std::string>> merges;
   // Llama 3 style: a pre-token that is already a vocabulary token is emitted whole.
   bool ignore_merges = false;
-  const char* kind = "gpt2";
+  std::string kind = "gpt2";  // what kind() reports
 };
 
 class BpeTokenizer : public VocabTokenizer {
@@ -27,7 +31,7 @@ class BpeTokenizer : public VocabTokenizer {
   BpeTokenizer(Vocabulary vocab, BpeParams params);
 
   std::vector<int32_t> encode(std::string_view text) const override;
-  const char* kind() const override { return params_.kind; }
+  const char* kind() const override { return params_.kind.c_str(); }
 
  private:
   struct PairHash {

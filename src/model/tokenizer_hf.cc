@@ -1,9 +1,11 @@
 // Hugging Face tokenizer.json (the `tokenizers` library's serialisation) -> BpeTokenizer.
-// Supported: model.type "BPE" with byte-level pre-tokenization — pre_tokenizer ByteLevel
-// (use_regex: GPT-2's regex) or Sequence[Split(GPT-2 or Llama 3 regex), ByteLevel(use_regex
-// false)] — and no normalizer. Everything else is refused with an Error naming the field, so a
-// tokenizer we cannot reproduce never silently produces different ids.
+// Supported: model.type "BPE" with byte-level pre-tokenization — a pre_tokenizer of Split (any
+// regex or string, any behavior, invert), Digits, Punctuation and ByteLevel (use_regex: GPT-2's
+// regex) steps, alone or in a Sequence, run by model/pretokenizer.h — and the normalizers
+// Sequence, Replace, Prepend and NFC (text below U+0300 only). Everything else is refused with an
+// Error naming the field, so a tokenizer we cannot reproduce never silently produces other ids.
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -13,19 +15,13 @@
 #include "model/config_limits.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_bpe.h"
+#include "model/unicode.h"
 
 namespace kvcache {
 
 namespace {
 
 using nlohmann::json;
-
-// The two regexes, as the tokenizers library writes them into tokenizer.json.
-constexpr std::string_view kGpt2Regex =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-constexpr std::string_view kLlama3Regex =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 [[noreturn]] void bad(const std::string& path, const std::string& what) {
   throw Error(ErrorKind::kFormat, path + ": " + what);
@@ -50,41 +46,142 @@ json parse_json(const std::string& text, const std::string& source) {
   }
 }
 
-// Returns the pre-tokenizer regex kind; checks the ByteLevel parts.
-BpePreTokenizer parse_pre_tokenizer(const json& pre, const std::string& path) {
-  if (!pre.is_object())
-    unsupported(path, "pre_tokenizer must be ByteLevel or Sequence[Split, ByteLevel]");
+SplitBehavior split_behavior(const std::string& b, const std::string& path) {
+  if (b == "Isolated") return SplitBehavior::kIsolated;
+  if (b == "Removed") return SplitBehavior::kRemoved;
+  if (b == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
+  if (b == "MergedWithNext") return SplitBehavior::kMergedWithNext;
+  if (b == "Contiguous") return SplitBehavior::kContiguous;
+  unsupported(path, "Split behavior '" + b +
+                        "' is not one of Isolated, Removed, MergedWithPrevious, MergedWithNext, "
+                        "Contiguous");
+}
+
+// Appends the split rules of one pre-tokenizer of the tokenizers library
+// (tokenizers/src/pre_tokenizers/*.rs); sets byte_level when a ByteLevel step is met.
+void add_pre_tokenizer(const json& pre, const std::string& path, std::vector<SplitRule>& rules,
+                       bool& byte_level) {
+  if (!pre.is_object()) unsupported(path, "pre_tokenizer must be an object with a \"type\"");
   const std::string type = pre.value("type", std::string());
-  auto check_byte_level = [&](const json& bl, bool regex_expected) {
-    if (bl.value("add_prefix_space", false))
+  if (type == "Sequence") {
+    if (!pre.contains("pretokenizers") || !pre["pretokenizers"].is_array())
+      bad(path, "pre_tokenizer Sequence needs a \"pretokenizers\" list");
+    for (const json& p : pre["pretokenizers"]) add_pre_tokenizer(p, path, rules, byte_level);
+  } else if (type == "ByteLevel") {
+    if (pre.value("add_prefix_space", false))
       unsupported(path, "ByteLevel add_prefix_space=true is not supported");
-    if (bl.value("use_regex", true) != regex_expected) {
-      unsupported(path, regex_expected ? "ByteLevel without use_regex needs a Split before it"
-                                       : "ByteLevel use_regex after a Split is not supported");
+    if (byte_level) unsupported(path, "a second ByteLevel pre-tokenizer is not supported");
+    byte_level = true;
+    if (pre.value("use_regex", true)) rules.push_back(SplitRule{std::string(kGpt2Regex)});
+  } else if (type == "Split") {
+    if (byte_level) unsupported(path, "a Split after ByteLevel is not supported");
+    if (!pre.contains("pattern") || !pre["pattern"].is_object())
+      bad(path, "pre_tokenizer Split needs a \"pattern\" object");
+    const json& pat = pre["pattern"];
+    SplitRule r;
+    if (pat.contains("Regex")) {
+      r.pattern = pat["Regex"].get<std::string>();
+    } else if (pat.contains("String")) {
+      r.pattern = pat["String"].get<std::string>();
+      r.literal = true;
+    } else {
+      bad(path, "pre_tokenizer Split pattern needs \"Regex\" or \"String\"");
     }
-  };
-  if (type == "ByteLevel") {
-    check_byte_level(pre, true);
-    return BpePreTokenizer::kGpt2;
+    r.behavior = split_behavior(pre.value("behavior", std::string()), path);
+    r.invert = pre.value("invert", false);
+    rules.push_back(std::move(r));
+  } else if (type == "Digits") {
+    // digits.rs: char::is_numeric (Unicode N), each digit alone or runs merged (Contiguous).
+    if (byte_level) unsupported(path, "Digits after ByteLevel is not supported");
+    rules.push_back(SplitRule{pre.value("individual_digits", false) ? "\\p{N}" : "\\p{N}+"});
+  } else if (type == "Punctuation") {
+    // punctuation.rs: char::is_ascii_punctuation or Unicode P, each character alone.
+    if (byte_level) unsupported(path, "Punctuation after ByteLevel is not supported");
+    SplitRule r{"[\\p{P}!-/:-@\\[-`{-~]"};
+    r.behavior = split_behavior(pre.value("behavior", std::string("Isolated")), path);
+    rules.push_back(std::move(r));
+  } else {
+    unsupported(path, "pre_tokenizer '" + type +
+                          "' is not supported (ByteLevel, Split, Digits, Punctuation, Sequence)");
   }
-  if (type == "Sequence" && pre.contains("pretokenizers") && pre["pretokenizers"].is_array() &&
-      pre["pretokenizers"].size() == 2) {
-    const json& split = pre["pretokenizers"][0];
-    const json& bl = pre["pretokenizers"][1];
-    if (split.value("type", std::string()) == "Split" &&
-        bl.value("type", std::string()) == "ByteLevel" && split.contains("pattern") &&
-        split["pattern"].is_object() && split["pattern"].contains("Regex") &&
-        split.value("behavior", std::string()) == "Isolated" && !split.value("invert", false)) {
-      check_byte_level(bl, false);
-      const std::string re = split["pattern"]["Regex"].get<std::string>();
-      if (re == kGpt2Regex) return BpePreTokenizer::kGpt2;
-      if (re == kLlama3Regex) return BpePreTokenizer::kLlama3;
-      unsupported(path,
-                  "pre_tokenizer Split regex '" + re + "' is not supported (GPT-2's or Llama 3's)");
+}
+
+std::shared_ptr<const PreTokenizer> parse_pre_tokenizer(const json& pre, const std::string& path) {
+  std::vector<SplitRule> rules;
+  bool byte_level = false;
+  add_pre_tokenizer(pre, path, rules, byte_level);
+  if (!byte_level) {
+    unsupported(path,
+                "the pre_tokenizer has no ByteLevel step: only byte-level BPE tokenizer.json is "
+                "supported");
+  }
+  return std::make_shared<const PreTokenizer>(path + " pre_tokenizer", std::move(rules),
+                                              RegexDialect::kHuggingFace);
+}
+
+// NFC changes nothing in a text whose characters are all below U+0300: composition needs a
+// combining character, and no character there has a singleton or excluded decomposition
+// (UnicodeData.txt, CompositionExclusions.txt). Beyond that we would need the composition tables,
+// which this build does not carry, so such a text is refused rather than tokenized unnormalized.
+std::string nfc_checked(std::string_view text) {
+  for (uint32_t cp : utf8_to_codepoints(text)) {
+    if (cp >= 0x300) {
+      throw Error(
+          ErrorKind::kUnsupported,
+          "this tokenizer.json normalizes to NFC, which is implemented only for text "
+          "below U+0300; the text has U+" +
+              [&] {
+                char buf[16];
+                std::snprintf(buf, sizeof buf, "%04X", cp);
+                return std::string(buf);
+              }() +
+              " (use the model's GGUF vocabulary)");
     }
   }
-  unsupported(path, "pre_tokenizer '" + type +
-                        "' is not supported (ByteLevel, or Sequence[Split, ByteLevel])");
+  return std::string(text);
+}
+
+// Appends the text edits of one normalizer (tokenizers/src/normalizers/*.rs) that this loader
+// implements: Sequence, Replace, Prepend, NFC (see nfc_checked).
+void add_normalizer(const json& n, const std::string& path,
+                    std::vector<std::function<std::string(std::string_view)>>& out) {
+  if (!n.is_object()) unsupported(path, "normalizer must be an object with a \"type\"");
+  const std::string type = n.value("type", std::string());
+  if (type == "Sequence") {
+    if (!n.contains("normalizers") || !n["normalizers"].is_array())
+      bad(path, "normalizer Sequence needs a \"normalizers\" list");
+    for (const json& m : n["normalizers"]) add_normalizer(m, path, out);
+  } else if (type == "Prepend") {
+    const std::string pre = n.at("prepend").get<std::string>();
+    // prepend.rs: only a non-empty text gains the prefix.
+    out.emplace_back(
+        [pre](std::string_view t) { return t.empty() ? std::string() : pre + std::string(t); });
+  } else if (type == "Replace") {
+    const json& pat = n.at("pattern");
+    SplitRule r;
+    if (pat.contains("String")) {
+      r.pattern = pat["String"].get<std::string>();
+      r.literal = true;
+    } else if (pat.contains("Regex")) {
+      r.pattern = pat["Regex"].get<std::string>();
+    } else {
+      bad(path, "normalizer Replace pattern needs \"Regex\" or \"String\"");
+    }
+    const std::string content = n.at("content").get<std::string>();
+    // The matches are what the split removes; the pieces between them are rejoined with the
+    // replacement wherever a match stood.
+    r.behavior = SplitBehavior::kContiguous;
+    auto finder = std::make_shared<const PreTokenizer>(
+        path + " normalizer Replace", std::vector<SplitRule>{r}, RegexDialect::kHuggingFace);
+    out.emplace_back(
+        [finder, content](std::string_view t) { return finder->replace_matches(t, content); });
+  } else if (type == "NFC") {
+    out.emplace_back(nfc_checked);
+  } else {
+    unsupported(path, "normalizer '" + type +
+                          "' is not supported (Sequence, Replace, Prepend, NFC for text below "
+                          "U+0300)");
+  }
 }
 
 std::string token_content(const json& j) {
@@ -106,11 +203,6 @@ std::unique_ptr<Tokenizer> parse_hf_tokenizer_unchecked(const std::string& text,
   const json& model = j["model"];
   const std::string type = model.value("type", std::string("BPE"));
   if (type != "BPE") unsupported(path, "model type '" + type + "' is not supported (BPE)");
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    unsupported(path,
-                "a normalizer is not supported (SentencePiece-style tokenizer.json; use the "
-                "model's GGUF vocabulary)");
-  }
   if (model.value("continuing_subword_prefix", json()).is_string() &&
       !model["continuing_subword_prefix"].get<std::string>().empty()) {
     unsupported(path, "continuing_subword_prefix is not supported");
@@ -118,6 +210,8 @@ std::unique_ptr<Tokenizer> parse_hf_tokenizer_unchecked(const std::string& text,
   BpeParams p;
   p.kind = "hf-bpe";
   p.pre = parse_pre_tokenizer(j.value("pre_tokenizer", json()), path);
+  if (j.contains("normalizer") && !j["normalizer"].is_null())
+    add_normalizer(j["normalizer"], path, p.normalizers);
   p.ignore_merges = model.value("ignore_merges", false);
 
   if (!model.contains("vocab") || !model["vocab"].is_object())

@@ -161,6 +161,7 @@ const Tokenizer& tiny_spm_tokenizer() {
 const Tokenizer& tiny_bpe_tokenizer() {
   static const BpeTokenizer tok = [] {
     BpeParams p;
+    p.pre = gguf_pretokenizer("gpt-2").pre;
     p.merges = tiny_bpe_merges();
     return BpeTokenizer(tiny_bpe_vocabulary(), std::move(p));
   }();
