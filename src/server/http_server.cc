@@ -101,6 +101,44 @@ std::optional<std::vector<ApiRequest>> read_api_request(const httplib::Request& 
   return std::nullopt;
 }
 
+// A Prometheus histogram: counts per upper bound (le), their sum and count; cumulative when
+// written out. Not thread-safe: LatencyHistograms' mutex guards it.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds)
+      : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void observe(double v) {
+    // The first bound >= v: "le" is inclusive.
+    const auto i =
+        static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+    ++counts_[i];
+    sum_ += v;
+  }
+  void write(std::string& out, const char* name, const char* help) const {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
+    uint64_t cumulative = 0;
+    char line[200];
+    for (size_t i = 0; i <= bounds_.size(); ++i) {
+      cumulative += counts_[i];
+      if (i < bounds_.size())
+        std::snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %llu\n", name, bounds_[i],
+                      static_cast<unsigned long long>(cumulative));
+      else
+        std::snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %llu\n", name,
+                      static_cast<unsigned long long>(cumulative));
+      out += line;
+    }
+    std::snprintf(line, sizeof line, "%s_sum %.17g\n%s_count %llu\n", name, sum_, name,
+                  static_cast<unsigned long long>(cumulative));
+    out += line;
+  }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // [bounds + 1]: the last one past every bound (+Inf)
+  double sum_ = 0;
+};
+
 }  // namespace
 
 // Buckets as vLLM's (vllm/v1/metrics/loggers.py: time_to_first_token, inter_token_latency,
