@@ -45,7 +45,7 @@ struct TestServerOptions {
 // A server on a free port, serving on its own thread until destroyed.
 struct TestServer {
   explicit TestServer(const LoadedModel& lm, const std::string& api_key = "", EngineConfig ec = {})
-      : TestServer(lm, TestServerOptions{api_key, ec, {}, {}}) {}
+      : TestServer(lm, TestServerOptions{api_key, ec, {}, {}, ChatTemplate::kChatML, {}}) {}
   TestServer(const LoadedModel& lm, TestServerOptions o) {
     std::signal(SIGPIPE, SIG_IGN);  // a write to a closed client must fail, not kill the test
     // A small pool unless the test sized one (0: the engine's default).
