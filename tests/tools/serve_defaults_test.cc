@@ -92,11 +92,12 @@ TEST(CliServeDefaults, PoolFromMemoryAnnouncedAndModelIdIsTheFileName) {
   {
     ServeChild s;
     ASSERT_TRUE(s.start(scratch.str(), {"serve", "--model", "dummy:tiny", "--port", "0"})) << s.err;
-    // dummy:tiny has a context of 256: any machine that runs the tests holds 8 of them.
-    EXPECT_NE(s.err.find("KV pool sized from free memory: 2048 tokens"), std::string::npos)
+    // dummy:tiny has a context of 2048 and tiny KV (40 MiB for 8 contexts): any machine that
+    // runs the tests holds 8 of them.
+    EXPECT_NE(s.err.find("KV pool sized from free memory: 16384 tokens"), std::string::npos)
         << s.err;
-    EXPECT_NE(s.err.find("capped at the context 256 x 8 sequences"), std::string::npos) << s.err;
-    EXPECT_NE(s.err.find("128 KV blocks of 16 tokens"), std::string::npos) << s.err;
+    EXPECT_NE(s.err.find("capped at the context 2048 x 8 sequences"), std::string::npos) << s.err;
+    EXPECT_NE(s.err.find("1024 KV blocks of 16 tokens"), std::string::npos) << s.err;
     const auto models = testing_util::http(s.port, "GET", "/v1/models");
     ASSERT_EQ(models.status, 200);
     EXPECT_EQ(json::parse(models.body)["data"][0]["id"], "dummy:tiny");
