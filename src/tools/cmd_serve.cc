@@ -56,7 +56,6 @@ struct ServeOptions {
   std::string kv_events, kv_events_topic, kv_events_replay;
 };
 
-
 void check_positive(double v, const char* flag) {
   if (!(v > 0) || v > 86400)
     throw Error(ErrorKind::kInvalidArgument,

@@ -22,10 +22,12 @@ using testing_util::TestServer;
 using testing_util::TestServerOptions;
 using testing_util::tiny_with_vocab;
 
-#define NEED_VOCAB()                                                       \
-  const LoadedModel* lm = tiny_with_vocab();                               \
-  if (lm == nullptr) GTEST_SKIP() << "needs " KVCACHE_SHARED_DIR "/vocab/" \
-                                                                 "ggml-vocab-llama-spm.gguf";
+#define NEED_VOCAB()                            \
+  const LoadedModel* lm = tiny_with_vocab();    \
+  if (lm == nullptr)                            \
+    GTEST_SKIP() << "needs " KVCACHE_SHARED_DIR \
+                    "/vocab/"                   \
+                    "ggml-vocab-llama-spm.gguf";
 
 TEST(ServeApi, TokenizeAndDetokenizeRoundTripInBothSpellings) {
   NEED_VOCAB();
