@@ -75,9 +75,11 @@ std::string transport_error_message(int status, const httplib::Request& req,
   }
 }
 
-// The request body as an ApiRequest, or nothing once the client's error is answered.
-std::optional<ApiRequest> read_api_request(const httplib::Request& req, bool chat,
-                                           const ServedModel& model, httplib::Response& res) {
+// The request body as ApiRequests (several for a completions batch, parse_completion_batch), or
+// nothing once the client's error is answered.
+std::optional<std::vector<ApiRequest>> read_api_request(const httplib::Request& req, bool chat,
+                                                        const ServedModel& model,
+                                                        httplib::Response& res) {
   json body;
   try {
     body = json::parse(req.body);
@@ -86,7 +88,8 @@ std::optional<ApiRequest> read_api_request(const httplib::Request& req, bool cha
     return std::nullopt;
   }
   try {
-    return parse_api_request(body, chat, model);
+    if (chat) return std::vector<ApiRequest>{parse_api_request(body, true, model)};
+    return parse_completion_batch(body, model);
   } catch (const ApiError& e) {
     send_error(res, e.status, e.what(), e.type, e.code);
   } catch (const Error& e) {
@@ -98,10 +101,65 @@ std::optional<ApiRequest> read_api_request(const httplib::Request& req, bool cha
   return std::nullopt;
 }
 
+// A Prometheus histogram: counts per upper bound (le), their sum and count; cumulative when
+// written out. Not thread-safe: LatencyHistograms' mutex guards it.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds)
+      : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void observe(double v) {
+    // The first bound >= v: "le" is inclusive.
+    const auto i =
+        static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+    ++counts_[i];
+    sum_ += v;
+  }
+  void write(std::string& out, const char* name, const char* help) const {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
+    uint64_t cumulative = 0;
+    char line[200];
+    for (size_t i = 0; i <= bounds_.size(); ++i) {
+      cumulative += counts_[i];
+      if (i < bounds_.size())
+        std::snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %llu\n", name, bounds_[i],
+                      static_cast<unsigned long long>(cumulative));
+      else
+        std::snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %llu\n", name,
+                      static_cast<unsigned long long>(cumulative));
+      out += line;
+    }
+    std::snprintf(line, sizeof line, "%s_sum %.17g\n%s_count %llu\n", name, sum_, name,
+                  static_cast<unsigned long long>(cumulative));
+    out += line;
+  }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // [bounds + 1]: the last one past every bound (+Inf)
+  double sum_ = 0;
+};
+
 }  // namespace
+
+// Buckets as vLLM's (vllm/v1/metrics/loggers.py: time_to_first_token, inter_token_latency,
+// request_latency for e2e and queue time): seconds, from milliseconds to hours.
+struct LatencyHistograms {
+  std::mutex mu;
+  Histogram ttft{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+                  1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}};
+  Histogram itl{{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                 10.0, 20.0, 40.0, 80.0}};
+  Histogram e2e{{0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+                 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}};
+  Histogram queue{{0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+                   30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}};
+};
 
 // Events of one request, handed from the engine thread to the handler thread.
 struct HttpServer::Channel {
+  explicit Channel(std::shared_ptr<LatencyHistograms> h = nullptr) : latency(std::move(h)) {}
+  std::shared_ptr<LatencyHistograms> latency;  // nullptr: not observed (the /health probe)
+  std::vector<double> last_token_s;            // [sample]: when its previous token came
   std::mutex mu;
   std::condition_variable cv;
   std::deque<StreamEvent> events;       // output pointers cleared (the output is copied below)
@@ -111,6 +169,7 @@ struct HttpServer::Channel {
   // The engine's callback for a completion: queues the event and, with the last one, keeps
   // the request's output.
   void push(const StreamEvent& ev) {
+    if (latency) observe(ev);
     std::lock_guard<std::mutex> lock(mu);
     StreamEvent copy = ev;
     copy.output = nullptr;
@@ -122,6 +181,26 @@ struct HttpServer::Channel {
     events.push_back(std::move(copy));
     cv.notify_all();
   }
+
+  // On the engine thread, as the events come: the gap between a sample's tokens (inter-token
+  // latency, per token as vLLM counts it) and, with the output, the request's times. A request
+  // that failed adds no latencies: its times would describe the failure.
+  void observe(const StreamEvent& ev) {
+    const double t = now_seconds();
+    std::lock_guard<std::mutex> lock(latency->mu);
+    if (ev.token >= 0 && ev.index >= 0) {
+      const auto i = static_cast<size_t>(ev.index);
+      if (last_token_s.size() <= i) last_token_s.resize(i + 1, 0);
+      if (last_token_s[i] > 0) latency->itl.observe(t - last_token_s[i]);
+      last_token_s[i] = t;
+    }
+    if (ev.output != nullptr && ev.output->error.empty()) {
+      const RequestStats& st = ev.output->stats;
+      if (st.completion_tokens > 0) latency->ttft.observe(st.ttft_seconds);
+      latency->e2e.observe(st.total_seconds);
+      latency->queue.observe(st.queue_seconds);
+    }
+  }
 };
 
 HttpServer::HttpServer(Engine& engine, const ServedModel& model, const HttpServerConfig& config)
@@ -130,7 +209,7 @@ HttpServer::HttpServer(Engine& engine, const ServedModel& model, const HttpServe
       config_(config),
       http_(std::make_unique<HttpTransport>(config.transport)) {
   created_ = unix_now();
-  last_scrape_s_ = now_seconds();
+  latency_ = std::make_shared<LatencyHistograms>();
   if (model_.limits.max_context <= 0) model_.limits.max_context = engine_.max_context();
   if (!config_.kv_events.endpoint.empty()) {
     // Before run() starts the driver thread: the store is not stepping yet.
@@ -268,19 +347,9 @@ bool HttpServer::probe_engine(std::string& error) {
 }
 
 std::string HttpServer::metrics_text() {
+  // Scraping changes nothing: rates are the scraper's (rate() over the counters), so any
+  // number of scrapers read the same values.
   const EngineMetrics m = engine_.metrics();
-  double prompt_rate = 0, gen_rate = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const double t = now_seconds(), dt = t - last_scrape_s_;
-    if (dt > 0) {
-      prompt_rate = static_cast<double>(m.computed_prompt_tokens - last_prompt_) / dt;
-      gen_rate = static_cast<double>(m.generation_tokens - last_gen_) / dt;
-    }
-    last_scrape_s_ = t;
-    last_prompt_ = m.computed_prompt_tokens;
-    last_gen_ = m.generation_tokens;
-  }
   std::string out;
   auto metric = [&](const char* name, const char* type, const char* help, double v) {
     char line[160];
@@ -413,10 +482,17 @@ std::string HttpServer::metrics_text() {
          static_cast<double>(m.computed_prompt_tokens));
   metric("kvcache_generation_tokens_total", "counter", "Tokens sampled.",
          static_cast<double>(m.generation_tokens));
-  metric("kvcache_prompt_tokens_per_second", "gauge", "Prefill tokens/s since the previous scrape.",
-         prompt_rate);
-  metric("kvcache_generation_tokens_per_second", "gauge",
-         "Sampled tokens/s since the previous scrape.", gen_rate);
+  {
+    std::lock_guard<std::mutex> lock(latency_->mu);
+    latency_->ttft.write(out, "kvcache_time_to_first_token_seconds",
+                         "Time from a request's arrival to its first token.");
+    latency_->itl.write(out, "kvcache_inter_token_latency_seconds",
+                        "Time between two tokens of one sample.");
+    latency_->e2e.write(out, "kvcache_e2e_request_latency_seconds",
+                        "Time from a request's arrival to its end (completed requests).");
+    latency_->queue.write(out, "kvcache_request_queue_time_seconds",
+                          "Time a request waited before its first admission.");
+  }
   metric("kvcache_preemptions_total", "counter",
          "Sequences preempted (blocks freed, recomputed later).",
          static_cast<double>(m.preemptions));
@@ -460,6 +536,7 @@ void HttpServer::install_routes() {
   install_completions();
   install_slots();
   install_reset_prefix_cache();
+  install_tokenize();
 }
 
 void HttpServer::install_guards() {
@@ -572,6 +649,97 @@ void HttpServer::install_reset_prefix_cache() {
   });
 }
 
+// llama-server's POST /tokenize {"content", "add_special"} -> {"tokens"} and POST /detokenize
+// {"tokens"} -> {"content"} (tools/server/README.md), with vLLM's request spellings accepted
+// too ("prompt", "add_special_tokens"); the replies add vLLM's "count" and "max_model_len".
+// add_special defaults to false as llama-server's (vLLM's defaults to true: send it).
+void HttpServer::install_tokenize() {
+  auto parse_body = [](const httplib::Request& req, httplib::Response& res) -> std::optional<json> {
+    try {
+      json body = json::parse(req.body);
+      if (body.is_object()) return body;
+      send_error(res, 400, "the request body must be a JSON object", "invalid_request_error");
+    } catch (const json::exception& e) {
+      send_error(res, 400, std::string("malformed JSON body: ") + e.what(),
+                 "invalid_request_error");
+    }
+    return std::nullopt;
+  };
+  auto no_tokenizer = [this](httplib::Response& res) {
+    if (model_.tokenizer != nullptr) return false;
+    send_error(res, 400, "this model has no tokenizer: start serve with --tokenizer FILE",
+               "invalid_request_error");
+    return true;
+  };
+  http_->Post("/tokenize", [this, parse_body, no_tokenizer](const httplib::Request& req,
+                                                            httplib::Response& res) {
+    const std::optional<json> body = parse_body(req, res);
+    if (!body || no_tokenizer(res)) return;
+    const char* text_key = body->contains("content") ? "content" : "prompt";
+    const auto text = body->find(text_key);
+    if (text == body->end() || !text->is_string())
+      return send_error(res, 400, "'content' (or 'prompt') must be a string",
+                        "invalid_request_error");
+    bool add_special = false;
+    for (const char* key : {"add_special", "add_special_tokens"}) {
+      const auto it = body->find(key);
+      if (it == body->end() || it->is_null()) continue;
+      if (!it->is_boolean())
+        return send_error(res, 400, std::string("'") + key + "' must be a boolean",
+                          "invalid_request_error");
+      add_special = it->get<bool>();
+    }
+    for (const auto& item : body->items()) {
+      const std::string& k = item.key();
+      if (k != "content" && k != "prompt" && k != "add_special" && k != "add_special_tokens" &&
+          k != "model")
+        return send_error(res, 400,
+                          "unrecognized field '" + k +
+                              "'; /tokenize takes content (or prompt), add_special (or "
+                              "add_special_tokens) and model",
+                          "invalid_request_error");
+    }
+    const std::string& s = text->get_ref<const std::string&>();
+    std::vector<int32_t> ids;
+    if (add_special && model_.tokenizer->bos_id() >= 0) ids.push_back(model_.tokenizer->bos_id());
+    const std::vector<int32_t> enc = model_.tokenizer->encode(s);
+    ids.insert(ids.end(), enc.begin(), enc.end());
+    res.set_content(
+        to_json_text(
+            json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", engine_.max_context()}}),
+        "application/json");
+  });
+  http_->Post("/detokenize", [this, parse_body, no_tokenizer](const httplib::Request& req,
+                                                              httplib::Response& res) {
+    const std::optional<json> body = parse_body(req, res);
+    if (!body || no_tokenizer(res)) return;
+    const auto tokens = body->find("tokens");
+    if (tokens == body->end() || !tokens->is_array())
+      return send_error(res, 400, "'tokens' must be an array of token ids",
+                        "invalid_request_error");
+    for (const auto& item : body->items())
+      if (item.key() != "tokens" && item.key() != "model")
+        return send_error(res, 400,
+                          "unrecognized field '" + item.key() + "'; /detokenize takes tokens",
+                          "invalid_request_error");
+    const int32_t vocab = model_.tokenizer->vocab_size();
+    std::string text;
+    int32_t prev = -1;
+    for (const json& t : *tokens) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab)
+        return send_error(res, 400,
+                          "'tokens' holds " + t.dump() +
+                              ", not a token id of this vocabulary (0.." +
+                              std::to_string(vocab - 1) + ")",
+                          "invalid_request_error");
+      const auto id = static_cast<int32_t>(t.get<int64_t>());
+      text += model_.tokenizer->piece_after(prev, id);
+      prev = id;
+    }
+    res.set_content(to_json_text(json{{"content", text}}), "application/json");
+  });
+}
+
 void HttpServer::install_slots() {
   http_->Post(R"(/slots/([A-Za-z0-9_-]+))", [this](const httplib::Request& req,
                                                    httplib::Response& res) {
@@ -668,9 +836,11 @@ void HttpServer::install_slots() {
 
 void HttpServer::serve_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
   if (stopping_.load()) return send_error(res, 503, "the server is shutting down", "server_error");
-  std::optional<ApiRequest> ar = read_api_request(req, chat, model_, res);
-  if (!ar) return;
-  auto ch = std::make_shared<Channel>();
+  std::optional<std::vector<ApiRequest>> batch = read_api_request(req, chat, model_, res);
+  if (!batch) return;
+  if (batch->size() > 1) return answer_batch(res, *batch);
+  const ApiRequest* ar = &batch->front();
+  auto ch = std::make_shared<Channel>(latency_);
   uint64_t id = 0;
   try {
     id = engine_.submit(ar->params, [ch](const StreamEvent& ev) { ch->push(ev); });
@@ -689,6 +859,72 @@ void HttpServer::serve_completion(const httplib::Request& req, httplib::Response
   } else {
     answer_whole(res, *ar, ch, id);
   }
+}
+
+// A completions batch: one engine request per prompt, all queued at once, answered whole when
+// the last one ends. The stream of several prompts would interleave their chunks under one id;
+// it is refused rather than half done. A client gone meanwhile is not noticed (the requests
+// run to max_tokens): the same as a single request before its first token.
+void HttpServer::answer_batch(httplib::Response& res, const std::vector<ApiRequest>& batch) {
+  if (batch.front().stream)
+    return send_error(res, 400,
+                      "'stream': true with a batch 'prompt' (a list of prompts) is not supported; "
+                      "stream one prompt per request, or send the batch with \"stream\": false",
+                      "invalid_request_error");
+  std::vector<std::shared_ptr<Channel>> channels;
+  std::vector<uint64_t> ids;
+  for (const ApiRequest& ar : batch) {
+    auto ch = std::make_shared<Channel>(latency_);
+    uint64_t id = 0;
+    std::string error;
+    try {
+      id = engine_.submit(ar.params, [ch](const StreamEvent& ev) { ch->push(ev); });
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (id == 0) {
+      for (const uint64_t done : ids) release(done, false);
+      if (!error.empty()) return send_error(res, 400, error, "invalid_request_error");
+      return send_error(res, 429, "the request queue is full; retry later", "rate_limit_error",
+                        "queue_full");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_.insert(id);
+    }
+    ids.push_back(id);
+    channels.push_back(std::move(ch));
+  }
+  const int64_t created = unix_now();
+  std::vector<json> responses;
+  json err;
+  int failed = 0;
+  for (size_t i = 0; i < channels.size(); ++i) {
+    Channel& ch = *channels[i];
+    {
+      std::unique_lock<std::mutex> lock(ch.mu);
+      ch.cv.wait(lock, [&] { return ch.output.has_value(); });
+      ch.events.clear();
+    }
+    forget(ids[i]);
+    const RequestOutput& out = *ch.output;  // final: no writer any more
+    json e;
+    if (const int status = failed_status(out, stopping_.load(), e); status != 0) {
+      if (failed == 0) {
+        failed = status;
+        err = e;
+      }
+      continue;
+    }
+    responses.push_back(completion_response(batch[i], out, model_.name, created));
+  }
+  if (failed != 0) {
+    res.status = failed;
+    res.set_content(to_json_text(err), "application/json");
+    return;
+  }
+  res.set_content(to_json_text(merge_batch_responses(responses, batch.front().params.n)),
+                  "application/json");
 }
 
 void HttpServer::release(uint64_t id, bool success) {

@@ -1,7 +1,8 @@
 // HttpServer: the OpenAI-compatible HTTP face of an Engine (cpp-httplib, through
 // HttpTransport's connection limits). Routes: POST /v1/completions, POST /v1/chat/completions
 // (stream: true -> server-sent events ending in `data: [DONE]`), GET /v1/models, GET /health,
-// GET /metrics (Prometheus text), POST /reset_prefix_cache (vLLM's: drops the prefix index). It
+// GET /metrics (Prometheus text), POST /reset_prefix_cache (vLLM's: drops the prefix index),
+// POST /tokenize and /detokenize (llama-server's; vLLM's request spelling accepted). It
 // owns the engine's driver thread; handler threads only submit, wait on a per-request channel and
 // write. A streaming client that goes away cancels its request. A request the engine fails gets an
 // HTTP error (or, once streaming, an SSE error event and the end of the stream); an exception
@@ -18,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "runtime/engine.h"
 #include "server/http_transport.h"
@@ -43,6 +45,8 @@ struct HttpServerConfig {
   // changes as vLLM KV events (server/kv_events.h).
   KvEventsOptions kv_events;
 };
+
+struct LatencyHistograms;  // http_server.cc
 
 class HttpServer {
  public:
@@ -83,6 +87,7 @@ class HttpServer {
   void install_completions();  // /v1/completions and /v1/chat/completions
   void install_slots();        // /slots/{id}?action=save|restore
   void install_reset_prefix_cache();
+  void install_tokenize();  // /tokenize and /detokenize
   // One completions (chat = false) or chat request: parse, submit, then answer it whole or as
   // server-sent events; the answer cancels the request when the client goes away.
   void serve_completion(const httplib::Request& req, httplib::Response& res, bool chat);
@@ -93,6 +98,8 @@ class HttpServer {
   // Ends the server's hold on a request: cancels it unless `success` (its answer went out
   // whole), and forgets it.
   void release(uint64_t id, bool success);
+  // A completions batch (several prompts): every request queued, answered whole.
+  void answer_batch(httplib::Response& res, const std::vector<ApiRequest>& batch);
   void drive_engine();
   void forget(uint64_t id);
   // After a failed forward: whether a one-token request now goes through (see /health).
@@ -114,9 +121,8 @@ class HttpServer {
   std::set<uint64_t> in_flight_;
   bool drain_cut_ = false;
   std::mutex probe_mu_;  // one engine probe at a time
-  // Token rates between two scrapes of /metrics.
-  double last_scrape_s_ = 0;
-  int64_t last_prompt_ = 0, last_gen_ = 0;
+  // /metrics' latency histograms, fed by the engine's callbacks (Channel::push).
+  std::shared_ptr<LatencyHistograms> latency_;
 };
 
 }  // namespace kvcache

@@ -103,7 +103,9 @@ std::vector<int32_t> parse_prompt(const json& b, const ServedModel& m) {
     std::vector<int32_t> ids;
     for (const json& e : p) {
       if (!e.is_number_integer())
-        throw bad("'prompt' must be a string, or an array of token ids (one prompt per request)");
+        throw bad(
+            "'prompt' must be a string, an array of token ids, or a batch: an array of strings "
+            "or of token-id arrays");
       const auto v = e.get<int64_t>();
       if (v < 0 || v > INT32_MAX)
         throw bad("'prompt' holds token id " + std::to_string(v) + " outside the vocabulary");
@@ -274,12 +276,15 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
   if (chat) {
     if (model.tokenizer == nullptr)
       throw bad("chat completions need a tokenizer; this model has none");
+    if (!model.chat_template)
+      throw bad(model.chat_template_error.empty() ? "this server has no chat template"
+                                                  : model.chat_template_error);
     const std::vector<ChatMessage> messages = parse_messages(body);
     size_t bytes = 0;
     for (const ChatMessage& m : messages) bytes += m.content.size();
     check_text_fits(bytes, "'messages'", model);
-    p.prompt = encode_chat(model.chat_template, messages, *model.tokenizer, *model.specials);
-    const std::vector<int32_t> extra = chat_stop_ids(model.chat_template, *model.specials);
+    p.prompt = encode_chat(*model.chat_template, messages, *model.tokenizer, *model.specials);
+    const std::vector<int32_t> extra = chat_stop_ids(*model.chat_template, *model.specials);
     p.stop_ids.insert(p.stop_ids.end(), extra.begin(), extra.end());
   } else {
     p.prompt = parse_prompt(body, model);
@@ -415,6 +420,60 @@ std::string openai_finish_reason(FinishReason r) {
 
 std::string response_id(const ApiRequest& req, uint64_t id) {
   return (req.chat ? "chatcmpl-" : "cmpl-") + std::to_string(id);
+}
+
+std::vector<ApiRequest> parse_completion_batch(const json& body, const ServedModel& model) {
+  const auto p = body.is_object() ? body.find("prompt") : body.end();
+  const bool batch = p != body.end() && p->is_array() && !p->empty() &&
+                     (p->front().is_array() || (p->front().is_string() && p->size() > 1));
+  if (!batch) return {parse_api_request(body, false, model)};
+  const int64_t n = get_int(body, "n", 1);
+  const auto prompts = static_cast<int64_t>(p->size());
+  if (n >= 1 && prompts * n > model.limits.max_n)
+    throw bad("a batch of " + std::to_string(prompts) + " prompts x n = " + std::to_string(n) +
+              " asks for " + std::to_string(prompts * n) + " samples; at most " +
+              std::to_string(model.limits.max_n) + " (--max-n) per request: split the batch");
+  std::vector<ApiRequest> out;
+  json one = body;
+  for (size_t i = 0; i < p->size(); ++i) {
+    const json& e = (*p)[i];
+    if (!e.is_string() && !e.is_array())
+      throw bad(
+          "'prompt' is a batch: each entry must be a string or an array of token ids; "
+          "prompt[" +
+          std::to_string(i) + "] is neither");
+    if (e.is_array() && e.size() == 1 && e.front().is_string())
+      throw bad("prompt[" + std::to_string(i) + "] must be a string or an array of token ids");
+    one["prompt"] = e;
+    try {
+      out.push_back(parse_api_request(one, false, model));
+    } catch (const ApiError& err) {
+      throw ApiError(err.status, err.type, err.code,
+                     "prompt[" + std::to_string(i) + "]: " + err.what());
+    }
+  }
+  return out;
+}
+
+json merge_batch_responses(const std::vector<json>& responses, int32_t n) {
+  json merged = responses.at(0);
+  merged["choices"] = json::array();
+  json& usage = merged["usage"];
+  for (const char* k : {"prompt_tokens", "completion_tokens", "total_tokens"}) usage[k] = 0;
+  json& details = usage["prompt_tokens_details"];
+  for (auto it = details.begin(); it != details.end(); ++it) *it = 0;
+  for (size_t i = 0; i < responses.size(); ++i) {
+    for (json c : responses[i]["choices"]) {
+      c["index"] = static_cast<int64_t>(i) * n + c["index"].get<int64_t>();
+      merged["choices"].push_back(std::move(c));
+    }
+    const json& u = responses[i]["usage"];
+    for (const char* k : {"prompt_tokens", "completion_tokens", "total_tokens"})
+      usage[k] = usage[k].get<int64_t>() + u[k].get<int64_t>();
+    for (auto it = details.begin(); it != details.end(); ++it)
+      *it = it->get<int64_t>() + u["prompt_tokens_details"][it.key()].get<int64_t>();
+  }
+  return merged;
 }
 
 json usage_json(const RequestStats& s) {

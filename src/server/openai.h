@@ -49,7 +49,10 @@ struct ServedModel {
   const Tokenizer* tokenizer = nullptr;  // nullptr: prompts must be token id arrays
   bool add_bos = true;
   std::vector<int32_t> stop_ids;  // the model's end tokens (always stop)
-  ChatTemplate chat_template = ChatTemplate::kChatML;
+  // nullopt: no format could be chosen with certainty; chat requests get 400 with
+  // chat_template_error (which names --chat-template NAME).
+  std::optional<ChatTemplate> chat_template = ChatTemplate::kChatML;
+  std::string chat_template_error;
   const SpecialTokens* specials = nullptr;  // with tokenizer
   int64_t default_max_tokens = 16;          // OpenAI's completions default
   RequestLimits limits;
@@ -76,6 +79,16 @@ struct ApiRequest {
 // default; fields that cannot change an answer (kIgnoredFields) are accepted and ignored; any
 // other field is a 400 naming it, as OpenAI answers an unrecognized argument.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const ServedModel& model);
+// /v1/completions' batch form (OpenAI's): "prompt" as a list of two or more strings, or a list
+// of token-id lists, gives one ApiRequest per prompt, in order, each parsed as
+// parse_api_request parses a single prompt (a failing one: its ApiError, the message naming
+// prompt[i]). Any other body gives the one parse_api_request result. The answer has n choices
+// per prompt, prompt i's sample j at index i * n + j, its usage summed (merge_batch_responses);
+// prompts x n must be at most model.limits.max_n.
+std::vector<ApiRequest> parse_completion_batch(const nlohmann::json& body,
+                                               const ServedModel& model);
+// The batch's answer from each prompt's completion_response, in prompt order.
+nlohmann::json merge_batch_responses(const std::vector<nlohmann::json>& responses, int32_t n);
 // Request fields accepted and ignored: they name or label a request but never change its answer.
 inline constexpr const char* kIgnoredFields[] = {"user", "metadata", "store", "service_tier",
                                                  "parallel_tool_calls"};

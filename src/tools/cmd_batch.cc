@@ -57,7 +57,10 @@ void run_batch(const BatchOptions& o) {
   if (lm.tokenizer) {
     specials = std::make_unique<SpecialTokens>(*lm.tokenizer);
     sm.specials = specials.get();
-    sm.chat_template = choose_chat_template(o.chat_template, lm.chat_template, *lm.tokenizer).tmpl;
+    const ChatTemplateChoice choice =
+        choose_chat_template(o.chat_template, lm.chat_template, *lm.tokenizer);
+    sm.chat_template = choice.tmpl;
+    sm.chat_template_error = choice.error;
   }
 
   std::vector<json> results(lines.size());
@@ -142,8 +145,9 @@ void register_batch(CLI::App& app) {
       ->required();
   cmd->add_option("--output,-o", o->output, "Where to write the results (default: stdout)");
   cmd->add_option("--chat-template", o->chat_template,
-                  "chatml, llama2 or llama3 (default: the model's tokenizer.chat_template, else "
-                  "its vocabulary)");
+                  "The chat format: " + chat_template_names() +
+                      " (default: the model's tokenizer.chat_template, else "
+                      "its vocabulary)");
   cmd->callback([o] { run_batch(*o); });
 }
 

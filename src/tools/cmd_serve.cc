@@ -129,6 +129,15 @@ void run_serve(const ServeOptions& o) {
   check_engine_options(o.engine, &lm);
   EngineConfig ec = engine_config(o.engine, *lm.model);
   ec.check_invariants_every_step = o.check_invariants;
+  if (o.engine.model.max_cache_len == 0 && o.engine.model.kv_budget.empty()) {
+    const PoolSize ps = size_pool_from_memory(pool_size_inputs(*lm.model, ec));
+    ec.cache.max_cache_len = ps.tokens;
+    std::fprintf(stderr,
+                 "kvcache serve: KV pool sized from free memory: %lld tokens, %s; %s "
+                 "(--max-cache-len or --kv-budget sets it)\n",
+                 static_cast<long long>(ps.tokens),
+                 format_bytes(static_cast<double>(ps.bytes)).c_str(), ps.why.c_str());
+  }
   if (o.max_n > ec.max_running)
     throw Error(ErrorKind::kInvalidArgument,
                 "--max-n " + std::to_string(o.max_n) + " is more than --max-running " +
@@ -136,7 +145,7 @@ void run_serve(const ServeOptions& o) {
   Engine engine(*lm.model, lm.tokenizer.get(), ec);
 
   ServedModel sm;
-  sm.name = o.served_name.empty() ? o.engine.model.model : o.served_name;
+  sm.name = o.served_name.empty() ? served_model_id(o.engine.model.model) : o.served_name;
   sm.tokenizer = lm.tokenizer.get();
   sm.add_bos = lm.add_bos;
   sm.stop_ids = lm.stop_ids;
@@ -154,6 +163,7 @@ void run_serve(const ServeOptions& o) {
     const ChatTemplateChoice choice =
         choose_chat_template(o.chat_template, lm.chat_template, *lm.tokenizer);
     sm.chat_template = choice.tmpl;
+    sm.chat_template_error = choice.error;
     template_source = choice.source;
   } else if (!o.chat_template.empty()) {
     parse_chat_template(o.chat_template);  // still reject unknown names
@@ -187,7 +197,8 @@ void run_serve(const ServeOptions& o) {
                "%s (from %s)%s\n",
                sm.name.c_str(), std::to_string(engine.metrics().blocks_total).c_str(),
                static_cast<long long>(ec.cache.paged.block_tokens),
-               static_cast<long long>(engine.max_context()), chat_template_name(sm.chat_template),
+               static_cast<long long>(engine.max_context()),
+               sm.chat_template ? chat_template_name(*sm.chat_template) : "none",
                template_source.c_str(),
                lm.tokenizer ? "" : " (no tokenizer: token-id prompts only)");
   if (const DiskTier* disk = engine.store().disk_tier()) {
@@ -287,14 +298,15 @@ void register_serve(CLI::App& app) {
                   "Folder of POST /slots/{id}?action=save|restore session files (a finished "
                   "request's cached blocks; llama.cpp's option)");
   cmd->add_option("--port", o->port, "Port (0: any free port; the ready line shows it)")
-      ->required();
+      ->capture_default_str();
   cmd->add_option("--api-key", o->api_key,
                   "Require 'Authorization: Bearer KEY' on every route but /health");
   cmd->add_option("--chat-template", o->chat_template,
-                  "chatml, llama2 or llama3 (default: the model's tokenizer.chat_template, else "
-                  "its vocabulary)");
+                  "The chat format: " + chat_template_names() +
+                      " (default: the family of the model's own template, else its vocabulary's "
+                      "control tokens; neither certain: chat requests get 400)");
   cmd->add_option("--served-model-name", o->served_name,
-                  "The model id clients send (default: the --model string)");
+                  "The model id clients send (default: the --model file or folder name)");
   cmd->add_option(
       "--default-max-tokens", o->default_max_tokens,
       "max_tokens of requests that give none (default 256, cut to what the context leaves)");

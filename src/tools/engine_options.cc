@@ -1,12 +1,16 @@
 #include "tools/engine_options.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/kv_client.h"
+#include "model/forward.h"
 #include "model/kv_plan.h"
+#include "model/paged_plan.h"
 #include "tools/option_rules.h"
 
 namespace kvcache::tools {
@@ -21,7 +25,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->get_option("--kernel")
       ->description("Paged attention kernel: eager or fused (default fused)");
   cmd->get_option("--max-cache-len")
-      ->description("Tokens the paged pool holds, without --kv-budget (default 16384)");
+      ->description(
+          "Tokens the paged pool holds, without --kv-budget (default: serve sizes it from free "
+          "memory, batch takes 16384)");
   cmd->get_option("--chunk")->description(
       "Token budget of one step: decodes plus prefill chunks (default 256)");
   for (const char* quantized : {"--kv-bits", "--kv-quant", "--kv-group", "--kv-residual"})
@@ -141,6 +147,121 @@ EngineConfig engine_config(const EngineOptions& o, const Model& model) {
                                                    " is zero; give a size such as 64MiB");
   }
   return c;
+}
+
+std::string served_model_id(const std::string& model) {
+  // "dummy:tiny" and other built-in names stay whole; a path gives its last component, so
+  // clients send "Qwen3-0.6B-Q8_0.gguf" rather than where it lies on this machine.
+  if (model.find('/') == std::string::npos) return model;
+  std::string path = model;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+PoolSize size_pool_from_memory(const PoolSizeInputs& in) {
+  if (in.max_context < 1)
+    throw Error(ErrorKind::kInvalidArgument,
+                "the model states no context length to size the KV pool by; size it with "
+                "--max-cache-len TOKENS or --kv-budget BYTES");
+  if (!(in.bytes_per_token > 0) || in.block_tokens < 1)
+    throw Error(ErrorKind::kInvalidArgument,
+                "pool sizing: bytes per token and block tokens must be positive");
+  PoolSize out;
+  out.margin = std::max(
+      kPoolMarginMinBytes,
+      static_cast<uint64_t>(static_cast<double>(in.mem_available_bytes) * kPoolMarginFraction));
+  const auto left = [&](uint64_t reserve) -> uint64_t {
+    const uint64_t used = in.weight_bytes + in.fixed_bytes + reserve;
+    return in.mem_available_bytes > used ? in.mem_available_bytes - used : 0;
+  };
+  const auto tokens_in = [&](uint64_t bytes) {
+    return static_cast<int64_t>(static_cast<double>(bytes) / in.bytes_per_token);
+  };
+  const int64_t by_memory = tokens_in(left(out.margin));
+  const int64_t cap = in.max_context * std::max<int32_t>(1, in.max_sequences);
+  const std::string mem = format_bytes(static_cast<double>(in.mem_available_bytes)) +
+                          " available - " + format_bytes(static_cast<double>(in.weight_bytes)) +
+                          " weights - " + format_bytes(static_cast<double>(in.fixed_bytes)) +
+                          " activations - " + format_bytes(static_cast<double>(out.margin)) +
+                          " margin";
+  if (by_memory >= cap) {
+    out.tokens = cap;
+    out.why = "capped at the context " + std::to_string(in.max_context) + " x " +
+              std::to_string(in.max_sequences) + " sequences (" + mem + " would hold more)";
+  } else if (by_memory >= in.max_context) {
+    out.tokens = by_memory;
+    out.why = "the memory left: " + mem;
+  } else if (tokens_in(left(0)) >= in.max_context) {
+    out.tokens = in.max_context;
+    out.why = "one request of the full context " + std::to_string(in.max_context) +
+              ", into the margin (" + mem + " holds less)";
+  } else {
+    out.tokens = by_memory;
+    out.why = "the memory left: " + mem + " (less than one full-context request)";
+  }
+  out.tokens -= out.tokens % in.block_tokens;
+  if (out.tokens < 2 * in.block_tokens)
+    throw Error(ErrorKind::kInvalidArgument,
+                "not enough free memory for a KV pool: " + mem + " leaves room for " +
+                    std::to_string(out.tokens) +
+                    " tokens; free memory, or size the pool with --max-cache-len TOKENS or "
+                    "--kv-budget BYTES");
+  out.bytes =
+      static_cast<uint64_t>(static_cast<double>(out.tokens) * in.bytes_per_token) + in.fixed_bytes;
+  return out;
+}
+
+uint64_t mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream in(line.substr(13));
+    uint64_t kib = 0;
+    if (in >> kib) return kib * 1024;
+  }
+  throw Error(ErrorKind::kIo,
+              "cannot read MemAvailable from /proc/meminfo to size the KV pool; size it with "
+              "--max-cache-len TOKENS or --kv-budget BYTES");
+}
+
+PoolSizeInputs pool_size_inputs(const Model& model, const EngineConfig& c) {
+  const ModelConfig& mc = model.config();
+  // The engine's planner options (runtime/engine.cc), at two pool sizes: the difference is the
+  // bytes per token, the rest the fixed part (activations, scratch, hybrid state).
+  PagedPlanOptions po;
+  po.block_tokens = c.cache.paged.block_tokens;
+  po.kv_dtype = c.cache.kv_dtype.value_or(DType::kF32);
+  po.max_tokens_per_step = c.max_tokens_per_step;
+  const CacheConfig mcc = model_cache_config(mc, c.cache);
+  po.linear = mcc.linear;
+  po.compressed = mcc.compressed;
+  po.shared_kv = mcc.kv_content == CacheConfig::KVContent::kSharedKV;
+  po.linear_slots = c.max_running;
+  po.snapshot_every_blocks = c.cache.paged.snapshot_every_blocks;
+  po.max_snapshots = c.cache.paged.max_snapshots;
+  const int64_t t1 = 64 * po.block_tokens, t2 = 2 * t1;
+  po.max_cached_tokens = t1;
+  const PagedMemoryPlan p1 = plan_paged_memory(mc, po);
+  po.max_cached_tokens = t2;
+  const PagedMemoryPlan p2 = plan_paged_memory(mc, po);
+  PoolSizeInputs in;
+  in.mem_available_bytes = mem_available_bytes();
+  in.weight_bytes = model.weight_bytes();
+  if (p2.max_cached_tokens <= p1.max_cached_tokens || p2.total_bytes() <= p1.total_bytes())
+    throw Error(ErrorKind::kInvalidArgument,
+                "cannot tell this model's KV bytes per token from its plan; size the pool with "
+                "--max-cache-len TOKENS or --kv-budget BYTES");
+  in.bytes_per_token = static_cast<double>(p2.total_bytes() - p1.total_bytes()) /
+                       static_cast<double>(p2.max_cached_tokens - p1.max_cached_tokens);
+  const double fixed = static_cast<double>(p1.total_bytes()) -
+                       in.bytes_per_token * static_cast<double>(p1.max_cached_tokens);
+  in.fixed_bytes = fixed > 0 ? static_cast<uint64_t>(fixed) : 0;
+  in.max_context = mc.max_seq_len;
+  in.max_sequences = std::min<int32_t>(c.max_running, 8);
+  in.block_tokens = po.block_tokens;
+  return in;
 }
 
 }  // namespace kvcache::tools

@@ -42,8 +42,7 @@ int fuzz_chat_template(const uint8_t* data, size_t size) {
     } catch (const Error&) {
     }
   }
-  for (const ChatTemplate t :
-       {ChatTemplate::kChatML, ChatTemplate::kLlama2, ChatTemplate::kLlama3}) {
+  for (const ChatTemplate t : all_chat_templates()) {
     for (int32_t id : encode_chat(t, messages, tok, specials)) (void)tok.decode(id);
     (void)chat_stop_ids(t, specials);
   }

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,12 +37,15 @@ struct TestServerOptions {
   EngineConfig engine;
   HttpServerConfig http;  // port and api_key are set from here
   RequestLimits limits;   // max_context: the engine's
+  // nullopt: no template (chat requests get 400 with chat_template_error).
+  std::optional<ChatTemplate> chat_template = ChatTemplate::kChatML;
+  std::string chat_template_error;
 };
 
 // A server on a free port, serving on its own thread until destroyed.
 struct TestServer {
   explicit TestServer(const LoadedModel& lm, const std::string& api_key = "", EngineConfig ec = {})
-      : TestServer(lm, TestServerOptions{api_key, ec, {}, {}}) {}
+      : TestServer(lm, TestServerOptions{api_key, ec, {}, {}, ChatTemplate::kChatML, {}}) {}
   TestServer(const LoadedModel& lm, TestServerOptions o) {
     std::signal(SIGPIPE, SIG_IGN);  // a write to a closed client must fail, not kill the test
     // A small pool unless the test sized one (0: the engine's default).
@@ -55,7 +59,8 @@ struct TestServer {
     sm.add_bos = lm.add_bos;
     sm.stop_ids = lm.stop_ids;
     sm.specials = specials.get();
-    sm.chat_template = ChatTemplate::kChatML;
+    sm.chat_template = o.chat_template;
+    sm.chat_template_error = o.chat_template_error;
     sm.limits = o.limits;
     HttpServerConfig hc = o.http;
     hc.port = 0;
