@@ -1,21 +1,22 @@
 #include "model/convert.h"
 
-#include <cstring>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/matmul.h"
 #include "model/gguf.h"
+#include "model/gguf_arch.h"
 #include "model/tokenizer_llama2c.h"
 
 namespace kvcache {
 
 namespace {
 
-// Re-encodes a contiguous [rows, cols] matrix into `dst_t` (through f32, row by row).
+// Re-encodes a contiguous [..., rows, cols] matrix (or stack of them: experts) into `dst_t`
+// (through f32, row by row).
 Tensor convert_matrix(const TensorView& src, DType dst_t) {
-  const int64_t rows = src.dim(0), cols = src.dim(1);
-  Tensor out = Tensor::empty(dst_t, {rows, cols});
+  const int64_t cols = src.dim(src.ndim() - 1), rows = src.numel() / cols;
+  Tensor out = Tensor::empty(dst_t, src.shape());
   std::vector<float> row(static_cast<size_t>(cols));
   const size_t src_rb = dtype_bytes(src.dtype(), cols), dst_rb = dtype_bytes(dst_t, cols);
   for (int64_t r = 0; r < rows; ++r) {
@@ -26,32 +27,6 @@ Tensor convert_matrix(const TensorView& src, DType dst_t) {
       quantize_row_q8_0(row.data(), static_cast<BlockQ8_0*>(dst), cols);
     } else {
       convert_n(row.data(), DType::kF32, dst, dst_t, static_cast<size_t>(cols));
-    }
-  }
-  return out;
-}
-
-// HF checkpoints rotate the pairs (i, i + D/2) of each head (rotate_half); GGUF `llama` rotates
-// (2i, 2i+1). Reordering each head's Q/K output rows so that new row 2i+j is old row i + j*D/2
-// (j in {0, 1}) makes the two equivalent: RoPE then rotates the same value pairs, and q·k is
-// unchanged because q and k are permuted alike. This is the permutation llama.cpp's
-// convert_hf_to_gguf.py applies (reshape(n_head, 2, D/2, ...) then swapaxes(1, 2)).
-// Works on whole rows, so any row-wise dtype (q8_0 included); a 1-D tensor is a bias.
-Tensor permute_rope_rows(const TensorView& t, int64_t n_heads, int64_t head_dim) {
-  const int64_t rows = t.dim(0);
-  KV_CHECK(rows == n_heads * head_dim && head_dim % 2 == 0,
-           "permute_rope_rows: shape does not match the heads");
-  const size_t rb = t.ndim() == 2 ? dtype_bytes(t.dtype(), t.dim(1)) : dtype_bytes(t.dtype(), 1);
-  Tensor out = Tensor::empty(t.dtype(), t.shape());
-  const auto* src = static_cast<const std::byte*>(t.data());
-  auto* dst = static_cast<std::byte*>(out.data());
-  const int64_t half = head_dim / 2;
-  for (int64_t h = 0; h < n_heads; ++h) {
-    for (int64_t i = 0; i < half; ++i) {
-      for (int64_t j = 0; j < 2; ++j) {
-        const int64_t from = h * head_dim + j * half + i, to = h * head_dim + 2 * i + j;
-        std::memcpy(dst + static_cast<size_t>(to) * rb, src + static_cast<size_t>(from) * rb, rb);
-      }
     }
   }
   return out;
@@ -100,9 +75,11 @@ void convert_to_gguf(const ModelFile& model, const GgufConvertOptions& options,
                      const std::string& out_path) {
   GgufWriter w;
   const ModelConfig& c = model.config();
-  ModelConfig written = c;
-  written.rope_interleaved = true;  // half-split (HF) models get their Q/K rows permuted below
-  gguf_write_llama_config(w, written);
+  // Llama-family models are written as `llama` (Q/K rows permuted), the others as the
+  // llama.cpp architecture registered for their family (model/gguf_arch.h).
+  const GgufArchitecture& arch = c.is_llama_family() ? find_gguf_architecture("llama", model.path())
+                                                     : gguf_architecture_for_family(c.architecture);
+  arch.write_config(w, c);
   w.set("general.name", GgufValue::str("converted from " + model.path()));
   w.set("general.file_type", GgufValue::u32(0));
   if (options.tokenizer != nullptr) {
@@ -114,23 +91,24 @@ void convert_to_gguf(const ModelFile& model, const GgufConvertOptions& options,
     }
     add_vocabulary(w, *options.tokenizer);
   }
-  std::vector<Tensor> owned;                  // converted copies, alive until write()
-  owned.reserve(2 * model.tensors().size());  // a permuted and a re-encoded copy at most
-  for (const auto& [name, original] : model.tensors()) {
-    TensorView view = original;
-    if (!c.rope_interleaved) {
-      const bool q = name.ends_with(".attn_q.weight") || name.ends_with(".attn_q.bias");
-      const bool k = name.ends_with(".attn_k.weight") || name.ends_with(".attn_k.bias");
-      if (q || k) {
-        owned.push_back(permute_rope_rows(view, q ? c.n_heads : c.n_kv_heads, c.head_dim));
-        view = owned.back().view();
-      }
-    }
-    const bool matrix = view.ndim() == 2;
+  std::vector<Tensor> owned;  // converted copies, alive until write()
+  GgufTensorList tensors;
+  if (arch.write_tensors != nullptr) {
+    arch.write_tensors(model, tensors, owned);
+  } else {
+    write_gguf_tensors_by_table(arch, model, tensors);
+  }
+  std::vector<Tensor> encoded(tensors.size());  // re-encoded matrices
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto& [name, view] = tensors[i];
+    // ggml names weight matrices "*.weight" (norms are 1-D); 2-D "*.bias" tensors (GPT-OSS's
+    // per-expert biases) stay float.
+    const bool matrix = view.ndim() >= 2 && name.ends_with(".weight");
+    const int64_t cols = view.dim(view.ndim() - 1);
     if (matrix && options.matrix_dtype && *options.matrix_dtype != view.dtype() &&
-        !(*options.matrix_dtype == DType::kQ8_0 && view.dim(1) % 32 != 0)) {
-      owned.push_back(convert_matrix(view, *options.matrix_dtype));
-      view = owned.back().view();
+        !(*options.matrix_dtype == DType::kQ8_0 && cols % 32 != 0)) {
+      encoded[i] = convert_matrix(view, *options.matrix_dtype);
+      view = encoded[i].view();
     }
     w.add_tensor(name, view);
   }
