@@ -2,22 +2,25 @@
 
 #include <cctype>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/matmul.h"
 #include "kernels/quant_types.h"
 #include "model/gguf.h"
+#include "model/gguf_arch.h"
 #include "model/tokenizer_llama2c.h"
 
 namespace kvcache {
 
 namespace {
 
-// Re-encodes a contiguous [rows, cols] matrix into `dst_t` (through f32, row by row).
+// Re-encodes a contiguous [..., rows, cols] matrix (or stack of them: experts) into `dst_t`
+// (through f32, row by row).
 Tensor convert_matrix(const TensorView& src, DType dst_t) {
-  const int64_t rows = src.dim(0), cols = src.dim(1);
-  Tensor out = Tensor::empty(dst_t, {rows, cols});
+  const int64_t cols = src.dim(src.ndim() - 1), rows = src.numel() / cols;
+  Tensor out = Tensor::empty(dst_t, src.shape());
   std::vector<float> row(static_cast<size_t>(cols));
   const size_t src_rb = dtype_bytes(src.dtype(), cols), dst_rb = dtype_bytes(dst_t, cols);
   for (int64_t r = 0; r < rows; ++r) {
@@ -30,32 +33,6 @@ Tensor convert_matrix(const TensorView& src, DType dst_t) {
       q->quantize_ref(row.data(), dst, cols / dtype_info(dst_t).block_elems);
     } else {
       convert_n(row.data(), DType::kF32, dst, dst_t, static_cast<size_t>(cols));
-    }
-  }
-  return out;
-}
-
-// HF checkpoints rotate the pairs (i, i + D/2) of each head (rotate_half); GGUF `llama` rotates
-// (2i, 2i+1). Reordering each head's Q/K output rows so that new row 2i+j is old row i + j*D/2
-// (j in {0, 1}) makes the two equivalent: RoPE then rotates the same value pairs, and q·k is
-// unchanged because q and k are permuted alike. This is the permutation llama.cpp's
-// convert_hf_to_gguf.py applies (reshape(n_head, 2, D/2, ...) then swapaxes(1, 2)).
-// Works on whole rows, so any row-wise dtype (q8_0 included); a 1-D tensor is a bias.
-Tensor permute_rope_rows(const TensorView& t, int64_t n_heads, int64_t head_dim) {
-  const int64_t rows = t.dim(0);
-  KV_CHECK(rows == n_heads * head_dim && head_dim % 2 == 0,
-           "permute_rope_rows: shape does not match the heads");
-  const size_t rb = t.ndim() == 2 ? dtype_bytes(t.dtype(), t.dim(1)) : dtype_bytes(t.dtype(), 1);
-  Tensor out = Tensor::empty(t.dtype(), t.shape());
-  const auto* src = static_cast<const std::byte*>(t.data());
-  auto* dst = static_cast<std::byte*>(out.data());
-  const int64_t half = head_dim / 2;
-  for (int64_t h = 0; h < n_heads; ++h) {
-    for (int64_t i = 0; i < half; ++i) {
-      for (int64_t j = 0; j < 2; ++j) {
-        const int64_t from = h * head_dim + j * half + i, to = h * head_dim + 2 * i + j;
-        std::memcpy(dst + static_cast<size_t>(to) * rb, src + static_cast<size_t>(from) * rb, rb);
-      }
     }
   }
   return out;
@@ -163,9 +140,11 @@ GgufConvertReport convert_to_gguf(const ModelFile& model, const GgufConvertOptio
                                   const std::string& out_path) {
   GgufWriter w;
   const ModelConfig& c = model.config();
-  ModelConfig written = c;
-  written.rope_interleaved = true;  // half-split (HF) models get their Q/K rows permuted below
-  gguf_write_llama_config(w, written);
+  // Llama-family models are written as `llama` (Q/K rows permuted), the others as the
+  // llama.cpp architecture registered for their family (model/gguf_arch.h).
+  const GgufArchitecture& arch = c.is_llama_family() ? find_gguf_architecture("llama", model.path())
+                                                     : gguf_architecture_for_family(c.architecture);
+  arch.write_config(w, c);
   w.set("general.name", GgufValue::str("converted from " + model.path()));
   KV_CHECK(options.mix == QuantMix::kNone || !options.matrix_dtype,
            "convert_to_gguf: a mix and a matrix dtype");
@@ -181,31 +160,32 @@ GgufConvertReport convert_to_gguf(const ModelFile& model, const GgufConvertOptio
     }
     add_vocabulary(w, *options.tokenizer);
   }
-  std::vector<Tensor> owned;                  // converted copies, alive until write()
-  owned.reserve(2 * model.tensors().size());  // a permuted and a re-encoded copy at most
-  for (const auto& [name, original] : model.tensors()) {
-    TensorView view = original;
-    if (!c.rope_interleaved) {
-      const bool q = name.ends_with(".attn_q.weight") || name.ends_with(".attn_q.bias");
-      const bool k = name.ends_with(".attn_k.weight") || name.ends_with(".attn_k.bias");
-      if (q || k) {
-        owned.push_back(permute_rope_rows(view, q ? c.n_heads : c.n_kv_heads, c.head_dim));
-        view = owned.back().view();
-      }
-    }
-    const bool matrix = view.ndim() == 2;
+  std::vector<Tensor> owned;  // converted copies, alive until write()
+  GgufTensorList tensors;
+  if (arch.write_tensors != nullptr) {
+    arch.write_tensors(model, tensors, owned);
+  } else {
+    write_gguf_tensors_by_table(arch, model, tensors);
+  }
+  std::vector<Tensor> encoded(tensors.size());  // re-encoded matrices
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto& [name, view] = tensors[i];
+    // ggml names weight matrices "*.weight" (norms are 1-D); 2-D "*.bias" tensors (GPT-OSS's
+    // per-expert biases) stay float.
+    const bool matrix = view.ndim() >= 2 && name.ends_with(".weight");
+    const int64_t cols = view.dim(view.ndim() - 1);
     std::optional<DType> want = options.matrix_dtype;
     if (matrix && options.mix != QuantMix::kNone) want = mix_dtype(options.mix, name, c.n_layers);
     if (matrix && want && *want != view.dtype()) {
-      const DType t = fitting_dtype(*want, view.dtype(), view.dim(1));
+      const DType t = fitting_dtype(*want, view.dtype(), cols);
       if (t != *want && dtype_info(*want).block_elems == 256) {
         report.fallbacks.push_back(name + ": " + dtype_name(t) + " instead of " +
-                                   dtype_name(*want) + " (rows of " + std::to_string(view.dim(1)) +
+                                   dtype_name(*want) + " (rows of " + std::to_string(cols) +
                                    " are not whole blocks of 256)");
       }
       if (t != view.dtype()) {
-        owned.push_back(convert_matrix(view, t));
-        view = owned.back().view();
+        encoded[i] = convert_matrix(view, t);
+        view = encoded[i].view();
       }
     }
     w.add_tensor(name, view);

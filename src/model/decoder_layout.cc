@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "model/config_limits.h"
 #include "model/gguf.h"
+#include "model/gguf_arch.h"
 
 namespace kvcache {
 
@@ -433,7 +434,6 @@ DecoderLayout read_decoder_layout(const GgufFile& g) {
     return check_config_count(path, key(k), g.get_int_or(key(k), fallback), kind);
   };
   DecoderLayout d;
-  d.family = arch;
   d.n_layers = count("block_count", ConfigCount::kLayers);
   d.n_heads = count("attention.head_count", ConfigCount::kHeads);
   if (d.n_layers <= 0 || d.n_heads <= 0)
@@ -451,6 +451,11 @@ DecoderLayout read_decoder_layout(const GgufFile& g) {
     d.qk_nope_head_dim = d.head_dim - d.qk_rope_head_dim;
     d.v_head_dim = count_or("attention.value_length", d.head_dim, ConfigCount::kHeadDim);
   }
+  // Only architectures we run are billed (their entry knows the per-layer pattern); the counts
+  // above are checked first, whatever the architecture.
+  const GgufArchitecture& entry = find_gguf_architecture(arch, path);
+  d.family = entry.family;
+  if (entry.read_layout != nullptr) entry.read_layout(g, d);
   return d;
 }
 
