@@ -126,6 +126,30 @@ TEST(GgufFamilies, Gemma2WithOtherQueryScalarIsRefused) {
   EXPECT_NE(msg.find("query_pre_attn_scalar"), std::string::npos) << msg;
 }
 
+TEST(GgufFamilies, Qwen3RoundTrip) {
+  const std::string dir = family_folder("qwen3-tiny", "gguf-qwen3");
+  // llama.cpp's qwen3 has no sliding-window key: the round trip uses all-full layers.
+  edit_config(dir, "\"use_sliding_window\": true", "\"use_sliding_window\": false");
+  const std::string gguf = family_scratch("qwen3.gguf");
+  expect_same_model(dir, gguf, "qwen3");
+  auto g = GgufFile::open(gguf);
+  EXPECT_EQ(g->get_int("qwen3.attention.key_length"), 24);  // head_dim != hidden / heads
+  const GgufTensorInfo* qn = g->find_tensor("blk.1.attn_q_norm.weight");
+  ASSERT_NE(qn, nullptr);
+  EXPECT_EQ(qn->ne, (std::vector<uint64_t>{24}));
+  EXPECT_NE(g->find_tensor("blk.1.attn_k_norm.weight"), nullptr);
+  EXPECT_EQ(g->find_tensor("output.weight"), nullptr);  // tied
+}
+
+TEST(GgufFamilies, Qwen3WithSlidingLayersIsRefused) {
+  const std::string dir = family_folder("qwen3-tiny", "gguf-qwen3-swa");
+  LoadedModel hf = load_model(dir);
+  const std::string msg = error_message([&] {
+    convert_to_gguf(hf.model->file(), GgufConvertOptions{}, family_scratch("qwen3-swa.gguf"));
+  });
+  EXPECT_NE(msg.find("layer 2 is 'sliding_attention'"), std::string::npos) << msg;
+}
+
 TEST(GgufFamilies, GptOssRoundTrip) {
   const std::string dir = family_folder("gptoss-tiny", "gguf-gptoss");
   // ggml's YaRN rounds the correction range outward (transformers' truncate = true).
