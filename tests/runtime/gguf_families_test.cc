@@ -150,6 +150,42 @@ TEST(GgufFamilies, Qwen3WithSlidingLayersIsRefused) {
   EXPECT_NE(msg.find("layer 2 is 'sliding_attention'"), std::string::npos) << msg;
 }
 
+TEST(GgufFamilies, Gemma3RoundTrip) {
+  const std::string dir = family_folder("gemma3-tiny", "gguf-gemma3");
+  // llama.cpp's gemma3 scales queries by key_length^-0.5 and fixes the sliding pattern at 6
+  // (set_swa_pattern(6)); neither query_pre_attn_scalar nor the pattern is in the file, so the
+  // round trip uses a model with scalar = head dim and pattern 6 (all five layers sliding).
+  edit_config(dir, "\"query_pre_attn_scalar\": 24", "\"query_pre_attn_scalar\": 16");
+  edit_config(dir, "\"sliding_window_pattern\": 4", "\"sliding_window_pattern\": 6");
+  const std::string gguf = family_scratch("gemma3.gguf");
+  expect_same_model(dir, gguf, "gemma3");
+  auto g = GgufFile::open(gguf);
+  EXPECT_EQ(g->get_int("gemma3.attention.sliding_window"), 8);
+  EXPECT_EQ(g->get_string("gemma3.rope.scaling.type"), "linear");
+  EXPECT_FLOAT_EQ(static_cast<float>(g->get_float_or("gemma3.rope.scaling.factor", 0.0)), 8.0f);
+  EXPECT_NE(g->find_tensor("blk.0.attn_q_norm.weight"), nullptr);
+  EXPECT_EQ(g->find_tensor("output.weight"), nullptr);
+  // llama.cpp's converter stores every Gemma-3 norm, q/k norms included, as 1 + w.
+  LoadedModel hf = load_model(dir);
+  LoadedModel gg = load_model(gguf);
+  const std::string qn = "model.layers.1.self_attn.q_norm.weight";
+  EXPECT_FLOAT_EQ(gg.model->file().tensor(qn).data_as<const float>()[5],
+                  1.0f + hf.model->file().tensor(qn).data_as<const float>()[5]);
+  EXPECT_FALSE(gg.model->config().norm_add_one);
+  EXPECT_FLOAT_EQ(gg.model->config().rope_local_theta, 10000.0f);
+}
+
+TEST(GgufFamilies, Gemma3WithOtherSlidingPatternIsRefused) {
+  const std::string dir = family_folder("gemma3-tiny", "gguf-gemma3-p4");
+  edit_config(dir, "\"query_pre_attn_scalar\": 24", "\"query_pre_attn_scalar\": 16");
+  LoadedModel hf = load_model(dir);
+  const std::string msg = error_message([&] {
+    convert_to_gguf(hf.model->file(), GgufConvertOptions{}, family_scratch("gemma3-p4.gguf"));
+  });
+  EXPECT_NE(msg.find("layer 3 is 'full_attention'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("sliding_window_pattern at 6"), std::string::npos) << msg;
+}
+
 TEST(GgufFamilies, GptOssRoundTrip) {
   const std::string dir = family_folder("gptoss-tiny", "gguf-gptoss");
   // ggml's YaRN rounds the correction range outward (transformers' truncate = true).
