@@ -186,6 +186,25 @@ TEST(GgufFamilies, Gemma3WithOtherSlidingPatternIsRefused) {
   EXPECT_NE(msg.find("sliding_window_pattern at 6"), std::string::npos) << msg;
 }
 
+TEST(GgufFamilies, Phi3RoundTrip) {
+  const std::string dir = family_folder("phi3-tiny", "gguf-phi3");
+  const std::string gguf = family_scratch("phi3.gguf");
+  expect_same_model(dir, gguf, "phi3");
+  auto g = GgufFile::open(gguf);
+  EXPECT_EQ(g->get_int("phi3.rope.dimension_count"), 8);  // partial_rotary_factor 0.5 of 16
+  EXPECT_EQ(g->get_int("phi3.attention.sliding_window"), 8);
+  const GgufTensorInfo* qkv = g->find_tensor("blk.0.attn_qkv.weight");
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->ne, (std::vector<uint64_t>{64, 128}));  // ggml: [dim, (4 + 2 * 2) * 16]
+  const GgufTensorInfo* up = g->find_tensor("blk.2.ffn_up.weight");
+  ASSERT_NE(up, nullptr);
+  EXPECT_EQ(up->ne, (std::vector<uint64_t>{64, 192}));  // [gate; up], 2 * 96 rows
+  EXPECT_EQ(g->find_tensor("blk.2.ffn_gate.weight"), nullptr);
+  EXPECT_NE(g->find_tensor("output.weight"), nullptr);  // untied
+  LoadedModel gg = load_model(gguf);
+  EXPECT_EQ(gg.model->config().rope_dim(), 8);
+}
+
 TEST(GgufFamilies, GptOssRoundTrip) {
   const std::string dir = family_folder("gptoss-tiny", "gguf-gptoss");
   // ggml's YaRN rounds the correction range outward (transformers' truncate = true).
