@@ -10,7 +10,9 @@
 //    Gemma3Model writes "linear" and the factor when the config has rope_scaling);
 //  - the attention scale is 1/sqrt(attention.key_length), except for the 27B (62 layers),
 //    1/sqrt(embedding_length / head_count): query_pre_attn_scalar is not in the file;
-//  - no softcapping keys are read: neither logit softcap exists for gemma3;
+//  - logit softcaps: convert_hf_to_gguf.py's Gemma3Model asserts attn_logit_softcapping is None
+//    and writes final_logit_softcapping only when the config sets one, so the attention softcap
+//    is never in the file and the final one is read when present;
 //  - tensors (LLM_TENSOR_NAMES for LLM_ARCH_GEMMA3; gguf-py/gguf/tensor_mapping.py): as gemma2
 //    plus attn_q_norm / attn_k_norm; no output.weight (tied);
 //  - Gemma3Model.modify_tensors stores every "norm.weight" (q/k norms included) as w + 1, so
@@ -84,7 +86,7 @@ void read_config(const GgufFile& g, ModelFile& mf) {
   c.ffn_act = FfnActivation::kGeluTanh;
   c.query_scale = attention_scale(c.n_layers, c.dim, c.n_heads, c.head_dim);
   c.attn_softcap = 0.0f;
-  c.final_softcap = 0.0f;
+  c.final_softcap = static_cast<float>(g.get_float_or(p + "final_logit_softcapping", 0.0));
   c.qkv_bias = false;
 }
 
@@ -109,10 +111,10 @@ void write_config(GgufWriter& w, const ModelConfig& c) {
                 "rope_local_base_freq " +
                     std::to_string(c.rope_local_theta) + " cannot be expressed in a GGUF");
   }
-  if (c.attn_softcap != 0.0f || c.final_softcap != 0.0f) {
+  if (c.attn_softcap != 0.0f) {
     throw Error(ErrorKind::kUnsupported,
-                "gemma3: llama.cpp's gemma3 reads no logit softcapping; a model with "
-                "attn_logit_softcapping or final_logit_softcapping cannot be written as GGUF");
+                "gemma3: llama.cpp's gemma3 has no attention softcap (its converter asserts "
+                "attn_logit_softcapping is None); this model's cannot be written as GGUF");
   }
   if (!c.norm_add_one || c.rope_interleaved || c.qkv_bias || c.attn_out_bias || !c.qk_norm ||
       c.partial_rotary_factor != 1.0f ||
@@ -130,6 +132,8 @@ void write_config(GgufWriter& w, const ModelConfig& c) {
   w.set(p + "attention.value_length", u32(c.head_dim));
   w.set(p + "rope.dimension_count", u32(c.head_dim));
   w.set(p + "attention.sliding_window", u32(c.sliding_window));
+  if (c.final_softcap != 0.0f)
+    w.set(p + "final_logit_softcapping", GgufValue::f32(c.final_softcap));
   if (c.rope_scaling.type == RopeScalingType::kLinear) {
     w.set(p + "rope.scaling.type", GgufValue::str("linear"));
     w.set(p + "rope.scaling.factor", GgufValue::f32(c.rope_scaling.factor));

@@ -173,6 +173,12 @@ TEST(GgufFamilies, Gemma3RoundTrip) {
                   1.0f + hf.model->file().tensor(qn).data_as<const float>()[5]);
   EXPECT_FALSE(gg.model->config().norm_add_one);
   EXPECT_FLOAT_EQ(gg.model->config().rope_local_theta, 10000.0f);
+  // The full layers' table (linear factor 8): no layer of this model uses it, so it is
+  // compared here rather than through the logits.
+  EXPECT_EQ(gg.model->config().rope_freq_factors, hf.model->config().rope_freq_factors);
+  EXPECT_EQ(gg.model->config().rope_freq_factors.size(), 8u);
+  EXPECT_FLOAT_EQ(gg.model->config().rope_theta, hf.model->config().rope_theta);
+  EXPECT_EQ(g->find("gemma3.final_logit_softcapping"), nullptr);  // none in this model
 }
 
 TEST(GgufFamilies, Gemma3WithOtherSlidingPatternIsRefused) {
