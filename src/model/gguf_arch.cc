@@ -186,4 +186,17 @@ void write_gguf_common_config(GgufWriter& w, const std::string& arch_name, const
   if (c.eos_id >= 0) w.set("tokenizer.ggml.eos_token_id", u32(c.eos_id));
 }
 
+void add_one_to_gguf_norms(GgufTensorList& out, std::vector<Tensor>& owned) {
+  for (auto& [name, view] : out) {
+    if (!name.ends_with("norm.weight")) continue;
+    Tensor plus = Tensor::empty(DType::kF32, view.shape());
+    convert_n(view.data(), view.dtype(), plus.data(), DType::kF32,
+              static_cast<size_t>(view.numel()));
+    float* f = static_cast<float*>(plus.data());
+    for (int64_t i = 0; i < view.numel(); ++i) f[i] += 1.0f;
+    owned.push_back(std::move(plus));
+    view = owned.back().view();
+  }
+}
+
 }  // namespace kvcache

@@ -93,6 +93,9 @@ void load_gguf_tensors_by_table(const GgufArchitecture& arch, const GgufFile& g,
 // Error(kUnsupported) naming it.
 void write_gguf_tensors_by_table(const GgufArchitecture& arch, const ModelFile& model,
                                  GgufTensorList& out);
+// Gemma's converter fix-up (convert_hf_to_gguf.py Gemma2Model / Gemma3Model.modify_tensors):
+// every "*norm.weight" of `out` replaced by an f32 copy holding w + 1 (kept in `owned`).
+void add_one_to_gguf_norms(GgufTensorList& out, std::vector<Tensor>& owned);
 
 // The keys every architecture shares (llama.cpp LLM_KV_*, prefixed "<arch>."): the cache shape
 // from read_decoder_layout (which calls the entry's read_layout), feed_forward_length,

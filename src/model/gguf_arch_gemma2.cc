@@ -106,16 +106,7 @@ const GgufArchitecture kGemma2{kArch,    "gemma2", &read_layout,  &read_config,
 
 void write_tensors(const ModelFile& model, GgufTensorList& out, std::vector<Tensor>& owned) {
   write_gguf_tensors_by_table(kGemma2, model, out);
-  for (auto& [name, view] : out) {
-    if (!name.ends_with("norm.weight")) continue;
-    Tensor plus = Tensor::empty(DType::kF32, view.shape());
-    convert_n(view.data(), view.dtype(), plus.data(), DType::kF32,
-              static_cast<size_t>(view.numel()));
-    float* f = static_cast<float*>(plus.data());
-    for (int64_t i = 0; i < view.numel(); ++i) f[i] += 1.0f;
-    owned.push_back(std::move(plus));
-    view = owned.back().view();
-  }
+  add_one_to_gguf_norms(out, owned);
 }
 
 }  // namespace

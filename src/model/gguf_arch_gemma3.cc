@@ -167,16 +167,7 @@ const GgufArchitecture kGemma3{kArch,    "gemma3", &read_layout,  &read_config,
 // Gemma3Model.modify_tensors: every norm + 1 (in f32, as the runtime's 1 + w would be).
 void write_tensors(const ModelFile& model, GgufTensorList& out, std::vector<Tensor>& owned) {
   write_gguf_tensors_by_table(kGemma3, model, out);
-  for (auto& [name, view] : out) {
-    if (!name.ends_with("norm.weight")) continue;
-    Tensor plus = Tensor::empty(DType::kF32, view.shape());
-    convert_n(view.data(), view.dtype(), plus.data(), DType::kF32,
-              static_cast<size_t>(view.numel()));
-    float* f = static_cast<float*>(plus.data());
-    for (int64_t i = 0; i < view.numel(); ++i) f[i] += 1.0f;
-    owned.push_back(std::move(plus));
-    view = owned.back().view();
-  }
+  add_one_to_gguf_norms(out, owned);
 }
 
 }  // namespace
