@@ -22,9 +22,10 @@ constexpr int kMaxThreads = 1024;  // far past any machine here; beyond it -t is
 void add_model_options(CLI::App* cmd, ModelOptions& o) {
   o.cmd = cmd;
   cmd->add_option("--model,-m", o.model,
-                  "Model: llama2.c .bin, GGUF file, Hugging Face folder, or "
-                  "dummy:PRESET[:f16|f32|bf16|q8_0] (tiny, llama-125m, gemma2-tiny, gptoss-tiny, "
-                  "mla-tiny, qwen3next-tiny, ...)")
+                  "Model: llama2.c .bin, GGUF file, Hugging Face folder, stories260K (built in), "
+                  "or dummy:PRESET[:WEIGHT_TYPE] (tiny, llama-125m, qwen3-tiny, phi3-tiny, "
+                  "gemma2-tiny, gemma3-tiny, gptoss-tiny, mla-tiny, qwen3next-tiny, ...; weight "
+                  "types f16, f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_K..q6_K)")
       ->required();
   cmd->add_option(
       "--tokenizer", o.tokenizer,
