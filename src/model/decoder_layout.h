@@ -67,9 +67,10 @@ nlohmann::json decoder_config(const nlohmann::json& root);
 // Throws Error(kFormat) naming `source` and the key.
 DecoderLayout read_decoder_layout(const nlohmann::json& root, const nlohmann::json& config,
                                   const std::string& source);
-// From GGUF metadata ({arch}.block_count, head counts, key_length, sliding_window, ...):
-// llama.cpp's files carry no per-layer pattern for the families we read, so a sliding window
-// applies to every layer.
+// From GGUF metadata ({arch}.block_count, head counts, key_length, sliding_window, ...); the
+// layer pattern is the architecture's (model/gguf_arch.h read_layout: gemma2 alternating,
+// gemma3 five sliding then one full, gpt-oss alternating, phi3 every layer, ...), since
+// llama.cpp's files carry no per-layer pattern.
 DecoderLayout read_decoder_layout(const GgufFile& gguf);
 
 // transformers' generic rule (see the header comment), also for configs built in code.

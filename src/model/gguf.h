@@ -135,12 +135,13 @@ class GgufFile {
   std::map<std::string, size_t, std::less<>> tensor_index_;
 };
 
-// Builds a ModelFile from a GGUF of architecture `llama` (also `mistral`, `qwen2`): the
-// config from `{arch}.*` metadata (context_length, embedding_length, block_count,
-// attention.head_count(_kv), attention.key_length, rope.freq_base, rope.scaling.*,
-// attention.layer_norm_rms_epsilon, feed_forward_length, attention.sliding_window), vocab size
-// from tokenizer.ggml.tokens or the output/token_embd tensor, bos/eos from tokenizer.ggml.*;
-// every tensor of a supported type as a view. Validates the llama weights (names, shapes).
+// Builds a ModelFile from a GGUF of any architecture registered in model/gguf_arch.h (llama,
+// mistral, qwen2, qwen3, gemma2, gemma3, phi3, gpt-oss): the shared `{arch}.*` keys
+// (context_length, embedding_length, block_count, attention.head_count(_kv), key_length,
+// rope.*, layer_norm_rms_epsilon, feed_forward_length, sliding_window), then the entry's own;
+// vocab size from tokenizer.ggml.tokens or the output/token_embd tensor, bos/eos from
+// tokenizer.ggml.*; every tensor renamed by the entry's table, as a view. Validates the weights
+// of the family it becomes. Another architecture is Error(kUnsupported) naming it.
 std::unique_ptr<ModelFile> load_gguf_model(const std::string& path);
 std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> gguf);
 
