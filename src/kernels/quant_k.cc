@@ -565,21 +565,27 @@ void quantize_ref_q2k(const float* src, void* blocks, int64_t n_blocks) {
   }
 }
 
+// Per sub-block of 16 (16 of them): the scale that maps the sub-block's largest-magnitude value
+// to code -neg when it is negative, else to +pos (q3_K: 4 / 3, q6_K: 32 / 31), so it stays >= 0.
+void signed_scales(const float* src, float neg, float pos, float* scale) {
+  for (int g = 0; g < 16; ++g) {
+    float amax = 0.0f, vmax = 0.0f;
+    for (int l = 0; l < 16; ++l) {
+      if (std::fabs(src[16 * g + l]) > amax) {
+        amax = std::fabs(src[16 * g + l]);
+        vmax = src[16 * g + l];
+      }
+    }
+    scale[g] = vmax < 0.0f ? -vmax / neg : vmax / pos;
+  }
+}
+
 void quantize_ref_q3k(const float* src, void* blocks, int64_t n_blocks) {
   for (int64_t i = 0; i < n_blocks; ++i, src += kQK) {
     uint8_t* b = static_cast<uint8_t*>(blocks) + static_cast<size_t>(i) * q3k::kBytes;
     // Signed scales: codes -4..3 (max-abs maps to +-4 when the extreme is negative, else 3).
     float scale[16];
-    for (int g = 0; g < 16; ++g) {
-      float amax = 0.0f, vmax = 0.0f;
-      for (int l = 0; l < 16; ++l) {
-        if (std::fabs(src[16 * g + l]) > amax) {
-          amax = std::fabs(src[16 * g + l]);
-          vmax = src[16 * g + l];
-        }
-      }
-      scale[g] = vmax < 0.0f ? -vmax / 4.0f : vmax / 3.0f;
-    }
+    signed_scales(src, 4.0f, 3.0f, scale);
     int sc[16];
     const float d = fit_super(scale, 16, 31, b + q3k::kD, sc);
     uint8_t* s = b + q3k::kScales;
@@ -662,16 +668,7 @@ void quantize_ref_q6k(const float* src, void* blocks, int64_t n_blocks) {
     // Codes -32..31; a sub-block's scale maps its max-abs value to -32 or 31 by its sign (the
     // scale itself then stays positive, 0..127).
     float scale[16];
-    for (int g = 0; g < 16; ++g) {
-      float amax = 0.0f, vmax = 0.0f;
-      for (int l = 0; l < 16; ++l) {
-        if (std::fabs(src[16 * g + l]) > amax) {
-          amax = std::fabs(src[16 * g + l]);
-          vmax = src[16 * g + l];
-        }
-      }
-      scale[g] = vmax < 0.0f ? -vmax / 32.0f : vmax / 31.0f;
-    }
+    signed_scales(src, 32.0f, 31.0f, scale);
     int sc[16];
     const float d = fit_super(scale, 16, 127, b + q6k::kD, sc);
     int8_t codes[kQK];
