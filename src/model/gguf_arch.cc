@@ -199,4 +199,11 @@ void add_one_to_gguf_norms(GgufTensorList& out, std::vector<Tensor>& owned) {
   }
 }
 
+void check_gguf_value_length(const GgufFile& g, const std::string& arch, int64_t head_dim) {
+  if (g.get_int_or(arch + ".attention.value_length", head_dim) != head_dim) {
+    throw Error(ErrorKind::kUnsupported,
+                g.path() + ": " + arch + " with key_length != value_length is not supported");
+  }
+}
+
 }  // namespace kvcache

@@ -93,6 +93,9 @@ void load_gguf_tensors_by_table(const GgufArchitecture& arch, const GgufFile& g,
 // Error(kUnsupported) naming it.
 void write_gguf_tensors_by_table(const GgufArchitecture& arch, const ModelFile& model,
                                  GgufTensorList& out);
+// Error(kUnsupported) naming the file and `arch` when `{arch}.attention.value_length` is set and
+// differs from the key length `head_dim` (the GQA families need one head size for K and V).
+void check_gguf_value_length(const GgufFile& g, const std::string& arch, int64_t head_dim);
 // Gemma's converter fix-up (convert_hf_to_gguf.py Gemma2Model / Gemma3Model.modify_tensors):
 // every "*norm.weight" of `out` replaced by an f32 copy holding w + 1 (kept in `owned`).
 void add_one_to_gguf_norms(GgufTensorList& out, std::vector<Tensor>& owned);

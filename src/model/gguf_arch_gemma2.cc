@@ -43,10 +43,7 @@ float attention_scale(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t he
 void read_config(const GgufFile& g, ModelFile& mf) {
   ModelConfig& c = mf.mutable_config();
   const std::string p = std::string(kArch) + ".";
-  if (g.get_int_or(p + "attention.value_length", c.head_dim) != c.head_dim) {
-    throw Error(ErrorKind::kUnsupported,
-                g.path() + ": gemma2 with key_length != value_length is not supported");
-  }
+  check_gguf_value_length(g, kArch, c.head_dim);
   c.rope_interleaved = false;
   c.norm_add_one = false;  // the converter stored 1 + w
   c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));

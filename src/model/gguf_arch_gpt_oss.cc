@@ -55,10 +55,7 @@ YarnParams yarn_of(double factor, int64_t original, double beta_fast, double bet
 void read_config(const GgufFile& g, ModelFile& mf) {
   const std::string& path = g.path();
   ModelConfig& c = mf.mutable_config();
-  if (g.get_int_or(kP + "attention.value_length", c.head_dim) != c.head_dim) {
-    throw Error(ErrorKind::kUnsupported,
-                path + ": gpt-oss with key_length != value_length is not supported");
-  }
+  check_gguf_value_length(g, kArch, c.head_dim);
   c.rope_interleaved = false;  // NEOX
   c.qkv_bias = true;
   c.attn_out_bias = true;

@@ -22,9 +22,7 @@ void read_config(const GgufFile& g, ModelFile& mf) {
   ModelConfig& c = mf.mutable_config();
   const std::string arch = g.get_string("general.architecture");
   const std::string p = arch + ".";
-  if (g.get_int_or(p + "attention.value_length", c.head_dim) != c.head_dim) {
-    throw Error(ErrorKind::kUnsupported, path + ": key_length != value_length is not supported");
-  }
+  check_gguf_value_length(g, arch, c.head_dim);
   const int64_t rope_dims = g.get_int_or(p + "rope.dimension_count", c.head_dim);
   if (rope_dims != c.head_dim) {
     throw Error(ErrorKind::kUnsupported, path + ": partial RoPE (rope.dimension_count " +

@@ -21,10 +21,7 @@ constexpr const char* kArch = "qwen3";
 void read_config(const GgufFile& g, ModelFile& mf) {
   ModelConfig& c = mf.mutable_config();
   const std::string p = std::string(kArch) + ".";
-  if (g.get_int_or(p + "attention.value_length", c.head_dim) != c.head_dim) {
-    throw Error(ErrorKind::kUnsupported,
-                g.path() + ": qwen3 with key_length != value_length is not supported");
-  }
+  check_gguf_value_length(g, kArch, c.head_dim);
   const int64_t rope_dims = g.get_int_or(p + "rope.dimension_count", c.head_dim);
   if (rope_dims != c.head_dim) {
     throw Error(ErrorKind::kUnsupported, g.path() + ": qwen3 with rope.dimension_count " +
