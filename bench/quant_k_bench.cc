@@ -68,6 +68,43 @@ BENCHMARK_CAPTURE(BM_DecodeGemv, q4_K, DType::kQ4_K)->Arg(1)->Arg(2)->UseRealTim
 BENCHMARK_CAPTURE(BM_DecodeGemv, q3_K, DType::kQ3_K)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DecodeGemv, q2_K, DType::kQ2_K)->Arg(1)->Arg(2)->UseRealTime();
 
+// One thread, 256 rows x 4096 (L2-resident): the arithmetic of a row dot, not the memory.
+// arg 0: the f32 dot (x as f32), 1: the integer dot (x rounded to int8 once, outside the loop,
+// as the GEMV does once per product). bytes_per_second is weight bytes.
+void BM_RowDot(benchmark::State& state, DType t) {
+  constexpr int64_t n = 256, k = 4096;
+  const std::vector<std::byte> w = weights(t, n, k);
+  const QuantKernels& q = *quant_kernels(t);
+  std::vector<float> x(static_cast<size_t>(k));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (float& v : x) v = d(rng);
+  std::vector<BlockQ8K> xq(static_cast<size_t>(k / 256));
+  quantize_act_q8k(x.data(), xq.data(), k / 256);
+  const bool int8 = state.range(0) == 1;
+  if (int8 && q.dot_q8k == nullptr) {
+    state.SkipWithError("no integer dot for this type in this build");
+    return;
+  }
+  const size_t rb = dtype_bytes(t, k);
+  const int64_t nb = k / dtype_info(t).block_elems;
+  for (auto _ : state) {
+    float s = 0.0f;
+    for (int64_t r = 0; r < n; ++r) {
+      const std::byte* row = w.data() + static_cast<size_t>(r) * rb;
+      s += int8 ? q.dot_q8k(row, xq.data(), k / 256) : q.dot(row, x.data(), nb);
+    }
+    benchmark::DoNotOptimize(s);
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.size()));
+}
+
+BENCHMARK_CAPTURE(BM_RowDot, q6_K, DType::kQ6_K)->Arg(0)->Arg(1);
+BENCHMARK_CAPTURE(BM_RowDot, q5_K, DType::kQ5_K)->Arg(0)->Arg(1);
+BENCHMARK_CAPTURE(BM_RowDot, q4_K, DType::kQ4_K)->Arg(0)->Arg(1);
+BENCHMARK_CAPTURE(BM_RowDot, q3_K, DType::kQ3_K)->Arg(0)->Arg(1);
+BENCHMARK_CAPTURE(BM_RowDot, q2_K, DType::kQ2_K)->Arg(0)->Arg(1);
+
 }  // namespace
 }  // namespace kvcache
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -24,6 +25,42 @@ namespace {
 
 // Below this many multiply-adds a parallel_for costs more (wake-up, join) than it saves.
 constexpr int64_t kMinParallelMacs = 1 << 15;
+
+// How a weight type's products take x. block 256: rounded to int8 per 256 (BlockQ8K) and the
+// integer dot k256; block 32: per 32 (BlockQ8A32) and a32; block 0: x as f32 (f32, f16, bf16,
+// and types without an integer dot in this build). Rounding is per row of x, so a row's result
+// does not depend on M (batch invariance), and every path of a product (GEMV, GEMM) rounds
+// the same way.
+struct ActDot {
+  int block = 0;
+  float (*k256)(const void*, const BlockQ8K*, int64_t) = nullptr;
+  float (*a32)(const void*, const BlockQ8A32*, int64_t) = nullptr;
+};
+ActDot act_dot(DType t);
+
+// Bytes of one row of k values of x in the rounded form.
+size_t act_row_bytes(const ActDot& a, int64_t k) {
+  return a.block == 256 ? static_cast<size_t>(k / 256) * sizeof(BlockQ8K)
+                        : static_cast<size_t>(k / 32) * sizeof(BlockQ8A32);
+}
+void quantize_act_row(const ActDot& a, const float* x, std::byte* dst, int64_t k) {
+  if (a.block == 256) {
+    quantize_act_q8k(x, reinterpret_cast<BlockQ8K*>(dst), k / 256);
+  } else {
+    quantize_act_q8_32(x, reinterpret_cast<BlockQ8A32*>(dst), k / 32);
+  }
+}
+void round_act_row(const ActDot& a, const float* x, float* dst, int64_t k) {
+  if (a.block == 256) {
+    round_act_q8k(x, dst, k);
+  } else {
+    round_act_q8_32(x, dst, k);
+  }
+}
+float act_dot_row(const ActDot& a, const void* w, const std::byte* xq, int64_t k) {
+  return a.block == 256 ? a.k256(w, reinterpret_cast<const BlockQ8K*>(xq), k / 256)
+                        : a.a32(w, reinterpret_cast<const BlockQ8A32*>(xq), k / 32);
+}
 
 #ifdef KVCACHE_MATMUL_AVX2
 inline float hsum(__m256 v) {
@@ -212,6 +249,51 @@ float dot_q8_0(const BlockQ8_0* w, const float* x, int64_t k) {
 #endif
 }
 
+#ifdef KVCACHE_MATMUL_AVX2
+// acc + the products of 32 int8 w and 32 int8 x summed in fours into int32 lanes. maddubs and
+// dpbusd take one unsigned operand: |w| times x with w's sign (llama.cpp's trick, ggml-cpu
+// quants: mul_sum_i8_pairs); |pair| <= 128 * 127 * 2 fits int16.
+inline __m256i dot_i8x32(__m256i acc, __m256i w, __m256i x) {
+  const __m256i aw = _mm256_sign_epi8(w, w), sx = _mm256_sign_epi8(x, w);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, aw, sx);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, aw, sx);
+#else
+  return _mm256_add_epi32(acc,
+                          _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1)));
+#endif
+}
+
+// q8_0 against x rounded per 32: per block the exact int32 dot, times d_w * d_x.
+float dot_q8_0_int(const void* blocks, const BlockQ8A32* x, int64_t nb) {
+  const auto* w = static_cast<const BlockQ8_0*>(blocks);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+  int64_t b = 0;
+  const auto one = [&](int64_t i) {
+    const __m256i p = dot_i8x32(_mm256_setzero_si256(),
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs)),
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
+    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(w[i].d) * x[i].d), _mm256_cvtepi32_ps(p));
+  };
+  for (; b + 2 <= nb; b += 2) {
+    acc0 = _mm256_add_ps(acc0, one(b));
+    acc1 = _mm256_add_ps(acc1, one(b + 1));
+  }
+  if (b < nb) acc0 = _mm256_add_ps(acc0, one(b));
+  return hsum(_mm256_add_ps(acc0, acc1));
+}
+#endif
+
+ActDot act_dot(DType t) {
+#ifdef KVCACHE_MATMUL_AVX2
+  if (t == DType::kQ8_0) return {32, nullptr, dot_q8_0_int};
+#endif
+  const QuantKernels* q = quant_kernels(t);
+  if (q != nullptr && q->dot_q8k != nullptr) return {256, q->dot_q8k, nullptr};
+  return {};
+}
+
 size_t row_bytes(DType t, int64_t k) {
   return dtype_bytes(t, k);
 }
@@ -303,7 +385,8 @@ void gemv_tile_rows(const MatmulParams& p, size_t rb, int64_t r, int64_t i, int6
 // of x: tiles of kRowTileW W rows (that many FMA chains in flight). Several: multi-row tiles,
 // which widen each W chunk once for kTileRows x rows and load each x chunk once for kTileW W
 // rows. Every output gets dot_row's exact bits either way (q8_0: dot_q8_0's, one row at a time).
-void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
+// xq: x's rows rounded to int8 (act_dot), else nullptr.
+void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* xq) {
   const size_t rb = row_bytes(p.w_dtype, p.k);
   const auto* w = static_cast<const std::byte*>(p.w);
 #ifdef KVCACHE_MATMUL_AVX2
@@ -322,7 +405,7 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
     for (; r < r1; ++r) gemv_tile<1, 1>(p, rb, r, 0, 0, false);
     return;
   }
-  if (p.m > 1) {
+  if (p.m > 1 && xq == nullptr) {
     const int nw = dtype_is_float(p.w_dtype) ? kTileW : 1;
     // A block of W rows (kGemvBlockBytes, meant to stay in L2) meets each group of kTileRows
     // x rows in turn, so W comes from memory once per call whatever M.
@@ -349,7 +432,8 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
     return;
   }
 #endif
-  // q8_0, one row of x (and every dtype in builds without AVX2): bound by streaming W. Weights
+  // q8_0 and the GGUF block types, one row of x, and the integer dots for any M (and every
+  // dtype in builds without AVX2): bound by streaming W. Weights
   // are usually a file mapping on 4 KiB pages (no transparent huge pages for files on common
   // kernels), where the hardware prefetcher stops at every page boundary; prefetching
   // kGemvPrefetchBytes ahead within this block of rows keeps the stream going across pages.
@@ -365,6 +449,13 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
       prefetch_l1(reinterpret_cast<const char*>(w + o));
 #endif
     const float b = p.bias != nullptr ? p.bias[r] : 0.0f;
+    if (xq != nullptr) {
+      const ActDot a = act_dot(p.w_dtype);
+      const size_t xb = act_row_bytes(a, p.k);
+      for (int64_t i = 0; i < p.m; ++i)
+        p.y[i * p.ldy + r] = act_dot_row(a, wr, xq + static_cast<size_t>(i) * xb, p.k) + b;
+      continue;
+    }
     for (int64_t i = 0; i < p.m; ++i)
       p.y[i * p.ldy + r] = dot_row(wr, p.w_dtype, p.x + i * p.ldx, p.k) + b;
   }
@@ -375,11 +466,34 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1) {
 // short (a thread idles at most one block at the end of the loop, and a decode step runs ~50
 // loops) and balance a thread slowed by a neighbour; >= 16 rows per block keep W streaming.
 void gemv_group(std::span<const MatmulParams> group, ThreadPool& pool) {
+  // x rounded to int8 once per product (once for products that read the same x), before the
+  // threads split the rows.
+  thread_local std::vector<std::byte> act[kMaxMatmulGroup];
+  const std::byte* xq[kMaxMatmulGroup] = {};
+  for (size_t g = 0; g < group.size(); ++g) {
+    const MatmulParams& p = group[g];
+    const ActDot a = act_dot(p.w_dtype);
+    if (a.block == 0) continue;
+    for (size_t h = 0; h < g && xq[g] == nullptr; ++h) {
+      const MatmulParams& o = group[h];
+      if (xq[h] != nullptr && act_dot(o.w_dtype).block == a.block && o.x == p.x && o.ldx == p.ldx &&
+          o.m == p.m && o.k == p.k)
+        xq[g] = xq[h];
+    }
+    if (xq[g] != nullptr) continue;
+    const size_t xb = act_row_bytes(a, p.k);
+    // std::vector<std::byte> storage is aligned for new's default (>= 16), enough for the
+    // blocks' float scales; rows are whole blocks (292 or 36 bytes, multiples of 4).
+    act[g].resize(static_cast<size_t>(p.m) * xb);
+    for (int64_t i = 0; i < p.m; ++i)
+      quantize_act_row(a, p.x + i * p.ldx, act[g].data() + static_cast<size_t>(i) * xb, p.k);
+    xq[g] = act[g].data();
+  }
   const int nt = pool.n_threads();
   int64_t macs = 0, total_rows = 0;
   for (const MatmulParams& p : group) macs += p.m * p.n * p.k, total_rows += p.n;
   if (nt <= 1 || macs < kMinParallelMacs) {
-    for (const MatmulParams& p : group) gemv_rows(p, 0, p.n);
+    for (size_t g = 0; g < group.size(); ++g) gemv_rows(group[g], 0, group[g].n, xq[g]);
     return;
   }
   const int64_t rows_per_task = std::max<int64_t>(16, (total_rows + 8 * nt - 1) / (8 * nt));
@@ -392,7 +506,7 @@ void gemv_group(std::span<const MatmulParams> group, ThreadPool& pool) {
     while (t >= first_task[g + 1]) ++g;
     const MatmulParams& p = group[g];
     const int64_t r0 = (t - first_task[g]) * rows_per_task;
-    gemv_rows(p, r0, std::min(p.n, r0 + rows_per_task));
+    gemv_rows(p, r0, std::min(p.n, r0 + rows_per_task), xq[g]);
   });
 }
 
@@ -406,11 +520,16 @@ float dot_row(const void* w_row, DType t, const float* x, int64_t k) {
       return dot_f16(static_cast<const f16_t*>(w_row), x, k);
     case DType::kBF16:
       return dot_bf16(static_cast<const bf16_t*>(w_row), x, k);
-    case DType::kQ8_0:
-      return dot_q8_0(static_cast<const BlockQ8_0*>(w_row), x, k);
     default:
       break;
   }
+  if (const ActDot a = act_dot(t); a.block != 0) {  // x rounded to int8, as the GEMV does
+    thread_local std::vector<std::byte> xq;
+    xq.resize(act_row_bytes(a, k));
+    quantize_act_row(a, x, xq.data(), k);
+    return act_dot_row(a, w_row, xq.data(), k);
+  }
+  if (t == DType::kQ8_0) return dot_q8_0(static_cast<const BlockQ8_0*>(w_row), x, k);
   const QuantKernels* q = quant_kernels(t);
   KV_CHECK(q != nullptr && q->dot != nullptr, "dot_row: no kernel for this weight type");
   return q->dot(w_row, x, k / dtype_info(t).block_elems);
@@ -470,11 +589,39 @@ void matmul_reference(const MatmulParams& p) {
   validate(p);
   const size_t rb = row_bytes(p.w_dtype, p.k);
   std::vector<float> wrow(static_cast<size_t>(p.k));
+  // The types whose products take x rounded to int8 (act_dot): the rounding spelled out,
+  // per block of 32 or 256 values: d = amax / 127, x' = d * nearbyint(x * 127 / amax), NaN
+  // for a block holding an infinity or a NaN.
+  const int block = act_dot(p.w_dtype).block;
+  std::vector<float> xr;
+  if (block != 0) {
+    xr.resize(static_cast<size_t>(p.m * p.k));
+    for (int64_t i = 0; i < p.m; ++i) {
+      for (int64_t b0 = 0; b0 < p.k; b0 += block) {
+        const float* x = p.x + i * p.ldx + b0;
+        float amax = 0.0f;
+        bool finite = true;
+        for (int j = 0; j < block; ++j) {
+          finite = finite && std::isfinite(x[j]);
+          amax = std::max(amax, std::fabs(x[j]));
+        }
+        for (int j = 0; j < block; ++j) {
+          float v = 0.0f;
+          if (!finite) {
+            v = std::numeric_limits<float>::quiet_NaN();
+          } else if (amax > 0.0f) {
+            v = amax / 127.0f * std::nearbyint(x[j] * (127.0f / amax));
+          }
+          xr[static_cast<size_t>(i * p.k + b0 + j)] = v;
+        }
+      }
+    }
+  }
   for (int64_t r = 0; r < p.n; ++r) {
     dequantize_row(static_cast<const std::byte*>(p.w) + static_cast<size_t>(r) * rb, p.w_dtype,
                    wrow.data(), p.k);
     for (int64_t i = 0; i < p.m; ++i) {
-      const float* x = p.x + i * p.ldx;
+      const float* x = block != 0 ? xr.data() + i * p.k : p.x + i * p.ldx;
       float acc = 0.0f;
       for (int64_t j = 0; j < p.k; ++j) acc += wrow[static_cast<size_t>(j)] * x[j];
       if (p.bias != nullptr) acc += p.bias[r];
@@ -483,9 +630,36 @@ void matmul_reference(const MatmulParams& p) {
   }
 }
 
+namespace {
+
+// The prefill GEMM's x for weight types with an integer dot: x rounded as the GEMV rounds it
+// (x' = d * q per 256, round_act_q8k), so a product's rows do not depend on which path ran.
+// Returns params reading the rounded copy (a thread-local buffer), or p itself.
+MatmulParams with_rounded_x(const MatmulParams& p, std::vector<float>& buf) {
+  const ActDot a = act_dot(p.w_dtype);
+  if (!takes_gemm(p) || a.block == 0 || p.m == 0) return p;
+  buf.resize(static_cast<size_t>(p.m * p.k));
+  for (int64_t i = 0; i < p.m; ++i) round_act_row(a, p.x + i * p.ldx, buf.data() + i * p.k, p.k);
+  MatmulParams q = p;
+  q.x = buf.data();
+  q.ldx = p.k;
+  return q;
+}
+
+void matmul_unrounded(const MatmulParams& p);
+
+}  // namespace
+
 void matmul(const MatmulParams& p) {
   validate(p);
   if (p.m == 0 || p.n == 0) return;
+  thread_local std::vector<float> rounded;
+  matmul_unrounded(with_rounded_x(p, rounded));
+}
+
+namespace {
+
+void matmul_unrounded(const MatmulParams& p) {
   ThreadPool& pool = p.pool != nullptr ? *p.pool : default_pool();
   const int nt = pool.n_threads();
   const int64_t macs = p.m * p.n * p.k;
@@ -562,6 +736,8 @@ void matmul(const MatmulParams& p) {
   gemv_group({&p, 1}, pool);
 }
 
+}  // namespace
+
 void matmul_group(std::span<const MatmulParams> group) {
   KV_CHECK(group.size() <= kMaxMatmulGroup, "matmul_group: too many products");
   if (group.empty()) return;
@@ -580,9 +756,20 @@ void matmul_group(std::span<const MatmulParams> group) {
                p.m == group[0].m && p.k == group[0].k && takes_gemm(p);
       macs += p.m * p.n * p.k;
     }
+    // Rounded x (int8-activation weight types) is shared only if every product rounds it.
+    for (const MatmulParams& p : group)
+      shared = shared && act_dot(p.w_dtype).block == act_dot(group[0].w_dtype).block;
     if (shared) {
       ThreadPool& pool = group[0].pool != nullptr ? *group[0].pool : default_pool();
-      gemm_packed(group, pool.n_threads() <= 1 || macs < kMinParallelMacs ? nullptr : &pool);
+      thread_local std::vector<float> rounded;
+      MatmulParams q[kMaxMatmulGroup];
+      for (size_t g = 0; g < group.size(); ++g) {
+        q[g] = g == 0 ? with_rounded_x(group[0], rounded) : group[g];
+        q[g].x = q[0].x;
+        q[g].ldx = q[0].ldx;
+      }
+      gemm_packed({q, group.size()},
+                  pool.n_threads() <= 1 || macs < kMinParallelMacs ? nullptr : &pool);
       return;
     }
     for (const MatmulParams& p : group) matmul(p);

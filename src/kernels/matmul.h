@@ -54,8 +54,15 @@ inline bool takes_gemm(const MatmulParams& p) {
 
 // GEMV path (m < kBlasMinRows, or !allow_blas): y[i, r] == dot_row(W[r], x[i]) + bias[r]
 // bit for bit, for every M and any thread count.
+// Block-quantized weights with an integer dot in this build (AVX2: q8_0 and the k-quants) take
+// x rounded to int8 first, as llama.cpp does: per 32 values for q8_0, per 256 for the k-quants
+// (kernels/quant_types.h, BlockQ8A32 / BlockQ8K; |x' - x| <= amax / 254 of the block), on the
+// GEMV and the GEMM alike, row by row, so decode equals prefill and batch invariance holds. The
+// integer dot is what makes quantized decode fast (llama.cpp's speed at depth 0);
+// matmul_reference spells out the same rounding.
 // Tolerance of matmul() against matmul_reference(): |y - y_ref| <= 1e-5 * sum_j |x_j w_j| + 1e-6
-// per output for f32/f16/bf16/q8_0 (only the summation order differs; same dequantized values).
+// per output, x being the rounded x' where it is rounded (only the summation order and the
+// float scaling of exact integer sums differ; same dequantized values).
 void matmul(const MatmulParams& p);
 
 // Several products that read the same x rows (a layer's Q, K and V; gate and up), each with
@@ -69,7 +76,8 @@ inline constexpr size_t kMaxMatmulGroup = 4;
 void matmul_group(std::span<const MatmulParams> group);
 
 // Plain reference: for each output, `acc += w[j] * x[j]` sequentially in float, no FMA, no
-// threads — llama2.c's matmul, bit for bit, for f32 weights.
+// threads — llama2.c's matmul, bit for bit, for f32 weights (x rounded first for the types
+// above, the rounding written out in scalar code).
 void matmul_reference(const MatmulParams& p);
 
 // Dot product of one W row (k elements of dtype t) with f32 x, SIMD where available.

@@ -478,6 +478,221 @@ float dot_q6k(const void* blocks, const float* x, int64_t n_blocks) {
   return hsum(_mm256_add_ps(tot0, tot1));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Integer dots against x rounded to int8 (BlockQ8K), the arithmetic of llama.cpp's
+// ggml_vec_dot_q*_K_q8_K (ggml-quants.c / arch/x86/quants.c; written here from the formats):
+// codes as unsigned bytes times the int8 x in pairs (maddubs: |pair| <= 63 * 127 * 2 fits
+// int16), times the sub-block's integer scale in int16 pairs summed into int32 (VNNI's dpwssd
+// where the build has it), one float scaling per super-block. Types whose codes are signed
+// (q3_K: -4..3, q6_K: -32..31) use code + c, unsigned, and take c * scale * sum(x codes) back
+// with the sums of 16 that BlockQ8K carries; the mins of q2_K/q4_K/q5_K come off the same way.
+// Every integer sum is exact (|sum| < 2^31: 256 * 63 * 127 * 127), so the only differences from
+// dot(dequantize_ref(row), x') are the float roundings of d * d_x * sum and the summation order.
+
+// acc + the int16 pair products of a and b summed into int32 lanes.
+inline __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+// 32 unsigned codes times 32 int8 x, times the int16 scales in sc (lanes 0-7 scale the first 16
+// products, 8-15 the last 16), added to acc. Callers keep several accumulators: each dpwssd
+// waits for the one before it on the same accumulator (5 cycles), so one chain per super-block
+// would be latency-bound.
+inline __m256i dot32(__m256i acc, __m256i codes, const int8_t* xq, __m256i sc) {
+  const __m256i p =
+      _mm256_maddubs_epi16(codes, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)));
+  return madd_acc(acc, p, sc);
+}
+
+inline int hsum_i32(__m128i s) {
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// sum_g f[g] * bsums[g] over the 16 sums of a BlockQ8K, f as 16 int16 lanes.
+inline int dot_bsums(const int16_t* bsums, __m256i f) {
+  const __m256i p =
+      _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums)), f);
+  return hsum_i32(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+}
+
+// Byte-shuffle masks that broadcast int16 lane a to lanes 0-7 and lane b to lanes 8-15 of a
+// 256-bit register holding the same 8 int16 in both halves.
+inline __m256i lane_pair_mask(int a, int b) {
+  const char a0 = static_cast<char>(2 * a), a1 = static_cast<char>(2 * a + 1);
+  const char b0 = static_cast<char>(2 * b), b1 = static_cast<char>(2 * b + 1);
+  return _mm256_setr_epi8(a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, b0, b1,
+                          b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1);
+}
+
+// q4_K/q5_K's 8 scales and 8 mins (get_scale_min_k4's values) from the 12 packed bytes, as
+// 8 int16 lanes each. In 32-bit words: scales 0-3 and mins 0-3 are the low 6 bits of words 0
+// and 1; scales 4-7 take their low 4 bits from word 2's low nibbles and their top 2 from the
+// top of word 0's bytes, mins 4-7 word 2's high nibbles and the top of word 1's bytes.
+inline void scales_mins_k4(const uint8_t* q, __m128i* sc, __m128i* mn) {
+  uint32_t w[3];
+  std::memcpy(w, q, 12);
+  const uint32_t s0 = w[0] & 0x3F3F3F3Fu;
+  const uint32_t s1 = (w[2] & 0x0F0F0F0Fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+  const uint32_t m0 = w[1] & 0x3F3F3F3Fu;
+  const uint32_t m1 = ((w[2] >> 4) & 0x0F0F0F0Fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+  *sc = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(s1), static_cast<int>(s0)));
+  *mn = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(m1), static_cast<int>(m0)));
+}
+
+float dot_q8k_q4k(const void* blocks, const BlockQ8K* x, int64_t n_blocks) {
+  const __m256i mf = _mm256_set1_epi8(0x0F);
+  const __m256i pick[8] = {lane_pair_mask(0, 0), lane_pair_mask(1, 1), lane_pair_mask(2, 2),
+                           lane_pair_mask(3, 3), lane_pair_mask(4, 4), lane_pair_mask(5, 5),
+                           lane_pair_mask(6, 6), lane_pair_mask(7, 7)};
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0.0f;
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const uint8_t* b = block_at(blocks, i, q4k::kBytes);
+    const BlockQ8K& xb = x[i];
+    __m128i sc, mn;
+    scales_mins_k4(b + q4k::kScales, &sc, &mn);
+    // Sub-block j's min times the sum of its 32 x codes (two sums of 16).
+    const __m128i bs =
+        _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.bsums)),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.bsums + 8)));
+    const int msum = hsum_i32(_mm_madd_epi16(bs, mn));
+    const __m256i sc2 = _mm256_broadcastsi128_si256(sc);
+    __m256i s[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256i v = load32(b + q4k::kQs + 32 * j);
+      s[j] = dot32(_mm256_setzero_si256(), _mm256_and_si256(v, mf), xb.qs + 64 * j,
+                   _mm256_shuffle_epi8(sc2, pick[2 * j]));
+      s[j] = dot32(s[j], _mm256_and_si256(_mm256_srli_epi16(v, 4), mf), xb.qs + 64 * j + 32,
+                   _mm256_shuffle_epi8(sc2, pick[2 * j + 1]));
+    }
+    const __m256i t = _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(b + q4k::kD) * xb.d), _mm256_cvtepi32_ps(t), acc);
+    mins += load_f16(b + q4k::kDmin) * xb.d * static_cast<float>(msum);
+  }
+  return hsum(acc) - mins;
+}
+
+float dot_q8k_q6k(const void* blocks, const BlockQ8K* x, int64_t n_blocks) {
+  const __m256i mf = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  const __m256i pick[4] = {lane_pair_mask(0, 1), lane_pair_mask(2, 3), lane_pair_mask(4, 5),
+                           lane_pair_mask(6, 7)};
+  __m256 acc = _mm256_setzero_ps();
+  float offs = 0.0f;
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const uint8_t* b = block_at(blocks, i, q6k::kBytes);
+    const BlockQ8K& xb = x[i];
+    const __m256i sc =  // the 16 int8 scales as int16
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + q6k::kScales)));
+    // The codes are used + 32 (unsigned): take 32 * sum_g sc_g * sum(x codes of g) back.
+    const int off = dot_bsums(xb.bsums, sc);
+    // Scales 0-7 in both halves, then 8-15 in both halves.
+    const __m256i sc_lo = _mm256_permute2x128_si256(sc, sc, 0x00);
+    const __m256i sc_hi = _mm256_permute2x128_si256(sc, sc, 0x11);
+    __m256i s[4];
+    for (int n = 0; n < 2; ++n) {
+      const __m256i l0 = load32(b + q6k::kQl + 64 * n), l1 = load32(b + q6k::kQl + 64 * n + 32);
+      const __m256i h = load32(b + q6k::kQh + 32 * n);
+      const auto hi2 = [&](int shift) {
+        return _mm256_slli_epi16(_mm256_and_si256(srl8(h, shift), m3), 4);
+      };
+      const __m256i q[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, mf), hi2(0)),
+          _mm256_or_si256(_mm256_and_si256(l1, mf), hi2(2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), mf), hi2(4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), mf), hi2(6))};
+      const __m256i half = n == 0 ? sc_lo : sc_hi;
+      for (int k = 0; k < 4; ++k) {
+        s[k] = dot32(n == 0 ? _mm256_setzero_si256() : s[k], q[k], xb.qs + 128 * n + 32 * k,
+                     _mm256_shuffle_epi8(half, pick[k]));
+      }
+    }
+    const __m256i t = _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+    const float d = load_f16(b + q6k::kD) * xb.d;
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(t), acc);
+    offs += d * static_cast<float>(32 * off);
+  }
+  return hsum(acc) - offs;
+}
+
+// The other k-quants through the unpacked codes (codes_*, stored to the stack) and their
+// integer factors: element e = d * S[e / 16] * (u[e] - c) - dmin * M[e / 16], u = code + c >= 0.
+struct IntFactors {
+  float d = 0.0f, dmin = 0.0f;
+  alignas(32) int16_t s[16];
+  alignas(32) int16_t m[16];
+};
+
+void ifactors_q2k(const uint8_t* b, IntFactors& f) {
+  f.d = load_f16(b + q2k::kD);
+  f.dmin = load_f16(b + q2k::kDmin);
+  for (int g = 0; g < 16; ++g) {
+    f.s[g] = static_cast<int16_t>(b[q2k::kScales + g] & 0x0F);
+    f.m[g] = static_cast<int16_t>(b[q2k::kScales + g] >> 4);
+  }
+}
+
+void ifactors_q3k(const uint8_t* b, IntFactors& f) {
+  f.d = load_f16(b + q3k::kD);
+  for (int g = 0; g < 16; ++g) {
+    f.s[g] = static_cast<int16_t>(scale_q3k(g, b + q3k::kScales) - 32);
+    f.m[g] = 0;
+  }
+}
+
+void ifactors_k4(const uint8_t* b, IntFactors& f) {  // q5_K (q4_K has its own dot)
+  f.d = load_f16(b + q4k::kD);
+  f.dmin = load_f16(b + q4k::kDmin);
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    scale_min_k4(j, b + q4k::kScales, &sc, &m);
+    f.s[2 * j] = f.s[2 * j + 1] = static_cast<int16_t>(sc);
+    f.m[2 * j] = f.m[2 * j + 1] = static_cast<int16_t>(m);
+  }
+}
+
+template <void (*Codes)(const uint8_t*, Unpacked&), void (*IFactors)(const uint8_t*, IntFactors&),
+          size_t kBytes, int kC>
+float dot_q8k_unpacked(const void* blocks, const BlockQ8K* x, int64_t n_blocks) {
+  Unpacked u;
+  IntFactors f;
+  const __m256i c = _mm256_set1_epi8(static_cast<char>(kC));
+  __m256 acc = _mm256_setzero_ps();
+  float rest = 0.0f;
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const uint8_t* b = block_at(blocks, i, kBytes);
+    const BlockQ8K& xb = x[i];
+    Codes(b, u);
+    IFactors(b, f);
+    const __m256i sv = _mm256_load_si256(reinterpret_cast<const __m256i*>(f.s));
+    const int off = kC != 0 ? dot_bsums(xb.bsums, sv) : 0;
+    const int msum =
+        f.dmin != 0.0f
+            ? dot_bsums(xb.bsums, _mm256_load_si256(reinterpret_cast<const __m256i*>(f.m)))
+            : 0;
+    __m256i s[4];
+    for (int k = 0; k < 8; ++k) {
+      const __m256i q =
+          _mm256_add_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.q + 32 * k)), c);
+      s[k % 4] =
+          dot32(k < 4 ? _mm256_setzero_si256() : s[k % 4], q, xb.qs + 32 * k,
+                _mm256_set_m128i(_mm_set1_epi16(f.s[2 * k + 1]), _mm_set1_epi16(f.s[2 * k])));
+    }
+    const __m256i t = _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+    const float d = f.d * xb.d;
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(t), acc);
+    rest += d * static_cast<float>(kC * off) + f.dmin * xb.d * static_cast<float>(msum);
+  }
+  return hsum(acc) - rest;
+}
+
 #else
 
 // Without AVX2: dequantize is the reference, dot goes through one super-block of f32 on the
@@ -692,38 +907,35 @@ void quantize_ref_q6k(const float* src, void* blocks, int64_t n_blocks) {
 }
 
 #ifdef KVCACHE_QUANT_K_AVX2
-#define KQ_KERNELS(ref, codes, factors, bytes, quant)                                   \
-  QuantKernels {                                                                        \
-    ref, dequantize_simd<codes, factors, bytes>, dot_simd<codes, factors, bytes>, quant \
-  }
+// Each type: SIMD dequantize, f32 dot (q4_K and q6_K, what Q4_K_M files hold, fused), and the
+// integer dot against int8 x.
+const QuantKernels kQ2K = {dequantize_ref_q2k, dequantize_simd<codes_q2k, factors_q2k, q2k::kBytes>,
+                           dot_simd<codes_q2k, factors_q2k, q2k::kBytes>, quantize_ref_q2k,
+                           dot_q8k_unpacked<codes_q2k, ifactors_q2k, q2k::kBytes, 0>};
+const QuantKernels kQ3K = {  // codes_q3k stores code - 4
+    dequantize_ref_q3k, dequantize_simd<codes_q3k, factors_q3k, q3k::kBytes>,
+    dot_simd<codes_q3k, factors_q3k, q3k::kBytes>, quantize_ref_q3k,
+    dot_q8k_unpacked<codes_q3k, ifactors_q3k, q3k::kBytes, 4>};
+const QuantKernels kQ4K = {dequantize_ref_q4k, dequantize_simd<codes_q4k, factors_k4, q4k::kBytes>,
+                           dot_q4k, quantize_ref_q4k, dot_q8k_q4k};
+const QuantKernels kQ5K = {dequantize_ref_q5k, dequantize_simd<codes_q5k, factors_k4, q5k::kBytes>,
+                           dot_simd<codes_q5k, factors_k4, q5k::kBytes>, quantize_ref_q5k,
+                           dot_q8k_unpacked<codes_q5k, ifactors_k4, q5k::kBytes, 0>};
+const QuantKernels kQ6K = {dequantize_ref_q6k, dequantize_simd<codes_q6k, factors_q6k, q6k::kBytes>,
+                           dot_q6k, quantize_ref_q6k, dot_q8k_q6k};
 #else
-#define KQ_KERNELS(ref, codes, factors, bytes, quant) \
-  QuantKernels {                                      \
-    ref, ref, dot_scalar<ref, bytes>, quant           \
+// Without AVX2: the reference dequantize, the f32 dot through it, no integer dot (matmul then
+// multiplies the unrounded x).
+#define KQ_KERNELS(ref, bytes, quant)                \
+  QuantKernels {                                     \
+    ref, ref, dot_scalar<ref, bytes>, quant, nullptr \
   }
-#endif
-
-const QuantKernels kQ2K =
-    KQ_KERNELS(dequantize_ref_q2k, codes_q2k, factors_q2k, q2k::kBytes, quantize_ref_q2k);
-const QuantKernels kQ3K =
-    KQ_KERNELS(dequantize_ref_q3k, codes_q3k, factors_q3k, q3k::kBytes, quantize_ref_q3k);
-const QuantKernels kQ4K =
-    KQ_KERNELS(dequantize_ref_q4k, codes_q4k, factors_k4, q4k::kBytes, quantize_ref_q4k);
-const QuantKernels kQ5K =
-    KQ_KERNELS(dequantize_ref_q5k, codes_q5k, factors_k4, q5k::kBytes, quantize_ref_q5k);
-const QuantKernels kQ6K =
-    KQ_KERNELS(dequantize_ref_q6k, codes_q6k, factors_q6k, q6k::kBytes, quantize_ref_q6k);
-
+const QuantKernels kQ2K = KQ_KERNELS(dequantize_ref_q2k, q2k::kBytes, quantize_ref_q2k);
+const QuantKernels kQ3K = KQ_KERNELS(dequantize_ref_q3k, q3k::kBytes, quantize_ref_q3k);
+const QuantKernels kQ4K = KQ_KERNELS(dequantize_ref_q4k, q4k::kBytes, quantize_ref_q4k);
+const QuantKernels kQ5K = KQ_KERNELS(dequantize_ref_q5k, q5k::kBytes, quantize_ref_q5k);
+const QuantKernels kQ6K = KQ_KERNELS(dequantize_ref_q6k, q6k::kBytes, quantize_ref_q6k);
 #undef KQ_KERNELS
-
-#ifdef KVCACHE_QUANT_K_AVX2
-// q4_K and q6_K, what Q4_K_M files hold, have their own fused dots.
-const QuantKernels kQ4KFused = {dequantize_ref_q4k,
-                                dequantize_simd<codes_q4k, factors_k4, q4k::kBytes>, dot_q4k,
-                                quantize_ref_q4k};
-const QuantKernels kQ6KFused = {dequantize_ref_q6k,
-                                dequantize_simd<codes_q6k, factors_q6k, q6k::kBytes>, dot_q6k,
-                                quantize_ref_q6k};
 #endif
 
 }  // namespace
@@ -735,19 +947,11 @@ const QuantKernels* k_quant_kernels(DType t) {
     case DType::kQ3_K:
       return &kQ3K;
     case DType::kQ4_K:
-#ifdef KVCACHE_QUANT_K_AVX2
-      return &kQ4KFused;
-#else
       return &kQ4K;
-#endif
     case DType::kQ5_K:
       return &kQ5K;
     case DType::kQ6_K:
-#ifdef KVCACHE_QUANT_K_AVX2
-      return &kQ6KFused;
-#else
       return &kQ6K;
-#endif
     default:
       return nullptr;
   }

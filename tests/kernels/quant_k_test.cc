@@ -3,6 +3,7 @@
 // on the reference values, and the quantizer's round trip.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -97,6 +98,86 @@ TEST(QuantK, DotWithinToleranceOfReferenceValues) {
       EXPECT_NEAR(q.dot(b.data(), x.data(), n), ref, kQuantDotTolerance * mag + 1e-6)
           << dtype_name(l.t) << " blocks " << n;
     }
+  }
+}
+
+// The integer dot (x rounded to int8 per 256, BlockQ8K) against the f32 dot of the reference
+// values with the rounded x' = d * q: within kQuantDotTolerance (only float scaling and
+// summation order differ). Odd block counts, blocks offset by one byte (GGUF is unaligned), and
+// rows of x with very different magnitudes per super-block.
+TEST(QuantK, IntegerDotWithinToleranceOfReferenceOnRoundedX) {
+  for (const Layout& l : kLayouts) {
+    const QuantKernels& q = kernels(l.t);
+    if (q.dot_q8k == nullptr) GTEST_SKIP() << "no integer dots in this build (no AVX2)";
+    for (int n : {1, 3, 7, 33}) {
+      std::vector<uint8_t> b = random_blocks(l, n, 70 + static_cast<uint32_t>(n));
+      b.insert(b.begin(), 0);
+      std::vector<float> x = randn(256 * static_cast<size_t>(n), 50 + static_cast<uint32_t>(n));
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < 256; ++j) x[256 * i + j] *= std::ldexp(1.0f, 3 * (i % 5) - 6);
+      std::vector<BlockQ8K> xq(static_cast<size_t>(n));
+      quantize_act_q8k(x.data(), xq.data(), n);
+      std::vector<float> w(x.size()), xr(x.size());
+      q.dequantize_ref(b.data() + 1, w.data(), n);
+      round_act_q8k(x.data(), xr.data(), static_cast<int64_t>(x.size()));
+      float ref = 0.0f;
+      double mag = 0.0;
+      for (size_t j = 0; j < x.size(); ++j) {
+        // The codes and the rounded x agree: x' = d * q.
+        const BlockQ8K& blk = xq[j / 256];
+        ASSERT_EQ(xr[j], blk.d * static_cast<float>(blk.qs[j % 256])) << j;
+        ref += w[j] * xr[j];
+        mag += std::fabs(w[j] * xr[j]);
+      }
+      EXPECT_NEAR(q.dot_q8k(b.data() + 1, xq.data(), n), ref, kQuantDotTolerance * mag + 1e-6)
+          << dtype_name(l.t) << " blocks " << n;
+    }
+  }
+}
+
+// The rounding of x: |x' - x| <= amax / 254 per super-block (+ an ulp of the product d * q),
+// codes within [-127, 127], the largest value exact in magnitude, bsums the sums of 16 codes;
+// zero blocks give zeros; a block holding an infinity or a NaN gives NaN, not a finite x'.
+TEST(QuantK, ActivationRoundingIsBoundedAndCarriesNonFiniteBlocks) {
+  const int n = 5;
+  std::vector<float> x = randn(256 * n, 9);
+  for (int j = 0; j < 256; ++j) x[256 + j] = 0.0f;  // block 1: all zero
+  x[2 * 256 + 17] = INFINITY;                       // block 2: an infinity
+  x[3 * 256 + 200] = NAN;                           // block 3: a NaN
+  std::vector<BlockQ8K> xq(n);
+  quantize_act_q8k(x.data(), xq.data(), n);
+  std::vector<float> xr(x.size());
+  round_act_q8k(x.data(), xr.data(), static_cast<int64_t>(x.size()));
+  for (int i : {0, 4}) {
+    float amax = 0.0f;
+    for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(x[256 * i + j]));
+    EXPECT_FLOAT_EQ(xq[i].d, amax / 127.0f);
+    for (int j = 0; j < 256; ++j) {
+      const float v = x[256 * i + j];
+      EXPECT_LE(std::fabs(xr[256 * i + j] - v), amax / 254.0f * (1.0f + 1e-6f)) << i << " " << j;
+      EXPECT_LE(std::abs(static_cast<int>(xq[i].qs[j])), 127);
+      if (std::fabs(v) == amax) {
+        EXPECT_EQ(std::abs(static_cast<int>(xq[i].qs[j])), 127);
+      }
+    }
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int j = 0; j < 16; ++j) sum += xq[i].qs[16 * g + j];
+      EXPECT_EQ(xq[i].bsums[g], sum);
+    }
+  }
+  EXPECT_EQ(xq[1].d, 0.0f);
+  for (int j = 0; j < 256; ++j) EXPECT_EQ(xr[256 + j], 0.0f);
+  for (int i : {2, 3}) {
+    EXPECT_TRUE(std::isnan(xq[i].d)) << i;
+    for (int j = 0; j < 256; ++j) ASSERT_TRUE(std::isnan(xr[256 * i + j])) << i << " " << j;
+  }
+  // The products of a non-finite block are NaN on the integer path too.
+  const Layout& l = kLayouts[2];  // q4_K
+  const QuantKernels& q = kernels(l.t);
+  if (q.dot_q8k != nullptr) {
+    const std::vector<uint8_t> b = random_blocks(l, 1, 3);
+    EXPECT_TRUE(std::isnan(q.dot_q8k(b.data(), &xq[3], 1)));
   }
 }
 
@@ -310,6 +391,11 @@ TEST(QuantK, MatmulMatchesReferenceOnDequantizedWeights) {
       p.pool = &pool;
       p.allow_blas = c.allow_blas;
       std::vector<float> ref(static_cast<size_t>(c.m * ldy), -7.0f), y(ref.size(), -7.0f);
+      // Types with an integer dot multiply x rounded to int8 per 256 on every path, and so
+      // does matmul_reference (spelled out there); the bound is on the rounded x'.
+      std::vector<float> xr = x;
+      if (kernels(l.t).dot_q8k != nullptr)
+        for (int64_t i = 0; i < c.m; ++i) round_act_q8k(&x[i * ldx], &xr[i * ldx], c.k);
       p.y = ref.data();
       matmul_reference(p);
       p.y = y.data();
@@ -319,7 +405,7 @@ TEST(QuantK, MatmulMatchesReferenceOnDequantizedWeights) {
         dequantize_row(w.data() + r * dtype_bytes(l.t, c.k), l.t, wrow.data(), c.k);
         for (int64_t i = 0; i < c.m; ++i) {
           double mag = 0.0;
-          for (int64_t j = 0; j < c.k; ++j) mag += std::fabs(wrow[j] * x[i * ldx + j]);
+          for (int64_t j = 0; j < c.k; ++j) mag += std::fabs(wrow[j] * xr[i * ldx + j]);
           const size_t at = static_cast<size_t>(i * ldy + r);
           ASSERT_NEAR(y[at], ref[at], 1e-5 * mag + 1e-6)
               << dtype_name(l.t) << " m " << c.m << " row " << i << " col " << r;
