@@ -37,6 +37,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/matmul.h"
 #include "model/config_limits.h"
 #include "model/decoder_layout.h"
 #include "model/gguf.h"
@@ -323,8 +324,8 @@ void need_float(const std::string& path, const std::string& name, const TensorVi
   if (!dtype_is_float(t.dtype())) {
     throw Error(ErrorKind::kUnsupported,
                 path + ": tensor '" + name + "' has type " + dtype_name(t.dtype()) +
-                    "; deepseek2's attn_k_b / attn_v_b (kv_b_proj) are re-laid out at load and "
-                    "are read as f32/f16/bf16");
+                    "; deepseek2's kv_b_proj is split into attn_k_b / attn_v_b by transposing, "
+                    "from f32/f16/bf16 only");
   }
 }
 
@@ -339,26 +340,29 @@ void need_shape(const std::string& path, const std::string& name, const TensorVi
 
 // attn_k_b [H, d_c, d_kn] + attn_v_b [H, d_v, d_c] -> kv_b_proj [H * (d_kn + d_v), d_c]: per
 // head the d_kn rows of k (k_b transposed back) then the d_v rows of v (the converter's split
-// undone). Kept in their float type when both share it, else f32.
+// undone). Kept in their float type when both share it, else dequantised to f32 (`kvcache
+// convert --dtype q8_0` quantises attn_v_b, whose rows are d_c long).
 Tensor join_kv_b(const std::string& path, const std::string& kname, const TensorView& kb,
                  const std::string& vname, const TensorView& vb, const ModelConfig& c) {
   const MlaConfig& a = c.mla;
   const int64_t H = c.n_heads, dc = a.kv_lora_rank, dn = a.qk_nope_head_dim, dv = a.v_head_dim;
-  need_float(path, kname, kb);
-  need_float(path, vname, vb);
   need_shape(path, kname, kb, Shape{H, dc, dn});
   need_shape(path, vname, vb, Shape{H, dv, dc});
-  const DType dt = kb.dtype() == vb.dtype() ? kb.dtype() : DType::kF32;
+  const bool same_float = kb.dtype() == vb.dtype() && dtype_is_float(kb.dtype());
+  const DType dt = same_float ? kb.dtype() : DType::kF32;
   const size_t es = dtype_bytes(dt, 1);
-  // Both as `dt` (a copy only when the types differ).
-  Tensor k32, v32;
+  Tensor k32, v32;  // the f32 copies when dequantised
   const std::byte* ks = static_cast<const std::byte*>(kb.data());
   const std::byte* vs = static_cast<const std::byte*>(vb.data());
-  if (dt != kb.dtype() || dt != vb.dtype()) {
+  if (!same_float) {
     k32 = Tensor::empty(DType::kF32, kb.shape());
     v32 = Tensor::empty(DType::kF32, vb.shape());
-    convert_n(kb.data(), kb.dtype(), k32.data(), DType::kF32, static_cast<size_t>(kb.numel()));
-    convert_n(vb.data(), vb.dtype(), v32.data(), DType::kF32, static_cast<size_t>(vb.numel()));
+    for (int64_t r = 0; r < H * dc; ++r)  // rows of d_kn
+      dequantize_row(ks + dtype_bytes(kb.dtype(), r * dn), kb.dtype(),
+                     static_cast<float*>(k32.data()) + r * dn, dn);
+    for (int64_t r = 0; r < H * dv; ++r)  // rows of d_c
+      dequantize_row(vs + dtype_bytes(vb.dtype(), r * dc), vb.dtype(),
+                     static_cast<float*>(v32.data()) + r * dc, dc);
     ks = static_cast<const std::byte*>(k32.data());
     vs = static_cast<const std::byte*>(v32.data());
   }

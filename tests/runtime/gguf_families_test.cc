@@ -402,6 +402,29 @@ TEST(GgufFamilies, Deepseek2OlderKvbLayoutLoads) {
   }
 }
 
+// `kvcache convert --dtype q8_0`: attn_v_b (rows of d_c = 32) becomes q8_0, attn_k_b (rows of
+// d_kn = 16) stays f32; the loader dequantises to rebuild kv_b_proj and the model runs (q8_0
+// weights: near the folder, not equal).
+TEST(GgufFamilies, Deepseek2Q8_0Runs) {
+  const std::string dir = family_folder("mla-tiny", "gguf-ds2-q8");
+  const std::string gguf = family_scratch("ds2-q8.gguf");
+  LoadedModel hf = load_model(dir);
+  GgufConvertOptions o;
+  o.matrix_dtype = DType::kQ8_0;
+  convert_to_gguf(hf.model->file(), o, gguf);
+  auto g = GgufFile::open(gguf);
+  const GgufTensorInfo* vb = g->find_tensor("blk.0.attn_v_b.weight");
+  ASSERT_NE(vb, nullptr);
+  EXPECT_EQ(g->tensor_view(*vb).dtype(), DType::kQ8_0);
+  LoadedModel gg = load_model(gguf);
+  const std::vector<int32_t> seq = testing_util::ramp_prompt(12, 512);
+  const std::vector<float> a = logits_token_by_token(*hf.model, seq);
+  const std::vector<float> b = logits_token_by_token(*gg.model, seq);
+  const double diff = max_abs_diff(a, b);
+  EXPECT_GT(diff, 0.0);  // quantised
+  EXPECT_LT(diff, 0.05);
+}
+
 // transformers' DeepSeek-V3 with rope_interleave = false rotates halves; llama.cpp's deepseek2
 // rotates pairs: refused by name.
 TEST(GgufFamilies, Deepseek2HalfSplitRopeIsRefused) {
