@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -435,6 +436,58 @@ TEST(GgufFamilies, Deepseek2HalfSplitRopeIsRefused) {
     convert_to_gguf(hf.model->file(), GgufConvertOptions{}, family_scratch("ds2-halves.gguf"));
   });
   EXPECT_NE(msg.find("rope_interleave"), std::string::npos) << msg;
+}
+
+// What the family cannot run as llama.cpp would is refused by name, on load and on convert.
+TEST(GgufFamilies, Deepseek2UnmappableFilesAreRefusedByName) {
+  const std::string dir = family_folder("deepseek-v2-tiny", "gguf-ds2-refused");
+  const std::string base = family_scratch("ds2-base.gguf");
+  LoadedModel hf = load_model(dir);
+  convert_to_gguf(hf.model->file(), GgufConvertOptions{}, base);
+  auto g = GgufFile::open(base);
+  Tensor bias = Tensor::empty(DType::kF32, {6});
+  std::memset(bias.data(), 0, 6 * sizeof(float));
+  // rewrite(edit): the base file with `edit` applied to a writer holding its metadata and
+  // tensors (renamed by `rename`), loaded; the error message.
+  auto refused = [&](const std::string& tag, const std::string& rename_from,
+                     const std::string& rename_to, auto edit) {
+    GgufWriter w;
+    for (const auto& [key, value] : g->metadata()) w.set(key, value);
+    for (const GgufTensorInfo& info : g->tensor_infos())
+      w.add_tensor(info.name == rename_from ? rename_to : info.name, g->tensor_view(info));
+    edit(w);
+    const std::string path = family_scratch(tag);
+    w.write(path);
+    return error_message([&] { load_model(path); });
+  };
+  const auto none = [](GgufWriter&) {};
+  std::string msg = refused("ds2-bias.gguf", "", "", [&](GgufWriter& w) {
+    w.add_tensor("blk.1.exp_probs_b.bias", bias.view());
+  });
+  EXPECT_NE(msg.find("'blk.1.exp_probs_b.bias' with softmax routing"), std::string::npos) << msg;
+  msg = refused("ds2-fused.gguf", "blk.2.ffn_gate_exps.weight", "blk.2.ffn_gate_up_exps.weight",
+                none);
+  EXPECT_NE(msg.find("'blk.2.ffn_gate_up_exps.weight'"), std::string::npos) << msg;
+  msg = refused("ds2-eps.gguf", "", "", [](GgufWriter& w) {
+    w.set("deepseek2.attention.layer_norm_rms_epsilon", GgufValue::f32(1e-5f));
+  });
+  EXPECT_NE(msg.find("layer_norm_rms_epsilon"), std::string::npos) << msg;
+  msg = refused("ds2-gating.gguf", "", "",
+                [](GgufWriter& w) { w.set("deepseek2.expert_gating_func", GgufValue::u32(4)); });
+  EXPECT_NE(msg.find("expert_gating_func 4"), std::string::npos) << msg;
+  msg = refused("ds2-beta.gguf", "", "", [](GgufWriter& w) {
+    w.set("deepseek2.rope.scaling.yarn_beta_fast", GgufValue::f32(16.0f));
+  });
+  EXPECT_NE(msg.find("beta_fast"), std::string::npos) << msg;
+
+  // convert: an rms_norm_eps llama.cpp would also apply to the latent norms.
+  const std::string dir5 = family_folder("deepseek-v2-tiny", "gguf-ds2-eps");
+  edit_config(dir5, "\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 1e-5");
+  LoadedModel hf5 = load_model(dir5);
+  msg = error_message([&] {
+    convert_to_gguf(hf5.model->file(), GgufConvertOptions{}, family_scratch("ds2-eps5.gguf"));
+  });
+  EXPECT_NE(msg.find("rms_norm_eps 1e-6"), std::string::npos) << msg;
 }
 
 // A GGUF of an architecture we do not run: refused by name, with the list, by the loader and
