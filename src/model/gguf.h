@@ -136,7 +136,7 @@ class GgufFile {
 };
 
 // Builds a ModelFile from a GGUF of any architecture registered in model/gguf_arch.h (llama,
-// mistral, qwen2, qwen3, gemma2, gemma3, phi3, gpt-oss): the shared `{arch}.*` keys
+// mistral, qwen2, qwen3, gemma2, gemma3, phi3, gpt-oss, deepseek2): the shared `{arch}.*` keys
 // (context_length, embedding_length, block_count, attention.head_count(_kv), key_length,
 // rope.*, layer_norm_rms_epsilon, feed_forward_length, sliding_window), then the entry's own;
 // vocab size from tokenizer.ggml.tokens or the output/token_embd tensor, bos/eos from

@@ -1,10 +1,12 @@
 #include "model/gguf_arch.h"
 
+#include <algorithm>
 #include <map>
 
 #include "core/error.h"
 #include "model/config_limits.h"
 #include "model/decoder_layout.h"
+#include "model/family.h"
 #include "model/gguf.h"
 
 namespace kvcache {
@@ -70,6 +72,10 @@ const GgufArchitecture& gguf_architecture_for_family(const std::string& family) 
   for (const auto& [name, a] : registry()) {
     if (a.write_config == nullptr) continue;
     if (family == a.family) return a;
+    // One entry may write every architecture of its family (deepseek2: deepseek_v2 and
+    // deepseek_v3); the llama family never gets here (convert.cc writes it as `llama`).
+    const std::vector<std::string>& served = find_family(a.family).architectures;
+    if (std::find(served.begin(), served.end(), family) != served.end()) return a;
     writable += (writable.empty() ? "" : ", ") + std::string(a.family);
   }
   throw Error(ErrorKind::kUnsupported, "no GGUF architecture writes the family '" + family +

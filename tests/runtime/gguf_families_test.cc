@@ -4,6 +4,8 @@
 // plan` bills the GGUF like the folder; an architecture we do not run is refused by name.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -235,9 +237,10 @@ TEST(GgufFamilies, GptOssUntruncatedYarnIsRefused) {
   EXPECT_NE(msg.find("truncate"), std::string::npos) << msg;
 }
 
-// deepseek2 as llama.cpp's converter writes it today (MQA form of the latent: key_length =
-// kv_lora_rank + qk_rope, head_count_kv 1, the per-head widths under *_mla): billed like the
-// deepseek-v2-tiny folder, by its latent; loading it is refused naming the architecture.
+// deepseek2 metadata as llama.cpp's converter writes it today (MQA form of the latent:
+// key_length = kv_lora_rank + qk_rope, head_count_kv 1, the per-head widths under *_mla),
+// without tensors: billed like the deepseek-v2-tiny folder, by its latent; loading it fails
+// naming a missing tensor.
 TEST(GgufFamilies, Deepseek2PlannedByItsLatent) {
   GgufWriter w;
   const std::string p = "deepseek2.";
@@ -254,6 +257,7 @@ TEST(GgufFamilies, Deepseek2PlannedByItsLatent) {
   w.set(p + "attention.key_length_mla", GgufValue::u32(16));
   w.set(p + "attention.value_length_mla", GgufValue::u32(16));
   w.set(p + "rope.dimension_count", GgufValue::u32(8));
+  w.set(p + "attention.layer_norm_rms_epsilon", GgufValue::f32(1e-6f));
   const std::string path = family_scratch("deepseek2.gguf");
   w.write(path);
   const PlanModel pg = plan_model_from_gguf(path);
@@ -269,7 +273,221 @@ TEST(GgufFamilies, Deepseek2PlannedByItsLatent) {
   }
   EXPECT_EQ(pg.mha_equivalent_elems_per_token, ph.mha_equivalent_elems_per_token);
   const std::string msg = error_message([&] { load_model(path); });
-  EXPECT_NE(msg.find("deepseek2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("q_lora_rank"), std::string::npos) << msg;
+}
+
+// DeepSeek-V3 (mla-tiny: q_lora, YaRN with mscale_all_dim, sigmoid routing over 2 groups with
+// e_score_correction_bias, one shared expert, one leading dense layer) -> deepseek2 as
+// llama.cpp's converter writes it today (split attn_k_b / attn_v_b, stacked experts).
+TEST(GgufFamilies, Deepseek2V3RoundTrip) {
+  const std::string dir = family_folder("mla-tiny", "gguf-ds2-v3");
+  const std::string gguf = family_scratch("ds2-v3.gguf");
+  expect_same_model(dir, gguf, "deepseek2");
+  auto g = GgufFile::open(gguf);
+  EXPECT_EQ(g->get_int("deepseek2.attention.head_count_kv"), 1);
+  EXPECT_EQ(g->get_int("deepseek2.attention.key_length"), 32 + 8);
+  EXPECT_EQ(g->get_int("deepseek2.attention.value_length"), 32);
+  EXPECT_EQ(g->get_int("deepseek2.attention.key_length_mla"), 16 + 8);
+  EXPECT_EQ(g->get_int("deepseek2.attention.value_length_mla"), 12);
+  EXPECT_EQ(g->get_int("deepseek2.attention.q_lora_rank"), 32);
+  EXPECT_EQ(g->get_int("deepseek2.leading_dense_block_count"), 1);
+  EXPECT_EQ(g->get_int("deepseek2.expert_gating_func"), 2);  // sigmoid
+  EXPECT_EQ(g->get_int("deepseek2.expert_group_count"), 2);
+  EXPECT_EQ(g->get_int("deepseek2.expert_group_used_count"), 1);
+  EXPECT_EQ(g->get_string("deepseek2.rope.scaling.type"), "yarn");
+  // The converter stores 0.1 * mscale_all_dim (mscale_all_dim = 1 here).
+  EXPECT_NEAR(g->get_float("deepseek2.rope.scaling.yarn_log_multiplier"), 0.1, 1e-6);
+  const GgufTensorInfo* kb = g->find_tensor("blk.0.attn_k_b.weight");
+  ASSERT_NE(kb, nullptr);
+  EXPECT_EQ(kb->ne, (std::vector<uint64_t>{16, 32, 4}));  // ggml: [d_kn, d_c, H]
+  const GgufTensorInfo* vb = g->find_tensor("blk.0.attn_v_b.weight");
+  ASSERT_NE(vb, nullptr);
+  EXPECT_EQ(vb->ne, (std::vector<uint64_t>{32, 12, 4}));  // [d_c, d_v, H]
+  EXPECT_EQ(g->find_tensor("blk.0.attn_kv_b.weight"), nullptr);
+  EXPECT_NE(g->find_tensor("blk.0.attn_q_a.weight"), nullptr);
+  EXPECT_NE(g->find_tensor("blk.0.attn_q_a_norm.weight"), nullptr);
+  EXPECT_EQ(g->find_tensor("blk.0.attn_q.weight"), nullptr);
+  EXPECT_NE(g->find_tensor("blk.0.ffn_gate.weight"), nullptr);  // the leading dense layer
+  const GgufTensorInfo* gate = g->find_tensor("blk.1.ffn_gate_exps.weight");
+  ASSERT_NE(gate, nullptr);
+  EXPECT_EQ(gate->ne, (std::vector<uint64_t>{64, 16, 8}));  // [dim, I, E]
+  const GgufTensorInfo* down = g->find_tensor("blk.2.ffn_down_exps.weight");
+  ASSERT_NE(down, nullptr);
+  EXPECT_EQ(down->ne, (std::vector<uint64_t>{16, 64, 8}));  // [I, dim, E]
+  EXPECT_NE(g->find_tensor("blk.1.exp_probs_b.bias"), nullptr);
+  EXPECT_NE(g->find_tensor("blk.1.ffn_up_shexp.weight"), nullptr);
+  LoadedModel hf = load_model(dir);
+  LoadedModel gg = load_model(gguf);
+  const ModelConfig &ch = hf.model->config(), &cg = gg.model->config();
+  EXPECT_EQ(cg.mla.q_lora_rank, 32);
+  EXPECT_EQ(cg.moe.router, MoeRouter::kDeepseekV3);
+  EXPECT_EQ(cg.moe.n_group, 2);
+  EXPECT_TRUE(cg.moe.norm_topk_prob);
+  EXPECT_FLOAT_EQ(cg.moe.routed_scaling_factor, 2.5f);
+  EXPECT_EQ(cg.rope_freq_factors, ch.rope_freq_factors);
+  EXPECT_NEAR(cg.query_scale, ch.query_scale, 1e-6 * ch.query_scale);
+  EXPECT_GT(cg.query_scale, 1.0f / std::sqrt(24.0f) * 1.1f);  // YaRN's mscale^2 is in it
+}
+
+// DeepSeek-V2 (deepseek-v2-tiny: q_proj without q_lora, softmax greedy routing without
+// renormalisation, routed_scaling_factor 2, two shared experts).
+TEST(GgufFamilies, Deepseek2V2RoundTrip) {
+  const std::string dir = family_folder("deepseek-v2-tiny", "gguf-ds2-v2");
+  const std::string gguf = family_scratch("ds2-v2.gguf");
+  expect_same_model(dir, gguf, "deepseek2");
+  auto g = GgufFile::open(gguf);
+  EXPECT_EQ(g->get_int("deepseek2.expert_gating_func"), 1);  // softmax
+  EXPECT_EQ(g->get_int("deepseek2.attention.q_lora_rank"), 0);
+  EXPECT_EQ(g->find("deepseek2.expert_weights_norm"), nullptr);
+  EXPECT_EQ(g->find("deepseek2.rope.scaling.type"), nullptr);
+  EXPECT_NE(g->find_tensor("blk.0.attn_q.weight"), nullptr);
+  EXPECT_EQ(g->find_tensor("blk.0.attn_q_a.weight"), nullptr);
+  EXPECT_EQ(g->find_tensor("blk.1.exp_probs_b.bias"), nullptr);
+  const GgufTensorInfo* shexp = g->find_tensor("blk.1.ffn_gate_shexp.weight");
+  ASSERT_NE(shexp, nullptr);
+  EXPECT_EQ(shexp->ne, (std::vector<uint64_t>{64, 2 * 16}));  // two shared experts of 16
+  LoadedModel gg = load_model(gguf);
+  EXPECT_EQ(gg.model->config().architecture, "deepseek_v2");
+  EXPECT_EQ(gg.model->config().mla.q_lora_rank, 0);
+  EXPECT_EQ(gg.model->config().moe.router, MoeRouter::kSoftmaxGreedy);
+  EXPECT_FALSE(gg.model->config().moe.norm_topk_prob);
+}
+
+// The older deepseek2 layout (before llama.cpp's MLA rework): no *_mla keys, the per-head
+// widths under key_length / value_length, head_count_kv = head_count, one attn_kv_b. Made here
+// from the newer file and the folder's kv_b_proj; runs like the folder.
+TEST(GgufFamilies, Deepseek2OlderKvbLayoutLoads) {
+  const std::string dir = family_folder("mla-tiny", "gguf-ds2-old");
+  const std::string newer = family_scratch("ds2-new.gguf");
+  LoadedModel hf = load_model(dir);
+  convert_to_gguf(hf.model->file(), GgufConvertOptions{}, newer);
+  auto g = GgufFile::open(newer);
+  GgufWriter w;
+  for (const auto& [key, value] : g->metadata()) {
+    if (key.ends_with("_mla")) continue;
+    w.set(key, value);
+  }
+  w.set("deepseek2.attention.head_count_kv", GgufValue::u32(4));
+  w.set("deepseek2.attention.key_length", GgufValue::u32(16 + 8));
+  w.set("deepseek2.attention.value_length", GgufValue::u32(12));
+  int kvb = 0;
+  for (const GgufTensorInfo& info : g->tensor_infos()) {
+    if (info.name.ends_with(".attn_v_b.weight")) continue;
+    if (info.name.ends_with(".attn_k_b.weight")) {
+      const std::string l = info.name.substr(4, info.name.find(".attn_k_b") - 4);
+      w.add_tensor("blk." + l + ".attn_kv_b.weight",
+                   hf.model->file().tensor("model.layers." + l + ".self_attn.kv_b_proj.weight"));
+      ++kvb;
+      continue;
+    }
+    w.add_tensor(info.name, g->tensor_view(info));
+  }
+  EXPECT_EQ(kvb, 3);
+  const std::string older = family_scratch("ds2-old.gguf");
+  w.write(older);
+  LoadedModel gg = load_model(older);
+  const std::vector<int32_t> prompt = testing_util::ramp_prompt(12, 512);
+  const std::vector<int32_t> a = greedy(*hf.model, prompt, 12);
+  EXPECT_EQ(a, greedy(*gg.model, prompt, 12));
+  std::vector<int32_t> seq = prompt;
+  seq.insert(seq.end(), a.begin(), a.end());
+  EXPECT_LE(
+      max_abs_diff(logits_token_by_token(*hf.model, seq), logits_token_by_token(*gg.model, seq)),
+      1e-4);
+  const PlanModel ph = plan_model_from_path(dir), pg = plan_model_from_gguf(older);
+  ASSERT_EQ(ph.layers.size(), pg.layers.size());
+  for (size_t l = 0; l < ph.layers.size(); ++l) {
+    EXPECT_EQ(ph.layers[l].kind, pg.layers[l].kind) << l;
+    EXPECT_EQ(ph.layers[l].k_dim, pg.layers[l].k_dim) << l;
+    EXPECT_EQ(ph.layers[l].v_dim, pg.layers[l].v_dim) << l;
+  }
+}
+
+// `kvcache convert --dtype q8_0`: attn_v_b (rows of d_c = 32) becomes q8_0, attn_k_b (rows of
+// d_kn = 16) stays f32; the loader dequantises to rebuild kv_b_proj and the model runs (q8_0
+// weights: near the folder, not equal).
+TEST(GgufFamilies, Deepseek2Q8_0Runs) {
+  const std::string dir = family_folder("mla-tiny", "gguf-ds2-q8");
+  const std::string gguf = family_scratch("ds2-q8.gguf");
+  LoadedModel hf = load_model(dir);
+  GgufConvertOptions o;
+  o.matrix_dtype = DType::kQ8_0;
+  convert_to_gguf(hf.model->file(), o, gguf);
+  auto g = GgufFile::open(gguf);
+  const GgufTensorInfo* vb = g->find_tensor("blk.0.attn_v_b.weight");
+  ASSERT_NE(vb, nullptr);
+  EXPECT_EQ(g->tensor_view(*vb).dtype(), DType::kQ8_0);
+  LoadedModel gg = load_model(gguf);
+  const std::vector<int32_t> seq = testing_util::ramp_prompt(12, 512);
+  const std::vector<float> a = logits_token_by_token(*hf.model, seq);
+  const std::vector<float> b = logits_token_by_token(*gg.model, seq);
+  const double diff = max_abs_diff(a, b);
+  EXPECT_GT(diff, 0.0);  // quantised
+  EXPECT_LT(diff, 0.05);
+}
+
+// transformers' DeepSeek-V3 with rope_interleave = false rotates halves; llama.cpp's deepseek2
+// rotates pairs: refused by name.
+TEST(GgufFamilies, Deepseek2HalfSplitRopeIsRefused) {
+  const std::string dir = family_folder("mla-tiny", "gguf-ds2-halves");
+  edit_config(dir, "\"q_lora_rank\": 32", "\"rope_interleave\": false, \"q_lora_rank\": 32");
+  LoadedModel hf = load_model(dir);
+  const std::string msg = error_message([&] {
+    convert_to_gguf(hf.model->file(), GgufConvertOptions{}, family_scratch("ds2-halves.gguf"));
+  });
+  EXPECT_NE(msg.find("rope_interleave"), std::string::npos) << msg;
+}
+
+// What the family cannot run as llama.cpp would is refused by name, on load and on convert.
+TEST(GgufFamilies, Deepseek2UnmappableFilesAreRefusedByName) {
+  const std::string dir = family_folder("deepseek-v2-tiny", "gguf-ds2-refused");
+  const std::string base = family_scratch("ds2-base.gguf");
+  LoadedModel hf = load_model(dir);
+  convert_to_gguf(hf.model->file(), GgufConvertOptions{}, base);
+  auto g = GgufFile::open(base);
+  Tensor bias = Tensor::empty(DType::kF32, {6});
+  std::memset(bias.data(), 0, 6 * sizeof(float));
+  // rewrite(edit): the base file with `edit` applied to a writer holding its metadata and
+  // tensors (renamed by `rename`), loaded; the error message.
+  auto refused = [&](const std::string& tag, const std::string& rename_from,
+                     const std::string& rename_to, auto edit) {
+    GgufWriter w;
+    for (const auto& [key, value] : g->metadata()) w.set(key, value);
+    for (const GgufTensorInfo& info : g->tensor_infos())
+      w.add_tensor(info.name == rename_from ? rename_to : info.name, g->tensor_view(info));
+    edit(w);
+    const std::string path = family_scratch(tag);
+    w.write(path);
+    return error_message([&] { load_model(path); });
+  };
+  const auto none = [](GgufWriter&) {};
+  std::string msg = refused("ds2-bias.gguf", "", "", [&](GgufWriter& w) {
+    w.add_tensor("blk.1.exp_probs_b.bias", bias.view());
+  });
+  EXPECT_NE(msg.find("'blk.1.exp_probs_b.bias' with softmax routing"), std::string::npos) << msg;
+  msg = refused("ds2-fused.gguf", "blk.2.ffn_gate_exps.weight", "blk.2.ffn_gate_up_exps.weight",
+                none);
+  EXPECT_NE(msg.find("'blk.2.ffn_gate_up_exps.weight'"), std::string::npos) << msg;
+  msg = refused("ds2-eps.gguf", "", "", [](GgufWriter& w) {
+    w.set("deepseek2.attention.layer_norm_rms_epsilon", GgufValue::f32(1e-5f));
+  });
+  EXPECT_NE(msg.find("layer_norm_rms_epsilon"), std::string::npos) << msg;
+  msg = refused("ds2-gating.gguf", "", "",
+                [](GgufWriter& w) { w.set("deepseek2.expert_gating_func", GgufValue::u32(4)); });
+  EXPECT_NE(msg.find("expert_gating_func 4"), std::string::npos) << msg;
+  msg = refused("ds2-beta.gguf", "", "", [](GgufWriter& w) {
+    w.set("deepseek2.rope.scaling.yarn_beta_fast", GgufValue::f32(16.0f));
+  });
+  EXPECT_NE(msg.find("beta_fast"), std::string::npos) << msg;
+
+  // convert: an rms_norm_eps llama.cpp would also apply to the latent norms.
+  const std::string dir5 = family_folder("deepseek-v2-tiny", "gguf-ds2-eps");
+  edit_config(dir5, "\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 1e-5");
+  LoadedModel hf5 = load_model(dir5);
+  msg = error_message([&] {
+    convert_to_gguf(hf5.model->file(), GgufConvertOptions{}, family_scratch("ds2-eps5.gguf"));
+  });
+  EXPECT_NE(msg.find("rms_norm_eps 1e-6"), std::string::npos) << msg;
 }
 
 // A GGUF of an architecture we do not run: refused by name, with the list, by the loader and
