@@ -31,19 +31,25 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 when the vocabulary has none
   virtual int32_t eos_id() const = 0;
-  virtual const char* kind() const = 0;  // "llama", "gpt2", "hf-bpe", "llama2c"
+  virtual const char* kind() const = 0;  // "llama", "gpt2", "hf-bpe", "hf-bpe-spm", "llama2c"
 
   // Concatenated decode() of ids.
   std::string decode(const std::vector<int32_t>& ids) const;
   // The text token `id` adds after token `prev` (-1: none): decode(id), except that
-  // SentencePiece vocabularies (GGUF "llama", llama2.c) drop the leading space of the piece
-  // right after BOS (the space encode() prefixes), as llama.cpp and run.c print it.
+  // SentencePiece vocabularies (GGUF "llama", llama2.c, a tokenizer.json whose decoder strips
+  // it) drop the leading space of the piece right after BOS (the space encode() prefixes), as
+  // llama.cpp and run.c print it.
   std::string piece_after(int32_t prev, int32_t id) const;
   // The most input bytes one token can stand for: the longest decode() (at least 4, a UTF-8
   // character an unknown token replaces). A text of B bytes encodes to at least
   // B / max_text_bytes_per_token() tokens, so a server can refuse a prompt that cannot fit its
   // context before paying for encode(). Computed once, on first use.
   size_t max_text_bytes_per_token() const;
+
+ protected:
+  // True when piece_after() drops the leading space of the piece after BOS for a tokenizer
+  // other than SentencePiece and llama2.c (a tokenizer.json whose decoder strips it).
+  virtual bool drops_space_after_bos() const { return false; }
 
  private:
   mutable std::once_flag max_bytes_once_;
