@@ -75,9 +75,9 @@ class GgufFile;
 // or "gpt2" (byte-level BPE with any pre-tokenizer llama.cpp names in tokenizer.ggml.pre, see
 // model/pretokenizer.h; a missing name is llama.cpp's "default").
 std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& gguf);
-// A Hugging Face tokenizer.json with model type BPE and a byte-level pre-tokenizer (Split, Digits,
-// Punctuation and ByteLevel steps, see tokenizer_hf.cc), and the normalizers it implements. BOS/EOS
-// come from tokenizer_config.json beside it when present.
+// A Hugging Face tokenizer.json with model type BPE, byte-level or SentencePiece-style, and the
+// normalizers, pre-tokenizers and decoders tokenizer_hf.cc implements (others are refused by
+// name). BOS/EOS come from tokenizer_config.json beside it when present.
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& tokenizer_json_path);
 // The same from the texts of tokenizer.json and of tokenizer_config.json ("" when there is
 // none); `source` names the file in errors.

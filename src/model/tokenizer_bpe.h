@@ -1,5 +1,6 @@
 // Byte-level BPE tokenizer (GPT-2 family): GGUF tokenizer.ggml.model = "gpt2" and Hugging Face
-// tokenizer.json models of type BPE with a ByteLevel pre-tokenizer. Text is split by the
+// tokenizer.json models of type BPE with a ByteLevel pre-tokenizer (and, with byte_level =
+// false, tokenizer.json BPE without one: SentencePiece-style, see BpeParams). Text is split by the
 // pre-tokenizer (model/pretokenizer.h: the model's regex list), each piece's bytes are mapped to
 // GPT-2's printable byte alphabet, and adjacent symbols are merged lowest merge rank first (ties:
 // leftmost), as in llama.cpp's llm_tokenizer_bpe_session.
