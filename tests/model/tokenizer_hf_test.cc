@@ -3,12 +3,13 @@
 // library's sources (huggingface/tokenizers, tokenizers/src/...; each test cites its file).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
-#include <map>
+#include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "model_test_util.h"
 
