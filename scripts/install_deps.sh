@@ -13,7 +13,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libopenblas-dev libcpp-httplib-dev libb2-dev
   libhiredis-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
-  libpcre2-dev zlib1g-dev
+  libpcre2-dev libicu-dev zlib1g-dev
   redis-server redis-tools
   clang-format
 )

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "core/error.h"
 #include "model/unicode.h"
@@ -195,12 +196,19 @@ struct PreTokenizer::Compiled {
   pcre2_code* code = nullptr;
   SplitBehavior behavior = SplitBehavior::kIsolated;
   bool invert = false;
+  std::optional<PieceEdit> edit;  // set: no code, the step edits pieces
   ~Compiled() { pcre2_code_free(code); }
 };
 
 PreTokenizer::PreTokenizer(std::string name, std::vector<SplitRule> rules, RegexDialect dialect)
     : name_(std::move(name)) {
   for (const SplitRule& r : rules) {
+    if (r.edit) {
+      auto c = std::make_unique<Compiled>();
+      c->edit = r.edit;
+      rules_.push_back(std::move(c));
+      continue;
+    }
     const std::string where = "pre-tokenizer '" + name_ + "' pattern '" + r.pattern + "'";
     // Capturing groups are only grouping here: without captures PCRE2 tracks less per match.
     uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_AUTO_CAPTURE;
@@ -233,20 +241,67 @@ PreTokenizer::PreTokenizer(std::string name, std::vector<SplitRule> rules, Regex
 
 PreTokenizer::~PreTokenizer() = default;
 
-std::vector<std::string> PreTokenizer::split(std::string_view text) const {
+namespace {
+
+// One PieceEdit on a piece's text (the same edit applies to the text cut from and the text
+// matched: both hold ' ' at the same places).
+std::string edited(std::string_view piece, const PieceEdit& e, bool at_start) {
+  std::string t;
+  if (e.space_to.empty()) {
+    t = piece;
+  } else {
+    for (char c : piece) {
+      if (c == ' ')
+        t += e.space_to;
+      else
+        t += c;
+    }
+  }
+  // NormalizedString::prepend does nothing to an empty text (tokenizer/normalizer.rs).
+  if (!e.prefix.empty() && !t.empty() && !t.starts_with(e.prefix) &&
+      (at_start || !e.prefix_at_start_only))
+    t.insert(0, e.prefix);
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::string> PreTokenizer::split(std::string_view text, bool at_start) const {
   // `out` is the text the pieces are cut from; `subject` the text matched. They differ only for
   // invalid UTF-8: `out` re-encodes llama.cpp's lenient decoding (U+FFFD per bad byte; surrogates
   // and codepoints above U+10FFFF kept bit for bit, as llama.cpp's decoder keeps them), while
   // `subject` puts a same-length unassigned codepoint in place of what PCRE2 cannot read.
   const Subject subj(text);
-  const std::string_view out = subj.out, subject = subj.subject;
+  std::string_view out = subj.out, subject = subj.subject;
+  // After a PieceEdit the pieces live in these (out, subject) buffers instead.
+  std::string edit_out, edit_subject;
   MatchScratch& ms = scratch();
   std::vector<std::pair<size_t, size_t>> pieces;
   if (!subject.empty()) pieces.emplace_back(0, subject.size());
+  // Whether the first piece starts where the input starts (the tokenizers library's
+  // `offsets_original().0 == 0`): it stays so while every step keeps the first piece's head.
+  bool first_at_start = at_start;
   std::vector<std::pair<size_t, size_t>> next;
   std::vector<Span> spans;
   for (const auto& rule : rules_) {
     next.clear();
+    if (rule->edit) {
+      std::string new_out, new_subject;
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        const auto [b, e] = pieces[k];
+        const bool starts = k == 0 && first_at_start;
+        const size_t begin = new_out.size();
+        new_out += edited(out.substr(b, e - b), *rule->edit, starts);
+        new_subject += edited(subject.substr(b, e - b), *rule->edit, starts);
+        next.emplace_back(begin, new_out.size());
+      }
+      edit_out.swap(new_out);
+      edit_subject.swap(new_subject);
+      out = edit_out;
+      subject = edit_subject;
+      pieces.swap(next);
+      continue;
+    }
     for (const auto& [b, e] : pieces) {
       // Matches and the text between them, in order (llama.cpp's unicode_regex_split_stl; the
       // tokenizers library's Split). The subject is the piece alone: lookarounds and $ stop at
@@ -299,6 +354,8 @@ std::vector<std::string> PreTokenizer::split(std::string_view text) const {
       for (const auto& [gb, ge] : got)
         if (ge > gb) next.emplace_back(b + gb, b + ge);
     }
+    if (!pieces.empty() && (next.empty() || next.front().first != pieces.front().first))
+      first_at_start = false;
     pieces.swap(next);
   }
   std::vector<std::string> result;
@@ -310,6 +367,10 @@ std::vector<std::string> PreTokenizer::split(std::string_view text) const {
 std::string PreTokenizer::replace_matches(std::string_view text, const std::string& with) const {
   const Subject subj(text);
   if (rules_.empty()) return std::string(subj.out);
+  if (rules_[0]->edit) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "pre-tokenizer '" + name_ + "': replace_matches needs a pattern, not a piece edit");
+  }
   std::vector<Span> spans;
   find_spans(rules_[0]->code, subj.subject.data(), subj.subject.size(), scratch(), spans, name_);
   std::string out;

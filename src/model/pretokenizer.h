@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,11 +25,24 @@ enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWith
 // matching; Oniguruma's \s is White_Space), which includes U+0085 where PCRE2's UCP \s does not.
 enum class RegexDialect { kLlamaCpp, kHuggingFace };
 
+// A step that edits each piece instead of splitting it: the `tokenizers` library's Metaspace
+// (every ' ' becomes the replacement, then the replacement is prepended; pre_tokenizers/
+// metaspace.rs) and ByteLevel add_prefix_space (a ' ' prepended; pre_tokenizers/byte_level.rs).
+struct PieceEdit {
+  std::string space_to;  // non-empty: every ' ' of the piece becomes this text
+  std::string prefix;    // non-empty: prepended to a piece that does not already start with it
+  // Metaspace's prepend_scheme "first": only a piece that begins where the text split() was
+  // given begins, and only when that text is the start of the input (split's `at_start`).
+  bool prefix_at_start_only = false;
+};
+
 struct SplitRule {
   std::string pattern;
   bool literal = false;  // pattern is a plain string (tokenizers' Split {"String": ...})
   SplitBehavior behavior = SplitBehavior::kIsolated;
   bool invert = false;  // the text between matches is what the behavior applies to
+  std::optional<PieceEdit> edit =
+      std::nullopt;  // set: this step edits pieces (pattern and the rest unused)
 };
 
 class PreTokenizer {
@@ -42,8 +56,10 @@ class PreTokenizer {
 
   // Splits UTF-8 text into pre-tokens; empty pieces are dropped. Invalid UTF-8 is decoded as
   // llama.cpp does (each bad byte becomes U+FFFD, decoding resumes at the next byte), and the
-  // pieces are the re-encoded text, so their concatenation is that re-encoded text.
-  std::vector<std::string> split(std::string_view text) const;
+  // pieces are the re-encoded text, so their concatenation is that re-encoded text (unless a
+  // PieceEdit step added to it). `at_start`: the text begins the input (what a PieceEdit with
+  // prefix_at_start_only asks; the tokenizer passes false for text after an added token).
+  std::vector<std::string> split(std::string_view text, bool at_start = true) const;
 
   // The text with every match of the first rule replaced by `with` (a tokenizer.json Replace
   // normalizer); invalid UTF-8 is decoded as split() decodes it.

@@ -24,7 +24,8 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 std::string Tokenizer::piece_after(int32_t prev, int32_t id) const {
   std::string piece = decode(id);
   const std::string_view k = kind();
-  if (prev >= 0 && prev == bos_id() && (k == "llama" || k == "llama2c") && !piece.empty() &&
+  if (prev >= 0 && prev == bos_id() &&
+      (k == "llama" || k == "llama2c" || drops_space_after_bos()) && !piece.empty() &&
       piece[0] == ' ')
     piece.erase(0, 1);
   return piece;

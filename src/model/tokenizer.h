@@ -31,19 +31,25 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 when the vocabulary has none
   virtual int32_t eos_id() const = 0;
-  virtual const char* kind() const = 0;  // "llama", "gpt2", "hf-bpe", "llama2c"
+  virtual const char* kind() const = 0;  // "llama", "gpt2", "hf-bpe", "hf-bpe-spm", "llama2c"
 
   // Concatenated decode() of ids.
   std::string decode(const std::vector<int32_t>& ids) const;
   // The text token `id` adds after token `prev` (-1: none): decode(id), except that
-  // SentencePiece vocabularies (GGUF "llama", llama2.c) drop the leading space of the piece
-  // right after BOS (the space encode() prefixes), as llama.cpp and run.c print it.
+  // SentencePiece vocabularies (GGUF "llama", llama2.c, a tokenizer.json whose decoder strips
+  // it) drop the leading space of the piece right after BOS (the space encode() prefixes), as
+  // llama.cpp and run.c print it.
   std::string piece_after(int32_t prev, int32_t id) const;
   // The most input bytes one token can stand for: the longest decode() (at least 4, a UTF-8
   // character an unknown token replaces). A text of B bytes encodes to at least
   // B / max_text_bytes_per_token() tokens, so a server can refuse a prompt that cannot fit its
   // context before paying for encode(). Computed once, on first use.
   size_t max_text_bytes_per_token() const;
+
+ protected:
+  // True when piece_after() drops the leading space of the piece after BOS for a tokenizer
+  // other than SentencePiece and llama2.c (a tokenizer.json whose decoder strips it).
+  virtual bool drops_space_after_bos() const { return false; }
 
  private:
   mutable std::once_flag max_bytes_once_;
@@ -69,9 +75,9 @@ class GgufFile;
 // or "gpt2" (byte-level BPE with any pre-tokenizer llama.cpp names in tokenizer.ggml.pre, see
 // model/pretokenizer.h; a missing name is llama.cpp's "default").
 std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& gguf);
-// A Hugging Face tokenizer.json with model type BPE and a byte-level pre-tokenizer (Split, Digits,
-// Punctuation and ByteLevel steps, see tokenizer_hf.cc), and the normalizers it implements. BOS/EOS
-// come from tokenizer_config.json beside it when present.
+// A Hugging Face tokenizer.json with model type BPE, byte-level or SentencePiece-style, and the
+// normalizers, pre-tokenizers and decoders tokenizer_hf.cc implements (others are refused by
+// name). BOS/EOS come from tokenizer_config.json beside it when present.
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& tokenizer_json_path);
 // The same from the texts of tokenizer.json and of tokenizer_config.json ("" when there is
 // none); `source` names the file in errors.

@@ -1,5 +1,7 @@
 #include "model/tokenizer_bpe.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <optional>
 
 #include "core/error.h"
@@ -30,6 +32,10 @@ BpeTokenizer::BpeTokenizer(Vocabulary vocab, BpeParams params)
     : VocabTokenizer(std::move(vocab)), params_(std::move(params)) {
   if (!params_.pre)
     throw Error(ErrorKind::kInvalidArgument, "BpeTokenizer needs a pre-tokenizer (BpeParams::pre)");
+  if (!params_.byte_level && !params_.decode_text) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "a BpeTokenizer that is not byte-level needs BpeParams::decode_text");
+  }
   ranks_.reserve(params_.merges.size());
   for (size_t i = 0; i < params_.merges.size(); ++i) {
     ranks_.emplace(params_.merges[i], static_cast<int>(i));  // the first occurrence keeps its rank
@@ -61,10 +67,17 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
         return Bigram{left, right, r, a + b};
       },
       [&](const Bigram& b) { return text_of(b.left) + text_of(b.right) == b.text; });
+  bool pending_unk = false;
   for_each_symbol(sym, [&](const MergeSymbol& s) {
     const std::string_view piece = s.view();
     if (const int32_t id = vocab_.find(piece); id >= 0) {
+      if (pending_unk) out.push_back(params_.unk);
+      pending_unk = false;
       out.push_back(id);
+      return;
+    }
+    if (!params_.byte_level || params_.byte_fallback || params_.unk >= 0) {
+      fall_back(piece, out, pending_unk);
       return;
     }
     // A symbol that is no token (a vocabulary without all 256 byte symbols): its single bytes,
@@ -73,11 +86,48 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
       if (const int32_t id = vocab_.find(std::string_view(&c, 1)); id >= 0) out.push_back(id);
     }
   });
+  if (pending_unk) out.push_back(params_.unk);
+}
+
+// tokenizers' BPE::merge_word (models/bpe/model.rs) decides per character before merging; the
+// merges only join tokens (their parts must be in the vocabulary), so a character that is no
+// token is still alone here and deciding after the merges gives the same ids. As there, a
+// pending unknown token is written when the next known character comes (or at the word's end),
+// after any byte tokens in between.
+void BpeTokenizer::fall_back(std::string_view symbol, std::vector<int32_t>& out,
+                             bool& pending_unk) const {
+  for (size_t i = 0; i < symbol.size();) {
+    const size_t n =
+        std::min(utf8_sequence_length(static_cast<unsigned char>(symbol[i])), symbol.size() - i);
+    const std::string_view ch = symbol.substr(i, n);
+    i += n;
+    if (params_.byte_fallback) {
+      int32_t ids[4];
+      bool all = true;
+      for (size_t k = 0; k < ch.size() && all; ++k) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", static_cast<unsigned char>(ch[k]));
+        ids[k] = vocab_.find(name);
+        all = ids[k] >= 0;
+      }
+      if (all) {
+        out.insert(out.end(), ids, ids + ch.size());
+        continue;
+      }
+    }
+    if (params_.unk < 0) continue;  // no unknown token: the character is dropped
+    if (pending_unk && !params_.fuse_unk) out.push_back(params_.unk);
+    pending_unk = true;
+  }
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
+  bool first = true;
   for (const Vocabulary::Fragment& f : vocab_.partition(text)) {
+    // Metaspace's prepend_scheme "first" prefixes only text that begins the input.
+    const bool at_start = first;
+    first = false;
     if (f.token >= 0) {
       out.push_back(f.token);
       continue;
@@ -88,9 +138,13 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
       normalized = n(piece);
       piece = normalized;
     }
-    const std::vector<std::string> words = params_.pre->split(piece);
+    const std::vector<std::string> words = params_.pre->split(piece, at_start);
     std::string encoded;
     for (const std::string& w : words) {
+      if (!params_.byte_level) {
+        encode_word(w, out);
+        continue;
+      }
       encoded.clear();
       for (char c : w) append_utf8(encoded, byte_to_unicode(static_cast<uint8_t>(c)));
       encode_word(encoded, out);
@@ -100,6 +154,7 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
 }
 
 std::string BpeTokenizer::decode_piece(int32_t, const std::string& t) const {
+  if (!params_.byte_level) return params_.decode_text(t);
   std::string out;
   for (uint32_t cp : utf8_to_codepoints(t)) {
     const int b = unicode_to_byte(cp);

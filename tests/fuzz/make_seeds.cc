@@ -316,6 +316,43 @@ void hf_tokenizer_seeds(const fs::path& dir) {
   write_file(dir / "gpt2_bytelevel_with_config.json",
              tokenizer_json(false) + std::string(1, '\0') + config);
   write_file(dir / "llama3_split_regex.json", tokenizer_json(true));
+  // SentencePiece-style: the same tokens spelled with U+2581 for the space, byte fallback, unk,
+  // ICU normalizers, the Metaspace pre-tokenizer and per-token decoders.
+  const std::string meta = "\xE2\x96\x81";
+  json vocab = {{"<unk>", 0}, {"<0x41>", 1}, {meta, 2}, {"a", 3}, {"b", 4}, {meta + "a", 5}};
+  json spm = {{"version", "1.0"},
+              {"added_tokens", json::array({{{"id", 0}, {"content", "<unk>"}, {"special", true}}})},
+              {"normalizer",
+               {{"type", "Sequence"},
+                {"normalizers",
+                 {{{"type", "NFKC"}},
+                  {{"type", "Lowercase"}},
+                  {{"type", "Strip"}, {"strip_left", false}, {"strip_right", true}},
+                  {{"type", "NFD"}},
+                  {{"type", "StripAccents"}}}}}},
+              {"pre_tokenizer",
+               {{"type", "Sequence"},
+                {"pretokenizers",
+                 {{{"type", "WhitespaceSplit"}},
+                  {{"type", "Metaspace"},
+                   {"replacement", meta},
+                   {"prepend_scheme", "first"},
+                   {"split", true}}}}}},
+              {"decoder",
+               {{"type", "Sequence"},
+                {"decoders",
+                 {{{"type", "Metaspace"}, {"replacement", meta}, {"prepend_scheme", "first"}},
+                  {{"type", "ByteFallback"}},
+                  {{"type", "Fuse"}},
+                  {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+              {"model",
+               {{"type", "BPE"},
+                {"vocab", vocab},
+                {"merges", json::array({meta + " a"})},
+                {"unk_token", "<unk>"},
+                {"byte_fallback", true},
+                {"fuse_unk", true}}}};
+  write_file(dir / "spm_metaspace_normalizers.json", spm.dump());
 }
 
 void openai_request_seeds(const fs::path& dir) {
