@@ -440,6 +440,8 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* x
 #ifdef KVCACHE_MATMUL_AVX2
   const size_t end = static_cast<size_t>(r1) * rb;
 #endif
+  const ActDot a = xq != nullptr ? act_dot(p.w_dtype) : ActDot{};
+  const size_t xb = xq != nullptr ? act_row_bytes(a, p.k) : 0;
   for (int64_t r = r0; r < r1; ++r) {
     const size_t off = static_cast<size_t>(r) * rb;
     const std::byte* wr = w + off;
@@ -450,8 +452,6 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* x
 #endif
     const float b = p.bias != nullptr ? p.bias[r] : 0.0f;
     if (xq != nullptr) {
-      const ActDot a = act_dot(p.w_dtype);
-      const size_t xb = act_row_bytes(a, p.k);
       for (int64_t i = 0; i < p.m; ++i)
         p.y[i * p.ldy + r] = act_dot_row(a, wr, xq + static_cast<size_t>(i) * xb, p.k) + b;
       continue;
