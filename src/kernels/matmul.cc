@@ -291,6 +291,7 @@ ActDot act_dot(DType t) {
 #endif
   const QuantKernels* q = quant_kernels(t);
   if (q != nullptr && q->dot_q8k != nullptr) return {256, q->dot_q8k, nullptr};
+  if (q != nullptr && q->dot_q8_32 != nullptr) return {32, nullptr, q->dot_q8_32};
   return {};
 }
 
@@ -590,8 +591,9 @@ void matmul_reference(const MatmulParams& p) {
   const size_t rb = row_bytes(p.w_dtype, p.k);
   std::vector<float> wrow(static_cast<size_t>(p.k));
   // The types whose products take x rounded to int8 (act_dot): the rounding spelled out,
-  // per block of 32 or 256 values: d = amax / 127, x' = d * nearbyint(x * 127 / amax), NaN
-  // for a block holding an infinity or a NaN.
+  // per block of 32 or 256 values: x' = d * nearbyint(x * 127 / amax) with d = amax / 127
+  // rounded to f16 (32) or 1 / (127 / amax) (256), NaN for a block holding an infinity or a
+  // NaN (quant_types.h).
   const int block = act_dot(p.w_dtype).block;
   std::vector<float> xr;
   if (block != 0) {
@@ -610,7 +612,9 @@ void matmul_reference(const MatmulParams& p) {
           if (!finite) {
             v = std::numeric_limits<float>::quiet_NaN();
           } else if (amax > 0.0f) {
-            v = amax / 127.0f * std::nearbyint(x[j] * (127.0f / amax));
+            const float d =
+                block == 32 ? f16_to_f32(f32_to_f16(amax / 127.0f)) : 1.0f / (127.0f / amax);
+            v = d * std::nearbyint(x[j] * (127.0f / amax));
           }
           xr[static_cast<size_t>(i * p.k + b0 + j)] = v;
         }

@@ -15,8 +15,16 @@ namespace {
 
 constexpr int kQK = 256;
 
-// The scale of a block of 256 and the factor that maps x to codes: d = amax / 127,
-// id = 127 / amax (not 1 / d: x * id then never exceeds 127 in magnitude before rounding).
+// The scale of a block and the factor that maps x to codes: id = 127 / amax (x * id then never
+// exceeds 127 in magnitude before rounding), and the scale llama.cpp stores, so that our
+// rounded x is its rounded x and the two engines' quantized products differ only in float
+// summation order:
+// - blocks of 256 (quantize_row_q8_K_ref, ggml-quants.c): d = 1 / iscale with
+//   iscale = -127 / max, the value of largest magnitude; the codes there are ours negated
+//   and d = -1 / id, so d * q is the same product;
+// - blocks of 32 (quantize_row_q8_0, ggml-cpu/arch/x86/quants.c): d = amax / 127 stored as
+//   f16, so d is that value rounded to f16.
+// Codes round to nearest, ties to even, in both (nearest_int there, cvtps / nearbyint here).
 // Non-finite blocks: d = NaN, id = 0 (codes 0, products NaN).
 struct ActScale {
   float d, id;
@@ -50,7 +58,12 @@ ActScale act_scale(const float* x) {
 #endif
   if (!finite) return {std::numeric_limits<float>::quiet_NaN(), 0.0f};
   if (a == 0.0f) return {0.0f, 0.0f};
-  return {a / 127.0f, 127.0f / a};
+  const float id = 127.0f / a;
+  if constexpr (kN == 32) {
+    return {f16_to_f32(f32_to_f16(a / 127.0f)), id};
+  } else {
+    return {1.0f / id, id};
+  }
 }
 
 // codes[j] = nearbyint(x[j] * id) for kN values (|x * id| <= 127 by act_scale's id).

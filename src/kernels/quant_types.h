@@ -28,8 +28,9 @@ namespace kvcache {
 
 // x rounded to int8 per super-block of 256, llama.cpp's block_q8_K (ggml-common.h): the scale,
 // the codes, and the sum of each 16 codes (which the types with mins or offset codes need).
-// Ours: d = amax / 127 and q = nearbyint(x * 127 / amax), so x' = d * q is within amax / 254
-// of x (llama.cpp uses -128 / max instead; the rounding of x is a property of each engine).
+// q = nearbyint(x * 127 / amax) and d = 1 / (127 / amax), llama.cpp's rounding of x
+// (quantize_row_q8_K_ref, whose codes and d are these negated when the largest value is
+// positive: the same products), so x' = d * q is within amax / 254 of x.
 struct BlockQ8K {
   float d;
   int8_t qs[256];
@@ -43,8 +44,9 @@ void quantize_act_q8k(const float* x, BlockQ8K* dst, int64_t n_blocks);
 // quantize_act_q8k followed by d * q gives, without the codes (the prefill GEMM's x).
 void round_act_q8k(const float* x, float* dst, int64_t n);
 
-// x rounded to int8 per 32 values, for the types of blocks of 32 (q8_0 and the legacy types;
-// llama.cpp's block_q8_0, with a float scale): d = amax / 127 per 32, as BlockQ8K per 256.
+// x rounded to int8 per 32 values, for the types of blocks of 32 (q8_0 and the legacy types):
+// llama.cpp's block_q8_0 rounding (quantize_row_q8_0): q = nearbyint(x * 127 / amax) and
+// d = amax / 127 rounded to f16 (kept here as the float of that f16).
 struct BlockQ8A32 {
   float d;
   int8_t qs[32];
@@ -58,6 +60,9 @@ struct QuantKernels {
   float (*dot)(const void* blocks, const float* x, int64_t n_blocks) = nullptr;
   void (*quantize_ref)(const float* src, void* blocks, int64_t n_blocks) = nullptr;
   float (*dot_q8k)(const void* blocks, const BlockQ8K* x, int64_t n_blocks) = nullptr;
+  // The same for the types of blocks of 32, against x rounded per 32 (BlockQ8A32). A type has
+  // at most one of dot_q8k and dot_q8_32.
+  float (*dot_q8_32)(const void* blocks, const BlockQ8A32* x, int64_t n_blocks) = nullptr;
 };
 
 // |dot - dot_ref| <= kQuantDotTolerance * sum_j |w_j x_j| + 1e-6 per output, where dot_ref is

@@ -154,7 +154,7 @@ TEST(QuantK, ActivationRoundingIsBoundedAndCarriesNonFiniteBlocks) {
     EXPECT_FLOAT_EQ(xq[i].d, amax / 127.0f);
     for (int j = 0; j < 256; ++j) {
       const float v = x[256 * i + j];
-      EXPECT_LE(std::fabs(xr[256 * i + j] - v), amax / 254.0f * (1.0f + 1e-6f)) << i << " " << j;
+      EXPECT_LE(std::fabs(xr[256 * i + j] - v), amax / 254.0f * (1.0f + 1e-4f)) << i << " " << j;
       EXPECT_LE(std::abs(static_cast<int>(xq[i].qs[j])), 127);
       if (std::fabs(v) == amax) {
         EXPECT_EQ(std::abs(static_cast<int>(xq[i].qs[j])), 127);
