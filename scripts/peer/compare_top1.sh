@@ -63,6 +63,9 @@ g++ -O2 -std=c++17 -Wall -Wextra -Werror "$here/llama_logits.cc" -I"$llama/inclu
 # The prompt: 64 ids. The text is long enough for 63 tokens in a 32000-entry and a 512-entry
 # sentencepiece vocabulary.
 text="Once upon a time, there was a little girl named Lily who lived in a small house near the forest. Every morning she walked to the river with her dog, Max, to watch the fish jump. One day, Max found a shiny red ball under a big tree, and they played together until the sun went down."
+# Its words on one line, single spaces.
+words() { printf '%s' "$1" | tr '\n' ' ' | sed 's/  */ /g; s/^ //; s/ $//'; }
+tok_note="ids given in IDS"
 if [ -n "${IDS:-}" ]; then
   ids=$IDS
 else
@@ -72,6 +75,13 @@ else
     exit 2
   fi
   body=$(printf %s "$text" | "$kvcache" tokenize -m "$model")
+  # Not used for the logits (both engines get kvcache's ids), a check of the file's vocabulary.
+  peer_body=$(printf %s "$text" | "$peer" -m "$model" --tokenize)
+  if [ "$(words "$body")" = "$(words "$peer_body")" ]; then
+    tok_note="the text's ids: kvcache tokenize = llama_tokenize ($(echo "$body" | wc -w) ids)"
+  else
+    tok_note="the text's ids DIFFER: kvcache tokenize $(words "$body"); llama_tokenize $(words "$peer_body")"
+  fi
   ids=$(echo "$bos $body" | tr ' ' '\n' | grep -v '^$' | head -n 64 | tr '\n' ' ' | sed 's/ $//')
 fi
 n=$(echo "$ids" | wc -w)
@@ -96,6 +106,7 @@ if [ -n "${REF:-}" ]; then
 fi
 
 echo "model $model, $mode, $n ids: $ids"
+echo "$tok_note"
 echo "kvcache $kvcache; llama.cpp $llama ($(git -C "$llama" rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout')); work dir $work"
 python3 - "$work/kvcache.f32" "$work/llama.f32" "$n" "$work/ids.txt" "$ref_out" "${REF:-}" <<'EOF'
 import math

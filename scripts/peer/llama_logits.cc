@@ -31,7 +31,8 @@ void usage() {
   std::fprintf(stderr,
                "usage: llama_logits -m MODEL.gguf --prompt-ids \"ID ID ...\" -o OUT.f32 "
                "[-t THREADS] [--one-by-one] [--flash-attn auto|on|off] [--verbose]\n"
-               "       llama_logits -m MODEL.gguf --print-bos\n");
+               "       llama_logits -m MODEL.gguf --print-bos\n"
+               "       llama_logits -m MODEL.gguf --tokenize < TEXT\n");
 }
 
 // llama.cpp logs every tensor at load; keep only warnings and errors unless --verbose.
@@ -64,7 +65,7 @@ bool parse_ids(const std::string& s, std::vector<llama_token>& out) {
 int main(int argc, char** argv) {
   std::string model_path, ids_text, out_path, fa = "auto";
   int threads = 2;
-  bool one_by_one = false, verbose = false, print_bos = false;
+  bool one_by_one = false, verbose = false, print_bos = false, tokenize = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* name) -> const char* {
@@ -86,6 +87,8 @@ int main(int argc, char** argv) {
       one_by_one = true;
     } else if (a == "--flash-attn") {
       fa = value("--flash-attn");
+    } else if (a == "--tokenize") {
+      tokenize = true;
     } else if (a == "--print-bos") {
       print_bos = true;
     } else if (a == "--verbose") {
@@ -96,7 +99,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (print_bos && !model_path.empty()) {
+  if ((print_bos || tokenize) && !model_path.empty()) {
     if (!verbose) llama_log_set(quiet_log, nullptr);
     llama_model_params mp = llama_model_default_params();
     mp.vocab_only = true;
@@ -106,7 +109,27 @@ int main(int argc, char** argv) {
                    model_path.c_str());
       return 1;
     }
-    std::printf("%d\n", llama_vocab_bos(llama_model_get_vocab(model)));
+    const llama_vocab* vocab = llama_model_get_vocab(model);
+    if (print_bos) {
+      std::printf("%d\n", llama_vocab_bos(vocab));
+    } else {
+      std::string text;
+      char buf[4096];
+      size_t got;
+      while ((got = std::fread(buf, 1, sizeof buf, stdin)) > 0) text.append(buf, got);
+      // No BOS/EOS added and no special-token parsing: the ids of the text alone, as
+      // `kvcache tokenize` prints them.
+      std::vector<llama_token> out(text.size() + 8);
+      const int32_t n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()),
+                                       out.data(), static_cast<int32_t>(out.size()), false, false);
+      if (n < 0) {
+        std::fprintf(stderr, "llama_logits: llama_tokenize failed (%d)\n", n);
+        return 1;
+      }
+      for (int32_t i = 0; i < n; ++i)
+        std::printf(i == 0 ? "%d" : " %d", out[static_cast<size_t>(i)]);
+      std::printf("\n");
+    }
     llama_model_free(model);
     return 0;
   }
