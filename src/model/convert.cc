@@ -1,5 +1,7 @@
 #include "model/convert.h"
 
+#include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstring>
 #include <optional>
@@ -115,6 +117,46 @@ DType fitting_dtype(DType want, DType have, int64_t cols) {
   return have;
 }
 
+// general.file_type of a file whose most common tensor dtype is `t`: llama.h's llama_ftype, as
+// llama.cpp's loader guesses it for files without the key (llama.cpp
+// src/llama-model-loader.cpp, the switch on type_max; ids from include/llama.h). The key is
+// informational (llama.cpp prints it, e.g. as llama-bench's model type), so it must not claim
+// "all F32" for an f16 or q8_0 file.
+uint32_t llama_file_type(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return 0;  // LLAMA_FTYPE_ALL_F32
+    case DType::kF16:
+      return 1;  // LLAMA_FTYPE_MOSTLY_F16
+    case DType::kQ4_0:
+      return 2;  // LLAMA_FTYPE_MOSTLY_Q4_0
+    case DType::kQ4_1:
+      return 3;  // LLAMA_FTYPE_MOSTLY_Q4_1
+    case DType::kQ8_0:
+      return 7;  // LLAMA_FTYPE_MOSTLY_Q8_0
+    case DType::kQ5_0:
+      return 8;  // LLAMA_FTYPE_MOSTLY_Q5_0
+    case DType::kQ5_1:
+      return 9;  // LLAMA_FTYPE_MOSTLY_Q5_1
+    case DType::kQ2_K:
+      return 10;  // LLAMA_FTYPE_MOSTLY_Q2_K
+    case DType::kQ3_K:
+      return 12;  // LLAMA_FTYPE_MOSTLY_Q3_K_M
+    case DType::kQ4_K:
+      return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+    case DType::kQ5_K:
+      return 17;  // LLAMA_FTYPE_MOSTLY_Q5_K_M
+    case DType::kQ6_K:
+      return 18;  // LLAMA_FTYPE_MOSTLY_Q6_K
+    case DType::kIQ4_NL:
+      return 25;  // LLAMA_FTYPE_MOSTLY_IQ4_NL
+    case DType::kBF16:
+      return 32;  // LLAMA_FTYPE_MOSTLY_BF16
+  }
+  KV_CHECK(false, "llama_file_type: unknown dtype");
+  return 0;
+}
+
 }  // namespace
 
 void parse_convert_dtype(const std::string& name, GgufConvertOptions& options) {
@@ -148,8 +190,8 @@ GgufConvertReport convert_to_gguf(const ModelFile& model, const GgufConvertOptio
   w.set("general.name", GgufValue::str("converted from " + model.path()));
   KV_CHECK(options.mix == QuantMix::kNone || !options.matrix_dtype,
            "convert_to_gguf: a mix and a matrix dtype");
-  // llama.h's LLAMA_FTYPE_MOSTLY_Q4_K_M = 15; 0 (all f32) is kept for the other choices.
-  w.set("general.file_type", GgufValue::u32(options.mix == QuantMix::kQ4_K_M ? 15 : 0));
+  // Set again once the tensors' dtypes are known (set() keeps the key's place).
+  w.set("general.file_type", GgufValue::u32(0));
   GgufConvertReport report;
   if (options.tokenizer != nullptr) {
     if (options.tokenizer->vocab_size() != model.config().vocab_size) {
@@ -167,7 +209,8 @@ GgufConvertReport convert_to_gguf(const ModelFile& model, const GgufConvertOptio
   } else {
     write_gguf_tensors_by_table(arch, model, tensors);
   }
-  std::vector<Tensor> encoded(tensors.size());  // re-encoded matrices
+  std::vector<Tensor> encoded(tensors.size());    // re-encoded matrices
+  std::array<size_t, kDTypeCount> dtype_count{};  // tensors written, per dtype
   for (size_t i = 0; i < tensors.size(); ++i) {
     auto& [name, view] = tensors[i];
     // ggml names weight matrices "*.weight" (norms are 1-D); 2-D "*.bias" tensors (GPT-OSS's
@@ -189,7 +232,15 @@ GgufConvertReport convert_to_gguf(const ModelFile& model, const GgufConvertOptio
       }
     }
     w.add_tensor(name, view);
+    ++dtype_count[static_cast<size_t>(view.dtype())];
   }
+  // The mix names itself (llama.h's LLAMA_FTYPE_MOSTLY_Q4_K_M = 15); otherwise the most common
+  // dtype names the file, as llama.cpp names a file without the key.
+  const auto most = std::max_element(dtype_count.begin(), dtype_count.end());
+  w.set("general.file_type",
+        GgufValue::u32(options.mix == QuantMix::kQ4_K_M
+                           ? 15
+                           : llama_file_type(static_cast<DType>(most - dtype_count.begin()))));
   w.write(out_path);
   return report;
 }

@@ -143,6 +143,30 @@ TEST(QuantMixConvert, Q4KMHoldsQ4KAndQ6KAndStaysCloseToF32) {
   EXPECT_GE(same_top1, 22);
 }
 
+// general.file_type names the file's most common tensor dtype with llama.h's llama_ftype ids
+// (llama.cpp prints it, e.g. as llama-bench's model type); it read 0, "all F32", for every
+// --dtype but q4_K_M before.
+TEST(QuantMixConvert, FileTypeNamesTheMostCommonDtype) {
+  const std::string f32_path =
+      write_f32_model(testing_util::process_scratch().file("file_type_f32.gguf"));
+  LoadedModel ref = load_model(f32_path);
+  const auto file_type = [&](const std::string& dtype) {
+    GgufConvertOptions o;
+    if (!dtype.empty()) parse_convert_dtype(dtype, o);
+    const std::string out = testing_util::process_scratch().file(
+        "file_type_" + (dtype.empty() ? "keep" : dtype) + ".gguf");
+    convert_to_gguf(ref.model->file(), o, out);
+    return GgufFile::open(out)->get_int("general.file_type");
+  };
+  EXPECT_EQ(file_type(""), 0);  // kept f32: LLAMA_FTYPE_ALL_F32
+  EXPECT_EQ(file_type("f16"), 1);
+  EXPECT_EQ(file_type("bf16"), 32);
+  EXPECT_EQ(file_type("q8_0"), 7);
+  // Rows of 640 fall back to q8_0 (4 ffn_down); 26 matrices are q6_K, 9 norms f32.
+  EXPECT_EQ(file_type("q6_K"), 18);
+  EXPECT_EQ(file_type("q4_K_M"), 15);
+}
+
 TEST(QuantMixConvert, RejectsDtypesWithoutAQuantizer) {
   GgufConvertOptions o;
   parse_convert_dtype("q6_K", o);
