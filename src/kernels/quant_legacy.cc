@@ -366,28 +366,22 @@ inline __m256i block_dot_i32(const uint8_t* blk, const int8_t* xq) {
 }
 
 // Two blocks per step into two float accumulators (two independent FMA chains; the integer
-// work of a block does not depend on the one before). The _1 types' min term is a second pair
-// of accumulators: m_w * d_x times the lanes of sum(x codes) (u8 ones times x), summed across
-// lanes once at the end; llama.cpp's q8_1 stores d_x * sum(x codes) instead, computed once
-// per x row, where this recomputes it per weight row (one dpbusd / maddubs+madd per block).
+// work of a block does not depend on the one before). The _1 types' min term m_w * s_x
+// (s_x = d_x * sum(x codes), BlockQ8A32::s, as llama.cpp's q8_1 carries it) goes to two
+// scalar accumulators, one per chain.
 template <Kind K>
 float dot_q8_32(const void* blocks, const BlockQ8A32* x, int64_t n_blocks) {
   using L = Layout<K>;
   const auto* p = static_cast<const uint8_t*>(blocks);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  __m256 macc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  float mins[2] = {0.0f, 0.0f};
   const auto one = [&](int64_t b, int a) {
     const uint8_t* blk = p + b * static_cast<int64_t>(L::kBytes);
     const BlockQ8A32& xb = x[b];
     const __m256i s = block_dot_i32<K>(blk, xb.qs);
     acc[a] =
         _mm256_fmadd_ps(_mm256_set1_ps(load_f16_fast(blk) * xb.d), _mm256_cvtepi32_ps(s), acc[a]);
-    if constexpr (L::kHasMin) {
-      const __m256i sx = dot_u8x32(_mm256_setzero_si256(), _mm256_set1_epi8(1),
-                                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs)));
-      macc[a] = _mm256_fmadd_ps(_mm256_set1_ps(load_f16_fast(blk + 2) * xb.d),
-                                _mm256_cvtepi32_ps(sx), macc[a]);
-    }
+    if constexpr (L::kHasMin) mins[a] += load_f16_fast(blk + 2) * xb.s;
   };
   int64_t b = 0;
   for (; b + 2 <= n_blocks; b += 2) {
@@ -395,9 +389,7 @@ float dot_q8_32(const void* blocks, const BlockQ8A32* x, int64_t n_blocks) {
     one(b + 1, 1);
   }
   if (b < n_blocks) one(b, 0);
-  __m256 s = _mm256_add_ps(acc[0], acc[1]);
-  if constexpr (L::kHasMin) s = _mm256_add_ps(s, _mm256_add_ps(macc[0], macc[1]));
-  return hsum(s);
+  return hsum(_mm256_add_ps(acc[0], acc[1])) + (mins[0] + mins[1]);
 }
 #endif
 

@@ -293,8 +293,9 @@ TEST(QuantLegacy, IntegerDotWithinToleranceOfReferenceOnRoundedX) {
 // The rounding of x per 32 (llama.cpp's quantize_row_q8_0: d = amax / 127 rounded to f16,
 // q = nearbyint(x * 127 / amax)): codes in [-127, 127], the largest value maps to +-127, and
 // |x' - x| <= amax / 254 (half a step) + 127 |d - amax / 127| (the f16 rounding of d moves
-// every x' by up to |q| times it), plus an ulp of the product; zero blocks give zeros; a
-// block holding an infinity or a NaN gives NaN, and so do the integer products with it.
+// every x' by up to |q| times it), plus an ulp of the product; s = d * sum(q); zero blocks
+// give zeros; a block holding an infinity or a NaN gives NaN (d, s, x' and the integer
+// products with it).
 TEST(QuantLegacy, ActivationRoundingPer32IsBoundedAndCarriesNonFiniteBlocks) {
   const int n = 7;
   std::vector<float> x = randn(32 * static_cast<size_t>(n), 19);
@@ -314,6 +315,9 @@ TEST(QuantLegacy, ActivationRoundingPer32IsBoundedAndCarriesNonFiniteBlocks) {
     const float d = xq[i].d;
     EXPECT_EQ(d, f16_to_f32(f32_to_f16(amax / 127.0f))) << i;
     const float bound = amax / 254.0f + 127.0f * std::fabs(d - amax / 127.0f);
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) sum += xq[i].qs[j];
+    EXPECT_EQ(xq[i].s, d * static_cast<float>(sum)) << i;
     for (int j = 0; j < 32; ++j) {
       const float v = x[32 * i + j];
       const int c = xq[i].qs[j];
@@ -326,12 +330,14 @@ TEST(QuantLegacy, ActivationRoundingPer32IsBoundedAndCarriesNonFiniteBlocks) {
     }
   }
   EXPECT_EQ(xq[1].d, 0.0f);
+  EXPECT_EQ(xq[1].s, 0.0f);
   for (int j = 0; j < 32; ++j) {
     EXPECT_EQ(xq[1].qs[j], 0);
     EXPECT_EQ(xr[32 + j], 0.0f);
   }
   for (int i : {2, 3}) {
     EXPECT_TRUE(std::isnan(xq[i].d)) << i;
+    EXPECT_TRUE(std::isnan(xq[i].s)) << i;
     for (int j = 0; j < 32; ++j) ASSERT_TRUE(std::isnan(xr[32 * i + j])) << i << " " << j;
   }
   // The products of a non-finite block are NaN on the integer path too, for every type.
