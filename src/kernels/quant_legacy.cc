@@ -12,6 +12,8 @@
 // element j is bit j of qh read as a little-endian uint32 (ggml memcpy's qh into a uint32_t and
 // takes (qh >> j) for the low half, (qh >> (j + 12)) & 0x10 for element j + 16).
 // Blocks are 18..24 bytes, so their fields are not aligned: read with memcpy / unaligned loads.
+// AVX2 builds also have dot_q8_32, the integer dot with x rounded per 32 (BlockQ8A32), which
+// matmul then uses on every path (kernels/matmul.h).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>

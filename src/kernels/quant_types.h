@@ -73,6 +73,7 @@ struct QuantKernels {
 // the f32 dot of the dequantize_ref values with x in index order.
 // dot_q8k: the same bound against dot(dequantize_ref(row), x') with x' the rounded x
 // (round_act_q8k); the integer sums are exact, only the float scaling and summation differ.
+// dot_q8_32: the same against x' = round_act_q8_32(x).
 inline constexpr float kQuantDotTolerance = 1e-5f;
 
 // The kernels of a block type of this header; nullptr for f32, f16, bf16 and q8_0 (matmul.cc's
