@@ -1,5 +1,6 @@
 // Decode GEMV (m = 1, allow_blas = false) over a 4096 x 4096 weight matrix in each weight type
-// the k-quant kernels add (kernels/quant_k.cc), beside f16 and q8_0, on one and two threads.
+// the k-quant kernels add (kernels/quant_k.cc) and the legacy types (kernels/quant_legacy.cc),
+// beside f16 and q8_0, on one and two threads.
 // bytes_per_second is weight bytes streamed: decode is bound by reading W.
 //
 //   build-bench/bench/quant_k_bench --benchmark_filter='q4_K|q6_K|q8_0'
@@ -67,6 +68,11 @@ BENCHMARK_CAPTURE(BM_DecodeGemv, q5_K, DType::kQ5_K)->Arg(1)->Arg(2)->UseRealTim
 BENCHMARK_CAPTURE(BM_DecodeGemv, q4_K, DType::kQ4_K)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DecodeGemv, q3_K, DType::kQ3_K)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DecodeGemv, q2_K, DType::kQ2_K)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DecodeGemv, q5_1, DType::kQ5_1)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DecodeGemv, q5_0, DType::kQ5_0)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DecodeGemv, q4_1, DType::kQ4_1)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DecodeGemv, q4_0, DType::kQ4_0)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DecodeGemv, iq4_nl, DType::kIQ4_NL)->Arg(1)->Arg(2)->UseRealTime();
 
 // One thread, 256 rows x 4096 (L2-resident): the arithmetic of a row dot, not the memory.
 // arg 0: the f32 dot (x as f32), 1: the integer dot (x rounded to int8 once, outside the loop,
