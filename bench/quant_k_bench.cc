@@ -1,5 +1,6 @@
 // Decode GEMV (m = 1, allow_blas = false) over a 4096 x 4096 weight matrix in each weight type
-// the k-quant kernels add (kernels/quant_k.cc), beside f16 and q8_0, on one and two threads.
+// the k-quant kernels add (kernels/quant_k.cc) and the legacy types (kernels/quant_legacy.cc),
+// beside f16 and q8_0, on one and two threads.
 // bytes_per_second is weight bytes streamed: decode is bound by reading W.
 //
 //   build-bench/bench/quant_k_bench --benchmark_filter='q4_K|q6_K|q8_0'
@@ -67,10 +68,18 @@ BENCHMARK_CAPTURE(BM_DecodeGemv, q5_K, DType::kQ5_K)->Arg(1)->Arg(2)->UseRealTim
 BENCHMARK_CAPTURE(BM_DecodeGemv, q4_K, DType::kQ4_K)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DecodeGemv, q3_K, DType::kQ3_K)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DecodeGemv, q2_K, DType::kQ2_K)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DecodeGemv, q5_1, DType::kQ5_1)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DecodeGemv, q5_0, DType::kQ5_0)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DecodeGemv, q4_1, DType::kQ4_1)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DecodeGemv, q4_0, DType::kQ4_0)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DecodeGemv, iq4_nl, DType::kIQ4_NL)->Arg(1)->Arg(2)->UseRealTime();
 
 // One thread, 256 rows x 4096 (L2-resident): the arithmetic of a row dot, not the memory.
 // arg 0: the f32 dot (x as f32), 1: the integer dot (x rounded to int8 once, outside the loop,
-// as the GEMV does once per product). bytes_per_second is weight bytes.
+// as the GEMV does once per product: per 256 for the k-quants, per 32 for the legacy types of
+// kernels/quant_legacy.cc). bytes_per_second is weight bytes.
+//
+//   build/bench/quant_k_bench --benchmark_filter=RowDot
 void BM_RowDot(benchmark::State& state, DType t) {
   constexpr int64_t n = 256, k = 4096;
   const std::vector<std::byte> w = weights(t, n, k);
@@ -81,8 +90,10 @@ void BM_RowDot(benchmark::State& state, DType t) {
   for (float& v : x) v = d(rng);
   std::vector<BlockQ8K> xq(static_cast<size_t>(k / 256));
   quantize_act_q8k(x.data(), xq.data(), k / 256);
+  std::vector<BlockQ8A32> xq32(static_cast<size_t>(k / 32));
+  quantize_act_q8_32(x.data(), xq32.data(), k / 32);
   const bool int8 = state.range(0) == 1;
-  if (int8 && q.dot_q8k == nullptr) {
+  if (int8 && q.dot_q8k == nullptr && q.dot_q8_32 == nullptr) {
     state.SkipWithError("no integer dot for this type in this build");
     return;
   }
@@ -92,7 +103,13 @@ void BM_RowDot(benchmark::State& state, DType t) {
     float s = 0.0f;
     for (int64_t r = 0; r < n; ++r) {
       const std::byte* row = w.data() + static_cast<size_t>(r) * rb;
-      s += int8 ? q.dot_q8k(row, xq.data(), k / 256) : q.dot(row, x.data(), nb);
+      if (!int8) {
+        s += q.dot(row, x.data(), nb);
+      } else if (q.dot_q8k != nullptr) {
+        s += q.dot_q8k(row, xq.data(), k / 256);
+      } else {
+        s += q.dot_q8_32(row, xq32.data(), k / 32);
+      }
     }
     benchmark::DoNotOptimize(s);
   }
@@ -104,6 +121,11 @@ BENCHMARK_CAPTURE(BM_RowDot, q5_K, DType::kQ5_K)->Arg(0)->Arg(1);
 BENCHMARK_CAPTURE(BM_RowDot, q4_K, DType::kQ4_K)->Arg(0)->Arg(1);
 BENCHMARK_CAPTURE(BM_RowDot, q3_K, DType::kQ3_K)->Arg(0)->Arg(1);
 BENCHMARK_CAPTURE(BM_RowDot, q2_K, DType::kQ2_K)->Arg(0)->Arg(1);
+BENCHMARK_CAPTURE(BM_RowDot, q5_1, DType::kQ5_1)->Arg(0)->Arg(1);
+BENCHMARK_CAPTURE(BM_RowDot, q5_0, DType::kQ5_0)->Arg(0)->Arg(1);
+BENCHMARK_CAPTURE(BM_RowDot, q4_1, DType::kQ4_1)->Arg(0)->Arg(1);
+BENCHMARK_CAPTURE(BM_RowDot, q4_0, DType::kQ4_0)->Arg(0)->Arg(1);
+BENCHMARK_CAPTURE(BM_RowDot, iq4_nl, DType::kIQ4_NL)->Arg(0)->Arg(1);
 
 }  // namespace
 }  // namespace kvcache

@@ -54,8 +54,9 @@ inline bool takes_gemm(const MatmulParams& p) {
 
 // GEMV path (m < kBlasMinRows, or !allow_blas): y[i, r] == dot_row(W[r], x[i]) + bias[r]
 // bit for bit, for every M and any thread count.
-// Block-quantized weights with an integer dot in this build (AVX2: q8_0 and the k-quants) take
-// x rounded to int8 first, as llama.cpp does: per 32 values for q8_0, per 256 for the k-quants
+// Block-quantized weights with an integer dot in this build (AVX2: q8_0, the legacy types and
+// the k-quants) take x rounded to int8 first, as llama.cpp does: per 32 values for q8_0 and the
+// legacy types (q4_0, q4_1, q5_0, q5_1, iq4_nl), per 256 for the k-quants
 // (kernels/quant_types.h, BlockQ8A32 / BlockQ8K; |x' - x| <= amax / 254 of the block), on the
 // GEMV and the GEMM alike, row by row, so decode equals prefill and batch invariance holds. The
 // integer dot is what makes quantized decode fast (llama.cpp's speed at depth 0);

@@ -12,6 +12,8 @@
 // element j is bit j of qh read as a little-endian uint32 (ggml memcpy's qh into a uint32_t and
 // takes (qh >> j) for the low half, (qh >> (j + 12)) & 0x10 for element j + 16).
 // Blocks are 18..24 bytes, so their fields are not aligned: read with memcpy / unaligned loads.
+// AVX2 builds also have dot_q8_32, the integer dot with x rounded per 32 (BlockQ8A32), which
+// matmul then uses on every path (kernels/matmul.h).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -294,6 +296,105 @@ float dot(const void* blocks, const float* x, int64_t n_blocks) {
 #endif
 }
 
+#ifdef KVCACHE_QUANT_LEGACY_AVX2
+// ---- dot_q8_32: the integer dot with x rounded per 32 (BlockQ8A32), llama.cpp's arithmetic
+// for these types (ggml/src/ggml-cpu/arch/x86/quants.c: ggml_vec_dot_q4_0_q8_0,
+// q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, iq4_nl_q8_0): per block the exact int32 sum of the
+// products of the weight codes with the x codes, then one float scaling d_w * d_x (and, for
+// the _1 types, + m_w * d_x * sum(x codes)). ----
+
+// acc + the 32 products of unsigned u (<= 31 here) and int8 x, summed in fours into int32
+// lanes. maddubs' int16 pairs cannot saturate: 2 * 31 * 127 < 32767.
+inline __m256i dot_u8x32(__m256i acc, __m256i u, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, x);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, x);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+// The same for signed w: |w| times x with w's sign (llama.cpp's mul_sum_i8_pairs, as
+// matmul.cc's dot_i8x32); |pair| <= 2 * 128 * 127 fits int16.
+inline __m256i dot_i8x32(__m256i acc, __m256i w, __m256i x) {
+  return dot_u8x32(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+// The 32 4-bit codes of a block as bytes in element order: low nibbles (elements 0..15) in
+// the low 128 bits, high nibbles (16..31) in the high 128 bits.
+inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+// 0xFF in byte j where bit j of qh (the fifth bit of element j) is set, else 0: byte j takes
+// qh's byte j / 8 (a byte shuffle of qh broadcast to every 32-bit lane), then tests bit j % 8.
+inline __m256i high_bits32(const uint8_t* qh_ptr) {
+  const __m256i qh = _mm256_set1_epi32(static_cast<int>(load_qh(qh_ptr)));
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, pick), bit), bit);
+}
+
+// The int32 lanes of one block's product (sum of lanes = sum_j code_j * x_j, exact), codes as
+// the format defines them: q4_0 nibble - 8, q5_0 (nibble | high << 4) - 16, iq4_nl the table's
+// value (signed, through the sign trick); q4_1 nibble and q5_1 nibble | high << 4 (unsigned).
+template <Kind K>
+inline __m256i block_dot_i32(const uint8_t* blk, const int8_t* xq) {
+  using L = Layout<K>;
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i u = nibbles32(blk + L::kQsOff);
+  const __m256i zero = _mm256_setzero_si256();
+  if constexpr (K == Kind::kQ4_0) {
+    return dot_i8x32(zero, _mm256_sub_epi8(u, _mm256_set1_epi8(8)), x);
+  } else if constexpr (K == Kind::kIQ4_NL) {
+    const __m256i tab =
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+    return dot_i8x32(zero, _mm256_shuffle_epi8(tab, u), x);
+  } else if constexpr (K == Kind::kQ5_0) {
+    // code - 16 as int8: the nibble where the fifth bit is set, else nibble - 16, which is
+    // the nibble with its top four bits set (two's complement).
+    const __m256i hi = _mm256_andnot_si256(high_bits32(blk + L::kQhOff), _mm256_set1_epi8(-16));
+    return dot_i8x32(zero, _mm256_or_si256(u, hi), x);
+  } else if constexpr (K == Kind::kQ5_1) {
+    const __m256i hi = _mm256_and_si256(high_bits32(blk + L::kQhOff), _mm256_set1_epi8(16));
+    return dot_u8x32(zero, _mm256_or_si256(u, hi), x);
+  } else {
+    return dot_u8x32(zero, u, x);
+  }
+}
+
+// Two blocks per step into two float accumulators (two independent FMA chains; the integer
+// work of a block does not depend on the one before). The _1 types' min term m_w * s_x
+// (s_x = d_x * sum(x codes), BlockQ8A32::s, as llama.cpp's q8_1 carries it) goes to two
+// scalar accumulators, one per chain.
+template <Kind K>
+float dot_q8_32(const void* blocks, const BlockQ8A32* x, int64_t n_blocks) {
+  using L = Layout<K>;
+  const auto* p = static_cast<const uint8_t*>(blocks);
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  float mins[2] = {0.0f, 0.0f};
+  const auto one = [&](int64_t b, int a) {
+    const uint8_t* blk = p + b * static_cast<int64_t>(L::kBytes);
+    const BlockQ8A32& xb = x[b];
+    const __m256i s = block_dot_i32<K>(blk, xb.qs);
+    acc[a] =
+        _mm256_fmadd_ps(_mm256_set1_ps(load_f16_fast(blk) * xb.d), _mm256_cvtepi32_ps(s), acc[a]);
+    if constexpr (L::kHasMin) mins[a] += load_f16_fast(blk + 2) * xb.s;
+  };
+  int64_t b = 0;
+  for (; b + 2 <= n_blocks; b += 2) {
+    one(b, 0);
+    one(b + 1, 1);
+  }
+  if (b < n_blocks) one(b, 0);
+  return hsum(_mm256_add_ps(acc[0], acc[1])) + (mins[0] + mins[1]);
+}
+#endif
+
 // ---- quantize_ref: simple per-block fits (llama.cpp ggml-quants.c quantize_row_q4_0_ref ...
 // q5_1_ref: the same scale choice; iq4_nl: d from the largest magnitude, nearest level) ----
 
@@ -389,6 +490,9 @@ constexpr QuantKernels make_kernels() {
   k.dequantize = &dequantize_simd<K>;
   k.dot = &dot<K>;
   k.quantize_ref = &quantize_ref<K>;
+#ifdef KVCACHE_QUANT_LEGACY_AVX2
+  k.dot_q8_32 = &dot_q8_32<K>;
+#endif
   return k;
 }
 

@@ -132,11 +132,15 @@ void quantize_act_q8_32(const float* x, BlockQ8A32* dst, int64_t n_blocks) {
   for (int64_t i = 0; i < n_blocks; ++i, x += 32) {
     const ActScale s = act_scale<32>(x);
     dst[i].d = s.d;
-    if (s.id == 0.0f) {
+    if (s.id == 0.0f) {  // all zero, or not finite (d = NaN: s and the products NaN too)
       std::memset(dst[i].qs, 0, sizeof(dst[i].qs));
+      dst[i].s = s.d * 0.0f;
       continue;
     }
     act_codes<32>(x, s.id, dst[i].qs);
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) sum += dst[i].qs[j];
+    dst[i].s = s.d * static_cast<float>(sum);
   }
 }
 

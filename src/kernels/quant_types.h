@@ -47,9 +47,13 @@ void round_act_q8k(const float* x, float* dst, int64_t n);
 // x rounded to int8 per 32 values, for the types of blocks of 32 (q8_0 and the legacy types):
 // llama.cpp's block_q8_0 rounding (quantize_row_q8_0): q = nearbyint(x * 127 / amax) and
 // d = amax / 127 rounded to f16 (kept here as the float of that f16).
+// s = d * sum(qs), as llama.cpp's block_q8_1 keeps it (there as f16, here as float): the
+// types with a min (q4_1, q5_1) add m * s per block; computed once per row of x rather than
+// once per weight row and block (a third of those dots' time when recomputed).
 struct BlockQ8A32 {
   float d;
   int8_t qs[32];
+  float s;
 };
 void quantize_act_q8_32(const float* x, BlockQ8A32* dst, int64_t n_blocks);
 void round_act_q8_32(const float* x, float* dst, int64_t n);  // n a multiple of 32
@@ -69,6 +73,7 @@ struct QuantKernels {
 // the f32 dot of the dequantize_ref values with x in index order.
 // dot_q8k: the same bound against dot(dequantize_ref(row), x') with x' the rounded x
 // (round_act_q8k); the integer sums are exact, only the float scaling and summation differ.
+// dot_q8_32: the same against x' = round_act_q8_32(x).
 inline constexpr float kQuantDotTolerance = 1e-5f;
 
 // The kernels of a block type of this header; nullptr for f32, f16, bf16 and q8_0 (matmul.cc's

@@ -1,6 +1,7 @@
 // q4_0, q4_1, q5_0, q5_1, iq4_nl (kernels/quant_legacy.cc): the reference against hand-made
-// blocks, the SIMD dequantize against the reference bit for bit, the fused dot and matmul
-// against the dequantized values, and the quantizer's round trip.
+// blocks, the SIMD dequantize against the reference bit for bit, the fused dot, the integer dot
+// (x rounded per 32) and matmul against the dequantized values, the rounding of x itself, and
+// the quantizer's round trip.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -81,6 +82,12 @@ TEST(QuantLegacy, KernelsExistForTheLegacyTypesOnly) {
     EXPECT_NE(q->dequantize, nullptr);
     EXPECT_NE(q->dot, nullptr);
     EXPECT_NE(q->quantize_ref, nullptr);
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    EXPECT_NE(q->dot_q8_32, nullptr) << dtype_name(t);
+#else
+    EXPECT_EQ(q->dot_q8_32, nullptr) << dtype_name(t);
+#endif
+    EXPECT_EQ(q->dot_q8k, nullptr) << dtype_name(t);
     EXPECT_EQ(quant_kernels(t), q);
   }
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_K})
@@ -210,7 +217,17 @@ void expect_dot_close(DType t, const std::vector<uint8_t>& blocks, int64_t n, ui
   }
   const float got = kernels(t).dot(blocks.data(), x.data(), n);
   EXPECT_NEAR(got, ref, kQuantDotTolerance * mag + 1e-6) << dtype_name(t) << " n_blocks " << n;
-  EXPECT_EQ(dot_row(blocks.data(), t, x.data(), n * 32), got) << dtype_name(t);
+  // dot_row is the integer dot on x rounded per 32 where the build has one (matmul.h), else
+  // this fused f32 dot.
+  if (kernels(t).dot_q8_32 != nullptr) {
+    std::vector<BlockQ8A32> xq(static_cast<size_t>(n));
+    quantize_act_q8_32(x.data(), xq.data(), n);
+    EXPECT_EQ(dot_row(blocks.data(), t, x.data(), n * 32),
+              kernels(t).dot_q8_32(blocks.data(), xq.data(), n))
+        << dtype_name(t);
+  } else {
+    EXPECT_EQ(dot_row(blocks.data(), t, x.data(), n * 32), got) << dtype_name(t);
+  }
 }
 
 TEST(QuantLegacy, DotMatchesReferenceOnOddBlockCounts) {
@@ -228,11 +245,118 @@ TEST(QuantLegacy, DotMatchesReferenceOnOddBlockCounts) {
   }
 }
 
-// matmul() against dequantize-then-matmul_reference. Tolerance (matmul.h): |y - y_ref| <=
-// 1e-5 * sum_j |x_j w_j| + 1e-6 per output, w the dequantized weights: both sides use the
-// same dequantized values (the GEMM widens W with dequantize, equal to dequantize_ref bit for
-// bit) and the GEMV's fused dot is within kQuantDotTolerance (1e-5) of them; only the
-// summation order (and, for the _1 types, the FMA forming w) differs.
+// The integer dot (x rounded to int8 per 32, BlockQ8A32) against the f32 dot of the reference
+// values with the rounded x' = d * q: within kQuantDotTolerance (the integer sums are exact;
+// only the float scaling and summation order differ, and for the _1 types the split into
+// d * sum(q x) + m * sum(x), whose terms are a few times sum |w x'| on these blocks). Odd block
+// counts, blocks offset by one byte (GGUF tensors are unaligned), x's blocks of very different
+// magnitudes, random codes (every nibble and fifth bit) and the quantizer's blocks.
+TEST(QuantLegacy, IntegerDotWithinToleranceOfReferenceOnRoundedX) {
+  for (DType t : kLegacyTypes) {
+    const QuantKernels& q = kernels(t);
+    if (q.dot_q8_32 == nullptr) GTEST_SKIP() << "no integer dots in this build (no AVX2)";
+    uint32_t seed = 900;
+    for (int64_t n : {1, 3, 7, 33, 129}) {
+      for (int kind = 0; kind < 2; ++kind) {
+        std::vector<uint8_t> b;
+        if (kind == 0) {
+          b = random_blocks_moderate(t, n, seed++);
+        } else {
+          const std::vector<float> wf = randn(static_cast<size_t>(n) * 32, seed++);
+          b.resize(static_cast<size_t>(dtype_bytes(t, n * 32)));
+          q.quantize_ref(wf.data(), b.data(), n);
+        }
+        b.insert(b.begin(), 0);
+        std::vector<float> x = randn(static_cast<size_t>(n) * 32, seed++);
+        for (int64_t i = 0; i < n; ++i)
+          for (int j = 0; j < 32; ++j) x[32 * i + j] *= std::ldexp(1.0f, 3 * (i % 5) - 6);
+        std::vector<BlockQ8A32> xq(static_cast<size_t>(n));
+        quantize_act_q8_32(x.data(), xq.data(), n);
+        std::vector<float> w(x.size()), xr(x.size());
+        q.dequantize_ref(b.data() + 1, w.data(), n);
+        round_act_q8_32(x.data(), xr.data(), static_cast<int64_t>(x.size()));
+        float ref = 0.0f;
+        double mag = 0.0;
+        for (size_t j = 0; j < x.size(); ++j) {
+          const BlockQ8A32& blk = xq[j / 32];
+          ASSERT_EQ(xr[j], blk.d * static_cast<float>(blk.qs[j % 32])) << j;  // x' = d * q
+          ref += w[j] * xr[j];
+          mag += std::fabs(static_cast<double>(w[j]) * xr[j]);
+        }
+        EXPECT_NEAR(q.dot_q8_32(b.data() + 1, xq.data(), n), ref, kQuantDotTolerance * mag + 1e-6)
+            << dtype_name(t) << " n_blocks " << n << (kind == 0 ? " random" : " quantized");
+      }
+    }
+  }
+}
+
+// The rounding of x per 32 (llama.cpp's quantize_row_q8_0: d = amax / 127 rounded to f16,
+// q = nearbyint(x * 127 / amax)): codes in [-127, 127], the largest value maps to +-127, and
+// |x' - x| <= amax / 254 (half a step) + 127 |d - amax / 127| (the f16 rounding of d moves
+// every x' by up to |q| times it), plus an ulp of the product; s = d * sum(q); zero blocks
+// give zeros; a block holding an infinity or a NaN gives NaN (d, s, x' and the integer
+// products with it).
+TEST(QuantLegacy, ActivationRoundingPer32IsBoundedAndCarriesNonFiniteBlocks) {
+  const int n = 7;
+  std::vector<float> x = randn(32 * static_cast<size_t>(n), 19);
+  for (int j = 0; j < 32; ++j) x[32 + j] = 0.0f;        // block 1: all zero
+  x[2 * 32 + 17] = INFINITY;                            // block 2: an infinity
+  x[3 * 32 + 5] = NAN;                                  // block 3: a NaN
+  for (int j = 0; j < 32; ++j) x[4 * 32 + j] *= 1e-3f;  // small and large magnitudes
+  for (int j = 0; j < 32; ++j) x[5 * 32 + j] *= 300.0f;
+  x[6 * 32 + 9] = -50.0f;  // the largest value negative
+  std::vector<BlockQ8A32> xq(n);
+  quantize_act_q8_32(x.data(), xq.data(), n);
+  std::vector<float> xr(x.size());
+  round_act_q8_32(x.data(), xr.data(), static_cast<int64_t>(x.size()));
+  for (int i : {0, 4, 5, 6}) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[32 * i + j]));
+    const float d = xq[i].d;
+    EXPECT_EQ(d, f16_to_f32(f32_to_f16(amax / 127.0f))) << i;
+    const float bound = amax / 254.0f + 127.0f * std::fabs(d - amax / 127.0f);
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) sum += xq[i].qs[j];
+    EXPECT_EQ(xq[i].s, d * static_cast<float>(sum)) << i;
+    for (int j = 0; j < 32; ++j) {
+      const float v = x[32 * i + j];
+      const int c = xq[i].qs[j];
+      EXPECT_EQ(xr[32 * i + j], d * static_cast<float>(c)) << i << " " << j;
+      EXPECT_LE(std::fabs(xr[32 * i + j] - v), bound * (1.0f + 1e-6f)) << i << " " << j;
+      EXPECT_LE(std::abs(c), 127);
+      if (std::fabs(v) == amax) {
+        EXPECT_EQ(c, v > 0 ? 127 : -127) << i << " " << j;
+      }
+    }
+  }
+  EXPECT_EQ(xq[1].d, 0.0f);
+  EXPECT_EQ(xq[1].s, 0.0f);
+  for (int j = 0; j < 32; ++j) {
+    EXPECT_EQ(xq[1].qs[j], 0);
+    EXPECT_EQ(xr[32 + j], 0.0f);
+  }
+  for (int i : {2, 3}) {
+    EXPECT_TRUE(std::isnan(xq[i].d)) << i;
+    EXPECT_TRUE(std::isnan(xq[i].s)) << i;
+    for (int j = 0; j < 32; ++j) ASSERT_TRUE(std::isnan(xr[32 * i + j])) << i << " " << j;
+  }
+  // The products of a non-finite block are NaN on the integer path too, for every type.
+  for (DType t : kLegacyTypes) {
+    const QuantKernels& q = kernels(t);
+    if (q.dot_q8_32 == nullptr) continue;
+    const std::vector<uint8_t> b = random_blocks_moderate(t, n, 5);
+    EXPECT_TRUE(std::isnan(q.dot_q8_32(b.data(), xq.data(), n))) << dtype_name(t);
+    EXPECT_FALSE(std::isnan(q.dot_q8_32(b.data(), xq.data(), 2))) << dtype_name(t);
+  }
+}
+
+// matmul() against matmul_reference (dequantize, then the plain f32 loop). Tolerance
+// (matmul.h): |y - y_ref| <= 1e-5 * sum_j |x_j w_j| + 1e-6 per output, w the dequantized
+// weights: both sides use the same dequantized values (the GEMM widens W with dequantize, equal
+// to dequantize_ref bit for bit) and the GEMV's dot is within kQuantDotTolerance (1e-5) of them;
+// only the summation order (and, for the _1 types, the FMA forming w or the split of the min
+// term) differs. Where the build has the integer dot, both sides take x rounded per 32
+// (matmul_reference spells the rounding out in scalar code) and the bound is on that x'.
 TEST(QuantLegacy, MatmulMatchesDequantizedReference) {
   ThreadPool pool(3);
   struct Case {
@@ -269,15 +393,16 @@ TEST(QuantLegacy, MatmulMatchesDequantizedReference) {
       p.y = y.data();
       matmul(p);
       MatmulParams pr = p;
-      pr.w = wd.data();
-      pr.w_dtype = DType::kF32;
       pr.y = ref.data();
       matmul_reference(pr);
+      std::vector<float> xr = x;
+      if (kernels(t).dot_q8_32 != nullptr)
+        for (int64_t i = 0; i < c.m; ++i) round_act_q8_32(&x[i * ldx], &xr[i * ldx], c.k);
       for (int64_t i = 0; i < c.m; ++i) {
         for (int64_t r = 0; r < c.n; ++r) {
           double mag = 0.0;
           for (int64_t j = 0; j < c.k; ++j)
-            mag += std::fabs(static_cast<double>(wd[r * c.k + j]) * x[i * ldx + j]);
+            mag += std::fabs(static_cast<double>(wd[r * c.k + j]) * xr[i * ldx + j]);
           const size_t at = static_cast<size_t>(i * ldy + r);
           ASSERT_NEAR(y[at], ref[at], 1e-5 * mag + 1e-6)
               << dtype_name(t) << " m " << c.m << " n " << c.n << " k " << c.k << " row " << i
