@@ -57,7 +57,8 @@ inline bool takes_gemm(const MatmulParams& p) {
 // Block-quantized weights with an integer dot in this build (AVX2: q8_0, the legacy types and
 // the k-quants) take x rounded to int8 first, as llama.cpp does: per 32 values for q8_0 and the
 // legacy types (q4_0, q4_1, q5_0, q5_1, iq4_nl), per 256 for the k-quants
-// (kernels/quant_types.h, BlockQ8A32 / BlockQ8K; |x' - x| <= amax / 254 of the block), on the
+// (kernels/quant_types.h, BlockQ8A32 / BlockQ8K; |x' - x| <= amax / 254 of the block per 256,
+// plus 127 |d - amax / 127| per 32, whose d is rounded to f16 as llama.cpp stores it), on the
 // GEMV and the GEMM alike, row by row, so decode equals prefill and batch invariance holds. The
 // integer dot is what makes quantized decode fast (llama.cpp's speed at depth 0);
 // matmul_reference spells out the same rounding.
