@@ -12,6 +12,7 @@
 #include "core/prefetch.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm_packed.h"
+#include "kernels/int8_dot.h"
 #include "kernels/quant_types.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -250,21 +251,6 @@ float dot_q8_0(const BlockQ8_0* w, const float* x, int64_t k) {
 }
 
 #ifdef KVCACHE_MATMUL_AVX2
-// acc + the products of 32 int8 w and 32 int8 x summed in fours into int32 lanes. maddubs and
-// dpbusd take one unsigned operand: |w| times x with w's sign (llama.cpp's trick, ggml-cpu
-// quants: mul_sum_i8_pairs); |pair| <= 128 * 127 * 2 fits int16.
-inline __m256i dot_i8x32(__m256i acc, __m256i w, __m256i x) {
-  const __m256i aw = _mm256_sign_epi8(w, w), sx = _mm256_sign_epi8(x, w);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, aw, sx);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, aw, sx);
-#else
-  return _mm256_add_epi32(acc,
-                          _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1)));
-#endif
-}
-
 // q8_0 against x rounded per 32: per block the exact int32 dot, times d_w * d_x.
 float dot_q8_0_int(const void* blocks, const BlockQ8A32* x, int64_t nb) {
   const auto* w = static_cast<const BlockQ8_0*>(blocks);

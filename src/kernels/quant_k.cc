@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/int8_dot.h"
 #include "kernels/quant_types.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -323,23 +324,28 @@ void codes_q5k(const uint8_t* b, Unpacked& u) {
   }
 }
 
-void codes_q6k(const uint8_t* b, Unpacked& u) {
+// q6_K's codes + 32 (unsigned, 0..63) of elements 128 n + 32 k + 0..31 into q[k]: ql's low
+// nibbles, then its high nibbles, each with a 2-bit pair of qh on top (dequantize_row_q6_K's
+// order).
+void q6k_codes(const uint8_t* b, int n, __m256i q[4]) {
   const __m256i mf = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  const __m256i l0 = load32(b + q6k::kQl + 64 * n), l1 = load32(b + q6k::kQl + 64 * n + 32);
+  const __m256i h = load32(b + q6k::kQh + 32 * n);
+  const auto hi2 = [&](int shift) {
+    return _mm256_slli_epi16(_mm256_and_si256(srl8(h, shift), m3), 4);
+  };
+  q[0] = _mm256_or_si256(_mm256_and_si256(l0, mf), hi2(0));
+  q[1] = _mm256_or_si256(_mm256_and_si256(l1, mf), hi2(2));
+  q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), mf), hi2(4));
+  q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), mf), hi2(6));
+}
+
+void codes_q6k(const uint8_t* b, Unpacked& u) {
   const __m256i k32 = _mm256_set1_epi8(32);
   for (int n = 0; n < 2; ++n) {
-    const __m256i l0 = load32(b + q6k::kQl + 64 * n), l1 = load32(b + q6k::kQl + 64 * n + 32);
-    const __m256i h = load32(b + q6k::kQh + 32 * n);
-    const auto hi2 = [&](int shift) {
-      return _mm256_slli_epi16(_mm256_and_si256(srl8(h, shift), m3), 4);
-    };
-    const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l0, mf), hi2(0));
-    const __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, mf), hi2(2));
-    const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), mf), hi2(4));
-    const __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), mf), hi2(6));
-    store32(u.q + 128 * n + 0, _mm256_sub_epi8(q1, k32));
-    store32(u.q + 128 * n + 32, _mm256_sub_epi8(q2, k32));
-    store32(u.q + 128 * n + 64, _mm256_sub_epi8(q3, k32));
-    store32(u.q + 128 * n + 96, _mm256_sub_epi8(q4, k32));
+    __m256i q[4];
+    q6k_codes(b, n, q);
+    for (int k = 0; k < 4; ++k) store32(u.q + 128 * n + 32 * k, _mm256_sub_epi8(q[k], k32));
   }
 }
 
@@ -446,7 +452,6 @@ float dot_q4k(const void* blocks, const float* x, int64_t n_blocks) {
 // kQuantDotTolerance: (d * sc) * q is exact in f32 (|q| <= 32 and d * sc carries 24 bits,
 // rounded once like the reference), so only the grouping of the sums differs.
 float dot_q6k(const void* blocks, const float* x, int64_t n_blocks) {
-  const __m256i mf = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
   const __m256i k32 = _mm256_set1_epi8(32);
   __m256 tot0 = _mm256_setzero_ps(), tot1 = tot0;
   const auto widen = [](__m128i c) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)); };
@@ -454,16 +459,8 @@ float dot_q6k(const void* blocks, const float* x, int64_t n_blocks) {
     const uint8_t* b = block_at(blocks, i, q6k::kBytes);
     const float d = load_f16(b + q6k::kD);
     for (int n = 0; n < 2; ++n) {
-      const __m256i l0 = load32(b + q6k::kQl + 64 * n), l1 = load32(b + q6k::kQl + 64 * n + 32);
-      const __m256i h = load32(b + q6k::kQh + 32 * n);
-      const auto hi2 = [&](int shift) {
-        return _mm256_slli_epi16(_mm256_and_si256(srl8(h, shift), m3), 4);
-      };
-      const __m256i q[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, mf), hi2(0)),
-          _mm256_or_si256(_mm256_and_si256(l1, mf), hi2(2)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), mf), hi2(4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), mf), hi2(6))};
+      __m256i q[4];
+      q6k_codes(b, n, q);
       for (int k = 0; k < 4; ++k) {  // elements 128 n + 32 k + 0..31: sub-blocks g, g + 1
         const __m256i c = _mm256_sub_epi8(q[k], k32);
         const __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
@@ -494,17 +491,6 @@ float dot_q6k(const void* blocks, const float* x, int64_t n_blocks) {
 // with the sums of 16 that BlockQ8K carries; the mins of q2_K/q4_K/q5_K come off the same way.
 // Every integer sum is exact (|sum| < 2^31: 256 * 63 * 127 * 127), so the only differences from
 // dot(dequantize_ref(row), x') are the float roundings of d * d_x * sum and the summation order.
-
-// acc + the int16 pair products of a and b summed into int32 lanes.
-inline __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpwssd_epi32(acc, a, b);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpwssd_avx_epi32(acc, a, b);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-#endif
-}
 
 // 32 unsigned codes times 32 int8 x, times the int16 scales in sc (lanes 0-7 scale the first 16
 // products, 8-15 the last 16), added to acc. Callers keep several accumulators: each dpwssd
@@ -587,7 +573,6 @@ float dot_q8k_q4k(const void* blocks, const BlockQ8K* x, int64_t n_blocks) {
 }
 
 float dot_q8k_q6k(const void* blocks, const BlockQ8K* x, int64_t n_blocks) {
-  const __m256i mf = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
   const __m256i pick[4] = {lane_pair_mask(0, 1), lane_pair_mask(2, 3), lane_pair_mask(4, 5),
                            lane_pair_mask(6, 7)};
   __m256 acc = _mm256_setzero_ps();
@@ -604,16 +589,8 @@ float dot_q8k_q6k(const void* blocks, const BlockQ8K* x, int64_t n_blocks) {
     const __m256i sc_hi = _mm256_permute2x128_si256(sc, sc, 0x11);
     __m256i s[4];
     for (int n = 0; n < 2; ++n) {
-      const __m256i l0 = load32(b + q6k::kQl + 64 * n), l1 = load32(b + q6k::kQl + 64 * n + 32);
-      const __m256i h = load32(b + q6k::kQh + 32 * n);
-      const auto hi2 = [&](int shift) {
-        return _mm256_slli_epi16(_mm256_and_si256(srl8(h, shift), m3), 4);
-      };
-      const __m256i q[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, mf), hi2(0)),
-          _mm256_or_si256(_mm256_and_si256(l1, mf), hi2(2)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), mf), hi2(4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), mf), hi2(6))};
+      __m256i q[4];
+      q6k_codes(b, n, q);
       const __m256i half = n == 0 ? sc_lo : sc_hi;
       for (int k = 0; k < 4; ++k) {
         s[k] = dot32(n == 0 ? _mm256_setzero_si256() : s[k], q[k], xb.qs + 128 * n + 32 * k,

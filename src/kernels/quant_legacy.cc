@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "kernels/int8_dot.h"
 #include "kernels/quant_types.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -302,24 +303,6 @@ float dot(const void* blocks, const float* x, int64_t n_blocks) {
 // q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, iq4_nl_q8_0): per block the exact int32 sum of the
 // products of the weight codes with the x codes, then one float scaling d_w * d_x (and, for
 // the _1 types, + m_w * d_x * sum(x codes)). ----
-
-// acc + the 32 products of unsigned u (<= 31 here) and int8 x, summed in fours into int32
-// lanes. maddubs' int16 pairs cannot saturate: 2 * 31 * 127 < 32767.
-inline __m256i dot_u8x32(__m256i acc, __m256i u, __m256i x) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, u, x);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, u, x);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
-#endif
-}
-
-// The same for signed w: |w| times x with w's sign (llama.cpp's mul_sum_i8_pairs, as
-// matmul.cc's dot_i8x32); |pair| <= 2 * 128 * 127 fits int16.
-inline __m256i dot_i8x32(__m256i acc, __m256i w, __m256i x) {
-  return dot_u8x32(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-}
 
 // The 32 4-bit codes of a block as bytes in element order: low nibbles (elements 0..15) in
 // the low 128 bits, high nibbles (16..31) in the high 128 bits.
