@@ -82,10 +82,6 @@ inline __m256 load_bf16x8(const bf16_t* p) {
 inline __m256 load_f16x8(const f16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-inline __m256 load_i8x8(const int8_t* p) {
-  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-}
 
 // One 8-lane accumulator, chunks of 8 in ascending order, then hsum: the arithmetic every GEMV
 // path shares (dot_tile below gives each output of a tile exactly these bits). A lone call is a
@@ -155,34 +151,6 @@ void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, L
   }
 }
 
-// dot_q8_0's arithmetic per output (two accumulators alternating by block, products of a block
-// summed as ((q0 x0 + q2 x2) + (q1 x1 + q3 x3))), the block's int8 -> f32 widening and scale
-// shared by the R rows. One W row per tile: 2 x R accumulators + 4 widened chunks.
-template <int R>
-void dot_tile_q8_0(const BlockQ8_0* w, const float* x, int64_t ldx, int64_t k, float (&s)[1][R]) {
-  const int64_t nb = k / 32;
-  __m256 acc0[R], acc1[R];
-  for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const int8_t* q = w[b].qs;
-    const __m256 q0 = load_i8x8(q), q1 = load_i8x8(q + 8), q2 = load_i8x8(q + 16),
-                 q3 = load_i8x8(q + 24);
-    const __m256 d = _mm256_set1_ps(f16_to_f32(w[b].d));
-    for (int i = 0; i < R; ++i) {
-      const float* xb = x + i * ldx + b * 32;
-      __m256 s0 = _mm256_mul_ps(q0, _mm256_loadu_ps(xb));
-      __m256 s1 = _mm256_mul_ps(q1, _mm256_loadu_ps(xb + 8));
-      s0 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xb + 16), s0);
-      s1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xb + 24), s1);
-      if (b & 1) {
-        acc1[i] = _mm256_fmadd_ps(d, _mm256_add_ps(s0, s1), acc1[i]);
-      } else {
-        acc0[i] = _mm256_fmadd_ps(d, _mm256_add_ps(s0, s1), acc0[i]);
-      }
-    }
-  }
-  for (int i = 0; i < R; ++i) s[0][i] = hsum(_mm256_add_ps(acc0[i], acc1[i]));
-}
 #endif
 
 float dot_f32(const float* w, const float* x, int64_t k) {
@@ -218,36 +186,16 @@ float dot_bf16(const bf16_t* w, const float* x, int64_t k) {
   return s;
 }
 
-// Per block: the int8 dot in f32 lanes, then scaled by the block's d. Exact int8 -> f32, so the
-// only difference from the reference is the summation order.
+// q8_0 with f32 x, builds without AVX2 (with it, q8_0 takes the integer dot, dot_q8_0_int):
+// per block the int8 dot in f32, then scaled by the block's d.
 float dot_q8_0(const BlockQ8_0* w, const float* x, int64_t k) {
-  const int64_t nb = k / 32;
-#ifdef KVCACHE_MATMUL_AVX2
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const int8_t* q = w[b].qs;
-    const float* xb = x + b * 32;
-    __m256 s0 = _mm256_mul_ps(load_i8x8(q), _mm256_loadu_ps(xb));
-    __m256 s1 = _mm256_mul_ps(load_i8x8(q + 8), _mm256_loadu_ps(xb + 8));
-    s0 = _mm256_fmadd_ps(load_i8x8(q + 16), _mm256_loadu_ps(xb + 16), s0);
-    s1 = _mm256_fmadd_ps(load_i8x8(q + 24), _mm256_loadu_ps(xb + 24), s1);
-    const __m256 d = _mm256_set1_ps(f16_to_f32(w[b].d));
-    if (b & 1) {
-      acc1 = _mm256_fmadd_ps(d, _mm256_add_ps(s0, s1), acc1);
-    } else {
-      acc0 = _mm256_fmadd_ps(d, _mm256_add_ps(s0, s1), acc0);
-    }
-  }
-  return hsum(_mm256_add_ps(acc0, acc1));
-#else
   float s = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
+  for (int64_t b = 0; b < k / 32; ++b) {
     float sb = 0.0f;
     for (int i = 0; i < 32; ++i) sb += static_cast<float>(w[b].qs[i]) * x[b * 32 + i];
     s += f16_to_f32(w[b].d) * sb;
   }
   return s;
-#endif
 }
 
 #ifdef KVCACHE_MATMUL_AVX2
@@ -327,13 +275,6 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
           [](const bf16_t* q) { return load_bf16x8(q); }, [](bf16_t v) { return bf16_to_f32(v); },
           pf, linear, s);
       break;
-    case DType::kQ8_0:
-      if constexpr (NW == 1) {
-        dot_tile_q8_0<R>(reinterpret_cast<const BlockQ8_0*>(w), x, p.ldx, p.k, s);
-      } else {
-        KV_CHECK(false, "gemv_tile: q8_0 tiles hold one W row");
-      }
-      break;
     default:  // the GGUF block types (kernels/quant_types.h): their fused dot, row by row
       if constexpr (NW == 1) {
         for (int ii = 0; ii < R; ++ii) s[0][ii] = dot_row(w, p.w_dtype, x + ii * p.ldx, p.k);
@@ -348,9 +289,9 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
   }
 }
 
-// x rows per tile and W rows per tile (f32/f16/bf16; q8_0 uses one). 4 x 3 keeps 12 independent
-// FMA chains in flight (latency 4 x 2 ports needs 8) in 12 + 3 + 1 registers, and widens each
-// W chunk for 4 rows of x.
+// x rows per tile and W rows per tile (f32/f16/bf16; other types use one). 4 x 3 keeps 12
+// independent FMA chains in flight (latency 4 x 2 ports needs 8) in 12 + 3 + 1 registers, and
+// widens each W chunk for 4 rows of x.
 constexpr int kTileRows = 4;
 constexpr int kTileW = 3;
 constexpr size_t kGemvBlockBytes = 128 << 10;
@@ -371,7 +312,7 @@ void gemv_tile_rows(const MatmulParams& p, size_t rb, int64_t r, int64_t i, int6
 // Rows [r0, r1) of y for every row of x: each W row is read once for all M rows of x. One row
 // of x: tiles of kRowTileW W rows (that many FMA chains in flight). Several: multi-row tiles,
 // which widen each W chunk once for kTileRows x rows and load each x chunk once for kTileW W
-// rows. Every output gets dot_row's exact bits either way (q8_0: dot_q8_0's, one row at a time).
+// rows. Every output gets dot_row's exact bits either way (the integer dots: one row at a time).
 // xq: x's rows rounded to int8 (act_dot), else nullptr.
 void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* xq) {
   const size_t rb = row_bytes(p.w_dtype, p.k);

@@ -411,76 +411,6 @@ float dot_simd(const void* blocks, const float* x, int64_t n_blocks) {
   return hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
 }
 
-// q4_K's decode dot, fused: per sub-block of 32, the nibbles are widened to f32 in registers
-// and s * sum(q x) - m * sum(x) is accumulated (the reference's s * q - m per element,
-// regrouped: one multiply-add per element instead of a multiply, a subtract and a multiply-add,
-// no store of the codes). Within kQuantDotTolerance: the regrouping only moves the rounding of
-// s * q - m (a few ulps of the larger of s * q and m) into the sums.
-float dot_q4k(const void* blocks, const float* x, int64_t n_blocks) {
-  const __m256i mf = _mm256_set1_epi8(0x0F);
-  __m256 tot0 = _mm256_setzero_ps(), tot1 = tot0;
-  const auto widen = [](__m128i c) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c)); };
-  for (int64_t i = 0; i < n_blocks; ++i) {
-    const uint8_t* b = block_at(blocks, i, q4k::kBytes);
-    const float d = load_f16(b + q4k::kD), min = load_f16(b + q4k::kDmin);
-    for (int j = 0; j < 8; ++j) {
-      int sc, m;
-      scale_min_k4(j, b + q4k::kScales, &sc, &m);
-      const __m256i v = load32(b + q4k::kQs + 32 * (j / 2));
-      const __m256i c =
-          (j % 2 == 0) ? _mm256_and_si256(v, mf) : _mm256_and_si256(_mm256_srli_epi16(v, 4), mf);
-      const __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
-      const float* xs = x + 32 * j;
-      const __m256 x0 = _mm256_loadu_ps(xs), x1 = _mm256_loadu_ps(xs + 8);
-      const __m256 x2 = _mm256_loadu_ps(xs + 16), x3 = _mm256_loadu_ps(xs + 24);
-      __m256 qa = _mm256_mul_ps(widen(c0), x0);
-      __m256 qb = _mm256_mul_ps(widen(_mm_srli_si128(c0, 8)), x1);
-      qa = _mm256_fmadd_ps(widen(c1), x2, qa);
-      qb = _mm256_fmadd_ps(widen(_mm_srli_si128(c1, 8)), x3, qb);
-      const __m256 sx = _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3));
-      tot0 =
-          _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc)), _mm256_add_ps(qa, qb), tot0);
-      tot1 = _mm256_fnmadd_ps(_mm256_set1_ps(min * static_cast<float>(m)), sx, tot1);
-    }
-    x += kQK;
-  }
-  return hsum(_mm256_add_ps(tot0, tot1));
-}
-
-// q6_K's decode dot, fused: the 6-bit codes are assembled in registers (as codes_q6k does)
-// and each sub-block of 16 contributes d * sc * sum(q x), no per-element scaling. Within
-// kQuantDotTolerance: (d * sc) * q is exact in f32 (|q| <= 32 and d * sc carries 24 bits,
-// rounded once like the reference), so only the grouping of the sums differs.
-float dot_q6k(const void* blocks, const float* x, int64_t n_blocks) {
-  const __m256i k32 = _mm256_set1_epi8(32);
-  __m256 tot0 = _mm256_setzero_ps(), tot1 = tot0;
-  const auto widen = [](__m128i c) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)); };
-  for (int64_t i = 0; i < n_blocks; ++i) {
-    const uint8_t* b = block_at(blocks, i, q6k::kBytes);
-    const float d = load_f16(b + q6k::kD);
-    for (int n = 0; n < 2; ++n) {
-      __m256i q[4];
-      q6k_codes(b, n, q);
-      for (int k = 0; k < 4; ++k) {  // elements 128 n + 32 k + 0..31: sub-blocks g, g + 1
-        const __m256i c = _mm256_sub_epi8(q[k], k32);
-        const __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
-        const float* xs = x + 128 * n + 32 * k;
-        const int g = 8 * n + 2 * k;
-        const __m256 a = _mm256_fmadd_ps(widen(_mm_srli_si128(c0, 8)), _mm256_loadu_ps(xs + 8),
-                                         _mm256_mul_ps(widen(c0), _mm256_loadu_ps(xs)));
-        const __m256 e = _mm256_fmadd_ps(widen(_mm_srli_si128(c1, 8)), _mm256_loadu_ps(xs + 24),
-                                         _mm256_mul_ps(widen(c1), _mm256_loadu_ps(xs + 16)));
-        const float sa = d * static_cast<float>(static_cast<int8_t>(b[q6k::kScales + g]));
-        const float se = d * static_cast<float>(static_cast<int8_t>(b[q6k::kScales + g + 1]));
-        tot0 = _mm256_fmadd_ps(_mm256_set1_ps(sa), a, tot0);
-        tot1 = _mm256_fmadd_ps(_mm256_set1_ps(se), e, tot1);
-      }
-    }
-    x += kQK;
-  }
-  return hsum(_mm256_add_ps(tot0, tot1));
-}
-
 // ---------------------------------------------------------------------------------------------
 // Integer dots against x rounded to int8 (BlockQ8K), the arithmetic of llama.cpp's
 // ggml_vec_dot_q*_K_q8_K (ggml-quants.c / arch/x86/quants.c; written here from the formats):
@@ -890,8 +820,8 @@ void quantize_ref_q6k(const float* src, void* blocks, int64_t n_blocks) {
 }
 
 #ifdef KVCACHE_QUANT_K_AVX2
-// Each type: SIMD dequantize, f32 dot (q4_K and q6_K, what Q4_K_M files hold, fused), and the
-// integer dot against int8 x.
+// Each type: SIMD dequantize, the f32 dot (the reference values' dot; decode takes the integer
+// dot, so it serves builds' contract and tests), and the integer dot against int8 x.
 const QuantKernels kQ2K = {dequantize_ref_q2k, dequantize_simd<codes_q2k, factors_q2k, q2k::kBytes>,
                            dot_simd<codes_q2k, factors_q2k, q2k::kBytes>, quantize_ref_q2k,
                            dot_q8k_unpacked<codes_q2k, ifactors_q2k, q2k::kBytes, 0>};
@@ -900,12 +830,14 @@ const QuantKernels kQ3K = {  // codes_q3k stores code - 4
     dot_simd<codes_q3k, factors_q3k, q3k::kBytes>, quantize_ref_q3k,
     dot_q8k_unpacked<codes_q3k, ifactors_q3k, q3k::kBytes, 4>};
 const QuantKernels kQ4K = {dequantize_ref_q4k, dequantize_simd<codes_q4k, factors_k4, q4k::kBytes>,
-                           dot_q4k, quantize_ref_q4k, dot_q8k_q4k};
+                           dot_simd<codes_q4k, factors_k4, q4k::kBytes>, quantize_ref_q4k,
+                           dot_q8k_q4k};
 const QuantKernels kQ5K = {dequantize_ref_q5k, dequantize_simd<codes_q5k, factors_k4, q5k::kBytes>,
                            dot_simd<codes_q5k, factors_k4, q5k::kBytes>, quantize_ref_q5k,
                            dot_q8k_unpacked<codes_q5k, ifactors_k4, q5k::kBytes, 0>};
 const QuantKernels kQ6K = {dequantize_ref_q6k, dequantize_simd<codes_q6k, factors_q6k, q6k::kBytes>,
-                           dot_q6k, quantize_ref_q6k, dot_q8k_q6k};
+                           dot_simd<codes_q6k, factors_q6k, q6k::kBytes>, quantize_ref_q6k,
+                           dot_q8k_q6k};
 #else
 // Without AVX2: the reference dequantize, the f32 dot through it, no integer dot (matmul then
 // multiplies the unrounded x).

@@ -7,9 +7,9 @@
 // - dequantize_ref: the plain reference, literally the format's definition, scalar;
 // - dequantize: the same values bit for bit (tests compare every block of random data), SIMD
 //   where the build has it; the prefill GEMM widens W with it, a segment at a time;
-// - dot: the fused decode dot product of a row of blocks with f32 x, no f32 copy of the row;
-//   within kQuantDotTolerance of dot(dequantize_ref(row), x) (only the summation order and,
-//   where a type says so, the precision of its products differ);
+// - dot: the dot product of a row of blocks with f32 x, no f32 copy of the row (decode's dot
+//   in builds without the integer dot below); within kQuantDotTolerance of dot(dequantize_ref(row),
+//   x) (only the summation order and, where a type says so, the precision of its products differ);
 // - quantize_ref: f32 -> blocks, for the converter and tests (simple per-block fits: valid
 //   files, not llama.cpp's search for the best scales).
 // - dot_q8k (where the build has it): the decode dot with x rounded to int8 per 256 values

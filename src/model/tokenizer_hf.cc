@@ -221,6 +221,21 @@ std::shared_ptr<const PreTokenizer> parse_pre_tokenizer(const json& pre, const s
                                               RegexDialect::kHuggingFace);
 }
 
+// The pattern of a Replace step (normalizer or decoder, tokenizers' replace.rs): a literal
+// "String" or a "Regex".
+SplitRule replace_pattern(const json& pat, const std::string& path, const char* step) {
+  SplitRule r;
+  if (pat.contains("String")) {
+    r.pattern = pat["String"].get<std::string>();
+    r.literal = true;
+  } else if (pat.contains("Regex")) {
+    r.pattern = pat["Regex"].get<std::string>();
+  } else {
+    bad(path, std::string(step) + " Replace pattern needs \"Regex\" or \"String\"");
+  }
+  return r;
+}
+
 // Appends the text edits of one normalizer (tokenizers/src/normalizers/*.rs) that this loader
 // implements: Sequence, Replace, Prepend, NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents.
 void add_normalizer(const json& n, const std::string& path,
@@ -237,16 +252,7 @@ void add_normalizer(const json& n, const std::string& path,
     out.emplace_back(
         [pre](std::string_view t) { return t.empty() ? std::string() : pre + std::string(t); });
   } else if (type == "Replace") {
-    const json& pat = n.at("pattern");
-    SplitRule r;
-    if (pat.contains("String")) {
-      r.pattern = pat["String"].get<std::string>();
-      r.literal = true;
-    } else if (pat.contains("Regex")) {
-      r.pattern = pat["Regex"].get<std::string>();
-    } else {
-      bad(path, "normalizer Replace pattern needs \"Regex\" or \"String\"");
-    }
+    SplitRule r = replace_pattern(n.at("pattern"), path, "normalizer");
     const std::string content = n.at("content").get<std::string>();
     // The matches are what the split removes; the pieces between them are rejoined with the
     // replacement wherever a match stood.
@@ -325,16 +331,7 @@ void add_decoder(const json& d, const std::string& path, DecoderPlan& plan) {
     // replace.rs (Decoder): every match of the pattern in a token becomes `content`. Per token
     // equals on the fused text only when no match can span two tokens: one character.
     check_keys(d, path, "decoder Replace", {"pattern", "content"});
-    const json& pat = d.at("pattern");
-    SplitRule r;
-    if (pat.contains("String")) {
-      r.pattern = pat["String"].get<std::string>();
-      r.literal = true;
-    } else if (pat.contains("Regex")) {
-      r.pattern = pat["Regex"].get<std::string>();
-    } else {
-      bad(path, "decoder Replace pattern needs \"Regex\" or \"String\"");
-    }
+    SplitRule r = replace_pattern(d.at("pattern"), path, "decoder");
     if (plan.fused && !(r.literal && utf8_to_codepoints(r.pattern).size() == 1))
       unsupported(path, "decoder Replace after Fuse is supported only for a one-character String");
     r.behavior = SplitBehavior::kContiguous;
