@@ -56,16 +56,23 @@ TEST(CliEvents, SubscriberPrintsTheServersEventsAsJsonLines) {
       testing_util::http(s.port, "POST", "/v1/completions",
                          R"({"prompt": )" + prompt + R"(, "max_tokens": 2, "temperature": 0})");
   ASSERT_EQ(r.status, 200) << r.body << "\nserve's stderr:\n" << s.drain_err();
+  // The publisher thread sends within its flush interval; the metric says when it has. Waiting
+  // for the two blocks before the reset puts the reset's event in a later batch (seq >= 1), which
+  // --from-seq 1 below relies on: a loaded host could otherwise flush all three in batch 0.
+  const auto wait_published = [&](int n) {
+    const std::string line = "kvcache_kv_events_published_total " + std::to_string(n);
+    for (int i = 0; i < 200; ++i) {
+      if (testing_util::http(s.port, "GET", "/metrics").body.find(line) != std::string::npos)
+        return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_published(2)) << testing_util::http(s.port, "GET", "/metrics").body;
   ASSERT_EQ(testing_util::http(s.port, "POST", "/reset_prefix_cache").status, 200)
       << "serve's stderr:\n"
       << s.drain_err();
-  // The publisher thread sends within its flush interval; the metric says when it has.
-  for (int i = 0; i < 100; ++i) {
-    if (testing_util::http(s.port, "GET", "/metrics")
-            .body.find("kvcache_kv_events_published_total 3") != std::string::npos)
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  ASSERT_TRUE(wait_published(3)) << testing_util::http(s.port, "GET", "/metrics").body;
   const testing_util::CliResult got = testing_util::run_cli(
       "events --endpoint " + events + " --replay " + replay + " --topic kv --count 2 --json");
   std::istringstream lines(got.out);
