@@ -26,6 +26,14 @@ class CompressedCacheLayer;  // cache/compressed_cache_layer.h
 class IndexedCacheLayer;     // cache/compressed_cache_layer.h
 struct ConvStateUpdate;      // cache/linear_state_layer.h
 
+// The format of a quantized paged pool (issue 43; cache/paged_store.h "Quantized pages"): the
+// packed scheme and, for KIVI, the code width. The key group is the block: block_tokens tokens.
+struct PagedQuantFormat {
+  KVQuantScheme scheme = KVQuantScheme::kKivi;
+  int bits = 4;  // KIVI: 2, 4 or 8; q8_0: 8; q4_0: 4
+  bool operator==(const PagedQuantFormat&) const = default;
+};
+
 // Options of the "paged" containers (cache/paged_layer.h).
 struct PagedOptions {
   int64_t block_tokens = 16;  // tokens per block
@@ -41,6 +49,10 @@ struct PagedOptions {
   // (a hybrid model never hits). Read only when the model has linear layers.
   int32_t snapshot_every_blocks = 4;
   int32_t max_snapshots = 16;
+  // Quantized pages: unset, the pages hold kv_dtype rows. Set: a full block's pages are one
+  // packed group of block_tokens tokens in this format, the partial last block of each sequence
+  // its residual in kv_dtype (quantized when it fills).
+  std::optional<PagedQuantFormat> quant;
 };
 
 // Options of the "quantized" containers (cache/quantized_layer.h).

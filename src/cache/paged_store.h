@@ -88,6 +88,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -157,6 +158,9 @@ struct PagedStoreConfig {
   // the sequences that may hold compressor state at once.
   bool shared_kv = false;
   CompressedShape compressed = {};
+  // Quantized pages (PagedOptions::quant; unset: pages of `dtype` rows). The residual (each
+  // sequence's partial last block) is kept in `dtype`.
+  std::optional<PagedQuantFormat> quant;
 };
 
 // Blocks each group gets when config.group_blocks is empty (kept here so the planner, the

@@ -12,7 +12,7 @@ namespace kvcache {
 
 // What a kernel must read: dense views, pages through a table, or packed quantized blocks plus a
 // full-precision residual. Each kernel states which kinds it accepts.
-enum class KVSpanKind { kDense, kPaged, kQuantized };
+enum class KVSpanKind { kDense, kPaged, kQuantized, kPagedQuantized };
 
 // Paged K/V read in place through a CSR page table (FlashInfer's layout, "page table" in its
 // BatchPrefill/BatchDecode wrappers). A page is one layer's storage of one cache block, so it
@@ -69,17 +69,38 @@ struct QuantKV {
   int64_t k_block_bytes = 0, v_block_bytes = 0;
   int64_t k_head_stride = 0, v_head_stride = 0;
   int64_t k_batch_stride = 0, v_batch_stride = 0;
+  // Paged pools (PagedQuantKV): when set, block i of (0, h) starts at k_blocks +
+  // block_ids[i] * k_page_stride + h * k_head_stride (batch must be 1; the batch strides and
+  // k_block_bytes' role as the block-to-block step are unused); likewise for V.
+  const int32_t* block_ids = nullptr;
+  int64_t k_page_stride = 0, v_page_stride = 0;
   TensorView k_residual;  // [B, H_kv, n_res, D_k] f32/f16/bf16, unit innermost stride
   TensorView v_residual;  // [B, H_kv, n_res, D_v] same dtype
   int64_t packed_len() const { return n_blocks * group; }
   int64_t residual_len() const { return k_residual.ndim() == 4 ? k_residual.dim(2) : 0; }
   int64_t seq_len() const { return packed_len() + residual_len(); }
   const std::byte* k_block(int64_t b, int64_t h, int64_t i) const {
+    if (block_ids != nullptr) return k_blocks + block_ids[i] * k_page_stride + h * k_head_stride;
     return k_blocks + b * k_batch_stride + h * k_head_stride + i * k_block_bytes;
   }
   const std::byte* v_block(int64_t b, int64_t h, int64_t i) const {
+    if (block_ids != nullptr) return v_blocks + block_ids[i] * v_page_stride + h * v_head_stride;
     return v_blocks + b * v_batch_stride + h * v_head_stride + i * v_block_bytes;
   }
+};
+
+// A quantized paged pool read in place (cache/paged_store.h, "Quantized pages"): batch row b is
+// one sequence, described by rows[b], a QuantKV of batch 1 whose packed blocks (its full blocks,
+// each one group of `group` = block_tokens tokens) are found through its block table
+// (QuantKV::block_ids), followed by its residual (the partial last block plus the open step's
+// tokens, in the pool's storage dtype). Its first key sits at absolute position kv_offset[b]
+// (sliding groups start after the blocks they released; 0 otherwise). Rows may differ in
+// length. Non-owning: the store owns the rows, tables, pages and residuals.
+struct PagedQuantKV {
+  int64_t batch = 0;
+  const QuantKV* rows = nullptr;       // [batch]
+  const int64_t* kv_offset = nullptr;  // [batch]
+  int64_t seq_len(int64_t b) const { return rows[b].seq_len(); }
 };
 
 struct KVSpan {
@@ -90,6 +111,7 @@ struct KVSpan {
   int64_t kv_offset = 0;
   PagedKV paged;  // kind == kPaged: the pages and table (k / v above are then empty)
   QuantKV quant;  // kind == kQuantized: packed blocks + residual (k / v above are then empty)
+  PagedQuantKV paged_quant;  // kind == kPagedQuantized (kv_offset above unused: per row)
 };
 
 }  // namespace kvcache

@@ -17,6 +17,8 @@ const char* kind_name(KVSpanKind kind) {
       return "paged";
     case KVSpanKind::kQuantized:
       return "quantized";
+    case KVSpanKind::kPagedQuantized:
+      return "paged quantized";
   }
   return "unknown";
 }
@@ -36,6 +38,8 @@ int64_t span_end(const KVSpan& span, int64_t b) {
       return span.kv_offset + span.paged.seq_len(b);
     case KVSpanKind::kQuantized:
       return span.kv_offset + span.quant.seq_len();
+    case KVSpanKind::kPagedQuantized:
+      return span.paged_quant.kv_offset[b] + span.paged_quant.seq_len(b);
   }
   return 0;
 }
@@ -44,18 +48,21 @@ int64_t span_end(const KVSpan& span, int64_t b) {
 void check_positions(const std::string& kernel, const TensorView& q, const KVSpan& span,
                      const QueryPositions& at) {
   const int64_t B = q.dim(0), S = q.dim(2);
-  if (span.kind != KVSpanKind::kPaged) {
+  const bool per_row = span.kind == KVSpanKind::kPaged || span.kind == KVSpanKind::kPagedQuantized;
+  const int64_t span_rows =
+      span.kind == KVSpanKind::kPaged ? span.paged.batch : span.paged_quant.batch;
+  if (!per_row) {
     for (int64_t b = 1; b < B; ++b)
       if (at.of(b) != at.of(0))
         throw Error(
             ErrorKind::kInvalidArgument,
             "attention: batch rows at different positions need a paged cache (--cache paged)");
-  } else if (span.paged.batch != B) {
+  } else if (span_rows != B) {
     throw Error(ErrorKind::kInvalidArgument,
-                "attention: the paged span holds " + std::to_string(span.paged.batch) +
+                "attention: the paged span holds " + std::to_string(span_rows) +
                     " sequences for a batch of " + std::to_string(B) + " query rows");
   }
-  for (int64_t b = 0; b < (span.kind == KVSpanKind::kPaged ? B : 1); ++b) {
+  for (int64_t b = 0; b < (per_row ? B : 1); ++b) {
     const int64_t q_end = at.of(b) + S, k_end = span_end(span, b);
     if (q_end != k_end)
       throw Error(
@@ -102,6 +109,30 @@ void AttentionKernel::attend(const TensorView& q, const KVSpan& span, const Tens
     case KVSpanKind::kPaged:
       attend_paged(q, span, out, options);
       return;
+    case KVSpanKind::kPagedQuantized:
+      attend_paged_quantized(q, span, out, options, at);
+      return;
+  }
+}
+
+void AttentionKernel::attend_paged_quantized(const TensorView& q, const KVSpan& span,
+                                             const TensorView& out, AttentionOptions options,
+                                             const QueryPositions& at) {
+  // One sequence at a time, each a quantized span of batch 1 read through its block table: the
+  // dense quantized kernel's arithmetic on the same codes, so a row equals what the dense
+  // quantized cache gives that sequence alone (tested), and rows of different lengths and
+  // positions need nothing more.
+  const PagedQuantKV& pq = span.paged_quant;
+  for (int64_t b = 0; b < pq.batch; ++b) {
+    const TensorView qb = q.slice(0, b, b + 1), ob = out.slice(0, b, b + 1);
+    KVSpan row;
+    row.kind = KVSpanKind::kQuantized;
+    row.quant = pq.rows[b];
+    row.kv_offset = pq.kv_offset[b];
+    options.kv_offset = row.kv_offset;
+    options.q_offset = at.of(b);
+    options.workspace = workspace_.reserve_for(qb, row, options);
+    quantized_attention(qb, row.quant, ob, options);
   }
 }
 
@@ -131,7 +162,7 @@ void AttentionKernel::attend_last(const TensorView& q, const KVSpan& span,
                                   const TensorView& out_all, const TensorView& out_last,
                                   const AttentionOptions& options, const QueryPositions& at) {
   const int64_t B = q.dim(0), H = q.dim(1), S = q.dim(2), D = q.dim(3), Dv = out_all.dim(3);
-  if (span.kind == KVSpanKind::kQuantized) {
+  if (span.kind == KVSpanKind::kQuantized || span.kind == KVSpanKind::kPagedQuantized) {
     // Its one-query path is not promised to give a prefill row's bits: every row, then the
     // last ones moved (front to back, so a row is read before anything overwrites it).
     attend(q, span, out_all, options, at);

@@ -5,6 +5,7 @@
 //   paged      paged_attention under the same name (eager, fused, fused_scalar; flex has no
 //              paged form)
 //   quantized  quantized_attention, whatever the name (one kernel reads the packed codes)
+//   paged quantized  quantized_attention per sequence, through its block table
 // A span kind the kernel cannot read is an Error(kUnsupported) naming the kernel and the kind.
 // Owns the varlen query offsets it hands the paged kernels and the kernels' scratch (an
 // AttentionWorkspace planned per call, grown to the largest call and never shrunk, so a decode
@@ -63,6 +64,8 @@ class AttentionKernel {
  private:
   void attend_paged(const TensorView& q, const KVSpan& span, const TensorView& out,
                     AttentionOptions options);
+  void attend_paged_quantized(const TensorView& q, const KVSpan& span, const TensorView& out,
+                              AttentionOptions options, const QueryPositions& at);
 
   std::string name_;
   AttentionFn dense_ = nullptr;

@@ -53,6 +53,10 @@ AttentionShape attention_shape(const TensorView& q, const KVSpan& span,
       s.quant_v_group = span.quant.v_group;
       s.quant_scheme = span.quant.scheme;
       break;
+    case KVSpanKind::kPagedQuantized:
+      throw Error(ErrorKind::kUnsupported,
+                  "attention workspace: a paged quantized span is planned one sequence at a time "
+                  "(AttentionKernel::attend_paged_quantized)");
   }
   return s;
 }

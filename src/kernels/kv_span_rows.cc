@@ -14,6 +14,8 @@ int64_t kv_span_length(const KVSpan& span, int64_t b) {
       return span.paged.seq_len(b);
     case KVSpanKind::kQuantized:
       return span.quant.seq_len();
+    case KVSpanKind::kPagedQuantized:
+      return span.paged_quant.seq_len(b);
   }
   return 0;
 }
@@ -39,6 +41,7 @@ void read_kv_rows(const KVSpan& span, KVPart part, int64_t b, int64_t h, int64_t
       return;
     }
     case KVSpanKind::kQuantized:
+    case KVSpanKind::kPagedQuantized:
       break;
   }
   throw Error(ErrorKind::kUnsupported,

@@ -77,7 +77,7 @@ SpanInfo inspect_span(const char* who, const char* name, const KVSpan& s, int64_
   SpanInfo info;
   info.span = &s;
   const std::string n(name);
-  if (s.kind == KVSpanKind::kQuantized)
+  if (s.kind == KVSpanKind::kQuantized || s.kind == KVSpanKind::kPagedQuantized)
     bad(who, n + ": quantized spans are not supported (use a dense or paged cache)",
         ErrorKind::kUnsupported);
   const bool paged = s.kind == KVSpanKind::kPaged;

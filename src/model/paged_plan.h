@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,9 @@ struct PagedPlanOptions {
   // slot with the linear state (linear_slots sequences).
   CompressedShape compressed = {};
   bool shared_kv = false;  // K==V layers (CacheConfig::KVContent::kSharedKV): K pages only
+  // Quantized pages (PagedOptions::quant): blocks billed at their packed bytes, plus each
+  // running sequence's residual in kv_dtype.
+  std::optional<PagedQuantFormat> quant;
 };
 
 struct PagedMemoryPlan {
