@@ -7,9 +7,13 @@
 //
 //   build/bench/bench_serve --model dummy:llama-125m --streams 1,16 --max-tokens 64
 //       (starts an in-process server on a free loopback port)
-//   build/bench/bench_serve --model dummy:llama-125m --fast ...   (BLAS linears: batch_invariant
-//   off) build/bench/bench_serve --port 8080 --streams 1,4,16   (an already running `kvcache
-//   serve`)
+//   build/bench/bench_serve --model dummy:llama-125m --fast ...
+//       (BLAS linears: batch_invariant off)
+//   build/bench/bench_serve --port 8080 --streams 1,4,16   (an already running `kvcache serve`)
+//   build/bench/bench_serve --model dummy:llama-125m --streams 16 --prompt-tokens 8192
+//       --kv-budget 1GiB --kv-bits 4 --block-tokens 64   (quantized pages in a byte budget: the
+//       pool line says how many requests of prompt + max_tokens tokens the pool holds at once,
+//       the last line how many ran at once)
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -28,6 +32,8 @@
 #include "../tests/server/raw_http.h"
 #include "bench_main.h"
 #include "core/thread_pool.h"
+#include "kernels/kv_quant.h"
+#include "model/kv_plan.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
 #include "server/http_server.h"
@@ -103,6 +109,12 @@ struct Args {
   int port = 0;
   std::vector<int> streams = {1, 16};
   kvcache::bench::LoadArgs load{.max_tokens = 64, .prompt_tokens = 32};
+  // The pool (--model only): a byte budget (planner: blocks + activations), quantized pages.
+  std::string kv_budget;
+  int kv_bits = 0;  // > 0: KIVI pages of this many bits (or --kv-quant's)
+  std::string kv_quant;
+  int64_t block_tokens = 16;
+  int max_running = 0;  // 0: max(64, streams)
 };
 
 }  // namespace
@@ -127,9 +139,35 @@ static int run(const Args& a) {
     ec.cache.kv_dtype = kvcache::DType::kF16;
     ec.cache.max_cache_len =
         static_cast<int64_t>(max_streams) * (a.load.prompt_tokens + a.load.max_tokens + 16) + 256;
-    ec.max_running = std::max(64, max_streams);
+    ec.max_running = a.max_running > 0 ? a.max_running : std::max(64, max_streams);
     ec.batch_invariant = !a.load.fast;
+    ec.cache.paged.block_tokens = a.block_tokens;
+    if (!a.kv_budget.empty()) ec.kv_budget_bytes = kvcache::parse_byte_size(a.kv_budget);
+    if (a.kv_bits > 0 || !a.kv_quant.empty()) {
+      kvcache::PagedQuantFormat f;
+      if (!a.kv_quant.empty()) {
+        const auto s = kvcache::parse_kv_quant_scheme(a.kv_quant);
+        if (!s) throw std::runtime_error("--kv-quant must be kivi, q8_0 or q4_0");
+        f.scheme = *s;
+      }
+      f.bits = f.scheme == kvcache::KVQuantScheme::kQ8_0   ? 8
+               : f.scheme == kvcache::KVQuantScheme::kQ4_0 ? 4
+               : a.kv_bits > 0                             ? a.kv_bits
+                                                           : 4;
+      ec.cache.paged.quant = f;
+    }
     engine = std::make_unique<kvcache::Engine>(*lm->model, lm->tokenizer.get(), ec);
+    const kvcache::EngineMetrics m0 = engine->metrics();
+    const int64_t per_request = a.load.prompt_tokens + a.load.max_tokens;
+    const int64_t blocks_per_request = (per_request + a.block_tokens - 1) / a.block_tokens;
+    std::printf("pool: pages %s, block %lld tokens, %lld blocks (%lld tokens); requests of %lld "
+                "tokens it holds at once: %lld; budget %s\n",
+                engine->kv_pages_label().c_str(), static_cast<long long>(a.block_tokens),
+                static_cast<long long>(m0.blocks_total),
+                static_cast<long long>(m0.blocks_total * a.block_tokens),
+                static_cast<long long>(per_request),
+                static_cast<long long>(m0.blocks_total / blocks_per_request),
+                a.kv_budget.empty() ? "none (sized for the streams)" : a.kv_budget.c_str());
     kvcache::ServedModel sm;
     sm.name = a.model;
     sm.tokenizer = lm->tokenizer.get();
@@ -197,6 +235,10 @@ static int run(const Args& a) {
       std::fflush(stdout);
     }
   }
+  if (engine)
+    std::printf("peak sequences resident at once: %lld, preemptions: %lld\n",
+                static_cast<long long>(engine->metrics().running_peak),
+                static_cast<long long>(engine->metrics().preemptions));
   if (server) {
     server->stop();
     server_thread.join();
@@ -215,5 +257,17 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 20));
   kvcache::bench::add_load_options(app, a.load, "stream");
+  app.add_option("--kv-budget", a.kv_budget,
+                 "with --model: bytes for the pool plus activations, e.g. 1GiB (default: sized "
+                 "for the streams)");
+  app.add_option("--kv-bits", a.kv_bits, "with --model: KIVI pages of 2, 4 or 8 bits")
+      ->check(CLI::IsMember({2, 4, 8}));
+  app.add_option("--kv-quant", a.kv_quant, "with --model: quantized pages, kivi, q8_0 or q4_0");
+  app.add_option("--block-tokens", a.block_tokens, "with --model: tokens per block")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--max-running", a.max_running,
+                 "with --model: sequences resident at once (default: max(64, streams))")
+      ->check(CLI::Range(1, 4096));
   return kvcache::bench::parse_and_run(app, argc, argv, "bench_serve", [&] { return run(a); });
 }

@@ -10,6 +10,7 @@
 #include "core/digest.h"
 #include "core/error.h"
 #include "core/fault.h"
+#include "kernels/kv_quant.h"
 #include "kernels/paged_attention.h"
 #include "model/fingerprint.h"
 #include "model/paged_plan.h"
@@ -159,6 +160,28 @@ std::shared_ptr<RemoteTier> open_remote_tier(const Model& model, const Tokenizer
   return std::make_shared<RemoteTier>(std::move(o));
 }
 
+PagedPlanOptions engine_plan_options(const Model& model, const EngineConfig& config) {
+  const CacheOptions& co = config.cache;
+  PagedPlanOptions po;
+  po.budget_bytes = config.kv_budget_bytes;
+  po.block_tokens = co.paged.block_tokens;
+  po.kv_dtype = co.kv_dtype.value_or(DType::kF32);
+  po.max_tokens_per_step = config.max_tokens_per_step;
+  po.max_cached_tokens = co.max_cache_len > 0 ? co.max_cache_len : kDefaultPoolTokens;
+  // Hybrid models: one state slot per running sequence, snapshots for the prefix cache.
+  const CacheConfig mcc = model_cache_config(model.config(), co);
+  po.linear = mcc.linear;
+  // DeepSeek-V4 / V3.2: compressed and indexer pages, K==V pages; compressor state per slot.
+  po.compressed = mcc.compressed;
+  po.shared_kv = mcc.kv_content == CacheConfig::KVContent::kSharedKV;
+  po.linear_slots = config.max_running;
+  po.snapshot_every_blocks = co.paged.snapshot_every_blocks;
+  po.max_snapshots = co.paged.max_snapshots;
+  // Quantized pages: packed full blocks, each running sequence's residual in kv_dtype.
+  po.quant = co.paged.quant;
+  return po;
+}
+
 Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config)
     : model_(model), tokenizer_(tokenizer), config_(config) {
   const ModelConfig& mc = model.config();
@@ -180,22 +203,16 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
                 "engine: the attention kernel '" + config_.kernel +
                     "' cannot read paged KV blocks; the paged kernels are " + names);
   }
-  PagedPlanOptions po;
-  po.budget_bytes = config_.kv_budget_bytes;
-  po.block_tokens = co.paged.block_tokens;
-  po.kv_dtype = co.kv_dtype.value_or(DType::kF32);
-  po.max_tokens_per_step = config_.max_tokens_per_step;
-  po.max_cached_tokens = co.max_cache_len > 0 ? co.max_cache_len : kDefaultPoolTokens;
-  // Hybrid models: one state slot per running sequence, snapshots for the prefix cache.
-  const CacheConfig mcc = model_cache_config(mc, co);
-  po.linear = mcc.linear;
-  // DeepSeek-V4 / V3.2: compressed and indexer pages, K==V pages; compressor state per slot.
-  po.compressed = mcc.compressed;
-  po.shared_kv = mcc.kv_content == CacheConfig::KVContent::kSharedKV;
-  po.linear_slots = config_.max_running;
-  po.snapshot_every_blocks = co.paged.snapshot_every_blocks;
-  po.max_snapshots = co.paged.max_snapshots;
+  if (co.paged.quant)  // until the store keeps quantized pages (issue 43, in progress)
+    throw Error(ErrorKind::kUnsupported, "engine: quantized pages are not implemented yet");
+  const PagedPlanOptions po = engine_plan_options(model, config_);
   PagedMemoryPlan plan = plan_paged_memory(mc, po);
+  if (po.quant) {
+    kv_pages_ = kv_quant_scheme_name(po.quant->scheme);
+    if (po.quant->scheme == KVQuantScheme::kKivi) kv_pages_ += "-" + std::to_string(po.quant->bits);
+  } else {
+    kv_pages_ = dtype_name(po.kv_dtype);
+  }
   if (config_.num_blocks > 0) {
     for (int32_t& b : plan.store.group_blocks) b = config_.num_blocks;
     plan.max_cached_tokens = static_cast<int64_t>(config_.num_blocks) * co.paged.block_tokens;
@@ -302,6 +319,8 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
   const int32_t n = r->params.n;
   r->output.samples.resize(static_cast<size_t>(n));
   r->output.stats.prompt_tokens = static_cast<int64_t>(r->params.prompt.size());
+  r->output.stats.kv_pages = kv_pages_;
+  r->output.stats.kv_policy = kv_policy_;
   if (r->params.prompt_logprobs >= 0) r->output.prompt_logprobs.resize(r->params.prompt.size() - 1);
   for (int32_t i = 0; i < n; ++i) {
     auto s = std::make_unique<Seq>();
@@ -1078,6 +1097,8 @@ void Engine::update_metrics() {
   std::lock_guard<std::mutex> lock(mu_);
   metrics_ = counters_;
   metrics_.running = static_cast<int64_t>(running_.size());
+  counters_.running_peak = std::max(counters_.running_peak, metrics_.running);
+  metrics_.running_peak = counters_.running_peak;
   metrics_.waiting = static_cast<int64_t>(waiting_.size() + remote_wait_.size()) +
                      static_cast<int64_t>(inbox_.size());
   metrics_.blocks_total = ps.total;

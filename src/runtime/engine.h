@@ -34,6 +34,7 @@
 #include "cache/remote_tier.h"
 #include "core/kv_client.h"
 #include "model/forward.h"
+#include "model/paged_plan.h"
 #include "model/tokenizer.h"
 #include "runtime/sampler.h"
 
@@ -74,6 +75,11 @@ struct EngineConfig {
   int32_t kv_remote_deadline_ms = 50;
   uint64_t kv_remote_write_budget_bytes = 64ull << 20;
 };
+
+// The planner options the engine sizes its store with (runtime/engine.cc): also what serve's
+// memory-based pool sizing plans with, so both bill the same bytes (quantized pages included).
+// max_cached_tokens: cache.max_cache_len, or the engine's default pool.
+PagedPlanOptions engine_plan_options(const Model& model, const EngineConfig& config);
 
 // The disk tier for `store` under `dir` (cache/disk_tier.h), its fingerprint folding the
 // model's fingerprint with the store's page layout; not yet attached (set_disk_tier).
@@ -125,6 +131,10 @@ struct RequestStats {
   double queue_seconds = 0;  // submit -> first admission
   double ttft_seconds = 0;   // submit -> first token
   double total_seconds = 0;  // submit -> finished
+  // What kept this request's KV (Engine::kv_pages_label / kv_policy_label): its pages' format
+  // ("f16", "kivi-4", "q8_0") and the eviction policy ("exact": nothing evicted).
+  std::string kv_pages;
+  std::string kv_policy;
 };
 
 // One sample's outcome.
@@ -175,6 +185,7 @@ using StreamCallback = std::function<void(const StreamEvent&)>;
 
 struct EngineMetrics {
   int64_t running = 0, waiting = 0;
+  int64_t running_peak = 0;  // the most sequences resident at once so far
   int64_t blocks_total = 0, blocks_free = 0, blocks_used = 0, blocks_cached = 0;
   int64_t prompt_tokens = 0;                // all prompts admitted (first admissions)
   int64_t cached_prompt_tokens = 0;         // of which from the prefix cache
@@ -251,6 +262,10 @@ class Engine {
   std::string check_invariants() const;
   const EngineConfig& config() const { return config_; }
   int64_t max_context() const { return max_context_; }  // prompt + max_tokens limit
+  // The pool's page format ("f32", "f16", "bf16", "kivi-2/4/8", "q8_0", "q4_0") and eviction
+  // policy ("exact"): /metrics and every response's usage say which served.
+  const std::string& kv_pages_label() const { return kv_pages_; }
+  const std::string& kv_policy_label() const { return kv_policy_; }
   PagedKVStore& store() { return *store_; }
   const Model& model() const { return model_; }
 
@@ -320,6 +335,7 @@ class Engine {
   std::unique_ptr<Cache> cache_;
   std::unique_ptr<Forward> forward_;
   int64_t max_context_ = 0;
+  std::string kv_pages_, kv_policy_ = "exact";
   int32_t full_group_ = 0;  // the group whose pool the metrics report
 
   // Engine-thread state.

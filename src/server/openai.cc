@@ -488,7 +488,10 @@ json usage_json(const RequestStats& s) {
        {{"cached_tokens", s.cached_tokens},
         {"cached_tokens_ram", s.cached_tokens - s.cached_tokens_disk - s.cached_tokens_remote},
         {"cached_tokens_disk", s.cached_tokens_disk},
-        {"cached_tokens_remote", s.cached_tokens_remote}}}};
+        {"cached_tokens_remote", s.cached_tokens_remote}}},
+      // kvcache's: what kept this request's KV — the pages' format and the eviction policy
+      // ("exact" when nothing was evicted), so a lossy answer never passes for an exact one.
+      {"kv_cache", {{"pages", s.kv_pages}, {"policy", s.kv_policy}}}};
 }
 
 json logprobs_json(bool chat, std::span<const TokenLogprob> lps, size_t offset) {

@@ -21,7 +21,8 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   add_model_options(cmd, o.model);
   // Help as the engine reads these options; what it refuses, see option_rules.cc.
   cmd->get_option("--cache")->description(
-      "Always the paged cache: only 'paged' is accepted (it changes nothing)");
+      "The paged pool's pages: paged (rows in --kv-dtype, the default) or quantized (packed "
+      "pages, as --kv-bits / --kv-quant select)");
   cmd->get_option("--kernel")
       ->description("Paged attention kernel: eager or fused (default fused)");
   cmd->get_option("--max-cache-len")
@@ -30,9 +31,20 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
           "memory, batch takes 16384)");
   cmd->get_option("--chunk")->description(
       "Token budget of one step: decodes plus prefill chunks (default 256)");
-  for (const char* quantized : {"--kv-bits", "--kv-quant", "--kv-group", "--kv-residual"})
-    cmd->get_option(quantized)->description(
-        "Refused: the paged cache is not quantized (--cache quantized: generate, logits, bench)");
+  cmd->get_option("--kv-bits")
+      ->description(
+          "Quantized pages: KIVI code bits, 2, 4 or 8 (default 4); each full block is one "
+          "quantization group, each sequence's partial last block stays in --kv-dtype");
+  cmd->get_option("--kv-quant")
+      ->description(
+          "Quantized pages: kivi (per-channel keys over the block, per-token values) or "
+          "llama.cpp's per-token q8_0 / q4_0");
+  cmd->get_option("--kv-group")->description(
+      "Quantized pages: the key group is the block; accepted only equal to --block-tokens");
+  cmd->get_option("--kv-residual")
+      ->description(
+          "Quantized pages: the residual is each sequence's partial last block; accepted only "
+          "equal to --block-tokens");
   cmd->get_option("--offload-dir")
       ->description(
           "Refused: the paged cache is not offloaded (--cache offloaded: generate, logits, bench)");
@@ -67,9 +79,16 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
                 "alone in the last bits");
 }
 
+bool quantized_pool(const EngineOptions& o) {
+  return o.model.cache == "quantized" ||
+         (o.model.cmd != nullptr &&
+          (o.model.cmd->count("--kv-bits") > 0 || o.model.cmd->count("--kv-quant") > 0));
+}
+
 void check_engine_options(const EngineOptions& o, const LoadedModel* loaded) {
   RunShape shape;
   shape.caches = {"paged"};
+  if (quantized_pool(o)) shape.caches.push_back("quantized");
   shape.kv_budget = !o.model.kv_budget.empty();
   shape.kv_disk = !o.kv_disk.empty();
   shape.kv_remote = !o.kv_remote.empty();
@@ -90,6 +109,39 @@ EngineConfig engine_config(const EngineOptions& o, const Model& model) {
   EngineConfig c;
   c.kernel = sc.kernel;
   c.cache = sc.cache;  // "paged"; max_cache_len 0: the engine's default pool
+  if (quantized_pool(o)) {
+    // One full block is one quantization group (its bytes never change once full, so it can be
+    // shared), and the residual is the partial last block: both sizes are the block's.
+    const int64_t bt = c.cache.paged.block_tokens;
+    const auto given = [&](const char* name) {
+      return o.model.cmd != nullptr && o.model.cmd->count(name) > 0;
+    };
+    if (given("--kv-group") && o.model.kv_group != bt)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "--kv-group " + std::to_string(o.model.kv_group) +
+                      ": in serve and batch a full block is one quantization group, so the group "
+                      "is --block-tokens (" +
+                      std::to_string(bt) + "); drop --kv-group or set --block-tokens " +
+                      std::to_string(o.model.kv_group));
+    if (given("--kv-residual") && o.model.kv_residual != bt)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "--kv-residual " + std::to_string(o.model.kv_residual) +
+                      ": in serve and batch the residual kept in --kv-dtype is each sequence's "
+                      "partial last block, --block-tokens (" +
+                      std::to_string(bt) + ") tokens at most; drop --kv-residual");
+    if (given("--kernel"))
+      throw Error(ErrorKind::kInvalidArgument,
+                  "--kernel " + o.model.kernel +
+                      ": quantized pages are read by the quantized kernel (codes widened in "
+                      "registers), whatever the name; drop --kernel");
+    const QuantizedOptions& q = sc.cache.quantized;
+    if (q.scheme == KVQuantScheme::kKivi && q.bits != 2 && q.bits != 4 && q.bits != 8)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "--kv-bits " + std::to_string(q.bits) +
+                      ": KIVI pages store 2, 4 or 8-bit codes (--kv-quant q8_0 / q4_0 fix their "
+                      "own)");
+    c.cache.paged.quant = PagedQuantFormat{q.scheme, q.bits};
+  }
   c.kv_budget_bytes = sc.kv_budget_bytes;
   if (o.model.chunk < 1) throw Error(ErrorKind::kInvalidArgument, "--chunk must be >= 1");
   c.max_tokens_per_step = o.model.chunk;
@@ -229,18 +281,9 @@ uint64_t mem_available_bytes() {
 PoolSizeInputs pool_size_inputs(const Model& model, const EngineConfig& c) {
   const ModelConfig& mc = model.config();
   // The engine's planner options (runtime/engine.cc), at two pool sizes: the difference is the
-  // bytes per token, the rest the fixed part (activations, scratch, hybrid state).
-  PagedPlanOptions po;
-  po.block_tokens = c.cache.paged.block_tokens;
-  po.kv_dtype = c.cache.kv_dtype.value_or(DType::kF32);
-  po.max_tokens_per_step = c.max_tokens_per_step;
-  const CacheConfig mcc = model_cache_config(mc, c.cache);
-  po.linear = mcc.linear;
-  po.compressed = mcc.compressed;
-  po.shared_kv = mcc.kv_content == CacheConfig::KVContent::kSharedKV;
-  po.linear_slots = c.max_running;
-  po.snapshot_every_blocks = c.cache.paged.snapshot_every_blocks;
-  po.max_snapshots = c.cache.paged.max_snapshots;
+  // bytes per token, the rest the fixed part (activations, scratch, per-sequence state).
+  PagedPlanOptions po = engine_plan_options(model, c);
+  po.budget_bytes = 0;
   const int64_t t1 = 64 * po.block_tokens, t2 = 2 * t1;
   po.max_cached_tokens = t1;
   const PagedMemoryPlan p1 = plan_paged_memory(mc, po);

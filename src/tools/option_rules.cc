@@ -119,10 +119,12 @@ std::vector<std::string> cache_names() {
 
 std::optional<std::string> cache_value(const Given& g) {
   if (is_engine(g)) {
-    if (g.value == "paged") return std::nullopt;  // says what happens anyway
-    return g.command + ": --cache " + g.value +
-           ": serve and batch always use the paged cache (--cache paged is accepted and changes "
-           "nothing); the other caches are honoured by generate, logits and bench";
+    // paged: pages in --kv-dtype (what happens anyway); quantized: packed pages (--kv-bits,
+    // --kv-quant select their format, and imply it).
+    if (g.value == "paged" || g.value == "quantized") return std::nullopt;
+    return g.command + ": --cache " + g.value + ": serve and batch serve from the paged pool: " +
+           "--cache paged (pages in --kv-dtype, the default) or --cache quantized (packed pages, " +
+           "--kv-bits / --kv-quant); the other caches are honoured by generate, logits and bench";
   }
   const std::vector<std::string> known = cache_names();
   for (const std::string& c : g.shape.caches) {
@@ -186,6 +188,10 @@ std::optional<std::string> needs_paged(const Given& g) {
 
 std::optional<std::string> needs_quantized(const Given& g) {
   if (contains(g.shape.caches, "quantized")) return std::nullopt;
+  if (is_engine(g))
+    return g.command + ": " + g.option +
+           " configures quantized pages, which --kv-bits N or --kv-quant SCHEME (or --cache "
+           "quantized) select; without them the pages hold --kv-dtype rows";
   return no_effect(g, situation(g),
                    "it configures the quantized cache, which --cache quantized builds in generate, "
                    "logits and bench");

@@ -53,16 +53,22 @@ TEST(CliOptions, OptionsWithoutEffectExitWith2NamingTheOption) {
   const std::string serve = "serve --model dummy:tiny --port 0 ";
   const std::string batch = "batch --model dummy:tiny --input /nonexistent.jsonl ";
   const Refused cases[] = {
-      // serve and batch: always the paged cache, its f16/f32 pages and its kernels.
+      // serve and batch: always the paged pool, its pages (in --kv-dtype, or quantized as
+      // --kv-bits / --kv-quant say: one group per block, the partial block the residual) and
+      // its kernels.
       {serve + "--cache nonsense", "--cache nonsense"},
       {serve + "--cache static", "--cache static"},
       {serve + "--kv-bits 5", "--kv-bits"},
-      {serve + "--kv-quant q8_0", "--kv-quant"},
+      {serve + "--kv-quant q3_0", "--kv-quant"},
+      {serve + "--kv-quant q8_0 --kv-bits 4", "--kv-bits"},
       {serve + "--kv-group 32", "--kv-group"},
+      {serve + "--kv-bits 4 --kv-group 32", "--kv-group"},
       {serve + "--kv-residual 64", "--kv-residual"},
+      {serve + "--kv-bits 4 --kv-residual 64", "--kv-residual"},
+      {serve + "--kv-bits 4 --kernel eager", "--kernel"},
       {serve + "--kernel flex", "--kernel flex"},
       {serve + "--kv-budget 64MiB --max-cache-len 512", "--max-cache-len"},
-      {batch + "--cache quantized", "--cache quantized"},
+      {batch + "--cache offloaded", "--cache offloaded"},
       {batch + "--kernel flex", "--kernel flex"},
       {batch + "--max-waiting 10", "--max-waiting"},
       // Cache options without the cache they configure.
@@ -113,11 +119,16 @@ TEST(CliOptions, OptionsWithoutEffectExitWith2NamingTheOption) {
 TEST(CliOptions, TheMessageSaysWhoHonoursTheOption) {
   auto r = run_cli("serve --model dummy:tiny --port 0 --kernel flex");
   EXPECT_NE(r.err.find("eager, fused"), std::string::npos) << r.err;
-  r = run_cli("serve --model dummy:tiny --port 0 --cache quantized");
-  EXPECT_NE(r.err.find("always use the paged cache"), std::string::npos) << r.err;
+  r = run_cli("serve --model dummy:tiny --port 0 --cache static");
+  EXPECT_NE(r.err.find("--cache paged"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--cache quantized"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("generate, logits and bench"), std::string::npos) << r.err;
   r = run_cli("serve --model dummy:tiny --port 0 --kv-bits 5");
-  EXPECT_NE(r.err.find("--cache quantized"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("2, 4 or 8"), std::string::npos) << r.err;
+  r = run_cli("serve --model dummy:tiny --port 0 --kv-residual 16");
+  EXPECT_NE(r.err.find("--kv-bits N or --kv-quant SCHEME"), std::string::npos) << r.err;
+  r = run_cli("serve --model dummy:tiny --port 0 --kv-bits 4 --kv-group 32");
+  EXPECT_NE(r.err.find("--block-tokens"), std::string::npos) << r.err;
   r = run_cli("generate --model dummy:tiny -n 2 --block-tokens 8");
   EXPECT_NE(r.err.find("with --cache dynamic"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--cache paged"), std::string::npos) << r.err;
