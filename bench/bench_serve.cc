@@ -160,14 +160,15 @@ static int run(const Args& a) {
     const kvcache::EngineMetrics m0 = engine->metrics();
     const int64_t per_request = a.load.prompt_tokens + a.load.max_tokens;
     const int64_t blocks_per_request = (per_request + a.block_tokens - 1) / a.block_tokens;
-    std::printf("pool: pages %s, block %lld tokens, %lld blocks (%lld tokens); requests of %lld "
-                "tokens it holds at once: %lld; budget %s\n",
-                engine->kv_pages_label().c_str(), static_cast<long long>(a.block_tokens),
-                static_cast<long long>(m0.blocks_total),
-                static_cast<long long>(m0.blocks_total * a.block_tokens),
-                static_cast<long long>(per_request),
-                static_cast<long long>(m0.blocks_total / blocks_per_request),
-                a.kv_budget.empty() ? "none (sized for the streams)" : a.kv_budget.c_str());
+    std::printf(
+        "pool: pages %s, block %lld tokens, %lld blocks (%lld tokens); requests of %lld "
+        "tokens it holds at once: %lld; budget %s\n",
+        engine->kv_pages_label().c_str(), static_cast<long long>(a.block_tokens),
+        static_cast<long long>(m0.blocks_total),
+        static_cast<long long>(m0.blocks_total * a.block_tokens),
+        static_cast<long long>(per_request),
+        static_cast<long long>(m0.blocks_total / blocks_per_request),
+        a.kv_budget.empty() ? "none (sized for the streams)" : a.kv_budget.c_str());
     kvcache::ServedModel sm;
     sm.name = a.model;
     sm.tokenizer = lm->tokenizer.get();

@@ -379,9 +379,10 @@ std::string HttpServer::metrics_text() {
   }
   // An info metric (Prometheus' convention: value 1, the facts in labels): the pool's page
   // format and eviction policy, also in every response's usage.kv_cache.
-  out += "# HELP kvcache_kv_cache_info The KV pool's page format and eviction policy.\n"
-         "# TYPE kvcache_kv_cache_info gauge\nkvcache_kv_cache_info{pages=\"" +
-         engine_.kv_pages_label() + "\",policy=\"" + engine_.kv_policy_label() + "\"} 1\n";
+  out +=
+      "# HELP kvcache_kv_cache_info The KV pool's page format and eviction policy.\n"
+      "# TYPE kvcache_kv_cache_info gauge\nkvcache_kv_cache_info{pages=\"" +
+      engine_.kv_pages_label() + "\",policy=\"" + engine_.kv_policy_label() + "\"} 1\n";
   if (m.compressed_model)  // a labelled counter: why prefix hits were refused
     out +=
         "# HELP kvcache_prefix_refused_total Prefix cache hits refused (the prompt was "

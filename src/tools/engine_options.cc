@@ -39,8 +39,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
       ->description(
           "Quantized pages: kivi (per-channel keys over the block, per-token values) or "
           "llama.cpp's per-token q8_0 / q4_0");
-  cmd->get_option("--kv-group")->description(
-      "Quantized pages: the key group is the block; accepted only equal to --block-tokens");
+  cmd->get_option("--kv-group")
+      ->description(
+          "Quantized pages: the key group is the block; accepted only equal to --block-tokens");
   cmd->get_option("--kv-residual")
       ->description(
           "Quantized pages: the residual is each sequence's partial last block; accepted only "
