@@ -195,6 +195,7 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   po.linear_slots = config_.max_running;
   po.snapshot_every_blocks = co.paged.snapshot_every_blocks;
   po.max_snapshots = co.paged.max_snapshots;
+  po.quant = co.paged.quant;  // quantized pages (issue 43): the store's residuals are billed
   PagedMemoryPlan plan = plan_paged_memory(mc, po);
   if (config_.num_blocks > 0) {
     for (int32_t& b : plan.store.group_blocks) b = config_.num_blocks;
