@@ -739,6 +739,7 @@ StepStatus PagedKVStore::plan_step(int64_t n_tokens, std::span<const int32_t> to
       ws_off_[b] = at;
       at += rows;
     }
+    KV_CHECK(ws_tokens_ == 0 || at <= ws_tokens_, "step checked against max_step_tokens above");
   }
   step_writes_ = 0;
   std::fill(step_wrote_.begin(), step_wrote_.end(), 0);
@@ -1785,6 +1786,14 @@ void PagedKVStore::remap(std::span<const int64_t> rows) {
     if (forks > slots_->num_free())
       bad("out of linear-attention state slots for " + std::to_string(forks) + " repeated rows (" +
               std::to_string(slots_->num_free()) + " free)",
+          ErrorKind::kOutOfRange);
+  }
+  if (config_.quant) {
+    int64_t forks = 0;
+    for (const int u : uses) forks += std::max(0, u - 1);
+    if (forks > static_cast<int64_t>(qfree_.size()))
+      bad("out of residual slots of the quantized pages for " + std::to_string(forks) +
+              " repeated rows (" + std::to_string(qfree_.size()) + " free)",
           ErrorKind::kOutOfRange);
   }
   const std::vector<SeqId> old = batch_;
