@@ -172,13 +172,50 @@ TEST(PagedQuant, EqualsDenseQuantizedWithF16Residual) {
 }
 
 TEST(PagedQuant, SlidingLayersEqualDense) {
-  // W >= G: the dense layer drops a block at the step after its last key left the window, as
-  // the paged group releases it (see the report for the big-chunk corner where they differ).
+  // Decodes and chunks smaller than W - G: the dense layer drops a block at the step after its
+  // last key left the window, when the paged group releases it (the big-chunk corner below).
   for (const Fmt& f : {kFormats[1], kFormats[3]})
     for (const int64_t G : {16, 32}) {
       run_equal(f, G, prefill_then_decodes({37}, 60), "sliding_attention", 40);
       run_equal(f, G, prefill_then_decodes({20, 17}, 60), "sliding_attention", 40);
     }
+}
+
+// The one corner where the spans differ: a step right after a chunk that filled blocks already
+// out of the window. The dense layer drops blocks before its deferred flush, so it keeps them
+// one step longer (a span starting earlier); the paged group released them when the chunk's
+// step closed. The extra keys are masked: the attention output is the same bits, and the paged
+// span is the tail of the dense one.
+TEST(PagedQuant, SlidingSpanAfterABigChunkStartsLaterWithTheSameOutput) {
+  const Fmt f{KVQuantScheme::kKivi, 4};
+  const int64_t G = 16, W = 16;
+  const Shape4 sh = shape_for(f);
+  Cache dense(dense_config(f, G, "sliding_attention", W, DType::kF32));
+  Cache paged(paged_config(f, G, "sliding_attention", W, DType::kF32));
+  std::mt19937 rng(1);
+  int64_t pos = 0, later = 0;
+  for (const int64_t n : {37, 1, 1, 1, 1, 40, 1, 1}) {
+    SCOPED_TRACE("at " + std::to_string(pos));
+    const Tensor k = random_tensor(DType::kF32, {1, sh.H, n, sh.dk}, rng);
+    const Tensor v = random_tensor(DType::kF32, {1, sh.H, n, sh.dv}, rng);
+    const Tensor q = random_tensor(DType::kF32, {1, sh.Hq, n, sh.dk}, rng);
+    const KVSpan sd = dense.update(0, k.view(), v.view());
+    const KVSpan sp = paged.update(0, k.view(), v.view());
+    QueryPositions at;
+    at.pos0 = pos;
+    EXPECT_TRUE(same_bits(attend(q.view(), sd, sh.dv, W, at), attend(q.view(), sp, sh.dv, W, at)));
+    const int64_t skip = offset_of(sp, 0) - offset_of(sd, 0);
+    ASSERT_GE(skip, 0);
+    later += skip > 0;
+    Tensor kd, vd, kp, vp;
+    dequantize_quant_kv(row_of(sd, 0), &kd, &vd);
+    dequantize_quant_kv(row_of(sp, 0), &kp, &vp);
+    Tensor tail = Tensor::empty(DType::kF32, kp.shape());
+    copy_view(kd.view().slice(2, skip, kd.dim(2)), tail.view());
+    EXPECT_TRUE(same_bits(tail, kp));
+    pos += n;
+  }
+  EXPECT_EQ(later, 2);  // after the 37-token prefill and after the 40-token chunk
 }
 
 // Batch rows at different lengths: each row equals the dense cache run on that row alone.
