@@ -309,6 +309,7 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
         std::to_string(config_.layer_types.size()) +
         " layers; it must leave at least one layer that stores");
   if (!dtype_is_float(config_.dtype)) bad("pages store f32, f16 or bf16", ErrorKind::kUnsupported);
+  check_paged_quant(config_);  // first: the reason a quantized store refuses the model
   groups_ = paged_groups(config_.layer_types, config_.sliding_window, config_.compressed.rates);
   if (groups_.empty())
     bad("no attention layers: the paged cache pages K/V blocks and keys its prefix cache by "
@@ -363,7 +364,6 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
     bad("compressed layers need kv_heads 1 (K==V, one head) and head_dim known up front (the "
         "compressor state's widths follow it); got kv_heads " +
         std::to_string(config_.kv_heads) + ", head_dim " + std::to_string(config_.head_dim));
-  check_paged_quant(config_);
   if (config_.quant) {
     kq_.resize(n_layers);
     vq_.resize(n_layers);

@@ -491,7 +491,7 @@ TEST(PagedQuant, RefusesWhatItCannotHold) {
        {"linear_attention", "compressed_sparse_attention", "deepseek_sparse_attention"}) {
     PagedStoreConfig c = quant_store_config(4);
     c.layer_types = {"full_attention", type};
-    expect_refused([&] { check_paged_quant(c); }, ErrorKind::kUnsupported, type);
+    expect_refused([&] { PagedKVStore st(c); }, ErrorKind::kUnsupported, type);
   }
   {  // MLA through the protocol
     CacheConfig c = paged_config({KVQuantScheme::kKivi, 4}, 16, "full_attention", 0, DType::kF32);

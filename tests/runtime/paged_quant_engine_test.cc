@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "core/error.h"
 #include "model/paged_plan.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
@@ -211,6 +212,20 @@ TEST(PagedQuantRuntime, PlannerPredictionIsWhatGetsAllocated) {
     // 4-bit pages: more blocks than f16 pages in the same budget.
     po.quant.reset();
     EXPECT_GT(plan.max_cached_tokens, plan_paged_memory(model.config(), po).max_cached_tokens);
+  }
+  // MLA's latents have no quantized paged format: refused, saying why.
+  ModelConfig mla = model.config();
+  mla.mla.kv_lora_rank = 32;
+  mla.mla.qk_rope_head_dim = 16;
+  PagedPlanOptions po;
+  po.max_cached_tokens = 1024;
+  po.quant = kKivi4;
+  try {
+    (void)plan_paged_memory(mla, po);
+    ADD_FAILURE() << "MLA with quantized pages was planned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("MLA"), std::string::npos) << e.what();
   }
 }
 
