@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cache/cache.h"
+#include "cache/disk_tier.h"
 #include "cache/paged_layer.h"
 #include "cache/paged_store.h"
 #include "cache_test_util.h"
@@ -21,6 +22,7 @@
 #include "kernels/attention_kernel.h"
 #include "kernels/attention_quant.h"
 #include "kernels/kv_quant.h"
+#include "scratch_dir.h"
 
 namespace kvcache {
 namespace {
@@ -388,6 +390,47 @@ TEST(PagedQuant, FormatIsPartOfBlockKeys) {
   f16.free_sequence(s16);
   EXPECT_EQ(f16.match_prefix(t, {}, PagedKVStore::PrefixMatch::kFullBlocks), 64);
   EXPECT_NE(f16.prefix_block_keys(t)[0].back(), q4.prefix_block_keys(t)[0].back());
+}
+
+// Packed blocks spilled to the disk tier and loaded by another store read as computed.
+TEST(PagedQuant, DiskTierRoundTripsPackedBlocks) {
+  testing_util::ScratchDir dir("pq_disk");
+  const std::vector<int32_t> t = prompt_tokens(70, 4);
+  const auto tier = [&](const PagedKVStore& s) {
+    DiskTierOptions o;
+    o.dir = dir.str();
+    o.budget_bytes = 64ull << 20;
+    o.fingerprint = s.layout_digest();
+    o.block_tokens = s.block_tokens();
+    return std::make_shared<DiskTier>(o);
+  };
+  PagedKVStore a(quant_store_config(4));
+  a.set_disk_tier(tier(a));
+  const SeqId sa = a.add_sequence();
+  feed(a, sa, t, 0, 3);
+  const SeqId one_a[1] = {sa};
+  a.set_batch(one_a);
+  Tensor ka, va;
+  dequantize_quant_kv(a.peek_span(1).paged_quant.rows[0], &ka, &va);
+  a.free_sequence(sa);
+  EXPECT_EQ(a.spill_to_disk(), 4);
+  a.set_disk_tier(nullptr);
+
+  PagedKVStore b(quant_store_config(4));
+  b.set_disk_tier(tier(b));
+  const SeqId sb = b.add_sequence();
+  EXPECT_EQ(b.attach_prefix(sb, t), 64);
+  EXPECT_EQ(b.last_prefix_disk_tokens(), 64);
+  feed(b, sb, t, 64, 3);
+  const SeqId one_b[1] = {sb};
+  b.set_batch(one_b);
+  Tensor kb, vb;
+  dequantize_quant_kv(b.peek_span(1).paged_quant.rows[0], &kb, &vb);
+  EXPECT_TRUE(same_bits(ka, kb));
+  EXPECT_TRUE(same_bits(va, vb));
+  EXPECT_EQ(b.check_invariants(), "");
+  // An f16 store's digest differs: its tier never reads these files.
+  EXPECT_NE(PagedKVStore(quant_store_config(0)).layout_digest(), b.layout_digest());
 }
 
 TEST(PagedQuant, BytesArePredictedExactly) {
