@@ -44,6 +44,8 @@ KVSpan PagedLayer::update(const TensorView& k, const TensorView& v) {
       throw Error(ErrorKind::kInvalidArgument, name_ + ": k must be [B, H_kv, S, D]");
     PagedStoreConfig c = pending_;
     c.max_tokens = tokens_per_row_ * std::max<int64_t>(1, k.dim(0));
+    if (c.quant)
+      c.linear_slots = static_cast<int32_t>(std::max<int64_t>(1, k.dim(0)));  // residuals
     store_ = std::make_shared<PagedKVStore>(c);
     store_->attach_layer(0);
   }
@@ -121,8 +123,19 @@ std::unique_ptr<CacheLayer> make_paged_layer(const CacheConfig& config, int laye
   sc.layer_types = {layer_type};
   sc.sliding_window = config.sliding_window;
   sc.dtype = o.kv_dtype.value_or(DType::kF32);
+  sc.quant = o.paged.quant;
+  if (sc.quant && config.kv_content != CacheConfig::KVContent::kPerHead)
+    throw Error(ErrorKind::kUnsupported,
+                "paged cache: layer " + std::to_string(layer_index) +
+                    ": quantized pages hold per-head K/V, but this model's cache holds " +
+                    (config.kv_content == CacheConfig::KVContent::kMlaLatent
+                         ? "MLA's latent c_kv and rotated key k_rot (quantized latents are not "
+                           "defined for the paged store)"
+                         : "K == V once (the packed format cannot serve both)") +
+                    "; use f16/f32 pages");
   if (o.max_batch_size > 0) {
     sc.max_tokens = o.max_cache_len * o.max_batch_size;
+    if (sc.quant) sc.linear_slots = static_cast<int32_t>(o.max_batch_size);
     return std::make_unique<PagedLayer>(std::make_shared<PagedKVStore>(sc), 0);
   }
   return std::make_unique<PagedLayer>(sc, o.max_cache_len);  // rows known at the first update

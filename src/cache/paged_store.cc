@@ -141,6 +141,14 @@ bool paged_layer_owns_pages(const PagedStoreConfig& c, int layer) {
 
 size_t paged_block_bytes(const PagedStoreConfig& c, const PagedGroup& g) {
   const int64_t dv = c.head_dim_v > 0 ? c.head_dim_v : c.head_dim;
+  if (c.quant) {  // packed: one K and one V block per (block, head) of every page-owning layer
+    if (c.kv_heads < 1 || c.head_dim < 1) return 0;
+    const KVBlockFormat f = paged_quant_format(c);
+    size_t layers = 0;
+    for (const int l : g.layers) layers += paged_layer_owns_pages(c, l) ? 1 : 0;
+    return layers * static_cast<size_t>(c.kv_heads) *
+           static_cast<size_t>(kv_k_block_bytes(f) + kv_v_block_bytes(f));
+  }
   const auto bt = static_cast<size_t>(c.block_tokens);
   const size_t index_row = dtype_bytes(c.dtype, c.compressed.index_head_dim);
   size_t total = 0;
@@ -213,6 +221,68 @@ size_t predict_snapshot_bytes(const PagedStoreConfig& c) {
   return LinearSnapshotStore::predict_bytes(linear_layout(c).slot_elems(), c.max_snapshots);
 }
 
+void check_paged_quant(const PagedStoreConfig& c) {
+  if (!c.quant) return;
+  const auto refuse = [](const std::string& why) {
+    throw Error(ErrorKind::kUnsupported, "paged cache: quantized pages (--kv-bits / --kv-quant) " +
+                                             why + "; serve this model with f16/f32 pages");
+  };
+  if (c.shared_kv)
+    refuse(
+        "cannot hold this model's K == V layers: the packed format quantizes keys per channel "
+        "and values per token, so one stored copy cannot serve as both");
+  for (size_t l = 0; l < c.layer_types.size(); ++l) {
+    const std::string& t = c.layer_types[l];
+    if (t == "linear_attention" || is_compressed_layer_type(t) || is_indexed_layer_type(t))
+      refuse("are defined for full and sliding attention layers only, but layer " +
+             std::to_string(l) + " is " + t +
+             " (its state, compressed entries or indexer keys have no quantized format)");
+  }
+}
+
+KVBlockFormat paged_quant_format(const PagedStoreConfig& c) {
+  KV_CHECK(c.quant.has_value(), "paged_quant_format of an unquantized store");
+  const int64_t dv = c.head_dim_v > 0 ? c.head_dim_v : c.head_dim;
+  try {
+    return make_kv_block_format(c.quant->scheme, c.quant->bits, c.block_tokens, c.head_dim, dv);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kInvalidArgument, std::string("paged cache: quantized pages of ") +
+                                                 std::to_string(c.block_tokens) +
+                                                 "-token blocks: " + e.what());
+  }
+}
+
+int32_t paged_sequence_slots(const PagedStoreConfig& c) {
+  return std::max<int32_t>(1, c.linear_slots);
+}
+
+int64_t paged_quant_step_tokens(const PagedStoreConfig& c) {
+  if (c.max_step_tokens > 0) return c.max_step_tokens;
+  const std::vector<int32_t> blocks =
+      c.group_blocks.empty() ? default_group_blocks(c) : c.group_blocks;
+  return static_cast<int64_t>(blocks.empty() ? 0 : blocks[0]) * c.block_tokens;
+}
+
+namespace {
+// Tokens of one layer's step workspace: every row may bring a tail of up to G - 1 tokens.
+int64_t quant_workspace_tokens(const PagedStoreConfig& c) {
+  return static_cast<int64_t>(paged_sequence_slots(c)) * (c.block_tokens - 1) +
+         paged_quant_step_tokens(c);
+}
+}  // namespace
+
+size_t predict_quant_state_bytes(const PagedStoreConfig& c) {
+  if (!c.quant || c.kv_heads < 1 || c.head_dim < 1) return 0;
+  const int64_t dv = c.head_dim_v > 0 ? c.head_dim_v : c.head_dim;
+  const int64_t rows =
+      static_cast<int64_t>(paged_sequence_slots(c)) * c.block_tokens + quant_workspace_tokens(c);
+  size_t layers = 0;
+  for (size_t l = 0; l < c.layer_types.size(); ++l)
+    layers += paged_layer_owns_pages(c, static_cast<int>(l)) ? 1 : 0;
+  return layers * dtype_bytes(c.dtype, rows * c.kv_heads * (c.head_dim + dv)) +
+         static_cast<size_t>(c.block_tokens * std::max(c.head_dim, dv)) * sizeof(float);
+}
+
 Tensor gather_paged(const PagedKV& kv, bool values) {
   const TensorView& pages = values ? kv.v_pages : kv.k_pages;
   int64_t S = 0;
@@ -239,6 +309,7 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
         std::to_string(config_.layer_types.size()) +
         " layers; it must leave at least one layer that stores");
   if (!dtype_is_float(config_.dtype)) bad("pages store f32, f16 or bf16", ErrorKind::kUnsupported);
+  check_paged_quant(config_);  // first: the reason a quantized store refuses the model
   groups_ = paged_groups(config_.layer_types, config_.sliding_window, config_.compressed.rates);
   if (groups_.empty())
     bad("no attention layers: the paged cache pages K/V blocks and keys its prefix cache by "
@@ -293,6 +364,17 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
     bad("compressed layers need kv_heads 1 (K==V, one head) and head_dim known up front (the "
         "compressor state's widths follow it); got kv_heads " +
         std::to_string(config_.kv_heads) + ", head_dim " + std::to_string(config_.head_dim));
+  if (config_.quant) {
+    kq_.resize(n_layers);
+    vq_.resize(n_layers);
+    rk_.resize(n_layers);
+    rv_.resize(n_layers);
+    wk_.resize(n_layers);
+    wv_.resize(n_layers);
+    qrows_.resize(n_layers);
+    qoff_.resize(n_layers);
+    for (int32_t i = paged_sequence_slots(config_) - 1; i >= 0; --i) qfree_.push_back(i);
+  }
   k_pages_.resize(n_layers);
   v_pages_.resize(n_layers);
   c_pages_.resize(n_layers);
@@ -353,6 +435,10 @@ void PagedKVStore::allocate_pages(int64_t kv_heads, int64_t head_dim, int64_t he
   config_.kv_heads = kv_heads;
   config_.head_dim = head_dim;
   config_.head_dim_v = head_dim_v;
+  if (config_.quant) {
+    allocate_quant(kv_heads, head_dim, head_dim_v);
+    return;
+  }
   const int64_t bt = config_.block_tokens, ci = config_.compressed.index_head_dim;
   for (size_t g = 0; g < groups_.size(); ++g) {
     const int32_t nb = config_.group_blocks[g];
@@ -378,6 +464,51 @@ void PagedKVStore::allocate_pages(int64_t kv_heads, int64_t head_dim, int64_t he
       }
     }
   }
+}
+
+void PagedKVStore::allocate_quant(int64_t kv_heads, int64_t head_dim, int64_t head_dim_v) {
+  qfmt_ = paged_quant_format(config_);  // throws for a format these head dims cannot take
+  kbb_ = kv_k_block_bytes(qfmt_);
+  vbb_ = kv_v_block_bytes(qfmt_);
+  const int64_t G = config_.block_tokens, slots = paged_sequence_slots(config_);
+  ws_tokens_ = quant_workspace_tokens(config_);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const auto nb = static_cast<size_t>(config_.group_blocks[g]);
+    for (const int l : groups_[g].layers) {
+      if (!paged_layer_owns_pages(config_, l)) continue;
+      const auto li = static_cast<size_t>(l);
+      kq_[li] = ByteBuffer(nb * static_cast<size_t>(kv_heads * kbb_));
+      vq_[li] = ByteBuffer(nb * static_cast<size_t>(kv_heads * vbb_));
+      rk_[li] = Tensor::zeros(config_.dtype, {slots, kv_heads, G, head_dim});
+      rv_[li] = Tensor::zeros(config_.dtype, {slots, kv_heads, G, head_dim_v});
+      wk_[li] = Tensor::zeros(config_.dtype, {ws_tokens_ * kv_heads * head_dim});
+      wv_[li] = Tensor::zeros(config_.dtype, {ws_tokens_ * kv_heads * head_dim_v});
+    }
+  }
+  qscratch_.assign(static_cast<size_t>(G * std::max(head_dim, head_dim_v)), 0.0f);
+}
+
+std::vector<uint8_t> PagedKVStore::keyed_salt(std::span<const uint8_t> salt) const {
+  std::vector<uint8_t> out;
+  if (config_.quant) {
+    // The format is part of every block key: the same tokens under f16 pages, 2-bit or 4-bit
+    // pages are different blocks (an f16 request never reads a 4-bit block, nor the reverse).
+    const char tag[] = "kvcache quantized pages v1";
+    out.assign(tag, tag + sizeof(tag));
+    const auto G = static_cast<uint32_t>(config_.block_tokens);
+    out.push_back(static_cast<uint8_t>(config_.quant->scheme));
+    out.push_back(static_cast<uint8_t>(config_.quant->bits));
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(G >> (8 * i)));
+  }
+  out.insert(out.end(), salt.begin(), salt.end());
+  return out;
+}
+
+size_t PagedKVStore::quant_state_bytes() const {
+  size_t total = qscratch_.size() * sizeof(float);
+  for (size_t l = 0; l < rk_.size(); ++l)
+    total += rk_[l].size_bytes() + rv_[l].size_bytes() + wk_[l].size_bytes() + wv_[l].size_bytes();
+  return total;
 }
 
 void PagedKVStore::attach_layer(int layer) {
@@ -411,6 +542,16 @@ int64_t PagedKVStore::length(SeqId seq) const {
 }
 
 SeqId PagedKVStore::add_sequence(std::span<const uint8_t> salt) {
+  return new_sequence(keyed_salt(salt));
+}
+
+SeqId PagedKVStore::new_sequence(std::vector<uint8_t> keyed) {
+  if (config_.quant && qfree_.empty())
+    bad("all " + std::to_string(paged_sequence_slots(config_)) +
+            " residual slots of the quantized pages are in use (one per live sequence: its "
+            "tokens past its last full block, in the storage dtype); free a sequence first or "
+            "build the store with more linear_slots (the engine's max_running)",
+        ErrorKind::kOutOfRange);
   if (slots_ && slots_->num_free() == 0)
     bad("all " + std::to_string(slots_->num_slots()) +
             " linear-attention state slots are in use (one per live sequence of a model with "
@@ -424,16 +565,21 @@ SeqId PagedKVStore::add_sequence(std::span<const uint8_t> salt) {
   Seq& s = seqs_[static_cast<size_t>(id)];
   s = Seq{};
   s.live = true;
-  s.salt.assign(salt.begin(), salt.end());
+  s.salt = std::move(keyed);  // the format folded in (keyed_salt)
   s.tables.resize(groups_.size());
   s.keys.resize(groups_.size());
   if (slots_) s.slot = slots_->acquire();
+  if (config_.quant) {
+    s.qslot = qfree_.back();
+    qfree_.pop_back();
+  }
   return id;
 }
 
 void PagedKVStore::drop_seq(Seq& s) {
   release_seq_blocks(s);
   if (slots_ && s.slot >= 0) slots_->release(s.slot);
+  if (s.qslot >= 0) qfree_.push_back(s.qslot);
   s = Seq{};
 }
 
@@ -443,7 +589,8 @@ void PagedKVStore::release_seq_blocks(Seq& s) {
     // The last partial block keeps its rows for a prompt that continues this sequence (a chat's
     // next turn): released, it stays cached until evicted, found by a prefix's tail lookup.
     std::vector<int32_t>& t = s.tables[g];
-    if (groups_[g].kind != GroupKind::kCompressed && s.tokens_known && part > 0 &&
+    // (Quantized pages: the partial block's rows are in the residual slot, not its page.)
+    if (groups_[g].kind != GroupKind::kCompressed && !config_.quant && s.tokens_known && part > 0 &&
         static_cast<int64_t>(t.size()) == full + 1 &&
         static_cast<int64_t>(s.keys[g].size()) == full && !is_null(static_cast<int>(g), t.back()) &&
         pools_[g]->ref_count(t.back()) == 1 && !pools_[g]->is_keyed(t.back()))
@@ -536,6 +683,11 @@ StepStatus PagedKVStore::plan_step(int64_t n_tokens, std::span<const int32_t> to
   if (!tokens.empty() && static_cast<int64_t>(tokens.size()) != B * n_tokens)
     bad("plan_step: " + std::to_string(tokens.size()) + " token ids for a batch of " +
         std::to_string(B) + " x " + std::to_string(n_tokens));
+  if (config_.quant && B * n_tokens > paged_quant_step_tokens(config_))
+    bad("plan_step: " + std::to_string(B) + " x " + std::to_string(n_tokens) +
+        " tokens in one step, but the quantized pages' step workspaces hold " +
+        std::to_string(paged_quant_step_tokens(config_)) +
+        " (PagedStoreConfig::max_step_tokens, the plan's max_tokens_per_step); split the step");
   for (const SeqId id : batch_)
     if (seqs_[static_cast<size_t>(id)].state_lost)
       bad("plan_step: sequence " + std::to_string(id) +
@@ -577,6 +729,18 @@ StepStatus PagedKVStore::plan_step(int64_t n_tokens, std::span<const int32_t> to
   }
   step_tokens_ = n_tokens;
   step_open_ = true;
+  if (config_.quant) {  // rows whose residual would pass a block gather in the workspace
+    const int64_t G = config_.block_tokens;
+    ws_off_.assign(batch_.size(), -1);
+    int64_t at = 0;
+    for (size_t b = 0; b < batch_.size(); ++b) {
+      const int64_t rows = step_base_[b] % G + n_tokens;
+      if (rows <= G) continue;
+      ws_off_[b] = at;
+      at += rows;
+    }
+    KV_CHECK(ws_tokens_ == 0 || at <= ws_tokens_, "step checked against max_step_tokens above");
+  }
   step_writes_ = 0;
   std::fill(step_wrote_.begin(), step_wrote_.end(), 0);
   std::fill(kv_written_.begin(), kv_written_.end(), 0);
@@ -636,6 +800,13 @@ KVSpan PagedKVStore::write(int layer, const TensorView& k, const TensorView& v) 
   if (step_wrote_[static_cast<size_t>(layer)] || kv_written_[static_cast<size_t>(layer)])
     bad(where + "updated twice in one step");
 
+  if (config_.quant) {
+    write_quant(layer, k, v);
+    kv_written_[static_cast<size_t>(layer)] = 1;
+    const KVSpan span = peek_span(layer);  // before part_done closes the step (and quantizes)
+    part_done(layer);
+    return span;
+  }
   const int g = layer_group_[static_cast<size_t>(layer)];
   const int64_t bt = config_.block_tokens, H = config_.kv_heads;
   const TensorView kp = k_pages_[static_cast<size_t>(layer)].view();
@@ -702,6 +873,9 @@ void PagedKVStore::layer_done(int layer) {
     // Key the blocks that became full, then let sliding groups drop what the next query
     // cannot see (dropped blocks stay cached under their keys). The tables the returned span
     // points at are rebuilt only at the next step, so this step's spans stay valid.
+    // Quantized pages: the blocks that became full get their bytes first (a commit's event
+    // sinks read them).
+    if (config_.quant) quantize_closed_step();
     for (const SeqId id : batch_) {
       Seq& s = seqs_[static_cast<size_t>(id)];
       commit_full_blocks(s);
@@ -749,6 +923,7 @@ KVSpan PagedKVStore::peek_span(int layer) const {
   KV_CHECK(allocated(), "peek_span before the pages exist");
   KV_CHECK(paged_layer_owns_pages(config_, layer),
            "peek_span of a KV-shared layer (it owns no pages)");
+  if (config_.quant) return quant_span(layer);
   const auto g = static_cast<size_t>(layer_group_[static_cast<size_t>(layer)]);
   KVSpan span;
   span.kind = KVSpanKind::kPaged;
@@ -763,6 +938,181 @@ KVSpan PagedKVStore::peek_span(int layer) const {
   p.indices = indices_[g].data();
   p.last_page_len = last_len_[g].data();
   return span;
+}
+
+void PagedKVStore::write_quant(int layer, const TensorView& k, const TensorView& v) {
+  const auto li = static_cast<size_t>(layer);
+  const int64_t G = config_.block_tokens, H = config_.kv_heads, n = step_tokens_;
+  for (size_t b = 0; b < batch_.size(); ++b) {
+    const Seq& s = seqs_[static_cast<size_t>(batch_[b])];
+    const int64_t tail = step_base_[b] % G, bi = static_cast<int64_t>(b);
+    for (const auto& [src, res, ws, d] : {std::tuple{&k, &rk_[li], &wk_[li], config_.head_dim},
+                                          std::tuple{&v, &rv_[li], &wv_[li], config_.head_dim_v}}) {
+      const TensorView r = res->view();
+      const size_t row = dtype_bytes(config_.dtype, d);
+      for (int64_t h = 0; h < H; ++h) {
+        std::byte* dst = static_cast<std::byte*>(r.ptr(s.qslot, h, tail));
+        if (ws_off_[b] >= 0) {  // [tail | new] of this head, contiguous in the workspace
+          const int64_t m = tail + n;
+          std::byte* base =
+              static_cast<std::byte*>(ws->data()) +
+              static_cast<size_t>((ws_off_[b] * H + h * m) * d) * dtype_bytes(config_.dtype, 1);
+          if (tail > 0) std::memcpy(base, r.ptr(s.qslot, h, 0), row * static_cast<size_t>(tail));
+          dst = base + row * static_cast<size_t>(tail);
+        }
+        for (int64_t t = 0; t < n; ++t)
+          convert_n(src->ptr(bi, h, t), src->dtype(), dst + row * static_cast<size_t>(t),
+                    config_.dtype, static_cast<size_t>(d));
+      }
+    }
+  }
+}
+
+KVSpan PagedKVStore::quant_span(int layer) const {
+  const auto li = static_cast<size_t>(layer);
+  const auto g = static_cast<size_t>(layer_group_[li]);
+  const int64_t G = config_.block_tokens, H = config_.kv_heads;
+  const int64_t dk = config_.head_dim, dv = config_.head_dim_v;
+  // During a step, a layer that wrote reads the blocks full before the step and its rows after
+  // them (the old tail and the step's tokens); otherwise the blocks full now and the tail.
+  const bool in_step = step_open_;
+  const bool wrote = kv_written_[li] != 0;
+  std::vector<QuantKV>& rows = qrows_[li];
+  std::vector<int64_t>& off = qoff_[li];
+  rows.assign(batch_.size(), QuantKV{});
+  off.assign(batch_.size(), 0);
+  for (size_t b = 0; b < batch_.size(); ++b) {
+    const Seq& s = seqs_[static_cast<size_t>(batch_[b])];
+    const int64_t before = in_step && b < step_base_.size() ? step_base_[b] : s.len;
+    const int64_t full = before / G;
+    int64_t res = before % G;
+    const bool use_ws = in_step && wrote && b < ws_off_.size() && ws_off_[b] >= 0;
+    if (in_step && wrote) res += step_tokens_;
+    // Sliding groups: the released (null) blocks lead the table; the span starts after them.
+    const int32_t* ids = indices_[g].data() + indptr_[g][b];
+    int64_t first = 0;
+    if (groups_[g].kind == GroupKind::kSliding)
+      while (first < full && ids[first] == 0) ++first;
+    QuantKV& q = rows[b];
+    q.scheme = qfmt_.scheme;
+    q.bits = qfmt_.bits;
+    q.group = G;
+    q.v_group = qfmt_.v_group;
+    q.batch = 1;
+    q.heads = H;
+    q.head_dim_k = dk;
+    q.head_dim_v = dv;
+    q.n_blocks = full - first;
+    q.k_blocks = kq_[li].data();
+    q.v_blocks = vq_[li].data();
+    q.k_block_bytes = kbb_;
+    q.v_block_bytes = vbb_;
+    q.k_head_stride = kbb_;
+    q.v_head_stride = vbb_;
+    q.k_page_stride = H * kbb_;
+    q.v_page_stride = H * vbb_;
+    q.block_ids = ids + first;
+    if (use_ws) {
+      const size_t e = dtype_bytes(config_.dtype, 1);
+      auto* kb = static_cast<std::byte*>(const_cast<void*>(wk_[li].data())) +
+                 static_cast<size_t>(ws_off_[b] * H * dk) * e;
+      auto* vb = static_cast<std::byte*>(const_cast<void*>(wv_[li].data())) +
+                 static_cast<size_t>(ws_off_[b] * H * dv) * e;
+      q.k_residual =
+          TensorView(kb, config_.dtype, {1, H, res, dk}, {H * res * dk, res * dk, dk, 1});
+      q.v_residual =
+          TensorView(vb, config_.dtype, {1, H, res, dv}, {H * res * dv, res * dv, dv, 1});
+    } else {
+      q.k_residual = rk_[li].view().slice(0, s.qslot, s.qslot + 1).slice(2, 0, res);
+      q.v_residual = rv_[li].view().slice(0, s.qslot, s.qslot + 1).slice(2, 0, res);
+    }
+    off[b] = first * G;
+  }
+  KVSpan span;
+  span.kind = KVSpanKind::kPagedQuantized;
+  span.paged_quant.batch = static_cast<int64_t>(batch_.size());
+  span.paged_quant.rows = rows.data();
+  span.paged_quant.kv_offset = off.data();
+  return span;
+}
+
+void PagedKVStore::quantize_closed_step() {
+  const int64_t G = config_.block_tokens, H = config_.kv_heads;
+  const size_t e = dtype_bytes(config_.dtype, 1);
+  float* f = qscratch_.data();
+  for (size_t l = 0; l < kq_.size(); ++l) {
+    if (!kv_written_[l] || kq_[l].size() == 0) continue;
+    const auto g = static_cast<size_t>(layer_group_[l]);
+    for (size_t b = 0; b < batch_.size(); ++b) {
+      const Seq& s = seqs_[static_cast<size_t>(batch_[b])];
+      const int64_t full0 = step_base_[b] / G, full1 = s.len / G, rem = s.len % G;
+      const int64_t m = step_base_[b] % G + step_tokens_;  // rows after block full0
+      for (const bool keys : {true, false}) {
+        const TensorView r = (keys ? rk_[l] : rv_[l]).view();
+        std::byte* const ws = static_cast<std::byte*>((keys ? wk_[l] : wv_[l]).data());
+        ByteBuffer* const pages = keys ? &kq_[l] : &vq_[l];
+        const int64_t bytes = keys ? kbb_ : vbb_;
+        const int64_t d = keys ? config_.head_dim : config_.head_dim_v;
+        const int64_t off = ws_off_[b];
+        for (int64_t h = 0; h < H; ++h) {
+          // Row t (from block full0's first token) of this head.
+          const auto row = [&r, &s, ws, off, h, m, d, e, H](int64_t t) -> std::byte* {
+            if (off < 0) return static_cast<std::byte*>(r.ptr(s.qslot, h, t));
+            return ws + static_cast<size_t>((off * H + h * m + t) * d) * e;
+          };
+          for (int64_t i = full0; i < full1; ++i) {
+            // As QuantizedLayer::flush: each row converted to f32, then one block.
+            for (int64_t t = 0; t < G; ++t)
+              convert_n(row((i - full0) * G + t), config_.dtype, f + t * d, DType::kF32,
+                        static_cast<size_t>(d));
+            const int32_t id = s.tables[g][static_cast<size_t>(i)];
+            std::byte* blk = pages->data() + static_cast<size_t>((id * H + h) * bytes);
+            if (keys)
+              kv_quantize_k_block(qfmt_, f, d, blk);
+            else
+              kv_quantize_v_block(qfmt_, f, d, blk);
+          }
+          // The leftover rows become the slot's residual (slot rows are already there).
+          if (ws_off_[b] >= 0 && rem > 0)
+            std::memcpy(r.ptr(s.qslot, h, 0), row((full1 - full0) * G),
+                        static_cast<size_t>(rem * d) * e);
+        }
+      }
+    }
+  }
+}
+
+void PagedKVStore::dequantize_into_slot(int g, int32_t id, int64_t part, int32_t slot) {
+  const int64_t H = config_.kv_heads;
+  float* f = qscratch_.data();
+  for (const int l : groups_[static_cast<size_t>(g)].layers) {
+    const auto li = static_cast<size_t>(l);
+    if (kq_[li].size() == 0) continue;
+    for (int64_t h = 0; h < H; ++h) {
+      // As QuantizedLayer::crop: the block dequantized to f32, its kept rows converted back.
+      kv_dequantize_k_block(qfmt_, kq_[li].data() + (id * H + h) * kbb_, f, config_.head_dim);
+      for (int64_t t = 0; t < part; ++t)
+        convert_n(f + t * config_.head_dim, DType::kF32, rk_[li].view().ptr(slot, h, t),
+                  config_.dtype, static_cast<size_t>(config_.head_dim));
+      kv_dequantize_v_block(qfmt_, vq_[li].data() + (id * H + h) * vbb_, f, config_.head_dim_v);
+      for (int64_t t = 0; t < part; ++t)
+        convert_n(f + t * config_.head_dim_v, DType::kF32, rv_[li].view().ptr(slot, h, t),
+                  config_.dtype, static_cast<size_t>(config_.head_dim_v));
+    }
+  }
+}
+
+void PagedKVStore::copy_slot(int32_t src, int32_t dst, int64_t rows) {
+  if (rows <= 0) return;
+  for (size_t l = 0; l < rk_.size(); ++l) {
+    if (!rk_[l].defined() || rk_[l].size_bytes() == 0) continue;
+    for (Tensor* t : {&rk_[l], &rv_[l]}) {
+      const TensorView r = t->view();
+      for (int64_t h = 0; h < r.dim(1); ++h)
+        std::memcpy(r.ptr(dst, h, 0), r.ptr(src, h, 0),
+                    dtype_bytes(config_.dtype, rows * r.dim(3)));
+    }
+  }
 }
 
 void PagedKVStore::commit_full_blocks(Seq& s) {
@@ -845,7 +1195,9 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
     ids[g].resize(static_cast<size_t>(j));
   }
   // No tail: a partial block has no state; disk blocks are full ones.
-  if (linear_ || has_compressed() || with_disk) return hit;
+  // Quantized pages: whole blocks only — a tail would have to be dequantized into the residual,
+  // which then would not hold what the dense quantized container holds (full precision).
+  if (linear_ || has_compressed() || with_disk || config_.quant) return hit;
   const auto head_len =
       std::min<int64_t>(bt - 1, static_cast<int64_t>(tokens.size()) - 1 - hit.full);
   if (mode == PrefixMatch::kFullBlocks || head_len <= 0) return hit;
@@ -878,7 +1230,7 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
 int64_t PagedKVStore::match_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt,
                                    PrefixMatch mode) {
   if (has_compressed()) return 0;  // refused (attach_prefix counts it)
-  const PrefixHit hit = find_prefix(tokens, salt, mode);
+  const PrefixHit hit = find_prefix(tokens, keyed_salt(salt), mode);
   return hit.full + hit.tail;
 }
 
@@ -943,7 +1295,8 @@ int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens, 
 int64_t PagedKVStore::match_prefix_with_disk(std::span<const int32_t> tokens,
                                              std::span<const uint8_t> salt) {
   if (has_compressed()) return 0;
-  return find_prefix(tokens, salt, PrefixMatch::kFullBlocks, disk_ != nullptr || staged_.blocks > 0)
+  return find_prefix(tokens, keyed_salt(salt), PrefixMatch::kFullBlocks,
+                     disk_ != nullptr || staged_.blocks > 0)
       .full;
 }
 
@@ -980,8 +1333,9 @@ void PagedKVStore::set_remote_tier(std::shared_ptr<RemoteTier> remote) {
   if (remote_) add_event_sink(remote_);
 }
 
-std::vector<std::vector<BlockKey>> PagedKVStore::prefix_block_keys(std::span<const int32_t> tokens,
-                                                                   std::span<const uint8_t> salt) {
+std::vector<std::vector<BlockKey>> PagedKVStore::prefix_block_keys(
+    std::span<const int32_t> tokens, std::span<const uint8_t> raw_salt) {
+  const std::vector<uint8_t> salt = keyed_salt(raw_salt);
   std::vector<std::vector<BlockKey>> keys(groups_.size());
   if (tokens.size() <= 1) return keys;
   const int64_t bt = config_.block_tokens;
@@ -1112,6 +1466,11 @@ Digest128 PagedKVStore::layout_digest() const {
   }
   for (const PagedGroup& g : groups_)
     h.u32(static_cast<uint32_t>(g.kind)).i64(g.window).i64(g.rate);
+  if (config_.quant)  // packed pages: a tier never mixes formats (unquantized digests unchanged)
+    h.str("quantized")
+        .u32(static_cast<uint32_t>(config_.quant->scheme))
+        .u32(static_cast<uint32_t>(config_.quant->bits))
+        .i64(qfmt_.v_group);
   return h.finish();
 }
 
@@ -1142,6 +1501,14 @@ std::vector<std::span<std::byte>> PagedKVStore::block_pages(int g, int32_t id) {
   std::vector<std::span<std::byte>> pages;
   for (const int l : groups_[static_cast<size_t>(g)].layers) {
     if (!paged_layer_owns_pages(config_, l)) continue;
+    if (config_.quant) {  // the packed K then V bytes of the block, every head
+      const auto li = static_cast<size_t>(l);
+      const auto kb = static_cast<size_t>(config_.kv_heads * kbb_),
+                 vb = static_cast<size_t>(config_.kv_heads * vbb_);
+      pages.emplace_back(kq_[li].data() + static_cast<size_t>(id) * kb, kb);
+      pages.emplace_back(vq_[li].data() + static_cast<size_t>(id) * vb, vb);
+      continue;
+    }
     for (Tensor* t : {&k_pages_[static_cast<size_t>(l)], &v_pages_[static_cast<size_t>(l)]}) {
       if (!t->defined() || t->size_bytes() == 0) continue;  // K==V: no V pages
       const size_t page = t->size_bytes() / static_cast<size_t>(t->view().dim(0));
@@ -1269,8 +1636,9 @@ bool PagedKVStore::fork(SeqId seq, int n, std::vector<SeqId>& children) {
     if (group_slots(g, len) % bt != 0 && pools_[static_cast<size_t>(g)]->num_available() < n)
       return false;
   if (slots_ && slots_->num_free() < n) return false;
+  if (config_.quant && static_cast<int64_t>(qfree_.size()) < n) return false;
   for (int c = 0; c < n; ++c) {
-    const SeqId child = add_sequence(seq_ref(seq).salt);  // may reallocate seqs_
+    const SeqId child = new_sequence(seq_ref(seq).salt);  // may reallocate seqs_
     const Seq& s = seq_ref(seq);
     Seq& d = seq_ref(child);
     d.len = s.len;
@@ -1278,6 +1646,7 @@ bool PagedKVStore::fork(SeqId seq, int n, std::vector<SeqId>& children) {
     d.tokens = s.tokens;
     d.keys = s.keys;
     if (slots_) slots_->copy(s.slot, d.slot);
+    if (config_.quant) copy_slot(s.qslot, d.qslot, len % bt);  // the residual
     for (int g = 0; g < num_groups(); ++g) {
       BlockPool& pool = *pools_[static_cast<size_t>(g)];
       const std::vector<int32_t>& src = s.tables[static_cast<size_t>(g)];
@@ -1290,7 +1659,7 @@ bool PagedKVStore::fork(SeqId seq, int n, std::vector<SeqId>& children) {
       }
       if (partial != 0) {
         KV_CHECK(pool.allocate(1, dst), "blocks checked above");
-        copy_block(g, src.back(), dst.back(), partial);
+        if (!config_.quant) copy_block(g, src.back(), dst.back(), partial);  // else: in the slot
       }
     }
     children.push_back(child);
@@ -1336,6 +1705,11 @@ void PagedKVStore::crop(int64_t n) {
     for (int g = 0; g < num_groups(); ++g) {
       BlockPool& pool = *pools_[static_cast<size_t>(g)];
       std::vector<int32_t>& t = s.tables[static_cast<size_t>(g)];
+      // Quantized pages: a cut inside a full (packed) block dequantizes its kept tokens back
+      // into the residual, as the dense container's crop does; a cut inside the residual
+      // just shortens it.
+      if (config_.quant && target[b] % bt != 0 && target[b] / bt < s.len / bt)
+        dequantize_into_slot(g, t[static_cast<size_t>(target[b] / bt)], target[b] % bt, s.qslot);
       pool.release_table(std::span<const int32_t>(t).subspan(static_cast<size_t>(keep_blocks)));
       t.resize(static_cast<size_t>(keep_blocks));
       if (target[b] % bt != 0) {  // the new last block is partial: written next, so private
@@ -1343,7 +1717,7 @@ void PagedKVStore::crop(int64_t n) {
         if (pool.ref_count(last) > 1) {
           std::vector<int32_t> fresh;
           KV_CHECK(pool.allocate(1, fresh), "blocks checked above");
-          copy_block(g, last, fresh[0], target[b] % bt);
+          if (!config_.quant) copy_block(g, last, fresh[0], target[b] % bt);
           pool.release(last);
           t.back() = fresh[0];
         } else {
@@ -1414,6 +1788,14 @@ void PagedKVStore::remap(std::span<const int64_t> rows) {
               std::to_string(slots_->num_free()) + " free)",
           ErrorKind::kOutOfRange);
   }
+  if (config_.quant) {
+    int64_t forks = 0;
+    for (const int u : uses) forks += std::max(0, u - 1);
+    if (forks > static_cast<int64_t>(qfree_.size()))
+      bad("out of residual slots of the quantized pages for " + std::to_string(forks) +
+              " repeated rows (" + std::to_string(qfree_.size()) + " free)",
+          ErrorKind::kOutOfRange);
+  }
   const std::vector<SeqId> old = batch_;
   std::vector<SeqId> next;
   std::vector<uint8_t> taken(old.size(), 0);
@@ -1462,8 +1844,10 @@ size_t PagedKVStore::used_bytes() const {
 
 size_t PagedKVStore::layer_page_bytes(int layer) const {
   const auto l = static_cast<size_t>(layer);
+  size_t q = 0;
+  if (l < kq_.size()) q = kq_[l].size() + vq_[l].size();
   return k_pages_[l].size_bytes() + v_pages_[l].size_bytes() + c_pages_[l].size_bytes() +
-         x_pages_[l].size_bytes();
+         x_pages_[l].size_bytes() + q;
 }
 
 size_t PagedKVStore::pool_bytes() const {
@@ -1484,6 +1868,9 @@ size_t PagedKVStore::snapshot_bytes() const {
 }
 
 size_t PagedKVStore::layer_state_bytes(int layer) const {
+  const auto l = static_cast<size_t>(layer);
+  if (l < rk_.size())  // quantized pages: this layer's residual slots and step workspace
+    return rk_[l].size_bytes() + rv_[l].size_bytes() + wk_[l].size_bytes() + wv_[l].size_bytes();
   const std::string& type = config_.layer_types[static_cast<size_t>(layer)];
   if (is_compressed_layer_type(type))  // its compressors' state in every slot
     return static_cast<size_t>(layer_compressor_elems(config_, type)) * sizeof(float) *
@@ -1501,9 +1888,12 @@ size_t PagedKVStore::leader_extra_bytes() const {
 }
 
 size_t PagedKVStore::bytes() const {
-  size_t total = pool_bytes() + linear_state_bytes() + snapshot_bytes() +
+  size_t total = pool_bytes() + linear_state_bytes() + snapshot_bytes() + quant_state_bytes() +
                  seqs_.capacity() * sizeof(Seq) + batch_.capacity() * sizeof(SeqId) +
-                 step_base_.capacity() * sizeof(int64_t);
+                 step_base_.capacity() * sizeof(int64_t) + ws_off_.capacity() * sizeof(int64_t) +
+                 qfree_.capacity() * sizeof(int32_t);
+  for (size_t l = 0; l < qrows_.size(); ++l)
+    total += qrows_[l].capacity() * sizeof(QuantKV) + qoff_[l].capacity() * sizeof(int64_t);
   for (const Seq& s : seqs_) {
     total += s.tokens.capacity() * sizeof(int32_t) + s.salt.capacity();
     for (const auto& t : s.tables) total += t.capacity() * sizeof(int32_t);
@@ -1516,6 +1906,26 @@ size_t PagedKVStore::bytes() const {
 }
 
 std::string PagedKVStore::check_invariants() const {
+  if (config_.quant) {  // residual slots: one per live sequence, the others free
+    const int32_t n = paged_sequence_slots(config_);
+    std::vector<uint8_t> seen(static_cast<size_t>(n), 0);
+    int32_t live = 0;
+    for (const int32_t f : qfree_) {
+      if (f < 0 || f >= n || seen[static_cast<size_t>(f)]++)
+        return "residual slot " + std::to_string(f) + " free twice or out of range";
+    }
+    for (size_t id = 0; id < seqs_.size(); ++id) {
+      const Seq& s = seqs_[id];
+      if (!s.live) continue;
+      ++live;
+      if (s.qslot < 0 || s.qslot >= n || seen[static_cast<size_t>(s.qslot)]++)
+        return "sequence " + std::to_string(id) + ": residual slot " + std::to_string(s.qslot) +
+               " missing, free or held twice";
+    }
+    if (live + static_cast<int32_t>(qfree_.size()) != n)
+      return "residual slots: " + std::to_string(live) + " live sequences + " +
+             std::to_string(qfree_.size()) + " free != " + std::to_string(n);
+  }
   if (slots_) {
     int32_t live = 0;
     std::vector<uint8_t> seen(static_cast<size_t>(slots_->num_slots()), 0);

@@ -80,6 +80,29 @@
 // blocks past the RAM and disk hit like disk blocks (fresh blocks, committed with source
 // kRemote; no block free ends the hit). Refused for the same models as the disk tier.
 //
+// Quantized pages (issue 43; PagedStoreConfig::quant, format F = make_kv_block_format(scheme,
+// bits, G = block_tokens, D_k, D_v) of kernels/kv_quant.h): a page-owning layer keeps, per
+// block, K bytes [H_kv][kv_k_block_bytes(F)] and V bytes [H_kv][kv_v_block_bytes(F)] — the
+// dense QuantizedLayer's per-(row, head) block, so a full block is one quantization group and
+// its bytes never change after it fills. Each sequence's tokens past its last full block (its
+// residual, < G tokens between steps) are kept in `dtype` in its residual slot ([slots][H_kv]
+// [G][D] per layer; one slot per live sequence, linear_slots of them, add_sequence refuses
+// beyond). The partial last block is allocated as usual (tables, keys and accounting are those
+// of an f16 store) but its page is written only when it fills. A step's rows whose residual
+// would pass G tokens are gathered [tail | new tokens] in a per-layer step workspace (sized
+// for max_step_tokens tokens), so a row's residual view is one contiguous [1, H_kv, n, D].
+// Semantics: the dense QuantizedLayer with group = residual = G, bit for bit — a step's
+// attention reads the blocks that were full before it (packed) and everything after them in
+// full precision; when the step closes, every block that became full is quantized from its
+// rows converted to f32 exactly as QuantizedLayer::flush does, written into its pool block, and
+// keyed (the dense layer flushes the same groups at its next update). write() / peek_span()
+// return kPagedQuantized spans (core/kv_span.h). Prefix keys fold the format into the salt
+// (an f16 block never serves a 4-bit request), prefix hits are whole blocks only (a tail copy
+// would need dequantized rows in the residual, which no longer equal what the dense container
+// holds), fork copies the residual slot, crop into a full block dequantizes its kept tokens
+// back into the residual (as the dense crop does). Refused: MLA latents, K==V (shared_kv),
+// linear, compressed and indexed layers.
+//
 // Ownership: the store owns pages, pools and tables; spans point into them and are valid until
 // the next step or lifecycle call. Not thread-safe (one runtime thread drives it).
 #pragma once
@@ -103,6 +126,7 @@
 #include "core/dtype.h"
 #include "core/kv_span.h"
 #include "core/tensor.h"
+#include "kernels/kv_quant.h"
 
 namespace kvcache {
 
@@ -161,6 +185,9 @@ struct PagedStoreConfig {
   // Quantized pages (PagedOptions::quant; unset: pages of `dtype` rows). The residual (each
   // sequence's partial last block) is kept in `dtype`.
   std::optional<PagedQuantFormat> quant;
+  // Quantized pages: tokens one step may carry over all its rows (sizes the step workspaces;
+  // plan_step refuses more). 0: the first group's capacity (group_blocks[0] * block_tokens).
+  int64_t max_step_tokens = 0;
 };
 
 // Blocks each group gets when config.group_blocks is empty (kept here so the planner, the
@@ -187,6 +214,18 @@ size_t predict_snapshot_bytes(const PagedStoreConfig& config);
 // Bytes of one sequence's state (every linear layer, every compressor), what the planner bills
 // per sequence.
 size_t paged_linear_bytes_per_sequence(const PagedStoreConfig& config);
+// Quantized pages: throws Error(kUnsupported) saying why for a configuration the quantized store
+// refuses (shared_kv, linear / compressed / indexed layers); no-op without config.quant.
+void check_paged_quant(const PagedStoreConfig& config);
+// Quantized pages: the block format of `config` (kv_heads / head_dim must be set).
+KVBlockFormat paged_quant_format(const PagedStoreConfig& config);
+// Quantized pages: sequences that may be live at once (one residual slot each), and tokens one
+// step may carry (max_step_tokens or the first group's capacity).
+int32_t paged_sequence_slots(const PagedStoreConfig& config);
+int64_t paged_quant_step_tokens(const PagedStoreConfig& config);
+// Exact quant_state_bytes() of a store built from `config` (0 without quant): every page-owning
+// layer's residual slots and step workspace, and the f32 scratch of one block.
+size_t predict_quant_state_bytes(const PagedStoreConfig& config);
 
 enum class StepStatus { kOk, kOutOfBlocks };
 
@@ -216,6 +255,7 @@ class PagedKVStore {
   int32_t block_tokens() const { return config_.block_tokens; }
   bool allocated() const {  // the first attention layer's pages (linear layers own none)
     const auto l = static_cast<size_t>(groups_.empty() ? 0 : groups_[0].layers[0]);
+    if (l < kq_.size() && kq_[l].size() > 0) return true;  // quantized pages
     return l < k_pages_.size() && k_pages_[l].defined() && k_pages_[l].size_bytes() > 0;
   }
 
@@ -398,6 +438,14 @@ class PagedKVStore {
   // commits; kComputed otherwise).
   void set_commit_source(BlockSource source) { commit_source_ = source; }
 
+  // --- quantized pages (see above) ----------------------------------------------------------
+  bool quantized() const { return config_.quant.has_value(); }
+  // The block format (valid once the pages exist).
+  const KVBlockFormat& quant_format() const { return qfmt_; }
+  // Residual slots, step workspaces and scratch (constant once the pages exist).
+  size_t quant_state_bytes() const;
+  int32_t free_sequence_slots() const { return static_cast<int32_t>(qfree_.size()); }
+
   // --- accounting -------------------------------------------------------------------------
   PagedGroupStats stats(int g) const;
   size_t used_bytes() const;  // sum over groups
@@ -428,6 +476,7 @@ class PagedKVStore {
     std::vector<std::vector<int32_t>> tables;  // [group][blocks]
     std::vector<std::vector<BlockKey>> keys;   // [group][committed blocks]
     int32_t slot = -1;                         // linear state slot (hybrid models)
+    int32_t qslot = -1;                        // residual slot (quantized pages)
     bool state_lost = false;                   // abort_step left its linear state half-updated
   };
 
@@ -541,6 +590,28 @@ class PagedKVStore {
   // allocation may write another block behind, so not the same buffer).
   std::vector<std::byte> load_buf_;
   int64_t last_disk_tokens_ = 0, disk_loaded_ = 0, disk_load_failed_ = 0;
+  // Quantized pages (see the header comment).
+  KVBlockFormat qfmt_;
+  int64_t kbb_ = 0, vbb_ = 0;        // bytes of one (block, head) of K / V
+  std::vector<ByteBuffer> kq_, vq_;  // [n_layers] [blocks][H_kv][kbb_ | vbb_]
+  std::vector<Tensor> rk_, rv_;      // [n_layers] residual slots [slots, H_kv, G, D]
+  std::vector<Tensor> wk_, wv_;      // [n_layers] step workspaces, flat [tokens * H_kv * D]
+  std::vector<int32_t> qfree_;       // free residual slots (a stack)
+  std::vector<float> qscratch_;      // [G, max(D_k, D_v)] f32 rows
+  std::vector<int64_t> ws_off_;      // [batch] the open step's workspace token offset, -1: slot
+  int64_t ws_tokens_ = 0;            // workspace capacity in tokens
+  mutable std::vector<std::vector<QuantKV>> qrows_;  // [n_layers][batch] span rows
+  mutable std::vector<std::vector<int64_t>> qoff_;   // [n_layers][batch] span kv_offset
+  std::vector<uint8_t> keyed_salt(std::span<const uint8_t> salt) const;
+  SeqId new_sequence(std::vector<uint8_t> keyed);
+  void allocate_quant(int64_t kv_heads, int64_t head_dim, int64_t head_dim_v);
+  KVSpan quant_span(int layer) const;
+  void write_quant(int layer, const TensorView& k, const TensorView& v);
+  void quantize_closed_step();  // the step closes: blocks that became full get their bytes
+  // Dequantizes the first `part` tokens of block `id` of every page-owning layer of group g
+  // into `slot`'s residual (crop).
+  void dequantize_into_slot(int g, int32_t id, int64_t part, int32_t slot);
+  void copy_slot(int32_t src, int32_t dst, int64_t rows);
   // Remote tier.
   std::shared_ptr<RemoteTier> remote_;
   RemoteResult staged_;  // blocks [first_block, first_block + blocks) per group

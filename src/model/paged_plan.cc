@@ -37,6 +37,13 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
   sc.max_snapshots = o.max_snapshots;
   sc.compressed = o.compressed;
   sc.shared_kv = o.shared_kv;
+  sc.quant = o.quant;
+  if (o.quant && model.mla.enabled())
+    throw Error(ErrorKind::kUnsupported,
+                "paged plan: quantized pages hold per-head K/V, but this model uses MLA (a latent "
+                "c_kv and a rotated key k_rot), for which the paged store defines no quantized "
+                "format; use f16/f32 pages");
+  check_paged_quant(sc);
   // Constant per running sequence and per snapshot: billed before any block.
   plan.linear_bytes_per_sequence = paged_linear_bytes_per_sequence(sc);
   plan.linear_state_bytes = predict_linear_state_bytes(sc);
@@ -88,7 +95,13 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
     for (const PagedGroup& g : groups)
       per_block += paged_block_bytes(sc, g) /
                    static_cast<size_t>(g.kind == GroupKind::kCompressed ? g.rate : 1);
-    const size_t fixed = activations + state_bytes;
+    // Quantized pages: each running sequence's residual slot and the step workspaces, sized
+    // for the step this plan allows (a decode step of every running sequence included).
+    if (sc.quant) {
+      sc.max_step_tokens = std::max<int64_t>(plan.max_tokens_per_step, sc.linear_slots);
+      plan.quant_state_bytes = predict_quant_state_bytes(sc);
+    }
+    const size_t fixed = activations + state_bytes + plan.quant_state_bytes;
     const size_t left = o.budget_bytes > fixed ? o.budget_bytes - fixed : 0;
     // Every group gets the same block count (a sliding group's block 0 is its null block).
     auto blocks = static_cast<int64_t>(left / per_block);
@@ -104,9 +117,15 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
                       " bytes cannot hold one forward step (" + std::to_string(activations) +
                       " bytes of activations), the linear-attention state (" +
                       std::to_string(plan.linear_state_bytes) + " bytes) and snapshots (" +
-                      std::to_string(plan.snapshot_bytes) + " bytes) and two blocks of " +
+                      std::to_string(plan.snapshot_bytes) +
+                      " bytes), the quantized pages' residuals and step workspaces (" +
+                      std::to_string(plan.quant_state_bytes) + " bytes) and two blocks of " +
                       std::to_string(per_block) + " bytes; raise --kv-budget");
     assign_blocks(std::min<int64_t>(blocks, INT32_MAX));
+  }
+  if (sc.quant) {
+    sc.max_step_tokens = std::max<int64_t>(plan.max_tokens_per_step, sc.linear_slots);
+    plan.quant_state_bytes = predict_quant_state_bytes(sc);
   }
   plan.activation_bytes = Forward::workspace_bytes_for(model, plan.max_tokens_per_step);
   plan.pool_bytes = predict_pool_bytes(sc);

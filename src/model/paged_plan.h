@@ -64,9 +64,12 @@ struct PagedMemoryPlan {
   size_t linear_bytes_per_sequence = 0;
   size_t linear_state_bytes = 0;
   size_t snapshot_bytes = 0;
+  // Quantized pages: every running sequence's residual slot and the step workspaces of every
+  // layer (the store's quant_state_bytes(), exactly).
+  size_t quant_state_bytes = 0;
   size_t total_bytes() const {
     return activation_bytes + attention_scratch_bytes + pool_bytes + linear_state_bytes +
-           snapshot_bytes;
+           snapshot_bytes + quant_state_bytes;
   }
 };
 

@@ -203,8 +203,6 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
                 "engine: the attention kernel '" + config_.kernel +
                     "' cannot read paged KV blocks; the paged kernels are " + names);
   }
-  if (co.paged.quant)  // until the store keeps quantized pages (issue 43, in progress)
-    throw Error(ErrorKind::kUnsupported, "engine: quantized pages are not implemented yet");
   const PagedPlanOptions po = engine_plan_options(model, config_);
   PagedMemoryPlan plan = plan_paged_memory(mc, po);
   if (po.quant) {

@@ -66,6 +66,10 @@ PagedSessionResult save_paged_session(PagedKVStore& store, const Model& model,
                                       std::span<const int32_t> tokens, const std::string& path) {
   const std::vector<int> layers = page_layers(store);
   if (store.step_open()) throw Error(ErrorKind::kInvalidArgument, "slot save during a step");
+  if (store.quantized())  // the file holds f16/f32 page rows; packed pages have none
+    throw Error(ErrorKind::kUnsupported,
+                "slot save: the session file format holds unquantized page rows, but this "
+                "server's pages are quantized (--kv-bits); use f16/f32 pages to save slots");
   const PagedStoreConfig& c = store.config();
   const int64_t bt = store.block_tokens();
   TaskSequence seq(store);
@@ -104,6 +108,10 @@ PagedSessionResult load_paged_session(PagedKVStore& store, const Model& model,
                                       const std::string& path) {
   const std::vector<int> layers = page_layers(store);
   if (store.step_open()) throw Error(ErrorKind::kInvalidArgument, "slot restore during a step");
+  if (store.quantized())  // the file holds f16/f32 page rows; packed pages have none
+    throw Error(ErrorKind::kUnsupported,
+                "slot restore: the session file format holds unquantized page rows, but this "
+                "server's pages are quantized (--kv-bits); use f16/f32 pages to save slots");
   const PagedStoreConfig& c = store.config();
   SessionFileReader in(path, /*verify=*/true);
   in.check_matches(model_fingerprint(model), kImplementation, dtype_name(c.dtype), c.layer_types);

@@ -25,6 +25,7 @@ PagedPlanOptions paged_plan_options(const CacheConfig& cc, const SessionConfig& 
   po.max_snapshots = 0;
   po.compressed = cc.compressed;
   po.shared_kv = cc.kv_content == CacheConfig::KVContent::kSharedKV;
+  po.quant = cc.options.paged.quant;  // quantized pages (issue 43)
   return po;
 }
 
