@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cache/cache.h"
+#include "cache/layer_state.h"
 #include "cache_test_util.h"
 #include "core/error.h"
 #include "kernels/attention_quant.h"
@@ -436,6 +437,52 @@ TEST(QuantizedLayer, ChunkedDecodeEqualsPrefill) {
     EXPECT_TRUE(testing_util::views_equal(oa.view(), ob.view())) << p;
   }
   EXPECT_GE(identical, kEnd - 48);
+}
+
+struct StateBytes : StateWriter, StateReader {
+  std::vector<uint8_t> data;
+  size_t at = 0;
+  void write(const void* p, size_t n) override {
+    data.insert(data.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+  }
+  void read(void* p, size_t n) override {
+    if (at + n > data.size()) throw Error(ErrorKind::kFormat, "state ends early");
+    std::memcpy(p, data.data() + at, n);
+    at += n;
+  }
+};
+
+// A chunked layer saved mid-chunk (packed blocks and residual, the finished chunks dropped)
+// and restored into a fresh cache continues exactly as the saved one: same spans, bit for bit.
+TEST(QuantizedLayer, ChunkedSaveLoadContinuesAsTheSavedLayer) {
+  constexpr int64_t C = 12, G = 4, R = 4;
+  CacheConfig qc = quant_config(4, G, R);
+  qc.layer_types = {"chunked_attention"};
+  qc.attention_chunk_size = C;
+  Cache saved(qc);
+  std::mt19937 rng(34);
+  for (int i = 0; i < 31; ++i) {
+    const Tensor k = random_tensor(DType::kF32, {1, 2, 1, 8}, rng);
+    saved.update(0, k.view(), k.view());
+  }
+  ASSERT_GT(qlayer(saved).packed_length(), 0);
+  StateBytes file;
+  saved.save(file);
+  Cache restored(qc);
+  restored.load(file);
+  EXPECT_EQ(file.at, file.data.size());
+  EXPECT_EQ(qlayer(restored).first_position(), qlayer(saved).first_position());
+  for (int i = 0; i < 15; ++i) {  // across the chunk start at 36
+    const Tensor k = random_tensor(DType::kF32, {1, 2, 1, 8}, rng);
+    const KVSpan a = saved.update(0, k.view(), k.view());
+    const KVSpan b = restored.update(0, k.view(), k.view());
+    ASSERT_EQ(a.kv_offset, b.kv_offset) << i;
+    Tensor ak, av, bk, bv;
+    dense_of(a, &ak, &av);
+    dense_of(b, &bk, &bv);
+    EXPECT_TRUE(testing_util::views_equal(ak.view(), bk.view())) << i;
+    EXPECT_TRUE(testing_util::views_equal(av.view(), bv.view())) << i;
+  }
 }
 
 // A chunked layer's crop: back inside the current chunk works; before the chunk start the
