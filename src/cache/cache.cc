@@ -19,6 +19,10 @@ RegistryMap& registry() {
   static RegistryMap map;
   return map;
 }
+std::map<std::pair<std::string, std::string>, std::string>& refusals() {
+  static std::map<std::pair<std::string, std::string>, std::string> map;
+  return map;
+}
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -32,10 +36,21 @@ void LayerRegistry::add(const std::string& implementation, const std::string& la
   const bool inserted =
       registry().emplace(std::pair{implementation, layer_type}, std::move(factory)).second;
   KV_CHECK(inserted, "cache layer registered twice: " + implementation + "/" + layer_type);
+  KV_CHECK(!refusals().count({implementation, layer_type}),
+           "a refused cache layer cannot also be registered: " + implementation + "/" + layer_type);
 }
 
 bool LayerRegistry::contains(const std::string& implementation, const std::string& layer_type) {
   return registry().count({implementation, layer_type}) > 0;
+}
+
+void LayerRegistry::refuse(const std::string& implementation, const std::string& layer_type,
+                           std::string reason) {
+  KV_CHECK(!registry().count({implementation, layer_type}),
+           "a registered cache layer cannot also be refused: " + implementation + "/" + layer_type);
+  const bool inserted =
+      refusals().emplace(std::pair{implementation, layer_type}, std::move(reason)).second;
+  KV_CHECK(inserted, "cache layer refused twice: " + implementation + "/" + layer_type);
 }
 
 std::vector<std::string> LayerRegistry::names() {
@@ -49,6 +64,11 @@ std::unique_ptr<CacheLayer> LayerRegistry::create(const std::string& implementat
                                                   const CacheConfig& config, int layer_index) {
   const auto it = registry().find({implementation, layer_type});
   if (it == registry().end()) {
+    if (const auto r = refusals().find({implementation, layer_type}); r != refusals().end()) {
+      throw Error(ErrorKind::kUnsupported, "layer " + std::to_string(layer_index) + " (" +
+                                               implementation + "/" + layer_type +
+                                               "): " + r->second);
+    }
     throw Error(ErrorKind::kUnsupported, "layer " + std::to_string(layer_index) +
                                              ": no cache container for layer type '" + layer_type +
                                              "' with cache implementation '" + implementation +

@@ -177,6 +177,11 @@ class LayerRegistry {
   static bool contains(const std::string& implementation, const std::string& layer_type);
   // "implementation/layer_type" for every entry, sorted.
   static std::vector<std::string> names();
+  // A combination a container declines on purpose: create() then throws Error(kUnsupported)
+  // "layer N (implementation/layer_type): <reason>" — why, and what to use instead — instead of
+  // the generic "no cache container" list. Not an entry: contains() and names() ignore it.
+  static void refuse(const std::string& implementation, const std::string& layer_type,
+                     std::string reason);
 };
 
 // Static registration from a container's own .cc file:
@@ -185,6 +190,12 @@ class LayerRegistry {
   static const bool kvcache_registered_##ident = [] {                      \
     ::kvcache::LayerRegistry::add(implementation, layer_type, factory);    \
     return true;                                                           \
+  }()
+// From the same file, for a layer type the container declines (LayerRegistry::refuse).
+#define KVCACHE_REFUSE_LAYER(ident, implementation, layer_type, reason)   \
+  static const bool kvcache_refused_##ident = [] {                        \
+    ::kvcache::LayerRegistry::refuse(implementation, layer_type, reason); \
+    return true;                                                          \
   }()
 
 class Cache {

@@ -13,53 +13,82 @@ namespace kvcache {
 
 namespace {
 
-std::unique_ptr<CacheLayer> make_quantized(const CacheConfig& c, int layer, bool sliding) {
+enum class QuantWindow { kFull, kSliding, kChunked };
+
+std::unique_ptr<CacheLayer> make_quantized(const CacheConfig& c, int layer, QuantWindow window) {
   QuantizedLayerParams p;
-  p.name = sliding ? "quantized/sliding_attention" : "quantized/full_attention";
+  p.name = window == QuantWindow::kSliding   ? "quantized/sliding_attention"
+           : window == QuantWindow::kChunked ? "quantized/chunked_attention"
+                                             : "quantized/full_attention";
   p.layer_index = layer;
   p.kv_dtype = c.options.kv_dtype;
   p.quantized = c.options.quantized;
-  if (c.kv_content == CacheConfig::KVContent::kMlaLatent) {
-    // KIVI groups keys per channel of a head and the MLA step expands the latent from a dense
-    // or paged span; a quantized latent would need its own error analysis and a dequantizing
-    // expansion, which do not exist.
-    throw Error(
-        ErrorKind::kUnsupported,
-        "layer " + std::to_string(layer) + " (" + p.name +
-            "): this model uses MLA — the cache holds a latent c_kv and a rotated key k_rot, "
-            "not per-head K/V — which the quantized (KIVI) container does not store; use "
-            "--cache dynamic, static or paged");
-  }
+  // kMlaLatent (DeepSeek-V2/V3) is stored as a one-head K (c_kv) and V (k_rot): see the header.
   if (c.kv_content == CacheConfig::KVContent::kSharedKV) {
     // The packed format quantizes keys per channel and values per token, so one stored copy
     // cannot serve as both; two copies would lose the point of K == V.
     throw Error(ErrorKind::kUnsupported,
                 "layer " + std::to_string(layer) + " (" + p.name +
-                    "): this model's K and V are one tensor (K == V, stored once), which the "
-                    "quantized (KIVI) container does not store; use --cache dynamic, static or "
-                    "paged");
+                    "): this model's K and V are one tensor (K == V, stored once, DeepSeek-V4); "
+                    "the quantized (KIVI) container quantizes keys per channel and values per "
+                    "token, so one packed copy cannot serve as both and two copies would double "
+                    "what K == V saves; use --cache dynamic or paged");
   }
-  if (sliding) {
-    if (c.sliding_window < 1) {
+  const auto positive = [&](int64_t v, const char* what) {
+    if (v < 1) {
       throw Error(ErrorKind::kInvalidArgument, "layer " + std::to_string(layer) + " (" + p.name +
-                                                   "): sliding_window must be >= 1, got " +
-                                                   std::to_string(c.sliding_window) +
+                                                   "): " + what + " must be >= 1, got " +
+                                                   std::to_string(v) +
                                                    " (set it from the model config)");
     }
-    p.sliding_window = c.sliding_window;
-  }
+    return v;
+  };
+  if (window == QuantWindow::kSliding)
+    p.sliding_window = positive(c.sliding_window, "sliding_window");
+  if (window == QuantWindow::kChunked)
+    p.chunk_size = positive(c.attention_chunk_size, "attention_chunk_size");
   return std::make_unique<QuantizedLayer>(std::move(p));
 }
 
 }  // namespace
 
-// Only full and sliding attention: any other layer type ("chunked_attention",
-// "linear_attention", ...) finds no entry and Cache construction throws, naming the layer index,
-// its type and the implementation (LayerRegistry::create).
+// Full, sliding and chunked attention. Any other layer type finds no entry, and Cache
+// construction throws naming the layer index, its type and the implementation
+// (LayerRegistry::create), with the reasons registered below for the types this container
+// refuses on purpose.
 KVCACHE_REGISTER_LAYER(quantized_full, "quantized", "full_attention",
-                       [](const CacheConfig& c, int l) { return make_quantized(c, l, false); });
+                       [](const CacheConfig& c, int l) {
+                         return make_quantized(c, l, QuantWindow::kFull);
+                       });
 KVCACHE_REGISTER_LAYER(quantized_sliding, "quantized", "sliding_attention",
-                       [](const CacheConfig& c, int l) { return make_quantized(c, l, true); });
+                       [](const CacheConfig& c, int l) {
+                         return make_quantized(c, l, QuantWindow::kSliding);
+                       });
+KVCACHE_REGISTER_LAYER(quantized_chunked, "quantized", "chunked_attention",
+                       [](const CacheConfig& c, int l) {
+                         return make_quantized(c, l, QuantWindow::kChunked);
+                       });
+KVCACHE_REFUSE_LAYER(
+    quantized_linear, "quantized", "linear_attention",
+    "a linear_attention layer (Gated DeltaNet, Qwen3-Next) keeps a fixed-size recurrent state "
+    "(conv window and delta-rule matrix), not per-token K/V, so there are no token groups for "
+    "KIVI to quantize and nothing that grows with the context to save; use --cache dynamic, "
+    "static, paged or offloaded (they keep the linear state beside the attention K/V)");
+KVCACHE_REFUSE_LAYER(quantized_csa, "quantized", "compressed_sparse_attention",
+                     "a DeepSeek-V4 compressed layer stores one K == V tensor (window and "
+                     "compressed entries, plus the indexer's keys and the buffered rows the next "
+                     "window folds), while KIVI quantizes keys per channel and values per token "
+                     "as two tensors; use --cache dynamic or paged");
+KVCACHE_REFUSE_LAYER(quantized_hca, "quantized", "heavily_compressed_attention",
+                     "a DeepSeek-V4 compressed layer stores one K == V tensor (window and "
+                     "compressed entries, plus the buffered rows the next window folds), while "
+                     "KIVI quantizes keys per channel and values per token as two tensors; use "
+                     "--cache dynamic or paged");
+KVCACHE_REFUSE_LAYER(quantized_dsa, "quantized", "deepseek_sparse_attention",
+                     "DeepSeek-V3.2's sparse attention keeps one indexer key per token beside "
+                     "the latent and gathers its top-k tokens' rows from a dense or paged span "
+                     "(kernels/sparse_attention.h), which packed KIVI blocks are not; use "
+                     "--cache dynamic or paged");
 
 QuantizedLayer::QuantizedLayer(QuantizedLayerParams params) : params_(std::move(params)) {
   const auto bad = [&](const std::string& what) {
@@ -70,6 +99,8 @@ QuantizedLayer::QuantizedLayer(QuantizedLayerParams params) : params_(std::move(
     bad("--kv-bits must be 2, 4 or 8, got " + std::to_string(q.bits));
   if (q.group < 1) bad("--kv-group must be >= 1, got " + std::to_string(q.group));
   if (q.residual < 0) bad("--kv-residual must be >= 0, got " + std::to_string(q.residual));
+  if (params_.sliding_window > 0 && params_.chunk_size > 0)
+    bad("a layer is sliding or chunked, not both");
   if (params_.kv_dtype && !dtype_is_float(*params_.kv_dtype))
     bad(std::string("the residual is stored as f32, f16 or bf16, not ") +
         dtype_name(*params_.kv_dtype) + " (the packed part's format is set by --kv-bits)");
@@ -97,17 +128,31 @@ void QuantizedLayer::init(const TensorView& k, const TensorView& v) {
   initialized_ = true;
 }
 
+int64_t QuantizedLayer::window_start(int64_t p) const {
+  if (params_.sliding_window > 0) return std::max<int64_t>(p - params_.sliding_window + 1, 0);
+  if (params_.chunk_size > 0) return p / params_.chunk_size * params_.chunk_size;
+  return 0;
+}
+
 int64_t QuantizedLayer::blocks_to_drop(int64_t p) const {
-  if (params_.sliding_window <= 0) return 0;
-  const int64_t first_visible = std::max<int64_t>(p - params_.sliding_window + 1, 0);
+  if (!windowed()) return 0;
   const int64_t pos0 = first_position();
   // Block i (from blk_begin_) covers [pos0 + i G, pos0 + (i + 1) G).
-  const int64_t dead = (first_visible - pos0) / params_.quantized.group;
+  const int64_t dead = (window_start(p) - pos0) / params_.quantized.group;
   return std::clamp<int64_t>(dead, 0, blk_end_ - blk_begin_);
 }
 
+int64_t QuantizedLayer::residual_to_drop(int64_t p) const {
+  // A sliding layer keeps its residual: its window moves every step, and trimming would move the
+  // whole residual each time; a chunk start moves once per C tokens.
+  if (params_.chunk_size <= 0 || blocks_to_drop(p) < blk_end_ - blk_begin_) return 0;
+  const int64_t res_first = seq_length_ - n_res_;
+  return std::clamp<int64_t>(window_start(p) - res_first, 0, n_res_);
+}
+
 MaskSizes QuantizedLayer::mask_sizes(int64_t query_len) const {
-  const int64_t start = first_position() + blocks_to_drop(seq_length_) * params_.quantized.group;
+  const int64_t start = first_position() + blocks_to_drop(seq_length_) * params_.quantized.group +
+                        residual_to_drop(seq_length_);
   return {seq_length_ + query_len - start, start};
 }
 
@@ -116,8 +161,10 @@ void QuantizedLayer::reserve(int64_t tokens) {
     throw Error(ErrorKind::kInvalidArgument,
                 where() + ": reserve(" + std::to_string(tokens) + "): tokens must be >= 0");
   const int64_t G = params_.quantized.group;
-  // A sliding layer holds at most its window plus the block straddling its start.
+  // A sliding (chunked) layer holds at most its window (chunk) plus the block straddling its
+  // start.
   if (params_.sliding_window > 0) tokens = std::min(tokens, params_.sliding_window + G);
+  if (params_.chunk_size > 0) tokens = std::min(tokens, params_.chunk_size + G);
   reserved_blocks_ = std::max(reserved_blocks_, (tokens + G - 1) / G);
   const int64_t live = blk_end_ - blk_begin_;
   if (initialized_ && blk_cap_ < reserved_blocks_)
@@ -206,8 +253,13 @@ void QuantizedLayer::flush(int64_t tokens) {
       }
   blk_end_ += nb;
   // The remaining residual tokens move to slot 0 (fewer than G of them in the decode cycle).
+  drop_residual_front(tokens);
+}
+
+void QuantizedLayer::drop_residual_front(int64_t tokens) {
   const int64_t rest = n_res_ - tokens;
-  if (rest > 0) {
+  if (rest > 0 && tokens > 0) {
+    const TensorView rk = res_k_.view(), rv = res_v_.view();
     for (int64_t b = 0; b < batch_; ++b)
       for (int64_t h = 0; h < heads_; ++h) {
         std::memmove(rk.ptr(b, h, 0), rk.ptr(b, h, tokens), dtype_bytes(res_dtype_, rest * dk_));
@@ -245,8 +297,11 @@ KVSpan QuantizedLayer::update(const TensorView& k, const TensorView& v) {
   if (!initialized_) init(k, v);
   const int64_t n = k.dim(2);
 
-  // 1. Sliding layers: drop the whole blocks no query from now on can see.
+  // 1. Sliding and chunked layers: drop the whole blocks no query from now on can see (and a
+  // chunked layer's residual tokens of a finished chunk once no block is left).
+  const int64_t res_drop = residual_to_drop(seq_length_);
   blk_begin_ += blocks_to_drop(seq_length_);
+  drop_residual_front(res_drop);
   // 2. Deferred flush of the residual's oldest whole groups.
   const int64_t G = params_.quantized.group;
   if (n_res_ >= std::max(params_.quantized.residual, G)) flush(n_res_ / G * G);
@@ -294,8 +349,7 @@ void QuantizedLayer::crop(int64_t n) {
   const int64_t keep = n < 0 ? seq_length_ + n : std::min(n, seq_length_);
   if (keep == seq_length_) return;
   const int64_t first = first_position();
-  const int64_t need =
-      params_.sliding_window > 0 ? std::max<int64_t>(keep - params_.sliding_window + 1, 0) : 0;
+  const int64_t need = window_start(keep);
   if (need < first) {
     throw Error(ErrorKind::kOutOfRange,
                 where() + ": cannot crop to " + std::to_string(keep) +
@@ -396,8 +450,7 @@ void QuantizedLayer::load(StateReader& in) {
            std::to_string(dims[1]) + "/" + std::to_string(dims[2]) + "/" + std::to_string(dims[3]) +
            ", this layer " + std::to_string(batch_) + "/" + std::to_string(heads_) + "/" +
            std::to_string(dk_) + "/" + std::to_string(dv_));
-  if (n < 0 || n_res < 0 || seq < n * group + n_res ||
-      (params_.sliding_window <= 0 && seq != n * group + n_res))
+  if (n < 0 || n_res < 0 || seq < n * group + n_res || (!windowed() && seq != n * group + n_res))
     refuse("invalid position in the file");
   if (!initialized_) {  // init() reads only the shapes and dtype of its views
     const TensorView k(nullptr, res, {dims[0], dims[1], 1, dims[2]});

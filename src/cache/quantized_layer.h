@@ -1,4 +1,5 @@
-// QuantizedLayer ("quantized" / "full_attention" and "sliding_attention"): a KIVI-style cache.
+// QuantizedLayer ("quantized" / "full_attention", "sliding_attention" and "chunked_attention"):
+// a KIVI-style cache.
 // The most recent tokens stay in full precision in a residual buffer; once it holds R tokens
 // (QuantizedOptions::residual, default 128) the next update first moves its oldest whole groups
 // of G tokens (QuantizedOptions::group, default 64) into the packed store, quantized with
@@ -20,6 +21,37 @@
 // before p - W + 1 (the first key the next query may see) are dropped — whole groups only, so
 // the span may begin up to G - 1 tokens before the window; the kernel masks them (kv_offset is
 // the first kept token's position). Residual tokens are never dropped (at most R + chunk).
+//
+// Chunked layers (chunks of C, Llama-4): a query at p sees keys [floor(p / C) * C, p]. Before
+// an update at p, packed blocks whose last token is before c0 = floor(p / C) * C are dropped, as
+// for a sliding layer; when that leaves no packed block, the residual's tokens before c0 are
+// dropped too (nothing older is held, so the store stays one contiguous run) and the next
+// flush's groups start at c0. A kept block may straddle c0 (< G tokens of the finished chunk,
+// masked by the kernel: AttentionOptions::chunk_size, kv_offset = first kept token); when G
+// divides C the groups start at chunk starts and none ever does, so each update starts from
+// exactly the tokens of the current chunk, like the dense chunked container
+// (cache/window_layer.h), which drops a finished chunk at the end of the step that finished it
+// (here at the start of the next one: the drop is deferred with the flush).
+//
+// MLA latents (DeepSeek-V2/V3, CacheConfig::KVContent::kMlaLatent; KV cache notes, "MLA"): the
+// model hands the one-head latent c_kv [B, 1, S, d_c] as K and the rotated key k_rot
+// [B, 1, S, d_r] as V, stored like any one-head K and V — KIVI per channel over G tokens on
+// c_kv, per token (groups of v_group channels) on k_rot. Why this way round: c_kv leaves an
+// RMSNorm with a learned per-channel weight (kv_a_layernorm), so its channels differ in scale
+// and a per-channel step fits each (KIVI's argument for keys); it is the larger part (512 of
+// 576 values per token in V3), and it feeds k_nope and v alike through kv_b. The swap would put
+// c_kv per token, one step per v_group channels spanning the outlier channels. k_rot per token
+// is what remains; with G >= d_r one step covers a token's d_r values (not measured on real
+// DeepSeek weights). The MLA step reads the span through read_kv_rows
+// (kernels/kv_span_rows.h), which dequantizes the packed blocks into the step's f32 workspace
+// — an explicit copy of the visible rows per layer and step, which the f32 expansion through
+// kv_b makes anyway for a dense f16 span.
+// Error bound: a packed element is within half a step of its value, |c^ - c| <= D_c / 2 with
+// D_c = (max - min) / (2^b - 1) of channel c over its block's G tokens (f16 scale rounded up and
+// zero down keep this exact: kernels/kv_quant.h), per token and channel group for k_rot;
+// residual rows are exact. Being linear, kv_b carries it to k_nope and v of head h within
+// sum_c |W_kv_b[h, i, c]| D_c / 2 per element. Tested: the element bound on MLA shapes, and
+// logits against the f32 dynamic cache per bit width (tests/runtime/quantized_layers_test.cc).
 //
 // Storage (bytes, owned): per batch row and KV head a run of `block capacity` key blocks and
 // value blocks ([B][H_kv][cap][block_bytes]), live blocks [begin, end); the residual as f32/f16/
@@ -47,6 +79,7 @@ struct QuantizedLayerParams {
   // Scheme, code bits, G: tokens per key group, R: full-precision tokens before a flush.
   QuantizedOptions quantized;
   int64_t sliding_window = 0;  // > 0: a sliding layer of window W
+  int64_t chunk_size = 0;      // > 0: a chunked layer of chunks of C (at most one of the two)
 };
 
 class QuantizedLayer final : public CacheLayer {
@@ -90,8 +123,15 @@ class QuantizedLayer final : public CacheLayer {
  private:
   std::string where() const;
   void init(const TensorView& k, const TensorView& v);
-  // Blocks a sliding layer drops before writing at position p.
+  // First position a query at p (or later) may see: 0, p - W + 1 or floor(p / C) * C.
+  int64_t window_start(int64_t p) const;
+  bool windowed() const { return params_.sliding_window > 0 || params_.chunk_size > 0; }
+  // Blocks a sliding or chunked layer drops before writing at position p.
   int64_t blocks_to_drop(int64_t p) const;
+  // Residual tokens a chunked layer drops before writing at p (after blocks_to_drop(p) blocks):
+  // those before the chunk start, once no packed block is left.
+  int64_t residual_to_drop(int64_t p) const;
+  void drop_residual_front(int64_t tokens);  // the oldest `tokens` residual rows, slots shift
   void flush(int64_t tokens);  // oldest `tokens` (a multiple of G) residual tokens -> blocks
   // Room for `extra` more blocks; growing doubles (or reaches reserved_blocks_), unless `exact`.
   void reserve_blocks(int64_t extra, bool exact = false);

@@ -1,8 +1,9 @@
 // Row access to a KV span, for code that must read the cached tokens themselves rather than
 // attend over them (MLA expands its cached latent into per-head keys and values): the keys of
 // a batch row, and rows widened to f32 wherever the span keeps them — a dense span through its
-// strides, a paged span through its page table. Quantized spans are read in place by
-// quantized_attention only: Error(kUnsupported).
+// strides, a paged span through its page table, a quantized span (dense or paged blocks)
+// dequantized block by block into the caller's rows (an explicit copy: the caller's workspace
+// holds the f32 rows, as it does for a dense f16 span; the residual rows widened exactly).
 #pragma once
 
 #include <cstdint>

@@ -12,7 +12,8 @@
 // recomputing kv_b over the whole visible history every step — O(S·d_c·H·(d_kn+d_v)) per layer.
 //
 // The expansion reads the cached rows through the span (kernels/kv_span_rows.h: dense strides
-// or the page table, the same values either way, so paged equals dense bit for bit) and runs
+// or the page table, the same values either way, so paged equals dense bit for bit; a quantized
+// span's packed blocks dequantized, cache/quantized_layer.h "MLA latents") and runs
 // per batch row — rows of a varlen batch see different histories, and the expansion buffers
 // stay one row's history long. Each row then makes one attend() over its expanded dense span.
 // Queries: q_proj, or q_a_proj -> norm -> q_b_proj (q_lora); RoPE on the last d_r dims of each

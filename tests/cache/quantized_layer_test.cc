@@ -10,13 +10,17 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cache/cache.h"
+#include "cache/layer_state.h"
 #include "cache_test_util.h"
 #include "core/error.h"
 #include "kernels/attention_quant.h"
+#include "kernels/attention_reference.h"
 #include "kernels/kv_quant.h"
+#include "kernels/kv_span_rows.h"
 
 namespace kvcache {
 namespace {
@@ -254,16 +258,53 @@ TEST(QuantizedLayer, SelectAndReorderRows) {
 
 TEST(QuantizedLayer, RefusesOtherLayerTypesAndBadOptions) {
   CacheConfig c = quant_config(4, 64, 128);
-  c.layer_types = {"full_attention", "chunked_attention"};
-  c.attention_chunk_size = 8;
+  // Each refused type says why and what to use instead.
+  for (const char* type : {"linear_attention", "compressed_sparse_attention",
+                           "heavily_compressed_attention", "deepseek_sparse_attention"}) {
+    c.layer_types = {"full_attention", type};
+    try {
+      Cache cache(c);
+      ADD_FAILURE() << type << " must be refused";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << m;
+      EXPECT_NE(m.find(std::string("layer 1 (quantized/") + type + ")"), std::string::npos) << m;
+      EXPECT_NE(m.find("KIVI"), std::string::npos) << m;  // why
+      EXPECT_NE(m.find("use --cache dynamic"), std::string::npos) << m;
+    }
+    EXPECT_FALSE(LayerRegistry::contains("quantized", type));  // a refusal is not an entry
+  }
+  // A type nobody declared still gets the registry's list.
+  c.layer_types = {"full_attention", "mystery_attention"};
   try {
     Cache cache(c);
-    FAIL() << "a chunked layer must be refused";
+    ADD_FAILURE() << "an unknown type must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no cache container"), std::string::npos) << e.what();
+  }
+  // K == V (DeepSeek-V4) is refused for every attention type, saying why.
+  c.layer_types = {"sliding_attention"};
+  c.sliding_window = 8;
+  c.kv_content = CacheConfig::KVContent::kSharedKV;
+  try {
+    Cache cache(c);
+    ADD_FAILURE() << "K == V must be refused";
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("layer 1"), std::string::npos) << m;
-    EXPECT_NE(m.find("chunked_attention"), std::string::npos) << m;
-    EXPECT_NE(m.find("quantized"), std::string::npos) << m;
+    EXPECT_NE(m.find("layer 0 (quantized/sliding_attention)"), std::string::npos) << m;
+    EXPECT_NE(m.find("K == V"), std::string::npos) << m;
+    EXPECT_NE(m.find("per channel"), std::string::npos) << m;
+    EXPECT_NE(m.find("use --cache dynamic or paged"), std::string::npos) << m;
+  }
+  c.kv_content = CacheConfig::KVContent::kPerHead;
+  c.layer_types = {"chunked_attention"};
+  c.attention_chunk_size = 0;
+  try {
+    Cache cache(c);
+    ADD_FAILURE() << "a chunked layer without a chunk size must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_chunk_size must be >= 1"), std::string::npos)
+        << e.what();
   }
   c.layer_types = {"full_attention"};
   c.options.quantized.bits = 3;
@@ -276,6 +317,244 @@ TEST(QuantizedLayer, RefusesOtherLayerTypesAndBadOptions) {
   c.options.quantized.bits = 4;
   c.options.kv_dtype = DType::kQ8_0;
   EXPECT_THROW(Cache{c}, Error);
+}
+
+// Chunked layers (chunks of C): a decode at p sees [floor(p / C) * C, p]. The span starts at
+// the chunk start (G divides C: the groups start at chunk starts) or at most G - 1 tokens
+// before it (G does not divide C: a block straddles it), holds every key the dense chunked
+// container holds, and the fused kernel's output equals the reference attention over the
+// dense container's positions with the dequantized values (the straddling keys masked out).
+TEST(QuantizedLayer, ChunkedKeepsTheCurrentChunkLikeTheDenseContainer) {
+  for (auto [C, G, R] : {std::tuple<int64_t, int64_t, int64_t>{12, 4, 8}, {10, 4, 8}, {8, 4, 16}}) {
+    CacheConfig qc = quant_config(4, G, R);
+    qc.layer_types = {"chunked_attention"};
+    qc.attention_chunk_size = C;
+    CacheConfig dc = qc;
+    dc.options.implementation = "dynamic";
+    Cache quant(qc), dense(dc);
+    std::mt19937 rng(31);
+    History hist(DType::kF32);
+    constexpr int64_t kHq = 4, kHkv = 2, kD = 8;
+    int64_t p = 0;
+    for (int step = 0; step < 50; ++step) {
+      const int64_t n = step == 0 ? 17 : step % 9 == 4 ? 3 : 1;  // a prefill, then mostly decode
+      const Tensor k = random_tensor(DType::kF32, {1, kHkv, n, kD}, rng);
+      const Tensor v = random_tensor(DType::kF32, {1, kHkv, n, kD}, rng);
+      const Tensor q = random_tensor(DType::kF32, {1, kHq, n, kD}, rng);
+      hist.append(k.view(), v.view());
+      const MaskSizes ms = quant.mask_sizes(0, n);
+      const KVSpan qs = quant.update(0, k.view(), v.view());
+      const KVSpan ds = dense.update(0, k.view(), v.view());
+      const std::string at = "C " + std::to_string(C) + " G " + std::to_string(G) + " p " +
+                             std::to_string(p) + " n " + std::to_string(n);
+      const int64_t chunk0 = p / C * C;
+      ASSERT_EQ(ds.kv_offset, chunk0) << at;
+      EXPECT_EQ(ms.kv_offset, qs.kv_offset) << at;
+      EXPECT_EQ(ms.kv_length, qs.quant.seq_len()) << at;
+      EXPECT_EQ(qs.kv_offset + qs.quant.seq_len(), p + n) << at;
+      EXPECT_LE(qs.kv_offset, chunk0) << at;
+      EXPECT_GT(qs.kv_offset + G, chunk0) << at;
+      if (C % G == 0) {
+        EXPECT_EQ(qs.kv_offset, chunk0) << at;
+      }
+      Tensor qk, qv;
+      dense_of(qs, &qk, &qv);
+      expect_close(qk, qv, hist, qs.kv_offset, qs.kv_offset + qs.quant.packed_len(), 4, G,
+                   qlayer(quant).value_group());
+      // The dense container's positions, with the quantized container's values.
+      const int64_t skip = ds.kv_offset - qs.kv_offset, len = ds.k.dim(2);
+      ASSERT_EQ(skip + len, qs.quant.seq_len()) << at;
+      AttentionOptions o;
+      o.chunk_size = C;
+      o.q_offset = p;
+      o.kv_offset = qs.kv_offset;
+      o.kv_split = -1;
+      Tensor out = Tensor::empty(DType::kF32, {1, kHq, n, kD});
+      quantized_attention(q.view(), qs.quant, out.view(), o);
+      o.kv_offset = ds.kv_offset;
+      const ReferenceResult ref = attention_reference(
+          q.view(), qk.view().slice(2, skip, skip + len), qv.view().slice(2, skip, skip + len), o);
+      const float* got = out.view().ptr_as<float>(0, 0, 0);
+      for (size_t i = 0; i < ref.out.size(); ++i)
+        ASSERT_NEAR(got[i], ref.out[i], 1e-5) << at << " element " << i;
+      p += n;
+    }
+    // Between the chunk start and the end: at most G - 1 straddling tokens beyond the chunk.
+    EXPECT_LE(qlayer(quant).packed_length() + qlayer(quant).residual_length(), C + G - 1 + 3);
+  }
+}
+
+// Decode == prefill on a chunked layer: one update of the whole prompt, or the same tokens one
+// at a time. With G dividing C, every chunk start restarts the groups in both, so the packed
+// blocks of a position packed in both are the same bytes; once the residual cycles meet (at the
+// latest at the next chunk start), the spans — and so the kernel's outputs — are identical.
+TEST(QuantizedLayer, ChunkedDecodeEqualsPrefill) {
+  // 45 = 32 + 13: the prefill's first decode flushes 32..43 at once, the decode path 32..39 at
+  // 40; the cycles meet at the next chunk start, 48.
+  constexpr int64_t C = 16, G = 4, R = 8, kPrompt = 45, kEnd = 70, kD = 8;
+  CacheConfig qc = quant_config(2, G, R);
+  qc.layer_types = {"chunked_attention"};
+  qc.attention_chunk_size = C;
+  Cache prefill(qc), decode(qc);
+  std::mt19937 rng(32);
+  const Tensor k = random_tensor(DType::kF32, {1, 2, kEnd, kD}, rng);
+  const Tensor v = random_tensor(DType::kF32, {1, 2, kEnd, kD}, rng);
+  prefill.update(0, k.view().slice(2, 0, kPrompt), v.view().slice(2, 0, kPrompt));
+  for (int64_t p = 0; p < kPrompt; ++p)
+    decode.update(0, k.view().slice(2, p, p + 1), v.view().slice(2, p, p + 1));
+  int identical = 0;
+  for (int64_t p = kPrompt; p < kEnd; ++p) {
+    const KVSpan a = prefill.update(0, k.view().slice(2, p, p + 1), v.view().slice(2, p, p + 1));
+    const KVSpan b = decode.update(0, k.view().slice(2, p, p + 1), v.view().slice(2, p, p + 1));
+    ASSERT_EQ(a.kv_offset, b.kv_offset) << p;
+    ASSERT_EQ(a.quant.seq_len(), b.quant.seq_len()) << p;
+    Tensor ak, av, bk, bv;
+    dense_of(a, &ak, &av);
+    dense_of(b, &bk, &bv);
+    // Packed in both: the same bytes, so the same values.
+    const int64_t both = std::min(a.quant.packed_len(), b.quant.packed_len());
+    EXPECT_TRUE(testing_util::views_equal(ak.view().slice(2, 0, both), bk.view().slice(2, 0, both)))
+        << p;
+    EXPECT_TRUE(testing_util::views_equal(av.view().slice(2, 0, both), bv.view().slice(2, 0, both)))
+        << p;
+    if (a.quant.packed_len() != b.quant.packed_len()) {
+      EXPECT_LT(p, 48) << "the residual cycles meet at chunk start 48";
+      continue;
+    }
+    ++identical;
+    EXPECT_TRUE(testing_util::views_equal(ak.view(), bk.view())) << p;
+    EXPECT_TRUE(testing_util::views_equal(av.view(), bv.view())) << p;
+    const Tensor q = random_tensor(DType::kF32, {1, 2, 1, kD}, rng);
+    AttentionOptions o;
+    o.chunk_size = C;
+    o.q_offset = p;
+    o.kv_offset = a.kv_offset;
+    o.kv_split = -1;
+    Tensor oa = Tensor::empty(DType::kF32, {1, 2, 1, kD}),
+           ob = Tensor::empty(DType::kF32, {1, 2, 1, kD});
+    quantized_attention(q.view(), a.quant, oa.view(), o);
+    quantized_attention(q.view(), b.quant, ob.view(), o);
+    EXPECT_TRUE(testing_util::views_equal(oa.view(), ob.view())) << p;
+  }
+  EXPECT_GE(identical, kEnd - 48);
+}
+
+struct StateBytes : StateWriter, StateReader {
+  std::vector<uint8_t> data;
+  size_t at = 0;
+  void write(const void* p, size_t n) override {
+    data.insert(data.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+  }
+  void read(void* p, size_t n) override {
+    if (at + n > data.size()) throw Error(ErrorKind::kFormat, "state ends early");
+    std::memcpy(p, data.data() + at, n);
+    at += n;
+  }
+};
+
+// A chunked layer saved mid-chunk (packed blocks and residual, the finished chunks dropped)
+// and restored into a fresh cache continues exactly as the saved one: same spans, bit for bit.
+TEST(QuantizedLayer, ChunkedSaveLoadContinuesAsTheSavedLayer) {
+  constexpr int64_t C = 12, G = 4, R = 4;
+  CacheConfig qc = quant_config(4, G, R);
+  qc.layer_types = {"chunked_attention"};
+  qc.attention_chunk_size = C;
+  Cache saved(qc);
+  std::mt19937 rng(34);
+  for (int i = 0; i < 31; ++i) {
+    const Tensor k = random_tensor(DType::kF32, {1, 2, 1, 8}, rng);
+    saved.update(0, k.view(), k.view());
+  }
+  ASSERT_GT(qlayer(saved).packed_length(), 0);
+  StateBytes file;
+  saved.save(file);
+  Cache restored(qc);
+  restored.load(file);
+  EXPECT_EQ(file.at, file.data.size());
+  EXPECT_EQ(qlayer(restored).first_position(), qlayer(saved).first_position());
+  for (int i = 0; i < 15; ++i) {  // across the chunk start at 36
+    const Tensor k = random_tensor(DType::kF32, {1, 2, 1, 8}, rng);
+    const KVSpan a = saved.update(0, k.view(), k.view());
+    const KVSpan b = restored.update(0, k.view(), k.view());
+    ASSERT_EQ(a.kv_offset, b.kv_offset) << i;
+    Tensor ak, av, bk, bv;
+    dense_of(a, &ak, &av);
+    dense_of(b, &bk, &bv);
+    EXPECT_TRUE(testing_util::views_equal(ak.view(), bk.view())) << i;
+    EXPECT_TRUE(testing_util::views_equal(av.view(), bv.view())) << i;
+  }
+}
+
+// A chunked layer's crop: back inside the current chunk works; before the chunk start the
+// dropped tokens are gone (Error naming what is missing).
+TEST(QuantizedLayer, ChunkedCrop) {
+  constexpr int64_t C = 8, G = 4, R = 4;
+  CacheConfig qc = quant_config(8, G, R);
+  qc.layer_types = {"chunked_attention"};
+  qc.attention_chunk_size = C;
+  Cache cache(qc);
+  std::mt19937 rng(33);
+  for (int i = 0; i < 21; ++i) {
+    const Tensor k = random_tensor(DType::kF32, {1, 1, 1, 8}, rng);
+    cache.update(0, k.view(), k.view());
+  }
+  // 21 tokens: chunk 16..23 holds 16..20.
+  EXPECT_EQ(qlayer(cache).first_position(), 16);
+  cache.crop(18);
+  EXPECT_EQ(cache.seq_length(), 18);
+  EXPECT_THROW(cache.crop(15), Error);  // a query at 15 needs chunk 8..15, dropped
+  const Tensor k = random_tensor(DType::kF32, {1, 1, 1, 8}, rng);
+  const KVSpan span = cache.update(0, k.view(), k.view());
+  EXPECT_EQ(span.kv_offset, 16);
+  EXPECT_EQ(span.quant.seq_len(), 3);
+}
+// MLA latents (kMlaLatent): c_kv [B, 1, S, d_c] in the K slot (per channel), k_rot [B, 1, S, d_r]
+// in the V slot (per token), mla-tiny's widths. The element bound holds on the latent, and
+// read_kv_rows — what the MLA step expands from — gives the span's dequantized rows bit for
+// bit, into strided rows, whole or ending inside a block.
+TEST(QuantizedLayer, MlaLatentRowsReadDequantized) {
+  constexpr int64_t kDc = 32, kDr = 8, G = 4, R = 4;
+  CacheConfig c = quant_config(4, G, R);
+  c.kv_content = CacheConfig::KVContent::kMlaLatent;
+  Cache cache(c);
+  std::mt19937 rng(41);
+  History hist(DType::kF32);
+  KVSpan span;
+  for (int step = 0; step < 12; ++step) {
+    const int64_t n = step == 0 ? 9 : 1;
+    const Tensor lat = random_tensor(DType::kF32, {2, 1, n, kDc}, rng);
+    const Tensor rot = random_tensor(DType::kF32, {2, 1, n, kDr}, rng);
+    hist.append(lat.view(), rot.view());
+    span = cache.update(0, lat.view(), rot.view());
+    Tensor dk, dv;
+    dense_of(span, &dk, &dv);
+    expect_close(dk, dv, hist, 0, span.quant.packed_len(), 4, G, qlayer(cache).value_group());
+  }
+  ASSERT_GT(span.quant.packed_len(), 0);
+  ASSERT_GT(span.quant.residual_len(), 0);
+  Tensor dk, dv;
+  dense_of(span, &dk, &dv);
+  const int64_t S = span.quant.seq_len(), ld = 3 * kDc;  // rows wider than D, as MLA reads k_rot
+  for (const int64_t n : {S, span.quant.packed_len() - 1, int64_t{2}}) {
+    for (int64_t b = 0; b < 2; ++b) {
+      std::vector<float> rows(static_cast<size_t>(S * ld), -7.0f);
+      read_kv_rows(span, KVPart::kK, b, 0, n, rows.data(), ld);
+      for (int64_t j = 0; j < S; ++j) {
+        if (j >= n) {
+          EXPECT_EQ(rows[static_cast<size_t>(j * ld)], -7.0f) << "row " << j << " beyond n";
+          continue;
+        }
+        ASSERT_EQ(std::memcmp(rows.data() + j * ld, dk.view().ptr_as<float>(b, 0, j), kDc * 4), 0)
+            << "latent row " << j << " of " << n;
+        EXPECT_EQ(rows[static_cast<size_t>(j * ld + kDc)], -7.0f) << "wrote past D";
+      }
+      read_kv_rows(span, KVPart::kV, b, 0, n, rows.data() + kDc, ld);
+      for (int64_t j = 0; j < n; ++j)
+        ASSERT_EQ(
+            std::memcmp(rows.data() + j * ld + kDc, dv.view().ptr_as<float>(b, 0, j), kDr * 4), 0)
+            << "k_rot row " << j << " of " << n;
+    }
+  }
 }
 
 // 16K tokens, 8 KV heads, D = 128, filled 64 tokens per update (the flush cycle at steady
