@@ -90,6 +90,10 @@ EngineConfig engine_config(const EngineOptions& o, const Model& model) {
   EngineConfig c;
   c.kernel = sc.kernel;
   c.cache = sc.cache;  // "paged"; max_cache_len 0: the engine's default pool
+  // The paged store does not evict: option_rules refuses a lossy --kv-policy for serve and batch.
+  // Once it does, KVPolicy::key() belongs in its block keys (issue 43), so that a block computed
+  // under a lossy policy never serves a request that asked for exact attention.
+  KV_CHECK(c.cache.policy.exact(), "serve/batch got a lossy --kv-policy past option_rules");
   c.kv_budget_bytes = sc.kv_budget_bytes;
   if (o.model.chunk < 1) throw Error(ErrorKind::kInvalidArgument, "--chunk must be >= 1");
   c.max_tokens_per_step = o.model.chunk;
