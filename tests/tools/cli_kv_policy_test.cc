@@ -33,7 +33,7 @@ TEST(CliKVPolicy, LogitsComparesWithExact) {
   KVCACHE_REQUIRE_STORIES();
   kvcache::testing_util::ScratchDir dir("cli_kv_policy");
   std::string ids = "1";
-  for (int i = 0; i < 120; ++i) ids += " " + std::to_string(3 + (i * 29) % 500);
+  for (int i = 0; i < 120; ++i) ids.append(" ").append(std::to_string(3 + (i * 29) % 500));
   auto compare = [&](const std::string& spec) {
     CliResult r = run_cli("logits --model " + shell_quote(kModel) + " --prompt-ids '" + ids +
                           "' --n-prompt 20 --compare-exact --kv-policy " + spec + " -o " +
