@@ -16,8 +16,8 @@ constexpr int64_t kMaxWeightFloats = int64_t{1} << 22;  // 16 MiB
 }  // namespace
 
 EvictingLayer::EvictingLayer(DenseLayerParams params, const KVPolicy& policy,
-                             CacheConfig::KVContent content)
-    : DenseLayer(std::move(params)), policy_(policy) {
+                             CacheConfig::KVContent content, int64_t max_cache_len)
+    : DenseLayer(std::move(params)), policy_(policy), max_cache_len_(max_cache_len) {
   policy_.validate();
   if (policy_.exact())
     throw Error(ErrorKind::kInvalidArgument,
@@ -31,7 +31,12 @@ EvictingLayer::EvictingLayer(DenseLayerParams params, const KVPolicy& policy,
             " needs per-head keys and values (GQA attention); this model caches " +
             (content == CacheConfig::KVContent::kMlaLatent ? "MLA latents" : "K == V once") +
             "; use --kv-policy exact");
-  params_.name = "dynamic/full_attention+" + policy_.key();
+  if (params_.fixed_storage && max_cache_len_ <= 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                where() + ": the static cache needs max_cache_len > 0 (got " +
+                    std::to_string(max_cache_len_) + "); pass --max-cache-len");
+  params_.name = std::string(params_.fixed_storage ? "static" : "dynamic") + "/full_attention+" +
+                 policy_.key();
 }
 
 int64_t EvictingLayer::kept_before(int64_t n) const {
@@ -187,12 +192,30 @@ KVSpan EvictingLayer::update(const TensorView& k, const TensorView& v) {
                     "last step were not reported (Cache::observe_queries; the GQA attention "
                     "layers report them, model/gqa_attention.cc); use --kv-policy streaming or "
                     "exact with this model");
+  const bool fixed = params_.fixed_storage;
+  if (fixed && kept_before(n) + n > max_cache_len_)  // before any change: the cache stays intact
+    throw Error(ErrorKind::kOutOfRange,
+                where() + ": cannot write " + std::to_string(n) + " tokens: with the " +
+                    std::to_string(kept_before(n)) + " the policy keeps, the step needs " +
+                    std::to_string(kept_before(n) + n) + " of the static storage's " +
+                    std::to_string(max_cache_len_) +
+                    " slots (max_cache_len); raise --max-cache-len, prefill in smaller chunks "
+                    "(--chunk) or use the dynamic cache");
   const bool empty = !buf_.allocated() || buf_.size() == 0;
-  prepare_rows(k, v, std::max(n, kMinCapacity));
+  prepare_rows(k, v, fixed ? max_cache_len_ : std::max(n, kMinCapacity));
   const int64_t B = buf_.batch(), H = buf_.shape().heads;
-  if (empty) planes_.assign(static_cast<size_t>(B * H), Plane{});
+  if (empty) {
+    planes_.assign(static_cast<size_t>(B * H), Plane{});
+    if (fixed) {  // static: every byte at the first update (bytes() never changes after it)
+      for (Plane& pl : planes_) {
+        pl.pos.reserve(static_cast<size_t>(max_cache_len_));
+        pl.score.reserve(static_cast<size_t>(max_cache_len_));
+      }
+    }
+  }
   evict(n);
   const int64_t end = buf_.end();
+  KV_CHECK(!fixed || end + n <= buf_.capacity(), "the static check above bounds the step");
   if (end + n > buf_.capacity())
     buf_.reallocate(buf_.batch_capacity(), std::max(2 * buf_.capacity(), end + n));
   buf_.append(k, v);
@@ -415,8 +438,15 @@ std::unique_ptr<CacheLayer> make_evicting(const CacheConfig& config, int layer_i
       dense_params(config, layer_index, "dynamic/full_attention", /*fixed_storage=*/false),
       config.options.policy, config.kv_content);
 }
+
+std::unique_ptr<CacheLayer> make_static_evicting(const CacheConfig& config, int layer_index) {
+  return std::make_unique<EvictingLayer>(
+      dense_params(config, layer_index, "static/full_attention", /*fixed_storage=*/true),
+      config.options.policy, config.kv_content, config.options.max_cache_len);
+}
 }  // namespace
 
 KVCACHE_REGISTER_POLICY_LAYER(dynamic_evicting, "dynamic", make_evicting);
+KVCACHE_REGISTER_POLICY_LAYER(static_evicting, "static", make_static_evicting);
 
 }  // namespace kvcache

@@ -1,7 +1,13 @@
 // EvictingLayer: a dense full-attention container under a lossy KVPolicy (cache/kv_policy.h:
-// StreamingLLM, H2O, SnapKV). It is the "dynamic" container plus eviction: registered in
-// PolicyLayerRegistry as "dynamic", the Cache builds it for full_attention layers when the
-// options carry a lossy policy. Never exact: its name says which policy it runs.
+// StreamingLLM, H2O, SnapKV). It is the "dynamic" or "static" container plus eviction:
+// registered in PolicyLayerRegistry under both names, the Cache builds it for full_attention
+// layers when the options carry a lossy policy. Never exact: its name says which policy it runs
+// ("dynamic/full_attention+streaming:sink=4,window=256").
+//   dynamic: the storage grows x2 from max(16, first n) slots up to what the policy keeps plus
+//            the largest step, then stays (flat memory under StreamingLLM and H2O).
+//   static:  max_cache_len slots allocated at the first update and never reallocated (a stable
+//            address); a step whose kept + new tokens exceed them is refused before anything
+//            changes (kOutOfRange), as StaticLayer refuses a full cache.
 //
 // Eviction happens between steps, at the start of the next update(), before the new tokens are
 // appended: the span the previous update() returned stays valid until then (the CacheLayer
@@ -63,13 +69,15 @@ class EvictingLayer final : public DenseLayer {
 
   // Error(kInvalidArgument / kUnsupported) for an exact or invalid policy, or K/V that are not
   // per-head (MLA latents, shared K == V): the scores need per-head queries and keys.
-  EvictingLayer(DenseLayerParams params, const KVPolicy& policy, CacheConfig::KVContent content);
+  // static (params.fixed_storage): max_cache_len > 0 slots; dynamic: max_cache_len unused.
+  EvictingLayer(DenseLayerParams params, const KVPolicy& policy, CacheConfig::KVContent content,
+                int64_t max_cache_len = 0);
 
   // Evicts (see above), appends k, v and returns [B, H_kv, kept + n, D] views of the storage.
   KVSpan update(const TensorView& k, const TensorView& v) override;
   MaskSizes mask_sizes(int64_t query_len) const override;
   int64_t seq_length() const override { return seq_length_; }
-  int64_t max_length() const override { return -1; }
+  int64_t max_length() const override { return params_.fixed_storage ? max_cache_len_ : -1; }
   // Allowed only while nothing was evicted nor scored (a lossy cache cannot bring back what it
   // dropped): Error(kUnsupported) otherwise.
   void crop(int64_t n) override;
@@ -116,6 +124,7 @@ class EvictingLayer final : public DenseLayer {
   void gather_meta(std::span<const int64_t> rows);
 
   KVPolicy policy_;
+  int64_t max_cache_len_ = 0;  // static: the fixed capacity in tokens
   int64_t seq_length_ = 0;
   int64_t evicted_ = 0;
   bool observed_ = true;       // the last update's queries were observed (H2O, SnapKV)

@@ -170,6 +170,36 @@ TEST(StreamingPolicy, KeepsSinksPlusWindowAndMemoryStaysFlatOver16K) {
             static_cast<size_t>((16384 - 1024) * B * H) * token_bytes);
 }
 
+TEST(StreamingPolicy, StaticStorageNeverMovesAndMatchesDynamic) {
+  constexpr int64_t B = 1, H = 2, D = 4;
+  CacheConfig st_cfg = config("streaming:sink=4,window=64");
+  st_cfg.options.implementation = "static";
+  st_cfg.options.max_cache_len = 80;
+  Cache st(st_cfg), dyn(config("streaming:sink=4,window=64"));
+  auto& layer = dynamic_cast<EvictingLayer&>(st.layer(0));
+  EXPECT_EQ(layer.name(), "static/full_attention+streaming:sink=4,window=64");
+  EXPECT_EQ(layer.max_length(), 80);
+  const Tensor prompt = positions_tensor(B, H, 0, 10, D);
+  st.update(0, prompt.view(), prompt.view());
+  dyn.update(0, prompt.view(), prompt.view());
+  const void* storage = layer.buffer().k_storage();
+  const size_t bytes = st.bytes();
+  for (int64_t t = 10; t < 1000; ++t) {
+    const Tensor kv = positions_tensor(B, H, t, 1, D);
+    const KVSpan a = st.update(0, kv.view(), kv.view()), b = dyn.update(0, kv.view(), kv.view());
+    ASSERT_EQ(a.kv_offset, b.kv_offset);
+    ASSERT_TRUE(views_equal(a.k, b.k)) << "step " << t;
+  }
+  EXPECT_EQ(layer.buffer().k_storage(), storage);
+  EXPECT_EQ(st.bytes(), bytes);
+  // A step that cannot fit (the 4 sinks + 100 new > 80 slots) is refused before anything
+  // changes.
+  const Tensor big = positions_tensor(B, H, 1000, 100, D);
+  EXPECT_THROW(st.update(0, big.view(), big.view()), Error);
+  EXPECT_EQ(st.seq_length(), 1000);
+  EXPECT_EQ(layer.kept_positions(0, 0).size(), 68u);
+}
+
 TEST(StreamingPolicy, BitIdenticalToDynamicWhileTheWindowCoversEverything) {
   constexpr int64_t B = 2, H = 3, D = 8;
   std::mt19937 rng(7);
@@ -328,13 +358,12 @@ TEST(EvictingLayer, RefusesWhatItCannotHonour) {
     }
     return "";
   };
-  CacheConfig st = config("streaming");
-  st.options.implementation = "static";
-  st.options.max_cache_len = 64;
-  EXPECT_NE(message(st).find("cannot act on the 'static' cache; the caches that honour a lossy "
-                             "policy: dynamic"),
+  CacheConfig q = config("streaming");
+  q.options.implementation = "quantized";
+  EXPECT_NE(message(q).find("cannot act on the 'quantized' cache; the caches that honour a lossy "
+                            "policy: dynamic, static"),
             std::string::npos)
-      << message(st);
+      << message(q);
   EXPECT_NE(message(config("h2o", {"sliding_attention"})).find("has none"), std::string::npos);
   CacheConfig mla = config("streaming");
   mla.kv_content = CacheConfig::KVContent::kMlaLatent;

@@ -58,11 +58,13 @@ TEST(CliKVPolicy, RefusedWhereItCannotAct) {
   };
   for (const Case& c : {
            Case{"serve" + m + " --kv-policy h2o",
-                "lossy policies are honoured by generate and logits (--cache dynamic) only"},
+                "lossy policies are honoured by generate and logits (--cache dynamic, static) "
+                "only"},
            Case{"batch" + m + " --kv-policy streaming --input /dev/null",
                 "the paged cache of serve and batch does not evict yet"},
-           Case{"generate" + m + " -n 4 --kv-policy snapkv --cache static",
-                "cannot act on --cache static; the caches that honour a lossy policy: dynamic"},
+           Case{"generate" + m + " -n 4 --kv-policy snapkv --cache quantized",
+                "cannot act on --cache quantized; the caches that honour a lossy policy: dynamic, "
+                "static"},
            Case{"generate" + m + " -n 4 --kv-policy streaming --verify",
                 "--verify compares every step with exact attention"},
            Case{"generate" + m + " -n 4 --kv-policy streaming:window=0", "window must be >= 1"},
