@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "cache/compressed_cache_layer.h"
@@ -77,6 +78,38 @@ std::unique_ptr<CacheLayer> LayerRegistry::create(const std::string& implementat
   return it->second(config, layer_index);
 }
 
+namespace {
+std::map<std::string, LayerFactory>& policy_registry() {
+  static std::map<std::string, LayerFactory> map;
+  return map;
+}
+}  // namespace
+
+void PolicyLayerRegistry::add(const std::string& implementation, LayerFactory factory) {
+  const bool inserted = policy_registry().emplace(implementation, std::move(factory)).second;
+  KV_CHECK(inserted, "policy cache layer registered twice: " + implementation);
+}
+
+std::vector<std::string> PolicyLayerRegistry::implementations() {
+  std::vector<std::string> out;
+  for (const auto& [name, _] : policy_registry()) out.push_back(name);
+  return out;
+}
+
+std::unique_ptr<CacheLayer> PolicyLayerRegistry::create(const std::string& implementation,
+                                                        const CacheConfig& config,
+                                                        int layer_index) {
+  const auto it = policy_registry().find(implementation);
+  if (it == policy_registry().end()) {
+    throw Error(ErrorKind::kUnsupported,
+                "layer " + std::to_string(layer_index) + ": --kv-policy " +
+                    config.options.policy.key() + " cannot act on the '" + implementation +
+                    "' cache; the caches that honour a lossy policy: " + join(implementations()) +
+                    " (or use --kv-policy exact)");
+  }
+  return it->second(config, layer_index);
+}
+
 Cache::Cache(const CacheConfig& config_in) : config_(config_in) {
   config_.context = std::make_shared<CacheContext>();
   const CacheConfig& config = config_;  // every factory sees this cache's context
@@ -92,6 +125,16 @@ Cache::Cache(const CacheConfig& config_in) : config_(config_in) {
                     std::to_string(n) + " layers; it must be in [0, " + std::to_string(n) + ")");
   }
   const int first_shared = n - shared;
+  const bool lossy = !config.options.policy.exact();
+  if (lossy && std::find(config.layer_types.begin(), config.layer_types.end(), "full_attention") ==
+                   config.layer_types.end()) {
+    const std::set<std::string> types(config.layer_types.begin(), config.layer_types.end());
+    throw Error(ErrorKind::kUnsupported,
+                "--kv-policy " + config.options.policy.key() +
+                    " acts on full_attention layers and this model has none (its layer types: " +
+                    join(std::vector<std::string>(types.begin(), types.end())) +
+                    "); use --kv-policy exact");
+  }
   layers_.resize(static_cast<size_t>(n));
   source_.resize(static_cast<size_t>(n));
   last_span_.resize(static_cast<size_t>(n));
@@ -99,7 +142,9 @@ Cache::Cache(const CacheConfig& config_in) : config_(config_in) {
     const std::string& type = config.layer_types[static_cast<size_t>(i)];
     if (i < first_shared) {
       layers_[static_cast<size_t>(i)] =
-          LayerRegistry::create(config.options.implementation, type, config, i);
+          lossy && type == "full_attention"
+              ? PolicyLayerRegistry::create(config.options.implementation, config, i)
+              : LayerRegistry::create(config.options.implementation, type, config, i);
       source_[static_cast<size_t>(i)] = i;
       continue;
     }
@@ -212,6 +257,12 @@ KVSpan Cache::shared_kv(int layer) const {
                     std::to_string(src) + " first");
   }
   return span;
+}
+
+void Cache::observe_queries(int layer, const TensorView& q, const AttentionOptions& options) {
+  if (is_shared(layer)) return;
+  CacheLayer& l = *layers_[static_cast<size_t>(layer)];
+  if (l.wants_queries()) l.observe_queries(q, options);
 }
 
 MaskSizes Cache::mask_sizes(int layer, int64_t query_len) const {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cache/cache_layer.h"
+#include "cache/kv_policy.h"
 #include "core/dtype.h"
 #include "core/kv_span.h"
 
@@ -111,6 +112,10 @@ struct CacheOptions {
   int64_t max_cache_len = 0;   // capacity in tokens (static containers, private paged stores)
   int64_t max_batch_size = 0;  // static containers: rows preallocated (0: from first update)
   std::optional<DType> kv_dtype = std::nullopt;  // storage dtype; unset: the first update's
+  // Which keys full-attention layers keep (cache/kv_policy.h). A lossy policy builds the
+  // full_attention layers from PolicyLayerRegistry (the implementations that honour it); the
+  // other layer types keep their own container (sliding and chunked layers are bounded already).
+  KVPolicy policy = {};
   PagedOptions paged = {};
   QuantizedOptions quantized = {};
   LinearStateOptions linear_state = {};
@@ -198,6 +203,24 @@ class LayerRegistry {
     return true;                                                          \
   }()
 
+// Containers that honour a lossy KVPolicy on full_attention layers, by cache implementation
+// ("dynamic", ...); each registers itself from its own file, as LayerRegistry's do. The factory
+// reads config.options.policy.
+class PolicyLayerRegistry {
+ public:
+  static void add(const std::string& implementation, LayerFactory factory);
+  // Error(kUnsupported) naming the policy and the implementations that honour it.
+  static std::unique_ptr<CacheLayer> create(const std::string& implementation,
+                                            const CacheConfig& config, int layer_index);
+  static std::vector<std::string> implementations();  // sorted
+};
+
+#define KVCACHE_REGISTER_POLICY_LAYER(ident, implementation, factory) \
+  static const bool kvcache_policy_registered_##ident = [] {          \
+    ::kvcache::PolicyLayerRegistry::add(implementation, factory);     \
+    return true;                                                      \
+  }()
+
 class Cache {
  public:
   // Builds every layer; throws Error for unknown layer types or invalid options, naming the
@@ -221,6 +244,10 @@ class Cache {
   int source_layer(int layer) const;  // itself for non-shared layers
   // The span the source layer returned at its latest update (valid until its next update).
   KVSpan shared_kv(int layer) const;
+
+  // CacheLayer::observe_queries of an owning layer that wants them (shared layers: nothing; their
+  // source scores keys by its own queries).
+  void observe_queries(int layer, const TensorView& q, const AttentionOptions& options);
 
   // For a shared layer: its source's (the kernel reads the source's span). Call before the
   // step's updates, like transformers builds masks before the forward.

@@ -22,6 +22,7 @@ namespace kvcache {
 
 class StateWriter;  // cache/layer_state.h
 class StateReader;
+struct AttentionOptions;  // kernels/attention.h
 
 // What the attention mask must cover for the next update of `query_len` tokens: the span
 // update() will return has kv_length keys, the first at absolute position kv_offset.
@@ -89,6 +90,17 @@ class CacheLayer {
   virtual void offload() {}
   virtual void prefetch() {}
   virtual bool offloadable() const { return false; }
+
+  // Eviction policies that score keys by the attention they receive (cache/evicting_layer.h:
+  // H2O, SnapKV) need each step's queries. Model code calls observe_queries() right after the
+  // step's attention (or in place of it, when the step only fills the cache) with the queries
+  // q [B, H_q, S_new, D_k] (RoPE applied) that read the span update() returned, and the options
+  // the kernel was given (scale, softcap, sinks). No other container reads them.
+  virtual bool wants_queries() const { return false; }
+  virtual void observe_queries(const TensorView& q, const AttentionOptions& options) {
+    (void)q;
+    (void)options;
+  }
 
   // Exact resident bytes of everything this layer owns (storage, workspaces, metadata arrays).
   virtual size_t bytes() const = 0;

@@ -174,14 +174,20 @@ int64_t GqaAttention::forward(Step& st, int64_t layer) const {
   const TensorView out_view(att, DType::kF32, {B, H, S, D}, {S * qd, D, qd, 1});
   const KVSpan span = st.cache->update_or_share(static_cast<int>(layer), k_view, v_view);
 
+  // Eviction policies that score keys by attention (H2O, SnapKV) read this step's queries; a
+  // cheap no-op for every other container. After the attention: the scores are the ones the
+  // step's queries gave the span it read.
+  const bool observe = !kv_shared_;
   switch (st.rows) {
     case Step::Rows::kKvOnly:
+      if (observe) st.cache->observe_queries(static_cast<int>(layer), q_view, options_);
       return 0;
     case Step::Rows::kLast: {
       // Rows 0..B-1 of att: the last query of each batch row, with the bits it has in the
       // whole chunk; o_proj on them takes the kernel the whole chunk's product would.
       const TensorView out_last(att, DType::kF32, {B, H, 1, D}, {qd, D, qd, 1});
       st.kernel->attend_last(q_view, span, out_view, out_last, options_, st.positions());
+      if (observe) st.cache->observe_queries(static_cast<int>(layer), q_view, options_);
       if (gated_) apply_gate(att, gate, B, S, /*last_rows=*/true);
       linear(st.linear.as_rows(R), att, B, w_.wo, w_.bo, xb);
       return B;
@@ -190,6 +196,7 @@ int64_t GqaAttention::forward(Step& st, int64_t layer) const {
       break;
   }
   st.kernel->attend(q_view, span, out_view, options_, st.positions());
+  if (observe) st.cache->observe_queries(static_cast<int>(layer), q_view, options_);
   if (gated_) apply_gate(att, gate, R, S, /*last_rows=*/false);
   linear(st.linear, att, R, w_.wo, w_.bo, xb);
   return R;

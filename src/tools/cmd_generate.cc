@@ -75,6 +75,17 @@ void run_generate(const GenerateOptions& o) {
   shape.repeat_penalty = o.sampler.repeat_penalty != 1.0f;
   shape.verify = o.verify;
   check_options(*o.model.cmd, shape);
+  if (const KVPolicy policy = KVPolicy::parse(o.model.kv_policy); !policy.exact()) {
+    const std::string lossy = "--kv-policy " + policy.key() +
+                              " is lossy by design (its cost: docs/architecture.md, \"Lossy KV "
+                              "policies\"); use --kv-policy exact";
+    if (o.verify)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "--verify compares every step with exact attention, and " + lossy);
+    if (!o.save_session.empty() || !o.load_session.empty())
+      throw Error(ErrorKind::kInvalidArgument,
+                  "--save-session / --load-session hold an exact cache's tokens, and " + lossy);
+  }
   LoadOptions lo = load_options(o.model);
   lo.require_tokenizer = o.prompt_ids.empty() || o.output == "text";
   LoadedModel lm = load_model(o.model.model, lo);
@@ -198,11 +209,12 @@ void run_generate(const GenerateOptions& o) {
   std::fprintf(
       stderr,
       "%s\nprompt tokens: %lld | new tokens: %lld%s | prefill: %.1f tok/s | decode: %.1f tok/s | "
-      "cache: %s (%s, kv %s) | KV bytes: %zu\n",
+      "cache: %s (%s, kv %s, policy %s) | KV bytes: %zu\n",
       model.config().summary().c_str(), static_cast<long long>(st.prompt_tokens),
       static_cast<long long>(st.new_tokens), st.stopped ? " (stopped at end token)" : "",
       st.prefill_tps(), st.decode_tps(), sc.cache.implementation.c_str(), sc.kernel.c_str(),
-      dtype_name(sc.cache.kv_dtype.value_or(DType::kF32)), st.kv_bytes);
+      dtype_name(sc.cache.kv_dtype.value_or(DType::kF32)), sc.cache.policy.key().c_str(),
+      st.kv_bytes);
   if (o.verify) {
     std::fprintf(
         stderr,

@@ -143,6 +143,10 @@ EngineConfig engine_config(const EngineOptions& o, const Model& model) {
                       "own)");
     c.cache.paged.quant = PagedQuantFormat{q.scheme, q.bits};
   }
+  // The paged store does not evict: option_rules refuses a lossy --kv-policy for serve and batch.
+  // Once it does, KVPolicy::key() belongs in its block keys (issue 43), so that a block computed
+  // under a lossy policy never serves a request that asked for exact attention.
+  KV_CHECK(c.cache.policy.exact(), "serve/batch got a lossy --kv-policy past option_rules");
   c.kv_budget_bytes = sc.kv_budget_bytes;
   if (o.model.chunk < 1) throw Error(ErrorKind::kInvalidArgument, "--chunk must be >= 1");
   c.max_tokens_per_step = o.model.chunk;

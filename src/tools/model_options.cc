@@ -52,6 +52,13 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--kv-budget", o.kv_budget,
                   "Paged cache: bytes for the block pool plus activations, e.g. 512MiB (default: "
                   "blocks for --max-cache-len)");
+  cmd->add_option(
+         "--kv-policy", o.kv_policy,
+         "Which keys full-attention layers keep: exact (default), or a lossy eviction "
+         "policy (generate and logits, --cache dynamic or static): streaming:sink=4,window=256 "
+         "(StreamingLLM), h2o:heavy=128,recent=128 (H2O), "
+         "snapkv:budget=256,window=32,kernel=7 (SnapKV)")
+      ->capture_default_str();
   cmd->add_option("--kv-bits", o.kv_bits,
                   "--cache quantized: bits per code, 2, 4 or 8 (KIVI; default 4)");
   cmd->add_option(
@@ -109,6 +116,7 @@ SessionConfig session_config(const ModelOptions& o, const Model& model) {
   CacheOptions& co = sc.cache;
   co.implementation = o.cache;
   co.max_cache_len = o.max_cache_len;
+  co.policy = KVPolicy::parse(o.kv_policy);
   sc.kernel = o.kernel;
   sc.prefill_chunk = o.chunk;
   if (o.block_tokens < 1) throw Error(ErrorKind::kInvalidArgument, "--block-tokens must be >= 1");

@@ -24,8 +24,9 @@ struct ModelOptions {
   std::string progress = "auto";  // model load progress on stderr: auto (when a terminal), on, off
   int64_t block_tokens = 16;      // --cache paged: tokens per block
   std::string kv_budget;  // --cache paged: bytes for pool + activations ("512MiB"); empty: none
-  int kv_bits = 0;        // --cache quantized, KIVI; 0: unset (4)
-  std::string kv_quant = "kivi";  // --cache quantized: kivi, q8_0, q4_0
+  std::string kv_policy = "exact";  // cache/kv_policy.h spec; lossy: generate and logits only
+  int kv_bits = 0;                  // --cache quantized, KIVI; 0: unset (4)
+  std::string kv_quant = "kivi";    // --cache quantized: kivi, q8_0, q4_0
   int64_t kv_group = 64;
   int64_t kv_residual = 128;
   std::string offload_dir;    // --cache offloaded[_static]: where the layer files go
@@ -35,7 +36,8 @@ struct ModelOptions {
 };
 
 // Adds --model, --tokenizer, --cache, --max-cache-len, --kernel, --kv-dtype, -t, --chunk,
-// --progress, --block-tokens, --kv-budget, --kv-bits, --kv-quant, --kv-group, --kv-residual,
+// --progress, --block-tokens, --kv-budget, --kv-policy, --kv-bits, --kv-quant, --kv-group,
+// --kv-residual,
 // --offload-dir,
 // and the old spellings of renamed ones. Which of them take effect in which run (the old
 // spellings: none): option_rules.h.

@@ -205,6 +205,32 @@ std::optional<std::string> needs_offloaded(const Given& g) {
                    "builds in generate, logits and bench");
 }
 
+// --kv-policy: a lossy policy acts where a container honours it (cache/evicting_layer.h).
+std::optional<std::string> kv_policy(const Given& g) {
+  KVPolicy policy;
+  try {
+    policy = KVPolicy::parse(g.value);
+  } catch (const Error& e) {
+    return g.command + ": " + e.what();
+  }
+  if (policy.exact()) return std::nullopt;
+  const std::vector<std::string> ok = PolicyLayerRegistry::implementations();
+  if (is_engine(g) || g.command == "bench")
+    return g.command + ": --kv-policy " + policy.key() +
+           ": lossy policies are honoured by generate and logits (--cache " + join(ok) +
+           ") only; " +
+           (is_engine(g) ? "the paged cache of serve and batch does not evict yet (its block keys "
+                           "are to fold in KVPolicy::key(), so that a lossy block never serves an "
+                           "exact request)"
+                         : "bench measures the exact containers") +
+           "; use --kv-policy exact here";
+  for (const std::string& c : g.shape.caches)
+    if (!contains(ok, c))
+      return g.command + ": --kv-policy " + policy.key() + " cannot act on --cache " + c +
+             "; the caches that honour a lossy policy: " + join(ok);
+  return std::nullopt;
+}
+
 std::optional<std::string> chunk(const Given& g) {
   if (g.shape.prefill) return std::nullopt;
   const std::string honoured =
@@ -347,6 +373,7 @@ const OptionRule kRules[] = {
     {kModel, "--progress", nullptr},
     {kModel, "--block-tokens", needs_paged},
     {kModel, "--kv-budget", needs_paged},
+    {kModel, "--kv-policy", kv_policy},
     {kModel, "--kv-bits", needs_quantized},
     {kModel, "--kv-quant", needs_quantized},
     {kModel, "--kv-group", needs_quantized},
@@ -365,6 +392,8 @@ const OptionRule kRules[] = {
     {kGenerate, "--repeat-last-n", repeat_window},
     {kGenerate, "--ignore-eos", nullptr},
     {kGenerate | kLogits | kBench | kBatch | kConvert, "--output", nullptr},
+    {kLogits, "--n-prompt", nullptr},
+    {kLogits, "--compare-exact", nullptr},
     {kGenerate, "--verify", nullptr},
     {kGenerate, "--verify-tol", verify_tolerance},
     {kGenerate, "--save-session", nullptr},
