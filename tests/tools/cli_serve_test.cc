@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,6 +54,79 @@ TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
   ::close(idle);
   ::close(slow);
+}
+
+// --kv-bits 4: the pool's pages are 4-bit KIVI (one group per block, the partial block the
+// residual), the tokens are those of the dense quantized cache with group = residual = block, and
+// the response and /metrics say which pages and policy served. A model whose cache the format
+// cannot hold is refused before listening, saying why.
+TEST(CliServe, QuantizedPagesServeTheDenseQuantizedTokensAndSaySo) {
+  const testing_util::ScratchDir scratch("cli_serve_quant");
+  ServeChild s;
+  ASSERT_TRUE(s.start(scratch.str(), {"serve", "--model", "dummy:tiny", "--port", "0",
+                                      "--max-cache-len", "512", "--kv-bits", "4"}))
+      << s.err;
+  std::ostringstream ids_text, prompt_text;  // 40 tokens: two full (packed) blocks + residual
+  ids_text << 1;
+  prompt_text << "[1";
+  for (int i = 1; i < 40; ++i) {
+    ids_text << ' ' << 100 + 37 * i;
+    prompt_text << ", " << 100 + 37 * i;
+  }
+  prompt_text << ']';
+  const std::string ids = ids_text.str(), prompt = prompt_text.str();
+  const testing_util::HttpReply r =
+      testing_util::http(s.port, "POST", "/v1/completions",
+                         R"({"prompt": )" + prompt + R"(, "max_tokens": 12, "temperature": 0})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json body = json::parse(r.body);
+  EXPECT_EQ(body["usage"]["kv_cache"]["pages"], "kivi-4") << r.body;
+  EXPECT_EQ(body["usage"]["kv_cache"]["policy"], "exact") << r.body;
+  const std::string metrics = testing_util::http(s.port, "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("kvcache_kv_cache_info{pages=\"kivi-4\",policy=\"exact\"} 1"),
+            std::string::npos)
+      << metrics;
+  EXPECT_EQ(s.stop(), 0);
+  // batch on the same pages: the tokens of the dense quantized cache with group = residual =
+  // 16 (the block), alone and after a prefix hit on the packed blocks.
+  const std::string in = scratch.file("q.jsonl");
+  {
+    std::ofstream f(in);
+    f << R"({"prompt": )" << prompt << R"(, "max_tokens": 12, "temperature": 0})"
+      << "\n";
+    f << R"({"prompt": )" << prompt << R"(, "max_tokens": 12, "temperature": 0})"
+      << "\n";
+  }
+  const testing_util::CliResult b = testing_util::run_cli(
+      "batch --model dummy:tiny --kv-bits 4 --max-running 1 --input '" + in + "'");
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  std::vector<json> lines;
+  {
+    std::istringstream ss(b.out);
+    for (std::string l; std::getline(ss, l);) lines.push_back(json::parse(l));
+  }
+  ASSERT_EQ(lines.size(), 2u) << b.out;
+  EXPECT_EQ(lines[0]["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << lines[0];
+  EXPECT_EQ(lines[1]["usage"]["prompt_tokens_details"]["cached_tokens"], 32) << lines[1];
+  const testing_util::CliResult g = testing_util::run_cli(
+      "generate --model dummy:tiny --prompt-ids '" + ids +
+      "' -n 12 --temp 0 --output ids --cache quantized --kv-bits 4 --kv-group 16 "
+      "--kv-residual 16");
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  std::vector<int> want;
+  {
+    std::istringstream ss(g.out);
+    for (int t; ss >> t;) want.push_back(t);
+  }
+  const std::vector<int> got = lines[0]["choices"][0]["tokens"].get<std::vector<int>>();
+  ASSERT_GE(want.size(), got.size()) << g.out;
+  want.erase(want.begin(), want.end() - static_cast<std::ptrdiff_t>(got.size()));
+  EXPECT_EQ(got, want) << g.out;
+  EXPECT_EQ(lines[1]["choices"][0]["tokens"], lines[0]["choices"][0]["tokens"]);
+
+  const auto mla = testing_util::run_cli("serve --model dummy:mla-tiny --port 0 --kv-bits 4");
+  EXPECT_EQ(mla.exit_code, 2) << mla.err;
+  EXPECT_NE(mla.err.find("MLA"), std::string::npos) << mla.err;
 }
 
 TEST(CliServe, BadSettingsExitWith2BeforeListening) {
