@@ -107,8 +107,7 @@ TEST(LinearStateLayer, RegisteredForDynamicStaticRecomputeAndPaged) {
   EXPECT_TRUE(has(paged, "layer 0 (paged/linear_attention)") && has(paged, "paged.store")) << paged;
   for (const char* impl : {"quantized"}) {
     const std::string msg = error_of([&] { Cache c(hybrid_config(impl)); });
-    EXPECT_TRUE(has(msg, "layer 0 (quantized/linear_attention)") &&
-                has(msg, "use --cache dynamic"))
+    EXPECT_TRUE(has(msg, "layer 0 (quantized/linear_attention)") && has(msg, "use --cache dynamic"))
         << impl << ": " << msg;
   }
 }
