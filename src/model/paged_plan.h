@@ -31,6 +31,10 @@ struct PagedPlanOptions {
   std::vector<std::string> layer_types;
   int64_t sliding_window = 0;
   int n_threads = 0;  // attention scratch per thread; 0: the default pool's
+  // Bill the eager paged kernel's per-thread f32 copy of a sequence's K/V (attention_scratch_
+  // bytes). False when the kernel reads the pages in place: "fused", and quantized pages (the
+  // quantized kernel widens codes in registers), whose workspaces do not grow with the cache.
+  bool eager_scratch = true;
   // Hybrid models (linear_attention layers): the state shape (CacheConfig::linear), the
   // sequences holding state at once (one slot each: the engine's max_running, a session's 1)
   // and the snapshot policy (PagedOptions). Billed: slots (+ workspaces) and the snapshots.

@@ -179,6 +179,8 @@ PagedPlanOptions engine_plan_options(const Model& model, const EngineConfig& con
   po.max_snapshots = co.paged.max_snapshots;
   // Quantized pages: packed full blocks, each running sequence's residual in kv_dtype.
   po.quant = co.paged.quant;
+  // Only the eager kernel on unquantized pages copies a sequence's K/V to f32 scratch.
+  po.eager_scratch = config.kernel == "eager" && !co.paged.quant;
   return po;
 }
 
