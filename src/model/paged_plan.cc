@@ -66,11 +66,10 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
   // The eager paged kernel's per-thread f32 copy of one sequence's K and V (plus a score) per
   // token. MLA does not run it (it expands the latent into the forward's own buffers), so this
   // is an upper bound there.
-  const size_t scratch_per_token = !o.eager_scratch
-                                       ? 0
-                                       : static_cast<size_t>(n_threads) *
-                                             static_cast<size_t>(sc.head_dim + sc.head_dim_v + 1) *
-                                             sizeof(float);
+  const size_t scratch_per_token =
+      !o.eager_scratch ? 0
+                       : static_cast<size_t>(n_threads) *
+                             static_cast<size_t>(sc.head_dim + sc.head_dim_v + 1) * sizeof(float);
 
   plan.max_tokens_per_step = o.max_tokens_per_step;
   // A block no sequence can fill is memory nobody can use: with the default capacity, a
