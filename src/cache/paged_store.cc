@@ -86,7 +86,9 @@ std::vector<int32_t> default_group_blocks(const PagedStoreConfig& c) {
       blocks.push_back(static_cast<int32_t>(ceil_div(c.max_tokens, g.rate * c.block_tokens) +
                                             std::max<int32_t>(1, c.linear_slots)));
     else
-      blocks.push_back(static_cast<int32_t>(g.kind == GroupKind::kSliding ? full + 1 : full));
+      blocks.push_back(static_cast<int32_t>(
+          g.kind == GroupKind::kSliding || (g.kind == GroupKind::kFull && c.streaming) ? full + 1
+                                                                                       : full));
   }
   return blocks;
 }
@@ -310,6 +312,16 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
         " layers; it must leave at least one layer that stores");
   if (!dtype_is_float(config_.dtype)) bad("pages store f32, f16 or bf16", ErrorKind::kUnsupported);
   check_paged_quant(config_);  // first: the reason a quantized store refuses the model
+  if (config_.streaming)
+    for (size_t l = 0; l < config_.layer_types.size(); ++l) {
+      const std::string& t = config_.layer_types[l];
+      if (t == "linear_attention" || is_compressed_layer_type(t) || is_indexed_layer_type(t))
+        bad("a streaming --kv-policy releases full-attention blocks between steps, but layer " +
+                std::to_string(l) + " is " + t +
+                ", whose state or compressed entries depend on every token the policy would "
+                "drop; serve this model with --kv-policy exact",
+            ErrorKind::kUnsupported);
+    }
   groups_ = paged_groups(config_.layer_types, config_.sliding_window, config_.compressed.rates);
   if (groups_.empty())
     bad("no attention layers: the paged cache pages K/V blocks and keys its prefix cache by "
@@ -327,11 +339,14 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
   layer_group_.assign(n_layers, 0);
   for (size_t g = 0; g < groups_.size(); ++g) {
     const int32_t nb = config_.group_blocks[g];
-    if (groups_[g].kind == GroupKind::kSliding && nb < 2)
-      bad("a sliding group needs at least 2 blocks (one is the null block)");
+    if (has_null_block(static_cast<int>(g)) && nb < 2)
+      bad(std::string(groups_[g].kind == GroupKind::kSliding
+                          ? "a sliding group"
+                          : "a full group of a streaming store") +
+          " needs at least 2 blocks (one is the null block)");
     pools_.push_back(std::make_unique<BlockPool>(BlockPoolConfig{
         .num_blocks = nb, .block_tokens = config_.block_tokens, .group = static_cast<int32_t>(g)}));
-    if (groups_[g].kind == GroupKind::kSliding) {
+    if (has_null_block(static_cast<int>(g))) {
       std::vector<int32_t> null_block;
       KV_CHECK(pools_[g]->allocate(1, null_block) && null_block[0] == 0,
                "null block must be block 0");
@@ -459,7 +474,7 @@ void PagedKVStore::allocate_pages(int64_t kv_heads, int64_t head_dim, int64_t he
         Tensor& t = (*pages)[static_cast<size_t>(l)];
         t = Tensor::empty(config_.dtype,
                           {config_.group_blocks[g], kv_heads, config_.block_tokens, d});
-        if (groups_[g].kind == GroupKind::kSliding)  // the null page reads as zeros
+        if (has_null_block(static_cast<int>(g)))  // the null page reads as zeros
           std::memset(t.data(), 0, dtype_bytes(config_.dtype, kv_heads * config_.block_tokens * d));
       }
     }
@@ -488,13 +503,21 @@ void PagedKVStore::allocate_quant(int64_t kv_heads, int64_t head_dim, int64_t he
   qscratch_.assign(static_cast<size_t>(G * std::max(head_dim, head_dim_v)), 0.0f);
 }
 
-std::vector<uint8_t> PagedKVStore::keyed_salt(std::span<const uint8_t> salt) const {
+std::vector<uint8_t> PagedKVStore::keyed_salt(std::span<const uint8_t> salt,
+                                              const KVPolicy& policy) const {
   std::vector<uint8_t> out;
+  if (!policy.exact()) {
+    // The policy and its parameters are part of every block key: a block computed under a
+    // lossy policy never serves a request that asked for exact attention, nor another policy.
+    const std::string tag = "kvcache kv policy v1 " + policy.key();
+    out.assign(tag.begin(), tag.end());
+    out.push_back(0);
+  }
   if (config_.quant) {
     // The format is part of every block key: the same tokens under f16 pages, 2-bit or 4-bit
     // pages are different blocks (an f16 request never reads a 4-bit block, nor the reverse).
     const char tag[] = "kvcache quantized pages v1";
-    out.assign(tag, tag + sizeof(tag));
+    out.insert(out.end(), tag, tag + sizeof(tag));
     const auto G = static_cast<uint32_t>(config_.block_tokens);
     out.push_back(static_cast<uint8_t>(config_.quant->scheme));
     out.push_back(static_cast<uint8_t>(config_.quant->bits));
@@ -541,8 +564,37 @@ int64_t PagedKVStore::length(SeqId seq) const {
   return seq_ref(seq).len;
 }
 
-SeqId PagedKVStore::add_sequence(std::span<const uint8_t> salt) {
-  return new_sequence(keyed_salt(salt));
+SeqId PagedKVStore::add_sequence(std::span<const uint8_t> salt, const KVPolicy& policy) {
+  if (!policy.exact()) {
+    if (policy.kind != KVPolicyKind::kStreaming)
+      bad("the paged store evicts whole blocks shared between sequences, so it runs only "
+          "policies that choose by position: --kv-policy " +
+              policy.key() +
+              " chooses tokens per KV head by attention, which no shared block can follow; use "
+              "streaming:sink=S,window=W or exact here (or the dynamic/static caches of "
+              "generate)",
+          ErrorKind::kUnsupported);
+    if (!config_.streaming)
+      bad("sequence under --kv-policy " + policy.key() +
+              ": this store was built without PagedStoreConfig::streaming (its full-attention "
+              "groups have no null block to stand in for released blocks); start the server "
+              "with a streaming --kv-policy",
+          ErrorKind::kUnsupported);
+    policy.validate();
+  }
+  const SeqId id = new_sequence(keyed_salt(salt, policy));
+  seqs_[static_cast<size_t>(id)].policy = policy;
+  return id;
+}
+
+bool PagedKVStore::has_null_block(int g) const {
+  const GroupKind k = groups_[static_cast<size_t>(g)].kind;
+  return k == GroupKind::kSliding || (k == GroupKind::kFull && config_.streaming);
+}
+
+bool PagedKVStore::streams(int g, const Seq& s) const {
+  return s.policy.kind == KVPolicyKind::kStreaming &&
+         groups_[static_cast<size_t>(g)].kind == GroupKind::kFull;
 }
 
 SeqId PagedKVStore::new_sequence(std::vector<uint8_t> keyed) {
@@ -639,16 +691,30 @@ int64_t PagedKVStore::first_visible(int g, int64_t pos) const {
   return grp.kind == GroupKind::kSliding ? std::max<int64_t>(0, pos - grp.window + 1) : 0;
 }
 
+int64_t PagedKVStore::first_visible(int g, const Seq& s, int64_t pos) const {
+  // Streaming: the window of a query at pos (W keys, itself included); the sinks are kept apart.
+  if (streams(g, s)) return std::max<int64_t>(0, pos - s.policy.window + 1);
+  return first_visible(g, pos);
+}
+
 void PagedKVStore::drop_out_of_window(int g, Seq& s, int64_t next_pos) {
-  if (groups_[static_cast<size_t>(g)].kind != GroupKind::kSliding) return;
-  const int64_t lo = first_visible(g, next_pos), bt = config_.block_tokens;
+  if (groups_[static_cast<size_t>(g)].kind != GroupKind::kSliding && !streams(g, s)) return;
+  const int64_t lo = first_visible(g, s, next_pos), bt = config_.block_tokens;
+  // Streaming: the blocks holding the first `sink` tokens stay.
+  const size_t first = streams(g, s) ? static_cast<size_t>(ceil_div(s.policy.sink, bt)) : 0;
   std::vector<int32_t>& table = s.tables[static_cast<size_t>(g)];
   BlockPool& pool = *pools_[static_cast<size_t>(g)];
-  for (size_t i = 0; i < table.size() && static_cast<int64_t>(i + 1) * bt <= lo; ++i) {
+  for (size_t i = first; i < table.size() && static_cast<int64_t>(i + 1) * bt <= lo; ++i) {
     if (table[i] == 0) continue;
     pool.release(table[i]);
     pool.retain(0);
     table[i] = 0;
+    if (!streams(g, s)) continue;
+    // From now on the sequence's tokens are computed without these keys: its later blocks
+    // depend on where its steps ended and are never keyed (see the header).
+    ++s.evicted;
+    s.tokens_known = false;
+    s.tokens.clear();
   }
 }
 
@@ -668,7 +734,12 @@ void PagedKVStore::build_tables() {
       const int64_t n = group_slots(static_cast<int>(g), s.len);
       KV_CHECK(static_cast<int64_t>(t.size()) == ceil_div(n, bt),
                "table size != ceil(len / block)");
-      indices.insert(indices.end(), t.begin(), t.end());
+      if (streams(static_cast<int>(g), s) && s.evicted > 0) {  // compacted: sinks, then window
+        for (const int32_t id : t)
+          if (id != 0) indices.push_back(id);
+      } else {
+        indices.insert(indices.end(), t.begin(), t.end());
+      }
       indptr.push_back(static_cast<int32_t>(indices.size()));
       last.push_back(n == 0 ? 0 : static_cast<int32_t>((n - 1) % bt + 1));
     }
@@ -993,6 +1064,10 @@ KVSpan PagedKVStore::quant_span(int layer) const {
     int64_t first = 0;
     if (groups_[g].kind == GroupKind::kSliding)
       while (first < full && ids[first] == 0) ++first;
+    // Streaming: the row's entries are compacted (build_tables), its released blocks gone; they
+    // were all full before the step. The packed blocks then run sinks, window.
+    int64_t dropped = 0;
+    if (streams(static_cast<int>(g), s) && s.evicted > 0) dropped = s.evicted;
     QuantKV& q = rows[b];
     q.scheme = qfmt_.scheme;
     q.bits = qfmt_.bits;
@@ -1002,7 +1077,7 @@ KVSpan PagedKVStore::quant_span(int layer) const {
     q.heads = H;
     q.head_dim_k = dk;
     q.head_dim_v = dv;
-    q.n_blocks = full - first;
+    q.n_blocks = full - first - dropped;
     q.k_blocks = kq_[li].data();
     q.v_blocks = vq_[li].data();
     q.k_block_bytes = kbb_;
@@ -1026,7 +1101,7 @@ KVSpan PagedKVStore::quant_span(int layer) const {
       q.k_residual = rk_[li].view().slice(0, s.qslot, s.qslot + 1).slice(2, 0, res);
       q.v_residual = rv_[li].view().slice(0, s.qslot, s.qslot + 1).slice(2, 0, res);
     }
-    off[b] = first * G;
+    off[b] = (first + dropped) * G;
   }
   KVSpan span;
   span.kind = KVSpanKind::kPagedQuantized;
@@ -1228,9 +1303,9 @@ PagedKVStore::PrefixHit PagedKVStore::find_prefix(std::span<const int32_t> token
 }
 
 int64_t PagedKVStore::match_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt,
-                                   PrefixMatch mode) {
+                                   PrefixMatch mode, const KVPolicy& policy) {
   if (has_compressed()) return 0;  // refused (attach_prefix counts it)
-  const PrefixHit hit = find_prefix(tokens, keyed_salt(salt), mode);
+  const PrefixHit hit = find_prefix(tokens, keyed_salt(salt, policy), mode);
   return hit.full + hit.tail;
 }
 
@@ -1293,9 +1368,10 @@ int64_t PagedKVStore::attach_prefix(SeqId seq, std::span<const int32_t> tokens, 
 }
 
 int64_t PagedKVStore::match_prefix_with_disk(std::span<const int32_t> tokens,
-                                             std::span<const uint8_t> salt) {
+                                             std::span<const uint8_t> salt,
+                                             const KVPolicy& policy) {
   if (has_compressed()) return 0;
-  return find_prefix(tokens, keyed_salt(salt), PrefixMatch::kFullBlocks,
+  return find_prefix(tokens, keyed_salt(salt, policy), PrefixMatch::kFullBlocks,
                      disk_ != nullptr || staged_.blocks > 0)
       .full;
 }
@@ -1334,8 +1410,8 @@ void PagedKVStore::set_remote_tier(std::shared_ptr<RemoteTier> remote) {
 }
 
 std::vector<std::vector<BlockKey>> PagedKVStore::prefix_block_keys(
-    std::span<const int32_t> tokens, std::span<const uint8_t> raw_salt) {
-  const std::vector<uint8_t> salt = keyed_salt(raw_salt);
+    std::span<const int32_t> tokens, std::span<const uint8_t> raw_salt, const KVPolicy& policy) {
+  const std::vector<uint8_t> salt = keyed_salt(raw_salt, policy);
   std::vector<std::vector<BlockKey>> keys(groups_.size());
   if (tokens.size() <= 1) return keys;
   const int64_t bt = config_.block_tokens;
@@ -1642,6 +1718,8 @@ bool PagedKVStore::fork(SeqId seq, int n, std::vector<SeqId>& children) {
     const Seq& s = seq_ref(seq);
     Seq& d = seq_ref(child);
     d.len = s.len;
+    d.policy = s.policy;
+    d.evicted = s.evicted;
     d.tokens_known = s.tokens_known;
     d.tokens = s.tokens;
     d.keys = s.keys;
@@ -1684,11 +1762,12 @@ void PagedKVStore::crop(int64_t n) {
           ErrorKind::kUnsupported);
     for (int g = 0; g < num_groups(); ++g) {
       const std::vector<int32_t>& t = s.tables[static_cast<size_t>(g)];
-      for (int64_t i = first_visible(g, target[b]) / bt; i < ceil_div(target[b], bt); ++i)
+      for (int64_t i = first_visible(g, s, target[b]) / bt; i < ceil_div(target[b], bt); ++i)
         if (is_null(g, t[static_cast<size_t>(i)]))
-          bad("crop to " + std::to_string(target[b]) +
-                  " tokens: the sliding window already dropped "
-                  "the keys those positions need",
+          bad("crop to " + std::to_string(target[b]) + " tokens: the " +
+                  (streams(g, s) ? "streaming policy (" + s.policy.key() + ")"
+                                 : std::string("sliding window")) +
+                  " already dropped the keys those positions need",
               ErrorKind::kOutOfRange);
       if (target[b] % bt != 0 &&
           pools_[static_cast<size_t>(g)]->ref_count(t[static_cast<size_t>(target[b] / bt)]) > 1)
@@ -1729,6 +1808,11 @@ void PagedKVStore::crop(int64_t n) {
     }
     if (s.tokens_known) s.tokens.resize(static_cast<size_t>(target[b]));
     s.len = target[b];
+    if (s.len == 0) {  // nothing computed under eviction is left: keyed again from here
+      s.evicted = 0;
+      s.tokens_known = true;
+      s.tokens.clear();
+    }
     if (slots_) {  // target 0 (checked above): the zero state
       slots_->zero(s.slot);
       s.state_lost = false;
@@ -1946,8 +2030,7 @@ std::string PagedKVStore::check_invariants() const {
     std::string e = pool.check_invariants();
     if (!e.empty()) return "group " + std::to_string(g) + ": " + e;
     std::vector<int32_t> refs(static_cast<size_t>(pool.num_blocks()), 0);
-    if (groups_[static_cast<size_t>(g)].kind == GroupKind::kSliding)
-      refs[0] = 1;  // the store's hold
+    if (has_null_block(g)) refs[0] = 1;  // the store's hold
     for (size_t id = 0; id < seqs_.size(); ++id) {
       const Seq& s = seqs_[id];
       if (!s.live) continue;

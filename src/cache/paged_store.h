@@ -103,6 +103,27 @@
 // back into the residual (as the dense crop does). Refused: MLA latents, K==V (shared_kv),
 // linear, compressed and indexed layers.
 //
+// StreamingLLM (issue 43; add_sequence(salt, policy) with a "streaming:sink=S,window=W"
+// KVPolicy, cache/kv_policy.h; the store built with PagedStoreConfig::streaming): a sequence
+// under the policy keeps, in every full-attention group, its first ceil(S / block_tokens)
+// blocks (the attention sinks) and the blocks holding its last W - 1 tokens; between steps
+// (when a step closes, and before a step is planned) the blocks in between are released and
+// the full group's null block (block 0, reserved only in a streaming store) stands in their
+// table entries, as for a sliding group. Whole blocks: a block is kept while any of its tokens
+// is a sink or in the window, so a decode query sees at least S sinks and exactly its window of
+// W keys plus up to block_tokens - 1 more on each side (masking inside a page would need a
+// second key range in every paged kernel). The batch's CSR tables skip the null entries of a
+// streaming sequence (its full-group rows are compacted: sinks, then the window), so the
+// kernels read it unchanged — full attention's causal mask is relative to the row's end, and the
+// keys carry their RoPE from their original positions. A step's queries see the kept blocks
+// plus every token of the step (the dense EvictingLayer's "eviction between steps"). Keys: the
+// policy's key() is folded into the sequence's block keys, and only blocks completed before the
+// sequence evicted anything are keyed at all (their contents are what exact attention
+// computed, whatever the chunking; later blocks depend on where steps ended), so a lossy block
+// never serves an exact request and a streaming hit never depends on another request's
+// chunking. Sliding groups keep their own window. Refused: the quantized pages, linear,
+// compressed and indexed layers; crop back into released blocks (kOutOfRange, as sliding).
+//
 // Ownership: the store owns pages, pools and tables; spans point into them and are valid until
 // the next step or lifecycle call. Not thread-safe (one runtime thread drives it).
 #pragma once
@@ -120,6 +141,7 @@
 #include "cache/block_pool.h"
 #include "cache/compressed_cache_layer.h"
 #include "cache/disk_tier.h"
+#include "cache/kv_policy.h"
 #include "cache/linear_state_layer.h"
 #include "cache/paged_linear_state.h"
 #include "cache/remote_tier.h"
@@ -188,6 +210,9 @@ struct PagedStoreConfig {
   // Quantized pages: tokens one step may carry over all its rows (sizes the step workspaces;
   // plan_step refuses more). 0: the first group's capacity (group_blocks[0] * block_tokens).
   int64_t max_step_tokens = 0;
+  // Sequences may run under a StreamingLLM policy (see above): every full-attention group
+  // reserves its block 0 as the null block (group_blocks count it; default_group_blocks adds it).
+  bool streaming = false;
 };
 
 // Blocks each group gets when config.group_blocks is empty (kept here so the planner, the
@@ -262,7 +287,15 @@ class PagedKVStore {
   // --- sequences and the batch -----------------------------------------------------------
   // A new empty sequence. `salt` (e.g. a tenant id) is folded into its block keys: prefixes
   // are shared only between sequences with the same salt.
-  SeqId add_sequence(std::span<const uint8_t> salt = {});
+  // `policy`: exact, or streaming (needs config().streaming); its key() is folded into the
+  // block keys. Others: Error(kUnsupported) saying why.
+  SeqId add_sequence(std::span<const uint8_t> salt = {}, const KVPolicy& policy = {});
+  // Whether group g reserves block 0 as its null block (sliding groups; full groups of a
+  // streaming store).
+  bool has_null_block(int g) const;
+  // The policy sequence `seq` runs under, and its blocks released by that policy so far.
+  const KVPolicy& policy(SeqId seq) const { return seq_ref(seq).policy; }
+  int64_t evicted_blocks(SeqId seq) const { return seq_ref(seq).evicted; }
   // Releases the sequence's blocks tail first (keyed blocks stay cached) and drops it from
   // the batch.
   void free_sequence(SeqId seq);
@@ -281,8 +314,9 @@ class PagedKVStore {
   // sequence, so a prompt whose shared part ends inside a block recomputes none of it. The
   // tail counts only when every group holds such a block and has a block to copy it into.
   enum class PrefixMatch { kFullBlocks, kCopyTail };
+  // `policy`: the one the request would run under (its key is part of the block keys).
   int64_t match_prefix(std::span<const int32_t> tokens, std::span<const uint8_t> salt = {},
-                       PrefixMatch mode = PrefixMatch::kCopyTail);
+                       PrefixMatch mode = PrefixMatch::kCopyTail, const KVPolicy& policy = {});
   // Gives the empty sequence `seq` the blocks of match_prefix(tokens, mode) (references taken,
   // the tail copied) and that length; returns it. The caller then feeds tokens[returned ..].
   int64_t attach_prefix(SeqId seq, std::span<const int32_t> tokens,
@@ -391,7 +425,7 @@ class PagedKVStore {
   // Full-block prefix of `tokens` (last token excluded) that RAM and the disk tier together
   // can serve, without any I/O (the disk's index only).
   int64_t match_prefix_with_disk(std::span<const int32_t> tokens,
-                                 std::span<const uint8_t> salt = {});
+                                 std::span<const uint8_t> salt = {}, const KVPolicy& policy = {});
   // Writes every keyed block in RAM that the disk tier does not hold yet, and waits for the
   // writes (a server shutting down keeps its whole prefix cache for the next start). Returns
   // the blocks written.
@@ -411,7 +445,8 @@ class PagedKVStore {
   // The key chain of every full block of `tokens` (last token excluded), per group
   // ([group][block]; compressed groups empty): what a remote lookup asks for.
   std::vector<std::vector<BlockKey>> prefix_block_keys(std::span<const int32_t> tokens,
-                                                       std::span<const uint8_t> salt = {});
+                                                       std::span<const uint8_t> salt = {},
+                                                       const KVPolicy& policy = {});
   // The payload bytes of one block of group g (its pages, the tiers' payload order).
   size_t block_payload_bytes(int g) const;
   // Hands a remote lookup's verified blocks to the next attach_prefix (which loads those past
@@ -478,6 +513,8 @@ class PagedKVStore {
     int32_t slot = -1;                         // linear state slot (hybrid models)
     int32_t qslot = -1;                        // residual slot (quantized pages)
     bool state_lost = false;                   // abort_step left its linear state half-updated
+    KVPolicy policy;                           // exact or streaming
+    int64_t evicted = 0;                       // blocks the streaming policy released
   };
 
   // What match_prefix found: `full` tokens in shared blocks (per group, their keys and ids; -1
@@ -508,11 +545,12 @@ class PagedKVStore {
   Seq& seq_ref(SeqId seq);
   const Seq& seq_ref(SeqId seq) const;
   void allocate_pages(int64_t kv_heads, int64_t head_dim, int64_t head_dim_v);
-  bool is_null(int g, int32_t id) const {
-    return groups_[static_cast<size_t>(g)].kind == GroupKind::kSliding && id == 0;
-  }
-  // First position a query at `pos` (or later) can see in group g.
+  bool is_null(int g, int32_t id) const { return id == 0 && has_null_block(g); }
+  // First position a query at `pos` (or later) can see in group g (streaming sequences: past
+  // their sinks).
   int64_t first_visible(int g, int64_t pos) const;
+  int64_t first_visible(int g, const Seq& s, int64_t pos) const;
+  bool streams(int g, const Seq& s) const;  // s runs under streaming in group g
   void drop_out_of_window(int g, Seq& s, int64_t next_pos);
   void commit_full_blocks(Seq& s);
   void copy_block(int g, int32_t src, int32_t dst, int64_t slots);
@@ -602,7 +640,7 @@ class PagedKVStore {
   int64_t ws_tokens_ = 0;            // workspace capacity in tokens
   mutable std::vector<std::vector<QuantKV>> qrows_;  // [n_layers][batch] span rows
   mutable std::vector<std::vector<int64_t>> qoff_;   // [n_layers][batch] span kv_offset
-  std::vector<uint8_t> keyed_salt(std::span<const uint8_t> salt) const;
+  std::vector<uint8_t> keyed_salt(std::span<const uint8_t> salt, const KVPolicy& policy = {}) const;
   SeqId new_sequence(std::vector<uint8_t> keyed);
   void allocate_quant(int64_t kv_heads, int64_t head_dim, int64_t head_dim_v);
   KVSpan quant_span(int layer) const;

@@ -38,6 +38,7 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
   sc.compressed = o.compressed;
   sc.shared_kv = o.shared_kv;
   sc.quant = o.quant;
+  sc.streaming = o.streaming;
   if (o.quant && model.mla.enabled())
     throw Error(ErrorKind::kUnsupported,
                 "paged plan: quantized pages hold per-head K/V, but this model uses MLA (a latent "
@@ -131,8 +132,9 @@ PagedMemoryPlan plan_paged_memory(const ModelConfig& model, const PagedPlanOptio
   plan.activation_bytes = Forward::workspace_bytes_for(model, plan.max_tokens_per_step);
   plan.pool_bytes = predict_pool_bytes(sc);
   for (size_t g = 0; g < groups.size(); ++g)
-    if (groups[g].kind == GroupKind::kFull)
-      plan.max_cached_tokens = static_cast<int64_t>(sc.group_blocks[g]) * o.block_tokens;
+    if (groups[g].kind == GroupKind::kFull)  // a streaming store's block 0 is its null block
+      plan.max_cached_tokens =
+          static_cast<int64_t>(sc.group_blocks[g] - (o.streaming ? 1 : 0)) * o.block_tokens;
   for (size_t g = 0; g < groups.size() && plan.max_cached_tokens == 0; ++g) {
     if (groups[g].kind != GroupKind::kCompressed) continue;
     int64_t cap = INT64_MAX;  // the tightest compressed group

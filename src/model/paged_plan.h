@@ -50,6 +50,9 @@ struct PagedPlanOptions {
   // Quantized pages (PagedOptions::quant): blocks billed at their packed bytes, plus each
   // running sequence's residual in kv_dtype.
   std::optional<PagedQuantFormat> quant;
+  // Sequences may stream (PagedStoreConfig::streaming): each full group's block 0 is its null
+  // block, so it holds one block fewer.
+  bool streaming = false;
 };
 
 struct PagedMemoryPlan {

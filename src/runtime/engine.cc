@@ -112,6 +112,7 @@ struct Engine::Request {
   // request waits for it.
   RemoteResult remote;
   Clock::time_point remote_deadline;
+  KVPolicy policy;  // params.kv_policy, or the engine's
 };
 
 // The first sample scores the prompt; the other samples share what it computed (or, when a
@@ -181,7 +182,27 @@ PagedPlanOptions engine_plan_options(const Model& model, const EngineConfig& con
   po.quant = co.paged.quant;
   // Only the eager kernel on unquantized pages copies a sequence's K/V to f32 scratch.
   po.eager_scratch = config.kernel == "eager" && !co.paged.quant;
+  // A streaming default: every full group reserves its null block.
+  po.streaming = co.policy.kind == KVPolicyKind::kStreaming;
   return po;
+}
+
+// A request's policy on this engine's store: Error(kInvalidArgument) saying why it cannot run.
+static void check_request_policy(const KVPolicy& p, const PagedKVStore& store,
+                                 const std::string& server_policy) {
+  if (p.exact()) return;
+  if (p.kind != KVPolicyKind::kStreaming)
+    throw Error(ErrorKind::kInvalidArgument,
+                "request: kv_policy " + p.key() +
+                    " chooses tokens per KV head by attention, which blocks shared between "
+                    "requests cannot follow; the paged store runs \"exact\" and "
+                    "\"streaming:sink=S,window=W\"");
+  if (!store.config().streaming)
+    throw Error(ErrorKind::kInvalidArgument,
+                "request: kv_policy " + p.key() + " on a server started with --kv-policy " +
+                    server_policy +
+                    ": its pool has no null blocks to stand in for released ones; start the "
+                    "server with a streaming --kv-policy to allow streaming requests");
 }
 
 Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config)
@@ -205,6 +226,14 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
                 "engine: the attention kernel '" + config_.kernel +
                     "' cannot read paged KV blocks; the paged kernels are " + names);
   }
+  if (!co.policy.exact() && co.policy.kind != KVPolicyKind::kStreaming)
+    throw Error(ErrorKind::kUnsupported,
+                "engine: --kv-policy " + co.policy.key() +
+                    " chooses tokens per KV head by attention, which blocks shared between "
+                    "requests cannot follow; the paged store runs exact and "
+                    "streaming:sink=S,window=W (H2O and SnapKV run in generate's dynamic and "
+                    "static caches)");
+  kv_policy_ = co.policy.key();
   const PagedPlanOptions po = engine_plan_options(model, config_);
   PagedMemoryPlan plan = plan_paged_memory(mc, po);
   if (po.quant) {
@@ -215,7 +244,8 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   }
   if (config_.num_blocks > 0) {
     for (int32_t& b : plan.store.group_blocks) b = config_.num_blocks;
-    plan.max_cached_tokens = static_cast<int64_t>(config_.num_blocks) * co.paged.block_tokens;
+    plan.max_cached_tokens =
+        static_cast<int64_t>(config_.num_blocks - (po.streaming ? 1 : 0)) * co.paged.block_tokens;
   }
   config_.max_tokens_per_step = plan.max_tokens_per_step;
   max_context_ = std::min<int64_t>(mc.max_seq_len, plan.max_cached_tokens);
@@ -243,6 +273,7 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
     }
   // The layers see the store; a sequence's capacity is what the pool can give one request.
   CacheOptions layers = co;
+  layers.policy = KVPolicy{};  // the store evicts per sequence; the layers only read its spans
   layers.max_cache_len = max_context_;
   layers.kv_dtype = po.kv_dtype;
   layers.paged.store = store_;
@@ -291,13 +322,19 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
   if (params.n < 1 || params.n > config_.max_running)
     throw Error(ErrorKind::kInvalidArgument,
                 "request: n must be in [1, " + std::to_string(config_.max_running) + "]");
+  const KVPolicy policy = params.kv_policy.value_or(config_.cache.policy);
+  if (params.kv_policy) params.kv_policy->validate();
+  check_request_policy(policy, *store_, kv_policy_);
+  // A streaming sequence holds its sinks, its window and a step, not its length: its context is
+  // the model's (positions past it were never trained).
+  const int64_t context = policy.exact() ? max_context_ : model_.config().max_seq_len;
   // Written so that no sum can overflow (max_tokens near 2^63 is a client's value).
-  if (static_cast<int64_t>(params.prompt.size()) > max_context_ ||
-      params.max_tokens > max_context_ - static_cast<int64_t>(params.prompt.size()))
+  if (static_cast<int64_t>(params.prompt.size()) > context ||
+      params.max_tokens > context - static_cast<int64_t>(params.prompt.size()))
     throw Error(ErrorKind::kInvalidArgument,
                 "request: prompt (" + std::to_string(params.prompt.size()) +
                     " tokens) + max_tokens (" + std::to_string(params.max_tokens) +
-                    ") exceeds the context of " + std::to_string(max_context_) +
+                    ") exceeds the context of " + std::to_string(context) +
                     " tokens; shorten the prompt or lower max_tokens");
   if (params.logprobs < -1 || params.logprobs > kMaxTopLogprobs)
     throw Error(ErrorKind::kInvalidArgument,
@@ -320,7 +357,8 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
   r->output.samples.resize(static_cast<size_t>(n));
   r->output.stats.prompt_tokens = static_cast<int64_t>(r->params.prompt.size());
   r->output.stats.kv_pages = kv_pages_;
-  r->output.stats.kv_policy = kv_policy_;
+  r->policy = policy;
+  r->output.stats.kv_policy = policy.key();
   if (r->params.prompt_logprobs >= 0) r->output.prompt_logprobs.resize(r->params.prompt.size() - 1);
   for (int32_t i = 0; i < n; ++i) {
     auto s = std::make_unique<Seq>();
@@ -375,14 +413,20 @@ void Engine::post(std::function<void()> task) {
   cv_.notify_all();
 }
 
-std::vector<int32_t> Engine::finished_tokens(uint64_t id, bool* salted) const {
+std::vector<int32_t> Engine::finished_tokens(uint64_t id, bool* salted, std::string* policy) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Finished& f : finished_) {
     if (f.id != id) continue;
     if (salted != nullptr) *salted = f.salted;
+    if (policy != nullptr) *policy = f.policy;
     return f.tokens;
   }
   return {};
+}
+
+std::map<std::string, int64_t> Engine::requests_by_kv_policy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return requests_by_policy_;
 }
 
 void Engine::drain_inbox() {
@@ -420,9 +464,9 @@ bool Engine::start_remote_lookup(Request& r) {
   const std::span<const uint8_t> salt = salt_of(r);
   const int64_t bt = store_->block_tokens();
   const int64_t nj = (static_cast<int64_t>(tokens.size()) - 1) / bt;  // full blocks, last excluded
-  const int64_t local = store_->match_prefix_with_disk(tokens, salt) / bt;
+  const int64_t local = store_->match_prefix_with_disk(tokens, salt, r.policy) / bt;
   if (local >= nj) return false;
-  std::vector<std::vector<BlockKey>> keys = store_->prefix_block_keys(tokens, salt);
+  std::vector<std::vector<BlockKey>> keys = store_->prefix_block_keys(tokens, salt, r.policy);
   RemoteLookup req;
   req.id = r.id;
   req.first_block = local;
@@ -686,7 +730,7 @@ void Engine::admit_and_prefill(int64_t& budget) {
          static_cast<int32_t>(running_.size()) < config_.max_running) {
     Seq* s = waiting_.front();
     Request& r = *s->req;
-    s->sid = store_->add_sequence(salt_of(r));
+    s->sid = store_->add_sequence(salt_of(r), r.policy);
     // A remote lookup's blocks go to the first attach (after it they are cached in RAM).
     if (r.remote.blocks > 0) store_->stage_remote(std::move(r.remote));
     r.remote = RemoteResult{};
@@ -807,12 +851,12 @@ void Engine::admit_batched(int64_t& budget) {
     if (s->req->remote.blocks > 0) break;
     // Full blocks only: a copied tail takes a block at attach time, which could evict a cached
     // block a later candidate's match counted on (the one-by-one path copies tails).
-    const int64_t ram =
-        store_->match_prefix(s->tokens, salt_of(*s->req), PagedKVStore::PrefixMatch::kFullBlocks);
+    const int64_t ram = store_->match_prefix(
+        s->tokens, salt_of(*s->req), PagedKVStore::PrefixMatch::kFullBlocks, s->req->policy);
     // A prefix the disk tier extends is loaded at attach time (allocating blocks): the
     // one-by-one path takes it, so that the batch's matches cannot change under it.
     if (store_->disk_tier() != nullptr &&
-        store_->match_prefix_with_disk(s->tokens, salt_of(*s->req)) > ram)
+        store_->match_prefix_with_disk(s->tokens, salt_of(*s->req), s->req->policy) > ram)
       break;
     const int64_t need = static_cast<int64_t>(s->tokens.size()) - ram;
     if (step_seqs_.empty()) n = need;
@@ -826,7 +870,7 @@ void Engine::admit_batched(int64_t& budget) {
   step_tokens_.clear();
   row_pos_.clear();
   for (Seq* s : step_seqs_) {
-    s->sid = store_->add_sequence(salt_of(*s->req));
+    s->sid = store_->add_sequence(salt_of(*s->req), s->req->policy);
     s->computed = store_->attach_prefix(s->sid, s->tokens, PagedKVStore::PrefixMatch::kFullBlocks);
     s->computed_disk = s->computed > 0 ? store_->last_prefix_disk_tokens() : 0;
     s->computed_remote = 0;
@@ -1037,7 +1081,9 @@ void Engine::finish_request_if_done(Request& r) {
     if (!r.seqs.empty() && r.seqs[0]->out)
       tokens.insert(tokens.end(), r.seqs[0]->out->tokens.begin(), r.seqs[0]->out->tokens.end());
     std::lock_guard<std::mutex> lock(mu_);
-    finished_.push_back(Finished{r.id, std::move(tokens), !r.params.cache_salt.empty()});
+    finished_.push_back(
+        Finished{r.id, std::move(tokens), !r.params.cache_salt.empty(), r.policy.key()});
+    ++requests_by_policy_[r.policy.key()];
     if (finished_.size() > kFinishedKept) finished_.pop_front();
   }
   leave_queue(r);
@@ -1158,7 +1204,7 @@ std::string Engine::check_invariants() const {
   if (running_.empty()) {
     for (int g = 0; g < store_->num_groups(); ++g) {
       const int32_t used = store_->stats(g).pool.used;
-      const int32_t null_blocks = store_->group(g).kind == GroupKind::kSliding ? 1 : 0;
+      const int32_t null_blocks = store_->has_null_block(g) ? 1 : 0;
       if (used != null_blocks)
         return "group " + std::to_string(g) + ": " + std::to_string(used) +
                " blocks used with no sequence resident";

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -45,7 +46,9 @@ struct EngineConfig {
   // The paged cache every request shares. The engine reads paged.block_tokens, kv_dtype
   // (unset: f32) and max_cache_len: without a budget, the tokens the pool holds (0: 16384).
   // It builds the store itself and batches max_running sequences: implementation stays
-  // "paged", paged.store unset and max_batch_size 0 (Error otherwise).
+  // "paged", paged.store unset and max_batch_size 0 (Error otherwise). cache.policy is the
+  // requests' default eviction policy: exact, or streaming (the store then reserves a null
+  // block per full group so that any request may stream; see PagedKVStore).
   CacheOptions cache{.implementation = "paged"};
   uint64_t kv_budget_bytes = 0;       // > 0: the planner splits it (blocks + activations)
   int32_t num_blocks = 0;             // > 0: override the block count (tests forcing preemption)
@@ -118,6 +121,11 @@ struct RequestParams {
   // the request's sequences, so a prefix is shared only between requests with the same salt, in
   // RAM and in the disk tier (empty: unsalted requests share among themselves).
   std::string cache_salt;
+  // The eviction policy of this request's KV (the servers' `kv_policy` field); unset: the
+  // engine's (EngineConfig::cache.policy). Only exact and StreamingLLM run on the paged store,
+  // and streaming only on an engine started with a streaming policy (its pool reserves the
+  // null blocks); anything else is refused at submit. Folded into every block key.
+  std::optional<KVPolicy> kv_policy;
 };
 
 // Per-request statistics, final when the request finishes.
@@ -279,7 +287,11 @@ class Engine {
   // The longest RequestParams::cache_salt submit() accepts (it is hashed into every block key).
   static constexpr size_t kMaxCacheSalt = 1024;
   // *salted (when given): whether the request had a cache_salt.
-  std::vector<int32_t> finished_tokens(uint64_t id, bool* salted = nullptr) const;
+  // *policy (when given): the key of the policy it ran under ("exact", "streaming:...").
+  std::vector<int32_t> finished_tokens(uint64_t id, bool* salted = nullptr,
+                                       std::string* policy = nullptr) const;
+  // Requests finished per policy key, over the engine's life (/metrics).
+  std::map<std::string, int64_t> requests_by_kv_policy() const;
 
  private:
   struct Request;
@@ -360,9 +372,11 @@ class Engine {
     uint64_t id = 0;
     std::vector<int32_t> tokens;
     bool salted = false;
+    std::string policy;
   };
-  std::deque<Finished> finished_;  // finished_tokens()
-  bool remote_ready_ = false;      // a remote lookup answered since the last poll
+  std::deque<Finished> finished_;                      // finished_tokens()
+  std::map<std::string, int64_t> requests_by_policy_;  // under mu_
+  bool remote_ready_ = false;  // a remote lookup answered since the last poll
   uint64_t next_id_ = 1;
   int64_t queued_ = 0;     // inbox + waiting requests (bounded by max_waiting)
   EngineMetrics metrics_;  // snapshot published by update_metrics()

@@ -383,6 +383,13 @@ std::string HttpServer::metrics_text() {
       "# HELP kvcache_kv_cache_info The KV pool's page format and eviction policy.\n"
       "# TYPE kvcache_kv_cache_info gauge\nkvcache_kv_cache_info{pages=\"" +
       engine_.kv_pages_label() + "\",policy=\"" + engine_.kv_policy_label() + "\"} 1\n";
+  // Which policy served the finished requests (a request may send its own kv_policy).
+  out +=
+      "# HELP kvcache_requests_kv_policy_total Requests finished, by the KV eviction policy "
+      "that served them.\n# TYPE kvcache_requests_kv_policy_total counter\n";
+  for (const auto& [policy, n] : engine_.requests_by_kv_policy())
+    out +=
+        "kvcache_requests_kv_policy_total{policy=\"" + policy + "\"} " + std::to_string(n) + "\n";
   if (m.compressed_model)  // a labelled counter: why prefix hits were refused
     out +=
         "# HELP kvcache_prefix_refused_total Prefix cache hits refused (the prompt was "
@@ -790,7 +797,17 @@ void HttpServer::install_slots() {
         PagedSessionResult out;
         if (save) {
           bool salted = false;
-          const std::vector<int32_t> tokens = engine_.finished_tokens(id, &salted);
+          std::string policy;
+          const std::vector<int32_t> tokens = engine_.finished_tokens(id, &salted, &policy);
+          if (!tokens.empty() && policy != "exact") {
+            // Its blocks were computed under a lossy policy and keyed under it: a slot file
+            // restores exact, unsalted blocks.
+            r = {400, error_body("request " + slot + " ran under kv_policy " + policy +
+                                     "; slots save and restore exact KV only",
+                                 "invalid_request_error", "")};
+            done->set_value(r);
+            return;
+          }
           if (salted) {
             // Its blocks are keyed under its tenant's salt, which a slot file does not carry
             // (restore puts blocks back unsalted): saving it would serve its prefix to anyone.

@@ -5,6 +5,9 @@
 #include <iterator>
 #include <set>
 
+#include "cache/kv_policy.h"
+#include "core/error.h"
+
 namespace kvcache {
 
 using nlohmann::json;
@@ -224,7 +227,8 @@ void refuse_unknown(const json& body, bool chat) {
                                                             "presence_penalty",
                                                             "frequency_penalty",
                                                             "logit_bias",
-                                                            "cache_salt"};
+                                                            "cache_salt",
+                                                            "kv_policy"};
   static const std::set<std::string, std::less<>> completions = {"prompt", "echo", "best_of",
                                                                  "suffix"};
   static const std::set<std::string, std::less<>> chat_only = {
@@ -403,6 +407,19 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
     if (p.cache_salt.size() > Engine::kMaxCacheSalt)
       throw bad("'cache_salt' has " + std::to_string(p.cache_salt.size()) + " bytes; at most " +
                 std::to_string(Engine::kMaxCacheSalt) + " are allowed");
+  }
+  // kvcache's: the request's KV eviction policy ("exact", "streaming:sink=4,window=256"); the
+  // engine refuses what its store cannot run (Engine::submit), with a 400.
+  if (const auto it = body.find("kv_policy"); it != body.end() && !it->is_null()) {
+    if (!it->is_string())
+      throw bad(
+          "'kv_policy' must be a string such as \"exact\" or "
+          "\"streaming:sink=4,window=256\"");
+    try {
+      p.kv_policy = KVPolicy::parse(it->get<std::string>());
+    } catch (const Error& e) {
+      throw bad(std::string("'kv_policy': ") + e.what());
+    }
   }
   return r;
 }

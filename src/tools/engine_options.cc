@@ -143,10 +143,14 @@ EngineConfig engine_config(const EngineOptions& o, const Model& model) {
                       "own)");
     c.cache.paged.quant = PagedQuantFormat{q.scheme, q.bits};
   }
-  // The paged store does not evict: option_rules refuses a lossy --kv-policy for serve and batch.
-  // Once it does, KVPolicy::key() belongs in its block keys (issue 43), so that a block computed
-  // under a lossy policy never serves a request that asked for exact attention.
-  KV_CHECK(c.cache.policy.exact(), "serve/batch got a lossy --kv-policy past option_rules");
+  // c.cache.policy is the requests' default (exact or streaming: option_rules refuses the
+  // others); the engine folds each request's policy into its block keys.
+  if (!c.cache.policy.exact() && c.cache.paged.quant)
+    throw Error(ErrorKind::kInvalidArgument,
+                "--kv-policy " + c.cache.policy.key() +
+                    " with quantized pages: pick one way to save memory per server (a streaming "
+                    "sequence's released blocks and the packed blocks' residual slots are not "
+                    "combined yet); drop --kv-bits/--kv-quant or use --kv-policy exact");
   c.kv_budget_bytes = sc.kv_budget_bytes;
   if (o.model.chunk < 1) throw Error(ErrorKind::kInvalidArgument, "--chunk must be >= 1");
   c.max_tokens_per_step = o.model.chunk;

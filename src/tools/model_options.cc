@@ -57,7 +57,8 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
          "Which keys full-attention layers keep: exact (default), or a lossy eviction "
          "policy (generate and logits, --cache dynamic or static): streaming:sink=4,window=256 "
          "(StreamingLLM), h2o:heavy=128,recent=128 (H2O), "
-         "snapkv:budget=256,window=32,kernel=7 (SnapKV)")
+         "snapkv:budget=256,window=32,kernel=7 (SnapKV). serve and batch: exact or streaming "
+         "(whole blocks; the requests' default, each may send its own kv_policy)")
       ->capture_default_str();
   cmd->add_option("--kv-bits", o.kv_bits,
                   "--cache quantized: bits per code, 2, 4 or 8 (KIVI; default 4)");

@@ -215,15 +215,21 @@ std::optional<std::string> kv_policy(const Given& g) {
   }
   if (policy.exact()) return std::nullopt;
   const std::vector<std::string> ok = PolicyLayerRegistry::implementations();
-  if (is_engine(g) || g.command == "bench")
+  // serve / batch: the paged store evicts whole blocks shared between requests, by position
+  // (cache/paged_store.h, "StreamingLLM"); per-head choices by attention cannot be shared.
+  if (is_engine(g) && policy.kind == KVPolicyKind::kStreaming) return std::nullopt;
+  if (is_engine(g))
     return g.command + ": --kv-policy " + policy.key() +
-           ": lossy policies are honoured by generate and logits (--cache " + join(ok) +
-           ") only; " +
-           (is_engine(g) ? "the paged cache of serve and batch does not evict yet (its block keys "
-                           "are to fold in KVPolicy::key(), so that a lossy block never serves an "
-                           "exact request)"
-                         : "bench measures the exact containers") +
-           "; use --kv-policy exact here";
+           ": the paged cache of serve and batch evicts whole blocks that requests share, so it "
+           "runs only streaming:sink=S,window=W (a choice by position); " +
+           std::string(policy.kind_name()) +
+           " chooses tokens per KV head by attention, which generate and logits honour (--cache " +
+           join(ok) + "); use --kv-policy exact or streaming here";
+  if (g.command == "bench")
+    return g.command + ": --kv-policy " + policy.key() +
+           ": bench measures the exact containers; lossy policies are honoured by generate and "
+           "logits (--cache " +
+           join(ok) + ") and streaming by serve and batch; use --kv-policy exact here";
   for (const std::string& c : g.shape.caches)
     if (!contains(ok, c))
       return g.command + ": --kv-policy " + policy.key() + " cannot act on --cache " + c +
