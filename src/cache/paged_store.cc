@@ -312,6 +312,11 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
         " layers; it must leave at least one layer that stores");
   if (!dtype_is_float(config_.dtype)) bad("pages store f32, f16 or bf16", ErrorKind::kUnsupported);
   check_paged_quant(config_);  // first: the reason a quantized store refuses the model
+  if (config_.streaming && config_.quant)
+    bad("a streaming --kv-policy with quantized pages: the residual slots and released packed "
+        "blocks are not combined yet; pick one (drop --kv-bits/--kv-quant or use --kv-policy "
+        "exact)",
+        ErrorKind::kUnsupported);
   if (config_.streaming)
     for (size_t l = 0; l < config_.layer_types.size(); ++l) {
       const std::string& t = config_.layer_types[l];
@@ -403,6 +408,7 @@ PagedKVStore::PagedKVStore(const PagedStoreConfig& config) : config_(config) {
   indptr_.resize(groups_.size());
   indices_.resize(groups_.size());
   last_len_.resize(groups_.size());
+  row_off_.resize(groups_.size());
   linear_index_.assign(n_layers, -1);
   const std::vector<int> linear = paged_linear_layers(config_);
   linear_ = !linear.empty();
@@ -724,6 +730,8 @@ void PagedKVStore::build_tables() {
     std::vector<int32_t>& indptr = indptr_[g];
     std::vector<int32_t>& indices = indices_[g];
     std::vector<int32_t>& last = last_len_[g];
+    std::vector<int64_t>& row_off = row_off_[g];
+    row_off.clear();
     indptr.assign(1, 0);
     indices.clear();
     indices.reserve(1);  // data() set even when no sequence holds a block yet
@@ -737,7 +745,9 @@ void PagedKVStore::build_tables() {
       if (streams(static_cast<int>(g), s) && s.evicted > 0) {  // compacted: sinks, then window
         for (const int32_t id : t)
           if (id != 0) indices.push_back(id);
+        row_off.push_back(s.evicted * bt);
       } else {
+        row_off.push_back(0);
         indices.insert(indices.end(), t.begin(), t.end());
       }
       indptr.push_back(static_cast<int32_t>(indices.size()));
@@ -766,9 +776,13 @@ StepStatus PagedKVStore::plan_step(int64_t n_tokens, std::span<const int32_t> to
           "free it (or crop it to 0) and recompute it");
   // Blocks out of every window are dropped first: no later query of the sequence can see them,
   // so this is neutral even when the step is then refused.
+  // Streaming sequences release only when a step closes: after a prefix hit, the first step
+  // sees every attached block, as the step that computed them saw them (so a hit on a repeated
+  // prompt continues as its first run did).
   for (const SeqId id : batch_)
     for (int g = 0; g < num_groups(); ++g)
-      drop_out_of_window(g, seqs_[static_cast<size_t>(id)], seqs_[static_cast<size_t>(id)].len);
+      if (!streams(g, seqs_[static_cast<size_t>(id)]))
+        drop_out_of_window(g, seqs_[static_cast<size_t>(id)], seqs_[static_cast<size_t>(id)].len);
   for (size_t g = 0; g < groups_.size(); ++g) {
     int64_t need = 0;
     for (const SeqId id : batch_) {
@@ -1008,6 +1022,7 @@ KVSpan PagedKVStore::peek_span(int layer) const {
   p.indptr = indptr_[g].data();
   p.indices = indices_[g].data();
   p.last_page_len = last_len_[g].data();
+  p.row_offset = row_off_[g].data();
   return span;
 }
 
@@ -1064,10 +1079,6 @@ KVSpan PagedKVStore::quant_span(int layer) const {
     int64_t first = 0;
     if (groups_[g].kind == GroupKind::kSliding)
       while (first < full && ids[first] == 0) ++first;
-    // Streaming: the row's entries are compacted (build_tables), its released blocks gone; they
-    // were all full before the step. The packed blocks then run sinks, window.
-    int64_t dropped = 0;
-    if (streams(static_cast<int>(g), s) && s.evicted > 0) dropped = s.evicted;
     QuantKV& q = rows[b];
     q.scheme = qfmt_.scheme;
     q.bits = qfmt_.bits;
@@ -1077,7 +1088,7 @@ KVSpan PagedKVStore::quant_span(int layer) const {
     q.heads = H;
     q.head_dim_k = dk;
     q.head_dim_v = dv;
-    q.n_blocks = full - first - dropped;
+    q.n_blocks = full - first;
     q.k_blocks = kq_[li].data();
     q.v_blocks = vq_[li].data();
     q.k_block_bytes = kbb_;
@@ -1101,7 +1112,7 @@ KVSpan PagedKVStore::quant_span(int layer) const {
       q.k_residual = rk_[li].view().slice(0, s.qslot, s.qslot + 1).slice(2, 0, res);
       q.v_residual = rv_[li].view().slice(0, s.qslot, s.qslot + 1).slice(2, 0, res);
     }
-    off[b] = (first + dropped) * G;
+    off[b] = first * G;
   }
   KVSpan span;
   span.kind = KVSpanKind::kPagedQuantized;
@@ -1986,6 +1997,7 @@ size_t PagedKVStore::bytes() const {
   for (size_t g = 0; g < groups_.size(); ++g)
     total += (indptr_[g].capacity() + indices_[g].capacity() + last_len_[g].capacity()) *
              sizeof(int32_t);
+  for (const auto& r : row_off_) total += r.capacity() * sizeof(int64_t);
   return total;
 }
 

@@ -106,23 +106,27 @@
 // StreamingLLM (issue 43; add_sequence(salt, policy) with a "streaming:sink=S,window=W"
 // KVPolicy, cache/kv_policy.h; the store built with PagedStoreConfig::streaming): a sequence
 // under the policy keeps, in every full-attention group, its first ceil(S / block_tokens)
-// blocks (the attention sinks) and the blocks holding its last W - 1 tokens; between steps
-// (when a step closes, and before a step is planned) the blocks in between are released and
-// the full group's null block (block 0, reserved only in a streaming store) stands in their
-// table entries, as for a sliding group. Whole blocks: a block is kept while any of its tokens
-// is a sink or in the window, so a decode query sees at least S sinks and exactly its window of
-// W keys plus up to block_tokens - 1 more on each side (masking inside a page would need a
-// second key range in every paged kernel). The batch's CSR tables skip the null entries of a
-// streaming sequence (its full-group rows are compacted: sinks, then the window), so the
-// kernels read it unchanged — full attention's causal mask is relative to the row's end, and the
-// keys carry their RoPE from their original positions. A step's queries see the kept blocks
-// plus every token of the step (the dense EvictingLayer's "eviction between steps"). Keys: the
-// policy's key() is folded into the sequence's block keys, and only blocks completed before the
-// sequence evicted anything are keyed at all (their contents are what exact attention
-// computed, whatever the chunking; later blocks depend on where steps ended), so a lossy block
-// never serves an exact request and a streaming hit never depends on another request's
-// chunking. Sliding groups keep their own window. Refused: the quantized pages, linear,
-// compressed and indexed layers; crop back into released blocks (kOutOfRange, as sliding).
+// blocks (the attention sinks) and the blocks holding its last W - 1 tokens; when a step
+// closes, the blocks in between are released and the full group's null block (block 0,
+// reserved only in a streaming store) stands in their table entries, as for a sliding group.
+// Whole blocks: a block is kept while any of its tokens is a sink or in the window, so a decode
+// query sees at least S sinks and exactly its window of W keys plus up to block_tokens - 1 more
+// on each side (masking inside a page would need a second key range in every paged kernel).
+// The batch's CSR tables skip the null entries of a streaming sequence (its full-group rows are
+// compacted: sinks, then the window), so the kernels read it unchanged — full attention's
+// causal mask is relative to the row's end, and the keys carry their RoPE from their original
+// positions. A step's queries see the kept blocks plus every token of the step (the dense
+// EvictingLayer's "eviction between steps"); the first step after a prefix hit sees every
+// attached block, as the step that computed them did, so a repeated prompt continues as its
+// first run did. Beyond that, what a token sees depends on where steps ended (prefill chunks,
+// preemption), as in the dense EvictingLayer: a lossy policy's output may depend on the
+// schedule. Keys: the policy's key() is folded into the sequence's block keys, and only blocks
+// completed before the sequence evicted anything are keyed at all (their contents are what
+// exact attention computed; later blocks depend on where steps ended), so a lossy block never
+// serves an exact request, nor one of another policy. Sliding groups keep their own window.
+// Refused: quantized pages (the residual slots and released packed blocks are not combined
+// yet), linear, compressed and indexed layers; crop back into released blocks (kOutOfRange, as
+// for sliding groups).
 //
 // Ownership: the store owns pages, pools and tables; spans point into them and are valid until
 // the next step or lifecycle call. Not thread-safe (one runtime thread drives it).
@@ -599,6 +603,7 @@ class PagedKVStore {
   int n_attached_ = 0;
   // CSR page tables of the batch per group, rebuilt when a step opens.
   std::vector<std::vector<int32_t>> indptr_, indices_, last_len_;
+  std::vector<std::vector<int64_t>> row_off_;  // [group][batch] PagedKV::row_offset
   // Hybrid models.
   std::vector<int> linear_index_;  // [n_layers]: index among the linear layers, -1
   std::unique_ptr<LinearStateSlots> slots_;

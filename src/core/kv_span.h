@@ -29,6 +29,13 @@ struct PagedKV {
   const int32_t* indptr = nullptr;   // [B + 1], indptr[0] = 0, non-decreasing
   const int32_t* indices = nullptr;  // [indptr[B]] page ids in [0, num_pages)
   const int32_t* last_page_len = nullptr;  // [B] in [1, block_tokens]; 0: a page-less sequence
+  // [B] or nullptr (all 0): row b's keys are read as positions kv_offset + j, but its true
+  // positions end row_offset[b] later — a StreamingLLM row whose table skips the blocks its
+  // policy released (cache/paged_store.h). Kernels need not read it: their masks then see a
+  // contiguous row ending with its queries, exact for causal attention (relative); the store
+  // never compacts a group with a window or chunk mask. Position checks add it (span ends).
+  const int64_t* row_offset = nullptr;
+  int64_t offset(int64_t b) const { return row_offset != nullptr ? row_offset[b] : 0; }
   int64_t seq_len(int64_t b) const {
     const int64_t n = indptr[b + 1] - indptr[b];
     return n == 0 ? 0 : (n - 1) * block_tokens + last_page_len[b];

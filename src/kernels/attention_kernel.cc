@@ -35,7 +35,7 @@ int64_t span_end(const KVSpan& span, int64_t b) {
     case KVSpanKind::kDense:
       return span.kv_offset + span.k.dim(2);
     case KVSpanKind::kPaged:
-      return span.kv_offset + span.paged.seq_len(b);
+      return span.kv_offset + span.paged.offset(b) + span.paged.seq_len(b);
     case KVSpanKind::kQuantized:
       return span.kv_offset + span.quant.seq_len();
     case KVSpanKind::kPagedQuantized:

@@ -114,7 +114,8 @@ KVSpan MlaAttention::expand(Step& st, const KVSpan& span, int64_t b) const {
   KVSpan dense;
   dense.k = TensorView(kfull, DType::kF32, {1, H, Skv, dqk}, {Skv * qd, dqk, qd, 1});
   dense.v = TensorView(kvb + dn, DType::kF32, {1, H, Skv, dv}, {Skv * H * kvbd, kvbd, H * kvbd, 1});
-  dense.kv_offset = span.kv_offset;
+  // A streaming row's compacted table (core/kv_span.h PagedKV::row_offset) ends at its queries.
+  dense.kv_offset = span.kv_offset + (span.kind == KVSpanKind::kPaged ? span.paged.offset(b) : 0);
   return dense;
 }
 

@@ -112,7 +112,8 @@ struct Engine::Request {
   // request waits for it.
   RemoteResult remote;
   Clock::time_point remote_deadline;
-  KVPolicy policy;  // params.kv_policy, or the engine's
+  KVPolicy policy;      // params.kv_policy, or the engine's
+  int64_t context = 0;  // prompt + generated tokens at most (the model's under streaming)
 };
 
 // The first sample scores the prompt; the other samples share what it computed (or, when a
@@ -358,6 +359,7 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
   r->output.stats.prompt_tokens = static_cast<int64_t>(r->params.prompt.size());
   r->output.stats.kv_pages = kv_pages_;
   r->policy = policy;
+  r->context = context;
   r->output.stats.kv_policy = policy.key();
   if (r->params.prompt_logprobs >= 0) r->output.prompt_logprobs.resize(r->params.prompt.size() - 1);
   for (int32_t i = 0; i < n; ++i) {
@@ -988,7 +990,7 @@ void Engine::after_logits(Seq& s, std::span<const float> logits) {
   emit_text(s, tok, std::move(lp));
   if (s.state == SeqState::kFinished) return;
   if (static_cast<int64_t>(s.out->tokens.size()) >= r.params.max_tokens ||
-      static_cast<int64_t>(s.tokens.size()) >= max_context_)
+      static_cast<int64_t>(s.tokens.size()) >= r.context)
     finish_seq(s, FinishReason::kLength);
 }
 

@@ -94,10 +94,10 @@ TEST(PagedStreaming, KeepsSinkAndWindowBlocksAndMemoryStaysFlatOver16K) {
       EXPECT_EQ(store.check_invariants(), "") << t + 1;
     }
   }
-  // The null block, one sink block, 16 blocks for the 255 window tokens (+1 when they straddle)
-  // and one for the next token: flat from the first eviction on.
+  // The null block, one sink block and the 17 blocks the last 255 tokens straddle (16 right
+  // after a block filled): flat from the first eviction on.
   EXPECT_EQ(store.length(seq), n);
-  EXPECT_LE(peak, 1 + 1 + 17 + 1);
+  EXPECT_EQ(peak, 1 + 1 + 17);
   EXPECT_EQ(store.stats(0).pool.used, at_1k);
   EXPECT_EQ(store.evicted_blocks(seq), n / bt - 1 - 16);
   store.free_sequence(seq);
@@ -249,6 +249,11 @@ TEST(PagedStreaming, RefusesWhatItCannotRun) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("linear_attention"), std::string::npos);
     }
+  }
+  {
+    PagedStoreConfig c = streaming_config(16, 256, 1, 32);
+    c.quant = PagedQuantFormat{KVQuantScheme::kKivi, 4};
+    EXPECT_THROW(PagedKVStore{c}, Error);
   }
   {  // crop back into released blocks: the keys are gone
     PagedKVStore store(streaming_config(4, 256, 1, 4));

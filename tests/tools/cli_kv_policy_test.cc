@@ -58,10 +58,14 @@ TEST(CliKVPolicy, RefusedWhereItCannotAct) {
   };
   for (const Case& c : {
            Case{"serve" + m + " --kv-policy h2o",
-                "lossy policies are honoured by generate and logits (--cache dynamic, static) "
-                "only"},
-           Case{"batch" + m + " --kv-policy streaming --input /dev/null",
-                "the paged cache of serve and batch does not evict yet"},
+                "runs only streaming:sink=S,window=W (a choice by position); h2o chooses tokens "
+                "per KV head by attention, which generate and logits honour (--cache dynamic, "
+                "static)"},
+           Case{"batch" + m + " --kv-policy snapkv --input /dev/null",
+                "use --kv-policy exact or streaming here"},
+           Case{"serve" + m + " --kv-policy streaming --kv-bits 4",
+                "pick one way to save memory per server"},
+           Case{"bench" + m + " --kv-policy streaming", "bench measures the exact containers"},
            Case{"generate" + m + " -n 4 --kv-policy snapkv --cache quantized",
                 "cannot act on --cache quantized; the caches that honour a lossy policy: dynamic, "
                 "static"},

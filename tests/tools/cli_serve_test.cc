@@ -60,6 +60,55 @@ TEST(CliServe, PrintsTheReadyLineServesAndStopsOnSigterm) {
 // residual), the tokens are those of the dense quantized cache with group = residual = block, and
 // the response and /metrics say which pages and policy served. A model whose cache the format
 // cannot hold is refused before listening, saying why.
+// serve --kv-policy streaming: the requests' default, a request's own kv_policy, usage and
+// /metrics say which served; an exact request never hits the streaming request's blocks; a
+// policy the paged store cannot run is a 400.
+TEST(CliServe, StreamingPolicyPerServerAndPerRequest) {
+  const testing_util::ScratchDir scratch("cli_serve_streaming");
+  ServeChild s;
+  ASSERT_TRUE(
+      s.start(scratch.str(), {"serve", "--model", "dummy:tiny", "--port", "0", "--max-cache-len",
+                              "512", "--kv-policy", "streaming:sink=4,window=64"}))
+      << s.err;
+  std::ostringstream prompt_text;  // 40 tokens: two full blocks
+  prompt_text << "[1";
+  for (int i = 1; i < 40; ++i) prompt_text << ", " << 100 + 37 * i;
+  prompt_text << ']';
+  const auto ask = [&](const std::string& extra) {
+    return testing_util::http(s.port, "POST", "/v1/completions",
+                              R"({"prompt": )" + prompt_text.str() +
+                                  R"(, "max_tokens": 8, "temperature": 0)" + extra + "}");
+  };
+  const testing_util::HttpReply a = ask("");
+  ASSERT_EQ(a.status, 200) << a.body;
+  const json ja = json::parse(a.body);
+  EXPECT_EQ(ja["usage"]["kv_cache"]["policy"], "streaming:sink=4,window=64") << a.body;
+  EXPECT_EQ(ja["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << a.body;
+  const testing_util::HttpReply b = ask(R"(, "kv_policy": "exact")");
+  ASSERT_EQ(b.status, 200) << b.body;
+  const json jb = json::parse(b.body);
+  EXPECT_EQ(jb["usage"]["kv_cache"]["policy"], "exact") << b.body;
+  EXPECT_EQ(jb["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << b.body;
+  const testing_util::HttpReply c = ask("");
+  ASSERT_EQ(c.status, 200) << c.body;
+  // a's two full blocks and its tail (a evicted nothing: 48 tokens < the window)
+  EXPECT_EQ(json::parse(c.body)["usage"]["prompt_tokens_details"]["cached_tokens"], 39) << c.body;
+  const testing_util::HttpReply bad = ask(R"(, "kv_policy": "h2o")");
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("per KV head by attention"), std::string::npos) << bad.body;
+  const testing_util::HttpReply typo = ask(R"(, "kv_policy": "streaming:window=0")");
+  EXPECT_EQ(typo.status, 400) << typo.body;
+  const std::string metrics = testing_util::http(s.port, "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("policy=\"streaming:sink=4,window=64\"} 1"), std::string::npos) << metrics;
+  EXPECT_NE(
+      metrics.find("kvcache_requests_kv_policy_total{policy=\"streaming:sink=4,window=64\"} 2"),
+      std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("kvcache_requests_kv_policy_total{policy=\"exact\"} 1"), std::string::npos)
+      << metrics;
+  EXPECT_EQ(s.stop(), 0);
+}
+
 TEST(CliServe, QuantizedPagesServeTheDenseQuantizedTokensAndSaySo) {
   const testing_util::ScratchDir scratch("cli_serve_quant");
   ServeChild s;
