@@ -226,9 +226,10 @@ TEST(Mask, ChunkOffsetsInSpecAndTilesFollowTheOverlay) {
     ASSERT_EQ(got, brute_classify(s, b, 0, q0, q1, k0, k1)) << iter;
     ++counts[static_cast<int>(got)];
   }
-  EXPECT_GT(counts[0], 50);
-  EXPECT_GT(counts[1], 50);
-  EXPECT_GT(counts[2], 50);
+  // The random tiles exercise all three classes.
+  EXPECT_GT(counts[0], 20);
+  EXPECT_GT(counts[1], 20);
+  EXPECT_GT(counts[2], 20);
 }
 
 }  // namespace
