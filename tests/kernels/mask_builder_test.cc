@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -14,6 +15,7 @@
 #include "core/error.h"
 #include "kernels/attention.h"
 #include "kernels/attention_reference.h"
+#include "kernels/paged_attention.h"
 
 namespace kvcache {
 namespace {
@@ -306,6 +308,65 @@ TEST(PaddedChunkedAttention, KernelsEqualEagerOnTheMaterialisedMask) {
     Tensor bad = Tensor::zeros(DType::kF32, {B, Hq, geo.Sq, D + 2});
     get_attention_kernel("fused")(q.view(), k.view(), v.view(), bad.view(), wrong);
     EXPECT_GT(max_abs_diff(bad, want), 1e-3) << "Sq " << geo.Sq;
+  }
+}
+
+// Paged kernels read chunk offsets through the same key_range: equal to dense eager.
+TEST(PaddedChunkedAttention, PagedKernelsHonourChunkOffsets) {
+  std::mt19937 rng(46);
+  constexpr int64_t B = 2, Hq = 4, Hkv = 2, D = 7, S = 11, Sq = 2, P = 4, C = 3;
+  const int64_t pads[B] = {0, 2};
+  const Tensor q = randn({B, Hq, Sq, D}, rng);
+  const Tensor k = randn({B, Hkv, S, D}, rng);
+  const Tensor v = randn({B, Hkv, S, D}, rng);
+  AttentionOptions o;
+  o.chunk_size = C;
+  o.chunk_offset = pads;
+  Tensor want = Tensor::zeros(DType::kF32, {B, Hq, Sq, D});
+  get_attention_kernel("eager")(q.view(), k.view(), v.view(), want.view(), o);
+  // Pages of P tokens: sequence b owns pages 3b .. 3b + 2 (the last holds 3 tokens).
+  constexpr int64_t kPages = (S + P - 1) / P;
+  Tensor kp = Tensor::zeros(DType::kF32, {B * kPages, Hkv, P, D});
+  Tensor vp = Tensor::zeros(DType::kF32, {B * kPages, Hkv, P, D});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t pg = 0; pg < kPages; ++pg) {
+      const int64_t t0 = pg * P, t1 = std::min(S, t0 + P);
+      copy_view(k.view().slice(0, b, b + 1).slice(2, t0, t1),
+                kp.view().slice(0, b * kPages + pg, b * kPages + pg + 1).slice(2, 0, t1 - t0));
+      copy_view(v.view().slice(0, b, b + 1).slice(2, t0, t1),
+                vp.view().slice(0, b * kPages + pg, b * kPages + pg + 1).slice(2, 0, t1 - t0));
+    }
+  const int32_t indptr[B + 1] = {0, 3, 6}, indices[6] = {0, 1, 2, 3, 4, 5}, last[B] = {3, 3};
+  const int32_t cu[B + 1] = {0, 2, 4};
+  Tensor qp = Tensor::empty(DType::kF32, {B * Sq, Hq, D});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < Sq; ++i)
+        std::copy(q.view().ptr_as<const float>(b, h, i), q.view().ptr_as<const float>(b, h, i) + D,
+                  qp.view().ptr_as<float>(b * Sq + i, h));
+  PagedAttentionArgs a;
+  a.q = qp.view();
+  a.kv.k_pages = kp.view();
+  a.kv.v_pages = vp.view();
+  a.kv.batch = B;
+  a.kv.block_tokens = P;
+  a.kv.indptr = indptr;
+  a.kv.indices = indices;
+  a.kv.last_page_len = last;
+  a.cu_seqlens_q = cu;
+  for (const char* name : {"eager", "fused"}) {
+    Tensor out = Tensor::zeros(DType::kF32, {B * Sq, Hq, D});
+    a.out = out.view();
+    paged_attention(name, a, o);
+    double worst = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t i = 0; i < Sq; ++i)
+          for (int64_t d = 0; d < D; ++d)
+            worst = std::max(worst, static_cast<double>(
+                                        std::fabs(out.view().ptr_as<const float>(b * Sq + i, h)[d] -
+                                                  want.view().ptr_as<const float>(b, h, i)[d])));
+    EXPECT_LE(worst, 2e-5) << name;
   }
 }
 
