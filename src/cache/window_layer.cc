@@ -25,8 +25,12 @@ WindowLayer::WindowLayer(DenseLayerParams params, const WindowLayerParams& windo
 }
 
 int64_t WindowLayer::window_start(int64_t pos) const {
-  if (window_.kind == WindowKind::kSliding) return std::max<int64_t>(pos - window_.window + 1, 0);
-  return pos / window_.window * window_.window;
+  // Chunked layers too: a left-padded row counts its chunks from its first real token
+  // (AttentionOptions::chunk_offset), so the chunk of a query at pos may start anywhere in
+  // (pos - C, pos] and the layer, which knows nothing of padding, keeps the last C-1 keys as
+  // transformers v5 does (cache_utils.py: chunked_attention layers are
+  // DynamicSlidingWindowLayer(attention_chunk_size)); the kernel's chunk mask hides the rest.
+  return std::max<int64_t>(pos - window_.window + 1, 0);
 }
 
 int64_t WindowLayer::capacity_limit() const {

@@ -1,7 +1,7 @@
 // WindowLayer: the sliding-window ("sliding_attention") and chunked ("chunked_attention")
 // containers, with dynamic or static storage. A query sees only a bounded stretch of recent
 // keys, so between steps the layer keeps only what the next queries may see — the last W-1
-// tokens for a window of W, the current chunk's tokens (at most C-1) for chunks of C — and
+// tokens for a window of W, the last C-1 for chunks of C (see below) — and
 // forgets the rest, yet update() returns everything the step's queries may see (the kept
 // tokens plus the new ones, chronological, one contiguous strided view) — eviction is
 // invisible to the kernel, as in transformers' DynamicSlidingWindowLayer (KV cache notes,
@@ -10,13 +10,14 @@
 // Which keys a step sees. For queries at positions [p, p+q) (p = seq_length() before the
 // update) the earliest visible key is
 //   sliding (W):  start(p) = max(p - W + 1, 0)   (kv_pos > q_pos - W, transformers semantics)
-//   chunked (C):  start(p) = floor(p / C) * C    (kv_pos and q_pos in the same chunk of C)
+//   chunked (C):  start(p) = max(p - C + 1, 0)   (the same: see below)
 // update() returns keys [start(p), p+q) with kv_offset = start(p), and mask_sizes(q) returns
-// {p + q - start(p), start(p)}. For sliding layers that is exactly transformers'
-// DynamicSlidingWindowLayer.get_mask_sizes (kv_offset = max(p-W+1, 0), kv_length = W-1+q once
-// p >= W, else p+q). For chunked layers transformers reuses the sliding layer and leaves the
-// chunk boundary to the mask; here the span itself starts at the chunk, so the kernel reads
-// no key that every query would mask out.
+// {p + q - start(p), start(p)}: exactly transformers' DynamicSlidingWindowLayer.get_mask_sizes
+// (kv_offset = max(p-W+1, 0), kv_length = W-1+q once p >= W, else p+q). For chunked layers
+// transformers v5 reuses the sliding layer and leaves the chunk boundary to the mask, and so do
+// we: a left-padded row's chunks start at its first real token (AttentionOptions::chunk_offset),
+// so its chunk may begin up to C-1 keys before p whatever floor(p / C) * C says. Keys outside
+// a row's chunk are masked by the kernel (its key_range skips them, tile by tile).
 //
 // Storage: a SequenceBuffer whose live window [begin, end) slides right as tokens arrive.
 // When the end reaches the capacity the kept tokens move to slot 0 (compaction); with a

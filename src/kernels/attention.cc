@@ -16,6 +16,7 @@ MaskSpec attention_mask_spec(const AttentionOptions& o) {
   s.causal = o.causal;
   s.sliding_window = o.sliding_window;
   s.chunk_size = o.chunk_size;
+  s.chunk_offset = o.chunk_offset;
   s.doc_ids = o.doc_ids;
   s.doc_len = o.doc_len;
   s.kv_begin = o.kv_valid_begin;

@@ -46,6 +46,10 @@ struct AttentionOptions {
   // cache: begin = nullptr, end[b] = kv_offset + L_b.
   const int64_t* kv_valid_begin = nullptr;
   const int64_t* kv_valid_end = nullptr;
+  // Chunked layers with left padding: [B] row b's chunks start at chunk_offset[b] (its number
+  // of left-padding positions), i.e. (kv_pos - off) / C == (q_pos - off) / C, floor division
+  // (transformers v5 chunked_overlay). nullptr: 0 for every row. Ignored when chunk_size is 0.
+  const int64_t* chunk_offset = nullptr;
   // fused/flex: keys per split-KV partition (flash-decoding; rounded up to the 64-key tile).
   // 0: automatic (a sequence with one query tile and more than 1,024 keys is split into
   // partitions of a quarter of its keys in multiples of 64, between 1,024 and 4,096 keys:

@@ -25,7 +25,8 @@ namespace kvcache {
 // q:   [B, H_q, S_q, D_k] f32, unit innermost stride (H_q a multiple of kv.heads)
 // kv:  packed blocks + residual, S_kv = kv.seq_len(); key t sits at kv_offset + t
 // out: [B, H_q, S_q, D_v] f32, unit innermost stride
-// Honoured options: scale, causal, sliding_window, chunk_size, softcap, sinks, kv_offset,
+// Honoured options: scale, causal, sliding_window, chunk_size (with chunk_offset), softcap,
+// sinks, kv_offset,
 // q_offset, kv_split. Error(kUnsupported) for mask, score, doc_ids, kv_valid_*, weights_out.
 // A query row that sees no key (and has no sink) produces zeros. Uses default_pool().
 void quantized_attention(const TensorView& q, const QuantKV& kv, const TensorView& out,

@@ -31,8 +31,11 @@ int64_t floor_div_ref(int64_t a, int64_t b) {
 bool visible(const AttentionOptions& o, int64_t b, int64_t h, int64_t qp, int64_t kp) {
   if (o.causal && kp > qp) return false;
   if (o.sliding_window > 0 && kp <= qp - o.sliding_window) return false;
-  if (o.chunk_size > 0 && floor_div_ref(kp, o.chunk_size) != floor_div_ref(qp, o.chunk_size))
-    return false;
+  if (o.chunk_size > 0) {
+    const int64_t off = o.chunk_offset ? o.chunk_offset[b] : 0;
+    if (floor_div_ref(kp - off, o.chunk_size) != floor_div_ref(qp - off, o.chunk_size))
+      return false;
+  }
   if (o.kv_valid_begin && kp < o.kv_valid_begin[b]) return false;
   if (o.kv_valid_end && kp >= o.kv_valid_end[b]) return false;
   if (o.doc_ids) {

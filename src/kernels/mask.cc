@@ -27,6 +27,16 @@ MaskFn chunked_overlay(int64_t chunk_size) {
   };
 }
 
+MaskFn chunked_overlay(int64_t chunk_size, const int64_t* left_padding) {
+  if (chunk_size <= 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "chunked_overlay: chunk_size must be > 0, got " + std::to_string(chunk_size));
+  return [chunk_size, left_padding](int64_t b, int64_t, int64_t q, int64_t kv) {
+    const int64_t lp = left_padding ? left_padding[b] : 0;
+    return floor_div(kv - lp, chunk_size) == floor_div(q - lp, chunk_size);
+  };
+}
+
 MaskFn packed_sequence_mask(const int32_t* doc_ids, int64_t len) {
   if (!doc_ids || len <= 0)
     throw Error(ErrorKind::kInvalidArgument, "packed_sequence_mask: doc_ids must be [B, len > 0]");

@@ -23,6 +23,10 @@ using MaskFn = std::function<bool(int64_t b, int64_t h, int64_t q_pos, int64_t k
 MaskFn causal_mask();                           // kv <= q
 MaskFn sliding_window_overlay(int64_t window);  // kv > q - window (W keys, q included)
 MaskFn chunked_overlay(int64_t chunk_size);     // floor(kv / C) == floor(q / C)
+// Left-padded rows: chunks of row b are counted from its first real token, left_padding[b]
+// (transformers v5 masking_utils.py chunked_overlay(chunk_size, left_padding):
+// (kv - lp[b]) // C == (q - lp[b]) // C). left_padding is [B], owned by the caller; null: 0.
+MaskFn chunked_overlay(int64_t chunk_size, const int64_t* left_padding);
 // Packed sequences: doc_ids is [B, len] row-major, the document id of each absolute position;
 // a query sees only keys of its own document. Positions outside [0, len) are invisible.
 MaskFn packed_sequence_mask(const int32_t* doc_ids, int64_t len);
@@ -43,6 +47,9 @@ struct MaskSpec {
   const int64_t* kv_begin = nullptr;  // [B] first valid key position (padding), or nullptr
   const int64_t* kv_end = nullptr;    // [B] one past the last valid key position, or nullptr
   const MaskFn* fn = nullptr;         // user mask ANDed with the above, or nullptr
+  // [B] where row b's chunks start (its left padding, i.e. the position of its first real
+  // token): chunk index floor((pos - chunk_offset[b]) / chunk_size). nullptr: 0 for every row.
+  const int64_t* chunk_offset = nullptr;
 };
 
 // The rectangle of positions a kernel call covers. Bottom-right alignment: the last query sits
@@ -72,7 +79,8 @@ inline KeyRange key_range(const MaskSpec& s, int64_t b, int64_t q_pos) {
   if (s.causal) r.hi = std::min(r.hi, q_pos + 1);
   if (s.sliding_window > 0) r.lo = std::max(r.lo, q_pos - s.sliding_window + 1);
   if (s.chunk_size > 0) {
-    const int64_t c0 = floor_div(q_pos, s.chunk_size) * s.chunk_size;
+    const int64_t off = s.chunk_offset ? s.chunk_offset[b] : 0;
+    const int64_t c0 = off + floor_div(q_pos - off, s.chunk_size) * s.chunk_size;
     r.lo = std::max(r.lo, c0);
     r.hi = std::min(r.hi, c0 + s.chunk_size);
   }

@@ -20,7 +20,8 @@ namespace kvcache {
 //      and S_kv keys sits at absolute position options.kv_offset + S_kv - S_q + i (S_q <= S_kv).
 // kv:  the pages (GQA: H_q a multiple of H_kv; query head h reads KV head h / (H_q / H_kv)).
 // out: [total_q, H_q, D_v] f32, unit innermost stride.
-// Honoured options: scale, causal, sliding_window, chunk_size, softcap, sinks, kv_offset
+// Honoured options: scale, causal, sliding_window, chunk_size (with chunk_offset), softcap,
+// sinks, kv_offset
 // (the same for every sequence), kv_split. Not supported here (Error kUnsupported): q_offset,
 // mask, score, doc_ids, kv_valid_begin/end, weights_out.
 // A query row that sees no key (and has no sink) produces zeros.

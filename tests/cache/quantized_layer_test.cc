@@ -321,9 +321,10 @@ TEST(QuantizedLayer, RefusesOtherLayerTypesAndBadOptions) {
 
 // Chunked layers (chunks of C): a decode at p sees [floor(p / C) * C, p]. The span starts at
 // the chunk start (G divides C: the groups start at chunk starts) or at most G - 1 tokens
-// before it (G does not divide C: a block straddles it), holds every key the dense chunked
-// container holds, and the fused kernel's output equals the reference attention over the
-// dense container's positions with the dequantized values (the straddling keys masked out).
+// before it (G does not divide C: a block straddles it), holds every key of the current chunk
+// (the dense container holds them too, plus up to C-1 back for left-padded rows), and the fused
+// kernel's output equals the reference attention over the chunk's positions with the
+// dequantized values (the straddling keys masked out).
 TEST(QuantizedLayer, ChunkedKeepsTheCurrentChunkLikeTheDenseContainer) {
   for (auto [C, G, R] : {std::tuple<int64_t, int64_t, int64_t>{12, 4, 8}, {10, 4, 8}, {8, 4, 16}}) {
     CacheConfig qc = quant_config(4, G, R);
@@ -348,7 +349,9 @@ TEST(QuantizedLayer, ChunkedKeepsTheCurrentChunkLikeTheDenseContainer) {
       const std::string at = "C " + std::to_string(C) + " G " + std::to_string(G) + " p " +
                              std::to_string(p) + " n " + std::to_string(n);
       const int64_t chunk0 = p / C * C;
-      ASSERT_EQ(ds.kv_offset, chunk0) << at;
+      // The dense container keeps C-1 keys back (transformers v5: left-padded rows count their
+      // chunks from their first real token); the current chunk is its suffix from chunk0.
+      ASSERT_EQ(ds.kv_offset, std::max<int64_t>(p - C + 1, 0)) << at;
       EXPECT_EQ(ms.kv_offset, qs.kv_offset) << at;
       EXPECT_EQ(ms.kv_length, qs.quant.seq_len()) << at;
       EXPECT_EQ(qs.kv_offset + qs.quant.seq_len(), p + n) << at;
@@ -362,7 +365,7 @@ TEST(QuantizedLayer, ChunkedKeepsTheCurrentChunkLikeTheDenseContainer) {
       expect_close(qk, qv, hist, qs.kv_offset, qs.kv_offset + qs.quant.packed_len(), 4, G,
                    qlayer(quant).value_group());
       // The dense container's positions, with the quantized container's values.
-      const int64_t skip = ds.kv_offset - qs.kv_offset, len = ds.k.dim(2);
+      const int64_t skip = chunk0 - qs.kv_offset, len = p + n - chunk0;
       ASSERT_EQ(skip + len, qs.quant.seq_len()) << at;
       AttentionOptions o;
       o.chunk_size = C;
@@ -371,7 +374,7 @@ TEST(QuantizedLayer, ChunkedKeepsTheCurrentChunkLikeTheDenseContainer) {
       o.kv_split = -1;
       Tensor out = Tensor::empty(DType::kF32, {1, kHq, n, kD});
       quantized_attention(q.view(), qs.quant, out.view(), o);
-      o.kv_offset = ds.kv_offset;
+      o.kv_offset = chunk0;
       const ReferenceResult ref = attention_reference(
           q.view(), qk.view().slice(2, skip, skip + len), qv.view().slice(2, skip, skip + len), o);
       const float* got = out.view().ptr_as<float>(0, 0, 0);

@@ -253,7 +253,10 @@ TEST(Sliding, DecodeCostIsAmortisedConstant) {
 
 class Chunked : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(Chunked, SpanStartsAtTheChunkOfTheFirstQuery) {
+TEST_P(Chunked, SpanIsTransformersSlidingSpan) {
+  // transformers v5 keeps a chunked layer in a DynamicSlidingWindowLayer(attention_chunk_size):
+  // the span starts C-1 keys back whatever the chunk boundary, because a left-padded row counts
+  // its chunks from its first real token (the mask, not the span, draws the boundary).
   constexpr int64_t C = 4;
   auto layer = make(GetParam(), "chunked_attention", C);
   EXPECT_EQ(layer->max_length(), GetParam() == "static" ? C : -1);
@@ -262,20 +265,20 @@ TEST_P(Chunked, SpanStartsAtTheChunkOfTheFirstQuery) {
   int64_t cum = 0;
   for (int64_t n : {6, 1, 1, 1, 1, 1, 3, 1, 9, 1, 2, 1}) {
     const Step s = step(*layer, hist, n, rng, DType::kF32);
-    const int64_t start = cum / C * C;
-    EXPECT_EQ(s.before.kv_offset, start) << "cum " << cum;
-    EXPECT_EQ(s.before.kv_length, cum + n - start) << "cum " << cum;
+    const MaskSizes want = hf_sliding_mask_sizes(cum, n, C);
+    EXPECT_EQ(s.before.kv_offset, want.kv_offset) << "cum " << cum;
+    EXPECT_EQ(s.before.kv_length, want.kv_length) << "cum " << cum;
     cum += n;
     EXPECT_LE(layer->stored_tokens(), C - 1);
   }
-  // Only the current chunk is kept: at 28 (a chunk boundary) nothing, then 28 and 29.
-  EXPECT_EQ(layer->stored_tokens(), 0);
+  // At 28 (a chunk boundary of an unpadded row) 25..27 are still held: a row padded by 1, 2
+  // or 3 is mid-chunk there.
+  EXPECT_EQ(layer->stored_tokens(), C - 1);
   step(*layer, hist, 2, rng, DType::kF32);
-  EXPECT_EQ(layer->stored_tokens(), 2);
-  // Crop inside the current chunk is fine; back into the previous chunk is not.
-  layer->crop(-1);  // 30 -> 29: a query at 29 needs [28, 29), held
-  hist.crop(29);
-  EXPECT_THROW(layer->crop(27), Error);
+  EXPECT_EQ(layer->stored_tokens(), C - 1);
+  // Holding 27..29, a crop to 29 would leave a query at 29 without key 26: refused (as for a
+  // sliding layer) unless past recording was on.
+  EXPECT_THROW(layer->crop(-1), Error);
   step(*layer, hist, 1, rng, DType::kF32);
 }
 

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 
 #include "core/error.h"
 
@@ -163,6 +164,72 @@ TEST(Mask, NoMaskDetection) {
   MaskSpec none;
   none.causal = false;
   EXPECT_TRUE(mask_is_all_visible(none, make_geometry(1, 1, 50, 60, -1, 0)));
+}
+
+// transformers v5 chunked_overlay(chunk_size, left_padding): a left-padded row counts its
+// chunks from its first real token. C = 3, 7 positions, row 1 padded by 2 (the docstring's
+// chunked grid for row 0, the same grid shifted by the padding for row 1).
+TEST(Mask, ChunksOfALeftPaddedRowStartAtItsFirstRealToken) {
+  const int64_t lp[2] = {0, 2}, end[2] = {7, 7};
+  MaskSpec s;
+  s.chunk_size = 3;
+  s.chunk_offset = lp;
+  s.kv_begin = lp;
+  s.kv_end = end;
+  const char* want[2][7] = {
+      {"#......", "##.....", "###....", "...#...", "...##..", "...###.", "......#"},
+      {".......", ".......", "..#....", "..##...", "..###..", ".....#.", ".....##"}};
+  const Tensor m = materialize_additive_mask(s, make_geometry(2, 1, 7, 7, -1, 0));
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t q = 0; q < 7; ++q) {
+      std::string got;
+      for (int64_t kv = 0; kv < 7; ++kv)
+        got += m.data_as<float>()[(b * 7 + q) * 7 + kv] == 0.0f ? '#' : '.';
+      EXPECT_EQ(got, want[b][q]) << "row " << b << " query " << q;
+    }
+  // Decode with a cache: the query at 7 of row 1 is in chunk [5, 8); of row 0 in [6, 9).
+  EXPECT_EQ(key_range(s, 1, 7).lo, 5);
+  EXPECT_EQ(key_range(s, 0, 7).lo, 6);
+  // The function form agrees (and without padding is the plain overlay).
+  const MaskFn f = chunked_overlay(3, lp), plain = chunked_overlay(3);
+  EXPECT_TRUE(f(1, 0, 7, 5));
+  EXPECT_FALSE(f(0, 0, 7, 5));
+  EXPECT_TRUE(f(1, 0, 4, 2));
+  EXPECT_FALSE(plain(1, 0, 4, 2));
+  EXPECT_THROW(chunked_overlay(0, lp), Error);
+}
+
+TEST(Mask, ChunkOffsetsInSpecAndTilesFollowTheOverlay) {
+  std::mt19937 rng(11);
+  const int64_t lp[3] = {0, 5, 13}, begin[3] = {0, 5, 13}, end[3] = {90, 90, 80};
+  int counts[3] = {0, 0, 0};
+  for (int iter = 0; iter < 2000; ++iter) {
+    MaskSpec s;
+    s.causal = rng() % 4 != 0;
+    s.chunk_size = 1 + rng() % 17;
+    s.chunk_offset = lp;
+    if (rng() % 2) {
+      s.kv_begin = begin;
+      s.kv_end = end;
+    }
+    const int64_t b = rng() % 3;
+    std::vector<MaskFn> parts = {chunked_overlay(s.chunk_size, lp)};
+    if (s.causal) parts.push_back(causal_mask());
+    if (s.kv_begin) parts.push_back(padding_mask(begin, end));
+    const MaskFn composed = and_masks(parts);
+    const int64_t q0 = rng() % 80, q1 = q0 + 1 + rng() % 9;
+    const int64_t k0 = rng() % 80, k1 = k0 + 1 + rng() % 9;
+    for (int64_t q = q0; q < q1; ++q)
+      for (int64_t kv = k0; kv < k1; ++kv)
+        ASSERT_EQ(mask_visible(s, b, 0, q, kv), composed(b, 0, q, kv)) << iter;
+    const TileClass got = classify_tile(s, b, 0, q0, q1, k0, k1);
+    ASSERT_EQ(got, brute_classify(s, b, 0, q0, q1, k0, k1)) << iter;
+    ++counts[static_cast<int>(got)];
+  }
+  // The random tiles exercise all three classes.
+  EXPECT_GT(counts[0], 20);
+  EXPECT_GT(counts[1], 20);
+  EXPECT_GT(counts[2], 20);
 }
 
 }  // namespace
