@@ -516,16 +516,9 @@ void CompressedLayer::apply_crop(Stream& st, int64_t row, int64_t length) {
   st.hist_gate[i].resize(static_cast<size_t>((length - hs) * wd));
 }
 
-namespace {
-// crop(n)'s target length for a layer at `seq` (cache/crop_rule.h).
-int64_t crop_target(int64_t n, int64_t seq, const std::string&) {
-  return crop_target_length(n, seq);
-}
-}  // namespace
-
 void CompressedLayer::check_crop(int64_t n) const {
   const int64_t seq = seq_length();
-  const int64_t length = crop_target(n, seq, where());
+  const int64_t length = crop_target_length(n, seq);
   if (length == 0 || length == seq || params_.per_call) return;
   for (int s = 0; s < 2; ++s) {
     const Stream& st = streams_[s];
@@ -556,7 +549,7 @@ void CompressedLayer::check_crop(int64_t n) const {
 
 void CompressedLayer::crop(int64_t n) {
   const int64_t seq = seq_length();
-  const int64_t length = crop_target(n, seq, where());
+  const int64_t length = crop_target_length(n, seq);
   if (length == 0) {  // always possible, even where the window has moved on
     reset();
     return;

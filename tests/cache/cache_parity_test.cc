@@ -155,6 +155,43 @@ TEST(CacheParity, CloneIsADeepCopy) {
   }
 }
 
+// The other containers that keep tokens: the copy has the same length and its own life.
+TEST(CacheParity, CloneQuantizedOffloadedAndLinear) {
+  for (const char* impl : {"quantized", "offloaded"}) {
+    CacheConfig cfg;
+    cfg.options.implementation = impl;
+    cfg.layer_types = {"full_attention"};
+    Cache cache(cfg);
+    std::mt19937 rng(5);
+    Tensor k = random_tensor(DType::kF32, {B, H, 6, D}, rng);
+    cache.update(0, k.view(), k.view());
+    auto copy = cache.clone();
+    EXPECT_EQ(copy->seq_length(), 6) << impl;
+    copy->crop(-2);
+    EXPECT_EQ(copy->seq_length(), 4) << impl;
+    EXPECT_EQ(cache.seq_length(), 6) << impl;
+    const KVSpan a = cache.update(0, k.view(), k.view());
+    EXPECT_EQ(cache.seq_length(), 12) << impl;
+    EXPECT_EQ(copy->seq_length(), 4) << impl;
+    (void)a;
+  }
+  CacheConfig cfg;
+  cfg.layer_types = {"linear_attention", "full_attention"};
+  cfg.linear = {.conv_kernel = 4, .conv_dim = 5, .heads_v = 2, .head_dim_k = 3, .head_dim_v = 4};
+  Cache cache(cfg);
+  std::mt19937 rng(6);
+  Tensor x = random_tensor(DType::kF32, {1, 3, 5}, rng);
+  cache.update_conv_state(0, x.view());
+  Tensor st = random_tensor(DType::kF32, {1, 2, 3, 4}, rng);
+  cache.update_recurrent_state(0, st.view());
+  auto copy = cache.clone();
+  EXPECT_TRUE(views_equal(copy->linear_layer(0).recurrent_state(),
+                          cache.linear_layer(0).recurrent_state()));
+  EXPECT_NE(copy->linear_layer(0).recurrent_state().data(),
+            cache.linear_layer(0).recurrent_state().data());
+  EXPECT_EQ(copy->seq_length(0), 3);
+}
+
 TEST(CacheParity, ClonePagedIsRefusedWithAReason) {
   CacheConfig cfg;
   cfg.options.implementation = "paged";
