@@ -1,6 +1,7 @@
 #include "cache/cache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 #include <utility>
@@ -110,6 +111,18 @@ std::unique_ptr<CacheLayer> PolicyLayerRegistry::create(const std::string& imple
   return it->second(config, layer_index);
 }
 
+int64_t CacheConfig::window_of(int layer_index) const {
+  if (layer_windows.empty()) return sliding_window;
+  if (layer_windows.size() != layer_types.size()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "layer_windows has " + std::to_string(layer_windows.size()) +
+                    " entries for a model of " + std::to_string(layer_types.size()) +
+                    " layers; give one window per layer (0: sliding_window), or none");
+  }
+  const int64_t w = layer_windows.at(static_cast<size_t>(layer_index));
+  return w > 0 ? w : sliding_window;
+}
+
 Cache::Cache(const CacheConfig& config_in) : config_(config_in) {
   config_.context = std::make_shared<CacheContext>();
   const CacheConfig& config = config_;  // every factory sees this cache's context
@@ -125,6 +138,7 @@ Cache::Cache(const CacheConfig& config_in) : config_(config_in) {
                     std::to_string(n) + " layers; it must be in [0, " + std::to_string(n) + ")");
   }
   const int first_shared = n - shared;
+  if (!config.layer_windows.empty()) (void)config.window_of(0);  // one entry per layer
   const bool lossy = !config.options.policy.exact();
   if (lossy && std::find(config.layer_types.begin(), config.layer_types.end(), "full_attention") ==
                    config.layer_types.end()) {
@@ -481,6 +495,189 @@ size_t Cache::bytes() const {
   for (const auto& l : layers_)
     if (l) total += l->bytes();
   return total;
+}
+
+namespace {
+// The registry name's parts: "dynamic/full_attention+streaming:..." -> {"dynamic",
+// "full_attention"}.
+std::pair<std::string, std::string> split_name(std::string_view name) {
+  const auto slash = name.find('/');
+  if (slash == std::string_view::npos) return {std::string(name), std::string(name)};
+  const auto plus = name.find('+', slash);
+  return {std::string(name.substr(0, slash)),
+          std::string(name.substr(slash + 1, plus == std::string_view::npos ? std::string_view::npos
+                                                                            : plus - slash - 1))};
+}
+
+class MemoryWriter final : public StateWriter {
+ public:
+  void write(const void* data, size_t n) override {
+    const auto* p = static_cast<const unsigned char*>(data);
+    bytes_.insert(bytes_.end(), p, p + n);
+  }
+  const std::vector<unsigned char>& bytes() const { return bytes_; }
+
+ private:
+  std::vector<unsigned char> bytes_;
+};
+
+class MemoryReader final : public StateReader {
+ public:
+  explicit MemoryReader(const std::vector<unsigned char>& bytes) : bytes_(bytes) {}
+  void read(void* data, size_t n) override {
+    KV_CHECK(pos_ + n <= bytes_.size(), "clone: a layer read more than it wrote");
+    std::memcpy(data, bytes_.data() + pos_, n);
+    pos_ += n;
+  }
+
+ private:
+  const std::vector<unsigned char>& bytes_;
+  size_t pos_ = 0;
+};
+}  // namespace
+
+std::unique_ptr<Cache> Cache::create(CacheSource source) {
+  if (source.config && !source.layers.empty()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "a cache is built either from a config (its layer_types, through the registry) "
+                "or from explicit layers, not both: drop the config, or the layers (as "
+                "transformers v5's Cache refuses `layers` with `layer_class_to_replicate`)");
+  }
+  if (source.config) return std::make_unique<Cache>(*source.config);
+  if (source.layers.empty()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "a cache needs a config or at least one explicit layer; got neither");
+  }
+  return std::unique_ptr<Cache>(new Cache(FromLayers{}, std::move(source.layers)));
+}
+
+Cache::Cache(FromLayers, std::vector<std::unique_ptr<CacheLayer>> layers) {
+  config_.context = std::make_shared<CacheContext>();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!layers[i]) {
+      throw Error(ErrorKind::kInvalidArgument, "explicit layer " + std::to_string(i) +
+                                                   " is null; give one layer per model layer");
+    }
+    const auto [implementation, type] = split_name(layers[i]->name());
+    if (i == 0) config_.options.implementation = implementation;
+    config_.layer_types.push_back(type);
+  }
+  layers_ = std::move(layers);
+  explicit_layers_ = true;
+  const size_t n = layers_.size();
+  source_.resize(n);
+  for (size_t i = 0; i < n; ++i) source_[i] = static_cast<int>(i);
+  last_span_.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    if (layers_[i]->offloadable()) offloadable_.push_back(static_cast<int>(i));
+}
+
+std::unique_ptr<Cache> Cache::from_layer_data(std::span<const LayerData> layers,
+                                              CacheOptions options) {
+  if (layers.empty()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "from_layer_data: no layers given (one entry of keys and values per layer)");
+  }
+  CacheConfig cfg;
+  cfg.options = std::move(options);
+  bool any_window = false;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerData& d = layers[i];
+    if (d.sliding_window < 0) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "from_layer_data: layer " + std::to_string(i) + " has window " +
+                      std::to_string(d.sliding_window) + "; use 0 (full attention) or W >= 1");
+    }
+    if (d.k.ndim() != 4 || d.k.dim(0) != layers[0].k.dim(0)) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "from_layer_data: layer " + std::to_string(i) +
+                      "'s keys must be [B, H_kv, S, D] with the batch of layer 0 (" +
+                      std::to_string(layers[0].k.ndim() == 4 ? layers[0].k.dim(0) : -1) + ")");
+    }
+    cfg.layer_types.push_back(d.sliding_window > 0 ? "sliding_attention" : "full_attention");
+    cfg.layer_windows.push_back(d.sliding_window);
+    any_window = any_window || d.sliding_window > 0;
+  }
+  if (!any_window) cfg.layer_windows.clear();
+  auto cache = std::make_unique<Cache>(cfg);
+  for (size_t i = 0; i < layers.size(); ++i)
+    if (layers[i].k.dim(2) > 0) cache->update(static_cast<int>(i), layers[i].k, layers[i].v);
+  cache->invalidate_spans();
+  return cache;
+}
+
+std::unique_ptr<Cache> Cache::clone() const {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (layers_[i] && split_name(layers_[i]->name()).first == "paged") {
+      throw Error(ErrorKind::kUnsupported,
+                  "clone(): layer " + std::to_string(i) + " (" + std::string(layers_[i]->name()) +
+                      ") keeps its tokens in a paged store shared with other sequences; a copy "
+                      "would not be independent of it. Fork the sequence instead "
+                      "(repeat_interleave shares its full blocks and copies the last one)");
+    }
+  }
+  if (explicit_layers_) {
+    throw Error(ErrorKind::kUnsupported,
+                "clone(): this cache was built from explicit layers; clone the layers' "
+                "source data (from_layer_data) or build it from a config");
+  }
+  auto copy = std::make_unique<Cache>(config_);
+  MemoryWriter out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (!layers_[i]) continue;
+    try {
+      layers_[i]->save(out);
+    } catch (const Error& e) {
+      throw Error(ErrorKind::kUnsupported, "clone(): layer " + std::to_string(i) + ": " + e.what());
+    }
+  }
+  MemoryReader in(out.bytes());
+  for (auto& l : copy->layers_)
+    if (l) l->load(in);
+  return copy;
+}
+
+KVSpan Cache::stored_kv(int layer) const {
+  const CacheLayer& l = this->layer(source_layer(layer));
+  KVSpan span;
+  if (!l.stored(&span)) {
+    throw Error(ErrorKind::kUnsupported,
+                "stored_kv: layer " + std::to_string(layer) + " (" + std::string(l.name()) + ") " +
+                    (l.is_initialized() ? "does not keep its keys and values as a dense token axis"
+                                        : "holds nothing yet (no update since it was built)") +
+                    "; the dense containers (dynamic, static, sliding, chunked) can list theirs");
+  }
+  return span;
+}
+
+int64_t Cache::batch_size() const {
+  int64_t batch = -1;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (!layers_[i]) continue;
+    const int64_t b = layers_[i]->batch_rows();
+    if (b < 0) continue;
+    if (batch >= 0 && b != batch) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "batch_size: layer " + std::to_string(i) + " holds " + std::to_string(b) +
+                      " rows but an earlier layer holds " + std::to_string(batch) +
+                      " (the batch is not consistent across layers)");
+    }
+    batch = b;
+  }
+  return batch;
+}
+
+std::vector<bool> Cache::is_sliding() const {
+  std::vector<bool> out;
+  for (const std::string& t : config_.layer_types)
+    out.push_back(t == "sliding_attention" || t == "chunked_attention");
+  return out;
+}
+
+bool Cache::is_compileable() const {
+  for (const auto& l : layers_)
+    if (l && !l->is_compileable()) return false;
+  return true;
 }
 
 }  // namespace kvcache

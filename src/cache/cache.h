@@ -148,7 +148,15 @@ struct CacheConfig {
   CacheOptions options;
   // One entry per model layer: "full_attention", "sliding_attention", "chunked_attention", ...
   std::vector<std::string> layer_types;
-  int64_t sliding_window = 0;        // W: keys a query sees, itself included (sliding layers)
+  int64_t sliding_window = 0;  // W: keys a query sees, itself included (sliding layers)
+  // Per-layer windows, one entry per model layer (0: sliding_window), for models whose sliding
+  // layers differ (transformers v5 builds one DynamicSlidingWindowLayer per layer, each with its
+  // own window) and Cache::from_layer_data. Empty: sliding_window everywhere. Read it through
+  // window_of(). The paged store has one window for all its layers and refuses differing ones.
+  std::vector<int64_t> layer_windows;
+  // The window of sliding layer `layer_index`: layer_windows' entry when set, else
+  // sliding_window.
+  int64_t window_of(int layer_index) const;
   int64_t attention_chunk_size = 0;  // chunk length (chunked layers)
   int num_kv_shared_layers = 0;      // the last N layers store nothing
   // What update()'s (K, V) pair is: per-head keys and values, or MLA's one-head latent c_kv
@@ -221,11 +229,68 @@ class PolicyLayerRegistry {
     return true;                                                      \
   }()
 
+// One model layer's keys and values for Cache::from_layer_data (transformers v5's DynamicCache
+// built from legacy per-layer data): [B, H_kv, S, D_k] and [B, H_kv, S, D_v], any float dtype,
+// and the layer's window (0: full attention; W > 0: a sliding layer of window W, which keeps
+// only the last W-1 of the S tokens, as v5's DynamicSlidingWindowLayer does).
+struct LayerData {
+  TensorView k;
+  TensorView v;
+  int64_t sliding_window = 0;
+};
+
+// Either a config (layers built from its layer_types through the registry) or layers built by
+// the caller — not both (transformers v5's Cache.__init__ refuses `layers` together with
+// `layer_class_to_replicate`; Cache::create refuses the same). See Cache::create.
+struct CacheSource {
+  std::optional<CacheConfig> config;
+  std::vector<std::unique_ptr<CacheLayer>> layers;
+};
+
 class Cache {
  public:
   // Builds every layer; throws Error for unknown layer types or invalid options, naming the
   // layer index and the type.
   explicit Cache(const CacheConfig& config);
+
+  // From a config or from explicit layers; Error(kInvalidArgument) when given both or neither.
+  // Explicit layers: the config's layer_types and implementation come from their registry
+  // names ("dynamic/sliding_attention" -> implementation "dynamic", type "sliding_attention");
+  // no layer is shared.
+  static std::unique_ptr<Cache> create(CacheSource source);
+  // transformers v5's DynamicCache(ddp_cache_data): one layer per entry, each filled with its
+  // keys and values (a window per layer: full_attention for 0, sliding_attention of that
+  // window otherwise), built by `options.implementation` (default dynamic). Error when the
+  // list is empty or the layers' batches differ.
+  static std::unique_ptr<Cache> from_layer_data(std::span<const LayerData> layers,
+                                                CacheOptions options = {});
+
+  // A deep copy: a new Cache of this config (its own storage and context) holding the same
+  // tokens, independent of this one. Made through each layer's save()/load(), so what a session
+  // file does not keep is not copied either (a linear layer's past recording and snapshots).
+  // Error(kUnsupported) naming the layer for containers that cannot be saved; the paged
+  // containers refuse (their blocks live in a store shared with other sequences: fork a
+  // sequence with repeat_interleave instead).
+  std::unique_ptr<Cache> clone() const;
+
+  // The keys and values a layer holds now (transformers v5's `for keys, values in cache` and
+  // layers[i].keys / .values): views [B, H_kv, S_held, D] valid until the next mutating call,
+  // kv_offset the position of the first (a sliding layer holds its last W-1 tokens; a static
+  // layer returns only its filled prefix, see static_layer.h). A shared layer: its source's.
+  // Error(kUnsupported) for containers whose storage is not a dense token axis (quantized,
+  // paged, offloaded, linear, ...), naming the layer.
+  KVSpan stored_kv(int layer) const;
+
+  // transformers v5's Cache.batch_size: the rows of the layers that hold some (-1 when none
+  // does yet); Error(kInvalidArgument) when they differ. Dense containers only report rows; a
+  // container that does not is skipped.
+  int64_t batch_size() const;
+  // Per layer (v5's Cache.is_sliding): true for sliding_attention and chunked_attention layers
+  // (v5's chunked layers are sliding-window layers).
+  std::vector<bool> is_sliding() const;
+  // v5's Cache.is_compileable: every owning layer has a fixed shape and address (static
+  // containers, linear states); false for a growing one.
+  bool is_compileable() const;
 
   int num_layers() const;
   const CacheConfig& config() const { return config_; }
@@ -310,6 +375,8 @@ class Cache {
   const CacheLayer& layer(int layer) const;
 
  private:
+  struct FromLayers {};
+  Cache(FromLayers, std::vector<std::unique_ptr<CacheLayer>> layers);
   void invalidate_spans();
 
   CacheConfig config_;
@@ -317,6 +384,7 @@ class Cache {
   std::vector<int> source_;                          // source_[i] == i unless shared
   std::vector<KVSpan> last_span_;                    // latest span per owning layer
   std::vector<int> offloadable_;  // owning layers whose offload/prefetch hooks update() drives
+  bool explicit_layers_ = false;  // built by create() from the caller's layers, not the config
 };
 
 }  // namespace kvcache

@@ -59,7 +59,12 @@ class CacheLayer {
   virtual int64_t max_length() const = 0;
   virtual bool is_initialized() const = 0;
 
-  // n < 0: drop the last |n| tokens; n >= 0: keep the first n (no-op when n >= seq_length()).
+  // transformers v5's rule (cache/crop_rule.h): n < 0 drops the last |n| tokens (all of them,
+  // no error, when |n| >= seq_length()); crop(0) drops nothing but shrinks a layer that records
+  // its past back to its working size; n > 0, deprecated (warns once), keeps the first n
+  // (no-op when n >= seq_length()). Crop to 0 always succeeds; a container that cannot return
+  // to another length (a window past its recorded keys, a lossy eviction, a recurrent state
+  // without a snapshot) throws Error naming the layer and changes nothing.
   virtual void crop(int64_t n) = 0;
   // Forget the content, keep the memory (multi-turn reuse without reallocation).
   virtual void reset() = 0;
@@ -116,6 +121,18 @@ class CacheLayer {
   virtual CopyStats stats() const { return {}; }
   // The registry name of this container, e.g. "dynamic/full_attention".
   virtual std::string_view name() const = 0;
+
+  // transformers v5 parity (Cache::stored_kv, batch_size, is_compileable).
+  // What the layer holds, as views over a dense token axis; false when its storage is not one
+  // (packed, paged, on disk, a recurrent state) or it holds nothing yet.
+  virtual bool stored(KVSpan* out) const {
+    (void)out;
+    return false;
+  }
+  // Batch rows held; -1 when unknown (not initialised, or the container does not say).
+  virtual int64_t batch_rows() const { return -1; }
+  // Fixed shapes and addresses (v5's is_compileable: static layers, linear states).
+  virtual bool is_compileable() const { return false; }
 };
 
 }  // namespace kvcache

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "cache/crop_rule.h"
 #include "cache/recompute_layer.h"
 #include "cache/window_layer.h"
 #include "core/error.h"
@@ -515,21 +516,9 @@ void CompressedLayer::apply_crop(Stream& st, int64_t row, int64_t length) {
   st.hist_gate[i].resize(static_cast<size_t>((length - hs) * wd));
 }
 
-namespace {
-// crop(n)'s target length for a layer at `seq`: Error when n drops more than there is.
-int64_t crop_target(int64_t n, int64_t seq, const std::string& where) {
-  if (n < 0 && -n > seq) {
-    throw Error(ErrorKind::kInvalidArgument,
-                where + ": crop(" + std::to_string(n) + ") would drop " + std::to_string(-n) +
-                    " tokens but the layer has seen only " + std::to_string(seq));
-  }
-  return n >= 0 ? std::min(n, seq) : seq + n;
-}
-}  // namespace
-
 void CompressedLayer::check_crop(int64_t n) const {
   const int64_t seq = seq_length();
-  const int64_t length = crop_target(n, seq, where());
+  const int64_t length = crop_target_length(n, seq);
   if (length == 0 || length == seq || params_.per_call) return;
   for (int s = 0; s < 2; ++s) {
     const Stream& st = streams_[s];
@@ -560,19 +549,24 @@ void CompressedLayer::check_crop(int64_t n) const {
 
 void CompressedLayer::crop(int64_t n) {
   const int64_t seq = seq_length();
-  const int64_t length = crop_target(n, seq, where());
+  const int64_t length = crop_target_length(n, seq);
   if (length == 0) {  // always possible, even where the window has moved on
     reset();
     return;
   }
+  // The window is given the count to drop (<= 0), not the length: a positive length would be
+  // the deprecated form and warn although the caller used the current one.
   if (params_.per_call) {  // a recompute layer holds one call; the next update starts afresh
-    sliding_->crop(length);
+    sliding_->crop(length - sliding_->seq_length());
     clear_streams();
     return;
   }
-  if (length == seq) return;
-  check_crop(n);           // every check before any change: a refused crop changes nothing
-  sliding_->crop(length);  // cannot refuse now
+  if (length == seq) {
+    sliding_->crop(0);  // back to its working size if it records its past
+    return;
+  }
+  check_crop(n);                                    // every check before any change
+  sliding_->crop(length - sliding_->seq_length());  // cannot refuse now
   for (Stream& st : streams_) {
     st.last_row = -1;
     if (st.width == 0) continue;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/crop_rule.h"
 #include "cache/layer_state.h"
 #include "core/error.h"
 
@@ -134,13 +135,7 @@ void DenseLayer::workspace(int64_t tokens, TensorView* k, TensorView* v) {
 }
 
 int64_t DenseLayer::crop_length(int64_t n, int64_t seq_length) const {
-  if (n >= 0) return std::min(n, seq_length);
-  if (-n > seq_length) {
-    throw Error(ErrorKind::kInvalidArgument,
-                where() + ": crop(" + std::to_string(n) + ") would drop " + std::to_string(-n) +
-                    " tokens but the layer has seen only " + std::to_string(seq_length));
-  }
-  return seq_length + n;
+  return crop_target_length(n, seq_length);
 }
 
 size_t DenseLayer::bytes() const {

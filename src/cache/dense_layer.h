@@ -41,6 +41,9 @@ class DenseLayer : public CacheLayer {
   size_t bytes() const override;
   std::string_view name() const override { return params_.name; }
   CopyStats stats() const override { return buf_.stats(); }
+  int64_t batch_rows() const override { return buf_.allocated() ? buf_.batch() : -1; }
+  // Static storage never moves (v5's StaticLayer.is_compileable).
+  bool is_compileable() const override { return params_.fixed_storage; }
   // Session save / restore: the storage's shape and dtype, the position bookkeeping and the
   // stored tokens of every live row (nothing of the workspace, the spare capacity or the
   // statistics). load() checks everything against this layer before it changes anything.
@@ -62,8 +65,9 @@ class DenseLayer : public CacheLayer {
   // updates on an empty layer may change the batch (within the row capacity, or by
   // reallocating when the storage is not fixed).
   void prepare_rows(const TensorView& k, const TensorView& v, int64_t capacity);
-  // The length crop(n) asks for, given `seq_length` tokens seen: n < 0 drops the last |n|
-  // (Error if |n| > seq_length), n >= 0 keeps the first min(n, seq_length).
+  // The length crop(n) asks for, given `seq_length` tokens seen (cache/crop_rule.h): n < 0
+  // drops the last |n| (all of them when |n| > seq_length), 0 keeps all, n > 0 (deprecated,
+  // warns once) keeps the first min(n, seq_length).
   int64_t crop_length(int64_t n, int64_t seq_length) const;
   // "layer 3 (static/full_attention)"
   std::string where() const;

@@ -317,6 +317,10 @@ void EvictingLayer::observe_queries(const TensorView& q, const AttentionOptions&
 void EvictingLayer::crop(int64_t n) {
   const int64_t length = crop_length(n, seq_length_);
   if (length == seq_length_) return;
+  if (length == 0) {  // the empty state is always reachable
+    reset();
+    return;
+  }
   if (evicted_ > 0 || scored_ || compressed_)
     throw Error(ErrorKind::kUnsupported,
                 where() + ": cannot crop to " + std::to_string(length) +

@@ -24,6 +24,11 @@ class FullAttentionLayer : public DenseLayer {
   void reset() override {
     if (buf_.allocated()) buf_.set_window(0, 0);
   }
+  bool stored(KVSpan* out) const override {
+    if (!buf_.allocated()) return false;
+    *out = stored_span();
+    return true;
+  }
 
  protected:
   // [B, H_kv, seq_length(), D] views of everything stored, kv_offset 0.

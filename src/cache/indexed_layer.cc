@@ -81,7 +81,7 @@ KVSpan IndexedLayer::update_indexer(const TensorView& index_keys) {
 void IndexedLayer::crop(int64_t n) {
   const int64_t seq = attention_->seq_length();
   attention_->crop(n);  // validates n (Error before any change)
-  const int64_t length = n >= 0 ? std::min(n, seq) : seq + n;
+  const int64_t length = std::min(seq, attention_->seq_length());  // the rule applied once
   if (index_.allocated() && index_.end() > length) index_.set_window(0, length);
 }
 

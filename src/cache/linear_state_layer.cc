@@ -5,6 +5,7 @@
 #include <memory>
 #include <utility>
 
+#include "cache/crop_rule.h"
 #include "cache/layer_state.h"
 #include "core/error.h"
 
@@ -227,12 +228,7 @@ TensorView LinearStateLayer::recurrent_state() const {
 }
 
 int64_t LinearStateLayer::crop_target(int64_t n) const {
-  if (n < 0 && -n > seq_) {
-    throw Error(ErrorKind::kInvalidArgument, where() + ": crop(" + std::to_string(n) +
-                                                 ") drops more tokens than the " +
-                                                 std::to_string(seq_) + " seen");
-  }
-  return n < 0 ? seq_ + n : std::min(n, seq_);
+  return crop_target_length(n, seq_);
 }
 
 std::vector<int64_t> LinearStateLayer::snapshot_positions() const {
@@ -273,9 +269,12 @@ void LinearStateLayer::check_crop(int64_t n) const {
 void LinearStateLayer::crop(int64_t n) {
   check_crop(n);
   const int64_t keep = crop_target(n);
-  if (keep == seq_) return;
   if (keep == 0) {
     reset();
+    return;
+  }
+  if (keep == seq_) {
+    shrink_to_working_size();
     return;
   }
   const int64_t c = params_.shape.conv_dim;
@@ -289,6 +288,19 @@ void LinearStateLayer::crop(int64_t n) {
   snapshots_.erase(snapshots_.upper_bound(keep), snapshots_.end());
   seq_ = keep;
   has_previous_ = true;
+  shrink_to_working_size();
+}
+
+void LinearStateLayer::shrink_to_working_size() {
+  // transformers v5's LinearAttentionCacheLayerMixin.crop keeps conv_kernel_size inputs after
+  // any crop, crop(0) included: the recorded inputs and snapshots before seq_ go, recording stays
+  // on and restarts here.
+  if (!recording_ || record_from_ >= seq_) return;
+  const int64_t c = params_.shape.conv_dim;
+  const auto drop = static_cast<size_t>((seq_ - record_from_) * batch_ * c);
+  history_.erase(history_.begin(), history_.begin() + static_cast<std::ptrdiff_t>(drop));
+  record_from_ = seq_;
+  snapshots_.erase(snapshots_.begin(), snapshots_.lower_bound(seq_));
 }
 
 // Layout: i64 batch (0: saved before its first update), seq_length, u32 has_previous,

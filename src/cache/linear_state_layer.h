@@ -28,7 +28,10 @@
 // snapshot() (and activate_past_recording(), at r0) copy it. crop to p then needs p >= r0 and a
 // snapshot at p (speculative decoding: snapshot before the verify forward, crop back to it and
 // re-run the accepted tokens); anything else is an Error naming the positions it could go back
-// to, never a wrong state. crop to 0 (the zero state) and to seq_length() (no-op) always work.
+// to, never a wrong state. crop to 0 (the zero state) and to seq_length() always work. Every
+// crop that keeps tokens, crop(0) included, then shrinks the recording back to its working
+// size (v5: conv states cut back to conv_kernel_size): the inputs and snapshots before the new
+// length are dropped and recording restarts there, so a later crop returns at most to it.
 // With CacheOptions::linear_state.auto_snapshots = N > 0, every update_recurrent_state while
 // recording snapshots too and only the newest N snapshots are kept (the conv inputs before the
 // oldest are dropped), so crop() can return to any of the last N forward boundaries in
@@ -121,10 +124,14 @@ class LinearStateLayer final : public LinearCacheLayer {
   // state counts too).
   bool has_previous_state() const override { return has_previous_; }
   int64_t batch() const { return batch_; }
+  int64_t batch_rows() const override { return batch_ > 0 ? batch_ : -1; }
+  // Fixed-size states at stable addresses (v5's LinearAttentionCacheLayerMixin.is_compileable).
+  bool is_compileable() const override { return true; }
   const LinearStateShape& shape() const override { return params_.shape; }
 
-  // n < 0: drop the last |n| tokens; n >= 0: keep the first n. See the header comment for which
-  // positions can be restored; Error (nothing changed) otherwise.
+  // cache/crop_rule.h's rule (n < 0 drops the last |n|, 0 keeps all, n > 0 keeps the first n).
+  // See the header comment for which positions can be restored; Error (nothing changed)
+  // otherwise.
   void crop(int64_t n) override;
   // The Error crop(n) would throw, without changing anything (Cache checks all linear layers
   // before cropping any layer).
@@ -169,6 +176,8 @@ class LinearStateLayer final : public LinearCacheLayer {
   // Restarts the history with the current window at the current position.
   void restart_history();
   int64_t crop_target(int64_t n) const;
+  // Past recording: drops the conv inputs and snapshots before seq_ (crop's last step).
+  void shrink_to_working_size();
   // auto_snapshots: keeps the newest ones and drops the conv inputs no crop can use any more.
   void forget_oldest_snapshots();
 

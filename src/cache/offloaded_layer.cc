@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache/crop_rule.h"
 #include "cache/layer_state.h"
 #include "core/error.h"
 #include "core/fault.h"
@@ -512,15 +513,7 @@ void OffloadedLayer::select(std::span<const int64_t> indices) {
 }
 
 void OffloadedLayer::crop(int64_t n) {
-  int64_t keep = std::min(n, seq_);
-  if (n < 0) {
-    if (-n > seq_) {
-      throw Error(ErrorKind::kInvalidArgument,
-                  where() + ": crop(" + std::to_string(n) + ") would drop " + std::to_string(-n) +
-                      " tokens but the layer has seen only " + std::to_string(seq_));
-    }
-    keep = seq_ + n;
-  }
+  const int64_t keep = crop_target_length(n, seq_);
   // A pending write-behind may still read the slot bytes the next update overwrites.
   if (keep < seq_) pool_->copier().drain();
   seq_ = keep;

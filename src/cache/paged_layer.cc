@@ -110,6 +110,13 @@ std::unique_ptr<CacheLayer> make_paged_layer(const CacheConfig& config, int laye
                       " layers without pages but the cache config shares " +
                       std::to_string(config.num_kv_shared_layers) +
                       "; build both from the model's num_kv_shared_layers");
+    if (layer_type == "sliding_attention" && config.window_of(layer_index) != store.sliding_window)
+      throw Error(ErrorKind::kUnsupported,
+                  "paged cache: layer " + std::to_string(layer_index) + " has window " +
+                      std::to_string(config.window_of(layer_index)) + " but the store's sliding " +
+                      "group has one window for all its layers (" +
+                      std::to_string(store.sliding_window) +
+                      "); per-layer windows need the dynamic or static cache");
     return std::make_unique<PagedLayer>(o.paged.store, layer_index);
   }
   // A private store for this one layer (protocol use without a runtime-built store).
@@ -121,7 +128,7 @@ std::unique_ptr<CacheLayer> make_paged_layer(const CacheConfig& config, int laye
   PagedStoreConfig sc;
   sc.block_tokens = static_cast<int32_t>(o.paged.block_tokens);
   sc.layer_types = {layer_type};
-  sc.sliding_window = config.sliding_window;
+  sc.sliding_window = config.window_of(layer_index);  // a private store: this layer's own
   sc.dtype = o.kv_dtype.value_or(DType::kF32);
   sc.quant = o.paged.quant;
   if (sc.quant && config.kv_content != CacheConfig::KVContent::kPerHead)

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cache/cache.h"
+#include "cache/crop_rule.h"
 #include "core/error.h"
 
 namespace kvcache {
@@ -56,7 +57,7 @@ TensorView PagedLinearLayer::recurrent_state() const {
 void PagedLinearLayer::check_crop(int64_t n) const {
   for (const SeqId id : store_->batch()) {
     const int64_t len = store_->length(id);
-    const int64_t target = n < 0 ? std::max<int64_t>(0, len + n) : std::min(n, len);
+    const int64_t target = crop_target_length(n, len);
     if (target != 0 && target != len)
       throw Error(ErrorKind::kUnsupported,
                   where() + ": crop to " + std::to_string(target) + " of " + std::to_string(len) +

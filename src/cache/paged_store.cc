@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "cache/block_record.h"
+#include "cache/crop_rule.h"
 #include "core/digest.h"
 #include "core/error.h"
 #include "core/fault.h"
@@ -1763,7 +1764,7 @@ void PagedKVStore::crop(int64_t n) {
   std::vector<int64_t> copies(groups_.size(), 0);
   for (size_t b = 0; b < batch_.size(); ++b) {  // validate everything first
     const Seq& s = seqs_[static_cast<size_t>(batch_[b])];
-    target[b] = n < 0 ? std::max<int64_t>(0, s.len + n) : std::min(n, s.len);
+    target[b] = crop_target_length(n, s.len);  // crop(0) keeps everything (the speculative case)
     if (target[b] == s.len) continue;
     if (slots_ && target[b] != 0)
       bad("crop to " + std::to_string(target[b]) + " of " + std::to_string(s.len) +

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "cache/crop_rule.h"
 #include "cache/layer_state.h"
 #include "core/error.h"
 #include "kernels/kv_quant.h"
@@ -44,7 +45,7 @@ std::unique_ptr<CacheLayer> make_quantized(const CacheConfig& c, int layer, Quan
     return v;
   };
   if (window == QuantWindow::kSliding)
-    p.sliding_window = positive(c.sliding_window, "sliding_window");
+    p.sliding_window = positive(c.window_of(layer), "sliding_window");
   if (window == QuantWindow::kChunked)
     p.chunk_size = positive(c.attention_chunk_size, "attention_chunk_size");
   return std::make_unique<QuantizedLayer>(std::move(p));
@@ -341,13 +342,12 @@ KVSpan QuantizedLayer::update(const TensorView& k, const TensorView& v) {
 }
 
 void QuantizedLayer::crop(int64_t n) {
-  if (n < 0 && -n > seq_length_) {
-    throw Error(ErrorKind::kInvalidArgument, where() + ": crop(" + std::to_string(n) +
-                                                 ") drops more than the " +
-                                                 std::to_string(seq_length_) + " tokens seen");
-  }
-  const int64_t keep = n < 0 ? seq_length_ + n : std::min(n, seq_length_);
+  const int64_t keep = crop_target_length(n, seq_length_);
   if (keep == seq_length_) return;
+  if (keep == 0) {  // always reachable, whatever a window dropped
+    reset();
+    return;
+  }
   const int64_t first = first_position();
   const int64_t need = window_start(keep);
   if (need < first) {

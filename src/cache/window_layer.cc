@@ -143,7 +143,28 @@ KVSpan WindowLayer::update(const TensorView& k, const TensorView& v) {
 
 void WindowLayer::crop(int64_t n) {
   const int64_t length = crop_length(n, seq_length_);
-  if (length == seq_length_) return;
+  if (length == 0) {  // always reachable, whatever the window dropped
+    reset();
+    return;
+  }
+  if (length != seq_length_) cut_to(length);
+  // transformers v5's Cache.crop: a layer that needs not keep its past goes back to its working
+  // size — the keys the next queries may see — even on crop(0). Past recording stays on.
+  if (buf_.allocated()) {
+    const int64_t working = seq_length_ - window_start(seq_length_);
+    buf_.set_window(buf_.end() - working, buf_.end());
+  }
+}
+
+bool WindowLayer::stored(KVSpan* out) const {
+  if (!buf_.allocated()) return false;
+  out->k = buf_.k_slots(buf_.begin(), buf_.end());
+  out->v = buf_.v_slots(buf_.begin(), buf_.end());
+  out->kv_offset = first_stored_position();
+  return true;
+}
+
+void WindowLayer::cut_to(int64_t length) {
   const int64_t first = first_stored_position();
   const int64_t needed_from = window_start(length);
   if (needed_from < first) {
@@ -199,7 +220,7 @@ std::unique_ptr<CacheLayer> make_window(const CacheConfig& config, int layer_ind
                      (sliding ? "sliding_attention" : "chunked_attention");
   WindowLayerParams w;
   w.kind = kKind;
-  w.window = sliding ? config.sliding_window : config.attention_chunk_size;
+  w.window = sliding ? config.window_of(layer_index) : config.attention_chunk_size;
   w.max_cache_len = kFixed ? config.options.max_cache_len : 0;
   return std::make_unique<WindowLayer>(dense_params(config, layer_index, std::move(name), kFixed),
                                        w);

@@ -37,7 +37,10 @@
 // needs positions [start(L), L) held. Once the window has dropped them, crop throws unless
 // activate_past_recording() was called before those tokens were evicted: from then on the
 // layer keeps everything it holds (dynamic: grows; static: up to its capacity, then an
-// error), like transformers' record_past, while update() still returns just the window.
+// error), like transformers' record_past, while update() still returns just the window. Each
+// crop (crop(0) included) then shrinks the layer back to the keys its next queries need, as
+// v5's Cache.crop restricts a sliding or linear layer to its working size: a crop returns to
+// positions recorded since the last crop, not before.
 #pragma once
 
 #include "cache/dense_layer.h"
@@ -62,10 +65,14 @@ class WindowLayer final : public DenseLayer {
   MaskSizes mask_sizes(int64_t query_len) const override;
   int64_t seq_length() const override { return seq_length_; }
   int64_t max_length() const override;
+  // Also on crop(0): whatever past recording kept beyond the next queries' keys is dropped
+  // (recording stays on). Crop to 0 always works.
   void crop(int64_t n) override;
   // Content forgotten, memory (storage and workspace) kept, past recording left as it was.
   void reset() override;
   void activate_past_recording() override { recording_ = true; }
+  // The tokens held: [first_stored_position(), seq_length()).
+  bool stored(KVSpan* out) const override;
   bool past_recording() const { return recording_; }
 
   // First absolute position a query at `pos` (or any later query) may see.
@@ -79,7 +86,10 @@ class WindowLayer final : public DenseLayer {
   int64_t restore_capacity(const SavedPosition& p) const override;
   void restore_position(const SavedPosition& p) override;
   bool recording() const override { return recording_; }
-  int64_t capacity_limit() const;  // dynamic: growth stops here (unless recording); static: fixed
+  int64_t capacity_limit() const;
+  // crop's cut to `length` (< seq_length(), > 0): Error when the window no longer holds the
+  // keys a query at `length` needs.
+  void cut_to(int64_t length);  // dynamic: growth stops here (unless recording); static: fixed
 
   WindowLayerParams window_;
   int64_t keep_ = 0;

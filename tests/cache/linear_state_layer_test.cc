@@ -342,7 +342,9 @@ TEST(LinearStateLayer, CropWithoutRecordingIsRefusedExceptToZeroOrTheEnd) {
   layer->crop(4);  // no-op
   layer->crop(10);
   EXPECT_EQ(layer->seq_length(), 4);
-  layer->crop(0);  // the zero state is always known
+  layer->crop(0);  // v5: removes nothing
+  EXPECT_EQ(layer->seq_length(), 4);
+  layer->crop(-4);  // the zero state is always known
   EXPECT_EQ(layer->seq_length(), 0);
   EXPECT_TRUE(all_zero(layer->conv_state()));
   EXPECT_FALSE(layer->has_previous_state());
@@ -379,15 +381,20 @@ TEST(LinearStateLayer, CropRestoresConvWindowAndSnapshottedRecurrentState) {
     EXPECT_TRUE(window_is(layer->conv_state(), h, 5));
     EXPECT_TRUE(testing_util::views_equal(layer->recurrent_state(), states[1].view()));
     EXPECT_TRUE(layer->has_previous_state());
-    // Continue from 5 (the inputs after 5 are forgotten), then back to the snapshot at 3.
+    // v5's crop also restricts the layer to its working size: recording restarts at 5 and the
+    // snapshot at 3 is gone (a later crop returns at most to 5).
+    EXPECT_EQ(layer->snapshot_positions(), (std::vector<int64_t>{5}));
+    // Continue from 5 (the inputs after 5 are forgotten), then back to the snapshot at 5.
     h.rows[0].resize(5);
     h.rows[1].resize(5);
     step(4);  // 9
     EXPECT_TRUE(window_is(layer->conv_state(), h, 9));
-    layer->crop(3);
-    EXPECT_TRUE(window_is(layer->conv_state(), h, 3));
-    EXPECT_TRUE(testing_util::views_equal(layer->recurrent_state(), states[0].view()));
-    EXPECT_EQ(layer->snapshot_positions(), (std::vector<int64_t>{3}));
+    msg = error_of([&] { layer->crop(-6); });
+    EXPECT_TRUE(has(msg, "conv inputs start at position 5")) << msg;
+    layer->crop(-4);
+    EXPECT_TRUE(window_is(layer->conv_state(), h, 5));
+    EXPECT_TRUE(testing_util::views_equal(layer->recurrent_state(), states[1].view()));
+    EXPECT_EQ(layer->snapshot_positions(), (std::vector<int64_t>{5}));
   }
 }
 

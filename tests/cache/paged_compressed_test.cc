@@ -281,7 +281,9 @@ TEST(PagedCompressed, CropOnlyToZeroAbortLosesTheStateResetFrees) {
     EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
   }
   EXPECT_EQ(v.store->length(a), 10);
-  v.cache->crop(0);  // back to the zero state: a fresh sequence
+  v.cache->crop(0);  // v5: removes nothing
+  EXPECT_EQ(v.store->length(a), 10);
+  v.cache->crop(-10);  // back to the zero state: a fresh sequence
   EXPECT_EQ(v.store->length(a), 0);
   v.refs[a] = Ref{};
   v.step(9);
@@ -292,7 +294,7 @@ TEST(PagedCompressed, CropOnlyToZeroAbortLosesTheStateResetFrees) {
   v.store->abort_step();
   EXPECT_EQ(v.store->length(a), 9);
   EXPECT_THROW((void)v.store->plan_step(1), Error);
-  v.cache->crop(0);
+  v.cache->crop(-9);
   v.refs[a] = Ref{};
   v.step(5);
   v.cache->reset();

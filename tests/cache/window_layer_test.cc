@@ -130,7 +130,8 @@ TEST_P(Sliding, CropIsRefusedPastTheWindowUnlessRecording) {
     EXPECT_NE(std::string(e.what()).find("activate_past_recording"), std::string::npos) << e.what();
   }
   EXPECT_THROW(layer->crop(9), Error);
-  EXPECT_THROW(layer->crop(-11), Error);
+  EXPECT_EQ(layer->seq_length(), 10);
+  layer->crop(0);  // v5: removes nothing, even past the window
   EXPECT_EQ(layer->seq_length(), 10);
   layer->crop(10);             // no-op
   layer->crop(25);             // no-op
@@ -143,13 +144,18 @@ TEST_P(Sliding, CropIsRefusedPastTheWindowUnlessRecording) {
   layer->crop(-4);  // to 13: needs positions [8, 13), held since 6
   hist.crop(13);
   EXPECT_EQ(layer->seq_length(), 13);
-  for (int64_t n : {1, 3, 1}) step(*layer, hist, n, rng);
-  EXPECT_THROW(layer->crop(9), Error);  // needs position 4: evicted before recording began
-  layer->crop(11);
-  hist.crop(11);
+  // v5's crop restricts the layer to its working size: [8, 13), recording still on.
+  EXPECT_EQ(layer->stored_tokens(), 5);
+  EXPECT_TRUE(layer->past_recording());
+  for (int64_t n : {1, 3, 1}) step(*layer, hist, n, rng);  // 18, holds [8, 18)
+  EXPECT_EQ(layer->stored_tokens(), 10);
+  EXPECT_THROW(layer->crop(9), Error);   // needs position 4: evicted before recording began
+  EXPECT_THROW(layer->crop(-7), Error);  // 11 needs 6: recorded, but the last crop dropped it
+  layer->crop(-5);                       // 13 needs 8: held
+  hist.crop(13);
   step(*layer, hist, 2, rng);
   // Recording keeps everything: a static layer runs out of its 2W = 12 slots, a dynamic grows.
-  for (int i = 0; i < 5; ++i) step(*layer, hist, 1, rng);  // holds [6, 18): 12 tokens
+  for (int i = 0; i < 5; ++i) step(*layer, hist, 1, rng);  // holds [8, 20): 12 tokens
   if (GetParam() == "static") {
     Tensor k = random_tensor(DType::kF16, {B, H, 1, DK}, rng);
     EXPECT_THROW(layer->update(k.view(), k.view()), Error);
