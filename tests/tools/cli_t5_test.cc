@@ -60,11 +60,14 @@ TEST(CliT5Refusals, SayWhy) {
   r = s.run("generate --model dummy:t5-tiny --encoder-ids 3 --output ids --kernel eager -n 2");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--kernel"), std::string::npos) << r.err;
-  r = s.run("batch --model dummy:t5-tiny --input /dev/null");
+  r = s.run("batch --model dummy:t5-tiny --input /dev/null --output " + s.file("out.jsonl"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("encoder-decoder"), std::string::npos) << r.err;
-  r = s.run("logits --model dummy:t5-tiny --prompt-ids \"1 2\"");
+  r = s.run("logits --model dummy:t5-tiny --prompt-ids \"1 2\" --output " + s.file("l.bin"));
   EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("encoder-decoder"), std::string::npos) << r.err;
+  r = s.run("serve --model dummy:t5-tiny --port 0");  // refused before listening
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("encoder-decoder"), std::string::npos) << r.err;
 }
 
