@@ -9,7 +9,14 @@ namespace kvcache {
 
 EncoderDecoderCache::EncoderDecoderCache(const CacheConfig& self_config)
     : self_(std::make_unique<Cache>(self_config)),
-      cross_(static_cast<size_t>(self_->num_layers())) {}
+      cross_(static_cast<size_t>(self_->num_layers())),
+      kv_dtype_(self_config.options.kv_dtype) {
+  if (kv_dtype_ && !dtype_is_float(*kv_dtype_))
+    throw Error(ErrorKind::kUnsupported,
+                std::string("EncoderDecoderCache: the cross-attention pairs are stored dense; "
+                            "kv_dtype ") +
+                    dtype_name(*kv_dtype_) + " is not f32, f16 or bf16");
+}
 
 void EncoderDecoderCache::check_layer(int layer, const char* what) const {
   if (layer < 0 || layer >= num_layers())
@@ -41,8 +48,10 @@ KVSpan EncoderDecoderCache::set_cross(int layer, const TensorView& k, const Tens
                       k.shape().str() + " but another layer holds " + o.k.shape().str() +
                       " (one encoder output per cache)");
   }
-  c.k = Tensor::empty(k.dtype(), k.shape());
-  c.v = Tensor::empty(v.dtype(), v.shape());
+  // Stored in the cache's kv_dtype, as the self-attention layers store theirs (unset: as given).
+  const DType dt = kv_dtype_.value_or(k.dtype());
+  c.k = Tensor::empty(dt, k.shape());
+  c.v = Tensor::empty(dt, v.shape());
   copy_view(k, c.k.view());
   copy_view(v, c.v.view());
   c.updated = true;

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -35,9 +36,10 @@ class EncoderDecoderCache {
   const Cache& self_attention_cache() const { return *self_; }
   int num_layers() const { return self_->num_layers(); }
 
-  // Stores layer's cross K/V ([B, H, S_enc, D_k] and [B, H, S_enc, D_v], any float dtype; copied)
-  // and returns the span over them. Error(kInvalidArgument) when the layer is already updated
-  // (reset() first), or for a layer index out of range or a malformed view.
+  // Stores layer's cross K/V ([B, H, S_enc, D_k] and [B, H, S_enc, D_v], any float dtype; copied,
+  // converted to the config's kv_dtype when it is set) and returns the span over them.
+  // Error(kInvalidArgument) when the layer is already updated (reset() first), or for a layer index
+  // out of range or a malformed view.
   KVSpan set_cross(int layer, const TensorView& k, const TensorView& v);
   // Whether set_cross has run for the layer since construction or reset().
   bool is_updated(int layer) const;
@@ -73,6 +75,7 @@ class EncoderDecoderCache {
 
   std::unique_ptr<Cache> self_;
   std::vector<CrossLayer> cross_;
+  std::optional<DType> kv_dtype_;  // the self config's storage dtype, also the cross pairs'
 };
 
 }  // namespace kvcache

@@ -91,6 +91,22 @@ TEST(EncoderDecoderCache, BytesCountBothCaches) {
   EXPECT_EQ(f.cache.bytes(), f.cache.self_bytes() + cross);
 }
 
+TEST(EncoderDecoderCache, CrossFollowsTheKvDtype) {
+  std::mt19937 rng(8);
+  CacheConfig cfg = self_config("dynamic");
+  cfg.options.kv_dtype = DType::kF16;
+  EncoderDecoderCache c(cfg);
+  Tensor k = random_tensor(DType::kF32, {1, kH, kEnc, kD}, rng);
+  const KVSpan s = c.set_cross(0, k.view(), k.view());
+  EXPECT_EQ(s.k.dtype(), DType::kF16);
+  EXPECT_EQ(c.cross_bytes(), 2u * kH * kEnc * kD * 2u);
+  Tensor want = Tensor::empty(DType::kF16, k.shape());
+  copy_view(k.view(), want.view());
+  EXPECT_TRUE(views_equal(s.k, want.view()));
+  cfg.options.kv_dtype = DType::kQ8_0;
+  EXPECT_THROW(EncoderDecoderCache{cfg}, Error);
+}
+
 TEST(EncoderDecoderCache, CropActsOnSelfOnly) {
   for (const char* impl : {"dynamic", "static", "paged"}) {
     SCOPED_TRACE(impl);
