@@ -13,6 +13,7 @@
 #include "model/gguf.h"
 #include "model/llama2c.h"
 #include "model/model_file.h"
+#include "model/t5.h"
 #include "model/tokenizer_llama2c.h"
 #include "runtime/builtin_model.h"
 
@@ -89,6 +90,14 @@ uint64_t page_in_weights(
 }
 
 LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
+  // Encoder-decoder models (T5) have their own runner (model/t5.h): the decoder-only Model and
+  // everything built on it (logits, bench, serve, batch, sessions) cannot run them.
+  if (is_encoder_decoder_model(spec))
+    throw Error(ErrorKind::kUnsupported,
+                spec +
+                    " is an encoder-decoder model (T5): only `kvcache generate --encoder-ids "
+                    "IDS --output ids` runs it; logits, bench, serve and batch serve "
+                    "decoder-only models");
   std::string path = spec;
   if (spec.starts_with("dummy:")) {
     DummyModelOptions d;

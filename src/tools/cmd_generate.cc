@@ -14,11 +14,14 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/t5.h"
 #include "model/tokenizer_llama2c.h"
 #include "runtime/generate.h"
 #include "runtime/model_loader.h"
 #include "runtime/sampler.h"
 #include "runtime/session_file.h"
+#include "runtime/t5_generate.h"
 #include "tools/commands.h"
 #include "tools/model_options.h"
 #include "tools/option_rules.h"
@@ -39,6 +42,7 @@ struct GenerateOptions {
   double verify_tol = 0.0;
   std::string save_session;  // --save-session FILE
   std::string load_session;  // --load-session FILE
+  std::string encoder_ids;   // --encoder-ids: an encoder-decoder model's input
 };
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -51,6 +55,91 @@ std::string piece(const Tokenizer& tok, int32_t prev, int32_t id) {
   if (const auto* l2c = dynamic_cast<const Llama2cTokenizer*>(&tok))
     return l2c->decode_for_print(prev, id);
   return tok.piece_after(prev, id);
+}
+
+// An encoder-decoder model (T5): the encoder reads --encoder-ids once, the decoder starts from
+// decoder_start_token_id (runtime/t5_generate.h). Its runner has its own attention loop and no
+// tokenizer, sessions or prefill chunks: the options for those are refused, not ignored.
+void run_generate_t5(const GenerateOptions& o) {
+  const std::string& m = o.model.model;
+  if (o.encoder_ids.empty())
+    throw Error(ErrorKind::kInvalidArgument,
+                m + " is an encoder-decoder model (T5): give its encoder input with --encoder-ids "
+                    "\"IDS\" (the decoder starts from decoder_start_token_id)");
+  if (o.has_prompt || !o.prompt_ids.empty())
+    throw Error(ErrorKind::kInvalidArgument,
+                "--prompt / --prompt-ids feed a decoder-only model; " + m +
+                    " is an encoder-decoder model: its input is --encoder-ids and its decoder "
+                    "starts from decoder_start_token_id");
+  if (o.output != "ids")
+    throw Error(ErrorKind::kInvalidArgument,
+                m + " is an encoder-decoder model; its tokenizer is not loaded, so generate "
+                    "prints token ids: add --output ids");
+  for (const char* opt : {"--tokenizer", "--kernel", "--chunk", "--progress", "--kv-budget",
+                          "--kv-policy", "--kv-bits", "--kv-quant", "--kv-group", "--kv-residual",
+                          "--offload-dir", "--save-session", "--load-session"}) {
+    if (o.model.cmd->count(opt) > 0)
+      throw Error(ErrorKind::kInvalidArgument,
+                  std::string("generate: ") + opt + " has no effect on the encoder-decoder model " +
+                      m +
+                      " (its runner, model/t5.h, has its own exact attention loop and no "
+                      "tokenizer, prefill chunks, sessions or quantized/offloaded options); "
+                      "drop it");
+  }
+  if (o.model.threads < 0) throw Error(ErrorKind::kInvalidArgument, "-t must be >= 0");
+  if (o.model.threads > 0) set_default_threads(o.model.threads);
+  std::unique_ptr<T5Model> model;
+  if (m.starts_with("dummy:")) {
+    const std::string preset = m.substr(6);
+    if (preset.find(':') != std::string::npos)
+      throw Error(ErrorKind::kInvalidArgument,
+                  m + ": the T5 dummy presets are f32 only (drop the :DTYPE suffix)");
+    model = T5Model::load(build_dummy_t5(preset, 0, ""));
+  } else {
+    model = T5Model::load(m);
+  }
+  T5GenerateParams p;
+  p.encoder_ids = parse_ids(o.encoder_ids);
+  if (p.encoder_ids.empty()) throw Error(ErrorKind::kInvalidArgument, "--encoder-ids holds no ids");
+  p.max_new_tokens = o.n;
+  p.sampler = o.sampler;
+  p.ignore_eos = o.ignore_eos;
+  p.verify = o.verify;
+  p.verify_tolerance = o.verify_tol;
+  p.cache.implementation = o.model.cache;
+  if (o.model.max_cache_len < 0)
+    throw Error(ErrorKind::kInvalidArgument, "--max-cache-len must be >= 0");
+  p.cache.max_cache_len = o.model.max_cache_len;
+  if (o.model.block_tokens < 1)
+    throw Error(ErrorKind::kInvalidArgument, "--block-tokens must be >= 1");
+  p.cache.paged.block_tokens = o.model.block_tokens;
+  if (!o.model.kv_dtype.empty()) {
+    p.cache.kv_dtype = parse_dtype(o.model.kv_dtype);
+    if (!dtype_is_float(*p.cache.kv_dtype))
+      throw Error(ErrorKind::kUnsupported,
+                  "--kv-dtype " + o.model.kv_dtype + ": the T5 self cache stores f32, f16 or bf16");
+  }
+  const T5GenerateStats st = generate_t5(*model, p);
+  std::string line;
+  for (int32_t id : st.tokens) line += (line.empty() ? "" : " ") + std::to_string(id);
+  std::fputs((line + "\n").c_str(), stdout);
+  std::fflush(stdout);
+  std::fprintf(stderr,
+               "%s\nencoder tokens: %zu | new tokens: %zu%s | encode: %.1f ms | decode: %.1f ms | "
+               "cache: %s | KV bytes: self %zu + cross %zu\n",
+               model->config().summary().c_str(), p.encoder_ids.size(), st.tokens.size(),
+               st.stopped ? " (stopped at end token)" : "", st.encode_ms, st.decode_ms,
+               p.cache.implementation.c_str(), st.self_bytes, st.cross_bytes);
+  if (o.verify) {
+    std::fprintf(
+        stderr,
+        "verify: max relative logit difference vs no-cache recompute: %.3g (tolerance %.3g)%s\n",
+        st.verify_max_rel_diff, st.verify_tolerance, st.verify_failures ? " FAILED" : " ok");
+    if (st.verify_failures > 0) {
+      std::fflush(stderr);
+      std::exit(3);
+    }
+  }
 }
 
 void run_generate(const GenerateOptions& o) {
@@ -75,6 +164,13 @@ void run_generate(const GenerateOptions& o) {
   shape.repeat_penalty = o.sampler.repeat_penalty != 1.0f;
   shape.verify = o.verify;
   check_options(*o.model.cmd, shape);
+  // Encoder-decoder models take another path; encoder input for a decoder-only one is refused.
+  if (is_encoder_decoder_model(o.model.model)) return run_generate_t5(o);
+  if (!o.encoder_ids.empty())
+    throw Error(ErrorKind::kInvalidArgument,
+                "--encoder-ids: " + o.model.model +
+                    " is a decoder-only model (no encoder); give its input with --prompt or "
+                    "--prompt-ids");
   if (const KVPolicy policy = KVPolicy::parse(o.model.kv_policy); !policy.exact()) {
     const std::string lossy = "--kv-policy " + policy.key() +
                               " is lossy by design (its cost: docs/architecture.md, \"Lossy KV "
@@ -261,6 +357,9 @@ void register_generate(CLI::App& app) {
       "After each step compare logits with a no-cache recompute; exit 3 past the tolerance");
   cmd->add_option("--verify-tol", o->verify_tol,
                   "Relative tolerance of --verify (default: 1e-4 for f32 KV, 1e-2 f16, 5e-2 bf16)");
+  cmd->add_option("--encoder-ids", o->encoder_ids,
+                  "Encoder input ids of an encoder-decoder model (T5), e.g. \"13 7 1\"; the "
+                  "decoder starts from decoder_start_token_id");
   cmd->add_option("--save-session", o->save_session,
                   "After generating, save the cache (prompt + generated tokens but the last) to "
                   "this session file");

@@ -404,6 +404,8 @@ const OptionRule kRules[] = {
     {kGenerate, "--verify-tol", verify_tolerance},
     {kGenerate, "--save-session", nullptr},
     {kGenerate, "--load-session", nullptr},
+    // refused by generate itself for a decoder-only model (it has no encoder)
+    {kGenerate, "--encoder-ids", nullptr},
     // bench (its --cache is a list, checked above)
     {kBench, "--n-prompt", bench_tests},
     {kBench, "--n-gen", bench_tests},
