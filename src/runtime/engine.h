@@ -1,14 +1,17 @@
 // Engine: continuous batching over the paged KV cache. Requests flow waiting -> running ->
-// finished; each step() fills a token budget (decodes first, then chunked prefill), runs the
-// decode rows as one batched forward and each prefill chunk as its own forward, samples, and
-// reports tokens through per-request callbacks. The engine owns the PagedKVStore, the Cache
-// over it and the forward; one thread drives step(), any thread may submit() or cancel().
+// finished; each step() fills a token budget (EngineConfig::scheduler: decodes first, then
+// chunked prefill; or prefill first), runs the decode rows as one batched forward and each
+// prefill chunk as its own forward, samples, and reports tokens through per-request callbacks.
+// The engine owns the PagedKVStore, the Cache over it and the forward; one thread drives step(),
+// any thread may submit() or cancel().
 //
-// Memory: blocks come from the paged planner (or EngineConfig::num_blocks). A new request is
-// admitted only when its uncached tail fits (attach_prefix counts the cached prefix for free);
-// when a running step runs out of blocks, the newest running sequence is preempted — its
-// blocks freed (full ones stay in the prefix index), its tokens kept, recomputed on
-// readmission (vLLM's recompute preemption).
+// Memory: blocks come from the paged planner (or EngineConfig::num_blocks). submit refuses a
+// request that some layer group could not hold even alone (check_group_capacity). A new request
+// is admitted only when its uncached tail fits (attach_prefix counts the cached prefix for free)
+// and, under a FIFO safety margin, while the pool keeps that margin free; when a running step
+// runs out of blocks, the newest running sequence is preempted — its blocks freed (full ones
+// stay in the prefix index), its tokens kept, recomputed on readmission (vLLM's recompute
+// preemption).
 //
 // Failures: an exception inside a forward (a kernel refusing its span, an allocation) fails the
 // requests of that forward with its message, undoes the store's open step (PagedKVStore::
