@@ -28,6 +28,26 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// The most blocks of a sliding group (window W) a request of `tokens` tokens holds at once: a
+// step of c <= chunk tokens at position p holds the keys [max(0, p - W + 1), p + c) (its first
+// query's window and its own keys; PagedKVStore::drop_out_of_window releases the rest before
+// plan_step), maximized over every p and the largest c left there. At most
+// ceil((W - 1 + chunk) / bt) + 1; fewer where the request's start or end clips the span.
+int64_t sliding_blocks(int64_t tokens, int64_t window, int64_t chunk, int64_t bt) {
+  int64_t most = 0;
+  const auto at = [&](int64_t p) {
+    const int64_t c = std::min(chunk, tokens - p);
+    const int64_t lo = std::max<int64_t>(0, p - window + 1);
+    most = std::max(most, (p + c - 1) / bt - lo / bt + 1);
+  };
+  // From p = W - 1 on, the count repeats every bt positions until the end clips c: the first
+  // W + bt positions and the last chunk + bt cover every value.
+  const int64_t head = std::min(tokens, window + bt);
+  for (int64_t p = 0; p < head; ++p) at(p);
+  for (int64_t p = std::max(head, tokens - chunk - bt); p < tokens; ++p) at(p);
+  return most;
+}
+
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -555,12 +575,13 @@ void Engine::poll_remote() {
 // The most blocks of each group one request holds at once (transformers v5 sizes a sliding
 // group the same way: generation/continuous_batching/cache_manager.py,
 // SlidingAttentionCacheAllocator, at most ceil(sliding_window / block_size) blocks per request).
-// Here a step of c tokens at position p keeps the keys [p - W + 1, p + c) of a sliding group
-// (PagedKVStore::drop_out_of_window runs before plan_step), W - 1 + c tokens, which touch at
-// most ceil((W - 1 + c) / block_tokens) + 1 blocks: a decode (c = 1) the window's blocks plus
-// one, a prefill chunk (c <= max_tokens_per_step) more. A streaming request's full groups
-// likewise keep its sinks' blocks and its window. The pool must hold that much for the request
-// alone, else it could never run (and would preempt itself forever).
+// Here a step of c tokens at position p keeps the keys [p - W + 1, p + c) of a sliding group,
+// W - 1 + c tokens (sliding_blocks): a decode (c = 1) the window's blocks plus one, a prefill
+// chunk (c <= max_tokens_per_step) more, over any chunking the budget may give (a preempted
+// sequence recomputes in other chunks). A streaming request's full groups likewise keep its
+// sinks' blocks and its window (bounded there by the same span at its worst alignment). The
+// pool must hold that much for the request alone, else it could never run (and would preempt
+// itself forever).
 void Engine::check_group_capacity(int64_t tokens, const KVPolicy& policy) const {
   const int64_t bt = store_->block_tokens();
   const int64_t chunk = std::min(tokens, config_.max_tokens_per_step);
@@ -580,7 +601,7 @@ void Engine::check_group_capacity(int64_t tokens, const KVPolicy& policy) const 
         break;
       case GroupKind::kSliding:
         what = "sliding window " + std::to_string(grp.window);
-        need = window_blocks(grp.window);
+        need = sliding_blocks(tokens, grp.window, chunk, bt);
         break;
       case GroupKind::kCompressed:  // floor(tokens / rate) entries, block_tokens per block
         what = "compressed, rate " + std::to_string(grp.rate);
