@@ -298,7 +298,9 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   store_ = std::make_shared<PagedKVStore>(plan.store);
   // Only sliding groups: a sequence holds its window (plus a step), whatever its length, so the
   // context is the model's; submit's per-group check refuses a pool too small for one window.
-  bool bounded = false;  // some group's blocks grow with the length
+  // Not under the eager kernel: it widens a sequence's whole span (null blocks included) into
+  // per-thread f32 scratch, which the plan bills for the pool's tokens only.
+  bool bounded = po.eager_scratch;  // some group's blocks (or the eager scratch) grow with length
   for (int g = 0; g < store_->num_groups(); ++g)
     bounded = bounded || store_->group(g).kind != GroupKind::kSliding;
   if (!bounded && store_->num_groups() > 0) max_context_ = mc.max_seq_len;

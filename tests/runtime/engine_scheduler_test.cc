@@ -262,6 +262,11 @@ TEST(EngineScheduler, ALongRequestOnASlidingOnlyModelIsNotRefusedForTheWindowsSa
   }
   EXPECT_EQ(rec.outputs.at(id).samples.at(0).tokens, want);
   EXPECT_EQ(rec.outputs.at(id).stats.preemptions, 0);
+  // The eager kernel widens the whole span into scratch billed for the pool's tokens: there the
+  // context stays the pool's.
+  EngineConfig eager = small_pool(5);
+  eager.kernel = "eager";
+  EXPECT_LT(Engine(phi, nullptr, eager).max_context(), 120);
   Engine tight(phi, nullptr, small_pool(4));
   const std::string err = submit_error(tight, 100, 20);
   EXPECT_NE(err.find("sliding window 8"), std::string::npos) << err;
