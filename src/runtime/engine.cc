@@ -24,6 +24,30 @@ using Clock = std::chrono::steady_clock;
 // Tokens the pool holds when neither a budget nor cache.max_cache_len sizes it.
 constexpr int64_t kDefaultPoolTokens = 16384;
 
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// The most blocks of a sliding group (window W) a request of `tokens` tokens holds at once: a
+// step of c <= chunk tokens at position p holds the keys [max(0, p - W + 1), p + c) (its first
+// query's window and its own keys; PagedKVStore::drop_out_of_window releases the rest before
+// plan_step), maximized over every p and the largest c left there. At most
+// ceil((W - 1 + chunk) / bt) + 1; fewer where the request's start or end clips the span.
+int64_t sliding_blocks(int64_t tokens, int64_t window, int64_t chunk, int64_t bt) {
+  int64_t most = 0;
+  const auto at = [&](int64_t p) {
+    const int64_t c = std::min(chunk, tokens - p);
+    const int64_t lo = std::max<int64_t>(0, p - window + 1);
+    most = std::max(most, (p + c - 1) / bt - lo / bt + 1);
+  };
+  // From p = W - 1 on, the count repeats every bt positions until the end clips c: the first
+  // W + bt positions and the last chunk + bt cover every value.
+  const int64_t head = std::min(tokens, window + bt);
+  for (int64_t p = 0; p < head; ++p) at(p);
+  for (int64_t p = std::max(head, tokens - chunk - bt); p < tokens; ++p) at(p);
+  return most;
+}
+
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -77,6 +101,17 @@ const char* finish_reason_name(FinishReason r) {
   return "none";
 }
 
+const char* scheduler_policy_name(SchedulerPolicy p) {
+  return p == SchedulerPolicy::kPrefillFirst ? "prefill-first" : "fifo";
+}
+
+SchedulerPolicy parse_scheduler_policy(const std::string& name) {
+  if (name == "fifo") return SchedulerPolicy::kFifo;
+  if (name == "prefill-first" || name == "prefill_first") return SchedulerPolicy::kPrefillFirst;
+  throw Error(ErrorKind::kInvalidArgument,
+              "scheduler \"" + name + "\" is not known; use fifo or prefill-first");
+}
+
 enum class SeqState { kPendingFork, kWaiting, kRunning, kFinished };
 
 struct Engine::Seq {
@@ -89,6 +124,7 @@ struct Engine::Seq {
   int64_t computed_disk = 0;    // of those attached from the prefix cache, loaded from disk
   int64_t computed_remote = 0;  // ... and loaded from the remote tier
   uint64_t admit_order = 0;     // larger: admitted later (preempted first)
+  uint64_t stepped = 0;         // the latest step whose forward included it (Engine::step_id_)
   std::unique_ptr<Sampler> sampler;
   size_t sent = 0;        // bytes of out.text already streamed
   bool reported = false;  // an event of this sample went out
@@ -214,6 +250,16 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
     throw Error(ErrorKind::kInvalidArgument,
                 "engine: max_running, max_tokens_per_step and cache.paged.block_tokens must be "
                 ">= 1");
+  // Written so that NaN fails too.
+  if (!(config_.safety_margin >= 0 && config_.safety_margin < 1))
+    throw Error(ErrorKind::kInvalidArgument,
+                "engine: safety_margin (--safety-margin) is a fraction of the blocks in [0, 1), "
+                "got " +
+                    std::to_string(config_.safety_margin));
+  if (config_.scheduler == SchedulerPolicy::kPrefillFirst && config_.safety_margin > 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "engine: the safety margin is the fifo scheduler's admission rule; prefill-first "
+                "admits while blocks last (drop --safety-margin or use --scheduler fifo)");
   if (co.implementation != "paged" || co.paged.store || co.max_batch_size != 0)
     throw Error(ErrorKind::kInvalidArgument,
                 "engine: it serves from a paged store it builds itself, batching max_running "
@@ -251,6 +297,14 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   config_.max_tokens_per_step = plan.max_tokens_per_step;
   max_context_ = std::min<int64_t>(mc.max_seq_len, plan.max_cached_tokens);
   store_ = std::make_shared<PagedKVStore>(plan.store);
+  // Only sliding groups: a sequence holds its window (plus a step), whatever its length, so the
+  // context is the model's; submit's per-group check refuses a pool too small for one window.
+  // Not under the eager kernel: it widens a sequence's whole span (null blocks included) into
+  // per-thread f32 scratch, which the plan bills for the pool's tokens only.
+  bool bounded = po.eager_scratch;  // some group's blocks (or the eager scratch) grow with length
+  for (int g = 0; g < store_->num_groups(); ++g)
+    bounded = bounded || store_->group(g).kind != GroupKind::kSliding;
+  if (!bounded && store_->num_groups() > 0) max_context_ = mc.max_seq_len;
   if (!config_.kv_disk_dir.empty())
     store_->set_disk_tier(
         open_disk_tier(model, *store_, config_.kv_disk_dir, config_.kv_disk_budget_bytes));
@@ -337,6 +391,7 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
                     " tokens) + max_tokens (" + std::to_string(params.max_tokens) +
                     ") exceeds the context of " + std::to_string(context) +
                     " tokens; shorten the prompt or lower max_tokens");
+  check_group_capacity(static_cast<int64_t>(params.prompt.size()) + params.max_tokens, policy);
   if (params.logprobs < -1 || params.logprobs > kMaxTopLogprobs)
     throw Error(ErrorKind::kInvalidArgument,
                 "request: logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) +
@@ -521,6 +576,65 @@ void Engine::poll_remote() {
   }
 }
 
+// The most blocks of each group one request holds at once (transformers v5 sizes a sliding
+// group the same way: generation/continuous_batching/cache_manager.py,
+// SlidingAttentionCacheAllocator, at most ceil(sliding_window / block_size) blocks per request).
+// Here a step of c tokens at position p keeps the keys [p - W + 1, p + c) of a sliding group,
+// W - 1 + c tokens (sliding_blocks): a decode (c = 1) the window's blocks plus one, a prefill
+// chunk (c <= max_tokens_per_step) more, over any chunking the budget may give (a preempted
+// sequence recomputes in other chunks). A streaming request's full groups likewise keep its
+// sinks' blocks and its window (bounded there by the same span at its worst alignment). The
+// pool must hold that much for the request alone, else it could never run (and would preempt
+// itself forever).
+void Engine::check_group_capacity(int64_t tokens, const KVPolicy& policy) const {
+  const int64_t bt = store_->block_tokens();
+  const int64_t chunk = std::min(tokens, config_.max_tokens_per_step);
+  const auto window_blocks = [&](int64_t window) {
+    return std::min(ceil_div(tokens, bt), ceil_div(window - 1 + chunk, bt) + 1);
+  };
+  for (int g = 0; g < store_->num_groups(); ++g) {
+    const PagedGroup& grp = store_->group(g);
+    int64_t need = 0;
+    std::string what;
+    switch (grp.kind) {
+      case GroupKind::kFull:
+        what = "full attention";
+        need = ceil_div(tokens, bt);
+        if (!policy.exact())  // streaming: the sinks' blocks stay, the window slides
+          need = std::min(need, ceil_div(policy.sink, bt) + window_blocks(policy.window));
+        break;
+      case GroupKind::kSliding:
+        what = "sliding window " + std::to_string(grp.window);
+        need = sliding_blocks(tokens, grp.window, chunk, bt);
+        break;
+      case GroupKind::kCompressed:  // floor(tokens / rate) entries, block_tokens per block
+        what = "compressed, rate " + std::to_string(grp.rate);
+        need = ceil_div(tokens / grp.rate, bt);
+        break;
+    }
+    const int64_t have = store_->pool(g).num_blocks() - (store_->has_null_block(g) ? 1 : 0);
+    if (need > have)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "request: prompt + max_tokens (" + std::to_string(tokens) + " tokens) need " +
+                      std::to_string(need) + " blocks of " + std::to_string(bt) +
+                      " tokens at once in layer group " + std::to_string(g) + " (" + what +
+                      "), which has " + std::to_string(have) +
+                      "; shorten the prompt, lower max_tokens or give the cache more blocks");
+  }
+}
+
+// v5's FIFOScheduler compares the free blocks with safety_margin x num_blocks; cached blocks
+// count as free here, as there (BlockManager::num_free_blocks counts initialized blocks).
+bool Engine::outside_safety_margin() const {
+  if (config_.safety_margin <= 0) return false;
+  for (int g = 0; g < store_->num_groups(); ++g) {
+    const BlockPool& pool = store_->pool(g);
+    const int32_t blocks = pool.num_blocks() - (store_->has_null_block(g) ? 1 : 0);
+    if (static_cast<double>(pool.num_available()) < config_.safety_margin * blocks) return true;
+  }
+  return false;
+}
+
 Engine::Seq* Engine::newest_running() {
   Seq* best = nullptr;
   for (Seq* s : running_)
@@ -599,6 +713,8 @@ bool Engine::forward_chunk(Seq& s, int64_t n) {
 
 bool Engine::forward_contained(const ForwardParams& p, std::span<Seq* const> seqs,
                                std::span<const float>& logits) {
+  step_ran_ = true;
+  for (Seq* s : seqs) s->stepped = step_id_;
   try {
     logits = forward_->forward(p);
   } catch (const std::exception& e) {
@@ -662,7 +778,9 @@ void Engine::invoke_callback(Request& r, const StreamEvent& ev) {
 void Engine::run_decodes(int64_t& budget) {
   step_seqs_.clear();
   for (Seq* s : running_)
-    if (s->needs() == 1 && static_cast<int64_t>(step_seqs_.size()) < budget)
+    // Prefill-first: a sequence whose prefill ended in this step decodes from the next one.
+    if (s->needs() == 1 && s->stepped != step_id_ &&
+        static_cast<int64_t>(step_seqs_.size()) < budget)
       step_seqs_.push_back(s);
   while (!step_seqs_.empty()) {
     batch_.clear();
@@ -700,8 +818,7 @@ void Engine::run_decodes(int64_t& budget) {
   }
 }
 
-void Engine::admit_and_prefill(int64_t& budget) {
-  // Running sequences still prefilling (or recomputing) continue first, oldest first.
+void Engine::continue_prefills(int64_t& budget) {
   step_seqs_.clear();
   for (Seq* s : running_)
     if (s->needs() > 1) step_seqs_.push_back(s);
@@ -725,11 +842,17 @@ void Engine::admit_and_prefill(int64_t& budget) {
     } while (store_->has_linear() && budget > 0 && s->state == SeqState::kRunning &&
              s->needs() > 1);
   }
-  // Then new (or preempted) sequences, while the budget and the blocks last: runs of equal
-  // uncached lengths batched, the rest one by one.
-  if (budget > 0) admit_batched(budget);
+}
+
+// New (or preempted) sequences, while the budget and the blocks last: runs of equal uncached
+// lengths batched, the rest one by one. FIFO's safety margin is checked before each admission
+// (a batch counts as one), as v5 checks it before each scheduled request.
+void Engine::admit_waiting(int64_t& budget) {
+  if (budget <= 0 || (step_ran_ && outside_safety_margin())) return;
+  admit_batched(budget);
   while (budget > 0 && !waiting_.empty() &&
          static_cast<int32_t>(running_.size()) < config_.max_running) {
+    if (step_ran_ && outside_safety_margin()) return;
     Seq* s = waiting_.front();
     Request& r = *s->req;
     s->sid = store_->add_sequence(salt_of(r), r.policy);
@@ -751,7 +874,10 @@ void Engine::admit_and_prefill(int64_t& budget) {
       store_->free_sequence(s->sid);
       s->sid = -1;
       s->computed = 0;
-      if (running_.empty())  // alone and still too big: it can never run
+      // Alone and still too big: it can never run. (submit's per-group check refuses the
+      // requests that cannot fit any pool; this catches what it cannot see, e.g. the blocks a
+      // streaming request's sinks keep.)
+      if (running_.empty())
         fail_request(r, RequestErrorKind::kCapacity,
                      "the request needs more KV blocks than the cache has (" +
                          std::to_string(s->tokens.size()) +
@@ -1119,9 +1245,18 @@ bool Engine::step() {
     work = !running_.empty() || !waiting_.empty();
   }
   if (work) {
+    ++step_id_;
+    step_ran_ = false;
     int64_t budget = config_.max_tokens_per_step;
-    run_decodes(budget);
-    admit_and_prefill(budget);
+    if (config_.scheduler == SchedulerPolicy::kFifo) {
+      run_decodes(budget);
+      continue_prefills(budget);
+      admit_waiting(budget);
+    } else {
+      continue_prefills(budget);
+      admit_waiting(budget);
+      run_decodes(budget);
+    }
     ++counters_.steps;
     if (config_.check_invariants_every_step)
       if (const std::string inv = check_invariants(); !inv.empty())

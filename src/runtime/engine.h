@@ -1,14 +1,17 @@
 // Engine: continuous batching over the paged KV cache. Requests flow waiting -> running ->
-// finished; each step() fills a token budget (decodes first, then chunked prefill), runs the
-// decode rows as one batched forward and each prefill chunk as its own forward, samples, and
-// reports tokens through per-request callbacks. The engine owns the PagedKVStore, the Cache
-// over it and the forward; one thread drives step(), any thread may submit() or cancel().
+// finished; each step() fills a token budget (EngineConfig::scheduler: decodes first, then
+// chunked prefill; or prefill first), runs the decode rows as one batched forward and each
+// prefill chunk as its own forward, samples, and reports tokens through per-request callbacks.
+// The engine owns the PagedKVStore, the Cache over it and the forward; one thread drives step(),
+// any thread may submit() or cancel().
 //
-// Memory: blocks come from the paged planner (or EngineConfig::num_blocks). A new request is
-// admitted only when its uncached tail fits (attach_prefix counts the cached prefix for free);
-// when a running step runs out of blocks, the newest running sequence is preempted — its
-// blocks freed (full ones stay in the prefix index), its tokens kept, recomputed on
-// readmission (vLLM's recompute preemption).
+// Memory: blocks come from the paged planner (or EngineConfig::num_blocks). submit refuses a
+// request that some layer group could not hold even alone (check_group_capacity). A new request
+// is admitted only when its uncached tail fits (attach_prefix counts the cached prefix for free)
+// and, under a FIFO safety margin, while the pool keeps that margin free; when a running step
+// runs out of blocks, the newest running sequence is preempted — its blocks freed (full ones
+// stay in the prefix index), its tokens kept, recomputed on readmission (vLLM's recompute
+// preemption).
 //
 // Failures: an exception inside a forward (a kernel refusing its span, an allocation) fails the
 // requests of that forward with its message, undoes the store's open step (PagedKVStore::
@@ -41,6 +44,21 @@
 
 namespace kvcache {
 
+// The order one step fills its token budget in (transformers v5's continuous-batching
+// schedulers, generation/continuous_batching/scheduler.py: FIFOScheduler and
+// PrefillFirstScheduler).
+// - kFifo: decodes of every running sequence first, then running sequences still prefilling
+//   (chunked prompts, recomputation after preemption), then waiting requests (today's order;
+//   the serving default: a new request never slows the streams already running).
+// - kPrefillFirst: running sequences still prefilling, then waiting requests, then decodes:
+//   new requests reach their first token sooner while the running streams pause. v5 puts its
+//   waiting requests after the decodes (a FIXME there asks for this order); a sequence whose
+//   prefill ended in a step samples its first token there and decodes from the next step on.
+enum class SchedulerPolicy { kFifo, kPrefillFirst };
+const char* scheduler_policy_name(SchedulerPolicy p);  // "fifo", "prefill-first"
+// "fifo" or "prefill-first" (also "prefill_first"); Error(kInvalidArgument) naming both.
+SchedulerPolicy parse_scheduler_policy(const std::string& name);
+
 struct EngineConfig {
   std::string kernel = "fused";  // attention kernel for paged spans (eager, fused)
   // The paged cache every request shares. The engine reads paged.block_tokens, kv_dtype
@@ -54,7 +72,17 @@ struct EngineConfig {
   int32_t num_blocks = 0;             // > 0: override the block count (tests forcing preemption)
   int64_t max_tokens_per_step = 256;  // token budget of one step (decodes + prefill chunks)
   int32_t max_running = 64;           // sequences resident at once
-  int64_t max_waiting = 1024;         // submit() refuses beyond this many queued requests
+  SchedulerPolicy scheduler = SchedulerPolicy::kFifo;
+  // FIFO's admission rule (v5's FIFOScheduler safety_margin): while some group's allocatable
+  // blocks (free + cached) are fewer than safety_margin x its blocks, no waiting request is
+  // admitted in a step that already ran something (a step that ran nothing admits one, so the
+  // engine always progresses); decodes and running prefills go on. In [0, 1). Default 0, not
+  // v5's 0.2: without it a full pool is met by preempting the newest sequence (recompute), which
+  // v5 does not have, and 0 keeps the engine's behaviour and every capacity figure unchanged;
+  // a margin trades admitted requests for fewer preemptions under memory pressure.
+  // kPrefillFirst has no margin (as in v5): > 0 there is an Error.
+  double safety_margin = 0;
+  int64_t max_waiting = 1024;  // submit() refuses beyond this many queued requests
   // Linears never use BLAS, so every row's result is independent of the batch and of the
   // chunking: batched, preempted and prefix-cached runs are bit-identical to a request run
   // alone. Costs prefill speed (row-wise GEMV instead of sgemm); decode batches are unaffected
@@ -305,7 +333,15 @@ class Engine {
   bool start_remote_lookup(Request& r);
   // Moves the requests whose lookups answered, or whose wait expired, to waiting_.
   void poll_remote();
-  void admit_and_prefill(int64_t& budget);
+  void continue_prefills(int64_t& budget);  // running sequences still prefilling, oldest first
+  void admit_waiting(int64_t& budget);      // waiting sequences, while budget and blocks last
+  // FIFO's safety margin: some group's allocatable blocks are below the margin.
+  bool outside_safety_margin() const;
+  // Error(kInvalidArgument) naming the group when a request of `tokens` tokens (prompt +
+  // max_tokens) under `policy` needs more blocks of some group at once than the group has:
+  // full groups its tokens' blocks, sliding groups at most the window plus one step's chunk,
+  // compressed groups their entries' blocks.
+  void check_group_capacity(int64_t tokens, const KVPolicy& policy) const;
   void admit_batched(int64_t& budget);
   void note_admitted(Seq& s, int64_t matched);
   void leave_queue(Request& r);  // once per request: admitted, or finished while queued
@@ -355,6 +391,8 @@ class Engine {
   std::deque<Seq*> waiting_;   // front first
   std::vector<Seq*> running_;  // admission order (newest last)
   uint64_t admit_counter_ = 0;
+  uint64_t step_id_ = 0;   // the step running now (Seq::stepped)
+  bool step_ran_ = false;  // this step ran a forward (the safety margin then holds admissions)
   std::vector<Seq*> remote_wait_;  // first samples waiting for their remote lookups
   // Step scratch (reused, no allocation once grown).
   std::vector<SeqId> batch_;

@@ -50,6 +50,14 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
       ->description(
           "Refused: the paged cache is not offloaded (--cache offloaded: generate, logits, bench)");
   cmd->add_option("--max-running", o.max_running, "Sequences resident at once (default 64)");
+  cmd->add_option("--scheduler", o.scheduler,
+                  "Order a step fills its token budget in: fifo (decodes, then running prefills, "
+                  "then new requests) or prefill-first (running prefills and new requests before "
+                  "decodes: sooner first tokens, paused streams) (default fifo)");
+  cmd->add_option("--safety-margin", o.safety_margin,
+                  "fifo: while some layer group has fewer free blocks than this fraction of its "
+                  "blocks, a step that ran something admits no new request (transformers v5 "
+                  "uses 0.2); in [0, 1) (default 0: admit while blocks last, preempt when full)");
   cmd->add_option("--max-waiting", o.max_waiting,
                   "Queued requests before refusing with 429 (default 256)");
   cmd->add_option("--snapshot-every-blocks", o.snapshot_every_blocks,
@@ -156,6 +164,20 @@ EngineConfig engine_config(const EngineOptions& o, const Model& model) {
   c.max_tokens_per_step = o.model.chunk;
   if (o.max_running < 1) throw Error(ErrorKind::kInvalidArgument, "--max-running must be >= 1");
   c.max_running = o.max_running;
+  if (o.scheduler != "fifo" && o.scheduler != "prefill-first")
+    throw Error(ErrorKind::kInvalidArgument,
+                "--scheduler " + o.scheduler + " is not known; use fifo or prefill-first");
+  c.scheduler = parse_scheduler_policy(o.scheduler);
+  if (!(o.safety_margin >= 0 && o.safety_margin < 1))  // NaN fails too
+    throw Error(ErrorKind::kInvalidArgument,
+                "--safety-margin is a fraction of the blocks in [0, 1), got " +
+                    std::to_string(o.safety_margin));
+  if (c.scheduler == SchedulerPolicy::kPrefillFirst && o.safety_margin > 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "--safety-margin is the fifo scheduler's admission rule; --scheduler "
+                "prefill-first admits while blocks last (drop --safety-margin or use --scheduler "
+                "fifo)");
+  c.safety_margin = o.safety_margin;
   if (o.max_waiting < 1) throw Error(ErrorKind::kInvalidArgument, "--max-waiting must be >= 1");
   c.max_waiting = o.max_waiting;
   c.batch_invariant = !o.fast_prefill;

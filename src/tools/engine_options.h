@@ -17,6 +17,9 @@ struct EngineOptions {
   int32_t max_running = 64;
   int64_t max_waiting = 256;
   bool fast_prefill = false;
+  // EngineConfig::scheduler / safety_margin.
+  std::string scheduler = "fifo";
+  double safety_margin = 0;
   // Hybrid models: PagedOptions::snapshot_every_blocks / max_snapshots.
   int32_t snapshot_every_blocks = 4;
   int32_t max_snapshots = 16;

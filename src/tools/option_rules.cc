@@ -417,6 +417,8 @@ const OptionRule kRules[] = {
     {kBench, "--offload-cold", needs_offloaded},
     // serve and batch
     {kEngine, "--max-running", nullptr},
+    {kEngine, "--scheduler", nullptr},      // values checked by engine_config
+    {kEngine, "--safety-margin", nullptr},  // refused there with --scheduler prefill-first
     {kServe, "--max-waiting", nullptr},
     {kBatch, "--max-waiting", batch_queue},
     {kEngine, "--fast-prefill", nullptr},
