@@ -74,6 +74,9 @@ TEST(PagedStreamingEngine, ALongGenerationRunsInASmallPool) {
   const Model& model = *tiny_model().model;
   EngineConfig c = engine_config("streaming:sink=4,window=64");
   c.num_blocks = 12;  // the null block and 11 blocks: 176 tokens of exact context
+  // Steps of at most 32 tokens: a recompute after a preemption then needs at most the sink
+  // block and ceil((63 + 32) / 16) + 1 window blocks (Engine::check_group_capacity).
+  c.max_tokens_per_step = 32;
   Engine e(model, nullptr, c);
   const std::vector<int32_t> p = prompt(20, 4);
   // Exact, the request cannot fit; streaming, it holds 1 sink block, 5 window blocks and a step.
