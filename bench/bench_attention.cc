@@ -21,6 +21,7 @@
 
 #include "cache/cache.h"
 #include "core/error.h"
+#include "core/machine_limits.h"
 #include "core/prefetch.h"
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
@@ -35,21 +36,19 @@ namespace kvcache {
 namespace {
 
 // ---- read bandwidth: every thread sums its share of a 1 GiB buffer ----
-// n must be a multiple of 32 and p 32-byte aligned (the caller's chunks are). kPrefetch: each
-// 2-line step also prefetches (T0) the lines kReadAheadLines ahead, the reader the decode kernel
-// is (BM_ReadBandwidthPrefetch). BM_ReadBandwidth, without, stays the plain STREAM-like
-// reference; the prefetching one says how far from this host's ceiling a ratio to it is.
+// BM_ReadBandwidth runs read_sum (core/machine_limits.h), the loop `kvcache bench`'s probe
+// times too, so the two report the same limit: the plain STREAM-like reference.
+// BM_ReadBandwidthPrefetch: each 2-line step also prefetches (T0) the lines kReadAheadLines
+// ahead, the reader the decode kernel is; it says how far from this host's ceiling a ratio to
+// BM_ReadBandwidth is. n must be a multiple of 32 and p 32-byte aligned (the caller's chunks are).
 constexpr int64_t kReadAheadLines = 16;
-template <bool kPrefetch>
-float sum_floats(const float* p, int64_t n) {
+float sum_floats_prefetch(const float* p, int64_t n) {
 #if defined(__AVX2__)
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t i = 0; i < n; i += 32) {
-    if constexpr (kPrefetch) {
-      const float* ahead = p + i + kReadAheadLines * 16;  // 16 floats per 64-byte line
-      prefetch_l1(ahead);
-      prefetch_l1(ahead + 16);
-    }
+    const float* ahead = p + i + kReadAheadLines * 16;  // 16 floats per 64-byte line
+    prefetch_l1(ahead);
+    prefetch_l1(ahead + 16);
     a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
     a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
     a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
@@ -59,89 +58,28 @@ float sum_floats(const float* p, int64_t n) {
   _mm256_store_ps(t, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
 #else
-  float s[8] = {};
-  for (int64_t i = 0; i < n; ++i) s[i % 8] += p[i];
-  return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+  return read_sum(p, n);
 #endif
 }
 
-// ---- compute ceiling: every thread runs 10 independent 8-lane FMA chains ----
-// The other half of decode's roofline. items_per_second = 8-lane FMA instructions per second
-// over all threads: decode of S keys needs 2 * H_q * D * S / 8 of them (scores and P.V), so
-// that count divided by this rate is the kernel's compute floor on this machine.
-[[maybe_unused]] float fma_chains(int64_t n) {  // unused where BM_FmaPeak takes 16 lanes
-#if defined(__AVX2__) && defined(__FMA__)
-  __m256 a0 = _mm256_set1_ps(1.0f), a1 = _mm256_set1_ps(1.1f), a2 = _mm256_set1_ps(1.2f),
-         a3 = _mm256_set1_ps(1.3f), a4 = _mm256_set1_ps(1.4f), a5 = _mm256_set1_ps(1.5f),
-         a6 = _mm256_set1_ps(1.6f), a7 = _mm256_set1_ps(1.7f), a8 = _mm256_set1_ps(1.8f),
-         a9 = _mm256_set1_ps(1.9f);
-  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-  for (int64_t k = 0; k < n; ++k) {  // 10 chains: more than latency (4) x ports (2) needs
-    a0 = _mm256_fmadd_ps(a0, m, c);
-    a1 = _mm256_fmadd_ps(a1, m, c);
-    a2 = _mm256_fmadd_ps(a2, m, c);
-    a3 = _mm256_fmadd_ps(a3, m, c);
-    a4 = _mm256_fmadd_ps(a4, m, c);
-    a5 = _mm256_fmadd_ps(a5, m, c);
-    a6 = _mm256_fmadd_ps(a6, m, c);
-    a7 = _mm256_fmadd_ps(a7, m, c);
-    a8 = _mm256_fmadd_ps(a8, m, c);
-    a9 = _mm256_fmadd_ps(a9, m, c);
-  }
-  const __m256 s =
-      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                    _mm256_add_ps(_mm256_add_ps(a4, a5),
-                                  _mm256_add_ps(_mm256_add_ps(a6, a7), _mm256_add_ps(a8, a9))));
-  return _mm256_cvtss_f32(s);
-#else
-  float a = 1.0f;
-  for (int64_t k = 0; k < 10 * n; ++k) a = std::fma(a, 0.999999f, 1e-7f);
-  return a;
-#endif
-}
-
-#if defined(__AVX512F__)
-// The same with 16-lane FMAs: where the kernels take their AVX-512 branches (Zen 4/5 run one
-// at the 8-lane rate), each counts as two 8-lane FMAs of the decode count above.
-float fma_chains16(int64_t n) {
-  __m512 a[10];
-  for (int i = 0; i < 10; ++i) a[i] = _mm512_set1_ps(1.0f + 0.1f * static_cast<float>(i));
-  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-  for (int64_t k = 0; k < n; ++k) {
-#pragma GCC unroll 10
-    for (int i = 0; i < 10; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
-  }
-  __m512 s = a[0];
-  for (int i = 1; i < 10; ++i) s = _mm512_add_ps(s, a[i]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, s);
-  float sum = 0;
-  for (float x : lanes) sum += x;
-  return sum;
-}
-#endif
-
-// items_per_second: 8-lane FMA equivalents per second, with the widest FMAs the build has
-// (counter `lanes`).
+// ---- compute ceiling: every thread runs fma_chains (core/machine_limits.h) ----
+// kFmaChains independent chains of the widest FMAs the build has, the loop `kvcache bench`'s
+// probe times too. The other half of decode's roofline. items_per_second = 8-lane FMA
+// instructions per second over all threads (a 16-lane AVX-512 FMA counts as two: Zen 4/5 run
+// one at the 8-lane rate): decode of S keys needs 2 * H_q * D * S / 8 of them (scores and
+// P.V), so that count divided by this rate is the kernel's compute floor on this machine.
 void BM_FmaPeak(benchmark::State& state) {
-  constexpr int64_t kIters = 2'000'000;  // x 10 FMAs per task
-#if defined(__AVX512F__)
-  constexpr int64_t kLanes = 16;
-  float (*const chains)(int64_t) = fma_chains16;
-#else
-  constexpr int64_t kLanes = 8;
-  float (*const chains)(int64_t) = fma_chains;
-#endif
+  constexpr int64_t kIters = 2'000'000;  // x kFmaChains FMAs per task
   ThreadPool& pool = default_pool();
   const int64_t tasks = pool.n_threads();
   std::vector<float> sink(static_cast<size_t>(tasks));
   for (auto _ : state) {
-    pool.parallel_for(tasks, [&](int64_t t) { sink[static_cast<size_t>(t)] = chains(kIters); });
+    pool.parallel_for(tasks, [&](int64_t t) { sink[static_cast<size_t>(t)] = fma_chains(kIters); });
     benchmark::DoNotOptimize(sink.data());
   }
-  state.SetItemsProcessed(state.iterations() * tasks * kIters * 10 * (kLanes / 8));
+  state.SetItemsProcessed(state.iterations() * tasks * kIters * kFmaChains * kFmaLanes / 8);
   state.counters["threads"] = static_cast<double>(tasks);
-  state.counters["lanes"] = static_cast<double>(kLanes);
+  state.counters["lanes"] = static_cast<double>(kFmaLanes);
 }
 
 // ---- the decode score loop's ceiling per K format, in L1 ----
@@ -243,7 +181,8 @@ void BM_ReadBandwidth(benchmark::State& state) {
   ThreadPool& pool = default_pool();
   for (auto _ : state) {
     pool.parallel_for(kChunks, [&](int64_t t) {
-      partial[static_cast<size_t>(t)] = sum_floats<kPrefetch>(p + t * per, per);
+      partial[static_cast<size_t>(t)] =
+          kPrefetch ? sum_floats_prefetch(p + t * per, per) : read_sum(p + t * per, per);
     });
     benchmark::DoNotOptimize(partial.data());
     benchmark::ClobberMemory();

@@ -1,5 +1,8 @@
 // `kvcache bench`: llama-bench's measurements (pp/tg tokens per second at given depths) on any
-// model and cache container, as a markdown table or llama-bench-style JSON (-o json).
+// model and cache container, as a markdown table or llama-bench-style JSON (-o json). Beside
+// each speed, the machine's limit measured in the same run (core/machine_limits.h): for tg, the
+// bytes a decode token reads and the fraction of the read bandwidth that speed represents; for
+// pp, the fraction of the FMA peak (runtime/token_cost.h has the formulas).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -11,8 +14,11 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/machine_limits.h"
+#include "core/thread_pool.h"
 #include "runtime/bench.h"
 #include "runtime/model_loader.h"
+#include "runtime/token_cost.h"
 #include "tools/commands.h"
 #include "tools/model_options.h"
 #include "tools/option_rules.h"
@@ -122,6 +128,29 @@ std::string mib(size_t n) {
   return fmt::format("{:.2f} MiB", static_cast<double>(n) / (1 << 20));
 }
 
+// One test against the machine's limits. tg: bytes one token reads, and bytes x tokens/s over
+// the read bandwidth; pp: the prompt's FLOPs over its time, over the FMA peak. The other
+// test's fields stay 0 (not applicable).
+struct Roofline {
+  double bytes_per_token = 0, weight_bytes = 0, kv_bytes_per_token = 0, read_fraction = 0;
+  double flops = 0, fma_fraction = 0;
+};
+
+Roofline roofline(const Model& model, const CacheOptions& cache, const BenchResult& b,
+                  const MachineLimits& lim) {
+  Roofline r;
+  if (b.n_gen > 0) {
+    r.weight_bytes = decode_weight_bytes(model);
+    r.bytes_per_token = decode_bytes_per_token(model, cache, b.n_depth, b.n_gen);
+    r.kv_bytes_per_token = r.bytes_per_token - r.weight_bytes;
+    r.read_fraction = r.bytes_per_token * b.avg_ts / lim.read_bytes_per_s;
+  } else {
+    r.flops = prefill_flops(model, b.n_depth, b.n_prompt);
+    r.fma_fraction = r.flops / (b.avg_ns * 1e-9) / lim.fma_flops_per_s;
+  }
+  return r;
+}
+
 void run_bench_cmd(BenchOptions& o) {
   if (o.output != "table" && o.output != "json") {
     throw Error(ErrorKind::kInvalidArgument,
@@ -146,24 +175,44 @@ void run_bench_cmd(BenchOptions& o) {
   size_t n_params = 0;
   for (const auto& [name, t] : model.file().tensors()) n_params += static_cast<size_t>(t.numel());
   const std::string wdtype = dtype_name(model.weight_dtype());
+  // The limits first, on the threads the tests use: a second or so, before any test runs.
+  const MachineLimits lim = probe_machine_limits(default_pool());
+  if (o.output == "table")
+    std::printf(
+        "machine: %s, %d threads: read bandwidth %.1f GB/s (best of 5 passes over %lld MiB), "
+        "FMA peak %.1f GFLOP/s (%d-lane FMAs)\n\n",
+        lim.cpu_model.c_str(), lim.n_threads, lim.read_bytes_per_s / 1e9,
+        static_cast<long long>(lim.read_buffer_bytes >> 20), lim.fma_flops_per_s / 1e9,
+        lim.fma_lanes);
   std::vector<BenchResult> all;
+  std::vector<Roofline> roofs;
   for (const std::string& cache : o.caches) {
     ModelOptions mo = o.model;
     mo.cache = cache;
     const SessionConfig sc = session_config(mo, model);
     std::vector<BenchResult> r = run_bench(model, sc, o.params);
+    for (const BenchResult& b : r) roofs.push_back(roofline(model, sc.cache, b, lim));
     if (o.output == "table") {
       if (all.empty()) {
         std::printf(
-            "| model | size | params | weights | cache | kv | threads | test | t/s | KV bytes |\n");
-        std::printf("| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |\n");
+            "| model | size | params | weights | cache | kv | threads | test | t/s | KV bytes | "
+            "bytes/token | of read BW | of FMA peak |\n");
+        std::printf(
+            "| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | "
+            "---: |\n");
       }
-      for (const BenchResult& b : r) {
-        std::printf("| %s | %s | %.2f M | %s | %s | %s | %d | %s | %.2f ± %.2f | %zu |\n",
-                    o.model.model.c_str(), mib(model.weight_bytes()).c_str(),
-                    static_cast<double>(n_params) / 1e6, wdtype.c_str(), b.cache.c_str(),
-                    b.kv_dtype.c_str(), b.n_threads, b.name().c_str(), b.avg_ts, b.stddev_ts,
-                    b.kv_bytes);
+      for (size_t i = 0; i < r.size(); ++i) {
+        const BenchResult& b = r[i];
+        const Roofline& f = roofs[all.size() + i];
+        const std::string bytes = b.n_gen > 0 ? mib(static_cast<size_t>(f.bytes_per_token)) : "-";
+        const std::string read = b.n_gen > 0 ? fmt::format("{:.2f}", f.read_fraction) : "-";
+        const std::string fma = b.n_gen > 0 ? "-" : fmt::format("{:.2f}", f.fma_fraction);
+        std::printf(
+            "| %s | %s | %.2f M | %s | %s | %s | %d | %s | %.2f ± %.2f | %zu | %s | %s | %s |\n",
+            o.model.model.c_str(), mib(model.weight_bytes()).c_str(),
+            static_cast<double>(n_params) / 1e6, wdtype.c_str(), b.cache.c_str(),
+            b.kv_dtype.c_str(), b.n_threads, b.name().c_str(), b.avg_ts, b.stddev_ts, b.kv_bytes,
+            bytes.c_str(), read.c_str(), fma.c_str());
         std::fflush(stdout);
         if (b.cache.rfind("offloaded", 0) == 0) {  // the table keeps its columns: stderr
           std::fprintf(stderr,
@@ -178,7 +227,9 @@ void run_bench_cmd(BenchOptions& o) {
   }
   if (o.output == "json") {
     nlohmann::json arr = nlohmann::json::array();
-    for (const BenchResult& b : all) {
+    for (size_t i = 0; i < all.size(); ++i) {
+      const BenchResult& b = all[i];
+      const Roofline& f = roofs[i];
       arr.push_back({{"model_filename", o.model.model},
                      {"model_type", model.config().summary()},
                      {"model_size", model.weight_bytes()},
@@ -202,7 +253,22 @@ void run_bench_cmd(BenchOptions& o) {
                      {"offload_read_bytes_per_token", b.read_bytes_per_token},
                      {"offload_read_us_per_token", b.read_us_per_token},
                      {"offload_write_us_per_token", b.write_us_per_token},
-                     {"offload_wait_us_per_token", b.wait_us_per_token}});
+                     {"offload_wait_us_per_token", b.wait_us_per_token},
+                     // The machine's limits from the probe run before the tests, and this
+                     // test against them (tg: read_*, pp: prefill_flops / fma_peak_fraction;
+                     // the other test's fields are 0).
+                     {"cpu_model", lim.cpu_model},
+                     {"limit_threads", lim.n_threads},
+                     {"read_bandwidth_gbs", lim.read_bytes_per_s / 1e9},
+                     {"read_buffer_bytes", lim.read_buffer_bytes},
+                     {"fma_peak_gflops", lim.fma_flops_per_s / 1e9},
+                     {"fma_lanes", lim.fma_lanes},
+                     {"decode_bytes_per_token", f.bytes_per_token},
+                     {"decode_weight_bytes", f.weight_bytes},
+                     {"decode_kv_bytes_per_token", f.kv_bytes_per_token},
+                     {"read_bandwidth_fraction", f.read_fraction},
+                     {"prefill_flops", f.flops},
+                     {"fma_peak_fraction", f.fma_fraction}});
     }
     std::printf("%s\n", arr.dump(2).c_str());
   }

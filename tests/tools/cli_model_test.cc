@@ -121,7 +121,26 @@ TEST(CliBench, JsonHasLlamaBenchFields) {
          {"n_prompt", "n_gen", "n_depth", "n_threads", "avg_ts", "stddev_ts", "cache", "kv_bytes"})
       EXPECT_TRUE(t.contains(key)) << key;
     EXPECT_GT(t["avg_ts"].get<double>(), 0.0);
+    // The machine's limits, probed in the same run, and this test against them.
+    for (const char* key :
+         {"cpu_model", "read_bandwidth_gbs", "fma_peak_gflops", "decode_bytes_per_token",
+          "read_bandwidth_fraction", "prefill_flops", "fma_peak_fraction"})
+      EXPECT_TRUE(t.contains(key)) << key;
+    EXPECT_GT(t["read_bandwidth_gbs"].get<double>(), 0.0);
+    EXPECT_GT(t["fma_peak_gflops"].get<double>(), 0.0);
+    if (t["n_gen"].get<int>() > 0) {  // tg: bytes and bandwidth; pp: FLOPs and FMA peak
+      EXPECT_GT(t["decode_bytes_per_token"].get<double>(), 0.0);
+      EXPECT_GT(t["read_bandwidth_fraction"].get<double>(), 0.0);
+      EXPECT_EQ(t["prefill_flops"].get<double>(), 0.0);
+    } else {
+      EXPECT_GT(t["prefill_flops"].get<double>(), 0.0);
+      EXPECT_GT(t["fma_peak_fraction"].get<double>(), 0.0);
+      EXPECT_EQ(t["decode_bytes_per_token"].get<double>(), 0.0);
+    }
   }
+  // The KV a tg token reads grows with the depth: 4 tokens after 16 read 16 more keys each.
+  EXPECT_GT(j[3]["decode_kv_bytes_per_token"].get<double>(),
+            j[1]["decode_kv_bytes_per_token"].get<double>());
   EXPECT_EQ(j[0]["cache"], "dynamic");
   EXPECT_EQ(j[7]["cache"], "static");
   EXPECT_EQ(j[3]["n_depth"], 16);
@@ -129,6 +148,8 @@ TEST(CliBench, JsonHasLlamaBenchFields) {
   EXPECT_EQ(t.exit_code, 0) << t.err;
   EXPECT_NE(t.out.find("| pp8 |"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("| tg4 |"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("machine: "), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("of read BW"), std::string::npos) << t.out;
 }
 
 TEST(CliBadInput, ExitCode2AndAMessageNamingTheProblem) {
