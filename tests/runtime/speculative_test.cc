@@ -261,7 +261,7 @@ TEST(SpeculativeSampling, DraftAndNgramProduceValidDeterministicOutput) {
   gp.sampler.top_k = 40;
   gp.sampler.seed = 5;
   const std::vector<int32_t> prompt = {1, 15043, 3186, 29892, 15043, 3186, 29892, 15043};
-  for (const Model* d : {static_cast<const Model*>(nullptr), f32.model.get()}) {
+  for (const Model* d : std::vector<const Model*>{nullptr, f32.model.get()}) {
     SpecParams spec;
     spec.mode = d ? SpecMode::kDraft : SpecMode::kNgram;
     SpecStats a, b;
@@ -272,7 +272,9 @@ TEST(SpeculativeSampling, DraftAndNgramProduceValidDeterministicOutput) {
     ASSERT_EQ(x.size(), 30u);
     for (int32_t id : x) EXPECT_TRUE(id >= 0 && id < 32000);
     EXPECT_EQ(a.target_forwards + a.accepted, 29);
-    if (d) EXPECT_GT(a.accepted, 0);  // the f32 weights of the same model agree often
+    if (d != nullptr) {
+      EXPECT_GT(a.accepted, 0);  // the f32 weights of the same model agree often
+    }
   }
 }
 
