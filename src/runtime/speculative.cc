@@ -193,7 +193,13 @@ void prepare_speculative_cache(Session& session, const std::string& what) {
   const std::vector<std::string>& types = cache.config().layer_types;
   for (int l = 0; l < cache.num_layers(); ++l) {
     const std::string& t = types[static_cast<size_t>(l)];
-    if (t == "full_attention" || t == "sliding_attention" || t == "chunked_attention") continue;
+    if (t == "full_attention") continue;
+    if (t == "sliding_attention" || t == "chunked_attention")
+      throw Error(ErrorKind::kUnsupported,
+                  "speculative decoding: the " + what + " cache's layer " + std::to_string(l) +
+                      " is a " + t +
+                      " layer, whose rollback is not supported yet (its window drops the keys a "
+                      "crop returns to); drop --spec for this model");
     const std::string name =
         cache.is_shared(l) ? t : std::string(cache.layer(cache.source_layer(l)).name());
     throw Error(ErrorKind::kUnsupported,
