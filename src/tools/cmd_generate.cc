@@ -21,6 +21,7 @@
 #include "runtime/model_loader.h"
 #include "runtime/sampler.h"
 #include "runtime/session_file.h"
+#include "runtime/speculative.h"
 #include "runtime/t5_generate.h"
 #include "tools/commands.h"
 #include "tools/model_options.h"
@@ -43,6 +44,10 @@ struct GenerateOptions {
   std::string save_session;  // --save-session FILE
   std::string load_session;  // --load-session FILE
   std::string encoder_ids;   // --encoder-ids: an encoder-decoder model's input
+  std::string spec;          // --spec ngram|draft: speculative decoding (runtime/speculative.h)
+  int64_t spec_k = 4;        // --spec-k
+  int64_t spec_ngram = 3;    // --spec-ngram
+  std::string draft_model;   // --draft-model (--spec draft)
 };
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -163,9 +168,37 @@ void run_generate(const GenerateOptions& o) {
   shape.sampling = o.sampler.temperature > 0;
   shape.repeat_penalty = o.sampler.repeat_penalty != 1.0f;
   shape.verify = o.verify;
+  if (!o.spec.empty() && o.spec != "ngram" && o.spec != "draft")
+    throw Error(ErrorKind::kInvalidArgument,
+                "--spec must be 'ngram' (prompt lookup) or 'draft' (with --draft-model), got '" +
+                    o.spec + "'");
   check_options(*o.model.cmd, shape);
+  // The speculative options' own rules (option_rules.cc lists them without one).
+  const auto spec_refuse = [&](const char* opt, bool used, const std::string& when,
+                               const std::string& what) {
+    if (used || o.model.cmd->count(opt) == 0) return;
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string("generate: ") + opt + " has no effect " + when + ": " + what);
+  };
+  spec_refuse("--spec-k", !o.spec.empty(), "without --spec",
+              "it is the number of drafts per target forward");
+  spec_refuse("--spec-ngram", o.spec == "ngram", "without --spec ngram",
+              "it is prompt lookup's longest n-gram");
+  spec_refuse("--draft-model", o.spec == "draft", "without --spec draft",
+              "it is the draft model of --spec draft");
+  if (o.spec == "draft" && o.draft_model.empty())
+    throw Error(ErrorKind::kInvalidArgument,
+                "--spec draft needs the draft model: add --draft-model M (a model of the target's "
+                "vocabulary)");
   // Encoder-decoder models take another path; encoder input for a decoder-only one is refused.
-  if (is_encoder_decoder_model(o.model.model)) return run_generate_t5(o);
+  if (is_encoder_decoder_model(o.model.model)) {
+    if (!o.spec.empty())
+      throw Error(ErrorKind::kUnsupported,
+                  "--spec: " + o.model.model +
+                      " is an encoder-decoder model (T5), whose runner has no speculative "
+                      "decoding; drop --spec");
+    return run_generate_t5(o);
+  }
   if (!o.encoder_ids.empty())
     throw Error(ErrorKind::kInvalidArgument,
                 "--encoder-ids: " + o.model.model +
@@ -274,15 +307,49 @@ void run_generate(const GenerateOptions& o) {
     std::fflush(stdout);
   }
   std::vector<int32_t> generated;
-  const GenerateStats st = generate(
-      session, feed, gp,
-      [&](int32_t id) {
-        if (!text) return;
-        std::fputs(piece(*lm.tokenizer, prev, id).c_str(), stdout);
-        std::fflush(stdout);
-        prev = id;
-      },
-      &generated);
+  const auto print_token = [&](int32_t id) {
+    if (!text) return;
+    std::fputs(piece(*lm.tokenizer, prev, id).c_str(), stdout);
+    std::fflush(stdout);
+    prev = id;
+  };
+  GenerateStats st;
+  SpecStats ss;
+  std::unique_ptr<Session> draft_session;
+  LoadedModel draft_lm;
+  if (o.spec.empty()) {
+    st = generate(session, feed, gp, print_token, &generated);
+  } else {
+    if (!o.save_session.empty())
+      throw Error(ErrorKind::kInvalidArgument,
+                  "--save-session with --spec: the session file would record the plain decoding "
+                  "loop's position, which speculative verification leaves behind; save without "
+                  "--spec");
+    SpecParams sp;
+    sp.mode = o.spec == "draft" ? SpecMode::kDraft : SpecMode::kNgram;
+    sp.k = o.spec_k;
+    sp.ngram = o.spec_ngram;
+    if (sp.mode == SpecMode::kDraft) {
+      if (!history.empty())
+        throw Error(ErrorKind::kInvalidArgument,
+                    "--spec draft with --load-session: the session file holds the target's cache "
+                    "only; use --spec ngram, or start without the session");
+      LoadOptions dlo = load_options(o.model);
+      dlo.require_tokenizer = false;
+      draft_lm = load_model(o.draft_model, dlo);
+      if (draft_lm.model->config().vocab_size != model.config().vocab_size)
+        throw Error(ErrorKind::kInvalidArgument,
+                    "--draft-model " + o.draft_model + ": its vocabulary has " +
+                        std::to_string(draft_lm.model->config().vocab_size) +
+                        " tokens, the target's (" + o.model.model + ") " +
+                        std::to_string(model.config().vocab_size) +
+                        "; a draft model must share the target's vocabulary");
+      draft_session =
+          std::make_unique<Session>(*draft_lm.model, session_config(o.model, *draft_lm.model));
+    }
+    st = generate_speculative(session, draft_session.get(), feed, gp, sp, print_token, &generated,
+                              &ss);
+  }
   if (!o.save_session.empty()) {
     // What the cache holds: the saved tokens, what was fed now and every generated token but
     // the last (sampled, never fed: the next run's prompt carries it).
@@ -311,6 +378,21 @@ void run_generate(const GenerateOptions& o) {
       st.prefill_tps(), st.decode_tps(), sc.cache.implementation.c_str(), sc.kernel.c_str(),
       dtype_name(sc.cache.kv_dtype.value_or(DType::kF32)), sc.cache.policy.key().c_str(),
       st.kv_bytes);
+  if (!o.spec.empty()) {
+    // Tokens per target forward: the decoded tokens (the first comes from the prefill) over the
+    // verification forwards; plain decoding's is 1.
+    const int64_t decoded = std::max<int64_t>(0, st.new_tokens - 1);
+    std::fprintf(
+        stderr,
+        "speculative (%s, k %lld): acceptance rate %.3f (%lld of %lld drafts) | %.2f "
+        "tokens per target forward (%lld forwards)%s\n",
+        o.spec == "draft" ? ("draft " + o.draft_model).c_str() : "ngram",
+        static_cast<long long>(o.spec_k), ss.acceptance_rate(), static_cast<long long>(ss.accepted),
+        static_cast<long long>(ss.drafted),
+        ss.target_forwards > 0 ? static_cast<double>(decoded) / ss.target_forwards : 0.0,
+        static_cast<long long>(ss.target_forwards),
+        o.spec == "draft" ? fmt::format(" | {} draft forwards", ss.draft_forwards).c_str() : "");
+  }
   if (o.verify) {
     std::fprintf(
         stderr,
@@ -366,6 +448,15 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--load-session", o->load_session,
                   "Restore a session file first; a prompt starting with its tokens computes only "
                   "the rest, any other prompt is appended after them");
+  cmd->add_option("--spec", o->spec,
+                  "Speculative decoding: ngram (prompt lookup) or draft (a draft model, "
+                  "--draft-model); greedy output is plain decoding's");
+  cmd->add_option("--spec-k", o->spec_k, "Draft tokens verified per target forward (--spec)");
+  cmd->add_option("--spec-ngram", o->spec_ngram,
+                  "Longest n-gram prompt lookup matches (--spec ngram)");
+  cmd->add_option("--draft-model", o->draft_model,
+                  "Draft model of the target's vocabulary (--spec draft), with the target's "
+                  "cache options");
   cmd->callback([o] { run_generate(*o); });
 }
 

@@ -406,6 +406,12 @@ const OptionRule kRules[] = {
     {kGenerate, "--load-session", nullptr},
     // refused by generate itself for a decoder-only model (it has no encoder)
     {kGenerate, "--encoder-ids", nullptr},
+    // speculative decoding: generate refuses --spec-k, --spec-ngram and --draft-model itself
+    // when --spec does not use them
+    {kGenerate, "--spec", nullptr},
+    {kGenerate, "--spec-k", nullptr},
+    {kGenerate, "--spec-ngram", nullptr},
+    {kGenerate, "--draft-model", nullptr},
     // bench (its --cache is a list, checked above)
     {kBench, "--n-prompt", bench_tests},
     {kBench, "--n-gen", bench_tests},
