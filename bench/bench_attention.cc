@@ -7,6 +7,8 @@
 //   build/bench/bench_attention --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //   BM_ReadBandwidthPrefetch: the same sum with a software prefetch 16 lines ahead, the reader
 //   the decode kernel is (how far a ratio to BM_ReadBandwidth is from this host's ceiling).
+//   BM_DecodeAttentionHot/<dtype>/<keys>: one copy of K/V read again and again (cache-resident):
+//   the decode kernel's compute ceiling. Below BM_ReadBandwidth, decode cannot be memory-bound.
 //   BM_FlexPrefill/{fn,block_mask,block_mask_build}: a user mask called per pair vs read as bits.
 //   BM_PrefixSuffixAttention/<S_q>/<S_kv>: prefill rows against a long f16 cache (TTFT shapes).
 #include <benchmark/benchmark.h>
@@ -219,22 +221,27 @@ int64_t stream_copies(int64_t set_bytes) {
 struct DecodeInputs {
   DType dtype = DType::kF32;
   int64_t kv_len = -1;
+  bool hot = false;
   std::vector<Tensor> k, v;  // [copies] x [1, H_kv, S, D] as a cache keeps them
   Tensor qbuf, obuf;         // q/out [1, 1, H_q, D]
 };
 
-void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len) {
+// hot: one copy of K/V, read again at every iteration (cache-resident for short caches): the
+// kernel's compute ceiling, to tell a compute-bound kernel from a memory-bound one.
+void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len, bool hot) {
   constexpr int64_t kHq = 32, kHkv = 8, kD = 128;
   static DecodeInputs in;  // kept across the calls of one benchmark (rebuilt when it changes)
-  if (in.dtype != kv_dtype || in.kv_len != kv_len) {
+  if (in.dtype != kv_dtype || in.kv_len != kv_len || in.hot != hot) {
     in = DecodeInputs();
     in.dtype = kv_dtype;
     in.kv_len = kv_len;
+    in.hot = hot;
     Tensor k = Tensor::empty(kv_dtype, {1, kHkv, kv_len, kD});
     Tensor v = Tensor::empty(kv_dtype, {1, kHkv, kv_len, kD});
     fill_random(k.view(), 1);
     fill_random(v.view(), 2);
-    const int64_t copies = stream_copies(static_cast<int64_t>(k.size_bytes() + v.size_bytes()));
+    const int64_t copies =
+        hot ? 1 : stream_copies(static_cast<int64_t>(k.size_bytes() + v.size_bytes()));
     for (int64_t c = 1; c < copies; ++c) {  // the same values: every set costs the same
       in.k.push_back(k.clone());
       in.v.push_back(v.clone());
@@ -517,7 +524,16 @@ void register_all() {
     for (int64_t len : {1024, 4096, 16384, 65536}) {
       const std::string name =
           std::string("BM_DecodeAttention/") + dtype_name(t) + "/" + std::to_string(len);
-      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, t, len)
+      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, t, len, false)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.5);
+    }
+  for (DType t : {DType::kF16, DType::kBF16})
+    for (int64_t len : {1024, 4096}) {
+      const std::string name =
+          std::string("BM_DecodeAttentionHot/") + dtype_name(t) + "/" + std::to_string(len);
+      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, t, len, true)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.5);

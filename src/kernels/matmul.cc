@@ -296,7 +296,7 @@ constexpr int kTileRows = 4;
 constexpr int kTileW = 3;
 constexpr size_t kGemvBlockBytes = 128 << 10;
 constexpr size_t kGemvPrefetchBytes = 8 << 10;  // one-row GEMV: software prefetch distance in W
-constexpr int kRowTileW = 2;                    // one-row GEMV (f32/f16/bf16): W rows per tile
+constexpr int kRowTileW = 8;  // one-row GEMV (f32/f16/bf16): W rows per tile (see gemv_rows)
 
 // rows (1..R) of x from row i: the tile of that height (remainders of M use smaller tiles).
 template <int NW, int R = kTileRows>
@@ -319,9 +319,13 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* x
   const auto* w = static_cast<const std::byte*>(p.w);
 #ifdef KVCACHE_MATMUL_AVX2
   if (p.m == 1 && dtype_is_float(p.w_dtype)) {
-    // One x row is bound by streaming W. Two rows per tile, prefetching the contiguous W
-    // kGemvPrefetchBytes ahead one line per step: one row per chain is bound by the FMA
-    // latency, and taller tiles read more rows side by side.
+    // One x row should be bound by streaming W. kRowTileW rows per tile, prefetching the
+    // contiguous W kGemvPrefetchBytes ahead one line per step. Each row is one chain of 8-lane
+    // FMAs (dot_row's bits), so a tile of NW rows does 8 NW multiply-adds per FMA latency (4
+    // cycles): at NW = 2 that is 4 per cycle, 14.7 G/s (29 GB/s of f16) on one Zen 5 core,
+    // which is just that core's read bandwidth (BM_ReadBandwidth, 1 thread: 29.9 GiB/s), so
+    // the GEMV was compute-bound there. NW = 8 reaches 26.9 G/s on cache-resident W
+    // (bench_gemv f16/1/2048/768), twice any single core's bandwidth we have measured.
     const size_t end = static_cast<size_t>(r1) * rb;
     int64_t r = r0;
     for (; r + kRowTileW <= r1; r += kRowTileW) {
