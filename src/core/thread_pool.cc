@@ -28,6 +28,12 @@ namespace {
 // a task runs serially instead of publishing a second loop (which would deadlock).
 thread_local bool tl_in_pool_task = false;
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 constexpr uint64_t kIndexMask = 0xffffffffull;
 
 // Polls pred with a pause per iteration until it holds or spin_ns elapsed (the clock is read
@@ -159,7 +165,11 @@ void ThreadPool::worker_loop() {
     if (stop_.load(std::memory_order_acquire)) return;
     seen = epoch_.load(std::memory_order_acquire);
     if (options_.on_worker_wake != nullptr) options_.on_worker_wake(options_.on_worker_wake_ctx);
+    const bool timed = timing_.load(std::memory_order_relaxed);
+    const int64_t t0 = timed ? now_ns() : 0;
     const int64_t ran = drain(seen);
+    // Before completing: once the last task is counted, the caller may read times().
+    if (timed && ran > 0) t_task_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
     if (ran > 0) {
       completed_.fetch_add(ran, std::memory_order_seq_cst);  // releases the tasks' writes
       if (caller_sleeping_.load(std::memory_order_seq_cst)) completed_.notify_all();
@@ -185,9 +195,12 @@ void ThreadPool::run(int64_t n_tasks, TaskFn fn, void* ctx) {
   epoch_.store(gen, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
 
+  const bool timed = timing_.load(std::memory_order_relaxed);
+  const int64_t t0 = timed ? now_ns() : 0;
   tl_in_pool_task = true;
   const int64_t ran = drain(gen);
   tl_in_pool_task = false;
+  if (timed) t_task_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
   int64_t done = completed_.fetch_add(ran, std::memory_order_acq_rel) + ran;
   // Wait for tasks other threads claimed (not for threads to wake): spin, then sleep.
   auto finished = [&] { return (done = completed_.load(std::memory_order_acquire)) == n_tasks; };
@@ -198,6 +211,29 @@ void ThreadPool::run(int64_t n_tasks, TaskFn fn, void* ctx) {
     }
     caller_sleeping_.store(false, std::memory_order_relaxed);
   }
+  if (timed) {
+    t_in_loops_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+    t_loops_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void ThreadPool::set_timing(bool on) {
+  if (on) {
+    t_loops_.store(0, std::memory_order_relaxed);
+    t_in_loops_ns_.store(0, std::memory_order_relaxed);
+    t_task_ns_.store(0, std::memory_order_relaxed);
+  }
+  timing_.store(on, std::memory_order_relaxed);
+}
+
+ThreadPoolTimes ThreadPool::times() const {
+  // The workers' adds are relaxed: read after the loops returned (each return synchronises
+  // with every task's completion), they are all in.
+  ThreadPoolTimes t;
+  t.loops = t_loops_.load(std::memory_order_relaxed);
+  t.in_loops_ns = t_in_loops_ns_.load(std::memory_order_relaxed);
+  t.task_ns = t_task_ns_.load(std::memory_order_relaxed);
+  return t;
 }
 
 namespace {

@@ -27,6 +27,19 @@ struct ThreadPoolOptions {
   void* on_worker_wake_ctx = nullptr;
 };
 
+// Where the pool's threads spent a stretch of time (ThreadPool::set_timing): `loops` parallel
+// loops ran on the workers, the caller spent in_loops_ns inside them (from publishing a loop to
+// its last task finishing) and all threads together spent task_ns running tasks. Over a wall
+// time W on n threads, the threads idled (n - 1) (W - in_loops_ns) while the caller worked
+// alone between loops, and n in_loops_ns - task_ns waiting at the loops' ends (imbalance,
+// wake-ups, hand-offs). Loops run inline (one task, nested, or no workers) count as the
+// caller's serial work.
+struct ThreadPoolTimes {
+  int64_t loops = 0;
+  int64_t in_loops_ns = 0;
+  int64_t task_ns = 0;
+};
+
 class ThreadPool {
  public:
   explicit ThreadPool(int n_threads = 0);
@@ -36,6 +49,10 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int n_threads() const { return static_cast<int>(workers_.size()) + 1; }
+  // Starts (true: from zero) or stops accumulating times(). Off by default: two clock reads per
+  // loop and per worker wake-up when on.
+  void set_timing(bool on);
+  ThreadPoolTimes times() const;
 
   // Runs fn(task) for task in [0, n_tasks), tasks handed out dynamically; everything fn wrote
   // is visible to the caller on return. A parallel_for issued from inside fn (or while another
@@ -77,6 +94,8 @@ class ThreadPool {
   std::atomic<int> sleepers_{0};       // workers blocked in epoch_.wait
   std::atomic<bool> caller_sleeping_{false};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> timing_{false};
+  std::atomic<int64_t> t_loops_{0}, t_in_loops_ns_{0}, t_task_ns_{0};
   uint32_t generation_ = 0;  // caller side only (under run_mu_)
   std::mutex run_mu_;        // one loop at a time when several threads share the pool
 };

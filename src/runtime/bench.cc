@@ -123,6 +123,8 @@ std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& conf
             rep < 0 ? std::min<int64_t>(std::max(t.pp, t.tg), 4) : std::max(t.pp, t.tg);
         const OffloadPool* pool = find_offload_pool(s.cache());
         const TierCopierStats io0 = pool != nullptr ? pool->copier().stats() : TierCopierStats{};
+        ThreadPool& threads = default_pool();
+        threads.set_timing(true);
         const auto t0 = std::chrono::steady_clock::now();
         if (t.pp > 0) {
           s.prefill({test_tokens.data(), static_cast<size_t>(n)});
@@ -131,7 +133,20 @@ std::vector<BenchResult> run_bench(const Model& model, const SessionConfig& conf
         }
         const double ns =
             std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+        threads.set_timing(false);
         if (rep < 0) continue;
+        {
+          const ThreadPoolTimes pt = threads.times();
+          const double nt = threads.n_threads(), tokens = static_cast<double>(n);
+          const auto in_loops = static_cast<double>(pt.in_loops_ns);
+          const double serial = (nt - 1) * std::max(0.0, ns - in_loops);
+          const double join = std::max(0.0, nt * in_loops - static_cast<double>(pt.task_ns));
+          const double per = 1.0 / (tokens * params.repetitions);
+          r.idle_serial_us_per_token += serial * 1e-3 * per;
+          r.idle_join_us_per_token += join * 1e-3 * per;
+          r.idle_fraction += (serial + join) / (nt * ns) / params.repetitions;
+          r.loops_per_token += static_cast<double>(pt.loops) * per;
+        }
         if (pool != nullptr) {
           const TierCopierStats io = pool->copier().stats();
           const double per = 1.0 / static_cast<double>(n * params.repetitions);

@@ -42,6 +42,12 @@ struct BenchResult {
   size_t offloaded_bytes = 0;
   double read_bytes_per_token = 0, read_us_per_token = 0, write_us_per_token = 0,
          wait_us_per_token = 0;
+  // Thread time lost per token over the timed runs (core/thread_pool.h, ThreadPoolTimes): the
+  // workers idle while the caller works alone between parallel loops, and all threads waiting
+  // at the loops' ends; idle_fraction is their sum over threads x wall time. loops_per_token:
+  // parallel loops (hand-offs) per token.
+  double idle_serial_us_per_token = 0, idle_join_us_per_token = 0, idle_fraction = 0,
+         loops_per_token = 0;
   std::string name() const;  // "pp512", "tg128", "pp512 @ d4096"
 };
 

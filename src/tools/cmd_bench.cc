@@ -213,10 +213,10 @@ void run_bench_cmd(BenchOptions& o) {
       if (all.empty()) {
         std::printf(
             "| model | size | params | weights | cache | kv | threads | test | t/s | KV bytes | "
-            "bytes/token | of read BW | of FMA peak |\n");
+            "bytes/token | of read BW | of FMA peak | idle |\n");
         std::printf(
             "| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | "
-            "---: |\n");
+            "---: | ---: |\n");
       }
       for (size_t i = 0; i < r.size(); ++i) {
         const BenchResult& b = r[i];
@@ -224,12 +224,20 @@ void run_bench_cmd(BenchOptions& o) {
         const std::string bytes = b.n_gen > 0 ? mib(static_cast<size_t>(f.bytes_per_token)) : "-";
         const std::string read = b.n_gen > 0 ? fmt::format("{:.2f}", f.read_fraction) : "-";
         const std::string fma = b.n_gen > 0 ? "-" : fmt::format("{:.2f}", f.fma_fraction);
+        // Thread time lost (runtime/bench.h): the fraction, and per token the serial part +
+        // the waits at the loops' ends.
+        const std::string idle =
+            b.n_threads > 1
+                ? fmt::format("{:.0f}% ({:.0f} + {:.0f} us/token)", 100 * b.idle_fraction,
+                              b.idle_serial_us_per_token, b.idle_join_us_per_token)
+                : "-";
         std::printf(
-            "| %s | %s | %.2f M | %s | %s | %s | %d | %s | %.2f ± %.2f | %zu | %s | %s | %s |\n",
+            "| %s | %s | %.2f M | %s | %s | %s | %d | %s | %.2f ± %.2f | %zu | %s | %s | %s | %s "
+            "|\n",
             o.model.model.c_str(), mib(model.weight_bytes()).c_str(),
             static_cast<double>(n_params) / 1e6, wdtype.c_str(), b.cache.c_str(),
             b.kv_dtype.c_str(), b.n_threads, b.name().c_str(), b.avg_ts, b.stddev_ts, b.kv_bytes,
-            bytes.c_str(), read.c_str(), fma.c_str());
+            bytes.c_str(), read.c_str(), fma.c_str(), idle.c_str());
         std::fflush(stdout);
         if (b.cache.rfind("offloaded", 0) == 0) {  // the table keeps its columns: stderr
           std::fprintf(stderr,
@@ -294,7 +302,11 @@ void run_bench_cmd(BenchOptions& o) {
                      {"decode_kv_bytes_per_token", f.kv_bytes_per_token},
                      {"read_bandwidth_fraction", f.read_fraction},
                      {"prefill_flops", f.flops},
-                     {"fma_peak_fraction", f.fma_fraction}});
+                     {"fma_peak_fraction", f.fma_fraction},
+                     {"idle_fraction", b.idle_fraction},
+                     {"idle_serial_us_per_token", b.idle_serial_us_per_token},
+                     {"idle_join_us_per_token", b.idle_join_us_per_token},
+                     {"loops_per_token", b.loops_per_token}});
     }
     std::printf("%s\n", arr.dump(2).c_str());
   }

@@ -45,6 +45,35 @@ TEST(ThreadPoolTest, WaitsForSlowTasksOnWorkers) {
   for (int d : done) EXPECT_EQ(d, 1);
 }
 
+// set_timing: the tasks' time is counted on every thread, the loop's time on the caller, and
+// nothing while timing is off.
+TEST(ThreadPoolTest, TimingCountsTaskAndLoopTime) {
+  ThreadPool pool(2);
+  const auto busy = [](int64_t) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(3);
+    while (std::chrono::steady_clock::now() < end) {
+    }
+  };
+  pool.parallel_for(4, busy);  // timing off: not counted
+  ThreadPoolTimes t = pool.times();
+  EXPECT_EQ(t.loops, 0);
+  EXPECT_EQ(t.task_ns, 0);
+  pool.set_timing(true);
+  pool.parallel_for(4, busy);
+  pool.parallel_for(1, busy);  // one task runs inline: the caller's serial work, not a loop
+  pool.set_timing(false);
+  pool.parallel_for(4, busy);
+  t = pool.times();
+  EXPECT_EQ(t.loops, 1);
+  EXPECT_GE(t.task_ns, 12'000'000);     // four tasks of 3 ms, on whichever threads ran them
+  EXPECT_GE(t.in_loops_ns, 6'000'000);  // at best two tasks per thread, side by side
+  // Two threads cannot run more task time than twice the loop's time.
+  EXPECT_LE(t.task_ns, 2 * t.in_loops_ns + 1'000'000);
+  pool.set_timing(true);  // restarts from zero
+  EXPECT_EQ(pool.times().loops, 0);
+  EXPECT_EQ(pool.times().task_ns, 0);
+}
+
 struct Gate {
   std::atomic<bool> open{false};
   std::atomic<int> blocked{0};

@@ -128,6 +128,14 @@ TEST(CliBench, JsonHasLlamaBenchFields) {
       EXPECT_TRUE(t.contains(key)) << key;
     EXPECT_GT(t["read_bandwidth_gbs"].get<double>(), 0.0);
     EXPECT_GT(t["fma_peak_gflops"].get<double>(), 0.0);
+    // Thread time lost per token (core/thread_pool.h's timing): a fraction, and hand-offs.
+    EXPECT_GE(t["idle_fraction"].get<double>(), 0.0);
+    EXPECT_LE(t["idle_fraction"].get<double>(), 1.0);
+    EXPECT_GE(t["idle_serial_us_per_token"].get<double>(), 0.0);
+    EXPECT_GE(t["idle_join_us_per_token"].get<double>(), 0.0);
+    if (t["n_threads"].get<int>() > 1) {
+      EXPECT_GT(t["loops_per_token"].get<double>(), 0.0);
+    }
     if (t["n_gen"].get<int>() > 0) {  // tg: bytes and bandwidth; pp: FLOPs and FMA peak
       EXPECT_GT(t["decode_bytes_per_token"].get<double>(), 0.0);
       EXPECT_GT(t["read_bandwidth_fraction"].get<double>(), 0.0);
