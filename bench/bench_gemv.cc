@@ -5,6 +5,9 @@
 // 16 * time(M=1) / time(M=16).
 //
 //   build/bench/bench_gemv --benchmark_filter='f16'
+// f16/1/65536/1024 streams 128 MiB of W from memory: its bytes_per_second against
+// `KVCACHE_THREADS=1 bench_attention --benchmark_filter=BM_ReadBandwidth/` says whether the
+// one-row GEMV is memory-bound on this host.
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -56,11 +59,15 @@ void BM_Gemv(benchmark::State& state, DType t) {
     benchmark::DoNotOptimize(y.data());
   }
   state.SetItemsProcessed(state.iterations() * m * n * k);
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.size()));  // W read
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
   for (int64_t m : {1, 4, 16})
     for (auto [n, k] : {std::pair<int64_t, int64_t>{2048, 768}, {768, 2048}}) b->Args({m, n, k});
+  // W of 128 MiB (f16), beyond any last-level cache: the one-row GEMV streaming W from memory,
+  // to hold against BM_ReadBandwidth on one thread (bench_attention, KVCACHE_THREADS=1).
+  b->Args({1, 65536, 1024});
 }
 
 BENCHMARK_CAPTURE(BM_Gemv, f16, DType::kF16)->Apply(shapes);

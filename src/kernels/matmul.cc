@@ -295,7 +295,13 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
 constexpr int kTileRows = 4;
 constexpr int kTileW = 3;
 constexpr size_t kGemvBlockBytes = 128 << 10;
-constexpr size_t kGemvPrefetchBytes = 8 << 10;  // one-row GEMV: software prefetch distance in W
+constexpr size_t kGemvPrefetchBytes = 8 << 10;  // GGUF block types: prefetch distance in W
+// One-row GEMV over f32/f16/bf16 W: the prefetch distance. Swept on a Zen 5 host streaming 128
+// MiB of f16 W on one thread (bench_gemv f16/1/65536/1024): 8 KiB 19.8-23.3 GiB/s, 32-64 KiB
+// 27-35.5, 128-256 KiB 25-31, a plain reader 27.5-30 on the same thread; end to end (tg64 of
+// the 125M f16 model, 2 threads, 3 alternated rounds) 64 KiB gave 1.04-1.27x the tokens/s of
+// 8 KiB and beat 128 and 256 KiB in every round.
+constexpr size_t kGemvRowPrefetchBytes = 64 << 10;
 constexpr int kRowTileW = 8;  // one-row GEMV (f32/f16/bf16): W rows per tile (see gemv_rows)
 
 // rows (1..R) of x from row i: the tile of that height (remainders of M use smaller tiles).
@@ -320,19 +326,20 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* x
 #ifdef KVCACHE_MATMUL_AVX2
   if (p.m == 1 && dtype_is_float(p.w_dtype)) {
     // One x row should be bound by streaming W. kRowTileW rows per tile, prefetching the
-    // contiguous W kGemvPrefetchBytes ahead one line per step. Each row is one chain of 8-lane
+    // contiguous W kGemvRowPrefetchBytes ahead one line per step. Each row is one chain of 8-lane
     // FMAs (dot_row's bits), so a tile of NW rows does 8 NW multiply-adds per FMA latency (4
     // cycles): at NW = 2 that is 4 per cycle, 14.7 G/s (29 GB/s of f16) on one Zen 5 core,
     // which is just that core's read bandwidth (BM_ReadBandwidth, 1 thread: 29.9 GiB/s), so
     // the GEMV was compute-bound there. NW = 8 reaches 26.9 G/s on cache-resident W
     // (bench_gemv f16/1/2048/768), twice any single core's bandwidth we have measured.
+    // Near the end of the rows the distance shrinks, so that the prefetches stay inside this
+    // call's rows (past them: another thread's rows, or past the end of W) and still cover
+    // them to the last line.
     const size_t end = static_cast<size_t>(r1) * rb;
     int64_t r = r0;
     for (; r + kRowTileW <= r1; r += kRowTileW) {
-      const size_t at = static_cast<size_t>(r) * rb;
-      gemv_tile<1, kRowTileW>(
-          p, rb, r, 0, at + kGemvPrefetchBytes + kRowTileW * rb <= end ? kGemvPrefetchBytes : 0,
-          true);
+      const size_t ahead = static_cast<size_t>(r + kRowTileW) * rb;  // end of this tile's rows
+      gemv_tile<1, kRowTileW>(p, rb, r, 0, std::min(kGemvRowPrefetchBytes, end - ahead), true);
     }
     for (; r < r1; ++r) gemv_tile<1, 1>(p, rb, r, 0, 0, false);
     return;
