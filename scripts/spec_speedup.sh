@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # Speculative decoding's speed-up on an input-grounded task (issue 45): stories260K is given a
-# passage it wrote (the first P ids of llama2.c's greedy story, ../shared/golden/stories260K) and
-# the story's opening again, so that continuing means repeating the passage. Plain greedy decoding
+# passage it wrote (the first P ids of llama2.c's greedy story, ../shared/golden/stories260K), C
+# times, and the story's opening again, so that continuing means repeating the passage. Plain greedy decoding
 # and `--spec ngram` (prompt lookup) alternate R times in one run; prints each run's decode tok/s,
 # the median ratio, whether the ids are identical, and the acceptance line.
 #
-#   scripts/spec_speedup.sh [kvcache] [-n N] [-t T] [-r R] [-p P] [extra generate args...]
+#   scripts/spec_speedup.sh [kvcache] [-n N] [-t T] [-r R] [-p P] [-c C] [extra generate args...]
 set -euo pipefail
 bin=${1:-build/kvcache}
 shift || true
-n=100 t=1 r=5 p=120
+n=100 t=1 r=5 p=120 c=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -n) n=$2; shift 2 ;;
     -t) t=$2; shift 2 ;;
     -r) r=$2; shift 2 ;;
     -p) p=$2; shift 2 ;;
+    -c) c=$2; shift 2 ;;
     *) break ;;
   esac
 done
@@ -25,7 +26,9 @@ golden=$root/../shared/golden/stories260K/once_upon_a_time.ids
 [[ -f $model && -f $golden ]] || { echo "spec_speedup: needs $model and $golden" >&2; exit 2; }
 opening=$(sed -n 's/^prompt_ids: //p' "$golden")
 passage=$(sed -n 's/^generated_ids: //p' "$golden" | tr ' ' '\n' | head -n "$p" | tr '\n' ' ')
-prompt="$opening $passage $opening"
+prompt=""
+for _ in $(seq "$c"); do prompt="$prompt $opening $passage"; done
+prompt="${prompt# } $opening"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 plain=() spec=()

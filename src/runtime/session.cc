@@ -125,8 +125,13 @@ std::span<const float> Session::prefill(std::span<const int32_t> ids) {
   return logits;
 }
 
-std::span<const float> Session::forward_all(std::span<const int32_t> ids) {
+std::span<const float> Session::forward_all(std::span<const int32_t> ids, bool batch_invariant) {
   if (ids.empty()) throw Error(ErrorKind::kInvalidArgument, "forward_all: no tokens");
+  if (static_cast<int64_t>(ids.size()) > config_.prefill_chunk)
+    throw Error(ErrorKind::kInvalidArgument, "forward_all: " + std::to_string(ids.size()) +
+                                                 " tokens in one forward, more than "
+                                                 "the prefill chunk (" +
+                                                 std::to_string(config_.prefill_chunk) + ")");
   if (paged_) {
     ensure_sequence();
     if (paged_->plan_step(static_cast<int64_t>(ids.size()), ids) == StepStatus::kOutOfBlocks)
@@ -139,9 +144,19 @@ std::span<const float> Session::forward_all(std::span<const int32_t> ids) {
   p.pos0 = pos_;
   p.cache = cache_.get();
   p.logits = LogitsMode::kAll;
+  p.batch_invariant = batch_invariant;
   std::span<const float> logits = forward_.forward(p);
   pos_ += static_cast<int64_t>(ids.size());
   return logits;
+}
+
+void Session::rollback(int64_t n) {
+  if (n < 0 || n > pos_)
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        "rollback of " + std::to_string(n) + " tokens: the session holds " + std::to_string(pos_));
+  cache_->crop(-n);  // crop(0) keeps everything (cache/crop_rule.h)
+  pos_ -= n;
 }
 
 void Session::restored(int64_t position) {

@@ -43,7 +43,14 @@ class Session {
   std::span<const float> prefill(std::span<const int32_t> ids);
   std::span<const float> decode(int32_t id) { return prefill({&id, 1}); }
   // Feeds ids in one forward and returns the logits of every position: [ids.size(), vocab].
-  std::span<const float> forward_all(std::span<const int32_t> ids);
+  // batch_invariant: each row's logits are the bits a one-token decode of it would give (the
+  // linears never take the BLAS GEMM path; ForwardParams::batch_invariant), as speculative
+  // verification needs. At most the prefill chunk's tokens.
+  std::span<const float> forward_all(std::span<const int32_t> ids, bool batch_invariant = false);
+  // Removes the last n tokens (Cache::crop(-n)) and moves the position back by n: speculative
+  // decoding's rollback of rejected drafts. Throws Error(kInvalidArgument) unless
+  // 0 <= n <= position().
+  void rollback(int64_t n);
 
   int64_t position() const { return pos_; }
   // Forget the sequence, keep the memory. A paged cache releases its blocks tail first; full

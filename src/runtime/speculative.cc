@@ -19,45 +19,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// A session's cache driven past its prompt: forwards of several tokens at once with every row's
-// logits (batch invariant: a row's bits are a one-token decode's), and rollback by crop. The
-// session itself is not fed again (its position stays at the prompt's end).
-class Driver {
- public:
-  Driver(Session& s, int64_t max_rows)
-      : s_(s), fwd_(s.model(), s.config().kernel, max_rows), pos_(s.position()) {}
-
-  std::span<const float> forward(std::span<const int32_t> ids, LogitsMode mode) {
-    if (PagedKVStore* store = s_.paged_store()) {  // the session's sequence is the batch
-      if (store->plan_step(static_cast<int64_t>(ids.size()), ids) == StepStatus::kOutOfBlocks)
-        throw Error(ErrorKind::kOutOfRange, "paged cache: out of blocks at position " +
-                                                std::to_string(pos_) +
-                                                "; raise --kv-budget / --max-cache-len");
-    }
-    ForwardParams p;
-    p.tokens = ids.data();
-    p.n_tokens = static_cast<int64_t>(ids.size());
-    p.pos0 = pos_;
-    p.cache = &s_.cache();
-    p.logits = mode;
-    p.batch_invariant = true;
-    std::span<const float> logits = fwd_.forward(p);
-    pos_ += static_cast<int64_t>(ids.size());
-    return logits;
-  }
-  // crop(-tokens): crop(0) keeps everything (cache/crop_rule.h).
-  void rollback(int64_t tokens) {
-    KV_CHECK(tokens >= 0 && tokens <= pos_, "speculative rollback outside the sequence");
-    s_.cache().crop(-tokens);
-    pos_ -= tokens;
-  }
-  int64_t position() const { return pos_; }
-
- private:
-  Session& s_;
-  Forward fwd_;
-  int64_t pos_;
-};
 }  // namespace
 
 std::vector<int32_t> ngram_propose(std::span<const int32_t> context, int64_t max_n, int64_t k) {
@@ -281,8 +242,6 @@ GenerateStats generate_speculative(Session& target, Session* draft, std::span<co
   const auto t0 = Clock::now();
   std::span<const float> logits = target.prefill(prompt);
   st.prefill_seconds = seconds_since(t0);
-  Driver tdrv(target, spec.k + 1);
-  std::unique_ptr<Driver> ddrv;
   if (draft != nullptr) {
     // The draft reads the prompt too: a one-time cost like the target's prefill, counted in
     // neither the prefill nor the decode time.
@@ -293,7 +252,6 @@ GenerateStats generate_speculative(Session& target, Session* draft, std::span<co
                       ")");
     draft->prefill(prompt);
     dseq.insert(dseq.end(), prompt.begin(), prompt.end());
-    ddrv = std::make_unique<Driver>(*draft, spec.k + 1);
   }
 
   const auto t1 = Clock::now();
@@ -339,7 +297,7 @@ GenerateStats generate_speculative(Session& target, Session* draft, std::span<co
         std::vector<int32_t> feed(seq.begin() + static_cast<std::ptrdiff_t>(dseq.size()),
                                   seq.end());
         feed.push_back(last);
-        std::span<const float> dl = ddrv->forward(feed, LogitsMode::kLast);
+        std::span<const float> dl = draft->prefill(feed);
         ++ss.draft_forwards;
         dseq.insert(dseq.end(), feed.begin(), feed.end());
         if (q.size() < static_cast<size_t>(m)) q.resize(static_cast<size_t>(m));
@@ -353,7 +311,7 @@ GenerateStats generate_speculative(Session& target, Session* draft, std::span<co
           }
           drafts.push_back(d);
           if (i + 1 < m) {
-            dl = ddrv->forward({&d, 1}, LogitsMode::kLast);
+            dl = draft->decode(d);
             ++ss.draft_forwards;
             dseq.push_back(d);
           }
@@ -365,7 +323,7 @@ GenerateStats generate_speculative(Session& target, Session* draft, std::span<co
     // One target forward over [last, drafts...]: row i predicts the token after batch[i].
     batch.assign(1, last);
     batch.insert(batch.end(), drafts.begin(), drafts.end());
-    const std::span<const float> rows = tdrv.forward(batch, LogitsMode::kAll);
+    const std::span<const float> rows = target.forward_all(batch, /*batch_invariant=*/true);
     ++ss.target_forwards;
     ss.drafted += nd;
     hist = seq;
@@ -398,13 +356,13 @@ GenerateStats generate_speculative(Session& target, Session* draft, std::span<co
     }
     ss.accepted += accepted;
     // The target holds seq + [last] + drafts; keep seq + [last] + the accepted drafts.
-    tdrv.rollback(nd - accepted);
+    target.rollback(nd - accepted);
     seq.push_back(last);
     seq.insert(seq.end(), drafts.begin(), drafts.begin() + accepted);
     if (draft != nullptr && nd > 0) {
       // The draft holds seq_before + [last] + drafts[0, nd - 1): keep what the target kept.
       const int64_t keep = std::min(accepted, nd - 1);
-      ddrv->rollback(nd - 1 - keep);
+      draft->rollback(nd - 1 - keep);
       dseq.resize(dseq.size() - static_cast<size_t>(nd - 1 - keep));
     }
     for (int64_t i = 0; i < accepted && !done; ++i) done = !emit(drafts[static_cast<size_t>(i)]);
@@ -417,7 +375,7 @@ GenerateStats generate_speculative(Session& target, Session* draft, std::span<co
   // session saved now holds the same tokens.
   const int64_t held = static_cast<int64_t>(params.history.size() + prompt.size()) +
                        std::max<int64_t>(0, st.new_tokens - 1);
-  if (tdrv.position() > held) tdrv.rollback(tdrv.position() - held);
+  if (target.position() > held) target.rollback(target.position() - held);
   st.kv_bytes = target.kv_bytes();
   if (spec_stats != nullptr) *spec_stats = ss;
   return st;

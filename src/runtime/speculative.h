@@ -78,12 +78,10 @@ void prepare_speculative_cache(Session& session, const std::string& what);
 // generate() (runtime/generate.h) with speculative decoding: same parameters, same streaming
 // and stop rules; `draft` is the draft model's session for SpecMode::kDraft (nullptr for
 // kNgram), at the same position as `target` (both empty, or both holding params.history).
-// --verify is refused (it audits one token per step). The prompt goes through Session::prefill;
-// the verification forwards run on the session's cache (and paged store) through a Forward of
-// their own with ForwardParams::batch_invariant, so that each row's logits are the bits a
-// one-token decode gives. Afterwards the cache holds the prompt and every generated token but
-// the last, as after generate(), but Session::position() still reads the prompt's end: read
-// the cache's seq_length(), and do not feed the session further.
+// --verify is refused (it audits one token per step). The prompt goes through Session::prefill,
+// each verification through Session::forward_all with batch_invariant (each row's logits are the
+// bits a one-token decode gives) and the rejected drafts through Session::rollback. Afterwards
+// the session holds the prompt and every generated token but the last, as after generate().
 GenerateStats generate_speculative(Session& target, Session* draft, std::span<const int32_t> prompt,
                                    const GenerateParams& params, const SpecParams& spec,
                                    const std::function<void(int32_t)>& on_token,

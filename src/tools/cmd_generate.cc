@@ -322,8 +322,8 @@ void run_generate(const GenerateOptions& o) {
   } else {
     if (!o.save_session.empty())
       throw Error(ErrorKind::kInvalidArgument,
-                  "--save-session with --spec: the session file would record the plain decoding "
-                  "loop's position, which speculative verification leaves behind; save without "
+                  "--save-session with --spec: not supported yet (a session file records a "
+                  "sliding layer's rollback bound as unbounded past recording); save without "
                   "--spec");
     SpecParams sp;
     sp.mode = o.spec == "draft" ? SpecMode::kDraft : SpecMode::kNgram;
