@@ -706,7 +706,12 @@ int64_t PagedKVStore::first_visible(int g, const Seq& s, int64_t pos) const {
 
 void PagedKVStore::drop_out_of_window(int g, Seq& s, int64_t next_pos) {
   if (groups_[static_cast<size_t>(g)].kind != GroupKind::kSliding && !streams(g, s)) return;
-  const int64_t lo = first_visible(g, s, next_pos), bt = config_.block_tokens;
+  // A rollback bound keeps what a query that many positions back sees (set_rollback_tokens):
+  // first_visible is monotone, so every crop of at most that many tokens finds its keys.
+  const int64_t lo = streams(g, s)
+                         ? first_visible(g, s, next_pos)
+                         : first_visible(g, std::max<int64_t>(0, next_pos - rollback_tokens_));
+  const int64_t bt = config_.block_tokens;
   // Streaming: the blocks holding the first `sink` tokens stay.
   const size_t first = streams(g, s) ? static_cast<size_t>(ceil_div(s.policy.sink, bt)) : 0;
   std::vector<int32_t>& table = s.tables[static_cast<size_t>(g)];
@@ -1755,6 +1760,13 @@ bool PagedKVStore::fork(SeqId seq, int n, std::vector<SeqId>& children) {
     children.push_back(child);
   }
   return true;
+}
+
+void PagedKVStore::set_rollback_tokens(int64_t tokens) {
+  if (tokens < 0)
+    bad("set_rollback_tokens: " + std::to_string(tokens) + " tokens; give 0 or more",
+        ErrorKind::kInvalidArgument);
+  rollback_tokens_ = tokens;
 }
 
 void PagedKVStore::crop(int64_t n) {

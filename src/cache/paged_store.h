@@ -352,6 +352,14 @@ class PagedKVStore {
   // --- the CacheLayer lifecycle, over the batch (see PagedLayer) ---------------------------
   // n < 0: drop the last |n| tokens of every batch sequence; n >= 0: keep the first n.
   void crop(int64_t n);
+  // Speculative decoding's rollback bound: from now on a sliding group keeps, besides what
+  // its next query sees, the blocks a query `tokens` positions back would see, so that crops
+  // removing at most `tokens` tokens in all since a step closed find their keys (the store
+  // otherwise releases blocks as soon as the window leaves them). Costs at most
+  // ceil(tokens / block_tokens) + 1 blocks per sequence and sliding group. Streaming (lossy)
+  // sequences are not affected. 0: release as soon as possible (the default).
+  void set_rollback_tokens(int64_t tokens);
+  int64_t rollback_tokens() const { return rollback_tokens_; }
   void reset();  // frees every sequence (content cached), empties the batch
   // Batch row i becomes a continuation of old row rows[i] (reorder, select,
   // repeat_interleave): a row used again is forked, rows not listed are freed.
@@ -594,6 +602,7 @@ class PagedKVStore {
   // The open step: tokens per row, each batch row's length before it, which layers wrote.
   int64_t step_tokens_ = 0;
   bool step_open_ = false;
+  int64_t rollback_tokens_ = 0;      // set_rollback_tokens
   std::vector<int64_t> step_base_;   // [batch]
   std::vector<uint8_t> step_wrote_;  // [n_layers]: the layer's part of the step is done
   std::vector<uint8_t> kv_written_;  // [n_layers]: its K/V written this step

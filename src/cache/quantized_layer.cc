@@ -138,8 +138,10 @@ int64_t QuantizedLayer::window_start(int64_t p) const {
 int64_t QuantizedLayer::blocks_to_drop(int64_t p) const {
   if (!windowed()) return 0;
   const int64_t pos0 = first_position();
-  // Block i (from blk_begin_) covers [pos0 + i G, pos0 + (i + 1) G).
-  const int64_t dead = (window_start(p) - pos0) / params_.quantized.group;
+  // Block i (from blk_begin_) covers [pos0 + i G, pos0 + (i + 1) G). A rollback bound keeps
+  // what a query rollback_ positions back sees (window_start is monotone).
+  const int64_t from = window_start(std::max<int64_t>(p - rollback_, 0));
+  const int64_t dead = (from - pos0) / params_.quantized.group;
   return std::clamp<int64_t>(dead, 0, blk_end_ - blk_begin_);
 }
 
@@ -148,7 +150,8 @@ int64_t QuantizedLayer::residual_to_drop(int64_t p) const {
   // whole residual each time; a chunk start moves once per C tokens.
   if (params_.chunk_size <= 0 || blocks_to_drop(p) < blk_end_ - blk_begin_) return 0;
   const int64_t res_first = seq_length_ - n_res_;
-  return std::clamp<int64_t>(window_start(p) - res_first, 0, n_res_);
+  const int64_t from = window_start(std::max<int64_t>(p - rollback_, 0));
+  return std::clamp<int64_t>(from - res_first, 0, n_res_);
 }
 
 MaskSizes QuantizedLayer::mask_sizes(int64_t query_len) const {
@@ -339,6 +342,13 @@ KVSpan QuantizedLayer::update(const TensorView& k, const TensorView& v) {
   q.k_residual = res_k_.view().slice(2, 0, n_res_);
   q.v_residual = res_v_.view().slice(2, 0, n_res_);
   return span;
+}
+
+void QuantizedLayer::reserve_rollback(int64_t tokens) {
+  if (tokens < 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                where() + ": reserve_rollback(" + std::to_string(tokens) + "): give 0 or more");
+  rollback_ = tokens;
 }
 
 void QuantizedLayer::crop(int64_t n) {

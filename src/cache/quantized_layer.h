@@ -21,6 +21,10 @@
 // before p - W + 1 (the first key the next query may see) are dropped — whole groups only, so
 // the span may begin up to G - 1 tokens before the window; the kernel masks them (kv_offset is
 // the first kept token's position). Residual tokens are never dropped (at most R + chunk).
+// reserve_rollback(r) (speculative decoding) drops only what a query r positions back would
+// not see either, so crops removing at most r tokens in all since the last update find their
+// keys (at most ceil(r / G) more blocks held); the spans are unchanged but for those blocks,
+// which the kernel masks like any block straddling the window.
 //
 // Chunked layers (chunks of C, Llama-4): a query at p sees keys [floor(p / C) * C, p]. Before
 // an update at p, packed blocks whose last token is before c0 = floor(p / C) * C are dropped, as
@@ -97,6 +101,10 @@ class QuantizedLayer final : public CacheLayer {
   // into the residual (their error stays within the block's bound); Error if a sliding layer
   // already dropped tokens the cropped length needs.
   void crop(int64_t n) override;
+  // Sliding and chunked layers: keep the blocks (and a chunked layer's residual tokens) a
+  // query `tokens` positions back may see (see above). Full attention keeps everything anyway.
+  void reserve_rollback(int64_t tokens);
+  int64_t rollback() const { return rollback_; }
   void reset() override;
   // Packed-block room for `tokens` tokens (a sliding layer's bounded by its window): grown now
   // when the layer is initialised, else at the first flush.
@@ -157,6 +165,7 @@ class QuantizedLayer final : public CacheLayer {
   int64_t n_res_ = 0;
   std::vector<float> scratch_;  // [G, max(D_k, D_v)] f32 rows for quantize / dequantize
   int64_t seq_length_ = 0;
+  int64_t rollback_ = 0;  // reserve_rollback
   CopyStats stats_;
 };
 

@@ -34,10 +34,42 @@ int64_t WindowLayer::window_start(int64_t pos) const {
 }
 
 int64_t WindowLayer::capacity_limit() const {
-  const int64_t two_w = 2 * window_.window;
+  // A rollback bound r holds r more tokens between steps: 2W + r keeps the O(1) moves per token.
+  const int64_t two_w = 2 * window_.window + rollback_;
   if (params_.fixed_storage && window_.max_cache_len > 0)
     return std::min(two_w, window_.max_cache_len);
   return two_w;
+}
+
+int64_t WindowLayer::hold_from(int64_t length) const {
+  return std::max(window_start(std::max<int64_t>(length - rollback_, 0)), first_stored_position());
+}
+
+void WindowLayer::reserve_rollback(int64_t tokens) {
+  if (tokens < 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                where() + ": reserve_rollback(" + std::to_string(tokens) + "): give 0 or more");
+  // Between steps the layer then holds up to keep + tokens; a static storage is sized once, at
+  // the first update, to min(2W + tokens, max_cache_len) slots.
+  if (params_.fixed_storage) {
+    const bool allocated = buf_.allocated();
+    const int64_t capacity =
+        allocated ? buf_.capacity()
+                  : (window_.max_cache_len > 0
+                         ? std::min(2 * window_.window + tokens, window_.max_cache_len)
+                         : 2 * window_.window + tokens);
+    if (capacity < keep_ + tokens)
+      throw Error(ErrorKind::kOutOfRange,
+                  where() + ": cannot keep " + std::to_string(tokens) +
+                      " tokens for rollback beside the window's " + std::to_string(keep_) +
+                      ": the static storage has " + std::to_string(capacity) + " slots (" +
+                      (allocated ? "sized at the first update; reserve the rollback before the "
+                                   "first update, "
+                                 : "min(2*window + rollback, max_cache_len); ") +
+                      "raise --max-cache-len to at least " + std::to_string(keep_ + tokens) +
+                      " or use the dynamic cache)");
+  }
+  rollback_ = tokens;
 }
 
 int64_t WindowLayer::max_length() const {
@@ -63,8 +95,8 @@ KVSpan WindowLayer::update(const TensorView& k, const TensorView& v) {
   // held: tokens the storage must hold once this update is done.
   const int64_t visible = seq_length_ - start + n;  // the span this step returns
   // Without recording: exactly what the next step's queries may see (<= keep_).
-  const int64_t held =
-      recording_ ? buf_.size() + n : seq_length_ + n - window_start(seq_length_ + n);
+  // With a rollback bound: also the keys of the last rollback_ positions' queries.
+  const int64_t held = recording_ ? buf_.size() + n : seq_length_ + n - hold_from(seq_length_ + n);
   if (fixed && held > capacity) {
     throw Error(ErrorKind::kOutOfRange,
                 where() + ": cannot write " + std::to_string(n) + " tokens at position " +
@@ -80,8 +112,11 @@ KVSpan WindowLayer::update(const TensorView& k, const TensorView& v) {
                           : std::min(std::max(visible, kMinCapacity), capacity_limit()));
   prepare_rows(k, v, initial);
 
-  // Tokens before `start` are seen by no query any more (unless recorded): drop them.
-  if (!recording_) buf_.set_window(buf_.begin() + (start - first), buf_.end());
+  // Tokens before `start` are seen by no query any more (unless recorded or within the
+  // rollback bound, which may reach before `start` when the step is short): drop them.
+  if (!recording_)
+    buf_.set_window(buf_.begin() + (std::min(start, hold_from(seq_length_ + n)) - first),
+                    buf_.end());
   const int64_t needed = buf_.size() + n;  // recording: everything held plus the new tokens
 
   KVSpan span;
@@ -114,6 +149,9 @@ KVSpan WindowLayer::update(const TensorView& k, const TensorView& v) {
     TensorView wk, wv;
     workspace(needed, &wk, &wv);
     const int64_t kept = buf_.size();
+    // The workspace starts at the first held position, which a rollback bound may put before
+    // `start`: the span begins `lead` tokens in.
+    const int64_t lead = start - (seq_length_ - kept);
     CopyStats& st = buf_.mutable_stats();
     const bool shared = shared_kv();  // wv is wk: V is not written
     st.bytes_copied += copy_view(buf_.k_slots(buf_.begin(), buf_.end()), wk.slice(2, 0, kept));
@@ -131,8 +169,8 @@ KVSpan WindowLayer::update(const TensorView& k, const TensorView& v) {
     if (!shared)
       st.bytes_copied += copy_view(wv.slice(2, needed - held, needed), buf_.v_slots(0, held));
     buf_.set_window(0, held);
-    span.k = wk;
-    span.v = wv;
+    span.k = wk.slice(2, lead, needed);
+    span.v = wv.slice(2, lead, needed);
     seq_length_ += n;
     return span;
   }
@@ -151,7 +189,7 @@ void WindowLayer::crop(int64_t n) {
   // transformers v5's Cache.crop: a layer that needs not keep its past goes back to its working
   // size — the keys the next queries may see — even on crop(0). Past recording stays on.
   if (buf_.allocated()) {
-    const int64_t working = seq_length_ - window_start(seq_length_);
+    const int64_t working = seq_length_ - hold_from(seq_length_);
     buf_.set_window(buf_.end() - working, buf_.end());
   }
 }

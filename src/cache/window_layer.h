@@ -41,6 +41,14 @@
 // crop (crop(0) included) then shrinks the layer back to the keys its next queries need, as
 // v5's Cache.crop restricts a sliding or linear layer to its working size: a crop returns to
 // positions recorded since the last crop, not before.
+//
+// Bounded rollback (speculative decoding: rejected drafts leave through crop(-n), n <= k):
+// reserve_rollback(r) makes the layer keep, between steps, every key a query r positions back
+// may see, [start(L - r), L) for a length L, instead of [start(L), L): at most r tokens more,
+// whatever the number of steps, so a static layer knows its size up front (2W + r slots,
+// within max_cache_len) and nothing grows without bound between crops (unlike unbounded past
+// recording). Then crops removing at most r tokens in all since the last update always find
+// their keys (start() is monotone). update() returns the same span as without it.
 #pragma once
 
 #include "cache/dense_layer.h"
@@ -71,6 +79,10 @@ class WindowLayer final : public DenseLayer {
   // Content forgotten, memory (storage and workspace) kept, past recording left as it was.
   void reset() override;
   void activate_past_recording() override { recording_ = true; }
+  // Keep the keys of the last `tokens` positions' windows too (see above). A static layer
+  // whose storage is already allocated refuses (Error kOutOfRange) when it cannot hold them.
+  void reserve_rollback(int64_t tokens);
+  int64_t rollback() const { return rollback_; }
   // The tokens held: [first_stored_position(), seq_length()).
   bool stored(KVSpan* out) const override;
   bool past_recording() const { return recording_; }
@@ -85,8 +97,11 @@ class WindowLayer final : public DenseLayer {
  private:
   int64_t restore_capacity(const SavedPosition& p) const override;
   void restore_position(const SavedPosition& p) override;
-  bool recording() const override { return recording_; }
+  bool recording() const override { return recording_ || rollback_ > 0; }
   int64_t capacity_limit() const;
+  // First position held between steps at length `length` (no past recording): the first key a
+  // query rollback_ positions back may see, and nothing the storage no longer holds.
+  int64_t hold_from(int64_t length) const;
   // crop's cut to `length` (< seq_length(), > 0): Error when the window no longer holds the
   // keys a query at `length` needs.
   void cut_to(int64_t length);  // dynamic: growth stops here (unless recording); static: fixed
@@ -95,6 +110,7 @@ class WindowLayer final : public DenseLayer {
   int64_t keep_ = 0;
   int64_t seq_length_ = 0;  // positions written (cumulative)
   bool recording_ = false;
+  int64_t rollback_ = 0;  // reserve_rollback
 };
 
 }  // namespace kvcache

@@ -6,7 +6,10 @@
 #include <memory>
 #include <utility>
 
+#include "cache/paged_layer.h"
 #include "cache/paged_store.h"
+#include "cache/quantized_layer.h"
+#include "cache/window_layer.h"
 #include "core/error.h"
 #include "kernels/softmax.h"
 #include "model/forward.h"
@@ -142,7 +145,7 @@ SpecDecision speculative_accept(std::span<const float> p, std::span<const float>
   return {false, draw_from(scratch, rng)};
 }
 
-void prepare_speculative_cache(Session& session, const std::string& what) {
+void prepare_speculative_cache(Session& session, const std::string& what, int64_t rollback) {
   const SessionConfig& sc = session.config();
   if (!sc.cache.policy.exact())
     throw Error(ErrorKind::kUnsupported,
@@ -150,19 +153,53 @@ void prepare_speculative_cache(Session& session, const std::string& what) {
                     sc.cache.policy.key() +
                     " evicts keys, and crop cannot bring them back to roll rejected drafts back; "
                     "use --kv-policy exact");
+  if (sc.sliding_window_override > 0)
+    // The override windows the cache only: the model's attention keeps no window mask, so a
+    // forward of several tokens lets its later queries see keys a one-token decode's window
+    // has dropped, and verification would not reproduce plain decoding.
+    throw Error(ErrorKind::kUnsupported,
+                "speculative decoding: the " + what + " session's sliding_window_override (" +
+                    std::to_string(sc.sliding_window_override) +
+                    ") windows the cache but not the model's attention mask, so a verification "
+                    "forward of several tokens sees keys a one-token decode does not; use a model "
+                    "whose config declares its sliding layers, or no override");
+  if (rollback < 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "speculative decoding: rollback bound " + std::to_string(rollback) + " < 0");
   Cache& cache = session.cache();
   const std::vector<std::string>& types = cache.config().layer_types;
+  // Check every layer before changing any.
+  std::vector<WindowLayer*> windows;
+  std::vector<QuantizedLayer*> quantized;
+  bool paged_window = false;
   for (int l = 0; l < cache.num_layers(); ++l) {
     const std::string& t = types[static_cast<size_t>(l)];
     if (t == "full_attention") continue;
-    if (t == "sliding_attention" || t == "chunked_attention")
-      throw Error(ErrorKind::kUnsupported,
-                  "speculative decoding: the " + what + " cache's layer " + std::to_string(l) +
-                      " is a " + t +
-                      " layer, whose rollback is not supported yet (its window drops the keys a "
-                      "crop returns to); drop --spec for this model");
     const std::string name =
         cache.is_shared(l) ? t : std::string(cache.layer(cache.source_layer(l)).name());
+    if (t == "sliding_attention" || t == "chunked_attention") {
+      if (cache.is_shared(l)) continue;  // reads its source layer, which is checked itself
+      CacheLayer& layer = cache.layer(l);
+      // Windows evict the keys a rollback returns to: each keeps those of the last `rollback`
+      // positions' queries (bounded, unlike past recording, so static storage can be sized).
+      if (auto* w = dynamic_cast<WindowLayer*>(&layer)) {
+        windows.push_back(w);
+        continue;
+      }
+      if (auto* q = dynamic_cast<QuantizedLayer*>(&layer)) {
+        quantized.push_back(q);
+        continue;
+      }
+      if (dynamic_cast<PagedLayer*>(&layer) != nullptr && session.paged_store() != nullptr) {
+        paged_window = true;
+        continue;
+      }
+      throw Error(ErrorKind::kUnsupported,
+                  "speculative decoding: the " + what + " cache's layer " + std::to_string(l) +
+                      " (" + name +
+                      ") cannot keep the keys a rollback of rejected drafts returns to; use "
+                      "--cache dynamic, static, quantized or paged for this model, or drop --spec");
+    }
     throw Error(ErrorKind::kUnsupported,
                 "speculative decoding: the " + what + " cache's layer " + std::to_string(l) + " (" +
                     name +
@@ -170,9 +207,9 @@ void prepare_speculative_cache(Session& session, const std::string& what) {
                     "per-token history to roll rejected drafts back); only full, sliding and "
                     "chunked attention layers can: drop --spec for this model");
   }
-  // Windows evict the keys a rollback returns to unless they record their past; each crop
-  // shrinks the record back to the working size (crop_rule.h), so memory stays bounded.
-  cache.activate_past_recording();
+  for (WindowLayer* w : windows) w->reserve_rollback(rollback);
+  for (QuantizedLayer* q : quantized) q->reserve_rollback(rollback);
+  if (paged_window) session.paged_store()->set_rollback_tokens(rollback);
 }
 
 GenerateStats generate_speculative(Session& target, Session* draft, std::span<const int32_t> prompt,
@@ -208,8 +245,9 @@ GenerateStats generate_speculative(Session& target, Session* draft, std::span<co
                 "--draft-model: its vocabulary has " +
                     std::to_string(draft->model().config().vocab_size) + " tokens, the target's " +
                     std::to_string(vocab) + "; a draft model must share the target's vocabulary");
-  prepare_speculative_cache(target, "target");
-  if (draft != nullptr) prepare_speculative_cache(*draft, "draft");
+  // The target rolls back at most the k drafts of one verification, the draft at most k - 1.
+  prepare_speculative_cache(target, "target", spec.k);
+  if (draft != nullptr) prepare_speculative_cache(*draft, "draft", spec.k);
 
   GenerateStats st;
   SpecStats ss;

@@ -70,10 +70,13 @@ SpecDecision speculative_accept(std::span<const float> p, std::span<const float>
 
 // Throws Error(kUnsupported) naming the first layer whose container cannot take crop(-n) back
 // over tokens it has just written (linear-attention states, compressed or indexed layers, lossy
-// KV policies, which evict), before anything is generated; `what` names the session ("target",
-// "draft") in the message. Then activates past recording, so that sliding windows keep the
-// keys a crop may return to.
-void prepare_speculative_cache(Session& session, const std::string& what);
+// KV policies, which evict, sliding layers of a container that cannot keep the keys past its
+// window, a sliding_window_override, which the model's mask does not follow), before anything
+// is generated; `what` names the session ("target", "draft") in the message. Then sets every
+// sliding and chunked layer's rollback bound (WindowLayer / QuantizedLayer::reserve_rollback,
+// PagedKVStore::set_rollback_tokens) to `rollback` tokens, so that crops removing at most that
+// many tokens since the last forward find the keys their windows need.
+void prepare_speculative_cache(Session& session, const std::string& what, int64_t rollback);
 
 // generate() (runtime/generate.h) with speculative decoding: same parameters, same streaming
 // and stop rules; `draft` is the draft model's session for SpecMode::kDraft (nullptr for

@@ -515,5 +515,46 @@ TEST(PagedStore, RandomizedOperationsKeepInvariantsAndContents) {
   EXPECT_GT(refused, 0);  // the pool ran dry at times: a status, never a crash
 }
 
+// Speculative decoding's rollback on a sliding group (W = 6, blocks of 4): without a bound
+// the step's close releases the blocks its window left, so a crop of 3 after 4 one-token steps
+// is refused; with set_rollback_tokens(4) the crop succeeds, every kept position holds its
+// K/V, and later steps stay exact. The blocks held stay bounded.
+TEST(PagedStore, RollbackBoundKeepsTheSlidingBlocksACropNeeds) {
+  for (const bool bounded : {false, true}) {
+    Harness hx(harness_config(40));
+    if (bounded) hx.store.set_rollback_tokens(4);
+    const SeqId a = hx.store.add_sequence();
+    std::vector<int32_t> prompt(21);
+    std::iota(prompt.begin(), prompt.end(), 1);
+    ASSERT_TRUE(hx.step({a}, {prompt}));
+    int refused = 0;
+    for (int it = 0; it < 12; ++it) {
+      for (int i = 0; i < 4; ++i) ASSERT_TRUE(hx.step({a}, {{50 + it * 4 + i}}));
+      hx.store.set_batch(std::vector<SeqId>{a});
+      try {
+        hx.store.crop(-3);
+        auto& t = hx.tokens[a];
+        t.resize(t.size() - 3);
+      } catch (const Error& e) {
+        ++refused;
+        EXPECT_EQ(e.kind(), ErrorKind::kOutOfRange);
+      }
+      EXPECT_TRUE(hx.contents_ok());
+      EXPECT_EQ(hx.store.check_invariants(), "");
+      // Window (6) + bound (4) within blocks of 4: at most 4 blocks, plus the null block.
+      if (bounded) {
+        EXPECT_LE(hx.store.stats(1).pool.used, 1 + 4);
+      }
+    }
+    if (bounded) {
+      EXPECT_EQ(refused, 0);
+    } else {
+      EXPECT_GT(refused, 0);
+    }
+  }
+  Harness hx(harness_config(8));
+  EXPECT_THROW(hx.store.set_rollback_tokens(-1), Error);
+}
+
 }  // namespace
 }  // namespace kvcache
