@@ -49,6 +49,14 @@ int64_t sliding_blocks(int64_t tokens, int64_t window, int64_t chunk, int64_t bt
   return most;
 }
 
+// Speculative decoding: the most rows a decoding sequence at `computed` may feed after its last
+// token in a step: inside its last block without filling it (Engine::propose_drafts), and below
+// its request's context (plain decoding feeds positions up to context - 2).
+int64_t draft_room(int64_t computed, int64_t context, int64_t block_tokens) {
+  const int64_t in_block = (computed / block_tokens + 1) * block_tokens - computed - 2;
+  return std::min(in_block, context - computed - 2);
+}
+
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -133,6 +141,7 @@ struct Engine::Seq {
   // Speculative decoding: this step's drafts, and the coins of the rejection rule (a stream of
   // their own, seeded from the sample's seed, so a seed gives the same tokens every run).
   std::vector<int32_t> drafts;
+  int64_t pad = 0;  // rows fed after the drafts only to share a forward (never verified)
   Pcg32 spec_rng{0};
   int64_t needs() const { return static_cast<int64_t>(tokens.size()) - computed; }
   bool scores_prompt() const;  // computes the prompt's logprobs (never from the prefix cache)
@@ -852,11 +861,27 @@ void Engine::run_decodes(int64_t& budget) {
     spare -= static_cast<int64_t>(s->drafts.size());
     most = std::max(most, static_cast<int64_t>(s->drafts.size()) + 1);
   }
+  // Every forward reads all the weights: a sequence with fewer drafts than the most is padded
+  // (its last draft repeated) to `most` rows where its block and the budget leave room, so that
+  // the drafting sequences share one forward. Padded rows are written and cropped, never
+  // verified (they are no drafts: not counted, never emitted).
+  for (Seq* s : step_seqs_) {
+    s->pad = 0;
+    const auto m = static_cast<int64_t>(s->drafts.size());
+    if (m == 0 || m + 1 == most) continue;
+    const int64_t pad = most - 1 - m;
+    if (pad <= spare &&
+        draft_room(s->computed, s->req->context, store_->block_tokens()) >= most - 1) {
+      s->pad = pad;
+      spare -= pad;
+    }
+  }
   const std::vector<Seq*> decodes = step_seqs_;
   for (int64_t n = 1; n <= most; ++n) {
     spec_group_.clear();
     for (Seq* s : decodes)  // preempted ones (no longer running) drop out
-      if (s->state == SeqState::kRunning && static_cast<int64_t>(s->drafts.size()) + 1 == n)
+      if (s->state == SeqState::kRunning &&
+          static_cast<int64_t>(s->drafts.size()) + s->pad + 1 == n)
         spec_group_.push_back(s);
     run_decode_group(spec_group_, n, budget);
   }
@@ -871,6 +896,8 @@ void Engine::run_decode_group(std::vector<Seq*>& group, int64_t n, int64_t& budg
       batch_.push_back(s->sid);
       step_tokens_.push_back(s->tokens.back());
       step_tokens_.insert(step_tokens_.end(), s->drafts.begin(), s->drafts.end());
+      step_tokens_.insert(step_tokens_.end(), static_cast<size_t>(s->pad),
+                          s->drafts.empty() ? s->tokens.back() : s->drafts.back());
       row_pos_.push_back(s->computed);
     }
     store_->set_batch(batch_);
@@ -1222,12 +1249,12 @@ bool Engine::emit_token(Seq& s, std::span<const float> logits, int32_t tok) {
 // (its last two positions) a sequence decodes plainly.
 void Engine::propose_drafts(Seq& s, int64_t spare) {
   s.drafts.clear();
+  s.pad = 0;
   const Request& r = *s.req;
   if (r.spec_k <= 0 || !r.first_token) return;
-  const int64_t bt = store_->block_tokens();
   const int64_t left = r.params.max_tokens - static_cast<int64_t>(s.out->tokens.size());
-  const int64_t in_block = (s.computed / bt + 1) * bt - s.computed - 2;
-  const int64_t k = std::min({r.spec_k, spare, left - 1, in_block});
+  const int64_t k = std::min(
+      {r.spec_k, spare, left - 1, draft_room(s.computed, r.context, store_->block_tokens())});
   if (k <= 0) return;
   s.drafts = ngram_propose(s.tokens, config_.spec_ngram, k);
 }
@@ -1253,7 +1280,7 @@ void Engine::verify_drafts(Seq& s, std::span<const float> logits) {
   const auto V = static_cast<size_t>(model_.config().vocab_size);
   const auto m = static_cast<int64_t>(s.drafts.size());
   const bool greedy = s.sampler->params().temperature <= 0.0f;
-  s.computed += m + 1;  // the store holds the last token and every draft now
+  s.computed += m + s.pad + 1;  // the store holds the last token, the drafts and the padding
   r.output.stats.spec_drafted += m;
   counters_.spec_drafted += m;
   int64_t accepted = 0;
@@ -1278,7 +1305,7 @@ void Engine::verify_drafts(Seq& s, std::span<const float> logits) {
     if (!emit_token(s, row, tok) || !agreed) break;
   }
   if (s.state != SeqState::kRunning) return;  // finished: its store sequence is gone
-  const int64_t rejected = m - accepted;
+  const int64_t rejected = m + s.pad - accepted;
   if (rejected > 0) {
     const SeqId one[1] = {s.sid};
     store_->set_batch(one);

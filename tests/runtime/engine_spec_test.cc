@@ -150,6 +150,10 @@ TEST(EngineSpec, GreedyConcurrentRequestsEqualPlainDecoding) {
     reqs.push_back(greedy(prompts[i], 30 + static_cast<int64_t>(i) * 7));
   reqs[1].logprobs = 2;  // a verified row's logits are a decode's: the same log-probabilities
   expect_same_as_plain(config(4), config(0), reqs);
+  EngineConfig prefill_first = config(4);  // decodes (and drafts) take what prefills leave
+  prefill_first.scheduler = SchedulerPolicy::kPrefillFirst;
+  prefill_first.max_tokens_per_step = 40;
+  expect_same_as_plain(prefill_first, config(0), reqs);
 }
 
 // 8-token blocks: the drafts' room inside the last block changes every step; k larger than it.
