@@ -387,9 +387,9 @@ class Engine {
   bool emit_token(Seq& s, std::span<const float> logits, int32_t tok);
   // Speculative decoding: s.drafts for this step within `spare` budget tokens (may be none).
   void propose_drafts(Seq& s, int64_t spare);
-  // After a forward of s's last token and its drafts (logits [drafts + 1, vocab]): samples row
-  // by row while the drafts are accepted, then crops the rejected drafts from the store. Fails
-  // the request when it throws, as sample_contained.
+  // After a forward of s's last token, its drafts and its padding (Seq::pad; logits [rows,
+  // vocab]): samples row by row while the drafts are accepted, then crops the rejected drafts
+  // and the padding from the store. Fails the request when it throws, as sample_contained.
   void verify_contained(Seq& s, std::span<const float> logits);
   void verify_drafts(Seq& s, std::span<const float> logits);
   // Ends every unfinished sample of `r` with kError (no-op when r is done).
