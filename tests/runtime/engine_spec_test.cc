@@ -149,6 +149,7 @@ TEST(EngineSpec, GreedyConcurrentRequestsEqualPlainDecoding) {
   for (size_t i = 0; i < prompts.size(); ++i)
     reqs.push_back(greedy(prompts[i], 30 + static_cast<int64_t>(i) * 7));
   reqs[1].logprobs = 2;  // a verified row's logits are a decode's: the same log-probabilities
+  reqs[0].n = 2;         // forked samples draft and roll back on their own blocks
   expect_same_as_plain(config(4), config(0), reqs);
   EngineConfig prefill_first = config(4);  // decodes (and drafts) take what prefills leave
   prefill_first.scheduler = SchedulerPolicy::kPrefillFirst;
