@@ -14,6 +14,7 @@
 #include "kernels/paged_attention.h"
 #include "model/fingerprint.h"
 #include "model/paged_plan.h"
+#include "runtime/speculative.h"
 
 namespace kvcache {
 
@@ -46,6 +47,14 @@ int64_t sliding_blocks(int64_t tokens, int64_t window, int64_t chunk, int64_t bt
   for (int64_t p = 0; p < head; ++p) at(p);
   for (int64_t p = std::max(head, tokens - chunk - bt); p < tokens; ++p) at(p);
   return most;
+}
+
+// Speculative decoding: the most rows a decoding sequence at `computed` may feed after its last
+// token in a step: inside its last block without filling it (Engine::propose_drafts), and below
+// its request's context (plain decoding feeds positions up to context - 2).
+int64_t draft_room(int64_t computed, int64_t context, int64_t block_tokens) {
+  const int64_t in_block = (computed / block_tokens + 1) * block_tokens - computed - 2;
+  return std::min(in_block, context - computed - 2);
 }
 
 double seconds_since(Clock::time_point t0) {
@@ -129,6 +138,11 @@ struct Engine::Seq {
   size_t sent = 0;        // bytes of out.text already streamed
   bool reported = false;  // an event of this sample went out
   SampleOutput* out = nullptr;
+  // Speculative decoding: this step's drafts, and the coins of the rejection rule (a stream of
+  // their own, seeded from the sample's seed, so a seed gives the same tokens every run).
+  std::vector<int32_t> drafts;
+  int64_t pad = 0;  // rows fed after the drafts only to share a forward (never verified)
+  Pcg32 spec_rng{0};
   int64_t needs() const { return static_cast<int64_t>(tokens.size()) - computed; }
   bool scores_prompt() const;  // computes the prompt's logprobs (never from the prefix cache)
 };
@@ -149,6 +163,7 @@ struct Engine::Request {
   RemoteResult remote;
   Clock::time_point remote_deadline;
   KVPolicy policy;      // params.kv_policy, or the engine's
+  int64_t spec_k = 0;   // drafts per step at most (params.spec_k resolved; 0: off)
   int64_t context = 0;  // prompt + generated tokens at most (the model's under streaming)
 };
 
@@ -335,7 +350,43 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   cache_ = std::make_unique<Cache>(model_cache_config(mc, std::move(layers)));
   forward_ = std::make_unique<Forward>(
       model, config_.kernel, std::max<int64_t>(config_.max_tokens_per_step, config_.max_running));
+  check_spec_config();
   update_metrics();
+}
+
+// Speculative decoding rolls rejected drafts back with PagedKVStore::crop, within the
+// sequence's last block (propose_drafts): only what that crop restores exactly may run it.
+void Engine::check_spec_config() const {
+  if (config_.spec_k == 0) return;
+  if (config_.spec_k < 0 || config_.spec_ngram < 1)
+    throw Error(ErrorKind::kInvalidArgument,
+                "engine: --spec-k must be >= 1 and --spec-ngram >= 1, got " +
+                    std::to_string(config_.spec_k) + " and " + std::to_string(config_.spec_ngram));
+  if (!config_.cache.policy.exact())
+    throw Error(ErrorKind::kUnsupported,
+                "engine: speculative decoding with --kv-policy " + config_.cache.policy.key() +
+                    ": the policy evicts keys, and crop cannot bring them back to roll rejected "
+                    "drafts back; use --kv-policy exact or drop --spec");
+  const std::vector<std::string>& types = cache_->config().layer_types;
+  for (size_t l = 0; l < types.size(); ++l)
+    if (types[l] != "full_attention")
+      throw Error(ErrorKind::kUnsupported,
+                  "engine: speculative decoding: layer " + std::to_string(l) + " is a " + types[l] +
+                      " layer; the paged store rolls back only full-attention layers (a window "
+                      "drops the keys a crop returns to, a recurrent or compressed state keeps "
+                      "no per-token history): drop --spec for this model");
+  const int64_t bt = store_->block_tokens();
+  if (bt < 3)
+    throw Error(ErrorKind::kInvalidArgument,
+                "engine: speculative decoding keeps a step's drafts inside the sequence's last "
+                "block, which needs block_tokens >= 3 (got " +
+                    std::to_string(bt) + "); raise the block size or drop --spec");
+  if (config_.spec_k + 1 > config_.max_tokens_per_step)
+    throw Error(ErrorKind::kInvalidArgument,
+                "engine: --spec-k " + std::to_string(config_.spec_k) +
+                    " verifies k + 1 tokens per sequence in a step of at most " +
+                    std::to_string(config_.max_tokens_per_step) +
+                    " tokens (--chunk); lower --spec-k or raise --chunk");
 }
 
 Engine::~Engine() {
@@ -402,6 +453,20 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
                     "] (or -1: none), got " + std::to_string(params.prompt_logprobs));
   if (!params.stop_strings.empty() && tokenizer_ == nullptr)
     throw Error(ErrorKind::kInvalidArgument, "request: stop strings need a tokenizer");
+  if (params.spec_k < -1 || params.spec_k > config_.spec_k)
+    throw Error(ErrorKind::kInvalidArgument,
+                config_.spec_k == 0
+                    ? "request: speculative k " + std::to_string(params.spec_k) +
+                          " on a server started without --spec; start it with --spec ngram"
+                    : "request: speculative k must be in [0, " + std::to_string(config_.spec_k) +
+                          "] (the server's --spec-k; 0: off), got " +
+                          std::to_string(params.spec_k));
+  const int64_t spec_k = params.spec_k < 0 ? config_.spec_k : params.spec_k;
+  if (spec_k > 0 && !policy.exact())
+    throw Error(ErrorKind::kInvalidArgument,
+                "request: kv_policy " + policy.key() +
+                    " evicts keys, which speculative decoding's rollback needs; set speculative "
+                    "k to 0 or use an exact policy");
   for (const std::string& s : params.stop_strings)
     if (s.empty()) throw Error(ErrorKind::kInvalidArgument, "request: empty stop string");
 
@@ -414,6 +479,8 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
   r->output.stats.prompt_tokens = static_cast<int64_t>(r->params.prompt.size());
   r->output.stats.kv_pages = kv_pages_;
   r->policy = policy;
+  r->spec_k = spec_k;
+  r->output.stats.speculative = spec_k > 0;
   r->context = context;
   r->output.stats.kv_policy = policy.key();
   if (r->params.prompt_logprobs >= 0) r->output.prompt_logprobs.resize(r->params.prompt.size() - 1);
@@ -426,6 +493,7 @@ uint64_t Engine::submit(RequestParams params, StreamCallback callback) {
     SamplerParams sp = r->params.sampler;
     sp.seed += static_cast<uint64_t>(i);
     s->sampler = std::make_unique<Sampler>(sp, model_.config().vocab_size);
+    s->spec_rng = Pcg32(sp.seed, 0x2545f4914f6cdd1dull);
     s->out = &r->output.samples[static_cast<size_t>(i)];
     r->seqs.push_back(std::move(s));
   }
@@ -782,39 +850,85 @@ void Engine::run_decodes(int64_t& budget) {
     if (s->needs() == 1 && s->stepped != step_id_ &&
         static_cast<int64_t>(step_seqs_.size()) < budget)
       step_seqs_.push_back(s);
-  while (!step_seqs_.empty()) {
+  if (step_seqs_.empty()) return;
+  // Speculative decoding: drafts take the budget the decodes leave, oldest sequence first; a
+  // sequence then runs 1 + drafts rows. One forward per row count (rows of one forward are
+  // equally long), fewest rows first: without drafts, one forward as before.
+  int64_t spare = budget - static_cast<int64_t>(step_seqs_.size());
+  int64_t most = 1;
+  for (Seq* s : step_seqs_) {
+    propose_drafts(*s, spare);
+    spare -= static_cast<int64_t>(s->drafts.size());
+    most = std::max(most, static_cast<int64_t>(s->drafts.size()) + 1);
+  }
+  // Every forward reads all the weights: a sequence with fewer drafts than the most is padded
+  // (its last draft repeated) to `most` rows where its block and the budget leave room, so that
+  // the drafting sequences share one forward. Padded rows are written and cropped, never
+  // verified (they are no drafts: not counted, never emitted).
+  for (Seq* s : step_seqs_) {
+    s->pad = 0;
+    const auto m = static_cast<int64_t>(s->drafts.size());
+    if (m == 0 || m + 1 == most) continue;
+    const int64_t pad = most - 1 - m;
+    if (pad <= spare &&
+        draft_room(s->computed, s->req->context, store_->block_tokens()) >= most - 1) {
+      s->pad = pad;
+      spare -= pad;
+    }
+  }
+  const std::vector<Seq*> decodes = step_seqs_;
+  for (int64_t n = 1; n <= most; ++n) {
+    spec_group_.clear();
+    for (Seq* s : decodes)  // preempted ones (no longer running) drop out
+      if (s->state == SeqState::kRunning &&
+          static_cast<int64_t>(s->drafts.size()) + s->pad + 1 == n)
+        spec_group_.push_back(s);
+    run_decode_group(spec_group_, n, budget);
+  }
+}
+
+void Engine::run_decode_group(std::vector<Seq*>& group, int64_t n, int64_t& budget) {
+  while (!group.empty()) {
     batch_.clear();
     step_tokens_.clear();
     row_pos_.clear();
-    for (Seq* s : step_seqs_) {
+    for (Seq* s : group) {
       batch_.push_back(s->sid);
       step_tokens_.push_back(s->tokens.back());
+      step_tokens_.insert(step_tokens_.end(), s->drafts.begin(), s->drafts.end());
+      step_tokens_.insert(step_tokens_.end(), static_cast<size_t>(s->pad),
+                          s->drafts.empty() ? s->tokens.back() : s->drafts.back());
       row_pos_.push_back(s->computed);
     }
     store_->set_batch(batch_);
-    if (store_->plan_step(1, step_tokens_) == StepStatus::kOk) break;
+    if (store_->plan_step(n, step_tokens_) == StepStatus::kOk) break;
     Seq* victim = newest_running();
     preempt(*victim);
-    step_seqs_.erase(std::remove(step_seqs_.begin(), step_seqs_.end(), victim), step_seqs_.end());
+    group.erase(std::remove(group.begin(), group.end(), victim), group.end());
   }
-  if (step_seqs_.empty()) return;
-  const auto B = static_cast<int64_t>(step_seqs_.size());
+  if (group.empty()) return;
+  const auto B = static_cast<int64_t>(group.size());
   ForwardParams p;
   p.tokens = step_tokens_.data();
   p.batch = B;
-  p.n_tokens = 1;
+  p.n_tokens = n;
   p.pos0 = row_pos_[0];
   p.row_pos0 = row_pos_.data();
   p.cache = cache_.get();
-  p.logits = LogitsMode::kLast;
+  p.logits = n == 1 ? LogitsMode::kLast : LogitsMode::kAll;  // drafts: every row's verdict
   p.batch_invariant = config_.batch_invariant;
-  budget -= B;
+  budget -= B * n;
   std::span<const float> logits;
-  if (!forward_contained(p, step_seqs_, logits)) return;
+  if (!forward_contained(p, group, logits)) return;
   const auto V = static_cast<size_t>(model_.config().vocab_size);
-  for (size_t i = 0; i < step_seqs_.size(); ++i) {
-    step_seqs_[i]->computed += 1;
-    sample_contained(*step_seqs_[i], logits.subspan(i * V, V));
+  const auto rows = static_cast<size_t>(n) * V;
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (n == 1) {
+      group[i]->computed += 1;
+      sample_contained(*group[i], logits.subspan(i * V, V));
+    } else {
+      verify_contained(*group[i], logits.subspan(i * rows, rows));
+    }
   }
 }
 
@@ -1094,7 +1208,11 @@ void Engine::after_logits(Seq& s, std::span<const float> logits) {
           c->needs() == 0)
         after_logits(*c, logits);
   }
-  const int32_t tok = s.sampler->sample(logits, s.tokens);
+  emit_token(s, logits, s.sampler->sample(logits, s.tokens));
+}
+
+bool Engine::emit_token(Seq& s, std::span<const float> logits, int32_t tok) {
+  Request& r = *s.req;
   if (!r.first_token) {
     r.first_token = true;
     r.output.stats.ttft_seconds = seconds_since(r.t_submit);
@@ -1103,7 +1221,7 @@ void Engine::after_logits(Seq& s, std::span<const float> logits) {
   if (std::find(r.params.stop_ids.begin(), r.params.stop_ids.end(), tok) !=
       r.params.stop_ids.end()) {
     finish_seq(s, FinishReason::kStop);
-    return;
+    return false;
   }
   std::optional<TokenLogprob> lp;
   if (r.params.logprobs >= 0) {
@@ -1114,10 +1232,86 @@ void Engine::after_logits(Seq& s, std::span<const float> logits) {
   s.out->tokens.push_back(tok);
   ++r.output.stats.completion_tokens;
   emit_text(s, tok, std::move(lp));
-  if (s.state == SeqState::kFinished) return;
+  if (s.state == SeqState::kFinished) return false;
   if (static_cast<int64_t>(s.out->tokens.size()) >= r.params.max_tokens ||
-      static_cast<int64_t>(s.tokens.size()) >= r.context)
+      static_cast<int64_t>(s.tokens.size()) >= r.context) {
     finish_seq(s, FinishReason::kLength);
+    return false;
+  }
+  return true;
+}
+
+// Drafts stay inside the block that holds the sequence's next position, and never fill it:
+// the step then completes no block, so no block is ever keyed for the prefix cache with a
+// draft in it, quantized pages never pack one (a crop into a packed block would restore its
+// tokens dequantized, not as computed), and crop(-rejected) only shortens the private last
+// block — the step needs exactly the blocks a plain decode needs. The cost: near a block's end
+// (its last two positions) a sequence decodes plainly.
+void Engine::propose_drafts(Seq& s, int64_t spare) {
+  s.drafts.clear();
+  s.pad = 0;
+  const Request& r = *s.req;
+  if (r.spec_k <= 0 || !r.first_token) return;
+  const int64_t left = r.params.max_tokens - static_cast<int64_t>(s.out->tokens.size());
+  const int64_t k = std::min(
+      {r.spec_k, spare, left - 1, draft_room(s.computed, r.context, store_->block_tokens())});
+  if (k <= 0) return;
+  s.drafts = ngram_propose(s.tokens, config_.spec_ngram, k);
+}
+
+void Engine::verify_contained(Seq& s, std::span<const float> logits) {
+  if (s.state != SeqState::kRunning) return;  // a sibling's failure ended the request
+  try {
+    verify_drafts(s, logits);
+  } catch (const std::exception& e) {
+    fail_request(*s.req, RequestErrorKind::kEngine,
+                 std::string("verifying speculative drafts failed: ") + describe(e));
+    check_after_failure("a failed verification");
+  }
+}
+
+// Row j's logits are the bits a one-token decode of the same history gives (batch-invariant
+// linears, per-row attention): greedy samples each row with the sampler plain decoding calls,
+// on the same history, so the tokens are plain decoding's; sampling accepts draft j by the
+// rejection rule with q one-hot (speculative_accept), which makes every token follow the
+// sampler's distribution p, and the row after the last accepted draft draws from p.
+void Engine::verify_drafts(Seq& s, std::span<const float> logits) {
+  Request& r = *s.req;
+  const auto V = static_cast<size_t>(model_.config().vocab_size);
+  const auto m = static_cast<int64_t>(s.drafts.size());
+  const bool greedy = s.sampler->params().temperature <= 0.0f;
+  s.computed += m + s.pad + 1;  // the store holds the last token, the drafts and the padding
+  r.output.stats.spec_drafted += m;
+  counters_.spec_drafted += m;
+  int64_t accepted = 0;
+  for (int64_t j = 0; j <= m; ++j) {
+    const std::span<const float> row = logits.subspan(static_cast<size_t>(j) * V, V);
+    int32_t tok = -1;
+    if (greedy) {
+      tok = s.sampler->sample(row, s.tokens);
+    } else {
+      sampler_probabilities(s.sampler->params(), row, s.tokens, spec_p_);
+      tok = j < m ? speculative_accept(spec_p_, {}, s.drafts[static_cast<size_t>(j)], s.spec_rng,
+                                       spec_work_)
+                        .token
+                  : draw_from(spec_p_, s.spec_rng);
+    }
+    const bool agreed = j < m && tok == s.drafts[static_cast<size_t>(j)];
+    if (agreed) {  // counted before emit_token, whose finish may deliver the request's output
+      ++accepted;
+      ++r.output.stats.spec_accepted;
+      ++counters_.spec_accepted;
+    }
+    if (!emit_token(s, row, tok) || !agreed) break;
+  }
+  if (s.state != SeqState::kRunning) return;  // finished: its store sequence is gone
+  const int64_t rejected = m + s.pad - accepted;
+  if (rejected > 0) {
+    const SeqId one[1] = {s.sid};
+    store_->set_batch(one);
+    store_->crop(-rejected);
+    s.computed -= rejected;
+  }
 }
 
 void Engine::emit_text(Seq& s, int32_t token, std::optional<TokenLogprob> logprob) {

@@ -105,6 +105,14 @@ struct EngineConfig {
   std::function<std::unique_ptr<KvClient>()> kv_remote_client;
   int32_t kv_remote_deadline_ms = 50;
   uint64_t kv_remote_write_budget_bytes = 64ull << 20;
+  // Prompt-lookup speculative decoding (serve / batch --spec ngram --spec-k K --spec-ngram N;
+  // runtime/speculative.h): a decoding sequence runs its last token and up to spec_k drafts
+  // (the tokens that followed the latest earlier occurrence of its last <= spec_ngram tokens)
+  // in one forward, keeps the drafts its own samples agree with plus one token, and crops the
+  // rest. 0: off. Needs exact KV (no streaming) and only full-attention layers; the drafts
+  // stay inside the sequence's last block (see Engine::propose_drafts), so block_tokens >= 3.
+  int64_t spec_k = 0;
+  int64_t spec_ngram = 3;
 };
 
 // The planner options the engine sizes its store with (runtime/engine.cc): also what serve's
@@ -154,6 +162,10 @@ struct RequestParams {
   // and streaming only on an engine started with a streaming policy (its pool reserves the
   // null blocks); anything else is refused at submit. Folded into every block key.
   std::optional<KVPolicy> kv_policy;
+  // Speculative decoding for this request (the servers' `speculative: {"k": K}`): -1, the
+  // engine's EngineConfig::spec_k; 0, off; 1 .. spec_k, at most that many drafts per step.
+  // More than the engine's, or any k > 0 on an engine without it, is refused at submit.
+  int64_t spec_k = -1;
 };
 
 // Per-request statistics, final when the request finishes.
@@ -171,6 +183,11 @@ struct RequestStats {
   // ("f16", "kivi-4", "q8_0") and the eviction policy ("exact": nothing evicted).
   std::string kv_pages;
   std::string kv_policy;
+  // Speculative decoding (RequestParams::spec_k): draft tokens verified, and of them accepted,
+  // over all samples. Both 0 when it was off.
+  bool speculative = false;  // it ran with speculative decoding (resolved spec_k > 0)
+  int64_t spec_drafted = 0;
+  int64_t spec_accepted = 0;
 };
 
 // One sample's outcome.
@@ -236,9 +253,11 @@ struct EngineMetrics {
   int64_t failed_forwards = 0;              // forwards that threw (their requests failed)
   int64_t consecutive_failed_forwards = 0;  // since the last forward that succeeded
   std::string last_error;                   // the latest failed forward's message
-  int64_t forwards = 0;                     // model forwards: per step one for the decodes, one per
-                                            // prefill chunk or batch of equal-length chunks
-  double busy_seconds = 0;                  // time spent inside step()
+  // Speculative decoding: draft tokens verified and accepted (acceptance rate: their ratio).
+  int64_t spec_drafted = 0, spec_accepted = 0;
+  int64_t forwards = 0;     // model forwards: per step one for the decodes, one per
+                            // prefill chunk or batch of equal-length chunks
+  double busy_seconds = 0;  // time spent inside step()
   // Hybrid models (0 otherwise): the linear-attention state slots (+ workspaces) and the
   // snapshot arena, both constant; snapshots held now, and dropped with their blocks so far.
   int64_t linear_state_bytes = 0, snapshot_bytes = 0;
@@ -342,10 +361,15 @@ class Engine {
   // full groups its tokens' blocks, sliding groups at most the window plus one step's chunk,
   // compressed groups their entries' blocks.
   void check_group_capacity(int64_t tokens, const KVPolicy& policy) const;
+  // Error naming what stops speculative decoding (EngineConfig::spec_k) on this engine.
+  void check_spec_config() const;
   void admit_batched(int64_t& budget);
   void note_admitted(Seq& s, int64_t matched);
   void leave_queue(Request& r);  // once per request: admitted, or finished while queued
   void run_decodes(int64_t& budget);
+  // One forward of `group`'s decodes, n rows each (the last token and n - 1 drafts); preempts
+  // the newest running sequence while the blocks do not suffice.
+  void run_decode_group(std::vector<Seq*>& group, int64_t n, int64_t& budget);
   enum class ChunkStatus { kOk, kOutOfBlocks, kFailed };
   ChunkStatus run_chunk(Seq& s, int64_t n);                  // plan_chunk, then forward_chunk
   int64_t hybrid_chunk(const Seq& s, int64_t budget) const;  // the next prefill chunk's tokens
@@ -358,6 +382,16 @@ class Engine {
   // after_logits, failing the sequence's request when it throws.
   void sample_contained(Seq& s, std::span<const float> logits);
   void after_logits(Seq& s, std::span<const float> logits);
+  // Records the sampled token `tok` of s (stop ids, logprobs, text, length): false when s
+  // finished (its store sequence is then freed).
+  bool emit_token(Seq& s, std::span<const float> logits, int32_t tok);
+  // Speculative decoding: s.drafts for this step within `spare` budget tokens (may be none).
+  void propose_drafts(Seq& s, int64_t spare);
+  // After a forward of s's last token, its drafts and its padding (Seq::pad; logits [rows,
+  // vocab]): samples row by row while the drafts are accepted, then crops the rejected drafts
+  // and the padding from the store. Fails the request when it throws, as sample_contained.
+  void verify_contained(Seq& s, std::span<const float> logits);
+  void verify_drafts(Seq& s, std::span<const float> logits);
   // Ends every unfinished sample of `r` with kError (no-op when r is done).
   void fail_request(Request& r, RequestErrorKind kind, const std::string& message);
   // After a contained failure: the engine must still be consistent, else the process ends.
@@ -399,6 +433,8 @@ class Engine {
   std::vector<int32_t> step_tokens_;
   std::vector<int64_t> row_pos_;
   std::vector<Seq*> step_seqs_;
+  std::vector<Seq*> spec_group_;           // the decodes of one row count (speculative steps)
+  std::vector<float> spec_p_, spec_work_;  // speculative sampling: p and the residual
 
   // Shared with submitters.
   mutable std::mutex mu_;

@@ -495,6 +495,12 @@ std::string HttpServer::metrics_text() {
          static_cast<double>(m.computed_prompt_tokens));
   metric("kvcache_generation_tokens_total", "counter", "Tokens sampled.",
          static_cast<double>(m.generation_tokens));
+  // Speculative decoding (serve --spec): the acceptance rate is
+  // rate(kvcache_spec_accepted_tokens_total) / rate(kvcache_spec_draft_tokens_total).
+  metric("kvcache_spec_draft_tokens_total", "counter",
+         "Draft tokens verified by speculative decoding.", static_cast<double>(m.spec_drafted));
+  metric("kvcache_spec_accepted_tokens_total", "counter",
+         "Draft tokens accepted by speculative decoding.", static_cast<double>(m.spec_accepted));
   {
     std::lock_guard<std::mutex> lock(latency_->mu);
     latency_->ttft.write(out, "kvcache_time_to_first_token_seconds",

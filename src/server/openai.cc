@@ -228,7 +228,8 @@ void refuse_unknown(const json& body, bool chat) {
                                                             "frequency_penalty",
                                                             "logit_bias",
                                                             "cache_salt",
-                                                            "kv_policy"};
+                                                            "kv_policy",
+                                                            "speculative"};
   static const std::set<std::string, std::less<>> completions = {"prompt", "echo", "best_of",
                                                                  "suffix"};
   static const std::set<std::string, std::less<>> chat_only = {
@@ -421,6 +422,17 @@ ApiRequest parse_api_request(const json& body, bool chat, const ServedModel& mod
       throw bad(std::string("'kv_policy': ") + e.what());
     }
   }
+  // kvcache's: speculative decoding on a server started with --spec ngram, per request:
+  // {"k": K}, at most K drafts per step (0: off); the engine refuses a k above --spec-k.
+  if (const auto it = body.find("speculative"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) throw bad("'speculative' must be an object such as {\"k\": 0}");
+    for (const auto& item : it->items())
+      if (item.key() != "k")
+        throw bad("unrecognized 'speculative' field '" + item.key() + "'; it takes \"k\" only");
+    const int64_t k = get_int(*it, "k", -1);
+    if (k < 0) throw bad("'speculative': 'k' must be an integer >= 0 (0: off)");
+    p.spec_k = k;
+  }
   return r;
 }
 
@@ -489,26 +501,34 @@ json merge_batch_responses(const std::vector<json>& responses, int32_t n) {
       usage[k] = usage[k].get<int64_t>() + u[k].get<int64_t>();
     for (auto it = details.begin(); it != details.end(); ++it)
       *it = it->get<int64_t>() + u["prompt_tokens_details"][it.key()].get<int64_t>();
+    if (i > 0 && u.contains("speculative"))
+      for (const char* k : {"drafted", "accepted"})
+        usage["speculative"][k] =
+            usage["speculative"][k].get<int64_t>() + u["speculative"][k].get<int64_t>();
   }
   return merged;
 }
 
 json usage_json(const RequestStats& s) {
-  return json{
-      {"prompt_tokens", s.prompt_tokens},
-      {"completion_tokens", s.completion_tokens},
-      {"total_tokens", s.prompt_tokens + s.completion_tokens},
-      // cached_tokens is OpenAI's total; the split by tier is kvcache's (the disk
-      // tier under the prefix cache, serve --kv-disk; the shared remote tier, serve
-      // --kv-remote).
-      {"prompt_tokens_details",
-       {{"cached_tokens", s.cached_tokens},
-        {"cached_tokens_ram", s.cached_tokens - s.cached_tokens_disk - s.cached_tokens_remote},
-        {"cached_tokens_disk", s.cached_tokens_disk},
-        {"cached_tokens_remote", s.cached_tokens_remote}}},
-      // kvcache's: what kept this request's KV — the pages' format and the eviction policy
-      // ("exact" when nothing was evicted), so a lossy answer never passes for an exact one.
-      {"kv_cache", {{"pages", s.kv_pages}, {"policy", s.kv_policy}}}};
+  json u{{"prompt_tokens", s.prompt_tokens},
+         {"completion_tokens", s.completion_tokens},
+         {"total_tokens", s.prompt_tokens + s.completion_tokens},
+         // cached_tokens is OpenAI's total; the split by tier is kvcache's (the disk
+         // tier under the prefix cache, serve --kv-disk; the shared remote tier, serve
+         // --kv-remote).
+         {"prompt_tokens_details",
+          {{"cached_tokens", s.cached_tokens},
+           {"cached_tokens_ram", s.cached_tokens - s.cached_tokens_disk - s.cached_tokens_remote},
+           {"cached_tokens_disk", s.cached_tokens_disk},
+           {"cached_tokens_remote", s.cached_tokens_remote}}},
+         // kvcache's: what kept this request's KV — the pages' format and the eviction policy
+         // ("exact" when nothing was evicted), so a lossy answer never passes for an exact one.
+         {"kv_cache", {{"pages", s.kv_pages}, {"policy", s.kv_policy}}}};
+  // kvcache's: speculative decoding's draft tokens verified and accepted (all samples), when
+  // the request ran with it; the acceptance rate is accepted / drafted.
+  if (s.speculative)
+    u["speculative"] = {{"drafted", s.spec_drafted}, {"accepted", s.spec_accepted}};
+  return u;
 }
 
 json logprobs_json(bool chat, std::span<const TokenLogprob> lps, size_t offset) {

@@ -120,15 +120,25 @@ void run_batch(const BatchOptions& o) {
   for (const json& r : results) out << to_json_text(r) << "\n";
   out.flush();
   const EngineMetrics m = engine.metrics();
+  // Speculative decoding's acceptance rate: accepted / drafted over every request.
+  char spec[160] = "";
+  if (engine.config().spec_k > 0)
+    std::snprintf(spec, sizeof spec,
+                  ", speculative (ngram, k %lld): acceptance rate %.3f (%lld of %lld drafts)",
+                  static_cast<long long>(engine.config().spec_k),
+                  m.spec_drafted > 0
+                      ? static_cast<double>(m.spec_accepted) / static_cast<double>(m.spec_drafted)
+                      : 0.0,
+                  static_cast<long long>(m.spec_accepted), static_cast<long long>(m.spec_drafted));
   std::fprintf(stderr,
                "kvcache batch: %zu requests in %.3f s: %lld prompt tokens (%lld from the prefix "
                "cache), %lld generated "
-               "(%.1f tok/s), %lld preemptions, %lld steps\n",
+               "(%.1f tok/s), %lld preemptions, %lld steps%s\n",
                lines.size(), secs, static_cast<long long>(m.prompt_tokens),
                static_cast<long long>(m.cached_prompt_tokens),
                static_cast<long long>(m.generation_tokens),
                secs > 0 ? static_cast<double>(m.generation_tokens) / secs : 0.0,
-               static_cast<long long>(m.preemptions), static_cast<long long>(m.steps));
+               static_cast<long long>(m.preemptions), static_cast<long long>(m.steps), spec);
 }
 
 }  // namespace

@@ -201,6 +201,11 @@ void run_serve(const ServeOptions& o) {
                sm.chat_template ? chat_template_name(*sm.chat_template) : "none",
                template_source.c_str(),
                lm.tokenizer ? "" : " (no tokenizer: token-id prompts only)");
+  if (ec.spec_k > 0)
+    std::fprintf(stderr,
+                 "kvcache serve: speculative decoding: ngram (longest %lld), up to %lld drafts "
+                 "per sequence and step\n",
+                 static_cast<long long>(ec.spec_ngram), static_cast<long long>(ec.spec_k));
   if (const DiskTier* disk = engine.store().disk_tier()) {
     const DiskTierStats d = disk->stats();
     std::fprintf(stderr, "kvcache serve: disk tier %s: %lld blocks, %llu of %llu bytes\n",

@@ -83,6 +83,13 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--kv-remote-write-budget", o.kv_remote_write_budget,
                   "Most bytes of blocks queued for writing to the remote tier before writes are "
                   "dropped, e.g. 64MiB (default 64MiB)");
+  cmd->add_option("--spec", o.spec,
+                  "Speculative decoding: ngram (prompt lookup: drafts are the tokens that followed "
+                  "the latest earlier occurrence of a sequence's last tokens), verified in one "
+                  "forward and rolled back with crop; greedy output is unchanged");
+  cmd->add_option("--spec-k", o.spec_k, "With --spec: drafts per sequence and step (default 4)");
+  cmd->add_option("--spec-ngram", o.spec_ngram,
+                  "With --spec ngram: the longest n-gram matched (default 3)");
   cmd->add_flag("--fast-prefill", o.fast_prefill,
                 "Prefill through BLAS: faster, but batched results may differ from a request run "
                 "alone in the last bits");
@@ -178,6 +185,29 @@ EngineConfig engine_config(const EngineOptions& o, const Model& model) {
                 "prefill-first admits while blocks last (drop --safety-margin or use --scheduler "
                 "fifo)");
   c.safety_margin = o.safety_margin;
+  const auto given_opt = [&](const char* name) {
+    return o.model.cmd != nullptr && o.model.cmd->count(name) > 0;
+  };
+  if (o.spec.empty()) {
+    for (const char* name : {"--spec-k", "--spec-ngram"})
+      if (given_opt(name))
+        throw Error(ErrorKind::kInvalidArgument,
+                    std::string(name) +
+                        " has no effect without --spec ngram; add --spec ngram "
+                        "or drop it");
+  } else if (o.spec != "ngram") {
+    throw Error(ErrorKind::kInvalidArgument,
+                "--spec " + o.spec +
+                    ": serve and batch draft by prompt lookup only (--spec ngram); a draft model "
+                    "runs in generate (--spec draft --draft-model M)");
+  } else {
+    if (o.spec_k < 1 || o.spec_ngram < 1)
+      throw Error(ErrorKind::kInvalidArgument, "--spec-k and --spec-ngram must be >= 1, got " +
+                                                   std::to_string(o.spec_k) + " and " +
+                                                   std::to_string(o.spec_ngram));
+    c.spec_k = o.spec_k;
+    c.spec_ngram = o.spec_ngram;
+  }
   if (o.max_waiting < 1) throw Error(ErrorKind::kInvalidArgument, "--max-waiting must be >= 1");
   c.max_waiting = o.max_waiting;
   c.batch_invariant = !o.fast_prefill;

@@ -31,6 +31,11 @@ struct EngineOptions {
   std::string kv_remote;
   int32_t kv_remote_deadline_ms = 50;
   std::string kv_remote_write_budget;
+  // Speculative decoding (EngineConfig::spec_k / spec_ngram): --spec ngram (prompt lookup; a
+  // draft model is generate's only), --spec-k drafts per step, --spec-ngram the longest match.
+  std::string spec;
+  int64_t spec_k = 4;
+  int64_t spec_ngram = 3;
 };
 
 // Adds the model options (the paged cache is implied: --cache takes only "paged") and

@@ -436,6 +436,10 @@ const OptionRule kRules[] = {
     {kEngine, "--kv-remote", nullptr},
     {kEngine, "--kv-remote-deadline-ms", kv_remote_option},
     {kEngine, "--kv-remote-write-budget", kv_remote_option},
+    // speculative decoding: engine_config refuses --spec-k and --spec-ngram without --spec
+    {kEngine, "--spec", nullptr},
+    {kEngine, "--spec-k", nullptr},
+    {kEngine, "--spec-ngram", nullptr},
     {kServe, "--host", nullptr},
     {kServe, "--port", nullptr},
     {kServe, "--slot-save-path", nullptr},
