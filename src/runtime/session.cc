@@ -127,11 +127,6 @@ std::span<const float> Session::prefill(std::span<const int32_t> ids) {
 
 std::span<const float> Session::forward_all(std::span<const int32_t> ids, bool batch_invariant) {
   if (ids.empty()) throw Error(ErrorKind::kInvalidArgument, "forward_all: no tokens");
-  if (static_cast<int64_t>(ids.size()) > config_.prefill_chunk)
-    throw Error(ErrorKind::kInvalidArgument, "forward_all: " + std::to_string(ids.size()) +
-                                                 " tokens in one forward, more than "
-                                                 "the prefill chunk (" +
-                                                 std::to_string(config_.prefill_chunk) + ")");
   if (paged_) {
     ensure_sequence();
     if (paged_->plan_step(static_cast<int64_t>(ids.size()), ids) == StepStatus::kOutOfBlocks)

@@ -45,7 +45,7 @@ class Session {
   // Feeds ids in one forward and returns the logits of every position: [ids.size(), vocab].
   // batch_invariant: each row's logits are the bits a one-token decode of it would give (the
   // linears never take the BLAS GEMM path; ForwardParams::batch_invariant), as speculative
-  // verification needs. At most the prefill chunk's tokens.
+  // verification needs.
   std::span<const float> forward_all(std::span<const int32_t> ids, bool batch_invariant = false);
   // Removes the last n tokens (Cache::crop(-n)) and moves the position back by n: speculative
   // decoding's rollback of rejected drafts. Throws Error(kInvalidArgument) unless
