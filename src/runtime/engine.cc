@@ -1290,7 +1290,7 @@ void Engine::verify_drafts(Seq& s, std::span<const float> logits) {
     if (greedy) {
       tok = s.sampler->sample(row, s.tokens);
     } else {
-      sampler_probabilities(s.sampler->params(), row, s.tokens, spec_p_);
+      s.sampler->probabilities(row, s.tokens, spec_p_);
       tok = j < m ? speculative_accept(spec_p_, {}, s.drafts[static_cast<size_t>(j)], s.spec_rng,
                                        spec_work_)
                         .token

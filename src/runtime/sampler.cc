@@ -84,7 +84,7 @@ Sampler::Sampler(const SamplerParams& params, int64_t vocab_size)
   seen_.assign(static_cast<size_t>(vocab_size), 0);
 }
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+void Sampler::penalise(std::span<const float> logits, std::span<const int32_t> history) {
   KV_CHECK(static_cast<int64_t>(logits.size()) == vocab_, "sampler: logits size != vocabulary");
   std::copy(logits.begin(), logits.end(), work_.begin());
   if (params_.repeat_penalty != 1.0f && !history.empty()) {
@@ -101,8 +101,9 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     for (int32_t id : recent)
       if (id >= 0 && id < vocab_) seen_[static_cast<size_t>(id)] = 0;
   }
-  if (params_.temperature <= 0.0f) return static_cast<int32_t>(argmax(work_.data(), vocab_));
+}
 
+float Sampler::survivors() {
   // Candidates sorted by logit, descending (ties: lower id first, for determinism).
   cand_.clear();
   for (int64_t i = 0; i < vocab_; ++i)
@@ -140,6 +141,13 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     while (n < cand_.size() && cand_[n].first >= cut) ++n;
     cand_.resize(n);
   }
+  return mx;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  penalise(logits, history);
+  if (params_.temperature <= 0.0f) return static_cast<int32_t>(argmax(work_.data(), vocab_));
+  const float mx = survivors();
   // Temperature, then one draw from the renormalised survivors.
   double total = 0.0;
   for (auto& c : cand_) {
@@ -154,6 +162,24 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     if (coin < cdf) return c.second;
   }
   return cand_.back().second;  // rounding left the coin past the end
+}
+
+void Sampler::probabilities(std::span<const float> logits, std::span<const int32_t> history,
+                            std::vector<float>& out) {
+  penalise(logits, history);
+  out.assign(static_cast<size_t>(vocab_), 0.0f);
+  if (params_.temperature <= 0.0f) {
+    out[static_cast<size_t>(argmax(work_.data(), vocab_))] = 1.0f;
+    return;
+  }
+  const float mx = survivors();
+  // The weights sample() draws with, normalised.
+  double total = 0.0;
+  for (const auto& c : cand_)
+    total += std::exp(static_cast<double>(c.first - mx) / params_.temperature);
+  for (const auto& c : cand_)
+    out[static_cast<size_t>(c.second)] = static_cast<float>(
+        std::exp(static_cast<double>(c.first - mx) / params_.temperature) / total);
 }
 
 }  // namespace kvcache

@@ -64,9 +64,21 @@ class Sampler {
 
   // logits: [vocab]; history: ids seen so far (prompt and generated) for the penalty.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  // The distribution sample() draws from, over the whole vocabulary: out [vocab] sums to 1 and is
+  // 0 outside the survivors of the penalty, top-k, top-p and min-p; greedy (temperature 0):
+  // one-hot at the penalised argmax. Speculative sampling's p and q (runtime/speculative.h).
+  // The generator does not move.
+  void probabilities(std::span<const float> logits, std::span<const int32_t> history,
+                     std::vector<float>& out);
   const SamplerParams& params() const { return params_; }
 
  private:
+  // work_ = logits with the repetition penalty over `history` applied.
+  void penalise(std::span<const float> logits, std::span<const int32_t> history);
+  // cand_ = the survivors of top-k, top-p and min-p over work_, sorted by logit (descending,
+  // lower id first); returns the largest logit.
+  float survivors();
+
   SamplerParams params_;
   int64_t vocab_;
   Pcg32 rng_;

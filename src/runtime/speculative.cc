@@ -40,70 +40,6 @@ std::vector<int32_t> ngram_propose(std::span<const int32_t> context, int64_t max
   return {};
 }
 
-void sampler_probabilities(const SamplerParams& params, std::span<const float> logits,
-                           std::span<const int32_t> history, std::vector<float>& out) {
-  const auto vocab = static_cast<int64_t>(logits.size());
-  KV_CHECK(vocab > 0, "sampler_probabilities: no logits");
-  std::vector<float> work(logits.begin(), logits.end());
-  if (params.repeat_penalty != 1.0f && !history.empty()) {
-    const size_t n = params.repeat_last_n < 0
-                         ? history.size()
-                         : std::min(history.size(), static_cast<size_t>(params.repeat_last_n));
-    std::vector<uint8_t> seen(static_cast<size_t>(vocab), 0);
-    for (int32_t id : history.subspan(history.size() - n)) {  // each distinct id once
-      if (id < 0 || id >= vocab || seen[static_cast<size_t>(id)]) continue;
-      seen[static_cast<size_t>(id)] = 1;
-      float& l = work[static_cast<size_t>(id)];
-      l = l > 0.0f ? l / params.repeat_penalty : l * params.repeat_penalty;
-    }
-  }
-  out.assign(static_cast<size_t>(vocab), 0.0f);
-  if (params.temperature <= 0.0f) {
-    out[static_cast<size_t>(argmax(work.data(), vocab))] = 1.0f;
-    return;
-  }
-  // The survivors as Sampler::sample keeps them: sorted by logit, descending, lower id first.
-  std::vector<std::pair<float, int32_t>> cand;
-  cand.reserve(static_cast<size_t>(vocab));
-  for (int64_t i = 0; i < vocab; ++i)
-    cand.emplace_back(work[static_cast<size_t>(i)], static_cast<int32_t>(i));
-  const auto desc = [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  if (params.top_k > 0 && params.top_k < vocab) {
-    const auto keep = static_cast<std::ptrdiff_t>(params.top_k);
-    std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), desc);
-    cand.resize(static_cast<size_t>(keep));
-  } else {
-    std::sort(cand.begin(), cand.end(), desc);
-  }
-  const float mx = cand[0].first;
-  double sum = 0.0;
-  for (const auto& c : cand) sum += std::exp(static_cast<double>(c.first - mx));
-  if (params.top_p < 1.0f) {
-    double cum = 0.0;
-    size_t n = 0;
-    while (n < cand.size()) {
-      cum += std::exp(static_cast<double>(cand[n].first - mx)) / sum;
-      ++n;
-      if (cum >= params.top_p) break;
-    }
-    cand.resize(n);
-  }
-  if (params.min_p > 0.0f) {
-    const float cut = mx + std::log(params.min_p);
-    size_t n = 1;
-    while (n < cand.size() && cand[n].first >= cut) ++n;
-    cand.resize(n);
-  }
-  double total = 0.0;
-  for (const auto& c : cand)
-    total += std::exp(static_cast<double>(c.first - mx) / params.temperature);
-  for (const auto& c : cand)
-    out[static_cast<size_t>(c.second)] = static_cast<float>(
-        std::exp(static_cast<double>(c.first - mx) / params.temperature) / total);
-}
-
 int32_t draw_from(std::span<const float> weights, Pcg32& rng) {
   double total = 0.0;
   for (float w : weights) total += w;
@@ -344,7 +280,7 @@ GenerateStats generate_speculative(Session& target, Session* draft, std::span<co
           if (greedy) {
             d = dsampler.sample(dl, dseq);
           } else {
-            sampler_probabilities(dparams, dl, dseq, q[static_cast<size_t>(i)]);
+            dsampler.probabilities(dl, dseq, q[static_cast<size_t>(i)]);
             d = draw_from(q[static_cast<size_t>(i)], drng);
           }
           drafts.push_back(d);
@@ -379,7 +315,7 @@ GenerateStats generate_speculative(Session& target, Session* draft, std::span<co
         next = sampler.sample(row, hist);  // the argmax plain decoding would take
         if (next != d) break;
       } else {
-        sampler_probabilities(params.sampler, row, hist, p);
+        sampler.probabilities(row, hist, p);
         const std::span<const float> qi = spec.mode == SpecMode::kDraft
                                               ? std::span<const float>(q[static_cast<size_t>(i)])
                                               : std::span<const float>();

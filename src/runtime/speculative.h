@@ -47,13 +47,6 @@ struct SpecStats {
 // context ends first), empty when no n-gram recurs.
 std::vector<int32_t> ngram_propose(std::span<const int32_t> context, int64_t max_n, int64_t k);
 
-// The distribution Sampler::sample draws from for these params (runtime/sampler.h: repetition
-// penalty over `history`, top-k, top-p, min-p on the untempered distribution, then temperature),
-// over the whole vocabulary: out [vocab] sums to 1, 0 outside the survivors; greedy
-// (temperature 0): one-hot at the penalised argmax. Speculative sampling's p and q.
-void sampler_probabilities(const SamplerParams& params, std::span<const float> logits,
-                           std::span<const int32_t> history, std::vector<float>& out);
-
 // One draw from weights over the vocabulary (>= 0, positive sum): the first id whose cumulative
 // weight exceeds a uniform coin in [0, sum).
 int32_t draw_from(std::span<const float> weights, Pcg32& rng);

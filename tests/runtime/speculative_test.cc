@@ -95,7 +95,7 @@ TEST(SpeculativeAccept, EmitsTheTargetDistribution) {
   }
 }
 
-// sampler_probabilities is the distribution Sampler::sample draws from: same penalty, filters
+// Sampler::probabilities is the distribution Sampler::sample draws from: same penalty, filters
 // and temperature.
 TEST(SpeculativeAccept, ProbabilitiesMatchSampleFrequencies) {
   const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 3.0f, 0.0f, 2.5f, -2.0f};
@@ -108,7 +108,7 @@ TEST(SpeculativeAccept, ProbabilitiesMatchSampleFrequencies) {
   sp.seed = 3;
   Sampler s(sp, 8);
   std::vector<float> p;
-  sampler_probabilities(sp, logits, history, p);
+  s.probabilities(logits, history, p);
   double sum = 0.0;
   for (float v : p) sum += v;
   EXPECT_NEAR(sum, 1.0, 1e-6);
@@ -119,7 +119,7 @@ TEST(SpeculativeAccept, ProbabilitiesMatchSampleFrequencies) {
   EXPECT_LT(chi_square(counts, p, n), 36.0);
   // Greedy: one-hot at the argmax.
   sp.temperature = 0.0f;
-  sampler_probabilities(sp, logits, {}, p);
+  Sampler(sp, 8).probabilities(logits, {}, p);
   EXPECT_EQ(p[4], 1.0f);
 }
 
