@@ -351,6 +351,7 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   forward_ = std::make_unique<Forward>(
       model, config_.kernel, std::max<int64_t>(config_.max_tokens_per_step, config_.max_running));
   check_spec_config();
+  if (config_.spec_k > 0) store_->set_rollback_tokens(config_.spec_k);
   update_metrics();
 }
 
@@ -367,14 +368,16 @@ void Engine::check_spec_config() const {
                 "engine: speculative decoding with --kv-policy " + config_.cache.policy.key() +
                     ": the policy evicts keys, and crop cannot bring them back to roll rejected "
                     "drafts back; use --kv-policy exact or drop --spec");
+  // Sliding layers keep, through the store's rollback bound (set in the constructor), the
+  // blocks a crop of up to k tokens returns to.
   const std::vector<std::string>& types = cache_->config().layer_types;
   for (size_t l = 0; l < types.size(); ++l)
-    if (types[l] != "full_attention")
+    if (types[l] != "full_attention" && types[l] != "sliding_attention")
       throw Error(ErrorKind::kUnsupported,
                   "engine: speculative decoding: layer " + std::to_string(l) + " is a " + types[l] +
-                      " layer; the paged store rolls back only full-attention layers (a window "
-                      "drops the keys a crop returns to, a recurrent or compressed state keeps "
-                      "no per-token history): drop --spec for this model");
+                      " layer; the paged store rolls back only full-attention and sliding-window "
+                      "layers (a recurrent or compressed state keeps no per-token history): drop "
+                      "--spec for this model");
   const int64_t bt = store_->block_tokens();
   if (bt < 3)
     throw Error(ErrorKind::kInvalidArgument,
@@ -673,7 +676,9 @@ void Engine::check_group_capacity(int64_t tokens, const KVPolicy& policy) const 
         break;
       case GroupKind::kSliding:
         what = "sliding window " + std::to_string(grp.window);
-        need = sliding_blocks(tokens, grp.window, chunk, bt);
+        // A rollback bound r (speculative decoding) keeps what a query r positions back sees:
+        // the blocks of a window r tokens longer.
+        need = sliding_blocks(tokens, grp.window + store_->rollback_tokens(), chunk, bt);
         break;
       case GroupKind::kCompressed:  // floor(tokens / rate) entries, block_tokens per block
         what = "compressed, rate " + std::to_string(grp.rate);

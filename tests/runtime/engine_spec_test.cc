@@ -318,5 +318,38 @@ TEST(EngineSpec, PerRequestKAndRefusals) {
   EXPECT_EQ(start_kind(*hybrid.model, h), ErrorKind::kUnsupported);  // linear attention
 }
 
+// Sliding-window layers (gptoss-tiny: window 8 on every other layer, with sinks): the store keeps
+// the blocks a rollback of up to k tokens returns to (PagedKVStore::set_rollback_tokens), so the
+// tokens equal plain decoding's while drafts are rejected and cropped. Blocks of 4 tokens make
+// the window leave blocks behind at almost every step.
+TEST(EngineSpec, SlidingWindowLayersEqualPlainDecoding) {
+  testing_util::ScratchDir dir("spec_sliding");
+  LoadOptions lo;
+  lo.dummy_cache_dir = dir.file("models");
+  const LoadedModel m = load_model("dummy:gptoss-tiny:f32", lo);
+  EngineConfig plain = config(0, 4), spec = config(3, 4);
+  plain.cache.max_cache_len = spec.cache.max_cache_len = 256;
+  std::vector<RequestParams> reqs;
+  // Repeated runs of ids, so that prompt lookup has something to propose.
+  for (uint32_t s = 0; s < 4; ++s) {
+    const std::vector<int32_t> run = random_tokens(5 + static_cast<int>(s), 40 + s);
+    std::vector<int32_t> p = {2};
+    for (int r = 0; r < 4; ++r) p.insert(p.end(), run.begin(), run.end());
+    reqs.push_back(greedy(p, 24));
+  }
+  Engine a(*m.model, nullptr, plain), b(*m.model, nullptr, spec);
+  EXPECT_EQ(b.store().rollback_tokens(), 3);
+  const std::vector<RequestOutput> want = run_all(a, reqs);
+  const std::vector<RequestOutput> got = run_all(b, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(got[i].samples.size(), 1u);
+    EXPECT_EQ(got[i].samples[0].tokens, want[i].samples[0].tokens) << "request " << i;
+    EXPECT_EQ(got[i].samples[0].tokens.size(), 24u);
+  }
+  const EngineMetrics met = b.metrics();
+  EXPECT_GT(met.spec_drafted, met.spec_accepted);  // drafts were rejected: crop rolled back
+  EXPECT_EQ(met.blocks_used, 0);
+}
+
 }  // namespace
 }  // namespace kvcache
