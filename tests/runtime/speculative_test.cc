@@ -379,6 +379,30 @@ TEST(SpeculativeSampling, DraftAndNgramProduceValidDeterministicOutput) {
   }
 }
 
+// Session::rollback moves the position back with the cache, and refuses what it does not hold.
+TEST(SpeculativeRefusals, SessionRollbackOutsideTheSequence) {
+  const testing_util::ScratchDir dir("spec_rollback");
+  LoadOptions lo;
+  lo.dummy_cache_dir = dir.str();
+  LoadedModel tiny = load_model("dummy:tiny", lo);
+  Session s(*tiny.model, SessionConfig{});
+  const std::vector<int32_t> ids = {1, 2, 3, 4, 5};
+  s.prefill(ids);
+  s.rollback(2);
+  EXPECT_EQ(s.position(), 3);
+  EXPECT_EQ(s.cache().seq_length(), 3);
+  for (int64_t bad : {int64_t{-1}, int64_t{4}}) {
+    try {
+      s.rollback(bad);
+      ADD_FAILURE() << "rollback(" << bad << ") accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("the session holds 3"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(s.position(), 3);
+}
+
 TEST(SpeculativeRefusals, ContainersThatCannotCropAndVocabularyMismatch) {
   const testing_util::ScratchDir dir("spec_refuse");
   LoadOptions lo;

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "cli_util.h"
 #include "scratch_dir.h"
@@ -86,6 +87,32 @@ TEST(CliSpecEngine, BatchSpecGivesTheSameTokensAndReportsAcceptance) {
     const CliResult r = run_cli(base + " " + bad);
     EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.err;
     EXPECT_NE(r.err.find("spec"), std::string::npos) << bad << "\n" << r.err;
+  }
+}
+
+// generate's speculative options: each combination that would be ignored or cannot work is
+// refused with a message naming the option, before anything is generated.
+TEST(CliSpecGenerate, OptionsWithoutEffectAreRefused) {
+  KVCACHE_REQUIRE_STORIES();
+  kvcache::testing_util::ScratchDir scratch("cli_spec_gen");
+  const std::string base =
+      "generate --model " +
+      kvcache::testing_util::shell_quote(kvcache::testing_util::stories_model()) +
+      " --prompt-ids '1 403 407' -n 4 --temp 0 --output ids";
+  const CliResult ok = run_cli(base + " --spec ngram --spec-k 2");
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.err.find("acceptance rate"), std::string::npos) << ok.err;
+  const std::string session = scratch.file("s.kvs");
+  for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--spec-k 2", "--spec-k"},
+           {"--spec ngram --draft-model x", "--draft-model"},
+           {"--spec draft --spec-ngram 2", "--spec-ngram"},
+           {"--spec draft", "--draft-model"},
+           {"--spec bogus", "--spec must be"},
+           {"--spec ngram --save-session '" + session + "'", "--save-session with --spec"}}) {
+    const CliResult r = run_cli(base + " " + bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.err.find(says), std::string::npos) << bad << "\n" << r.err;
   }
 }
 
