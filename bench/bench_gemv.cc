@@ -70,7 +70,17 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 65536, 1024});
 }
 
+// A small model's shapes (stories260K: dim 64, ffn 172, vocab 512; f32), where K is a few
+// 8-chunks and each output's horizontal sum is a large part of its work, for one row (decode)
+// and five (a speculative verification of 4 drafts).
+void small_shapes(benchmark::internal::Benchmark* b) {
+  for (int64_t m : {1, 5})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{512, 64}, {172, 64}, {64, 172}})
+      b->Args({m, n, k});
+}
+
 BENCHMARK_CAPTURE(BM_Gemv, f16, DType::kF16)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_Gemv, f32, DType::kF32)->Apply(small_shapes);
 BENCHMARK_CAPTURE(BM_Gemv, q8_0, DType::kQ8_0)->Apply(shapes);
 
 }  // namespace
