@@ -5,11 +5,12 @@
 # and `--spec ngram` (prompt lookup) alternate R times in one run; prints each run's decode tok/s,
 # the median ratio, whether the ids are identical, and the acceptance line.
 #
-#   scripts/spec_speedup.sh [kvcache] [-n N] [-t T] [-r R] [-p P] [-c C] [extra generate args...]
+#   scripts/spec_speedup.sh [kvcache] [-n N] [-t T] [-r R] [-p P] [-c C] [-k K] [extra generate args...]
+# -k: --spec-k of the speculative runs (default: generate's).
 set -euo pipefail
 bin=${1:-build/kvcache}
 shift || true
-n=100 t=1 r=5 p=120 c=1
+n=100 t=1 r=5 p=120 c=1 k=
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -n) n=$2; shift 2 ;;
@@ -17,6 +18,7 @@ while [[ $# -gt 0 ]]; do
     -r) r=$2; shift 2 ;;
     -p) p=$2; shift 2 ;;
     -c) c=$2; shift 2 ;;
+    -k) k=$2; shift 2 ;;
     *) break ;;
   esac
 done
@@ -35,7 +37,7 @@ plain=() spec=()
 for i in $(seq "$r"); do
   for mode in plain spec; do
     args=()
-    [[ $mode == spec ]] && args=(--spec ngram)
+    [[ $mode == spec ]] && args=(--spec ngram ${k:+--spec-k $k})
     "$bin" generate -m "$model" --prompt-ids "$prompt" -n "$n" --temp 0 --ignore-eos --output ids \
       -t "$t" "${args[@]}" "$@" >"$tmp/$mode.ids" 2>"$tmp/$mode.err"
     tps=$(grep -o 'decode: [0-9.]* tok/s' "$tmp/$mode.err" | awk '{print $2}')

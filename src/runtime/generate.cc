@@ -59,6 +59,7 @@ GenerateStats generate(Session& session, std::span<const int32_t> prompt,
 
   std::vector<int32_t> seq;  // everything fed so far
   seq.reserve(params.history.size() + prompt.size() + static_cast<size_t>(params.max_new_tokens));
+  session.reserve(session.position() + static_cast<int64_t>(prompt.size()) + params.max_new_tokens);
   seq.assign(params.history.begin(), params.history.end());
   seq.insert(seq.end(), prompt.begin(), prompt.end());
   std::unique_ptr<Forward> oracle;

@@ -154,6 +154,13 @@ void Session::rollback(int64_t n) {
   pos_ -= n;
 }
 
+void Session::reserve(int64_t tokens) {
+  if (tokens < 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "session reserve(" + std::to_string(tokens) + "): tokens must be >= 0");
+  cache_->reserve(std::min(tokens, cache_->config().options.max_cache_len));
+}
+
 void Session::restored(int64_t position) {
   if (paged_)
     throw Error(ErrorKind::kUnsupported,

@@ -53,6 +53,10 @@ class Session {
   void rollback(int64_t n);
 
   int64_t position() const { return pos_; }
+  // Room for `tokens` tokens in all (at most the cache's max_cache_len) without reallocating
+  // (Cache::reserve; growing containers only): generate reserves its prompt and -n up front, so
+  // that a dynamic cache does not double, copying every layer's K/V, inside a decode step.
+  void reserve(int64_t tokens);
   // Forget the sequence, keep the memory. A paged cache releases its blocks tail first; full
   // blocks stay in the prefix index until their memory is needed again.
   void reset();

@@ -212,6 +212,10 @@ GenerateStats generate_speculative(Session& target, Session* draft, std::span<co
     dseq = params.history;
   }
   const int64_t draft_ctx = draft != nullptr ? draft->model().config().max_seq_len : 0;
+  // The whole generation and one verification's drafts, reserved up front (Session::reserve).
+  const int64_t total = static_cast<int64_t>(prompt.size()) + params.max_new_tokens + spec.k;
+  target.reserve(target.position() + total);
+  if (draft != nullptr) draft->reserve(draft->position() + total);
 
   const auto t0 = Clock::now();
   std::span<const float> logits = target.prefill(prompt);
