@@ -403,6 +403,35 @@ TEST(SpeculativeRefusals, SessionRollbackOutsideTheSequence) {
   EXPECT_EQ(s.position(), 3);
 }
 
+// generate and generate_speculative reserve the whole generation (prompt, -n and one
+// verification's drafts) before the prefill, so a dynamic cache never doubles and copies its
+// K/V inside a decode step: every layer's storage is allocated once, never reallocated. A
+// 31-token prompt and 40 new tokens would otherwise double at 64 tokens.
+TEST(SpeculativeGreedy, GenerationIsReservedUpFrontNoReallocation) {
+  const testing_util::ScratchDir dir("spec_reserve");
+  LoadOptions lo;
+  lo.dummy_cache_dir = dir.str();
+  LoadedModel tiny = load_model("dummy:tiny", lo);
+  std::vector<int32_t> prompt = {1};
+  for (int32_t i = 0; i < 30; ++i) prompt.push_back(100 + i % 7);
+  GenerateParams gp;
+  gp.max_new_tokens = 40;
+  gp.ignore_eos = true;
+  for (const bool spec : {false, true}) {
+    Session s(*tiny.model, SessionConfig{});
+    if (spec) {
+      SpecParams sp;
+      sp.k = 4;
+      generate_speculative(s, nullptr, prompt, gp, sp, nullptr, nullptr, nullptr);
+    } else {
+      generate(s, prompt, gp, nullptr, nullptr);
+    }
+    ASSERT_GT(s.cache().seq_length(), 64);
+    for (int l = 0; l < s.cache().num_layers(); ++l)
+      EXPECT_EQ(s.cache().layer(l).stats().reallocations, 0) << "layer " << l << " spec " << spec;
+  }
+}
+
 TEST(SpeculativeRefusals, ContainersThatCannotCropAndVocabularyMismatch) {
   const testing_util::ScratchDir dir("spec_refuse");
   LoadOptions lo;
