@@ -358,8 +358,8 @@ uint64_t GgufValue::array_size() const {
 }
 
 // ---- GgufFile ----
-std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path) {
-  return open(MappedFile(path));
+std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path, MapMode mode) {
+  return open(MappedFile(path, mode));
 }
 
 std::shared_ptr<const GgufFile> GgufFile::open(MappedFile file) {

@@ -91,7 +91,8 @@ class GgufFile {
   // Maps and parses `path`. Throws Error(kIo) if unreadable, Error(kFormat) "<path>: <problem>"
   // for a bad magic, a version other than 3 (v1/v2 are refused: 32-bit counts), truncation,
   // an unknown value type, a bad alignment, overlapping or out-of-bounds tensor data.
-  static std::shared_ptr<const GgufFile> open(const std::string& path);
+  static std::shared_ptr<const GgufFile> open(const std::string& path,
+                                              MapMode mode = MapMode::kMap);
   // The same from a mapping or an in-memory copy (MappedFile::copy_of): fuzzers, tests.
   static std::shared_ptr<const GgufFile> open(MappedFile file);
 
@@ -142,7 +143,7 @@ class GgufFile {
 // vocab size from tokenizer.ggml.tokens or the output/token_embd tensor, bos/eos from
 // tokenizer.ggml.*; every tensor renamed by the entry's table, as a view. Validates the weights
 // of the family it becomes. Another architecture is Error(kUnsupported) naming it.
-std::unique_ptr<ModelFile> load_gguf_model(const std::string& path);
+std::unique_ptr<ModelFile> load_gguf_model(const std::string& path, MapMode mode = MapMode::kMap);
 std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> gguf);
 
 // Writes a GGUF v3 file. Tensor shapes are given row-major (as TensorView shapes: [out, in]);

@@ -17,8 +17,8 @@ namespace {
 
 }  // namespace
 
-std::unique_ptr<ModelFile> load_gguf_model(const std::string& path) {
-  return load_gguf_model(GgufFile::open(path));
+std::unique_ptr<ModelFile> load_gguf_model(const std::string& path, MapMode mode) {
+  return load_gguf_model(GgufFile::open(path, mode));
 }
 
 std::unique_ptr<ModelFile> load_gguf_model(std::shared_ptr<const GgufFile> g) {

@@ -115,8 +115,8 @@ bool is_llama2c_checkpoint(const std::string& path) {
   return in && header_problem(h).empty() && expected_bytes(h) == size;
 }
 
-std::unique_ptr<ModelFile> load_llama2c(const std::string& path) {
-  return load_llama2c(MappedFile(path));
+std::unique_ptr<ModelFile> load_llama2c(const std::string& path, MapMode mode) {
+  return load_llama2c(MappedFile(path, mode));
 }
 
 std::unique_ptr<ModelFile> load_llama2c(MappedFile mapped) {

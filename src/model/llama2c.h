@@ -22,7 +22,7 @@ bool is_llama2c_checkpoint(const std::string& path);
 // Opens a checkpoint. Throws Error(kIo) when the file cannot be read and Error(kFormat) naming
 // the file and the problem: header values out of range, size not matching the header (which
 // tensor is cut short), and so on.
-std::unique_ptr<ModelFile> load_llama2c(const std::string& path);
+std::unique_ptr<ModelFile> load_llama2c(const std::string& path, MapMode mode = MapMode::kMap);
 // The same from a mapping or an in-memory copy (MappedFile::copy_of): fuzzers, tests.
 std::unique_ptr<ModelFile> load_llama2c(MappedFile file);
 

@@ -13,13 +13,24 @@
 
 namespace kvcache {
 
+// How a file's bytes get into memory.
+//   kMap:  a read-only map of the file (pages come in at first use, shared with the page cache,
+//          4 KiB each: a regular file's pages are never transparent huge pages here).
+//   kRead: the whole file read into private anonymous memory, 2 MiB-aligned and offered for
+//          transparent huge pages (MADV_HUGEPAGE). A decode step streams every weight, and with
+//          4 KiB pages each 4 KiB of W is a new TLB entry; on a 2-vCPU Zen 5 VM the 125M f16
+//          model decoded 1.04-1.2x faster read this way (docs/benchmarks.md, row 21). Costs the
+//          file's size in private memory and a full read at open (`--no-mmap`).
+enum class MapMode { kMap, kRead };
+
 class MappedFile {
  public:
   MappedFile() = default;
-  // Opens and maps `path` read-only (MAP_PRIVATE, PROT_READ). Throws Error(kIo) naming the file
-  // and the OS reason when it cannot be opened, stat'ed or mapped. An empty file gives size 0
-  // and data() == nullptr (nothing to map); format readers then report it as truncated.
-  explicit MappedFile(const std::string& path);
+  // Opens `path` and maps it read-only (MAP_PRIVATE, PROT_READ), or reads it into huge-page
+  // memory (MapMode::kRead, then read-only too). Throws Error(kIo) naming the file and the OS
+  // reason when it cannot be opened, stat'ed, mapped or read. An empty file gives size 0 and
+  // data() == nullptr (nothing to map); format readers then report it as truncated.
+  explicit MappedFile(const std::string& path, MapMode mode = MapMode::kMap);
   // A private heap copy of `bytes` standing for a file named `name` (errors name it). Heap rather
   // than an anonymous mapping so that AddressSanitizer sees a read one byte past the end.
   static MappedFile copy_of(std::string name, std::string_view bytes);

@@ -327,10 +327,10 @@ void ModelFile::validate_llama_weights() const {
   }
 }
 
-std::unique_ptr<ModelFile> open_model_file(const std::string& path) {
+std::unique_ptr<ModelFile> open_model_file(const std::string& path, MapMode mode) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (fs::is_directory(path, ec)) return load_hf_model(path);
+  if (fs::is_directory(path, ec)) return load_hf_model(path, mode);
   if (!fs::exists(path, ec)) throw Error(ErrorKind::kIo, path + ": no such file or directory");
   char magic[4] = {};
   {
@@ -338,9 +338,9 @@ std::unique_ptr<ModelFile> open_model_file(const std::string& path) {
     if (!f) throw Error(ErrorKind::kIo, path + ": cannot open");
     f.read(magic, 4);
   }
-  if (std::string_view(magic, 4) == "GGUF") return load_gguf_model(path);
-  if (path.size() > 12 && path.ends_with(".safetensors")) return load_hf_model(path);
-  if (is_llama2c_checkpoint(path)) return load_llama2c(path);
+  if (std::string_view(magic, 4) == "GGUF") return load_gguf_model(path, mode);
+  if (path.size() > 12 && path.ends_with(".safetensors")) return load_hf_model(path, mode);
+  if (is_llama2c_checkpoint(path)) return load_llama2c(path, mode);
   throw Error(
       ErrorKind::kFormat,
       path +

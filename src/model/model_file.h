@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/mapped_file.h"
 
 namespace kvcache {
 
@@ -329,6 +330,7 @@ std::string layer_tensor(int64_t layer, const char* suffix);
 // model.safetensors.index.json) or a single .safetensors file with config.json beside it.
 // Other files throw Error(kFormat) naming the path and the formats accepted. The loaders check
 // the llama weights (names, shapes, dtypes) against the config.
-std::unique_ptr<ModelFile> open_model_file(const std::string& path);
+// `mode`: how the files' bytes get into memory (model/mapped_file.h).
+std::unique_ptr<ModelFile> open_model_file(const std::string& path, MapMode mode = MapMode::kMap);
 
 }  // namespace kvcache

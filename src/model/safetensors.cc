@@ -52,8 +52,9 @@ const char* dtype_st_name(DType t) {
 
 }  // namespace
 
-std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  return open(MappedFile(path));
+std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& path,
+                                                             MapMode mode) {
+  return open(MappedFile(path, mode));
 }
 
 std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(MappedFile file) {
@@ -277,7 +278,7 @@ std::vector<std::string> parse_safetensors_index(const std::string& text,
   return shards;
 }
 
-std::unique_ptr<ModelFile> load_hf_model(const std::string& path) {
+std::unique_ptr<ModelFile> load_hf_model(const std::string& path, MapMode mode) {
   std::error_code ec;
   const bool is_dir = fs::is_directory(path, ec);
   const fs::path dir = is_dir ? fs::path(path) : fs::path(path).parent_path();
@@ -307,7 +308,7 @@ std::unique_ptr<ModelFile> load_hf_model(const std::string& path) {
   }
 
   std::vector<std::shared_ptr<const SafetensorsFile>> files;
-  for (const std::string& shard : shards) files.push_back(SafetensorsFile::open(shard));
+  for (const std::string& shard : shards) files.push_back(SafetensorsFile::open(shard, mode));
   return hf_model_from_safetensors(path, std::move(config), files);
 }
 

@@ -25,7 +25,8 @@ class SafetensorsFile {
   // Throws Error(kFormat) "<path>: <problem>" for a bad header length, JSON, dtype (F32, F16,
   // BF16 are supported; others are refused naming the tensor), shape/offset mismatch, overlap or
   // out-of-bounds data.
-  static std::shared_ptr<const SafetensorsFile> open(const std::string& path);
+  static std::shared_ptr<const SafetensorsFile> open(const std::string& path,
+                                                     MapMode mode = MapMode::kMap);
   // The same from a mapping or an in-memory copy (MappedFile::copy_of): fuzzers, tests.
   static std::shared_ptr<const SafetensorsFile> open(MappedFile file);
   const std::string& path() const { return file_.path(); }
@@ -62,7 +63,7 @@ std::vector<std::string> parse_safetensors_index(const std::string& json_text,
 // Loads a HF model: `path` is a folder with config.json and model.safetensors or
 // model.safetensors.index.json, or a .safetensors file with config.json in its folder.
 // Validates the llama weights against the config.
-std::unique_ptr<ModelFile> load_hf_model(const std::string& path);
+std::unique_ptr<ModelFile> load_hf_model(const std::string& path, MapMode mode = MapMode::kMap);
 // The ModelFile of a parsed config and its opened shards (load_hf_model's second half, also for
 // fuzzers): tensor names mapped, the ModelFile keeps the shards alive, weights validated.
 std::unique_ptr<ModelFile> hf_model_from_safetensors(

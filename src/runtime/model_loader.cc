@@ -120,9 +120,9 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
   // must be a llama2.c checkpoint (it has no magic), whose header checks then name the problem.
   if (fs::is_directory(path, ec) || starts_with_gguf_magic(path) ||
       path.ends_with(".safetensors")) {
-    file = open_model_file(path);
+    file = open_model_file(path, options.map_mode);
   } else {
-    file = load_llama2c(path);
+    file = load_llama2c(path, options.map_mode);
   }
 
   LoadedModel out;

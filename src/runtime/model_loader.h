@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/forward.h"
+#include "model/mapped_file.h"
 #include "model/tokenizer.h"
 
 namespace kvcache {
@@ -40,6 +41,9 @@ struct LoadOptions {
   // chunk of kProgressChunkBytes and once at the end (done == total). Without it, pages come
   // in lazily at first use (the mmap default) and nothing is reported.
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> on_progress;
+  // How the model file's bytes get into memory (model/mapped_file.h): mapped (the default), or
+  // read into transparent-huge-page memory (`--no-mmap`: faster decode, private memory).
+  MapMode map_mode = MapMode::kMap;
 };
 
 inline constexpr uint64_t kProgressMinBytes = 100ull << 20;

@@ -21,6 +21,7 @@ struct ModelOptions {
   std::string kv_dtype;  // empty: f32 for f32 checkpoints, f16 otherwise
   int threads = 0;
   int64_t chunk = 512;
+  bool no_mmap = false;  // read the model into huge-page memory (MapMode::kRead) instead of mapping
   std::string progress = "auto";  // model load progress on stderr: auto (when a terminal), on, off
   int64_t block_tokens = 16;      // --cache paged: tokens per block
   std::string kv_budget;  // --cache paged: bytes for pool + activations ("512MiB"); empty: none
@@ -36,7 +37,8 @@ struct ModelOptions {
 };
 
 // Adds --model, --tokenizer, --cache, --max-cache-len, --kernel, --kv-dtype, -t, --chunk,
-// --progress, --block-tokens, --kv-budget, --kv-policy, --kv-bits, --kv-quant, --kv-group,
+// --progress, --no-mmap, --block-tokens, --kv-budget, --kv-policy, --kv-bits, --kv-quant,
+// --kv-group,
 // --kv-residual,
 // --offload-dir,
 // and the old spellings of renamed ones. Which of them take effect in which run (the old

@@ -377,6 +377,7 @@ const OptionRule kRules[] = {
     {kModel, "--threads", nullptr},
     {kModel, "--chunk", chunk},
     {kModel, "--progress", nullptr},
+    {kModel, "--no-mmap", nullptr},
     {kModel, "--block-tokens", needs_paged},
     {kModel, "--kv-budget", needs_paged},
     {kModel, "--kv-policy", kv_policy},

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +67,46 @@ TEST(MappedFile, EmptyFileHasNoData) {
 
 TEST(MappedFile, DirectoryIsRefused) {
   EXPECT_THROW(MappedFile m(std::filesystem::temp_directory_path().string()), Error);
+}
+
+// MapMode::kRead (--no-mmap): the same bytes as the map, in memory that starts on a 2 MiB
+// boundary (so every whole 2 MiB of it can be a transparent huge page), released by the
+// destructor and carried by moves; a file of 5 MiB + 3 bytes covers whole and partial huge
+// pages and a tail that is not a whole 4 KiB page. Errors as in map mode.
+TEST(MappedFile, ReadModeHoldsTheSameBytesOnAHugePageBoundary) {
+  const std::string p = temp_path("read.bin");
+  std::string content((5u << 20) + 3, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 131 + (i >> 12));
+  {
+    std::ofstream f(p, std::ios::binary);
+    f.write(content.data(), static_cast<std::streamsize>(content.size()));
+  }
+  MappedFile mapped(p);
+  MappedFile read(p, MapMode::kRead);
+  ASSERT_EQ(read.size(), content.size());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(read.data()) % (2u << 20), 0u);
+  EXPECT_TRUE(read.bytes() == mapped.bytes());
+  EXPECT_TRUE(read.bytes() == content);
+  EXPECT_THROW(read.at(content.size() - 2, 3, "past the end"), Error);
+  MappedFile moved = std::move(read);
+  EXPECT_TRUE(moved.bytes() == content);
+  EXPECT_EQ(read.data(), nullptr);
+  std::filesystem::remove(p);
+  // The bytes were read at open: the file's removal does not touch them.
+  EXPECT_EQ(moved.bytes()[content.size() - 1], content.back());
+
+  { std::ofstream f(p, std::ios::binary); }
+  MappedFile empty(p, MapMode::kRead);
+  EXPECT_EQ(empty.size(), 0u);
+  EXPECT_EQ(empty.data(), nullptr);
+  std::filesystem::remove(p);
+  try {
+    MappedFile m(p, MapMode::kRead);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    EXPECT_NE(std::string(e.what()).find(p), std::string::npos);
+  }
 }
 
 }  // namespace

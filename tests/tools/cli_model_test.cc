@@ -43,6 +43,26 @@ TEST(CliGenerate, StdoutIsByteIdenticalToLlama2c) {
   EXPECT_EQ(e.out, read_file(kGolden + "/empty.txt"));
 }
 
+// --no-mmap reads the checkpoint into huge-page memory: the same golden text as the mapping,
+// and a GGUF (dummy:tiny) gives the same ids both ways.
+TEST(CliGenerate, NoMmapReadsTheSameModel) {
+  KVCACHE_REQUIRE_STORIES();
+  CliResult r = run_cli("generate --model " + shell_quote(kModel) +
+                        " --prompt 'Once upon a time' -n 252 --temp 0 --no-mmap");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, read_file(kGolden + "/once_upon_a_time.txt"));
+  std::string ids[2];
+  for (int i = 0; i < 2; ++i) {
+    CliResult g =
+        run_cli(std::string("generate --model dummy:tiny --prompt-ids '1 5 9 13' -n 12 ") +
+                "--temp 0 --ignore-eos --output ids" + (i == 1 ? " --no-mmap" : ""));
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    ids[i] = g.out;
+  }
+  EXPECT_FALSE(ids[0].empty());
+  EXPECT_EQ(ids[0], ids[1]);
+}
+
 TEST(CliGenerate, IdsOutputAndVerify) {
   KVCACHE_REQUIRE_STORIES();
   CliResult r = run_cli("generate --model " + shell_quote(kModel) +
