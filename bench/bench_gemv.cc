@@ -10,9 +10,11 @@
 // one-row GEMV is memory-bound on this host.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
+#include "core/machine_limits.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
 
@@ -82,6 +84,102 @@ void small_shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK_CAPTURE(BM_Gemv, f16, DType::kF16)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_Gemv, f32, DType::kF32)->Apply(small_shapes);
 BENCHMARK_CAPTURE(BM_Gemv, q8_0, DType::kQ8_0)->Apply(shapes);
+
+// One decode step's linears of the 125M llama (dim 768, 12 layers, 4 of 12 heads for K/V,
+// ffn 2048, vocab 32000; f16, 238 MiB of W): Q/K/V and gate/up as matmul_group's grouped loops,
+// as the model runs them, on all the pool's threads, every matrix its own buffer, so W streams
+// from memory as in `kvcache bench`. bytes_per_second is W read; BM_GemvStepReadBandwidth is
+// the read probe of `kvcache bench` (core/machine_limits.h) over as many bytes, same threads,
+// so the ratio of the two is the GEMV's fraction of the read bandwidth inside a model step.
+struct StepWeights {
+  struct Layer {
+    std::vector<std::byte> q, k, v, o, gate, up, down;
+  };
+  std::vector<Layer> layers;
+  std::vector<std::byte> head;
+  size_t bytes = 0;
+};
+constexpr int64_t kDim = 768, kKv = 256, kFfn = 2048, kVocab = 32000, kLayers = 12;
+
+const StepWeights& step_weights() {
+  static const StepWeights w = [] {
+    StepWeights s;
+    std::mt19937 rng(11);
+    auto make = [&](int64_t n, int64_t k) {
+      std::vector<std::byte> b(dtype_bytes(DType::kF16, n * k));
+      auto* h = reinterpret_cast<f16_t*>(b.data());
+      for (int64_t i = 0; i < n * k; ++i)
+        h[i] = f32_to_f16(static_cast<float>(rng() % 64) / 64 - 0.5f);
+      s.bytes += b.size();
+      return b;
+    };
+    for (int64_t l = 0; l < kLayers; ++l)
+      s.layers.push_back({make(kDim, kDim), make(kKv, kDim), make(kKv, kDim), make(kDim, kDim),
+                          make(kFfn, kDim), make(kFfn, kDim), make(kDim, kFfn)});
+    s.head = make(kVocab, kDim);
+    return s;
+  }();
+  return w;
+}
+
+void BM_GemvStep(benchmark::State& state) {
+  const StepWeights& w = step_weights();
+  std::vector<float> x(kFfn, 0.25f), q(kDim), k(kKv), v(kKv), o(kDim), g(kFfn), u(kFfn),
+      logits(kVocab);
+  auto params = [](const std::vector<std::byte>& wb, int64_t n, int64_t kk, const float* xs,
+                   float* y) {
+    MatmulParams p;
+    p.x = xs;
+    p.ldx = kk;
+    p.w = wb.data();
+    p.w_dtype = DType::kF16;
+    p.y = y;
+    p.ldy = n;
+    p.m = 1;
+    p.n = n;
+    p.k = kk;
+    p.allow_blas = false;
+    return p;
+  };
+  for (auto _ : state) {
+    for (const StepWeights::Layer& l : w.layers) {
+      const MatmulParams qkv[3] = {params(l.q, kDim, kDim, x.data(), q.data()),
+                                   params(l.k, kKv, kDim, x.data(), k.data()),
+                                   params(l.v, kKv, kDim, x.data(), v.data())};
+      matmul_group(qkv);
+      matmul(params(l.o, kDim, kDim, q.data(), o.data()));
+      const MatmulParams gu[2] = {params(l.gate, kFfn, kDim, o.data(), g.data()),
+                                  params(l.up, kFfn, kDim, o.data(), u.data())};
+      matmul_group(gu);
+      matmul(params(l.down, kDim, kFfn, g.data(), o.data()));
+    }
+    matmul(params(w.head, kVocab, kDim, o.data(), logits.data()));
+    benchmark::DoNotOptimize(logits.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.bytes));
+  state.counters["threads"] = default_pool().n_threads();
+}
+
+void BM_GemvStepReadBandwidth(benchmark::State& state) {
+  const StepWeights& w = step_weights();
+  // The same bytes as one step's W, read by every thread's share, in one buffer.
+  static std::vector<float> buf(w.bytes / sizeof(float), 1.0f);
+  ThreadPool& pool = default_pool();
+  const int nt = pool.n_threads();
+  const int64_t n = static_cast<int64_t>(buf.size()), per = (n / nt + 15) / 16 * 16;
+  std::vector<float> sums(static_cast<size_t>(nt));
+  for (auto _ : state) {
+    pool.parallel_for(nt, [&](int64_t t) {
+      const int64_t b = std::min(n, t * per), e = std::min(n, b + per);
+      sums[static_cast<size_t>(t)] = read_sum(buf.data() + b, e - b);
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(buf.size() * sizeof(float)));
+}
+
+BENCHMARK(BM_GemvStep)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(BM_GemvStepReadBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
 
 }  // namespace
 }  // namespace kvcache
