@@ -24,6 +24,13 @@
 namespace kvcache {
 namespace {
 
+// Load options whose dummy: models are generated into the test's scratch folder.
+LoadOptions dummy_options(const testing_util::ScratchDir& dir) {
+  LoadOptions lo;
+  lo.dummy_cache_dir = dir.str();
+  return lo;
+}
+
 TEST(NgramPropose, LongestLatestMatchAndWhatFollowed) {
   // ... 5 6 7 [8 9] ... 5 6 7: the 3-gram "5 6 7" recurs; its latest earlier occurrence wins.
   const std::vector<int32_t> ctx = {5, 6, 7, 1, 2, 5, 6, 7, 8, 9, 4, 5, 6, 7};
@@ -216,8 +223,7 @@ void expect_greedy_identity(const Model& model, std::span<const int32_t> prompt,
 
 TEST(SpeculativeGreedy, DummyTinyEqualsPlainDecodingOnEveryContainer) {
   const testing_util::ScratchDir dir("spec_tiny");
-  LoadOptions lo;
-  lo.dummy_cache_dir = dir.str();
+  const LoadOptions lo = dummy_options(dir);
   LoadedModel target = load_model("dummy:tiny", lo);
   DummyModelOptions other;
   other.cache_dir = dir.str();
@@ -274,8 +280,7 @@ std::vector<float> continuation_logits(const Model& m, const SessionConfig& sc,
 // diverged; prepare_speculative_cache refuses the override.
 TEST(SpeculativeVerification, SlidingRowsEqualOneTokenDecodesButACacheOnlyWindowDoesNot) {
   const testing_util::ScratchDir dir("spec_rows");
-  LoadOptions lo;
-  lo.dummy_cache_dir = dir.str();
+  const LoadOptions lo = dummy_options(dir);
   LoadedModel gemma2 = load_model("dummy:gemma2-tiny", lo);
   std::vector<int32_t> prompt = {2};
   for (int32_t i = 0; i < 20; ++i) prompt.push_back(10 + 7 * i);
@@ -319,8 +324,7 @@ TEST(SpeculativeVerification, SlidingRowsEqualOneTokenDecodesButACacheOnlyWindow
 // k - 1 one-token steps).
 TEST(SpeculativeGreedy, SlidingLayersEqualPlainDecodingOnEveryContainer) {
   const testing_util::ScratchDir dir("spec_sliding");
-  LoadOptions lo;
-  lo.dummy_cache_dir = dir.str();
+  const LoadOptions lo = dummy_options(dir);
   LoadedModel target = load_model("dummy:gptoss-tiny", lo);
   ASSERT_EQ(target.model->config().layer_types[0], "sliding_attention");
   LoadedModel unrelated = load_model("dummy:gemma2-tiny", lo);
@@ -351,8 +355,7 @@ TEST(SpeculativeGreedy, Stories260KEqualsPlainDecodingOnEveryContainer) {
 // seed, and the acceptance counts consistent.
 TEST(SpeculativeSampling, DraftAndNgramProduceValidDeterministicOutput) {
   const testing_util::ScratchDir dir("spec_sample");
-  LoadOptions lo;
-  lo.dummy_cache_dir = dir.str();
+  const LoadOptions lo = dummy_options(dir);
   LoadedModel target = load_model("dummy:tiny", lo);
   LoadedModel f32 = load_model("dummy:tiny:f32", lo);
   GenerateParams gp;
@@ -382,8 +385,7 @@ TEST(SpeculativeSampling, DraftAndNgramProduceValidDeterministicOutput) {
 // Session::rollback moves the position back with the cache, and refuses what it does not hold.
 TEST(SpeculativeRefusals, SessionRollbackOutsideTheSequence) {
   const testing_util::ScratchDir dir("spec_rollback");
-  LoadOptions lo;
-  lo.dummy_cache_dir = dir.str();
+  const LoadOptions lo = dummy_options(dir);
   LoadedModel tiny = load_model("dummy:tiny", lo);
   Session s(*tiny.model, SessionConfig{});
   const std::vector<int32_t> ids = {1, 2, 3, 4, 5};
@@ -409,8 +411,7 @@ TEST(SpeculativeRefusals, SessionRollbackOutsideTheSequence) {
 // 31-token prompt and 40 new tokens would otherwise double at 64 tokens.
 TEST(SpeculativeGreedy, GenerationIsReservedUpFrontNoReallocation) {
   const testing_util::ScratchDir dir("spec_reserve");
-  LoadOptions lo;
-  lo.dummy_cache_dir = dir.str();
+  const LoadOptions lo = dummy_options(dir);
   LoadedModel tiny = load_model("dummy:tiny", lo);
   std::vector<int32_t> prompt = {1};
   for (int32_t i = 0; i < 30; ++i) prompt.push_back(100 + i % 7);
@@ -434,8 +435,7 @@ TEST(SpeculativeGreedy, GenerationIsReservedUpFrontNoReallocation) {
 
 TEST(SpeculativeRefusals, ContainersThatCannotCropAndVocabularyMismatch) {
   const testing_util::ScratchDir dir("spec_refuse");
-  LoadOptions lo;
-  lo.dummy_cache_dir = dir.str();
+  const LoadOptions lo = dummy_options(dir);
   LoadedModel tiny = load_model("dummy:tiny", lo);
   GenerateParams gp;
   gp.max_new_tokens = 4;
