@@ -19,7 +19,7 @@ namespace kvcache {
 //   kRead: the whole file read into private anonymous memory, 2 MiB-aligned and offered for
 //          transparent huge pages (MADV_HUGEPAGE). A decode step streams every weight, and with
 //          4 KiB pages each 4 KiB of W is a new TLB entry; on a 2-vCPU Zen 5 VM the 125M f16
-//          model decoded 1.04-1.2x faster read this way (docs/benchmarks.md, row 21). Costs the
+//          model decoded 1.03-1.2x faster read this way (docs/benchmarks.md, row 21). Costs the
 //          file's size in private memory and a full read at open (`--no-mmap`).
 enum class MapMode { kMap, kRead };
 

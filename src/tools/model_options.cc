@@ -51,7 +51,7 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_flag("--no-mmap", o.no_mmap,
                 "Read the model file into private memory backed by transparent huge pages "
                 "instead of mapping it: a decode step streams every weight, and 4 KiB file "
-                "pages cost a TLB walk per 4 KiB (1.04-1.2x faster decode on the 125M f16 "
+                "pages cost a TLB walk per 4 KiB (1.03-1.2x faster decode on the 125M f16 "
                 "model); costs the file's size in private memory and a full read at load");
   cmd->add_option("--block-tokens", o.block_tokens, "Paged cache: tokens per block (default 16)");
   cmd->add_option("--kv-budget", o.kv_budget,
