@@ -18,6 +18,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define KVCACHE_MATMUL_AVX2 1
+#if defined(__AVX512F__)
+#define KVCACHE_MATMUL_AVX512 1
+#endif
 #endif
 
 namespace kvcache {
@@ -115,6 +118,109 @@ inline __m256 load_f16x8(const f16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+#ifdef KVCACHE_MATMUL_AVX512
+// AVX-512 builds: the arithmetic of every f32 / f16 / bf16 dot on the GEMV path (dot_row, the
+// one-row GEMV, the batched tiles). Two 16-lane accumulators: a0 takes elements [32 i, 32 i + 16)
+// and a1 [32 i + 16, 32 i + 32), FMAs in ascending i; then a last 16 into a0, a last 8 into a1's
+// low lanes (the high ones add 0 * 0); then hsum16 (a0 + a1, the halves added, hsum's 8-lane
+// tree) and the last k % 8 products added one by one. Two chains, not one: a lone row then
+// streams at the memory's rate (32 multiply-adds per FMA latency), so the one-row GEMV reads
+// W one row after another, a single sequential stream, instead of 8 rows side by side (see
+// gemv_rows). Builds without AVX-512 keep the one 8-lane chain (dot_simd, dot_tile).
+template <DType D>
+struct Lanes16;  // W's element type as 16 (or 8) f32 lanes
+template <>
+struct Lanes16<DType::kF32> {
+  using T = float;
+  static __m512 load16(const T* p) { return _mm512_loadu_ps(p); }
+  static __m256 load8(const T* p) { return _mm256_loadu_ps(p); }
+  static float widen(T v) { return v; }
+};
+template <>
+struct Lanes16<DType::kF16> {
+  using T = f16_t;
+  static __m512 load16(const T* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m256 load8(const T* p) { return load_f16x8(p); }
+  static float widen(T v) { return f16_to_f32(v); }
+};
+template <>
+struct Lanes16<DType::kBF16> {
+  using T = bf16_t;
+  static __m512 load16(const T* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
+  static __m256 load8(const T* p) { return load_bf16x8(p); }
+  static float widen(T v) { return bf16_to_f32(v); }
+};
+inline float hsum16(__m512 a0, __m512 a1) {
+  const __m512 s = _mm512_add_ps(a0, a1);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(s), hi));
+}
+// The outputs of R x rows times NW W rows (row stride ldw), each with the arithmetic above, so
+// a result has the same bits whatever the tile. pf: prefetch while walking K, linear (the W
+// bytes from pf on, one row's stretch per step: the one-row GEMV) or the same columns of the
+// next tile's rows (pf = w + NW rows).
+template <int R, int NW, DType D, typename T = typename Lanes16<D>::T>
+void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
+                const std::byte* pf, bool pf_linear, float (&s)[NW][R]) {
+  __m512 a0[NW][R], a1[NW][R];
+  for (int v = 0; v < NW; ++v)
+    for (int i = 0; i < R; ++i) a0[v][i] = a1[v][i] = _mm512_setzero_ps();
+  int64_t j = 0;
+  constexpr size_t kStep = 32 * sizeof(T);
+  for (; j + 32 <= k; j += 32) {
+    if (pf != nullptr) {
+      if (pf_linear) {
+        for (size_t b = 0; b < kStep; b += 64)
+          prefetch_l2(pf + static_cast<size_t>(j) * sizeof(T) + b);
+      } else {
+        for (int v = 0; v < NW; ++v)
+          for (size_t b = 0; b < kStep; b += 64)
+            prefetch_l1(pf + static_cast<size_t>(v * ldw + j) * sizeof(T) + b);
+      }
+    }
+    __m512 w0[NW], w1[NW];
+    for (int v = 0; v < NW; ++v) {
+      w0[v] = Lanes16<D>::load16(w + v * ldw + j);
+      w1[v] = Lanes16<D>::load16(w + v * ldw + j + 16);
+    }
+    for (int i = 0; i < R; ++i) {
+      __m512 x0 = _mm512_loadu_ps(x + i * ldx + j), x1 = _mm512_loadu_ps(x + i * ldx + j + 16);
+      if constexpr (NW > 1) __asm__("" : "+v"(x0), "+v"(x1));
+      for (int v = 0; v < NW; ++v) {
+        a0[v][i] = _mm512_fmadd_ps(w0[v], x0, a0[v][i]);
+        a1[v][i] = _mm512_fmadd_ps(w1[v], x1, a1[v][i]);
+      }
+    }
+  }
+  if (j + 16 <= k) {
+    for (int v = 0; v < NW; ++v)
+      for (int i = 0; i < R; ++i)
+        a0[v][i] = _mm512_fmadd_ps(Lanes16<D>::load16(w + v * ldw + j),
+                                   _mm512_loadu_ps(x + i * ldx + j), a0[v][i]);
+    j += 16;
+  }
+  if (j + 8 <= k) {
+    for (int v = 0; v < NW; ++v)
+      for (int i = 0; i < R; ++i)
+        a1[v][i] =
+            _mm512_fmadd_ps(_mm512_zextps256_ps512(Lanes16<D>::load8(w + v * ldw + j)),
+                            _mm512_zextps256_ps512(_mm256_loadu_ps(x + i * ldx + j)), a1[v][i]);
+    j += 8;
+  }
+  for (int v = 0; v < NW; ++v)
+    for (int i = 0; i < R; ++i) {
+      float t = hsum16(a0[v][i], a1[v][i]);
+      for (int64_t jj = j; jj < k; ++jj) t += Lanes16<D>::widen(w[v * ldw + jj]) * x[i * ldx + jj];
+      s[v][i] = t;
+    }
+}
+#endif
+
 // One 8-lane accumulator, chunks of 8 in ascending order, then hsum: the arithmetic every GEMV
 // path shares (dot_tile below gives each output of a tile exactly these bits). A lone call is a
 // single FMA chain (latency-bound); the GEMV runs rows in tiles so several chains overlap.
@@ -196,6 +302,11 @@ void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, L
 #endif
 
 float dot_f32(const float* w, const float* x, int64_t k) {
+#ifdef KVCACHE_MATMUL_AVX512
+  float r[1][1];
+  dot_tile16<1, 1, DType::kF32>(w, k, x, k, k, nullptr, false, r);
+  return r[0][0];
+#endif
   int64_t j = 0;
   float s = 0.0f;
 #ifdef KVCACHE_MATMUL_AVX2
@@ -207,6 +318,11 @@ float dot_f32(const float* w, const float* x, int64_t k) {
 }
 
 float dot_f16(const f16_t* w, const float* x, int64_t k) {
+#ifdef KVCACHE_MATMUL_AVX512
+  float r[1][1];
+  dot_tile16<1, 1, DType::kF16>(w, k, x, k, k, nullptr, false, r);
+  return r[0][0];
+#endif
   int64_t j = 0;
   float s = 0.0f;
 #ifdef KVCACHE_MATMUL_AVX2
@@ -218,6 +334,11 @@ float dot_f16(const f16_t* w, const float* x, int64_t k) {
 }
 
 float dot_bf16(const bf16_t* w, const float* x, int64_t k) {
+#ifdef KVCACHE_MATMUL_AVX512
+  float r[1][1];
+  dot_tile16<1, 1, DType::kBF16>(w, k, x, k, k, nullptr, false, r);
+  return r[0][0];
+#endif
   int64_t j = 0;
   float s = 0.0f;
 #ifdef KVCACHE_MATMUL_AVX2
@@ -296,6 +417,24 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
   const auto* w = static_cast<const std::byte*>(p.w) + static_cast<size_t>(r) * rb;
   const float* x = p.x + i * p.ldx;
   const std::byte* pf = pf_bytes > 0 ? w + pf_bytes : nullptr;
+#ifdef KVCACHE_MATMUL_AVX512
+  switch (p.w_dtype) {
+    case DType::kF32:
+      dot_tile16<R, NW, DType::kF32>(reinterpret_cast<const float*>(w), p.k, x, p.ldx, p.k, pf,
+                                     linear, s);
+      goto done;
+    case DType::kF16:
+      dot_tile16<R, NW, DType::kF16>(reinterpret_cast<const f16_t*>(w), p.k, x, p.ldx, p.k, pf,
+                                     linear, s);
+      goto done;
+    case DType::kBF16:
+      dot_tile16<R, NW, DType::kBF16>(reinterpret_cast<const bf16_t*>(w), p.k, x, p.ldx, p.k, pf,
+                                      linear, s);
+      goto done;
+    default:
+      break;
+  }
+#endif
   switch (p.w_dtype) {
     // Loaders as lambdas, not function pointers: a pointer template argument is called, not
     // inlined, which would cost a call per 8-element chunk.
@@ -325,6 +464,9 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
       }
       break;
   }
+#ifdef KVCACHE_MATMUL_AVX512
+done:
+#endif
   for (int v = 0; v < NW; ++v) {
     const float b = p.bias != nullptr ? p.bias[r + v] : 0.0f;
     for (int ii = 0; ii < R; ++ii) p.y[(i + ii) * p.ldy + r + v] = s[v][ii] + b;
@@ -333,9 +475,18 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
 
 // x rows per tile and W rows per tile (f32/f16/bf16; other types use one). 4 x 3 keeps 12
 // independent FMA chains in flight (latency 4 x 2 ports needs 8) in 12 + 3 + 1 registers, and
-// widens each W chunk for 4 rows of x.
+// widens each W chunk for 4 rows of x. AVX-512 builds: 4 x 2, each output two zmm chains (16
+// accumulators + 4 W + 2 x registers of 32).
 constexpr int kTileRows = 4;
+#ifdef KVCACHE_MATMUL_AVX512
+constexpr int kTileW = 2;
+// One-row GEMV, AVX-512 builds (one row after another): the prefetch distance in W. tg64 of the
+// 125M f16 model (2 threads, `kvcache bench --no-mmap`, a Zen 5 VM, two alternated rounds): no
+// prefetch 134-138 tok/s, 8 KiB 258-269, 16 KiB 257-275, 32 KiB 259-263.
+constexpr size_t kGemvSeqPrefetchBytes = 16 << 10;
+#else
 constexpr int kTileW = 3;
+#endif
 constexpr size_t kGemvBlockBytes = 128 << 10;
 constexpr size_t kGemvPrefetchBytes = 8 << 10;  // GGUF block types: prefetch distance in W
 // One-row GEMV over f32/f16/bf16 W: the prefetch distance. Swept on a Zen 5 host streaming 128
@@ -343,8 +494,10 @@ constexpr size_t kGemvPrefetchBytes = 8 << 10;  // GGUF block types: prefetch di
 // 27-35.5, 128-256 KiB 25-31, a plain reader 27.5-30 on the same thread; end to end (tg64 of
 // the 125M f16 model, 2 threads, 3 alternated rounds) 64 KiB gave 1.04-1.27x the tokens/s of
 // 8 KiB and beat 128 and 256 KiB in every round.
+#ifndef KVCACHE_MATMUL_AVX512
 constexpr size_t kGemvRowPrefetchBytes = 64 << 10;
 constexpr int kRowTileW = 8;  // one-row GEMV (f32/f16/bf16): W rows per tile (see gemv_rows)
+#endif
 
 // rows (1..R) of x from row i: the tile of that height (remainders of M use smaller tiles).
 template <int NW, int R = kTileRows>
@@ -358,7 +511,8 @@ void gemv_tile_rows(const MatmulParams& p, size_t rb, int64_t r, int64_t i, int6
 #endif
 
 // Rows [r0, r1) of y for every row of x: each W row is read once for all M rows of x. One row
-// of x: tiles of kRowTileW W rows (that many FMA chains in flight). Several: multi-row tiles,
+// of x: W rows one after another (AVX-512), or tiles of kRowTileW W rows (that many FMA chains
+// in flight). Several: multi-row tiles,
 // which widen each W chunk once for kTileRows x rows and load each x chunk once for kTileW W
 // rows. Every output gets dot_row's exact bits either way (the integer dots: one row at a time).
 // xq: x's rows rounded to int8 (act_dot), else nullptr.
@@ -379,11 +533,25 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* x
     // them to the last line.
     const size_t end = static_cast<size_t>(r1) * rb;
     int64_t r = r0;
+#ifdef KVCACHE_MATMUL_AVX512
+    // AVX-512: one row at a time (its two 16-lane chains are enough to outrun memory), so
+    // each thread reads W as one sequential stream, prefetched kGemvSeqPrefetchBytes ahead.
+    // Side by side on a Zen 5 VM, 2 threads: the 8-row tiles read 8 rows of W side by side
+    // and streamed at 0.55-0.67 of a plain reader (bench_gemv BM_GemvStep against
+    // BM_GemvStepReadBandwidth), one row at a time 0.67-0.87; tg64 of the 125M f16 model
+    // (`kvcache bench --no-mmap`, three alternated pairs) went from 199-214 to 273-294 tok/s,
+    // 0.62-0.66 -> 0.77-0.86 of the read bandwidth.
+    for (; r < r1; ++r) {
+      const size_t row_end = static_cast<size_t>(r + 1) * rb;
+      gemv_tile<1, 1>(p, rb, r, 0, std::min(kGemvSeqPrefetchBytes, end - row_end), true);
+    }
+#else
     for (; r + kRowTileW <= r1; r += kRowTileW) {
       const size_t ahead = static_cast<size_t>(r + kRowTileW) * rb;  // end of this tile's rows
       gemv_tile<1, kRowTileW>(p, rb, r, 0, std::min(kGemvRowPrefetchBytes, end - ahead), true);
     }
     for (; r < r1; ++r) gemv_tile<1, 1>(p, rb, r, 0, 0, false);
+#endif
     return;
   }
   if (p.m > 1 && xq == nullptr) {

@@ -1,16 +1,17 @@
 // Matmul / GEMV over model weights: y[M, N] = x[M, K] · W[N, K]^T (+ bias), the layout of
 // llama2.c, GGUF and HF Linear weights (one output feature per row of W). x and y are f32;
 // W is f32, f16, bf16 or q8_0 and is only read (it usually points into a memory-mapped file).
-// Decode (M = 1) is bound by reading W once: rows are split across the thread pool and run in
-// tiles of 2 W rows (two FMA chains). Batched decode (M > 1 on the GEMV path) runs tiles of 4 x
-// rows x 3 W rows (each W chunk widened once, each x chunk loaded once). Every output's
-// arithmetic is exactly dot_row's (one 8-lane FMA accumulator over k, then a horizontal sum),
-// so a row's result is the same bits whatever M (batch invariance: the serving engine relies
-// on it). Prefill (M >= kBlasMinRows) goes to gemm_packed
-// (kernels/gemm_packed.h: W widened per L2-sized block straight into register-tile panels,
-// never as an f32 copy; measured at or above OpenBLAS sgemm on the model's shapes, f32 included),
-// or, in builds without AVX2, to OpenBLAS sgemm (other dtypes dequantised per block of W rows
-// into a per-thread f32 scratch first).
+// Decode (M = 1) is bound by reading W once: rows are split across the thread pool; with
+// AVX-512 each thread reads its rows one after another (two 16-lane FMA chains per row), else in
+// tiles of 8 W rows (8 chains). Batched decode (M > 1 on the GEMV path) runs tiles of 4 x rows
+// x 2 (AVX-512) or 3 W rows (each W chunk widened once, each x chunk loaded once). Every
+// output's arithmetic is exactly dot_row's (AVX-512: two 16-lane FMA accumulators over k; else
+// one 8-lane accumulator; then a horizontal sum), so a row's result is the same bits whatever
+// M (batch invariance: the serving engine relies on it). Prefill (M >= kBlasMinRows) goes to
+// gemm_packed (kernels/gemm_packed.h: W widened per L2-sized block straight into register-tile
+// panels, never as an f32 copy; measured at or above OpenBLAS sgemm on the model's shapes, f32
+// included), or, in builds without AVX2, to OpenBLAS sgemm (other dtypes dequantised per block of W
+// rows into a per-thread f32 scratch first).
 #pragma once
 
 #include <cstdint>

@@ -202,13 +202,14 @@ namespace {
 // one call give, for every row, the bits of that row multiplied alone — and the bits of
 // dot_row — whatever M (tile remainders 1..3 rows), N (remainders of 1 and 2 rows of the 3-row
 // W tiles), K (tails of 8-chunks and of single elements; 2080 and 1139 cross the tiles' K
-// segments of 512, 1139 ending on a short segment, two 8-chunks and 3 elements) and dtype.
+// segments of 512, 1139 ending on a short segment, two 8-chunks and 3 elements; with AVX-512's
+// 32-element steps 1139 ends on 16 + 3, 43 on 8 + 3 and 57 on 16 + 8 + 1) and dtype.
 TEST(MatmulGemv, RowsOfABatchEqualEachRowAloneBitForBit) {
   ThreadPool pool(3);
   uint32_t seed = 100;
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
-    for (int64_t k :
-         {int64_t{64}, int64_t{96}, int64_t{2048 + 32}, int64_t{1139}, int64_t{43}, int64_t{7}}) {
+    for (int64_t k : {int64_t{64}, int64_t{96}, int64_t{2048 + 32}, int64_t{1139}, int64_t{43},
+                      int64_t{57}, int64_t{7}}) {
       if (t == DType::kQ8_0 && k % 32 != 0) continue;
       for (int64_t m :
            {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, int64_t{16}, int64_t{37}}) {
