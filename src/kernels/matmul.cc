@@ -122,8 +122,8 @@ inline __m256 load_f16x8(const f16_t* p) {
 // AVX-512 builds: the arithmetic of every f32 / f16 / bf16 dot on the GEMV path (dot_row, the
 // one-row GEMV, the batched tiles). Two 16-lane accumulators: a0 takes elements [32 i, 32 i + 16)
 // and a1 [32 i + 16, 32 i + 32), FMAs in ascending i; then a last 16 into a0, a last 8 into a1's
-// low lanes (the high ones add 0 * 0); then hsum16 (a0 + a1, the halves added, hsum's 8-lane
-// tree) and the last k % 8 products added one by one. Two chains, not one: a lone row then
+// low lanes (the high ones add 0 * 0); then fold16 (a0 + a1, the halves added), hsum's 8-lane
+// tree and the last k % 8 products added one by one. Two chains, not one: a lone row then
 // streams at the memory's rate (32 multiply-adds per FMA latency), so the one-row GEMV reads
 // W one row after another, a single sequential stream, instead of 8 rows side by side (see
 // gemv_rows). Builds without AVX-512 keep the one 8-lane chain (dot_simd, dot_tile).
@@ -155,10 +155,11 @@ struct Lanes16<DType::kBF16> {
   static __m256 load8(const T* p) { return load_bf16x8(p); }
   static float widen(T v) { return bf16_to_f32(v); }
 };
-inline float hsum16(__m512 a0, __m512 a1) {
+// a0 + a1 with its 512-bit halves added: the 8 lanes that hsum (or hsum_n, same bits) finishes.
+inline __m256 fold16(__m512 a0, __m512 a1) {
   const __m512 s = _mm512_add_ps(a0, a1);
   const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
-  return hsum(_mm256_add_ps(_mm512_castps512_ps256(s), hi));
+  return _mm256_add_ps(_mm512_castps512_ps256(s), hi);
 }
 // The outputs of R x rows times NW W rows (row stride ldw), each with the arithmetic above, so
 // a result has the same bits whatever the tile. pf: prefetch while walking K, linear (the W
@@ -174,9 +175,9 @@ void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
   constexpr size_t kStep = 32 * sizeof(T);
   for (; j + 32 <= k; j += 32) {
     if (pf != nullptr) {
-      if (pf_linear) {
-        for (size_t b = 0; b < kStep; b += 64)
-          prefetch_l2(pf + static_cast<size_t>(j) * sizeof(T) + b);
+      if (pf_linear) {  // the tile's rows are contiguous: NW rows' worth of bytes a step
+        for (size_t b = 0; b < NW * kStep; b += 64)
+          prefetch_l2(pf + static_cast<size_t>(j / 32) * NW * kStep + b);
       } else {
         for (int v = 0; v < NW; ++v)
           for (size_t b = 0; b < kStep; b += 64)
@@ -212,9 +213,22 @@ void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
                             _mm512_zextps256_ps512(_mm256_loadu_ps(x + i * ldx + j)), a1[v][i]);
     j += 8;
   }
+  // The horizontal sums 8 (then 4) outputs at a time: hsum_n, hsum's bits.
+  constexpr int kN = NW * R;
+  __m256 f[kN];
+  for (int v = 0; v < NW; ++v)
+    for (int i = 0; i < R; ++i) f[v * R + i] = fold16(a0[v][i], a1[v][i]);
+  float h[kN];
+  int n = 0;
+  for (; n + 8 <= kN; n += 8) hsum_n<8>(f + n, h + n);
+  if constexpr (kN % 8 >= 4) {
+    hsum_n<4>(f + n, h + n);
+    n += 4;
+  }
+  for (; n < kN; ++n) h[n] = hsum(f[n]);
   for (int v = 0; v < NW; ++v)
     for (int i = 0; i < R; ++i) {
-      float t = hsum16(a0[v][i], a1[v][i]);
+      float t = h[v * R + i];
       for (int64_t jj = j; jj < k; ++jj) t += Lanes16<D>::widen(w[v * ldw + jj]) * x[i * ldx + jj];
       s[v][i] = t;
     }
@@ -494,9 +508,14 @@ constexpr size_t kGemvPrefetchBytes = 8 << 10;  // GGUF block types: prefetch di
 // 27-35.5, 128-256 KiB 25-31, a plain reader 27.5-30 on the same thread; end to end (tg64 of
 // the 125M f16 model, 2 threads, 3 alternated rounds) 64 KiB gave 1.04-1.27x the tokens/s of
 // 8 KiB and beat 128 and 256 KiB in every round.
-#ifndef KVCACHE_MATMUL_AVX512
-constexpr size_t kGemvRowPrefetchBytes = 64 << 10;
 constexpr int kRowTileW = 8;  // one-row GEMV (f32/f16/bf16): W rows per tile (see gemv_rows)
+#ifdef KVCACHE_MATMUL_AVX512
+// One-row GEMV, AVX-512 builds: rows shorter than this take tiles of kRowTileW rows (their
+// horizontal sums and loop ends would otherwise cost as much as their FMAs: stories260K's K = 64
+// rows ran 1.8x slower one at a time).
+constexpr int64_t kGemvSeqMinK = 256;
+#else
+constexpr size_t kGemvRowPrefetchBytes = 64 << 10;
 #endif
 
 // rows (1..R) of x from row i: the tile of that height (remainders of M use smaller tiles).
@@ -541,6 +560,12 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* x
     // BM_GemvStepReadBandwidth), one row at a time 0.67-0.87; tg64 of the 125M f16 model
     // (`kvcache bench --no-mmap`, three alternated pairs) went from 199-214 to 273-294 tok/s,
     // 0.62-0.66 -> 0.77-0.86 of the read bandwidth.
+    if (p.k < kGemvSeqMinK) {
+      for (; r + kRowTileW <= r1; r += kRowTileW) {
+        const size_t ahead = static_cast<size_t>(r + kRowTileW) * rb;
+        gemv_tile<1, kRowTileW>(p, rb, r, 0, std::min(kGemvSeqPrefetchBytes, end - ahead), true);
+      }
+    }
     for (; r < r1; ++r) {
       const size_t row_end = static_cast<size_t>(r + 1) * rb;
       gemv_tile<1, 1>(p, rb, r, 0, std::min(kGemvSeqPrefetchBytes, end - row_end), true);
