@@ -110,6 +110,18 @@ inline void hsum_n(const __m256* a, float* out) {
   }
 }
 
+// out[i] = hsum(a[i]) for i < N: 8, then 4 at a time (hsum_n), the rest one by one.
+template <int N>
+inline void hsum_all(const __m256* a, float* out) {
+  int n = 0;
+  for (; n + 8 <= N; n += 8) hsum_n<8>(a + n, out + n);
+  if constexpr (N % 8 >= 4) {
+    hsum_n<4>(a + n, out + n);
+    n += 4;
+  }
+  for (; n < N; ++n) out[n] = hsum(a[n]);
+}
+
 inline __m256 load_bf16x8(const bf16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -219,13 +231,7 @@ void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
   for (int v = 0; v < NW; ++v)
     for (int i = 0; i < R; ++i) f[v * R + i] = fold16(a0[v][i], a1[v][i]);
   float h[kN];
-  int n = 0;
-  for (; n + 8 <= kN; n += 8) hsum_n<8>(f + n, h + n);
-  if constexpr (kN % 8 >= 4) {
-    hsum_n<4>(f + n, h + n);
-    n += 4;
-  }
-  for (; n < kN; ++n) h[n] = hsum(f[n]);
+  hsum_all<kN>(f, h);
   for (int v = 0; v < NW; ++v)
     for (int i = 0; i < R; ++i) {
       float t = h[v * R + i];
@@ -294,14 +300,7 @@ void dot_tile(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, L
   }
   constexpr int kN = NW * R;
   float h[kN];
-  const __m256* flat = &a[0][0];
-  int n = 0;
-  for (; n + 8 <= kN; n += 8) hsum_n<8>(flat + n, h + n);
-  if constexpr (kN % 8 >= 4) {
-    hsum_n<4>(flat + n, h + n);
-    n += 4;
-  }
-  for (; n < kN; ++n) h[n] = hsum(flat[n]);
+  hsum_all<kN>(&a[0][0], h);
   for (int v = 0; v < NW; ++v) {
     for (int i = 0; i < R; ++i) {
       float t = h[v * R + i];
