@@ -7,7 +7,8 @@
 //   build/bench/bench_gemv --benchmark_filter='f16'
 // f16/1/65536/1024 streams 128 MiB of W from memory: its bytes_per_second against
 // `KVCACHE_THREADS=1 bench_attention --benchmark_filter=BM_ReadBandwidth/` says whether the
-// one-row GEMV is memory-bound on this host.
+// one-row GEMV is memory-bound on this host. BM_ReadRows/{1,8}: the cost of reading W's rows
+// side by side rather than one after another (see below).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -15,8 +16,13 @@
 #include <vector>
 
 #include "core/machine_limits.h"
+#include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace kvcache {
 namespace {
@@ -176,6 +182,51 @@ void BM_GemvStepReadBandwidth(benchmark::State& state) {
       benchmark::Counter(best, benchmark::Counter::kDefaults, benchmark::Counter::OneK::kIs1024);
   state.counters["threads"] = default_pool().n_threads();
 }
+
+// Why the one-row GEMV reads W one row after another (matmul.cc, gemv_rows): 256 MiB of rows of
+// 1536 bytes (the 125M model's K = 768 in f16), every thread summing its share with no other
+// arithmetic, 32 bytes a load, either row after row (arg 1: one sequential stream) or 8 rows
+// side by side (arg 8: a load from each of 8 rows in turn, the pattern of 8-row GEMV tiles).
+// The same bytes, the same loads; the ratio of the two is what the order alone costs.
+#if defined(__AVX2__)
+template <int kSide>
+void BM_ReadRows(benchmark::State& state) {
+  constexpr int64_t kRowBytes = 1536, kRows = (int64_t{256} << 20) / kRowBytes / 64 * 64;
+  static const auto buf = [] {
+    auto b = allocate_large(static_cast<size_t>(kRows * kRowBytes));
+    std::fill_n(b.get(), kRows * kRowBytes, std::byte{1});
+    return b;
+  }();
+  ThreadPool& pool = default_pool();
+  const int nt = pool.n_threads();
+  std::vector<float> sums(static_cast<size_t>(nt));
+  for (auto _ : state) {
+    pool.parallel_for(nt, [&](int64_t t) {
+      const int64_t r0 = kRows * t / nt / 8 * 8, r1 = kRows * (t + 1) / nt / 8 * 8;
+      // Every step 8 loads into 8 accumulators: load v from row r + v % kSide, 32 (v / kSide)
+      // bytes on, so both orders run the same 8 add chains.
+      __m256 acc[8];
+      for (__m256& a : acc) a = _mm256_setzero_ps();
+      for (int64_t r = r0; r < r1; r += kSide)
+        for (int64_t j = 0; j < kRowBytes; j += 32 * (8 / kSide))
+#pragma GCC unroll 8
+          for (int v = 0; v < 8; ++v) {
+            const auto* p = buf.get() + (r + v % kSide) * kRowBytes + j + 32 * (v / kSide);
+            acc[v] = _mm256_add_ps(acc[v], _mm256_loadu_ps(reinterpret_cast<const float*>(p)));
+          }
+      for (int v = 1; v < 8; ++v) acc[0] = _mm256_add_ps(acc[0], acc[v]);
+      alignas(32) float o[8];
+      _mm256_store_ps(o, acc[0]);
+      sums[static_cast<size_t>(t)] = o[0];
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.SetBytesProcessed(state.iterations() * (kRows / nt / 8 * 8 * nt) * kRowBytes);
+  state.counters["threads"] = nt;
+}
+BENCHMARK_TEMPLATE(BM_ReadRows, 1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_ReadRows, 8)->UseRealTime()->Unit(benchmark::kMillisecond);
+#endif
 
 BENCHMARK(BM_GemvStep)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
 BENCHMARK(BM_GemvStepReadBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);

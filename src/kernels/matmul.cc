@@ -319,7 +319,7 @@ float dot_f32(const float* w, const float* x, int64_t k) {
   float r[1][1];
   dot_tile16<1, 1, DType::kF32>(w, k, x, k, k, nullptr, false, r);
   return r[0][0];
-#endif
+#else
   int64_t j = 0;
   float s = 0.0f;
 #ifdef KVCACHE_MATMUL_AVX2
@@ -328,6 +328,7 @@ float dot_f32(const float* w, const float* x, int64_t k) {
 #endif
   for (; j < k; ++j) s += w[j] * x[j];
   return s;
+#endif
 }
 
 float dot_f16(const f16_t* w, const float* x, int64_t k) {
@@ -335,7 +336,7 @@ float dot_f16(const f16_t* w, const float* x, int64_t k) {
   float r[1][1];
   dot_tile16<1, 1, DType::kF16>(w, k, x, k, k, nullptr, false, r);
   return r[0][0];
-#endif
+#else
   int64_t j = 0;
   float s = 0.0f;
 #ifdef KVCACHE_MATMUL_AVX2
@@ -344,6 +345,7 @@ float dot_f16(const f16_t* w, const float* x, int64_t k) {
 #endif
   for (; j < k; ++j) s += f16_to_f32(w[j]) * x[j];
   return s;
+#endif
 }
 
 float dot_bf16(const bf16_t* w, const float* x, int64_t k) {
@@ -351,7 +353,7 @@ float dot_bf16(const bf16_t* w, const float* x, int64_t k) {
   float r[1][1];
   dot_tile16<1, 1, DType::kBF16>(w, k, x, k, k, nullptr, false, r);
   return r[0][0];
-#endif
+#else
   int64_t j = 0;
   float s = 0.0f;
 #ifdef KVCACHE_MATMUL_AVX2
@@ -360,6 +362,7 @@ float dot_bf16(const bf16_t* w, const float* x, int64_t k) {
 #endif
   for (; j < k; ++j) s += bf16_to_f32(w[j]) * x[j];
   return s;
+#endif
 }
 
 // q8_0 with f32 x, builds without AVX2 (with it, q8_0 takes the integer dot, dot_q8_0_int):
@@ -430,27 +433,23 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
   const auto* w = static_cast<const std::byte*>(p.w) + static_cast<size_t>(r) * rb;
   const float* x = p.x + i * p.ldx;
   const std::byte* pf = pf_bytes > 0 ? w + pf_bytes : nullptr;
-#ifdef KVCACHE_MATMUL_AVX512
   switch (p.w_dtype) {
+    // Loaders as lambdas, not function pointers: a pointer template argument is called, not
+    // inlined, which would cost a call per 8-element chunk. AVX-512 builds: dot_tile16.
+#ifdef KVCACHE_MATMUL_AVX512
     case DType::kF32:
       dot_tile16<R, NW, DType::kF32>(reinterpret_cast<const float*>(w), p.k, x, p.ldx, p.k, pf,
                                      linear, s);
-      goto done;
+      break;
     case DType::kF16:
       dot_tile16<R, NW, DType::kF16>(reinterpret_cast<const f16_t*>(w), p.k, x, p.ldx, p.k, pf,
                                      linear, s);
-      goto done;
+      break;
     case DType::kBF16:
       dot_tile16<R, NW, DType::kBF16>(reinterpret_cast<const bf16_t*>(w), p.k, x, p.ldx, p.k, pf,
                                       linear, s);
-      goto done;
-    default:
       break;
-  }
-#endif
-  switch (p.w_dtype) {
-    // Loaders as lambdas, not function pointers: a pointer template argument is called, not
-    // inlined, which would cost a call per 8-element chunk.
+#else
     case DType::kF32:
       dot_tile<R, NW>(
           reinterpret_cast<const float*>(w), p.k, x, p.ldx, p.k,
@@ -469,6 +468,7 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
           [](const bf16_t* q) { return load_bf16x8(q); }, [](bf16_t v) { return bf16_to_f32(v); },
           pf, linear, s);
       break;
+#endif
     default:  // the GGUF block types (kernels/quant_types.h): their fused dot, row by row
       if constexpr (NW == 1) {
         for (int ii = 0; ii < R; ++ii) s[0][ii] = dot_row(w, p.w_dtype, x + ii * p.ldx, p.k);
@@ -477,9 +477,6 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
       }
       break;
   }
-#ifdef KVCACHE_MATMUL_AVX512
-done:
-#endif
   for (int v = 0; v < NW; ++v) {
     const float b = p.bias != nullptr ? p.bias[r + v] : 0.0f;
     for (int ii = 0; ii < R; ++ii) p.y[(i + ii) * p.ldy + r + v] = s[v][ii] + b;
@@ -502,11 +499,6 @@ constexpr int kTileW = 3;
 #endif
 constexpr size_t kGemvBlockBytes = 128 << 10;
 constexpr size_t kGemvPrefetchBytes = 8 << 10;  // GGUF block types: prefetch distance in W
-// One-row GEMV over f32/f16/bf16 W: the prefetch distance. Swept on a Zen 5 host streaming 128
-// MiB of f16 W on one thread (bench_gemv f16/1/65536/1024): 8 KiB 19.8-23.3 GiB/s, 32-64 KiB
-// 27-35.5, 128-256 KiB 25-31, a plain reader 27.5-30 on the same thread; end to end (tg64 of
-// the 125M f16 model, 2 threads, 3 alternated rounds) 64 KiB gave 1.04-1.27x the tokens/s of
-// 8 KiB and beat 128 and 256 KiB in every round.
 constexpr int kRowTileW = 8;  // one-row GEMV (f32/f16/bf16): W rows per tile (see gemv_rows)
 #ifdef KVCACHE_MATMUL_AVX512
 // One-row GEMV, AVX-512 builds: rows shorter than this take tiles of kRowTileW rows (their
@@ -514,6 +506,11 @@ constexpr int kRowTileW = 8;  // one-row GEMV (f32/f16/bf16): W rows per tile (s
 // rows ran 1.8x slower one at a time).
 constexpr int64_t kGemvSeqMinK = 256;
 #else
+// One-row GEMV over f32/f16/bf16 W: the prefetch distance. Swept on a Zen 5 host streaming 128
+// MiB of f16 W on one thread (bench_gemv f16/1/65536/1024): 8 KiB 19.8-23.3 GiB/s, 32-64 KiB
+// 27-35.5, 128-256 KiB 25-31, a plain reader 27.5-30 on the same thread; end to end (tg64 of
+// the 125M f16 model, 2 threads, 3 alternated rounds) 64 KiB gave 1.04-1.27x the tokens/s of
+// 8 KiB and beat 128 and 256 KiB in every round.
 constexpr size_t kGemvRowPrefetchBytes = 64 << 10;
 #endif
 
@@ -539,11 +536,11 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* x
   const auto* w = static_cast<const std::byte*>(p.w);
 #ifdef KVCACHE_MATMUL_AVX2
   if (p.m == 1 && dtype_is_float(p.w_dtype)) {
-    // One x row should be bound by streaming W. kRowTileW rows per tile, prefetching the
-    // contiguous W kGemvRowPrefetchBytes ahead one line per step. Each row is one chain of 8-lane
-    // FMAs (dot_row's bits), so a tile of NW rows does 8 NW multiply-adds per FMA latency (4
-    // cycles): at NW = 2 that is 4 per cycle, 14.7 G/s (29 GB/s of f16) on one Zen 5 core,
-    // which is just that core's read bandwidth (BM_ReadBandwidth, 1 thread: 29.9 GiB/s), so
+    // One x row should be bound by streaming W. Without AVX-512: kRowTileW rows per tile,
+    // prefetching the contiguous W kGemvRowPrefetchBytes ahead one line per step. Each row is one
+    // chain of 8-lane FMAs (dot_row's bits), so a tile of NW rows does 8 NW multiply-adds per FMA
+    // latency (4 cycles): at NW = 2 that is 4 per cycle, 14.7 G/s (29 GB/s of f16) on one Zen 5
+    // core, which is just that core's read bandwidth (BM_ReadBandwidth, 1 thread: 29.9 GiB/s), so
     // the GEMV was compute-bound there. NW = 8 reaches 26.9 G/s on cache-resident W
     // (bench_gemv f16/1/2048/768), twice any single core's bandwidth we have measured.
     // Near the end of the rows the distance shrinks, so that the prefetches stay inside this
@@ -553,12 +550,10 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* x
     int64_t r = r0;
 #ifdef KVCACHE_MATMUL_AVX512
     // AVX-512: one row at a time (its two 16-lane chains are enough to outrun memory), so
-    // each thread reads W as one sequential stream, prefetched kGemvSeqPrefetchBytes ahead.
-    // Side by side on a Zen 5 VM, 2 threads: the 8-row tiles read 8 rows of W side by side
-    // and streamed at 0.55-0.67 of a plain reader (bench_gemv BM_GemvStep against
-    // BM_GemvStepReadBandwidth), one row at a time 0.67-0.87; tg64 of the 125M f16 model
-    // (`kvcache bench --no-mmap`, three alternated pairs) went from 199-214 to 273-294 tok/s,
-    // 0.62-0.66 -> 0.77-0.86 of the read bandwidth.
+    // each thread reads W as one sequential stream, prefetched kGemvSeqPrefetchBytes ahead; the
+    // 8-row tiles below streamed W at 0.58-0.73 of `kvcache bench`'s read probe, this at
+    // 0.71-0.87 (bench_gemv BM_GemvStep; docs/architecture.md, "Speed against the machine's
+    // limits").
     if (p.k < kGemvSeqMinK) {
       for (; r + kRowTileW <= r1; r += kRowTileW) {
         const size_t ahead = static_cast<size_t>(r + kRowTileW) * rb;
@@ -636,12 +631,13 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* x
 
 // The GEMV path of matmul / matmul_group: the products' rows cut into contiguous blocks, all
 // blocks of all products handed out by one parallel_for, largest first (guided scheduling):
-// each block is 1 / (2 nt) of the rows left. A block's first kGemvRowPrefetchBytes are never
-// prefetched (the prefetch runs that far ahead of its tiles), so long blocks stream W better,
-// and the small last ones keep the tail short and balance a thread slowed by a neighbour (a
-// decode step runs ~50 loops). Before, equal blocks of about 1 / (8 nt) (48 rows, 72 KiB of a
-// 768-row f16 product) left most of each block unprefetched: on a 2-vCPU Zen 5, one step's
-// linears of the 125M model (bench_gemv BM_GemvStep) ran 12-25% faster guided, and tg64
+// each block is 1 / (2 nt) of the rows left. A block's first kGemvRowPrefetchBytes
+// (kGemvSeqPrefetchBytes with AVX-512) are never prefetched (the prefetch runs that far ahead of
+// its tiles), so long blocks stream W better, and the small last ones keep the tail short and
+// balance a thread slowed by a neighbour (a decode step runs ~50 loops). Before, equal blocks of
+// about 1 / (8 nt) (48 rows, 72 KiB of a 768-row f16 product) left most of each block unprefetched:
+// on a 2-vCPU Zen 5, one step's linears of the 125M model (bench_gemv BM_GemvStep) ran 12-25%
+// faster guided, and tg64
 // (`kvcache bench --no-mmap`) 1.03-1.08x in 4 of 4 alternated pairs, with the threads' waits
 // at the loops' ends halved (~650 to ~350 us a token).
 struct GemvBlock {
