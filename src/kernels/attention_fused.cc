@@ -20,7 +20,6 @@
 // and a paged call equals the dense call on the same keys bit for bit (runs of rows within a
 // page change where keys come from, never the order of the arithmetic).
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -39,8 +38,6 @@ namespace kvcache::detail {
 namespace {
 
 constexpr int64_t kTk = 64;  // keys per tile (a 64-key f16 tile of D=128 is 16 KiB)
-// Pipelined decode (FusedTiles::run_pipelined): bytes of K (and of V) rows per alternation.
-constexpr int64_t kChunkBytes = 2048;
 // Target rows (heads x positions) per task. A task packs (transposes, widens) every key tile it
 // reads once for all its rows, so more rows per task divide that work; past ~192 rows more do
 // not pay, and at 192 the per-thread workspace stays in L2 (s, acc and qs: 48 KiB each at
@@ -61,30 +58,40 @@ struct Prefetch {
   int64_t kstride = 0, k_row_bytes = 0;
 };
 
-// Decode prefetch. A decode task reads K and V rows in one stream, alternating between them a
-// chunk at a time (FusedTiles::run_pipelined). The score loop and P.V's first column pass each
-// prefetch the row kAheadKeys ahead of the one they reach, continuing into what the kernel reads
-// next (`then`). Short on purpose: an L1 miss, load or software prefetch alike, holds one of
-// the core's few line fill buffers until its line arrives, so lines prefetched far ahead (a
-// tile, 16 KiB) would hold them for a full DRAM latency and starve both the demand loads and
-// the hardware prefetcher's refills. Nor a page ahead: with 2 KiB chunks (run_pipelined) the
-// row a 4 KiB page ahead lies past the stream's next chunk.
+// Decode prefetch. A decode task reads a tile of K rows (the logits), then the tile's V rows
+// (P.V), then the next tile's K rows... (FusedTiles::run_decode). The score loop and P.V's
+// first column pass each prefetch, into L1, the row kAheadKeys ahead of the one they reach,
+// continuing into what the kernel reads next (`then`). Short on purpose: an L1 miss, load or
+// software prefetch alike, holds one of the core's few line fill buffers until its line
+// arrives, so lines prefetched into L1 far ahead would hold them for a full DRAM latency and
+// starve the demand loads. The stream the loop does not read stays in flight through `far`:
+// at row j the loop also prefetches, into L2, row j of the rows the kernel reads one stream
+// later (the score loop: the same keys' V rows; P.V: the next tile's K rows), so both K and V
+// are requested at the pace of the compute, a tile (8-16 KiB) ahead of their use.
 constexpr int64_t kAheadKeys = 4;
 
-struct StreamAhead {
-  const std::byte* rows = nullptr;  // row 0 of what the loop reads
+// Rows of K or V in memory: row 0, the stride, how many, the bytes of a row.
+struct RowRun {
+  const std::byte* p = nullptr;
   int64_t stride = 0, n = 0, row_bytes = 0;
-  const std::byte* then = nullptr;  // row 0 of what the kernel reads after it, or null
-  int64_t then_stride = 0, then_n = 0, then_row_bytes = 0;
+};
+
+struct StreamAhead {
+  RowRun cur;   // what the loop reads
+  RowRun then;  // what the kernel reads after it (n = 0: nothing)
+  RowRun far;   // what it reads a stream later, from row 0 (n = 0: nothing)
   // The loop reads row j now.
   void at(int64_t j) const {
     const int64_t r = j + kAheadKeys;
-    if (const std::byte* p = row(r)) lines(p, r < n ? row_bytes : then_row_bytes);
+    if (const std::byte* p = row(r)) lines(p, r < cur.n ? cur.row_bytes : then.row_bytes);
+    if (j < far.n)
+      for (int64_t off = 0; off < far.row_bytes; off += 64)
+        prefetch_l2(far.p + j * far.stride + off);
   }
-  // Row r of the stream (past n: of `then`), or null past both.
+  // Row r of the stream (past cur.n: of `then`), or null past both.
   const std::byte* row(int64_t r) const {
-    if (r < n) return rows + r * stride;
-    return r - n < then_n ? then + (r - n) * then_stride : nullptr;
+    if (r < cur.n) return cur.p + r * cur.stride;
+    return r - cur.n < then.n ? then.p + (r - cur.n) * then.stride : nullptr;
   }
   static void lines(const std::byte* p, int64_t bytes) {
     for (int64_t off = 0; off < bytes; off += 64) prefetch_l1(p + off);
@@ -721,13 +728,11 @@ struct FusedParams {
   int64_t acc_cols() const { return Dv; }
   int64_t s_cols() const { return kTk; }
   struct Extra {
-    float* s2 = nullptr;  // [R, kTk] the next tile's logits (pipelined decode)
     float* kt = nullptr;  // [D_k, kTk] this tile's keys transposed (many-row tasks)
     float* vt = nullptr;  // [kTk, D_v] this tile's values widened to f32 (idem)
   };
-  Extra carve_extra(Arena& a, int64_t R, int64_t) const {
+  Extra carve_extra(Arena& a, int64_t, int64_t) const {
     Extra e;
-    e.s2 = a.take<float>(R * kTk);
     e.kt = a.take<float>(Dk * kTk);
     e.vt = a.take<float>(kTk * Dv);
     return e;
@@ -744,12 +749,12 @@ class FusedTiles {
 
   FusedTiles(const Params& kp, TaskRows& rows, Arena& arena);
   // Many-row tasks take every tile whole (transposed scores, widened values); tasks of fewer
-  // rows (decode) go through run_pipelined.
+  // rows (decode) go through run_decode.
   void run(TaskRows& rows) {
     if (transposed_ || widen_v_)
       for_each_tile(rows, kp_, *this);
     else
-      run_pipelined();
+      run_decode();
   }
   void fold(TaskRows&) {}
   void softcap(float* s, int64_t n, float c) const { Ops::softcap(s, n, c); }
@@ -769,15 +774,17 @@ class FusedTiles {
   template <typename Fn>
   void for_runs(int64_t t0, int64_t t1, Fn&& fn) const;
   void logits_transposed(int64_t t0, int64_t t1, float* sb);
-  // The stream `ahead` continues with keys [j, e) of K (or V), as far as they are contiguous.
-  void continue_with(StreamAhead& ahead, bool k_side, int64_t j, int64_t e) const;
-  // Logits of keys [a, e) of the tile at t0 into sb; the stream then goes on to V keys [va, ve).
-  void logits_keys(int64_t t0, int64_t a, int64_t e, float* sb, int64_t va, int64_t ve);
-  // P.V of keys [a, e) of the tile at t0 from sb; the stream then goes on to K keys [ka, ke).
-  void pv_keys(int64_t t0, int64_t a, int64_t e, const float* sb, int64_t ka, int64_t ke);
+  // Rows of keys [j, e) of K (k_side) or V: as many as are contiguous (up to the end of j's page
+  // in a paged call); none when j >= e.
+  RowRun rows_at(bool k_side, int64_t j, int64_t e) const;
+  // Logits of the tile [t0, t1) into sb (decode); the streams then go on to its V rows.
+  void logits_keys(int64_t t0, int64_t t1, float* sb);
+  // P.V of the tile [t0, t1) from sb (decode); the streams then go on to the K rows of the
+  // next tile, keys [n0, n1) (empty: none).
+  void pv_keys(int64_t t0, int64_t t1, const float* sb, int64_t n0, int64_t n1);
   // The first tile from t0 with a row to compute (classified), or jhi.
   int64_t next_tile(int64_t t0);
-  void run_pipelined();
+  void run_decode();
 
   const Params& kp_;
   TaskRows& rows_;
@@ -796,7 +803,6 @@ class FusedTiles {
   int64_t ps_ = 0;  // tokens per page (PagedKV::block_tokens)
   int64_t j_end_;   // end of the partition's keys
   bool transposed_, widen_v_;
-  int64_t chunk_;  // keys per pipelined chunk
 };
 
 template <typename Ops>
@@ -830,11 +836,6 @@ FusedTiles<Ops>::FusedTiles(const Params& kp, TaskRows& rows, Arena& arena)
   // keep the per-pair kernel, which reads each key once without the transpose.
   transposed_ = Ops::kTransposedScores && R_ >= kMinTransposedRows && Dk_ % 8 == 0;
   widen_v_ = Ops::kTransposedScores && R_ >= kMinTransposedRows && kv_v_.dtype() != DType::kF32;
-  // Keys per chunk: kChunkBytes of the wider row, a power of two in [4, kTk] so chunks tile a
-  // tile.
-  chunk_ = std::clamp(static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(std::max<int64_t>(
-                          1, kChunkBytes / std::max(k_row_bytes_, v_row_bytes_))))),
-                      int64_t{4}, kTk);
 }
 
 template <typename Ops>
@@ -898,7 +899,8 @@ void FusedTiles<Ops>::logits(int64_t, int64_t t0, int64_t t1, float* sb) {
   }
   for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
     // prefetch along this run's K rows, then its V rows
-    const StreamAhead ahead{kr, kstride_, len, k_row_bytes_, vr, vstride_, len, v_row_bytes_};
+    const RowRun k{kr, kstride_, len, k_row_bytes_}, v{vr, vstride_, len, v_row_bytes_};
+    const StreamAhead ahead{k, v, {}};
     Ops::scores(qs_, R_, Dk_, kr, kstride_, len, sb + (j - t0), ahead);
   });
 }
@@ -925,31 +927,34 @@ void FusedTiles<Ops>::pv(int64_t, int64_t t0, int64_t t1, const float* sb) {
 }
 
 template <typename Ops>
-void FusedTiles<Ops>::continue_with(StreamAhead& ahead, bool k_side, int64_t j, int64_t e) const {
-  if (j >= e) return;
-  ahead.then = k_side ? k_row(j) : v_row(j);
-  ahead.then_stride = k_side ? kstride_ : vstride_;
-  ahead.then_n = std::min(chunk_, e - j);
-  if (table_) ahead.then_n = std::min(ahead.then_n, ps_ - j % ps_);
-  ahead.then_row_bytes = k_side ? k_row_bytes_ : v_row_bytes_;
+RowRun FusedTiles<Ops>::rows_at(bool k_side, int64_t j, int64_t e) const {
+  if (j >= e) return {};
+  const int64_t n = table_ ? std::min(e - j, ps_ - j % ps_) : e - j;
+  if (k_side) return {k_row(j), kstride_, n, k_row_bytes_};
+  return {v_row(j), vstride_, n, v_row_bytes_};
 }
 
 template <typename Ops>
-void FusedTiles<Ops>::logits_keys(int64_t t0, int64_t a, int64_t e, float* sb, int64_t va,
-                                  int64_t ve) {
-  for_runs(a, e, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte*) {
-    StreamAhead ahead{kr, kstride_, len, k_row_bytes_};
-    continue_with(ahead, false, va, ve);
+void FusedTiles<Ops>::logits_keys(int64_t t0, int64_t t1, float* sb) {
+  for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
+    // then: the tile's next run of K rows, after the last one its first V rows; far: the V
+    // rows of these keys, which P.V reads after the softmax
+    const RowRun then = j + len < t1 ? rows_at(true, j + len, t1) : rows_at(false, t0, t1);
+    const StreamAhead ahead{
+        {kr, kstride_, len, k_row_bytes_}, then, {vr, vstride_, len, v_row_bytes_}};
     Ops::scores(qs_, R_, Dk_, kr, kstride_, len, sb + (j - t0), ahead);
   });
 }
 
 template <typename Ops>
-void FusedTiles<Ops>::pv_keys(int64_t t0, int64_t a, int64_t e, const float* sb, int64_t ka,
-                              int64_t ke) {
-  for_runs(a, e, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
-    StreamAhead ahead{vr, vstride_, len, v_row_bytes_};
-    continue_with(ahead, true, ka, ke);
+void FusedTiles<Ops>::pv_keys(int64_t t0, int64_t t1, const float* sb, int64_t n0, int64_t n1) {
+  for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
+    // then: the tile's next run of V rows, after the last one the next tile's first K rows;
+    // far: the next tile's K rows at these rows' offsets in the tile
+    const RowRun then = j + len < t1 ? rows_at(false, j + len, t1) : rows_at(true, n0, n1);
+    RowRun far = rows_at(true, n0 + (j - t0), n1);
+    far.n = std::min(far.n, len);
+    const StreamAhead ahead{{vr, vstride_, len, v_row_bytes_}, then, far};
     Ops::pv(sb + (j - t0), R_, vr, vstride_, len, Dv_, acc_, &ahead);
   });
 }
@@ -962,47 +967,33 @@ int64_t FusedTiles<Ops>::next_tile(int64_t t0) {
   return jhi;
 }
 
-// Decode: the next tile's logits interleaved with this tile's P.V. A plain tile loop reads K
-// tile t, then V tile t, then K tile t + 1...: a 16 KiB run of each in turn (64 keys, f16, D =
-// 128), each stream idle while the other runs. Here P.V of tile t and the logits of the next
-// non-empty tile go a chunk (kChunkBytes of rows) at a time, alternately, so both streams
-// advance together. The arithmetic is the tile loop's: logits are per pair, P.V accumulates
-// each element in key order (a chunk stores acc, the next reloads it), and the softmax still
-// takes whole kTk tiles, so the bits equal the plain loop's and a prefill row's. Chunks, not
-// smaller tiles: the tile size is shared with prefill, which loses with smaller tiles.
-// kChunkBytes is the best of a sweep of chunk sizes (the commit that set it records the sweep).
+// Decode: the tile loop (logits, softmax, P.V, tile after tile), computing a whole tile at a
+// time and keeping both streams in flight through the prefetch (StreamAhead): while the score
+// loop reads a tile's K rows it requests the same keys' V rows, and while P.V reads them it
+// requests the next tile's K rows. The same arithmetic as for_each_tile's, so the bits equal a
+// prefill row's. Whole tiles, not P.V and the next tile's logits interleaved a few keys at a
+// time (2 KiB of rows each, as this loop did before): with both streams requested by the
+// prefetch, the interleaving only added calls and accumulator reloads every few keys (2
+// threads, a Zen 5 VM, against the interleaved loop: `BM_DecodeAttention/f16/16384` 1.09x,
+// medians of 6 alternated runs; `kvcache bench` tg32 at depth 16K 1.12-1.38x, 3 pairs).
 template <typename Ops>
-void FusedTiles<Ops>::run_pipelined() {
+void FusedTiles<Ops>::run_decode() {
   const int64_t jlo = rows_.jlo, jhi = rows_.jhi;
-  float* sc = rows_.rs.s;
-  float* sn = x_.s2;
+  float* sb = rows_.rs.s;
   // Tiles aligned to multiples of kTk in absolute key index (a partition starts on one).
   int64_t cur = next_tile(jlo < jhi ? jlo - jlo % kTk : jhi);
   if (cur >= jhi) return;
   int64_t cur_end = std::min(cur + kTk, j_end_);
-  logits_keys(cur, cur, cur_end, sc, cur, std::min(cur + chunk_, cur_end));
+  logits_keys(cur, cur_end, sb);
   for (;;) {
-    // Uses this tile's classification: before the next one's.
-    rows_.finish(cur, cur_end, sc, *this);
+    rows_.finish(cur, cur_end, sb, *this);  // this tile's classification: before the next one's
     const int64_t nxt = next_tile(cur + kTk);
-    if (nxt >= jhi) {
-      pv_keys(cur, cur, cur_end, sc, 0, 0);
-      return;
-    }
-    const int64_t nxt_end = std::min(nxt + kTk, j_end_);
-    for (int64_t c = 0; c < kTk; c += chunk_) {
-      const int64_t a = cur + c, an = nxt + c;
-      if (a < cur_end)
-        pv_keys(cur, a, std::min(a + chunk_, cur_end), sc, an, std::min(an + chunk_, nxt_end));
-      if (an < nxt_end) {
-        const int64_t va = a + chunk_ < cur_end ? a + chunk_ : nxt;
-        logits_keys(nxt, an, std::min(an + chunk_, nxt_end), sn, va,
-                    std::min(va + chunk_, a + chunk_ < cur_end ? cur_end : nxt_end));
-      }
-    }
-    std::swap(sc, sn);
+    const int64_t nxt_end = nxt < jhi ? std::min(nxt + kTk, j_end_) : nxt;
+    pv_keys(cur, cur_end, sb, nxt, nxt_end);
+    if (nxt >= jhi) return;
     cur = nxt;
     cur_end = nxt_end;
+    logits_keys(cur, cur_end, sb);
   }
 }
 
