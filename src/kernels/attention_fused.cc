@@ -88,6 +88,18 @@ struct StreamAhead {
       for (int64_t off = 0; off < far.row_bytes; off += 64)
         prefetch_l2(far.p + j * far.stride + off);
   }
+  // Rows [r, r + nk) of cur (of far) as one range of bytes when they are contiguous rows of
+  // row_bytes, else null.
+  const std::byte* cur_range(int64_t r, int64_t nk, int64_t row_bytes) const {
+    return r + nk <= cur.n && cur.stride == row_bytes && cur.row_bytes == row_bytes
+               ? cur.p + r * row_bytes
+               : nullptr;
+  }
+  const std::byte* far_range(int64_t r, int64_t nk, int64_t row_bytes) const {
+    return r + nk <= far.n && far.stride == row_bytes && far.row_bytes == row_bytes
+               ? far.p + r * row_bytes
+               : nullptr;
+  }
   // Row r of the stream (past cur.n: of `then`), or null past both.
   const std::byte* row(int64_t r) const {
     if (r < cur.n) return cur.p + r * cur.stride;
@@ -197,14 +209,23 @@ struct SimdOps {
   // elements broadcast to both halves, so every lane sums the same products in the same order
   // as score_block's, and the halves go through the same hsum8 tree: the same bits, half the
   // FMA instructions.
+  // l1, l2 (or null): ranges of NK rows of DC elements to prefetch into L1 and L2, spread over
+  // the loop's steps.
   template <int NR, int NK, int DC>
-  static void score_block_x2(const float* qs, const T* const* kr, float* s) {
+  static void score_block_x2(const float* qs, const T* const* kr, float* s,
+                             const std::byte* l1 = nullptr, const std::byte* l2 = nullptr) {
     static_assert(NK % 2 == 0 && DC > 0 && DC % 8 == 0 && NR * NK % 8 == 0);
     constexpr int NP = NK / 2;
+    constexpr int kStepBytes = NK * 8 * int{sizeof(T)};  // of each range, per step of 8 elements
     __m512 acc[NR * NP];
     for (__m512& a : acc) a = _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int d = 0; d < DC; d += 8) {
+      if (l1)
+        for (int b = 0; b < kStepBytes; b += 64) {
+          prefetch_l1(l1 + d / 8 * kStepBytes + b);
+          prefetch_l2(l2 + d / 8 * kStepBytes + b);
+        }
       __m512 kv[NP];
       for (int p = 0; p < NP; ++p) kv[p] = load8x2<KD>(kr[2 * p] + d, kr[2 * p + 1] + d);
       for (int r = 0; r < NR; ++r) {
@@ -269,11 +290,20 @@ struct SimdOps {
       constexpr int NK2 = NR == 1 ? 16 : 8;
       for (; j + NK2 <= n; j += NK2) {
         const T* kr[NK2];
-        for (int c = 0; c < NK2; ++c) {
-          pre(j + c);
-          kr[c] = reinterpret_cast<const T*>(kb + (j + c) * kstride);
+        for (int c = 0; c < NK2; ++c) kr[c] = reinterpret_cast<const T*>(kb + (j + c) * kstride);
+        // The block's prefetches spread over its steps where both ranges are contiguous rows
+        // of DC elements; else issued row by row before it (a run's last rows). Spread, not
+        // issued together before the block: against the 8 rows' lines in one burst, 1.18x
+        // streaming and 1.16x in cache (`BM_DecodeAttention/f16/16384`, `.../Hot/f16/4096`,
+        // medians of 6 alternated runs, Zen 5 VM), and fewer instructions than a test per row.
+        constexpr int64_t kRow = DC * int64_t{sizeof(T)};
+        const std::byte* l1 = pf ? pf->cur_range(j + kAheadKeys, NK2, kRow) : nullptr;
+        const std::byte* l2 = l1 ? pf->far_range(j, NK2, kRow) : nullptr;
+        if (!l2) {
+          l1 = nullptr;
+          for (int c = 0; c < NK2; ++c) pre(j + c);
         }
-        score_block_x2<NR, NK2, DC>(qs, kr, s + j);
+        score_block_x2<NR, NK2, DC>(qs, kr, s + j, l1, l2);
       }
     }  // the rest (fewer than NK2 keys) as below
 #endif
