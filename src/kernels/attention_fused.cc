@@ -4,7 +4,7 @@
 //
 // Work decomposition (the attention skeleton's, attention_skeleton.h, shared with the quantized
 // kernel; this file holds the 64-key tile geometry, the logits and P.V of a tile and the decode
-// schedule, FusedTiles). A task is (batch b, kv head hk, query tile, kv split). Its rows are the
+// prefetch, FusedTiles). A task is (batch b, kv head hk, query tile, kv split). Its rows are the
 // G = H_q / H_kv query heads of the group times the tile's query positions, so every K/V tile
 // is loaded once per group and reused by all G heads (GQA without repeat_kv). Decode has one
 // query position, so B x H_kv tasks may leave threads idle; the key range is then split into
@@ -59,7 +59,7 @@ struct Prefetch {
 };
 
 // Decode prefetch. A decode task reads a tile of K rows (the logits), then the tile's V rows
-// (P.V), then the next tile's K rows... (FusedTiles::run_decode). The score loop and P.V's
+// (P.V), then the next tile's K rows... (the skeleton's for_each_tile). The score loop and P.V's
 // first column pass each prefetch, into L1, the row kAheadKeys ahead of the one they reach,
 // continuing into what the kernel reads next (`then`). Short on purpose: an L1 miss, load or
 // software prefetch alike, holds one of the core's few line fill buffers until its line
@@ -67,13 +67,20 @@ struct Prefetch {
 // starve the demand loads. The stream the loop does not read stays in flight through `far`:
 // at row j the loop also prefetches, into L2, row j of the rows the kernel reads one stream
 // later (the score loop: the same keys' V rows; P.V: the next tile's K rows), so both K and V
-// are requested at the pace of the compute, a tile (8-16 KiB) ahead of their use.
+// are requested at the pace of the compute, a tile (8-16 KiB) ahead of their use. (Decode used
+// to interleave P.V and the next tile's logits 2 KiB at a time to keep both streams moving; the
+// far prefetch does that without the extra calls and accumulator reloads: architecture.md,
+// "Speed against the machine's limits".)
 constexpr int64_t kAheadKeys = 4;
 
 // Rows of K or V in memory: row 0, the stride, how many, the bytes of a row.
 struct RowRun {
   const std::byte* p = nullptr;
   int64_t stride = 0, n = 0, row_bytes = 0;
+  // Rows [r, r + nk) as one range of bytes when they are contiguous rows of `bytes`, else null.
+  const std::byte* range(int64_t r, int64_t nk, int64_t bytes) const {
+    return r + nk <= n && stride == bytes && row_bytes == bytes ? p + r * bytes : nullptr;
+  }
 };
 
 struct StreamAhead {
@@ -84,29 +91,15 @@ struct StreamAhead {
   void at(int64_t j) const {
     const int64_t r = j + kAheadKeys;
     if (const std::byte* p = row(r)) lines(p, r < cur.n ? cur.row_bytes : then.row_bytes);
-    if (j < far.n)
-      for (int64_t off = 0; off < far.row_bytes; off += 64)
-        prefetch_l2(far.p + j * far.stride + off);
-  }
-  // Rows [r, r + nk) of cur (of far) as one range of bytes when they are contiguous rows of
-  // row_bytes, else null.
-  const std::byte* cur_range(int64_t r, int64_t nk, int64_t row_bytes) const {
-    return r + nk <= cur.n && cur.stride == row_bytes && cur.row_bytes == row_bytes
-               ? cur.p + r * row_bytes
-               : nullptr;
-  }
-  const std::byte* far_range(int64_t r, int64_t nk, int64_t row_bytes) const {
-    return r + nk <= far.n && far.stride == row_bytes && far.row_bytes == row_bytes
-               ? far.p + r * row_bytes
-               : nullptr;
+    if (j < far.n) lines(far.p + j * far.stride, far.row_bytes, /*l2=*/true);
   }
   // Row r of the stream (past cur.n: of `then`), or null past both.
   const std::byte* row(int64_t r) const {
     if (r < cur.n) return cur.p + r * cur.stride;
     return r - cur.n < then.n ? then.p + (r - cur.n) * then.stride : nullptr;
   }
-  static void lines(const std::byte* p, int64_t bytes) {
-    for (int64_t off = 0; off < bytes; off += 64) prefetch_l1(p + off);
+  static void lines(const std::byte* p, int64_t bytes, bool l2 = false) {
+    for (int64_t off = 0; off < bytes; off += 64) l2 ? prefetch_l2(p + off) : prefetch_l1(p + off);
   }
 };
 
@@ -297,8 +290,8 @@ struct SimdOps {
         // streaming and 1.16x in cache (`BM_DecodeAttention/f16/16384`, `.../Hot/f16/4096`,
         // medians of 6 alternated runs, Zen 5 VM), and fewer instructions than a test per row.
         constexpr int64_t kRow = DC * int64_t{sizeof(T)};
-        const std::byte* l1 = pf ? pf->cur_range(j + kAheadKeys, NK2, kRow) : nullptr;
-        const std::byte* l2 = l1 ? pf->far_range(j, NK2, kRow) : nullptr;
+        const std::byte* l1 = pf ? pf->cur.range(j + kAheadKeys, NK2, kRow) : nullptr;
+        const std::byte* l2 = l1 ? pf->far.range(j, NK2, kRow) : nullptr;
         if (!l2) {
           l1 = nullptr;
           for (int c = 0; c < NK2; ++c) pre(j + c);
@@ -769,8 +762,8 @@ struct FusedParams {
   }
 };
 
-// One task's tile work: where its K/V rows are, the logits and P.V of a tile, and the decode
-// schedule that interleaves them. The skeleton's TaskRows does the rest.
+// One task's tile work: where its K/V rows are, the logits and P.V of a tile, and what decode
+// prefetches along them. The skeleton's TaskRows and for_each_tile do the rest.
 template <typename Ops>
 class FusedTiles {
  public:
@@ -778,20 +771,16 @@ class FusedTiles {
   static constexpr bool kSimd = Ops::kSimd, kRowTerms = false;
 
   FusedTiles(const Params& kp, TaskRows& rows, Arena& arena);
-  // Many-row tasks take every tile whole (transposed scores, widened values); tasks of fewer
-  // rows (decode) go through run_decode.
-  void run(TaskRows& rows) {
-    if (transposed_ || widen_v_)
-      for_each_tile(rows, kp_, *this);
-    else
-      run_decode();
-  }
+  // The skeleton's tile loop: logits, softmax, P.V, tile after tile. Many-row tasks transpose
+  // each tile's keys and widen its values; tasks of fewer rows (decode) read them in place with
+  // the decode prefetch (StreamAhead).
+  void run(TaskRows& rows) { for_each_tile(rows, kp_, *this); }
   void fold(TaskRows&) {}
   void softcap(float* s, int64_t n, float c) const { Ops::softcap(s, n, c); }
   void rescale_row(int64_t, float) {}
   // Logits of the tile's keys [t0, t1) into sb ([R, kTk], column j - t0 for key j).
   void logits(int64_t tile, int64_t t0, int64_t t1, float* sb);
-  // P.V of the tile's probabilities in sb (many-row tasks; decode goes through pv_keys).
+  // P.V of the tile's probabilities in sb.
   void pv(int64_t tile, int64_t t0, int64_t t1, const float* sb);
 
  private:
@@ -807,14 +796,6 @@ class FusedTiles {
   // Rows of keys [j, e) of K (k_side) or V: as many as are contiguous (up to the end of j's page
   // in a paged call); none when j >= e.
   RowRun rows_at(bool k_side, int64_t j, int64_t e) const;
-  // Logits of the tile [t0, t1) into sb (decode); the streams then go on to its V rows.
-  void logits_keys(int64_t t0, int64_t t1, float* sb);
-  // P.V of the tile [t0, t1) from sb (decode); the streams then go on to the K rows of the
-  // next tile, keys [n0, n1) (empty: none).
-  void pv_keys(int64_t t0, int64_t t1, const float* sb, int64_t n0, int64_t n1);
-  // The first tile from t0 with a row to compute (classified), or jhi.
-  int64_t next_tile(int64_t t0);
-  void run_decode();
 
   const Params& kp_;
   TaskRows& rows_;
@@ -928,9 +909,11 @@ void FusedTiles<Ops>::logits(int64_t, int64_t t0, int64_t t1, float* sb) {
     return;
   }
   for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
-    // prefetch along this run's K rows, then its V rows
-    const RowRun k{kr, kstride_, len, k_row_bytes_}, v{vr, vstride_, len, v_row_bytes_};
-    const StreamAhead ahead{k, v, {}};
+    // then: the tile's next run of K rows, after the last one its first V rows; far: the V
+    // rows of these keys, which P.V reads after the softmax
+    const RowRun then = j + len < t1 ? rows_at(true, j + len, t1) : rows_at(false, t0, t1);
+    const StreamAhead ahead{
+        {kr, kstride_, len, k_row_bytes_}, then, {vr, vstride_, len, v_row_bytes_}};
     Ops::scores(qs_, R_, Dk_, kr, kstride_, len, sb + (j - t0), ahead);
   });
 }
@@ -950,34 +933,15 @@ void FusedTiles<Ops>::pv(int64_t, int64_t t0, int64_t t1, const float* sb) {
     }
     return;
   }
-  // f32 values; the transposed path's key packing prefetched these rows
-  for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
-    Ops::pv(sb + (j - t0), R_, vr, vstride_, len, Dv_, acc_);
-  });
-}
-
-template <typename Ops>
-RowRun FusedTiles<Ops>::rows_at(bool k_side, int64_t j, int64_t e) const {
-  if (j >= e) return {};
-  const int64_t n = table_ ? std::min(e - j, ps_ - j % ps_) : e - j;
-  if (k_side) return {k_row(j), kstride_, n, k_row_bytes_};
-  return {v_row(j), vstride_, n, v_row_bytes_};
-}
-
-template <typename Ops>
-void FusedTiles<Ops>::logits_keys(int64_t t0, int64_t t1, float* sb) {
-  for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte* kr, const std::byte* vr) {
-    // then: the tile's next run of K rows, after the last one its first V rows; far: the V
-    // rows of these keys, which P.V reads after the softmax
-    const RowRun then = j + len < t1 ? rows_at(true, j + len, t1) : rows_at(false, t0, t1);
-    const StreamAhead ahead{
-        {kr, kstride_, len, k_row_bytes_}, then, {vr, vstride_, len, v_row_bytes_}};
-    Ops::scores(qs_, R_, Dk_, kr, kstride_, len, sb + (j - t0), ahead);
-  });
-}
-
-template <typename Ops>
-void FusedTiles<Ops>::pv_keys(int64_t t0, int64_t t1, const float* sb, int64_t n0, int64_t n1) {
+  if (transposed_) {  // f32 values; the transposed path's key packing prefetched these rows
+    for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
+      Ops::pv(sb + (j - t0), R_, vr, vstride_, len, Dv_, acc_);
+    });
+    return;
+  }
+  // Decode: the streams go on to the K rows of the next tile, keys [n0, n1) (none past the
+  // task's keys; a next tile the masks leave empty is prefetched for nothing).
+  const int64_t n0 = t1, n1 = t1 < rows_.jhi ? std::min(t1 + kTk, j_end_) : t1;
   for_runs(t0, t1, [&](int64_t j, int64_t len, const std::byte*, const std::byte* vr) {
     // then: the tile's next run of V rows, after the last one the next tile's first K rows;
     // far: the next tile's K rows at these rows' offsets in the tile
@@ -990,41 +954,11 @@ void FusedTiles<Ops>::pv_keys(int64_t t0, int64_t t1, const float* sb, int64_t n
 }
 
 template <typename Ops>
-int64_t FusedTiles<Ops>::next_tile(int64_t t0) {
-  const int64_t jhi = rows_.jhi;
-  for (; t0 < jhi; t0 += kTk)
-    if (rows_.classify(t0, std::min(t0 + kTk, j_end_))) return t0;
-  return jhi;
-}
-
-// Decode: the tile loop (logits, softmax, P.V, tile after tile), computing a whole tile at a
-// time and keeping both streams in flight through the prefetch (StreamAhead): while the score
-// loop reads a tile's K rows it requests the same keys' V rows, and while P.V reads them it
-// requests the next tile's K rows. The same arithmetic as for_each_tile's, so the bits equal a
-// prefill row's. Whole tiles, not P.V and the next tile's logits interleaved a few keys at a
-// time (2 KiB of rows each, as this loop did before): with both streams requested by the
-// prefetch, the interleaving only added calls and accumulator reloads every few keys (2
-// threads, a Zen 5 VM, against the interleaved loop: `BM_DecodeAttention/f16/16384` 1.09x,
-// medians of 6 alternated runs; `kvcache bench` tg32 at depth 16K 1.12-1.38x, 3 pairs).
-template <typename Ops>
-void FusedTiles<Ops>::run_decode() {
-  const int64_t jlo = rows_.jlo, jhi = rows_.jhi;
-  float* sb = rows_.rs.s;
-  // Tiles aligned to multiples of kTk in absolute key index (a partition starts on one).
-  int64_t cur = next_tile(jlo < jhi ? jlo - jlo % kTk : jhi);
-  if (cur >= jhi) return;
-  int64_t cur_end = std::min(cur + kTk, j_end_);
-  logits_keys(cur, cur_end, sb);
-  for (;;) {
-    rows_.finish(cur, cur_end, sb, *this);  // this tile's classification: before the next one's
-    const int64_t nxt = next_tile(cur + kTk);
-    const int64_t nxt_end = nxt < jhi ? std::min(nxt + kTk, j_end_) : nxt;
-    pv_keys(cur, cur_end, sb, nxt, nxt_end);
-    if (nxt >= jhi) return;
-    cur = nxt;
-    cur_end = nxt_end;
-    logits_keys(cur, cur_end, sb);
-  }
+RowRun FusedTiles<Ops>::rows_at(bool k_side, int64_t j, int64_t e) const {
+  if (j >= e) return {};
+  const int64_t n = table_ ? std::min(e - j, ps_ - j % ps_) : e - j;
+  if (k_side) return {k_row(j), kstride_, n, k_row_bytes_};
+  return {v_row(j), vstride_, n, v_row_bytes_};
 }
 
 template <template <DType> class Ops>
