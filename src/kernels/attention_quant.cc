@@ -7,14 +7,18 @@
 // group. This file holds the tile geometry — the packed blocks (G tokens each) followed by
 // 64-token tiles of the residual — and the logits and P.V of a tile (QuantTiles).
 //
-// Where the cycles go (decode, 4-bit, D = 128, 4 query heads per KV head): per key 16 vectors
-// of 8 codes are widened for the scores and 16 for P.V, each feeding 4 FMAs — the same FMA
-// count as f16, with 4x fewer bytes read. Key blocks are channel-major (kv_quant.h), so the
-// scores take 8 keys per vector: a zero-extending load of 8 code bytes, a shift and a mask give
-// one channel of 8 consecutive keys, and each lane is one FMA chain over the channels (no
-// horizontal sums). Value rows are token-major; at 2 and 4 bits P.V widens them in the
-// "chunked" channel order (see chunked_channel): a zero-extending load of 8 code bytes, then a
-// shift and a mask per vector, instead of a broadcast, variable shift and mask per vector.
+// Where the cycles go (decode, 4-bit, D = 128, 4 query heads per KV head). Logits of 2- and
+// 4-bit blocks are int8 x code dots (attention_quant.h): per 64 keys and 4 channels, 8 slab
+// loads, 6 shifts / masks and 4 byte permutes lay the codes out as 16 keys x 4 channels per
+// vector, then one vpdpbusd per row and vector — 4 per key and row over D = 128 where the f32
+// path needs 16 FMAs, and no conversions. 8-bit keys keep that f32 path: key blocks are
+// channel-major (kv_quant.h), so it takes 8 keys per vector: a zero-extending load of 8 code
+// bytes, a shift and a mask give one channel of 8 consecutive keys, and each lane is one FMA
+// chain over the channels (no horizontal sums). P.V still widens 16 vectors of 8 codes per key,
+// each feeding 4 FMAs, as f16 does, with 4x fewer bytes read. Value rows are token-major; at 2 and
+// 4 bits P.V widens them in the "chunked" channel order (see chunked_channel): a zero-extending
+// load of 8 code bytes, then a shift and a mask per vector, instead of a broadcast, variable shift
+// and mask per vector.
 #include "kernels/attention_quant.h"
 
 #include <algorithm>
@@ -33,6 +37,7 @@
 #include "kernels/attention_simd.h"
 #include "kernels/attention_skeleton.h"
 #include "kernels/attention_workspace.h"
+#include "kernels/int8_dot.h"
 #include "kernels/kv_quant.h"
 #include "kernels/mask.h"
 
@@ -49,6 +54,13 @@ using detail::load8;
 using detail::load16;
 using detail::pin;
 using detail::pv_step64;
+#endif
+
+// 2- and 4-bit key scores by AVX512-VNNI dots over vpermt2b-interleaved codes (else AVX2's).
+#if KVCACHE_ATTN_AVX512 && defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+#define KVCACHE_QK_INT512 1
+#else
+#define KVCACHE_QK_INT512 0
 #endif
 
 constexpr int64_t kResTile = 64;      // residual keys per tile
@@ -139,6 +151,36 @@ constexpr int64_t chunked_channel(int64_t p) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The int8 rounding of a row of q' = q * ks (2- and 4-bit key blocks, see attention_quant.h):
+// the row's largest magnitude and the two scales derived from it, computed the same way on
+// every path (a max is exact in any order; 127 / max and max / 127 are single divisions).
+struct QueryRound {
+  float inv = 0, sq = 0;  // q' * inv rounds to the codes; sq * code approximates q'
+  bool zero = true;       // all codes 0 (tiny or non-finite rows)
+};
+inline QueryRound query_round_from_max(float m, bool finite) {
+  QueryRound q;
+  if (!finite) {
+    q.sq = std::numeric_limits<float>::quiet_NaN();
+  } else if (m >= 0x1p-100f) {
+    q.inv = 127.0f / m;
+    q.sq = m / 127.0f;
+    q.zero = false;
+  }
+  return q;
+}
+inline QueryRound query_round(const float* x, int64_t n) {
+  float m = 0;
+  bool finite = true;
+  for (int64_t d = 0; d < n; ++d) {
+    const float a = std::fabs(x[d]);
+    finite = finite && a <= std::numeric_limits<float>::max();
+    m = std::max(m, a);
+  }
+  return query_round_from_max(m, finite);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Scalar building blocks: the portable path and the reference for the SIMD ones.
 struct ScalarOps {
   static constexpr bool kPermute = false;  // no chunked code path (see SimdOps)
@@ -183,6 +225,37 @@ struct ScalarOps {
         for (int64_t d = 0; d < Dk; ++d)
           a = std::fma(q[d], static_cast<float>(kivi_key_code(codes + d * cb, j, BITS)), a);
         s[r * st + j] = a + qz[r];
+      }
+  }
+  // Per packed block and row (2- and 4-bit keys): q' = qk[r] rounded to int8 with one scale per
+  // row, sq[r] = max_d |q'_d| / 127, qi[r, d] = nearbyint(q'_d * (127 / max)) (|qi| <= 127),
+  // zero-padded to Dk4 = round_up(Dk, 4) channels. A row whose largest |q'| is below 2^-100
+  // (or zero) gets sq = 0; one with a non-finite element gets sq = NaN (its logits are NaN, as
+  // the float path's would be). Every path computes these with the same float operations.
+  static void round_rows(const float* qk, int64_t R, int64_t Dk, int64_t Dk4, int8_t* qi,
+                         float* sq) {
+    for (int64_t r = 0; r < R; ++r) {
+      const float* x = qk + r * Dk;
+      int8_t* o = qi + r * Dk4;
+      const QueryRound q = query_round(x, Dk);
+      for (int64_t d = 0; d < Dk; ++d)
+        o[d] = q.zero ? 0 : static_cast<int8_t>(std::nearbyint(x[d] * q.inv));
+      for (int64_t d = Dk; d < Dk4; ++d) o[d] = 0;
+      sq[r] = q.sq;
+    }
+  }
+  // s[r, j] = fma(float(sum_d qi[r, d] code(j, d)), sq[r], qz[r]) for the keys j of a 2- or
+  // 4-bit block: the integer sum is exact, so every path gives the same bits.
+  template <int BITS>
+  static void int_scores(const int8_t* qi, const float* sq, const float* qz, int64_t R, int64_t Dk,
+                         int64_t Dk4, const std::byte* codes, int64_t cb, int64_t n, float* s,
+                         int64_t st, const Ahead* = nullptr) {
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t r = 0; r < R; ++r) {
+        int32_t a = 0;
+        for (int64_t d = 0; d < Dk; ++d)
+          a += qi[r * Dk4 + d] * static_cast<int32_t>(kivi_key_code(codes + d * cb, j, BITS));
+        s[r * st + j] = std::fma(static_cast<float>(a), sq[r], qz[r]);
       }
   }
   // acc[r, d] += sum_j pg[g(d), r, j] code(j, d)
@@ -286,6 +359,24 @@ struct DenseLoad {
   }
 #endif
 };
+
+#if KVCACHE_QK_INT512
+// vpermt2b indices of the slab interleave (int_key_group512): output byte 4 t + c (key t of 16,
+// channel c of 4) from sub-vector a's (t < 8) or a + 1's (t >= 8) lane c, byte 8 h + t % 8
+// (h: the slab's first or second chunk).
+struct QuadIndex {
+  alignas(64) uint8_t b[2][64];
+};
+constexpr QuadIndex make_quad_index() {
+  QuadIndex q{};
+  for (int h = 0; h < 2; ++h)
+    for (int t = 0; t < 16; ++t)
+      for (int c = 0; c < 4; ++c)
+        q.b[h][4 * t + c] = static_cast<uint8_t>((t < 8 ? 0 : 64) + 16 * c + 8 * h + t % 8);
+  return q;
+}
+inline constexpr QuadIndex kQuadIndex = make_quad_index();
+#endif
 
 inline float hsum(__m256 x) {
   const __m128 a = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
@@ -611,21 +702,255 @@ struct SimdOps {
         key_group<BITS, NR, per>(qk, qz, Dk, codes, cb, c, s, st,
                                  deal ? deal->next() : Ahead::Slice{});
   }
-  // s[r * st + j] for keys j of a packed block (columns [n, round_up(n, chunk tokens)) get
-  // scores of the zero padding: st must have room for them).
+  // s[r * st + j] for keys j of an 8-bit block (columns [n, round_up(n, chunk tokens)) get
+  // scores of the zero padding: st must have room for them). 2 and 4 bits: int_scores.
   template <int BITS>
   static void packed_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
                             const std::byte* codes, int64_t cb, int64_t n, float* s, int64_t st,
                             const Ahead* ah = nullptr) {
+    static_assert(BITS == 8, "2- and 4-bit key blocks take int_scores");
     by_row_blocks(R, [&]<int NR>(int64_t r) {  // the first row block prefetches
-      if constexpr (BITS == 2 && NR >= 3) {    // 2 bits: 4 vectors per chunk, so 2 rows at a time
-        key_rows<BITS, 2>(qk + r * Dk, qz + r, Dk, codes, cb, n, s + r * st, st,
-                          r == 0 ? ah : nullptr);
-        key_rows<BITS, NR - 2>(qk + (r + 2) * Dk, qz + r + 2, Dk, codes, cb, n, s + (r + 2) * st,
-                               st, nullptr);
+      key_rows<BITS, NR>(qk + r * Dk, qz + r, Dk, codes, cb, n, s + r * st, st,
+                         r == 0 ? ah : nullptr);
+    });
+  }
+
+  // ---- 2- and 4-bit key blocks: int8 queries, exact int32 dots (see attention_quant.h) ----
+  // ScalarOps::round_rows, the max and the conversions in vectors: the same floats, the same
+  // round-to-nearest-even (the default MXCSR mode, as std::nearbyint's default).
+  static void round_rows(const float* qk, int64_t R, int64_t Dk, int64_t Dk4, int8_t* qi,
+                         float* sq) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(3.4028235e38f);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* x = qk + r * Dk;
+      int8_t* o = qi + r * Dk4;
+      __m256 mv = _mm256_setzero_ps(), badv = _mm256_setzero_ps();
+      int64_t d = 0;
+#if KVCACHE_ATTN_AVX512
+      __m512 mv16 = _mm512_setzero_ps();
+      __mmask16 bad16 = 0;
+      for (; d + 16 <= Dk; d += 16) {
+        const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + d));
+        mv16 = _mm512_max_ps(mv16, a);
+        bad16 |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ);
+      }
+      mv = _mm256_max_ps(_mm512_castps512_ps256(mv16), _mm512_extractf32x8_ps(mv16, 1));
+      if (bad16) badv = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+#endif
+      for (; d + 8 <= Dk; d += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + d));
+        mv = _mm256_max_ps(mv, a);
+        badv = _mm256_or_ps(badv, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));  // inf or NaN
+      }
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, mv);
+      float m = 0;
+      for (float l : lanes) m = std::max(m, l);
+      bool finite = _mm256_movemask_ps(badv) == 0;
+      for (int64_t e = d; e < Dk; ++e) {
+        const float a = std::fabs(x[e]);
+        finite = finite && a <= std::numeric_limits<float>::max();
+        m = std::max(m, a);
+      }
+      const QueryRound q = query_round_from_max(m, finite);
+      sq[r] = q.sq;
+      d = 0;
+      if (!q.zero) {
+        const __m256 iv = _mm256_set1_ps(q.inv);
+#if KVCACHE_ATTN_AVX512
+        for (; d + 16 <= Dk; d += 16)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + d),
+                           _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(
+                               _mm512_mul_ps(_mm512_loadu_ps(x + d), _mm512_set1_ps(q.inv)))));
+#endif
+        for (; d + 16 <= Dk; d += 16) {
+          const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + d), iv));
+          const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + d + 8), iv));
+          // int32 -> int16 -> int8 (|codes| <= 127: no saturation), lanes back in order
+          const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+          const __m256i c = _mm256_permute4x64_epi64(_mm256_packs_epi16(w, w), 0x08);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + d), _mm256_castsi256_si128(c));
+        }
+        for (; d < Dk; ++d) o[d] = static_cast<int8_t>(std::nearbyint(x[d] * q.inv));
+      }
+      for (; d < Dk4; ++d) o[d] = 0;
+    }
+  }
+#if KVCACHE_QK_INT512
+  // AVX512-VNNI + VBMI: 16 keys x 4 channels per vector. A "slab" is 16 bytes of each of 4
+  // key columns (two chunks: 2 * 8 * (8 / BITS) tokens), one column per 128-bit lane. A shift
+  // and a mask give each chunk's sub-vector k (tokens 8k .. 8k + 7 in bytes 0-7, the second
+  // chunk's in bytes 8-15); one two-source byte permute (quad_index) interleaves two of them
+  // into 16 consecutive keys x 4 channels, what vpdpbusd sums against 4 query bytes.
+  template <bool HALF>
+  static inline __m128i slab_column(const std::byte* p) {
+    if constexpr (HALF) return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  }
+  template <bool HALF>
+  static inline __m512i load_slab(const std::byte* p, int64_t cb) {
+    __m512i z = _mm512_castsi128_si512(slab_column<HALF>(p));
+    z = _mm512_inserti32x4(z, slab_column<HALF>(p + cb), 1);
+    z = _mm512_inserti32x4(z, slab_column<HALF>(p + 2 * cb), 2);
+    return _mm512_inserti32x4(z, slab_column<HALF>(p + 3 * cb), 3);
+  }
+  // The last channel quad when D_k % 4 != 0: nc < 4 columns, the rest zero (never read).
+  static __m512i load_slab_part(const std::byte* p, int64_t cb, int64_t nc, size_t bytes) {
+    alignas(64) std::byte t[64] = {};
+    for (int64_t c = 0; c < nc; ++c) std::memcpy(t + 16 * c, p + c * cb, bytes);
+    return _mm512_load_si512(t);
+  }
+  // NS slabs (NS * 8 / BITS vectors of 16 keys) from slab sl0 on, NR rows, accumulators in
+  // registers over the channel quads. HALF: the column's last chunk alone (bytes 8-15 zero).
+  template <int BITS, int NR, int NS, bool HALF>
+  static void int_key_group512(const int8_t* qi, const float* sq, const float* qz, int64_t Dk,
+                               int64_t Dk4, const std::byte* codes, int64_t cb, int64_t sl0,
+                               float* s, int64_t st, const Ahead::Slice& pf) {
+    constexpr int per = 8 / BITS, NO = NS * per;
+    __m512i acc[NR * NO];
+#pragma GCC unroll 32
+    for (int i = 0; i < NR * NO; ++i) acc[i] = _mm512_setzero_si512();
+    const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
+    const __m512i ix0 = _mm512_load_si512(kQuadIndex.b[0]),
+                  ix1 = _mm512_load_si512(kQuadIndex.b[1]);
+    Ahead::Issuer issue(pf);
+    const std::byte* p = codes + 16 * sl0;
+    const int64_t full = Dk & ~int64_t{3};
+    for (int64_t d = 0; d < Dk4; d += 4, p += 4 * cb) {
+      issue.at(d / 4);  // the dealer spreads the lines over the channel quads
+      __m512i x[NO];
+#pragma GCC unroll 2
+      for (int l = 0; l < NS; ++l) {
+        const __m512i z = d < full ? load_slab<HALF>(p + 16 * l, cb)
+                                   : load_slab_part(p + 16 * l, cb, Dk - d, HALF ? 8 : 16);
+        __m512i e[per];
+        e[0] = _mm512_and_si512(z, mask);
+#pragma GCC unroll 4
+        for (int k = 1; k < per; ++k) e[k] = _mm512_and_si512(_mm512_srli_epi16(z, k * BITS), mask);
+#pragma GCC unroll 4
+        for (int o = 0; o < per; ++o) {
+          const int a = 2 * (o % (per / 2)), h = o / (per / 2);
+          x[l * per + o] = _mm512_permutex2var_epi8(e[a], h ? ix1 : ix0, e[a + 1]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        int32_t w;
+        std::memcpy(&w, qi + r * Dk4 + d, 4);
+        const __m512i qb = _mm512_set1_epi32(w);
+#pragma GCC unroll 8
+        for (int o = 0; o < NO; ++o)
+          acc[r * NO + o] = _mm512_dpbusd_epi32(acc[r * NO + o], x[o], qb);
+      }
+    }
+    float* s0 = s + 16 * per * sl0;
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512 sv = _mm512_set1_ps(sq[r]), zv = _mm512_set1_ps(qz[r]);
+#pragma GCC unroll 8
+      for (int o = 0; o < NO; ++o)
+        _mm512_storeu_ps(s0 + r * st + 16 * o,
+                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r * NO + o]), sv, zv));
+    }
+  }
+  template <int BITS, int NR>
+  static void int_key_rows(const int8_t* qi, const float* sq, const float* qz, int64_t Dk,
+                           int64_t Dk4, const std::byte* codes, int64_t cb, int64_t n, float* s,
+                           int64_t st, const Ahead* ah) {
+    constexpr int64_t T = 8 * (8 / BITS);  // tokens per chunk
+    constexpr int NS = BITS == 4 ? 2 : 1;  // slabs per group: 4 vectors of 16 keys
+    const int64_t chunks = (n + T - 1) / T, slabs = chunks / 2, groups = slabs / NS;
+    const int64_t rest = slabs - groups * NS, half = chunks % 2;
+    std::optional<Ahead::Dealer> deal;
+    if (ah) deal.emplace(*ah, groups + rest + half, Dk4 / 4);
+    int64_t sl = 0;
+    for (int64_t g = 0; g < groups; ++g, sl += NS)
+      int_key_group512<BITS, NR, NS, false>(qi, sq, qz, Dk, Dk4, codes, cb, sl, s, st,
+                                            deal ? deal->next() : Ahead::Slice{});
+    for (int64_t g = 0; g < rest; ++g, ++sl)
+      int_key_group512<BITS, NR, 1, false>(qi, sq, qz, Dk, Dk4, codes, cb, sl, s, st,
+                                           deal ? deal->next() : Ahead::Slice{});
+    if (half)
+      int_key_group512<BITS, NR, 1, true>(qi, sq, qz, Dk, Dk4, codes, cb, sl, s, st,
+                                          deal ? deal->next() : Ahead::Slice{});
+  }
+  static constexpr int kIntRows = 4;  // rows per pass (both widths: 4 x 4 zmm accumulators)
+#else
+  // AVX2: 8 keys x 4 channels per vector. Per chunk, 8 bytes of each of 4 key columns; a dword
+  // permute groups each column's tokens 0-3 in the low lane and 4-7 in the high lane, and a byte
+  // shuffle transposes each lane's 4 x 4 bytes. maddubs pairs stay within int16 (2 * 15 * 127).
+  template <int BITS, int NR>
+  static void int_key_chunk256(const int8_t* qi, const float* sq, const float* qz, int64_t Dk,
+                               int64_t Dk4, const std::byte* codes, int64_t cb, int64_t c, float* s,
+                               int64_t st, const Ahead::Slice& pf) {
+    constexpr int per = 8 / BITS;
+    __m256i acc[NR * per];
+    for (int i = 0; i < NR * per; ++i) acc[i] = _mm256_setzero_si256();
+    const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << BITS) - 1));
+    const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4,
+                                        8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    Ahead::Issuer issue(pf);
+    const std::byte* p = codes + 8 * c;
+    const int64_t full = Dk & ~int64_t{3};
+    for (int64_t d = 0; d < Dk4; d += 4, p += 4 * cb) {
+      issue.at(d / 4);  // the dealer spreads the lines over the channel quads
+      int64_t w[4] = {};
+      for (int64_t k = 0; k < std::min<int64_t>(4, Dk - d); ++k) std::memcpy(&w[k], p + k * cb, 8);
+      const __m256i z =
+          _mm256_permutevar8x32_epi32(_mm256_set_epi64x(w[3], w[2], w[1], w[0]), perm);
+      __m256i qb[NR];
+      for (int r = 0; r < NR; ++r) {
+        int32_t q4;
+        std::memcpy(&q4, qi + r * Dk4 + d, 4);
+        qb[r] = _mm256_set1_epi32(q4);
+      }
+      for (int k = 0; k < per; ++k) {
+        const __m256i e = k == 0 ? _mm256_and_si256(z, mask)
+                                 : _mm256_and_si256(_mm256_srli_epi16(z, k * BITS), mask);
+        const __m256i x = _mm256_shuffle_epi8(e, tr);
+        for (int r = 0; r < NR; ++r) acc[r * per + k] = dot_u8x32(acc[r * per + k], x, qb[r]);
+      }
+    }
+    (void)full;
+    for (int r = 0; r < NR; ++r) {
+      const __m256 sv = _mm256_set1_ps(sq[r]), zv = _mm256_set1_ps(qz[r]);
+      for (int k = 0; k < per; ++k)
+        _mm256_storeu_ps(s + r * st + c * 8 * per + 8 * k,
+                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r * per + k]), sv, zv));
+    }
+  }
+  template <int BITS, int NR>
+  static void int_key_rows(const int8_t* qi, const float* sq, const float* qz, int64_t Dk,
+                           int64_t Dk4, const std::byte* codes, int64_t cb, int64_t n, float* s,
+                           int64_t st, const Ahead* ah) {
+    constexpr int64_t T = 8 * (8 / BITS);
+    const int64_t chunks = (n + T - 1) / T;
+    std::optional<Ahead::Dealer> deal;
+    if (ah) deal.emplace(*ah, chunks, Dk4 / 4);
+    for (int64_t c = 0; c < chunks; ++c)
+      int_key_chunk256<BITS, NR>(qi, sq, qz, Dk, Dk4, codes, cb, c, s, st,
+                                 deal ? deal->next() : Ahead::Slice{});
+  }
+  static constexpr int kIntRows = 2;  // 2 bits: 4 vectors per chunk, so 2 rows at a time
+#endif
+  // s[r * st + j] for the keys of a 2- or 4-bit block (columns up to the next 32 / 64 keys get
+  // the zero padding's scores: st has room for them).
+  template <int BITS>
+  static void int_scores(const int8_t* qi, const float* sq, const float* qz, int64_t R, int64_t Dk,
+                         int64_t Dk4, const std::byte* codes, int64_t cb, int64_t n, float* s,
+                         int64_t st, const Ahead* ah = nullptr) {
+    by_row_blocks(R, [&]<int NR>(int64_t r) {  // the first row block prefetches
+      const Ahead* a = r == 0 ? ah : nullptr;
+      if constexpr (BITS == 2 && NR > kIntRows) {
+        int_key_rows<BITS, kIntRows>(qi + r * Dk4, sq + r, qz + r, Dk, Dk4, codes, cb, n,
+                                     s + r * st, st, a);
+        int_key_rows<BITS, NR - kIntRows>(qi + (r + kIntRows) * Dk4, sq + r + kIntRows,
+                                          qz + r + kIntRows, Dk, Dk4, codes, cb, n,
+                                          s + (r + kIntRows) * st, st, nullptr);
       } else {
-        key_rows<BITS, NR>(qk + r * Dk, qz + r, Dk, codes, cb, n, s + r * st, st,
-                           r == 0 ? ah : nullptr);
+        int_key_rows<BITS, NR>(qi + r * Dk4, sq + r, qz + r, Dk, Dk4, codes, cb, n, s + r * st, st,
+                               a);
       }
     });
   }
@@ -852,6 +1177,7 @@ struct QuantParams {
   const QuantKV* kv = nullptr;
   int64_t G = 0, n_blocks = 0, packed = 0;  // tokens per block, blocks, packed tokens
   int64_t Dk = 0, Dv = 0;
+  int64_t dk4 = 0;           // D_k rounded up to 4: int8 query rows (2/4-bit key blocks)
   int64_t vg = 0, ng = 0;    // value channels per group, groups per token
   int64_t cbk = 0, rbv = 0;  // bytes of a key code column (G tokens), of a value code row
   int64_t st = 0;            // row stride of the score buffer: round64(max(G, kResTile))
@@ -889,18 +1215,22 @@ struct QuantParams {
   int64_t acc_cols() const { return chunk_v ? 2 * Dv : Dv; }
   int64_t s_cols() const { return st; }
   struct Extra {
-    float* qk = nullptr;  // [R, D_k] queries times the block's key scales
-    float* qz = nullptr;  // [R] queries . the block's key zeros
-    float* pg = nullptr;  // [ng, R, st] probabilities times value scales
-    float* zs = nullptr;  // [R, ng] probabilities . value zeros
-    float* za = nullptr;  // [R, ng] zs summed over the blocks (rescaled with the rows)
-    float* kt = nullptr;  // per-token schemes: one block's K [G, D_k] in f32
-    float* vt = nullptr;  // and V [G, D_v]
+    float* qk = nullptr;   // [R, D_k] queries times the block's key scales
+    float* qz = nullptr;   // [R] queries . the block's key zeros
+    int8_t* qi = nullptr;  // [R, dk4] qk rounded to int8 (2/4-bit keys)
+    float* sq = nullptr;   // [R] and the rounding's scales
+    float* pg = nullptr;   // [ng, R, st] probabilities times value scales
+    float* zs = nullptr;   // [R, ng] probabilities . value zeros
+    float* za = nullptr;   // [R, ng] zs summed over the blocks (rescaled with the rows)
+    float* kt = nullptr;   // per-token schemes: one block's K [G, D_k] in f32
+    float* vt = nullptr;   // and V [G, D_v]
   };
   Extra carve_extra(Arena& a, int64_t R, int64_t) const {
     Extra e;
     e.qk = a.take<float>(R * Dk);
     e.qz = a.take<float>(R);
+    e.qi = a.take<int8_t>(R * dk4);
+    e.sq = a.take<float>(R);
     e.pg = a.take<float>(ng * R * st);
     e.zs = a.take<float>(R * ng);
     e.za = a.take<float>(R * ng);
@@ -988,7 +1318,13 @@ void QuantTiles<Ops, BITS, RD>::logits(int64_t tile, int64_t k0, int64_t k1, flo
   }
   const auto* kp = reinterpret_cast<const f16_t*>(kb);
   Ops::block_query(qs_, R_, Dk, kp, kp + Dk, x_.qk, x_.qz);
-  Ops::template packed_scores<BITS>(x_.qk, x_.qz, R_, Dk, kb + 4 * Dk, kp_.cbk, n, s, st, ah);
+  if constexpr (BITS == 8) {
+    Ops::template packed_scores<BITS>(x_.qk, x_.qz, R_, Dk, kb + 4 * Dk, kp_.cbk, n, s, st, ah);
+  } else {
+    Ops::round_rows(x_.qk, R_, Dk, kp_.dk4, x_.qi, x_.sq);
+    Ops::template int_scores<BITS>(x_.qi, x_.sq, x_.qz, R_, Dk, kp_.dk4, kb + 4 * Dk, kp_.cbk, n, s,
+                                   st, ah);
+  }
 }
 
 template <typename Ops, int BITS, DType RD>
@@ -1068,6 +1404,7 @@ QuantParams quant_params(int64_t G, int64_t n_blocks, int64_t v_group, KVQuantSc
   kp.packed = n_blocks * G;
   kp.Dk = Dk;
   kp.Dv = Dv;
+  kp.dk4 = (Dk + 3) / 4 * 4;
   kp.per_token = kv_quant_per_token(scheme);
   kp.fmt = make_kv_block_format(scheme, bits, G, Dk, Dv);
   kp.vg = v_group;

@@ -11,9 +11,22 @@
 // so P.V runs on codes with per-(row, key, group) weights p' = p * s plus one zero term per
 // (row, group) and tile.
 //
+// 2- and 4-bit key blocks take the dots in integers: per block and query row, q' = q * s (f32)
+// is rounded to int8 with one scale per row, sq = max_d |q'_d| / 127, q'_d ~ sq * nearbyint(q'_d
+// * 127 / max), and sum_d (q_d s_d) c_jd becomes sq * (the exact int32 dot of those bytes with
+// the codes), 64 products per VNNI instruction instead of 16 per FMA (llama.cpp rounds its
+// activations to q8_0 the same way for quantized K). The integer sum is exact, so the scalar,
+// AVX2 and AVX-512 paths give the same bits. The rounding moves a logit by at most
+// sq / 2 * sum_d c_jd (before the softmax scale), so the output by at most (e^(2 eps) - 1) max |v|
+// for eps the largest such move; at 4 bits that is a small part of the keys' own quantization
+// error (a code step is (max - min) / 15 of the block's channel; a query step max |q'| / 127).
+// Rows whose largest |q'| is below 2^-100 count as zero; a non-finite row gets sq = NaN.
+// 8-bit blocks keep f32 dots: there the int8 query would double the error.
+//
 // Tolerance (tests): against the double-precision attention reference run on the dequantized
-// K/V (dequantize_quant_kv), |out - ref| <= 1e-5 for inputs of unit scale — only the float
-// summation order differs, the dequantized values are the same.
+// K/V (dequantize_quant_kv), with the 2/4-bit packed logits restated by the rule above,
+// |out - ref| <= 1e-5 for inputs of unit scale (only the float summation order differs); and
+// against the reference's exact logits, within the bound above.
 #pragma once
 
 #include "core/kv_span.h"

@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -124,11 +126,83 @@ struct QInputs {
   }
 };
 
-// Max |out - ref| over every element; rows the reference leaves at zero must be exactly zero.
-double max_error(const QInputs& in) {
-  Tensor kd, vd;
-  dequantize_quant_kv(in.kv, &kd, &vd);
-  const ReferenceResult ref = attention_reference(in.q(), kd.view(), vd.view(), in.options());
+// The kernel's logit dots on 2- and 4-bit KIVI key blocks, restated from attention_quant.h's
+// rule: per block and query row, q' = q * ks (f32 products) is rounded to int8 with the row's
+// scale m / 127 (m = max |q'|), dotted exactly with the codes, plus q . kz. `dot` holds it for
+// every (b, h, i, packed key) and `bound` the rounding's worst case sq / 2 * sum_d code (the
+// distance to the exact dot over the dequantized keys, before the softmax scale).
+struct PackedDots {
+  std::vector<double> dot, bound;
+  int64_t packed = 0;
+  bool used = false;  // 2- or 4-bit KIVI blocks: the rounding applies
+};
+PackedDots packed_dots(const QInputs& in) {
+  PackedDots r;
+  const QCase& c = in.c;
+  r.packed = in.kv.n_blocks * c.G;
+  r.used = c.scheme == KVQuantScheme::kKivi && in.kv.bits != 8 && r.packed > 0;
+  if (!r.used) return r;
+  const int bits = in.kv.bits;
+  const int64_t cb = kivi_col_bytes(c.G, bits);
+  r.dot.resize(static_cast<size_t>(c.B * c.Hq * c.Sq * r.packed));
+  r.bound.resize(r.dot.size());
+  const TensorView q = in.q();
+  std::vector<float> qp(static_cast<size_t>(c.D));
+  size_t at = 0;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.Hq; ++h)
+      for (int64_t i = 0; i < c.Sq; ++i) {
+        const float* qr = q.ptr_as<const float>(b, h, i);
+        for (int64_t blk = 0; blk < in.kv.n_blocks; ++blk) {
+          const std::byte* kb = in.kv.k_block(b, h / (c.Hq / c.Hkv), blk);
+          const auto* ks = reinterpret_cast<const f16_t*>(kb);
+          const f16_t* kz = ks + c.D;
+          const std::byte* codes = kb + 4 * c.D;
+          float m = 0;
+          for (int64_t d = 0; d < c.D; ++d) {
+            qp[static_cast<size_t>(d)] = qr[d] * f16_to_f32(ks[d]);
+            m = std::max(m, std::fabs(qp[static_cast<size_t>(d)]));
+          }
+          const bool tiny = !(m >= 0x1p-100f);
+          const float inv = tiny ? 0.0f : 127.0f / m, sq = tiny ? 0.0f : m / 127.0f;
+          double z = 0;
+          for (int64_t d = 0; d < c.D; ++d) z += static_cast<double>(qr[d]) * f16_to_f32(kz[d]);
+          for (int64_t t = 0; t < c.G; ++t, ++at) {
+            int64_t acc = 0, codes_sum = 0;
+            for (int64_t d = 0; d < c.D; ++d) {
+              const int64_t code = kivi_key_code(codes + d * cb, t, bits);
+              acc += static_cast<int64_t>(std::nearbyint(qp[static_cast<size_t>(d)] * inv)) * code;
+              codes_sum += code;
+            }
+            r.dot[at] = static_cast<double>(sq) * static_cast<double>(acc) + z;
+            r.bound[at] = 0.5 * static_cast<double>(sq) * static_cast<double>(codes_sum);
+          }
+        }
+      }
+  return r;
+}
+
+// The reference with packed 2/4-bit logits taken from `dots` (a score transform replacing the
+// reference's own dot on those keys; softcap applied the same way).
+ReferenceResult rounded_reference(const QInputs& in, const TensorView& kd, const TensorView& vd,
+                                  const PackedDots& dots) {
+  AttentionOptions o = in.options();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(in.c.D));
+  const ScoreFn fn = [&](float x, int64_t b, int64_t h, int64_t qp, int64_t kp) {
+    const int64_t j = kp - o.kv_offset;
+    if (j >= dots.packed) return x;
+    const int64_t i = qp - (o.kv_offset + in.kv.seq_len() - in.c.Sq);  // default q_offset
+    double y = dots.dot[static_cast<size_t>(((b * in.c.Hq + h) * in.c.Sq + i) * dots.packed + j)];
+    y *= scale;
+    if (o.softcap > 0) y = o.softcap * std::tanh(y / o.softcap);
+    return static_cast<float>(y);
+  };
+  if (dots.used) o.score = &fn;
+  return attention_reference(in.q(), kd, vd, o);
+}
+
+// Max |out - ref| over every element.
+double max_diff(const QInputs& in, const ReferenceResult& ref) {
   double err = 0;
   const TensorView out = in.out();
   size_t idx = 0;
@@ -138,6 +212,13 @@ double max_error(const QInputs& in) {
         for (int64_t d = 0; d < in.Dv; ++d, ++idx)
           err = std::max(err, std::fabs(out.ptr_as<float>(b, h, i)[d] - ref.out[idx]));
   return err;
+}
+// Against the reference of the kernel's stated arithmetic; rows the reference leaves at zero
+// must be exactly zero.
+double max_error(const QInputs& in) {
+  Tensor kd, vd;
+  dequantize_quant_kv(in.kv, &kd, &vd);
+  return max_diff(in, rounded_reference(in, kd.view(), vd.view(), packed_dots(in)));
 }
 
 void check(const QCase& c) {
@@ -170,6 +251,77 @@ TEST(QuantizedAttention, DecodeGqaOddSizes) {
     check(c);
     c.G = 20;  // blocks that are not whole 8-key chunks: the value weights' zero-padded tail
     check(c);
+  }
+}
+
+// What the int8 rounding of q' costs against exact float attention over the same dequantized
+// keys. Every packed logit is within eps = scale * max(bound) of its exact value, so each
+// probability moves by a factor within e^(+-2 eps) and |out - exact| <= (e^(2 eps) - 1) max |v|
+// (plus the float tolerance). The rounding must also be visible, or this measures nothing.
+TEST(QuantizedAttention, Int8QueryRoundingWithinItsBound) {
+  for (int bits : {2, 4})
+    for (int64_t D : {37, 128}) {
+      QCase c;
+      c.Hq = 8;
+      c.Hkv = 2;
+      c.D = D;
+      c.G = 64;
+      c.n_blocks = 6;
+      c.n_res = 9;
+      c.bits = bits;
+      for (auto fn : {&quantized_attention, &quantized_attention_scalar}) {
+        QInputs in(c);
+        fn(in.q(), in.kv, in.out(), in.options());
+        Tensor kd, vd;
+        dequantize_quant_kv(in.kv, &kd, &vd);
+        const double err =
+            max_diff(in, attention_reference(in.q(), kd.view(), vd.view(), in.options()));
+        double eps = 0, vmax = 0;
+        for (double b : packed_dots(in).bound) eps = std::max(eps, b);
+        eps /= std::sqrt(static_cast<double>(D));
+        for (int64_t i = 0; i < vd.numel(); ++i)
+          vmax = std::max(vmax, static_cast<double>(std::fabs(vd.data_as<float>()[i])));
+        EXPECT_LE(err, std::expm1(2 * eps) * vmax + kTol) << c.str() << " eps " << eps;
+        EXPECT_GT(err, 10 * kTol) << c.str();
+        EXPECT_LE(max_error(in), kTol) << c.str();
+      }
+    }
+}
+
+// Query rows the int8 rounding treats specially: all zero (every packed logit is q . kz = 0:
+// uniform weights over the packed keys) and non-finite (sq = NaN: the row comes out as the float
+// path's 8-bit blocks give it, whatever the skeleton makes of NaN logits).
+TEST(QuantizedAttention, Int8QueryRoundingEdgeRows) {
+  for (auto fn : {&quantized_attention, &quantized_attention_scalar}) {
+    QCase c;
+    c.Hq = 2;
+    c.Hkv = 1;
+    c.D = 40;
+    c.G = 16;
+    c.n_blocks = 3;
+    c.n_res = 0;
+    c.causal = false;
+    QInputs in(c);
+    float* q = in.qbuf.data_as<float>();
+    std::fill(q, q + c.D, 0.0f);                           // head 0
+    q[c.D + 7] = std::numeric_limits<float>::quiet_NaN();  // head 1
+    fn(in.q(), in.kv, in.out(), in.options());
+    c.bits = 8;
+    QInputs f8(c);  // the float path, the same queries
+    std::memcpy(f8.qbuf.data(), in.qbuf.data(), in.qbuf.size_bytes());
+    fn(f8.q(), f8.kv, f8.out(), f8.options());
+    Tensor kd, vd;
+    dequantize_quant_kv(in.kv, &kd, &vd);
+    const float* o = in.obuf.data_as<float>();
+    const float* o8 = f8.obuf.data_as<float>();
+    for (int64_t d = 0; d < c.D; ++d) {
+      double mean = 0;
+      for (int64_t j = 0; j < 3 * c.G; ++j) mean += vd.view().ptr_as<float>(0, 0, j)[d];
+      mean /= 3.0 * static_cast<double>(c.G);
+      EXPECT_NEAR(o[d], mean, kTol) << d;
+      const float a = o[c.D + d], b = o8[c.D + d];
+      EXPECT_TRUE((std::isnan(a) && std::isnan(b)) || a == b) << d << ": " << a << " " << b;
+    }
   }
 }
 
