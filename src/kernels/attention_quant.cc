@@ -169,14 +169,18 @@ inline QueryRound query_round_from_max(float m, bool finite) {
   }
   return q;
 }
-inline QueryRound query_round(const float* x, int64_t n) {
-  float m = 0;
-  bool finite = true;
+// Folds x[0, n) into the running largest magnitude m and the all-finite flag.
+inline void fold_abs_max(const float* x, int64_t n, float& m, bool& finite) {
   for (int64_t d = 0; d < n; ++d) {
     const float a = std::fabs(x[d]);
     finite = finite && a <= std::numeric_limits<float>::max();
     m = std::max(m, a);
   }
+}
+inline QueryRound query_round(const float* x, int64_t n) {
+  float m = 0;
+  bool finite = true;
+  fold_abs_max(x, n, m, finite);
   return query_round_from_max(m, finite);
 }
 
@@ -660,8 +664,8 @@ struct SimdOps {
   }
   // Vectors per group for NR rows: 8 accumulators (independent FMA chains: two FMA pipes x 4
   // cycles of latency) where the registers allow; 3 rows get 6, as 3 x 4 left one accumulator
-  // spilled (a store-load per step on its chain, slower than 6 chains). Whole chunks (2 bits:
-  // 4 vectors per chunk, so packed_scores gives it at most 2 rows at a time).
+  // spilled (a store-load per step on its chain, slower than 6 chains). Whole chunks. (The f32
+  // key path serves 8-bit blocks only; 2 and 4 bits take int_scores.)
   template <int BITS, int NR>
   static constexpr int key_group_vectors() {
     constexpr int per = 8 / BITS;
@@ -747,11 +751,7 @@ struct SimdOps {
       float m = 0;
       for (float l : lanes) m = std::max(m, l);
       bool finite = _mm256_movemask_ps(badv) == 0;
-      for (int64_t e = d; e < Dk; ++e) {
-        const float a = std::fabs(x[e]);
-        finite = finite && a <= std::numeric_limits<float>::max();
-        m = std::max(m, a);
-      }
+      fold_abs_max(x + d, Dk - d, m, finite);
       const QueryRound q = query_round_from_max(m, finite);
       sq[r] = q.sq;
       d = 0;
@@ -912,7 +912,6 @@ struct SimdOps {
                                         8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     Ahead::Issuer issue(pf);
     const std::byte* p = codes + 8 * c;
-    const int64_t full = Dk & ~int64_t{3};
     for (int64_t d = 0; d < Dk4; d += 4, p += 4 * cb) {
       issue.at(d / 4);  // the dealer spreads the lines over the channel quads
       int64_t w[4] = {};
@@ -932,7 +931,6 @@ struct SimdOps {
         for (int r = 0; r < NR; ++r) acc[r * per + k] = dot_u8x32(acc[r * per + k], x, qb[r]);
       }
     }
-    (void)full;
     for (int r = 0; r < NR; ++r) {
       const __m256 sv = _mm256_set1_ps(sq[r]), zv = _mm256_set1_ps(qz[r]);
       for (int k = 0; k < per; ++k)
