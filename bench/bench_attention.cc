@@ -205,7 +205,7 @@ void fill_random(const TensorView& t, uint32_t seed) {
   convert_n(row.data(), DType::kF32, t.data(), t.dtype(), row.size());
 }
 
-// ---- decode: B = 1, 32 query heads over 8 KV heads, D = 128, q_len = 1 ----
+// ---- decode: B = 1, q_len = 1, the heads of a DecodeShape ----
 // A decode step reads each layer's K/V once, then every other layer's and the weights before it
 // comes back to this one, so the step's K/V arrive from memory. A benchmark that reads one K/V
 // set over and over measures whatever cache level holds it instead (a 16K f16 set is 64 MiB:
@@ -218,8 +218,18 @@ int64_t stream_copies(int64_t set_bytes) {
   return std::max<int64_t>(1, (kStreamBytes + set_bytes - 1) / set_bytes);
 }
 
+// The decode benchmarks' head geometry: the wide default (32 query heads over 8 KV heads,
+// D = 128, the issue targets' shape) and the 125M GGUF's (12 over 4, D = 64), the shape of
+// `kvcache bench`'s end-to-end rows, where per-key work weighs twice as much against the bytes.
+struct DecodeShape {
+  int64_t Hq = 32, Hkv = 8, D = 128;
+  bool operator==(const DecodeShape&) const = default;
+};
+constexpr DecodeShape kWide{}, kModel125M{12, 4, 64};
+
 struct DecodeInputs {
   DType dtype = DType::kF32;
+  DecodeShape shape;
   int64_t kv_len = -1;
   bool hot = false;
   std::vector<Tensor> k, v;  // [copies] x [1, H_kv, S, D] as a cache keeps them
@@ -228,12 +238,14 @@ struct DecodeInputs {
 
 // hot: one copy of K/V, read again at every iteration (cache-resident for short caches): the
 // kernel's compute ceiling, to tell a compute-bound kernel from a memory-bound one.
-void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len, bool hot) {
-  constexpr int64_t kHq = 32, kHkv = 8, kD = 128;
+void BM_DecodeAttention(benchmark::State& state, DecodeShape shape, DType kv_dtype, int64_t kv_len,
+                        bool hot) {
+  const int64_t kHq = shape.Hq, kHkv = shape.Hkv, kD = shape.D;
   static DecodeInputs in;  // kept across the calls of one benchmark (rebuilt when it changes)
-  if (in.dtype != kv_dtype || in.kv_len != kv_len || in.hot != hot) {
+  if (in.dtype != kv_dtype || in.shape != shape || in.kv_len != kv_len || in.hot != hot) {
     in = DecodeInputs();
     in.dtype = kv_dtype;
+    in.shape = shape;
     in.kv_len = kv_len;
     in.hot = hot;
     Tensor k = Tensor::empty(kv_dtype, {1, kHkv, kv_len, kD});
@@ -274,7 +286,7 @@ void BM_DecodeAttention(benchmark::State& state, DType kv_dtype, int64_t kv_len,
       2.0 * kHq * kD * static_cast<double>(kv_len) / 8 / 1e6;  // see BM_FmaPeak
 }
 
-// ---- decode over a KIVI-quantized cache (same shapes as above): the "quantized" container
+// ---- decode over a KIVI-quantized cache (the same DecodeShapes): the "quantized" container
 // filled 64 tokens per update (f16 residual, G = 64, R = 128), read by quantized_attention.
 // SetBytesProcessed counts what the kernel reads: packed blocks (codes, scales, zeros) of every
 // KV head plus the residual rows. As above, iteration i reads copy i % copies of those bytes
@@ -286,6 +298,7 @@ struct QuantCopy {
 };
 
 struct QuantDecodeInputs {
+  DecodeShape shape;
   int bits = 0;
   KVQuantScheme scheme = KVQuantScheme::kKivi;
   int64_t kv_len = -1;
@@ -320,12 +333,14 @@ QuantCopy copy_quant_span(const QuantKV& src) {
   return c;
 }
 
-void BM_DecodeAttentionQuant(benchmark::State& state, KVQuantScheme scheme, int bits,
-                             int64_t kv_len) {
-  constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kChunk = 64;
+void BM_DecodeAttentionQuant(benchmark::State& state, DecodeShape shape, KVQuantScheme scheme,
+                             int bits, int64_t kv_len) {
+  const int64_t kHq = shape.Hq, kHkv = shape.Hkv, kD = shape.D;
+  constexpr int64_t kChunk = 64;
   static QuantDecodeInputs in;
-  if (in.bits != bits || in.scheme != scheme || in.kv_len != kv_len) {
+  if (in.shape != shape || in.bits != bits || in.scheme != scheme || in.kv_len != kv_len) {
     in = QuantDecodeInputs();
+    in.shape = shape;
     in.bits = bits;
     in.scheme = scheme;
     in.kv_len = kv_len;
@@ -388,11 +403,21 @@ void register_quantized() {
     for (int64_t len : {1024, 4096, 16384, 65536}) {
       const std::string name =
           std::string("BM_DecodeAttention/") + f.name + "/" + std::to_string(len);
-      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttentionQuant, f.scheme, f.bits, len)
+      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttentionQuant, kWide, f.scheme, f.bits,
+                                   len)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.5);
     }
+  // The 125M GGUF's shape at row 23's depth: f16 (registered beside the others) against KIVI.
+  for (const Format& f :
+       {Format{"q8", KVQuantScheme::kKivi, 8}, Format{"q4", KVQuantScheme::kKivi, 4}})
+    benchmark::RegisterBenchmark(
+        (std::string("BM_DecodeAttention125M/") + f.name + "/16384").c_str(),
+        BM_DecodeAttentionQuant, kModel125M, f.scheme, f.bits, int64_t{16384})
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(0.5);
 }
 
 // ---- prefill: q_len = kv_len = 2048, causal, 8 query heads over 2 KV heads, D = 128 ----
@@ -524,7 +549,7 @@ void register_all() {
     for (int64_t len : {1024, 4096, 16384, 65536}) {
       const std::string name =
           std::string("BM_DecodeAttention/") + dtype_name(t) + "/" + std::to_string(len);
-      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, t, len, false)
+      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, kWide, t, len, false)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.5);
@@ -533,11 +558,16 @@ void register_all() {
     for (int64_t len : {1024, 4096}) {
       const std::string name =
           std::string("BM_DecodeAttentionHot/") + dtype_name(t) + "/" + std::to_string(len);
-      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, t, len, true)
+      benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, kWide, t, len, true)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.5);
     }
+  benchmark::RegisterBenchmark("BM_DecodeAttention125M/f16/16384", BM_DecodeAttention, kModel125M,
+                               DType::kF16, int64_t{16384}, false)
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond)
+      ->MinTime(0.5);
   register_quantized();
   for (const char* kernel : {"fused", "eager"})
     benchmark::RegisterBenchmark((std::string("BM_PrefillAttention/") + kernel).c_str(),
