@@ -14,11 +14,14 @@
 // path needs 16 FMAs, and no conversions. 8-bit keys keep that f32 path: key blocks are
 // channel-major (kv_quant.h), so it takes 8 keys per vector: a zero-extending load of 8 code
 // bytes, a shift and a mask give one channel of 8 consecutive keys, and each lane is one FMA
-// chain over the channels (no horizontal sums). P.V still widens 16 vectors of 8 codes per key,
-// each feeding 4 FMAs, as f16 does, with 4x fewer bytes read. Value rows are token-major; at 2 and
-// 4 bits P.V widens them in the "chunked" channel order (see chunked_channel): a zero-extending
-// load of 8 code bytes, then a shift and a mask per vector, instead of a broadcast, variable shift
-// and mask per vector.
+// chain over the channels (no horizontal sums). 4-bit P.V (value groups of whole 32-channel
+// slabs) runs on int16 weights: per pair of keys and 32 channels, one vpermb lays both keys' code
+// bytes out as word pairs, a mask and a shift split the nibbles, and one vpdpwssd per row and
+// nibble adds 32 products where an FMA adds 16, with no conversions (int_pv). Other P.V widens
+// 16 vectors of 8 codes per key, each feeding 4 FMAs, as f16 does, with fewer bytes read. Value
+// rows are token-major; at 2 bits (and 4 bits whose groups are not whole slabs) P.V widens them
+// in the "chunked" channel order (see chunked_channel): a zero-extending load of 8 code bytes,
+// then a shift and a mask per vector, instead of a broadcast, variable shift and mask per vector.
 #include "kernels/attention_quant.h"
 
 #include <algorithm>
@@ -65,6 +68,8 @@ using detail::pv_step64;
 
 constexpr int64_t kResTile = 64;      // residual keys per tile
 constexpr int64_t kRowsPerTask = 64;  // target rows (heads x positions) per task
+// The most keys of a block whose int16 P.V sums stay in int32: 15 * 32767 * 4368 < 2^31.
+constexpr int64_t kIntPvMaxKeys = 4096;
 // The next packed block, prefetched while the current one is scored, a slice per group of
 // keys: the hardware prefetcher alone leaves the first touch of each block stalled on memory
 // (the same finding as the fused kernel's, attention_fused.cc).
@@ -151,20 +156,24 @@ constexpr int64_t chunked_channel(int64_t p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The int8 rounding of a row of q' = q * ks (2- and 4-bit key blocks, see attention_quant.h):
-// the row's largest magnitude and the two scales derived from it, computed the same way on
-// every path (a max is exact in any order; 127 / max and max / 127 are single divisions).
-struct QueryRound {
-  float inv = 0, sq = 0;  // q' * inv rounds to the codes; sq * code approximates q'
-  bool zero = true;       // all codes 0 (tiny or non-finite rows)
+// The symmetric integer rounding of a row (see attention_quant.h): the int8 rounding of
+// q' = q * ks (2- and 4-bit key blocks, L = 127) and the int16 rounding of the value weights
+// p * vs (4-bit value blocks, L = 32767). From the row's largest magnitude m come the two
+// scales, computed the same way on every path (a max is exact in any order; L / m and m / L are
+// single divisions).
+struct IntRound {
+  float inv = 0, step = 0;  // x * inv rounds to the codes; step * code approximates x
+  bool zero = true;         // all codes 0 (tiny or non-finite rows)
 };
-inline QueryRound query_round_from_max(float m, bool finite) {
-  QueryRound q;
+constexpr int kQueryLevels = 127, kWeightLevels = 32767;
+template <int L>
+inline IntRound round_from_max(float m, bool finite) {
+  IntRound q;
   if (!finite) {
-    q.sq = std::numeric_limits<float>::quiet_NaN();
+    q.step = std::numeric_limits<float>::quiet_NaN();
   } else if (m >= 0x1p-100f) {
-    q.inv = 127.0f / m;
-    q.sq = m / 127.0f;
+    q.inv = static_cast<float>(L) / m;
+    q.step = m / static_cast<float>(L);
     q.zero = false;
   }
   return q;
@@ -177,11 +186,12 @@ inline void fold_abs_max(const float* x, int64_t n, float& m, bool& finite) {
     m = std::max(m, a);
   }
 }
-inline QueryRound query_round(const float* x, int64_t n) {
+template <int L>
+inline IntRound int_round(const float* x, int64_t n) {
   float m = 0;
   bool finite = true;
   fold_abs_max(x, n, m, finite);
-  return query_round_from_max(m, finite);
+  return round_from_max<L>(m, finite);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -241,11 +251,11 @@ struct ScalarOps {
     for (int64_t r = 0; r < R; ++r) {
       const float* x = qk + r * Dk;
       int8_t* o = qi + r * Dk4;
-      const QueryRound q = query_round(x, Dk);
+      const IntRound q = int_round<kQueryLevels>(x, Dk);
       for (int64_t d = 0; d < Dk; ++d)
         o[d] = q.zero ? 0 : static_cast<int8_t>(std::nearbyint(x[d] * q.inv));
       for (int64_t d = Dk; d < Dk4; ++d) o[d] = 0;
-      sq[r] = q.sq;
+      sq[r] = q.step;
     }
   }
   // s[r, j] = fma(float(sum_d qi[r, d] code(j, d)), sq[r], qz[r]) for the keys j of a 2- or
@@ -274,6 +284,40 @@ struct ScalarOps {
         for (int64_t r = 0; r < R; ++r) acc[r * Dv + d] = std::fma(p[r * st], c, acc[r * Dv + d]);
       }
     }
+  }
+  // ---- 4-bit value blocks: int16 weights, exact int32 sums (see attention_quant.h) ----
+  // Per packed block, value group g and row r: the weights w = pg[g, r, 0..n) rounded to int16
+  // with one scale per (g, r), ws[r, g] = max_j |w_j| / 32767, wq[g, r, j] = nearbyint(w_j *
+  // (32767 / max)); wq[g, r, n] = 0 when n is odd (the SIMD paths take keys in pairs). A max
+  // below 2^-100 (or zero) gives ws = 0 and zero weights; a non-finite weight gives ws = NaN.
+  static void round_weights(const float* pg, int64_t R, int64_t n, int64_t ng, int64_t st,
+                            int16_t* wq, float* ws) {
+    for (int64_t g = 0; g < ng; ++g)
+      for (int64_t r = 0; r < R; ++r) {
+        const float* w = pg + (g * R + r) * st;
+        int16_t* o = wq + (g * R + r) * st;
+        const IntRound q = int_round<kWeightLevels>(w, n);
+        for (int64_t j = 0; j < n; ++j)
+          o[j] = q.zero ? 0 : static_cast<int16_t>(std::nearbyint(w[j] * q.inv));
+        if (n % 2 != 0) o[n] = 0;
+        ws[r * ng + g] = q.step;
+      }
+  }
+  // acc[r, d] = fma(float(sum_j wq[g(d), r, j] code(j, d)), ws[r, g(d)], acc[r, d]) for the keys
+  // j of a 4-bit value block (acc row stride lda): the integer sum is exact, so every path gives
+  // the same bits.
+  static void int_pv(const int16_t* wq, const float* ws, int64_t R, const std::byte* codes,
+                     int64_t rb, int64_t n, int64_t Dv, int64_t vg, int64_t st, int64_t ng,
+                     float* acc, int64_t lda) {
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t d = 0; d < Dv; ++d) {
+        const int64_t g = d / vg;
+        const int16_t* w = wq + (g * R + r) * st;
+        int32_t a = 0;
+        for (int64_t j = 0; j < n; ++j)
+          a += w[j] * static_cast<int32_t>(kivi_code(codes + j * rb, d, 4));
+        acc[r * lda + d] = std::fma(static_cast<float>(a), ws[r * ng + g], acc[r * lda + d]);
+      }
   }
   template <DType KD>
   static void dense_scores(const float* qs, int64_t R, int64_t Dk, const std::byte* kb,
@@ -380,6 +424,22 @@ constexpr QuadIndex make_quad_index() {
   return q;
 }
 inline constexpr QuadIndex kQuadIndex = make_quad_index();
+
+// vpermb indices of the value pair interleave (pair_words512): output byte 4 i from byte i (the
+// first key's row), byte 4 i + 2 from byte 16 + i (the second key's); the odd bytes are zeroed by
+// the mask, so 32-bit lane i holds the two keys' code bytes i as 16-bit words.
+struct PairIndex {
+  alignas(64) uint8_t b[64];
+};
+constexpr PairIndex make_pair_index() {
+  PairIndex x{};
+  for (int i = 0; i < 16; ++i) {
+    x.b[4 * i] = static_cast<uint8_t>(i);
+    x.b[4 * i + 2] = static_cast<uint8_t>(16 + i);
+  }
+  return x;
+}
+inline constexpr PairIndex kPairIndex = make_pair_index();
 #endif
 
 inline float hsum(__m256 x) {
@@ -719,42 +779,49 @@ struct SimdOps {
     });
   }
 
+  // int_round<L> (the largest magnitude and the all-finite flag) in vectors: a max is exact in
+  // any order, so the same scales as the scalar path.
+  template <int L>
+  static IntRound simd_int_round(const float* x, int64_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(3.4028235e38f);
+    __m256 mv = _mm256_setzero_ps(), badv = _mm256_setzero_ps();
+    int64_t d = 0;
+#if KVCACHE_ATTN_AVX512
+    __m512 mv16 = _mm512_setzero_ps();
+    __mmask16 bad16 = 0;
+    for (; d + 16 <= n; d += 16) {
+      const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + d));
+      mv16 = _mm512_max_ps(mv16, a);
+      bad16 |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ);
+    }
+    mv = _mm256_max_ps(_mm512_castps512_ps256(mv16), _mm512_extractf32x8_ps(mv16, 1));
+    if (bad16) badv = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+#endif
+    for (; d + 8 <= n; d += 8) {
+      const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + d));
+      mv = _mm256_max_ps(mv, a);
+      badv = _mm256_or_ps(badv, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));  // inf or NaN
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, mv);
+    float m = 0;
+    for (float l : lanes) m = std::max(m, l);
+    bool finite = _mm256_movemask_ps(badv) == 0;
+    fold_abs_max(x + d, n - d, m, finite);
+    return round_from_max<L>(m, finite);
+  }
+
   // ---- 2- and 4-bit key blocks: int8 queries, exact int32 dots (see attention_quant.h) ----
   // ScalarOps::round_rows, the max and the conversions in vectors: the same floats, the same
   // round-to-nearest-even (the default MXCSR mode, as std::nearbyint's default).
   static void round_rows(const float* qk, int64_t R, int64_t Dk, int64_t Dk4, int8_t* qi,
                          float* sq) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(3.4028235e38f);
     for (int64_t r = 0; r < R; ++r) {
       const float* x = qk + r * Dk;
       int8_t* o = qi + r * Dk4;
-      __m256 mv = _mm256_setzero_ps(), badv = _mm256_setzero_ps();
+      const IntRound q = simd_int_round<kQueryLevels>(x, Dk);
+      sq[r] = q.step;
       int64_t d = 0;
-#if KVCACHE_ATTN_AVX512
-      __m512 mv16 = _mm512_setzero_ps();
-      __mmask16 bad16 = 0;
-      for (; d + 16 <= Dk; d += 16) {
-        const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + d));
-        mv16 = _mm512_max_ps(mv16, a);
-        bad16 |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ);
-      }
-      mv = _mm256_max_ps(_mm512_castps512_ps256(mv16), _mm512_extractf32x8_ps(mv16, 1));
-      if (bad16) badv = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-#endif
-      for (; d + 8 <= Dk; d += 8) {
-        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + d));
-        mv = _mm256_max_ps(mv, a);
-        badv = _mm256_or_ps(badv, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));  // inf or NaN
-      }
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, mv);
-      float m = 0;
-      for (float l : lanes) m = std::max(m, l);
-      bool finite = _mm256_movemask_ps(badv) == 0;
-      fold_abs_max(x + d, Dk - d, m, finite);
-      const QueryRound q = query_round_from_max(m, finite);
-      sq[r] = q.sq;
-      d = 0;
       if (!q.zero) {
         const __m256 iv = _mm256_set1_ps(q.inv);
 #if KVCACHE_ATTN_AVX512
@@ -1153,6 +1220,171 @@ struct SimdOps {
     }
   }
 
+  // ---- 4-bit value blocks: int16 weights, exact int32 sums (ScalarOps::round_weights /
+  // int_pv) ----
+  // The rounding of each (group, row) weight run, the max and the conversions in vectors: the
+  // same floats and the same round-to-nearest-even as the scalar path.
+  static void round_weights(const float* pg, int64_t R, int64_t n, int64_t ng, int64_t st,
+                            int16_t* wq, float* ws) {
+    for (int64_t g = 0; g < ng; ++g)
+      for (int64_t r = 0; r < R; ++r) {
+        const float* w = pg + (g * R + r) * st;
+        int16_t* o = wq + (g * R + r) * st;
+        const IntRound q = simd_int_round<kWeightLevels>(w, n);
+        ws[r * ng + g] = q.step;
+        int64_t j = 0;
+        if (!q.zero) {
+          const __m256 iv = _mm256_set1_ps(q.inv);
+          for (; j + 8 <= n; j += 8) {
+            const __m256i i32 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(w + j), iv));
+            const __m128i i16 =
+                _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(o + j), i16);
+          }
+          for (; j < n; ++j) o[j] = static_cast<int16_t>(std::nearbyint(w[j] * q.inv));
+        }
+        for (; j < n; ++j) o[j] = 0;
+        if (n % 2 != 0) o[n] = 0;
+      }
+  }
+  // Two keys' weights (wq[j], wq[j + 1]) as one 32-bit lane value.
+  static int32_t weight_pair(const int16_t* w) {
+    int32_t x;
+    std::memcpy(&x, w, 4);
+    return x;
+  }
+#if KVCACHE_QK_INT512
+  // acc += the pairwise int16 products of x and w, summed per 32-bit lane (vpdpwssd), in place:
+  // written as the intrinsic, GCC 12 computes each sum in a second register and copies it back
+  // every step, pinned or not.
+  __attribute__((always_inline)) static inline void dpwssd(__m512i& acc, __m512i x, __m512i w) {
+    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
+  }
+  // The code bytes [0, 16) of two value rows as 16-bit words paired per 32-bit lane: lane i =
+  // (a[i], b[i]).
+  static inline __m512i pair_words512(const std::byte* a, const std::byte* b) {
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+    const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    const __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    return _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kPairIndex.b),
+                                         _mm512_castsi256_si512(t));
+  }
+  // int_pv over channels [c0, c0 + 32 S) of one value group for NR rows: per pair of keys and
+  // slab of 32 channels, one vpermb lays out both keys' 16 code bytes as word pairs, a mask and
+  // a shift give the low and high nibbles (even and odd channels), and one vpdpwssd per row and
+  // nibble adds both keys' products.
+  template <int NR, int S>
+  static void int_pv_pass(const int16_t* wq, int64_t st, const std::byte* codes, int64_t rb,
+                          int64_t n, int64_t c0, const float* ws, int64_t ng, float* acc,
+                          int64_t lda) {
+    alignas(16) static const std::byte kZeroRow[16 * S] = {};  // the last key's missing partner
+    __m512i a[NR * S * 2];                                     // [row][slab][low, high nibbles]
+#pragma GCC unroll 16
+    for (int i = 0; i < NR * S * 2; ++i) a[i] = _mm512_setzero_si512();
+    const __m512i nib = _mm512_set1_epi16(0x000F);
+    const std::byte* p = codes + c0 / 2;
+    for (int64_t j = 0; j < n; j += 2, p += 2 * rb) {
+      const std::byte* b = j + 1 < n ? p + rb : kZeroRow;
+      __m512i lo[S], hi[S];
+#pragma GCC unroll 2
+      for (int s = 0; s < S; ++s) {
+        const __m512i x = pair_words512(p + 16 * s, b + 16 * s);
+        lo[s] = _mm512_and_si512(x, nib);
+        hi[s] = _mm512_srli_epi16(x, 4);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const __m512i w = _mm512_set1_epi32(weight_pair(wq + r * st + j));
+#pragma GCC unroll 2
+        for (int s = 0; s < S; ++s) {
+          dpwssd(a[(r * S + s) * 2], lo[s], w);
+          dpwssd(a[(r * S + s) * 2 + 1], hi[s], w);
+        }
+      }
+    }
+    // Lane i of the low / high sums is channel 2 i / 2 i + 1 of the slab.
+    const __m512i first = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i second =
+        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+#pragma GCC unroll 4  // every loop over the sums unrolled, or they live in memory
+    for (int r = 0; r < NR; ++r) {
+      const __m512 sc = _mm512_set1_ps(ws[r * ng]);
+#pragma GCC unroll 2
+      for (int s = 0; s < S; ++s) {
+        const __m512 fl = _mm512_cvtepi32_ps(a[(r * S + s) * 2]);
+        const __m512 fh = _mm512_cvtepi32_ps(a[(r * S + s) * 2 + 1]);
+        float* o = acc + r * lda + c0 + 32 * s;
+        _mm512_storeu_ps(
+            o, _mm512_fmadd_ps(_mm512_permutex2var_ps(fl, first, fh), sc, _mm512_loadu_ps(o)));
+        _mm512_storeu_ps(o + 16, _mm512_fmadd_ps(_mm512_permutex2var_ps(fl, second, fh), sc,
+                                                 _mm512_loadu_ps(o + 16)));
+      }
+    }
+  }
+  static constexpr int64_t kPvSlab = 32, kPvPass = 64;  // channels per vpermb / per pass
+#else
+  // The AVX2 form: slabs of 16 channels (8 code bytes per key), pairs by unpack + zero-extend,
+  // vpmaddwd + add.
+  template <int NR, int S>
+  static void int_pv_pass(const int16_t* wq, int64_t st, const std::byte* codes, int64_t rb,
+                          int64_t n, int64_t c0, const float* ws, int64_t ng, float* acc,
+                          int64_t lda) {
+    __m256i a[NR][S][2];
+    for (int r = 0; r < NR; ++r)
+      for (int s = 0; s < S; ++s) a[r][s][0] = a[r][s][1] = _mm256_setzero_si256();
+    const __m256i nib = _mm256_set1_epi16(0x000F);
+    const std::byte* p = codes + c0 / 2;
+    for (int64_t j = 0; j < n; j += 2, p += 2 * rb) {
+      __m256i lo[S], hi[S];
+      for (int s = 0; s < S; ++s) {
+        const __m128i x0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * s));
+        const __m128i x1 = j + 1 < n
+                               ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + rb + 8 * s))
+                               : _mm_setzero_si128();
+        const __m256i x = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(x0, x1));
+        lo[s] = _mm256_and_si256(x, nib);
+        hi[s] = _mm256_srli_epi16(x, 4);
+      }
+      for (int r = 0; r < NR; ++r) {
+        const __m256i w = _mm256_set1_epi32(weight_pair(wq + r * st + j));
+        for (int s = 0; s < S; ++s) {
+          a[r][s][0] = _mm256_add_epi32(a[r][s][0], _mm256_madd_epi16(lo[s], w));
+          a[r][s][1] = _mm256_add_epi32(a[r][s][1], _mm256_madd_epi16(hi[s], w));
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      const __m256 sc = _mm256_set1_ps(ws[r * ng]);
+      for (int s = 0; s < S; ++s) {
+        const __m256 fl = _mm256_cvtepi32_ps(a[r][s][0]), fh = _mm256_cvtepi32_ps(a[r][s][1]);
+        const __m256 u0 = _mm256_unpacklo_ps(fl, fh), u1 = _mm256_unpackhi_ps(fl, fh);
+        float* o = acc + r * lda + c0 + 16 * s;
+        _mm256_storeu_ps(
+            o, _mm256_fmadd_ps(_mm256_permute2f128_ps(u0, u1, 0x20), sc, _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_permute2f128_ps(u0, u1, 0x31), sc,
+                                                _mm256_loadu_ps(o + 8)));
+      }
+    }
+  }
+  static constexpr int64_t kPvSlab = 16, kPvPass = 16;
+#endif
+  // Value groups are whole slabs (QuantParams::int_v).
+  static void int_pv(const int16_t* wq, const float* ws, int64_t R, const std::byte* codes,
+                     int64_t rb, int64_t n, int64_t Dv, int64_t vg, int64_t st, int64_t ng,
+                     float* acc, int64_t lda) {
+    for (int64_t g = 0; g < Dv / vg; ++g)
+      by_row_blocks(R, [&]<int NR>(int64_t r) {
+        const int16_t* w = wq + (g * R + r) * st;
+        const float* sc = ws + r * ng + g;
+        float* a = acc + r * lda;
+        int64_t c = g * vg;
+        for (; c + kPvPass <= (g + 1) * vg; c += kPvPass)
+          int_pv_pass<NR, kPvPass / kPvSlab>(w, st, codes, rb, n, c, sc, ng, a, lda);
+        for (; c < (g + 1) * vg; c += kPvSlab)
+          int_pv_pass<NR, 1>(w, st, codes, rb, n, c, sc, ng, a, lda);
+      });
+  }
+
   // Residual (and per-token scratch) rows: the same register-blocked micro-kernels as the
   // packed codes, reading f32/f16/bf16.
   template <DType KD>
@@ -1205,6 +1437,9 @@ struct QuantParams {
   // ([R, 2 D_v]: channel order | chunked order), folded back at the end (SIMD, 2/4 bits, value
   // groups of whole chunks).
   bool chunk_v = false;
+  // 4-bit value blocks whose groups are whole 32-channel slabs, G <= kIntPvMaxKeys: P.V by int16
+  // weights (round_weights / int_pv), on every path.
+  bool int_v = false;
 
   // ---- tile geometry (plan_tasks, for_each_tile) ----
   int64_t n_tiles(const SeqPlan& s) const {
@@ -1233,15 +1468,17 @@ struct QuantParams {
   int64_t acc_cols() const { return chunk_v ? 2 * Dv : Dv; }
   int64_t s_cols() const { return st; }
   struct Extra {
-    float* qk = nullptr;   // [R, D_k] queries times the block's key scales
-    float* qz = nullptr;   // [R] queries . the block's key zeros
-    int8_t* qi = nullptr;  // [R, dk4] qk rounded to int8 (2/4-bit keys)
-    float* sq = nullptr;   // [R] and the rounding's scales
-    float* pg = nullptr;   // [ng, R, st] probabilities times value scales
-    float* zs = nullptr;   // [R, ng] probabilities . value zeros
-    float* za = nullptr;   // [R, ng] zs summed over the blocks (rescaled with the rows)
-    float* kt = nullptr;   // per-token schemes: one block's K [G, D_k] in f32
-    float* vt = nullptr;   // and V [G, D_v]
+    float* qk = nullptr;    // [R, D_k] queries times the block's key scales
+    float* qz = nullptr;    // [R] queries . the block's key zeros
+    int8_t* qi = nullptr;   // [R, dk4] qk rounded to int8 (2/4-bit keys)
+    float* sq = nullptr;    // [R] and the rounding's scales
+    float* pg = nullptr;    // [ng, R, st] probabilities times value scales
+    int16_t* wq = nullptr;  // [ng, R, st] pg rounded to int16 (int_v)
+    float* ws = nullptr;    // [R, ng] and the rounding's scales
+    float* zs = nullptr;    // [R, ng] probabilities . value zeros
+    float* za = nullptr;    // [R, ng] zs summed over the blocks (rescaled with the rows)
+    float* kt = nullptr;    // per-token schemes: one block's K [G, D_k] in f32
+    float* vt = nullptr;    // and V [G, D_v]
   };
   Extra carve_extra(Arena& a, int64_t R, int64_t) const {
     Extra e;
@@ -1250,6 +1487,8 @@ struct QuantParams {
     e.qi = a.take<int8_t>(R * dk4);
     e.sq = a.take<float>(R);
     e.pg = a.take<float>(ng * R * st);
+    e.wq = a.take<int16_t>(ng * R * st);
+    e.ws = a.take<float>(R * ng);
     e.zs = a.take<float>(R * ng);
     e.za = a.take<float>(R * ng);
     if (per_token) {
@@ -1363,11 +1602,19 @@ void QuantTiles<Ops, BITS, RD>::pv(int64_t tile, int64_t k0, int64_t k1, const f
   }
   const auto* vp = reinterpret_cast<const f16_t*>(vb);
   Ops::value_weights(s, R_, n, vp, vp + ng * kp_.G, ng, kp_.G, st, x_.pg, x_.zs);
+  bool done = false;
+  if constexpr (BITS == 4) {
+    if (kp_.int_v) {
+      Ops::round_weights(x_.pg, R_, n, ng, st, x_.wq, x_.ws);
+      Ops::int_pv(x_.wq, x_.ws, R_, vb + 4 * kp_.G * ng, kp_.rbv, n, Dv, kp_.vg, st, ng, acc_,
+                  lda_);
+      done = true;
+    }
+  }
   // Chunked order stays inside a value group, so the group's zero term lands on the same
   // channels in either order.
-  bool done = false;
   if constexpr (kChunked) {
-    if (kp_.chunk_v) {
+    if (!done && kp_.chunk_v) {
       Ops::template chunked_pv<BITS>(x_.pg, R_, vb + 4 * kp_.G * ng, kp_.rbv, n, Dv, kp_.vg, st,
                                      acc_ + Dv, lda_);
       done = true;
@@ -1432,6 +1679,7 @@ QuantParams quant_params(int64_t G, int64_t n_blocks, int64_t v_group, KVQuantSc
   kp.cbk = kivi_col_bytes(G, bits);
   kp.rbv = kivi_row_bytes(Dv, bits);
   kp.st = (std::max(G, kResTile) + 63) / 64 * 64;  // packed_scores writes whole chunks
+  kp.int_v = !kp.per_token && bits == 4 && kp.vg > 0 && kp.vg % 32 == 0 && G <= kIntPvMaxKeys;
   return kp;
 }
 
@@ -1460,7 +1708,7 @@ void run_quantized(const TensorView& q, const QuantKV& kv, const TensorView& out
   kp.kv = &kv;
   const int bits = kp.per_token ? 8 : kv.bits;  // per-token tiles take the BITS-free branch
   const int64_t chunk = bits == 2 ? chunk_channels<2>() : chunk_channels<4>();
-  kp.chunk_v = Ops::kPermute && bits != 8 && kp.vg % chunk == 0;
+  kp.chunk_v = Ops::kPermute && bits != 8 && kp.vg % chunk == 0 && !kp.int_v;
   KVSpan span;
   span.kind = KVSpanKind::kQuantized;
   span.quant = kv;

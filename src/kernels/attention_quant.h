@@ -23,10 +23,20 @@
 // Rows whose largest |q'| is below 2^-100 count as zero; a non-finite row gets sq = NaN.
 // 8-bit blocks keep f32 dots: there the int8 query would double the error.
 //
+// 4-bit value blocks whose channel groups are whole 32-channel slabs (G <= 4,096) take P.V in
+// integers the same way: per block, value group and row, the weights w_j = p_j * s_jg (f32) are
+// rounded to int16 with one scale, step = max_j |w_j| / 32767, w_j ~ step * nearbyint(w_j *
+// 32767 / max), and sum_j w_j c_jd becomes step * (the exact int32 sum of those weights times
+// the codes), two keys per 32-bit lane (vpdpwssd on AVX-512 VNNI, vpmaddwd on AVX2): same bits
+// on every path. Each weight moves by at most half a step, so output channel d by at most
+// sum over blocks of (max_j w_j / 65534) * sum_j c_jd (normalised): about 5e-5 for values of unit
+// scale, where the 4-bit values' own rounding is near 0.1. A max below 2^-100 counts as zero; a
+// non-finite weight gives step = NaN. The zero terms sum_j p_j z_jg stay in f32.
+//
 // Tolerance (tests): against the double-precision attention reference run on the dequantized
 // K/V (dequantize_quant_kv), with the 2/4-bit packed logits restated by the rule above,
-// |out - ref| <= 1e-5 for inputs of unit scale (only the float summation order differs); and
-// against the reference's exact logits, within the bound above.
+// |out - ref| <= 1e-5 plus the value weights' bound (4-bit values) for inputs of unit scale; and
+// against the reference's exact logits, within both bounds.
 #pragma once
 
 #include "core/kv_span.h"
