@@ -802,10 +802,9 @@ struct SimdOps {
       mv = _mm256_max_ps(mv, a);
       badv = _mm256_or_ps(badv, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));  // inf or NaN
     }
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, mv);
-    float m = 0;
-    for (float l : lanes) m = std::max(m, l);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    float m = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));  // a tree: no chain of 8 maxss
     bool finite = _mm256_movemask_ps(badv) == 0;
     fold_abs_max(x + d, n - d, m, finite);
     return round_from_max<L>(m, finite);
