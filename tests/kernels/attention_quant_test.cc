@@ -160,8 +160,10 @@ PackedDots packed_dots(const QInputs& in) {
           const f16_t* kz = ks + c.D;
           const std::byte* codes = kb + 4 * c.D;
           float m = 0;
+          bool finite = true;  // a non-finite row's logits are NaN (sq = NaN in the kernel)
           for (int64_t d = 0; d < c.D; ++d) {
             qp[static_cast<size_t>(d)] = qr[d] * f16_to_f32(ks[d]);
+            finite = finite && std::isfinite(qp[static_cast<size_t>(d)]);
             m = std::max(m, std::fabs(qp[static_cast<size_t>(d)]));
           }
           const bool tiny = !(m >= 0x1p-100f);
@@ -169,6 +171,10 @@ PackedDots packed_dots(const QInputs& in) {
           double z = 0;
           for (int64_t d = 0; d < c.D; ++d) z += static_cast<double>(qr[d]) * f16_to_f32(kz[d]);
           for (int64_t t = 0; t < c.G; ++t, ++at) {
+            if (!finite) {
+              r.dot[at] = std::numeric_limits<double>::quiet_NaN();
+              continue;
+            }
             int64_t acc = 0, codes_sum = 0;
             for (int64_t d = 0; d < c.D; ++d) {
               const int64_t code = kivi_key_code(codes + d * cb, t, bits);
