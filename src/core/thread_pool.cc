@@ -186,6 +186,11 @@ void ThreadPool::run(int64_t n_tasks, TaskFn fn, void* ctx) {
   KV_CHECK(n_tasks < (int64_t{1} << 31), "parallel_for: too many tasks for the 32-bit task index");
   std::lock_guard<std::mutex> lock(run_mu_);
   const uint32_t gen = ++generation_;
+  // The loop's time starts before it is published: a worker spinning on the epoch may start a
+  // task (and its task clock) before this thread is back from the notify below, and a loop's
+  // time must cover its tasks' (ThreadPoolTimes: from publishing to the last task finishing).
+  const bool timed = timing_.load(std::memory_order_relaxed);
+  const int64_t t0 = timed ? now_ns() : 0;
   Job& job = jobs_[gen & 1];
   job.fn.store(fn, std::memory_order_release);
   job.ctx.store(ctx, std::memory_order_release);
@@ -195,12 +200,11 @@ void ThreadPool::run(int64_t n_tasks, TaskFn fn, void* ctx) {
   epoch_.store(gen, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
 
-  const bool timed = timing_.load(std::memory_order_relaxed);
-  const int64_t t0 = timed ? now_ns() : 0;
+  const int64_t t1 = timed ? now_ns() : 0;  // the caller's own tasks
   tl_in_pool_task = true;
   const int64_t ran = drain(gen);
   tl_in_pool_task = false;
-  if (timed) t_task_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+  if (timed) t_task_ns_.fetch_add(now_ns() - t1, std::memory_order_relaxed);
   int64_t done = completed_.fetch_add(ran, std::memory_order_acq_rel) + ran;
   // Wait for tasks other threads claimed (not for threads to wake): spin, then sleep.
   auto finished = [&] { return (done = completed_.load(std::memory_order_acquire)) == n_tasks; };
