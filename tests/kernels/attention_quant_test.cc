@@ -389,15 +389,13 @@ TEST(QuantizedAttention, Int8QueryRoundingEdgeRows) {
     fn(f8.q(), f8.kv, f8.out(), f8.options());
     Tensor kd, vd;
     dequantize_quant_kv(in.kv, &kd, &vd);
-    const std::vector<double> wb =
-        weight_bound(in, rounded_reference(in, kd.view(), vd.view(), packed_dots(in)));
     const float* o = in.obuf.data_as<float>();
     const float* o8 = f8.obuf.data_as<float>();
     for (int64_t d = 0; d < c.D; ++d) {
       double mean = 0;
       for (int64_t j = 0; j < 3 * c.G; ++j) mean += vd.view().ptr_as<float>(0, 0, j)[d];
       mean /= 3.0 * static_cast<double>(c.G);
-      EXPECT_NEAR(o[d], mean, kTol + (wb.empty() ? 0.0 : wb[static_cast<size_t>(d)])) << d;
+      EXPECT_NEAR(o[d], mean, kTol) << d;  // D = 40: value groups of 10, float P.V
       const float a = o[c.D + d], b = o8[c.D + d];
       EXPECT_TRUE((std::isnan(a) && std::isnan(b)) || a == b) << d << ": " << a << " " << b;
     }
