@@ -1,14 +1,20 @@
-// KV-cache quantizers and dequantizers (layouts and bounds in kv_quant.h). Scalar: they run
-// once per G tokens when the cache flushes its residual, not per decode step.
+// KV-cache quantizers and dequantizers (layouts and bounds in kv_quant.h). The KIVI quantizers
+// run in vectors (the min / max and the codes; the reference versions are the scalar loops
+// they must equal byte for byte); the rest is scalar, run once per G tokens.
 #include "kernels/kv_quant.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "kernels/matmul.h"
+
+#if defined(__AVX2__)
+#include "core/x86_intrin.h"  // <immintrin.h> without GCC 12's false warnings
+#endif
 
 namespace kvcache {
 
@@ -33,8 +39,10 @@ struct GroupQuant {
   float scale = 0, zero = 0, inv = 0;
   uint32_t qmax = 0;
   GroupQuant(float lo, float hi, int bits) : qmax((1u << bits) - 1u) {
-    lo = std::clamp(lo, -kF16Max, kF16Max);
-    hi = std::clamp(hi, -kF16Max, kF16Max);
+    // + 0: -0 becomes +0, so the result does not depend on which of two equal zeros a min or a
+    // max kept (the vector paths reduce in another order than the reference's loops).
+    lo = std::clamp(lo, -kF16Max, kF16Max) + 0.0f;
+    hi = std::clamp(hi, -kF16Max, kF16Max) + 0.0f;
     zero16 = f16_round_down(lo);
     zero = f16_to_f32(zero16);
     scale16 = f16_round_up((hi - zero) / static_cast<float>(qmax));
@@ -74,7 +82,8 @@ int64_t kivi_value_group(int64_t d, int64_t g) {
   return 1;
 }
 
-void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p, std::byte* block) {
+void kivi_quantize_keys_reference(const float* keys, int64_t ld, const KiviBlockParams& p,
+                                  std::byte* block) {
   check_params(p);
   const int64_t D = p.d, G = p.group, cb = kivi_col_bytes(G, p.bits);
   auto* scales = reinterpret_cast<f16_t*>(block);
@@ -97,8 +106,8 @@ void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p,
   }
 }
 
-void kivi_quantize_values(const float* values, int64_t ld, const KiviBlockParams& p,
-                          std::byte* block) {
+void kivi_quantize_values_reference(const float* values, int64_t ld, const KiviBlockParams& p,
+                                    std::byte* block) {
   check_params(p);
   KV_CHECK(p.v_group > 0 && p.d % p.v_group == 0, "KIVI v_group must divide D");
   const int64_t D = p.d, G = p.group, rb = kivi_row_bytes(D, p.bits), ng = D / p.v_group;
@@ -116,6 +125,228 @@ void kivi_quantize_values(const float* values, int64_t ld, const KiviBlockParams
       std::memcpy(zeros + g * G + t, &q.zero16, 2);
       for (int64_t c = 0; c < p.v_group; ++c)
         put_code(codes + t * rb, g * p.v_group + c, p.bits, q.code(xg[c]));
+    }
+  }
+}
+
+namespace {
+
+// Codes of n elements x against per-element zero z and inverse scale iv (the values GroupQuant
+// holds), written as bytes: GroupQuant::code's float operations in vectors (subtract, multiply,
+// round to nearest even, clamp), so the same codes. zs = 0: one zero and inverse (z[0], iv[0])
+// for all n (a value group); zs = 1: one per element (key channels).
+void codes_of(const float* x, const float* z, const float* iv, int zs, float qmax, int64_t n,
+              uint8_t* out) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m512 zv = zs ? _mm512_loadu_ps(z + i) : _mm512_set1_ps(*z);
+    const __m512 ivv = zs ? _mm512_loadu_ps(iv + i) : _mm512_set1_ps(*iv);
+    __m512 c = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), zv), ivv),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    c = _mm512_min_ps(_mm512_max_ps(c, _mm512_setzero_ps()), _mm512_set1_ps(qmax));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(c)));
+  }
+#endif
+#if defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) {
+    const __m256 zv = zs ? _mm256_loadu_ps(z + i) : _mm256_set1_ps(*z);
+    const __m256 ivv = zs ? _mm256_loadu_ps(iv + i) : _mm256_set1_ps(*iv);
+    __m256 c = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), zv), ivv),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    c = _mm256_min_ps(_mm256_max_ps(c, _mm256_setzero_ps()), _mm256_set1_ps(qmax));
+    alignas(32) int32_t t[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_cvttps_epi32(c));
+    for (int k = 0; k < 8; ++k) out[i + k] = static_cast<uint8_t>(t[k]);
+  }
+#endif
+  for (; i < n; ++i) {
+    const float c = std::nearbyint((x[i] - z[zs ? i : 0]) * iv[zs ? i : 0]);
+    out[i] = static_cast<uint8_t>(std::clamp(c, 0.0f, qmax));
+  }
+}
+
+// lo[i] = min(lo[i], x[i]), hi[i] = max(hi[i], x[i]) as the reference's std::min / std::max
+// (x < lo ? x : lo; hi < x ? x : hi): what minps / maxps compute with x as the first operand.
+void fold_min_max(const float* x, int64_t n, float* lo, float* hi) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    _mm512_storeu_ps(lo + i, _mm512_min_ps(v, _mm512_loadu_ps(lo + i)));
+    _mm512_storeu_ps(hi + i, _mm512_max_ps(v, _mm512_loadu_ps(hi + i)));
+  }
+#endif
+#if defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    _mm256_storeu_ps(lo + i, _mm256_min_ps(v, _mm256_loadu_ps(lo + i)));
+    _mm256_storeu_ps(hi + i, _mm256_max_ps(v, _mm256_loadu_ps(hi + i)));
+  }
+#endif
+  for (; i < n; ++i) {
+    lo[i] = std::min(lo[i], x[i]);
+    hi[i] = std::max(hi[i], x[i]);
+  }
+}
+
+// The smallest and largest of x[0, n), n >= 1 (GroupQuant makes a tie of -0 and +0 immaterial).
+std::pair<float, float> min_max(const float* x, int64_t n) {
+  float lo = x[0], hi = x[0];
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  if (n >= 16) {
+    __m512 l = _mm512_loadu_ps(x), h = l;
+    for (i = 16; i + 16 <= n; i += 16) {
+      const __m512 v = _mm512_loadu_ps(x + i);
+      l = _mm512_min_ps(v, l);
+      h = _mm512_max_ps(v, h);
+    }
+    lo = _mm512_reduce_min_ps(l);
+    hi = _mm512_reduce_max_ps(h);
+  }
+#endif
+  for (; i < n; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  return {lo, hi};
+}
+
+// GroupQuant of n groups from their lo[i] / hi[i] in vectors: the same clamps, the same f16
+// rounding (F16C's round-to-nearest-even conversion is f32_to_f16's rule) and the same divisions,
+// so the same scales, zeros and inverse scales.
+void quant_many(int64_t n, const float* lo, const float* hi, int bits, f16_t* s16, f16_t* z16,
+                float* zero, float* inv) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+  const __m256 fmax = _mm256_set1_ps(kF16Max), fmin = _mm256_set1_ps(-kF16Max);
+  const __m256 q = _mm256_set1_ps(static_cast<float>((1u << bits) - 1u));
+  const __m256 neg = _mm256_set1_ps(-0.0f), z = _mm256_setzero_ps();
+  // std::clamp's lanes (a NaN stays NaN: maxps / minps return their second operand then), + 0.
+  const auto clamp = [&](__m256 v) {
+    return _mm256_add_ps(_mm256_min_ps(fmax, _mm256_max_ps(fmin, v)), z);
+  };
+  // f16_round_down's lanes: the nearest f16, one step down (f16_next_down) where it is above x.
+  const auto round_down = [](__m256 x) {
+    const __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 above = _mm256_cmp_ps(_mm256_cvtph_ps(h), x, _CMP_GT_OQ);
+    const __m128i up = _mm_packs_epi32(_mm_castps_si128(_mm256_castps256_ps128(above)),
+                                       _mm_castps_si128(_mm256_extractf128_ps(above, 1)));
+    const __m128i sgn = _mm_srai_epi16(h, 15);  // -1 where negative
+    __m128i down = _mm_sub_epi16(_mm_sub_epi16(h, _mm_set1_epi16(1)), _mm_add_epi16(sgn, sgn));
+    const __m128i is_zero =
+        _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_setzero_si128());
+    down = _mm_blendv_epi8(down, _mm_set1_epi16(static_cast<int16_t>(0x8001)), is_zero);
+    return _mm_blendv_epi8(h, down, up);
+  };
+  for (; i + 8 <= n; i += 8) {
+    const __m128i zh = round_down(clamp(_mm256_loadu_ps(lo + i)));
+    const __m256 zf = _mm256_cvtph_ps(zh);
+    const __m256 x = _mm256_div_ps(_mm256_sub_ps(clamp(_mm256_loadu_ps(hi + i)), zf), q);
+    const __m128i sh = _mm_xor_si128(round_down(_mm256_xor_ps(x, neg)),
+                                     _mm_set1_epi16(static_cast<int16_t>(0x8000)));
+    const __m256 sf = _mm256_cvtph_ps(sh);
+    const __m256 iv =
+        _mm256_and_ps(_mm256_cmp_ps(sf, z, _CMP_GT_OQ), _mm256_div_ps(_mm256_set1_ps(1.0f), sf));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(z16 + i), zh);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(s16 + i), sh);
+    _mm256_storeu_ps(zero + i, zf);
+    _mm256_storeu_ps(inv + i, iv);
+  }
+#endif
+  for (; i < n; ++i) {
+    const GroupQuant g(lo[i], hi[i], bits);
+    s16[i] = g.scale16;
+    z16[i] = g.zero16;
+    zero[i] = g.zero;
+    inv[i] = g.inv;
+  }
+}
+
+}  // namespace
+
+void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p, std::byte* block) {
+  check_params(p);
+  const int64_t D = p.d, G = p.group, cb = kivi_col_bytes(G, p.bits);
+  const int64_t span = kivi_chunk_tokens(p.bits), per = 8 / p.bits;
+  auto* scales = reinterpret_cast<f16_t*>(block);
+  auto* zeros = scales + D;
+  std::byte* codes = block + 4 * D;
+  const float qmax = static_cast<float>((1u << p.bits) - 1u);
+  // Slabs of kC channels: their min / max over the G tokens, their GroupQuants, then per chunk
+  // of `span` tokens the codes as bytes [token][channel] and the column bytes packed from them.
+  constexpr int64_t kC = 64;
+  float lo[kC], hi[kC], zero[kC], inv[kC];
+  uint8_t code[32 * kC];  // span <= 32 tokens
+  for (int64_t c0 = 0; c0 < D; c0 += kC) {
+    const int64_t nc = std::min(kC, D - c0);
+    std::copy(keys + c0, keys + c0 + nc, lo);
+    std::copy(keys + c0, keys + c0 + nc, hi);
+    for (int64_t t = 1; t < G; ++t) fold_min_max(keys + t * ld + c0, nc, lo, hi);
+    f16_t s16[kC], z16[kC];
+    quant_many(nc, lo, hi, p.bits, s16, z16, zero, inv);
+    std::memcpy(scales + c0, s16, static_cast<size_t>(nc) * 2);
+    std::memcpy(zeros + c0, z16, static_cast<size_t>(nc) * 2);
+    for (int64_t t0 = 0; t0 < G; t0 += span) {
+      const int64_t nt = std::min(span, G - t0);
+      for (int64_t w = 0; w < nt; ++w)
+        codes_of(keys + (t0 + w) * ld + c0, zero, inv, 1, qmax, nc, code + w * kC);
+      std::fill(code + nt * kC, code + span * kC, uint8_t{0});
+      for (int64_t c = 0; c < nc; ++c) {
+        std::byte* col = codes + (c0 + c) * cb + 8 * (t0 / span);
+        for (int64_t b = 0; b < 8; ++b) {
+          unsigned v = 0;
+          for (int64_t k = 0; k < per; ++k)
+            v |= unsigned{code[(8 * k + b) * kC + c]} << (k * p.bits);
+          col[b] = static_cast<std::byte>(v);
+        }
+      }
+    }
+  }
+}
+
+void kivi_quantize_values(const float* values, int64_t ld, const KiviBlockParams& p,
+                          std::byte* block) {
+  check_params(p);
+  KV_CHECK(p.v_group > 0 && p.d % p.v_group == 0, "KIVI v_group must divide D");
+  const int64_t D = p.d, G = p.group, rb = kivi_row_bytes(D, p.bits), ng = D / p.v_group;
+  const int64_t per = kivi_codes_per_word(p.bits);
+  auto* scales = reinterpret_cast<f16_t*>(block);
+  auto* zeros = scales + G * ng;
+  std::byte* codes = block + 4 * G * ng;
+  const float qmax = static_cast<float>((1u << p.bits) - 1u);
+  // (row, group) entries in order, kE at a time: their min / max, their GroupQuants in vectors,
+  // their codes as bytes into the row's buffer; a row's words are packed from it in registers
+  // once its last group is coded (a read-modify-write of a byte per code, as the reference
+  // does, is a chain through memory).
+  constexpr int64_t kMaxD = 4096, kE = 256;
+  if (D > kMaxD) return kivi_quantize_values_reference(values, ld, p, block);
+  uint8_t code[kMaxD];
+  float lo[kE], hi[kE], zero[kE], inv[kE];
+  f16_t s16[kE], z16[kE];
+  for (int64_t e0 = 0; e0 < G * ng; e0 += kE) {
+    const int64_t ne = std::min(kE, G * ng - e0);
+    for (int64_t i = 0; i < ne; ++i) {
+      const int64_t t = (e0 + i) / ng, g = (e0 + i) % ng;
+      std::tie(lo[i], hi[i]) = min_max(values + t * ld + g * p.v_group, p.v_group);
+    }
+    quant_many(ne, lo, hi, p.bits, s16, z16, zero, inv);
+    for (int64_t i = 0; i < ne; ++i) {
+      const int64_t t = (e0 + i) / ng, g = (e0 + i) % ng;
+      scales[g * G + t] = s16[i];
+      zeros[g * G + t] = z16[i];
+      codes_of(values + t * ld + g * p.v_group, zero + i, inv + i, 0, qmax, p.v_group,
+               code + g * p.v_group);
+      if (g + 1 < ng) continue;
+      std::byte* row = codes + t * rb;
+      for (int64_t w = 0; w * per < D; ++w) {  // the last word's missing codes are 0
+        uint32_t v = 0;
+        for (int64_t k = 0; k < per && w * per + k < D; ++k)
+          v |= uint32_t{code[w * per + k]} << (k * p.bits);
+        std::memcpy(row + 4 * w, &v, 4);
+      }
     }
   }
 }

@@ -110,6 +110,11 @@ void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p,
 // values: [G, D] f32 rows -> one value block. Per token over groups of v_group channels.
 void kivi_quantize_values(const float* values, int64_t ld, const KiviBlockParams& p,
                           std::byte* block);
+// The scalar loops the two above must equal byte for byte (tests).
+void kivi_quantize_keys_reference(const float* keys, int64_t ld, const KiviBlockParams& p,
+                                  std::byte* block);
+void kivi_quantize_values_reference(const float* values, int64_t ld, const KiviBlockParams& p,
+                                    std::byte* block);
 // Inverse: out [G, D] f32 rows (stride ld): scale * code + zero, computed in float.
 void kivi_dequantize_keys(const std::byte* block, const KiviBlockParams& p, float* out, int64_t ld);
 void kivi_dequantize_values(const std::byte* block, const KiviBlockParams& p, float* out,

@@ -134,6 +134,59 @@ TEST_P(KiviRoundTrip, ConstantGroupIsExact) {
 
 INSTANTIATE_TEST_SUITE_P(Bits, KiviRoundTrip, ::testing::Values(2, 4, 8));
 
+// The vector quantizers write the reference's bytes: every scale, zero and code, on odd sizes
+// (channel and token tails of every vector width, groups shorter than a vector), a row stride
+// wider than D, constant groups (scale 0), signed zeros, values beyond the f16 range, exact
+// midpoints of the codes' steps (round to nearest even), spreads small enough for subnormal
+// f16 scales and minima that round to -0 (the zero then steps down to the smallest negative).
+TEST(KvQuant, VectorQuantizersEqualTheReferenceByteForByte) {
+  struct Case {
+    int64_t G, D, vg;
+  };
+  int checked = 0;
+  for (int bits : {2, 4, 8})
+    for (const Case c : {Case{64, 64, 64}, Case{64, 128, 64}, Case{13, 37, 37}, Case{7, 5, 5},
+                         Case{1, 1, 1}, Case{33, 80, 40}, Case{100, 17, 17}, Case{64, 96, 32},
+                         Case{65, 200, 100}, Case{16, 31, 31}}) {
+      const int64_t ld = c.D + 3;
+      for (int pattern = 0; pattern < 6; ++pattern) {
+        std::vector<float> x = random_rows(c.G * ld, static_cast<uint32_t>(bits * 131 + c.D),
+                                           pattern == 1 ? 3.0f : 0.0f);
+        std::mt19937 rng(static_cast<uint32_t>(pattern + 7 * c.G));
+        if (pattern == 2) {  // constant rows and channels, signed zeros
+          for (int64_t t = 0; t < c.G; ++t)
+            for (int64_t d = 0; d < c.D; ++d)
+              x[t * ld + d] = (t % 3 == 0) ? 1.5f : (d % 2 ? -0.0f : 0.0f);
+        }
+        if (pattern == 3) {  // beyond f16, and integers (code midpoints after scaling)
+          for (size_t i = 0; i < x.size(); ++i)
+            x[i] = i % 11 == 0 ? (i % 2 ? 1e6f : -1e6f) : static_cast<float>(rng() % 64) * 0.5f;
+        }
+        if (pattern >= 4)  // tiny spreads: subnormal f16 scales; minima that round to -0
+          for (auto& v : x) v *= pattern == 4 ? 1e-6f : 1e-9f;
+        KiviBlockParams p;
+        p.group = c.G;
+        p.d = c.D;
+        p.v_group = c.vg;
+        p.bits = bits;
+        const size_t kb = static_cast<size_t>(kivi_k_block_bytes(c.G, c.D, bits));
+        const size_t vb = static_cast<size_t>(kivi_v_block_bytes(c.G, c.D, c.vg, bits));
+        std::vector<std::byte> k1(kb, std::byte{0x5a}), k2(kb, std::byte{0xa5});
+        std::vector<std::byte> v1(vb, std::byte{0x5a}), v2(vb, std::byte{0xa5});
+        kivi_quantize_keys(x.data(), ld, p, k1.data());
+        kivi_quantize_keys_reference(x.data(), ld, p, k2.data());
+        kivi_quantize_values(x.data(), ld, p, v1.data());
+        kivi_quantize_values_reference(x.data(), ld, p, v2.data());
+        const std::string at = "bits " + std::to_string(bits) + " G " + std::to_string(c.G) +
+                               " D " + std::to_string(c.D) + " pattern " + std::to_string(pattern);
+        ASSERT_EQ(0, std::memcmp(k1.data(), k2.data(), kb)) << "keys, " << at;
+        ASSERT_EQ(0, std::memcmp(v1.data(), v2.data(), vb)) << "values, " << at;
+        ++checked;
+      }
+    }
+  EXPECT_EQ(checked, 3 * 10 * 6);
+}
+
 TEST(KvQuant, KiviBlockSizes) {
   // 4-bit, G = 64, D = 128: codes 64 x 64 B + 2 x 128 f16 (keys) / 64 x 2 x 2 f16 (values).
   EXPECT_EQ(kivi_k_block_bytes(64, 128, 4), 4096 + 512);
