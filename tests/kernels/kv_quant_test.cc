@@ -135,7 +135,8 @@ TEST_P(KiviRoundTrip, ConstantGroupIsExact) {
 INSTANTIATE_TEST_SUITE_P(Bits, KiviRoundTrip, ::testing::Values(2, 4, 8));
 
 // The vector quantizers write the reference's bytes: every scale, zero and code, on odd sizes
-// (channel and token tails of every vector width, groups shorter than a vector), a row stride
+// (channel and token tails of every vector width, groups shorter than a vector, a row whose
+// value groups straddle two of the vector path's batches of 256 groups), a row stride
 // wider than D, constant groups (scale 0), signed zeros, values beyond the f16 range, exact
 // midpoints of the codes' steps (round to nearest even), spreads small enough for subnormal
 // f16 scales and minima that round to -0 (the zero then steps down to the smallest negative).
@@ -147,7 +148,7 @@ TEST(KvQuant, VectorQuantizersEqualTheReferenceByteForByte) {
   for (int bits : {2, 4, 8})
     for (const Case c : {Case{64, 64, 64}, Case{64, 128, 64}, Case{13, 37, 37}, Case{7, 5, 5},
                          Case{1, 1, 1}, Case{33, 80, 40}, Case{100, 17, 17}, Case{64, 96, 32},
-                         Case{65, 200, 100}, Case{16, 31, 31}}) {
+                         Case{65, 200, 100}, Case{16, 31, 31}, Case{100, 96, 32}}) {
       const int64_t ld = c.D + 3;
       for (int pattern = 0; pattern < 6; ++pattern) {
         std::vector<float> x = random_rows(c.G * ld, static_cast<uint32_t>(bits * 131 + c.D),
@@ -184,7 +185,7 @@ TEST(KvQuant, VectorQuantizersEqualTheReferenceByteForByte) {
         ++checked;
       }
     }
-  EXPECT_EQ(checked, 3 * 10 * 6);
+  EXPECT_EQ(checked, 3 * 11 * 6);
 }
 
 TEST(KvQuant, KiviBlockSizes) {
