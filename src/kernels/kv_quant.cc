@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <tuple>
 
@@ -21,6 +22,7 @@ namespace kvcache {
 namespace {
 
 constexpr float kF16Max = 65504.0f;
+constexpr f16_t kF16NaN = 0x7e00u;  // the quiet NaN a poisoned group's scale and zero hold
 
 // The next f16 towards -inf from h (h finite, not the most negative value).
 f16_t f16_next_down(f16_t h) {
@@ -34,11 +36,21 @@ void check_params(const KiviBlockParams& p) {
 }
 
 // One asymmetric group: zero = min rounded down to f16, scale = (max - zero) / qmax rounded up.
+// A group holding a NaN or an infinity comes with lo = hi = NaN (poison_bounds) and is
+// poisoned: its scale and zero are NaN and its codes 0, so every element dequantizes to NaN and
+// an attention over it returns NaN, never finite values made up from clamped or dropped inputs.
 struct GroupQuant {
   f16_t scale16 = 0, zero16 = 0;
   float scale = 0, zero = 0, inv = 0;
   uint32_t qmax = 0;
+  bool poisoned = false;
   GroupQuant(float lo, float hi, int bits) : qmax((1u << bits) - 1u) {
+    if (std::isnan(lo) || std::isnan(hi)) {
+      poisoned = true;
+      scale16 = zero16 = kF16NaN;
+      scale = zero = std::numeric_limits<float>::quiet_NaN();
+      return;
+    }
     // + 0: -0 becomes +0, so the result does not depend on which of two equal zeros a min or a
     // max kept (the vector paths reduce in another order than the reference's loops).
     lo = std::clamp(lo, -kF16Max, kF16Max) + 0.0f;
@@ -50,6 +62,7 @@ struct GroupQuant {
     inv = scale > 0 ? 1.0f / scale : 0.0f;
   }
   uint32_t code(float x) const {
+    if (poisoned) return 0;
     const float c = std::nearbyint((x - zero) * inv);
     return static_cast<uint32_t>(std::clamp(c, 0.0f, static_cast<float>(qmax)));
   }
@@ -61,6 +74,12 @@ void put_code(std::byte* row, int64_t d, int bits, uint32_t code) {
   std::memcpy(&w, row + 4 * (d / per), 4);
   w |= code << ((d % per) * bits);
   std::memcpy(row + 4 * (d / per), &w, 4);
+}
+
+// A group's bounds as GroupQuant takes them: NaN where the group holds a non-finite element.
+// nf is the sum of the group's x * 0 (0 when all are finite, NaN otherwise).
+void poison_bounds(float nf, float& lo, float& hi) {
+  if (std::isnan(nf)) lo = hi = std::numeric_limits<float>::quiet_NaN();
 }
 
 }  // namespace
@@ -91,11 +110,13 @@ void kivi_quantize_keys_reference(const float* keys, int64_t ld, const KiviBlock
   std::byte* codes = block + 4 * D;
   std::memset(codes, 0, static_cast<size_t>(D * cb));
   for (int64_t c = 0; c < D; ++c) {
-    float lo = keys[c], hi = keys[c];
+    float lo = keys[c], hi = keys[c], nf = keys[c] * 0.0f;
     for (int64_t t = 1; t < G; ++t) {
       lo = std::min(lo, keys[t * ld + c]);
       hi = std::max(hi, keys[t * ld + c]);
+      nf += keys[t * ld + c] * 0.0f;
     }
+    poison_bounds(nf, lo, hi);
     const GroupQuant q(lo, hi, p.bits);
     std::memcpy(scales + c, &q.scale16, 2);
     std::memcpy(zeros + c, &q.zero16, 2);
@@ -119,8 +140,11 @@ void kivi_quantize_values_reference(const float* values, int64_t ld, const KiviB
     const float* x = values + t * ld;
     for (int64_t g = 0; g < ng; ++g) {
       const float* xg = x + g * p.v_group;
-      const auto [lo, hi] = std::minmax_element(xg, xg + p.v_group);
-      const GroupQuant q(*lo, *hi, p.bits);
+      const auto [lo_at, hi_at] = std::minmax_element(xg, xg + p.v_group);
+      float lo = *lo_at, hi = *hi_at, nf = 0.0f;
+      for (int64_t c = 0; c < p.v_group; ++c) nf += xg[c] * 0.0f;
+      poison_bounds(nf, lo, hi);
+      const GroupQuant q(lo, hi, p.bits);
       std::memcpy(scales + g * G + t, &q.scale16, 2);
       std::memcpy(zeros + g * G + t, &q.zero16, 2);
       for (int64_t c = 0; c < p.v_group; ++c)
@@ -161,21 +185,26 @@ void codes_of(const float* x, const float* z, const float* iv, int zs, float qma
     for (int k = 0; k < 8; ++k) out[i + k] = static_cast<uint8_t>(t[k]);
   }
 #endif
+  // The vector clamp's operand order, min(max(c, 0), qmax): a NaN code (a poisoned group's,
+  // whose zero is NaN) becomes 0, as maxps returns its second operand then.
   for (; i < n; ++i) {
     const float c = std::nearbyint((x[i] - z[zs ? i : 0]) * iv[zs ? i : 0]);
-    out[i] = static_cast<uint8_t>(std::clamp(c, 0.0f, qmax));
+    const float m = c > 0.0f ? c : 0.0f;
+    out[i] = static_cast<uint8_t>(m < qmax ? m : qmax);
   }
 }
 
 // lo[i] = min(lo[i], x[i]), hi[i] = max(hi[i], x[i]) as the reference's std::min / std::max
-// (x < lo ? x : lo; hi < x ? x : hi): what minps / maxps compute with x as the first operand.
-void fold_min_max(const float* x, int64_t n, float* lo, float* hi) {
+// (x < lo ? x : lo; hi < x ? x : hi): what minps / maxps compute with x as the first operand;
+// nf[i] += x[i] * 0 (NaN from a non-finite x on).
+void fold_min_max(const float* x, int64_t n, float* lo, float* hi, float* nf) {
   int64_t i = 0;
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16) {
     const __m512 v = _mm512_loadu_ps(x + i);
     _mm512_storeu_ps(lo + i, _mm512_min_ps(v, _mm512_loadu_ps(lo + i)));
     _mm512_storeu_ps(hi + i, _mm512_max_ps(v, _mm512_loadu_ps(hi + i)));
+    _mm512_storeu_ps(nf + i, _mm512_fmadd_ps(v, _mm512_setzero_ps(), _mm512_loadu_ps(nf + i)));
   }
 #endif
 #if defined(__AVX2__)
@@ -183,34 +212,41 @@ void fold_min_max(const float* x, int64_t n, float* lo, float* hi) {
     const __m256 v = _mm256_loadu_ps(x + i);
     _mm256_storeu_ps(lo + i, _mm256_min_ps(v, _mm256_loadu_ps(lo + i)));
     _mm256_storeu_ps(hi + i, _mm256_max_ps(v, _mm256_loadu_ps(hi + i)));
+    _mm256_storeu_ps(nf + i, _mm256_fmadd_ps(v, _mm256_setzero_ps(), _mm256_loadu_ps(nf + i)));
   }
 #endif
   for (; i < n; ++i) {
     lo[i] = std::min(lo[i], x[i]);
     hi[i] = std::max(hi[i], x[i]);
+    nf[i] += x[i] * 0.0f;
   }
 }
 
-// The smallest and largest of x[0, n), n >= 1 (GroupQuant makes a tie of -0 and +0 immaterial).
+// The smallest and largest of x[0, n), n >= 1 (GroupQuant makes a tie of -0 and +0 immaterial),
+// both NaN where x holds a NaN or an infinity (poison_bounds).
 std::pair<float, float> min_max(const float* x, int64_t n) {
-  float lo = x[0], hi = x[0];
+  float lo = x[0], hi = x[0], nf = 0.0f;
   int64_t i = 0;
 #if defined(__AVX512F__)
   if (n >= 16) {
-    __m512 l = _mm512_loadu_ps(x), h = l;
+    __m512 l = _mm512_loadu_ps(x), h = l, f = _mm512_mul_ps(l, _mm512_setzero_ps());
     for (i = 16; i + 16 <= n; i += 16) {
       const __m512 v = _mm512_loadu_ps(x + i);
       l = _mm512_min_ps(v, l);
       h = _mm512_max_ps(v, h);
+      f = _mm512_fmadd_ps(v, _mm512_setzero_ps(), f);
     }
     lo = _mm512_reduce_min_ps(l);
     hi = _mm512_reduce_max_ps(h);
+    nf = _mm512_reduce_add_ps(f);
   }
 #endif
   for (; i < n; ++i) {
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);
+    nf += x[i] * 0.0f;
   }
+  poison_bounds(nf, lo, hi);
   return {lo, hi};
 }
 
@@ -250,10 +286,15 @@ void quant_many(int64_t n, const float* lo, const float* hi, int bits, f16_t* s1
     const __m256 sf = _mm256_cvtph_ps(sh);
     const __m256 iv =
         _mm256_and_ps(_mm256_cmp_ps(sf, z, _CMP_GT_OQ), _mm256_div_ps(_mm256_set1_ps(1.0f), sf));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(z16 + i), zh);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(s16 + i), sh);
-    _mm256_storeu_ps(zero + i, zf);
-    _mm256_storeu_ps(inv + i, iv);
+    // Poisoned lanes (lo NaN): GroupQuant's f16 NaN for both, a NaN zero and inverse 0.
+    const __m256 bad = _mm256_cmp_ps(_mm256_loadu_ps(lo + i), z, _CMP_UNORD_Q);
+    const __m128i bad16 = _mm_packs_epi32(_mm_castps_si128(_mm256_castps256_ps128(bad)),
+                                          _mm_castps_si128(_mm256_extractf128_ps(bad, 1)));
+    const __m128i nan16 = _mm_set1_epi16(static_cast<int16_t>(kF16NaN));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(z16 + i), _mm_blendv_epi8(zh, nan16, bad16));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(s16 + i), _mm_blendv_epi8(sh, nan16, bad16));
+    _mm256_storeu_ps(zero + i, _mm256_blendv_ps(zf, _mm256_set1_ps(NAN), bad));
+    _mm256_storeu_ps(inv + i, _mm256_andnot_ps(bad, iv));
   }
 #endif
   for (; i < n; ++i) {
@@ -278,13 +319,15 @@ void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p,
   // Slabs of kC channels: their min / max over the G tokens, their GroupQuants, then per chunk
   // of `span` tokens the codes as bytes [token][channel] and the column bytes packed from them.
   constexpr int64_t kC = 64;
-  float lo[kC], hi[kC], zero[kC], inv[kC];
+  float lo[kC], hi[kC], nf[kC], zero[kC], inv[kC];
   uint8_t code[32 * kC];  // span <= 32 tokens
   for (int64_t c0 = 0; c0 < D; c0 += kC) {
     const int64_t nc = std::min(kC, D - c0);
     std::copy(keys + c0, keys + c0 + nc, lo);
     std::copy(keys + c0, keys + c0 + nc, hi);
-    for (int64_t t = 1; t < G; ++t) fold_min_max(keys + t * ld + c0, nc, lo, hi);
+    for (int64_t c = 0; c < nc; ++c) nf[c] = keys[c0 + c] * 0.0f;
+    for (int64_t t = 1; t < G; ++t) fold_min_max(keys + t * ld + c0, nc, lo, hi, nf);
+    for (int64_t c = 0; c < nc; ++c) poison_bounds(nf[c], lo[c], hi[c]);
     f16_t s16[kC], z16[kC];
     quant_many(nc, lo, hi, p.bits, s16, z16, zero, inv);
     std::memcpy(scales + c0, s16, static_cast<size_t>(nc) * 2);

@@ -139,7 +139,8 @@ INSTANTIATE_TEST_SUITE_P(Bits, KiviRoundTrip, ::testing::Values(2, 4, 8));
 // value groups straddle two of the vector path's batches of 256 groups), a row stride
 // wider than D, constant groups (scale 0), signed zeros, values beyond the f16 range, exact
 // midpoints of the codes' steps (round to nearest even), spreads small enough for subnormal
-// f16 scales and minima that round to -0 (the zero then steps down to the smallest negative).
+// f16 scales and minima that round to -0 (the zero then steps down to the smallest negative),
+// and NaNs and infinities (poisoned groups), first in a group or anywhere after.
 TEST(KvQuant, VectorQuantizersEqualTheReferenceByteForByte) {
   struct Case {
     int64_t G, D, vg;
@@ -150,7 +151,7 @@ TEST(KvQuant, VectorQuantizersEqualTheReferenceByteForByte) {
                          Case{1, 1, 1}, Case{33, 80, 40}, Case{100, 17, 17}, Case{64, 96, 32},
                          Case{65, 200, 100}, Case{16, 31, 31}, Case{100, 96, 32}}) {
       const int64_t ld = c.D + 3;
-      for (int pattern = 0; pattern < 6; ++pattern) {
+      for (int pattern = 0; pattern < 7; ++pattern) {
         std::vector<float> x = random_rows(c.G * ld, static_cast<uint32_t>(bits * 131 + c.D),
                                            pattern == 1 ? 3.0f : 0.0f);
         std::mt19937 rng(static_cast<uint32_t>(pattern + 7 * c.G));
@@ -163,8 +164,13 @@ TEST(KvQuant, VectorQuantizersEqualTheReferenceByteForByte) {
           for (size_t i = 0; i < x.size(); ++i)
             x[i] = i % 11 == 0 ? (i % 2 ? 1e6f : -1e6f) : static_cast<float>(rng() % 64) * 0.5f;
         }
-        if (pattern >= 4)  // tiny spreads: subnormal f16 scales; minima that round to -0
+        if (pattern == 4 || pattern == 5)  // tiny spreads: subnormal f16 scales; -0 minima
           for (auto& v : x) v *= pattern == 4 ? 1e-6f : 1e-9f;
+        if (pattern == 6) {  // non-finite elements, the first of the block among them
+          const float bad[3] = {NAN, INFINITY, -INFINITY};
+          x[0] = NAN;
+          for (size_t i = 5; i < x.size(); i += 29 + rng() % 40) x[i] = bad[rng() % 3];
+        }
         KiviBlockParams p;
         p.group = c.G;
         p.d = c.D;
@@ -185,7 +191,57 @@ TEST(KvQuant, VectorQuantizersEqualTheReferenceByteForByte) {
         ++checked;
       }
     }
-  EXPECT_EQ(checked, 3 * 11 * 6);
+  EXPECT_EQ(checked, 3 * 11 * 7);
+}
+
+// A group holding a NaN or an infinity is poisoned (NaN scale and zero, codes 0), so it
+// dequantizes to NaN, and only that group: its neighbours keep their finite round trip. Without
+// this a NaN key was dropped by the min / max and its code was a cast of a NaN (undefined), and
+// an infinity was clamped to 65504: finite values the inputs never held.
+TEST(KvQuant, NonFiniteElementsPoisonTheirGroupOnly) {
+  const int64_t G = 64, D = 48, vg = 16;
+  const int64_t bad_channel = 5, bad_token = 9;
+  for (int bits : {2, 4, 8})
+    for (const float bad : {NAN, INFINITY, -INFINITY}) {
+      std::vector<float> x = random_rows(G * D, 3, 0.5f);
+      x[bad_token * D + bad_channel] = bad;
+      KiviBlockParams p;
+      p.group = G;
+      p.d = D;
+      p.v_group = vg;
+      p.bits = bits;
+      const std::string at = "bits " + std::to_string(bits) + " x " + std::to_string(bad);
+      for (bool vector : {true, false}) {
+        std::vector<std::byte> kb(static_cast<size_t>(kivi_k_block_bytes(G, D, bits)));
+        std::vector<std::byte> vb(static_cast<size_t>(kivi_v_block_bytes(G, D, vg, bits)));
+        (vector ? kivi_quantize_keys : kivi_quantize_keys_reference)(x.data(), D, p, kb.data());
+        (vector ? kivi_quantize_values : kivi_quantize_values_reference)(x.data(), D, p, vb.data());
+        const auto* ks = reinterpret_cast<const f16_t*>(kb.data());
+        EXPECT_EQ(ks[bad_channel], f16_t{0x7e00}) << "key scale, " << at;
+        EXPECT_EQ(ks[D + bad_channel], f16_t{0x7e00}) << "key zero, " << at;
+        const int64_t bad_group = bad_channel / vg, ng = D / vg;
+        const auto* vs = reinterpret_cast<const f16_t*>(vb.data());
+        EXPECT_EQ(vs[bad_group * G + bad_token], f16_t{0x7e00}) << "value scale, " << at;
+        EXPECT_EQ(vs[G * ng + bad_group * G + bad_token], f16_t{0x7e00}) << "value zero, " << at;
+        std::vector<float> k(static_cast<size_t>(G * D)), v(static_cast<size_t>(G * D));
+        kivi_dequantize_keys(kb.data(), p, k.data(), D);
+        kivi_dequantize_values(vb.data(), p, v.data(), D);
+        for (int64_t t = 0; t < G; ++t)
+          for (int64_t c = 0; c < D; ++c) {
+            const size_t i = static_cast<size_t>(t * D + c);
+            EXPECT_EQ(!std::isfinite(k[i]), c == bad_channel)
+                << "key " << t << "," << c << ", " << at;
+            EXPECT_EQ(!std::isfinite(v[i]), t == bad_token && c / vg == bad_group)
+                << "value " << t << "," << c << ", " << at;
+          }
+        // Codes of the poisoned groups are 0.
+        for (int64_t t = 0; t < G; ++t) {
+          EXPECT_EQ(
+              kivi_key_code(kb.data() + 4 * D + bad_channel * kivi_col_bytes(G, bits), t, bits), 0u)
+              << at;
+        }
+      }
+    }
 }
 
 TEST(KvQuant, KiviBlockSizes) {
