@@ -149,7 +149,9 @@ void eager_attention(const TensorView& q, const TensorView& k, const TensorView&
         float x = detail::dot_f32(qr, kf.data() + (j * Dk), Dk) * scale;
         if (o.softcap > 0) x = o.softcap * std::tanh(x / o.softcap);
         if (o.score) x = (*o.score)(x, b, h, qp, o.kv_offset + j);
-        if (mrow) x += mrow[j];
+        // A masked key takes no part whatever its logit: -inf, not x - inf (NaN for a NaN key,
+        // which would poison rows that never see it; the other kernels skip masked keys).
+        if (mrow) x = mrow[j] == -std::numeric_limits<float>::infinity() ? mrow[j] : x + mrow[j];
         s[j] = x;
         mx = std::max(mx, x);
       }

@@ -181,30 +181,43 @@ inline __m512 exp512(__m512 x) {
 // bits): s[0, n) holds this tile's logits; lanes [n, round8(n)) are set to -inf so
 // every operation runs on whole vectors (exp gives exactly 0 there). On return s holds
 // exp(s - m_new), l = l * exp(m - m_new) + sum, acc[0, Dv) is rescaled by exp(m - m_new) and
-// m = m_new. Returns false (s zeroed, state untouched) when every logit is -inf.
+// m = m_new. Returns false (s zeroed, state untouched) when every logit is -inf. A NaN logit
+// poisons the row (softmax_update_scalar's rule): m, l and acc become NaN and stay NaN.
 inline bool softmax_update(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
   const int64_t n8 = (n + 7) & ~int64_t{7};
   for (int64_t j = n; j < n8; ++j) s[j] = kMinusInf;
-  __m256 vmax = _mm256_set1_ps(kMinusInf);
+  __m256 vmax = _mm256_set1_ps(kMinusInf), vnan = _mm256_setzero_ps();
   int64_t j0 = 0;
 #if KVCACHE_ATTN_AVX512
   {
     __m512 vmax16 = _mm512_set1_ps(kMinusInf);
-    for (; j0 + 16 <= n8; j0 += 16) vmax16 = _mm512_max_ps(vmax16, _mm512_loadu_ps(s + j0));
+    __mmask16 nan16 = 0;
+    for (; j0 + 16 <= n8; j0 += 16) {
+      const __m512 x = _mm512_loadu_ps(s + j0);
+      vmax16 = _mm512_max_ps(vmax16, x);
+      nan16 |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    }
     vmax = _mm256_max_ps(_mm512_castps512_ps256(vmax16), _mm512_extractf32x8_ps(vmax16, 1));
+    if (nan16) vnan = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
   }
 #endif
-  for (int64_t j = j0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+  for (int64_t j = j0; j < n8; j += 8) {
+    const __m256 x = _mm256_loadu_ps(s + j);
+    vmax = _mm256_max_ps(vmax, x);
+    vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  }
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
   m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
   const float mt = _mm_cvtss_f32(m4);
-  if (mt == kMinusInf) {
+  const bool poisoned = _mm256_movemask_ps(vnan) != 0;
+  if (mt == kMinusInf && !poisoned) {
     std::fill(s, s + n8, 0.0f);
     return false;
   }
-  const float m_new = std::max(m, mt);
+  // std::max(NaN, x) is NaN: a poisoned row's m stays NaN at every later tile.
+  const float m_new = poisoned ? std::numeric_limits<float>::quiet_NaN() : std::max(m, mt);
   const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);  // exp(0) = 1 exactly
   const __m256 vm = _mm256_set1_ps(m_new);
   __m256 vsum = _mm256_setzero_ps();

@@ -249,14 +249,22 @@ RowScratch carve_rows(Arena& a, const CallPlan& P, int64_t acc_cols, int64_t s_c
 // acc, and the kernels that keep per-row terms of their own (the quantized kernel's zero terms)
 // rescale them only when m changed — so "m unchanged" and "alpha == 1" mean the same thing on
 // every path instead of depending on the libm's exp(0).
+// A NaN logit (a NaN query, key or quantized group: a model fault) poisons the row: m becomes
+// NaN, so alpha, l and acc do, and std::max(NaN, x) keeps m NaN at every later tile; the row's
+// output and a split's merge come out NaN. (A max alone would drop the NaN, and the exp of the
+// others would make a finite row of it: a wrong answer that looks right.)
 inline bool softmax_update_scalar(float* s, int64_t n, float& m, float& l, float* acc, int64_t Dv) {
   float mt = kNegInf;
-  for (int64_t j = 0; j < n; ++j) mt = std::max(mt, s[j]);
-  if (mt == kNegInf) {
+  bool poisoned = false;
+  for (int64_t j = 0; j < n; ++j) {
+    mt = std::max(mt, s[j]);
+    poisoned = poisoned || std::isnan(s[j]);
+  }
+  if (mt == kNegInf && !poisoned) {
     std::fill(s, s + n, 0.0f);
     return false;
   }
-  const float m_new = std::max(m, mt);
+  const float m_new = poisoned ? std::numeric_limits<float>::quiet_NaN() : std::max(m, mt);
   const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);
   float sum = 0;
   for (int64_t j = 0; j < n; ++j) {

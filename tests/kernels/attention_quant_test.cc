@@ -549,6 +549,38 @@ TEST(QuantizedAttention, LongDecodeIndependentOfThreadCount) {
   EXPECT_LE(max_error(in), kTol);
 }
 
+// A NaN key or value in a quantized block (a model fault) poisons its group in the codec, and the
+// kernel carries the poison to every query row that attends to it: the rows of that KV head's
+// group come out NaN, the other heads' rows stay finite. Finite outputs made up from a dropped
+// NaN would be a wrong answer delivered as a right one.
+TEST(QuantizedAttention, PoisonedBlockGivesNaNRowsOfItsGroupOnly) {
+  for (int bits : {2, 4, 8})
+    for (bool value : {false, true}) {
+      QCase c;
+      c.bits = bits;
+      c.G = 32;
+      c.n_blocks = 3;
+      QInputs in(c);
+      const KVBlockFormat f = make_kv_block_format(c.scheme, c.bits, c.G, c.D, in.Dv);
+      std::vector<float> rows(static_cast<size_t>(c.G * c.D), 0.25f);
+      rows[static_cast<size_t>(7 * c.D + 3)] = NAN;  // token 7, channel 3 of block 1, head 0
+      if (value)
+        kv_quantize_v_block(f, rows.data(), c.D, in.vb.data() + 1 * kv_v_block_bytes(f));
+      else
+        kv_quantize_k_block(f, rows.data(), c.D, in.kb.data() + 1 * kv_k_block_bytes(f));
+      quantized_attention(in.q(), in.kv, in.out(), in.options());
+      // A key's NaN reaches every logit of its block, so all of the group's outputs; a value's
+      // only the output columns of its value group.
+      const int64_t G = c.Hq / c.Hkv, vg = f.v_group;
+      for (int64_t h = 0; h < c.Hq; ++h)
+        for (int64_t d = 0; d < in.Dv; ++d) {
+          const float o = in.obuf.data_as<float>()[h * in.Dv + d];
+          EXPECT_EQ(std::isnan(o), h < G && (!value || d / vg == 3 / vg))
+              << "bits " << bits << (value ? " value" : " key") << " head " << h << " d " << d;
+        }
+    }
+}
+
 TEST(QuantizedAttention, RefusesUnsupportedOptions) {
   QInputs in(QCase{});
   AttentionOptions o = in.options();

@@ -575,6 +575,39 @@ TEST(Attention, RowsThatSeeNothingAreZero) {
   }
 }
 
+// A NaN key (a model fault) makes NaN exactly the rows that attend to it, in every kernel: the
+// group's heads at the positions that see the key, in prefill, in a decode split into partitions
+// (merged afterwards), for f32 and f16 storage. The rows that do not see it stay finite. Before,
+// the vector softmax's max dropped the NaN and its exp clamped it, so fused rows came out finite.
+TEST(Attention, NaNKeyPoisonsExactlyTheRowsThatSeeIt) {
+  for (const DType kv : {DType::kF32, DType::kF16})
+    for (const bool decode : {false, true}) {
+      Case c;
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.kv = kv;
+      c.Sq = decode ? 1 : 40;
+      c.Skv = decode ? 3000 : 40;  // decode: split-KV partitions
+      const int64_t bad = decode ? 2500 : 20;
+      auto in = make_inputs(c, 11);
+      if (kv == DType::kF32)
+        *in->k.ptr_as<float>(0, 0, bad, 3) = NAN;
+      else
+        *in->k.ptr_as<uint16_t>(0, 0, bad, 3) = 0x7e00;
+      for (const char* name : kKernels) {
+        std::fill(in->obuf.data_as<float>(), in->obuf.data_as<float>() + in->obuf.numel(), 0.0f);
+        get_attention_kernel(name)(in->q, in->k, in->v, in->out, in->opts);
+        for (int64_t h = 0; h < c.Hq; ++h)
+          for (int64_t i = 0; i < c.Sq; ++i) {
+            const bool sees = h < c.Hq / c.Hkv && (decode || i >= bad);
+            for (int64_t d = 0; d < c.D; ++d)
+              ASSERT_EQ(std::isnan(*in->out.ptr_as<float>(0, h, i, d)), sees)
+                  << name << " " << c.str() << " head " << h << " row " << i << " d " << d;
+          }
+      }
+    }
+}
+
 TEST(Attention, RejectsBadArguments) {
   Case c;
   c.Hq = 3;
