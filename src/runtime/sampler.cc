@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -86,6 +87,24 @@ Sampler::Sampler(const SamplerParams& params, int64_t vocab_size)
 
 void Sampler::penalise(std::span<const float> logits, std::span<const int32_t> history) {
   KV_CHECK(static_cast<int64_t>(logits.size()) == vocab_, "sampler: logits size != vocabulary");
+  // NaN or +inf logits come from a fault upstream (a NaN in a weight, an activation or the
+  // cache, or an overflow; the kernels carry a NaN through instead of hiding it). argmax and the
+  // draws would still return some id, a token that looks right: refuse instead. -inf is a
+  // masked token, valid.
+  bool finite = true;
+  for (const float x : logits) finite &= x < std::numeric_limits<float>::infinity();
+  if (!finite) {
+    const auto bad = std::find_if(logits.begin(), logits.end(), [](float x) {
+      return !(x < std::numeric_limits<float>::infinity());
+    });
+    throw Error(ErrorKind::kInvalidArgument,
+                "sampler: the model's logits hold " +
+                    std::string(std::isnan(*bad) ? "NaN" : "+inf") + " (first at token id " +
+                    std::to_string(bad - logits.begin()) +
+                    "): a weight, an activation or a cache entry is not finite (a corrupt model "
+                    "file, an overflow, or NaN keys or values in the cache); no token is sampled "
+                    "from them");
+  }
   std::copy(logits.begin(), logits.end(), work_.begin());
   if (params_.repeat_penalty != 1.0f && !history.empty()) {
     const size_t n = params_.repeat_last_n < 0

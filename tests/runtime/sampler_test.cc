@@ -148,6 +148,35 @@ TEST(Sampler, TokenLogprobIsTheLogSoftmaxAndTheTopK) {
   EXPECT_NEAR(token_logprob(big, 1, 2).chosen.logprob, -1.0 - std::log1p(std::exp(-1.0)), 1e-6);
 }
 
+// NaN or +inf logits (a fault upstream, which the attention kernels now carry through) are
+// refused with an error naming the first bad id, greedy or sampled, rather than turned into a
+// token; -inf (a masked token) is valid.
+TEST(Sampler, RefusesNaNAndInfiniteLogits) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
+  for (const float temp : {0.0f, 0.8f})
+    for (const float bad : {nan, inf}) {
+      SamplerParams p;
+      p.temperature = temp;
+      Sampler s(p, 6);
+      const std::vector<float> logits = {0.5f, 1.0f, -inf, bad, 2.0f, 0.0f};
+      try {
+        s.sample(logits, {});
+        FAIL() << "no error for " << bad << " at temperature " << temp;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(std::isnan(bad) ? "NaN" : "+inf"), std::string::npos)
+            << e.what();
+        EXPECT_NE(std::string(e.what()).find("token id 3"), std::string::npos) << e.what();
+      }
+      std::vector<float> out;
+      EXPECT_THROW(s.probabilities(logits, {}, out), Error);
+    }
+  SamplerParams greedy;
+  greedy.temperature = 0.0f;
+  Sampler g(greedy, 3);
+  EXPECT_EQ(g.sample(std::vector<float>{-inf, 1.0f, -inf}, {}), 1);
+}
+
 TEST(Sampler, RejectsNonsenseParameters) {
   // Out of range on either side, or NaN: each an error naming the option.
   const float nan = std::numeric_limits<float>::quiet_NaN(),
