@@ -438,9 +438,16 @@ void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t k) {
   KV_CHECK(k % 32 == 0, "q4_0 row length must be a multiple of 32");
   for (int64_t i = 0; i < k / 32; ++i) {
     const float* x = src + i * 32;
-    float m = 0.0f;  // the value of largest magnitude, sign kept
-    for (int j = 0; j < 32; ++j)
+    float m = 0.0f, nf = 0.0f;  // the value of largest magnitude, sign kept
+    for (int j = 0; j < 32; ++j) {
       if (std::fabs(x[j]) > std::fabs(m)) m = x[j];
+      nf += x[j] * 0.0f;
+    }
+    if (std::isnan(nf)) {  // poisoned, as a KIVI group: NaN scale, codes 0
+      dst[i].d = kF16NaN;
+      std::fill(std::begin(dst[i].qs), std::end(dst[i].qs), uint8_t{0});
+      continue;
+    }
     const float d = m / -8.0f;
     dst[i].d = f32_to_f16(d);
     const float d16 = f16_to_f32(dst[i].d);

@@ -135,7 +135,8 @@ struct BlockQ4_0 {
   uint8_t qs[16];
 };
 static_assert(sizeof(BlockQ4_0) == 18, "q4_0 block must be 18 bytes");
-// k % 32 == 0. (q8_0: quantize_row_q8_0 in kernels/matmul.h.)
+// k % 32 == 0. (q8_0: quantize_row_q8_0 in kernels/matmul.h.) A block holding a NaN or an
+// infinity is poisoned, as a KIVI group: d = f16 NaN, codes 0.
 void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t k);
 void dequantize_row_q4_0(const BlockQ4_0* src, float* dst, int64_t k);
 

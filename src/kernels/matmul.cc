@@ -755,8 +755,16 @@ void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t k) {
   KV_CHECK(k % 32 == 0, "q8_0 row length must be a multiple of 32");
   for (int64_t i = 0; i < k / 32; ++i) {
     const float* x = src + i * 32;
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    float amax = 0.0f, nf = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      amax = std::max(amax, std::fabs(x[j]));
+      nf += x[j] * 0.0f;  // NaN from a NaN or an infinity on
+    }
+    if (std::isnan(nf)) {  // poisoned, as a KIVI group (kv_quant.h): NaN scale, codes 0
+      dst[i].d = 0x7e00u;
+      std::fill(std::begin(dst[i].qs), std::end(dst[i].qs), int8_t{0});
+      continue;
+    }
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     dst[i].d = f32_to_f16(d);

@@ -95,7 +95,8 @@ struct BlockQ8_0 {
   int8_t qs[32];
 };
 static_assert(sizeof(BlockQ8_0) == 34, "q8_0 block must be 34 bytes");
-void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t k);  // k % 32 == 0
+// k % 32 == 0. A block holding a NaN or an infinity is poisoned: d = f16 NaN, codes 0.
+void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t k);
 
 // Sets OpenBLAS's own thread count. matmul() keeps it at 1 and parallelises sgemm calls over
 // our pool instead; exposed for callers using BLAS directly.

@@ -244,6 +244,29 @@ TEST(KvQuant, NonFiniteElementsPoisonTheirGroupOnly) {
     }
 }
 
+// The per-token q8_0 / q4_0 blocks follow the same rule: a NaN or an infinity poisons its block
+// of 32 (NaN d, codes 0), which dequantizes to NaN; the row's other blocks keep their round
+// trip. Before, lround / a float-to-int cast of a NaN code was undefined behaviour.
+TEST(KvQuant, PerTokenBlocksPoisonedByNonFiniteValues) {
+  for (const float bad : {NAN, INFINITY, -INFINITY}) {
+    std::vector<float> x = random_rows(96, 9, 0.0f);
+    x[40] = bad;  // block 1 of 3
+    std::vector<BlockQ8_0> q8(3);
+    std::vector<BlockQ4_0> q4(3);
+    quantize_row_q8_0(x.data(), q8.data(), 96);
+    quantize_row_q4_0(x.data(), q4.data(), 96);
+    EXPECT_EQ(q8[1].d, f16_t{0x7e00});
+    EXPECT_EQ(q4[1].d, f16_t{0x7e00});
+    std::vector<float> y8(96), y4(96);
+    dequantize_row(q8.data(), DType::kQ8_0, y8.data(), 96);
+    dequantize_row_q4_0(q4.data(), y4.data(), 96);
+    for (int64_t i = 0; i < 96; ++i) {
+      EXPECT_EQ(std::isnan(y8[static_cast<size_t>(i)]), i / 32 == 1) << i << " q8_0 " << bad;
+      EXPECT_EQ(std::isnan(y4[static_cast<size_t>(i)]), i / 32 == 1) << i << " q4_0 " << bad;
+    }
+  }
+}
+
 TEST(KvQuant, KiviBlockSizes) {
   // 4-bit, G = 64, D = 128: codes 64 x 64 B + 2 x 128 f16 (keys) / 64 x 2 x 2 f16 (values).
   EXPECT_EQ(kivi_k_block_bytes(64, 128, 4), 4096 + 512);
