@@ -10,6 +10,7 @@
 #include "golden_util.h"
 #include "model/llama2c.h"
 #include "runtime/generate.h"
+#include "runtime/sampler.h"
 
 namespace kvcache {
 namespace {
@@ -55,6 +56,36 @@ TEST(Session, PrefillThenDecodeEqualsTokenByTokenAndRecompute) {
                   cache, kernel, worst, worst_oracle);
     }
   }
+}
+
+// A NaN in the cache (a fault) is not hidden on its way out: one key of layer 0 set to NaN makes
+// every logit of the next decode NaN (the attention rows that see it, then o_proj and the rest),
+// with the eager and the fused kernels, and the sampler refuses those logits with an error
+// instead of returning a token.
+TEST(Session, ANaNKeyInTheCacheReachesTheLogitsAndTheSamplerRefusesThem) {
+  KVCACHE_REQUIRE_STORIES();
+  const Model model(load_llama2c(testing_util::stories_dir() + "/stories260K.bin"));
+  const auto golden = testing_util::read_golden_ids("once_upon_a_time");
+  for (const char* cache : {"dynamic", "static"})
+    for (const char* kernel : {"eager", "fused"}) {
+      SessionConfig sc;
+      sc.cache.implementation = cache;
+      sc.kernel = kernel;
+      Session s(model, sc);
+      s.prefill(golden.prompt);
+      KVSpan span;
+      ASSERT_TRUE(s.cache().layer(0).stored(&span)) << cache;
+      if (span.k.dtype() == DType::kF32)
+        *span.k.ptr_as<float>(0, 0, 1, 0) = NAN;
+      else
+        *span.k.ptr_as<uint16_t>(0, 0, 1, 0) = 0x7fc0;  // a NaN in f16 and in bf16
+      const auto logits = s.decode(golden.generated[0]);
+      for (const float x : logits) ASSERT_TRUE(std::isnan(x)) << cache << "/" << kernel;
+      SamplerParams sp;
+      sp.temperature = 0.0f;
+      Sampler sampler(sp, model.config().vocab_size);
+      EXPECT_THROW(sampler.sample(logits, {}), Error) << cache << "/" << kernel;
+    }
 }
 
 TEST(Session, StaticCacheFullIsAnErrorNotACrash) {
