@@ -162,8 +162,14 @@ void ThreadPool::worker_loop() {
         epoch_.wait(seen, std::memory_order_seq_cst);
       sleepers_.fetch_sub(1, std::memory_order_relaxed);
     }
-    if (stop_.load(std::memory_order_acquire)) return;
-    seen = epoch_.load(std::memory_order_acquire);
+    // The epoch before the stop flag: stop_workers sets stop_ and then bumps the epoch, so a
+    // worker that reads the bumped epoch here also sees stop_. Read after the check, the bump
+    // could land in `seen` unseen (woken by loop g, stop_ still false, then the caller ends loop g
+    // and stops the pool, then seen = g + 1): the worker went back to sleep on an epoch that
+    // nothing would change again, and the pool's destructor waited on it forever (a clean
+    // clone's test_runtime hung at exit in stop_workers' join, 12-07).
+    seen = epoch_.load(std::memory_order_seq_cst);
+    if (stop_.load(std::memory_order_seq_cst)) return;
     if (options_.on_worker_wake != nullptr) options_.on_worker_wake(options_.on_worker_wake_ctx);
     const bool timed = timing_.load(std::memory_order_relaxed);
     const int64_t t0 = timed ? now_ns() : 0;

@@ -136,6 +136,26 @@ TEST(ThreadPoolTest, SleepingWorkersWakeAndTakeTasks) {
   }
 }
 
+// Pools destroyed right after a loop the caller finished alone, while the spinning workers wake
+// for it: a worker that read the stop's epoch bump after its stop check went back to sleep on an
+// epoch nothing would change, and the destructor's join hung (seen once, at a test process's
+// exit). Many short-lived pools; the loops run on an async thread so a hang fails the test
+// instead of stalling it.
+TEST(ThreadPoolTest, DestroyedRightAfterALoopNeverHangs) {
+  auto cycles = std::async(std::launch::async, [] {
+    for (int i = 0; i < 4000; ++i) {
+      ThreadPoolOptions o;
+      o.n_threads = 3;
+      ThreadPool pool(o);
+      std::atomic<int> sum{0};
+      pool.parallel_for(2, [&](int64_t t) { sum.fetch_add(static_cast<int>(t) + 1); });
+      EXPECT_EQ(sum.load(), 3);
+    }
+  });
+  ASSERT_EQ(cycles.wait_for(std::chrono::seconds(120)), std::future_status::ready)
+      << "a pool's destructor hung joining a worker";
+}
+
 TEST(ThreadPoolTest, NestedParallelForRunsSerially) {
   ThreadPool pool(3);
   std::vector<std::atomic<int>> hits(8 * 8);
