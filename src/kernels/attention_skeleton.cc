@@ -408,8 +408,13 @@ void merge_group(const CallPlan& P, int64_t group, float* tmp) {
   const float* block = P.partial + S.partial0 + (hk * S.Sq + q0) * P.G * n_split * rec;
   for (int64_t r = 0; r < R; ++r) {
     const float* first = block + r * rec;  // split sp's state of row r at first + sp * R * rec
+    // A poisoned partition's m is NaN (softmax_update_scalar): the merged M takes it, where
+    // std::max would keep the others' (-inf when they saw nothing) and write zeros.
     float M = kNegInf;
-    for (int64_t sp = 0; sp < n_split; ++sp) M = std::max(M, first[sp * R * rec + Dv]);
+    for (int64_t sp = 0; sp < n_split; ++sp) {
+      const float m = first[sp * R * rec + Dv];
+      if (std::isnan(m) || m > M) M = m;
+    }
     float L = 0;
     std::fill(tmp, tmp + Dv, 0.0f);
     if (M != kNegInf) {

@@ -608,6 +608,29 @@ TEST(Attention, NaNKeyPoisonsExactlyTheRowsThatSeeIt) {
     }
 }
 
+// The same for a split decode whose other partitions see nothing (a sliding window inside the
+// last partition): the merge must keep the poisoned partition's NaN, not take the max of the
+// others (-inf) and write zeros.
+TEST(Attention, NaNKeyInTheOnlyVisiblePartitionOfASplitDecode) {
+  Case c;
+  c.Hq = 4;
+  c.Hkv = 2;
+  c.Skv = 3000;
+  c.window = 100;
+  auto in = make_inputs(c, 12);
+  *in->k.ptr_as<float>(0, 0, 2950, 3) = NAN;
+  for (const char* name : kKernels) {
+    AttentionOptions o = in->opts;
+    o.kv_split = 1024;
+    std::fill(in->obuf.data_as<float>(), in->obuf.data_as<float>() + in->obuf.numel(), 0.0f);
+    get_attention_kernel(name)(in->q, in->k, in->v, in->out, o);
+    for (int64_t h = 0; h < c.Hq; ++h)
+      for (int64_t d = 0; d < c.D; ++d)
+        ASSERT_EQ(std::isnan(*in->out.ptr_as<float>(0, h, 0, d)), h < 2)
+            << name << " head " << h << " d " << d;
+  }
+}
+
 TEST(Attention, RejectsBadArguments) {
   Case c;
   c.Hq = 3;
