@@ -11,13 +11,15 @@
 // 4-bit blocks are int8 x code dots (attention_quant.h): per 64 keys and 4 channels, 8 slab
 // loads, 6 shifts / masks and 4 byte permutes lay the codes out as 16 keys x 4 channels per
 // vector, then one vpdpbusd per row and vector — 4 per key and row over D = 128 where the f32
-// path needs 16 FMAs, and no conversions. 8-bit keys keep that f32 path: key blocks are
-// channel-major (kv_quant.h), so it takes 8 keys per vector: a zero-extending load of 8 code
-// bytes, a shift and a mask give one channel of 8 consecutive keys, and each lane is one FMA
-// chain over the channels (no horizontal sums). 4-bit P.V (value groups of whole 32-channel
-// slabs) runs on int16 weights: per pair of keys and 32 channels, one vpermb lays both keys' code
-// bytes out as word pairs, a mask and a shift split the nibbles, and one vpdpwssd per row and
-// nibble adds 32 products where an FMA adds 16, with no conversions (int_pv). Other P.V widens
+// path needs 16 FMAs, and no conversions. 8-bit keys take int16 query dots: key blocks are
+// channel-major (kv_quant.h), so per 64 keys and 2 channels, two 64-byte column loads and 4
+// zero-masked byte permutes give 16 keys x 2 channels as word pairs per vector, then one
+// vpdpwssd per row and vector (int16_key_group512): 2 products per lane where the f32 path took a
+// conversion and an FMA per product. 4-bit P.V (value groups of whole 32-channel slabs) runs on
+// int16 weights: per pair of keys and 32 channels, one vpermb lays both keys' code bytes out as
+// word pairs, a mask and a shift split the nibbles, and one vpdpwssd per row and nibble adds 32
+// products where an FMA adds 16, with no conversions (int_pv); 8-bit P.V (groups of whole
+// 16-channel slabs) the same without the nibble split (int_pv8_pass). Other P.V widens
 // 16 vectors of 8 codes per key, each feeding 4 FMAs, as f16 does, with fewer bytes read. Value
 // rows are token-major; at 2 bits (and 4 bits whose groups are not whole slabs) P.V widens them
 // in the "chunked" channel order (see chunked_channel): a zero-extending load of 8 code bytes,
@@ -166,8 +168,14 @@ struct IntRound {
   bool zero = true;         // all codes 0 (tiny or non-finite rows)
 };
 constexpr int kQueryLevels = 127, kWeightLevels = 32767;
-template <int L>
-inline IntRound round_from_max(float m, bool finite) {
+// The int16 levels L of a sum of `terms` products with 8-bit codes (the queries of 8-bit key
+// blocks over D_k channels, the weights of 8-bit value blocks over G keys): 32767, or fewer
+// where terms x 255 x L could leave int32 (terms > 257).
+inline int code8_levels(int64_t terms) {
+  return static_cast<int>(
+      std::min<int64_t>(32767, 2147483647 / (255 * std::max<int64_t>(terms, 1))));
+}
+inline IntRound round_from_max(float m, bool finite, int L) {
   IntRound q;
   if (!finite) {
     q.step = std::numeric_limits<float>::quiet_NaN();
@@ -186,12 +194,11 @@ inline void fold_abs_max(const float* x, int64_t n, float& m, bool& finite) {
     m = std::max(m, a);
   }
 }
-template <int L>
-inline IntRound int_round(const float* x, int64_t n) {
+inline IntRound int_round(const float* x, int64_t n, int L) {
   float m = 0;
   bool finite = true;
   fold_abs_max(x, n, m, finite);
-  return round_from_max<L>(m, finite);
+  return round_from_max(m, finite, L);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -226,49 +233,37 @@ struct ScalarOps {
         zs[r * ng + g] = z;
       }
   }
-  // s[r, j] = qz[r] + sum_d qk[r, d] code(j, d), keys j in [0, n) of a block: one FMA chain
-  // over the channels in order per (row, key), as each lane of the SIMD path computes it.
-  template <int BITS>
-  static void packed_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
-                            const std::byte* codes, int64_t cb, int64_t n, float* s, int64_t st,
-                            const Ahead* = nullptr) {
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t r = 0; r < R; ++r) {
-        const float* q = qk + r * Dk;
-        float a = 0;
-        for (int64_t d = 0; d < Dk; ++d)
-          a = std::fma(q[d], static_cast<float>(kivi_key_code(codes + d * cb, j, BITS)), a);
-        s[r * st + j] = a + qz[r];
-      }
-  }
-  // Per packed block and row (2- and 4-bit keys): q' = qk[r] rounded to int8 with one scale per
-  // row, sq[r] = max_d |q'_d| / 127, qi[r, d] = nearbyint(q'_d * (127 / max)) (|qi| <= 127),
-  // zero-padded to Dk4 = round_up(Dk, 4) channels. A row whose largest |q'| is below 2^-100
-  // (or zero) gets sq = 0; one with a non-finite element gets sq = NaN (its logits are NaN, as
-  // the float path's would be). Every path computes these with the same float operations.
-  static void round_rows(const float* qk, int64_t R, int64_t Dk, int64_t Dk4, int8_t* qi,
+  // Per packed block and row: q' = qk[r] rounded to integers T with one scale per row and L
+  // levels (int8 and L = 127 for 2- and 4-bit keys; int16 and L = code8_levels(D_k) for 8-bit
+  // keys): sq[r] = max_d |q'_d| / L, qi[r, d] = nearbyint(q'_d * (L / max)) (|qi| <= L),
+  // zero-padded to Dkp channels (D_k rounded up to 4, or to 2). A row whose largest |q'| is
+  // below 2^-100 (or zero) gets sq = 0; one with a non-finite element gets sq = NaN (its logits
+  // are NaN, as float dots would give). Every path computes these with the same float operations.
+  template <typename T>
+  static void round_rows(const float* qk, int64_t R, int64_t Dk, int64_t Dkp, int L, T* qi,
                          float* sq) {
     for (int64_t r = 0; r < R; ++r) {
       const float* x = qk + r * Dk;
-      int8_t* o = qi + r * Dk4;
-      const IntRound q = int_round<kQueryLevels>(x, Dk);
+      T* o = qi + r * Dkp;
+      const IntRound q = int_round(x, Dk, L);
       for (int64_t d = 0; d < Dk; ++d)
-        o[d] = q.zero ? 0 : static_cast<int8_t>(std::nearbyint(x[d] * q.inv));
-      for (int64_t d = Dk; d < Dk4; ++d) o[d] = 0;
+        o[d] = q.zero ? 0 : static_cast<T>(std::nearbyint(x[d] * q.inv));
+      for (int64_t d = Dk; d < Dkp; ++d) o[d] = 0;
       sq[r] = q.step;
     }
   }
-  // s[r, j] = fma(float(sum_d qi[r, d] code(j, d)), sq[r], qz[r]) for the keys j of a 2- or
-  // 4-bit block: the integer sum is exact, so every path gives the same bits.
-  template <int BITS>
-  static void int_scores(const int8_t* qi, const float* sq, const float* qz, int64_t R, int64_t Dk,
-                         int64_t Dk4, const std::byte* codes, int64_t cb, int64_t n, float* s,
+  // s[r, j] = fma(float(sum_d qi[r, d] code(j, d)), sq[r], qz[r]) for the keys j of a block
+  // (int8 queries for 2 and 4 bits, int16 for 8): the integer sum is exact, so every path gives
+  // the same bits.
+  template <int BITS, typename T>
+  static void int_scores(const T* qi, const float* sq, const float* qz, int64_t R, int64_t Dk,
+                         int64_t Dkp, const std::byte* codes, int64_t cb, int64_t n, float* s,
                          int64_t st, const Ahead* = nullptr) {
     for (int64_t j = 0; j < n; ++j)
       for (int64_t r = 0; r < R; ++r) {
         int32_t a = 0;
         for (int64_t d = 0; d < Dk; ++d)
-          a += qi[r * Dk4 + d] * static_cast<int32_t>(kivi_key_code(codes + d * cb, j, BITS));
+          a += qi[r * Dkp + d] * static_cast<int32_t>(kivi_key_code(codes + d * cb, j, BITS));
         s[r * st + j] = std::fma(static_cast<float>(a), sq[r], qz[r]);
       }
   }
@@ -285,18 +280,19 @@ struct ScalarOps {
       }
     }
   }
-  // ---- 4-bit value blocks: int16 weights, exact int32 sums (see attention_quant.h) ----
+  // ---- 4- and 8-bit value blocks: int16 weights, exact int32 sums (see attention_quant.h) ----
   // Per packed block, value group g and row r: the weights w = pg[g, r, 0..n) rounded to int16
-  // with one scale per (g, r), ws[r, g] = max_j |w_j| / 32767, wq[g, r, j] = nearbyint(w_j *
-  // (32767 / max)); wq[g, r, n] = 0 when n is odd (the SIMD paths take keys in pairs). A max
-  // below 2^-100 (or zero) gives ws = 0 and zero weights; a non-finite weight gives ws = NaN.
-  static void round_weights(const float* pg, int64_t R, int64_t n, int64_t ng, int64_t st,
+  // with one scale per (g, r) and L levels (QuantParams::wlevels), ws[r, g] = max_j |w_j| / L,
+  // wq[g, r, j] = nearbyint(w_j * (L / max)); wq[g, r, n] = 0 when n is odd (the SIMD paths take
+  // keys in pairs). A max below 2^-100 (or zero) gives ws = 0 and zero weights; a non-finite
+  // weight gives ws = NaN.
+  static void round_weights(const float* pg, int64_t R, int64_t n, int64_t ng, int64_t st, int L,
                             int16_t* wq, float* ws) {
     for (int64_t g = 0; g < ng; ++g)
       for (int64_t r = 0; r < R; ++r) {
         const float* w = pg + (g * R + r) * st;
         int16_t* o = wq + (g * R + r) * st;
-        const IntRound q = int_round<kWeightLevels>(w, n);
+        const IntRound q = int_round(w, n, L);
         for (int64_t j = 0; j < n; ++j)
           o[j] = q.zero ? 0 : static_cast<int16_t>(std::nearbyint(w[j] * q.inv));
         if (n % 2 != 0) o[n] = 0;
@@ -304,8 +300,9 @@ struct ScalarOps {
       }
   }
   // acc[r, d] = fma(float(sum_j wq[g(d), r, j] code(j, d)), ws[r, g(d)], acc[r, d]) for the keys
-  // j of a 4-bit value block (acc row stride lda): the integer sum is exact, so every path gives
-  // the same bits.
+  // j of a 4- or 8-bit value block (acc row stride lda): the integer sum is exact, so every path
+  // gives the same bits.
+  template <int BITS>
   static void int_pv(const int16_t* wq, const float* ws, int64_t R, const std::byte* codes,
                      int64_t rb, int64_t n, int64_t Dv, int64_t vg, int64_t st, int64_t ng,
                      float* acc, int64_t lda) {
@@ -315,7 +312,7 @@ struct ScalarOps {
         const int16_t* w = wq + (g * R + r) * st;
         int32_t a = 0;
         for (int64_t j = 0; j < n; ++j)
-          a += w[j] * static_cast<int32_t>(kivi_code(codes + j * rb, d, 4));
+          a += w[j] * static_cast<int32_t>(kivi_code(codes + j * rb, d, BITS));
         acc[r * lda + d] = std::fma(static_cast<float>(a), ws[r * ng + g], acc[r * lda + d]);
       }
   }
@@ -440,6 +437,24 @@ constexpr PairIndex make_pair_index() {
   return x;
 }
 inline constexpr PairIndex kPairIndex = make_pair_index();
+
+// vpermt2b indices of the 8-bit key interleave (int16_key_group512), per vector o of 16 keys:
+// output byte 4 t from column d's byte 16 o + t (the first source), byte 4 t + 2 from column
+// d + 1's (the second); the odd bytes are zeroed by the mask, so 32-bit lane t holds key
+// 16 o + t's codes of the two channels as 16-bit words.
+struct WordPairIndex {
+  alignas(64) uint8_t b[4][64];
+};
+constexpr WordPairIndex make_word_pair_index() {
+  WordPairIndex x{};
+  for (int o = 0; o < 4; ++o)
+    for (int t = 0; t < 16; ++t) {
+      x.b[o][4 * t] = static_cast<uint8_t>(16 * o + t);
+      x.b[o][4 * t + 2] = static_cast<uint8_t>(64 + 16 * o + t);
+    }
+  return x;
+}
+inline constexpr WordPairIndex kWordPairIndex = make_word_pair_index();
 #endif
 
 inline float hsum(__m256 x) {
@@ -598,32 +613,11 @@ struct SimdOps {
     }
   }
 
-  // ---- packed key blocks: 8 keys per vector (kv_quant.h's token chunks) ----
-  // Vector I (8 tokens) of group g of NV vectors in a key column: chunk g * NV / per + I / per,
-  // shifted by (I % per) * BITS and masked (per = 8 / BITS vectors per chunk, NV >= per).
-  template <int BITS, int NV, int I>
-  static inline __m256 key_vec(const std::byte* col, int64_t g) {
-    constexpr int per = 8 / BITS;
-    static_assert(NV % per == 0, "a group is whole chunks");
-    __m256i x = _mm256_cvtepu8_epi32(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(col + 8 * (g * (NV / per) + I / per))));
-    if constexpr (I % per > 0) x = _mm256_srli_epi32(x, (I % per) * BITS);
-    if constexpr (I % per + 1 < per) x = _mm256_and_si256(x, _mm256_set1_epi32((1 << BITS) - 1));
-    return _mm256_cvtepi32_ps(x);
-  }
-  // All NV vectors of group g (a plain fold, no lambda: a lambda capturing the accumulators by
-  // reference made GCC keep them on the stack, a store per FMA).
-  template <int BITS, int NV, int... I>
-  __attribute__((always_inline)) static inline void key_vecs(const std::byte* col, int64_t g,
-                                                             __m256* k,
-                                                             std::integer_sequence<int, I...>) {
-    ((k[I] = key_vec<BITS, NV, I>(col, g)), ...);
-  }
 #if KVCACHE_ATTN_AVX512
-  // ---- AVX-512: two neighbouring chunks per load ----
+  // ---- AVX-512: two neighbouring chunks per load (chunked P.V) ----
   // One zero-extending load puts the bytes of chunks c and c + 1 in lanes 0-7 and 8-15. Vector
-  // K of that (a shift by K * BITS, a mask, a conversion) holds key_vec / extract's vector K of
-  // chunk c in lanes 0-7 and of chunk c + 1 in lanes 8-15: each lane the same code. (Not a
+  // K of that (a shift by K * BITS, a mask, a conversion) holds extract's vector K of chunk c in
+  // lanes 0-7 and of chunk c + 1 in lanes 8-15: each lane the same code. (Not a
   // vpermps of the table i -> i & mask, which masks and converts in one op: it competes with the
   // FMAs for their execution units, where the and + cvtdq2ps pairs barely do.)
   static inline __m512i load_chunks2(const std::byte* p) {
@@ -637,7 +631,7 @@ struct SimdOps {
     return _mm512_cvtepi32_ps(x);
   }
   // Vectors I... of the chunks from p on: vector i = l * per + K is vector K of load l (chunks
-  // 2l and 2l + 1). Its lanes 0-7 are the 8 codes of AVX2 vector pair_lo(i) (key_vec / extract
+  // 2l and 2l + 1). Its lanes 0-7 are the 8 codes of AVX2 vector pair_lo(i) (extract's
   // numbering from p), lanes 8-15 those of vector pair_lo(i) + per.
   template <int BITS>
   static constexpr int pair_lo(int i) {
@@ -653,136 +647,10 @@ struct SimdOps {
     for (int l = 0; l < L; ++l) x[l] = load_chunks2(p + 16 * l);
     ((v[I] = extract2<BITS, I % per>(x[I / per])), ...);
   }
-  // key_group with 16 keys per accumulator: group g of 16 NZ keys (2 NZ AVX2 vectors). Each
-  // lane is one key's FMA chain over the channels in order, as in key_group: the same bits.
-  template <int BITS, int NR, int NZ>
-  static void key_group16(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
-                          int64_t cb, int64_t g, float* s, int64_t st, const Ahead::Slice& pf) {
-    constexpr int per = 8 / BITS;
-    static_assert(NZ % per == 0, "a group is whole loads");
-    const std::byte* col = codes + 8 * g * (2 * NZ / per);
-    __m512 acc[NR * NZ];
-#pragma GCC unroll 32
-    for (int i = 0; i < NR * NZ; ++i) acc[i] = _mm512_setzero_ps();
-    Ahead::Issuer issue(pf);
-    for (int64_t d = 0; d < Dk; ++d, col += cb) {
-      issue.at(d);
-      __m512 k[NZ];
-      pair_vectors<BITS>(col, k, std::make_integer_sequence<int, NZ>{});
-#pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) {
-        const __m512 q = _mm512_set1_ps(qk[r * Dk + d]);
-#pragma GCC unroll 8
-        for (int i = 0; i < NZ; ++i) acc[r * NZ + i] = _mm512_fmadd_ps(q, k[i], acc[r * NZ + i]);
-      }
-    }
-    float* s0 = s + 8 * g * 2 * NZ;
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; ++r) {
-      const __m512 z = _mm512_set1_ps(qz[r]);
-#pragma GCC unroll 8
-      for (int i = 0; i < NZ; ++i) {
-        const __m512 t = _mm512_add_ps(acc[r * NZ + i], z);
-        _mm256_storeu_ps(s0 + r * st + 8 * pair_lo<BITS>(i), _mm512_castps512_ps256(t));
-        _mm256_storeu_ps(s0 + r * st + 8 * (pair_lo<BITS>(i) + per), _mm512_extractf32x8_ps(t, 1));
-      }
-    }
-  }
 #endif
-  // Logits of NR rows for the 8 * NV keys of group g: lane l of accumulator (r, I) is one FMA
-  // chain over the channels in order (ScalarOps::packed_scores's arithmetic), then + qz[r].
-  // No horizontal sums: the keys are the lanes.
-  // `pf`: lines of the next block to prefetch, spread over the channel loop (one K and one V
-  // line every `step` channels): issued in one burst they would fill the core's miss buffers
-  // and the burst itself would stall.
-  template <int BITS, int NR, int NV>
-  static void key_group(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
-                        int64_t cb, int64_t g, float* s, int64_t st, const Ahead::Slice& pf) {
-    __m256 acc[NR * NV];
-#pragma GCC unroll 32
-    for (int i = 0; i < NR * NV; ++i) acc[i] = _mm256_setzero_ps();
-    const std::byte* col = codes;
-    Ahead::Issuer issue(pf);
-    for (int64_t d = 0; d < Dk; ++d, col += cb) {
-      issue.at(d);
-      __m256 k[NV];
-      key_vecs<BITS, NV>(col, g, k, std::make_integer_sequence<int, NV>{});
-#pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) {
-        const __m256 q = _mm256_broadcast_ss(qk + r * Dk + d);
-#pragma GCC unroll 8
-        for (int i = 0; i < NV; ++i) acc[r * NV + i] = _mm256_fmadd_ps(q, k[i], acc[r * NV + i]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; ++r) {
-      const __m256 z = _mm256_set1_ps(qz[r]);
-#pragma GCC unroll 8
-      for (int i = 0; i < NV; ++i)
-        _mm256_storeu_ps(s + r * st + 8 * (g * NV + i), _mm256_add_ps(acc[r * NV + i], z));
-    }
-  }
-  // Vectors per group for NR rows: 8 accumulators (independent FMA chains: two FMA pipes x 4
-  // cycles of latency) where the registers allow; 3 rows get 6, as 3 x 4 left one accumulator
-  // spilled (a store-load per step on its chain, slower than 6 chains). Whole chunks. (The f32
-  // key path serves 8-bit blocks only; 2 and 4 bits take int_scores.)
-  template <int BITS, int NR>
-  static constexpr int key_group_vectors() {
-    constexpr int per = 8 / BITS;
-    constexpr int nv = NR == 1 ? 8 : NR == 2 ? 4 : 2;
-    return nv < per ? per : nv;
-  }
-  template <int BITS, int NR>
-  static void key_rows(const float* qk, const float* qz, int64_t Dk, const std::byte* codes,
-                       int64_t cb, int64_t n, float* s, int64_t st, const Ahead* ah) {
-    constexpr int NV = key_group_vectors<BITS, NR>(), per = 8 / BITS;
-    const int64_t n_chunks = (n + kivi_chunk_tokens(BITS) - 1) / kivi_chunk_tokens(BITS);
-    const int64_t groups = n_chunks / (NV / per);         // whole groups inside the column
-    const int64_t tail = n_chunks - groups * (NV / per);  // chunks left: one chunk per group
-    std::optional<Ahead::Dealer> deal;
-#if KVCACHE_ATTN_AVX512
-    {  // 64 keys per group (128 for one row): NR x 4 (8) zmm accumulators, then as below
-      constexpr int NZ = NR == 1 ? 8 : 4, cpg = 2 * NZ / per;  // chunks per group
-      const int64_t groups16 = n_chunks / cpg;
-      if (groups16 > 0) {
-        const int64_t left = n_chunks - groups16 * cpg;  // whole chunks, one group each below
-        if (ah) deal.emplace(*ah, groups16 + left, Dk);
-        for (int64_t g = 0; g < groups16; ++g)
-          key_group16<BITS, NR, NZ>(qk, qz, Dk, codes, cb, g, s, st,
-                                    deal ? deal->next() : Ahead::Slice{});
-        for (int64_t c = groups16 * cpg; c < n_chunks; ++c)
-          key_group<BITS, NR, per>(qk, qz, Dk, codes, cb, c, s, st,
-                                   deal ? deal->next() : Ahead::Slice{});
-        return;
-      }
-    }
-#endif
-    if (ah) deal.emplace(*ah, groups + tail, Dk);
-    for (int64_t g = 0; g < groups; ++g)
-      key_group<BITS, NR, NV>(qk, qz, Dk, codes, cb, g, s, st,
-                              deal ? deal->next() : Ahead::Slice{});
-    if constexpr (NV > per)
-      for (int64_t c = groups * (NV / per); c < n_chunks; ++c)
-        key_group<BITS, NR, per>(qk, qz, Dk, codes, cb, c, s, st,
-                                 deal ? deal->next() : Ahead::Slice{});
-  }
-  // s[r * st + j] for keys j of an 8-bit block (columns [n, round_up(n, chunk tokens)) get
-  // scores of the zero padding: st must have room for them). 2 and 4 bits: int_scores.
-  template <int BITS>
-  static void packed_scores(const float* qk, const float* qz, int64_t R, int64_t Dk,
-                            const std::byte* codes, int64_t cb, int64_t n, float* s, int64_t st,
-                            const Ahead* ah = nullptr) {
-    static_assert(BITS == 8, "2- and 4-bit key blocks take int_scores");
-    by_row_blocks(R, [&]<int NR>(int64_t r) {  // the first row block prefetches
-      key_rows<BITS, NR>(qk + r * Dk, qz + r, Dk, codes, cb, n, s + r * st, st,
-                         r == 0 ? ah : nullptr);
-    });
-  }
-
-  // int_round<L> (the largest magnitude and the all-finite flag) in vectors: a max is exact in
+  // int_round (the largest magnitude and the all-finite flag) in vectors: a max is exact in
   // any order, so the same scales as the scalar path.
-  template <int L>
-  static IntRound simd_int_round(const float* x, int64_t n) {
+  static IntRound simd_int_round(const float* x, int64_t n, int L) {
     const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(3.4028235e38f);
     __m256 mv = _mm256_setzero_ps(), badv = _mm256_setzero_ps();
     int64_t d = 0;
@@ -807,41 +675,174 @@ struct SimdOps {
     float m = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));  // a tree: no chain of 8 maxss
     bool finite = _mm256_movemask_ps(badv) == 0;
     fold_abs_max(x + d, n - d, m, finite);
-    return round_from_max<L>(m, finite);
+    return round_from_max(m, finite, L);
   }
 
-  // ---- 2- and 4-bit key blocks: int8 queries, exact int32 dots (see attention_quant.h) ----
+  // ---- key blocks: int8 (2, 4 bits) or int16 (8 bits) queries, exact int32 dots ----
   // ScalarOps::round_rows, the max and the conversions in vectors: the same floats, the same
   // round-to-nearest-even (the default MXCSR mode, as std::nearbyint's default).
-  static void round_rows(const float* qk, int64_t R, int64_t Dk, int64_t Dk4, int8_t* qi,
+  template <typename T>
+  static void round_rows(const float* qk, int64_t R, int64_t Dk, int64_t Dkp, int L, T* qi,
                          float* sq) {
     for (int64_t r = 0; r < R; ++r) {
       const float* x = qk + r * Dk;
-      int8_t* o = qi + r * Dk4;
-      const IntRound q = simd_int_round<kQueryLevels>(x, Dk);
+      T* o = qi + r * Dkp;
+      const IntRound q = simd_int_round(x, Dk, L);
       sq[r] = q.step;
       int64_t d = 0;
       if (!q.zero) {
         const __m256 iv = _mm256_set1_ps(q.inv);
 #if KVCACHE_ATTN_AVX512
-        for (; d + 16 <= Dk; d += 16)
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + d),
-                           _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(
-                               _mm512_mul_ps(_mm512_loadu_ps(x + d), _mm512_set1_ps(q.inv)))));
+        for (; d + 16 <= Dk; d += 16) {
+          const __m512i c =
+              _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + d), _mm512_set1_ps(q.inv)));
+          if constexpr (sizeof(T) == 1)
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(o + d), _mm512_cvtepi32_epi8(c));
+          else
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), _mm512_cvtepi32_epi16(c));
+        }
 #endif
         for (; d + 16 <= Dk; d += 16) {
           const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + d), iv));
           const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + d + 8), iv));
-          // int32 -> int16 -> int8 (|codes| <= 127: no saturation), lanes back in order
+          // int32 -> int16 (|codes| <= L <= 32767: no saturation), lanes back in order
           const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
-          const __m256i c = _mm256_permute4x64_epi64(_mm256_packs_epi16(w, w), 0x08);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + d), _mm256_castsi256_si128(c));
+          if constexpr (sizeof(T) == 1) {
+            const __m256i c = _mm256_permute4x64_epi64(_mm256_packs_epi16(w, w), 0x08);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(o + d), _mm256_castsi256_si128(c));
+          } else {
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), w);
+          }
         }
-        for (; d < Dk; ++d) o[d] = static_cast<int8_t>(std::nearbyint(x[d] * q.inv));
+        for (; d < Dk; ++d) o[d] = static_cast<T>(std::nearbyint(x[d] * q.inv));
       }
-      for (; d < Dk4; ++d) o[d] = 0;
+      for (; d < Dkp; ++d) o[d] = 0;
     }
   }
+  // ---- 8-bit key blocks: int16 queries, two channels per 32-bit lane ----
+  // A key column holds the block's codes of one channel, token-consecutive (kv_quant.h). Lane t
+  // of a vector holds key t's codes of channels d and d + 1 as two 16-bit words, which one
+  // vpdpwssd (vpmaddwd + vpaddd on AVX2) multiplies by the two channels' query words and adds
+  // to key t's int32 sum: 2 products per lane and instruction where the f32 path took one FMA
+  // and a conversion per product. With |qi| <= code8_levels(D_k), the sum stays in int32.
+#if KVCACHE_QK_INT512
+  // 16 keys x 2 channels per zmm: columns d and d + 1 (64 keys each, one zmm apiece) go through
+  // one zero-masked two-source byte permute per 16 keys (kWordPairIndex): key t's two codes land
+  // in bytes 4t and 4t + 2, the odd bytes zeroed.
+  template <int NR, bool FULL>
+  static void int16_key_group512(const int16_t* qw, const float* sq, const float* qz, int64_t Dk,
+                                 int64_t Dk2, const std::byte* codes, int64_t cb, int64_t k0,
+                                 int64_t nk, float* s, int64_t st, const Ahead::Slice& pf) {
+    constexpr int NO = 4;  // 64 keys
+    __m512i acc[NR * NO];
+#pragma GCC unroll 16
+    for (int i = 0; i < NR * NO; ++i) acc[i] = _mm512_setzero_si512();
+    __m512i idx[NO];
+#pragma GCC unroll 4
+    for (int o = 0; o < NO; ++o) idx[o] = _mm512_load_si512(kWordPairIndex.b[o]);
+    constexpr __mmask64 kWords = 0x5555555555555555ull;
+    const __mmask64 lm = FULL ? ~__mmask64{0} : (__mmask64{1} << nk) - 1;  // nk < 64 unless FULL
+    auto load = [lm](const std::byte* p) {
+      if constexpr (FULL) return _mm512_loadu_si512(p);
+      return _mm512_maskz_loadu_epi8(lm, p);
+    };
+    Ahead::Issuer issue(pf);
+    const std::byte* p = codes + k0;
+    const int64_t pairs = Dk / 2;
+    for (int64_t i = 0; i < Dk2 / 2; ++i, p += 2 * cb) {
+      issue.at(i);
+      const __m512i a = load(p), b = i < pairs ? load(p + cb) : _mm512_setzero_si512();
+      __m512i x[NO];
+#pragma GCC unroll 4
+      for (int o = 0; o < NO; ++o) x[o] = _mm512_maskz_permutex2var_epi8(kWords, a, idx[o], b);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        int32_t w;
+        std::memcpy(&w, qw + r * Dk2 + 2 * i, 4);
+        const __m512i qb = _mm512_set1_epi32(w);
+#pragma GCC unroll 4
+        for (int o = 0; o < NO; ++o)
+          acc[r * NO + o] = _mm512_dpwssd_epi32(acc[r * NO + o], x[o], qb);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512 sv = _mm512_set1_ps(sq[r]), zv = _mm512_set1_ps(qz[r]);
+#pragma GCC unroll 4
+      for (int o = 0; o < NO; ++o)
+        _mm512_storeu_ps(s + r * st + k0 + 16 * o,
+                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r * NO + o]), sv, zv));
+    }
+  }
+  template <int NR>
+  static void int16_key_rows(const int16_t* qw, const float* sq, const float* qz, int64_t Dk,
+                             int64_t Dk2, const std::byte* codes, int64_t cb, int64_t n, float* s,
+                             int64_t st, const Ahead* ah) {
+    const int64_t groups = (n + 63) / 64, full = cb / 64;  // full: 64 bytes in the column
+    std::optional<Ahead::Dealer> deal;
+    if (ah) deal.emplace(*ah, groups, Dk2 / 2);
+    for (int64_t g = 0; g < groups; ++g) {
+      const Ahead::Slice sl = deal ? deal->next() : Ahead::Slice{};
+      if (g < full)
+        int16_key_group512<NR, true>(qw, sq, qz, Dk, Dk2, codes, cb, 64 * g, 64, s, st, sl);
+      else  // the column's last bytes: never read past it
+        int16_key_group512<NR, false>(qw, sq, qz, Dk, Dk2, codes, cb, 64 * g,
+                                      std::min<int64_t>(64, cb - 64 * g), s, st, sl);
+    }
+  }
+#else
+  // 8 keys x 2 channels per ymm: 8 code bytes of columns d and d + 1 interleaved (punpcklbw)
+  // and zero-extended to words. NV vectors per group within AVX2's 16 registers.
+  template <int NR, int NV>
+  static void int16_key_group256(const int16_t* qw, const float* sq, const float* qz, int64_t Dk,
+                                 int64_t Dk2, const std::byte* codes, int64_t cb, int64_t c0,
+                                 float* s, int64_t st, const Ahead::Slice& pf) {
+    __m256i acc[NR * NV];
+    for (int i = 0; i < NR * NV; ++i) acc[i] = _mm256_setzero_si256();
+    Ahead::Issuer issue(pf);
+    const std::byte* p = codes + 8 * c0;
+    const int64_t pairs = Dk / 2;
+    for (int64_t i = 0; i < Dk2 / 2; ++i, p += 2 * cb) {
+      issue.at(i);
+      __m256i x[NV];
+      for (int v = 0; v < NV; ++v) {
+        const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * v));
+        const __m128i b = i < pairs
+                              ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + cb + 8 * v))
+                              : _mm_setzero_si128();
+        x[v] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b));
+      }
+      for (int r = 0; r < NR; ++r) {
+        int32_t w;
+        std::memcpy(&w, qw + r * Dk2 + 2 * i, 4);
+        const __m256i qb = _mm256_set1_epi32(w);
+        for (int v = 0; v < NV; ++v)
+          acc[r * NV + v] = _mm256_add_epi32(acc[r * NV + v], _mm256_madd_epi16(x[v], qb));
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      const __m256 sv = _mm256_set1_ps(sq[r]), zv = _mm256_set1_ps(qz[r]);
+      for (int v = 0; v < NV; ++v)
+        _mm256_storeu_ps(s + r * st + 8 * (c0 + v),
+                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r * NV + v]), sv, zv));
+    }
+  }
+  template <int NR>
+  static void int16_key_rows(const int16_t* qw, const float* sq, const float* qz, int64_t Dk,
+                             int64_t Dk2, const std::byte* codes, int64_t cb, int64_t n, float* s,
+                             int64_t st, const Ahead* ah) {
+    constexpr int NV = NR <= 2 ? 4 : 2;
+    const int64_t chunks = (n + 7) / 8, groups = chunks / NV, tail = chunks - groups * NV;
+    std::optional<Ahead::Dealer> deal;
+    if (ah) deal.emplace(*ah, groups + tail, Dk2 / 2);
+    for (int64_t g = 0; g < groups; ++g)
+      int16_key_group256<NR, NV>(qw, sq, qz, Dk, Dk2, codes, cb, g * NV, s, st,
+                                 deal ? deal->next() : Ahead::Slice{});
+    for (int64_t c = groups * NV; c < chunks; ++c)
+      int16_key_group256<NR, 1>(qw, sq, qz, Dk, Dk2, codes, cb, c, s, st,
+                                deal ? deal->next() : Ahead::Slice{});
+  }
+#endif
 #if KVCACHE_QK_INT512
   // AVX512-VNNI + VBMI: 16 keys x 4 channels per vector. A "slab" is 16 bytes of each of 4
   // key columns (two chunks: 2 * 8 * (8 / BITS) tokens), one column per 128-bit lane. A shift
@@ -1018,22 +1019,25 @@ struct SimdOps {
   }
   static constexpr int kIntRows = 2;  // 2 bits: 4 vectors per chunk, so 2 rows at a time
 #endif
-  // s[r * st + j] for the keys of a 2- or 4-bit block (columns up to the next 32 / 64 keys get
-  // the zero padding's scores: st has room for them).
-  template <int BITS>
-  static void int_scores(const int8_t* qi, const float* sq, const float* qz, int64_t R, int64_t Dk,
-                         int64_t Dk4, const std::byte* codes, int64_t cb, int64_t n, float* s,
+  // s[r * st + j] for the keys of a block (columns up to the next 8 / 32 / 64 keys get the
+  // zero padding's scores: st has room for them).
+  template <int BITS, typename T>
+  static void int_scores(const T* qi, const float* sq, const float* qz, int64_t R, int64_t Dk,
+                         int64_t Dkp, const std::byte* codes, int64_t cb, int64_t n, float* s,
                          int64_t st, const Ahead* ah = nullptr) {
+    static_assert((BITS == 8) == (sizeof(T) == 2), "int16 queries for 8-bit keys, else int8");
     by_row_blocks(R, [&]<int NR>(int64_t r) {  // the first row block prefetches
       const Ahead* a = r == 0 ? ah : nullptr;
-      if constexpr (BITS == 2 && NR > kIntRows) {
-        int_key_rows<BITS, kIntRows>(qi + r * Dk4, sq + r, qz + r, Dk, Dk4, codes, cb, n,
+      if constexpr (BITS == 8) {
+        int16_key_rows<NR>(qi + r * Dkp, sq + r, qz + r, Dk, Dkp, codes, cb, n, s + r * st, st, a);
+      } else if constexpr (BITS == 2 && NR > kIntRows) {
+        int_key_rows<BITS, kIntRows>(qi + r * Dkp, sq + r, qz + r, Dk, Dkp, codes, cb, n,
                                      s + r * st, st, a);
-        int_key_rows<BITS, NR - kIntRows>(qi + (r + kIntRows) * Dk4, sq + r + kIntRows,
-                                          qz + r + kIntRows, Dk, Dk4, codes, cb, n,
+        int_key_rows<BITS, NR - kIntRows>(qi + (r + kIntRows) * Dkp, sq + r + kIntRows,
+                                          qz + r + kIntRows, Dk, Dkp, codes, cb, n,
                                           s + (r + kIntRows) * st, st, nullptr);
       } else {
-        int_key_rows<BITS, NR>(qi + r * Dk4, sq + r, qz + r, Dk, Dk4, codes, cb, n, s + r * st, st,
+        int_key_rows<BITS, NR>(qi + r * Dkp, sq + r, qz + r, Dk, Dkp, codes, cb, n, s + r * st, st,
                                a);
       }
     });
@@ -1219,21 +1223,27 @@ struct SimdOps {
     }
   }
 
-  // ---- 4-bit value blocks: int16 weights, exact int32 sums (ScalarOps::round_weights /
-  // int_pv) ----
+  // ---- 4- and 8-bit value blocks: int16 weights, exact int32 sums (ScalarOps::round_weights
+  // / int_pv) ----
   // The rounding of each (group, row) weight run, the max and the conversions in vectors: the
   // same floats and the same round-to-nearest-even as the scalar path.
-  static void round_weights(const float* pg, int64_t R, int64_t n, int64_t ng, int64_t st,
+  static void round_weights(const float* pg, int64_t R, int64_t n, int64_t ng, int64_t st, int L,
                             int16_t* wq, float* ws) {
     for (int64_t g = 0; g < ng; ++g)
       for (int64_t r = 0; r < R; ++r) {
         const float* w = pg + (g * R + r) * st;
         int16_t* o = wq + (g * R + r) * st;
-        const IntRound q = simd_int_round<kWeightLevels>(w, n);
+        const IntRound q = simd_int_round(w, n, L);
         ws[r * ng + g] = q.step;
         int64_t j = 0;
         if (!q.zero) {
           const __m256 iv = _mm256_set1_ps(q.inv);
+#if KVCACHE_ATTN_AVX512
+          for (; j + 16 <= n; j += 16)  // |w * inv| <= L: vpmovdw's truncation is packs' result
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + j),
+                                _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(
+                                    _mm512_mul_ps(_mm512_loadu_ps(w + j), _mm512_set1_ps(q.inv)))));
+#endif
           for (; j + 8 <= n; j += 8) {
             const __m256i i32 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(w + j), iv));
             const __m128i i16 =
@@ -1268,6 +1278,42 @@ struct SimdOps {
     return _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kPairIndex.b),
                                          _mm512_castsi256_si512(t));
   }
+  // 8-bit int_pv over channels [c0, c0 + 16 S) of one value group for NR rows: per pair of
+  // keys and slab of 16 channels, one vpermb lays out both keys' 16 code bytes as word pairs
+  // (lane i: channel c0 + i) and one vpdpwssd per row adds both keys' products.
+  template <int NR, int S>
+  static void int_pv8_pass(const int16_t* wq, int64_t st, const std::byte* codes, int64_t rb,
+                           int64_t n, int64_t c0, const float* ws, int64_t ng, float* acc,
+                           int64_t lda) {
+    alignas(16) static const std::byte kZeroRow[16 * S] = {};  // the last key's missing partner
+    __m512i a[NR * S];
+#pragma GCC unroll 16
+    for (int i = 0; i < NR * S; ++i) a[i] = _mm512_setzero_si512();
+    const std::byte* p = codes + c0;
+    for (int64_t j = 0; j < n; j += 2, p += 2 * rb) {
+      const std::byte* b = j + 1 < n ? p + rb : kZeroRow;
+      __m512i x[S];
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) x[s] = pair_words512(p + 16 * s, b + 16 * s);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const __m512i w = _mm512_set1_epi32(weight_pair(wq + r * st + j));
+#pragma GCC unroll 4
+        for (int s = 0; s < S; ++s) dpwssd(a[r * S + s], x[s], w);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512 sc = _mm512_set1_ps(ws[r * ng]);
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) {
+        float* o = acc + r * lda + c0 + 16 * s;
+        _mm512_storeu_ps(o,
+                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r * S + s]), sc, _mm512_loadu_ps(o)));
+      }
+    }
+  }
+  static constexpr int64_t kPv8Slab = 16, kPv8Pass = 64;
   // int_pv over channels [c0, c0 + 32 S) of one value group for NR rows: per pair of keys and
   // slab of 32 channels, one vpermb lays out both keys' 16 code bytes as word pairs, a mask and
   // a shift give the low and high nibbles (even and odd channels), and one vpdpwssd per row and
@@ -1322,8 +1368,40 @@ struct SimdOps {
   }
   static constexpr int64_t kPvSlab = 32, kPvPass = 64;  // channels per vpermb / per pass
 #else
-  // The AVX2 form: slabs of 16 channels (8 code bytes per key), pairs by unpack + zero-extend,
-  // vpmaddwd + add.
+  // The AVX2 forms: pairs by unpack + zero-extend, vpmaddwd + add. 8 bits: slabs of 8 channels
+  // (8 code bytes per key), lane i channel c0 + i.
+  template <int NR, int S>
+  static void int_pv8_pass(const int16_t* wq, int64_t st, const std::byte* codes, int64_t rb,
+                           int64_t n, int64_t c0, const float* ws, int64_t ng, float* acc,
+                           int64_t lda) {
+    __m256i a[NR][S];
+    for (int r = 0; r < NR; ++r)
+      for (int s = 0; s < S; ++s) a[r][s] = _mm256_setzero_si256();
+    const std::byte* p = codes + c0;
+    for (int64_t j = 0; j < n; j += 2, p += 2 * rb) {
+      __m256i x[S];
+      for (int s = 0; s < S; ++s) {
+        const __m128i x0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * s));
+        const __m128i x1 = j + 1 < n
+                               ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + rb + 8 * s))
+                               : _mm_setzero_si128();
+        x[s] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(x0, x1));
+      }
+      for (int r = 0; r < NR; ++r) {
+        const __m256i w = _mm256_set1_epi32(weight_pair(wq + r * st + j));
+        for (int s = 0; s < S; ++s) a[r][s] = _mm256_add_epi32(a[r][s], _mm256_madd_epi16(x[s], w));
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      const __m256 sc = _mm256_set1_ps(ws[r * ng]);
+      for (int s = 0; s < S; ++s) {
+        float* o = acc + r * lda + c0 + 8 * s;
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][s]), sc, _mm256_loadu_ps(o)));
+      }
+    }
+  }
+  static constexpr int64_t kPv8Slab = 8, kPv8Pass = 16;
+  // 4 bits: slabs of 16 channels (8 code bytes per key).
   template <int NR, int S>
   static void int_pv_pass(const int16_t* wq, int64_t st, const std::byte* codes, int64_t rb,
                           int64_t n, int64_t c0, const float* ws, int64_t ng, float* acc,
@@ -1368,19 +1446,28 @@ struct SimdOps {
   static constexpr int64_t kPvSlab = 16, kPvPass = 16;
 #endif
   // Value groups are whole slabs (QuantParams::int_v).
+  template <int BITS>
   static void int_pv(const int16_t* wq, const float* ws, int64_t R, const std::byte* codes,
                      int64_t rb, int64_t n, int64_t Dv, int64_t vg, int64_t st, int64_t ng,
                      float* acc, int64_t lda) {
+    static_assert(BITS == 4 || BITS == 8, "int16 weights serve 4- and 8-bit values");
     for (int64_t g = 0; g < Dv / vg; ++g)
       by_row_blocks(R, [&]<int NR>(int64_t r) {
         const int16_t* w = wq + (g * R + r) * st;
         const float* sc = ws + r * ng + g;
         float* a = acc + r * lda;
         int64_t c = g * vg;
-        for (; c + kPvPass <= (g + 1) * vg; c += kPvPass)
-          int_pv_pass<NR, kPvPass / kPvSlab>(w, st, codes, rb, n, c, sc, ng, a, lda);
-        for (; c < (g + 1) * vg; c += kPvSlab)
-          int_pv_pass<NR, 1>(w, st, codes, rb, n, c, sc, ng, a, lda);
+        if constexpr (BITS == 8) {
+          for (; c + kPv8Pass <= (g + 1) * vg; c += kPv8Pass)
+            int_pv8_pass<NR, kPv8Pass / kPv8Slab>(w, st, codes, rb, n, c, sc, ng, a, lda);
+          for (; c < (g + 1) * vg; c += kPv8Slab)
+            int_pv8_pass<NR, 1>(w, st, codes, rb, n, c, sc, ng, a, lda);
+        } else {
+          for (; c + kPvPass <= (g + 1) * vg; c += kPvPass)
+            int_pv_pass<NR, kPvPass / kPvSlab>(w, st, codes, rb, n, c, sc, ng, a, lda);
+          for (; c < (g + 1) * vg; c += kPvSlab)
+            int_pv_pass<NR, 1>(w, st, codes, rb, n, c, sc, ng, a, lda);
+        }
       });
   }
 
@@ -1427,6 +1514,8 @@ struct QuantParams {
   int64_t G = 0, n_blocks = 0, packed = 0;  // tokens per block, blocks, packed tokens
   int64_t Dk = 0, Dv = 0;
   int64_t dk4 = 0;           // D_k rounded up to 4: int8 query rows (2/4-bit key blocks)
+  int64_t dk2 = 0;           // D_k rounded up to 2: int16 query rows (8-bit key blocks)
+  int levels16 = 0;          // and their levels, code8_levels(D_k)
   int64_t vg = 0, ng = 0;    // value channels per group, groups per token
   int64_t cbk = 0, rbv = 0;  // bytes of a key code column (G tokens), of a value code row
   int64_t st = 0;            // row stride of the score buffer: round64(max(G, kResTile))
@@ -1436,9 +1525,11 @@ struct QuantParams {
   // ([R, 2 D_v]: channel order | chunked order), folded back at the end (SIMD, 2/4 bits, value
   // groups of whole chunks).
   bool chunk_v = false;
-  // 4-bit value blocks whose groups are whole 32-channel slabs, G <= kIntPvMaxKeys: P.V by int16
-  // weights (round_weights / int_pv), on every path.
+  // P.V by int16 weights (round_weights / int_pv), on every path: 4-bit value blocks whose
+  // groups are whole 32-channel slabs, G <= kIntPvMaxKeys, and 8-bit ones whose groups are whole
+  // 16-channel slabs.
   bool int_v = false;
+  int wlevels = 0;  // their levels: 32767, or fewer where G codes times L could leave int32
 
   // ---- tile geometry (plan_tasks, for_each_tile) ----
   int64_t n_tiles(const SeqPlan& s) const {
@@ -1470,6 +1561,7 @@ struct QuantParams {
     float* qk = nullptr;    // [R, D_k] queries times the block's key scales
     float* qz = nullptr;    // [R] queries . the block's key zeros
     int8_t* qi = nullptr;   // [R, dk4] qk rounded to int8 (2/4-bit keys)
+    int16_t* qw = nullptr;  // [R, dk2] or to int16 (8-bit keys)
     float* sq = nullptr;    // [R] and the rounding's scales
     float* pg = nullptr;    // [ng, R, st] probabilities times value scales
     int16_t* wq = nullptr;  // [ng, R, st] pg rounded to int16 (int_v)
@@ -1484,6 +1576,7 @@ struct QuantParams {
     e.qk = a.take<float>(R * Dk);
     e.qz = a.take<float>(R);
     e.qi = a.take<int8_t>(R * dk4);
+    e.qw = a.take<int16_t>(R * dk2);
     e.sq = a.take<float>(R);
     e.pg = a.take<float>(ng * R * st);
     e.wq = a.take<int16_t>(ng * R * st);
@@ -1575,9 +1668,11 @@ void QuantTiles<Ops, BITS, RD>::logits(int64_t tile, int64_t k0, int64_t k1, flo
   const auto* kp = reinterpret_cast<const f16_t*>(kb);
   Ops::block_query(qs_, R_, Dk, kp, kp + Dk, x_.qk, x_.qz);
   if constexpr (BITS == 8) {
-    Ops::template packed_scores<BITS>(x_.qk, x_.qz, R_, Dk, kb + 4 * Dk, kp_.cbk, n, s, st, ah);
+    Ops::round_rows(x_.qk, R_, Dk, kp_.dk2, kp_.levels16, x_.qw, x_.sq);
+    Ops::template int_scores<BITS>(x_.qw, x_.sq, x_.qz, R_, Dk, kp_.dk2, kb + 4 * Dk, kp_.cbk, n, s,
+                                   st, ah);
   } else {
-    Ops::round_rows(x_.qk, R_, Dk, kp_.dk4, x_.qi, x_.sq);
+    Ops::round_rows(x_.qk, R_, Dk, kp_.dk4, kQueryLevels, x_.qi, x_.sq);
     Ops::template int_scores<BITS>(x_.qi, x_.sq, x_.qz, R_, Dk, kp_.dk4, kb + 4 * Dk, kp_.cbk, n, s,
                                    st, ah);
   }
@@ -1602,11 +1697,11 @@ void QuantTiles<Ops, BITS, RD>::pv(int64_t tile, int64_t k0, int64_t k1, const f
   const auto* vp = reinterpret_cast<const f16_t*>(vb);
   Ops::value_weights(s, R_, n, vp, vp + ng * kp_.G, ng, kp_.G, st, x_.pg, x_.zs);
   bool done = false;
-  if constexpr (BITS == 4) {
+  if constexpr (BITS == 4 || BITS == 8) {
     if (kp_.int_v) {
-      Ops::round_weights(x_.pg, R_, n, ng, st, x_.wq, x_.ws);
-      Ops::int_pv(x_.wq, x_.ws, R_, vb + 4 * kp_.G * ng, kp_.rbv, n, Dv, kp_.vg, st, ng, acc_,
-                  lda_);
+      Ops::round_weights(x_.pg, R_, n, ng, st, kp_.wlevels, x_.wq, x_.ws);
+      Ops::template int_pv<BITS>(x_.wq, x_.ws, R_, vb + 4 * kp_.G * ng, kp_.rbv, n, Dv, kp_.vg, st,
+                                 ng, acc_, lda_);
       done = true;
     }
   }
@@ -1669,6 +1764,8 @@ QuantParams quant_params(int64_t G, int64_t n_blocks, int64_t v_group, KVQuantSc
   kp.Dk = Dk;
   kp.Dv = Dv;
   kp.dk4 = (Dk + 3) / 4 * 4;
+  kp.dk2 = (Dk + 1) / 2 * 2;
+  kp.levels16 = code8_levels(Dk);
   kp.per_token = kv_quant_per_token(scheme);
   kp.fmt = make_kv_block_format(scheme, bits, G, Dk, Dv);
   kp.vg = v_group;
@@ -1677,8 +1774,11 @@ QuantParams quant_params(int64_t G, int64_t n_blocks, int64_t v_group, KVQuantSc
   kp.ng = kp.vg > 0 ? Dv / kp.vg : 0;
   kp.cbk = kivi_col_bytes(G, bits);
   kp.rbv = kivi_row_bytes(Dv, bits);
-  kp.st = (std::max(G, kResTile) + 63) / 64 * 64;  // packed_scores writes whole chunks
-  kp.int_v = !kp.per_token && bits == 4 && kp.vg > 0 && kp.vg % 32 == 0 && G <= kIntPvMaxKeys;
+  kp.st = (std::max(G, kResTile) + 63) / 64 * 64;  // int_scores writes whole chunks
+  kp.int_v =
+      !kp.per_token && kp.vg > 0 &&
+      ((bits == 4 && kp.vg % 32 == 0 && G <= kIntPvMaxKeys) || (bits == 8 && kp.vg % 16 == 0));
+  kp.wlevels = bits == 8 ? code8_levels(G) : kWeightLevels;
   return kp;
 }
 

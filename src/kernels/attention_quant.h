@@ -21,21 +21,26 @@
 // for eps the largest such move; at 4 bits that is a small part of the keys' own quantization
 // error (a code step is (max - min) / 15 of the block's channel; a query step max |q'| / 127).
 // Rows whose largest |q'| is below 2^-100 count as zero; a non-finite row gets sq = NaN.
-// 8-bit blocks keep f32 dots: there the int8 query would double the error.
+// 8-bit key blocks round q' to int16 instead (an int8 query would double their error), with
+// L = min(32767, (2^31 - 1) / (255 D_k)) levels so that the int32 sum cannot overflow, and dot
+// two channels per 32-bit lane (vpdpwssd; vpmaddwd on AVX2). The same bound holds with L for
+// 127; on unit-scale inputs the outputs move by 1-4e-5 against f32 dots (the tests), where the
+// 8-bit codes' own rounding moves them by ~1e-2.
 //
-// 4-bit value blocks whose channel groups are whole 32-channel slabs (G <= 4,096) take P.V in
-// integers the same way: per block, value group and row, the weights w_j = p_j * s_jg (f32) are
-// rounded to int16 with one scale, step = max_j |w_j| / 32767, w_j ~ step * nearbyint(w_j *
-// 32767 / max), and sum_j w_j c_jd becomes step * (the exact int32 sum of those weights times
-// the codes), two keys per 32-bit lane (vpdpwssd on AVX-512 VNNI, vpmaddwd on AVX2): same bits
-// on every path. Each weight moves by at most half a step, so output channel d by at most
-// sum over blocks of (max_j w_j / 65534) * sum_j c_jd (normalised): about 5e-5 for values of unit
-// scale, where the 4-bit values' own rounding is near 0.1. A max below 2^-100 counts as zero; a
-// non-finite weight gives step = NaN. The zero terms sum_j p_j z_jg stay in f32.
+// 4-bit value blocks whose channel groups are whole 32-channel slabs (G <= 4,096), and 8-bit
+// ones whose groups are whole 16-channel slabs, take P.V in integers the same way: per block,
+// value group and row, the weights w_j = p_j * s_jg (f32) are rounded to int16 with one scale,
+// step = max_j |w_j| / L, w_j ~ step * nearbyint(w_j * L / max) (L = 32767; at 8 bits
+// min(32767, (2^31 - 1) / (255 G))), and sum_j w_j c_jd becomes step * (the exact int32 sum of
+// those weights times the codes), two keys per 32-bit lane (vpdpwssd on AVX-512 VNNI, vpmaddwd
+// on AVX2): same bits on every path. Each weight moves by at most half a step, so output channel
+// d by at most sum over blocks of (max_j w_j / 2L) * sum_j c_jd (normalised): about 5e-5 for
+// 4-bit values of unit scale, where their own rounding is near 0.1. A max below 2^-100 counts as
+// zero; a non-finite weight gives step = NaN. The zero terms sum_j p_j z_jg stay in f32.
 //
 // Tolerance (tests): against the double-precision attention reference run on the dequantized
-// K/V (dequantize_quant_kv), with the 2/4-bit packed logits restated by the rule above,
-// |out - ref| <= 1e-5 plus the value weights' bound (4-bit values) for inputs of unit scale; and
+// K/V (dequantize_quant_kv), with the packed logits restated by the rule above,
+// |out - ref| <= 1e-5 plus the value weights' bound (integer P.V) for inputs of unit scale; and
 // against the reference's exact logits, within both bounds.
 #pragma once
 

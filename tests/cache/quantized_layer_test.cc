@@ -328,9 +328,9 @@ TEST(QuantizedLayer, RefusesOtherLayerTypesAndBadOptions) {
 // dequantized values (the straddling keys masked out).
 TEST(QuantizedLayer, ChunkedKeepsTheCurrentChunkLikeTheDenseContainer) {
   for (auto [C, G, R] : {std::tuple<int64_t, int64_t, int64_t>{12, 4, 8}, {10, 4, 8}, {8, 4, 16}}) {
-    // 8 bits: f32 logit dots, so the kernel meets the plain reference on the same values to 1e-5
-    // (2/4-bit blocks round the query to int8, attention_quant.h; what is tested here is which
-    // keys the chunk keeps).
+    // 8 bits: the kernel rounds the query to int16 (attention_quant.h), which moves these
+    // outputs by a few 1e-5 from the plain reference on the same values, so 1e-4; what is tested
+    // here is which keys the chunk keeps (a key too many or too few moves them by ~0.1).
     CacheConfig qc = quant_config(8, G, R);
     qc.layer_types = {"chunked_attention"};
     qc.attention_chunk_size = C;
@@ -383,7 +383,7 @@ TEST(QuantizedLayer, ChunkedKeepsTheCurrentChunkLikeTheDenseContainer) {
           q.view(), qk.view().slice(2, skip, skip + len), qv.view().slice(2, skip, skip + len), o);
       const float* got = out.view().ptr_as<float>(0, 0, 0);
       for (size_t i = 0; i < ref.out.size(); ++i)
-        ASSERT_NEAR(got[i], ref.out[i], 1e-5) << at << " element " << i;
+        ASSERT_NEAR(got[i], ref.out[i], 1e-4) << at << " element " << i;
       p += n;
     }
     // Between the chunk start and the end: at most G - 1 straddling tokens beyond the chunk.

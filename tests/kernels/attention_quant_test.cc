@@ -127,21 +127,28 @@ struct QInputs {
   }
 };
 
-// The kernel's logit dots on 2- and 4-bit KIVI key blocks, restated from attention_quant.h's
-// rule: per block and query row, q' = q * ks (f32 products) is rounded to int8 with the row's
-// scale m / 127 (m = max |q'|), dotted exactly with the codes, plus q . kz. `dot` holds it for
-// every (b, h, i, packed key) and `bound` the rounding's worst case sq / 2 * sum_d code (the
-// distance to the exact dot over the dequantized keys, before the softmax scale).
+// The kernel's logit dots on KIVI key blocks, restated from attention_quant.h's rule: per block
+// and query row, q' = q * ks (f32 products) is rounded to integers with the row's scale m / L
+// (m = max |q'|; L = 127 at 2 and 4 bits, min(32767, (2^31 - 1) / (255 D)) at 8), dotted
+// exactly with the codes, plus q . kz. `dot` holds it for every (b, h, i, packed key) and
+// `bound` the rounding's worst case sq / 2 * sum_d code (the distance to the exact dot over the
+// dequantized keys, before the softmax scale).
+int code8_levels(int64_t terms) {
+  return static_cast<int>(std::min<int64_t>(32767, 2147483647 / (255 * terms)));
+}
+int query_levels(int bits, int64_t D) {
+  return bits == 8 ? code8_levels(D) : 127;
+}
 struct PackedDots {
   std::vector<double> dot, bound;
   int64_t packed = 0;
-  bool used = false;  // 2- or 4-bit KIVI blocks: the rounding applies
+  bool used = false;  // KIVI blocks: the rounding applies
 };
 PackedDots packed_dots(const QInputs& in) {
   PackedDots r;
   const QCase& c = in.c;
   r.packed = in.kv.n_blocks * c.G;
-  r.used = c.scheme == KVQuantScheme::kKivi && in.kv.bits != 8 && r.packed > 0;
+  r.used = c.scheme == KVQuantScheme::kKivi && r.packed > 0;
   if (!r.used) return r;
   const int bits = in.kv.bits;
   const int64_t cb = kivi_col_bytes(c.G, bits);
@@ -167,7 +174,8 @@ PackedDots packed_dots(const QInputs& in) {
             m = std::max(m, std::fabs(qp[static_cast<size_t>(d)]));
           }
           const bool tiny = !(m >= 0x1p-100f);
-          const float inv = tiny ? 0.0f : 127.0f / m, sq = tiny ? 0.0f : m / 127.0f;
+          const auto L = static_cast<float>(query_levels(bits, c.D));
+          const float inv = tiny ? 0.0f : L / m, sq = tiny ? 0.0f : m / L;
           double z = 0;
           for (int64_t d = 0; d < c.D; ++d) z += static_cast<double>(qr[d]) * f16_to_f32(kz[d]);
           for (int64_t t = 0; t < c.G; ++t, ++at) {
@@ -189,7 +197,7 @@ PackedDots packed_dots(const QInputs& in) {
   return r;
 }
 
-// The reference with packed 2/4-bit logits taken from `dots` (a score transform replacing the
+// The reference with packed KIVI logits taken from `dots` (a score transform replacing the
 // reference's own dot on those keys; softcap applied the same way).
 ReferenceResult rounded_reference(const QInputs& in, const TensorView& kd, const TensorView& vd,
                                   const PackedDots& dots) {
@@ -208,17 +216,23 @@ ReferenceResult rounded_reference(const QInputs& in, const TensorView& kd, const
   return attention_reference(in.q(), kd, vd, o);
 }
 
-// The int16 rounding of the value weights on 4-bit KIVI value blocks (attention_quant.h): per
-// packed block, value group and row, each weight w_j = p_j * vs_j moves by at most half a step,
-// max_j |w_j| / 65534 (the reference's normalised probabilities have the kernel's weights'
-// ratios), so output channel d moves by at most sum over blocks of that times sum_j code(j, d).
-// Per output element ([B, H_q, S_q, D_v] as ReferenceResult::out), 0.51 of a step for the
-// float rounding of w * 32767 / max; empty where the rule does not apply.
+// The int16 rounding of the value weights on 4-bit KIVI value blocks whose groups are whole
+// 32-channel slabs and 8-bit ones whose groups are whole 16-channel slabs (attention_quant.h):
+// per packed block, value group and row, each weight w_j = p_j * vs_j moves by at most half a
+// step, max_j |w_j| / 2L (L = 32767, or min(32767, (2^31 - 1) / (255 G)) at 8 bits; the
+// reference's normalised probabilities have the kernel's weights' ratios), so output channel d
+// moves by at most sum over blocks of that times sum_j code(j, d). Per output element
+// ([B, H_q, S_q, D_v] as ReferenceResult::out), 0.51 of a step for the float rounding of
+// w * L / max; empty where the rule does not apply.
 std::vector<double> weight_bound(const QInputs& in, const ReferenceResult& ref) {
   const QCase& c = in.c;
-  if (c.scheme != KVQuantScheme::kKivi || in.kv.bits != 4 || in.vg % 32 != 0) return {};
+  const int bits = in.kv.bits;
+  if (c.scheme != KVQuantScheme::kKivi ||
+      !((bits == 4 && in.vg % 32 == 0) || (bits == 8 && in.vg % 16 == 0)))
+    return {};
+  const double L = bits == 8 ? code8_levels(c.G) : 32767.0;
   std::vector<double> wb(ref.out.size(), 0.0);
-  const int64_t Skv = in.kv.seq_len(), ng = in.Dv / in.vg, rb = kivi_row_bytes(in.Dv, 4);
+  const int64_t Skv = in.kv.seq_len(), ng = in.Dv / in.vg, rb = kivi_row_bytes(in.Dv, bits);
   size_t at = 0;
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t h = 0; h < c.Hq; ++h)
@@ -234,8 +248,8 @@ std::vector<double> weight_bound(const QInputs& in, const ReferenceResult& ref) 
               m = std::max(m, p[blk * c.G + t] * f16_to_f32(vs[g * c.G + t]));
             for (int64_t d = g * in.vg; d < (g + 1) * in.vg; ++d) {
               int64_t sum = 0;
-              for (int64_t t = 0; t < c.G; ++t) sum += kivi_code(codes + t * rb, d, 4);
-              wb[at + static_cast<size_t>(d)] += 0.51 * m / 32767.0 * static_cast<double>(sum);
+              for (int64_t t = 0; t < c.G; ++t) sum += kivi_code(codes + t * rb, d, bits);
+              wb[at + static_cast<size_t>(d)] += 0.51 * m / L * static_cast<double>(sum);
             }
           }
         }
@@ -299,12 +313,13 @@ TEST(QuantizedAttention, DecodeGqaOddSizes) {
   }
 }
 
-// What the int8 rounding of q' costs against exact float attention over the same dequantized
-// keys. Every packed logit is within eps = scale * max(bound) of its exact value, so each
-// probability moves by a factor within e^(+-2 eps) and |out - exact| <= (e^(2 eps) - 1) max |v|
-// (plus the float tolerance). The rounding must also be visible, or this measures nothing.
-TEST(QuantizedAttention, Int8QueryRoundingWithinItsBound) {
-  for (int bits : {2, 4})
+// What the integer rounding of q' (int8 at 2 and 4 bits, int16 at 8) costs against exact float
+// attention over the same dequantized keys. Every packed logit is within eps = scale *
+// max(bound) of its exact value, so each probability moves by a factor within e^(+-2 eps) and
+// |out - exact| <= (e^(2 eps) - 1) max |v| (plus the float tolerance and, at 8 bits, the value
+// weights' bound). The rounding must also be visible, or this measures nothing.
+TEST(QuantizedAttention, IntQueryRoundingWithinItsBound) {
+  for (int bits : {2, 4, 8})
     for (int64_t D : {37, 128}) {
       QCase c;
       c.Hq = 8;
@@ -329,7 +344,7 @@ TEST(QuantizedAttention, Int8QueryRoundingWithinItsBound) {
         for (int64_t i = 0; i < vd.numel(); ++i)
           vmax = std::max(vmax, static_cast<double>(std::fabs(vd.data_as<float>()[i])));
         EXPECT_LE(err, std::expm1(2 * eps) * vmax + kTol) << c.str() << " eps " << eps;
-        EXPECT_GT(raw, 10 * kTol) << c.str();
+        EXPECT_GT(raw, (bits == 8 ? 1 : 10) * kTol) << c.str();
         EXPECT_LE(max_error(in), kTol) << c.str();
       }
     }
@@ -365,9 +380,41 @@ TEST(QuantizedAttention, Int16WeightRoundingWithinItsBound) {
   }
 }
 
-// Query rows the int8 rounding treats specially: all zero (every packed logit is q . kz = 0:
-// uniform weights over the packed keys) and non-finite (sq = NaN: the row comes out as the float
-// path's 8-bit blocks give it, whatever the skeleton makes of NaN logits).
+// 8-bit blocks at the largest integer sums their levels allow: every code 255 but token 0's, and
+// every query and weight at the row's largest magnitude, so the int32 sums reach D x 255 x L
+// (keys, D = 512: L = 16448) and G x 255 x L (values, G = 300: L = 28070), just below 2^31.
+// With 32767 levels either sum would wrap and the output would be far from the reference.
+TEST(QuantizedAttention, EightBitSumsAtTheirLargestStayExact) {
+  for (auto fn : {&quantized_attention, &quantized_attention_scalar}) {
+    QCase c;
+    c.Hq = 2;
+    c.Hkv = 1;
+    c.D = 512;
+    c.G = 300;
+    c.n_blocks = 2;
+    c.n_res = 3;
+    c.bits = 8;
+    c.causal = false;
+    QInputs in(c);
+    ASSERT_EQ(in.vg % 16, 0) << c.str();
+    const KVBlockFormat f = make_kv_block_format(c.scheme, c.bits, c.G, c.D, c.D);
+    std::vector<float> rows(static_cast<size_t>(c.G * c.D), 1.0f);
+    std::fill(rows.begin(), rows.begin() + c.D, 0.0f);  // token 0: each channel's minimum
+    for (int64_t b = 0; b < c.n_blocks; ++b) {
+      kv_quantize_k_block(f, rows.data(), c.D, in.kb.data() + b * in.kv.k_block_bytes);
+      kv_quantize_v_block(f, rows.data(), c.D, in.vb.data() + b * in.kv.v_block_bytes);
+    }
+    ASSERT_EQ(kivi_key_code(in.kb.data() + 4 * c.D + kivi_col_bytes(c.G, 8), 5, 8), 255);
+    float* q = in.qbuf.data_as<float>();
+    std::fill(q, q + c.Hq * c.D, 1.0f);
+    fn(in.q(), in.kv, in.out(), in.options());
+    EXPECT_LE(max_error(in), kTol) << (fn == &quantized_attention ? "simd" : "scalar");
+  }
+}
+
+// Query rows the integer rounding treats specially: all zero (every packed logit is q . kz = 0:
+// uniform weights over the packed keys) and non-finite (sq = NaN: the row comes out as 8-bit
+// blocks' int16 queries give it, whatever the skeleton makes of NaN logits).
 TEST(QuantizedAttention, Int8QueryRoundingEdgeRows) {
   for (auto fn : {&quantized_attention, &quantized_attention_scalar}) {
     QCase c;
@@ -384,7 +431,7 @@ TEST(QuantizedAttention, Int8QueryRoundingEdgeRows) {
     q[c.D + 7] = std::numeric_limits<float>::quiet_NaN();  // head 1
     fn(in.q(), in.kv, in.out(), in.options());
     c.bits = 8;
-    QInputs f8(c);  // the float path, the same queries
+    QInputs f8(c);  // int16 queries, the same rows
     std::memcpy(f8.qbuf.data(), in.qbuf.data(), in.qbuf.size_bytes());
     fn(f8.q(), f8.kv, f8.out(), f8.options());
     Tensor kd, vd;
