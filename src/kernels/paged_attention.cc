@@ -120,17 +120,19 @@ void paged_eager(const PagedAttentionArgs& a, const AttentionOptions& o) {
         const int64_t hi = std::clamp(kr.hi - o.kv_offset, int64_t{0}, Skv);
         const float* qr = a.q.ptr_as<const float>(q_begin + i, h);
         float mx = kNegInf;
+        bool poisoned = false;  // a NaN logit: the row is NaN (the skeleton's rule)
         for (int64_t j = lo; j < hi; ++j) {
           float x = detail::dot_f32(qr, kf.data() + j * Dk, Dk) * scale;
           if (o.softcap > 0) x = o.softcap * std::tanh(x / o.softcap);
           s[static_cast<size_t>(j)] = x;
-          mx = std::max(mx, x);
+          mx = std::max(mx, x);  // drops a NaN: hence the flag
+          poisoned = poisoned || std::isnan(x);
         }
         const float sink = o.sinks ? o.sinks[h] : kNegInf;
         mx = std::max(mx, sink);
         float* orow = a.out.ptr_as<float>(q_begin + i, h);
-        std::fill(orow, orow + Dv, 0.0f);
-        if (mx == kNegInf) continue;  // sees nothing
+        std::fill(orow, orow + Dv, poisoned ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
+        if (poisoned || mx == kNegInf) continue;  // NaN, or sees nothing
         float den = o.sinks ? std::exp(sink - mx) : 0.0f;
         for (int64_t j = lo; j < hi; ++j) {
           s[static_cast<size_t>(j)] = std::exp(s[static_cast<size_t>(j)] - mx);

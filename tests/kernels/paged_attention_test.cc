@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -299,6 +301,35 @@ TEST(PagedAttention, FusedEdgeShapes) {
   c.Hkv = 1;
   c.max_len = 90;
   check_case(c, 19, "fused");
+}
+
+// A NaN key reaches exactly the rows that see it, in every paged kernel, including a row whose
+// only visible key it is (window 1: each decode row sees its own position), where a max that
+// drops the NaN would leave the row at zeros.
+TEST(PagedAttention, NaNKeyPoisonsExactlyTheRowsThatSeeIt) {
+  for (const std::string& kernel : paged_attention_kernel_names())
+    for (int64_t window : {1, 0}) {
+      PCase c;
+      c.B = 2;
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.window = window;
+      Paged p = make_paged(c, 11);
+      const int64_t last = p.len[0] - 1;  // sequence 0's newest key, KV head 1
+      float* k = p.kpool.view().ptr_as<float>(p.indices[static_cast<size_t>(last / c.page)], 1,
+                                              last % c.page);
+      k[3] = std::numeric_limits<float>::quiet_NaN();
+      paged_attention(kernel, p.args, p.opts);
+      for (int64_t b = 0; b < c.B; ++b) {
+        const TensorView got = seq_view(p, p.obuf, b);
+        for (int64_t h = 0; h < c.Hq; ++h) {
+          const bool sees = b == 0 && h / (c.Hq / c.Hkv) == 1;
+          for (int64_t e = 0; e < c.D; ++e)
+            ASSERT_EQ(std::isnan(got.ptr_as<const float>(0, h, 0)[e]), sees)
+                << kernel << " window " << window << " sequence " << b << " head " << h;
+        }
+      }
+    }
 }
 
 TEST(PagedAttention, BadTablesThrow) {
