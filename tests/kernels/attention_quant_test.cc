@@ -503,19 +503,20 @@ TEST(QuantizedAttention, PerTokenSchemes) {
 }
 
 TEST(QuantizedAttention, PrefillCausalAcrossBlocksAndResidual) {
-  for (DType res : {DType::kF32, DType::kF16, DType::kBF16}) {
-    QCase c;
-    c.Hq = 8;
-    c.Hkv = 2;
-    c.D = 64;
-    c.G = 32;
-    c.n_blocks = 4;
-    c.n_res = 70;  // two residual tiles, the second partial
-    c.Sq = 45;     // queries cover the residual and the last block: partial tiles
-    c.res = res;
-    c.bits = res == DType::kF16 ? 2 : 4;
-    check(c);
-  }
+  for (DType res : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int bits : {2, 4, 8}) {
+      QCase c;
+      c.Hq = 8;
+      c.Hkv = 2;
+      c.D = 64;
+      c.G = 32;
+      c.n_blocks = 4;
+      c.n_res = 70;  // two residual tiles, the second partial
+      c.Sq = 45;     // queries cover the residual and the last block: partial tiles
+      c.res = res;
+      c.bits = bits;
+      check(c);
+    }
 }
 
 TEST(QuantizedAttention, SlidingAndChunkedWithOffset) {
