@@ -58,6 +58,10 @@ DType parse_dtype(std::string_view name);
 using f16_t = uint16_t;   // IEEE 754 binary16 bits
 using bf16_t = uint16_t;  // bfloat16 bits
 
+// binary16's positive quiet NaN: the scale a poisoned quantization block holds (a KIVI group or
+// a q8_0 / q4_0 block with a NaN or an infinity in it, kernels/kv_quant.h).
+inline constexpr f16_t kF16QuietNaN = 0x7e00u;
+
 f16_t f32_to_f16(float f);
 float f16_to_f32(f16_t h);
 

@@ -22,7 +22,6 @@ namespace kvcache {
 namespace {
 
 constexpr float kF16Max = 65504.0f;
-constexpr f16_t kF16NaN = 0x7e00u;  // the quiet NaN a poisoned group's scale and zero hold
 
 // The next f16 towards -inf from h (h finite, not the most negative value).
 f16_t f16_next_down(f16_t h) {
@@ -47,7 +46,7 @@ struct GroupQuant {
   GroupQuant(float lo, float hi, int bits) : qmax((1u << bits) - 1u) {
     if (std::isnan(lo) || std::isnan(hi)) {
       poisoned = true;
-      scale16 = zero16 = kF16NaN;
+      scale16 = zero16 = kF16QuietNaN;
       scale = zero = std::numeric_limits<float>::quiet_NaN();
       return;
     }
@@ -290,7 +289,7 @@ void quant_many(int64_t n, const float* lo, const float* hi, int bits, f16_t* s1
     const __m256 bad = _mm256_cmp_ps(_mm256_loadu_ps(lo + i), z, _CMP_UNORD_Q);
     const __m128i bad16 = _mm_packs_epi32(_mm_castps_si128(_mm256_castps256_ps128(bad)),
                                           _mm_castps_si128(_mm256_extractf128_ps(bad, 1)));
-    const __m128i nan16 = _mm_set1_epi16(static_cast<int16_t>(kF16NaN));
+    const __m128i nan16 = _mm_set1_epi16(static_cast<int16_t>(kF16QuietNaN));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(z16 + i), _mm_blendv_epi8(zh, nan16, bad16));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(s16 + i), _mm_blendv_epi8(sh, nan16, bad16));
     _mm256_storeu_ps(zero + i, _mm256_blendv_ps(zf, _mm256_set1_ps(NAN), bad));
@@ -444,7 +443,7 @@ void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t k) {
       nf += x[j] * 0.0f;
     }
     if (std::isnan(nf)) {  // poisoned, as a KIVI group: NaN scale, codes 0
-      dst[i].d = kF16NaN;
+      dst[i].d = kF16QuietNaN;
       std::fill(std::begin(dst[i].qs), std::end(dst[i].qs), uint8_t{0});
       continue;
     }

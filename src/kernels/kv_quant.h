@@ -107,9 +107,9 @@ struct KiviBlockParams {
 
 // keys: [G, D] f32 rows (row stride ld floats) -> one key block. Per channel over the G tokens.
 // A group (a key channel, a token's value group) that holds a NaN or an infinity is poisoned:
-// its f16 scale and zero are NaN (0x7e00) and its codes 0, so it dequantizes to NaN and attention
-// over it returns NaN instead of finite values from clamped or dropped inputs. Finite values
-// beyond the f16 range are clamped to +-65504.
+// its f16 scale and zero are NaN (kF16QuietNaN) and its codes 0, so it dequantizes to NaN and
+// attention over it returns NaN instead of finite values from clamped or dropped inputs. Finite
+// values beyond the f16 range are clamped to +-65504.
 void kivi_quantize_keys(const float* keys, int64_t ld, const KiviBlockParams& p, std::byte* block);
 // values: [G, D] f32 rows -> one value block. Per token over groups of v_group channels.
 void kivi_quantize_values(const float* values, int64_t ld, const KiviBlockParams& p,

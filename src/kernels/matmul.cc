@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/prefetch.h"
 #include "core/thread_pool.h"
@@ -761,7 +762,7 @@ void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t k) {
       nf += x[j] * 0.0f;  // NaN from a NaN or an infinity on
     }
     if (std::isnan(nf)) {  // poisoned, as a KIVI group (kv_quant.h): NaN scale, codes 0
-      dst[i].d = 0x7e00u;
+      dst[i].d = kF16QuietNaN;
       std::fill(std::begin(dst[i].qs), std::end(dst[i].qs), int8_t{0});
       continue;
     }
