@@ -97,6 +97,9 @@ BENCHMARK_CAPTURE(BM_Gemv, q8_0, DType::kQ8_0)->Apply(shapes);
 // from memory as in `kvcache bench`. bytes_per_second is W read; BM_GemvStepReadBandwidth's
 // read_bytes_per_second is `kvcache bench`'s read probe over as many bytes, same threads, so
 // the ratio of the two is the GEMV's fraction of the read bandwidth inside a model step.
+// The argument is the rows of x: 1 (one sequence) or 16 (a batched step, compute-bound:
+// items_per_second is its multiply-adds, to hold against the FMA peak, BM_FmaPeak's 16 lanes x 2
+// flops per FMA).
 struct StepWeights {
   struct Layer {
     std::vector<std::byte> q, k, v, o, gate, up, down;
@@ -130,18 +133,25 @@ const StepWeights& step_weights() {
 
 void BM_GemvStep(benchmark::State& state) {
   const StepWeights& w = step_weights();
-  std::vector<float> x(kFfn, 0.25f), q(kDim), k(kKv), v(kKv), o(kDim), g(kFfn), u(kFfn),
-      logits(kVocab);
-  auto params = [](const std::vector<std::byte>& wb, int64_t n, int64_t kk, const float* xs,
-                   float* y) {
+  const int64_t m = state.range(0);  // rows of x: sequences decoded together
+  // Activations as the model keeps them: Tensor buffers, 64-byte aligned.
+  auto buf = [m](int64_t n) {
+    Tensor t = Tensor::empty(DType::kF32, Shape{m, n});
+    std::fill_n(t.data_as<float>(), m * n, 0.25f);
+    return t;
+  };
+  Tensor x = buf(kFfn), q = buf(kDim), k = buf(kKv), v = buf(kKv), o = buf(kDim), g = buf(kFfn),
+         u = buf(kFfn), logits = buf(kVocab);
+  auto params = [m](const std::vector<std::byte>& wb, int64_t n, int64_t kk, Tensor& xs,
+                    Tensor& y) {
     MatmulParams p;
-    p.x = xs;
+    p.x = xs.data_as<float>();
     p.ldx = kk;
     p.w = wb.data();
     p.w_dtype = DType::kF16;
-    p.y = y;
+    p.y = y.data_as<float>();
     p.ldy = n;
-    p.m = 1;
+    p.m = m;
     p.n = n;
     p.k = kk;
     p.allow_blas = false;
@@ -149,20 +159,20 @@ void BM_GemvStep(benchmark::State& state) {
   };
   for (auto _ : state) {
     for (const StepWeights::Layer& l : w.layers) {
-      const MatmulParams qkv[3] = {params(l.q, kDim, kDim, x.data(), q.data()),
-                                   params(l.k, kKv, kDim, x.data(), k.data()),
-                                   params(l.v, kKv, kDim, x.data(), v.data())};
+      const MatmulParams qkv[3] = {params(l.q, kDim, kDim, x, q), params(l.k, kKv, kDim, x, k),
+                                   params(l.v, kKv, kDim, x, v)};
       matmul_group(qkv);
-      matmul(params(l.o, kDim, kDim, q.data(), o.data()));
-      const MatmulParams gu[2] = {params(l.gate, kFfn, kDim, o.data(), g.data()),
-                                  params(l.up, kFfn, kDim, o.data(), u.data())};
+      matmul(params(l.o, kDim, kDim, q, o));
+      const MatmulParams gu[2] = {params(l.gate, kFfn, kDim, o, g), params(l.up, kFfn, kDim, o, u)};
       matmul_group(gu);
-      matmul(params(l.down, kDim, kFfn, g.data(), o.data()));
+      matmul(params(l.down, kDim, kFfn, g, o));
     }
-    matmul(params(w.head, kVocab, kDim, o.data(), logits.data()));
-    benchmark::DoNotOptimize(logits.data());
+    matmul(params(w.head, kVocab, kDim, o, logits));
+    benchmark::DoNotOptimize(logits.data_as<float>());
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.bytes));
+  // Multiply-adds: W's elements (f16, 2 bytes) times the rows of x.
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(w.bytes) / 2 * m);
   state.counters["threads"] = default_pool().n_threads();
 }
 
@@ -228,7 +238,7 @@ BENCHMARK_TEMPLATE(BM_ReadRows, 1)->UseRealTime()->Unit(benchmark::kMillisecond)
 BENCHMARK_TEMPLATE(BM_ReadRows, 8)->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
 
-BENCHMARK(BM_GemvStep)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(BM_GemvStep)->Arg(1)->Arg(16)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
 BENCHMARK(BM_GemvStepReadBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 
 }  // namespace

@@ -174,6 +174,35 @@ inline __m256 fold16(__m512 a0, __m512 a1) {
   const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
   return _mm256_add_ps(_mm512_castps512_ps256(s), hi);
 }
+// out[o] = hsum(fold16(a0[o], a1[o])) for the 8 outputs o = v * R + i of a tile, bit for bit,
+// in 34 vector instructions and no scalar work: each level adds the same pairs of lanes as
+// fold16 and hsum, for 2, 4 and then 8 outputs side by side. s_o = a0 + a1; level A adds lanes
+// l and l + 8 of two outputs at once ([f_o | f_o'], fold16's halves); level B lanes l and l + 4
+// of four outputs (hsum's lo + hi); levels C and D hsum's pairwise sums (y0 + y1) + (y2 + y3).
+// After D, lane 4 b holds output b's total and lane 4 b + 1 output 4 + b's. Against 8 fold16s,
+// hsum_n's stores and scalar moves: a 16-row decode step's linears (bench_gemv BM_GemvStep/16,
+// 4 alternated runs on a Zen 5 VM) 1.06x, where a tile at K = 768 spends ~24 FMA steps per
+// epilogue and the epilogue was a quarter of the tile's time.
+template <int NW, int R>
+inline void fold8(const __m512 (&a0)[NW][R], const __m512 (&a1)[NW][R], float* out) {
+  static_assert(NW * R == 8);
+  __m512 sv[8];
+  for (int v = 0; v < NW; ++v)
+    for (int i = 0; i < R; ++i) sv[v * R + i] = _mm512_add_ps(a0[v][i], a1[v][i]);
+  __m512 f[4], y[2];
+  for (int p = 0; p < 4; ++p)
+    f[p] = _mm512_add_ps(_mm512_shuffle_f32x4(sv[2 * p], sv[2 * p + 1], 0x44),
+                         _mm512_shuffle_f32x4(sv[2 * p], sv[2 * p + 1], 0xEE));
+  for (int p = 0; p < 2; ++p)
+    y[p] = _mm512_add_ps(_mm512_shuffle_f32x4(f[2 * p], f[2 * p + 1], 0x88),
+                         _mm512_shuffle_f32x4(f[2 * p], f[2 * p + 1], 0xDD));
+  const __m512 z =
+      _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(z, z, 0x88), _mm512_shuffle_ps(z, z, 0xDD));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  _mm256_storeu_ps(out, _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, t)));
+}
+
 // The outputs of R x rows times NW W rows (row stride ldw), each with the arithmetic above, so
 // a result has the same bits whatever the tile. pf: prefetch while walking K, linear (the W
 // bytes from pf on, one row's stretch per step: the one-row GEMV) or the same columns of the
@@ -226,8 +255,17 @@ void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
                             _mm512_zextps256_ps512(_mm256_loadu_ps(x + i * ldx + j)), a1[v][i]);
     j += 8;
   }
-  // The horizontal sums 8 (then 4) outputs at a time: hsum_n, hsum's bits.
   constexpr int kN = NW * R;
+  if constexpr (kN == 8) {
+    if (j == k) {  // no scalar tail: the 8 sums as one transposing reduction (fold8)
+      float h[kN];
+      fold8(a0, a1, h);
+      for (int v = 0; v < NW; ++v)
+        for (int i = 0; i < R; ++i) s[v][i] = h[v * R + i];
+      return;
+    }
+  }
+  // The horizontal sums 8 (then 4) outputs at a time: hsum_n, hsum's bits.
   __m256 f[kN];
   for (int v = 0; v < NW; ++v)
     for (int i = 0; i < R; ++i) f[v * R + i] = fold16(a0[v][i], a1[v][i]);
@@ -553,7 +591,7 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* x
     // AVX-512: one row at a time (its two 16-lane chains are enough to outrun memory), so
     // each thread reads W as one sequential stream, prefetched kGemvSeqPrefetchBytes ahead; the
     // 8-row tiles below streamed W at 0.58-0.73 of `kvcache bench`'s read probe, this at
-    // 0.71-0.87 (bench_gemv BM_GemvStep; docs/architecture.md, "Speed against the machine's
+    // 0.71-0.87 (bench_gemv BM_GemvStep/1; docs/architecture.md, "Speed against the machine's
     // limits").
     if (p.k < kGemvSeqMinK) {
       for (; r + kRowTileW <= r1; r += kRowTileW) {
@@ -637,7 +675,7 @@ void gemv_rows(const MatmulParams& p, int64_t r0, int64_t r1, const std::byte* x
 // its tiles), so long blocks stream W better, and the small last ones keep the tail short and
 // balance a thread slowed by a neighbour (a decode step runs ~50 loops). Before, equal blocks of
 // about 1 / (8 nt) (48 rows, 72 KiB of a 768-row f16 product) left most of each block unprefetched:
-// on a 2-vCPU Zen 5, one step's linears of the 125M model (bench_gemv BM_GemvStep) ran 12-25%
+// on a 2-vCPU Zen 5, one step's linears of the 125M model (bench_gemv BM_GemvStep/1) ran 12-25%
 // faster guided, and tg64
 // (`kvcache bench --no-mmap`) 1.03-1.08x in 4 of 4 alternated pairs, with the threads' waits
 // at the loops' ends halved (~650 to ~350 us a token).
