@@ -32,11 +32,14 @@ void BM_Gemv(benchmark::State& state, DType t) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   std::mt19937 rng(7);
   std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(m * k)), wf(static_cast<size_t>(n * k)),
-      y(static_cast<size_t>(m * n));
-  for (float& v : x) v = d(rng);
+  // x and W in Tensor-aligned buffers (64 bytes), as the model keeps them: from a std::vector
+  // (16-byte aligned) a 64-byte load of x can straddle two cache lines, two loads' cost.
+  std::vector<float> wf(static_cast<size_t>(n * k)), y(static_cast<size_t>(m * n));
+  Tensor xt = Tensor::empty(DType::kF32, Shape{m, k});
+  float* x = xt.data_as<float>();
+  for (int64_t i = 0; i < m * k; ++i) x[i] = d(rng);
   for (float& v : wf) v = d(rng);
-  std::vector<std::byte> w(dtype_bytes(t, n * k));
+  ByteBuffer w(dtype_bytes(t, n * k));
   for (int64_t r = 0; r < n; ++r) {
     const float* src = wf.data() + r * k;
     std::byte* dst = w.data() + static_cast<size_t>(r) * dtype_bytes(t, k);
@@ -51,7 +54,7 @@ void BM_Gemv(benchmark::State& state, DType t) {
   }
   ThreadPool pool(1);
   MatmulParams p;
-  p.x = x.data();
+  p.x = x;
   p.ldx = k;
   p.w = w.data();
   p.w_dtype = t;
