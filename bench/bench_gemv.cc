@@ -96,7 +96,8 @@ BENCHMARK_CAPTURE(BM_Gemv, q8_0, DType::kQ8_0)->Apply(shapes);
 
 // One decode step's linears of the 125M llama (dim 768, 12 layers, 4 of 12 heads for K/V,
 // ffn 2048, vocab 32000; f16, 238 MiB of W): Q/K/V and gate/up as matmul_group's grouped loops,
-// as the model runs them, on all the pool's threads, every matrix its own buffer, so W streams
+// as the model runs them, on all the pool's threads, every matrix its own buffer (ByteBuffer:
+// allocate_large, huge pages advised for the large ones, as the model's tensors), so W streams
 // from memory as in `kvcache bench`. bytes_per_second is W read; BM_GemvStepReadBandwidth's
 // read_bytes_per_second is `kvcache bench`'s read probe over as many bytes, same threads, so
 // the ratio of the two is the GEMV's fraction of the read bandwidth inside a model step.
@@ -105,10 +106,10 @@ BENCHMARK_CAPTURE(BM_Gemv, q8_0, DType::kQ8_0)->Apply(shapes);
 // flops per FMA).
 struct StepWeights {
   struct Layer {
-    std::vector<std::byte> q, k, v, o, gate, up, down;
+    ByteBuffer q, k, v, o, gate, up, down;
   };
   std::vector<Layer> layers;
-  std::vector<std::byte> head;
+  ByteBuffer head;
   size_t bytes = 0;
 };
 constexpr int64_t kDim = 768, kKv = 256, kFfn = 2048, kVocab = 32000, kLayers = 12;
@@ -118,7 +119,7 @@ const StepWeights& step_weights() {
     StepWeights s;
     std::mt19937 rng(11);
     auto make = [&](int64_t n, int64_t k) {
-      std::vector<std::byte> b(dtype_bytes(DType::kF16, n * k));
+      ByteBuffer b(dtype_bytes(DType::kF16, n * k));
       auto* h = reinterpret_cast<f16_t*>(b.data());
       for (int64_t i = 0; i < n * k; ++i)
         h[i] = f32_to_f16(static_cast<float>(rng() % 64) / 64 - 0.5f);
@@ -145,7 +146,7 @@ void BM_GemvStep(benchmark::State& state) {
   };
   Tensor x = buf(kFfn), q = buf(kDim), k = buf(kKv), v = buf(kKv), o = buf(kDim), g = buf(kFfn),
          u = buf(kFfn), logits = buf(kVocab);
-  auto params = [m](const std::vector<std::byte>& wb, int64_t n, int64_t kk, Tensor& xs,
+  auto params = [m](const ByteBuffer& wb, int64_t n, int64_t kk, Tensor& xs,
                     Tensor& y) {
     MatmulParams p;
     p.x = xs.data_as<float>();
