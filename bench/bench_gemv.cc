@@ -146,8 +146,7 @@ void BM_GemvStep(benchmark::State& state) {
   };
   Tensor x = buf(kFfn), q = buf(kDim), k = buf(kKv), v = buf(kKv), o = buf(kDim), g = buf(kFfn),
          u = buf(kFfn), logits = buf(kVocab);
-  auto params = [m](const ByteBuffer& wb, int64_t n, int64_t kk, Tensor& xs,
-                    Tensor& y) {
+  auto params = [m](const ByteBuffer& wb, int64_t n, int64_t kk, Tensor& xs, Tensor& y) {
     MatmulParams p;
     p.x = xs.data_as<float>();
     p.ldx = kk;
