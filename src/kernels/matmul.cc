@@ -206,8 +206,10 @@ inline void fold8(const __m512 (&a0)[NW][R], const __m512 (&a1)[NW][R], float* o
 // The outputs of R x rows times NW W rows (row stride ldw), each with the arithmetic above, so
 // a result has the same bits whatever the tile. pf: prefetch while walking K, linear (the W
 // bytes from pf on, one row's stretch per step: the one-row GEMV) or the same columns of the
-// next tile's rows (pf = w + NW rows).
-template <int R, int NW, DType D, typename T = typename Lanes16<D>::T>
+// next tile's rows (pf = w + NW rows). Whole: k is a multiple of 32 (no tails), so a 4 x 2
+// tile's accumulators go from the loop to fold8 in registers (with the tails' code after the
+// loop GCC kept them in memory: a quarter of the tile's instructions were spills and reloads).
+template <int R, int NW, DType D, bool Whole = false, typename T = typename Lanes16<D>::T>
 void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
                 const std::byte* pf, bool pf_linear, float (&s)[NW][R]) {
   __m512 a0[NW][R], a1[NW][R];
@@ -240,6 +242,11 @@ void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
       }
     }
   }
+  constexpr int kN = NW * R;
+  if constexpr (Whole && kN == 8) {
+    fold8(a0, a1, &s[0][0]);  // s[v][i] is output v * R + i
+    return;
+  }
   if (j + 16 <= k) {
     for (int v = 0; v < NW; ++v)
       for (int i = 0; i < R; ++i)
@@ -255,7 +262,6 @@ void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
                             _mm512_zextps256_ps512(_mm256_loadu_ps(x + i * ldx + j)), a1[v][i]);
     j += 8;
   }
-  constexpr int kN = NW * R;
   if constexpr (kN == 8) {
     if (j == k) {  // no scalar tail: the 8 sums as one transposing reduction (fold8)
       float h[kN];
@@ -462,6 +468,18 @@ void validate(const MatmulParams& p) {
 int g_blas_threads = -1;
 
 #ifdef KVCACHE_MATMUL_AVX2
+#ifdef KVCACHE_MATMUL_AVX512
+// dot_tile16 over p's x rows from x and W rows from w, Whole where K allows (4 x 2 tiles).
+template <int R, int NW, DType D, typename T>
+void tile16(const T* w, const MatmulParams& p, const float* x, const std::byte* pf, bool linear,
+            float (&s)[NW][R]) {
+  if (R * NW == 8 && p.k % 32 == 0)
+    dot_tile16<R, NW, D, true>(w, p.k, x, p.ldx, p.k, pf, linear, s);
+  else
+    dot_tile16<R, NW, D>(w, p.k, x, p.ldx, p.k, pf, linear, s);
+}
+#endif
+
 // Tile of the GEMV: y[i .. i+R, r .. r+NW] (+ bias) = dot_row's value for each. rb: W's row
 // bytes; pf_bytes > 0: prefetch from w + pf_bytes while computing, linearly (the contiguous W
 // ahead, one-row GEMV) or at the next tile's rows (dot_tile's pf_linear).
@@ -477,16 +495,13 @@ void gemv_tile(const MatmulParams& p, size_t rb, int64_t r, int64_t i, size_t pf
     // inlined, which would cost a call per 8-element chunk. AVX-512 builds: dot_tile16.
 #ifdef KVCACHE_MATMUL_AVX512
     case DType::kF32:
-      dot_tile16<R, NW, DType::kF32>(reinterpret_cast<const float*>(w), p.k, x, p.ldx, p.k, pf,
-                                     linear, s);
+      tile16<R, NW, DType::kF32>(reinterpret_cast<const float*>(w), p, x, pf, linear, s);
       break;
     case DType::kF16:
-      dot_tile16<R, NW, DType::kF16>(reinterpret_cast<const f16_t*>(w), p.k, x, p.ldx, p.k, pf,
-                                     linear, s);
+      tile16<R, NW, DType::kF16>(reinterpret_cast<const f16_t*>(w), p, x, pf, linear, s);
       break;
     case DType::kBF16:
-      dot_tile16<R, NW, DType::kBF16>(reinterpret_cast<const bf16_t*>(w), p.k, x, p.ldx, p.k, pf,
-                                      linear, s);
+      tile16<R, NW, DType::kBF16>(reinterpret_cast<const bf16_t*>(w), p, x, pf, linear, s);
       break;
 #else
     case DType::kF32:
