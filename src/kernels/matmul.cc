@@ -206,9 +206,9 @@ inline void fold8(const __m512 (&a0)[NW][R], const __m512 (&a1)[NW][R], float* o
 // The outputs of R x rows times NW W rows (row stride ldw), each with the arithmetic above, so
 // a result has the same bits whatever the tile. pf: prefetch while walking K, linear (the W
 // bytes from pf on, one row's stretch per step: the one-row GEMV) or the same columns of the
-// next tile's rows (pf = w + NW rows). Whole: k is a multiple of 32 (no tails), so a 4 x 2
-// tile's accumulators go from the loop to fold8 in registers (with the tails' code after the
-// loop GCC kept them in memory: a quarter of the tile's instructions were spills and reloads).
+// next tile's rows (pf = w + NW rows). Whole: k is a multiple of 32 (no tails), so the
+// accumulators go from the loop to the sums in registers (with the tails' code after the loop
+// GCC kept a 4 x 2 tile's in memory: a quarter of its instructions were spills and reloads).
 template <int R, int NW, DType D, bool Whole = false, typename T = typename Lanes16<D>::T>
 void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
                 const std::byte* pf, bool pf_linear, float (&s)[NW][R]) {
@@ -247,14 +247,14 @@ void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
     fold8(a0, a1, &s[0][0]);  // s[v][i] is output v * R + i
     return;
   }
-  if (j + 16 <= k) {
+  if (!Whole && j + 16 <= k) {
     for (int v = 0; v < NW; ++v)
       for (int i = 0; i < R; ++i)
         a0[v][i] = _mm512_fmadd_ps(Lanes16<D>::load16(w + v * ldw + j),
                                    _mm512_loadu_ps(x + i * ldx + j), a0[v][i]);
     j += 16;
   }
-  if (j + 8 <= k) {
+  if (!Whole && j + 8 <= k) {
     for (int v = 0; v < NW; ++v)
       for (int i = 0; i < R; ++i)
         a1[v][i] =
@@ -280,7 +280,9 @@ void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
   for (int v = 0; v < NW; ++v)
     for (int i = 0; i < R; ++i) {
       float t = h[v * R + i];
-      for (int64_t jj = j; jj < k; ++jj) t += Lanes16<D>::widen(w[v * ldw + jj]) * x[i * ldx + jj];
+      if constexpr (!Whole)
+        for (int64_t jj = j; jj < k; ++jj)
+          t += Lanes16<D>::widen(w[v * ldw + jj]) * x[i * ldx + jj];
       s[v][i] = t;
     }
 }
@@ -469,11 +471,11 @@ int g_blas_threads = -1;
 
 #ifdef KVCACHE_MATMUL_AVX2
 #ifdef KVCACHE_MATMUL_AVX512
-// dot_tile16 over p's x rows from x and W rows from w, Whole where K allows (4 x 2 tiles).
+// dot_tile16 over p's x rows from x and W rows from w, Whole where K allows.
 template <int R, int NW, DType D, typename T>
 void tile16(const T* w, const MatmulParams& p, const float* x, const std::byte* pf, bool linear,
             float (&s)[NW][R]) {
-  if (R * NW == 8 && p.k % 32 == 0)
+  if (p.k % 32 == 0)
     dot_tile16<R, NW, D, true>(w, p.k, x, p.ldx, p.k, pf, linear, s);
   else
     dot_tile16<R, NW, D>(w, p.k, x, p.ldx, p.k, pf, linear, s);
