@@ -208,7 +208,7 @@ inline void fold8(const __m512 (&a0)[NW][R], const __m512 (&a1)[NW][R], float* o
 // bytes from pf on, one row's stretch per step: the one-row GEMV) or the same columns of the
 // next tile's rows (pf = w + NW rows). Whole: k is a multiple of 32 (no tails), so the
 // accumulators go from the loop to the sums in registers (with the tails' code after the loop
-// GCC kept a 4 x 2 tile's in memory: a quarter of its instructions were spills and reloads).
+// GCC kept a 4 x 2 tile's in memory: a third of its instructions were spills and reloads).
 template <int R, int NW, DType D, bool Whole = false, typename T = typename Lanes16<D>::T>
 void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
                 const std::byte* pf, bool pf_linear, float (&s)[NW][R]) {
