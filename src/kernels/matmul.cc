@@ -242,11 +242,6 @@ void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
       }
     }
   }
-  constexpr int kN = NW * R;
-  if constexpr (Whole && kN == 8) {
-    fold8(a0, a1, &s[0][0]);  // s[v][i] is output v * R + i
-    return;
-  }
   if (!Whole && j + 16 <= k) {
     for (int v = 0; v < NW; ++v)
       for (int i = 0; i < R; ++i)
@@ -262,12 +257,10 @@ void dot_tile16(const T* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
                             _mm512_zextps256_ps512(_mm256_loadu_ps(x + i * ldx + j)), a1[v][i]);
     j += 8;
   }
+  constexpr int kN = NW * R;
   if constexpr (kN == 8) {
-    if (j == k) {  // no scalar tail: the 8 sums as one transposing reduction (fold8)
-      float h[kN];
-      fold8(a0, a1, h);
-      for (int v = 0; v < NW; ++v)
-        for (int i = 0; i < R; ++i) s[v][i] = h[v * R + i];
+    if (Whole || j == k) {      // no scalar tail: the 8 sums as one transposing reduction
+      fold8(a0, a1, &s[0][0]);  // s[v][i] is output v * R + i
       return;
     }
   }
