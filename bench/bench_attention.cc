@@ -417,20 +417,18 @@ void register_quantized() {
   // The 125M GGUF's shape at row 23's depth: f16 (registered beside the others) against KIVI;
   // and cache-resident at 2,048 keys (one copy read again and again): the kernels' compute time.
   for (const Format& f :
-       {Format{"q8", KVQuantScheme::kKivi, 8}, Format{"q4", KVQuantScheme::kKivi, 4}}) {
-    benchmark::RegisterBenchmark(
-        (std::string("BM_DecodeAttention125M/") + f.name + "/16384").c_str(),
-        BM_DecodeAttentionQuant, kModel125M, f.scheme, f.bits, int64_t{16384}, false)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->MinTime(0.5);
-    benchmark::RegisterBenchmark(
-        (std::string("BM_DecodeAttention125MHot/") + f.name + "/2048").c_str(),
-        BM_DecodeAttentionQuant, kModel125M, f.scheme, f.bits, int64_t{2048}, true)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->MinTime(0.5);
-  }
+       {Format{"q8", KVQuantScheme::kKivi, 8}, Format{"q4", KVQuantScheme::kKivi, 4}})
+    for (const bool hot : {false, true}) {
+      const int64_t len = hot ? 2048 : 16384;
+      benchmark::RegisterBenchmark(
+          (std::string(hot ? "BM_DecodeAttention125MHot/" : "BM_DecodeAttention125M/") + f.name +
+           "/" + std::to_string(len))
+              .c_str(),
+          BM_DecodeAttentionQuant, kModel125M, f.scheme, f.bits, len, hot)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.5);
+    }
 }
 
 // ---- prefill: q_len = kv_len = 2048, causal, 8 query heads over 2 KV heads, D = 128 ----
