@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -82,6 +83,7 @@ Sampler::Sampler(const SamplerParams& params, int64_t vocab_size)
   validate_sampler_params(params);
   work_.resize(static_cast<size_t>(vocab_size));
   cand_.reserve(static_cast<size_t>(vocab_size));
+  weight_.resize(static_cast<size_t>(vocab_size));
   seen_.assign(static_cast<size_t>(vocab_size), 0);
 }
 
@@ -105,6 +107,9 @@ void Sampler::penalise(std::span<const float> logits, std::span<const int32_t> h
                     "file, an overflow, or NaN keys or values in the cache); no token is sampled "
                     "from them");
   }
+  if (max_value(logits.data(), vocab_) == -std::numeric_limits<float>::infinity())
+    throw Error(ErrorKind::kInvalidArgument,
+                "sampler: every logit is -inf (every token is masked); no token can be sampled");
   std::copy(logits.begin(), logits.end(), work_.begin());
   if (params_.repeat_penalty != 1.0f && !history.empty()) {
     const size_t n = params_.repeat_last_n < 0
@@ -122,65 +127,169 @@ void Sampler::penalise(std::span<const float> logits, std::span<const int32_t> h
   }
 }
 
+namespace {
+
+// The rank order of the filters: higher logit first, the lower id first on ties. (A lambda, not
+// a function: std::sort inlines a closure's call, a function pointer it calls per comparison.)
+constexpr auto ranks_before = [](const std::pair<float, int32_t>& a,
+                                 const std::pair<float, int32_t>& b) {
+  return a.first > b.first || (a.first == b.first && a.second < b.second);
+};
+
+}  // namespace
+
 float Sampler::survivors() {
-  // Candidates sorted by logit, descending (ties: lower id first, for determinism).
+  const float* w = work_.data();
+  const float mx = max_value(w, vocab_);  // finite: penalise() refused the rest
   cand_.clear();
-  for (int64_t i = 0; i < vocab_; ++i)
-    cand_.emplace_back(work_[static_cast<size_t>(i)], static_cast<int32_t>(i));
-  auto desc = [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  size_t keep = cand_.size();
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
-    keep = static_cast<size_t>(params_.top_k);
-    std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep), cand_.end(),
-                      desc);
-    cand_.resize(keep);
-  } else {
-    std::sort(cand_.begin(), cand_.end(), desc);
+  const bool top_k = params_.top_k > 0 && params_.top_k < vocab_;
+  if (!top_k && params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
+    all_ = true;  // nothing to cut: the draw reads work_ by id, no list and no sort
+    return mx;
   }
-  // Untempered probabilities of the survivors for top-p and min-p.
-  const float mx = cand_[0].first;
-  double sum = 0.0;
-  for (const auto& c : cand_) sum += std::exp(static_cast<double>(c.first - mx));
-  if (params_.top_p < 1.0f) {
-    double cum = 0.0;
-    size_t n = 0;
-    while (n < cand_.size()) {
-      cum += std::exp(static_cast<double>(cand_[n].first - mx)) / sum;
-      ++n;
-      if (cum >= params_.top_p) break;
+  all_ = false;
+  const auto mass = [mx](float l) { return std::exp(static_cast<double>(l - mx)); };
+  if (top_k) {
+    top_k_best(params_.top_k);
+    if (params_.top_p < 1.0f) {  // the smallest rank prefix of the k holding top_p of their mass
+      double sum = 0.0;
+      for (const auto& c : cand_) sum += mass(c.first);
+      const double target = static_cast<double>(params_.top_p) * sum;
+      double cum = 0.0;
+      size_t n = 0;
+      while (n < cand_.size()) {
+        cum += mass(cand_[n].first);
+        ++n;
+        if (cum >= target) break;
+      }
+      cand_.resize(n);
     }
-    cand_.resize(n);
+  } else if (params_.top_p < 1.0f) {
+    top_p_over_vocabulary(mx);
+  } else {
+    for (int64_t i = 0; i < vocab_; ++i) cand_.emplace_back(w[i], static_cast<int32_t>(i));
   }
   if (params_.min_p > 0.0f) {
-    // p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p)
+    // p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p); the best token always stays.
     const float cut = mx + std::log(params_.min_p);
-    size_t n = 1;
-    while (n < cand_.size() && cand_[n].first >= cut) ++n;
-    cand_.resize(n);
+    std::erase_if(cand_, [&](const std::pair<float, int32_t>& c) { return c.first < cut; });
   }
   return mx;
+}
+
+void Sampler::top_k_best(int64_t k) {
+  // The k best in one pass: a heap of the k best so far whose front is the worst of them. A
+  // later id never wins a tie, so only a logit above the front's enters; a block of 16 logits
+  // none of which does is passed over with one vector compare.
+  using V16 = float __attribute__((vector_size(64)));
+  const float* w = work_.data();
+  cand_.clear();
+  for (int64_t i = 0; i < k; ++i) cand_.emplace_back(w[i], static_cast<int32_t>(i));
+  std::make_heap(cand_.begin(), cand_.end(), ranks_before);
+  const auto offer = [&](int64_t i) {
+    if (!(w[i] > cand_.front().first)) return;
+    std::pop_heap(cand_.begin(), cand_.end(), ranks_before);
+    cand_.back() = {w[i], static_cast<int32_t>(i)};
+    std::push_heap(cand_.begin(), cand_.end(), ranks_before);
+  };
+  int64_t i = k;
+  for (; i + 16 <= vocab_; i += 16) {
+    V16 v;
+    std::memcpy(&v, w + i, sizeof v);
+    const V16 floor = v - v + cand_.front().first;  // the front's logit in every lane
+    bool any = false;
+    for (int j = 0; j < 16; ++j) any |= v[j] > floor[j];
+    if (!any) continue;
+    for (int64_t j = i; j < i + 16; ++j) offer(j);
+  }
+  for (; i < vocab_; ++i) offer(i);
+  std::sort_heap(cand_.begin(), cand_.end(), ranks_before);  // best first
+}
+
+void Sampler::top_p_over_vocabulary(float mx) {
+  // The smallest rank prefix of the vocabulary holding top_p of its mass, without ranking the
+  // vocabulary. Tokens go to buckets by how far their logit lies below the max (kBuckets
+  // buckets over kSpan nats, then one for everything further). Bucket order is rank order (the
+  // distance is monotone in the logit), so the buckets above the one where the mass reaches
+  // top_p are kept whole and unranked, and only that bucket's tokens are ranked, to find where
+  // inside it the prefix ends.
+  constexpr int kBuckets = 2048;
+  constexpr float kSpan = 32.0f;  // e^-32: the mass per token below that is ~1e-14 of the max's
+  constexpr float kScale = kBuckets / kSpan;
+  const float* w = work_.data();
+  const auto bucket = [mx](float l) {
+    const float d = mx - l;  // >= 0; +inf for a masked token
+    return d < kSpan ? static_cast<int>(d * kScale) : kBuckets;
+  };
+  bucket_mass_.assign(kBuckets + 1, 0.0);
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab_; ++i) {
+    const double e = std::exp(static_cast<double>(w[i] - mx));
+    sum += e;
+    bucket_mass_[static_cast<size_t>(bucket(w[i]))] += e;
+  }
+  const double target = static_cast<double>(params_.top_p) * sum;
+  double cum = 0.0;
+  int edge = 0;  // the bucket where the mass reaches the target
+  while (edge < kBuckets && cum + bucket_mass_[static_cast<size_t>(edge)] < target)
+    cum += bucket_mass_[static_cast<size_t>(edge++)];
+  for (int64_t i = 0; i < vocab_; ++i)
+    if (bucket(w[i]) < edge) cand_.emplace_back(w[i], static_cast<int32_t>(i));
+  const size_t whole = cand_.size();
+  for (int64_t i = 0; i < vocab_; ++i)
+    if (bucket(w[i]) == edge) cand_.emplace_back(w[i], static_cast<int32_t>(i));
+  std::sort(cand_.begin() + static_cast<std::ptrdiff_t>(whole), cand_.end(), ranks_before);
+  // Inside the edge bucket, in rank order, until the target (or its end: its mass was added in
+  // id order, so the walk may end a rounding short of it).
+  size_t n = whole;
+  while (n < cand_.size()) {
+    cum += std::exp(static_cast<double>(cand_[n].first - mx));
+    ++n;
+    if (cum >= target) break;
+  }
+  cand_.resize(n);
+}
+
+double Sampler::weigh(float mx) {
+  const double t = params_.temperature;
+  double total = 0.0;
+  if (all_) {
+    for (int64_t i = 0; i < vocab_; ++i) {
+      const auto p =
+          static_cast<float>(std::exp(static_cast<double>(work_[static_cast<size_t>(i)] - mx) / t));
+      weight_[static_cast<size_t>(i)] = p;
+      total += p;
+    }
+  } else {
+    for (auto& c : cand_) {
+      c.first = static_cast<float>(std::exp(static_cast<double>(c.first - mx) / t));
+      total += c.first;
+    }
+  }
+  return total;
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   penalise(logits, history);
   if (params_.temperature <= 0.0f) return static_cast<int32_t>(argmax(work_.data(), vocab_));
-  const float mx = survivors();
-  // Temperature, then one draw from the renormalised survivors.
-  double total = 0.0;
-  for (auto& c : cand_) {
-    const double p = std::exp(static_cast<double>(c.first - mx) / params_.temperature);
-    c.first = static_cast<float>(p);
-    total += p;
-  }
+  const double total = weigh(survivors());
+  // One draw: the first survivor (in the order survivors() holds them) whose cumulative weight
+  // passes the coin. The cdf adds the same floats in the same order as the total, so it reaches
+  // the total exactly and the coin (< total) always lands.
   const double coin = static_cast<double>(rng_.next_f32()) * total;
   double cdf = 0.0;
+  if (all_) {
+    for (int64_t i = 0; i < vocab_; ++i) {
+      cdf += weight_[static_cast<size_t>(i)];
+      if (coin < cdf) return static_cast<int32_t>(i);
+    }
+    return static_cast<int32_t>(vocab_ - 1);
+  }
   for (const auto& c : cand_) {
     cdf += c.first;
     if (coin < cdf) return c.second;
   }
-  return cand_.back().second;  // rounding left the coin past the end
+  return cand_.back().second;
 }
 
 void Sampler::probabilities(std::span<const float> logits, std::span<const int32_t> history,
@@ -191,14 +300,15 @@ void Sampler::probabilities(std::span<const float> logits, std::span<const int32
     out[static_cast<size_t>(argmax(work_.data(), vocab_))] = 1.0f;
     return;
   }
-  const float mx = survivors();
   // The weights sample() draws with, normalised.
-  double total = 0.0;
+  const double total = weigh(survivors());
+  if (all_) {
+    for (int64_t i = 0; i < vocab_; ++i)
+      out[static_cast<size_t>(i)] = static_cast<float>(weight_[static_cast<size_t>(i)] / total);
+    return;
+  }
   for (const auto& c : cand_)
-    total += std::exp(static_cast<double>(c.first - mx) / params_.temperature);
-  for (const auto& c : cand_)
-    out[static_cast<size_t>(c.second)] = static_cast<float>(
-        std::exp(static_cast<double>(c.first - mx) / params_.temperature) / total);
+    out[static_cast<size_t>(c.second)] = static_cast<float>(c.first / total);
 }
 
 }  // namespace kvcache

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -72,6 +73,36 @@ TEST(SwiGlu, WholeRangeOfGates) {
     ASSERT_TRUE(std::isfinite(out[i])) << g[i];
     ASSERT_NEAR(out[i], want, 1e-6 * std::fabs(want) + 1e-7) << "gate " << g[i];
   }
+}
+
+// max_value and argmax against the plain scan on odd sizes: ties (the first wins), +0 against
+// -0, -inf, and NaN (passed over; in front, argmax stays at 0).
+TEST(Softmax, MaxAndArgmaxMatchTheScan) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(5);
+  for (const int64_t n : {1, 2, 15, 16, 17, 31, 33, 100, 1001}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = static_cast<float>(static_cast<int>(rng() % 7) - 3);  // many ties
+      const int specials = static_cast<int>(rng() % 4);
+      for (int s = 0; s < specials; ++s) {
+        const float pick[] = {nan, -inf, 0.0f, -0.0f, 3.5f};
+        x[rng() % static_cast<uint32_t>(n)] = pick[rng() % 5];
+      }
+      if (trial % 5 == 0) x[0] = nan;
+      int64_t best = 0;
+      for (int64_t i = 1; i < n; ++i)
+        if (x[static_cast<size_t>(i)] > x[static_cast<size_t>(best)]) best = i;
+      ASSERT_EQ(argmax(x.data(), n), best) << "n " << n << " trial " << trial;
+      float m = -inf;
+      for (const float v : x) m = v > m ? v : m;
+      ASSERT_EQ(max_value(x.data(), n), m) << "n " << n << " trial " << trial;
+    }
+  }
+  const std::vector<float> all_nan = {nan, nan, nan};
+  EXPECT_EQ(max_value(all_nan.data(), 3), -inf);
+  EXPECT_EQ(argmax(all_nan.data(), 3), 0);
 }
 
 TEST(Softmax, NormalisedStableAndArgmaxFirstTie) {

@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -175,6 +177,116 @@ TEST(Sampler, RefusesNaNAndInfiniteLogits) {
   greedy.temperature = 0.0f;
   Sampler g(greedy, 3);
   EXPECT_EQ(g.sample(std::vector<float>{-inf, 1.0f, -inf}, {}), 1);
+  // Every token masked: no token to give, greedy or sampled.
+  for (const float temp : {0.0f, 0.8f}) {
+    SamplerParams p;
+    p.temperature = temp;
+    Sampler s(p, 3);
+    try {
+      s.sample(std::vector<float>{-inf, -inf, -inf}, {});
+      FAIL() << "no error at temperature " << temp;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("every logit is -inf"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The filters' survivors on vocabularies of thousands, where top-p works from bucketed masses
+// and ranks only the bucket where the mass is reached: the same set as the plain chain that
+// ranks every token (higher logit first, lower id on ties) and cuts top-k, top-p and min-p on
+// that list, and weights proportional to exp((logit - max) / T). Logits include ties (rounded
+// to quarters), masked tokens (-inf) and spreads from nearly flat to peaked.
+TEST(Sampler, SurvivorsMatchTheFullyRankedChain) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(11);
+  int compared = 0, skipped = 0;
+  for (const int64_t V : {1, 2, 257, 5003})
+    for (const float sd : {0.3f, 1.0f, 4.0f, 12.0f})
+      for (const bool ties : {false, true}) {
+        std::normal_distribution<float> nd(0.0f, sd);
+        std::vector<float> l(static_cast<size_t>(V));
+        for (float& x : l) x = ties ? std::round(nd(rng) * 4.0f) / 4.0f : nd(rng);
+        if (V > 2)
+          for (int m = 0; m < 5; ++m) l[rng() % static_cast<uint32_t>(V)] = -inf;
+        if (std::all_of(l.begin(), l.end(), [&](float x) { return x == -inf; })) l[0] = 0.0f;
+        // The plain chain's ranking.
+        std::vector<int32_t> order(static_cast<size_t>(V));
+        for (int32_t i = 0; i < V; ++i) order[static_cast<size_t>(i)] = i;
+        std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+          return l[static_cast<size_t>(a)] > l[static_cast<size_t>(b)] ||
+                 (l[static_cast<size_t>(a)] == l[static_cast<size_t>(b)] && a < b);
+        });
+        const float mx = l[static_cast<size_t>(order[0])];
+        for (const int32_t k : {0, 7, 300})
+          for (const float top_p : {1.0f, 0.3f, 0.9f, 0.99f})
+            for (const float min_p : {0.0f, 0.01f, 0.3f}) {
+              size_t n = order.size();
+              if (k > 0) n = std::min(n, static_cast<size_t>(k));
+              if (top_p < 1.0f) {
+                double sum = 0.0;
+                for (size_t i = 0; i < n; ++i)
+                  sum += std::exp(double(l[static_cast<size_t>(order[i])] - mx));
+                const double target = double(top_p) * sum;
+                double cum = 0.0;
+                size_t cut = 0;
+                while (cut < n) {
+                  const double before = cum;
+                  cum += std::exp(double(l[static_cast<size_t>(order[cut])] - mx));
+                  ++cut;
+                  // A cut within rounding of the target depends on the summation order: skip.
+                  if (std::fabs(cum - target) < 1e-9 * sum ||
+                      std::fabs(before - target) < 1e-9 * sum)
+                    cut = n + 1;
+                  if (cum >= target) break;
+                }
+                if (cut > n) {
+                  ++skipped;
+                  continue;
+                }
+                n = cut;
+              }
+              std::set<int32_t> want;
+              for (size_t i = 0; i < n; ++i) {
+                const int32_t id = order[i];
+                if (min_p > 0.0f && l[static_cast<size_t>(id)] < mx + std::log(min_p)) continue;
+                if (l[static_cast<size_t>(id)] == -inf) continue;  // weight 0: never drawn
+                want.insert(id);
+              }
+              SamplerParams p;
+              p.temperature = 0.7f;
+              p.top_k = k;
+              p.top_p = top_p;
+              p.min_p = min_p;
+              Sampler s(p, V);
+              std::vector<float> out;
+              s.probabilities(l, {}, out);
+              std::set<int32_t> got;
+              double total = 0.0;
+              const double t = p.temperature;  // 0.7f, as the sampler divides by it
+              for (int32_t id : want)
+                total += std::exp(double(l[static_cast<size_t>(id)] - mx) / t);
+              for (int32_t i = 0; i < V; ++i) {
+                const float o = out[static_cast<size_t>(i)];
+                if (o == 0.0f) continue;
+                got.insert(i);
+                const double w = std::exp(double(l[static_cast<size_t>(i)] - mx) / t) / total;
+                ASSERT_NEAR(o, w, 1e-6 * w + 1e-44) << "V " << V << " id " << i;  // + denormals
+              }
+              // Weights below float's normal range (1.2e-38) round to denormals or to 0: such
+              // tokens are left out of the comparison on both sides.
+              const auto tiny = [&](int32_t id) {
+                return std::exp(double(l[static_cast<size_t>(id)] - mx) / t) / total < 1e-37;
+              };
+              std::erase_if(want, tiny);
+              std::erase_if(got, tiny);
+              ASSERT_EQ(got, want) << "V " << V << " sd " << sd << " ties " << ties << " k " << k
+                                   << " top_p " << top_p << " min_p " << min_p;
+              // A draw lands on a survivor.
+              ASSERT_TRUE(want.count(s.sample(l, {}))) << "V " << V;
+              ++compared;
+            }
+      }
+  EXPECT_GT(compared, 20 * skipped + 300) << compared << " compared, " << skipped << " skipped";
 }
 
 TEST(Sampler, RejectsNonsenseParameters) {
