@@ -37,28 +37,21 @@ struct Args {
   uint32_t seed = 1;
 };
 
-// One non-streamed greedy completion's text (the determinism probe).
+// One non-streamed greedy completion's text (the determinism probe), through the tests' plain
+// HTTP client, which de-chunks the body (the server may send a reply chunked; a probe reading
+// the raw bytes after the headers as JSON saw "<bad reply>" both times and compared equal).
 std::string probe_text(int port) {
   const std::string body =
       R"({"prompt": "Once upon a time there was", "max_tokens": 24, "temperature": 0,
                                "ignore_eos": true})";
-  const int fd = kvcache::testing_util::chaos_detail::connect_to(port, 120);
-  if (fd < 0) return "<no connection>";
-  const std::string req =
-      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-      "Content-Type: application/json\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string all;
-  char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
-    all.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  const size_t split = all.find("\r\n\r\n");
-  const nlohmann::json j = nlohmann::json::parse(
-      split == std::string::npos ? "" : all.substr(split + 4), nullptr, false);
-  return j.is_object() && j.contains("choices") ? j["choices"][0]["text"].get<std::string>()
-                                                : "<bad reply>";
+  const kvcache::testing_util::HttpReply r =
+      kvcache::testing_util::http(port, "POST", "/v1/completions", body, "", 120);
+  if (r.status != 200)
+    return "<status " + std::to_string(r.status) + ": " + r.body.substr(0, 300) + ">";
+  const nlohmann::json j = nlohmann::json::parse(r.body, nullptr, false);
+  return j.is_object() && j.contains("choices") && j["choices"][0].contains("text")
+             ? j["choices"][0]["text"].get<std::string>()
+             : "<bad reply: " + r.body.substr(0, 300) + ">";
 }
 
 int run(const Args& a) {
@@ -98,6 +91,12 @@ int run(const Args& a) {
   const int port = server.port();
 
   const std::string before = probe_text(port);
+  if (before.starts_with("<")) {  // no text to compare against: the probe itself failed
+    std::fprintf(stderr, "bench_chaos: the probe before the load failed: %s\n", before.c_str());
+    server.stop();
+    server_thread.join();
+    return 2;
+  }
   kvcache::testing_util::ChaosOptions co;
   co.clients = a.clients;
   co.requests_per_client = a.requests;
@@ -132,6 +131,7 @@ int run(const Args& a) {
       static_cast<long long>(m.blocks_cached), static_cast<long long>(m.blocks_total));
   std::printf("deterministic probe: %s\n",
               before == after ? "same text before and after" : "CHANGED");
+  if (before != after) std::printf("  before: %s\n  after:  %s\n", before.c_str(), after.c_str());
   for (const std::string& p : r.problems) std::printf("problem: %s\n", p.c_str());
   const bool lost = !r.problems.empty() || m.blocks_used != 0 || m.running != 0 || m.waiting != 0 ||
                     before != after || m.requests_failed != 0;
