@@ -83,11 +83,10 @@ Sampler::Sampler(const SamplerParams& params, int64_t vocab_size)
   validate_sampler_params(params);
   work_.resize(static_cast<size_t>(vocab_size));
   cand_.reserve(static_cast<size_t>(vocab_size));
-  weight_.resize(static_cast<size_t>(vocab_size));
   seen_.assign(static_cast<size_t>(vocab_size), 0);
 }
 
-void Sampler::penalise(std::span<const float> logits, std::span<const int32_t> history) {
+float Sampler::penalise(std::span<const float> logits, std::span<const int32_t> history) {
   KV_CHECK(static_cast<int64_t>(logits.size()) == vocab_, "sampler: logits size != vocabulary");
   // NaN or +inf logits come from a fault upstream (a NaN in a weight, an activation or the
   // cache, or an overflow; the kernels carry a NaN through instead of hiding it). argmax and the
@@ -107,9 +106,6 @@ void Sampler::penalise(std::span<const float> logits, std::span<const int32_t> h
                     "file, an overflow, or NaN keys or values in the cache); no token is sampled "
                     "from them");
   }
-  if (max_value(logits.data(), vocab_) == -std::numeric_limits<float>::infinity())
-    throw Error(ErrorKind::kInvalidArgument,
-                "sampler: every logit is -inf (every token is masked); no token can be sampled");
   std::copy(logits.begin(), logits.end(), work_.begin());
   if (params_.repeat_penalty != 1.0f && !history.empty()) {
     const size_t n = params_.repeat_last_n < 0
@@ -125,6 +121,12 @@ void Sampler::penalise(std::span<const float> logits, std::span<const int32_t> h
     for (int32_t id : recent)
       if (id >= 0 && id < vocab_) seen_[static_cast<size_t>(id)] = 0;
   }
+  // The penalty keeps a logit finite or -inf, so this is the logits' max's check too.
+  const float mx = max_value(work_.data(), vocab_);
+  if (mx == -std::numeric_limits<float>::infinity())
+    throw Error(ErrorKind::kInvalidArgument,
+                "sampler: every logit is -inf (every token is masked); no token can be sampled");
+  return mx;
 }
 
 namespace {
@@ -138,43 +140,36 @@ constexpr auto ranks_before = [](const std::pair<float, int32_t>& a,
 
 }  // namespace
 
-float Sampler::survivors() {
+void Sampler::survivors(float mx) {
   const float* w = work_.data();
-  const float mx = max_value(w, vocab_);  // finite: penalise() refused the rest
-  cand_.clear();
-  const bool top_k = params_.top_k > 0 && params_.top_k < vocab_;
-  if (!top_k && params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
-    all_ = true;  // nothing to cut: the draw reads work_ by id, no list and no sort
-    return mx;
-  }
-  all_ = false;
-  const auto mass = [mx](float l) { return std::exp(static_cast<double>(l - mx)); };
-  if (top_k) {
+  if (params_.top_k > 0 && params_.top_k < vocab_) {
     top_k_best(params_.top_k);
     if (params_.top_p < 1.0f) {  // the smallest rank prefix of the k holding top_p of their mass
       double sum = 0.0;
-      for (const auto& c : cand_) sum += mass(c.first);
-      const double target = static_cast<double>(params_.top_p) * sum;
-      double cum = 0.0;
-      size_t n = 0;
-      while (n < cand_.size()) {
-        cum += mass(cand_[n].first);
-        ++n;
-        if (cum >= target) break;
-      }
-      cand_.resize(n);
+      for (const auto& c : cand_) sum += std::exp(static_cast<double>(c.first - mx));
+      keep_mass_prefix(0, 0.0, static_cast<double>(params_.top_p) * sum, mx);
     }
   } else if (params_.top_p < 1.0f) {
     top_p_over_vocabulary(mx);
-  } else {
-    for (int64_t i = 0; i < vocab_; ++i) cand_.emplace_back(w[i], static_cast<int32_t>(i));
+  } else {  // every token, by id (no sort)
+    cand_.resize(static_cast<size_t>(vocab_));
+    for (int64_t i = 0; i < vocab_; ++i)
+      cand_[static_cast<size_t>(i)] = {w[i], static_cast<int32_t>(i)};
   }
   if (params_.min_p > 0.0f) {
     // p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p); the best token always stays.
     const float cut = mx + std::log(params_.min_p);
     std::erase_if(cand_, [&](const std::pair<float, int32_t>& c) { return c.first < cut; });
   }
-  return mx;
+}
+
+void Sampler::keep_mass_prefix(size_t n, double cum, double target, float mx) {
+  while (n < cand_.size()) {
+    cum += std::exp(static_cast<double>(cand_[n].first - mx));
+    ++n;
+    if (cum >= target) break;
+  }
+  cand_.resize(n);
 }
 
 void Sampler::top_k_best(int64_t k) {
@@ -196,9 +191,9 @@ void Sampler::top_k_best(int64_t k) {
   for (; i + 16 <= vocab_; i += 16) {
     V16 v;
     std::memcpy(&v, w + i, sizeof v);
-    const V16 floor = v - v + cand_.front().first;  // the front's logit in every lane
+    const auto above = v > cand_.front().first;  // lanes: -1 where the logit is above the front's
     bool any = false;
-    for (int j = 0; j < 16; ++j) any |= v[j] > floor[j];
+    for (int j = 0; j < 16; ++j) any |= above[j] != 0;
     if (!any) continue;
     for (int64_t j = i; j < i + 16; ++j) offer(j);
   }
@@ -217,6 +212,7 @@ void Sampler::top_p_over_vocabulary(float mx) {
   constexpr float kSpan = 32.0f;  // e^-32: the mass per token below that is ~1e-14 of the max's
   constexpr float kScale = kBuckets / kSpan;
   const float* w = work_.data();
+  cand_.clear();
   const auto bucket = [mx](float l) {
     const float d = mx - l;  // >= 0; +inf for a masked token
     return d < kSpan ? static_cast<int>(d * kScale) : kBuckets;
@@ -241,72 +237,46 @@ void Sampler::top_p_over_vocabulary(float mx) {
   std::sort(cand_.begin() + static_cast<std::ptrdiff_t>(whole), cand_.end(), ranks_before);
   // Inside the edge bucket, in rank order, until the target (or its end: its mass was added in
   // id order, so the walk may end a rounding short of it).
-  size_t n = whole;
-  while (n < cand_.size()) {
-    cum += std::exp(static_cast<double>(cand_[n].first - mx));
-    ++n;
-    if (cum >= target) break;
-  }
-  cand_.resize(n);
+  keep_mass_prefix(whole, cum, target, mx);
 }
 
 double Sampler::weigh(float mx) {
-  const double t = params_.temperature;
   double total = 0.0;
-  if (all_) {
-    for (int64_t i = 0; i < vocab_; ++i) {
-      const auto p =
-          static_cast<float>(std::exp(static_cast<double>(work_[static_cast<size_t>(i)] - mx) / t));
-      weight_[static_cast<size_t>(i)] = p;
-      total += p;
-    }
-  } else {
-    for (auto& c : cand_) {
-      c.first = static_cast<float>(std::exp(static_cast<double>(c.first - mx) / t));
-      total += c.first;
-    }
+  for (auto& c : cand_) {
+    c.first = static_cast<float>(std::exp(static_cast<double>(c.first - mx) / params_.temperature));
+    total += c.first;
   }
   return total;
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
-  penalise(logits, history);
+  const float mx = penalise(logits, history);
   if (params_.temperature <= 0.0f) return static_cast<int32_t>(argmax(work_.data(), vocab_));
-  const double total = weigh(survivors());
+  survivors(mx);
+  const double total = weigh(mx);
   // One draw: the first survivor (in the order survivors() holds them) whose cumulative weight
   // passes the coin. The cdf adds the same floats in the same order as the total, so it reaches
   // the total exactly and the coin (< total) always lands.
   const double coin = static_cast<double>(rng_.next_f32()) * total;
   double cdf = 0.0;
-  if (all_) {
-    for (int64_t i = 0; i < vocab_; ++i) {
-      cdf += weight_[static_cast<size_t>(i)];
-      if (coin < cdf) return static_cast<int32_t>(i);
-    }
-    return static_cast<int32_t>(vocab_ - 1);
-  }
   for (const auto& c : cand_) {
     cdf += c.first;
     if (coin < cdf) return c.second;
   }
-  return cand_.back().second;
+  return cand_.back().second;  // not reached (see above); the last survivor if it were
 }
 
 void Sampler::probabilities(std::span<const float> logits, std::span<const int32_t> history,
                             std::vector<float>& out) {
-  penalise(logits, history);
+  const float mx = penalise(logits, history);
   out.assign(static_cast<size_t>(vocab_), 0.0f);
   if (params_.temperature <= 0.0f) {
     out[static_cast<size_t>(argmax(work_.data(), vocab_))] = 1.0f;
     return;
   }
   // The weights sample() draws with, normalised.
-  const double total = weigh(survivors());
-  if (all_) {
-    for (int64_t i = 0; i < vocab_; ++i)
-      out[static_cast<size_t>(i)] = static_cast<float>(weight_[static_cast<size_t>(i)] / total);
-    return;
-  }
+  survivors(mx);
+  const double total = weigh(mx);
   for (const auto& c : cand_)
     out[static_cast<size_t>(c.second)] = static_cast<float>(c.first / total);
 }

@@ -3,11 +3,11 @@
 // llama.cpp's default order: repetition penalty -> top-k -> top-p -> min-p (filters on the
 // untempered distribution) -> temperature -> draw. temperature 0 is greedy (argmax after
 // the penalty; the first index wins ties, as llama2.c). The filters rank only as far as they
-// cut (top-k: a partial sort; top-p: masses bucketed by logit, only the bucket where the mass
-// is reached ranked), and the draw walks the survivors as the filters leave them, so with no
-// filter on it is one pass over the vocabulary and no sort (a sort of the whole vocabulary per
-// token cost more than a 125M model's decode step). Owns its workspaces (no allocation per token);
-// one Sampler per sequence.
+// cut (top-k: one pass keeping a heap of the k best; top-p: masses bucketed by logit, only the
+// bucket where the mass is reached ranked), and the draw walks the survivors as the filters
+// leave them, so with no filter on it is one pass over the vocabulary and no sort (a sort of
+// the whole vocabulary per token cost more than a 125M model's decode step). Owns its workspaces
+// (no allocation per token); one Sampler per sequence.
 #pragma once
 
 #include <cstdint>
@@ -77,19 +77,23 @@ class Sampler {
   const SamplerParams& params() const { return params_; }
 
  private:
-  // work_ = logits with the repetition penalty over `history` applied.
-  void penalise(std::span<const float> logits, std::span<const int32_t> history);
-  // The survivors of top-k, top-p and min-p over work_ (the filters rank by logit, the lower id
-  // first on ties): every token (all_, when no filter is on), or cand_ (logit, id) in the order
-  // the filters leave them (by rank after top-k; top-p over the vocabulary: its whole buckets by
-  // id, then the edge bucket's by rank; min-p alone: by id). Returns the largest logit.
-  float survivors();
+  // work_ = logits with the repetition penalty over `history` applied; returns work_'s max.
+  // Throws Error on NaN or +inf logits, and when every logit is -inf.
+  float penalise(std::span<const float> logits, std::span<const int32_t> history);
+  // cand_ = (logit, id) of the survivors of top-k, top-p and min-p over work_, whose max is mx
+  // (the filters rank by logit, the lower id first on ties), in the order the filters leave
+  // them: by id with no filter or min-p alone; by rank after top-k; after top-p over the
+  // vocabulary, its whole buckets by id, then the edge bucket's by rank.
+  void survivors(float mx);
   // cand_ = the k best (k < vocabulary) in rank order.
   void top_k_best(int64_t k);
   // top-p with no top-k before it: cand_ = the survivors, from bucketed masses (no full sort).
   void top_p_over_vocabulary(float mx);
-  // The survivors' tempered weights exp((logit - max) / T), in weight_ (all_) or in cand_'s
-  // first members; returns their sum, added by id.
+  // Cuts cand_ after the first rank-ordered entry from n on at which cum, plus the masses
+  // exp(logit - mx) from n, reaches target (or at its end).
+  void keep_mass_prefix(size_t n, double cum, double target, float mx);
+  // cand_'s logits become the tempered weights exp((logit - mx) / T); returns their sum, added
+  // in cand_'s order.
   double weigh(float mx);
 
   SamplerParams params_;
@@ -97,9 +101,7 @@ class Sampler {
   Pcg32 rng_;
   std::vector<float> work_;                      // [vocab] penalised logits
   std::vector<std::pair<float, int32_t>> cand_;  // [vocab] (logit or weight, id)
-  std::vector<float> weight_;                    // [vocab] tempered weights when all_
   std::vector<double> bucket_mass_;              // top_p_over_vocabulary's buckets
-  bool all_ = true;                              // every token survived the filters
   std::vector<uint8_t> seen_;                    // [vocab] penalty bookkeeping
 };
 
